@@ -1,0 +1,106 @@
+// Implementation of common/file_util.h and of the assertion handler.
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include "common/error.h"
+
+namespace moestream {
+
+void assert_fail(const char* expr, const char* file, int line, const std::string& msg) {
+  std::fprintf(stderr, "moestream: assertion failed at %s:%d: %s%s%s\n", file, line, expr,
+               msg.empty() ? "" : ": ", msg.c_str());
+  std::abort();
+}
+
+void throw_errno(const std::string& what, const std::filesystem::path& path) {
+  throw IoError(what + " " + path.string() + ": " + std::strerror(errno));
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open", path);
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int saved = errno;
+      ::close(fd);
+      errno = saved;
+      throw_errno("cannot read", path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+void fsync_path(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open for fsync", path);
+  if (::fsync(fd) != 0) {
+    int saved = errno;
+    ::close(fd);
+    errno = saved;
+    throw_errno("fsync failed on", path);
+  }
+  ::close(fd);
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view data) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot create", tmp);
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int saved = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      errno = saved;
+      throw_errno("cannot write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    throw_errno("cannot fsync", tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    throw_errno("cannot rename into", path);
+  }
+  std::filesystem::path dir = path.parent_path();
+  fsync_path(dir.empty() ? std::filesystem::path(".") : dir);
+}
+
+TempDir::TempDir(std::string_view prefix) {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = std::string(base && *base ? base : "/tmp") + "/" + std::string(prefix) + ".XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) throw_errno("cannot create temp dir", templ);
+  path_ = templ;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);  // best effort: a destructor never throws
+}
+
+}  // namespace moestream

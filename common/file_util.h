@@ -1,0 +1,37 @@
+// Small file helpers every module needs: whole-file reads with clear errors, atomic writes
+// (temp file, fsync, rename) so a crash never leaves a half-written user file, RAII temp dirs.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace moestream {
+
+// Reads the whole file; throws IoError naming the path and strerror on failure.
+std::string read_file(const std::filesystem::path& path);
+
+// Writes `data` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the directory.
+void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+
+// fsyncs a file or directory by path; throws IoError on failure.
+void fsync_path(const std::filesystem::path& path);
+
+// Throws IoError("<what> <path>: <strerror(errno)>").
+[[noreturn]] void throw_errno(const std::string& what, const std::filesystem::path& path);
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
+class TempDir {
+ public:
+  explicit TempDir(std::string_view prefix = "moestream");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,101 @@
+// The per-layer expert file `experts/layer_NNN.bin` of a packed model: its on-disk format, the
+// byte layout of one expert inside it, and a reader that validates every field on open.
+//
+// File layout (all integers little-endian):
+//   offset  size        field
+//   0       8           magic "MOEXPRT\0"
+//   8       4           version (kExpertFileVersion = 1)
+//   12      4           quant type (QuantType: 0 f32, 1 bf16, 2 q8, 3 q4)
+//   16      4           layer index
+//   20      4           n_experts
+//   24      4           hidden size D (model width)
+//   28      4           intermediate size F (expert width)
+//   32      8           expert_bytes: payload bytes of one expert (ExpertLayout::bytes)
+//   40      8           expert_stride: bytes between slots, a multiple of 4096, >= expert_bytes
+//   48      8           data_offset: start of slot 0, a multiple of 4096
+//   56      8           header checksum: XXH64 (seed 0) of bytes [0, 56) followed by the table
+//   64      8*n_experts per-slot XXH64 (seed 0) of the expert_bytes payload held in that slot
+//   ...     zero padding up to data_offset = align_up(64 + 8*n_experts, 4096)
+//   data_offset + s*expert_stride: the expert in physical slot s, zero padded to the stride.
+// The file is exactly data_offset + n_experts*expert_stride bytes. Without a `.map` file,
+// physical slot s holds logical expert s.
+//
+// One expert's payload is three matrices back to back, each starting 64-byte aligned:
+//   gate [F x D], up [F x D], down [D x F]   (rows x cols, row-major; rows are outputs)
+// A matrix of R rows and C columns is encoded by quant type as:
+//   f32:  R*C float32
+//   bf16: R*C bfloat16 (upper 16 bits of the float32)
+//   q8:   nb = ceil(C/32) blocks per row, columns past C zero padded;
+//         R*nb float16 scales (row-major), then R*nb*32 int8 quants; x = q * d,
+//         d = amax/127 over the block.
+//   q4:   R*nb float16 scales, then R*nb*16 bytes; byte j of a block holds element j in its
+//         low nibble and element j+16 in its high nibble; x = (nibble - 8) * d, with
+//         d = m / -8 where m is the block's element of largest magnitude (sign kept).
+//         4.5 bits per weight.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moestream {
+
+enum class QuantType : uint32_t { kF32 = 0, kBF16 = 1, kQ8 = 2, kQ4 = 3 };
+
+inline constexpr char kExpertFileMagic[8] = {'M', 'O', 'E', 'X', 'P', 'R', 'T', '\0'};
+inline constexpr uint32_t kExpertFileVersion = 1;
+inline constexpr size_t kExpertAlign = 4096;   // slot alignment: O_DIRECT and page granularity
+inline constexpr size_t kMatrixAlign = 64;     // matrix alignment inside a slot: one cache line
+inline constexpr int kQuantBlock = 32;         // q8/q4 block length along a row
+
+std::string_view quant_name(QuantType q);      // "f32", "bf16", "q8", "q4"
+QuantType parse_quant(std::string_view name);  // throws ConfigError naming the bad value
+
+// Bytes of one R x C matrix in quant type q (see the layout above).
+size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols);
+
+// Where gate, up and down sit inside one expert's payload.
+struct ExpertLayout {
+  size_t gate_offset = 0, up_offset = 0, down_offset = 0;
+  size_t bytes = 0;  // payload bytes (expert_bytes in the header)
+  static ExpertLayout make(QuantType q, size_t hidden, size_t intermediate);
+};
+
+struct ExpertFileHeader {
+  uint32_t version = kExpertFileVersion;
+  QuantType quant = QuantType::kF32;
+  uint32_t layer = 0;
+  uint32_t n_experts = 0;
+  uint32_t hidden = 0;
+  uint32_t intermediate = 0;
+  uint64_t expert_bytes = 0;
+  uint64_t expert_stride = 0;
+  uint64_t data_offset = 0;
+  std::vector<uint64_t> slot_checksums;  // indexed by physical slot
+
+  uint64_t slot_offset(uint32_t slot) const { return data_offset + uint64_t{slot} * expert_stride; }
+  uint64_t file_bytes() const { return data_offset + uint64_t{n_experts} * expert_stride; }
+};
+
+// Serialises the header page(s): exactly data_offset bytes, checksum filled in.
+std::string encode_expert_header(const ExpertFileHeader& h);
+
+// Parses and validates a header read from `path` of `file_size` bytes: magic, version, quant,
+// sizes consistent with ExpertLayout, alignment, header checksum, file size. Throws FormatError
+// naming the path and the field.
+ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size,
+                                      const std::filesystem::path& path);
+
+// Reads and validates the header of an expert file.
+ExpertFileHeader read_expert_header(const std::filesystem::path& path);
+
+// XXH64 (seed 0) of an expert payload.
+uint64_t expert_checksum(const void* data, size_t bytes);
+
+// Path of layer `layer`'s expert file inside a packed model directory: experts/layer_NNN.bin.
+std::filesystem::path expert_file_path(const std::filesystem::path& model_dir, int layer);
+
+}  // namespace moestream

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything moestream needs to build and test, from Debian packages and PyPI.
+# Idempotent: packages already present are not fetched again. Run as root (or with sudo).
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  liburing-dev libeigen3-dev googletest libgtest-dev libgmock-dev
+  pybind11-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev
+  libcli11-dev libfmt-dev libcpp-httplib-dev python3-dev
+)
+PIP_PACKAGES=(tokenizers numpy pytest)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+need_pip=()
+for p in "${PIP_PACKAGES[@]}"; do
+  "$PY" -c "import $p" 2>/dev/null || need_pip+=("$p")
+done
+if [ ${#need_pip[@]} -gt 0 ]; then
+  echo "setup: installing Python packages: ${need_pip[*]}"
+  "$PY" -m pip install -q --disable-pip-version-check "${need_pip[@]}"
+fi
+echo "setup: all dependencies present"

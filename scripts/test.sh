@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what is needed, builds moestream and runs every test (C++ and Python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j "$(nproc)"
+status=0
+ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" || status=$?
+if compgen -G "tests/python/test_*.py" >/dev/null; then
+  MOESTREAM_BIN_DIR="$PWD/$BUILD/bin" python3 -m pytest -q tests/python || status=$?
+fi
+exit $status
