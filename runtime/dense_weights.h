@@ -1,0 +1,38 @@
+// The dense (non-expert) weights of a packed model held in RAM as float32 Eigen matrices:
+// embeddings, norms, attention projections, routers, lm_head (names in runtime/model_config.h).
+#pragma once
+
+#include <Eigen/Core>
+#include <cstddef>
+#include <filesystem>
+#include <vector>
+
+#include "runtime/model_config.h"
+
+namespace moestream {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct LayerWeights {
+  Eigen::VectorXf attn_norm, ffn_norm;
+  RowMatrix wq, wk, wv, wo;        // [out, in]
+  Eigen::VectorXf q_norm, k_norm;  // empty when the architecture has no QK-norm
+  RowMatrix router;                // [n_experts, hidden]
+};
+
+struct DenseWeights {
+  RowMatrix embed;    // [vocab, hidden]
+  RowMatrix lm_head;  // [vocab, hidden]; empty when tied to embed
+  Eigen::VectorXf final_norm;
+  std::vector<LayerWeights> layers;
+
+  const RowMatrix& output() const { return lm_head.size() ? lm_head : embed; }
+  // float32 bytes held; the share read per token is bytes() - embedding rows not used.
+  size_t bytes() const;
+
+  // Loads `path` (dense.safetensors) and checks every tensor's presence and shape against cfg;
+  // FormatError names the file, the tensor, the expected and actual shape.
+  static DenseWeights load(const std::filesystem::path& path, const ModelConfig& cfg);
+};
+
+}  // namespace moestream

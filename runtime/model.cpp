@@ -1,0 +1,164 @@
+// Implementation of runtime/model.h: the decoder loop (embedding, per-layer attention and MoE with
+// residuals, final norm, lm_head) over token chunks of at most max_batch.
+#include "runtime/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+#include "runtime/attention.h"
+#include "runtime/dense_ops.h"
+#include "runtime/dense_weights.h"
+#include "runtime/moe_layer.h"
+#include "runtime/rope.h"
+#include "runtime/thread_pool.h"
+
+namespace moestream {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+struct Model::Impl {
+  ModelConfig cfg;
+  ModelOptions opts;
+  DenseWeights w;
+  std::unique_ptr<ExpertStore> store;
+  ThreadPool pool;
+  Rope rope;
+  Attention attention;
+  MoeLayer moe;
+  int n_past = 0;
+  ForwardTimes times;
+  PhaseTimes moe_times;
+  RowMatrix x, h, tmp;                  // [max_batch, D]
+  std::vector<float> cos, sin;          // [max_batch, head_dim/2]
+
+  Impl(ModelConfig c, const ModelOptions& o, DenseWeights dw, std::unique_ptr<ExpertStore> s)
+      : cfg(std::move(c)), opts(o), w(std::move(dw)), store(std::move(s)), pool(o.n_threads),
+        rope(cfg), attention(cfg, o.max_context, o.max_batch), moe(cfg, *store, o.max_batch) {
+    x.resize(o.max_batch, cfg.hidden_size);
+    h.resize(o.max_batch, cfg.hidden_size);
+    tmp.resize(o.max_batch, cfg.hidden_size);
+    cos.resize(size_t(o.max_batch) * size_t(rope.half_dim()));
+    sin.resize(cos.size());
+  }
+
+  void forward_chunk(const int* tokens, int T, float* logits, bool all_logits);
+};
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
+  ModelConfig cfg = ModelConfig::load(dir);
+  ExpertStoreOptions so;
+  so.verify_checksums = opts.verify_checksums;
+  return load(dir, opts, open_pread_expert_store(dir, cfg, so));
+}
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts_in,
+                                   std::unique_ptr<ExpertStore> store) {
+  ModelConfig cfg = ModelConfig::load(dir);
+  ModelOptions opts = opts_in;
+  if (opts.max_context <= 0) opts.max_context = std::min(cfg.max_position_embeddings, 4096);
+  if (opts.max_context <= 0) opts.max_context = 4096;
+  if (opts.max_batch <= 0)
+    throw ConfigError("max_batch must be positive, got " + std::to_string(opts.max_batch));
+  opts.max_batch = std::min(opts.max_batch, opts.max_context);
+  MOE_ASSERT(store != nullptr);
+  DenseWeights w = DenseWeights::load(dir / cfg.dense_file, cfg);
+  return std::unique_ptr<Model>(
+      new Model(std::make_unique<Impl>(std::move(cfg), opts, std::move(w), std::move(store))));
+}
+
+const ModelConfig& Model::config() const { return impl_->cfg; }
+int Model::n_threads() const { return impl_->pool.size(); }
+int Model::max_context() const { return impl_->opts.max_context; }
+int Model::n_past() const { return impl_->n_past; }
+void Model::reset() { impl_->n_past = 0; }
+const ForwardTimes& Model::times() const { return impl_->times; }
+void Model::reset_times() {
+  impl_->times = {};
+  impl_->moe_times = {};
+}
+ExpertStoreStats Model::expert_stats() const { return impl_->store->stats(); }
+
+size_t Model::active_bytes_per_token() const {
+  const auto& c = impl_->cfg;
+  size_t dense = impl_->w.bytes() - size_t(impl_->w.embed.size()) * sizeof(float);
+  dense += size_t(c.hidden_size) * sizeof(float);  // the one embedding row
+  if (c.tie_word_embeddings) dense += size_t(impl_->w.embed.size()) * sizeof(float);
+  const size_t expert = ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
+                                           size_t(c.moe_intermediate_size)).bytes;
+  return dense + size_t(c.n_layers) * size_t(c.n_experts_per_tok) * expert;
+}
+
+void Model::forward(std::span<const int> tokens, std::span<float> logits, bool all_logits) {
+  Impl& m = *impl_;
+  const size_t V = size_t(m.cfg.vocab_size);
+  if (tokens.empty()) throw ConfigError("forward: empty token list");
+  if (logits.size() < (all_logits ? tokens.size() * V : V))
+    throw ConfigError("forward: logits buffer too small");
+  for (int id : tokens)
+    if (id < 0 || id >= m.cfg.vocab_size)
+      throw ConfigError("token id " + std::to_string(id) + " outside the vocabulary [0, " +
+                        std::to_string(m.cfg.vocab_size) + ")");
+  if (size_t(m.n_past) + tokens.size() > size_t(m.opts.max_context))
+    throw ConfigError("context full: " + std::to_string(m.n_past) + " + " +
+                      std::to_string(tokens.size()) + " tokens exceed the context of " +
+                      std::to_string(m.opts.max_context) + " (raise --ctx)");
+  for (size_t i = 0; i < tokens.size(); i += size_t(m.opts.max_batch)) {
+    const int T = int(std::min(tokens.size() - i, size_t(m.opts.max_batch)));
+    const bool last = i + size_t(T) == tokens.size();
+    if (all_logits)
+      m.forward_chunk(tokens.data() + i, T, logits.data() + i * V, true);
+    else
+      m.forward_chunk(tokens.data() + i, T, last ? logits.data() : nullptr, false);
+  }
+}
+
+void Model::Impl::forward_chunk(const int* tokens, int T, float* logits, bool all_logits) {
+  const int D = cfg.hidden_size;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < T; ++t) x.row(t) = w.embed.row(tokens[t]);
+  rope.fill(n_past, T, cos.data(), sin.data());
+  times.other_s += seconds_since(t0);
+
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    auto ta = std::chrono::steady_clock::now();
+    for (int t = 0; t < T; ++t) rms_norm(x.row(t).data(), lw.attn_norm.data(), D, eps, h.row(t).data());
+    attention.forward(pool, l, lw, h.data(), T, n_past, cos.data(), sin.data(), tmp.data());
+    x.topRows(T) += tmp.topRows(T);
+    times.attention_s += seconds_since(ta);
+
+    auto tm = std::chrono::steady_clock::now();
+    for (int t = 0; t < T; ++t) rms_norm(x.row(t).data(), lw.ffn_norm.data(), D, eps, h.row(t).data());
+    PhaseTimes before = moe_times;
+    moe.forward(pool, l, lw, h.data(), T, tmp.data(), moe_times);
+    x.topRows(T) += tmp.topRows(T);
+    const double moe_total = seconds_since(tm);
+    const double router = moe_times.router_s - before.router_s;
+    const double io = moe_times.expert_io_s - before.expert_io_s;
+    times.router_s += router;
+    times.expert_io_s += io;
+    times.expert_compute_s += moe_total - router - io;  // norm and residual count as compute
+  }
+  n_past += T;
+
+  if (logits == nullptr) return;
+  auto tl = std::chrono::steady_clock::now();
+  const int first = all_logits ? 0 : T - 1;
+  const int rows = T - first;
+  for (int t = first; t < T; ++t)
+    rms_norm(x.row(t).data(), w.final_norm.data(), D, eps, h.row(t - first).data());
+  linear(pool, ConstRowMap(h.data(), rows, D), w.output(), RowMap(logits, rows, cfg.vocab_size));
+  times.other_s += seconds_since(tl);
+}
+
+}  // namespace moestream

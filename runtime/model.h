@@ -1,0 +1,67 @@
+// A loaded packed model ready for the CPU forward pass: dense weights in RAM, experts fetched per
+// layer from an ExpertStore, a KV cache. Public API of the runtime; plain C++ (Eigen stays inside).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+
+#include "runtime/expert_store.h"
+#include "runtime/model_config.h"
+
+namespace moestream {
+
+struct ModelOptions {
+  int n_threads = 0;       // threads for dense and expert math, the caller included; 0 = all cores
+  int max_context = 0;     // KV cache length; 0 = min(max_position_embeddings, 4096)
+  int max_batch = 64;      // tokens per internal forward chunk (bounds scratch memory)
+  bool verify_checksums = true;  // check each expert's XXH64 on every read
+};
+
+// Wall seconds per phase, summed over forward calls since the last reset_phase_times().
+struct ForwardTimes {
+  double attention_s = 0;        // QKV/O projections, QK-norm, RoPE, attention
+  double router_s = 0;           // router logits, softmax, top-k
+  double expert_io_s = 0;        // waiting for ExpertStore::fetch
+  double expert_compute_s = 0;   // SwiGLU expert matvecs and the weighted sum
+  double other_s = 0;            // embedding, norms, residuals, lm_head
+  double total() const { return attention_s + router_s + expert_io_s + expert_compute_s + other_s; }
+};
+
+class Model {
+ public:
+  // Reads dir/model.json and the dense weights, opens the pread expert store. Throws
+  // ConfigError/FormatError/IoError naming the file and field.
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir, const ModelOptions& opts = {});
+  // Same, with a caller-supplied expert store (another tier, or a fault-injecting one in tests).
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir, const ModelOptions& opts,
+                                     std::unique_ptr<ExpertStore> store);
+  ~Model();
+
+  const ModelConfig& config() const;
+  int n_threads() const;
+  int max_context() const;
+  int n_past() const;  // tokens in the KV cache
+
+  // Runs `tokens` at positions n_past()..n_past()+T-1 and appends them to the KV cache. Writes the
+  // logits of the last token (vocab_size floats) or, when all_logits, of every token (T rows).
+  // Throws ConfigError for a token id outside the vocabulary or a full context.
+  void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits = false);
+  // Empties the KV cache.
+  void reset();
+
+  const ForwardTimes& times() const;
+  void reset_times();
+  ExpertStoreStats expert_stats() const;
+  // Bytes of weights read per decoded token: dense f32 weights (one embedding row, not the table,
+  // unless tied) plus top-k experts per layer in their packed size.
+  size_t active_bytes_per_token() const;
+
+ private:
+  struct Impl;
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moestream

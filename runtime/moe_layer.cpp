@@ -1,0 +1,148 @@
+// Implementation of runtime/moe_layer.h. Experts are fetched a bounded number at a time, so a
+// long prefill never holds all of a layer's experts; work is split into fixed row slices so the
+// result does not depend on the thread count.
+#include "runtime/moe_layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/error.h"
+#include "runtime/quant.h"
+
+namespace moestream {
+
+namespace {
+
+// At most this many experts are held by the store at once (one fetch); decode needs top-k <= 8.
+constexpr size_t kMaxExpertsPerFetch = 16;
+// Rows of one expert matrix per task: 64 rows x 2048 cols of q4 is ~72 KiB, an L2-sized bite.
+constexpr size_t kRowSlice = 64;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
+                 float* weights, float* probs) {
+  float m = logits[0];
+  for (int e = 1; e < n_experts; ++e) m = std::max(m, logits[e]);
+  float sum = 0;
+  for (int e = 0; e < n_experts; ++e) sum += probs[e] = std::exp(logits[e] - m);
+  for (int e = 0; e < n_experts; ++e) probs[e] /= sum;
+  for (int j = 0; j < k; ++j) {  // k is small (<= 8 in practice): selection beats a sort
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+    }
+    ids[j] = best;
+    weights[j] = probs[best];
+  }
+  if (normalize) {
+    float s = 0;
+    for (int j = 0; j < k; ++j) s += weights[j];
+    for (int j = 0; j < k; ++j) weights[j] /= s;
+  }
+}
+
+MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
+    : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
+      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), quant_(cfg.expert_quant),
+      layout_(ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
+                                 size_t(cfg.moe_intermediate_size))) {
+  if (K_ <= 0 || K_ > E_)
+    throw ConfigError("model.json: n_experts_per_tok (" + std::to_string(K_) +
+                      ") must be in [1, n_experts=" + std::to_string(E_) + "]");
+  logits_.resize(max_batch_, E_);
+  probs_.resize(size_t(E_));
+  ids_.resize(size_t(max_batch_) * K_);
+  weights_.resize(size_t(max_batch_) * K_);
+  const size_t max_pairs = size_t(max_batch_) * K_;
+  unique_ids_.reserve(size_t(E_));
+  expert_of_pair_.reserve(max_pairs);
+  slot_of_pair_.reserve(max_pairs);
+  payloads_.reserve(kMaxExpertsPerFetch);
+  slots_of_expert_.resize(size_t(E_));
+  for (auto& s : slots_of_expert_) s.reserve(size_t(max_batch_));
+  act_.resize(Eigen::Index(max_pairs), F_);
+  up_.resize(Eigen::Index(max_pairs), F_);
+  y_.resize(Eigen::Index(max_pairs), D_);
+}
+
+void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+                       float* out, PhaseTimes& times) {
+  MOE_ASSERT(T > 0 && T <= max_batch_);
+  auto t0 = std::chrono::steady_clock::now();
+  RowMap logits(logits_.data(), T, E_);
+  linear(pool, ConstRowMap(x, T, D_), w.router, logits);
+  for (auto& s : slots_of_expert_) s.clear();
+  unique_ids_.clear();
+  for (int t = 0; t < T; ++t) {
+    int* ids = ids_.data() + size_t(t) * K_;
+    route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
+                weights_.data() + size_t(t) * K_, probs_.data());
+    for (int j = 0; j < K_; ++j) {
+      auto& slots = slots_of_expert_[size_t(ids[j])];
+      if (slots.empty()) unique_ids_.push_back(ids[j]);
+      slots.push_back(t * K_ + j);
+    }
+  }
+  // Ascending ids: neighbouring experts are neighbours in the layer file.
+  std::sort(unique_ids_.begin(), unique_ids_.end());
+  times.router_s += seconds_since(t0);
+
+  const size_t gate_tasks = (size_t(F_) + kRowSlice - 1) / kRowSlice;
+  const size_t down_tasks = (size_t(D_) + kRowSlice - 1) / kRowSlice;
+  for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
+    const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
+    auto t1 = std::chrono::steady_clock::now();
+    store_.fetch(layer, std::span<const int>(unique_ids_.data() + c0, n), payloads_);
+    times.expert_io_s += seconds_since(t1);
+
+    auto t2 = std::chrono::steady_clock::now();
+    expert_of_pair_.clear();
+    slot_of_pair_.clear();
+    for (size_t i = 0; i < n; ++i)
+      for (int slot : slots_of_expert_[size_t(unique_ids_[c0 + i])]) {
+        expert_of_pair_.push_back(static_cast<int>(i));
+        slot_of_pair_.push_back(slot);
+      }
+    const size_t n_pairs = slot_of_pair_.size();
+    // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
+    pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
+      const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kRowSlice;
+      const size_t r1 = std::min(size_t(F_), r0 + kRowSlice);
+      const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+      const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
+      float* g = act_.row(Eigen::Index(p)).data();
+      float* u = up_.row(Eigen::Index(p)).data();
+      quant_matvec(quant_, e + layout_.gate_offset, size_t(D_), xt, g, r0, r1);
+      quant_matvec(quant_, e + layout_.up_offset, size_t(D_), xt, u, r0, r1);
+      for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+    });
+    pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
+      const size_t p = task / down_tasks, r0 = (task % down_tasks) * kRowSlice;
+      const size_t r1 = std::min(size_t(D_), r0 + kRowSlice);
+      const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+      quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
+                   y_.row(slot_of_pair_[p]).data(), r0, r1);
+    });
+    times.expert_compute_s += seconds_since(t2);
+  }
+
+  // Weighted sum in top-k order per token: the same order whatever the fetch chunking.
+  auto t3 = std::chrono::steady_clock::now();
+  RowMap om(out, T, D_);
+  for (int t = 0; t < T; ++t) {
+    om.row(t).setZero();
+    for (int j = 0; j < K_; ++j)
+      om.row(t) += weights_[size_t(t) * K_ + j] * y_.row(t * K_ + j);
+  }
+  times.expert_compute_s += seconds_since(t3);
+}
+
+}  // namespace moestream

@@ -1,0 +1,53 @@
+// The sparse MLP of one decoder layer: router (softmax, top-k, optional renormalisation), the
+// selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum.
+#pragma once
+
+#include <vector>
+
+#include "runtime/dense_ops.h"
+#include "runtime/expert_store.h"
+#include "runtime/model_config.h"
+
+namespace moestream {
+
+// Wall seconds per phase of the forward pass, summed over calls.
+struct PhaseTimes {
+  double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
+};
+
+// Top-k routing of one token: softmax over all experts, the k largest (ties: lower id first),
+// renormalised to sum 1 when `normalize`. ids/weights receive k entries.
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
+                 float* weights, float* probs_scratch);
+
+class MoeLayer {
+ public:
+  MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
+
+  // x: T normalised rows [T, D]; writes out [T, D].
+  void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+               float* out, PhaseTimes& times);
+
+  // Routing of the last forward call: T*k expert ids, token-major.
+  const std::vector<int>& last_ids() const { return ids_; }
+
+ private:
+  const ModelConfig& cfg_;
+  ExpertStore& store_;
+  int D_, F_, E_, K_, max_batch_;
+  QuantType quant_;
+  ExpertLayout layout_;
+  RowMatrix logits_;          // [max_batch, E]
+  std::vector<float> probs_;  // [E]
+  std::vector<int> ids_;      // [max_batch*K]
+  std::vector<float> weights_;
+  // Per fetch chunk: unique experts, their payloads, and (expert, token-slot) pairs.
+  std::vector<int> unique_ids_, expert_of_pair_, slot_of_pair_;
+  std::vector<const uint8_t*> payloads_;
+  std::vector<std::vector<int>> slots_of_expert_;  // indexed by expert id
+  RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
+  RowMatrix up_;   // [max_batch*K, F]
+  RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
+};
+
+}  // namespace moestream

@@ -1,0 +1,82 @@
+// Implementation of runtime/run_stats.h.
+#include "runtime/run_stats.h"
+
+#include <cstdio>
+
+namespace moestream {
+
+namespace {
+
+nlohmann::json phase_json(const PhaseStats& p) {
+  return {{"tokens", p.tokens},
+          {"seconds", p.seconds},
+          {"tokens_per_s", p.tokens_per_s()},
+          {"phases_s",
+           {{"attention", p.times.attention_s},
+            {"router", p.times.router_s},
+            {"expert_io", p.times.expert_io_s},
+            {"expert_compute", p.times.expert_compute_s},
+            {"other", p.times.other_s}}}};
+}
+
+std::string fmt(const char* f, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, a, b, c);
+  return buf;
+}
+
+std::string phase_text(const char* name, const PhaseStats& p) {
+  const ForwardTimes& t = p.times;
+  const double ms = 1e3;
+  std::string s = std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
+                  fmt("%.3f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s());
+  s += fmt("  attention %8.1f ms   router %8.1f ms", t.attention_s * ms, t.router_s * ms);
+  s += fmt("   expert I/O %8.1f ms   expert compute %8.1f ms", t.expert_io_s * ms,
+           t.expert_compute_s * ms);
+  s += fmt("   other %8.1f ms\n", t.other_s * ms);
+  return s;
+}
+
+}  // namespace
+
+nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateStats>& gen,
+                              const std::optional<PerplexityResult>& ppl) {
+  nlohmann::json j = {{"model", info.model_dir}, {"arch", info.arch},     {"quant", info.quant},
+                      {"threads", info.threads}, {"context", info.context}};
+  if (gen) {
+    j["prefill"] = phase_json(gen->prefill);
+    j["decode"] = phase_json(gen->decode);
+    const ExpertStoreStats& e = gen->experts;
+    j["experts"] = {{"fetch_calls", e.fetch_calls},     {"experts_requested", e.experts_requested},
+                    {"experts_read", e.experts_read},   {"bytes_read", e.bytes_read},
+                    {"io_seconds", e.io_seconds}};
+  }
+  if (ppl)
+    j["perplexity"] = {{"perplexity", ppl->perplexity}, {"mean_nll", ppl->mean_nll},
+                       {"tokens_scored", ppl->n_scored}, {"windows", ppl->n_windows},
+                       {"ctx", ppl->ctx},               {"stride", ppl->stride},
+                       {"seconds", ppl->seconds}};
+  return j;
+}
+
+std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStats>& gen,
+                           const std::optional<PerplexityResult>& ppl) {
+  std::string s = "model " + info.model_dir + " (" + info.arch + ", experts " + info.quant + "), " +
+                  std::to_string(info.threads) + " threads, context " + std::to_string(info.context) + "\n";
+  if (gen) {
+    s += phase_text("prefill", gen->prefill);
+    s += phase_text("decode ", gen->decode);
+    const ExpertStoreStats& e = gen->experts;
+    s += "experts: " + std::to_string(e.experts_requested) + " requested, " +
+         std::to_string(e.experts_read) + " read, " +
+         fmt("%.1f MiB, I/O %.3f s\n", double(e.bytes_read) / (1 << 20), e.io_seconds);
+  }
+  if (ppl)
+    s += fmt("perplexity %.4f (mean NLL %.4f nats", ppl->perplexity, ppl->mean_nll) + ", " +
+         std::to_string(ppl->n_scored) + " tokens, " + std::to_string(ppl->n_windows) +
+         " windows of ctx " + std::to_string(ppl->ctx) + " stride " + std::to_string(ppl->stride) +
+         fmt(", %.2f s)\n", ppl->seconds);
+  return s;
+}
+
+}  // namespace moestream

@@ -1,0 +1,25 @@
+// The figures `infer --timing` prints and `--stats-json` writes: per-phase times, prefill and
+// decode tokens/s, expert-store counters and perplexity, as text and as JSON.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/generate.h"
+
+namespace moestream {
+
+struct RunInfo {
+  std::string model_dir, arch, quant;
+  int threads = 0;
+  int context = 0;
+};
+
+nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateStats>& gen,
+                              const std::optional<PerplexityResult>& ppl);
+std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStats>& gen,
+                           const std::optional<PerplexityResult>& ppl);
+
+}  // namespace moestream

@@ -1,0 +1,33 @@
+// Next-token choice from logits: greedy at temperature 0, otherwise temperature, top-k and top-p
+// (nucleus) filtering and a draw from a seeded generator, so a seed reproduces a run exactly.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace moestream {
+
+struct SamplerParams {
+  float temperature = 0.8f;  // 0 = greedy
+  int top_k = 40;            // 0 = no limit
+  float top_p = 0.95f;       // 1 = no limit
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams& p);  // throws ConfigError for out-of-range parameters
+  int sample(std::span<const float> logits);
+  // Index of the largest logit; the lowest index wins a tie.
+  static int argmax(std::span<const float> logits);
+
+ private:
+  SamplerParams p_;
+  std::mt19937_64 rng_;
+  std::vector<int> order_;     // candidate ids, reused across calls
+  std::vector<float> probs_;
+};
+
+}  // namespace moestream
