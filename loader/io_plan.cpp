@@ -1,0 +1,174 @@
+// Batch planning (sort, coalesce, in-place vs bounce) and completion outcomes for the read
+// engine; shared by every backend so that all of them treat short reads and errors alike.
+#include "loader/io_plan.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace moestream::io {
+namespace {
+
+uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// True when the group's requests tile [start, end) exactly and their dests are one contiguous
+// buffer in the same order: the read can land in place.
+bool contiguous(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                size_t e) {
+  for (size_t i = b + 1; i < e; ++i) {
+    const ReadRequest& p = reqs[order[i - 1]];
+    const ReadRequest& r = reqs[order[i]];
+    if (r.offset != p.offset + p.length) return false;
+    if (static_cast<uint8_t*>(r.dest) != static_cast<uint8_t*>(p.dest) + p.length) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
+                  const PlanOptions& opts) {
+  IoPlan plan;
+  std::vector<uint32_t> order;
+  order.reserve(reqs.size());
+  for (uint32_t i = 0; i < reqs.size(); ++i) {
+    ReadRequest& r = reqs[i];
+    r.error = 0;
+    if (r.file >= files.size())
+      throw ConfigError("read request " + std::to_string(i) + ": file index " +
+                        std::to_string(r.file) + " not added (engine has " +
+                        std::to_string(files.size()) + " files)");
+    if (r.offset + r.length < r.offset)
+      throw ConfigError("read request " + std::to_string(i) + " on " + files[r.file].path +
+                        ": offset " + std::to_string(r.offset) + " + length overflows");
+    if (r.length == 0) {
+      r.result = ReadResult::kOk;
+      continue;
+    }
+    if (r.dest == nullptr)
+      throw ConfigError("read request " + std::to_string(i) + " on " + files[r.file].path +
+                        ": null destination");
+    r.result = ReadResult::kPending;
+    order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ReadRequest& x = reqs[a];
+    const ReadRequest& y = reqs[b];
+    if (x.file != y.file) return x.file < y.file;
+    if (x.offset != y.offset) return x.offset < y.offset;
+    return a < b;
+  });
+
+  size_t b = 0;
+  while (b < order.size()) {
+    const ReadRequest& first = reqs[order[b]];
+    const FileEntry& f = files[first.file];
+    uint64_t start = first.offset;
+    uint64_t end = first.offset + first.length;
+    size_t e = b + 1;
+    if (opts.coalesce) {
+      while (e < order.size()) {
+        const ReadRequest& r = reqs[order[e]];
+        if (r.file != first.file) break;
+        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
+        uint64_t new_end = std::max(end, r.offset + r.length);
+        if (new_end - start > opts.max_read_bytes) break;
+        end = new_end;
+        ++e;
+      }
+    }
+    Extent x;
+    x.file = first.file;
+    x.offset = f.direct ? align_down(start, kDirectAlign) : start;
+    uint64_t read_end = f.direct ? align_up(end, kDirectAlign) : end;
+    x.length = read_end - x.offset;
+    x.needed = end - x.offset;
+    x.first_slice = static_cast<uint32_t>(plan.slices.size());
+    x.n_slices = static_cast<uint32_t>(e - b);
+    for (size_t i = b; i < e; ++i)
+      plan.slices.push_back({order[i], reqs[order[i]].offset - x.offset});
+    bool in_place = x.offset == start && read_end == end && contiguous(reqs, order, b, e);
+    if (in_place && f.direct)
+      in_place = reinterpret_cast<uintptr_t>(first.dest) % kDirectAlign == 0;
+    if (in_place) {
+      x.buf = static_cast<uint8_t*>(first.dest);
+    } else {
+      x.bounce = true;
+      x.bounce_offset = plan.bounce_bytes;
+      plan.bounce_bytes += align_up(x.length, kDirectAlign);
+    }
+    plan.extents.push_back(x);
+    b = e;
+  }
+  return plan;
+}
+
+Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOptions& opts,
+                   CompletionCounters& counters) {
+  if (opts.completion_hook) {
+    CompletionInfo info{&f.path, next_offset(e), next_length(e), res, e.attempts};
+    res = opts.completion_hook(info);
+  }
+  ++e.attempts;
+  if (res > 0) {
+    uint64_t got = std::min<uint64_t>(static_cast<uint64_t>(res), next_length(e));
+    uint64_t before = e.done;
+    e.done += got;
+    if (e.done >= e.needed) {
+      e.result = ReadResult::kOk;
+      return Step::kDone;
+    }
+    ++counters.short_reads;
+    if (f.direct && (e.offset + e.done) % kDirectAlign != 0) {
+      // O_DIRECT resubmissions must start aligned; an unaligned end at or past the known size is
+      // the end of the file, and the next read would return 0.
+      if (e.offset + e.done >= f.size) {
+        e.result = ReadResult::kTruncated;
+        return Step::kFailed;
+      }
+      e.done = align_down(e.offset + e.done, kDirectAlign) - e.offset;
+      if (e.done <= before && ++e.retries > opts.max_retries) {
+        e.result = ReadResult::kError;
+        e.error = EIO;
+        return Step::kFailed;
+      }
+    }
+    return Step::kResubmit;
+  }
+  if (res == 0) {
+    e.result = ReadResult::kTruncated;
+    return Step::kFailed;
+  }
+  int err = static_cast<int>(-res);
+  if ((err == EAGAIN || err == EINTR) && e.retries < opts.max_retries) {
+    ++e.retries;
+    ++counters.retries;
+    return Step::kResubmit;
+  }
+  e.result = ReadResult::kError;
+  e.error = err;
+  return Step::kFailed;
+}
+
+void finish_extent(const Extent& e, const IoPlan& plan, std::span<ReadRequest> reqs) {
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    const ReadSlice& sl = plan.slices[s];
+    ReadRequest& r = reqs[sl.request];
+    // A failed extent may still have delivered the requests that lie before the failure point.
+    bool arrived = e.result == ReadResult::kOk || sl.buf_offset + r.length <= e.done;
+    if (arrived) {
+      if (e.bounce) std::memcpy(r.dest, e.buf + sl.buf_offset, r.length);
+      r.result = ReadResult::kOk;
+      r.error = 0;
+    } else {
+      r.result = e.result;
+      r.error = e.error;
+    }
+  }
+}
+
+}  // namespace moestream::io

@@ -1,0 +1,91 @@
+// Internal to the read engine: turns a batch of requests into sorted, coalesced extents, and
+// decides what each completion means (done, resubmit the rest, retry, fail). No I/O here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loader/io_engine.h"
+
+namespace moestream::io {
+
+inline constexpr uint64_t kDirectAlign = 4096;  // O_DIRECT offset/length/buffer alignment
+
+struct FileEntry {
+  std::string path;
+  int fd = -1;         // the fd reads go through (O_DIRECT when `direct`)
+  int buffered_fd = -1;  // a buffered fd (same as fd unless direct); mmap and residency use it
+  bool direct = false;
+  uint64_t size = 0;
+};
+
+// A request's place inside an extent's buffer.
+struct ReadSlice {
+  uint32_t request = 0;
+  uint64_t buf_offset = 0;  // request data starts at extent.buf + buf_offset
+};
+
+struct Extent {
+  uint32_t file = 0;
+  uint64_t offset = 0;   // file offset of the read
+  uint64_t length = 0;   // bytes asked for (aligned up for O_DIRECT)
+  uint64_t needed = 0;   // bytes that must arrive; less than length only for O_DIRECT padding
+  uint8_t* buf = nullptr;  // a request's dest (direct placement) or a bounce buffer
+  uint64_t bounce_offset = 0;  // offset of buf in the bounce arena when bounce
+  bool bounce = false;
+  uint32_t first_slice = 0, n_slices = 0;
+  // Progress, owned by whichever worker runs the extent.
+  uint64_t done = 0;
+  uint32_t attempts = 0;  // completions seen
+  uint32_t retries = 0;   // retries without progress (EAGAIN/EINTR or unaligned short reads)
+  ReadResult result = ReadResult::kPending;
+  int error = 0;
+};
+
+struct IoPlan {
+  std::vector<Extent> extents;
+  std::vector<ReadSlice> slices;
+  uint64_t bounce_bytes = 0;  // arena size the extents with bounce=true need
+};
+
+struct PlanOptions {
+  bool coalesce = true;
+  uint64_t gap_bytes = 0;
+  uint64_t max_read_bytes = 0;
+};
+
+// Sorts `reqs` by (file, offset) and groups them into extents. Extents whose requests' dests
+// are exactly contiguous (and aligned enough for O_DIRECT) read in place; others get a bounce
+// range [bounce_offset, +length) with buf left null until the caller binds the arena.
+// Zero-length requests get no extent and are marked kOk. Throws ConfigError for a request
+// naming a file index out of range or a null dest.
+IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
+                  const PlanOptions& opts);
+
+// What to do after a completion.
+enum class Step { kDone, kResubmit, kFailed };
+
+struct CompletionCounters {
+  uint64_t short_reads = 0;
+  uint64_t retries = 0;
+};
+
+// Applies the hook, then one completion result `res` (bytes or -errno) to extent `e`:
+// progress -> kDone when `needed` bytes are in, else kResubmit the rest; 0 bytes -> kFailed
+// (kTruncated); -EAGAIN/-EINTR -> kResubmit until max_retries; other -errno -> kFailed.
+// Never throws.
+Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOptions& opts,
+                   CompletionCounters& counters);
+
+// Where the next read of a resubmitted extent starts and how long it is.
+inline uint64_t next_offset(const Extent& e) { return e.offset + e.done; }
+inline uint64_t next_length(const Extent& e) { return e.length - e.done; }
+inline uint8_t* next_buf(const Extent& e) { return e.buf + e.done; }
+
+// Copies a finished bounce extent's bytes into its requests' dests and sets their results.
+void finish_extent(const Extent& e, const IoPlan& plan, std::span<ReadRequest> reqs);
+
+}  // namespace moestream::io
