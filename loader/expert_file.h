@@ -25,13 +25,15 @@
 // A matrix of R rows and C columns is encoded by quant type as:
 //   f32:  R*C float32
 //   bf16: R*C bfloat16 (upper 16 bits of the float32)
-//   q8:   nb = ceil(C/32) blocks per row, columns past C zero padded;
-//         R*nb float16 scales (row-major), then R*nb*32 int8 quants; x = q * d,
-//         d = amax/127 over the block.
-//   q4:   R*nb float16 scales, then R*nb*16 bytes; byte j of a block holds element j in its
-//         low nibble and element j+16 in its high nibble; x = (nibble - 8) * d, with
-//         d = m / -8 where m is the block's element of largest magnitude (sign kept).
-//         4.5 bits per weight.
+//   q8:   nb = ceil(C/32) blocks per row, columns past C zero padded. Rows back to back, each
+//         row_bytes = nb*34: nb float16 scales, then nb*32 int8 quants; x = q * d,
+//         d = amax/127 over the block, q in [-127, 127].
+//   q4:   rows back to back, each row_bytes = nb*18: nb float16 scales, then nb*16 bytes;
+//         byte j of a block holds element j in its low nibble and element j+16 in its high
+//         nibble; x = (nibble - 8) * d, with d = m / -8 where m is the block's element of
+//         largest magnitude (sign kept). 4.5 bits per weight.
+//   Each row is self-contained so that a row range [r0, r1) is one contiguous byte range
+//   (threads, partial reads) and a matvec needs no total row count.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,158 @@
+// The pread(2) ExpertStore: one open file per layer, headers validated against model.json on
+// open, each fetched expert read into its own 64-byte aligned buffer and checksum-verified.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "runtime/expert_store.h"
+
+namespace moestream {
+namespace {
+
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+std::string hex64(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+class PreadExpertStore final : public ExpertStore {
+ public:
+  PreadExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
+                   const ExpertStoreOptions& opts)
+      : opts_(opts), quant_(cfg.expert_quant) {
+    layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
+    // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment.
+    buf_stride_ = (layout_.bytes + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
+    const std::filesystem::path dir = model_dir / cfg.experts_dir;
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      char name[32];
+      std::snprintf(name, sizeof name, "layer_%03d.bin", l);
+      Layer layer;
+      layer.path = dir / name;
+      layer.header = read_expert_header(layer.path);
+      check(layer, l, cfg);
+      layer.fd = ::open(layer.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (layer.fd < 0) {
+        close_all();
+        throw_errno("cannot open expert file", layer.path);
+      }
+      layers_.push_back(std::move(layer));
+    }
+  }
+
+  ~PreadExpertStore() override { close_all(); }
+
+  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
+    MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
+    const Layer& L = layers_[layer];
+    auto t0 = std::chrono::steady_clock::now();
+    if (ids.size() > buf_slots_) {
+      void* p = std::aligned_alloc(kMatrixAlign, buf_stride_ * ids.size());
+      if (p == nullptr) throw IoError("out of memory for " + std::to_string(ids.size()) + " expert buffers");
+      buf_.reset(static_cast<uint8_t*>(p));
+      buf_slots_ = ids.size();
+    }
+    out.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int id = ids[i];
+      MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
+      uint8_t* dst = buf_.get() + i * buf_stride_;
+      const uint64_t off = L.header.slot_offset(static_cast<uint32_t>(id));
+      read_exact(L, dst, layout_.bytes, off);
+      if (opts_.verify_checksums) {
+        uint64_t got = expert_checksum(dst, layout_.bytes);
+        uint64_t want = L.header.slot_checksums[id];
+        if (got != want)
+          throw FormatError(L.path.string() + ": checksum mismatch for expert " + std::to_string(id) +
+                            " (slot at offset " + std::to_string(off) + ", " +
+                            std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
+                            ", data hashes to " + hex64(got));
+      }
+      out[i] = dst;
+      stats_.bytes_read += layout_.bytes;
+    }
+    stats_.fetch_calls += 1;
+    stats_.experts_requested += ids.size();
+    stats_.experts_read += ids.size();
+    stats_.io_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  ExpertStoreStats stats() const override { return stats_; }
+
+ private:
+  struct Layer {
+    std::filesystem::path path;
+    ExpertFileHeader header;
+    int fd = -1;
+  };
+
+  void check(const Layer& L, int l, const ModelConfig& cfg) const {
+    auto mismatch = [&](const char* field, uint64_t got, uint64_t want) {
+      throw FormatError(L.path.string() + ": header field '" + field + "' is " + std::to_string(got) +
+                        " but model.json says " + std::to_string(want));
+    };
+    const ExpertFileHeader& h = L.header;
+    if (h.quant != quant_)
+      throw FormatError(L.path.string() + ": header field 'quant' is " + std::string(quant_name(h.quant)) +
+                        " but model.json says " + std::string(quant_name(quant_)));
+    if (h.layer != static_cast<uint32_t>(l)) mismatch("layer", h.layer, l);
+    if (h.n_experts != static_cast<uint32_t>(cfg.n_experts)) mismatch("n_experts", h.n_experts, cfg.n_experts);
+    if (h.hidden != static_cast<uint32_t>(cfg.hidden_size)) mismatch("hidden", h.hidden, cfg.hidden_size);
+    if (h.intermediate != static_cast<uint32_t>(cfg.moe_intermediate_size))
+      mismatch("intermediate", h.intermediate, cfg.moe_intermediate_size);
+  }
+
+  static void read_exact(const Layer& L, uint8_t* dst, size_t n, uint64_t off) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(L.fd, dst + done, n - done, static_cast<off_t>(off + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw IoError("cannot read " + L.path.string() + " at offset " + std::to_string(off + done) +
+                      " (" + std::to_string(n - done) + " bytes): " + std::strerror(errno));
+      }
+      if (r == 0)
+        throw IoError(L.path.string() + ": truncated: expert at offset " + std::to_string(off) +
+                      " needs " + std::to_string(n) + " bytes, file ends after " + std::to_string(done));
+      done += static_cast<size_t>(r);
+    }
+  }
+
+  void close_all() {
+    for (Layer& L : layers_)
+      if (L.fd >= 0) {
+        ::close(L.fd);
+        L.fd = -1;
+      }
+  }
+
+  ExpertStoreOptions opts_;
+  QuantType quant_;
+  ExpertLayout layout_;
+  size_t buf_stride_ = 0;
+  std::vector<Layer> layers_;
+  std::unique_ptr<uint8_t, FreeDeleter> buf_;
+  size_t buf_slots_ = 0;
+  ExpertStoreStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertStore> open_pread_expert_store(const std::filesystem::path& model_dir,
+                                                     const ModelConfig& cfg,
+                                                     const ExpertStoreOptions& opts) {
+  return std::make_unique<PreadExpertStore>(model_dir, cfg, opts);
+}
+
+}  // namespace moestream

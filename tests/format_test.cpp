@@ -1,0 +1,333 @@
+// Tests of the packed model format: expert file header encode/decode and validation, the expert
+// file writer, the pread expert store (reads, checksums, truncation) and model.json.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/expert_file.h"
+#include "loader/expert_file_writer.h"
+#include "runtime/expert_store.h"
+#include "runtime/model_config.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+ExpertFileHeader sample_header() {
+  ExpertFileHeader h;
+  h.quant = QuantType::kQ8;
+  h.layer = 3;
+  h.n_experts = 5;
+  h.hidden = 67;
+  h.intermediate = 45;
+  h.expert_bytes = ExpertLayout::make(h.quant, h.hidden, h.intermediate).bytes;
+  h.expert_stride = (h.expert_bytes + 4095) / 4096 * 4096;
+  h.data_offset = 4096;
+  for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums.push_back(0x1234567890abcdefULL * (i + 1));
+  return h;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+ModelConfig tiny_config(QuantType q) {
+  ModelConfig c;
+  c.arch = Arch::kQwen3Moe;
+  c.vocab_size = 50;
+  c.hidden_size = 37;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.moe_intermediate_size = 19;
+  c.n_experts = 6;
+  c.n_experts_per_tok = 2;
+  c.max_position_embeddings = 128;
+  c.qk_norm = QkNorm::kPerHead;
+  c.expert_quant = q;
+  return c;
+}
+
+// Writes experts/layer_NNN.bin for cfg with random payloads; returns payloads[layer][expert].
+std::vector<std::vector<std::vector<uint8_t>>> write_experts(const fs::path& dir, const ModelConfig& c) {
+  fs::create_directories(dir / "experts");
+  std::mt19937 rng(42);
+  std::vector<std::vector<std::vector<uint8_t>>> all(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    ExpertFileWriter w(expert_file_path(dir, l), c.expert_quant, l, c.n_experts, c.hidden_size,
+                       c.moe_intermediate_size);
+    for (int e = 0; e < c.n_experts; ++e) {
+      std::vector<uint8_t> p(w.layout().bytes);
+      for (auto& b : p) b = static_cast<uint8_t>(rng());
+      w.write_expert(e, p.data());
+      all[l].push_back(std::move(p));
+    }
+    w.finish();
+  }
+  c.save(dir);
+  return all;
+}
+
+void patch_file(const fs::path& p, uint64_t off, const void* data, size_t n) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(off));
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
+}  // namespace
+
+TEST(ExpertFile, LayoutAlignsMatricesAndCountsQ4At4Point5Bits) {
+  ExpertLayout l = ExpertLayout::make(QuantType::kQ4, 64, 96);
+  EXPECT_EQ(l.gate_offset, 0u);
+  EXPECT_EQ(l.up_offset % kMatrixAlign, 0u);
+  EXPECT_EQ(l.down_offset % kMatrixAlign, 0u);
+  EXPECT_EQ(quant_matrix_bytes(QuantType::kQ4, 96, 64) * 8, 96u * 64u * 9u / 2u);
+  EXPECT_EQ(quant_matrix_bytes(QuantType::kQ8, 3, 33), 3u * 2u * 34u);  // 33 cols -> 2 blocks
+  EXPECT_EQ(quant_matrix_bytes(QuantType::kBF16, 3, 33), 3u * 33u * 2u);
+}
+
+TEST(ExpertFile, HeaderRoundTrips) {
+  ExpertFileHeader h = sample_header();
+  std::string bytes = encode_expert_header(h);
+  ASSERT_EQ(bytes.size(), h.data_offset);
+  ExpertFileHeader d = decode_expert_header(bytes, h.file_bytes(), "x.bin");
+  EXPECT_EQ(d.quant, h.quant);
+  EXPECT_EQ(d.layer, h.layer);
+  EXPECT_EQ(d.n_experts, h.n_experts);
+  EXPECT_EQ(d.hidden, h.hidden);
+  EXPECT_EQ(d.intermediate, h.intermediate);
+  EXPECT_EQ(d.expert_bytes, h.expert_bytes);
+  EXPECT_EQ(d.expert_stride, h.expert_stride);
+  EXPECT_EQ(d.data_offset, h.data_offset);
+  EXPECT_EQ(d.slot_checksums, h.slot_checksums);
+}
+
+TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
+  const ExpertFileHeader h = sample_header();
+  const std::string good = encode_expert_header(h);
+  struct Case {
+    const char* field;
+    size_t offset;
+    uint64_t value;
+    size_t width;
+  };
+  const Case cases[] = {
+      {"magic", 0, 0x58, 1},          {"version", 8, 2, 4},
+      {"quant", 12, 9, 4},            {"n_experts", 20, 0, 4},
+      {"hidden", 24, 0, 4},           {"intermediate", 28, 1u << 30, 4},
+      {"expert_bytes", 32, 12345, 8}, {"expert_stride", 40, 4095, 8},
+      {"data_offset", 48, 8192, 8},   {"header_checksum", 56, 7, 8},
+      {"header_checksum", 64, 1, 8},  // a slot checksum: covered by the header checksum
+      {"header_checksum", 16, 4, 4},  // the layer index has no own check beyond the checksum
+  };
+  for (const Case& c : cases) {
+    std::string bad = good;
+    std::memcpy(bad.data() + c.offset, &c.value, c.width);
+    std::string msg = message_of([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_003.bin"); });
+    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
+    EXPECT_NE(msg.find("dir/layer_003.bin"), std::string::npos) << msg;
+  }
+}
+
+TEST(ExpertFile, WrongFileSizeIsRejected) {
+  const ExpertFileHeader h = sample_header();
+  const std::string good = encode_expert_header(h);
+  EXPECT_THROW(decode_expert_header(good, h.file_bytes() - 1, "f"), FormatError);
+  EXPECT_THROW(decode_expert_header(good, h.file_bytes() + 4096, "f"), FormatError);
+  EXPECT_THROW(decode_expert_header(good.substr(0, 40), h.file_bytes(), "f"), FormatError);
+}
+
+TEST(ExpertFile, TruncatedFileIsRejectedWithItsPath) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kBF16);
+  write_experts(d.path(), c);
+  fs::path p = expert_file_path(d.path(), 1);
+  fs::resize_file(p, fs::file_size(p) - 100);
+  std::string msg = message_of([&] { read_expert_header(p); });
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
+  EXPECT_THROW(open_pread_expert_store(d.path(), c), FormatError);
+  fs::resize_file(p, 30);  // shorter than the fixed header
+  EXPECT_THROW(read_expert_header(p), FormatError);
+}
+
+TEST(ExpertFile, WrongMagicIsRejected) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  write_experts(d.path(), c);
+  patch_file(expert_file_path(d.path(), 0), 0, "GGUF", 4);
+  std::string msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  EXPECT_NE(msg.find("'magic'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
+}
+
+TEST(ExpertFile, PathIsThreeDigitLayer) {
+  EXPECT_EQ(expert_file_path("m", 7), fs::path("m/experts/layer_007.bin"));
+}
+
+TEST(ExpertFileWriter, AbandonedWriterLeavesNoFile) {
+  TempDir d;
+  {
+    ExpertFileWriter w(d.path() / "layer_000.bin", QuantType::kF32, 0, 2, 8, 4);
+    std::vector<uint8_t> p(w.layout().bytes, 1);
+    w.write_expert(0, p.data());
+  }
+  EXPECT_TRUE(fs::is_empty(d.path()));
+}
+
+TEST(ExpertStore, ReturnsTheBytesWrittenForEachRequestedExpert) {
+  for (QuantType q : {QuantType::kF32, QuantType::kBF16, QuantType::kQ8, QuantType::kQ4}) {
+    TempDir d;
+    ModelConfig c = tiny_config(q);
+    auto payloads = write_experts(d.path(), c);
+    auto store = open_pread_expert_store(d.path(), ModelConfig::load(d.path()));
+    std::vector<int> ids = {5, 0, 3};
+    std::vector<const uint8_t*> out;
+    store->fetch(1, ids, out);
+    ASSERT_EQ(out.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(out[i]) % kMatrixAlign, 0u);
+      EXPECT_EQ(std::memcmp(out[i], payloads[1][ids[i]].data(), payloads[1][ids[i]].size()), 0)
+          << quant_name(q) << " expert " << ids[i];
+    }
+    ExpertStoreStats s = store->stats();
+    EXPECT_EQ(s.fetch_calls, 1u);
+    EXPECT_EQ(s.experts_requested, 3u);
+    EXPECT_EQ(s.bytes_read, 3 * payloads[1][0].size());
+  }
+}
+
+TEST(ExpertStore, ChecksumMismatchIsDetectedAndNamesTheExpert) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  write_experts(d.path(), c);
+  fs::path p = expert_file_path(d.path(), 0);
+  ExpertFileHeader h = read_expert_header(p);
+  uint8_t flip = 0;
+  {
+    std::ifstream f(p, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(h.slot_offset(4) + 17));
+    f.read(reinterpret_cast<char*>(&flip), 1);
+  }
+  flip ^= 0x10;
+  patch_file(p, h.slot_offset(4) + 17, &flip, 1);
+  auto store = open_pread_expert_store(d.path(), c);  // headers are intact: opens fine
+  std::vector<const uint8_t*> out;
+  std::vector<int> ok = {0, 3};
+  EXPECT_NO_THROW(store->fetch(0, ok, out));
+  std::vector<int> ids = {1, 4};
+  std::string msg = message_of([&] { store->fetch(0, ids, out); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
+  auto unchecked = open_pread_expert_store(d.path(), c, ExpertStoreOptions{.verify_checksums = false});
+  EXPECT_NO_THROW(unchecked->fetch(0, ids, out));
+}
+
+TEST(ExpertStore, HeaderThatDisagreesWithModelJsonIsRejected) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  write_experts(d.path(), c);
+  ModelConfig other = c;
+  other.expert_quant = QuantType::kQ8;
+  std::string msg = message_of([&] { open_pread_expert_store(d.path(), other); });
+  EXPECT_NE(msg.find("'quant'"), std::string::npos) << msg;
+  other = c;
+  other.moe_intermediate_size = 20;
+  msg = message_of([&] { open_pread_expert_store(d.path(), other); });
+  EXPECT_NE(msg.find("'intermediate'"), std::string::npos) << msg;
+  // Layer files swapped: each names the wrong layer index.
+  fs::rename(expert_file_path(d.path(), 0), d.path() / "tmp.bin");
+  fs::rename(expert_file_path(d.path(), 1), expert_file_path(d.path(), 0));
+  fs::rename(d.path() / "tmp.bin", expert_file_path(d.path(), 1));
+  msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  EXPECT_NE(msg.find("'layer'"), std::string::npos) << msg;
+}
+
+TEST(ExpertStore, MissingLayerFileNamesThePath) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kF32);
+  write_experts(d.path(), c);
+  fs::remove(expert_file_path(d.path(), 1));
+  std::string msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;
+}
+
+TEST(ModelConfig, RoundTripsThroughModelJson) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  c.arch = Arch::kMixtral;
+  c.rope_theta = 1e6;
+  c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32768};
+  c.tokenizer_file = "tokenizer.json";
+  c.eos_token_id = 2;
+  c.norm_topk_prob = false;
+  c.dense_dtype = "bf16";
+  c.save(d.path());
+  ModelConfig r = ModelConfig::load(d.path());
+  EXPECT_EQ(r.to_json(), c.to_json());
+  EXPECT_EQ(r.arch, Arch::kMixtral);
+  ASSERT_TRUE(r.rope_scaling.has_value());
+  EXPECT_EQ(r.rope_scaling->type, "yarn");
+  EXPECT_EQ(r.rope_scaling->original_max_position_embeddings, 32768);
+  EXPECT_FALSE(r.bos_token_id.has_value());
+  EXPECT_EQ(r.eos_token_id, 2);
+}
+
+TEST(ModelConfig, EveryMissingRequiredFieldIsNamed) {
+  const nlohmann::json good = tiny_config(QuantType::kQ8).to_json();
+  for (auto& [key, value] : good.items()) {
+    if (key == "tokenizer" || key == "bos_token_id" || key == "eos_token_id") continue;  // optional
+    nlohmann::json j = good;
+    j.erase(key);
+    std::string msg = message_of([&] { ModelConfig::from_json(j, "m/model.json"); });
+    EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << key << ": " << msg;
+    EXPECT_NE(msg.find("m/model.json"), std::string::npos) << msg;
+  }
+  for (const char* sub : {"theta", "scaling"}) {
+    nlohmann::json j = good;
+    j["rope"].erase(sub);
+    std::string msg = message_of([&] { ModelConfig::from_json(j, "m/model.json"); });
+    EXPECT_NE(msg.find(sub), std::string::npos) << msg;
+  }
+}
+
+TEST(ModelConfig, BadValuesAreRejected) {
+  const nlohmann::json good = tiny_config(QuantType::kQ8).to_json();
+  auto expect_bad = [&](const char* key, nlohmann::json v) {
+    nlohmann::json j = good;
+    j[key] = v;
+    std::string msg = message_of([&] { ModelConfig::from_json(j, "model.json"); });
+    EXPECT_NE(msg.find(key), std::string::npos) << key << ": " << msg;
+  };
+  expect_bad("architecture", "llama");
+  expect_bad("hidden_size", 0);
+  expect_bad("hidden_size", "37");
+  expect_bad("n_kv_heads", 3);
+  expect_bad("n_experts_per_tok", 7);
+  expect_bad("qk_norm", "sometimes");
+  expect_bad("format_version", 2);
+  nlohmann::json j = good;
+  j["experts"]["quant"] = "q3";
+  EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+}
+
+TEST(ModelConfig, MissingOrInvalidFileNamesIt) {
+  TempDir d;
+  EXPECT_THROW(ModelConfig::load(d.path()), IoError);
+  write_file_atomic(d.path() / "model.json", "{ not json");
+  std::string msg = message_of([&] { ModelConfig::load(d.path()); });
+  EXPECT_NE(msg.find("model.json"), std::string::npos) << msg;
+}
