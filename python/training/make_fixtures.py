@@ -1,0 +1,237 @@
+# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral) with transformers
+# itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
+"""Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
+
+For every fixture: config.json, model.safetensors (float32) and reference.json =
+  {"prompts": [[ids]], "logits": [prompt][position][vocab], "greedy": [prompt][32 ids],
+   "greedy_min_margin": [prompt] smallest top1-top2 logit gap met while generating,
+   "transformers_version", "torch_version", ...}.
+qwen3_moe, olmoe and mixtral are saved in the per-expert tensor layout of published checkpoints
+(converted here from the fused 3-D tensors that transformers 5 holds in memory, and checked
+against transformers' own reverse conversion and by reloading); qwen3_moe_fused is saved by
+save_pretrained(save_original_format=False), i.e. the fused layout
+`mlp.experts.gate_up_proj [E, 2F, D]` (gate rows first) and `mlp.experts.down_proj [E, D, F]`.
+Run on a machine with torch + transformers >= 5 (the device machine): python3 make_fixtures.py
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+N_GREEDY = 32
+PROMPT_LENGTHS = (5, 9, 12)
+
+
+def fixture_specs():
+    """name -> (model class, config, seed, layout). Odd sizes wherever the architecture allows."""
+    common = dict(num_hidden_layers=3, rms_norm_eps=1e-6, max_position_embeddings=256,
+                  tie_word_embeddings=False, use_cache=True, bos_token_id=None, eos_token_id=None,
+                  pad_token_id=None, initializer_range=0.02)
+    qwen = Qwen3MoeConfig(
+        vocab_size=419, hidden_size=67, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, moe_intermediate_size=37, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    # The fused variant also covers norm_topk_prob = false, a wider top-k and more experts.
+    qwen_fused = Qwen3MoeConfig(
+        vocab_size=389, hidden_size=45, intermediate_size=64, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=18, moe_intermediate_size=29, num_experts=12,
+        num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    # OLMoE: head_dim = hidden/heads and q_norm is over hidden_size, so hidden = heads * even.
+    olmoe = OlmoeConfig(
+        vocab_size=401, hidden_size=54, intermediate_size=29, num_attention_heads=3,
+        num_key_value_heads=1, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        clip_qkv=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    mixtral = MixtralConfig(
+        vocab_size=433, hidden_size=61, intermediate_size=43, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=14, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=None, router_jitter_noise=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    return {
+        "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
+        "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
+        "mixtral": (MixtralForCausalLM, mixtral, 1003, "per_expert"),
+        "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
+    }
+
+
+@torch.no_grad()
+def randomise(model, seed):
+    """Weights with O(1) activations: matrices ~ N(0, 1/fan_in), norm weights ~ U(0.5, 1.5).
+
+    transformers' own init (std 0.02, norms = 1) gives near-flat logits and routing, which
+    would hide a missing norm weight or a wrong expert; these weights make every part matter.
+    """
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:  # RMSNorm weights
+            p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+        else:
+            fan_in = p.shape[-1]
+            scale = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(fan_in)
+            if name.endswith("mlp.gate.weight"):
+                scale *= 3.0  # a router with clear preferences: no near-ties in top-k
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+def per_expert_state_dict(model, arch):
+    """The published-checkpoint layout, converted from the fused in-memory tensors."""
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to(torch.float32).contiguous()
+        if ".mlp.experts.gate_up_proj" in name:
+            prefix = name.replace(".mlp.experts.gate_up_proj", "")
+            n_e, two_f, _ = t.shape
+            f = two_f // 2
+            for e in range(n_e):
+                gate, up = t[e, :f].contiguous(), t[e, f:].contiguous()
+                if arch == "mixtral":
+                    out[f"{prefix}.block_sparse_moe.experts.{e}.w1.weight"] = gate
+                    out[f"{prefix}.block_sparse_moe.experts.{e}.w3.weight"] = up
+                else:
+                    out[f"{prefix}.mlp.experts.{e}.gate_proj.weight"] = gate
+                    out[f"{prefix}.mlp.experts.{e}.up_proj.weight"] = up
+        elif ".mlp.experts.down_proj" in name:
+            prefix = name.replace(".mlp.experts.down_proj", "")
+            for e in range(t.shape[0]):
+                key = (f"{prefix}.block_sparse_moe.experts.{e}.w2.weight" if arch == "mixtral"
+                       else f"{prefix}.mlp.experts.{e}.down_proj.weight")
+                out[key] = t[e].contiguous()
+        elif arch == "mixtral" and ".mlp.gate.weight" in name:
+            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+        else:
+            out[name] = t
+    return out
+
+
+@torch.no_grad()
+def reference(model, prompts):
+    logits_all, greedy_all, margins = [], [], []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        out = model(x, use_cache=True)
+        logits_all.append(out.logits[0].float().numpy())
+        past, nxt = out.past_key_values, out.logits[0, -1]
+        gen, min_margin = [], float("inf")
+        for _ in range(N_GREEDY):
+            top2 = torch.topk(nxt.float(), 2).values
+            min_margin = min(min_margin, float(top2[0] - top2[1]))
+            tok = int(torch.argmax(nxt))
+            gen.append(tok)
+            out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[0, -1]
+        # The cached loop must agree with a plain forward over the whole sequence.
+        full = model(torch.tensor([ids + gen[:-1]]), use_cache=False).logits[0]
+        check = full[len(ids) - 1:].argmax(-1).tolist()
+        if check != gen:
+            raise RuntimeError(f"cached greedy {gen} != uncached argmax {check}")
+        greedy_all.append(gen)
+        margins.append(min_margin)
+    return logits_all, greedy_all, margins
+
+
+def f32_list(a):
+    """Nested lists of floats printed with 9 significant digits: exact for float32, compact."""
+    if a.ndim == 1:
+        return [float(f"{v:.9g}") for v in a.tolist()]
+    return [f32_list(r) for r in a]
+
+
+def write_fixture(name, cls, config, seed, layout, out_root):
+    torch.manual_seed(seed)
+    config._experts_implementation = "eager"
+    model = cls(config).eval().to(torch.float32)
+    randomise(model, seed)
+    arch = config.model_type
+    attn = model.model.layers[0].self_attn
+    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if attn.q_proj.weight.shape[0] != config.num_attention_heads * hd:
+        raise RuntimeError(f"{name}: q_proj has {attn.q_proj.weight.shape[0]} rows, expected "
+                           f"{config.num_attention_heads} heads x {hd}")
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, config.vocab_size, size=n).tolist() for n in PROMPT_LENGTHS]
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_root))
+    try:
+        if layout == "fused":
+            model.save_pretrained(tmp, save_original_format=False, safe_serialization=True)
+            keys = load_file(str(tmp / "model.safetensors")).keys()
+            if not any(k.endswith("mlp.experts.gate_up_proj") for k in keys):
+                raise RuntimeError(f"{name}: save_pretrained did not write the fused layout")
+        else:
+            sd = per_expert_state_dict(model, arch)
+            # transformers' own reverse conversion (what save_pretrained writes by default) must
+            # give the same names and values.
+            with tempfile.TemporaryDirectory() as d:
+                model.save_pretrained(d, safe_serialization=True)
+                theirs = load_file(str(Path(d) / "model.safetensors"))
+            if set(theirs) != set(sd):
+                raise RuntimeError(f"{name}: layout differs from save_pretrained: "
+                                   f"{sorted(set(theirs) ^ set(sd))[:6]}")
+            for k, v in sd.items():
+                if not torch.equal(theirs[k].float(), v):
+                    raise RuntimeError(f"{name}: tensor {k} differs from save_pretrained")
+            model.config.save_pretrained(tmp)
+            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for extra in ("generation_config.json",):
+            (tmp / extra).unlink(missing_ok=True)
+
+        logits, greedy, margins = reference(model, prompts)
+        # Reloading the written files must reproduce the logits: the layout is loadable.
+        reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager").eval()
+        with torch.no_grad():
+            for ids, ref in zip(prompts, logits):
+                got = reloaded(torch.tensor([ids])).logits[0].numpy()
+                if not np.array_equal(got, ref):
+                    raise RuntimeError(f"{name}: reloaded model differs by "
+                                       f"{np.abs(got - ref).max()}")
+        ref = {
+            "architecture": cls.__name__, "layout": layout, "seed": seed,
+            "prompts": prompts, "logits": [f32_list(l) for l in logits], "greedy": greedy,
+            "greedy_min_margin": [float(f"{m:.6g}") for m in margins],
+            "max_abs_logit": float(max(np.abs(l).max() for l in logits)),
+            "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        }
+        with open(tmp / "reference.json", "w") as f:
+            json.dump(ref, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        dest = out_root / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{name:16s} {n_params:7d} params  {size / 1e6:.2f} MB  greedy margin "
+          f"{min(margins):.3g}  max|logit| {ref['max_abs_logit']:.2f}")
+    if size > 1_500_000:
+        raise RuntimeError(f"{dest}: {size} bytes, over the 1.5 MB fixture budget")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/fixtures")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # one thread: reductions in a fixed order
+    for name, (cls, config, seed, layout) in fixture_specs().items():
+        write_fixture(name, cls, config, seed, layout, args.out)
+
+
+if __name__ == "__main__":
+    main()
