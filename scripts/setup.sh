@@ -8,6 +8,7 @@ APT_PACKAGES=(
   liburing-dev libeigen3-dev googletest libgtest-dev libgmock-dev
   pybind11-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev
   libcli11-dev libfmt-dev libcpp-httplib-dev python3-dev
+  libutf8proc-dev
 )
 PIP_PACKAGES=(tokenizers numpy pytest)
 

@@ -1,0 +1,78 @@
+// PCRE2 wrapper: compile once with JIT, match with a per-thread match block and JIT stack.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "runtime/tokenizer/pcre_regex.h"
+
+#include <pcre2.h>
+
+#include "common/error.h"
+
+namespace moestream::tok {
+
+namespace {
+
+std::string pcre_message(int code) {
+  PCRE2_UCHAR buf[256];
+  pcre2_get_error_message(code, buf, sizeof buf);
+  return reinterpret_cast<const char*>(buf);
+}
+
+// Per-thread matching state. The JIT stack grows to 8 MiB because patterns like `\s+(?!\S)`
+// backtrack once per character over long whitespace runs.
+struct MatchState {
+  pcre2_match_data* data = nullptr;
+  pcre2_match_context* context = nullptr;
+  pcre2_jit_stack* stack = nullptr;
+  MatchState() {
+    data = pcre2_match_data_create(1, nullptr);
+    context = pcre2_match_context_create(nullptr);
+    stack = pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr);
+    MOE_ASSERT(data && context && stack, "pcre2 allocation failed");
+    pcre2_jit_stack_assign(context, nullptr, stack);
+  }
+  ~MatchState() {
+    pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(context);
+    pcre2_match_data_free(data);
+  }
+};
+
+MatchState& match_state() {
+  thread_local MatchState state;
+  return state;
+}
+
+}  // namespace
+
+Regex::Regex(std::string_view pattern, const std::string& where) : where_(where) {
+  int err = 0;
+  PCRE2_SIZE err_off = 0;
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                        PCRE2_UTF | PCRE2_UCP, &err, &err_off, nullptr);
+  if (!code_) {
+    throw ConfigError(where + ": cannot compile regex at offset " + std::to_string(err_off) +
+                      ": " + pcre_message(err));
+  }
+  jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+}
+
+Regex::~Regex() { pcre2_code_free(code_); }
+
+bool Regex::find(std::string_view subject, size_t from, size_t& match_start,
+                 size_t& match_end) const {
+  MatchState& st = match_state();
+  auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
+  int rc = jit_ ? pcre2_jit_match(code_, s, subject.size(), from, 0, st.data, st.context)
+                : pcre2_match(code_, s, subject.size(), from, PCRE2_NO_UTF_CHECK, st.data,
+                              st.context);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    throw Error(where_ + ": regex match failed at offset " + std::to_string(from) + ": " +
+                pcre_message(rc));
+  }
+  PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
+  match_start = ov[0];
+  match_end = ov[1];
+  return true;
+}
+
+}  // namespace moestream::tok
