@@ -1,0 +1,602 @@
+// Tests of the converter and what it reads: safetensors reader/writer, HF config mapping, and
+// convert_model on tiny HF checkpoints written here in every layout (per-expert and fused 3-D;
+// bf16 and f32; single file and sharded with index.json) for all three architectures.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/expert_file.h"
+#include "runtime/convert.h"
+#include "runtime/expert_store.h"
+#include "runtime/half.h"
+#include "runtime/hf_config.h"
+#include "runtime/quant.h"
+#include "runtime/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+using nlohmann::json;
+
+namespace {
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// A tiny random HF model in the per-expert layout of published checkpoints. Values are rounded
+// to bf16 so that saving in bf16 or f32 stores the same numbers.
+struct TinyHf {
+  Arch arch;
+  json config;
+  std::map<std::string, Tensor> tensors;
+  int64_t D, F, E, L, V, H, KV, hd;
+};
+
+TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
+  TinyHf m;
+  m.arch = arch;
+  m.L = 3, m.E = 8, m.V = 53, m.H = 4, m.KV = 2, m.F = 21;
+  m.D = arch == Arch::kQwen3Moe ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
+  m.hd = arch == Arch::kQwen3Moe ? 8 : m.D / m.H;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 0.5f);
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor t;
+    t.shape = shape;
+    size_t n = 1;
+    for (auto s : shape) n *= size_t(s);
+    t.data.resize(n);
+    for (auto& x : t.data) x = bf16_to_f32(f32_to_bf16(g(rng)));
+    m.tensors[name] = std::move(t);
+  };
+  json& c = m.config;
+  c["vocab_size"] = m.V;
+  c["hidden_size"] = m.D;
+  c["num_hidden_layers"] = m.L;
+  c["num_attention_heads"] = m.H;
+  c["num_key_value_heads"] = m.KV;
+  c["max_position_embeddings"] = 256;
+  c["rms_norm_eps"] = 1e-6;
+  c["hidden_act"] = "silu";
+  c["num_experts_per_tok"] = 2;
+  c["tie_word_embeddings"] = false;
+  c["bos_token_id"] = 1;
+  c["eos_token_id"] = 2;
+  std::string moe = "mlp.";
+  switch (arch) {
+    case Arch::kQwen3Moe:
+      c["architectures"] = {"Qwen3MoeForCausalLM"};
+      c["model_type"] = "qwen3_moe";
+      c["head_dim"] = m.hd;
+      c["moe_intermediate_size"] = m.F;
+      c["intermediate_size"] = 64;
+      c["num_experts"] = m.E;
+      c["norm_topk_prob"] = true;
+      c["rope_theta"] = 1000000.0;
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = json::array();
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = 4096;
+      c["attention_bias"] = false;
+      break;
+    case Arch::kOlmoe:
+      c["architectures"] = {"OlmoeForCausalLM"};
+      c["model_type"] = "olmoe";
+      c["intermediate_size"] = m.F;
+      c["num_experts"] = m.E;
+      c["norm_topk_prob"] = false;
+      c["rope_theta"] = 10000.0;
+      c["clip_qkv"] = nullptr;
+      c["attention_bias"] = false;
+      break;
+    case Arch::kMixtral:
+      c["architectures"] = {"MixtralForCausalLM"};
+      c["model_type"] = "mixtral";
+      c["intermediate_size"] = m.F;
+      c["num_local_experts"] = m.E;
+      c["rope_theta"] = 1000000.0;
+      c["sliding_window"] = nullptr;
+      moe = "block_sparse_moe.";
+      break;
+  }
+  add("model.embed_tokens.weight", {m.V, m.D});
+  add("model.norm.weight", {m.D});
+  add("lm_head.weight", {m.V, m.D});
+  for (int l = 0; l < m.L; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {m.D});
+    add(p + "post_attention_layernorm.weight", {m.D});
+    add(p + "self_attn.q_proj.weight", {m.H * m.hd, m.D});
+    add(p + "self_attn.k_proj.weight", {m.KV * m.hd, m.D});
+    add(p + "self_attn.v_proj.weight", {m.KV * m.hd, m.D});
+    add(p + "self_attn.o_proj.weight", {m.D, m.H * m.hd});
+    if (arch == Arch::kQwen3Moe) {
+      add(p + "self_attn.q_norm.weight", {m.hd});
+      add(p + "self_attn.k_norm.weight", {m.hd});
+    } else if (arch == Arch::kOlmoe) {
+      add(p + "self_attn.q_norm.weight", {m.H * m.hd});
+      add(p + "self_attn.k_norm.weight", {m.KV * m.hd});
+    }
+    add(p + moe + "gate.weight", {m.E, m.D});
+    for (int e = 0; e < m.E; ++e) {
+      std::string x = p + moe + "experts." + std::to_string(e) + ".";
+      if (arch == Arch::kMixtral) {
+        add(x + "w1.weight", {m.F, m.D});
+        add(x + "w3.weight", {m.F, m.D});
+        add(x + "w2.weight", {m.D, m.F});
+      } else {
+        add(x + "gate_proj.weight", {m.F, m.D});
+        add(x + "up_proj.weight", {m.F, m.D});
+        add(x + "down_proj.weight", {m.D, m.F});
+      }
+    }
+  }
+  return m;
+}
+
+// gate, up, down of expert e in layer l, from the per-expert tensors.
+std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
+  std::string p = "model.layers." + std::to_string(l) + ".";
+  if (m.arch == Arch::kMixtral) {
+    std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    return {&m.tensors.at(x + "w1.weight"), &m.tensors.at(x + "w3.weight"), &m.tensors.at(x + "w2.weight")};
+  }
+  std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+  return {&m.tensors.at(x + "gate_proj.weight"), &m.tensors.at(x + "up_proj.weight"),
+          &m.tensors.at(x + "down_proj.weight")};
+}
+
+// The tensors as transformers v5 saves them: experts fused into [E, 2F, D] and [E, D, F], and
+// Mixtral's block_sparse_moe renamed to mlp.
+std::map<std::string, Tensor> fused_layout(const TinyHf& m) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : m.tensors)
+    if (name.find(".experts.") == std::string::npos) {
+      std::string n = name;
+      if (auto p = n.find("block_sparse_moe."); p != std::string::npos) n.replace(p, 17, "mlp.");
+      out[n] = t;
+    }
+  for (int l = 0; l < m.L; ++l) {
+    Tensor gu{{m.E, 2 * m.F, m.D}, {}}, dn{{m.E, m.D, m.F}, {}};
+    for (int e = 0; e < m.E; ++e) {
+      auto [g, u, d] = expert_tensors(m, l, e);
+      gu.data.insert(gu.data.end(), g->data.begin(), g->data.end());
+      gu.data.insert(gu.data.end(), u->data.begin(), u->data.end());
+      dn.data.insert(dn.data.end(), d->data.begin(), d->data.end());
+    }
+    std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    out[p + "gate_up_proj"] = std::move(gu);
+    out[p + "down_proj"] = std::move(dn);
+  }
+  return out;
+}
+
+void save_hf(const fs::path& dir, const json& config, const std::map<std::string, Tensor>& tensors,
+             DType dtype, int n_shards) {
+  fs::create_directories(dir);
+  write_file_atomic(dir / "config.json", config.dump(2));
+  write_file_atomic(dir / "tokenizer.json", R"({"model": {"type": "BPE"}})");
+  std::vector<std::unique_ptr<SafetensorsWriter>> shards;
+  std::vector<std::string> files;
+  for (int s = 0; s < n_shards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+    files.push_back(n_shards == 1 ? "model.safetensors" : name);
+    shards.push_back(std::make_unique<SafetensorsWriter>(dir / files.back()));
+  }
+  json wm;
+  int i = 0;
+  std::map<std::string, int> shard_of;
+  for (auto& [name, t] : tensors) {
+    int s = (i++) % n_shards;
+    shard_of[name] = s;
+    shards[s]->declare(name, dtype, t.shape);
+    wm[name] = files[s];
+  }
+  for (auto& [name, t] : tensors) shards[shard_of[name]]->write(name, t.data.data(), t.data.size());
+  for (auto& w : shards) w->finish();
+  if (n_shards > 1) write_file_atomic(dir / "model.safetensors.index.json", json{{"weight_map", wm}}.dump());
+}
+
+void save_tiny(const fs::path& dir, const TinyHf& m, DType dtype, bool fused, int n_shards) {
+  save_hf(dir, m.config, fused ? fused_layout(m) : m.tensors, dtype, n_shards);
+}
+
+ConvertOptions quiet(QuantType q, std::string dense = "") {
+  ConvertOptions o;
+  o.quant = q;
+  o.dense_dtype = dense;
+  o.progress = false;
+  return o;
+}
+
+std::vector<uint64_t> slot_checksums(const fs::path& model, int layer) {
+  return read_expert_header(expert_file_path(model, layer)).slot_checksums;
+}
+
+bool no_temp_left(const fs::path& dir) {
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) return false;
+  return true;
+}
+
+}  // namespace
+
+// ---- safetensors ----
+
+TEST(Safetensors, WriterAndReaderRoundTripEveryFloatDtype) {
+  TempDir d;
+  std::vector<float> a = {1.5f, -2.25f, 3.0f, 0.0f, 65504.0f, -1e-3f};
+  {
+    SafetensorsWriter w(d.path() / "t.safetensors");
+    w.declare("f32", DType::kF32, {2, 3});
+    w.declare("bf16", DType::kBF16, {6});
+    w.declare("f16", DType::kF16, {3, 2});
+    w.set_metadata("format", "pt");
+    w.write("f16", a.data(), a.size());  // any order
+    w.write("f32", a.data(), a.size());
+    w.write("bf16", a.data(), a.size());
+    w.finish();
+  }
+  SafetensorsFile f(d.path() / "t.safetensors");
+  EXPECT_EQ(f.names().size(), 3u);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  EXPECT_EQ(f.info("f32").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(f.to_float("f32"), a);
+  std::vector<float> b = f.to_float("bf16"), h = f.to_float("f16");
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i], bf16_to_f32(f32_to_bf16(a[i])));
+    EXPECT_EQ(h[i], f16_to_f32(f32_to_f16(a[i])));
+  }
+  std::vector<float> part(2);
+  f.read_float("f32", 3, 2, part.data());
+  EXPECT_EQ(part, (std::vector<float>{0.0f, 65504.0f}));
+  EXPECT_THROW(f.to_float_checked("f32", {3, 2}), FormatError);
+  std::string msg = message_of([&] { f.info("nope"); });
+  EXPECT_NE(msg.find("missing tensor 'nope'"), std::string::npos) << msg;
+}
+
+TEST(Safetensors, CorruptHeadersAreRejectedNamingFileAndTensor) {
+  TempDir d;
+  auto write_raw = [&](const std::string& header, size_t data_bytes) {
+    std::string s(8, '\0');
+    uint64_t n = header.size();
+    std::memcpy(s.data(), &n, 8);
+    s += header + std::string(data_bytes, '\x01');
+    write_file_atomic(d.path() / "x.safetensors", s);
+    return d.path() / "x.safetensors";
+  };
+  struct Case {
+    std::string header;
+    size_t data;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})", 8, "'w'"},     // truncated data
+      {R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 16]}})", 16, "needs 24"}, // shape vs span
+      {R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}})", 2, "unknown dtype"},
+      {R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 16]}})", 16, "overflows"},
+      {R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", 8, "'w'"},
+      {R"({"w": {"dtype": "F32", "shape": [1]}})", 4, "data_offsets"},
+      {R"({"w": )", 4, "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    fs::path p = write_raw(c.header, c.data);
+    std::string msg = message_of([&] { SafetensorsFile f(p); });
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.header << " -> " << msg;
+    EXPECT_NE(msg.find("x.safetensors"), std::string::npos) << msg;
+  }
+  // Header length beyond the file.
+  std::string s(8, '\0');
+  uint64_t n = 1000;
+  std::memcpy(s.data(), &n, 8);
+  write_file_atomic(d.path() / "y.safetensors", s + "{}");
+  EXPECT_THROW(SafetensorsFile(d.path() / "y.safetensors"), FormatError);
+}
+
+// ---- HF config mapping ----
+
+TEST(HfConfig, MapsEachArchitecture) {
+  ModelConfig q = model_config_from_hf(make_tiny(Arch::kQwen3Moe).config, "c");
+  EXPECT_EQ(q.arch, Arch::kQwen3Moe);
+  EXPECT_EQ(q.head_dim, 8);
+  EXPECT_EQ(q.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(q.moe_intermediate_size, 21);
+  EXPECT_TRUE(q.norm_topk_prob);
+  EXPECT_EQ(q.rope_theta, 1e6);
+  ModelConfig o = model_config_from_hf(make_tiny(Arch::kOlmoe).config, "c");
+  EXPECT_EQ(o.qk_norm, QkNorm::kFull);
+  EXPECT_EQ(o.head_dim, 9);
+  EXPECT_FALSE(o.norm_topk_prob);
+  ModelConfig x = model_config_from_hf(make_tiny(Arch::kMixtral).config, "c");
+  EXPECT_EQ(x.n_experts, 8);
+  EXPECT_TRUE(x.norm_topk_prob);
+  EXPECT_EQ(x.qk_norm, QkNorm::kNone);
+}
+
+TEST(HfConfig, ReadsRopeParametersOfTransformersV5) {
+  json c = make_tiny(Arch::kQwen3Moe).config;
+  c.erase("rope_theta");
+  c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5}, {"factor", 4.0},
+                          {"original_max_position_embeddings", 32768}};
+  ModelConfig m = model_config_from_hf(c, "c");
+  EXPECT_EQ(m.rope_theta, 5e5);
+  ASSERT_TRUE(m.rope_scaling.has_value());
+  EXPECT_EQ(m.rope_scaling->type, "yarn");
+  EXPECT_EQ(m.rope_scaling->factor, 4.0);
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  EXPECT_FALSE(model_config_from_hf(c, "c").rope_scaling.has_value());
+}
+
+TEST(HfConfig, SettingsThatChangeTheMathsAreRejected) {
+  struct Case {
+    Arch arch;
+    const char* key;
+    json value;
+  };
+  const Case cases[] = {
+      {Arch::kQwen3Moe, "mlp_only_layers", json::array({1})},
+      {Arch::kQwen3Moe, "decoder_sparse_step", 2},
+      {Arch::kQwen3Moe, "use_sliding_window", true},
+      {Arch::kQwen3Moe, "attention_bias", true},
+      {Arch::kQwen3Moe, "shared_expert_intermediate_size", 64},
+      {Arch::kOlmoe, "clip_qkv", 8.0},
+      {Arch::kMixtral, "sliding_window", 128},
+      {Arch::kMixtral, "hidden_act", "gelu"},
+      {Arch::kQwen3Moe, "rope_scaling", json{{"type", "longrope"}, {"factor", 2.0}}},
+      {Arch::kQwen3Moe, "rope_scaling", json{{"type", "yarn"}, {"factor", 2.0}, {"mscale", 0.7}}},
+  };
+  for (const Case& c : cases) {
+    json cfg = make_tiny(c.arch).config;
+    cfg[c.key] = c.value;
+    std::string msg;
+    try {
+      model_config_from_hf(cfg, "hf/config.json");
+      msg = "<accepted>";
+    } catch (const ConfigError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(c.key), std::string::npos) << c.key << ": " << msg;
+    EXPECT_NE(msg.find("hf/config.json"), std::string::npos) << msg;
+  }
+  // A sliding window as long as the context never masks: accepted.
+  json cfg = make_tiny(Arch::kMixtral).config;
+  cfg["sliding_window"] = 256;
+  EXPECT_NO_THROW(model_config_from_hf(cfg, "c"));
+}
+
+TEST(HfConfig, UnsupportedArchitectureIsNamed) {
+  json cfg = make_tiny(Arch::kQwen3Moe).config;
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  std::string msg = message_of([&] { model_config_from_hf(cfg, "c"); });
+  EXPECT_NE(msg.find("LlamaForCausalLM"), std::string::npos) << msg;
+}
+
+// ---- convert_model ----
+
+TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral}) {
+    TempDir d;
+    TinyHf m = make_tiny(arch);
+    save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
+    ModelConfig c = convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kF32));
+    ModelConfig r = ModelConfig::load(d.path() / "out");
+    EXPECT_EQ(r.to_json(), c.to_json());
+    EXPECT_EQ(r.arch, arch);
+    EXPECT_EQ(r.dense_dtype, "f32");  // f32 checkpoint -> f32 dense by default
+    EXPECT_EQ(r.tokenizer_file, "tokenizer.json");
+    EXPECT_TRUE(fs::exists(d.path() / "out" / "tokenizer.json"));
+    EXPECT_TRUE(no_temp_left(d.path()));
+
+    // Experts: byte-exact f32 copies of the source matrices, in gate|up|down order.
+    auto store = open_pread_expert_store(d.path() / "out", r);
+    ExpertLayout lay = ExpertLayout::make(QuantType::kF32, m.D, m.F);
+    for (int l = 0; l < m.L; ++l) {
+      std::vector<int> ids = {0, 5, 7};
+      std::vector<const uint8_t*> out;
+      store->fetch(l, ids, out);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        auto [g, u, dn] = expert_tensors(m, l, ids[i]);
+        EXPECT_EQ(std::memcmp(out[i] + lay.gate_offset, g->data.data(), g->data.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(out[i] + lay.up_offset, u->data.data(), u->data.size() * 4), 0);
+        EXPECT_EQ(std::memcmp(out[i] + lay.down_offset, dn->data.data(), dn->data.size() * 4), 0);
+      }
+    }
+    // Dense: canonical names, same values.
+    SafetensorsFile dense(d.path() / "out" / "dense.safetensors");
+    EXPECT_EQ(dense.to_float("embed"), m.tensors.at("model.embed_tokens.weight").data);
+    EXPECT_EQ(dense.to_float("layers.2.wk"), m.tensors.at("model.layers.2.self_attn.k_proj.weight").data);
+    std::string router = arch == Arch::kMixtral ? "model.layers.1.block_sparse_moe.gate.weight"
+                                                : "model.layers.1.mlp.gate.weight";
+    EXPECT_EQ(dense.to_float("layers.1.router"), m.tensors.at(router).data);
+    EXPECT_EQ(dense.contains("layers.0.q_norm"), arch != Arch::kMixtral);
+    if (arch == Arch::kOlmoe) {
+      EXPECT_EQ(dense.info("layers.0.k_norm").shape, (std::vector<int64_t>{18}));
+    }
+  }
+}
+
+TEST(Convert, EveryLayoutDtypeAndShardingGivesIdenticalExperts) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral}) {
+    TempDir d;
+    TinyHf m = make_tiny(arch, 7);
+    struct Variant {
+      const char* name;
+      DType dtype;
+      bool fused;
+      int shards;
+    };
+    const Variant variants[] = {{"pe_f32_1", DType::kF32, false, 1},
+                                {"pe_bf16_3", DType::kBF16, false, 3},
+                                {"fu_bf16_1", DType::kBF16, true, 1},
+                                {"fu_f32_2", DType::kF32, true, 2}};
+    std::vector<std::vector<uint64_t>> ref;
+    std::vector<float> ref_router;
+    for (const Variant& v : variants) {
+      save_tiny(d.path() / v.name, m, v.dtype, v.fused, v.shards);
+      fs::path out = d.path() / (std::string(v.name) + ".out");
+      convert_model(d.path() / v.name, out, quiet(QuantType::kQ4, "f32"));
+      std::vector<std::vector<uint64_t>> sums;
+      for (int l = 0; l < m.L; ++l) sums.push_back(slot_checksums(out, l));
+      SafetensorsFile dense(out / "dense.safetensors");
+      if (ref.empty()) {
+        ref = sums;
+        ref_router = dense.to_float("layers.2.router");
+      } else {
+        EXPECT_EQ(sums, ref) << arch_name(arch) << " " << v.name;
+        EXPECT_EQ(dense.to_float("layers.2.router"), ref_router) << arch_name(arch) << " " << v.name;
+      }
+      json src = json::parse(read_file(out / "model.json"))["source"];
+      EXPECT_EQ(src["expert_layout"], v.fused ? "fused" : "per_expert");
+      EXPECT_EQ(src["shards"], v.shards);
+    }
+  }
+}
+
+TEST(Convert, QuantisedExpertsDecodeCloseToTheSource) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe, 3);
+  save_tiny(d.path() / "hf", m, DType::kBF16, false, 1);
+  for (QuantType q : {QuantType::kBF16, QuantType::kQ8, QuantType::kQ4}) {
+    fs::path out = d.path() / std::string(quant_name(q));
+    ModelConfig c = convert_model(d.path() / "hf", out, quiet(q));
+    EXPECT_EQ(c.dense_dtype, "bf16");
+    auto store = open_pread_expert_store(out, c);
+    std::vector<int> ids = {6};
+    std::vector<const uint8_t*> p;
+    store->fetch(2, ids, p);
+    ExpertLayout lay = ExpertLayout::make(q, m.D, m.F);
+    auto [g, u, dn] = expert_tensors(m, 2, 6);
+    std::vector<float> back(m.D * m.F);
+    dequantize_matrix(q, p[0] + lay.down_offset, m.D, m.F, back.data());
+    double tol = q == QuantType::kBF16 ? 0.0 : q == QuantType::kQ8 ? 0.02 : 0.5;  // vs weights ~N(0, 0.5)
+    for (size_t i = 0; i < back.size(); ++i) ASSERT_NEAR(back[i], dn->data[i], tol) << quant_name(q);
+  }
+}
+
+TEST(Convert, MissingTensorIsNamedAndNothingIsLeftBehind) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kOlmoe);
+  m.tensors.erase("model.layers.1.mlp.experts.3.up_proj.weight");
+  save_tiny(d.path() / "hf", m, DType::kBF16, false, 2);
+  std::string msg = message_of([&] { convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ8)); });
+  EXPECT_NE(msg.find("missing tensor 'model.layers.1.mlp.experts.3.up_proj.weight'"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d.path() / "out"));
+  EXPECT_TRUE(no_temp_left(d.path()));
+
+  TinyHf m2 = make_tiny(Arch::kMixtral);
+  m2.tensors.erase("model.layers.0.self_attn.o_proj.weight");
+  save_tiny(d.path() / "hf2", m2, DType::kF32, false, 1);
+  msg = message_of([&] { convert_model(d.path() / "hf2", d.path() / "out2", quiet(QuantType::kQ8)); });
+  EXPECT_NE(msg.find("model.layers.0.self_attn.o_proj.weight"), std::string::npos) << msg;
+}
+
+TEST(Convert, ShapeMismatchNamesTensorAndBothShapes) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe);
+  m.tensors["model.layers.2.mlp.experts.0.down_proj.weight"].shape = {m.F, m.D};  // transposed
+  save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
+  std::string msg = message_of([&] { convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)); });
+  EXPECT_NE(msg.find("model.layers.2.mlp.experts.0.down_proj.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[21, 37]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[37, 21]"), std::string::npos) << msg;
+}
+
+TEST(Convert, UnsupportedArchitectureAndBiasesAreRejected) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe);
+  json cfg = m.config;
+  cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+  save_hf(d.path() / "hf", cfg, m.tensors, DType::kF32, 1);
+  EXPECT_THROW(convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)), ConfigError);
+  m.tensors["model.layers.0.self_attn.q_proj.bias"] = Tensor{{32}, std::vector<float>(32, 1.0f)};
+  save_hf(d.path() / "hf2", m.config, m.tensors, DType::kF32, 1);
+  std::string msg = message_of([&] { convert_model(d.path() / "hf2", d.path() / "out", quiet(QuantType::kQ4)); });
+  EXPECT_NE(msg.find("q_proj.bias"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d.path() / "out"));
+}
+
+TEST(Convert, ExistingOutputIsKeptUnlessForced) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kMixtral);
+  save_tiny(d.path() / "hf", m, DType::kBF16, true, 1);
+  fs::create_directories(d.path() / "out");
+  write_file_atomic(d.path() / "out" / "keep.txt", "x");
+  EXPECT_THROW(convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)), ConfigError);
+  EXPECT_TRUE(fs::exists(d.path() / "out" / "keep.txt"));
+  ConvertOptions o = quiet(QuantType::kQ4);
+  o.overwrite = true;
+  convert_model(d.path() / "hf", d.path() / "out", o);
+  EXPECT_FALSE(fs::exists(d.path() / "out" / "keep.txt"));
+  EXPECT_TRUE(fs::exists(d.path() / "out" / "model.json"));
+  EXPECT_TRUE(no_temp_left(d.path()));
+}
+
+// ---- the CLI ----
+
+namespace {
+struct CliResult {
+  int status;
+  std::string output;
+};
+CliResult run_cli(const std::string& args) {
+  std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/convert_model " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CliResult r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+}  // namespace
+
+TEST(ConvertCli, BadInputExitsNonZeroWithTheMessage) {
+  if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "convert_model"))
+    GTEST_SKIP() << "convert_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe);
+  m.tensors.erase("model.layers.0.mlp.gate.weight");
+  save_tiny(d.path() / "hf", m, DType::kBF16, false, 1);
+  CliResult r = run_cli(d.path().string() + "/hf " + d.path().string() + "/out -q");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("missing tensor 'model.layers.0.mlp.gate.weight'"), std::string::npos) << r.output;
+  r = run_cli(d.path().string() + "/nonexistent " + d.path().string() + "/out");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+  r = run_cli(d.path().string() + "/hf " + d.path().string() + "/out --quant q3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("q3"), std::string::npos) << r.output;
+}
+
+TEST(ConvertCli, ConvertsAndReportsWithProgress) {
+  if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "convert_model"))
+    GTEST_SKIP() << "convert_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  save_tiny(d.path() / "hf", make_tiny(Arch::kOlmoe), DType::kBF16, true, 2);
+  CliResult r = run_cli(d.path().string() + "/hf " + d.path().string() + "/out --quant q8");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("100%"), std::string::npos) << r.output;
+  EXPECT_EQ(ModelConfig::load(d.path() / "out").expert_quant, QuantType::kQ8);
+}
