@@ -1,0 +1,183 @@
+// `infer`: runs a packed model on the CPU: generates text from a prompt (streamed as it comes),
+// or computes perplexity of a text file; optional timing and a JSON stats file.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+#include "runtime/run_stats.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+std::vector<int> parse_ids(const std::string& s) {
+  std::vector<int> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw ConfigError("--prompt-ids: '" + item + "' is not an integer token id");
+    ids.push_back(v);
+  }
+  if (ids.empty()) throw ConfigError("--prompt-ids: no ids given");
+  return ids;
+}
+
+Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
+  if (cfg.tokenizer_file.empty())
+    throw ConfigError(dir.string() + "/model.json: field tokenizer.file is null: the model ships "
+                      "no tokenizer; use --prompt-ids and --print-ids");
+  fs::path cfg_file = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
+  return Tokenizer::load(dir / cfg.tokenizer_file, cfg_file);
+}
+
+struct Args {
+  std::string model, prompt, prompt_ids, stats_json, perplexity_file;
+  int n_predict = 64, threads = 0, ctx = 0, stride = 0;
+  uint64_t seed = 0;
+  float temp = 0.8f, top_p = 0.95f;
+  int top_k = 40;
+  bool timing = false, print_ids = false, no_verify = false, ignore_eos = false;
+};
+
+int run(const Args& a) {
+  const fs::path dir = a.model;
+  if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
+  ModelOptions mo;
+  mo.n_threads = a.threads;
+  mo.max_context = a.ctx;
+  mo.verify_checksums = !a.no_verify;
+  const bool want_ppl = !a.perplexity_file.empty();
+  const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
+  if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
+  if (!a.prompt.empty() && !a.prompt_ids.empty())
+    throw ConfigError("give either -p or --prompt-ids, not both");
+  SamplerParams sp;
+  sp.temperature = a.temp;
+  sp.top_k = a.top_k;
+  sp.top_p = a.top_p;
+  sp.seed = a.seed;
+  Sampler sampler(sp);  // validates the sampling options before the (slow) model load
+
+  auto model = Model::load(dir, mo);
+  const ModelConfig& cfg = model->config();
+  std::optional<Tokenizer> tok;
+  const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
+  if (need_tok) tok.emplace(load_tokenizer(dir, cfg));
+
+  RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
+               model->n_threads(), model->max_context()};
+  std::optional<GenerateStats> gen;
+  std::optional<PerplexityResult> ppl;
+
+  if (want_gen) {
+    std::vector<int> prompt;
+    if (!a.prompt_ids.empty()) {
+      prompt = parse_ids(a.prompt_ids);
+    } else {
+      for (int32_t id : tok->encode(a.prompt, true)) prompt.push_back(id);
+    }
+    GenerateOptions go;
+    go.n_new = a.n_predict;
+    if (!a.ignore_eos) {
+      if (cfg.eos_token_id) go.stop_token = *cfg.eos_token_id;
+      else if (tok && tok->eos_id()) go.stop_token = *tok->eos_id();
+    }
+    std::vector<int> out_ids;
+    std::optional<StreamDecoder> stream;
+    if (!a.print_ids) {
+      stream.emplace(*tok);
+      std::fputs(a.prompt.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    gen = generate(*model, prompt, go, sampler, [&](int id) {
+      if (!stream) return;
+      std::string piece = stream->push(id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }, &out_ids);
+    if (stream) {
+      std::string rest = stream->flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      std::fputc('\n', stdout);
+    } else {
+      for (size_t i = 0; i < out_ids.size(); ++i) std::printf(i ? ",%d" : "%d", out_ids[i]);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+  if (want_ppl) {
+    const std::string text = read_file(a.perplexity_file);
+    std::vector<int> ids;
+    for (int32_t id : tok->encode(text, true)) ids.push_back(id);
+    const int ctx = a.ctx > 0 ? a.ctx : std::min(model->max_context(), 512);
+    const int stride = a.stride > 0 ? a.stride : std::max(1, ctx / 2);
+    ppl = perplexity(*model, ids, ctx, stride);
+    std::printf("perplexity %.4f over %zu tokens of %s (ctx %d, stride %d)\n", ppl->perplexity,
+                ppl->n_scored, a.perplexity_file.c_str(), ctx, stride);
+  }
+  if (a.timing) std::fputs(run_stats_text(info, gen, ppl).c_str(), stderr);
+  if (!a.stats_json.empty()) write_file_atomic(a.stats_json, run_stats_json(info, gen, ppl).dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moestream infer: run a packed Mixture-of-Experts model on the CPU"};
+  Args a;
+  app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
+  app.add_option("-p,--prompt", a.prompt, "prompt text");
+  app.add_option("--prompt-ids", a.prompt_ids, "prompt as comma-separated token ids (no tokenizer needed)");
+  app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str();
+  app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str();
+  app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str();
+  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str();
+  app.add_option("--top-p", a.top_p, "nucleus sampling mass; 1 = off")->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str();
+  app.add_option("--ctx", a.ctx,
+                 "context length (KV cache); also the perplexity window (default min(model, 512))");
+  app.add_option("--stride", a.stride, "perplexity window stride (default ctx/2)");
+  app.add_flag("--timing", a.timing, "print per-phase times and tokens/s to stderr");
+  app.add_option("--stats-json", a.stats_json, "write the timing figures as JSON to this file");
+  app.add_option("--perplexity", a.perplexity_file, "report the perplexity of this text file");
+  app.add_flag("--print-ids", a.print_ids, "print generated token ids instead of text");
+  app.add_flag("--ignore-eos", a.ignore_eos, "keep generating past the end-of-sequence token");
+  app.add_flag("--no-verify", a.no_verify, "skip the per-expert checksum on reads");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  try {
+    return run(a);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "infer: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "infer: unexpected error: %s\n", e.what());
+  }
+  return 1;
+}
