@@ -1,0 +1,168 @@
+"""Conformance of moestream's C++ tokenizer with Hugging Face `tokenizers` (the oracle).
+
+For each vocabulary in ../shared/tokenizers (qwen3, llama2, gpt2) and models/demo/tokenizer.json
+when it exists, >= 5 MB of seeded mixed text is encoded by `tokenize encode` and by `tokenizers`;
+every id must match. Decoding must match the reference's decode (so decode(encode(s)) == s
+wherever the reference round-trips), and streaming decode must equal whole-sequence decode.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import mixed_text  # noqa: E402
+
+tokenizers = pytest.importorskip("tokenizers", reason="the oracle `tokenizers` is not installed (scripts/setup.sh installs it)")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "tokenizers"
+CORPUS_BYTES = 5_100_000
+
+
+def _bin_dir():
+    d = os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))
+    return pathlib.Path(d)
+
+
+def _tokenize_exe():
+    exe = _bin_dir() / "tokenize"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    docs = mixed_text.make_documents(CORPUS_BYTES, seed=20261129)
+    assert all("\0" not in d for d in docs)
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_bytes("\0".join(docs).encode("utf-8"))
+    return docs, path
+
+
+def _gpt2_tokenizer_json(out_dir):
+    """GPT-2 ships encoder.json + vocab.bpe: build the equivalent tokenizer.json with `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    src = SHARED / "gpt2"
+    bpe = models.BPE.from_file(str(src / "encoder.json"), str(src / "vocab.bpe"))
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    path = out_dir / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def _vocabularies():
+    out = []
+    for name in ("qwen3", "llama2", "gpt2"):
+        out.append(pytest.param(name, id=name))
+    out.append(pytest.param("demo", id="demo"))
+    return out
+
+
+def _tokenizer_path(name, tmp_path):
+    if name == "demo":
+        path = ROOT / "models" / "demo" / "tokenizer.json"
+        if not path.exists():
+            pytest.skip("models/demo/tokenizer.json not trained yet")
+        return path
+    if not SHARED.exists():
+        pytest.skip(f"{SHARED} is absent: the real tokenizer files are not available here")
+    if name == "gpt2":
+        return _gpt2_tokenizer_json(tmp_path)
+    return SHARED / name / "tokenizer.json"
+
+
+def _run(args):
+    res = subprocess.run([str(a) for a in args], capture_output=True)
+    assert res.returncode == 0, res.stderr.decode(errors="replace")
+    return res
+
+
+def _read_ids(path):
+    lines = path.read_text().split("\n")
+    assert lines[-1] == ""
+    return [[int(x) for x in line.split()] for line in lines[:-1]]
+
+
+def _first_difference(ours, ref, docs, tok):
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+            return (f"doc {i}: first differing id at {k}: ours {a[max(0, k - 3):k + 5]} "
+                    f"ref {b[max(0, k - 3):k + 5]} ref tokens "
+                    f"{[tok.id_to_token(x) for x in b[max(0, k - 3):k + 5]]} text {docs[i][:200]!r}")
+    return "document count differs"
+
+
+@pytest.mark.parametrize("name", _vocabularies())
+def test_encode_decode_match_reference(name, corpus, tmp_path):
+    from tokenizers import Tokenizer
+    exe = _tokenize_exe()
+    tj = _tokenizer_path(name, tmp_path)
+    docs, docs_path = corpus
+    assert sum(len(d.encode()) for d in docs) >= 5_000_000
+    tok = Tokenizer.from_file(str(tj))
+
+    # Encode with special tokens: every id of every document.
+    ours_path = tmp_path / "ours.ids"
+    _run([exe, "encode", "-t", tj, "-i", docs_path, "--split-nul", "-o", ours_path])
+    ours = _read_ids(ours_path)
+    ref = [e.ids for e in tok.encode_batch(docs, add_special_tokens=True)]
+    assert len(ours) == len(ref)
+    mismatched = sum(sum(1 for x, y in zip(a, b) if x != y) + abs(len(a) - len(b))
+                     for a, b in zip(ours, ref))
+    assert mismatched == 0, _first_difference(ours, ref, docs, tok)
+
+    # Without special tokens, on a slice (the post-processor is the only difference).
+    head = docs[:300]
+    head_path = tmp_path / "head.txt"
+    head_path.write_bytes("\0".join(head).encode())
+    plain_path = tmp_path / "plain.ids"
+    _run([exe, "encode", "-t", tj, "-i", head_path, "--split-nul", "--no-special", "-o", plain_path])
+    plain = _read_ids(plain_path)
+    ref_plain = [e.ids for e in tok.encode_batch(head, add_special_tokens=False)]
+    assert plain == ref_plain, _first_difference(plain, ref_plain, head, tok)
+
+    # Decode the ids back: must equal the reference's decode, hence round-trip where it does.
+    text_path = tmp_path / "decoded.txt"
+    _run([exe, "decode", "-t", tj, "-i", ours_path, "-o", text_path])
+    decoded = text_path.read_bytes().decode("utf-8").split("\0")
+    ref_decoded = tok.decode_batch(ref, skip_special_tokens=False)
+    assert len(decoded) == len(ref_decoded)
+    bad = [i for i, (a, b) in enumerate(zip(decoded, ref_decoded)) if a != b]
+    assert not bad, f"{len(bad)} documents decode differently, first {bad[0]}: ours {decoded[bad[0]][:200]!r} ref {ref_decoded[bad[0]][:200]!r}"
+    round_trip = [i for i, d in enumerate(docs) if ref_decoded[i] == d]
+    assert all(decoded[i] == docs[i] for i in round_trip)
+    if name in ("qwen3", "gpt2"):
+        # Byte-level BPE is lossless except for text the NFC normalizer changes.
+        assert len(round_trip) > len(docs) // 2, f"only {len(round_trip)} of {len(docs)} round-trip"
+
+    # skip_special_tokens and streaming decode, on the slice.
+    head_ids = tmp_path / "head.ids"
+    head_ids.write_text("".join(" ".join(map(str, ids)) + "\n" for ids in ours[:300]))
+    skip_path = tmp_path / "skip.txt"
+    _run([exe, "decode", "-t", tj, "-i", head_ids, "--skip-special", "-o", skip_path])
+    skipped = skip_path.read_bytes().decode("utf-8").split("\0")
+    assert skipped == tok.decode_batch(ref[:300], skip_special_tokens=True)
+    stream_path = tmp_path / "stream.txt"
+    _run([exe, "decode", "-t", tj, "-i", head_ids, "--stream", "-o", stream_path])
+    streamed = stream_path.read_bytes().decode("utf-8").split("\0")
+    assert streamed == ref_decoded[:300]
+
+
+def test_unknown_component_is_rejected_naming_field(tmp_path):
+    exe = _tokenize_exe()
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "Unigram", "vocab": []}, "added_tokens": []}')
+    text = tmp_path / "t.txt"
+    text.write_text("hi")
+    res = subprocess.run([str(exe), "encode", "-t", str(bad), "-i", str(text)], capture_output=True)
+    assert res.returncode != 0
+    err = res.stderr.decode()
+    assert "model.type" in err and "Unigram" in err and str(bad) in err
