@@ -19,6 +19,8 @@ struct BatchContext {
   std::span<ReadRequest> reqs;
   std::span<const FileEntry> files;
   const IoEngineOptions& opts;
+  uint8_t* sink = nullptr;  // gap sink of scatter extents (contents never read)
+  uint64_t sink_bytes = 0;
   std::mutex mu;
   CompletionCounters counters;
 
@@ -41,8 +43,7 @@ class Backend {
 
 // Reads extent `e` with pread(2) until it reaches a final result (shared by the pread backend
 // and the io_uring backend's rescue path).
-void pread_extent(Extent& e, const FileEntry& f, const IoEngineOptions& opts,
-                  CompletionCounters& counters);
+void pread_extent(Extent& e, BatchContext& ctx, CompletionCounters& counters);
 
 // Returns null and sets *err (positive errno) when io_uring cannot be set up.
 std::unique_ptr<Backend> make_uring_backend(const IoEngineOptions& opts, int* err);

@@ -58,6 +58,8 @@ struct IoEngine::Impl {
   std::unique_ptr<io::Backend> backend;
   uint8_t* arena = nullptr;  // bounce buffers, 4 KiB aligned for O_DIRECT
   size_t arena_bytes = 0;
+  uint8_t* sink = nullptr;   // where scatter reads drop the gaps they read through
+  uint64_t sink_bytes = 0;
   IoEngineStats stats;
   std::mutex mu;  // one batch at a time
 
@@ -134,6 +136,13 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
     m.backend = io::make_mmap_backend(m.opts);
   }
   if (!m.backend) m.backend = io::make_pread_backend(m.opts);
+  if (m.opts.scatter) {
+    m.sink_bytes = io::sink_bytes_for(std::min<uint64_t>(m.opts.coalesce_gap_bytes, 1 << 20));
+    void* p = nullptr;
+    if (::posix_memalign(&p, io::kDirectAlign, m.sink_bytes) != 0)
+      throw IoError("cannot allocate the " + std::to_string(m.sink_bytes) + "-byte gap sink");
+    m.sink = static_cast<uint8_t*>(p);
+  }
 }
 
 IoEngine::~IoEngine() {
@@ -143,6 +152,7 @@ IoEngine::~IoEngine() {
     ::close(f.buffered_fd);
   }
   std::free(impl_->arena);
+  std::free(impl_->sink);
 }
 
 uint32_t IoEngine::add_file(const std::filesystem::path& path) {
@@ -180,12 +190,13 @@ bool IoEngine::file_is_direct(uint32_t file) const { return impl_->files.at(file
 size_t IoEngine::submit(std::span<ReadRequest> batch) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
-  io::PlanOptions po{m.opts.coalesce, m.opts.coalesce_gap_bytes, m.opts.max_read_bytes};
+  io::PlanOptions po{m.opts.coalesce, m.opts.coalesce_gap_bytes, m.opts.max_read_bytes,
+                     m.opts.scatter, m.sink_bytes};
   io::IoPlan plan = io::plan_reads(batch, m.files, po);
   if (plan.bounce_bytes > 0) m.ensure_arena(plan.bounce_bytes);
   for (io::Extent& e : plan.extents)
     if (e.bounce) e.buf = m.arena + e.bounce_offset;
-  io::BatchContext ctx{plan, batch, m.files, m.opts, {}, {}};
+  io::BatchContext ctx{plan, batch, m.files, m.opts, m.sink, m.sink_bytes, {}, {}};
   if (!plan.extents.empty()) m.backend->run(ctx);
 
   size_t failed = 0;
@@ -203,6 +214,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch) {
   for (const io::Extent& e : plan.extents) {
     s.bytes_read += e.done;
     if (e.bounce) s.bounce_bytes += e.done;
+    if (e.scatter) ++s.scatter_reads;
   }
   s.short_reads += ctx.counters.short_reads;
   s.retries += ctx.counters.retries;

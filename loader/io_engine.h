@@ -26,7 +26,8 @@ enum class ReadResult : uint8_t {
 };
 
 // One read. `file` is an index returned by IoEngine::add_file. `dest` must hold `length` bytes;
-// it needs no alignment, even with O_DIRECT (unaligned pieces go through a bounce buffer).
+// it needs no alignment, even with O_DIRECT (unaligned pieces go through a bounce buffer, so
+// 4 KiB aligned offsets, lengths and dests are what make O_DIRECT reads land in place).
 struct ReadRequest {
   uint32_t file = 0;
   uint64_t offset = 0;
@@ -59,6 +60,9 @@ struct IoEngineOptions {
   uint32_t n_threads = 0;       // pread / mmap worker threads; 0: auto
   bool coalesce = true;
   uint64_t coalesce_gap_bytes = 64 << 10;  // read through gaps up to this size to save an op
+  // A coalesced read whose dests are not one contiguous buffer: a vectored read (readv) straight
+  // into each dest when true, else one read into a bounce buffer and a copy.
+  bool scatter = true;
   uint64_t max_read_bytes = 8 << 20;       // never coalesce into one read larger than this
   uint32_t max_retries = 16;    // per extent bound on -EAGAIN/-EINTR (and no-progress) retries
   bool register_files = true;   // io_uring fixed files where the kernel allows
@@ -77,6 +81,7 @@ struct IoEngineStats {
   uint64_t bytes_requested = 0;
   uint64_t bytes_read = 0;         // bytes transferred, including gaps read through
   uint64_t bounce_bytes = 0;       // bytes that went through a bounce buffer
+  uint64_t scatter_reads = 0;      // coalesced reads that used readv into the dests
   uint64_t short_reads = 0;        // short reads whose rest was resubmitted
   uint64_t retries = 0;            // -EAGAIN/-EINTR resubmissions
   uint64_t failed_requests = 0;

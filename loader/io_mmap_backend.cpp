@@ -62,8 +62,11 @@ class MmapBackend final : public Backend {
           uint64_t avail = e.offset < limit ? limit - e.offset : 0;
           uint64_t n_copy = std::min(e.needed, avail);
           const uint8_t* src = m.data + e.offset;
-          if (e.bounce) {
-            e.buf = const_cast<uint8_t*>(src);  // finish_extent copies each slice from the map
+          if (e.bounce || e.scatter) {
+            // finish_extent copies each slice straight from the map.
+            e.buf = const_cast<uint8_t*>(src);
+            e.bounce = true;
+            e.scatter = false;
           } else if (n_copy > 0) {
             std::memcpy(e.buf, src, n_copy);
           }

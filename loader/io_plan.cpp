@@ -28,6 +28,40 @@ bool contiguous(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order,
   return true;
 }
 
+// Requests sorted by offset that do not overlap (gaps allowed), and for O_DIRECT are whole
+// blocks in aligned dests: a vectored read can land each of them in place.
+bool scatterable(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                 size_t e, bool direct) {
+  for (size_t i = b; i < e; ++i) {
+    const ReadRequest& r = reqs[order[i]];
+    if (i > b) {
+      const ReadRequest& p = reqs[order[i - 1]];
+      if (r.offset < p.offset + p.length) return false;
+    }
+    if (direct && (r.offset % kDirectAlign || r.length % kDirectAlign ||
+                   reinterpret_cast<uintptr_t>(r.dest) % kDirectAlign))
+      return false;
+  }
+  return true;
+}
+
+// iovecs a scatter extent needs: one per request plus the gap pieces. A resubmission from
+// `done` only drops or shortens leading entries, so it never needs more.
+uint32_t max_iovecs(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                    size_t e, uint64_t start, uint64_t end, uint64_t sink_bytes) {
+  uint64_t n = 0, pos = start;
+  for (size_t i = b; i < e; ++i) {
+    const ReadRequest& r = reqs[order[i]];
+    if (r.offset > pos) n += (r.offset - pos + sink_bytes - 1) / sink_bytes;
+    ++n;
+    pos = r.offset + r.length;
+  }
+  if (end > pos) n += (end - pos + sink_bytes - 1) / sink_bytes;
+  return static_cast<uint32_t>(n);
+}
+
+constexpr uint32_t kMaxIovecs = 1024;  // IOV_MAX on Linux
+
 }  // namespace
 
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
@@ -94,8 +128,17 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
     bool in_place = x.offset == start && read_end == end && contiguous(reqs, order, b, e);
     if (in_place && f.direct)
       in_place = reinterpret_cast<uintptr_t>(first.dest) % kDirectAlign == 0;
+    uint32_t n_iov = 0;
+    if (!in_place && opts.scatter && e - b > 1 && opts.sink_bytes > 0 &&
+        scatterable(reqs, order, b, e, f.direct))
+      n_iov = max_iovecs(reqs, order, b, e, x.offset, read_end, opts.sink_bytes);
     if (in_place) {
       x.buf = static_cast<uint8_t*>(first.dest);
+    } else if (n_iov > 0 && n_iov <= kMaxIovecs) {
+      x.scatter = true;
+      x.first_iov = static_cast<uint32_t>(plan.iovs.size());
+      x.n_iov_max = n_iov;
+      plan.iovs.resize(plan.iovs.size() + n_iov);
     } else {
       x.bounce = true;
       x.bounce_offset = plan.bounce_bytes;
@@ -152,6 +195,33 @@ Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOpt
   e.result = ReadResult::kError;
   e.error = err;
   return Step::kFailed;
+}
+
+uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest> reqs,
+                      uint8_t* sink, uint64_t sink_bytes) {
+  iovec* out = plan.iovs.data() + e.first_iov;
+  uint32_t n = 0;
+  uint64_t pos = e.done;  // position inside the extent
+  auto gap = [&](uint64_t to) {
+    while (pos < to) {
+      uint64_t piece = std::min(to - pos, sink_bytes);
+      out[n++] = {sink, piece};
+      pos += piece;
+    }
+  };
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    const ReadSlice& sl = plan.slices[s];
+    const ReadRequest& r = reqs[sl.request];
+    uint64_t end = sl.buf_offset + r.length;
+    if (end <= pos) continue;
+    gap(sl.buf_offset);
+    uint64_t skip = pos - sl.buf_offset;
+    out[n++] = {static_cast<uint8_t*>(r.dest) + skip, r.length - skip};
+    pos = end;
+  }
+  gap(e.length);
+  MOE_ASSERT(n <= e.n_iov_max, "scatter extent needs more iovecs than planned");
+  return n;
 }
 
 void finish_extent(const Extent& e, const IoPlan& plan, std::span<ReadRequest> reqs) {

@@ -2,6 +2,8 @@
 // decides what each completion means (done, resubmit the rest, retry, fail). No I/O here.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -36,6 +38,9 @@ struct Extent {
   uint8_t* buf = nullptr;  // a request's dest (direct placement) or a bounce buffer
   uint64_t bounce_offset = 0;  // offset of buf in the bounce arena when bounce
   bool bounce = false;
+  // Scatter: one vectored read straight into each request's dest, gaps into a sink buffer.
+  bool scatter = false;
+  uint32_t first_iov = 0, n_iov_max = 0;  // this extent's iovec slots in IoPlan::iovs
   uint32_t first_slice = 0, n_slices = 0;
   // Progress, owned by whichever worker runs the extent.
   uint64_t done = 0;
@@ -48,6 +53,7 @@ struct Extent {
 struct IoPlan {
   std::vector<Extent> extents;
   std::vector<ReadSlice> slices;
+  std::vector<iovec> iovs;    // scatter extents' iovecs, rebuilt from `done` before each read
   uint64_t bounce_bytes = 0;  // arena size the extents with bounce=true need
 };
 
@@ -55,11 +61,19 @@ struct PlanOptions {
   bool coalesce = true;
   uint64_t gap_bytes = 0;
   uint64_t max_read_bytes = 0;
+  bool scatter = true;      // vectored reads for coalesced non-contiguous dests
+  uint64_t sink_bytes = 0;  // size of the gap sink buffer (gaps are cut into pieces this big)
 };
 
+// Largest gap sink a plan may ask for: gaps are at most gap_bytes plus O_DIRECT padding.
+inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
+  return (gap_bytes + 3 * kDirectAlign) / kDirectAlign * kDirectAlign;
+}
+
 // Sorts `reqs` by (file, offset) and groups them into extents. Extents whose requests' dests
-// are exactly contiguous (and aligned enough for O_DIRECT) read in place; others get a bounce
-// range [bounce_offset, +length) with buf left null until the caller binds the arena.
+// are exactly contiguous (and aligned enough for O_DIRECT) read in place; extents of
+// non-overlapping requests (block-aligned for O_DIRECT) scatter; the rest get a bounce range
+// [bounce_offset, +length) with buf left null until the caller binds the arena.
 // Zero-length requests get no extent and are marked kOk. Throws ConfigError for a request
 // naming a file index out of range or a null dest.
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
@@ -79,6 +93,11 @@ struct CompletionCounters {
 // Never throws.
 Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOptions& opts,
                    CompletionCounters& counters);
+
+// Fills the extent's iovec slots for the bytes [done, length) (dests and gap pieces into
+// `sink`) and returns how many it used.
+uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest> reqs,
+                      uint8_t* sink, uint64_t sink_bytes);
 
 // Where the next read of a resubmitted extent starts and how long it is.
 inline uint64_t next_offset(const Extent& e) { return e.offset + e.done; }

@@ -1,5 +1,6 @@
 // The pread(2) thread-pool backend: the fallback when io_uring cannot be set up, and the
 // parallel-pread reference the io_uring backend is measured against.
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,12 +11,19 @@
 
 namespace moestream::io {
 
-void pread_extent(Extent& e, const FileEntry& f, const IoEngineOptions& opts,
-                  CompletionCounters& counters) {
+void pread_extent(Extent& e, BatchContext& ctx, CompletionCounters& counters) {
+  const FileEntry& f = ctx.files[e.file];
   for (;;) {
-    ssize_t n = ::pread(f.fd, next_buf(e), next_length(e), static_cast<off_t>(next_offset(e)));
+    ssize_t n;
+    if (e.scatter) {
+      uint32_t n_iov = build_iovecs(e, ctx.plan, ctx.reqs, ctx.sink, ctx.sink_bytes);
+      n = ::preadv(f.fd, ctx.plan.iovs.data() + e.first_iov, static_cast<int>(n_iov),
+                   static_cast<off_t>(next_offset(e)));
+    } else {
+      n = ::pread(f.fd, next_buf(e), next_length(e), static_cast<off_t>(next_offset(e)));
+    }
     int64_t res = n < 0 ? -int64_t{errno} : int64_t{n};
-    if (on_completion(e, res, f, opts, counters) != Step::kResubmit) return;
+    if (on_completion(e, res, f, ctx.opts, counters) != Step::kResubmit) return;
   }
 }
 
@@ -33,7 +41,7 @@ class PreadBackend final : public Backend {
       CompletionCounters c;
       for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
         Extent& e = ctx.plan.extents[i];
-        pread_extent(e, ctx.files[e.file], ctx.opts, c);
+        pread_extent(e, ctx, c);
         finish_extent(e, ctx.plan, ctx.reqs);
       }
       ctx.add_counters(c);

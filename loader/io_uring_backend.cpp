@@ -76,11 +76,15 @@ class UringBackend final : public Backend {
   }
 
  private:
-  void prep(Ring& r, io_uring_sqe* sqe, Extent& e, const FileEntry& f) {
+  void prep(Ring& r, io_uring_sqe* sqe, Extent& e, BatchContext& ctx) {
+    const FileEntry& f = ctx.files[e.file];
     bool fixed_file = e.file < r.fixed.size() && r.fixed[e.file];
     int fd = fixed_file ? static_cast<int>(e.file) : f.fd;
     unsigned len = static_cast<unsigned>(std::min<uint64_t>(next_length(e), 1u << 30));
-    if (e.bounce && r.buffers_registered)
+    if (e.scatter) {
+      uint32_t n_iov = build_iovecs(e, ctx.plan, ctx.reqs, ctx.sink, ctx.sink_bytes);
+      io_uring_prep_readv(sqe, fd, ctx.plan.iovs.data() + e.first_iov, n_iov, next_offset(e));
+    } else if (e.bounce && r.buffers_registered)
       io_uring_prep_read_fixed(sqe, fd, next_buf(e), len, next_offset(e), 0);
     else
       io_uring_prep_read(sqe, fd, next_buf(e), len, next_offset(e));
@@ -114,7 +118,7 @@ class UringBackend final : public Backend {
           retry.push_back(e);
           break;
         }
-        prep(r, sqe, *e, ctx.files[e->file]);
+        prep(r, sqe, *e, ctx);
         ++in_flight;
       }
       if (in_flight == 0) break;
@@ -167,7 +171,7 @@ class UringBackend final : public Backend {
       claimed.push_back(&ctx.plan.extents[i]);
     for (Extent* e : claimed) {
       if (e->result != ReadResult::kPending) continue;
-      pread_extent(*e, ctx.files[e->file], opts_, c);
+      pread_extent(*e, ctx, c);
       finish_extent(*e, ctx.plan, ctx.reqs);
     }
     r = Ring{};
