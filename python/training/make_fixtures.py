@@ -8,7 +8,9 @@ For every fixture: config.json, model.safetensors (float32) and reference.json =
    "transformers_version", "torch_version", ...}.
 qwen3_moe, olmoe and mixtral are saved in the per-expert tensor layout of published checkpoints
 (converted here from the fused 3-D tensors that transformers 5 holds in memory, and checked
-against transformers' own reverse conversion and by reloading); qwen3_moe_fused is saved by
+against transformers' own reverse conversion and by reloading), with config.json keys in the
+published style too (rope_theta, num_experts); qwen3_moe_fused, with the
+config.json that transformers 5 writes (rope_parameters, num_local_experts), is saved by
 save_pretrained(save_original_format=False), i.e. the fused layout
 `mlp.experts.gate_up_proj [E, 2F, D]` (gate rows first) and `mlp.experts.down_proj [E, D, F]`.
 Run on a machine with torch + transformers >= 5 (the device machine): python3 make_fixtures.py
@@ -68,7 +70,8 @@ def fixture_specs():
 
 @torch.no_grad()
 def randomise(model, seed):
-    """Weights with O(1) activations: matrices ~ N(0, 1/fan_in), norm weights ~ U(0.5, 1.5).
+    """Weights with O(1) activations: matrices ~ N(0, 1/fan_in), norm weights ~ U(0.5, 1.5),
+    all rounded to bf16 values.
 
     transformers' own init (std 0.02, norms = 1) gives near-flat logits and routing, which
     would hide a missing norm weight or a wrong expert; these weights make every part matter.
@@ -83,6 +86,9 @@ def randomise(model, seed):
             if name.endswith("mlp.gate.weight"):
                 scale *= 3.0  # a router with clear preferences: no near-ties in top-k
             p.copy_(torch.randn(p.shape, generator=g) * scale)
+        # Exactly representable in bf16 (stored as f32): a bf16 pack is then lossless and must
+        # reproduce the f32 reference logits and greedy tokens as closely as an f32 pack.
+        p.copy_(p.to(torch.bfloat16).to(torch.float32))
 
 
 def per_expert_state_dict(model, arch):
@@ -113,6 +119,25 @@ def per_expert_state_dict(model, arch):
         else:
             out[name] = t
     return out
+
+
+def published_style_config(path, arch):
+    """Rewrites a transformers-5 config.json in the key style of published checkpoints.
+
+    transformers 5 writes `rope_parameters` and, for Qwen3-MoE/OLMoE, `num_local_experts`;
+    the published Qwen3-MoE/OLMoE/Mixtral configs carry `rope_theta` + `rope_scaling`,
+    `num_experts` (Mixtral: `num_local_experts`) and `torch_dtype`. The per-expert fixtures use
+    the published style, the fused one keeps transformers 5's, so a converter meets both.
+    transformers still loads this file (checked by the reload in write_fixture).
+    """
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    if arch != "mixtral" and "num_local_experts" in cfg:
+        cfg["num_experts"] = cfg.pop("num_local_experts")
+    cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 @torch.no_grad()
@@ -183,6 +208,7 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                 if not torch.equal(theirs[k].float(), v):
                     raise RuntimeError(f"{name}: tensor {k} differs from save_pretrained")
             model.config.save_pretrained(tmp)
+            published_style_config(tmp / "config.json", arch)
             save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for extra in ("generation_config.json",):
             (tmp / extra).unlink(missing_ok=True)
