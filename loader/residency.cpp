@@ -149,6 +149,27 @@ PageCacheResidency::~PageCacheResidency() {
 
 ResidencyMethod PageCacheResidency::method() const { return impl_->method; }
 
+RangeResidency PageCacheResidency::sample(uint64_t offset, uint64_t length, uint32_t n_pages) const {
+  const uint64_t pg = page_bytes();
+  uint64_t end = offset + length < offset ? UINT64_MAX : offset + length;
+  end = std::min(end, impl_->size_for(end));
+  RangeResidency r;
+  if (length == 0 || offset >= end) return r;
+  uint64_t first = offset / pg, last = (end - 1) / pg;  // inclusive page indices
+  uint64_t span = last - first + 1;
+  if (n_pages == 0 || n_pages >= span) return impl_->query(offset, length);
+  uint64_t prev = UINT64_MAX;
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    uint64_t page = first + (n_pages == 1 ? 0 : (span - 1) * i / (n_pages - 1));
+    if (page == prev) continue;
+    prev = page;
+    RangeResidency one = impl_->query(page * pg, pg);
+    r.pages += one.pages;
+    r.resident_pages += one.resident_pages;
+  }
+  return r;
+}
+
 RangeResidency PageCacheResidency::query(uint64_t offset, uint64_t length) const {
   return impl_->query(offset, length);
 }

@@ -45,6 +45,12 @@ class PageCacheResidency {
   RangeResidency query(uint64_t offset, uint64_t length) const;
   void query(std::span<const ByteRange> ranges, std::span<RangeResidency> out) const;
 
+  // A cheap estimate: looks at `n_pages` evenly spaced pages of the range (first and last
+  // included) instead of all of them; the result counts only the sampled pages. Exact counting
+  // costs ~30 ns per page (a 2.5 MiB expert: ~20 us); experts are read and evicted as a unit,
+  // so a few pages tell resident from not. Used per layer per token.
+  RangeResidency sample(uint64_t offset, uint64_t length, uint32_t n_pages = 4) const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -82,6 +82,26 @@ TEST_P(ResidencyTest, BatchQueryMatchesSingleQueries) {
   EXPECT_TRUE(out[3].fully_resident());
 }
 
+TEST_P(ResidencyTest, SampleLooksAtFewPagesAndSeesResidency) {
+  PageCacheResidency probe(path_, GetParam());
+  drop();
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+  RangeResidency cold = probe.sample(0, 1 << 20, 4);
+  EXPECT_EQ(cold.pages, 4u);
+  EXPECT_EQ(cold.resident_pages, 0u);
+  read_range(0, 1 << 20);
+  RangeResidency hot = probe.sample(0, 1 << 20, 4);
+  EXPECT_EQ(hot.pages, 4u);
+  EXPECT_EQ(hot.resident_pages, 4u);
+  // Only the last page cached: the sample includes the last page, so it sees it.
+  drop();
+  read_range((1 << 20) + 4096 * 63, 4096);
+  RangeResidency tail = probe.sample(1 << 20, 64 * 4096, 4);
+  EXPECT_EQ(tail.resident_pages, 1u);
+  // A range shorter than the sample is counted exactly.
+  EXPECT_EQ(probe.sample(0, 2 * 4096, 8).pages, 2u);
+}
+
 TEST_P(ResidencyTest, RangePastEndOfFileIsClipped) {
   PageCacheResidency probe(path_, GetParam());
   RangeResidency r = probe.query(kBytes - 4096, 1 << 20);

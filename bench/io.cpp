@@ -1,0 +1,447 @@
+// bench_io: read bandwidth and per-op latency of the read engine's backends (one pread thread,
+// pread pool, mmap, io_uring with one and several rings) on page-cache hits and device reads.
+//
+// It creates a file (--size-mb), then measures sequential and random reads of each block size,
+// and the expert read pattern of a model layer (top-k random experts per batch, coalescing on),
+// and prints a table plus JSON (per-op latency and bandwidth) for the I/O cost model.
+//   cache "page_cache": buffered reads of a file that is fully in the page cache (checked with
+//                       cachestat); "device": O_DIRECT reads; "device_mmap": mmap after
+//                       POSIX_FADV_DONTNEED. On a VM "device" is whatever the virtual disk does.
+#include <fcntl.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/io_engine.h"
+#include "loader/residency.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string file;
+  uint64_t size_mb = 512;
+  unsigned threads = 8;
+  unsigned rings = 4;
+  unsigned qd = 32;
+  unsigned batch = 64;
+  double seconds = 0.2;
+  std::vector<std::string> blocks{"4K", "16K", "64K", "256K", "1M"};
+  uint64_t expert_bytes = 2654208;  // Qwen3-30B-A3B expert in q4: 3 x 768x2048 matrices
+  unsigned top_k = 8;
+  std::string json = "bench_io.json";
+  bool keep = false;
+  bool no_device = false;
+  bool no_page_cache = false;
+};
+
+uint64_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  uint64_t v = std::strtoull(s.c_str(), &end, 10);
+  std::string unit(end);
+  if (unit == "K" || unit == "k") return v << 10;
+  if (unit == "M" || unit == "m") return v << 20;
+  if (unit.empty()) return v;
+  throw ConfigError("bad block size '" + s + "' (expected e.g. 4K, 1M)");
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct AlignedBuf {
+  explicit AlignedBuf(size_t n) {
+    if (::posix_memalign(&p, 4096, std::max<size_t>(n, 4096)) != 0) throw IoError("out of memory");
+    std::memset(p, 1, n);  // fault the pages in so the first read does not pay for it
+  }
+  ~AlignedBuf() { std::free(p); }
+  AlignedBuf(const AlignedBuf&) = delete;
+  AlignedBuf& operator=(const AlignedBuf&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(p); }
+  void* p = nullptr;
+};
+
+void create_file(const fs::path& path, uint64_t bytes) {
+  std::string tmp = path.string() + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot create", tmp);
+  std::vector<uint64_t> chunk((8 << 20) / 8);
+  std::mt19937_64 rng(1);
+  for (uint64_t done = 0; done < bytes;) {
+    for (auto& v : chunk) v = rng();
+    size_t n = std::min<uint64_t>(chunk.size() * 8, bytes - done);
+    if (::write(fd, chunk.data(), n) != static_cast<ssize_t>(n)) throw_errno("cannot write", tmp);
+    done += n;
+  }
+  if (::fsync(fd) != 0) throw_errno("cannot fsync", tmp);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("cannot rename into", path);
+}
+
+void drop_cache(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open", path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+double warm_cache(const fs::path& path, uint64_t bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open", path);
+  std::vector<char> buf(8 << 20);
+  for (uint64_t off = 0; off < bytes; off += buf.size())
+    if (::pread(fd, buf.data(), buf.size(), static_cast<off_t>(off)) < 0) throw_errno("cannot read", path);
+  ::close(fd);
+  return PageCacheResidency(path).query(0, bytes).fraction();
+}
+
+struct EngineSpec {
+  std::string name;
+  IoBackend backend;
+  unsigned threads, rings;
+};
+
+struct Cell {
+  std::string section, engine, cache, pattern;
+  uint64_t block = 0;
+  double gbps = 0, lat_p50_us = 0, lat_mean_us = 0, ops_per_s = 0;
+  uint64_t ops = 0, reads_issued = 0;
+};
+
+std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned qd, bool coalesce,
+                                      const fs::path& path) {
+  IoEngineOptions o;
+  o.backend = e.backend;
+  o.direct = direct;
+  o.n_threads = e.threads;
+  o.n_rings = e.rings;
+  o.queue_depth = qd;
+  o.coalesce = coalesce;
+  auto eng = std::make_unique<IoEngine>(o);
+  if (e.backend == IoBackend::kUring && eng->backend() != IoBackend::kUring)
+    throw ConfigError("io_uring is not available here; cannot measure " + e.name);
+  eng->add_file(path);
+  return eng;
+}
+
+// Throughput: back-to-back batches of `batch` reads for `seconds`; latency: one-read batches.
+template <typename MakeBatch>
+Cell measure(IoEngine& eng, MakeBatch make_batch, size_t batch, double seconds) {
+  Cell c;
+  std::vector<ReadRequest> reqs(batch);
+  uint64_t bytes = 0, ops = 0;
+  make_batch(reqs);
+  eng.read(reqs);  // warm-up: bounce arena, fixed-buffer registration, first-touch faults
+  eng.reset_stats();
+  auto t0 = Clock::now();
+  double el = 0;
+  do {
+    make_batch(reqs);
+    eng.read(reqs);
+    for (auto& r : reqs) bytes += r.length;
+    ops += reqs.size();
+    el = seconds_since(t0);
+  } while (el < seconds);
+  c.gbps = bytes / el / 1e9;
+  c.ops = ops;
+  c.ops_per_s = ops / el;
+  c.reads_issued = eng.stats().reads_issued;
+  std::vector<double> lat;
+  std::vector<ReadRequest> one(1);
+  t0 = Clock::now();
+  while (seconds_since(t0) < seconds / 2 || lat.size() < 5) {
+    make_batch(reqs);
+    one[0] = reqs[0];
+    auto t = Clock::now();
+    eng.read(one);
+    lat.push_back(seconds_since(t) * 1e6);
+  }
+  std::sort(lat.begin(), lat.end());
+  c.lat_p50_us = lat[lat.size() / 2];
+  double sum = 0;
+  for (double x : lat) sum += x;
+  c.lat_mean_us = sum / lat.size();
+  return c;
+}
+
+void print_cell(const Cell& c) {
+  std::printf("%-8s %-12s %-12s %-6s %8llu %9.2f %10.0f %10.1f %10.1f\n", c.section.c_str(),
+              c.engine.c_str(), c.cache.c_str(), c.pattern.c_str(),
+              static_cast<unsigned long long>(c.block), c.gbps, c.ops_per_s, c.lat_p50_us,
+              c.lat_mean_us);
+  std::fflush(stdout);
+}
+
+nlohmann::json to_json(const Cell& c) {
+  return {{"section", c.section}, {"engine", c.engine}, {"cache", c.cache},
+          {"pattern", c.pattern}, {"block_bytes", c.block}, {"gbps", c.gbps},
+          {"ops_per_s", c.ops_per_s}, {"op_latency_us_p50", c.lat_p50_us},
+          {"op_latency_us_mean", c.lat_mean_us}, {"ops", c.ops}, {"reads_issued", c.reads_issued}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"bench_io: read engine bandwidth and latency, page cache and device"};
+  app.add_option("--file", a.file, "file to create and read (default: $TMPDIR/moestream_bench_io.bin)");
+  app.add_option("--size-mb", a.size_mb, "file size in MiB");
+  app.add_option("--threads", a.threads, "pread pool / mmap threads");
+  app.add_option("--rings", a.rings, "io_uring rings for the several-ring engine");
+  app.add_option("--qd", a.qd, "io_uring queue depth per ring");
+  app.add_option("--batch", a.batch, "reads per batch in the block sweeps");
+  app.add_option("--seconds", a.seconds, "measuring time per cell");
+  app.add_option("--blocks", a.blocks, "block sizes (4K, 64K, 1M, ...)")->delimiter(',');
+  app.add_option("--expert-bytes", a.expert_bytes, "expert payload bytes for the expert pattern");
+  app.add_option("--top-k", a.top_k, "experts per layer batch in the expert pattern");
+  app.add_option("--json", a.json, "JSON output path");
+  app.add_flag("--keep", a.keep, "keep the created file");
+  app.add_flag("--no-device", a.no_device, "skip O_DIRECT / dropped-cache measurements");
+  app.add_flag("--no-page-cache", a.no_page_cache, "skip page-cache measurements");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const char* tmp = std::getenv("TMPDIR");
+    fs::path path = a.file.empty() ? fs::path(tmp && *tmp ? tmp : "/tmp") / "moestream_bench_io.bin"
+                                   : fs::path(a.file);
+    const uint64_t file_bytes = a.size_mb << 20;
+    bool created = false;
+    if (!fs::exists(path) || fs::file_size(path) < file_bytes) {
+      std::printf("creating %s (%llu MiB)\n", path.c_str(), static_cast<unsigned long long>(a.size_mb));
+      create_file(path, file_bytes);
+      created = true;
+    }
+    std::vector<uint64_t> blocks;
+    for (auto& s : a.blocks) blocks.push_back(parse_size(s));
+    unsigned hw = std::thread::hardware_concurrency();
+    bool uring = io_uring_available();
+    std::vector<EngineSpec> engines{{"pread1", IoBackend::kPread, 1, 1},
+                                    {"pread" + std::to_string(a.threads), IoBackend::kPread, a.threads, 1},
+                                    {"mmap" + std::to_string(a.threads), IoBackend::kMmap, a.threads, 1}};
+    if (uring) {
+      engines.push_back({"uring1", IoBackend::kUring, 1, 1});
+      engines.push_back({"uring" + std::to_string(a.rings), IoBackend::kUring, 1, a.rings});
+    } else {
+      std::printf("io_uring unavailable here: io_uring rows skipped\n");
+    }
+    std::printf("machine: %u hardware threads; file %s, %llu MiB; batch %u, qd %u per ring\n", hw,
+                path.c_str(), static_cast<unsigned long long>(a.size_mb), a.batch, a.qd);
+    std::printf("%-8s %-12s %-12s %-6s %8s %9s %10s %10s %10s\n", "section", "engine", "cache",
+                "pattern", "block", "GB/s", "ops/s", "p50_us", "mean_us");
+
+    std::vector<Cell> cells;
+    std::mt19937_64 rng(7);
+    // ---- block sweeps: coalescing off, so every request is one read
+    for (int cold = 1; cold >= 0; --cold) {
+      if (cold && a.no_device) continue;
+      if (!cold && a.no_page_cache) continue;
+      if (!cold) std::printf("page cache warmed: %.1f%% of the file resident (cachestat/mincore)\n",
+                             100 * warm_cache(path, file_bytes));
+      for (const EngineSpec& es : engines) {
+        bool is_mmap = es.backend == IoBackend::kMmap;
+        std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
+        std::unique_ptr<IoEngine> eng;
+        if (!is_mmap || !cold) eng = make_engine(es, cold != 0, a.qd, false, path);
+        for (uint64_t bs : blocks) {
+          AlignedBuf buf(bs * a.batch);
+          for (int random = 0; random <= 1; ++random) {
+            if (is_mmap && cold) {
+              eng.reset();  // the old mapping keeps pages mapped, and mapped pages are not dropped
+              drop_cache(path);
+              eng = make_engine(es, false, a.qd, false, path);
+            }
+            uint64_t n_blocks = file_bytes / bs;
+            uint64_t cursor = (rng() % n_blocks);
+            auto make = [&](std::vector<ReadRequest>& reqs) {
+              for (size_t i = 0; i < reqs.size(); ++i) {
+                uint64_t blk = random ? rng() % n_blocks : (cursor++ % n_blocks);
+                reqs[i] = {0, blk * bs, bs, buf.data() + i * bs};
+              }
+            };
+            Cell c = measure(*eng, make, a.batch, a.seconds);
+            c.section = "sweep";
+            c.engine = es.name;
+            c.cache = cache;
+            c.pattern = random ? "rand" : "seq";
+            c.block = bs;
+            print_cell(c);
+            cells.push_back(c);
+          }
+        }
+      }
+    }
+
+    // ---- expert pattern: a layer file of experts at 4 KiB aligned slots; top-k random distinct
+    // experts per batch into separate buffers (what the expert store does), coalescing on.
+    const uint64_t stride = (a.expert_bytes + 4095) / 4096 * 4096;
+    const uint64_t n_experts = file_bytes / stride;
+    std::vector<Cell> expert_cells;
+    if (n_experts >= a.top_k && a.top_k > 0) {
+      std::printf("expert pattern: %llu experts of %llu bytes (stride %llu), top-%u per batch\n",
+                  static_cast<unsigned long long>(n_experts), static_cast<unsigned long long>(a.expert_bytes),
+                  static_cast<unsigned long long>(stride), a.top_k);
+      std::vector<EngineSpec> xengines = engines;
+      xengines.insert(xengines.begin(), {"naive_loop", IoBackend::kPread, 1, 1});
+      AlignedBuf buf(stride * std::max<uint64_t>(a.top_k, 64));
+      for (int cold = 1; cold >= 0; --cold) {
+        if (cold && a.no_device) continue;
+        if (!cold && a.no_page_cache) continue;
+        if (!cold) warm_cache(path, file_bytes);
+        for (const EngineSpec& es : xengines) {
+          bool is_mmap = es.backend == IoBackend::kMmap;
+          bool naive = es.name == "naive_loop";
+          std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
+          if (is_mmap && cold) drop_cache(path);  // each mmap engine maps afresh
+          // The physical-limit rows read 64 experts per batch at high queue depth, one read each
+          // (no coalescing): the machine's limit for expert-sized reads.
+          for (unsigned k : {a.top_k, 64u}) {
+            bool limit = k != a.top_k;
+            if (limit && (naive || is_mmap || es.name == "pread1" || es.name == "uring1")) continue;
+            if (k > n_experts) continue;
+            auto eng = make_engine(es, cold != 0 && !is_mmap, a.qd, !naive && !limit, path);
+            std::vector<uint64_t> ids(n_experts);
+            auto make = [&](std::vector<ReadRequest>& reqs) {
+              for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
+              for (size_t i = 0; i < reqs.size(); ++i) {
+                std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
+                reqs[i] = {0, ids[i] * stride, a.expert_bytes, buf.data() + i * stride};
+              }
+            };
+            Cell c;
+            if (naive) {
+              // One blocking pread per expert, no engine: the simplest possible expert store.
+              int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (cold ? O_DIRECT : 0));
+              if (fd < 0) throw_errno("cannot open", path);
+              std::vector<ReadRequest> reqs(k);
+              uint64_t bytes = 0, ops = 0;
+              std::vector<double> lat;
+              auto t0 = Clock::now();
+              while (seconds_since(t0) < a.seconds) {
+                make(reqs);
+                for (auto& r : reqs) {
+                  auto t = Clock::now();
+                  uint64_t want = cold ? stride : r.length;  // O_DIRECT: whole aligned slot
+                  if (::pread(fd, r.dest, want, static_cast<off_t>(r.offset)) != static_cast<ssize_t>(want))
+                    throw_errno("short read in", path);
+                  lat.push_back(seconds_since(t) * 1e6);
+                  bytes += r.length;
+                  ++ops;
+                }
+              }
+              double el = seconds_since(t0);
+              ::close(fd);
+              std::sort(lat.begin(), lat.end());
+              c.gbps = bytes / el / 1e9;
+              c.ops = c.reads_issued = ops;
+              c.ops_per_s = ops / el;
+              c.lat_p50_us = lat[lat.size() / 2];
+              double s = 0;
+              for (double x : lat) s += x;
+              c.lat_mean_us = s / lat.size();
+            } else {
+              c = measure(*eng, make, k, a.seconds);
+            }
+            c.section = limit ? "limit" : "expert";
+            c.engine = es.name;
+            c.cache = cache;
+            c.pattern = "top" + std::to_string(k);
+            c.block = a.expert_bytes;
+            print_cell(c);
+            expert_cells.push_back(c);
+          }
+        }
+      }
+    }
+
+    // ---- residency probe cost: one query per expert of a layer (what the runtime asks per
+    // layer per token), and checksum cost (XXH64 over expert payloads).
+    nlohmann::json residency = nlohmann::json::object();
+    for (ResidencyMethod m : {ResidencyMethod::kCachestat, ResidencyMethod::kMincore}) {
+      if (m == ResidencyMethod::kCachestat && !cachestat_supported()) continue;
+      PageCacheResidency probe(path, m);
+      uint64_t n = std::min<uint64_t>(n_experts, 128);
+      std::vector<ByteRange> ranges(n);
+      for (uint64_t i = 0; i < n; ++i) ranges[i] = {i * stride, a.expert_bytes};
+      std::vector<RangeResidency> out(n);
+      int reps = 0;
+      auto t0 = Clock::now();
+      while (seconds_since(t0) < 0.2) {
+        probe.query(ranges, out);
+        ++reps;
+      }
+      double per_layer_us = seconds_since(t0) / reps * 1e6;
+      std::printf("residency %-9s: %.1f us per query of %llu expert ranges (%.2f us per expert)\n",
+                  std::string(residency_method_name(m)).c_str(), per_layer_us,
+                  static_cast<unsigned long long>(n), per_layer_us / std::max<uint64_t>(n, 1));
+      reps = 0;
+      t0 = Clock::now();
+      while (seconds_since(t0) < 0.2) {
+        for (uint64_t i = 0; i < n; ++i) out[i] = probe.sample(ranges[i].offset, ranges[i].length, 4);
+        ++reps;
+      }
+      double sampled_us = seconds_since(t0) / reps * 1e6;
+      std::printf("residency %-9s: %.1f us per sampled query (4 pages per expert) of the same ranges\n",
+                  std::string(residency_method_name(m)).c_str(), sampled_us);
+      residency[std::string(residency_method_name(m))] = {
+          {"experts", n}, {"us_per_layer_query", per_layer_us}, {"us_per_layer_sampled_4", sampled_us}};
+    }
+    double xxh_gbps = 0;
+    {
+      AlignedBuf buf(a.expert_bytes);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::pread(fd, buf.data(), a.expert_bytes, 0) < 0) throw_errno("cannot read", path);
+      ::close(fd);
+      uint64_t sink = 0, bytes = 0;
+      auto t0 = Clock::now();
+      while (seconds_since(t0) < 0.2) {
+        sink ^= XXH64(buf.data(), a.expert_bytes, 0);
+        bytes += a.expert_bytes;
+      }
+      xxh_gbps = bytes / seconds_since(t0) / 1e9;
+      std::printf("checksum XXH64: %.2f GB/s on one core (%.0f us per %llu-byte expert)%s\n", xxh_gbps,
+                  a.expert_bytes / xxh_gbps / 1e3, static_cast<unsigned long long>(a.expert_bytes),
+                  sink == 42 ? " " : "");
+    }
+
+    nlohmann::json j;
+    utsname u{};
+    ::uname(&u);
+    j["machine"] = {{"hardware_threads", hw}, {"kernel", u.release}, {"io_uring", uring},
+                    {"cachestat", cachestat_supported()}};
+    j["params"] = {{"file_bytes", file_bytes}, {"threads", a.threads}, {"rings", a.rings},
+                   {"queue_depth", a.qd}, {"batch", a.batch}, {"seconds_per_cell", a.seconds},
+                   {"expert_bytes", a.expert_bytes}, {"top_k", a.top_k}};
+    j["cache_legend"] = {{"page_cache", "buffered reads, file fully in the page cache"},
+                         {"device", "O_DIRECT reads (the storage device or the VM's virtual disk)"},
+                         {"device_mmap", "mmap page faults after POSIX_FADV_DONTNEED"}};
+    for (auto& c : cells) j["sweep"].push_back(to_json(c));
+    for (auto& c : expert_cells) j["expert"].push_back(to_json(c));
+    j["residency"] = residency;
+    j["checksum_xxh64_gbps_one_core"] = xxh_gbps;
+    write_file_atomic(a.json, j.dump(1));
+    std::printf("wrote %s\n", a.json.c_str());
+    if (created && !a.keep) fs::remove(path);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_io: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
