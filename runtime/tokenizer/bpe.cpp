@@ -3,6 +3,7 @@
 #include "runtime/tokenizer/bpe.h"
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <queue>
 
@@ -74,6 +75,15 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
   fuse_unk_ = f.bool_or(model, "fuse_unk", path, false);
   byte_fallback_ = f.bool_or(model, "byte_fallback", path, false);
   ignore_merges_ = f.bool_or(model, "ignore_merges", path, false);
+  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
+    char_ids_.assign(0x10000, -1);
+    for (const auto& [tok, id] : vocab_) {
+      size_t k = 0;
+      if (tok.empty()) continue;
+      char32_t cp = next_code_point(tok, k);
+      if (k == tok.size() && cp < char_ids_.size()) char_ids_[cp] = id;
+    }
+  }
   byte_fallback_ids_.assign(256, -1);
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -117,6 +127,22 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
   }
 }
 
+void BpeModel::set_byte_level_input(bool on) {
+  byte_level_input_ = on;
+  byte_symbols_ = false;
+  if (!on || !continuing_subword_prefix_.empty() || !end_of_word_suffix_.empty() || ignore_merges_) {
+    return;
+  }
+  const ByteLevelMap& m = byte_level_map();
+  byte_ids_.assign(256, -1);
+  for (int b = 0; b < 256; ++b) {
+    auto id = token_to_id(m.byte_to_utf8[b]);
+    if (!id) return;  // the general path handles unk / byte fallback
+    byte_ids_[b] = *id;
+  }
+  byte_symbols_ = true;
+}
+
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
   auto it = vocab_.find(token);
   if (it == vocab_.end()) return std::nullopt;
@@ -141,7 +167,16 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out,
     }
   }
   size_t before = out.size();
-  if (byte_level_input_) {
+  if (byte_symbols_) {
+    // Every byte is a vocabulary symbol: skip the char map and the string lookups.
+    std::vector<Symbol>& symbols = symbol_buffer();
+    symbols.clear();
+    for (size_t k = 0; k < word.size(); ++k) {
+      auto idx = static_cast<int32_t>(k);
+      symbols.push_back(Symbol{byte_ids_[static_cast<unsigned char>(word[k])], idx - 1, idx + 1, 1});
+    }
+    merge_symbols(out);
+  } else if (byte_level_input_) {
     thread_local std::string mapped;
     mapped.clear();
     const ByteLevelMap& m = byte_level_map();
@@ -163,23 +198,17 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out,
 
 namespace {
 
-struct Symbol {
-  int32_t id;
-  int32_t prev, next;
-  uint32_t len;  // bytes; 0 marks a symbol merged into its left neighbour
-};
-
-struct MergeCandidate {
-  uint32_t rank;
-  uint32_t pos;
-  int32_t merged;
-  // Min-heap on (rank, pos): the lowest rank wins, the leftmost among equals.
-  bool operator<(const MergeCandidate& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
-};
+// A queued merge packed as rank << 32 | position, so the min-heap's order is the reference's
+// (lowest rank first, leftmost among equals) with one integer compare. A rank names one merge,
+// so an entry is stale exactly when the pair now at its position has another rank.
+uint64_t candidate(uint32_t rank, uint32_t pos) { return (static_cast<uint64_t>(rank) << 32) | pos; }
 
 }  // namespace
+
+std::vector<BpeModel::Symbol>& BpeModel::symbol_buffer() {
+  thread_local std::vector<Symbol> symbols;
+  return symbols;
+}
 
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
@@ -188,8 +217,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
       return;
     }
   }
-  thread_local std::vector<Symbol> symbols;
   thread_local std::string piece;
+  std::vector<Symbol>& symbols = symbol_buffer();
   symbols.clear();
   auto push = [&](int32_t id, uint32_t len) {
     int32_t idx = static_cast<int32_t>(symbols.size());
@@ -206,7 +235,15 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     if (i > word.size()) i = word.size();
     std::string_view ch = word.substr(start, i - start);
     std::optional<int32_t> id;
-    if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
+    if (!char_ids_.empty()) {
+      size_t k = 0;
+      char32_t cp = next_code_point(ch, k);
+      if (cp < char_ids_.size()) {
+        if (char_ids_[cp] >= 0) id = char_ids_[cp];
+      } else {
+        id = token_to_id(ch);
+      }
+    } else if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
       id = token_to_id(ch);
     } else {
       piece.clear();
@@ -242,45 +279,52 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     // Without an unk token the character is dropped, as the reference does.
   }
   if (pending_unk >= 0) push(pending_unk, pending_unk_len);
+  merge_symbols(out);
+}
+
+void BpeModel::merge_symbols(std::vector<int32_t>& out) const {
+  std::vector<Symbol>& symbols = symbol_buffer();
   if (symbols.empty()) return;
   symbols.back().next = -1;
 
-  thread_local std::vector<MergeCandidate> heap;
+  thread_local std::vector<uint64_t> heap;
   heap.clear();
+  std::greater<uint64_t> min_first;
   uint32_t rank;
   int32_t merged;
   for (size_t k = 0; k + 1 < symbols.size(); ++k) {
     if (merges_.find(symbols[k].id, symbols[k + 1].id, rank, merged)) {
-      heap.push_back({rank, static_cast<uint32_t>(k), merged});
+      heap.push_back(candidate(rank, static_cast<uint32_t>(k)));
     }
   }
-  std::make_heap(heap.begin(), heap.end());
+  std::make_heap(heap.begin(), heap.end(), min_first);
   while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end());
-    MergeCandidate top = heap.back();
+    std::pop_heap(heap.begin(), heap.end(), min_first);
+    uint64_t top = heap.back();
     heap.pop_back();
-    Symbol& cur = symbols[top.pos];
+    auto top_rank = static_cast<uint32_t>(top >> 32);
+    auto top_pos = static_cast<uint32_t>(top);
+    Symbol& cur = symbols[top_pos];
     if (cur.len == 0 || cur.next == -1) continue;
     int32_t next_pos = cur.next;
     Symbol right = symbols[next_pos];
     // Skip entries made stale by an earlier merge.
-    if (!merges_.find(cur.id, right.id, rank, merged) || merged != top.merged) continue;
-    cur.id = top.merged;
+    if (!merges_.find(cur.id, right.id, rank, merged) || rank != top_rank) continue;
+    cur.id = merged;
     cur.len += right.len;
     cur.next = right.next;
     symbols[next_pos].len = 0;
-    if (right.next >= 0) symbols[right.next].prev = static_cast<int32_t>(top.pos);
+    if (right.next >= 0) symbols[right.next].prev = static_cast<int32_t>(top_pos);
     if (cur.prev >= 0) {
-      const Symbol& p = symbols[cur.prev];
-      if (merges_.find(p.id, cur.id, rank, merged)) {
-        heap.push_back({rank, static_cast<uint32_t>(cur.prev), merged});
-        std::push_heap(heap.begin(), heap.end());
+      if (merges_.find(symbols[cur.prev].id, cur.id, rank, merged)) {
+        heap.push_back(candidate(rank, static_cast<uint32_t>(cur.prev)));
+        std::push_heap(heap.begin(), heap.end(), min_first);
       }
     }
     if (cur.next >= 0) {
       if (merges_.find(cur.id, symbols[cur.next].id, rank, merged)) {
-        heap.push_back({rank, top.pos, merged});
-        std::push_heap(heap.begin(), heap.end());
+        heap.push_back(candidate(rank, top_pos));
+        std::push_heap(heap.begin(), heap.end(), min_first);
       }
     }
   }

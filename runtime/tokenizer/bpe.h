@@ -72,7 +72,7 @@ class BpeModel {
 
   // Words arrive as raw bytes; the model applies GPT-2's byte->char map itself (so the cache is
   // keyed by raw bytes and the mapping runs only on cache misses).
-  void set_byte_level_input(bool on) { byte_level_input_ = on; }
+  void set_byte_level_input(bool on);
 
   // Takes the word cache for one encode call; not owned when another thread holds it.
   std::unique_lock<std::mutex> lock_cache() const {
@@ -89,7 +89,16 @@ class BpeModel {
   int32_t id_limit() const { return static_cast<int32_t>(id_to_token_.size()); }
 
  private:
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;
+    uint32_t len;  // bytes; 0 marks a symbol merged into its left neighbour
+  };
+  static std::vector<Symbol>& symbol_buffer();  // per-thread scratch
+  // Builds the initial symbols of `word` char by char, then merges.
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Merges symbol_buffer() by rank and appends the surviving ids.
+  void merge_symbols(std::vector<int32_t>& out) const;
 
   StringIdMap vocab_;
   std::vector<std::string> id_to_token_;
@@ -99,6 +108,13 @@ class BpeModel {
   std::string continuing_subword_prefix_, end_of_word_suffix_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   bool byte_level_input_ = false;
+  // Byte-level input whose 256 byte chars are all in the vocabulary, with no subword prefix or
+  // suffix and no ignore_merges: initial symbols come straight from byte_ids_.
+  bool byte_symbols_ = false;
+  std::vector<int32_t> byte_ids_;
+  // Ids of single-character tokens by code point (BMP only; -1 = not a token): initial symbols
+  // without hashing strings. Empty when a subword prefix/suffix makes symbols more than a char.
+  std::vector<int32_t> char_ids_;
   std::vector<int32_t> byte_fallback_ids_;  // "<0xNN>" ids, -1 when absent
 
   // Word -> ids cache. Guarded by try_lock: a thread that finds it busy just skips the cache,
