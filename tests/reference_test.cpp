@@ -1,0 +1,141 @@
+// The CPU forward pass against Hugging Face transformers: each fixture in tests/fixtures/<arch>/
+// (an HF checkpoint with reference logits and greedy tokens, made by
+// python/training/make_fixtures.py) is converted to f32, bf16, q8 and q4 packs and compared.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "runtime/convert.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+struct Case {
+  std::string fixture;
+  QuantType quant;
+};
+
+// Readable names in gtest output instead of the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << "/" << quant_name(c.quant); }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return i.param.fixture + "_" + std::string(quant_name(i.param.quant));
+}
+
+// Tolerances for lossy expert encodings, measured on these fixtures (docs/results.md) with about
+// 2x headroom: the worst position's max |dlogit| / max |logit|, and the share of positions whose
+// top-1 token matches the reference.
+struct Tolerance {
+  double max_rel_err;
+  double min_top1_agreement;
+};
+Tolerance tolerance_for(QuantType q) {
+  switch (q) {
+    case QuantType::kQ8: return {0.03, 0.95};
+    case QuantType::kQ4: return {0.25, 0.80};
+    default: return {1e-3, 1.0};
+  }
+}
+
+class ReferenceTest : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
+  const Case& c = GetParam();
+  const fs::path src = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / c.fixture;
+  if (!fs::exists(src / "reference.json") || !fs::exists(src / "config.json"))
+    GTEST_SKIP() << "fixture " << src << " absent (python/training/make_fixtures.py makes it)";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+
+  TempDir tmp("reference_test");
+  ConvertOptions co;
+  co.quant = c.quant;
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  auto model = Model::load(tmp.path() / "packed", mo);
+  const size_t V = size_t(model->config().vocab_size);
+  const bool exact = c.quant == QuantType::kF32 || c.quant == QuantType::kBF16;
+  const Tolerance tol = tolerance_for(c.quant);
+
+  double worst_rel = 0;
+  size_t positions = 0, top1_same = 0, greedy_same = 0, greedy_total = 0;
+  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
+    const auto& want = ref["logits"][p];
+    ASSERT_EQ(want.size(), prompt.size());
+    std::vector<float> got(prompt.size() * V);
+    model->reset();
+    model->forward(prompt, got, true);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      const std::vector<float> w = want[t].get<std::vector<float>>();
+      ASSERT_EQ(w.size(), V);
+      const float* g = got.data() + t * V;
+      double scale = 0, err = 0;
+      for (size_t v = 0; v < V; ++v) {
+        scale = std::max(scale, double(std::fabs(w[v])));
+        err = std::max(err, double(std::fabs(w[v] - g[v])));
+      }
+      worst_rel = std::max(worst_rel, err / scale);
+      ++positions;
+      const size_t top_want = size_t(std::max_element(w.begin(), w.end()) - w.begin());
+      const size_t top_got = size_t(std::max_element(g, g + V) - g);
+      top1_same += top_want == top_got;
+      if (exact)
+        EXPECT_LE(err, 1e-3 * scale) << "prompt " << p << " position " << t << ": max |dlogit| "
+                                     << err << ", max |logit| " << scale;
+    }
+
+    // 32 greedy tokens through the KV cache, as the reference generated them.
+    const std::vector<int> want_ids = ref["greedy"][p].get<std::vector<int>>();
+    std::vector<int> ids;
+    std::vector<float> last(V);
+    model->reset();
+    model->forward(prompt, last);
+    for (size_t i = 0; i < want_ids.size(); ++i) {
+      const int next = Sampler::argmax(last);
+      ids.push_back(next);
+      if (i + 1 < want_ids.size()) model->forward(std::span<const int>(&next, 1), last);
+    }
+    size_t same = 0;
+    while (same < ids.size() && ids[same] == want_ids[same]) ++same;  // matching prefix
+    greedy_same += same;
+    greedy_total += want_ids.size();
+    if (exact) EXPECT_EQ(ids, want_ids) << "prompt " << p << " greedy tokens differ";
+  }
+  const double agreement = double(top1_same) / double(positions);
+  std::printf("[ measured ] %s %s: max rel err %.3g, top-1 agreement %zu/%zu, greedy prefix %zu/%zu\n",
+              c.fixture.c_str(), std::string(quant_name(c.quant)).c_str(), worst_rel, top1_same,
+              positions, greedy_same, greedy_total);
+  RecordProperty("max_rel_err", std::to_string(worst_rel));
+  RecordProperty("top1_agreement", std::to_string(agreement));
+  if (!exact) {
+    EXPECT_LE(worst_rel, tol.max_rel_err);
+    EXPECT_GE(agreement, tol.min_top1_agreement);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ReferenceTest,
+    ::testing::ValuesIn([] {
+      std::vector<Case> cases;
+      for (const char* f : {"qwen3_moe", "olmoe", "mixtral", "qwen3_moe_fused"})
+        for (QuantType q : {QuantType::kF32, QuantType::kBF16, QuantType::kQ8, QuantType::kQ4})
+          cases.push_back({f, q});
+      return cases;
+    }()),
+    case_name);
