@@ -137,7 +137,8 @@ void dequantize_matrix(QuantType q, const uint8_t* src, size_t rows, size_t cols
 
 namespace detail {
 
-void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs) {
+void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
+                          float* sum8) {
   const size_t nb = n_blocks(cols);
   float blk[kQuantBlock];
   for (size_t b = 0; b < nb; ++b) {
@@ -146,13 +147,22 @@ void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs) {
     for (float v : blk) amax = std::max(amax, std::fabs(v));
     d[b] = amax / 127.0f;
     float id = amax != 0 ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < kQuantBlock; ++i) qs[b * kQuantBlock + i] = round_clamp(blk[i] * id, -127, 127);
+    int sum = 0;
+    for (int i = 0; i < kQuantBlock; ++i) {
+      int8_t q = round_clamp(blk[i] * id, -127, 127);
+      qs[b * kQuantBlock + i] = q;
+      abs_qs[b * kQuantBlock + i] = static_cast<uint8_t>(q < 0 ? -q : q);
+      sum += q;
+    }
+    sum8[b] = static_cast<float>(8 * sum);
   }
 }
 
-void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x, const float* xd,
-                   const int8_t* xqs, float* y, size_t row_begin, size_t row_end) {
+void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,
+                   const QuantizedActivations& xa, float* y, size_t row_begin, size_t row_end) {
   const size_t nb = n_blocks(cols);
+  const float* xd = xa.d;
+  const int8_t* xqs = xa.qs;
   const size_t row_bytes = quant_matrix_bytes(q, 1, cols);
   for (size_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = w + r * row_bytes;
@@ -198,21 +208,22 @@ void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x, c
 void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, float* y,
                   size_t row_begin, size_t row_end) {
   if (row_begin >= row_end) return;
-  const float* xd = nullptr;
-  const int8_t* xqs = nullptr;
+  detail::QuantizedActivations xa;
   // Per-thread scratch: threads call this concurrently on disjoint row ranges.
-  thread_local std::vector<float> d_buf;
+  thread_local std::vector<float> d_buf, sum_buf;
   thread_local std::vector<int8_t> q_buf;
+  thread_local std::vector<uint8_t> abs_buf;
   if (q == QuantType::kQ8 || q == QuantType::kQ4) {
     const size_t nb = n_blocks(cols);
     d_buf.resize(nb);
+    sum_buf.resize(nb);
     q_buf.resize(nb * kQuantBlock);
-    detail::quantize_activations(x, cols, d_buf.data(), q_buf.data());
-    xd = d_buf.data();
-    xqs = q_buf.data();
+    abs_buf.resize(nb * kQuantBlock);
+    detail::quantize_activations(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data());
+    xa = {d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data()};
   }
-  if (detail::avx2_usable()) detail::matvec_avx2(q, w, cols, x, xd, xqs, y, row_begin, row_end);
-  else detail::matvec_scalar(q, w, cols, x, xd, xqs, y, row_begin, row_end);
+  if (detail::avx2_usable()) detail::matvec_avx2(q, w, cols, x, xa, y, row_begin, row_end);
+  else detail::matvec_scalar(q, w, cols, x, xa, y, row_begin, row_end);
 }
 
 bool quant_simd_available() { return detail::avx2_usable(); }
@@ -230,7 +241,7 @@ bool avx2_usable() {
 }
 
 #if !defined(MOESTREAM_AVX2_KERNELS)
-void matvec_avx2(QuantType, const uint8_t*, size_t, const float*, const float*, const int8_t*,
+void matvec_avx2(QuantType, const uint8_t*, size_t, const float*, const QuantizedActivations&,
                  float*, size_t, size_t) {
   MOE_ASSERT(false, "matvec_avx2 called in a build without the AVX2 kernels");
 }

@@ -20,15 +20,11 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 8 partial sums of x*w over 32 int8 pairs, as float. x = activations in [-127, 127], w = weights
-// in [-127, 127] (q8) or [-8, 7] (q4). maddubs multiplies unsigned by signed, so move x's sign
-// onto w; pair sums stay below 2*127*127 < 2^15, so the i16 saturation never triggers.
-inline __m256 dot_i8(__m256i x, __m256i w) {
-  const __m256i ax = _mm256_sign_epi8(x, x);
-  const __m256i sw = _mm256_sign_epi8(w, x);
-  const __m256i s16 = _mm256_maddubs_epi16(ax, sw);
-  const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  return _mm256_cvtepi32_ps(s32);
+// 8 partial sums (as float) of 32 u8*i8 products: maddubs -> 16 x i16, madd with 1 -> 8 x i32.
+// Pair sums stay below 2*127*127 < 2^15 (q8) and 2*15*127 (q4): no i16 saturation.
+inline __m256 dot_u8_i8(__m256i u, __m256i s) {
+  const __m256i s16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
 }
 
 inline float load_f16(const uint8_t* p) {
@@ -37,12 +33,11 @@ inline float load_f16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-inline __m256i load_q4(const uint8_t* p) {
+// The 32 nibbles of a q4 block as unsigned bytes 0..15 (the -8 bias is applied per block later).
+inline __m256i load_nibbles(const uint8_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  const __m128i lo = _mm_and_si128(raw, m);                     // elements 0..15
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);  // elements 16..31
-  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);  // hi half: elements 16..31
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
 float row_f32(const float* w, const float* x, size_t cols) {
@@ -87,47 +82,75 @@ float row_bf16(const uint8_t* w, const float* x, size_t cols) {
   return acc;
 }
 
-// Two accumulators: consecutive blocks' FMAs do not wait on each other.
-float row_q8(const uint8_t* row, size_t nb, const float* xd, const int8_t* xqs) {
+// q8: w*x = |x| * (w with x's sign), so maddubs gets |x| (precomputed once per call) unsigned.
+// Scales for 8 blocks are converted and multiplied at once and broadcast from memory (a load, not
+// a shuffle); four accumulators hide the FMA latency.
+float row_q8(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
   const auto* qs = reinterpret_cast<const __m256i*>(row + nb * 2);
-  const auto* xq = reinterpret_cast<const __m256i*>(xqs);
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  const auto* xq = reinterpret_cast<const __m256i*>(xa.qs);
+  const auto* xabs = reinterpret_cast<const __m256i*>(xa.abs_qs);
+  auto block = [&](size_t b) {
+    const __m256i w = _mm256_sign_epi8(_mm256_loadu_si256(qs + b), _mm256_loadu_si256(xq + b));
+    return dot_u8_i8(_mm256_loadu_si256(xabs + b), w);
+  };
+  // Named accumulators, fully unrolled: an array indexed in a loop ends up on the stack.
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  alignas(32) float s[8];
   size_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m256 p0 = dot_i8(_mm256_loadu_si256(xq + b), _mm256_loadu_si256(qs + b));
-    const __m256 p1 = dot_i8(_mm256_loadu_si256(xq + b + 1), _mm256_loadu_si256(qs + b + 1));
-    a0 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b) * xd[b]), p0, a0);
-    a1 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b + 2) * xd[b + 1]), p1, a1);
+  for (; b + 8 <= nb; b += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * b));
+    _mm256_store_ps(s, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xa.d + b)));
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 0), block(b + 0), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 1), block(b + 1), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 2), block(b + 2), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 3), block(b + 3), a3);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 4), block(b + 4), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 5), block(b + 5), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 6), block(b + 6), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 7), block(b + 7), a3);
   }
-  if (b < nb) {
-    const __m256 p0 = dot_i8(_mm256_loadu_si256(xq + b), _mm256_loadu_si256(qs + b));
-    a0 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b) * xd[b]), p0, a0);
-  }
-  return hsum(_mm256_add_ps(a0, a1));
+  for (; b < nb; ++b) a0 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b) * xa.d[b]), block(b), a0);
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-float row_q4(const uint8_t* row, size_t nb, const float* xd, const int8_t* xqs) {
+// q4: sum (n-8)*x = sum n*x - 8*sum x. maddubs takes the nibbles n (0..15) as the unsigned side
+// directly; the bias term is one FMA per 8 blocks against the precomputed 8*sum(x) per block.
+float row_q4(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
   const uint8_t* qs = row + nb * 2;
-  const auto* xq = reinterpret_cast<const __m256i*>(xqs);
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  const auto* xq = reinterpret_cast<const __m256i*>(xa.qs);
+  auto block = [&](size_t b) { return dot_u8_i8(load_nibbles(qs + 16 * b), _mm256_loadu_si256(xq + b)); };
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  __m256 bias = _mm256_setzero_ps();
+  alignas(32) float s[8];
   size_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m256 p0 = dot_i8(_mm256_loadu_si256(xq + b), load_q4(qs + 16 * b));
-    const __m256 p1 = dot_i8(_mm256_loadu_si256(xq + b + 1), load_q4(qs + 16 * b + 16));
-    a0 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b) * xd[b]), p0, a0);
-    a1 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b + 2) * xd[b + 1]), p1, a1);
+  for (; b + 8 <= nb; b += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * b));
+    const __m256 sv = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xa.d + b));
+    bias = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xa.sum8 + b), bias);
+    _mm256_store_ps(s, sv);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 0), block(b + 0), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 1), block(b + 1), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 2), block(b + 2), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 3), block(b + 3), a3);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 4), block(b + 4), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 5), block(b + 5), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 6), block(b + 6), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 7), block(b + 7), a3);
   }
-  if (b < nb) {
-    const __m256 p0 = dot_i8(_mm256_loadu_si256(xq + b), load_q4(qs + 16 * b));
-    a0 = _mm256_fmadd_ps(_mm256_set1_ps(load_f16(row + 2 * b) * xd[b]), p0, a0);
+  float tail_bias = 0;
+  for (; b < nb; ++b) {
+    const float sc = load_f16(row + 2 * b) * xa.d[b];
+    a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc), block(b), a0);
+    tail_bias += sc * xa.sum8[b];
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  const __m256 total = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  return hsum(total) - hsum(bias) - tail_bias;
 }
 
 }  // namespace
 
-void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x, const float* xd,
-                 const int8_t* xqs, float* y, size_t row_begin, size_t row_end) {
+void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x,
+                 const QuantizedActivations& xa, float* y, size_t row_begin, size_t row_end) {
   const size_t nb = (cols + kQuantBlock - 1) / kQuantBlock;
   switch (q) {
     case QuantType::kF32:
@@ -138,10 +161,10 @@ void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x, con
       for (size_t r = row_begin; r < row_end; ++r) y[r] = row_bf16(w + 2 * r * cols, x, cols);
       return;
     case QuantType::kQ8:
-      for (size_t r = row_begin; r < row_end; ++r) y[r] = row_q8(w + r * nb * 34, nb, xd, xqs);
+      for (size_t r = row_begin; r < row_end; ++r) y[r] = row_q8(w + r * nb * 34, nb, xa);
       return;
     case QuantType::kQ4:
-      for (size_t r = row_begin; r < row_end; ++r) y[r] = row_q4(w + r * nb * 18, nb, xd, xqs);
+      for (size_t r = row_begin; r < row_end; ++r) y[r] = row_q4(w + r * nb * 18, nb, xa);
       return;
   }
 }

@@ -12,14 +12,23 @@ namespace moestream::detail {
 // x (cols floats) as int8 blocks of 32, like llama.cpp's q8_0 activations: per block
 // d = amax/127 (float32, not rounded), qs = round(x/d) in [-127, 127]; columns past `cols` are 0.
 // Both kernels consume the same quantised x, so scalar and SIMD differ only in float summation
-// order. nb = ceil(cols/32) entries in d, nb*32 in qs.
-void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs);
+// order. Arrays hold nb = ceil(cols/32) blocks.
+struct QuantizedActivations {
+  const float* d = nullptr;       // nb scales
+  const int8_t* qs = nullptr;     // nb*32 quants
+  const uint8_t* abs_qs = nullptr;  // nb*32 |quants| (q8 kernel: maddubs needs an unsigned side)
+  const float* sum8 = nullptr;    // nb values 8 * sum(qs of the block) (q4 kernel: nibble bias)
+};
 
-// `xd`/`xqs` are the output of quantize_activations (used for q8/q4 only; f32/bf16 read x).
-void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x, const float* xd,
-                   const int8_t* xqs, float* y, size_t row_begin, size_t row_end);
-void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x, const float* xd,
-                 const int8_t* xqs, float* y, size_t row_begin, size_t row_end);
+// Fills caller-owned arrays of the sizes above.
+void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
+                          float* sum8);
+
+// `xa` is used for q8/q4 only; f32/bf16 read x.
+void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,
+                   const QuantizedActivations& xa, float* y, size_t row_begin, size_t row_end);
+void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x,
+                 const QuantizedActivations& xa, float* y, size_t row_begin, size_t row_end);
 
 // True when this binary has the AVX2 kernels and the CPU has AVX2, FMA and F16C.
 bool avx2_usable();

@@ -164,15 +164,17 @@ TEST(QuantMatvec, Avx2MatchesScalarOnOddSizes) {
     std::vector<float> w = random_vec(rows * cols, 100 + cols);
     std::vector<float> x = random_vec(cols, 200 + cols);
     const size_t nb = (cols + 31) / 32;
-    std::vector<float> xd(nb);
+    std::vector<float> xd(nb), xs(nb);
     std::vector<int8_t> xq(nb * 32);
-    detail::quantize_activations(x.data(), cols, xd.data(), xq.data());
+    std::vector<uint8_t> xa(nb * 32);
+    detail::quantize_activations(x.data(), cols, xd.data(), xq.data(), xa.data(), xs.data());
+    const detail::QuantizedActivations act{xd.data(), xq.data(), xa.data(), xs.data()};
     for (QuantType q : kAllQuants) {
       auto enc = encode(q, w, rows, cols);
       std::vector<float> ys(rows), yv(rows), deq(rows * cols);
       dequantize_matrix(q, enc.data(), rows, cols, deq.data());
-      detail::matvec_scalar(q, enc.data(), cols, x.data(), xd.data(), xq.data(), ys.data(), 0, rows);
-      detail::matvec_avx2(q, enc.data(), cols, x.data(), xd.data(), xq.data(), yv.data(), 0, rows);
+      detail::matvec_scalar(q, enc.data(), cols, x.data(), act, ys.data(), 0, rows);
+      detail::matvec_avx2(q, enc.data(), cols, x.data(), act, yv.data(), 0, rows);
       for (size_t r = 0; r < rows; ++r) {
         double mag = 0;
         for (size_t c = 0; c < cols; ++c) mag += std::fabs(deq[r * cols + c] * x[c]);

@@ -1,0 +1,93 @@
+// Single-thread expert matvec throughput: GB/s of encoded weights per second for each encoding,
+// with the weights hot in cache and streamed from RAM, beside this machine's memcpy bandwidth.
+//   bench_quant_matvec [--rows 768] [--cols 2048] [--stream-mib 1024] [--seconds 1]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "runtime/quant.h"
+#include "runtime/quant_kernels.h"
+
+using namespace moestream;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Runs fn() until `budget` seconds pass; returns calls per second.
+template <typename Fn>
+double rate(double budget, Fn fn) {
+  fn();  // warm up (page faults, caches)
+  size_t n = 0;
+  auto t0 = Clock::now();
+  do {
+    fn();
+    ++n;
+  } while (seconds_since(t0) < budget);
+  return n / seconds_since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Single-thread expert matvec bandwidth"};
+  size_t rows = 768, cols = 2048, stream_mib = 1024;
+  double budget = 1.0;
+  app.add_option("--rows", rows, "Matrix rows (Qwen3-30B-A3B expert: 768)");
+  app.add_option("--cols", cols, "Matrix cols (Qwen3-30B-A3B hidden: 2048)");
+  app.add_option("--stream-mib", stream_mib, "Bytes cycled through in the streaming case (>> LLC)");
+  app.add_option("--seconds", budget, "Time per measurement");
+  CLI11_PARSE(app, argc, argv);
+
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0.0f, 0.02f);
+  std::vector<float> w(rows * cols), x(cols), y(rows);
+  for (auto& v : w) v = g(rng);
+  for (auto& v : x) v = g(rng) * 50;
+
+  {
+    std::vector<char> a(size_t{256} << 20, 1), b(size_t{256} << 20, 2);
+    double r = rate(budget, [&] { std::memcpy(b.data(), a.data(), a.size()); });
+    std::printf("memcpy single thread: %.2f GB/s (read+write %.2f GB/s)\n", r * a.size() / 1e9,
+                2 * r * a.size() / 1e9);
+  }
+  std::printf("matvec %zu x %zu, one thread, SIMD %s\n", rows, cols, quant_simd_available() ? "AVX2" : "none");
+  std::printf("%-6s %10s %14s %14s %14s %12s\n", "quant", "bytes/w", "hot GB/s", "stream GB/s",
+              "scalar GB/s", "stream Gw/s");
+  for (QuantType q : {QuantType::kF32, QuantType::kBF16, QuantType::kQ8, QuantType::kQ4}) {
+    const size_t bytes = quant_matrix_bytes(q, rows, cols);
+    std::vector<uint8_t> one(bytes);
+    quantize_matrix(q, w.data(), rows, cols, one.data());
+    const size_t n_copies = std::max<size_t>(1, (stream_mib << 20) / bytes);
+    std::vector<uint8_t> many(n_copies * bytes);
+    for (size_t i = 0; i < n_copies; ++i) std::memcpy(many.data() + i * bytes, one.data(), bytes);
+
+    double hot = rate(budget, [&] { quant_matvec(q, one.data(), cols, x.data(), y.data(), 0, rows); });
+    size_t next = 0;
+    double stream = rate(budget, [&] {
+      quant_matvec(q, many.data() + next * bytes, cols, x.data(), y.data(), 0, rows);
+      next = (next + 1) % n_copies;
+    });
+    const size_t nb = (cols + 31) / 32;
+    std::vector<float> xd(nb), xs(nb);
+    std::vector<int8_t> xq(nb * 32);
+    std::vector<uint8_t> xa(nb * 32);
+    double scalar = rate(budget / 2, [&] {
+      detail::quantize_activations(x.data(), cols, xd.data(), xq.data(), xa.data(), xs.data());
+      detail::matvec_scalar(q, one.data(), cols, x.data(), {xd.data(), xq.data(), xa.data(), xs.data()},
+                            y.data(), 0, rows);
+    });
+    std::printf("%-6s %10.4f %14.2f %14.2f %14.2f %12.2f\n", std::string(quant_name(q)).c_str(),
+                double(bytes) / (rows * cols), hot * bytes / 1e9, stream * bytes / 1e9,
+                scalar * bytes / 1e9, stream * rows * cols / 1e9);
+  }
+  return 0;
+}
