@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -47,6 +48,7 @@ struct Args {
   std::vector<std::string> blocks{"4K", "16K", "64K", "256K", "1M"};
   uint64_t expert_bytes = 2654208;  // Qwen3-30B-A3B expert in q4: 3 x 768x2048 matrices
   unsigned top_k = 8;
+  uint64_t max_read_kb = 1024;  // engine read size cap (coalescing and splitting)
   std::string json = "bench_io.json";
   bool keep = false;
   bool no_device = false;
@@ -126,6 +128,8 @@ struct Cell {
   uint64_t ops = 0, reads_issued = 0;
 };
 
+uint64_t g_max_read_bytes = 1 << 20;
+
 std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned qd, bool coalesce,
                                       const fs::path& path) {
   IoEngineOptions o;
@@ -135,6 +139,8 @@ std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned
   o.n_rings = e.rings;
   o.queue_depth = qd;
   o.coalesce = coalesce;
+  // The block sweeps and limit rows measure raw reads: no coalescing, no splitting.
+  o.max_read_bytes = coalesce ? g_max_read_bytes : uint64_t{1} << 40;
   auto eng = std::make_unique<IoEngine>(o);
   if (e.backend == IoBackend::kUring && eng->backend() != IoBackend::kUring)
     throw ConfigError("io_uring is not available here; cannot measure " + e.name);
@@ -142,37 +148,46 @@ std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned
   return eng;
 }
 
-// Throughput: back-to-back batches of `batch` reads for `seconds`; latency: one-read batches.
+// Throughput: batches of `batch` reads until `seconds` of read time; latency: one-read batches.
+// `refresh` (may be empty) runs before every batch, outside the timed part: the mmap "device"
+// cells use it to unmap and drop the page cache so that every batch faults from the device.
 template <typename MakeBatch>
-Cell measure(IoEngine& eng, MakeBatch make_batch, size_t batch, double seconds) {
+Cell measure(std::unique_ptr<IoEngine>& eng, MakeBatch make_batch, size_t batch, double seconds,
+             const std::function<void()>& refresh = {}) {
   Cell c;
   std::vector<ReadRequest> reqs(batch);
-  uint64_t bytes = 0, ops = 0;
+  uint64_t bytes = 0, ops = 0, reads = 0;
   make_batch(reqs);
-  eng.read(reqs);  // warm-up: bounce arena, fixed-buffer registration, first-touch faults
-  eng.reset_stats();
-  auto t0 = Clock::now();
-  double el = 0;
+  eng->read(reqs);  // warm-up: bounce arena, fixed-buffer registration, first-touch faults
+  double timed = 0;
+  auto t_start = Clock::now();
   do {
+    if (refresh) refresh();
     make_batch(reqs);
-    eng.read(reqs);
+    eng->reset_stats();
+    auto t = Clock::now();
+    eng->read(reqs);
+    timed += seconds_since(t);
+    reads += eng->stats().reads_issued;
     for (auto& r : reqs) bytes += r.length;
     ops += reqs.size();
-    el = seconds_since(t0);
-  } while (el < seconds);
-  c.gbps = bytes / el / 1e9;
+  } while (timed < seconds && seconds_since(t_start) < 20 * seconds);
+  c.gbps = bytes / timed / 1e9;
   c.ops = ops;
-  c.ops_per_s = ops / el;
-  c.reads_issued = eng.stats().reads_issued;
+  c.ops_per_s = ops / timed;
+  c.reads_issued = reads;
   std::vector<double> lat;
   std::vector<ReadRequest> one(1);
-  t0 = Clock::now();
-  while (seconds_since(t0) < seconds / 2 || lat.size() < 5) {
+  timed = 0;
+  t_start = Clock::now();
+  while ((timed < seconds / 2 && seconds_since(t_start) < 10 * seconds) || lat.size() < 5) {
+    if (refresh) refresh();
     make_batch(reqs);
     one[0] = reqs[0];
     auto t = Clock::now();
-    eng.read(one);
+    eng->read(one);
     lat.push_back(seconds_since(t) * 1e6);
+    timed += lat.back() / 1e6;
   }
   std::sort(lat.begin(), lat.end());
   c.lat_p50_us = lat[lat.size() / 2];
@@ -212,11 +227,13 @@ int main(int argc, char** argv) {
   app.add_option("--blocks", a.blocks, "block sizes (4K, 64K, 1M, ...)")->delimiter(',');
   app.add_option("--expert-bytes", a.expert_bytes, "expert payload bytes for the expert pattern");
   app.add_option("--top-k", a.top_k, "experts per layer batch in the expert pattern");
+  app.add_option("--max-read-kb", a.max_read_kb, "engine max read size: coalescing cap and split size");
   app.add_option("--json", a.json, "JSON output path");
   app.add_flag("--keep", a.keep, "keep the created file");
   app.add_flag("--no-device", a.no_device, "skip O_DIRECT / dropped-cache measurements");
   app.add_flag("--no-page-cache", a.no_page_cache, "skip page-cache measurements");
   CLI11_PARSE(app, argc, argv);
+  g_max_read_bytes = a.max_read_kb << 10;
 
   try {
     const char* tmp = std::getenv("TMPDIR");
@@ -258,16 +275,18 @@ int main(int argc, char** argv) {
       for (const EngineSpec& es : engines) {
         bool is_mmap = es.backend == IoBackend::kMmap;
         std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
-        std::unique_ptr<IoEngine> eng;
-        if (!is_mmap || !cold) eng = make_engine(es, cold != 0, a.qd, false, path);
+        std::unique_ptr<IoEngine> eng = make_engine(es, cold != 0 && !is_mmap, a.qd, false, path);
+        // A mapping keeps faulted pages mapped, and mapped pages are not dropped: unmap first.
+        std::function<void()> refresh;
+        if (is_mmap && cold)
+          refresh = [&] {
+            eng.reset();
+            drop_cache(path);
+            eng = make_engine(es, false, a.qd, false, path);
+          };
         for (uint64_t bs : blocks) {
           AlignedBuf buf(bs * a.batch);
           for (int random = 0; random <= 1; ++random) {
-            if (is_mmap && cold) {
-              eng.reset();  // the old mapping keeps pages mapped, and mapped pages are not dropped
-              drop_cache(path);
-              eng = make_engine(es, false, a.qd, false, path);
-            }
             uint64_t n_blocks = file_bytes / bs;
             uint64_t cursor = (rng() % n_blocks);
             auto make = [&](std::vector<ReadRequest>& reqs) {
@@ -276,7 +295,7 @@ int main(int argc, char** argv) {
                 reqs[i] = {0, blk * bs, bs, buf.data() + i * bs};
               }
             };
-            Cell c = measure(*eng, make, a.batch, a.seconds);
+            Cell c = measure(eng, make, a.batch, a.seconds, refresh);
             c.section = "sweep";
             c.engine = es.name;
             c.cache = cache;
@@ -309,7 +328,6 @@ int main(int argc, char** argv) {
           bool is_mmap = es.backend == IoBackend::kMmap;
           bool naive = es.name == "naive_loop";
           std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
-          if (is_mmap && cold) drop_cache(path);  // each mmap engine maps afresh
           // The physical-limit rows read 64 experts per batch at high queue depth, one read each
           // (no coalescing): the machine's limit for expert-sized reads.
           for (unsigned k : {a.top_k, 64u}) {
@@ -317,6 +335,13 @@ int main(int argc, char** argv) {
             if (limit && (naive || is_mmap || es.name == "pread1" || es.name == "uring1")) continue;
             if (k > n_experts) continue;
             auto eng = make_engine(es, cold != 0 && !is_mmap, a.qd, !naive && !limit, path);
+            std::function<void()> refresh;
+            if (is_mmap && cold)
+              refresh = [&] {
+                eng.reset();
+                drop_cache(path);
+                eng = make_engine(es, false, a.qd, true, path);
+              };
             std::vector<uint64_t> ids(n_experts);
             auto make = [&](std::vector<ReadRequest>& reqs) {
               for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
@@ -357,7 +382,7 @@ int main(int argc, char** argv) {
               for (double x : lat) s += x;
               c.lat_mean_us = s / lat.size();
             } else {
-              c = measure(*eng, make, k, a.seconds);
+              c = measure(eng, make, k, a.seconds, refresh);
             }
             c.section = limit ? "limit" : "expert";
             c.engine = es.name;
@@ -428,7 +453,8 @@ int main(int argc, char** argv) {
                     {"cachestat", cachestat_supported()}};
     j["params"] = {{"file_bytes", file_bytes}, {"threads", a.threads}, {"rings", a.rings},
                    {"queue_depth", a.qd}, {"batch", a.batch}, {"seconds_per_cell", a.seconds},
-                   {"expert_bytes", a.expert_bytes}, {"top_k", a.top_k}};
+                   {"expert_bytes", a.expert_bytes}, {"top_k", a.top_k},
+                   {"max_read_bytes", g_max_read_bytes}};
     j["cache_legend"] = {{"page_cache", "buffered reads, file fully in the page cache"},
                          {"device", "O_DIRECT reads (the storage device or the VM's virtual disk)"},
                          {"device_mmap", "mmap page faults after POSIX_FADV_DONTNEED"}};

@@ -198,6 +198,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch) {
     if (e.bounce) e.buf = m.arena + e.bounce_offset;
   io::BatchContext ctx{plan, batch, m.files, m.opts, m.sink, m.sink_bytes, {}, {}};
   if (!plan.extents.empty()) m.backend->run(ctx);
+  io::apply_results(plan, batch);
 
   size_t failed = 0;
   uint64_t requested = 0;

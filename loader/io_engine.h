@@ -63,7 +63,10 @@ struct IoEngineOptions {
   // A coalesced read whose dests are not one contiguous buffer: a vectored read (readv) straight
   // into each dest when true, else one read into a bounce buffer and a copy.
   bool scatter = true;
-  uint64_t max_read_bytes = 8 << 20;       // never coalesce into one read larger than this
+  // Coalesced reads stop growing at this size, and a longer request is split into reads of this
+  // size so that one large expert keeps several queue slots (and rings) busy. 1 MiB reads keep
+  // an NVMe drive at full bandwidth once a few are in flight.
+  uint64_t max_read_bytes = 1 << 20;
   uint32_t max_retries = 16;    // per extent bound on -EAGAIN/-EINTR (and no-progress) retries
   bool register_files = true;   // io_uring fixed files where the kernel allows
   bool register_buffers = true; // io_uring fixed bounce buffers where the kernel allows

@@ -62,6 +62,44 @@ uint32_t max_iovecs(std::span<ReadRequest> reqs, const std::vector<uint32_t>& or
 
 constexpr uint32_t kMaxIovecs = 1024;  // IOV_MAX on Linux
 
+void add_bounce(IoPlan& plan, Extent& x) {
+  x.bounce = true;
+  x.bounce_offset = plan.bounce_bytes;
+  plan.bounce_bytes += align_up(x.length, kDirectAlign);
+}
+
+// A request larger than max_read_bytes becomes several reads (chunks of max_read_bytes,
+// block-aligned for O_DIRECT) that run on different rings/threads at once: one big expert
+// otherwise occupies a single queue slot and cannot use the device's parallelism.
+void split_request(IoPlan& plan, const ReadRequest& r, uint32_t index, const FileEntry& f,
+                   const PlanOptions& opts) {
+  uint64_t chunk = opts.max_read_bytes;
+  if (f.direct) chunk = std::max(kDirectAlign, align_down(chunk, kDirectAlign));
+  const uint64_t end = r.offset + r.length;
+  const uint64_t rs = f.direct ? align_down(r.offset, kDirectAlign) : r.offset;
+  const uint64_t re = f.direct ? align_up(end, kDirectAlign) : end;
+  for (uint64_t cs = rs; cs < re; cs += chunk) {
+    uint64_t ce = std::min(cs + chunk, re);
+    uint64_t from = std::max(cs, r.offset), to = std::min(ce, end);
+    Extent x;
+    x.file = r.file;
+    x.offset = cs;
+    x.length = ce - cs;
+    x.needed = to - cs;
+    x.first_slice = static_cast<uint32_t>(plan.slices.size());
+    x.n_slices = 1;
+    plan.slices.push_back({index, from - cs, from - r.offset, to - from});
+    uint8_t* dest = static_cast<uint8_t*>(r.dest) + (from - r.offset);
+    bool in_place = from == cs && to == ce;
+    if (in_place && f.direct) in_place = reinterpret_cast<uintptr_t>(dest) % kDirectAlign == 0;
+    if (in_place)
+      x.buf = dest;
+    else
+      add_bounce(plan, x);
+    plan.extents.push_back(x);
+  }
+}
+
 }  // namespace
 
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
@@ -115,6 +153,11 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
         ++e;
       }
     }
+    if (e - b == 1 && end - start > opts.max_read_bytes) {
+      split_request(plan, first, order[b], f, opts);
+      b = e;
+      continue;
+    }
     Extent x;
     x.file = first.file;
     x.offset = f.direct ? align_down(start, kDirectAlign) : start;
@@ -123,8 +166,10 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
     x.needed = end - x.offset;
     x.first_slice = static_cast<uint32_t>(plan.slices.size());
     x.n_slices = static_cast<uint32_t>(e - b);
-    for (size_t i = b; i < e; ++i)
-      plan.slices.push_back({order[i], reqs[order[i]].offset - x.offset});
+    for (size_t i = b; i < e; ++i) {
+      const ReadRequest& r = reqs[order[i]];
+      plan.slices.push_back({order[i], r.offset - x.offset, 0, r.length});
+    }
     bool in_place = x.offset == start && read_end == end && contiguous(reqs, order, b, e);
     if (in_place && f.direct)
       in_place = reinterpret_cast<uintptr_t>(first.dest) % kDirectAlign == 0;
@@ -140,9 +185,7 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
       x.n_iov_max = n_iov;
       plan.iovs.resize(plan.iovs.size() + n_iov);
     } else {
-      x.bounce = true;
-      x.bounce_offset = plan.bounce_bytes;
-      plan.bounce_bytes += align_up(x.length, kDirectAlign);
+      add_bounce(plan, x);
     }
     plan.extents.push_back(x);
     b = e;
@@ -212,11 +255,11 @@ uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest
   for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
     const ReadSlice& sl = plan.slices[s];
     const ReadRequest& r = reqs[sl.request];
-    uint64_t end = sl.buf_offset + r.length;
+    uint64_t end = sl.buf_offset + sl.length;
     if (end <= pos) continue;
     gap(sl.buf_offset);
     uint64_t skip = pos - sl.buf_offset;
-    out[n++] = {static_cast<uint8_t*>(r.dest) + skip, r.length - skip};
+    out[n++] = {static_cast<uint8_t*>(r.dest) + sl.req_offset + skip, sl.length - skip};
     pos = end;
   }
   gap(e.length);
@@ -224,19 +267,34 @@ uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest
   return n;
 }
 
-void finish_extent(const Extent& e, const IoPlan& plan, std::span<ReadRequest> reqs) {
+void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs) {
   for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
-    const ReadSlice& sl = plan.slices[s];
-    ReadRequest& r = reqs[sl.request];
-    // A failed extent may still have delivered the requests that lie before the failure point.
-    bool arrived = e.result == ReadResult::kOk || sl.buf_offset + r.length <= e.done;
+    ReadSlice& sl = plan.slices[s];
+    // A failed extent may still have delivered the slices that lie before the failure point.
+    bool arrived = e.result == ReadResult::kOk || sl.buf_offset + sl.length <= e.done;
     if (arrived) {
-      if (e.bounce) std::memcpy(r.dest, e.buf + sl.buf_offset, r.length);
-      r.result = ReadResult::kOk;
-      r.error = 0;
+      if (e.bounce)
+        std::memcpy(static_cast<uint8_t*>(reqs[sl.request].dest) + sl.req_offset,
+                    e.buf + sl.buf_offset, sl.length);
+      sl.result = ReadResult::kOk;
+      sl.error = 0;
     } else {
-      r.result = e.result;
-      r.error = e.error;
+      sl.result = e.result;
+      sl.error = e.error;
+    }
+  }
+}
+
+void apply_results(const IoPlan& plan, std::span<ReadRequest> reqs) {
+  for (const ReadSlice& sl : plan.slices) {
+    ReadRequest& r = reqs[sl.request];
+    if (sl.result != ReadResult::kOk) {
+      if (r.result == ReadResult::kPending || r.result == ReadResult::kOk) {
+        r.result = sl.result;
+        r.error = sl.error;
+      }
+    } else if (r.result == ReadResult::kPending) {
+      r.result = ReadResult::kOk;
     }
   }
 }

@@ -24,10 +24,15 @@ struct FileEntry {
   uint64_t size = 0;
 };
 
-// A request's place inside an extent's buffer.
+// A piece of a request inside an extent: the whole request, or one chunk of a split request.
 struct ReadSlice {
   uint32_t request = 0;
-  uint64_t buf_offset = 0;  // request data starts at extent.buf + buf_offset
+  uint64_t buf_offset = 0;  // the piece starts at extent.buf + buf_offset
+  uint64_t req_offset = 0;  // ... and goes to request.dest + req_offset
+  uint64_t length = 0;
+  // Set by finish_extent (by the worker that ran the extent), read by apply_results.
+  ReadResult result = ReadResult::kPending;
+  int error = 0;
 };
 
 struct Extent {
@@ -70,7 +75,8 @@ inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
   return (gap_bytes + 3 * kDirectAlign) / kDirectAlign * kDirectAlign;
 }
 
-// Sorts `reqs` by (file, offset) and groups them into extents. Extents whose requests' dests
+// Sorts `reqs` by (file, offset) and groups them into extents of at most max_read_bytes; a
+// longer request is split into several extents. Extents whose requests' dests
 // are exactly contiguous (and aligned enough for O_DIRECT) read in place; extents of
 // non-overlapping requests (block-aligned for O_DIRECT) scatter; the rest get a bounce range
 // [bounce_offset, +length) with buf left null until the caller binds the arena.
@@ -104,7 +110,12 @@ inline uint64_t next_offset(const Extent& e) { return e.offset + e.done; }
 inline uint64_t next_length(const Extent& e) { return e.length - e.done; }
 inline uint8_t* next_buf(const Extent& e) { return e.buf + e.done; }
 
-// Copies a finished bounce extent's bytes into its requests' dests and sets their results.
-void finish_extent(const Extent& e, const IoPlan& plan, std::span<ReadRequest> reqs);
+// Copies a finished bounce extent's bytes into its requests' dests and records each slice's
+// outcome. Touches only this extent's slices, so workers may finish extents concurrently.
+void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs);
+
+// After every extent is finished: a request is kOk when all its slices are, else it takes the
+// first failed slice's result and errno.
+void apply_results(const IoPlan& plan, std::span<ReadRequest> reqs);
 
 }  // namespace moestream::io

@@ -213,6 +213,23 @@ TEST_P(IoEngineTest, MaxReadBytesBoundsACoalescedRead) {
   EXPECT_EQ(eng.stats().reads_issued, 4u);
 }
 
+TEST_P(IoEngineTest, LargeRequestIsSplitIntoParallelReads) {
+  IoEngineOptions o = options();
+  o.max_read_bytes = 64 << 10;
+  IoEngine eng(o);
+  uint32_t f = eng.add_file(path_);
+  // One aligned and one unaligned large request, plus a small one.
+  std::string a(300000, 0), b(200001, 0), c(100, 0);
+  std::vector<ReadRequest> reqs{{f, 1 << 20, 300000, a.data()},
+                                {f, (2 << 20) + 333, 200001, b.data()},
+                                {f, 50, 100, c.data()}};
+  eng.read(reqs);
+  EXPECT_EQ(a, content_.substr(1 << 20, 300000));
+  EXPECT_EQ(b, content_.substr((2 << 20) + 333, 200001));
+  EXPECT_EQ(c, content_.substr(50, 100));
+  EXPECT_GE(eng.stats().reads_issued, 5u + 4u + 1u);
+}
+
 TEST_P(IoEngineTest, CoalescingOffIssuesOneReadPerRequest) {
   IoEngineOptions o = options();
   o.coalesce = false;
@@ -412,6 +429,31 @@ TEST_P(IoFaultTest, EioFailsOnlyItsRequestsAndNamesFileOffsetLength) {
     EXPECT_NE(msg.find("length 8192"), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::strerror(EIO)), std::string::npos) << msg;
     EXPECT_NE(msg.find("1 of 8"), std::string::npos) << msg;
+  }
+}
+
+TEST_P(IoFaultTest, EioInOneChunkOfASplitRequestFailsThatRequestOnly) {
+  IoEngineOptions o = options();
+  o.max_read_bytes = 64 << 10;
+  const uint64_t bad_chunk = (1 << 20) + 2 * (64 << 10);
+  o.completion_hook = [&](const CompletionInfo& c) -> int64_t {
+    return c.offset == bad_chunk ? -EIO : c.result;
+  };
+  IoEngine eng(o);
+  uint32_t f = eng.add_file(path_);
+  std::string a(400000, 0), b(400000, 0);
+  std::vector<ReadRequest> reqs{{f, 1 << 20, 400000, a.data()}, {f, 3 << 20, 400000, b.data()}};
+  EXPECT_EQ(eng.submit(reqs), 1u);
+  EXPECT_EQ(reqs[0].result, ReadResult::kError);
+  EXPECT_EQ(reqs[0].error, EIO);
+  EXPECT_EQ(reqs[1].result, ReadResult::kOk);
+  EXPECT_EQ(b, content_.substr(3 << 20, 400000));
+  try {
+    eng.read(reqs);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("offset " + std::to_string(1 << 20) + " length 400000"),
+              std::string::npos) << e.what();
   }
 }
 
