@@ -29,7 +29,7 @@ std::string phase_text(const char* name, const PhaseStats& p) {
   const ForwardTimes& t = p.times;
   const double ms = 1e3;
   std::string s = std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
-                  fmt("%.3f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s());
+                  fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s());
   s += fmt("  attention %8.1f ms   router %8.1f ms", t.attention_s * ms, t.router_s * ms);
   s += fmt("   expert I/O %8.1f ms   expert compute %8.1f ms", t.expert_io_s * ms,
            t.expert_compute_s * ms);

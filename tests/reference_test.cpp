@@ -43,8 +43,8 @@ struct Tolerance {
 };
 Tolerance tolerance_for(QuantType q) {
   switch (q) {
-    case QuantType::kQ8: return {0.03, 0.95};
-    case QuantType::kQ4: return {0.25, 0.80};
+    case QuantType::kQ8: return {0.06, 0.90};
+    case QuantType::kQ4: return {0.60, 0.70};
     default: return {1e-3, 1.0};
   }
 }

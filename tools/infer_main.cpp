@@ -80,24 +80,24 @@ int run(const Args& a) {
   sp.seed = a.seed;
   Sampler sampler(sp);  // validates the sampling options before the (slow) model load
 
-  auto model = Model::load(dir, mo);
-  const ModelConfig& cfg = model->config();
+  std::vector<int> prompt;
+  if (!a.prompt_ids.empty()) prompt = parse_ids(a.prompt_ids);
+  // The tokenizer (cheap) before the weights (slow): a missing one is reported at once.
+  const ModelConfig header_cfg = ModelConfig::load(dir);
   std::optional<Tokenizer> tok;
   const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
-  if (need_tok) tok.emplace(load_tokenizer(dir, cfg));
+  if (need_tok) tok.emplace(load_tokenizer(dir, header_cfg));
 
+  auto model = Model::load(dir, mo);
+  const ModelConfig& cfg = model->config();
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context()};
   std::optional<GenerateStats> gen;
   std::optional<PerplexityResult> ppl;
 
   if (want_gen) {
-    std::vector<int> prompt;
-    if (!a.prompt_ids.empty()) {
-      prompt = parse_ids(a.prompt_ids);
-    } else {
+    if (!a.prompt.empty())
       for (int32_t id : tok->encode(a.prompt, true)) prompt.push_back(id);
-    }
     GenerateOptions go;
     go.n_new = a.n_predict;
     if (!a.ignore_eos) {
