@@ -2,6 +2,7 @@
 // Qwen3MoeConfig, OlmoeConfig and MixtralConfig (v4.5x and v5, including `rope_parameters`).
 #include "runtime/hf_config.h"
 
+#include <initializer_list>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,14 @@ int req_int(const json& j, const std::string& key, const std::string& where) {
   if (!v->is_number_integer() || v->get<long long>() <= 0 || v->get<long long>() > (1LL << 30))
     throw FormatError(where + ": field '" + key + "' must be a positive integer, got " + v->dump());
   return v->get<int>();
+}
+
+// The first of `keys` present: transformers renames some fields between versions (v5 saves
+// Qwen3-MoE's num_experts as num_local_experts, as Mixtral always did).
+int req_int_any(const json& j, std::initializer_list<const char*> keys, const std::string& where) {
+  for (const char* k : keys)
+    if (find(j, k)) return req_int(j, k, where);
+  return req_int(j, *keys.begin(), where);  // reports the first name as missing
 }
 
 int opt_int(const json& j, const std::string& key, const std::string& where, int dflt) {
@@ -127,7 +136,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   switch (c.arch) {
     case Arch::kQwen3Moe: {
       c.moe_intermediate_size = req_int(hf, "moe_intermediate_size", where);
-      c.n_experts = req_int(hf, "num_experts", where);
+      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
       c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
       c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
       c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-6);
@@ -142,7 +151,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     }
     case Arch::kOlmoe: {
       c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
-      c.n_experts = req_int(hf, "num_experts", where);
+      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
       c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
       c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
       c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);
@@ -153,7 +162,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     }
     case Arch::kMixtral: {
       c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
-      c.n_experts = req_int(hf, "num_local_experts", where);
+      c.n_experts = req_int_any(hf, {"num_local_experts", "num_experts"}, where);
       c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
       c.norm_topk_prob = true;  // Mixtral renormalises the top-k weights by construction
       c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);

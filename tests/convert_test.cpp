@@ -384,6 +384,18 @@ TEST(HfConfig, SettingsThatChangeTheMathsAreRejected) {
   EXPECT_NO_THROW(model_config_from_hf(cfg, "c"));
 }
 
+TEST(HfConfig, AcceptsTheV5NameOfTheExpertCount) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe}) {
+    json c = make_tiny(arch).config;
+    c.erase("num_experts");
+    c["num_local_experts"] = 12;  // transformers 5.x saves Qwen3MoeConfig this way
+    EXPECT_EQ(model_config_from_hf(c, "c").n_experts, 12);
+    c.erase("num_local_experts");
+    std::string msg = message_of([&] { model_config_from_hf(c, "c"); });
+    EXPECT_NE(msg.find("'num_experts'"), std::string::npos) << msg;
+  }
+}
+
 TEST(HfConfig, UnsupportedArchitectureIsNamed) {
   json cfg = make_tiny(Arch::kQwen3Moe).config;
   cfg["architectures"] = {"LlamaForCausalLM"};
