@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -43,7 +44,7 @@ struct Tensor {
 };
 
 // A tiny random HF model in the per-expert layout of published checkpoints. Values are rounded
-// to bf16 so that saving in bf16 or f32 stores the same numbers.
+// to bf16 so that saving in bf16, f16 or f32 stores the same numbers.
 struct TinyHf {
   Arch arch;
   json config;
@@ -65,7 +66,10 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
     size_t n = 1;
     for (auto s : shape) n *= size_t(s);
     t.data.resize(n);
-    for (auto& x : t.data) x = bf16_to_f32(f32_to_bf16(g(rng)));
+    for (auto& x : t.data) {
+      x = bf16_to_f32(f32_to_bf16(g(rng)));
+      if (std::fabs(x) < 1e-3f) x = 0;  // keeps every value exact in f16 too (no subnormals)
+    }
     m.tensors[name] = std::move(t);
   };
   json& c = m.config;
@@ -460,7 +464,8 @@ TEST(Convert, EveryLayoutDtypeAndShardingGivesIdenticalExperts) {
     const Variant variants[] = {{"pe_f32_1", DType::kF32, false, 1},
                                 {"pe_bf16_3", DType::kBF16, false, 3},
                                 {"fu_bf16_1", DType::kBF16, true, 1},
-                                {"fu_f32_2", DType::kF32, true, 2}};
+                                {"fu_f32_2", DType::kF32, true, 2},
+                                {"pe_f16_2", DType::kF16, false, 2}};
     std::vector<std::vector<uint64_t>> ref;
     std::vector<float> ref_router;
     for (const Variant& v : variants) {
