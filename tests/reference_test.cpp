@@ -34,16 +34,17 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   return i.param.fixture + "_" + std::string(quant_name(i.param.quant));
 }
 
-// Tolerances for lossy expert encodings, measured on these fixtures (docs/results.md) with about
-// 2x headroom: the worst position's max |dlogit| / max |logit|, and the share of positions whose
-// top-1 token matches the reference.
+// Tolerances for lossy expert encodings, measured on these fixtures (docs/results.md): the worst
+// position's max |dlogit| / max |logit| (measured <= 0.058 q8, <= 0.31 q4: about 2x headroom),
+// and the share of positions whose top-1 token matches the reference (measured >= 24/26 q8,
+// >= 22/26 q4). Random tiny models route chaotically, so one flipped expert moves a logit far.
 struct Tolerance {
   double max_rel_err;
   double min_top1_agreement;
 };
 Tolerance tolerance_for(QuantType q) {
   switch (q) {
-    case QuantType::kQ8: return {0.06, 0.90};
+    case QuantType::kQ8: return {0.10, 0.85};
     case QuantType::kQ4: return {0.60, 0.70};
     default: return {1e-3, 1.0};
   }
@@ -73,6 +74,7 @@ TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
   const Tolerance tol = tolerance_for(c.quant);
 
   double worst_rel = 0;
+  std::vector<double> rel_errs;
   size_t positions = 0, top1_same = 0, greedy_same = 0, greedy_total = 0;
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
     const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
@@ -91,6 +93,7 @@ TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
         err = std::max(err, double(std::fabs(w[v] - g[v])));
       }
       worst_rel = std::max(worst_rel, err / scale);
+      rel_errs.push_back(err / scale);
       ++positions;
       const size_t top_want = size_t(std::max_element(w.begin(), w.end()) - w.begin());
       const size_t top_got = size_t(std::max_element(g, g + V) - g);
@@ -118,9 +121,11 @@ TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
     if (exact) EXPECT_EQ(ids, want_ids) << "prompt " << p << " greedy tokens differ";
   }
   const double agreement = double(top1_same) / double(positions);
-  std::printf("[ measured ] %s %s: max rel err %.3g, top-1 agreement %zu/%zu, greedy prefix %zu/%zu\n",
-              c.fixture.c_str(), std::string(quant_name(c.quant)).c_str(), worst_rel, top1_same,
-              positions, greedy_same, greedy_total);
+  std::sort(rel_errs.begin(), rel_errs.end());
+  std::printf("[ measured ] %s %s: rel err max %.3g median %.3g, top-1 agreement %zu/%zu, "
+              "greedy prefix %zu/%zu\n",
+              c.fixture.c_str(), std::string(quant_name(c.quant)).c_str(), worst_rel,
+              rel_errs[rel_errs.size() / 2], top1_same, positions, greedy_same, greedy_total);
   RecordProperty("max_rel_err", std::to_string(worst_rel));
   RecordProperty("top1_agreement", std::to_string(agreement));
   if (!exact) {
