@@ -44,6 +44,14 @@ void load_added_tokens(const Json& root, const JsonFields& f, Tokenizer::Impl& i
     a.rstrip = f.bool_or(t, "rstrip", p, false);
     a.special = f.bool_or(t, "special", p, false);
     a.normalized = f.bool_or(t, "normalized", p, !a.special);
+    // The reference gives a token that is also a vocabulary entry the vocabulary's id; an id
+    // that belongs to a different vocabulary entry is a corrupt file.
+    if (auto vid = im.model->token_to_id(a.content)) {
+      a.id = *vid;
+    } else if (const std::string* other = im.model->id_to_token(a.id)) {
+      f.bad(join_path(p, "id"), std::to_string(a.id) + " is already the id of vocabulary token '" +
+                                    *other + "'");
+    }
     im.added_by_id[a.id] = im.added.size();
     im.added_by_content[a.content] = a.id;
     im.added.push_back(std::move(a));
