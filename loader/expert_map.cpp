@@ -117,7 +117,10 @@ void write_expert_map(const std::filesystem::path& path, const ExpertMap& map) {
 }
 
 ExpertMap load_expert_map(const std::filesystem::path& model_dir, int layer, uint32_t n_experts) {
-  std::filesystem::path p = expert_map_path(model_dir, layer);
+  return load_expert_map_file(expert_map_path(model_dir, layer), n_experts);
+}
+
+ExpertMap load_expert_map_file(const std::filesystem::path& p, uint32_t n_experts) {
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) {
     if (ec) throw IoError("cannot stat " + p.string() + ": " + ec.message());

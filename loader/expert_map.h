@@ -55,8 +55,11 @@ ExpertMap read_expert_map(const std::filesystem::path& path);
 // Writes atomically (temp + fsync + rename).
 void write_expert_map(const std::filesystem::path& path, const ExpertMap& map);
 
-// The layer's map, or the identity over n_experts when no .map file exists. Throws FormatError
+// The map at `path`, or the identity over n_experts when no such file exists. Throws FormatError
 // when the file exists but is invalid or its n differs from n_experts.
+ExpertMap load_expert_map_file(const std::filesystem::path& path, uint32_t n_experts);
+
+// load_expert_map_file(expert_map_path(model_dir, layer), n_experts).
 ExpertMap load_expert_map(const std::filesystem::path& model_dir, int layer, uint32_t n_experts);
 
 }  // namespace moestream
