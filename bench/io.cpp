@@ -283,6 +283,8 @@ int main(int argc, char** argv) {
             eng.reset();
             drop_cache(path);
             eng = make_engine(es, false, a.qd, false, path);
+            // Let the new engine's worker threads park before the timed read starts.
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
           };
         for (uint64_t bs : blocks) {
           AlignedBuf buf(bs * a.batch);
@@ -341,6 +343,7 @@ int main(int argc, char** argv) {
                 eng.reset();
                 drop_cache(path);
                 eng = make_engine(es, false, a.qd, true, path);
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
               };
             std::vector<uint64_t> ids(n_experts);
             auto make = [&](std::vector<ReadRequest>& reqs) {
