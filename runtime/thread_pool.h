@@ -26,6 +26,7 @@ class ThreadPool {
 
   // Calls fn(i) for every i in [0, n_tasks), spread over the pool; returns when all are done.
   // The first exception thrown by fn is rethrown here after every task has finished.
+  // Not reentrant: one parallel_for at a time per pool.
   template <class Fn>
   void parallel_for(size_t n_tasks, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
@@ -35,18 +36,23 @@ class ThreadPool {
 
  private:
   using TaskFn = void (*)(void*, size_t);
+  // Two job slots: a worker that wakes late may still read slot g%2 of its generation g while
+  // job g+1 fills the other slot; job g+2 cannot start before job g's tasks are all done.
+  struct Job {
+    std::atomic<TaskFn> fn{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<size_t> n_tasks{0};
+  };
   void run(size_t n_tasks, TaskFn fn, void* ctx);
   void worker_loop();
-  void drain();  // takes tasks of the current job until none is left
+  void work_on(uint64_t generation);  // claims and runs tasks of that generation while any remain
 
   std::vector<std::thread> workers_;
-  // The current job; published by bumping generation_.
-  TaskFn fn_ = nullptr;
-  void* ctx_ = nullptr;
-  size_t n_tasks_ = 0;
-  std::atomic<size_t> next_{0};
-  std::atomic<size_t> acked_{0};  // workers done with the current job
+  Job jobs_[2];
   std::atomic<uint64_t> generation_{0};
+  // (generation << 32) | next task index: a claim succeeds only within its own generation.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<size_t> done_{0};
   std::atomic<bool> stop_{false};
   std::mutex error_mu_;
   std::exception_ptr error_;
