@@ -138,7 +138,7 @@ void dequantize_matrix(QuantType q, const uint8_t* src, size_t rows, size_t cols
 namespace detail {
 
 void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
-                          float* sum8) {
+                          float* sum8, int8_t* qs_pairs) {
   const size_t nb = n_blocks(cols);
   float blk[kQuantBlock];
   for (size_t b = 0; b < nb; ++b) {
@@ -156,6 +156,10 @@ void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uin
     }
     sum8[b] = static_cast<float>(8 * sum);
   }
+  for (size_t p = 0; p < nb / 2; ++p)
+    for (int half = 0; half < 2; ++half)      // elements 0..15, then 16..31
+      for (int blk = 0; blk < 2; ++blk)       // of block 2p, then 2p+1
+        std::memcpy(qs_pairs + p * 64 + half * 32 + blk * 16, qs + (2 * p + blk) * kQuantBlock + half * 16, 16);
 }
 
 void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,
@@ -211,7 +215,7 @@ void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, fl
   detail::QuantizedActivations xa;
   // Per-thread scratch: threads call this concurrently on disjoint row ranges.
   thread_local std::vector<float> d_buf, sum_buf;
-  thread_local std::vector<int8_t> q_buf;
+  thread_local std::vector<int8_t> q_buf, pair_buf;
   thread_local std::vector<uint8_t> abs_buf;
   if (q == QuantType::kQ8 || q == QuantType::kQ4) {
     const size_t nb = n_blocks(cols);
@@ -219,8 +223,10 @@ void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, fl
     sum_buf.resize(nb);
     q_buf.resize(nb * kQuantBlock);
     abs_buf.resize(nb * kQuantBlock);
-    detail::quantize_activations(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data());
-    xa = {d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data()};
+    pair_buf.resize(nb / 2 * 2 * kQuantBlock);
+    detail::quantize_activations(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(),
+                                 pair_buf.data());
+    xa = {d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(), pair_buf.data()};
   }
   if (detail::avx2_usable()) detail::matvec_avx2(q, w, cols, x, xa, y, row_begin, row_end);
   else detail::matvec_scalar(q, w, cols, x, xa, y, row_begin, row_end);

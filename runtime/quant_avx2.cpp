@@ -115,32 +115,46 @@ float row_q8(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
 
 // q4: sum (n-8)*x = sum n*x - 8*sum x. maddubs takes the nibbles n (0..15) as the unsigned side
 // directly; the bias term is one FMA per 8 blocks against the precomputed 8*sum(x) per block.
+// Two blocks per step: one 32-byte load holds both blocks' nibbles; masking gives elements 0..15
+// of both, shifting 16..31 of both, against x pre-arranged the same way (qs_pairs). After madd,
+// lanes 0-3 belong to the first block and 4-7 to the second, scaled by one permuted vector.
 float row_q4(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
   const uint8_t* qs = row + nb * 2;
   const auto* xq = reinterpret_cast<const __m256i*>(xa.qs);
-  auto block = [&](size_t b) { return dot_u8_i8(load_nibbles(qs + 16 * b), _mm256_loadu_si256(xq + b)); };
+  const auto* xp = reinterpret_cast<const __m256i*>(xa.qs_pairs);
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  auto pair = [&](size_t b) {  // blocks b, b+1 (b even)
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 16 * b));
+    const __m256i lo = _mm256_and_si256(raw, mask);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(xp + b)),
+                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xp + b + 1)));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));  // |i16| <= 4*15*127: no saturation
+  };
+  const __m256i idx0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), idx1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                idx2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), idx3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
   __m256 bias = _mm256_setzero_ps();
-  alignas(32) float s[8];
   size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * b));
     const __m256 sv = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xa.d + b));
     bias = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xa.sum8 + b), bias);
-    _mm256_store_ps(s, sv);
-    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 0), block(b + 0), a0);
-    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 1), block(b + 1), a1);
-    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 2), block(b + 2), a2);
-    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 3), block(b + 3), a3);
-    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 4), block(b + 4), a0);
-    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 5), block(b + 5), a1);
-    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 6), block(b + 6), a2);
-    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 7), block(b + 7), a3);
+    a0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sv, idx0), pair(b + 0), a0);
+    a1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sv, idx1), pair(b + 2), a1);
+    a2 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sv, idx2), pair(b + 4), a2);
+    a3 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sv, idx3), pair(b + 6), a3);
   }
   float tail_bias = 0;
-  for (; b < nb; ++b) {
+  for (; b + 2 <= nb; b += 2) {
+    const float s0 = load_f16(row + 2 * b) * xa.d[b], s1 = load_f16(row + 2 * b + 2) * xa.d[b + 1];
+    a0 = _mm256_fmadd_ps(_mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), pair(b), a0);
+    tail_bias += s0 * xa.sum8[b] + s1 * xa.sum8[b + 1];
+  }
+  if (b < nb) {  // odd last block: the single-block path
     const float sc = load_f16(row + 2 * b) * xa.d[b];
-    a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc), block(b), a0);
+    a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc), dot_u8_i8(load_nibbles(qs + 16 * b), _mm256_loadu_si256(xq + b)), a0);
     tail_bias += sc * xa.sum8[b];
   }
   const __m256 total = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));

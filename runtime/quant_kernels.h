@@ -18,11 +18,15 @@ struct QuantizedActivations {
   const int8_t* qs = nullptr;     // nb*32 quants
   const uint8_t* abs_qs = nullptr;  // nb*32 |quants| (q8 kernel: maddubs needs an unsigned side)
   const float* sum8 = nullptr;    // nb values 8 * sum(qs of the block) (q4 kernel: nibble bias)
+  // q4 kernel: blocks in pairs (2p, 2p+1) as 64 bytes [lo16(2p), lo16(2p+1), hi16(2p), hi16(2p+1)]
+  // (lo16 = elements 0..15, hi16 = 16..31), matching one 32-byte load of two blocks' nibbles.
+  // nb/2 pairs; an odd last block is read from qs.
+  const int8_t* qs_pairs = nullptr;
 };
 
-// Fills caller-owned arrays of the sizes above.
+// Fills caller-owned arrays of the sizes above (qs_pairs: (nb/2)*64 bytes).
 void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
-                          float* sum8);
+                          float* sum8, int8_t* qs_pairs);
 
 // `xa` is used for q8/q4 only; f32/bf16 read x.
 void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,

@@ -165,10 +165,10 @@ TEST(QuantMatvec, Avx2MatchesScalarOnOddSizes) {
     std::vector<float> x = random_vec(cols, 200 + cols);
     const size_t nb = (cols + 31) / 32;
     std::vector<float> xd(nb), xs(nb);
-    std::vector<int8_t> xq(nb * 32);
+    std::vector<int8_t> xq(nb * 32), xp(nb / 2 * 64);
     std::vector<uint8_t> xa(nb * 32);
-    detail::quantize_activations(x.data(), cols, xd.data(), xq.data(), xa.data(), xs.data());
-    const detail::QuantizedActivations act{xd.data(), xq.data(), xa.data(), xs.data()};
+    detail::quantize_activations(x.data(), cols, xd.data(), xq.data(), xa.data(), xs.data(), xp.data());
+    const detail::QuantizedActivations act{xd.data(), xq.data(), xa.data(), xs.data(), xp.data()};
     for (QuantType q : kAllQuants) {
       auto enc = encode(q, w, rows, cols);
       std::vector<float> ys(rows), yv(rows), deq(rows * cols);
