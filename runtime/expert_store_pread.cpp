@@ -1,5 +1,6 @@
 // The pread(2) ExpertStore: one open file per layer, headers validated against model.json on
-// open, each fetched expert read into its own 64-byte aligned buffer and checksum-verified.
+// open, logical ids mapped to slots by the layer's .map (identity when absent), each fetched
+// expert read into its own 64-byte aligned buffer and checksum-verified.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/expert_map.h"
 #include "runtime/expert_store.h"
 
 namespace moestream {
@@ -37,11 +39,12 @@ class PreadExpertStore final : public ExpertStore {
     const std::filesystem::path dir = model_dir / cfg.experts_dir;
     for (int l = 0; l < cfg.n_layers; ++l) {
       char name[32];
-      std::snprintf(name, sizeof name, "layer_%03d.bin", l);
+      std::snprintf(name, sizeof name, "layer_%03d", l);
       Layer layer;
-      layer.path = dir / name;
+      layer.path = dir / (std::string(name) + ".bin");
       layer.header = read_expert_header(layer.path);
       check(layer, l, cfg);
+      layer.map = load_expert_map_file(dir / (std::string(name) + ".map"), layer.header.n_experts);
       layer.fd = ::open(layer.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (layer.fd < 0) {
         close_all();
@@ -68,14 +71,15 @@ class PreadExpertStore final : public ExpertStore {
       const int id = ids[i];
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
       uint8_t* dst = buf_.get() + i * buf_stride_;
-      const uint64_t off = L.header.slot_offset(static_cast<uint32_t>(id));
+      const uint32_t slot = L.map.physical(static_cast<uint32_t>(id));
+      const uint64_t off = L.header.slot_offset(slot);
       read_exact(L, dst, layout_.bytes, off);
       if (opts_.verify_checksums) {
         uint64_t got = expert_checksum(dst, layout_.bytes);
-        uint64_t want = L.header.slot_checksums[id];
+        uint64_t want = L.header.slot_checksums[slot];
         if (got != want)
           throw FormatError(L.path.string() + ": checksum mismatch for expert " + std::to_string(id) +
-                            " (slot at offset " + std::to_string(off) + ", " +
+                            " (slot " + std::to_string(slot) + " at offset " + std::to_string(off) + ", " +
                             std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
                             ", data hashes to " + hex64(got));
       }
@@ -94,6 +98,7 @@ class PreadExpertStore final : public ExpertStore {
   struct Layer {
     std::filesystem::path path;
     ExpertFileHeader header;
+    ExpertMap map;
     int fd = -1;
   };
 

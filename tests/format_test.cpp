@@ -12,6 +12,7 @@
 #include "common/file_util.h"
 #include "loader/expert_file.h"
 #include "loader/expert_file_writer.h"
+#include "loader/expert_map.h"
 #include "runtime/expert_store.h"
 #include "runtime/model_config.h"
 
@@ -208,6 +209,26 @@ TEST(ExpertStore, ReturnsTheBytesWrittenForEachRequestedExpert) {
     EXPECT_EQ(s.experts_requested, 3u);
     EXPECT_EQ(s.bytes_read, 3 * payloads[1][0].size());
   }
+}
+
+TEST(ExpertStore, FollowsTheLayerMapFromLogicalIdToSlot) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  auto payloads = write_experts(d.path(), c);  // slot s holds what was written as expert s
+  const std::vector<uint32_t> slots = {3, 0, 5, 1, 2, 4};  // logical i lives in slot slots[i]
+  write_expert_map(d.path() / "experts" / "layer_001.map", ExpertMap::from_slots(slots));
+  auto store = open_pread_expert_store(d.path(), c);
+  std::vector<int> ids = {0, 2, 5};
+  std::vector<const uint8_t*> out;
+  store->fetch(1, ids, out);
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(std::memcmp(out[i], payloads[1][slots[ids[i]]].data(), payloads[1][0].size()), 0) << ids[i];
+  store->fetch(0, ids, out);  // layer 0 has no map: identity
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(std::memcmp(out[i], payloads[0][ids[i]].data(), payloads[0][0].size()), 0) << ids[i];
+  // A map for another expert count is rejected on open.
+  write_expert_map(d.path() / "experts" / "layer_000.map", ExpertMap::identity(4));
+  EXPECT_THROW(open_pread_expert_store(d.path(), c), FormatError);
 }
 
 TEST(ExpertStore, ChecksumMismatchIsDetectedAndNamesTheExpert) {
