@@ -15,8 +15,11 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include <nlohmann/json.hpp>
+
 #include "runtime/generate.h"
 #include "runtime/model.h"
+#include "runtime/quant.h"
 #include "runtime/synthetic_model.h"
 #include "runtime/thread_pool.h"
 
@@ -93,8 +96,9 @@ int main(int argc, char** argv) {
   try {
     ThreadPool pool(threads);
     const double bw = memcpy_bandwidth(pool, size_t(1) << 30);
-    std::printf("machine: %d threads, memcpy bandwidth %.2f GB/s (1 GiB copied, best of 7)\n",
-                pool.size(), bw / 1e9);
+    std::printf("machine: %d threads, memcpy bandwidth %.2f GB/s (1 GiB copied, best of 7), "
+                "expert matvec %s\n",
+                pool.size(), bw / 1e9, quant_simd_available() ? "AVX2/FMA" : "scalar");
     std::printf("model: %d layers, hidden %d, %d heads x %d (kv %d), %d experts of width %d, top-%d, "
                 "vocab %d, dense f32; checksums %s\n",
                 layers, hidden, heads, head_dim, kv_heads, experts, ffn, top_k, vocab,
@@ -125,9 +129,12 @@ int main(int argc, char** argv) {
       cfg.expert_quant = q;
       const fs::path dir = root / std::string(quant_name(q));
       const double tw = now_s();
-      write_synthetic_model(dir, cfg, 1234, threads);
+      // A model left by an earlier run with --dir and the same shapes is reused.
+      const bool reuse = fs::exists(dir / "model.json") &&
+                         ModelConfig::load(dir).to_json() == cfg.to_json();
+      if (!reuse) write_synthetic_model(dir, cfg, 1234, threads);
       warm_page_cache(dir);
-      std::fprintf(stderr, "wrote %s in %.1f s\n", dir.c_str(), now_s() - tw);
+      std::fprintf(stderr, "%s %s in %.1f s\n", reuse ? "reused" : "wrote", dir.c_str(), now_s() - tw);
 
       ModelOptions mo;
       mo.n_threads = threads;
