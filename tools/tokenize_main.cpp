@@ -2,6 +2,8 @@
 // and the tokenizer benchmark (documents separated by NUL bytes, one line of ids per document).
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -34,8 +36,16 @@ std::vector<std::string_view> split_docs(std::string_view all, bool split_nul) {
 }
 
 void write_output(const std::string& path, const std::string& data) {
+  std::error_code ec;
+  auto st = std::filesystem::status(path, ec);
   if (path == "-") {
     std::fwrite(data.data(), 1, data.size(), stdout);
+  } else if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    // A device or pipe (/dev/null, a FIFO): write through it; an atomic rename would replace
+    // the node itself with a regular file.
+    std::ofstream f(path, std::ios::binary);
+    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!f.good()) moestream::throw_errno("write", path);
   } else {
     moestream::write_file_atomic(path, data);
   }

@@ -50,6 +50,11 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
     vocab_[it.key()] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
   }
+  // Real vocabularies are dense; a far-out id is corruption, and would size the tables below.
+  if (max_id >= static_cast<int64_t>(2 * vocab.size() + 1024)) {
+    f.bad(vp, "id " + std::to_string(max_id) + " is far beyond the " +
+                  std::to_string(vocab.size()) + " entries (ids must be dense)");
+  }
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   id_present_.assign(static_cast<size_t>(max_id + 1), false);
   for (const auto& [tok, id] : vocab_) {

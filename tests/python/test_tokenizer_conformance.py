@@ -166,3 +166,22 @@ def test_unknown_component_is_rejected_naming_field(tmp_path):
     assert res.returncode != 0
     err = res.stderr.decode()
     assert "model.type" in err and "Unigram" in err and str(bad) in err
+
+
+def test_output_to_a_pipe_writes_through_it(tmp_path):
+    """`-o` naming a FIFO (like /dev/null) must write into it, not rename a file over it."""
+    import threading
+    exe = _tokenize_exe()
+    tj = tmp_path / "tokenizer.json"
+    tj.write_text('{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}}')
+    text = tmp_path / "t.txt"
+    text.write_text("abab")
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    _run([exe, "encode", "-t", tj, "-i", text, "-o", fifo])
+    reader.join(timeout=30)
+    assert got == [b"2 2\n"]
+    assert fifo.is_fifo()
