@@ -86,7 +86,11 @@ struct IoEngine::Impl {
   // O_DIRECT can be refused at open (EINVAL) or only at the first read (some filesystems):
   // probe both, and read buffered with a notice when refused.
   int open_direct(const std::filesystem::path& path, uint64_t size) const {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int fd = -1;
+    if (opts.simulate_direct_errno != 0)
+      errno = opts.simulate_direct_errno;
+    else
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (fd < 0) {
       notice("O_DIRECT refused for " + path.string() + " (" + std::strerror(errno) +
              "); reading it through the page cache");

@@ -70,8 +70,10 @@ struct IoEngineOptions {
   uint32_t max_retries = 16;    // per extent bound on -EAGAIN/-EINTR (and no-progress) retries
   bool register_files = true;   // io_uring fixed files where the kernel allows
   bool register_buffers = true; // io_uring fixed bounce buffers where the kernel allows
-  // Test seam: pretend io_uring_queue_init failed with this errno (e.g. EPERM); 0 = off.
+  // Test seams: pretend io_uring_queue_init failed with this errno (e.g. EPERM), or that the
+  // filesystem refused O_DIRECT with this errno (e.g. EINVAL); 0 = off.
   int simulate_uring_init_errno = 0;
+  int simulate_direct_errno = 0;
   CompletionHook completion_hook;  // test seam, see above
   // Receives one-line notices (fallbacks). Default: "moestream: <line>" on stderr.
   std::function<void(const std::string&)> notice;

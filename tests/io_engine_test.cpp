@@ -533,6 +533,31 @@ TEST(IoEngineFallback, ExplicitPreadAndMmapAreHonoured) {
   EXPECT_EQ(IoEngine(o).backend(), IoBackend::kMmap);
 }
 
+TEST(IoEngineFallback, RefusedDirectFallsBackToBufferedWithANotice) {
+  TempDir d("io_fallback");
+  std::string content = make_content(50000, 4);
+  write_file_atomic(d.path() / "f", content);
+  for (IoBackend b : {IoBackend::kPread, IoBackend::kUring}) {
+    if (b == IoBackend::kUring && !io_uring_available()) continue;
+    std::vector<std::string> notices;
+    IoEngineOptions o;
+    o.backend = b;
+    o.direct = true;
+    o.simulate_direct_errno = EINVAL;
+    o.notice = [&](const std::string& s) { notices.push_back(s); };
+    IoEngine eng(o);
+    uint32_t f = eng.add_file(d.path() / "f");
+    EXPECT_FALSE(eng.file_is_direct(f));
+    ASSERT_EQ(notices.size(), 1u);
+    EXPECT_NE(notices[0].find("O_DIRECT refused"), std::string::npos) << notices[0];
+    EXPECT_NE(notices[0].find((d.path() / "f").string()), std::string::npos) << notices[0];
+    std::string buf(777, 0);
+    std::vector<ReadRequest> reqs{{f, 33, 777, buf.data()}};
+    eng.read(reqs);
+    EXPECT_EQ(buf, content.substr(33, 777));
+  }
+}
+
 TEST(IoEngineFallback, DirectRefusedByTheFilesystemFallsBackToBuffered) {
   // /dev/shm is tmpfs; older kernels refuse O_DIRECT there, newer ones accept it.
   if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
