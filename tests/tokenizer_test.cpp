@@ -2,7 +2,9 @@
 // fallback, Metaspace, decoders, streaming) and on the real Qwen3 / Llama-2 files when present.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -277,6 +279,34 @@ TEST(RealTokenizers, Qwen3KnownIdsAndConfig) {
   EXPECT_EQ(tok.eos_id(), 151645);
   EXPECT_EQ(tok.bos_id(), std::nullopt);
   EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
+}
+
+TEST(RealTokenizers, ConcurrentEncodesMatchSequentialOnes) {
+  fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
+  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  Tokenizer tok = Tokenizer::load(tj);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 64; ++i) {
+    texts.push_back("doc " + std::to_string(i) + ": the quick brown fox \xE4\xBD\xA0\xE5\xA5\xBD " +
+                    std::string(static_cast<size_t>(i % 7), ' ') + "jumps<|im_end|>" +
+                    std::to_string(i * 7919) + " over the lazy dog\n");
+  }
+  std::vector<Ids> expected;
+  for (const auto& t : texts) expected.push_back(tok.encode(t));
+  // Threads share the word cache (one holds it, the others bypass it) and the regex.
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 50; ++round) {
+        for (size_t i = t; i < texts.size(); i += 2) {
+          if (tok.encode(texts[i]) != expected[i]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(RealTokenizers, Llama2KnownIdsAndConfig) {

@@ -20,6 +20,7 @@ constexpr int64_t kMaxId = (1 << 24) - 1;
 constexpr size_t kMaxCachedWordBytes = 256;
 // The cache is dropped when it holds this many ids, bounding memory on endless unique input.
 constexpr size_t kMaxCachedIds = 8 << 20;
+constexpr const char* kMetaspaceToken = "\xE2\x96\x81";
 }  // namespace
 
 void MergeTable::reserve(size_t n) {
@@ -87,6 +88,17 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
       if (tok.empty()) continue;
       char32_t cp = next_code_point(tok, k);
       if (k == tok.size() && cp < char_ids_.size()) char_ids_[cp] = id;
+    }
+  }
+  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty() && !ignore_merges_ &&
+      vocab_.count(std::string(kMetaspaceToken)) != 0) {
+    split_before_metaspace_ = true;
+    for (const auto& [tok, id] : vocab_) {
+      for (size_t p = tok.find(kMetaspaceToken, 1); p != std::string::npos;
+           p = tok.find(kMetaspaceToken, p + 3)) {
+        if (p < 3 || tok.compare(p - 3, 3, kMetaspaceToken) != 0) split_before_metaspace_ = false;
+      }
+      if (!split_before_metaspace_) break;
     }
   }
   byte_fallback_ids_.assign(256, -1);
@@ -159,8 +171,31 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
   return &id_to_token_[id];
 }
 
+namespace {
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581
+}  // namespace
+
 void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out,
                         const std::unique_lock<std::mutex>& cache) const {
+  if (!split_before_metaspace_ || byte_level_input_) {
+    tokenize_piece(word, out, cache);
+    return;
+  }
+  size_t start = 0, pos = word.find(kMetaspace, 1);
+  while (pos != std::string_view::npos) {
+    // Cut before a "▁" that follows another character (never inside a run of "▁").
+    bool after_metaspace = pos >= 3 && word.substr(pos - 3, 3) == kMetaspace;
+    if (!after_metaspace) {
+      tokenize_piece(word.substr(start, pos - start), out, cache);
+      start = pos;
+    }
+    pos = word.find(kMetaspace, pos + kMetaspace.size());
+  }
+  tokenize_piece(word.substr(start), out, cache);
+}
+
+void BpeModel::tokenize_piece(std::string_view word, std::vector<int32_t>& out,
+                              const std::unique_lock<std::mutex>& cache) const {
   if (word.empty()) return;
   bool cacheable = cache.owns_lock() && word.size() <= kMaxCachedWordBytes;
   if (cacheable) {

@@ -95,6 +95,9 @@ class BpeModel {
     uint32_t len;  // bytes; 0 marks a symbol merged into its left neighbour
   };
   static std::vector<Symbol>& symbol_buffer();  // per-thread scratch
+  // tokenize() for one piece that is not split further.
+  void tokenize_piece(std::string_view word, std::vector<int32_t>& out,
+                      const std::unique_lock<std::mutex>& cache) const;
   // Builds the initial symbols of `word` char by char, then merges.
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
   // Merges symbol_buffer() by rank and appends the surviving ids.
@@ -115,6 +118,10 @@ class BpeModel {
   // Ids of single-character tokens by code point (BMP only; -1 = not a token): initial symbols
   // without hashing strings. Empty when a subword prefix/suffix makes symbols more than a char.
   std::vector<int32_t> char_ids_;
+  // SentencePiece vocabularies with no pre-tokenizer hand BPE whole sentences. When no token
+  // has "▁" right after another character, no merge can cross the point before such a "▁", so
+  // words are cut there (same ids, proven at load) and the pieces become cacheable.
+  bool split_before_metaspace_ = false;
   std::vector<int32_t> byte_fallback_ids_;  // "<0xNN>" ids, -1 when absent
 
   // Word -> ids cache. Guarded by try_lock: a thread that finds it busy just skips the cache,
