@@ -15,7 +15,11 @@
 #include "loader/expert_file_writer.h"
 #include "loader/expert_map.h"
 #include "runtime/expert_store_uring.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
 #include "runtime/model_config.h"
+#include "runtime/sampler.h"
+#include "runtime/synthetic_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -170,6 +174,57 @@ TEST(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
     EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
     EXPECT_NE(msg.find("physical slot " + std::to_string(slot)), std::string::npos) << msg;
     EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
+  }
+}
+
+// Copies a packed model with every layer file physically permuted and a .map per layer.
+void permuted_copy(const fs::path& from, const fs::path& to, const ModelConfig& c) {
+  fs::copy(from, to, fs::copy_options::recursive);
+  std::mt19937 rng(5);
+  for (int l = 0; l < c.n_layers; ++l) {
+    fs::path src = expert_file_path(from, l);
+    ExpertFileHeader h = read_expert_header(src);
+    std::string bytes = read_file(src);
+    std::vector<uint32_t> perm(c.n_experts);
+    for (int e = 0; e < c.n_experts; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ExpertFileWriter w(expert_file_path(to, l), c.expert_quant, l, c.n_experts, c.hidden_size,
+                       c.moe_intermediate_size);
+    for (int e = 0; e < c.n_experts; ++e)
+      w.write_expert(perm[e], reinterpret_cast<const uint8_t*>(bytes.data() + h.slot_offset(e)));
+    w.finish();
+    write_expert_map(expert_map_path(to, l), ExpertMap::from_slots(perm));
+  }
+}
+
+TEST(EngineExpertStore, SameTokensAsThePreadStoreWithAndWithoutARepack) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  c.vocab_size = 97;
+  c.n_layers = 3;
+  c.n_experts_per_tok = 3;
+  write_synthetic_model(d.path() / "plain", c, 17, 1);
+  permuted_copy(d.path() / "plain", d.path() / "repacked", c);
+  const std::vector<int> prompt{3, 14, 15, 92, 65, 35};
+  auto run = [&](const fs::path& dir, const char* io) {
+    ModelConfig cfg = ModelConfig::load(dir);
+    EngineExpertStoreOptions o;
+    o.io.notice = [](const std::string&) {};
+    ModelOptions mo;
+    mo.n_threads = 1;
+    auto m = Model::load(dir, mo, open_expert_store(io, dir, cfg, o));
+    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+    GenerateOptions go;
+    go.n_new = 8;
+    std::vector<int> got;
+    generate(*m, prompt, go, greedy, nullptr, &got);
+    return got;
+  };
+  std::vector<int> want = run(d.path() / "plain", "simple");
+  ASSERT_EQ(want.size(), 8u);
+  for (const char* io : {"auto", "pread", "mmap"}) {
+    EXPECT_EQ(run(d.path() / "plain", io), want) << io;
+    EXPECT_EQ(run(d.path() / "repacked", io), want) << io << " on the repacked copy";
   }
 }
 
