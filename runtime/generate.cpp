@@ -69,6 +69,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
   r.stride = stride;
   double nll = 0;
   size_t prev_end = 1;  // tokens [1, prev_end) are scored; token 0 never is
+  model.reset_times();
   auto t0 = std::chrono::steady_clock::now();
   for (size_t begin = 0; prev_end < N; begin += size_t(stride)) {
     const size_t end = std::min(begin + size_t(ctx), N);
@@ -78,6 +79,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
     for (size_t c0 = begin; c0 + 1 < end; c0 += chunk) {
       const size_t c1 = std::min(c0 + chunk, end - 1);  // the window's last token predicts nothing
       model.forward(tokens.subspan(c0, c1 - c0), logits, true);
+      r.tokens_run += c1 - c0;
       for (size_t p = c0; p < c1; ++p) {
         if (p + 1 < prev_end) continue;
         const float* row = logits.data() + (p - c0) * V;
@@ -91,6 +93,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
     prev_end = end;
   }
   r.seconds = seconds_since(t0);
+  r.times = model.times();
   r.mean_nll = nll / double(r.n_scored);
   r.perplexity = std::exp(r.mean_nll);
   return r;

@@ -41,7 +41,9 @@ struct PerplexityResult {
   size_t n_scored = 0;     // tokens predicted
   int n_windows = 0;
   int ctx = 0, stride = 0;
+  size_t tokens_run = 0;   // forward-pass tokens over all windows (overlaps count again)
   double seconds = 0;
+  ForwardTimes times;
 };
 
 // Sliding-window perplexity (the Hugging Face recipe): windows of `ctx` tokens start every

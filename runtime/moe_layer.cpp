@@ -16,8 +16,11 @@ namespace {
 
 // At most this many experts are held by the store at once (one fetch); decode needs top-k <= 8.
 constexpr size_t kMaxExpertsPerFetch = 16;
-// Rows of one expert matrix per task: 64 rows x 2048 cols of q4 is ~72 KiB, an L2-sized bite.
-constexpr size_t kRowSlice = 64;
+// Rows of one expert matrix per task. quant_matvec re-quantises its input vector on every call,
+// so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256 down
+// rows (input of width F) keep it under ~5% while decode still yields ~50 tasks per stage.
+constexpr size_t kGateUpSlice = 128;
+constexpr size_t kDownSlice = 256;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -95,8 +98,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   std::sort(unique_ids_.begin(), unique_ids_.end());
   times.router_s += seconds_since(t0);
 
-  const size_t gate_tasks = (size_t(F_) + kRowSlice - 1) / kRowSlice;
-  const size_t down_tasks = (size_t(D_) + kRowSlice - 1) / kRowSlice;
+  const size_t gate_tasks = (size_t(F_) + kGateUpSlice - 1) / kGateUpSlice;
+  const size_t down_tasks = (size_t(D_) + kDownSlice - 1) / kDownSlice;
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
@@ -114,8 +117,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     const size_t n_pairs = slot_of_pair_.size();
     // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
     pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
-      const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kRowSlice;
-      const size_t r1 = std::min(size_t(F_), r0 + kRowSlice);
+      const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
+      const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
       const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
       const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
       float* g = act_.row(Eigen::Index(p)).data();
@@ -125,8 +128,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
       for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
     });
     pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
-      const size_t p = task / down_tasks, r0 = (task % down_tasks) * kRowSlice;
-      const size_t r1 = std::min(size_t(D_), r0 + kRowSlice);
+      const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
+      const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
       const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
       quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
                    y_.row(slot_of_pair_[p]).data(), r0, r1);

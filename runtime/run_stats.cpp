@@ -7,16 +7,19 @@ namespace moestream {
 
 namespace {
 
+nlohmann::json times_json(const ForwardTimes& t) {
+  return {{"attention", t.attention_s},
+          {"router", t.router_s},
+          {"expert_io", t.expert_io_s},
+          {"expert_compute", t.expert_compute_s},
+          {"other", t.other_s}};
+}
+
 nlohmann::json phase_json(const PhaseStats& p) {
   return {{"tokens", p.tokens},
           {"seconds", p.seconds},
           {"tokens_per_s", p.tokens_per_s()},
-          {"phases_s",
-           {{"attention", p.times.attention_s},
-            {"router", p.times.router_s},
-            {"expert_io", p.times.expert_io_s},
-            {"expert_compute", p.times.expert_compute_s},
-            {"other", p.times.other_s}}}};
+          {"phases_s", times_json(p.times)}};
 }
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
@@ -25,16 +28,18 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-std::string phase_text(const char* name, const PhaseStats& p) {
-  const ForwardTimes& t = p.times;
+std::string times_text(const ForwardTimes& t) {
   const double ms = 1e3;
-  std::string s = std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
-                  fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s());
-  s += fmt("  attention %8.1f ms   router %8.1f ms", t.attention_s * ms, t.router_s * ms);
+  std::string s = fmt("  attention %8.1f ms   router %8.1f ms", t.attention_s * ms, t.router_s * ms);
   s += fmt("   expert I/O %8.1f ms   expert compute %8.1f ms", t.expert_io_s * ms,
            t.expert_compute_s * ms);
   s += fmt("   other %8.1f ms\n", t.other_s * ms);
   return s;
+}
+
+std::string phase_text(const char* name, const PhaseStats& p) {
+  return std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
+         fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s()) + times_text(p.times);
 }
 
 }  // namespace
@@ -55,7 +60,9 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
     j["perplexity"] = {{"perplexity", ppl->perplexity}, {"mean_nll", ppl->mean_nll},
                        {"tokens_scored", ppl->n_scored}, {"windows", ppl->n_windows},
                        {"ctx", ppl->ctx},               {"stride", ppl->stride},
-                       {"seconds", ppl->seconds}};
+                       {"tokens_run", ppl->tokens_run}, {"seconds", ppl->seconds},
+                       {"tokens_per_s", ppl->seconds > 0 ? double(ppl->tokens_run) / ppl->seconds : 0.0},
+                       {"phases_s", times_json(ppl->times)}};
   return j;
 }
 
@@ -75,7 +82,9 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
     s += fmt("perplexity %.4f (mean NLL %.4f nats", ppl->perplexity, ppl->mean_nll) + ", " +
          std::to_string(ppl->n_scored) + " tokens, " + std::to_string(ppl->n_windows) +
          " windows of ctx " + std::to_string(ppl->ctx) + " stride " + std::to_string(ppl->stride) +
-         fmt(", %.2f s)\n", ppl->seconds);
+         fmt(", %.2f s, %.1f tokens/s run)\n", ppl->seconds,
+             ppl->seconds > 0 ? double(ppl->tokens_run) / ppl->seconds : 0.0) +
+         times_text(ppl->times);
   return s;
 }
 
