@@ -257,6 +257,28 @@ TEST(ExpertStore, ChecksumMismatchIsDetectedAndNamesTheExpert) {
   EXPECT_NO_THROW(unchecked->fetch(0, ids, out));
 }
 
+TEST(ExpertStore, FileTruncatedAfterOpenIsAnIoErrorNamingFileAndOffset) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  write_experts(d.path(), c);
+  auto store = open_pread_expert_store(d.path(), c);
+  fs::path p = expert_file_path(d.path(), 1);
+  ExpertFileHeader h = read_expert_header(p);
+  fs::resize_file(p, h.slot_offset(5) + 10);
+  std::vector<int> ids = {5};
+  std::vector<const uint8_t*> out;
+  std::string msg;
+  try {
+    store->fetch(1, ids, out);
+    msg = "<no exception>";
+  } catch (const IoError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(h.slot_offset(5))), std::string::npos) << msg;
+}
+
 TEST(ExpertStore, HeaderThatDisagreesWithModelJsonIsRejected) {
   TempDir d;
   ModelConfig c = tiny_config(QuantType::kQ4);
