@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -23,6 +25,15 @@ struct BatchContext {
   uint64_t sink_bytes = 0;
   std::mutex mu;
   CompletionCounters counters;
+
+  // A one-line notice from a worker thread (serialised; the engine's sink may not be).
+  void notice(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (opts.notice)
+      opts.notice(line);
+    else
+      std::fprintf(stderr, "moestream: %s\n", line.c_str());
+  }
 
   void add_counters(const CompletionCounters& c) {
     std::lock_guard<std::mutex> lock(mu);

@@ -74,6 +74,8 @@ struct IoEngineOptions {
   // filesystem refused O_DIRECT with this errno (e.g. EINVAL); 0 = off.
   int simulate_uring_init_errno = 0;
   int simulate_direct_errno = 0;
+  // Test seam: every io_uring submission fails with this errno (the ring rescue path); 0 = off.
+  int simulate_submit_errno = 0;
   CompletionHook completion_hook;  // test seam, see above
   // Receives one-line notices (fallbacks). Default: "moestream: <line>" on stderr.
   std::function<void(const std::string&)> notice;

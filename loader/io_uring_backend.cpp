@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "loader/io_backend.h"
@@ -100,6 +102,7 @@ class UringBackend final : public Backend {
     std::vector<Extent*> claimed, retry;
     unsigned in_flight = 0;
     uint32_t submit_failures = 0;
+    int submit_error = 0;
     bool ring_ok = r.alive;
     while (ring_ok) {
       while (in_flight < opts_.queue_depth) {
@@ -122,9 +125,13 @@ class UringBackend final : public Backend {
         ++in_flight;
       }
       if (in_flight == 0) break;
-      int rc = io_uring_submit_and_wait(&r.ring, 1);
+      int rc = opts_.simulate_submit_errno ? -opts_.simulate_submit_errno
+                                           : io_uring_submit_and_wait(&r.ring, 1);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        if (++submit_failures > opts_.max_retries) ring_ok = false;
+        if (++submit_failures > opts_.max_retries) {
+          ring_ok = false;
+          submit_error = -rc;
+        }
         continue;
       }
       submit_failures = 0;
@@ -142,7 +149,12 @@ class UringBackend final : public Backend {
       }
       io_uring_cq_advance(&r.ring, seen);
     }
-    if (!ring_ok) rescue(r, ctx, next, claimed, in_flight, c);
+    if (!ring_ok) {
+      if (submit_error)
+        ctx.notice(std::string("io_uring submission keeps failing (") + std::strerror(submit_error) +
+                   "); finishing this ring's reads with pread and opening a new ring");
+      rescue(r, ctx, next, claimed, in_flight, c);
+    }
     ctx.add_counters(c);
   }
 
