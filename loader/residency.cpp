@@ -73,7 +73,7 @@ struct PageCacheResidency::Impl {
   std::string path;
   int fd = -1;
   ResidencyMethod method = ResidencyMethod::kMincore;
-  mutable std::mutex mu;          // guards the mapping, which grows with the file
+  mutable std::mutex mu;          // guards size and the mapping, which grow with the file
   mutable uint64_t size = 0;      // file size last seen
   mutable uint8_t* map = nullptr; // mincore only
   mutable uint64_t map_bytes = 0;
@@ -90,6 +90,7 @@ struct PageCacheResidency::Impl {
   }
 
   RangeResidency query(uint64_t offset, uint64_t length) const {
+    std::lock_guard<std::mutex> lock(mu);  // size and the mapping may be refreshed
     RangeResidency r;
     const uint64_t pg = page_bytes();
     uint64_t end = offset + length < offset ? UINT64_MAX : offset + length;
@@ -107,7 +108,6 @@ struct PageCacheResidency::Impl {
       r.resident_pages = std::min(cs.nr_cache, r.pages);
       return r;
     }
-    std::lock_guard<std::mutex> lock(mu);
     if (last * pg > map_bytes) remap(fsize);
     if (vec.size() < r.pages) vec.resize(r.pages);
     if (::mincore(map + first * pg, r.pages * pg, vec.data()) != 0)
@@ -152,7 +152,10 @@ ResidencyMethod PageCacheResidency::method() const { return impl_->method; }
 RangeResidency PageCacheResidency::sample(uint64_t offset, uint64_t length, uint32_t n_pages) const {
   const uint64_t pg = page_bytes();
   uint64_t end = offset + length < offset ? UINT64_MAX : offset + length;
-  end = std::min(end, impl_->size_for(end));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    end = std::min(end, impl_->size_for(end));
+  }
   RangeResidency r;
   if (length == 0 || offset >= end) return r;
   uint64_t first = offset / pg, last = (end - 1) / pg;  // inclusive page indices

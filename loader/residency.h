@@ -29,6 +29,7 @@ struct RangeResidency {
 // True when this kernel implements cachestat(2) (probed once).
 bool cachestat_supported();
 
+// Queries may come from several threads at once.
 class PageCacheResidency {
  public:
   // kAuto picks cachestat where supported, else mincore. Asking for kCachestat where it is
