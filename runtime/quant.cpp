@@ -149,7 +149,8 @@ void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uin
     float id = amax != 0 ? 127.0f / amax : 0.0f;
     int sum = 0;
     for (int i = 0; i < kQuantBlock; ++i) {
-      int8_t q = round_clamp(blk[i] * id, -127, 127);
+      // nearbyint (ties to even) matches _mm256_round_ps in quantize_activations_avx2 bit for bit.
+      int8_t q = static_cast<int8_t>(std::clamp(std::nearbyint(blk[i] * id), -127.0f, 127.0f));
       qs[b * kQuantBlock + i] = q;
       abs_qs[b * kQuantBlock + i] = static_cast<uint8_t>(q < 0 ? -q : q);
       sum += q;
@@ -224,8 +225,8 @@ void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, fl
     q_buf.resize(nb * kQuantBlock);
     abs_buf.resize(nb * kQuantBlock);
     pair_buf.resize(nb / 2 * 2 * kQuantBlock);
-    detail::quantize_activations(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(),
-                                 pair_buf.data());
+    auto quantize = detail::avx2_usable() ? detail::quantize_activations_avx2 : detail::quantize_activations;
+    quantize(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(), pair_buf.data());
     xa = {d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(), pair_buf.data()};
   }
   if (detail::avx2_usable()) detail::matvec_avx2(q, w, cols, x, xa, y, row_begin, row_end);
@@ -247,6 +248,9 @@ bool avx2_usable() {
 }
 
 #if !defined(MOESTREAM_AVX2_KERNELS)
+void quantize_activations_avx2(const float*, size_t, float*, int8_t*, uint8_t*, float*, int8_t*) {
+  MOE_ASSERT(false, "quantize_activations_avx2 called in a build without the AVX2 kernels");
+}
 void matvec_avx2(QuantType, const uint8_t*, size_t, const float*, const QuantizedActivations&,
                  float*, size_t, size_t) {
   MOE_ASSERT(false, "matvec_avx2 called in a build without the AVX2 kernels");

@@ -163,6 +163,59 @@ float row_q4(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
 
 }  // namespace
 
+void quantize_activations_avx2(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
+                               float* sum8, int8_t* qs_pairs) {
+  const size_t nb = (cols + kQuantBlock - 1) / kQuantBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  alignas(32) float padded[kQuantBlock];
+  for (size_t b = 0; b < nb; ++b) {
+    const float* src = x + b * kQuantBlock;
+    if ((b + 1) * kQuantBlock > cols) {  // last, partial block: zero padded copy
+      for (int i = 0; i < kQuantBlock; ++i) {
+        size_t c = b * kQuantBlock + i;
+        padded[i] = c < cols ? x[c] : 0.0f;
+      }
+      src = padded;
+    }
+    __m256 v0 = _mm256_loadu_ps(src), v1 = _mm256_loadu_ps(src + 8), v2 = _mm256_loadu_ps(src + 16),
+           v3 = _mm256_loadu_ps(src + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    d[b] = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0 ? 127.0f / amax : 0.0f);
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), kRound));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), kRound));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), kRound));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), kRound));
+    // |x * 127/amax| <= 127 (+ rounding), so the saturating packs never clip; they interleave
+    // 128-bit lanes, which the final permute undoes.
+    const __m256i s01 = _mm256_packs_epi32(i0, i1), s23 = _mm256_packs_epi32(i2, i3);
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(s01, s23),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs + b * kQuantBlock), q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(abs_qs + b * kQuantBlock), _mm256_abs_epi8(q));
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    sum8[b] = static_cast<float>(8 * _mm_cvtsi128_si32(s4));
+  }
+  for (size_t p = 0; p < nb / 2; ++p) {
+    const int8_t* b0 = qs + 2 * p * kQuantBlock;
+    const __m128i lo0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0));
+    const __m128i hi0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 16));
+    const __m128i lo1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 32));
+    const __m128i hi1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 48));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs_pairs + p * 64), _mm256_set_m128i(lo1, lo0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs_pairs + p * 64 + 32), _mm256_set_m128i(hi1, hi0));
+  }
+}
+
 void matvec_avx2(QuantType q, const uint8_t* w, size_t cols, const float* x,
                  const QuantizedActivations& xa, float* y, size_t row_begin, size_t row_end) {
   const size_t nb = (cols + kQuantBlock - 1) / kQuantBlock;

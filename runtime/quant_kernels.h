@@ -10,7 +10,8 @@
 namespace moestream::detail {
 
 // x (cols floats) as int8 blocks of 32, like llama.cpp's q8_0 activations: per block
-// d = amax/127 (float32, not rounded), qs = round(x/d) in [-127, 127]; columns past `cols` are 0.
+// d = amax/127 (float32, not rounded), qs = nearbyint(x * (127/amax)) in [-127, 127]; columns
+// past `cols` are 0.
 // Both kernels consume the same quantised x, so scalar and SIMD differ only in float summation
 // order. Arrays hold nb = ceil(cols/32) blocks.
 struct QuantizedActivations {
@@ -27,6 +28,10 @@ struct QuantizedActivations {
 // Fills caller-owned arrays of the sizes above (qs_pairs: (nb/2)*64 bytes).
 void quantize_activations(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
                           float* sum8, int8_t* qs_pairs);
+
+// The same, bit for bit (ties to even in both), with AVX2; used when avx2_usable().
+void quantize_activations_avx2(const float* x, size_t cols, float* d, int8_t* qs, uint8_t* abs_qs,
+                               float* sum8, int8_t* qs_pairs);
 
 // `xa` is used for q8/q4 only; f32/bf16 read x.
 void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,

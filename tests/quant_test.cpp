@@ -155,6 +155,31 @@ TEST(Quant, AllZeroBlocksStayZero) {
   }
 }
 
+TEST(QuantActivations, Avx2MatchesScalarBitForBitIncludingTies) {
+  if (!quant_simd_available()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU (or not compiled in)";
+  for (size_t cols : {1, 17, 32, 33, 64, 95, 2048, 2051}) {
+    std::vector<float> x = random_vec(cols, 500 + cols);
+    if (cols >= 32)  // a block whose scale is exactly 1: x.5 values are ties (even: 0.5->0, 1.5->2)
+      for (int i = 0; i < 32; ++i) x[i] = i == 0 ? 127.0f : (i % 2 ? -1.0f : 1.0f) * (i * 0.5f);
+    const size_t nb = (cols + 31) / 32;
+    std::vector<float> d1(nb), d2(nb), s1(nb), s2(nb);
+    std::vector<int8_t> q1(nb * 32), q2(nb * 32), p1(nb / 2 * 64), p2(nb / 2 * 64);
+    std::vector<uint8_t> a1(nb * 32), a2(nb * 32);
+    detail::quantize_activations(x.data(), cols, d1.data(), q1.data(), a1.data(), s1.data(), p1.data());
+    detail::quantize_activations_avx2(x.data(), cols, d2.data(), q2.data(), a2.data(), s2.data(), p2.data());
+    EXPECT_EQ(d1, d2) << cols;
+    EXPECT_EQ(q1, q2) << cols;
+    EXPECT_EQ(a1, a2) << cols;
+    EXPECT_EQ(s1, s2) << cols;
+    EXPECT_EQ(p1, p2) << cols;
+    if (cols >= 32) {
+      EXPECT_EQ(q1[1], -0);  // -0.5 -> 0
+      EXPECT_EQ(q1[3], -2);  // -1.5 -> -2
+      EXPECT_EQ(q1[5], -2);  // -2.5 -> -2
+    }
+  }
+}
+
 // The AVX2 kernels against the scalar ones, given the same quantised x: only float summation
 // order differs, so the gap is bounded by a few ulps of sum |w*x|.
 TEST(QuantMatvec, Avx2MatchesScalarOnOddSizes) {
