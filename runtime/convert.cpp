@@ -5,7 +5,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -212,31 +216,53 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   }
 
   const ExpertLayout layout = ExpertLayout::make(c.expert_quant, D, F);
-  std::vector<float> gate(F * D), up(F * D), down(D * F);
-  std::vector<uint8_t> payload(layout.bytes);
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
   for (int l = 0; l < c.n_layers; ++l) {
     const ExpertSource& s = sources[l];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
-    for (int e = 0; e < E; ++e) {
-      if (s.fused) {
-        // gate_up_proj[e] is [2F, D]: rows [0, F) gate, [F, 2F) up (transformers' Concatenate(dim=1)).
-        const SafetensorsFile& gu = ck.file(s.gate);
-        gu.read_float(s.gate, uint64_t(e) * 2 * F * D, F * D, gate.data());
-        gu.read_float(s.gate, uint64_t(e) * 2 * F * D + F * D, F * D, up.data());
-        ck.file(s.down).read_float(s.down, uint64_t(e) * D * F, D * F, down.data());
-      } else {
-        ck.file(expand(s.gate, e)).read_float(expand(s.gate, e), 0, F * D, gate.data());
-        ck.file(expand(s.up, e)).read_float(expand(s.up, e), 0, F * D, up.data());
-        ck.file(expand(s.down, e)).read_float(expand(s.down, e), 0, D * F, down.data());
+    // Workers take experts in turn; each holds one expert's floats and payload, never a layer.
+    // The writer is not thread-safe: writes and progress go under the mutex.
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::exception_ptr error;
+    auto work = [&] {
+      std::vector<float> gate(F * D), up(F * D), down(D * F);
+      std::vector<uint8_t> payload(layout.bytes);
+      for (int64_t e; (e = next++) < E;) {
+        try {
+          if (s.fused) {
+            // gate_up_proj[e] is [2F, D]: rows [0, F) gate, [F, 2F) up (transformers' Concatenate(dim=1)).
+            const SafetensorsFile& gu = ck.file(s.gate);
+            gu.read_float(s.gate, uint64_t(e) * 2 * F * D, F * D, gate.data());
+            gu.read_float(s.gate, uint64_t(e) * 2 * F * D + F * D, F * D, up.data());
+            ck.file(s.down).read_float(s.down, uint64_t(e) * D * F, D * F, down.data());
+          } else {
+            ck.file(expand(s.gate, e)).read_float(expand(s.gate, e), 0, F * D, gate.data());
+            ck.file(expand(s.up, e)).read_float(expand(s.up, e), 0, F * D, up.data());
+            ck.file(expand(s.down, e)).read_float(expand(s.down, e), 0, D * F, down.data());
+          }
+          std::fill(payload.begin(), payload.end(), 0);  // alignment gaps stay zero: stable checksums
+          quantize_matrix(c.expert_quant, gate.data(), F, D, payload.data() + layout.gate_offset);
+          quantize_matrix(c.expert_quant, up.data(), F, D, payload.data() + layout.up_offset);
+          quantize_matrix(c.expert_quant, down.data(), D, F, payload.data() + layout.down_offset);
+          std::lock_guard<std::mutex> lock(mu);
+          if (error) return;
+          w.write_expert(static_cast<uint32_t>(e), payload.data());
+          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+                                 std::to_string(e + 1) + "/" + std::to_string(E));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!error) error = std::current_exception();
+          return;
+        }
       }
-      std::fill(payload.begin(), payload.end(), 0);  // alignment gaps stay zero: stable checksums
-      quantize_matrix(c.expert_quant, gate.data(), F, D, payload.data() + layout.gate_offset);
-      quantize_matrix(c.expert_quant, up.data(), F, D, payload.data() + layout.up_offset);
-      quantize_matrix(c.expert_quant, down.data(), D, F, payload.data() + layout.down_offset);
-      w.write_expert(e, payload.data());
-      bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
-                             std::to_string(e + 1) + "/" + std::to_string(E));
-    }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n_workers; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
     w.finish();
   }
 

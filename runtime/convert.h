@@ -14,6 +14,7 @@ struct ConvertOptions {
   std::string dense_dtype;           // "f32" | "bf16" | "" (f32 for an f32 checkpoint, else bf16)
   bool progress = true;              // progress bar on stderr
   bool overwrite = false;            // replace an existing out_dir
+  int threads = 0;                   // experts quantised in parallel (0: all cores); each holds one
 };
 
 // Reads `hf_dir` (config.json, model.safetensors or sharded with model.safetensors.index.json,

@@ -32,8 +32,9 @@ uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-int8_t round_clamp(float v, long lo, long hi) {
-  return static_cast<int8_t>(std::clamp(std::lround(v), lo, hi));
+// Round to nearest (ties to even: nearbyint compiles to one instruction, lround is a libm call).
+int8_t round_clamp(float v, float lo, float hi) {
+  return static_cast<int8_t>(std::clamp(std::nearbyint(v), lo, hi));
 }
 
 void quantize_row_q8(const float* src, size_t cols, uint8_t* dst) {
@@ -49,7 +50,7 @@ void quantize_row_q8(const float* src, size_t cols, uint8_t* dst) {
     float d = f16_to_f32(dh);
     float id = d != 0 ? 1.0f / d : 0.0f;
     std::memcpy(dst + 2 * b, &dh, 2);
-    for (int i = 0; i < kQuantBlock; ++i) qs[b * kQuantBlock + i] = round_clamp(blk[i] * id, -127, 127);
+    for (int i = 0; i < kQuantBlock; ++i) qs[b * kQuantBlock + i] = round_clamp(blk[i] * id, -127.0f, 127.0f);
   }
 }
 
@@ -68,8 +69,8 @@ void quantize_row_q4(const float* src, size_t cols, uint8_t* dst) {
     std::memcpy(dst + 2 * b, &dh, 2);
     uint8_t* out = qs + b * kHalfBlock;
     for (int j = 0; j < kHalfBlock; ++j) {
-      int lo = round_clamp(blk[j] * id, -8, 7) + 8;
-      int hi = round_clamp(blk[j + kHalfBlock] * id, -8, 7) + 8;
+      int lo = round_clamp(blk[j] * id, -8.0f, 7.0f) + 8;
+      int hi = round_clamp(blk[j + kHalfBlock] * id, -8.0f, 7.0f) + 8;
       out[j] = static_cast<uint8_t>(lo | (hi << 4));
     }
   }

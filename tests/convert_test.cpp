@@ -482,6 +482,15 @@ TEST(Convert, EveryLayoutDtypeAndShardingGivesIdenticalExperts) {
         EXPECT_EQ(sums, ref) << arch_name(arch) << " " << v.name;
         EXPECT_EQ(dense.to_float("layers.2.router"), ref_router) << arch_name(arch) << " " << v.name;
       }
+      if (v.shards == 3) {  // one worker or five: the same file
+        ConvertOptions one = quiet(QuantType::kQ4, "f32"), five = one;
+        one.threads = 1;
+        five.threads = 5;
+        convert_model(d.path() / v.name, out.string() + ".t1", one);
+        convert_model(d.path() / v.name, out.string() + ".t5", five);
+        EXPECT_EQ(read_file(expert_file_path(out.string() + ".t1", 1)), read_file(expert_file_path(out, 1)));
+        EXPECT_EQ(read_file(expert_file_path(out.string() + ".t5", 1)), read_file(expert_file_path(out, 1)));
+      }
       json src = json::parse(read_file(out / "model.json"))["source"];
       EXPECT_EQ(src["expert_layout"], v.fused ? "fused" : "per_expert");
       EXPECT_EQ(src["shards"], v.shards);

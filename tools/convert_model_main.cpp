@@ -1,4 +1,4 @@
-// convert_model HF_DIR OUT_DIR [--quant q4|q8|bf16|f32] [--dense-dtype bf16|f32] [--force]:
+// convert_model HF_DIR OUT_DIR [--quant q4|q8|bf16|f32] [--dense-dtype bf16|f32] [--force] [-t N]:
 // packs a Hugging Face MoE checkpoint into a moestream model directory (runtime/convert.h).
 #include <unistd.h>
 
@@ -15,12 +15,14 @@ int main(int argc, char** argv) {
   CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral) into a moestream model"};
   std::string hf_dir, out_dir, quant = "q4", dense_dtype;
   bool force = false, quiet = false;
+  int threads = 0;
   app.add_option("HF_DIR", hf_dir, "Hugging Face model directory (config.json, *.safetensors)")->required();
   app.add_option("OUT_DIR", out_dir, "Packed model directory to create")->required();
   app.add_option("--quant", quant, "Expert encoding")->check(CLI::IsMember({"q4", "q8", "bf16", "f32"}));
   app.add_option("--dense-dtype", dense_dtype, "Dense weights dtype (default: f32 for f32 checkpoints, else bf16)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_flag("--force", force, "Replace OUT_DIR if it exists");
+  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_flag("-q,--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
     opts.dense_dtype = dense_dtype;
     opts.overwrite = force;
     opts.progress = !quiet;
+    opts.threads = threads;
     moestream::ModelConfig c = moestream::convert_model(hf_dir, out_dir, opts);
     std::fprintf(stderr, "convert_model: wrote %s (%s, %d layers, %d experts, experts %s, dense %s)\n",
                  out_dir.c_str(), std::string(moestream::arch_name(c.arch)).c_str(), c.n_layers,
