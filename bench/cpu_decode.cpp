@@ -17,6 +17,7 @@
 #include "common/file_util.h"
 #include <nlohmann/json.hpp>
 
+#include "runtime/expert_store_uring.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
 #include "runtime/quant.h"
@@ -77,7 +78,7 @@ int main(int argc, char** argv) {
   int layers = 4, experts = 64, hidden = 2048, ffn = 768, top_k = 8, vocab = 16384;
   int heads = 32, kv_heads = 4, head_dim = 128, tokens = 24, threads = 0;
   bool verify = false;
-  std::string dir_arg;
+  std::string dir_arg, io = "simple";
   app.add_option("--layers", layers)->capture_default_str();
   app.add_option("--experts", experts, "experts per layer")->capture_default_str();
   app.add_option("--top-k", top_k, "active experts per token")->capture_default_str();
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "decode steps timed per run")->capture_default_str();
   app.add_option("-t,--threads", threads, "0 = all cores")->capture_default_str();
   app.add_flag("--verify", verify, "verify expert checksums on every read (as infer does by default)");
+  app.add_option("--io", io, "expert store: simple|auto|uring|pread|mmap (as infer --io)")
+      ->capture_default_str();
   app.add_option("--dir", dir_arg, "where to write the models (default: a temp dir, removed)");
   CLI11_PARSE(app, argc, argv);
 
@@ -100,9 +103,9 @@ int main(int argc, char** argv) {
                 "expert matvec %s\n",
                 pool.size(), bw / 1e9, quant_simd_available() ? "AVX2/FMA" : "scalar");
     std::printf("model: %d layers, hidden %d, %d heads x %d (kv %d), %d experts of width %d, top-%d, "
-                "vocab %d, dense f32; checksums %s\n",
+                "vocab %d, dense f32; checksums %s; expert store --io %s\n",
                 layers, hidden, heads, head_dim, kv_heads, experts, ffn, top_k, vocab,
-                verify ? "verified" : "not verified");
+                verify ? "verified" : "not verified", io.c_str());
 
     std::unique_ptr<TempDir> tmp;
     fs::path root = dir_arg;
@@ -140,7 +143,9 @@ int main(int argc, char** argv) {
       mo.n_threads = threads;
       mo.max_context = 512;
       mo.verify_checksums = verify;
-      auto model = Model::load(dir, mo);
+      EngineExpertStoreOptions so;
+      so.store.verify_checksums = verify;
+      auto model = Model::load(dir, mo, open_expert_store(io, dir, ModelConfig::load(dir), so));
       Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
       std::vector<int> prompt{1, 2, 3, 4, 5, 6, 7, 8};
       GenerateOptions go;

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "runtime/generate.h"
+#include "runtime/expert_store_uring.h"
 #include "runtime/model.h"
 #include "runtime/run_stats.h"
 #include "runtime/sampler.h"
@@ -53,7 +54,7 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
 }
 
 struct Args {
-  std::string model, prompt, prompt_ids, stats_json, perplexity_file;
+  std::string model, prompt, prompt_ids, stats_json, perplexity_file, io = "simple";
   int n_predict = 64, threads = 0, ctx = 0, stride = 0;
   uint64_t seed = 0;
   float temp = 0.8f, top_p = 0.95f;
@@ -88,7 +89,9 @@ int run(const Args& a) {
   const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
   if (need_tok) tok.emplace(load_tokenizer(dir, header_cfg));
 
-  auto model = Model::load(dir, mo);
+  EngineExpertStoreOptions so;
+  so.store.verify_checksums = mo.verify_checksums;
+  auto model = Model::load(dir, mo, open_expert_store(a.io, dir, header_cfg, so));
   const ModelConfig& cfg = model->config();
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context()};
@@ -165,6 +168,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print-ids", a.print_ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", a.ignore_eos, "keep generating past the end-of-sequence token");
   app.add_flag("--no-verify", a.no_verify, "skip the per-expert checksum on reads");
+  app.add_option("--io", a.io,
+                 "expert reads: simple (one pread per expert), or the batch engine with backend "
+                 "auto|uring|pread|mmap")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
