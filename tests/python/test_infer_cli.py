@@ -142,3 +142,49 @@ def test_bad_options(packed):
     assert_one_line_error(infer("-m", packed, "-p", "hello"), "tokenizer")
     r = infer("--prompt-ids", "1")  # -m missing: CLI11's message, still exit code 1
     assert r.returncode == 1 and "model" in r.stderr
+
+
+DEMO = ROOT / "models" / "demo"
+
+
+def demo_model():
+    if not (DEMO / "model.json").exists() or not (DEMO / "tokenizer.json").exists():
+        pytest.skip(f"demo model {DEMO} absent")
+    return DEMO
+
+
+def test_text_prompt_streams_the_prompt_and_seeded_continuation():
+    m = demo_model()
+    run = lambda seed: infer("-m", m, "-p", "The meaning of the word", "-n", 12, "--seed", seed,
+                             "--temp", 0.8, "--ignore-eos")
+    a, b = run(3), run(3)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout
+    assert a.stdout.startswith("The meaning of the word")
+    assert len(a.stdout) > len("The meaning of the word") + 5
+
+
+def test_perplexity_of_a_text_file(tmp_path):
+    m = demo_model()
+    text = (DEMO / "heldout_head.txt").read_text()[:3000]
+    f = tmp_path / "t.txt"
+    f.write_text(text)
+    stats = tmp_path / "ppl.json"
+    r = infer("-m", m, "--perplexity", f, "--ctx", 128, "--stride", 64, "--stats-json", stats)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(stats.read_text())["perplexity"]
+    assert p["ctx"] == 128 and p["stride"] == 64
+    # A trained model: far better than uniform over its 8192 tokens, and not degenerate.
+    assert 2.0 < p["perplexity"] < 200.0
+    assert f"perplexity {p['perplexity']:.4f}" in r.stdout
+    # Each token after the first is scored once whatever the stride.
+    r2 = infer("-m", m, "--perplexity", f, "--ctx", 128, "--stride", 128, "--stats-json", stats)
+    p2 = json.loads(stats.read_text())["perplexity"]
+    assert p2["tokens_scored"] < p["tokens_scored"]  # disjoint windows skip each window's first
+    assert p2["perplexity"] > p["perplexity"] * 0.9
+
+
+def test_missing_perplexity_file(tmp_path):
+    m = demo_model()
+    missing = tmp_path / "none.txt"
+    assert_one_line_error(infer("-m", m, "--perplexity", missing), str(missing))
