@@ -13,6 +13,11 @@
 namespace moestream::detail {
 namespace {
 
+// Software prefetch this far ahead of the weights being read: the hardware prefetcher alone left
+// streamed (not cached) q4 at ~7.6 GB/s on the 2-core dev VM, this gets ~10.6 (bench_quant_matvec).
+// Prefetching past the matrix end is harmless (a hint, never a fault).
+constexpr size_t kPrefetchBytes = 2048;
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -45,6 +50,8 @@ float row_f32(const float* w, const float* x, size_t cols) {
          a3 = _mm256_setzero_ps();
   size_t c = 0;
   for (; c + 32 <= cols; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + c) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + c) + kPrefetchBytes + 64, _MM_HINT_T0);
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
@@ -66,6 +73,7 @@ float row_bf16(const uint8_t* w, const float* x, size_t cols) {
          a3 = _mm256_setzero_ps();
   size_t c = 0;
   for (; c + 32 <= cols; c += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + 2 * c) + kPrefetchBytes, _MM_HINT_T0);
     a0 = _mm256_fmadd_ps(load_bf16x8(w + 2 * c), _mm256_loadu_ps(x + c), a0);
     a1 = _mm256_fmadd_ps(load_bf16x8(w + 2 * c + 16), _mm256_loadu_ps(x + c + 8), a1);
     a2 = _mm256_fmadd_ps(load_bf16x8(w + 2 * c + 32), _mm256_loadu_ps(x + c + 16), a2);
@@ -98,6 +106,8 @@ float row_q8(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
   alignas(32) float s[8];
   size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
+    const char* ahead = reinterpret_cast<const char*>(qs + b) + kPrefetchBytes;
+    for (int k = 0; k < 4; ++k) _mm_prefetch(ahead + 64 * k, _MM_HINT_T0);
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * b));
     _mm256_store_ps(s, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xa.d + b)));
     a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + 0), block(b + 0), a0);
@@ -138,6 +148,8 @@ float row_q4(const uint8_t* row, size_t nb, const QuantizedActivations& xa) {
   __m256 bias = _mm256_setzero_ps();
   size_t b = 0;
   for (; b + 8 <= nb; b += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(qs + 16 * b + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(qs + 16 * b + kPrefetchBytes + 64), _MM_HINT_T0);
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * b));
     const __m256 sv = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xa.d + b));
     bias = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xa.sum8 + b), bias);
