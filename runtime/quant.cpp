@@ -194,12 +194,16 @@ void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,
       case QuantType::kQ4: {
         const uint8_t* qs = row + nb * 2;
         for (size_t b = 0; b < nb; ++b) {
-          int32_t isum = 0;
-          const int8_t* xb = xqs + b * kQuantBlock;
+          // Unpack first: two simple loops the compiler vectorises (one fused loop it did not).
+          int8_t wq[kQuantBlock];
           for (int j = 0; j < kHalfBlock; ++j) {
             uint8_t byte = qs[b * kHalfBlock + j];
-            isum += ((byte & 0xf) - 8) * xb[j] + ((byte >> 4) - 8) * xb[j + kHalfBlock];
+            wq[j] = static_cast<int8_t>((byte & 0xf) - 8);
+            wq[j + kHalfBlock] = static_cast<int8_t>((byte >> 4) - 8);
           }
+          int32_t isum = 0;
+          const int8_t* xb = xqs + b * kQuantBlock;
+          for (int i = 0; i < kQuantBlock; ++i) isum += wq[i] * xb[i];
           acc += f16_to_f32(load_u16(row + 2 * b)) * xd[b] * static_cast<float>(isum);
         }
         break;
