@@ -191,7 +191,9 @@ const std::string& IoEngine::file_path(uint32_t file) const { return impl_->file
 uint64_t IoEngine::file_size(uint32_t file) const { return impl_->files.at(file).size; }
 bool IoEngine::file_is_direct(uint32_t file) const { return impl_->files.at(file).direct; }
 
-size_t IoEngine::submit(std::span<ReadRequest> batch) {
+size_t IoEngine::submit(std::span<ReadRequest> batch) { return submit(batch, RequestDoneFn{}); }
+
+size_t IoEngine::submit(std::span<ReadRequest> batch, const RequestDoneFn& on_done) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   io::PlanOptions po{m.opts.coalesce, m.opts.coalesce_gap_bytes, m.opts.max_read_bytes,
@@ -200,6 +202,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch) {
   if (plan.bounce_bytes > 0) m.ensure_arena(plan.bounce_bytes);
   for (io::Extent& e : plan.extents)
     if (e.bounce) e.buf = m.arena + e.bounce_offset;
+  if (on_done) io::track_requests(plan, batch, &on_done);
   io::BatchContext ctx{plan, batch, m.files, m.opts, m.sink, m.sink_bytes, {}, {}};
   if (!plan.extents.empty()) m.backend->run(ctx);
   io::apply_results(plan, batch);

@@ -38,6 +38,11 @@ struct ReadRequest {
   int error = 0;  // errno for kError (EAGAIN when the retry bound ran out)
 };
 
+// Called once per request as soon as its final result is set (index = its position in the
+// batch), from an engine worker thread, possibly concurrently; must not throw. The request's
+// dest bytes are complete when result is kOk.
+using RequestDoneFn = std::function<void(const ReadRequest&, size_t index)>;
+
 // What the completion hook sees: one completed read (possibly the rest of a short read).
 struct CompletionInfo {
   const std::string* path = nullptr;
@@ -111,6 +116,9 @@ class IoEngine {
   // Executes the batch and fills each request's result/error; never throws for I/O outcomes.
   // Returns the number of failed requests. One batch at a time per engine (calls serialise).
   size_t submit(std::span<ReadRequest> batch);
+  // Same, reporting each request through `on_done` as soon as it lands, so a caller waiting on
+  // another thread can use the first experts while the rest of the batch is still in flight.
+  size_t submit(std::span<ReadRequest> batch, const RequestDoneFn& on_done);
 
   // submit(), then one IoError for the whole batch naming the first failure's file, offset,
   // length and error, and how many requests failed.

@@ -267,6 +267,19 @@ uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest
   return n;
 }
 
+void track_requests(IoPlan& plan, std::span<ReadRequest> reqs, const RequestDoneFn* on_done) {
+  plan.on_done = on_done;
+  plan.slices_left = std::make_unique<std::atomic<uint32_t>[]>(reqs.size());
+  plan.first_failed = std::make_unique<std::atomic<int64_t>[]>(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    plan.slices_left[i].store(0, std::memory_order_relaxed);
+    plan.first_failed[i].store(-1, std::memory_order_relaxed);
+  }
+  for (const ReadSlice& sl : plan.slices) plan.slices_left[sl.request].fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (plan.slices_left[i].load(std::memory_order_relaxed) == 0) (*on_done)(reqs[i], i);
+}
+
 void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs) {
   for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
     ReadSlice& sl = plan.slices[s];
@@ -283,9 +296,26 @@ void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs) {
       sl.error = e.error;
     }
   }
+  if (plan.on_done == nullptr) return;
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    const ReadSlice& sl = plan.slices[s];
+    if (sl.result != ReadResult::kOk) {
+      int64_t none = -1;
+      plan.first_failed[sl.request].compare_exchange_strong(none, s, std::memory_order_relaxed);
+    }
+    // The last slice of a request: its other slices were finished by other workers, whose
+    // writes the acq_rel decrement makes visible here.
+    if (plan.slices_left[sl.request].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    ReadRequest& r = reqs[sl.request];
+    int64_t f = plan.first_failed[sl.request].load(std::memory_order_relaxed);
+    r.result = f < 0 ? ReadResult::kOk : plan.slices[size_t(f)].result;
+    r.error = f < 0 ? 0 : plan.slices[size_t(f)].error;
+    (*plan.on_done)(r, sl.request);
+  }
 }
 
 void apply_results(const IoPlan& plan, std::span<ReadRequest> reqs) {
+  if (plan.on_done != nullptr) return;  // finish_extent already gave each request its result
   for (const ReadSlice& sl : plan.slices) {
     ReadRequest& r = reqs[sl.request];
     if (sl.result != ReadResult::kOk) {

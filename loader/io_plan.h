@@ -4,8 +4,10 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,6 +62,11 @@ struct IoPlan {
   std::vector<ReadSlice> slices;
   std::vector<iovec> iovs;    // scatter extents' iovecs, rebuilt from `done` before each read
   uint64_t bounce_bytes = 0;  // arena size the extents with bounce=true need
+  // Per-request completion tracking, set up by track_requests() when the caller wants each
+  // request reported as soon as its last slice lands (hit/miss overlap in the expert store).
+  std::unique_ptr<std::atomic<uint32_t>[]> slices_left;  // per request
+  std::unique_ptr<std::atomic<int64_t>[]> first_failed;  // per request: slice index, or -1
+  const RequestDoneFn* on_done = nullptr;
 };
 
 struct PlanOptions {
@@ -109,6 +116,11 @@ uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest
 inline uint64_t next_offset(const Extent& e) { return e.offset + e.done; }
 inline uint64_t next_length(const Extent& e) { return e.length - e.done; }
 inline uint8_t* next_buf(const Extent& e) { return e.buf + e.done; }
+
+// Arms per-request tracking: finish_extent() then gives each request its final result and calls
+// `on_done` (which must outlive the batch) once its last slice is finished. Requests without
+// slices (zero length) are reported here at once.
+void track_requests(IoPlan& plan, std::span<ReadRequest> reqs, const RequestDoneFn* on_done);
 
 // Copies a finished bounce extent's bytes into its requests' dests and records each slice's
 // outcome. Touches only this extent's slices, so workers may finish extents concurrently.

@@ -1,17 +1,23 @@
-// ExpertStore over the read engine: per fetch, logical ids -> physical slots (.map), one batch
-// of slot-sized reads into a 4 KiB aligned arena (adjacent slots land as one read), checksums.
+// ExpertStore over the read engine: logical ids -> physical slots (.map), host-cache hits at once,
+// misses read by a background thread in one coalesced batch and handed out as each one lands.
 #include "runtime/expert_store_uring.h"
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
 #include "loader/expert_file.h"
 #include "loader/expert_map.h"
+#include "loader/host_cache.h"
+#include "loader/residency.h"
 
 namespace moestream {
 namespace {
@@ -52,61 +58,177 @@ class EngineExpertStore final : public ExpertStore {
       L.map = opts.use_maps ? load_expert_map_file(dir / (std::string(name) + ".map"), L.header.n_experts)
                             : ExpertMap::identity(L.header.n_experts);
       L.file = engine_.add_file(L.path);
+      // Page-cache residency means something only for reads that go through the page cache.
+      if (!engine_.file_is_direct(L.file))
+        L.page_cache = std::make_unique<PageCacheResidency>(L.path);
       layers_.push_back(std::move(L));
     }
+    if (opts.host_cache_bytes > 0) {
+      cache_ = std::make_unique<HostCache>(opts.host_cache_bytes, read_bytes_);
+      cache_verified_.assign(cache_->n_slots(), false);
+    }
+    io_thread_ = std::thread([this] { io_loop(); });
+  }
+
+  ~EngineExpertStore() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !busy_; });  // a batch in flight writes into our buffers
+      stop_ = true;
+    }
+    cv_.notify_all();
+    io_thread_.join();
   }
 
   void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
+    begin_fetch(layer, ids);
+    out.assign(ids.size(), nullptr);
+    size_t i = 0;
+    const uint8_t* p = nullptr;
+    while (next_ready(&i, &p, true)) out[i] = p;
+  }
+
+  void begin_fetch(int layer, std::span<const int> ids) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
+    finish_previous();
     const Layer& L = layers_[layer];
-    auto t0 = std::chrono::steady_clock::now();
-    // Unique physical slots in file order; buffer k holds the k-th, so neighbours in the file
-    // are neighbours in memory.
-    slots_.clear();
+    layer_ = layer;
+    // Unique physical slots in file order, so neighbours in the file read as one extent.
+    items_.clear();
     for (int id : ids) {
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
-      slots_.push_back(L.map.physical(static_cast<uint32_t>(id)));
+      items_.push_back(Item{L.map.physical(static_cast<uint32_t>(id))});
     }
-    std::sort(slots_.begin(), slots_.end());
-    slots_.erase(std::unique(slots_.begin(), slots_.end()), slots_.end());
-    if (slots_.size() > buf_slots_) {
-      void* p = std::aligned_alloc(kSlotAlign, read_bytes_ * slots_.size());
-      if (p == nullptr)
-        throw IoError("out of memory for " + std::to_string(slots_.size()) + " expert buffers");
-      buf_.reset(static_cast<uint8_t*>(p));
-      buf_slots_ = slots_.size();
-    }
-    reqs_.resize(slots_.size());
-    for (size_t k = 0; k < slots_.size(); ++k)
-      reqs_[k] = {L.file, L.header.slot_offset(slots_[k]), read_bytes_, buf_.get() + k * read_bytes_};
-    engine_.read(reqs_);  // one IoError for the batch, naming file, offset and length
-
-    for (size_t k = 0; k < slots_.size() && opts_.store.verify_checksums; ++k) {
-      const uint8_t* p = buf_.get() + k * read_bytes_;
-      uint64_t got = expert_checksum(p, layout_.bytes);
-      uint64_t want = L.header.slot_checksums[slots_[k]];
-      if (got != want)
-        throw FormatError(L.path.string() + ": checksum mismatch for expert " +
-                          std::to_string(L.map.logical(slots_[k])) + " (physical slot " +
-                          std::to_string(slots_[k]) + " at offset " +
-                          std::to_string(L.header.slot_offset(slots_[k])) + ", " +
-                          std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
-                          ", data hashes to " + hex64(got));
-    }
-    out.resize(ids.size());
+    std::sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) { return a.slot < b.slot; });
+    items_.erase(std::unique(items_.begin(), items_.end(),
+                             [](const Item& a, const Item& b) { return a.slot == b.slot; }),
+                 items_.end());
+    position_item_.resize(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
       uint32_t slot = L.map.physical(static_cast<uint32_t>(ids[i]));
-      size_t k = std::lower_bound(slots_.begin(), slots_.end(), slot) - slots_.begin();
-      out[i] = buf_.get() + k * read_bytes_;
+      position_item_[i] = uint32_t(std::lower_bound(items_.begin(), items_.end(), slot,
+                                                    [](const Item& a, uint32_t s) { return a.slot < s; }) -
+                                   items_.begin());
+    }
+    ready_.clear();
+    ready_head_ = 0;
+    handed_ = 0;
+    n_positions_ = ids.size();
+
+    // Hits first (and pinned), so that placing the misses cannot evict an expert of this fetch.
+    if (cache_)
+      for (size_t k = 0; k < items_.size(); ++k) {
+        if (auto cs = cache_->policy().lookup(HostCache::key(uint32_t(layer), items_[k].slot))) {
+          items_[k].data = cache_->slot_data(*cs);
+          items_[k].cache_slot = int64_t(*cs);
+          items_[k].ready = true;
+          cache_->policy().pin(*cs);
+          pinned_.push_back(*cs);
+          ++stats_.host_cache_hits;
+        }
+      }
+    size_t n_scratch = 0;
+    for (Item& it : items_) {
+      if (it.ready) continue;
+      if (cache_)
+        if (auto cs = cache_->policy().insert(HostCache::key(uint32_t(layer), it.slot))) {
+          it.cache_slot = int64_t(*cs);
+          it.data = cache_->slot_data(*cs);
+          cache_->policy().pin(*cs);
+          pinned_.push_back(*cs);
+          cache_verified_[*cs] = false;
+          continue;
+        }
+      it.scratch = n_scratch++;
+    }
+    ensure_scratch(n_scratch);
+    reqs_.clear();
+    req_item_.clear();
+    for (size_t k = 0; k < items_.size(); ++k) {
+      Item& it = items_[k];
+      if (it.ready) {
+        push_ready(k);
+        continue;
+      }
+      if (it.cache_slot < 0) it.data = scratch_.get() + it.scratch * read_bytes_;
+      const uint64_t off = L.header.slot_offset(it.slot);
+      if (L.page_cache && opts_.count_page_cache_hits &&
+          L.page_cache->sample(off, layout_.bytes, 2).fully_resident())
+        ++stats_.page_cache_hits;
+      ReadRequest r;
+      r.file = L.file;
+      r.offset = off;
+      r.length = read_bytes_;
+      r.dest = const_cast<uint8_t*>(it.data);
+      reqs_.push_back(r);
+      req_item_.push_back(uint32_t(k));
     }
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
-    stats_.experts_read += slots_.size();
-    stats_.bytes_read += slots_.size() * layout_.bytes;
-    stats_.io_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.experts_read += reqs_.size();
+    stats_.bytes_read += reqs_.size() * layout_.bytes;
+    if (reqs_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      landed_.clear();
+      landed_head_ = 0;
+      busy_ = true;
+      job_ = true;
+    }
+    cv_.notify_all();
   }
 
-  ExpertStoreStats stats() const override { return stats_; }
+  bool next_ready(size_t* index, const uint8_t** payload, bool wait) override {
+    while (ready_head_ == ready_.size()) {
+      if (handed_ >= n_positions_) return false;
+      size_t r;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (landed_head_ == landed_.size()) {
+          if (!wait) return false;
+          auto t0 = std::chrono::steady_clock::now();
+          cv_.wait(lock, [&] { return landed_head_ < landed_.size(); });
+          stats_.io_wait_seconds += seconds_since(t0);
+        }
+        r = landed_[landed_head_++];
+      }
+      land(r);
+    }
+    const size_t pos = ready_[ready_head_++];
+    *index = pos;
+    *payload = items_[position_item_[pos]].data;
+    ++handed_;
+    return true;
+  }
+
+  void residency(int layer, std::span<ExpertTier> out) const override {
+    MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
+    const Layer& L = layers_[layer];
+    MOE_ASSERT(out.size() == L.header.n_experts, "residency: out must hold n_experts entries");
+    for (uint32_t e = 0; e < L.header.n_experts; ++e) {
+      const uint32_t slot = L.map.physical(e);
+      if (cache_ && cache_->policy().peek(HostCache::key(uint32_t(layer), slot)))
+        out[e] = ExpertTier::kHostCache;
+      else if (L.page_cache && L.page_cache->sample(L.header.slot_offset(slot), layout_.bytes, 2).fully_resident())
+        out[e] = ExpertTier::kPageCache;
+      else
+        out[e] = ExpertTier::kStorage;
+    }
+  }
+
+  ExpertStoreStats stats() const override {
+    ExpertStoreStats s;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !busy_; });
+      s = stats_;
+    }
+    const IoEngineStats e = engine_.stats();
+    s.read_ops_requested = e.requests;
+    s.read_ops_issued = e.reads_issued;
+    s.bytes_transferred = e.bytes_read;
+    return s;
+  }
 
  private:
   struct Layer {
@@ -114,7 +236,105 @@ class EngineExpertStore final : public ExpertStore {
     ExpertFileHeader header;
     ExpertMap map;
     uint32_t file = 0;
+    std::unique_ptr<PageCacheResidency> page_cache;  // null for O_DIRECT files
   };
+  struct Item {
+    uint32_t slot = 0;               // physical slot in the layer file
+    const uint8_t* data = nullptr;   // where the payload is (or lands)
+    int64_t cache_slot = -1;         // host cache slot, or -1 (scratch buffer)
+    size_t scratch = 0;
+    bool ready = false;
+  };
+
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // Every position of `ids` that names item k becomes ready.
+  void push_ready(size_t k) {
+    for (size_t i = 0; i < position_item_.size(); ++i)
+      if (position_item_[i] == k) ready_.push_back(i);
+  }
+
+  // A read landed: check its outcome and checksum (here, on the caller's thread, so errors
+  // throw where the caller can catch them), then release its expert.
+  void land(size_t r) {
+    const ReadRequest& q = reqs_[r];
+    const size_t k = req_item_[r];
+    Item& it = items_[k];
+    const Layer& L = layers_[layer_];
+    if (q.result != ReadResult::kOk) {
+      std::string where = L.path.string() + " at offset " + std::to_string(q.offset) + " length " +
+                          std::to_string(q.length);
+      if (q.result == ReadResult::kTruncated)
+        throw IoError("truncated file: read of " + where + " hit end of file (file has " +
+                      std::to_string(engine_.file_size(L.file)) + " bytes at open)");
+      throw IoError("read of " + where + " failed: " + std::strerror(q.error));
+    }
+    if (opts_.store.verify_checksums) {
+      auto t0 = std::chrono::steady_clock::now();
+      uint64_t got = expert_checksum(it.data, layout_.bytes);
+      stats_.checksum_seconds += seconds_since(t0);
+      uint64_t want = L.header.slot_checksums[it.slot];
+      if (got != want)
+        throw FormatError(L.path.string() + ": checksum mismatch for expert " +
+                          std::to_string(L.map.logical(it.slot)) + " (physical slot " +
+                          std::to_string(it.slot) + " at offset " +
+                          std::to_string(L.header.slot_offset(it.slot)) + ", " +
+                          std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
+                          ", data hashes to " + hex64(got));
+    }
+    if (it.cache_slot >= 0) cache_verified_[size_t(it.cache_slot)] = true;
+    it.ready = true;
+    push_ready(k);
+  }
+
+  // Waits out the previous batch, releases its pins, and forgets cache slots whose data never
+  // proved good (failed read, bad checksum, or a fetch abandoned after an error).
+  void finish_previous() {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !busy_; });
+    }
+    if (!cache_) return;
+    for (const Item& it : items_)
+      if (it.cache_slot >= 0 && !cache_verified_[size_t(it.cache_slot)])
+        cache_->policy().erase(HostCache::key(uint32_t(layer_), it.slot));
+    for (uint32_t cs : pinned_) cache_->policy().unpin(cs);
+    pinned_.clear();
+  }
+
+  void ensure_scratch(size_t n) {
+    if (n <= scratch_slots_) return;
+    void* p = std::aligned_alloc(kSlotAlign, read_bytes_ * n);
+    if (p == nullptr) throw IoError("out of memory for " + std::to_string(n) + " expert buffers");
+    scratch_.reset(static_cast<uint8_t*>(p));
+    scratch_slots_ = n;
+  }
+
+  // The I/O thread: runs one batch at a time; the engine reports each request as it lands.
+  void io_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return job_ || stop_; });
+      if (stop_) return;
+      job_ = false;
+      lock.unlock();
+      auto t0 = std::chrono::steady_clock::now();
+      engine_.submit(reqs_, [this](const ReadRequest&, size_t index) {
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          landed_.push_back(index);
+        }
+        cv_.notify_all();
+      });
+      const double dt = seconds_since(t0);
+      lock.lock();
+      stats_.io_seconds += dt;
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
 
   void check(const Layer& L, int l, const ModelConfig& cfg) const {
     auto mismatch = [&](const char* field, const std::string& got, const std::string& want) {
@@ -138,11 +358,29 @@ class EngineExpertStore final : public ExpertStore {
   ExpertLayout layout_;
   uint64_t read_bytes_ = 0;
   std::vector<Layer> layers_;
-  std::unique_ptr<uint8_t, FreeDeleter> buf_;
-  size_t buf_slots_ = 0;
-  std::vector<uint32_t> slots_;
-  std::vector<ReadRequest> reqs_;
-  ExpertStoreStats stats_;
+  std::unique_ptr<HostCache> cache_;
+  std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
+  std::vector<uint32_t> pinned_;      // cache slots the current fetch hands out
+  std::unique_ptr<uint8_t, FreeDeleter> scratch_;  // misses the cache does not take
+  size_t scratch_slots_ = 0;
+
+  // The current fetch (caller's thread only).
+  int layer_ = 0;
+  std::vector<Item> items_;
+  std::vector<uint32_t> position_item_;  // ids position -> item
+  std::vector<size_t> ready_;            // positions ready to hand out
+  size_t ready_head_ = 0, handed_ = 0, n_positions_ = 0;
+  std::vector<ReadRequest> reqs_;        // the misses' reads (read by the I/O thread)
+  std::vector<uint32_t> req_item_;       // request -> item
+
+  // Shared with the I/O thread, under mu_.
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::vector<size_t> landed_;  // request indices in landing order
+  size_t landed_head_ = 0;
+  bool job_ = false, busy_ = false, stop_ = false;
+  ExpertStoreStats stats_;  // io_seconds is written by the I/O thread under mu_
+  std::thread io_thread_;
 };
 
 }  // namespace

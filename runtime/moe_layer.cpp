@@ -103,38 +103,55 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
-    store_.fetch(layer, std::span<const int>(unique_ids_.data() + c0, n), payloads_);
+    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n));
     times.expert_io_s += seconds_since(t1);
-
-    auto t2 = std::chrono::steady_clock::now();
-    expert_of_pair_.clear();
-    slot_of_pair_.clear();
-    for (size_t i = 0; i < n; ++i)
-      for (int slot : slots_of_expert_[size_t(unique_ids_[c0 + i])]) {
-        expert_of_pair_.push_back(static_cast<int>(i));
-        slot_of_pair_.push_back(slot);
+    payloads_.assign(n, nullptr);
+    // Hit/miss overlap: compute every expert that is ready (resident ones at once) while the
+    // rest are still loading, then the next group as it lands. Each (expert, token) pair writes
+    // its own row of y_, so the grouping never changes the result.
+    for (size_t got = 0; got < n;) {
+      t1 = std::chrono::steady_clock::now();
+      ready_.clear();
+      size_t i = 0;
+      const uint8_t* p = nullptr;
+      for (bool wait = true; store_.next_ready(&i, &p, wait); wait = false) {
+        payloads_[i] = p;
+        ready_.push_back(int(i));
       }
-    const size_t n_pairs = slot_of_pair_.size();
-    // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
-    pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
-      const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
-      const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
-      const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
-      const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
-      float* g = act_.row(Eigen::Index(p)).data();
-      float* u = up_.row(Eigen::Index(p)).data();
-      quant_matvec(quant_, e + layout_.gate_offset, size_t(D_), xt, g, r0, r1);
-      quant_matvec(quant_, e + layout_.up_offset, size_t(D_), xt, u, r0, r1);
-      for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
-    });
-    pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
-      const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
-      const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
-      const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
-      quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
-                   y_.row(slot_of_pair_[p]).data(), r0, r1);
-    });
-    times.expert_compute_s += seconds_since(t2);
+      MOE_ASSERT(!ready_.empty(), "expert store handed out fewer experts than asked");
+      got += ready_.size();
+      times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
+
+      auto t2 = std::chrono::steady_clock::now();
+      expert_of_pair_.clear();
+      slot_of_pair_.clear();
+      for (int r : ready_)
+        for (int slot : slots_of_expert_[size_t(unique_ids_[c0 + size_t(r)])]) {
+          expert_of_pair_.push_back(r);
+          slot_of_pair_.push_back(slot);
+        }
+      const size_t n_pairs = slot_of_pair_.size();
+      // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
+      pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
+        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
+        const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
+        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+        const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
+        float* g = act_.row(Eigen::Index(p)).data();
+        float* u = up_.row(Eigen::Index(p)).data();
+        quant_matvec(quant_, e + layout_.gate_offset, size_t(D_), xt, g, r0, r1);
+        quant_matvec(quant_, e + layout_.up_offset, size_t(D_), xt, u, r0, r1);
+        for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+      });
+      pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
+        const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
+        const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
+        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+        quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
+                     y_.row(slot_of_pair_[p]).data(), r0, r1);
+      });
+      times.expert_compute_s += seconds_since(t2);
+    }
   }
 
   // Weighted sum in top-k order per token: the same order whatever the fetch chunking.
