@@ -3,9 +3,12 @@
 // checksums, rejects bad maps, and the --io factory picks stores by name.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -226,6 +229,181 @@ TEST(EngineExpertStore, SameTokensAsThePreadStoreWithAndWithoutARepack) {
     EXPECT_EQ(run(d.path() / "plain", io), want) << io;
     EXPECT_EQ(run(d.path() / "repacked", io), want) << io << " on the repacked copy";
   }
+}
+
+// O_DIRECT store options with a host cache of `slots` experts of config c.
+EngineExpertStoreOptions cached(const ModelConfig& c, uint64_t slots) {
+  EngineExpertStoreOptions o;
+  o.io.direct = true;
+  o.io.notice = [](const std::string&) {};
+  uint64_t slot = (ExpertLayout::make(c.expert_quant, c.hidden_size, c.moe_intermediate_size).bytes +
+                   4095) / 4096 * 4096;
+  o.host_cache_bytes = slots * slot;
+  return o;
+}
+
+TEST(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, true);
+  for (const char* io : {"auto", "pread"}) {
+    SCOPED_TRACE(io);
+    auto store = open_expert_store(io, d.path(), c, cached(c, 16));
+    expect_payloads(*store, want, 1, {5, 0, 3});
+    expect_payloads(*store, want, 1, {3, 5, 0});
+    expect_payloads(*store, want, 0, {3});
+    ExpertStoreStats s = store->stats();
+    EXPECT_EQ(s.experts_read, 4u);
+    EXPECT_EQ(s.host_cache_hits, 3u);
+    EXPECT_EQ(s.read_ops_requested, 4u);
+    EXPECT_EQ(s.bytes_read, 4 * want[0][0].size());
+  }
+}
+
+TEST(EngineExpertStore, SmallHostCacheStillReturnsTheRightBytes) {
+  // Two slots for fetches of up to eight experts: misses that find no slot go to scratch
+  // buffers, cached experts are evicted and re-read, and every payload stays correct.
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  Payloads want = write_model(d.path(), c, false);
+  auto store = open_engine_expert_store(d.path(), c, cached(c, 2));
+  std::mt19937 rng(3);
+  for (int round = 0; round < 40; ++round) {
+    std::vector<int> ids;
+    for (int k = 1 + int(rng() % 6); k > 0; --k) ids.push_back(int(rng() % 3 ? rng() % 3 : rng() % 8));
+    expect_payloads(*store, want, int(rng() % 2), ids);
+  }
+  ExpertStoreStats s = store->stats();
+  EXPECT_GT(s.host_cache_hits, 0u);
+  EXPECT_GT(s.experts_read, 0u);
+}
+
+TEST(EngineExpertStore, NextReadyHandsOutHitsAtOnceAndEveryExpertOnce) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, false);
+  for (const char* io : {"auto", "pread", "mmap"}) {
+    SCOPED_TRACE(io);
+    EngineExpertStoreOptions o = cached(c, 8);
+    auto store = open_expert_store(io, d.path(), c, o);
+    expect_payloads(*store, want, 0, {2, 6});  // now in the host cache
+    std::vector<int> ids{7, 2, 4, 6, 1};
+    store->begin_fetch(0, ids);
+    // The two cached experts are ready without waiting for the three reads.
+    std::vector<int> count(ids.size(), 0);
+    size_t i = 0;
+    const uint8_t* p = nullptr;
+    for (int hit = 0; hit < 2; ++hit) {
+      ASSERT_TRUE(store->next_ready(&i, &p, false));
+      EXPECT_TRUE(ids[i] == 2 || ids[i] == 6) << ids[i];
+      EXPECT_EQ(std::memcmp(p, want[0][ids[i]].data(), want[0][ids[i]].size()), 0);
+      ++count[i];
+    }
+    while (store->next_ready(&i, &p, true)) {
+      EXPECT_EQ(std::memcmp(p, want[0][ids[i]].data(), want[0][ids[i]].size()), 0) << ids[i];
+      ++count[i];
+    }
+    for (size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(count[k], 1) << ids[k];
+    EXPECT_FALSE(store->next_ready(&i, &p, false));
+    EXPECT_EQ(store->stats().host_cache_hits, 2u);
+  }
+}
+
+TEST(EngineExpertStore, ResidencyReportsHostCacheAndPageCacheTiers) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, true);
+  std::vector<ExpertTier> tiers(c.n_experts);
+  {
+    auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
+    expect_payloads(*store, want, 1, {4, 1});
+    store->residency(1, tiers);
+    for (int e = 0; e < c.n_experts; ++e) {
+      bool fetched = e == 4 || e == 1;
+      if (fetched) EXPECT_EQ(tiers[e], ExpertTier::kHostCache) << e;
+      else EXPECT_NE(tiers[e], ExpertTier::kHostCache) << e;
+    }
+  }
+  // Buffered: an expert just read through the page cache is resident there.
+  EngineExpertStoreOptions o;
+  auto store = open_engine_expert_store(d.path(), c, o);
+  expect_payloads(*store, want, 0, {6});
+  store->residency(0, tiers);
+  EXPECT_EQ(tiers[6], ExpertTier::kPageCache);
+  EXPECT_EQ(store->stats().host_cache_hits, 0u);
+}
+
+TEST(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, false);
+  const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(3);
+  auto fail = std::make_shared<std::atomic<bool>>(true);
+  EngineExpertStoreOptions o = cached(c, 8);
+  o.io.coalesce = false;
+  o.io.completion_hook = [fail, bad](const CompletionInfo& ci) -> int64_t {
+    return fail->load() && ci.offset == bad ? -EIO : ci.result;
+  };
+  auto store = open_engine_expert_store(d.path(), c, o);
+  std::vector<const uint8_t*> out;
+  std::vector<int> ids{2, 3, 5};
+  std::string msg = message_of([&] { store->fetch(0, ids, out); });
+  EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset " + std::to_string(bad)), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(EIO)), std::string::npos) << msg;
+  fail->store(false);
+  expect_payloads(*store, want, 0, {3});
+  EXPECT_EQ(store->stats().experts_read, 4u) << "expert 3 was read again, not served from the cache";
+}
+
+TEST(EngineExpertStore, CorruptExpertIsNeverServedFromTheHostCache) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  write_model(d.path(), c, false);
+  fs::path f = expert_file_path(d.path(), 1);
+  {
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    s.seekp(static_cast<std::streamoff>(read_expert_header(f).slot_offset(5) + 9));
+    char x = 0x33;
+    s.write(&x, 1);
+  }
+  auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
+  std::vector<const uint8_t*> out;
+  std::vector<int> ids{5};
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::string msg = message_of([&] { store->fetch(1, ids, out); });
+    EXPECT_NE(msg.find("checksum mismatch for expert 5"), std::string::npos) << attempt << ": " << msg;
+  }
+  EXPECT_EQ(store->stats().host_cache_hits, 0u);
+}
+
+TEST(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  c.vocab_size = 97;
+  c.n_layers = 3;
+  c.n_experts_per_tok = 3;
+  write_synthetic_model(d.path(), c, 23, 1);
+  const std::vector<int> prompt{5, 9, 26, 53, 58, 97 - 1};
+  auto run = [&](const char* io, uint64_t cache_slots, bool direct) {
+    ModelConfig cfg = ModelConfig::load(d.path());
+    EngineExpertStoreOptions o = cached(cfg, cache_slots);
+    o.io.direct = direct;
+    ModelOptions mo;
+    mo.n_threads = 2;
+    auto m = Model::load(d.path(), mo, open_expert_store(io, d.path(), cfg, o));
+    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+    GenerateOptions go;
+    go.n_new = 8;
+    std::vector<int> got;
+    generate(*m, prompt, go, greedy, nullptr, &got);
+    return got;
+  };
+  std::vector<int> want = run("simple", 0, false);
+  ASSERT_EQ(want.size(), 8u);
+  for (const char* io : {"auto", "pread", "mmap"})
+    for (uint64_t slots : {0, 4})
+      EXPECT_EQ(run(io, slots, std::string(io) != "mmap"), want) << io << " cache slots " << slots;
 }
 
 TEST(EngineExpertStore, UnknownIoNameIsAConfigError) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -395,6 +396,48 @@ TEST_P(IoFaultTest, EagainBeyondTheBoundFails) {
   EXPECT_EQ(reqs[0].result, ReadResult::kError);
   EXPECT_EQ(reqs[0].error, EAGAIN);
   EXPECT_EQ(calls.load(), 4);  // the first try and three retries
+}
+
+TEST_P(IoFaultTest, OnDoneReportsEachRequestOnceWithItsFinalResult) {
+  // Requests split into several extents, coalesced neighbours, one failing chunk: each request
+  // is reported exactly once, when its last piece lands, with the result submit() returns.
+  IoEngineOptions o = options();
+  o.max_read_bytes = 64 << 10;
+  const uint64_t bad = (2 << 20) + (64 << 10);
+  o.completion_hook = [&](const CompletionInfo& c) -> int64_t {
+    return c.offset == bad ? -EIO : c.result;
+  };
+  IoEngine eng(o);
+  uint32_t f = eng.add_file(path_);
+  std::vector<std::string> bufs;
+  std::vector<ReadRequest> reqs;
+  const uint64_t offs[] = {0, 256 << 10, 2 << 20, 3 << 20};  // 0 and 256 KiB coalesce
+  for (int i = 0; i < 4; ++i) bufs.emplace_back(256 << 10, '\0');
+  for (int i = 0; i < 4; ++i) reqs.push_back({f, offs[i], 256 << 10, bufs[i].data()});
+  reqs.push_back({f, 100, 0, bufs[0].data()});  // zero length: reported at once
+  std::mutex mu;
+  std::vector<int> seen(reqs.size(), 0);
+  std::vector<ReadResult> got(reqs.size());
+  std::vector<bool> bytes_ok(reqs.size(), false);
+  size_t failed = eng.submit(reqs, [&](const ReadRequest& r, size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++seen[i];
+    got[i] = r.result;
+    // The bytes are complete when reported, not only after submit() returns.
+    bytes_ok[i] = r.length == 0 || std::memcmp(r.dest, content_.data() + r.offset, r.length) == 0;
+  });
+  EXPECT_EQ(failed, 1u);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(seen[i], 1) << i;
+    EXPECT_EQ(got[i], reqs[i].result) << i;
+    if (reqs[i].offset == (2u << 20)) {
+      EXPECT_EQ(reqs[i].result, ReadResult::kError);
+      EXPECT_EQ(reqs[i].error, EIO);
+    } else {
+      EXPECT_EQ(reqs[i].result, ReadResult::kOk) << i;
+      EXPECT_TRUE(bytes_ok[i]) << i;
+    }
+  }
 }
 
 TEST_P(IoFaultTest, EioFailsOnlyItsRequestsAndNamesFileOffsetLength) {

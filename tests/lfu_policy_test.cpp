@@ -96,6 +96,7 @@ TEST(LfuPolicy, PinnedSlotIsNeverEvicted) {
   p.unpin(b);
   EXPECT_EQ(p.insert(3), b);
   EXPECT_TRUE(p.peek(1).has_value());
+  p.pin(b);
   p.pin(a);  // pins nest
   p.unpin(a);
   for (int i = 0; i < 30; ++i) p.lookup(4);
