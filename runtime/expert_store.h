@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/model_config.h"
@@ -76,6 +77,10 @@ class ExpertStore {
   }
 
   virtual ExpertStoreStats stats() const = 0;
+
+  // One line on how experts are read (backend after any fallback, O_DIRECT, host cache), for
+  // --timing and --stats-json.
+  virtual std::string describe() const { return "one pread per expert"; }
 
  private:
   std::vector<const uint8_t*> sync_payloads_;

@@ -216,6 +216,29 @@ class EngineExpertStore final : public ExpertStore {
     }
   }
 
+  std::string describe() const override {
+    std::string s = "engine " + std::string(io_backend_name(engine_.backend()));
+    const IoEngineOptions& o = engine_.options();
+    size_t direct = 0;
+    for (const Layer& L : layers_) direct += engine_.file_is_direct(L.file);
+    s += direct == layers_.size() ? ", O_DIRECT" : direct ? ", O_DIRECT on some files" : ", buffered";
+    if (engine_.backend() == IoBackend::kUring)
+      s += ", " + std::to_string(o.n_rings) + " rings x QD " + std::to_string(o.queue_depth);
+    else
+      s += ", " + std::to_string(o.n_threads) + " threads";
+    s += ", coalesce gap " + std::to_string(o.coalesce ? o.coalesce_gap_bytes >> 10 : 0) +
+         " KiB, max read " + std::to_string(o.max_read_bytes >> 10) + " KiB";
+    if (cache_) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, ", host cache %.1f MiB (%u experts)",
+                    double(uint64_t(cache_->n_slots()) * cache_->slot_bytes()) / (1 << 20),
+                    cache_->n_slots());
+      s += buf;
+    }
+    if (!opts_.store.verify_checksums) s += ", checksums off";
+    return s;
+  }
+
   ExpertStoreStats stats() const override {
     ExpertStoreStats s;
     {

@@ -86,6 +86,7 @@ void Model::reset_times() {
   impl_->moe_times = {};
 }
 ExpertStoreStats Model::expert_stats() const { return impl_->store->stats(); }
+const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
 size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;

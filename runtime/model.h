@@ -54,6 +54,7 @@ class Model {
   const ForwardTimes& times() const;
   void reset_times();
   ExpertStoreStats expert_stats() const;
+  const ExpertStore& expert_store() const;  // e.g. to ask residency() or describe()
   // Bytes of weights read per decoded token: dense f32 weights (one embedding row, not the table,
   // unless tied) plus top-k experts per layer in their packed size.
   size_t active_bytes_per_token() const;

@@ -47,14 +47,22 @@ std::string phase_text(const char* name, const PhaseStats& p) {
 nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateStats>& gen,
                               const std::optional<PerplexityResult>& ppl) {
   nlohmann::json j = {{"model", info.model_dir}, {"arch", info.arch},     {"quant", info.quant},
-                      {"threads", info.threads}, {"context", info.context}};
+                      {"threads", info.threads}, {"context", info.context},
+                      {"expert_io", info.expert_io}};
   if (gen) {
     j["prefill"] = phase_json(gen->prefill);
     j["decode"] = phase_json(gen->decode);
     const ExpertStoreStats& e = gen->experts;
     j["experts"] = {{"fetch_calls", e.fetch_calls},     {"experts_requested", e.experts_requested},
                     {"experts_read", e.experts_read},   {"bytes_read", e.bytes_read},
-                    {"io_seconds", e.io_seconds}};
+                    {"io_seconds", e.io_seconds},
+                    {"host_cache_hits", e.host_cache_hits},
+                    {"page_cache_hits", e.page_cache_hits},
+                    {"read_ops_before_coalescing", e.read_ops_requested},
+                    {"read_ops_after_coalescing", e.read_ops_issued},
+                    {"bytes_transferred", e.bytes_transferred},
+                    {"io_wait_not_hidden_s", e.io_wait_seconds},
+                    {"checksum_s", e.checksum_seconds}};
   }
   if (ppl)
     j["perplexity"] = {{"perplexity", ppl->perplexity}, {"mean_nll", ppl->mean_nll},
@@ -70,13 +78,19 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
                            const std::optional<PerplexityResult>& ppl) {
   std::string s = "model " + info.model_dir + " (" + info.arch + ", experts " + info.quant + "), " +
                   std::to_string(info.threads) + " threads, context " + std::to_string(info.context) + "\n";
+  if (!info.expert_io.empty()) s += "expert reads: " + info.expert_io + "\n";
   if (gen) {
     s += phase_text("prefill", gen->prefill);
     s += phase_text("decode ", gen->decode);
     const ExpertStoreStats& e = gen->experts;
     s += "experts: " + std::to_string(e.experts_requested) + " requested, " +
-         std::to_string(e.experts_read) + " read, " +
+         std::to_string(e.host_cache_hits) + " host-cache hits, " + std::to_string(e.experts_read) +
+         " read (" + std::to_string(e.page_cache_hits) + " found in the page cache), " +
          fmt("%.1f MiB, I/O %.3f s\n", double(e.bytes_read) / (1 << 20), e.io_seconds);
+    s += "  read ops " + std::to_string(e.read_ops_requested) + " before coalescing, " +
+         std::to_string(e.read_ops_issued) + " after; " +
+         fmt("%.1f MiB transferred; I/O wait not hidden by compute %.3f s; checksums %.3f s\n",
+             double(e.bytes_transferred) / (1 << 20), e.io_wait_seconds, e.checksum_seconds);
   }
   if (ppl)
     s += fmt("perplexity %.4f (mean NLL %.4f nats", ppl->perplexity, ppl->mean_nll) + ", " +

@@ -15,6 +15,7 @@ struct RunInfo {
   std::string model_dir, arch, quant;
   int threads = 0;
   int context = 0;
+  std::string expert_io;  // ExpertStore::describe(): how experts are read
 };
 
 nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateStats>& gen,

@@ -54,8 +54,12 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
 }
 
 struct Args {
-  std::string model, prompt, prompt_ids, stats_json, perplexity_file, io = "simple";
+  std::string model, prompt, prompt_ids, stats_json, perplexity_file, io = "auto";
   int n_predict = 64, threads = 0, ctx = 0, stride = 0;
+  // Read engine knobs (0 = the engine's default).
+  bool io_direct = false;
+  uint64_t host_cache_mb = 0, coalesce_gap_kb = 64, max_read_kb = 1024;
+  uint32_t io_qd = 32, io_rings = 0, io_threads = 0;
   uint64_t seed = 0;
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
@@ -91,10 +95,21 @@ int run(const Args& a) {
 
   EngineExpertStoreOptions so;
   so.store.verify_checksums = mo.verify_checksums;
+  so.io.direct = a.io_direct;
+  so.io.queue_depth = a.io_qd;
+  so.io.n_rings = a.io_rings;
+  so.io.n_threads = a.io_threads;
+  so.io.coalesce = a.coalesce_gap_kb > 0;
+  so.io.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
+  so.io.max_read_bytes = a.max_read_kb << 10;
+  so.host_cache_bytes = a.host_cache_mb << 20;
+  if (a.host_cache_mb > 0 && !a.io_direct)
+    std::fprintf(stderr, "moestream: --host-cache-mb without --io-direct: experts are cached twice "
+                         "(host cache and page cache)\n");
   auto model = Model::load(dir, mo, open_expert_store(a.io, dir, header_cfg, so));
   const ModelConfig& cfg = model->config();
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
-               model->n_threads(), model->max_context()};
+               model->n_threads(), model->max_context(), model->expert_store().describe()};
   std::optional<GenerateStats> gen;
   std::optional<PerplexityResult> ppl;
 
@@ -167,10 +182,30 @@ int main(int argc, char** argv) {
   app.add_option("--perplexity", a.perplexity_file, "report the perplexity of this text file");
   app.add_flag("--print-ids", a.print_ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", a.ignore_eos, "keep generating past the end-of-sequence token");
-  app.add_flag("--no-verify", a.no_verify, "skip the per-expert checksum on reads");
+  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify,
+               "skip the per-expert checksum on reads");
   app.add_option("--io", a.io,
-                 "expert reads: simple (one pread per expert), or the batch engine with backend "
-                 "auto|uring|pread|mmap")->capture_default_str();
+                 "expert reads through the batch engine: auto (io_uring, else the pread pool with "
+                 "a notice), uring, pread (thread pool), mmap (page-fault baseline); or simple "
+                 "(one blocking pread per expert)")->capture_default_str();
+  app.add_flag("--io-direct", a.io_direct,
+               "read experts with O_DIRECT (bypass the page cache; buffered with a notice where "
+               "the filesystem refuses)");
+  app.add_option("--host-cache-mb", a.host_cache_mb,
+                 "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
+      ->capture_default_str();
+  app.add_option("--io-qd", a.io_qd, "reads in flight per io_uring ring")->capture_default_str()
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--io-rings", a.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")
+      ->capture_default_str();
+  app.add_option("--io-threads", a.io_threads, "pread/mmap worker threads; 0 = cores, 4..16")
+      ->capture_default_str();
+  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb,
+                 "merge reads of experts at most this far apart into one; 0 = no coalescing")
+      ->capture_default_str();
+  app.add_option("--max-read-kb", a.max_read_kb,
+                 "largest single read; longer experts are split to keep more reads in flight")
+      ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
