@@ -41,11 +41,59 @@ MatchState& match_state() {
   return state;
 }
 
+// Unicode White_Space, which is what `\s` means to Oniguruma (the reference's engine). PCRE2's
+// `\s` under UCP also matches U+180E MONGOLIAN VOWEL SEPARATOR, which stopped being a space in
+// Unicode 6.3, so `\s`/`\S` are spelled out.
+constexpr std::string_view kWhiteSpaceMembers =
+    "\\t\\n\\x0B\\f\\r\\x20\\x85\\xA0\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+    "\\x{205F}\\x{3000}";
+
 }  // namespace
 
-Regex::Regex(std::string_view pattern, const std::string& where) : where_(where) {
+std::string translate_oniguruma(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      char e = pattern[++i];
+      if (e == 's') {
+        if (in_class) {
+          out += kWhiteSpaceMembers;
+        } else {
+          out += "[";
+          out += kWhiteSpaceMembers;
+          out += "]";
+        }
+      } else if (e == 'S' && !in_class) {
+        out += "[^";
+        out += kWhiteSpaceMembers;
+        out += "]";
+      } else {
+        out.push_back('\\');
+        out.push_back(e);
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
+      continue;
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+Regex::Regex(std::string_view source_pattern, const std::string& where) : where_(where) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
+  std::string pattern = translate_oniguruma(source_pattern);
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                         PCRE2_UTF | PCRE2_UCP, &err, &err_off, nullptr);
   if (!code_) {

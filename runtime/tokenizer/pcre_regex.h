@@ -10,6 +10,9 @@ struct pcre2_real_code_8;
 
 namespace moestream::tok {
 
+// Rewrites the few Oniguruma constructs whose PCRE2 meaning differs (`\s`, `\S`).
+std::string translate_oniguruma(std::string_view pattern);
+
 class Regex {
  public:
   // Throws ConfigError("<where>: cannot compile regex ...") when PCRE2 rejects the pattern.
