@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run THERE (device machine), after carrying .deps: builds the CPU targets, then bench_io and the
+# end-to-end --io comparison (bench/io_e2e.sh). At most 8 files land in $OUT (the tool's limit).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+O=${OUT:-/tmp/moestream_out}
+mkdir -p "$O"
+W=${WORK_DIR:-$PWD/.work}  # on the machine's disk (O_DIRECT needs a real filesystem, not tmpfs)
+mkdir -p "$W"
+{ uname -a; nproc; free -g; df -hT "$W"; lsblk -o NAME,ROTA,SIZE,MODEL,MOUNTPOINT; g++ --version | head -1
+  for f in /sys/block/*/queue/read_ahead_kb; do echo "$f $(cat "$f")"; done; } >"$O/machine.txt" 2>&1
+t0=$(date +%s)
+bash scripts/device_build.sh bench_io infer cpu_decode >"$O/build.log" 2>&1 || { tail -40 "$O/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+B=build-device/bin
+t0=$(date +%s)
+timeout "${BENCH_TIMEOUT:-110}" stdbuf -oL "$B/bench_io" --file "$W/bench_io.bin" --size-mb "${BENCH_MB:-2048}" \
+  --threads 16 --rings 16 --seconds 0.1 --json "$O/bench_io.json" >"$O/bench_io.txt" 2>&1
+echo "bench_io: rc $? in $(( $(date +%s) - t0 )) s"
+rm -f "$W/bench_io.bin"
+t0=$(date +%s)
+BIN=$B MODEL_ROOT=$W/e2e OUT_DIR=$W/e2e_out LAYERS=8 EXPERTS=64 HIDDEN=2048 FFN=1024 TOPK=8 \
+  HOST_CACHE_MB=512 N_TOKENS=16 timeout "${E2E_TIMEOUT:-170}" bash bench/io_e2e.sh >"$O/e2e.md" 2>&1
+echo "e2e: rc $? in $(( $(date +%s) - t0 )) s"
+tar czf "$O/e2e_runs.tar.gz" -C "$W" e2e_out 2>/dev/null
+cat "$O/e2e.md"
+grep -E "^(expert|limit|residency|checksum)" "$O/bench_io.txt" | head -40
