@@ -209,6 +209,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
     w.set_metadata("format", "moestream-dense");
     for (const DenseTensor& t : dense) {
       std::vector<float> v = ck.read(t.in, t.shape);
+      ck.file(t.in).release(t.in, 0, v.size());
       w.write(t.out, v.data(), v.size());
       bar.update(++done, "dense " + t.out);
     }
@@ -231,16 +232,21 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
       std::vector<uint8_t> payload(layout.bytes);
       for (int64_t e; (e = next++) < E;) {
         try {
+          // Each source range is released from our mapping once read (see SafetensorsFile::release).
+          auto take = [&](const std::string& name, uint64_t first, uint64_t n, float* dst) {
+            const SafetensorsFile& f = ck.file(name);
+            f.read_float(name, first, n, dst);
+            f.release(name, first, n);
+          };
           if (s.fused) {
             // gate_up_proj[e] is [2F, D]: rows [0, F) gate, [F, 2F) up (transformers' Concatenate(dim=1)).
-            const SafetensorsFile& gu = ck.file(s.gate);
-            gu.read_float(s.gate, uint64_t(e) * 2 * F * D, F * D, gate.data());
-            gu.read_float(s.gate, uint64_t(e) * 2 * F * D + F * D, F * D, up.data());
-            ck.file(s.down).read_float(s.down, uint64_t(e) * D * F, D * F, down.data());
+            take(s.gate, uint64_t(e) * 2 * F * D, F * D, gate.data());
+            take(s.gate, uint64_t(e) * 2 * F * D + F * D, F * D, up.data());
+            take(s.down, uint64_t(e) * D * F, D * F, down.data());
           } else {
-            ck.file(expand(s.gate, e)).read_float(expand(s.gate, e), 0, F * D, gate.data());
-            ck.file(expand(s.up, e)).read_float(expand(s.up, e), 0, F * D, up.data());
-            ck.file(expand(s.down, e)).read_float(expand(s.down, e), 0, D * F, down.data());
+            take(expand(s.gate, e), 0, F * D, gate.data());
+            take(expand(s.up, e), 0, F * D, up.data());
+            take(expand(s.down, e), 0, D * F, down.data());
           }
           std::fill(payload.begin(), payload.end(), 0);  // alignment gaps stay zero: stable checksums
           quantize_matrix(c.expert_quant, gate.data(), F, D, payload.data() + layout.gate_offset);

@@ -230,6 +230,17 @@ void SafetensorsFile::read_float(const std::string& name, uint64_t first, uint64
   convert_to_float(t.dtype, map_ + t.offset + first * dtype_bytes(t.dtype), count, dst);
 }
 
+void SafetensorsFile::release(const std::string& name, uint64_t first, uint64_t count) const {
+  const TensorInfo& t = info(name);
+  const uint64_t esize = dtype_bytes(t.dtype);
+  MOE_ASSERT(first <= t.numel() && count <= t.numel() - first, "release range outside tensor " + name);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = (t.offset + first * esize + page - 1) / page * page;
+  const uint64_t end = (t.offset + (first + count) * esize) / page * page;
+  if (end > begin)  // a hint: failure only means the pages stay mapped
+    (void)::madvise(const_cast<uint8_t*>(map_) + begin, end - begin, MADV_DONTNEED);
+}
+
 std::vector<float> SafetensorsFile::to_float(const std::string& name) const {
   std::vector<float> out(info(name).numel());
   read_float(name, 0, out.size(), out.data());

@@ -58,6 +58,10 @@ class SafetensorsFile {
   std::vector<float> to_float(const std::string& name) const;
   // Elements [first, first+count) of the flattened tensor, widened to float32 into dst.
   void read_float(const std::string& name, uint64_t first, uint64_t count, float* dst) const;
+  // Drops this process's mapping of the whole pages inside elements [first, first+count) (the
+  // data stays in the page cache): a converter streaming a checkpoint far larger than RAM keeps
+  // its resident set to what it is working on. Reading them again later is still valid.
+  void release(const std::string& name, uint64_t first, uint64_t count) const;
   // Like to_float, and checks the shape first: FormatError naming tensor, expected and actual.
   std::vector<float> to_float_checked(const std::string& name, const std::vector<int64_t>& shape) const;
   void check_shape(const std::string& name, const std::vector<int64_t>& shape) const;
