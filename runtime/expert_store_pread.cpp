@@ -75,7 +75,9 @@ class PreadExpertStore final : public ExpertStore {
       const uint64_t off = L.header.slot_offset(slot);
       read_exact(L, dst, layout_.bytes, off);
       if (opts_.verify_checksums) {
+        auto c0 = std::chrono::steady_clock::now();
         uint64_t got = expert_checksum(dst, layout_.bytes);
+        stats_.checksum_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
         uint64_t want = L.header.slot_checksums[slot];
         if (got != want)
           throw FormatError(L.path.string() + ": checksum mismatch for expert " + std::to_string(id) +
@@ -85,11 +87,17 @@ class PreadExpertStore final : public ExpertStore {
       }
       out[i] = dst;
       stats_.bytes_read += layout_.bytes;
+      stats_.bytes_transferred += layout_.bytes;
     }
+    // One synchronous pread per expert, no coalescing; all of the time is waited for.
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
     stats_.experts_read += ids.size();
-    stats_.io_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.read_ops_requested += ids.size();
+    stats_.read_ops_issued += ids.size();
+    stats_.io_seconds += waited;
+    stats_.io_wait_seconds += waited;
   }
 
   ExpertStoreStats stats() const override { return stats_; }

@@ -208,6 +208,9 @@ TEST(ExpertStore, ReturnsTheBytesWrittenForEachRequestedExpert) {
     EXPECT_EQ(s.fetch_calls, 1u);
     EXPECT_EQ(s.experts_requested, 3u);
     EXPECT_EQ(s.bytes_read, 3 * payloads[1][0].size());
+    EXPECT_EQ(s.read_ops_issued, 3u);
+    EXPECT_GT(s.checksum_seconds, 0.0);
+    EXPECT_GE(s.io_wait_seconds, s.checksum_seconds);
   }
 }
 
