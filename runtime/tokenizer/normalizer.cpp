@@ -2,13 +2,17 @@
 // Replace (literal or regex) and Sequence, with the reference's semantics.
 #include "runtime/tokenizer/normalizer.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <vector>
 
 #include <utf8proc.h>
 
 #include "common/error.h"
 #include "runtime/tokenizer/pcre_regex.h"
+#include "runtime/tokenizer/unicode_ranges.h"
+#include "runtime/tokenizer/utf8.h"
 
 namespace moestream::tok {
 
@@ -34,20 +38,19 @@ class UnicodeForm : public Normalizer {
       if (start > 0 && static_cast<unsigned char>(in[start]) >= 0x80) start = i;
       size_t end = i;
       while (end < n && static_cast<unsigned char>(in[end]) >= 0x80) ++end;
-      utf8proc_uint8_t* dst = nullptr;
-      utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(in.data() + start),
-                                          static_cast<utf8proc_ssize_t>(end - start), &dst, options_);
-      if (len < 0) {
-        throw FormatError(std::string("tokenizer: Unicode normalisation failed at byte ") +
-                          std::to_string(start) + ": " + utf8proc_errmsg(len));
-      }
-      std::string_view norm(reinterpret_cast<const char*>(dst), static_cast<size_t>(len));
-      if (norm != in.substr(start, end - start)) {
-        changed = true;
-      }
       out.append(in.substr(copied, start - copied));
-      out.append(norm);
-      std::free(dst);
+      // Characters newer than the reference's Unicode 9.0 normalisation data pass through as
+      // it treats them (unassigned: a starter that never composes), so they cut the stretch.
+      size_t piece = start, k = i;
+      while (k < end) {
+        size_t at = k;
+        char32_t cp = next_code_point(in, k);
+        if (!after_unicode9(cp)) continue;
+        changed |= map_append(in.substr(piece, at - piece), out);
+        out.append(in.substr(at, k - at));
+        piece = k;
+      }
+      changed |= map_append(in.substr(piece, end - piece), out);
       copied = end;
       i = end;
       while (i < n && static_cast<unsigned char>(in[i]) < 0x80) ++i;
@@ -57,6 +60,31 @@ class UnicodeForm : public Normalizer {
   }
 
  private:
+  static bool after_unicode9(char32_t cp) {
+    if (cp < kAfterUnicode9[0][0]) return false;
+    const auto* end = std::end(kAfterUnicode9);
+    const auto* it = std::upper_bound(std::begin(kAfterUnicode9), end, cp,
+                                      [](char32_t c, const char32_t(&r)[2]) { return c < r[0]; });
+    return it != std::begin(kAfterUnicode9) && cp <= (*(it - 1))[1];
+  }
+
+  // Appends the normalised `s` to out; true when it differs from `s`.
+  bool map_append(std::string_view s, std::string& out) const {
+    if (s.empty()) return false;
+    utf8proc_uint8_t* dst = nullptr;
+    utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                        static_cast<utf8proc_ssize_t>(s.size()), &dst, options_);
+    if (len < 0) {
+      throw FormatError(std::string("tokenizer: Unicode normalisation failed: ") +
+                        utf8proc_errmsg(len));
+    }
+    std::string_view norm(reinterpret_cast<const char*>(dst), static_cast<size_t>(len));
+    bool differs = norm != s;
+    out.append(norm);
+    std::free(dst);
+    return differs;
+  }
+
   utf8proc_option_t options_;
 };
 

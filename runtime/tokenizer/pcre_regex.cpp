@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include "common/error.h"
+#include "runtime/tokenizer/unicode_ranges.h"
 
 namespace moestream::tok {
 
@@ -70,6 +71,25 @@ std::string translate_oniguruma(std::string_view pattern) {
         out += "[^";
         out += kWhiteSpaceMembers;
         out += "]";
+      } else if ((e == 'p' || e == 'P') && i + 1 < pattern.size()) {
+        // \p{L} / \p{N}: add what Unicode 15-16 assigned, which PCRE2 10.42 does not know.
+        size_t name_start = i + 1, name_end = i + 2;
+        if (pattern[name_start] == '{') {
+          size_t close = pattern.find('}', name_start);
+          name_end = close == std::string_view::npos ? pattern.size() : close + 1;
+        }
+        std::string_view whole = pattern.substr(i - 1, name_end - (i - 1));
+        std::string_view name = pattern.substr(name_start, name_end - name_start);
+        const char* extra = (name == "L" || name == "{L}") ? kExtraLetters
+                            : (name == "N" || name == "{N}") ? kExtraNumbers : nullptr;
+        if (!extra || (e == 'P' && in_class)) {
+          out += whole;
+        } else {
+          std::string members = std::string("\\p{") + (extra == kExtraLetters ? "L" : "N") + "}" + extra;
+          if (in_class) out += members;
+          else out += (e == 'p' ? "[" : "[^") + members + "]";
+        }
+        i = name_end - 1;
       } else {
         out.push_back('\\');
         out.push_back(e);

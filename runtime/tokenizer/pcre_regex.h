@@ -10,7 +10,8 @@ struct pcre2_real_code_8;
 
 namespace moestream::tok {
 
-// Rewrites the few Oniguruma constructs whose PCRE2 meaning differs (`\s`, `\S`).
+// Rewrites the Oniguruma constructs whose PCRE2 meaning differs: `\s`/`\S` (White_Space) and
+// `\p{L}`/`\p{N}` (extended to the reference's Unicode 16 letters and numbers).
 std::string translate_oniguruma(std::string_view pattern);
 
 class Regex {

@@ -1,7 +1,8 @@
 """Deterministic mixed-text corpus for tokenizer conformance tests and the tokenizer benchmark.
 
 Documents mix English prose, source code, whitespace runs, digits, punctuation, CJK, emoji,
-"invalid-looking" sequences (mojibake, controls, U+FFFD, escapes) given as valid UTF-8, other
+"invalid-looking" sequences (mojibake, controls, U+FFFD, escapes) given as valid UTF-8, random
+code points from all planes, other
 scripts with decomposed accents, special-token look-alikes and very long words. No NUL bytes:
 the `tokenize` CLI separates documents with NUL.
 """
@@ -115,6 +116,18 @@ def _weird(r):
     return "".join(chr(r.randint(0x0300, 0x036F)) for _ in range(r.randint(1, 5)))
 
 
+def _random_code_points(r):
+    """Any scalar value: exercises Unicode-version edges (letters new in 15-16, marks new after 9)."""
+    out = []
+    for _ in range(r.randint(1, 30)):
+        cp = r.randint(0x80, 0x10FFFF) if r.random() < 0.3 else r.randint(0x80, 0x2FFFF)
+        if not 0xD800 <= cp <= 0xDFFF:
+            out.append(chr(cp))
+        if r.random() < 0.2:
+            out.append(r.choice(" \n-<[a1"))
+    return "".join(out)
+
+
 def _long_word(r):
     n = r.randint(100, 3000)
     k = r.random()
@@ -149,6 +162,7 @@ def make_documents(total_bytes, seed=1234):
         (0.02, _long_word),
         (0.08, lambda r: r.choice(OTHER_SCRIPTS) + r.choice([" ", "\n"])),
         (0.04, lambda r: r.choice(SPECIALS) + r.choice(["", " ", "\n", "hi"])),
+        (0.02, _random_code_points),
     ]
     weights = [w for w, _ in parts]
     gens = [g for _, g in parts]
