@@ -10,7 +10,7 @@ mkdir -p "$W"
 { uname -a; nproc; free -g; df -hT "$W"; lsblk -o NAME,ROTA,SIZE,MODEL,MOUNTPOINT; g++ --version | head -1
   for f in /sys/block/*/queue/read_ahead_kb; do echo "$f $(cat "$f")"; done; } >"$O/machine.txt" 2>&1
 t0=$(date +%s)
-bash scripts/device_build.sh bench_io infer cpu_decode >"$O/build.log" 2>&1 || { tail -40 "$O/build.log"; exit 1; }
+bash scripts/device_build.sh bench_io infer cpu_decode bench_residency >"$O/build.log" 2>&1 || { tail -40 "$O/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 B=build-device/bin
 t0=$(date +%s)
@@ -23,5 +23,7 @@ BIN=$B MODEL_ROOT=$W/e2e OUT_DIR=$W/e2e_out LAYERS=8 EXPERTS=64 HIDDEN=2048 FFN=
   HOST_CACHE_MB=512 N_TOKENS=16 timeout "${E2E_TIMEOUT:-170}" bash bench/io_e2e.sh >"$O/e2e.md" 2>&1
 echo "e2e: rc $? in $(( $(date +%s) - t0 )) s"
 tar czf "$O/e2e_runs.tar.gz" -C "$W" e2e_out 2>/dev/null
+"$B/bench_residency" -m "$W/e2e/q8" --host-cache-mb 512 >"$O/residency.txt" 2>&1
+cat "$O/residency.txt"
 cat "$O/e2e.md"
 grep -E "^(expert|limit|residency|checksum)" "$O/bench_io.txt" | head -40
