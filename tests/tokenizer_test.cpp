@@ -281,6 +281,19 @@ TEST(RealTokenizers, Qwen3KnownIdsAndConfig) {
   EXPECT_NE(tok.chat_template().find("<|im_start|>"), std::string::npos);
 }
 
+// Ids from tokenizers 0.23.3. U+180E is not \\s for the reference (PCRE2's \\s says it is);
+// U+13460 is a letter in Unicode 16 (PCRE2 10.42 knows 14); U+11D42 is a mark newer than the
+// reference's Unicode 9.0 NFC data, so it is not reordered before U+FE28; U+0F39 is older, so it is.
+TEST(RealTokenizers, Qwen3FollowsTheReferenceUnicodeVersions) {
+  fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
+  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  Tokenizer tok = Tokenizer::load(tj);
+  EXPECT_EQ(tok.encode(" \xE1\xA0\x8E>"), (Ids{86089, 254, 236, 29}));
+  EXPECT_EQ(tok.encode("a\xF0\x93\x91\xA0" "a"), (Ids{64, 124373, 239, 254, 64}));
+  EXPECT_EQ(tok.encode("\xEF\xB8\xA8\xF0\x91\xB5\x82"), (Ids{29237, 101, 128240, 113, 224}));
+  EXPECT_EQ(tok.encode("q\xCC\x81\xE0\xBC\xB9"), (Ids{80, 91888, 117, 53839}));
+}
+
 TEST(RealTokenizers, ConcurrentEncodesMatchSequentialOnes) {
   fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
   if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
