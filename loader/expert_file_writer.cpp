@@ -82,6 +82,8 @@ void ExpertFileWriter::finish() {
   if (rc != 0) throw_errno("cannot close", tmp_);
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) throw_errno("cannot rename into", path_);
   finished_ = true;
+  std::filesystem::path dir = path_.parent_path();  // the rename itself must survive a crash
+  fsync_path(dir.empty() ? std::filesystem::path(".") : dir);
 }
 
 }  // namespace moestream
