@@ -32,6 +32,8 @@ struct Model::Impl {
   Attention attention;
   MoeLayer moe;
   int n_past = 0;
+  bool prefill = false;  // the current forward call started from an empty cache
+  RoutingCallback on_routing;
   ForwardTimes times;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
@@ -80,6 +82,7 @@ int Model::n_threads() const { return impl_->pool.size(); }
 int Model::max_context() const { return impl_->opts.max_context; }
 int Model::n_past() const { return impl_->n_past; }
 void Model::reset() { impl_->n_past = 0; }
+void Model::set_routing_callback(RoutingCallback cb) { impl_->on_routing = std::move(cb); }
 const ForwardTimes& Model::times() const { return impl_->times; }
 void Model::reset_times() {
   impl_->times = {};
@@ -112,6 +115,7 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     throw ConfigError("context full: " + std::to_string(m.n_past) + " + " +
                       std::to_string(tokens.size()) + " tokens exceed the context of " +
                       std::to_string(m.opts.max_context) + " (raise --ctx)");
+  m.prefill = m.n_past == 0;
   for (size_t i = 0; i < tokens.size(); i += size_t(m.opts.max_batch)) {
     const int T = int(std::min(tokens.size() - i, size_t(m.opts.max_batch)));
     const bool last = i + size_t(T) == tokens.size();
@@ -142,6 +146,11 @@ void Model::Impl::forward_chunk(const int* tokens, int T, float* logits, bool al
     for (int t = 0; t < T; ++t) rms_norm(x.row(t).data(), lw.ffn_norm.data(), D, eps, h.row(t).data());
     PhaseTimes before = moe_times;
     moe.forward(pool, l, lw, h.data(), T, tmp.data(), moe_times);
+    if (on_routing) {
+      RoutingEvent ev{l, n_past, T, cfg.n_experts_per_tok, D, prefill,
+                      moe.last_ids().data(), moe.last_weights().data(), h.data()};
+      on_routing(ev);
+    }
     x.topRows(T) += tmp.topRows(T);
     const double moe_total = seconds_since(tm);
     const double router = moe_times.router_s - before.router_s;

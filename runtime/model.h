@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -29,6 +30,19 @@ struct ForwardTimes {
   double total() const { return attention_s + router_s + expert_io_s + expert_compute_s + other_s; }
 };
 
+// One layer's routing decisions for a chunk of tokens, for routing logs (--collect-routing).
+struct RoutingEvent {
+  int layer = 0;
+  int position = 0;      // position of the chunk's first token in the sequence
+  int n_tokens = 0;
+  int top_k = 0, hidden = 0;
+  bool prefill = false;  // part of the first forward call after reset() (the prompt)
+  const int* ids = nullptr;             // [n_tokens, top_k] logical ids, best first
+  const float* weights = nullptr;       // [n_tokens, top_k]
+  const float* router_inputs = nullptr; // [n_tokens, hidden]: the normalised rows the router saw
+};
+using RoutingCallback = std::function<void(const RoutingEvent&)>;
+
 class Model {
  public:
   // Reads dir/model.json and the dense weights, opens the pread expert store. Throws
@@ -50,6 +64,8 @@ class Model {
   void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits = false);
   // Empties the KV cache.
   void reset();
+  // Called after every layer's routing (empty = none); observing never changes the output.
+  void set_routing_callback(RoutingCallback cb);
 
   const ForwardTimes& times() const;
   void reset_times();

@@ -30,6 +30,8 @@ class MoeLayer {
 
   // Routing of the last forward call: T*k expert ids, token-major.
   const std::vector<int>& last_ids() const { return ids_; }
+  // Router weights of the last forward call: T*k, token-major, aligned with last_ids().
+  const std::vector<float>& last_weights() const { return weights_; }
 
  private:
   const ModelConfig& cfg_;

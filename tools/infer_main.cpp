@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/routing_log.h"
 #include "runtime/generate.h"
 #include "runtime/expert_store_uring.h"
 #include "runtime/model.h"
@@ -64,7 +65,31 @@ struct Args {
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
   bool timing = false, print_ids = false, no_verify = false, ignore_eos = false;
+  std::string collect_routing;
+  bool collect_router_inputs = false;
 };
+
+// Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
+// from an empty cache) is a new request.
+void attach_routing_log(Model& model, RoutingLogWriter& log, bool inputs) {
+  uint64_t request = 0;
+  model.set_routing_callback([&log, inputs, request](const RoutingEvent& ev) mutable {
+    if (ev.layer == 0 && ev.prefill && ev.position == 0) request = log.take_request_id();
+    RoutingRecord r;
+    r.request_id = request;
+    r.phase = ev.prefill ? RoutingPhase::kPrefill : RoutingPhase::kDecode;
+    r.layer = static_cast<uint16_t>(ev.layer);
+    for (int t = 0; t < ev.n_tokens; ++t) {
+      r.position = static_cast<uint32_t>(ev.position + t);
+      const size_t k = size_t(ev.top_k);
+      r.ids.assign(ev.ids + t * k, ev.ids + (t + 1) * k);
+      r.weights.assign(ev.weights + t * k, ev.weights + (t + 1) * k);
+      if (inputs) r.router_input.assign(ev.router_inputs + size_t(t) * size_t(ev.hidden),
+                                        ev.router_inputs + size_t(t + 1) * size_t(ev.hidden));
+      log.append(r);
+    }
+  });
+}
 
 int run(const Args& a) {
   const fs::path dir = a.model;
@@ -108,6 +133,16 @@ int run(const Args& a) {
                          "(host cache and page cache)\n");
   auto model = Model::load(dir, mo, open_expert_store(a.io, dir, header_cfg, so));
   const ModelConfig& cfg = model->config();
+  std::optional<RoutingLogWriter> routing;
+  if (!a.collect_routing.empty()) {
+    RoutingLogHeader rh{model_identity_hash(dir), uint32_t(cfg.n_layers), uint32_t(cfg.n_experts),
+                        uint32_t(cfg.n_experts_per_tok), uint32_t(cfg.hidden_size)};
+    routing.emplace(a.collect_routing, rh);
+    if (!routing->warning().empty()) std::fprintf(stderr, "infer: warning: %s\n", routing->warning().c_str());
+    attach_routing_log(*model, *routing, a.collect_router_inputs);
+  } else if (a.collect_router_inputs) {
+    throw ConfigError("--collect-router-inputs needs --collect-routing FILE");
+  }
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context(), model->expert_store().describe()};
   std::optional<GenerateStats> gen;
@@ -154,6 +189,10 @@ int run(const Args& a) {
     ppl = perplexity(*model, ids, ctx, stride);
     std::printf("perplexity %.4f over %zu tokens of %s (ctx %d, stride %d)\n", ppl->perplexity,
                 ppl->n_scored, a.perplexity_file.c_str(), ctx, stride);
+  }
+  if (routing) {
+    model->set_routing_callback({});
+    routing->close();
   }
   if (a.timing) std::fputs(run_stats_text(info, gen, ppl).c_str(), stderr);
   if (!a.stats_json.empty()) write_file_atomic(a.stats_json, run_stats_json(info, gen, ppl).dump(2) + "\n");
@@ -206,6 +245,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-read-kb", a.max_read_kb,
                  "largest single read; longer experts are split to keep more reads in flight")
       ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  app.add_option("--collect-routing", a.collect_routing,
+                 "append every token's per-layer expert choices to this routing log "
+                 "(loader/routing_log.h; created if absent, must be of this model)");
+  app.add_flag("--collect-router-inputs", a.collect_router_inputs,
+               "also log each router input vector (hidden floats per token and layer)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
