@@ -1,0 +1,112 @@
+// Implementation of cluster/io_cost_model.h. The grouping loop mirrors io::plan_reads (sorted by
+// offset; extend while the next read starts within gap_bytes and the extent stays <= max_read);
+// cluster_test checks the two agree on random sets.
+#include "cluster/io_cost_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <limits>
+
+#include "common/error.h"
+#include "common/file_util.h"
+
+namespace moestream::cluster {
+
+IoProfile load_io_profile(const std::filesystem::path& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(path.string() + ": not JSON: " + e.what());
+  }
+  double best_lat = 0, best_gbps = 0;
+  uint64_t best_block = std::numeric_limits<uint64_t>::max();
+  bool found = false;
+  for (const char* section : {"sweep", "expert"}) {
+    if (!j.contains(section) || !j[section].is_array()) continue;
+    for (const auto& c : j[section]) {
+      const std::string cache = c.value("cache", ""), engine = c.value("engine", "");
+      if (cache.find("page") != std::string::npos) continue;  // page-cache cells say nothing of the SSD
+      const uint64_t block = c.value("block_bytes", uint64_t{0});
+      const double lat = c.value("op_latency_us_p50", 0.0), gbps = c.value("gbps", 0.0);
+      if (block == 0 || lat <= 0 || gbps <= 0) continue;
+      found = true;
+      best_gbps = std::max(best_gbps, gbps);
+      const bool uring = engine.find("uring") != std::string::npos;
+      if (block < best_block || (block == best_block && uring)) {
+        best_block = block;
+        best_lat = lat;
+      }
+    }
+  }
+  if (!found)
+    throw FormatError(path.string() + ": no device (non page-cache) cell with block_bytes, "
+                      "op_latency_us_p50 and gbps in 'sweep' or 'expert'");
+  return IoProfile{best_lat, best_gbps};
+}
+
+ReadCost token_read_cost(std::span<const uint32_t> slots_in, const SlotGeometry& g) {
+  uint32_t slots[64];
+  MOE_ASSERT(slots_in.size() <= 64, "top-k above 64");
+  const size_t n = slots_in.size();
+  std::copy(slots_in.begin(), slots_in.end(), slots);
+  std::sort(slots, slots + n);
+  ReadCost c;
+  size_t b = 0;
+  while (b < n) {
+    const uint64_t start = g.data_offset + uint64_t(slots[b]) * g.expert_stride;
+    uint64_t end = start + g.expert_bytes;
+    size_t e = b + 1;
+    while (e < n) {
+      const uint64_t off = g.data_offset + uint64_t(slots[e]) * g.expert_stride;
+      if (off > end + g.gap_bytes) break;
+      const uint64_t new_end = std::max(end, off + g.expert_bytes);
+      if (new_end - start > g.max_read_bytes) break;
+      end = new_end;
+      ++e;
+    }
+    if (e - b == 1 && end - start > g.max_read_bytes)
+      c.ops += (end - start + g.max_read_bytes - 1) / g.max_read_bytes;  // split_request
+    else
+      c.ops += 1;
+    c.bytes += end - start;
+    b = e;
+  }
+  return c;
+}
+
+CostSummary layer_cost(const std::vector<ExpertSet>& tokens, std::span<const uint32_t> slot_of,
+                       const SlotGeometry& g, const IoProfile& p) {
+  CostSummary s;
+  uint64_t ops = 0, bytes = 0;
+  uint32_t slots[64];
+  for (const ExpertSet& t : tokens) {
+    for (size_t i = 0; i < t.size(); ++i) slots[i] = slot_of[t[i]];
+    ReadCost c = token_read_cost(std::span<const uint32_t>(slots, t.size()), g);
+    ops += c.ops;
+    bytes += c.bytes;
+  }
+  s.tokens = double(tokens.size());
+  if (tokens.empty()) return s;
+  s.ops_per_token = double(ops) / s.tokens;
+  s.bytes_per_token = double(bytes) / s.tokens;
+  s.modelled_us_per_token = s.ops_per_token * p.op_latency_us + s.bytes_per_token / (p.bandwidth_gbps * 1e3);
+  return s;
+}
+
+CostSummary model_cost(const std::vector<LayerStats>& layers,
+                       const std::vector<std::vector<uint32_t>>& slot_of, const SlotGeometry& g,
+                       const IoProfile& p) {
+  CostSummary total;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    CostSummary s = layer_cost(layers[l].token_sets, slot_of[l], g, p);
+    total.tokens = std::max(total.tokens, s.tokens);
+    total.ops_per_token += s.ops_per_token;
+    total.bytes_per_token += s.bytes_per_token;
+    total.modelled_us_per_token += s.modelled_us_per_token;
+  }
+  return total;
+}
+
+}  // namespace moestream::cluster

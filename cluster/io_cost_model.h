@@ -1,0 +1,60 @@
+// The I/O cost model the orderings are judged by: for each token, the physical slots its experts
+// sit in, grouped into reads by loader/io_plan's coalescing rule, priced by latency and bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <vector>
+
+#include "cluster/coactivation.h"
+
+namespace moestream::cluster {
+
+// Where slots sit in a layer file and how the engine coalesces them (io_engine.h defaults).
+struct SlotGeometry {
+  uint64_t data_offset = 4096;
+  uint64_t expert_bytes = 0;
+  uint64_t expert_stride = 0;
+  uint64_t gap_bytes = 64 << 10;      // IoEngineOptions::coalesce_gap_bytes
+  uint64_t max_read_bytes = 1 << 20;  // IoEngineOptions::max_read_bytes
+};
+
+// Per-op latency and streaming bandwidth of the device (from bench_io's JSON, or flags).
+struct IoProfile {
+  double op_latency_us = 80.0;
+  double bandwidth_gbps = 3.0;  // GB/s = 1e9 bytes per second
+};
+
+// Reads bench_io's JSON: latency = p50 of the smallest-block random reads that bypass the page
+// cache (O_DIRECT/device cells; io_uring when present), bandwidth = the best such cell's GB/s.
+// Throws FormatError naming the file when no usable cell is present.
+IoProfile load_io_profile(const std::filesystem::path& bench_io_json);
+
+struct ReadCost {
+  uint64_t ops = 0;    // reads after coalescing
+  uint64_t bytes = 0;  // bytes those reads move (gaps read through included)
+};
+
+// Reads for one token whose experts sit in `slots` (any order; sorted here). Same grouping as
+// io::plan_reads with coalescing on; a single expert longer than max_read_bytes is split there
+// too, which ops counts.
+ReadCost token_read_cost(std::span<const uint32_t> slots, const SlotGeometry& g);
+
+struct CostSummary {
+  double tokens = 0;
+  double ops_per_token = 0;
+  double bytes_per_token = 0;
+  double modelled_us_per_token = 0;  // ops * latency + bytes / bandwidth
+};
+
+// Cost of a layer's tokens under `slot_of` (logical -> physical).
+CostSummary layer_cost(const std::vector<ExpertSet>& tokens, std::span<const uint32_t> slot_of,
+                       const SlotGeometry& g, const IoProfile& p);
+
+// Sum over layers, per token (a token's cost is the sum of its layers' costs).
+CostSummary model_cost(const std::vector<LayerStats>& layers,
+                       const std::vector<std::vector<uint32_t>>& slot_of, const SlotGeometry& g,
+                       const IoProfile& p);
+
+}  // namespace moestream::cluster

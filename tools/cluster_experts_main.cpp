@@ -1,0 +1,199 @@
+// `cluster_experts`: orders each layer's experts on disk from routing logs so that experts chosen
+// together sit together, reports the modelled I/O cost, writes maps and optionally repacks.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cluster/coactivation.h"
+#include "cluster/io_cost_model.h"
+#include "cluster/ordering.h"
+#include "cluster/repack.h"
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/expert_file.h"
+#include "loader/expert_map.h"
+#include "loader/routing_log.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+using namespace moestream::cluster;
+
+namespace {
+
+struct Args {
+  std::vector<std::string> routing, evaluate;
+  std::string model, method = "seriation", io_profile, maps_out;
+  bool repack = false, json = false;
+  double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0, search_seconds = 20;
+  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024;
+};
+
+std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
+                                  const fs::path& model) {
+  std::vector<RoutingLog> logs;
+  for (const std::string& p : paths) {
+    std::fprintf(stderr, "cluster_experts: reading %s\n", p.c_str());
+    RoutingLog log = read_routing_log(p);
+    if (!log.warning.empty()) std::fprintf(stderr, "cluster_experts: warning: %s\n", log.warning.c_str());
+    const RoutingLogHeader& h = log.header;
+    if (h.model_hash != want.model_hash || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
+      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) +
+                        ", " + std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) +
+                        " experts) than " + model.string() + " (model_hash " +
+                        std::to_string(want.model_hash) + ", " + std::to_string(want.n_layers) +
+                        " layers, " + std::to_string(want.n_experts) + " experts)");
+    if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
+    logs.push_back(std::move(log));
+  }
+  return logs;
+}
+
+nlohmann::json cost_json(const CostSummary& c) {
+  return {{"tokens", c.tokens}, {"read_ops_per_token", c.ops_per_token},
+          {"bytes_per_token", c.bytes_per_token}, {"modelled_us_per_token", c.modelled_us_per_token}};
+}
+
+int run(const Args& a) {
+  const fs::path dir = a.model;
+  if (!fs::is_regular_file(dir / "model.json"))
+    throw IoError(dir.string() + "/model.json does not exist: not a packed model directory");
+  // Model shape from the layer files themselves (cluster/ knows files, not models).
+  std::vector<ExpertFileHeader> headers;
+  for (int l = 0; fs::exists(expert_file_path(dir, l)); ++l) headers.push_back(read_expert_header(expert_file_path(dir, l)));
+  if (headers.empty()) throw IoError(expert_file_path(dir, 0).string() + " does not exist");
+  const ExpertFileHeader& h0 = headers.front();
+  std::vector<ExpertMap> current;
+  for (int l = 0; l < int(headers.size()); ++l) {
+    const ExpertFileHeader& h = headers[size_t(l)];
+    if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
+      throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
+    current.push_back(load_expert_map(dir, l, h.n_experts));  // a bad map is an error here
+  }
+  RoutingLogHeader want;
+  want.model_hash = model_identity_hash(dir);
+  want.n_layers = uint32_t(headers.size());
+  want.n_experts = h0.n_experts;
+
+  SlotGeometry g;
+  g.data_offset = h0.data_offset;
+  g.expert_bytes = h0.expert_bytes;
+  g.expert_stride = h0.expert_stride;
+  g.gap_bytes = a.coalesce_gap_kb << 10;
+  g.max_read_bytes = a.max_read_kb << 10;
+  IoProfile prof;
+  if (!a.io_profile.empty()) prof = load_io_profile(a.io_profile);
+  if (a.op_latency_us > 0) prof.op_latency_us = a.op_latency_us;
+  if (a.bandwidth_gbps > 0) prof.bandwidth_gbps = a.bandwidth_gbps;
+  const OrderMethod method = parse_order_method(a.method);
+
+  const std::vector<RoutingLog> train = load_logs(a.routing, want, dir);
+  CoactivationOptions co;
+  co.neighbour_weight = a.neighbour_weight;
+  const std::vector<LayerStats> stats = coactivation(train, co);
+  std::fprintf(stderr, "cluster_experts: %zu tokens x %zu layers from %zu log(s); latency %.1f us/op, %.2f GB/s\n",
+               stats[0].token_sets.size(), stats.size(), train.size(), prof.op_latency_us, prof.bandwidth_gbps);
+
+  // Orders for the three methods (identity and greedy are cheap; the chosen one is what is written).
+  const std::vector<OrderMethod> methods = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
+  const char* names[] = {"identity", "greedy", "seriation"};
+  std::vector<std::vector<std::vector<uint32_t>>> slots(3);
+  LocalSearchOptions ls;
+  ls.max_seconds = a.search_seconds;
+  for (size_t m = 0; m < methods.size(); ++m) {
+    if (m == 2 && method != OrderMethod::kSeriation) {
+      slots[2] = slots[size_t(method)];
+      break;
+    }
+    for (size_t l = 0; l < stats.size(); ++l) {
+      auto t0 = std::chrono::steady_clock::now();
+      slots[m].push_back(slots_of(order_layer(methods[m], stats[l], g, prof, ls)));
+      if (methods[m] == OrderMethod::kSeriation)
+        std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %.1f s)\n", l + 1, stats.size(),
+                     names[m], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  const auto& chosen = slots[2];
+
+  nlohmann::json js;
+  js["model"] = dir.string();
+  js["method"] = a.method;
+  js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
+  js["geometry"] = {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
+                    {"gap_bytes", g.gap_bytes}, {"max_read_bytes", g.max_read_bytes}};
+  auto report = [&](const char* set, const std::vector<LayerStats>& st) {
+    std::fprintf(stderr, "%-9s %-10s %12s %14s %16s\n", set, "method", "ops/token", "KiB/token", "modelled us/tok");
+    for (int m = 0; m < 3; ++m) {
+      CostSummary c = model_cost(st, slots[size_t(m)], g, prof);
+      const char* name = m < 2 ? names[m] : a.method.c_str();
+      std::fprintf(stderr, "%-9s %-10s %12.3f %14.1f %16.1f\n", set, name, c.ops_per_token,
+                   c.bytes_per_token / 1024, c.modelled_us_per_token);
+      js[set][m < 2 ? std::string(names[m]) : "chosen"] = cost_json(c);
+    }
+  };
+  report("train", stats);
+  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, want, dir)));
+
+  std::vector<ExpertMap> maps;
+  for (size_t l = 0; l < chosen.size(); ++l)
+    maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
+  if (!a.maps_out.empty()) {
+    fs::create_directories(a.maps_out);
+    for (size_t l = 0; l < maps.size(); ++l) write_expert_map(expert_map_path(a.maps_out, int(l)), maps[l]);
+    std::fprintf(stderr, "cluster_experts: wrote %zu maps under %s/experts\n", maps.size(), a.maps_out.c_str());
+  }
+  if (a.repack) {
+    RepackOptions ro;
+    ro.progress = [](int l, int n) { std::fprintf(stderr, "cluster_experts: repacked layer %d/%d\n", l, n); };
+    repack_experts(dir, int(maps.size()), maps, ro);
+    std::fprintf(stderr, "cluster_experts: %s/experts repacked in %s order, maps installed\n",
+                 dir.string().c_str(), a.method.c_str());
+  }
+  js["repacked"] = a.repack;
+  if (a.json) std::printf("%s\n", js.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cluster_experts: place co-activated experts next to each other on disk"};
+  Args a;
+  app.add_option("--routing", a.routing, "routing log(s) to learn the order from (infer --collect-routing)")
+      ->required()->expected(1, -1);
+  app.add_option("--model", a.model, "packed model directory")->required();
+  app.add_option("--method", a.method, "identity, greedy (chain baseline) or seriation "
+                 "(spectral + local search on the cost model)")->capture_default_str();
+  app.add_flag("--repack", a.repack, "rewrite the layer files in the new physical order and install the maps");
+  app.add_option("--maps-out", a.maps_out, "write the orders as DIR/experts/layer_NNN.map (for inspection; "
+                 "a map only belongs next to a file repacked in its order)");
+  app.add_option("--evaluate", a.evaluate, "held-out routing log(s) to report the cost on")->expected(1, -1);
+  app.add_flag("--json", a.json, "print a JSON summary on stdout");
+  app.add_option("--io-profile", a.io_profile, "bench_io JSON to take per-op latency and bandwidth from");
+  app.add_option("--op-latency-us", a.op_latency_us, "per-read latency in us (overrides --io-profile; default 80)");
+  app.add_option("--bandwidth-gbps", a.bandwidth_gbps, "device bandwidth in GB/s (overrides --io-profile; default 3)");
+  app.add_option("--neighbour-weight", a.neighbour_weight,
+                 "weight of pairs chosen by consecutive tokens in the co-activation counts")->capture_default_str();
+  app.add_option("--search-seconds", a.search_seconds, "local search time budget per layer")->capture_default_str();
+  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb, "engine coalescing gap (infer --coalesce-gap-kb)")
+      ->capture_default_str();
+  app.add_option("--max-read-kb", a.max_read_kb, "engine largest read (infer --max-read-kb)")->capture_default_str()
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  try {
+    return run(a);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "cluster_experts: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cluster_experts: unexpected error: %s\n", e.what());
+  }
+  return 1;
+}
