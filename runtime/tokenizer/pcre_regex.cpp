@@ -71,6 +71,11 @@ std::string translate_oniguruma(std::string_view pattern) {
         out += "[^";
         out += kWhiteSpaceMembers;
         out += "]";
+      } else if (e == 'd' || (e == 'D' && !in_class)) {
+        // Decimal digits, with those Unicode 15-16 added.
+        std::string members = std::string("\\p{Nd}") + kExtraDecimals;
+        if (in_class) out += members;
+        else out += (e == 'd' ? "[" : "[^") + members + "]";
       } else if ((e == 'p' || e == 'P') && i + 1 < pattern.size()) {
         // \p{L} / \p{N}: add what Unicode 15-16 assigned, which PCRE2 10.42 does not know.
         size_t name_start = i + 1, name_end = i + 2;

@@ -11,7 +11,8 @@ struct pcre2_real_code_8;
 namespace moestream::tok {
 
 // Rewrites the Oniguruma constructs whose PCRE2 meaning differs: `\s`/`\S` (White_Space) and
-// `\p{L}`/`\p{N}` (extended to the reference's Unicode 16 letters and numbers).
+// `\p{L}`/`\p{N}`/`\d` (extended to the reference's Unicode 16 letters, numbers and digits).
+// `\w` is left to PCRE2 (its Unicode 14 word class), a known gap no shipped pattern uses.
 std::string translate_oniguruma(std::string_view pattern);
 
 class Regex {

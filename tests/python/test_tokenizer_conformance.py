@@ -185,3 +185,70 @@ def test_output_to_a_pipe_writes_through_it(tmp_path):
     reader.join(timeout=30)
     assert got == [b"2 2\n"]
     assert fifo.is_fifo()
+
+
+# Components the real vocabularies do not use, checked against the oracle on variants of the
+# GPT-2 and Llama-2 files: (base, field -> replacement JSON).
+_BL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_VARIANTS = {
+    "split-merged-previous+bytelevel-prefix": ("gpt2", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\d+|\\s+"}, "behavior": "MergedWithPrevious", "invert": False},
+        dict(_BL, add_prefix_space=True)]}}),
+    "split-string-merged-next": ("gpt2", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithNext", "invert": False},
+        dict(_BL, use_regex=False)]}}),
+    "split-invert-contiguous+digits": ("gpt2", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "[a-z]+"}, "behavior": "Contiguous", "invert": True},
+        {"type": "Digits", "individual_digits": True}, _BL]}}),
+    "split-removed+digits-runs": ("gpt2", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\p{P}"}, "behavior": "Removed", "invert": False},
+        {"type": "Digits", "individual_digits": False}, _BL]}}),
+    "nfkc+replace-regex+template": ("gpt2", {
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFKC"}, {"type": "Replace", "pattern": {"Regex": "\\s{2,}"}, "content": " "}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [50256], "tokens": ["<|endoftext|>"]}}}}),
+    "nfd+roberta": ("gpt2", {"normalizer": {"type": "NFD"},
+                             "post_processor": {"type": "RobertaProcessing", "sep": ["<|endoftext|>", 50256],
+                                                "cls": ["<|endoftext|>", 50256], "trim_offsets": True,
+                                                "add_prefix_space": False}}),
+    "metaspace-always-split": ("llama2", {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"},
+                    {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]}}),
+    "metaspace-first-nosplit": ("llama2", {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}}),
+    "metaspace-never": ("llama2", {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": True}}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(_VARIANTS))
+def test_component_variants_match_reference(variant, corpus, tmp_path):
+    import json
+    from tokenizers import Tokenizer
+    exe = _tokenize_exe()
+    base, changes = _VARIANTS[variant]
+    doc = json.loads(_tokenizer_path(base, tmp_path).read_text())
+    doc.update(changes)
+    tj = tmp_path / "variant.json"
+    tj.write_text(json.dumps(doc))
+    tok = Tokenizer.from_file(str(tj))
+    docs = corpus[0][:250]  # ~700 KB
+    docs_path = tmp_path / "docs.txt"
+    docs_path.write_bytes("\0".join(docs).encode())
+    ids_path = tmp_path / "ids.txt"
+    _run([exe, "encode", "-t", tj, "-i", docs_path, "--split-nul", "-o", ids_path])
+    ours = _read_ids(ids_path)
+    ref = [e.ids for e in tok.encode_batch(docs)]
+    assert ours == ref, _first_difference(ours, ref, docs, tok)
+    text_path = tmp_path / "decoded.txt"
+    _run([exe, "decode", "-t", tj, "-i", ids_path, "-o", text_path])
+    assert text_path.read_bytes().decode().split("\0") == tok.decode_batch(ref, skip_special_tokens=False)
