@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <optional>
 
+#include <utf8proc.h>
+
 #include "common/error.h"
 #include "runtime/tokenizer/pcre_regex.h"
 #include "runtime/tokenizer/utf8.h"
@@ -216,20 +218,12 @@ class SequencePre : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 
-}  // namespace
-
-}  // namespace moestream::tok
-
-#include <utf8proc.h>
-
-namespace moestream::tok {
-
-namespace {
 bool DigitsPre::is_numeric(char32_t cp) {
   if (cp < 0x80) return cp >= '0' && cp <= '9';
   auto c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
   return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
 }
+
 }  // namespace
 
 ByteLevelPre::ByteLevelPre(bool add_prefix_space, bool use_regex)
