@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bench/cluster.sh: records a training and a held-out routing trace of the demo model, orders the
+# experts (identity, greedy, seriation), prints modelled and measured (O_DIRECT replay) costs.
+# Usage: bench/cluster.sh [BUILD_DIR] [WORK_DIR]     (one command, reproducible: greedy decoding
+# is not involved, the traces come from perplexity runs over fixed text slices)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-build}/bin
+WORK=${2:-$(mktemp -d /var/tmp/moestream_cluster.XXXXXX)}
+mkdir -p "$WORK"
+MODEL=models/demo
+TRAIN_BYTES=${TRAIN_BYTES:-400000}
+REPLAY_TOKENS=${REPLAY_TOKENS:-3000}
+ROUNDS=${ROUNDS:-3}
+
+# Training text: a slice of the training corpus when present, else the part of the committed
+# held-out file that heldout_head.txt does not cover (disjoint from the evaluation text).
+if [[ -f data/corpus/train.txt ]]; then
+  head -c "$TRAIN_BYTES" data/corpus/train.txt > "$WORK/train.txt"
+else
+  tail -c +200001 $MODEL/heldout.txt | head -c "$TRAIN_BYTES" > "$WORK/train.txt"
+fi
+cp $MODEL/heldout_head.txt "$WORK/heldout.txt"
+for s in train heldout; do
+  if [[ ! -s "$WORK/$s.bin" ]]; then
+    "$BIN/infer" -m $MODEL --perplexity "$WORK/$s.txt" --ctx 512 --stride 512 \
+      --collect-routing "$WORK/$s.bin" >&2
+  fi
+done
+
+# Two copies of the model: identity order, and repacked in the seriation order.
+rm -rf "$WORK/identity" "$WORK/clustered"
+cp -r $MODEL "$WORK/identity"
+cp -r $MODEL "$WORK/clustered"
+"$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" \
+  --model "$WORK/clustered" --method seriation --repack --json ${IO_PROFILE:+--io-profile $IO_PROFILE} \
+  > "$WORK/cluster.json"
+
+# Cold reads: O_DIRECT through io_uring, no host cache; alternate the two copies ROUNDS times.
+for r in $(seq "$ROUNDS"); do
+  for m in identity clustered; do
+    "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring \
+      --max-tokens "$REPLAY_TOKENS" > "$WORK/replay_${m}_$r.json"
+  done
+done
+
+python3 - "$WORK" "$ROUNDS" <<'PY'
+import json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+c = json.load(open(f"{work}/cluster.json"))
+print(f"io profile: {c['io_profile']['op_latency_us']:.1f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s;"
+      f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B")
+print(f"{'trace':8} {'method':10} {'read ops/tok':>12} {'vs identity':>11} {'KiB/tok':>9} {'model us/tok':>12}")
+for trace in ("train", "heldout"):
+    base = c[trace]["identity"]["read_ops_per_token"]
+    for m in ("identity", "greedy", "chosen"):
+        x = c[trace][m]
+        name = "seriation" if m == "chosen" else m
+        print(f"{trace:8} {name:10} {x['read_ops_per_token']:12.2f} {100*(x['read_ops_per_token']/base-1):+10.1f}% "
+              f"{x['bytes_per_token']/1024:9.1f} {x['modelled_us_per_token']:12.1f}")
+res = {}
+for m in ("identity", "clustered"):
+    runs = [json.load(open(f"{work}/replay_{m}_{r}.json")) for r in range(1, rounds + 1)]
+    res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
+              [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+print(f"measured cold replay (io_uring, O_DIRECT, no host cache), held-out, {res['identity'][3]} tokens, median of {rounds}:")
+for m in ("identity", "clustered"):
+    us, ops, all_us, _ = res[m]
+    print(f"  {m:10} {us:9.1f} us/token  {ops:6.2f} read ops/token  runs {all_us}")
+print(f"  clustered vs identity: {100*(res['clustered'][0]/res['identity'][0]-1):+.1f}% time")
+PY

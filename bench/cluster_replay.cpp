@@ -1,0 +1,63 @@
+// cluster_replay: replays a routing log's per-token expert choices through the expert store (no
+// model math) and measures cold expert-read time per token, e.g. identity vs repacked files.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "common/error.h"
+#include "loader/routing_log.h"
+#include "runtime/expert_store_uring.h"
+#include "runtime/model_config.h"
+
+using namespace moestream;
+
+int main(int argc, char** argv) {
+  CLI::App app{"cluster_replay: cold expert-read time per token replaying a routing log"};
+  std::string model, log_path, io = "uring";
+  bool direct = true;
+  size_t max_tokens = 2000;
+  app.add_option("--model", model, "packed model directory")->required();
+  app.add_option("--routing", log_path, "routing log to replay (one fetch per token and layer)")->required();
+  app.add_option("--io", io, "store backend (as infer --io)")->capture_default_str();
+  app.add_option("--max-tokens", max_tokens, "tokens to replay (0 = all)")->capture_default_str();
+  app.add_flag("--direct,!--buffered", direct, "O_DIRECT reads (default) or buffered")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const ModelConfig cfg = ModelConfig::load(model);
+    EngineExpertStoreOptions so;
+    so.io.direct = direct;
+    so.host_cache_bytes = 0;  // every fetch is a cold read from the device
+    so.count_page_cache_hits = false;
+    auto store = open_expert_store(io, model, cfg, so);
+    const RoutingLog log = read_routing_log(log_path);
+    if (!log.warning.empty()) std::fprintf(stderr, "cluster_replay: warning: %s\n", log.warning.c_str());
+    if (log.header.model_hash != model_identity_hash(model))
+      throw ConfigError(log_path + ": routing log of another model than " + model);
+    std::vector<const uint8_t*> out;
+    std::vector<int> ids;
+    size_t tokens = 0;
+    double seconds = 0;
+    for (const RoutingRecord& r : log.records) {
+      if (r.layer == 0) {
+        if (max_tokens && tokens == max_tokens) break;
+        ++tokens;
+      }
+      ids.assign(r.ids.begin(), r.ids.end());
+      auto t0 = std::chrono::steady_clock::now();
+      store->fetch(r.layer, ids, out);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const ExpertStoreStats st = store->stats();
+    std::printf("{\"model\": \"%s\", \"tokens\": %zu, \"us_per_token\": %.1f, \"read_ops_per_token\": %.3f, "
+                "\"bytes_per_token\": %.0f, \"store\": \"%s\"}\n",
+                model.c_str(), tokens, seconds * 1e6 / double(tokens),
+                double(st.read_ops_issued) / double(tokens), double(st.bytes_transferred) / double(tokens),
+                store->describe().c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "cluster_replay: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,195 @@
+// Tests of the routing log (loader/routing_log.h): round trip, appends, torn tails skipped and
+// never misread, corruption and another model's log rejected.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/routing_log.h"
+
+namespace moestream {
+namespace {
+
+RoutingLogHeader header() { return RoutingLogHeader{0x1234abcdULL, 3, 16, 4, 8}; }
+
+RoutingRecord record(uint64_t req, uint32_t pos, uint16_t layer, bool input, std::mt19937& rng) {
+  RoutingRecord r;
+  r.request_id = req;
+  r.position = pos;
+  r.layer = layer;
+  r.phase = pos < 5 ? RoutingPhase::kPrefill : RoutingPhase::kDecode;
+  std::vector<uint16_t> all(16);
+  for (uint16_t i = 0; i < 16; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  r.ids.assign(all.begin(), all.begin() + 4);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int j = 0; j < 4; ++j) r.weights.push_back(u(rng));
+  if (input)
+    for (int j = 0; j < 8; ++j) r.router_input.push_back(u(rng) - 0.5f);
+  return r;
+}
+
+// A plain overwrite: the truncation sweep writes hundreds of files and needs no fsync.
+void put_file(const std::filesystem::path& p, std::string_view b) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
+}
+
+void expect_same(const RoutingRecord& a, const RoutingRecord& b) {
+  EXPECT_EQ(a.request_id, b.request_id);
+  EXPECT_EQ(a.position, b.position);
+  EXPECT_EQ(a.layer, b.layer);
+  EXPECT_EQ(a.phase, b.phase);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.router_input, b.router_input);
+}
+
+// Writes n records (every third with a router input) and returns them.
+std::vector<RoutingRecord> write_log(const std::filesystem::path& p, int n, uint64_t req = 0) {
+  std::mt19937 rng(7 + n);
+  std::vector<RoutingRecord> rs;
+  RoutingLogWriter w(p, header());
+  for (int i = 0; i < n; ++i) {
+    rs.push_back(record(req, uint32_t(i / 3), uint16_t(i % 3), i % 3 == 0, rng));
+    w.append(rs.back());
+  }
+  w.close();
+  return rs;
+}
+
+TEST(RoutingLog, RoundTripKeepsEveryFieldWithAndWithoutRouterInputs) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  auto rs = write_log(p, 30);
+  RoutingLog log = read_routing_log(p);
+  EXPECT_EQ(log.header, header());
+  ASSERT_EQ(log.records.size(), rs.size());
+  for (size_t i = 0; i < rs.size(); ++i) expect_same(log.records[i], rs[i]);
+  EXPECT_EQ(log.truncated_bytes, 0u);
+  EXPECT_TRUE(log.warning.empty());
+  EXPECT_EQ(log.header.model_hash, 0x1234abcdULL);
+}
+
+TEST(RoutingLog, AppendAcrossWritersKeepsOldRecordsAndContinuesRequestIds) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  auto first = write_log(p, 9, 0);
+  std::mt19937 rng(1);
+  RoutingRecord extra;
+  {
+    RoutingLogWriter w(p, header());
+    EXPECT_EQ(w.next_request_id(), 1u);
+    extra = record(w.take_request_id(), 0, 2, false, rng);
+    w.append(extra);
+    w.close();
+  }
+  RoutingLog log = read_routing_log(p);
+  ASSERT_EQ(log.records.size(), 10u);
+  for (size_t i = 0; i < 9; ++i) expect_same(log.records[i], first[i]);
+  expect_same(log.records[9], extra);
+  EXPECT_EQ(log.records[9].request_id, 1u);
+}
+
+TEST(RoutingLog, EveryTruncationPointYieldsOnlyWholeRecordsAndAWarning) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  auto rs = write_log(p, 6);
+  const std::string full = read_file(p);
+  // Record boundaries from the format: 24 + 6k (+4*hidden) + 8 bytes each.
+  std::vector<size_t> ends;
+  size_t off = kRoutingLogHeaderBytes;
+  for (const auto& r : rs) ends.push_back(off += 24 + 24 + (r.router_input.empty() ? 0 : 32) + 8);
+  ASSERT_EQ(ends.back(), full.size());
+  for (size_t cut = kRoutingLogHeaderBytes; cut < full.size(); ++cut) {
+    put_file(p, std::string_view(full).substr(0, cut));
+    RoutingLog log = read_routing_log(p);
+    size_t whole = 0;
+    while (whole < ends.size() && ends[whole] <= cut) ++whole;
+    ASSERT_EQ(log.records.size(), whole) << "cut at " << cut;
+    for (size_t i = 0; i < whole; ++i) expect_same(log.records[i], rs[i]);
+    const bool on_boundary = cut == kRoutingLogHeaderBytes || (whole && ends[whole - 1] == cut);
+    EXPECT_EQ(log.warning.empty(), on_boundary) << "cut at " << cut;
+    if (!on_boundary) EXPECT_NE(log.warning.find("truncated tail"), std::string::npos);
+  }
+}
+
+TEST(RoutingLog, TornLastRecordFailsItsChecksumAndIsSkipped) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  auto rs = write_log(p, 4);
+  std::string b = read_file(p);
+  b[b.size() - 12] ^= 0x40;  // inside the last record's weights
+  write_file_atomic(p, b);
+  RoutingLog log = read_routing_log(p);
+  EXPECT_EQ(log.records.size(), 3u);
+  EXPECT_NE(log.warning.find("checksum"), std::string::npos);
+}
+
+TEST(RoutingLog, CorruptRecordBeforeTheTailIsAnErrorNamingTheOffset) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  write_log(p, 6);
+  std::string b = read_file(p);
+  b[kRoutingLogHeaderBytes + 30] ^= 0x01;  // first record's ids
+  write_file_atomic(p, b);
+  try {
+    read_routing_log(p);
+    FAIL() << "corrupt record was accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("offset 64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(RoutingLog, AppendingToALogOfAnotherModelIsRefused) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  write_log(p, 3);
+  RoutingLogHeader other = header();
+  other.model_hash ^= 1;
+  EXPECT_THROW(RoutingLogWriter(p, other), ConfigError);
+  RoutingLogHeader wider = header();
+  wider.top_k = 2;
+  EXPECT_THROW(RoutingLogWriter(p, wider), ConfigError);
+  EXPECT_EQ(read_routing_log(p).records.size(), 3u);  // untouched
+}
+
+TEST(RoutingLog, AppendAfterACrashCutsTheTornTailFirst) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  auto rs = write_log(p, 5);
+  std::string b = read_file(p);
+  write_file_atomic(p, std::string_view(b).substr(0, b.size() - 10));
+  std::mt19937 rng(3);
+  RoutingRecord extra = record(9, 0, 1, false, rng);
+  {
+    RoutingLogWriter w(p, header());
+    EXPECT_NE(w.warning().find("truncated tail"), std::string::npos);
+    w.append(extra);
+    w.close();
+  }
+  RoutingLog log = read_routing_log(p);
+  EXPECT_TRUE(log.warning.empty());
+  ASSERT_EQ(log.records.size(), 5u);
+  expect_same(log.records[4], extra);
+}
+
+TEST(RoutingLog, BadHeaderIsAFormatError) {
+  TempDir d;
+  const auto p = d.path() / "r.bin";
+  write_file_atomic(p, "not a routing log at all, but long enough to hold a header..........");
+  EXPECT_THROW(read_routing_log(p), FormatError);
+  std::filesystem::remove(p);
+  write_log(p, 1);
+  std::string b = read_file(p);
+  b[28] = 5;  // n_experts: the header checksum must catch it
+  write_file_atomic(p, b);
+  EXPECT_THROW(read_routing_log(p), FormatError);
+  write_file_atomic(p, b.substr(0, 20));
+  EXPECT_THROW(read_routing_log(p), FormatError);
+}
+
+}  // namespace
+}  // namespace moestream
