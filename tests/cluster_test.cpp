@@ -1,0 +1,345 @@
+// Tests of cluster/: co-activation counts, the cost model against io_plan's grouping, orderings
+// on synthetic routing with a known best order, and repack (same tokens, failure injection).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "cluster/coactivation.h"
+#include "cluster/io_cost_model.h"
+#include "cluster/ordering.h"
+#include "cluster/repack.h"
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/expert_file.h"
+#include "loader/expert_map.h"
+#include "loader/io_plan.h"
+#include "runtime/expert_store_uring.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+#include "runtime/synthetic_model.h"
+
+namespace moestream::cluster {
+namespace {
+namespace fs = std::filesystem;
+
+SlotGeometry geometry(uint64_t bytes = 69000, uint64_t stride = 69632) {
+  SlotGeometry g;
+  g.data_offset = 4096;
+  g.expert_bytes = bytes;
+  g.expert_stride = stride;
+  return g;
+}
+
+RoutingLog log_of(uint32_t n_experts, uint32_t k, const std::vector<std::vector<uint16_t>>& tokens) {
+  RoutingLog log;
+  log.header = RoutingLogHeader{1, 1, n_experts, k, 4};
+  uint32_t pos = 0;
+  for (const auto& t : tokens) {
+    RoutingRecord r;
+    r.position = pos++;
+    r.ids = t;
+    r.weights.assign(k, 1.0f / float(k));
+    log.records.push_back(r);
+  }
+  return log;
+}
+
+TEST(Coactivation, CountsSameTokenPairsAndWeightedNeighbourPairs) {
+  std::vector<RoutingLog> logs{log_of(4, 2, {{0, 1}, {2, 3}, {0, 1}})};
+  auto s = coactivation(logs);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].uses, (std::vector<uint64_t>{2, 2, 1, 1}));
+  EXPECT_EQ(s[0].at(0, 1), 2.0);
+  EXPECT_EQ(s[0].at(1, 0), 2.0);
+  EXPECT_EQ(s[0].at(0, 2), 0.0);
+  auto n = coactivation(logs, CoactivationOptions{0.5});
+  EXPECT_EQ(n[0].at(0, 2), 1.0);  // (0,1)->(2,3) and (2,3)->(0,1): 0.5 each
+  EXPECT_EQ(n[0].at(1, 3), 1.0);
+  EXPECT_EQ(n[0].at(0, 1), 2.0);
+}
+
+TEST(Coactivation, LogsOfDifferentModelsAreRefused) {
+  auto a = log_of(4, 2, {{0, 1}});
+  auto b = log_of(4, 2, {{0, 1}});
+  b.header.model_hash = 99;
+  EXPECT_THROW(coactivation({a, b}), ConfigError);
+}
+
+TEST(IoCostModel, AdjacentSlotsAreOneReadAndAGapSplitsThem) {
+  const SlotGeometry g = geometry();
+  std::vector<uint32_t> adj{5, 3, 4};
+  EXPECT_EQ(token_read_cost(adj, g).ops, 1u);
+  EXPECT_EQ(token_read_cost(adj, g).bytes, 2 * 69632u + 69000u);
+  std::vector<uint32_t> apart{1, 3, 9, 10};
+  EXPECT_EQ(token_read_cost(apart, g).ops, 3u);
+  SlotGeometry small = g;
+  small.max_read_bytes = 2 * 69632;  // two experts fit, three do not
+  EXPECT_EQ(token_read_cost(adj, small).ops, 2u);
+}
+
+// The model must count what the engine would issue: compare with io::plan_reads itself.
+TEST(IoCostModel, MatchesTheEnginePlannerOnRandomSets) {
+  std::mt19937 rng(5);
+  for (auto [bytes, stride, gap, max_read] :
+       {std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>{69000, 69632, 64 << 10, 1 << 20},
+        {3000, 4096, 8192, 16384}, {1500000, 1503232, 64 << 10, 1 << 20}, {9000, 12288, 0, 1 << 20}}) {
+    SlotGeometry g = geometry(bytes, stride);
+    g.gap_bytes = gap;
+    g.max_read_bytes = max_read;
+    io::FileEntry f;
+    f.path = "layer";
+    f.size = g.data_offset + 64 * stride;
+    std::vector<io::FileEntry> files{f};
+    io::PlanOptions po;
+    po.gap_bytes = gap;
+    po.max_read_bytes = max_read;
+    po.scatter = false;
+    static uint8_t dummy[1];
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<uint32_t> all(64);
+      std::iota(all.begin(), all.end(), 0u);
+      std::shuffle(all.begin(), all.end(), rng);
+      const size_t k = 1 + rng() % 8;
+      std::vector<uint32_t> slots(all.begin(), all.begin() + long(k));
+      std::vector<ReadRequest> reqs;
+      for (uint32_t s : slots) reqs.push_back({0, g.data_offset + uint64_t(s) * stride, bytes, dummy});
+      io::IoPlan plan = io::plan_reads(reqs, files, po);
+      uint64_t plan_bytes = 0;
+      for (const auto& x : plan.extents) plan_bytes += x.needed;
+      ReadCost c = token_read_cost(slots, g);
+      ASSERT_EQ(c.ops, plan.extents.size()) << "stride " << stride << " trial " << trial;
+      ASSERT_EQ(c.bytes, plan_bytes);
+    }
+  }
+}
+
+TEST(IoCostModel, ReadsLatencyAndBandwidthFromBenchIoJson) {
+  TempDir d;
+  const auto p = d.path() / "bench_io.json";
+  write_file_atomic(p, R"({"sweep": [
+    {"engine": "uring", "cache": "page_cache", "block_bytes": 4096, "gbps": 9.0, "op_latency_us_p50": 2.0},
+    {"engine": "pread", "cache": "direct", "block_bytes": 4096, "gbps": 0.4, "op_latency_us_p50": 95.0},
+    {"engine": "uring", "cache": "direct", "block_bytes": 4096, "gbps": 0.5, "op_latency_us_p50": 70.0},
+    {"engine": "uring", "cache": "direct", "block_bytes": 1048576, "gbps": 2.5, "op_latency_us_p50": 900.0}]})");
+  IoProfile prof = load_io_profile(p);
+  EXPECT_DOUBLE_EQ(prof.op_latency_us, 70.0);
+  EXPECT_DOUBLE_EQ(prof.bandwidth_gbps, 2.5);
+  write_file_atomic(p, R"({"sweep": []})");
+  EXPECT_THROW(load_io_profile(p), FormatError);
+  write_file_atomic(p, "{");
+  EXPECT_THROW(load_io_profile(p), FormatError);
+}
+
+// Synthetic routing with a hidden best order: tokens pick k consecutive experts of a secret
+// permutation, so the secret order (or its reverse) reads each token in one op.
+LayerStats hidden_order_stats(uint32_t n, uint32_t k, int tokens, std::vector<uint32_t>* secret) {
+  std::mt19937 rng(42);
+  secret->resize(n);
+  std::iota(secret->begin(), secret->end(), 0u);
+  std::shuffle(secret->begin(), secret->end(), rng);
+  std::vector<std::vector<uint16_t>> ts;
+  for (int t = 0; t < tokens; ++t) {
+    uint32_t start = rng() % (n - k + 1);
+    std::vector<uint16_t> set;
+    for (uint32_t j = 0; j < k; ++j) set.push_back(uint16_t((*secret)[start + j]));
+    std::shuffle(set.begin(), set.end(), rng);
+    ts.push_back(set);
+  }
+  return coactivation({log_of(n, k, ts)})[0];
+}
+
+TEST(Ordering, SeriationFindsTheHiddenBestOrder) {
+  std::vector<uint32_t> secret;
+  LayerStats s = hidden_order_stats(24, 4, 3000, &secret);
+  const SlotGeometry g = geometry();
+  const IoProfile p;
+  auto ops = [&](OrderMethod m) {
+    return layer_cost(s.token_sets, slots_of(order_layer(m, s, g, p, {2.0, 20})), g, p).ops_per_token;
+  };
+  const double identity = ops(OrderMethod::kIdentity), greedy = ops(OrderMethod::kGreedy),
+               seriation = ops(OrderMethod::kSeriation);
+  EXPECT_GT(identity, 2.5);  // a random order scatters the sets
+  EXPECT_DOUBLE_EQ(seriation, 1.0);
+  EXPECT_LE(seriation, greedy);
+  EXPECT_LT(greedy, identity);
+  Order spectral = spectral_order(s);  // already right (up to direction) on this clean signal
+  EXPECT_DOUBLE_EQ(layer_cost(s.token_sets, slots_of(spectral), g, p).ops_per_token, 1.0);
+}
+
+TEST(Ordering, GreedyChainStartsAtTheMostUsedAndFollowsTheStrongestPair) {
+  // uses: 0 five times (most); 0's strongest partner is 2 (3x, over 3 at 2x); then 2's only
+  // unvisited partner is 1 (1x); 3 last.
+  auto s = coactivation({log_of(4, 2, {{2, 0}, {2, 0}, {0, 2}, {0, 3}, {3, 0}, {3, 1}, {2, 1}})})[0];
+  EXPECT_EQ(greedy_chain(s), (Order{0, 2, 1, 3}));
+}
+
+TEST(Ordering, LocalSearchNeverWorsensTheModelledCost) {
+  std::mt19937 rng(9);
+  std::vector<std::vector<uint16_t>> ts;
+  for (int t = 0; t < 500; ++t) {
+    std::vector<uint16_t> all(16);
+    std::iota(all.begin(), all.end(), uint16_t(0));
+    std::shuffle(all.begin(), all.end(), rng);
+    ts.push_back({all[0], all[1], all[2]});
+  }
+  LayerStats s = coactivation({log_of(16, 3, ts)})[0];
+  const SlotGeometry g = geometry();
+  const IoProfile p;
+  Order start(16);
+  std::iota(start.begin(), start.end(), 0u);
+  Order better = local_search(s, start, g, p, {1.0, 5});
+  EXPECT_LE(layer_cost(ts, slots_of(better), g, p).modelled_us_per_token,
+            layer_cost(ts, slots_of(start), g, p).modelled_us_per_token);
+  std::vector<uint32_t> sorted = better;
+  std::sort(sorted.begin(), sorted.end());
+  for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(sorted[i], i);  // still a permutation
+}
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.arch = Arch::kQwen3Moe;
+  c.vocab_size = 61;
+  c.hidden_size = 64;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.moe_intermediate_size = 40;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 3;
+  c.max_position_embeddings = 64;
+  c.qk_norm = QkNorm::kPerHead;
+  c.expert_quant = QuantType::kQ8;
+  return c;
+}
+
+std::vector<ExpertMap> random_maps(int n_layers, uint32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<ExpertMap> maps;
+  for (int l = 0; l < n_layers; ++l) {
+    std::vector<uint32_t> p(n);
+    std::iota(p.begin(), p.end(), 0u);
+    std::shuffle(p.begin(), p.end(), rng);
+    maps.push_back(ExpertMap::from_slots(p));
+  }
+  return maps;
+}
+
+// Payload bytes of logical expert e of layer l, through the header and the map.
+std::string logical_payload(const fs::path& dir, int l, uint32_t e) {
+  const ExpertFileHeader h = read_expert_header(expert_file_path(dir, l));
+  const ExpertMap m = load_expert_map(dir, l, h.n_experts);
+  const std::string all = read_file(expert_file_path(dir, l));
+  return all.substr(h.slot_offset(m.physical(e)), h.expert_bytes);
+}
+
+std::map<fs::path, std::string> snapshot(const fs::path& dir) {
+  std::map<fs::path, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir)] = read_file(e.path());
+  return files;
+}
+
+std::vector<int> greedy_tokens(const fs::path& dir, const char* io, std::vector<int>* routing) {
+  ModelConfig cfg = ModelConfig::load(dir);
+  EngineExpertStoreOptions o;
+  o.io.notice = [](const std::string&) {};
+  ModelOptions mo;
+  mo.n_threads = 1;
+  auto m = Model::load(dir, mo, open_expert_store(io, dir, cfg, o));
+  if (routing)
+    m->set_routing_callback([routing](const RoutingEvent& ev) {
+      routing->insert(routing->end(), ev.ids, ev.ids + ev.n_tokens * ev.top_k);
+    });
+  Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+  GenerateOptions go;
+  go.n_new = 10;
+  std::vector<int> got;
+  const std::vector<int> prompt{3, 14, 15, 9, 26, 5, 35};
+  generate(*m, prompt, go, greedy, nullptr, &got);
+  return got;
+}
+
+TEST(Repack, SameTokensAndRoutingBeforeAndAfterRepeatedRepacks) {
+  TempDir d("cluster_test");
+  const ModelConfig c = tiny_config();
+  write_synthetic_model(d.path(), c, 23, 1);
+  std::vector<int> want_routing;
+  const std::vector<int> want = greedy_tokens(d.path(), "simple", &want_routing);
+  ASSERT_EQ(want.size(), 10u);
+  std::vector<std::string> payloads;
+  for (int l = 0; l < c.n_layers; ++l)
+    for (uint32_t e = 0; e < 8; ++e) payloads.push_back(logical_payload(d.path(), l, e));
+  // Twice: the second repack starts from a file that already has a non-identity map.
+  for (uint32_t seed : {1u, 2u}) {
+    const auto maps = random_maps(c.n_layers, 8, seed);
+    repack_experts(d.path(), c.n_layers, maps);
+    EXPECT_FALSE(fs::exists(repack_staging_dir(d.path())));
+    for (int l = 0; l < c.n_layers; ++l) {
+      EXPECT_EQ(load_expert_map(d.path(), l, 8).slots(), maps[size_t(l)].slots());
+      for (uint32_t e = 0; e < 8; ++e)
+        ASSERT_EQ(logical_payload(d.path(), l, e), payloads[size_t(l) * 8 + e]) << l << " " << e;
+    }
+    for (const char* io : {"simple", "auto"}) {
+      std::vector<int> routing;
+      EXPECT_EQ(greedy_tokens(d.path(), io, &routing), want) << io << " seed " << seed;
+      EXPECT_EQ(routing, want_routing) << io;
+    }
+  }
+}
+
+TEST(Repack, InjectedFailureAtEveryPointLeavesTheOriginalUntouched) {
+  TempDir d("cluster_test");
+  const ModelConfig c = tiny_config();
+  write_synthetic_model(d.path(), c, 29, 1);
+  const auto before = snapshot(d.path());
+  const auto maps = random_maps(c.n_layers, 8, 3);
+  std::vector<std::string> points;
+  for (int l = 0; l < c.n_layers; ++l) points.push_back("layer " + std::to_string(l) + " written");
+  points.push_back("before exchange");
+  for (const std::string& at : points) {
+    for (bool crash : {false, true}) {  // crash: the staging directory is left behind
+      RepackOptions o;
+      o.keep_staging_on_failure = crash;
+      o.fault = [&](const std::string& p) {
+        if (p == at) throw IoError("injected failure at " + p);
+      };
+      EXPECT_THROW(repack_experts(d.path(), c.n_layers, maps, o), IoError) << at;
+      EXPECT_EQ(fs::exists(repack_staging_dir(d.path())), crash);
+      auto now = snapshot(d.path());
+      for (auto it = now.begin(); it != now.end();)  // the staging dir is not the model
+        it = it->first.begin()->string() == "experts.repack" ? now.erase(it) : std::next(it);
+      EXPECT_EQ(now, before) << at;
+    }
+  }
+  // A later run removes the stale staging and succeeds.
+  repack_experts(d.path(), c.n_layers, maps);
+  EXPECT_FALSE(fs::exists(repack_staging_dir(d.path())));
+  EXPECT_EQ(load_expert_map(d.path(), 1, 8).slots(), maps[1].slots());
+}
+
+TEST(Repack, DamagedSourceSlotIsRefusedAndNothingChanges) {
+  TempDir d("cluster_test");
+  const ModelConfig c = tiny_config();
+  write_synthetic_model(d.path(), c, 31, 1);
+  const fs::path f = expert_file_path(d.path(), 2);
+  std::string b = read_file(f);
+  const ExpertFileHeader h = read_expert_header(f);
+  b[h.slot_offset(5) + 100] ^= 0x10;
+  write_file_atomic(f, b);
+  const auto before = snapshot(d.path());
+  try {
+    repack_experts(d.path(), c.n_layers, random_maps(c.n_layers, 8, 4));
+    FAIL() << "damaged slot accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("slot 5"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(snapshot(d.path()), before);
+}
+
+}  // namespace
+}  // namespace moestream::cluster
