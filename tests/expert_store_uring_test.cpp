@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,8 @@
 #include "runtime/model_config.h"
 #include "runtime/sampler.h"
 #include "runtime/synthetic_model.h"
+
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -404,6 +407,62 @@ TEST(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
   for (const char* io : {"auto", "pread", "mmap"})
     for (uint64_t slots : {0, 4})
       EXPECT_EQ(run(io, slots, std::string(io) != "mmap"), want) << io << " cache slots " << slots;
+}
+
+// Runs a CLI from the build tree; returns its exit status and stdout.
+int run_cli(const std::string& args, std::string* out) {
+  std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/infer " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  return pclose(p);
+}
+
+TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
+  if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "infer"))
+    GTEST_SKIP() << "infer not built in " << MOESTREAM_BIN_DIR;
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  c.vocab_size = 97;
+  write_synthetic_model(d.path(), c, 31, 1);
+  const std::string base = "-m " + d.path().string() +
+                           " --prompt-ids 4,8,15,16,23,42 -n 6 --temp 0 --print-ids --ignore-eos -t 2";
+  std::string want;
+  ASSERT_EQ(run_cli(base + " --io simple", &want), 0);
+  ASSERT_FALSE(want.empty());
+  const std::string flags[] = {
+      "--io uring --io-direct --host-cache-mb 1 --io-qd 4 --io-rings 2 --coalesce-gap-kb 0",
+      "--io pread --io-direct --host-cache-mb 1 --io-threads 3 --max-read-kb 16",
+      "--io mmap --no-verify-checksums",
+      "--io auto --coalesce-gap-kb 128"};
+  for (const std::string& f : flags) {
+    SCOPED_TRACE(f);
+    const fs::path json = d.path() / "stats.json";
+    std::string got;
+    ASSERT_EQ(run_cli(base + " " + f + " --stats-json " + json.string(), &got), 0);
+    EXPECT_EQ(got, want);
+    nlohmann::json j = nlohmann::json::parse(read_file(json));
+    const auto& e = j.at("experts");
+    // Every requested expert was either a host-cache hit or read; reads were issued for them.
+    EXPECT_EQ(e.at("host_cache_hits").get<uint64_t>() + e.at("experts_read").get<uint64_t>(),
+              e.at("experts_requested").get<uint64_t>());
+    EXPECT_EQ(e.at("read_ops_before_coalescing").get<uint64_t>(), e.at("experts_read").get<uint64_t>());
+    EXPECT_GT(e.at("read_ops_after_coalescing").get<uint64_t>(), 0u);
+    EXPECT_GE(e.at("io_wait_not_hidden_s").get<double>(), 0.0);
+    if (f.find("--host-cache-mb") != std::string::npos) {
+      EXPECT_GT(e.at("host_cache_hits").get<uint64_t>(), 0u);
+      EXPECT_NE(j.at("expert_io").get<std::string>().find("host cache"), std::string::npos);
+    }
+  }
+  std::string bad;
+  EXPECT_NE(run_cli(base + " --io aio", &bad), 0);
+  std::string help;
+  EXPECT_EQ(run_cli("--help", &help), 0);
+  for (const char* flag : {"--io-direct", "--host-cache-mb", "--io-qd", "--io-rings", "--io-threads",
+                           "--coalesce-gap-kb", "--max-read-kb", "--no-verify-checksums"})
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 
 TEST(EngineExpertStore, UnknownIoNameIsAConfigError) {
