@@ -82,6 +82,12 @@ int Model::n_threads() const { return impl_->pool.size(); }
 int Model::max_context() const { return impl_->opts.max_context; }
 int Model::n_past() const { return impl_->n_past; }
 void Model::reset() { impl_->n_past = 0; }
+void Model::truncate(int n_tokens) {
+  if (n_tokens < 0 || n_tokens > impl_->n_past)
+    throw ConfigError("Model::truncate: " + std::to_string(n_tokens) + " is outside [0, n_past=" +
+                      std::to_string(impl_->n_past) + "]");
+  impl_->n_past = n_tokens;  // later forward() calls overwrite the KV rows past n_tokens
+}
 void Model::set_routing_callback(RoutingCallback cb) { impl_->on_routing = std::move(cb); }
 const ForwardTimes& Model::times() const { return impl_->times; }
 void Model::reset_times() {

@@ -64,6 +64,9 @@ class Model {
   void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits = false);
   // Empties the KV cache.
   void reset();
+  // Keeps the first n_tokens of the KV cache (0 <= n_tokens <= n_past()), so a caller can reuse
+  // a common prefix; ConfigError otherwise.
+  void truncate(int n_tokens);
   // Called after every layer's routing (empty = none); observing never changes the output.
   void set_routing_callback(RoutingCallback cb);
 

@@ -1,0 +1,53 @@
+// Internal to the chat-template interpreter: the syntax tree the parser builds and the evaluator
+// walks. Values are nlohmann::ordered_json; `discarded` stands for Jinja's Undefined.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace moestream::jinja {
+
+using Value = nlohmann::ordered_json;
+
+struct Expr;
+using ExprP = std::shared_ptr<Expr>;
+
+struct Expr {
+  enum class Kind { kLiteral, kName, kAttr, kItem, kSlice, kCall, kFilter, kTest, kUnary, kBinary,
+                    kCond, kList, kDict };
+  Kind kind;
+  int line = 0;
+  std::string name;          // variable, attribute, filter, test or operator
+  Value literal;             // kLiteral
+  std::vector<ExprP> args;   // operands; kCall/kFilter/kTest: [callee/subject, positional...]
+  std::vector<std::pair<std::string, ExprP>> kwargs;
+  bool negate = false;       // `is not`
+};
+
+struct Node;
+using Body = std::vector<Node>;
+
+struct Node {
+  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetBlock, kBreak, kContinue, kBlock };
+  Node(Kind k, int l) : kind(k), line(l) {}
+  Kind kind;
+  int line = 0;
+  std::string text;                        // kText
+  ExprP expr;                              // kOutput, kSet value, kFor iterable
+  std::vector<std::pair<ExprP, Body>> branches;  // kIf: (condition, body); else has no condition
+  std::vector<std::string> targets;        // kFor loop variables; kSet: name [, attribute]
+  ExprP filter;                            // kFor `if` clause
+  Body body, else_body;                    // kFor, kSetBlock, kBlock
+};
+
+struct Template {
+  Body body;
+};
+
+Template parse(const std::string& source);  // throws ChatTemplateError
+std::string render(const Template& t, const Value& context);
+
+}  // namespace moestream::jinja

@@ -1,0 +1,180 @@
+"""Chat templates rendered by our C++ Jinja subset (render_chat_template) against Python's jinja2
+set up the way transformers' apply_chat_template sets it up, live, for several conversations."""
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+jinja2 = pytest.importorskip("jinja2", reason="jinja2 (PyPI) is the oracle for chat templates")
+import jinja2.ext  # noqa: E402
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "tokenizers"
+
+# The classic Llama-2 chat template (meta-llama/Llama-2-7b-chat-hf, tokenizer_config.json): our
+# llama2 tokenizer copy ships none, so it is written here; it exercises raise_exception, slicing,
+# loop.index0 arithmetic and the bos/eos variables.
+LLAMA2_CHAT = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+
+# A Mistral/Mixtral-style template with whitespace control, namespace, filters and tests.
+MIXTRAL_LIKE = """{%- set ns = namespace(n_user=0, sys='') %}
+{%- for m in messages %}
+    {%- if m.role == 'system' %}{% set ns.sys = m.content | trim %}{% endif %}
+    {%- if m.role == 'user' %}{% set ns.n_user = ns.n_user + 1 %}{% endif %}
+{%- endfor %}
+{{- bos_token }}
+{%- for m in messages if m.role != 'system' %}
+    {%- if m.role == 'user' %}
+        {%- if loop.last and ns.sys %}[INST] {{ ns.sys }}\n\n{{ m.content }}[/INST]
+        {%- else %}[INST] {{ m.content }}[/INST]{% endif %}
+    {%- elif m.role == 'assistant' %}
+        {{- ' ' ~ m.content | trim ~ eos_token }}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, got ' ~ m.role) }}
+    {%- endif %}
+{%- endfor %}
+{# users: {{ ns.n_user }} #}
+{%- if tools is not none and tools | length > 0 %}[TOOLS]{{ tools | tojson }}[/TOOLS]{% endif %}
+{{- '' if add_generation_prompt is false else '' }}
+  {% for k, v in {'a': 1, 'b': [1, 2]}.items() %}{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}
+{{ messages | length }} {{ (messages | first).role | upper }} {{ messages[-1].content[:5] }}"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "  And 3+3?  "}],
+    [{"role": "user", "content": "Think first."},
+     {"role": "assistant", "content": "<think>\nhmm, easy\n</think>\n\nSure, ünïcödé \"quotes\" ok"},
+     {"role": "user", "content": "<tool_response>x</tool_response>"}],
+    [{"role": "user", "content": "multi\nline\n\ttext"},
+     {"role": "assistant", "content": "reply", "reasoning_content": "because"},
+     {"role": "user", "content": "next"}],
+]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather, \"now\"",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _exe():
+    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / "render_chat_template"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    return exe
+
+
+def reference(source, ctx):
+    """transformers' _compile_jinja_template environment, without importing transformers."""
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source).render(**ctx)
+
+
+def ours(args, ctx):
+    r = subprocess.run([str(_exe()), *args], input=json.dumps(ctx), capture_output=True, text=True,
+                       timeout=30)
+    return r
+
+
+def templates():
+    out = [("demo", (ROOT / "models" / "demo" / "tokenizer_config.json"))]
+    if (SHARED / "qwen3" / "tokenizer_config.json").exists():
+        out.append(("qwen3", SHARED / "qwen3" / "tokenizer_config.json"))
+    return out
+
+
+def config_source(path):
+    cfg = json.loads(path.read_text())
+    special = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+               if cfg.get(k) is not None}
+    return cfg["chat_template"], special
+
+
+@pytest.mark.parametrize("name,path", templates(), ids=[t[0] for t in templates()])
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("gen", [True, False])
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_model_template_matches_jinja2(name, path, conv, gen, with_tools):
+    source, special = config_source(path)
+    ctx = {"messages": CONVERSATIONS[conv], "add_generation_prompt": gen,
+           "tools": TOOLS if with_tools else None}
+    want = reference(source, {**special, **ctx})
+    r = ours(["--config", str(path)], ctx)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want
+
+
+def test_qwen3_enable_thinking_false_matches_jinja2():
+    path = SHARED / "qwen3" / "tokenizer_config.json"
+    if not path.exists():
+        pytest.skip(f"{path} absent")
+    source, special = config_source(path)
+    ctx = {"messages": CONVERSATIONS[1], "add_generation_prompt": True, "enable_thinking": False}
+    r = ours(["--config", str(path)], ctx)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == reference(source, {**special, **ctx, "tools": None})
+
+
+@pytest.mark.parametrize("source_name", ["llama2", "mixtral_like"])
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+def test_inline_template_matches_jinja2_or_both_raise(tmp_path, source_name, conv):
+    source = LLAMA2_CHAT if source_name == "llama2" else MIXTRAL_LIKE
+    f = tmp_path / "t.jinja"
+    f.write_text(source)
+    ctx = {"messages": CONVERSATIONS[conv], "add_generation_prompt": True, "tools": TOOLS,
+           "bos_token": "<s>", "eos_token": "</s>"}
+    try:
+        want = reference(source, ctx)
+    except jinja2.exceptions.TemplateError as e:
+        r = ours(["--template", str(f)], ctx)
+        assert r.returncode == 1
+        assert str(e) in r.stderr
+        return
+    r = ours(["--template", str(f)], ctx)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want
+
+
+def test_raise_exception_is_reported_with_its_message(tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text(LLAMA2_CHAT)
+    bad = {"messages": [{"role": "assistant", "content": "x"}], "bos_token": "<s>", "eos_token": "</s>"}
+    r = ours(["--template", str(f)], bad)
+    assert r.returncode == 1
+    assert "Conversation roles must alternate" in r.stderr
+
+
+@pytest.mark.parametrize("source,needle", [
+    ("{% for x in y %}", "missing"),
+    ("{{ 1 + }}", "line 1"),
+    ("a\n{% macro m() %}{% endmacro %}", "line 2"),
+    ("{{ x | nosuchfilter }}", "nosuchfilter"),
+])
+def test_bad_template_fails_with_line(tmp_path, source, needle):
+    f = tmp_path / "t.jinja"
+    f.write_text(source)
+    r = ours(["--template", str(f)], {"messages": []})
+    assert r.returncode == 1
+    assert needle in r.stderr
