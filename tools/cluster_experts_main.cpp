@@ -142,7 +142,7 @@ int run(const Args& a) {
   for (size_t l = 0; l < chosen.size(); ++l)
     maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
   if (!a.maps_out.empty()) {
-    fs::create_directories(a.maps_out);
+    fs::create_directories(fs::path(a.maps_out) / "experts");
     for (size_t l = 0; l < maps.size(); ++l) write_expert_map(expert_map_path(a.maps_out, int(l)), maps[l]);
     std::fprintf(stderr, "cluster_experts: wrote %zu maps under %s/experts\n", maps.size(), a.maps_out.c_str());
   }

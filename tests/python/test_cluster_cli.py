@@ -1,0 +1,160 @@
+"""`infer --collect-routing` and `cluster_experts` end to end on a copy of the demo model: routing
+logs append across runs, clustering + repack keeps the output tokens, and bad input (a log of
+another model, a corrupt log, a map that is not a permutation) exits 1 with a clear message."""
+import json
+import os
+import pathlib
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEMO = ROOT / "models" / "demo"
+PROMPT = "1,9,25,300,17,4,88,1024"
+
+
+def _exe(name):
+    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    return exe
+
+
+def run(name, *args):
+    return subprocess.run([str(_exe(name)), *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture
+def model(tmp_path):
+    if not (DEMO / "experts" / "layer_000.bin").exists():
+        pytest.skip(f"demo model {DEMO} absent")
+    dst = tmp_path / "demo"
+    shutil.copytree(DEMO, dst, ignore=shutil.ignore_patterns("figures", "routing", "heldout*.txt"))
+    return dst
+
+
+def tokens(model_dir, log=None):
+    args = ["-m", model_dir, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
+            "--ignore-eos"]
+    if log:
+        args += ["--collect-routing", log]
+    r = run("infer", *args)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def xxh64(data, seed=0):
+    """XXH64 (the reference algorithm), for writing a .map file with a valid checksum."""
+    P1, P2, P3, P4, P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                          0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+    M = (1 << 64) - 1
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M  # noqa: E731
+    def rnd(acc, lane):
+        return (rotl((acc + lane * P2) & M, 31) * P1) & M
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(seed + P1 + P2) & M, (seed + P2) & M, seed, (seed - P1) & M]
+        while i + 32 <= n:
+            for j in range(4):
+                v[j] = rnd(v[j], struct.unpack_from("<Q", data, i + 8 * j)[0])
+            i += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
+        for x in v:
+            h = ((h ^ rnd(0, x)) * P1 + P4) & M
+    else:
+        h = (seed + P5) & M
+    h = (h + n) & M
+    while i + 8 <= n:
+        h = (rotl(h ^ rnd(0, struct.unpack_from("<Q", data, i)[0]), 27) * P1 + P4) & M
+        i += 8
+    if i + 4 <= n:
+        h = (rotl(h ^ (struct.unpack_from("<I", data, i)[0] * P1 & M), 23) * P2 + P3) & M
+        i += 4
+    while i < n:
+        h = (rotl(h ^ (data[i] * P5 & M), 11) * P1) & M
+        i += 1
+    h ^= h >> 33
+    h = (h * P2) & M
+    h ^= h >> 29
+    h = (h * P3) & M
+    return h ^ (h >> 32)
+
+
+RECORD = 24 + 6 * 4 + 8  # demo: top-4, no router inputs
+
+
+def test_routing_log_appends_and_repack_keeps_tokens(model, tmp_path):
+    log = tmp_path / "r.bin"
+    want = tokens(model, log)
+    size1 = log.stat().st_size
+    assert size1 == 64 + 8 * (8 + 12 - 1) * RECORD  # 8 layers, prompt + 11 fed-back tokens
+    tokens(model, log)
+    assert log.stat().st_size == 64 + 2 * (size1 - 64)  # appended, header once
+
+    r = run("cluster_experts", "--routing", log, "--model", model, "--method", "seriation",
+            "--repack", "--json", "--search-seconds", "0.5")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["repacked"] is True
+    assert summary["train"]["chosen"]["read_ops_per_token"] <= summary["train"]["identity"]["read_ops_per_token"]
+    assert all((model / "experts" / f"layer_{l:03d}.map").exists() for l in range(8))
+    assert not (model / "experts.repack").exists()
+    assert tokens(model) == want
+    r = run("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
+            "--ignore-eos", "--io", "uring")
+    assert r.returncode == 0 and r.stdout.strip() == want, r.stderr
+
+
+def test_log_of_another_model_is_refused(model, tmp_path):
+    log = tmp_path / "r.bin"
+    tokens(model, log)
+    cfg = json.loads((model / "model.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5  # another model: model.json differs
+    (model / "model.json").write_text(json.dumps(cfg))
+    r = run("cluster_experts", "--routing", log, "--model", model)
+    assert r.returncode == 1
+    assert "routing log of another model" in r.stderr and str(log) in r.stderr
+    r = run("infer", "-m", model, "--prompt-ids", "1,2", "-n", "1", "--print-ids",
+            "--collect-routing", log)
+    assert r.returncode == 1 and "another model" in r.stderr
+
+
+def test_corrupt_log_is_refused_and_truncated_tail_warned(model, tmp_path):
+    log = tmp_path / "r.bin"
+    tokens(model, log)
+    data = bytearray(log.read_bytes())
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(bytes(data[:-7]))
+    r = run("cluster_experts", "--routing", cut, "--model", model, "--search-seconds", "0.2")
+    assert r.returncode == 0, r.stderr
+    assert "truncated tail" in r.stderr
+    data[64 + RECORD + 26] ^= 0xFF  # second record's ids
+    log.write_bytes(bytes(data))
+    r = run("cluster_experts", "--routing", log, "--model", model)
+    assert r.returncode == 1
+    assert "corrupt routing record" in r.stderr and f"offset {64 + RECORD}" in r.stderr
+
+
+def test_xxh64_matches_a_map_written_by_cluster_experts(model, tmp_path):
+    log = tmp_path / "r.bin"
+    tokens(model, log)
+    r = run("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / "maps",
+            "--search-seconds", "0.2")
+    assert r.returncode == 0, r.stderr
+    data = (tmp_path / "maps" / "experts" / "layer_000.map").read_bytes()
+    assert struct.unpack("<Q", data[-8:])[0] == xxh64(data[:-8])
+
+
+def test_map_that_is_not_a_permutation_is_refused(model, tmp_path):
+    log = tmp_path / "r.bin"
+    tokens(model, log)
+    slots = list(range(32))
+    slots[3] = 7  # slot 7 twice
+    body = b"MOEXMAP\0" + struct.pack("<II", 1, 32) + struct.pack("<32I", *slots)
+    (model / "experts" / "layer_002.map").write_bytes(body + struct.pack("<Q", xxh64(body)))
+    r = run("cluster_experts", "--routing", log, "--model", model)
+    assert r.returncode == 1
+    assert "layer_002.map" in r.stderr and "not a permutation" in r.stderr
