@@ -11,7 +11,10 @@ mkdir -p "$WORK"
 MODEL=models/demo
 TRAIN_BYTES=${TRAIN_BYTES:-400000}
 REPLAY_TOKENS=${REPLAY_TOKENS:-3000}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
+# Queue depths to replay at: 32 (the engine default, a layer's reads overlap) and 1 (one read
+# in flight: the latency-bound case the cost model's ops x latency term describes).
+QDS=${QDS:-"32 1"}
 
 # Training text: a slice of the training corpus when present, else the part of the committed
 # held-out file that heldout_head.txt does not cover (disjoint from the evaluation text).
@@ -37,16 +40,18 @@ cp -r $MODEL "$WORK/clustered"
   > "$WORK/cluster.json"
 
 # Cold reads: O_DIRECT through io_uring, no host cache; alternate the two copies ROUNDS times.
-for r in $(seq "$ROUNDS"); do
-  for m in identity clustered; do
-    "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring \
-      --max-tokens "$REPLAY_TOKENS" > "$WORK/replay_${m}_$r.json"
+for qd in $QDS; do
+  for r in $(seq "$ROUNDS"); do
+    for m in identity clustered; do
+      "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring \
+        --io-qd "$qd" --io-rings 1 --max-tokens "$REPLAY_TOKENS" > "$WORK/replay_${m}_qd${qd}_$r.json"
+    done
   done
 done
 
-python3 - "$WORK" "$ROUNDS" <<'PY'
+python3 - "$WORK" "$ROUNDS" "$QDS" <<'PY'
 import json, statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
+work, rounds, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 c = json.load(open(f"{work}/cluster.json"))
 print(f"io profile: {c['io_profile']['op_latency_us']:.1f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s;"
       f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B")
@@ -58,14 +63,16 @@ for trace in ("train", "heldout"):
         name = "seriation" if m == "chosen" else m
         print(f"{trace:8} {name:10} {x['read_ops_per_token']:12.2f} {100*(x['read_ops_per_token']/base-1):+10.1f}% "
               f"{x['bytes_per_token']/1024:9.1f} {x['modelled_us_per_token']:12.1f}")
-res = {}
-for m in ("identity", "clustered"):
-    runs = [json.load(open(f"{work}/replay_{m}_{r}.json")) for r in range(1, rounds + 1)]
-    res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
-              [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
-print(f"measured cold replay (io_uring, O_DIRECT, no host cache), held-out, {res['identity'][3]} tokens, median of {rounds}:")
-for m in ("identity", "clustered"):
-    us, ops, all_us, _ = res[m]
-    print(f"  {m:10} {us:9.1f} us/token  {ops:6.2f} read ops/token  runs {all_us}")
-print(f"  clustered vs identity: {100*(res['clustered'][0]/res['identity'][0]-1):+.1f}% time")
+for qd in qds:
+    res = {}
+    for m in ("identity", "clustered"):
+        runs = [json.load(open(f"{work}/replay_{m}_qd{qd}_{r}.json")) for r in range(1, rounds + 1)]
+        res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
+                  [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+    print(f"measured cold replay (io_uring 1 ring, QD {qd}, O_DIRECT, no host cache), held-out, "
+          f"{res['identity'][3]} tokens, median of {rounds}:")
+    for m in ("identity", "clustered"):
+        us, ops, all_us, _ = res[m]
+        print(f"  {m:10} {us:9.1f} us/token  {ops:6.2f} read ops/token  runs {all_us}")
+    print(f"  clustered vs identity: {100*(res['clustered'][0]/res['identity'][0]-1):+.1f}% time")
 PY

@@ -18,16 +18,21 @@ int main(int argc, char** argv) {
   std::string model, log_path, io = "uring";
   bool direct = true;
   size_t max_tokens = 2000;
+  uint32_t qd = 32, rings = 0;
   app.add_option("--model", model, "packed model directory")->required();
   app.add_option("--routing", log_path, "routing log to replay (one fetch per token and layer)")->required();
   app.add_option("--io", io, "store backend (as infer --io)")->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "tokens to replay (0 = all)")->capture_default_str();
   app.add_flag("--direct,!--buffered", direct, "O_DIRECT reads (default) or buffered")->capture_default_str();
+  app.add_option("--io-qd", qd, "reads in flight per ring (1 = one read at a time)")->capture_default_str();
+  app.add_option("--io-rings", rings, "io_uring rings; 0 = the engine's default")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const ModelConfig cfg = ModelConfig::load(model);
     EngineExpertStoreOptions so;
     so.io.direct = direct;
+    so.io.queue_depth = qd;
+    so.io.n_rings = rings;
     so.host_cache_bytes = 0;  // every fetch is a cold read from the device
     so.count_page_cache_hits = false;
     auto store = open_expert_store(io, model, cfg, so);

@@ -27,7 +27,10 @@ IoProfile load_io_profile(const std::filesystem::path& path) {
     if (!j.contains(section) || !j[section].is_array()) continue;
     for (const auto& c : j[section]) {
       const std::string cache = c.value("cache", ""), engine = c.value("engine", "");
-      if (cache.find("page") != std::string::npos) continue;  // page-cache cells say nothing of the SSD
+      // Page-cache cells say nothing of the SSD; mmap cells measure page faults, not the engine.
+      if (cache.find("page") != std::string::npos || cache.find("mmap") != std::string::npos ||
+          engine.find("mmap") != std::string::npos)
+        continue;
       const uint64_t block = c.value("block_bytes", uint64_t{0});
       const double lat = c.value("op_latency_us_p50", 0.0), gbps = c.value("gbps", 0.0);
       if (block == 0 || lat <= 0 || gbps <= 0) continue;
