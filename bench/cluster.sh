@@ -49,6 +49,27 @@ for qd in $QDS; do
   done
 done
 
+# Optional: a synthetic stand-in of the same layers/experts with larger experts (SYN_HIDDEN x
+# SYN_FFN, q8), laid out from the same training trace and replaying the same held-out trace.
+if [[ -n "${SYNTHETIC:-}" ]]; then
+  SYN_TOKENS=${SYN_TOKENS:-300}
+  if [[ ! -f "$WORK/syn_identity/model.json" ]]; then
+    "$BIN/cluster_replay" --routing "$WORK/train.bin" --write-synthetic "$WORK/syn_identity" \
+      --hidden "${SYN_HIDDEN:-512}" --ffn "${SYN_FFN:-256}"
+  fi
+  rm -rf "$WORK/syn_clustered"
+  cp -r "$WORK/syn_identity" "$WORK/syn_clustered"
+  "$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" --shape-only \
+    --model "$WORK/syn_clustered" --method seriation --repack --json ${IO_PROFILE:+--io-profile $IO_PROFILE} \
+    > "$WORK/syn_cluster.json"
+  for r in $(seq "$ROUNDS"); do
+    for m in syn_identity syn_clustered; do
+      "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring --shape-only \
+        --io-rings 1 --max-tokens "$SYN_TOKENS" > "$WORK/replay_${m}_$r.json"
+    done
+  done
+fi
+
 python3 - "$WORK" "$ROUNDS" "$QDS" <<'PY'
 import json, statistics, sys
 work, rounds, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
@@ -75,4 +96,21 @@ for qd in qds:
         us, ops, all_us, _ = res[m]
         print(f"  {m:10} {us:9.1f} us/token  {ops:6.2f} read ops/token  runs {all_us}")
     print(f"  clustered vs identity: {100*(res['clustered'][0]/res['identity'][0]-1):+.1f}% time")
+import os
+if os.path.exists(f"{work}/syn_cluster.json"):
+    c = json.load(open(f"{work}/syn_cluster.json"))
+    print(f"synthetic stand-in: expert {c['geometry']['expert_bytes']} B; held-out modelled:")
+    base = c["heldout"]["identity"]
+    for m in ("identity", "greedy", "chosen"):
+        x = c["heldout"][m]
+        print(f"  {m if m != 'chosen' else 'seriation':10} {x['read_ops_per_token']:6.2f} ops/tok "
+              f"({100*(x['read_ops_per_token']/base['read_ops_per_token']-1):+.1f}%) {x['modelled_us_per_token']:9.1f} us/tok")
+    res = {}
+    for m in ("syn_identity", "syn_clustered"):
+        runs = [json.load(open(f"{work}/replay_{m}_{r}.json")) for r in range(1, rounds + 1)]
+        res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
+                  [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+        print(f"  measured {m:14} {res[m][0]:9.1f} us/token {res[m][1]:6.2f} ops/token runs {res[m][2]}"
+              f" ({res[m][3]} tokens, QD 32, 1 ring)")
+    print(f"  clustered vs identity: {100*(res['syn_clustered'][0]/res['syn_identity'][0]-1):+.1f}% time")
 PY

@@ -10,6 +10,7 @@
 #include "loader/routing_log.h"
 #include "runtime/expert_store_uring.h"
 #include "runtime/model_config.h"
+#include "runtime/synthetic_model.h"
 
 using namespace moestream;
 
@@ -19,15 +20,46 @@ int main(int argc, char** argv) {
   bool direct = true;
   size_t max_tokens = 2000;
   uint32_t qd = 32, rings = 0;
-  app.add_option("--model", model, "packed model directory")->required();
+  bool shape_only = false;
+  std::string write_synthetic;
+  int hidden = 1024, ffn = 512;
+  app.add_option("--model", model, "packed model directory (required unless --write-synthetic)");
   app.add_option("--routing", log_path, "routing log to replay (one fetch per token and layer)")->required();
   app.add_option("--io", io, "store backend (as infer --io)")->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "tokens to replay (0 = all)")->capture_default_str();
   app.add_flag("--direct,!--buffered", direct, "O_DIRECT reads (default) or buffered")->capture_default_str();
   app.add_option("--io-qd", qd, "reads in flight per ring (1 = one read at a time)")->capture_default_str();
   app.add_option("--io-rings", rings, "io_uring rings; 0 = the engine's default")->capture_default_str();
+  app.add_flag("--shape-only", shape_only,
+               "replay a log of another model with the same layers/experts (a synthetic stand-in)");
+  app.add_option("--write-synthetic", write_synthetic,
+                 "write a seeded random q8 model with the log's layers, experts and top-k into "
+                 "this directory (experts sized by --hidden/--ffn) and exit; --model is ignored");
+  app.add_option("--hidden", hidden, "synthetic model width")->capture_default_str();
+  app.add_option("--ffn", ffn, "synthetic expert width")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!write_synthetic.empty()) {
+      const RoutingLogHeader h = read_routing_log(log_path).header;
+      ModelConfig c;
+      c.arch = Arch::kQwen3Moe;
+      c.vocab_size = 256;
+      c.hidden_size = hidden;
+      c.n_layers = int(h.n_layers);
+      c.n_heads = 4;
+      c.n_kv_heads = 2;
+      c.head_dim = 32;
+      c.moe_intermediate_size = ffn;
+      c.n_experts = int(h.n_experts);
+      c.n_experts_per_tok = int(h.top_k);
+      c.max_position_embeddings = 512;
+      c.qk_norm = QkNorm::kPerHead;
+      c.expert_quant = QuantType::kQ8;
+      write_synthetic_model(write_synthetic, c, 77);
+      std::fprintf(stderr, "cluster_replay: wrote %s\n", write_synthetic.c_str());
+      return 0;
+    }
+    if (model.empty()) throw ConfigError("--model is required");
     const ModelConfig cfg = ModelConfig::load(model);
     EngineExpertStoreOptions so;
     so.io.direct = direct;
@@ -38,7 +70,8 @@ int main(int argc, char** argv) {
     auto store = open_expert_store(io, model, cfg, so);
     const RoutingLog log = read_routing_log(log_path);
     if (!log.warning.empty()) std::fprintf(stderr, "cluster_replay: warning: %s\n", log.warning.c_str());
-    if (log.header.model_hash != model_identity_hash(model))
+    if (shape_only ? (log.header.n_layers != uint32_t(cfg.n_layers) || log.header.n_experts != uint32_t(cfg.n_experts))
+                   : log.header.model_hash != model_identity_hash(model))
       throw ConfigError(log_path + ": routing log of another model than " + model);
     std::vector<const uint8_t*> out;
     std::vector<int> ids;

@@ -28,20 +28,20 @@ namespace {
 struct Args {
   std::vector<std::string> routing, evaluate;
   std::string model, method = "seriation", io_profile, maps_out;
-  bool repack = false, json = false;
+  bool repack = false, json = false, shape_only = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0, search_seconds = 20;
   uint64_t coalesce_gap_kb = 64, max_read_kb = 1024;
 };
 
 std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
-                                  const fs::path& model) {
+                                  const fs::path& model, bool shape_only) {
   std::vector<RoutingLog> logs;
   for (const std::string& p : paths) {
     std::fprintf(stderr, "cluster_experts: reading %s\n", p.c_str());
     RoutingLog log = read_routing_log(p);
     if (!log.warning.empty()) std::fprintf(stderr, "cluster_experts: warning: %s\n", log.warning.c_str());
     const RoutingLogHeader& h = log.header;
-    if (h.model_hash != want.model_hash || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
+    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
       throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) +
                         ", " + std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) +
                         " experts) than " + model.string() + " (model_hash " +
@@ -91,7 +91,7 @@ int run(const Args& a) {
   if (a.bandwidth_gbps > 0) prof.bandwidth_gbps = a.bandwidth_gbps;
   const OrderMethod method = parse_order_method(a.method);
 
-  const std::vector<RoutingLog> train = load_logs(a.routing, want, dir);
+  const std::vector<RoutingLog> train = load_logs(a.routing, want, dir, a.shape_only);
   CoactivationOptions co;
   co.neighbour_weight = a.neighbour_weight;
   const std::vector<LayerStats> stats = coactivation(train, co);
@@ -136,7 +136,7 @@ int run(const Args& a) {
     }
   };
   report("train", stats);
-  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, want, dir)));
+  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, want, dir, a.shape_only)));
 
   std::vector<ExpertMap> maps;
   for (size_t l = 0; l < chosen.size(); ++l)
@@ -172,6 +172,9 @@ int main(int argc, char** argv) {
   app.add_option("--maps-out", a.maps_out, "write the orders as DIR/experts/layer_NNN.map (for inspection; "
                  "a map only belongs next to a file repacked in its order)");
   app.add_option("--evaluate", a.evaluate, "held-out routing log(s) to report the cost on")->expected(1, -1);
+  app.add_flag("--shape-only", a.shape_only,
+               "accept logs of another model with the same layers and experts (e.g. to lay out a "
+               "synthetic stand-in with real routing)");
   app.add_flag("--json", a.json, "print a JSON summary on stdout");
   app.add_option("--io-profile", a.io_profile, "bench_io JSON to take per-op latency and bandwidth from");
   app.add_option("--op-latency-us", a.op_latency_us, "per-read latency in us (overrides --io-profile; default 80)");
