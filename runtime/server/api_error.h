@@ -1,0 +1,34 @@
+// An error the HTTP API reports to the client: status code plus the OpenAI error object
+// {"error": {"message", "type", "param", "code"}}.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace moestream {
+
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string code, const std::string& message, std::string param = {})
+      : Error(message), status_(status), code_(std::move(code)), param_(std::move(param)) {}
+  int status() const { return status_; }
+  const std::string& code() const { return code_; }
+  const std::string& param() const { return param_; }
+  // OpenAI's error types: 4xx are the caller's fault, 5xx the server's.
+  nlohmann::json body() const {
+    nlohmann::json e{{"message", what()},
+                     {"type", status_ >= 500 ? "server_error" : "invalid_request_error"},
+                     {"param", param_.empty() ? nlohmann::json(nullptr) : nlohmann::json(param_)},
+                     {"code", code_}};
+    return nlohmann::json{{"error", e}};
+  }
+
+ private:
+  int status_;
+  std::string code_, param_;
+};
+
+}  // namespace moestream

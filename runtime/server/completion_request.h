@@ -1,0 +1,41 @@
+// The body of POST /v1/completions and /v1/chat/completions, parsed and checked field by field:
+// wrong types or ranges throw ApiError(400) naming the field; an unknown model ApiError(404).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/server/api_error.h"
+
+namespace moestream {
+
+struct RequestLimits {
+  std::string model_id;  // the one model served; a request naming another gets 404
+  int max_context = 0;   // max_tokens above this is rejected outright
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string prompt;                    // completions: prompt text
+  std::vector<int> prompt_ids;           // completions: prompt given as token ids
+  nlohmann::ordered_json messages;       // chat: messages with content flattened to strings
+  nlohmann::ordered_json tools;          // chat: passed to the template (null when absent)
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+  std::optional<int> max_tokens;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;                         // extension; 0 = no limit
+  std::optional<uint64_t> seed;
+  bool stream = false;
+  bool include_usage = false;            // stream_options.include_usage
+  bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
+  std::vector<std::string> stop;
+};
+
+CompletionRequest parse_completion_request(const std::string& body, bool chat, const RequestLimits& limits);
+
+}  // namespace moestream

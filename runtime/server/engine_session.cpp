@@ -1,0 +1,87 @@
+// Implementation of runtime/server/engine_session.h.
+#include "runtime/server/engine_session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "runtime/server/stop_matcher.h"
+
+namespace moestream {
+
+namespace {
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+int EngineSession::prefill(const std::vector<int>& prompt) {
+  logits_.resize(size_t(model_.config().vocab_size));
+  size_t lcp = 0;
+  if (prefix_reuse_) {
+    const size_t n = std::min(cached_.size(), prompt.size());
+    while (lcp < n && cached_[lcp] == prompt[lcp]) ++lcp;
+    // The last prompt token always runs: its logits choose the first new token.
+    lcp = std::min(lcp, prompt.size() - 1);
+  }
+  model_.truncate(int(lcp));
+  cached_.resize(lcp);
+  model_.forward(std::span<const int>(prompt).subspan(lcp), logits_);
+  cached_ = prompt;
+  return int(lcp);
+}
+
+void EngineSession::run(Job& job) {
+  const JobParams& p = job.params();
+  JobResult r;
+  r.prompt_tokens = int(p.prompt.size());
+  r.queue_s = since(job.created());
+  try {
+    Sampler sampler(p.sampler);
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      r.prompt_tokens_reused = prefill(p.prompt);
+    } catch (...) {
+      cached_.clear();  // the cache holds an unknown part of the prompt
+      model_.reset();
+      throw;
+    }
+    r.prefill_s = since(t0);
+    auto t1 = std::chrono::steady_clock::now();
+    StreamDecoder decoder(tok_, /*skip_special_tokens=*/true);
+    StopMatcher stop(p.stop);
+    r.finish_reason = "length";
+    for (int i = 0; i < p.max_tokens; ++i) {
+      if (job.cancelled()) {
+        r.finish_reason = "cancelled";
+        break;
+      }
+      const int id = sampler.sample(logits_);
+      ++r.completion_tokens;
+      if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
+        r.finish_reason = "stop";
+        break;
+      }
+      job.push_text(stop.feed(decoder.push(id)));
+      if (stop.stopped()) {
+        r.finish_reason = "stop";
+        break;
+      }
+      if (i + 1 == p.max_tokens) break;  // the last token needs no forward pass
+      model_.forward(std::span<const int>(&id, 1), logits_);
+      cached_.push_back(id);
+    }
+    if (r.finish_reason != "cancelled" && !stop.stopped()) job.push_text(stop.feed(decoder.flush()) + stop.flush());
+    r.decode_s = since(t1);
+    metrics_.request_done(r, model_.expert_stats());
+    job.finish(r);
+  } catch (const std::exception& e) {
+    cached_.clear();
+    model_.reset();
+    metrics_.request_failed();
+    std::fprintf(stderr, "moestream-server: request failed in the engine: %s\n", e.what());
+    job.fail(ApiError(500, "engine_error", std::string("generation failed: ") + e.what()));
+  }
+}
+
+}  // namespace moestream

@@ -1,0 +1,35 @@
+// The engine side of the server: one Model and its KV cache kept across requests. A request
+// reuses the longest common prefix with the tokens already in the cache and runs only the rest.
+#pragma once
+
+#include <vector>
+
+#include "runtime/model.h"
+#include "runtime/server/job.h"
+#include "runtime/server/server_metrics.h"
+#include "runtime/tokenizer.h"
+
+namespace moestream {
+
+class EngineSession {
+ public:
+  EngineSession(Model& model, const Tokenizer& tok, ServerMetrics& metrics, bool prefix_reuse)
+      : model_(model), tok_(tok), metrics_(metrics), prefix_reuse_(prefix_reuse) {}
+
+  // Runs one job to its end on the calling (worker) thread: prefill, sample, stream text.
+  // Never throws: engine errors become Job::fail(500).
+  void run(Job& job);
+
+ private:
+  // Makes the KV cache hold `prompt` and leaves the last token's logits; returns tokens reused.
+  int prefill(const std::vector<int>& prompt);
+
+  Model& model_;
+  const Tokenizer& tok_;
+  ServerMetrics& metrics_;
+  bool prefix_reuse_;
+  std::vector<int> cached_;   // tokens whose keys and values are in the model's KV cache
+  std::vector<float> logits_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,325 @@
+// Implementation of runtime/server/http_api.h: routing, authentication, request -> job, JSON and
+// server-sent-event responses. Generation itself runs on the JobQueue's worker (EngineSession).
+#include "runtime/server/http_api.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "runtime/server/completion_request.h"
+#include "runtime/server/engine_session.h"
+#include "runtime/server/job_queue.h"
+#include "runtime/server/server_metrics.h"
+
+namespace moestream {
+
+namespace {
+using json = nlohmann::json;
+using OJ = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status(), e.body());
+  if (e.status() == 503) res.set_header("Retry-After", "1");
+}
+
+std::string new_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s-%016llx%04llx", prefix, (unsigned long long)salt,
+                (unsigned long long)(counter++ & 0xffff));
+  return buf;
+}
+
+// Ids whose sampling ends a reply: the model's EOS and the end-of-turn tokens of the chat formats
+// we know (ChatML, Llama-2, Llama-3), when the vocabulary has them as special tokens.
+std::vector<int> stop_ids(const Model& model, const Tokenizer& tok) {
+  std::vector<int> ids;
+  auto add = [&](int id) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  if (model.config().eos_token_id) add(*model.config().eos_token_id);
+  if (tok.eos_id()) add(*tok.eos_id());
+  for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"})
+    if (auto id = tok.token_id(t); id && tok.is_special(*id)) add(*id);
+  return ids;
+}
+}  // namespace
+
+struct ApiServer::Impl {
+  ServerOptions opts;
+  Model& model;
+  const Tokenizer& tok;
+  std::optional<ChatPrompt> chat;
+  ServerMetrics metrics;
+  EngineSession session;
+  JobQueue queue;
+  httplib::Server http;
+  std::vector<int> eos_ids;
+  const std::time_t started = std::time(nullptr);
+  std::atomic<bool> stopping{false};
+
+  Impl(ServerOptions o, Model& m, const Tokenizer& t, std::optional<ChatPrompt> c)
+      : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
+        session(m, t, metrics, opts.prefix_reuse),
+        queue(opts.queue_size, [this](Job& j) { session.run(j); }),
+        eos_ids(stop_ids(m, t)) {
+    routes();
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opts.api_key.empty()) return true;
+    const std::string want = "Bearer " + opts.api_key;
+    return req.get_header_value("Authorization") == want || req.get_header_value("x-api-key") == opts.api_key;
+  }
+
+  void routes() {
+    const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + 4;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    http.set_payload_max_length(opts.max_body_bytes);
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      metrics.client_error();
+      send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    // httplib answers 404 (no route) and 413 (body over the limit) itself; give them JSON bodies.
+    http.set_error_handler(httplib::Server::HandlerWithResponse(
+        [this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      metrics.client_error();
+      std::string code = "error", msg = "HTTP " + std::to_string(res.status);
+      if (res.status == 404) code = "not_found", msg = "no such endpoint: " + req.method + " " + req.path;
+      if (res.status == 413)
+        code = "body_too_large", msg = "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) + " bytes";
+      send_json(res, res.status, ApiError(res.status, code, msg).body());
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      metrics.request_failed();
+      send_json(res, 500, ApiError(500, "internal_error", "internal error: " + what).body());
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"}});
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json m{{"id", opts.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "moestream"},
+             {"max_model_len", model.max_context()}};
+      send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.prometheus(queue.waiting(), queue.running(), queue.capacity()),
+                      "text/plain; version=0.0.4");
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(req, res, false);
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(req, res, true);
+    });
+  }
+
+  // Request -> job parameters; throws ApiError for anything the client got wrong.
+  JobParams job_params(const CompletionRequest& r) {
+    JobParams p;
+    if (r.chat) {
+      if (!chat || !chat->has_template())
+        throw ApiError(400, "no_chat_template", "this model has no chat template; use /v1/completions");
+      std::string text;
+      try {
+        text = chat->render(r.messages, true, r.tools, r.template_kwargs);
+      } catch (const ChatTemplateError& e) {
+        throw ApiError(400, "chat_template_error", e.what(), "messages");
+      }
+      try {
+        for (int32_t id : tok.encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
+      } catch (const Error& e) {
+        throw ApiError(400, "invalid_text", e.what(), "messages");
+      }
+    } else if (!r.prompt_ids.empty()) {
+      for (int id : r.prompt_ids)
+        if (id >= model.config().vocab_size)
+          throw ApiError(400, "invalid_request_error", "prompt: token id " + std::to_string(id) +
+                                                           " is outside the vocabulary of " +
+                                                           std::to_string(model.config().vocab_size), "prompt");
+      p.prompt = r.prompt_ids;
+    } else {
+      try {
+        for (int32_t id : tok.encode(r.prompt, /*add_special_tokens=*/true)) p.prompt.push_back(id);
+      } catch (const Error& e) {
+        throw ApiError(400, "invalid_text", e.what(), "prompt");
+      }
+    }
+    if (p.prompt.empty()) throw ApiError(400, "empty_prompt", "the prompt encodes to no tokens", r.chat ? "messages" : "prompt");
+    const int ctx = model.max_context();
+    const int n_prompt = int(p.prompt.size());
+    if (n_prompt >= ctx)
+      throw ApiError(400, "context_length_exceeded", "the prompt has " + std::to_string(n_prompt) +
+                     " tokens; the context holds " + std::to_string(ctx) + " (prompt + max_tokens)",
+                     r.chat ? "messages" : "prompt");
+    p.max_tokens = r.max_tokens ? *r.max_tokens : std::min(opts.default_max_tokens, ctx - n_prompt);
+    if (n_prompt + p.max_tokens > ctx)
+      throw ApiError(400, "context_length_exceeded", "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                     std::to_string(p.max_tokens) + ") exceed the context of " + std::to_string(ctx), "max_tokens");
+    p.sampler.temperature = r.temperature;
+    p.sampler.top_p = r.top_p;
+    p.sampler.top_k = r.top_k;
+    p.sampler.seed = r.seed ? *r.seed : std::random_device{}();
+    if (!r.ignore_eos) p.stop_ids = eos_ids;
+    p.stop = r.stop;
+    return p;
+  }
+
+  json usage(const JobResult& r) const {
+    return json{{"prompt_tokens", r.prompt_tokens},
+                {"completion_tokens", r.completion_tokens},
+                {"total_tokens", r.prompt_tokens + r.completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", r.prompt_tokens_reused}}}};
+  }
+  json timings(const JobResult& r) const {
+    return json{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
+                {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
+                {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
+  }
+
+  json chunk(bool chat, const std::string& id, const std::string& text, const json& finish, bool first) const {
+    json choice{{"index", 0}, {"finish_reason", finish}};
+    if (chat) {
+      json delta = json::object();
+      if (first) delta["role"] = "assistant";
+      if (!text.empty() || first) delta["content"] = text;
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = nullptr;
+    }
+    return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", std::time(nullptr)}, {"model", opts.model_id}, {"choices", json::array({choice})}};
+  }
+
+  static std::string sse(const json& j) {
+    return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  }
+
+  void handle(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
+    std::shared_ptr<Job> job;
+    CompletionRequest r;
+    try {
+      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
+      r = parse_completion_request(req.body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
+      job = std::make_shared<Job>(job_params(r));
+      if (!queue.submit(job)) {
+        metrics.request_rejected();
+        throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue.capacity()) +
+                                              " requests are already waiting; retry later");
+      }
+    } catch (const ApiError& e) {
+      if (e.status() < 500) metrics.client_error();
+      send_error(res, e);
+      return;
+    }
+    const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
+    if (!r.stream) {
+      std::string text;
+      while (true) {
+        Job::Update u = job->wait(1000ms);
+        text += u.text;
+        if (u.done) break;
+      }
+      if (auto err = job->error()) {
+        send_error(res, *err);
+        return;
+      }
+      const JobResult jr = *job->result();
+      json choice{{"index", 0}, {"finish_reason", jr.finish_reason}};
+      if (chat_endpoint) choice["message"] = json{{"role", "assistant"}, {"content", text}};
+      else choice["text"] = text, choice["logprobs"] = nullptr;
+      send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
+                               {"created", std::time(nullptr)}, {"model", opts.model_id},
+                               {"choices", json::array({choice})}, {"usage", usage(jr)},
+                               {"timings", timings(jr)}});
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    auto first = std::make_shared<bool>(true);
+    const bool include_usage = r.include_usage;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, id, chat_endpoint, first, include_usage](size_t, httplib::DataSink& sink) {
+          // A comment line every 200 ms while nothing comes: a client that left makes the write
+          // fail, which cancels the job and frees its place in the queue.
+          Job::Update u = job->wait(200ms);
+          std::string out;
+          if (!u.text.empty() || (*first && chat_endpoint && !u.done)) {
+            out += sse(chunk(chat_endpoint, id, u.text, nullptr, *first));
+            *first = false;
+          } else if (!u.done) {
+            out += ": waiting\n\n";
+          }
+          if (u.done) {
+            if (auto err = job->error()) {
+              out += sse(err->body());
+            } else {
+              const JobResult jr = *job->result();
+              out += sse(chunk(chat_endpoint, id, "", jr.finish_reason, false));
+              if (include_usage) {
+                json last = chunk(chat_endpoint, id, "", nullptr, false);
+                last["choices"] = json::array();
+                last["usage"] = usage(jr);
+                last["timings"] = timings(jr);
+                out += sse(last);
+              }
+            }
+            out += "data: [DONE]\n\n";
+          }
+          if (!sink.write(out.data(), out.size())) return false;
+          if (u.done) sink.done();
+          return true;
+        },
+        [job](bool) { job->cancel(); });  // after the end this is a no-op; on a disconnect it frees the slot
+  }
+};
+
+ApiServer::ApiServer(ServerOptions opts, Model& model, const Tokenizer& tok, std::optional<ChatPrompt> chat)
+    : impl_(std::make_unique<Impl>(std::move(opts), model, tok, std::move(chat))) {}
+
+ApiServer::~ApiServer() { stop(); }
+
+int ApiServer::bind() {
+  auto& o = impl_->opts;
+  int port = o.port;
+  if (port == 0) {
+    port = impl_->http.bind_to_any_port(o.host);
+    if (port < 0) throw IoError("cannot bind " + o.host + " to a free port");
+  } else if (!impl_->http.bind_to_port(o.host, port)) {
+    throw IoError("cannot bind " + o.host + ":" + std::to_string(port) + " (in use, or not a local address)");
+  }
+  return port;
+}
+
+void ApiServer::serve() { impl_->http.listen_after_bind(); }
+
+void ApiServer::stop() {
+  if (impl_->stopping.exchange(true)) return;
+  impl_->queue.shutdown();  // waiting jobs get 503; the running one finishes
+  impl_->http.stop();
+}
+
+}  // namespace moestream

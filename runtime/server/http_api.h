@@ -1,0 +1,44 @@
+// The OpenAI-compatible HTTP API over cpp-httplib: /v1/completions, /v1/chat/completions (JSON or
+// server-sent events), /v1/models, /health, /metrics; API key, body limit, JSON errors, 503.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/model.h"
+#include "runtime/server/chat_prompt.h"
+#include "runtime/tokenizer.h"
+
+namespace moestream {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";   // loopback unless asked otherwise
+  int port = 8080;                  // 0 = any free port (printed on start)
+  std::string api_key;              // empty = no authentication
+  std::string model_id;             // the name /v1/models lists
+  size_t queue_size = 8;            // requests that may wait behind the running one
+  size_t max_body_bytes = 4u << 20;
+  int default_max_tokens = 256;
+  bool prefix_reuse = true;
+  int http_threads = 0;             // 0 = queue_size + 4
+};
+
+class ApiServer {
+ public:
+  ApiServer(ServerOptions opts, Model& model, const Tokenizer& tok, std::optional<ChatPrompt> chat);
+  ~ApiServer();
+  // Binds (throws IoError naming host:port on failure) and returns the bound port.
+  int bind();
+  // Serves until stop(); blocks.
+  void serve();
+  // Stops accepting, answers waiting requests with 503, lets the running one finish. Thread-safe.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moestream

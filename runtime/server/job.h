@@ -1,0 +1,100 @@
+// One generation request as the engine worker and the HTTP thread share it: the worker pushes
+// text and the result, the HTTP thread waits for them and may cancel (client gone).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "runtime/server/api_error.h"
+
+namespace moestream {
+
+struct JobParams {
+  std::vector<int> prompt;
+  int max_tokens = 16;
+  SamplerParams sampler;
+  std::vector<int> stop_ids;          // sampling one of these ends generation (not shown)
+  std::vector<std::string> stop;      // stop strings
+};
+
+struct JobResult {
+  std::string finish_reason;          // "stop", "length" or "cancelled"
+  int prompt_tokens = 0;
+  int prompt_tokens_reused = 0;       // served from the KV cache of the previous request
+  int completion_tokens = 0;
+  double queue_s = 0, prefill_s = 0, decode_s = 0;
+};
+
+class Job {
+ public:
+  explicit Job(JobParams p) : params_(std::move(p)), created_(std::chrono::steady_clock::now()) {}
+  const JobParams& params() const { return params_; }
+  std::chrono::steady_clock::time_point created() const { return created_; }
+
+  // Worker side.
+  void push_text(const std::string& text) {
+    if (text.empty()) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    text_ += text;
+    cv_.notify_all();
+  }
+  void finish(const JobResult& r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    result_ = r;
+    done_ = true;
+    cv_.notify_all();
+  }
+  void fail(const ApiError& e) {
+    std::lock_guard<std::mutex> lk(mu_);
+    error_.emplace(e);
+    done_ = true;
+    cv_.notify_all();
+  }
+  bool cancelled() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return cancelled_;
+  }
+
+  // Client side.
+  void cancel() {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancelled_ = true;
+  }
+  struct Update {
+    std::string text;  // new since the previous wait()
+    bool done = false;
+  };
+  Update wait(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, timeout, [&] { return done_ || !text_.empty(); });
+    Update u;
+    u.text.swap(text_);
+    u.done = done_ && u.text.empty() ? true : done_;
+    return u;
+  }
+  std::optional<JobResult> result() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return result_;
+  }
+  std::optional<ApiError> error() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return error_;
+  }
+
+ private:
+  JobParams params_;
+  std::chrono::steady_clock::time_point created_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string text_;
+  bool done_ = false, cancelled_ = false;
+  std::optional<JobResult> result_;
+  std::optional<ApiError> error_;
+};
+
+}  // namespace moestream

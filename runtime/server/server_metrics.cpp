@@ -1,0 +1,80 @@
+// Implementation of runtime/server/server_metrics.h.
+#include "runtime/server/server_metrics.h"
+
+#include <cstdio>
+
+namespace moestream {
+
+void ServerMetrics::request_done(const JobResult& r, const ExpertStoreStats& experts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++completed_;
+  cancelled_ += r.finish_reason == "cancelled";
+  prompt_tokens_ += uint64_t(r.prompt_tokens);
+  prompt_reused_ += uint64_t(r.prompt_tokens_reused);
+  completion_tokens_ += uint64_t(r.completion_tokens);
+  prefill_s_ += r.prefill_s;
+  decode_s_ += r.decode_s;
+  queue_s_ += r.queue_s;
+  // Decode tokens/s counts forward passes after the first sampled token (as infer does).
+  if (r.decode_s > 0 && r.completion_tokens > 1) last_decode_tps_ = (r.completion_tokens - 1) / r.decode_s;
+  const int processed = r.prompt_tokens - r.prompt_tokens_reused;
+  if (r.prefill_s > 0 && processed > 0) last_prefill_tps_ = processed / r.prefill_s;
+  experts_ = experts;
+}
+
+namespace {
+void metric(std::string& out, const char* name, const char* type, const char* help, double v,
+            const char* labels = "") {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type,
+                name, labels, v);
+  out += buf;
+}
+void sample(std::string& out, const char* name, const char* labels, double v) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s%s %.17g\n", name, labels, v);
+  out += buf;
+}
+}  // namespace
+
+std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t queue_capacity) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string o;
+  metric(o, "moestream_requests_completed_total", "counter", "Generation requests finished (cancelled included).", double(completed_));
+  metric(o, "moestream_requests_cancelled_total", "counter", "Requests whose client disconnected before the end.", double(cancelled_));
+  metric(o, "moestream_requests_rejected_total", "counter", "Requests refused with 503 because the queue was full.", double(rejected_));
+  metric(o, "moestream_requests_failed_total", "counter", "Requests that failed inside the engine (5xx).", double(failed_));
+  metric(o, "moestream_requests_invalid_total", "counter", "Requests refused with a 4xx error.", double(client_errors_));
+  metric(o, "moestream_queue_length", "gauge", "Requests waiting for the engine.", double(queue_waiting));
+  metric(o, "moestream_queue_capacity", "gauge", "Requests that may wait before 503.", double(queue_capacity));
+  metric(o, "moestream_requests_running", "gauge", "Requests being generated now (0 or 1).", running ? 1 : 0);
+  metric(o, "moestream_prompt_tokens_total", "counter", "Prompt tokens of all requests.", double(prompt_tokens_));
+  metric(o, "moestream_prompt_tokens_reused_total", "counter", "Prompt tokens served from the previous request's KV cache.", double(prompt_reused_));
+  metric(o, "moestream_prompt_tokens_processed_total", "counter", "Prompt tokens run through the model.", double(prompt_tokens_ - prompt_reused_));
+  metric(o, "moestream_completion_tokens_total", "counter", "Generated tokens.", double(completion_tokens_));
+  metric(o, "moestream_prefill_seconds_total", "counter", "Wall time in prompt processing.", prefill_s_);
+  metric(o, "moestream_decode_seconds_total", "counter", "Wall time in token generation.", decode_s_);
+  metric(o, "moestream_queue_seconds_total", "counter", "Wall time requests waited in the queue.", queue_s_);
+  metric(o, "moestream_decode_tokens_per_second", "gauge", "Decode tokens/s of the last request.", last_decode_tps_);
+  metric(o, "moestream_prefill_tokens_per_second", "gauge", "Prompt tokens/s of the last request.", last_prefill_tps_);
+  const auto& e = experts_;
+  metric(o, "moestream_expert_requests_total", "counter", "Experts asked of the expert store.", double(e.experts_requested));
+  o += "# HELP moestream_expert_hits_total Experts served by each tier without a read from storage (host_cache) or read but found in the page cache (page_cache); storage = read from the device.\n";
+  o += "# TYPE moestream_expert_hits_total counter\n";
+  const double storage = double(e.experts_read) - double(e.page_cache_hits);
+  sample(o, "moestream_expert_hits_total", "{tier=\"host_cache\"}", double(e.host_cache_hits));
+  sample(o, "moestream_expert_hits_total", "{tier=\"page_cache\"}", double(e.page_cache_hits));
+  sample(o, "moestream_expert_hits_total", "{tier=\"storage\"}", storage > 0 ? storage : 0);
+  o += "# HELP moestream_expert_hit_ratio Share of requested experts served by each tier.\n";
+  o += "# TYPE moestream_expert_hit_ratio gauge\n";
+  const double req = e.experts_requested ? double(e.experts_requested) : 1;
+  sample(o, "moestream_expert_hit_ratio", "{tier=\"host_cache\"}", double(e.host_cache_hits) / req);
+  sample(o, "moestream_expert_hit_ratio", "{tier=\"page_cache\"}", double(e.page_cache_hits) / req);
+  sample(o, "moestream_expert_hit_ratio", "{tier=\"storage\"}", (storage > 0 ? storage : 0) / req);
+  metric(o, "moestream_expert_reads_total", "counter", "Experts read from files.", double(e.experts_read));
+  metric(o, "moestream_expert_bytes_read_total", "counter", "Expert payload bytes read from files.", double(e.bytes_read));
+  metric(o, "moestream_expert_io_wait_seconds_total", "counter", "Time the engine blocked on expert reads.", e.io_wait_seconds);
+  return o;
+}
+
+}  // namespace moestream

@@ -1,0 +1,132 @@
+// `moestream-server`: serves one packed model over an OpenAI-compatible HTTP API (loopback by
+// default); the engine, expert store and KV cache stay warm across requests.
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <pthread.h>
+#include <thread>
+
+#include "common/error.h"
+#include "runtime/expert_store_uring.h"
+#include "runtime/model.h"
+#include "runtime/server/chat_prompt.h"
+#include "runtime/server/http_api.h"
+#include "runtime/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+struct Args {
+  std::string model, io = "auto";
+  int threads = 0, ctx = 0;
+  bool io_direct = false, no_verify = false, no_prefix_reuse = false;
+  uint64_t host_cache_mb = 0, max_body_kb = 4096;
+  ServerOptions server;
+};
+
+int run(Args& a) {
+  const fs::path dir = a.model;
+  if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
+  const ModelConfig cfg = ModelConfig::load(dir);
+  if (cfg.tokenizer_file.empty())
+    throw ConfigError(dir.string() + "/model.json: field tokenizer.file is null: the server needs a tokenizer");
+  const fs::path tok_cfg = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
+  Tokenizer tok = Tokenizer::load(dir / cfg.tokenizer_file, tok_cfg);
+  std::optional<ChatPrompt> chat;
+  if (!tok_cfg.empty()) chat = ChatPrompt::load(tok_cfg);
+  if (!chat || !chat->has_template())
+    std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
+
+  ModelOptions mo;
+  mo.n_threads = a.threads;
+  mo.max_context = a.ctx;
+  mo.verify_checksums = !a.no_verify;
+  EngineExpertStoreOptions so;
+  so.store.verify_checksums = mo.verify_checksums;
+  so.io.direct = a.io_direct;
+  so.host_cache_bytes = a.host_cache_mb << 20;
+  auto model = Model::load(dir, mo, open_expert_store(a.io, dir, cfg, so));
+
+  ServerOptions opts = a.server;
+  if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
+  if (opts.model_id.empty()) opts.model_id = "moestream";
+  opts.max_body_bytes = size_t(a.max_body_kb) << 10;
+  opts.prefix_reuse = !a.no_prefix_reuse;
+
+  // SIGINT/SIGTERM are taken by one thread (sigwait) so the shutdown runs outside a handler.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
+
+  ApiServer server(opts, *model, tok, std::move(chat));
+  const int port = server.bind();
+  std::printf("moestream-server: listening on http://%s:%d (model %s, context %d, queue %zu)\n",
+              opts.host.c_str(), port, opts.model_id.c_str(), model->max_context(), opts.queue_size);
+  std::fflush(stdout);
+  std::atomic<bool> done{false};
+  std::thread signals([&] {
+    const timespec tick{0, 200'000'000};
+    while (!done) {
+      const int sig = sigtimedwait(&sigs, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        std::fprintf(stderr, "moestream-server: signal %d: finishing the running request, then exiting\n", sig);
+        server.stop();
+        return;
+      }
+    }
+  });
+  server.serve();
+  done = true;
+  signals.join();
+  server.stop();
+  std::fprintf(stderr, "moestream-server: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moestream-server: an OpenAI-compatible HTTP server over a packed MoE model"};
+  Args a;
+  app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
+  app.add_option("--host", a.server.host, "address to bind; the default keeps it on this machine")->capture_default_str();
+  app.add_option("--port", a.server.port, "TCP port; 0 = any free port (printed)")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", a.server.api_key, "require 'Authorization: Bearer KEY' (all but /health)");
+  app.add_option("--model-id", a.server.model_id, "model name in /v1/models (default: the directory name)");
+  app.add_option("--queue-size", a.server.queue_size, "requests that may wait behind the running one; more get 503")
+      ->capture_default_str()->check(CLI::Range(size_t(0), size_t(1024)));
+  app.add_option("--max-body-kb", a.max_body_kb, "largest request body; larger get 413")->capture_default_str()
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
+  app.add_option("--default-max-tokens", a.server.default_max_tokens, "max_tokens when a request gives none")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--no-prefix-reuse", a.no_prefix_reuse, "run every prompt from an empty KV cache (for comparison)");
+  app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str();
+  app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str();
+  app.add_option("--io", a.io, "expert reads: auto, uring, pread, mmap, simple (as infer)")->capture_default_str();
+  app.add_flag("--io-direct", a.io_direct, "read experts with O_DIRECT");
+  app.add_option("--host-cache-mb", a.host_cache_mb, "host expert cache in MiB (with --io-direct)")->capture_default_str();
+  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify, "skip the per-expert checksum on reads");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;
+  }
+  try {
+    return run(a);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "moestream-server: error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moestream-server: unexpected error: %s\n", e.what());
+  }
+  return 1;
+}
