@@ -29,12 +29,16 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   std::vector<float> logits(size_t(model.config().vocab_size));
   model.reset();
   model.reset_times();
+  model.reset_cache_aware_stats();
   auto t0 = std::chrono::steady_clock::now();
   model.forward(prompt, logits);
   st.prefill.seconds = seconds_since(t0);
   st.prefill.tokens = int(prompt.size());
   st.prefill.times = model.times();
+  st.prefill.routing = model.cache_aware_stats();
+  st.experts_after_prefill = model.expert_stats();
   model.reset_times();
+  model.reset_cache_aware_stats();
 
   auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < opts.n_new; ++i) {
@@ -48,6 +52,7 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   }
   st.decode.seconds = seconds_since(t1);
   st.decode.times = model.times();
+  st.decode.routing = model.cache_aware_stats();
   st.experts = model.expert_stats();
   return st;
 }
@@ -70,6 +75,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
   double nll = 0;
   size_t prev_end = 1;  // tokens [1, prev_end) are scored; token 0 never is
   model.reset_times();
+  model.reset_cache_aware_stats();
   auto t0 = std::chrono::steady_clock::now();
   for (size_t begin = 0; prev_end < N; begin += size_t(stride)) {
     const size_t end = std::min(begin + size_t(ctx), N);
@@ -94,6 +100,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
   }
   r.seconds = seconds_since(t0);
   r.times = model.times();
+  r.routing = model.cache_aware_stats();
   r.mean_nll = nll / double(r.n_scored);
   r.perplexity = std::exp(r.mean_nll);
   return r;

@@ -16,12 +16,14 @@ struct PhaseStats {
   int tokens = 0;
   double seconds = 0;
   ForwardTimes times;
+  CacheAwareStats routing;  // cache-aware routing counters of this phase (zero when off)
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
 };
 
 struct GenerateStats {
   PhaseStats prefill, decode;
   ExpertStoreStats experts;  // store counters at the end of the run
+  ExpertStoreStats experts_after_prefill;  // store counters when prefill ended (decode = difference)
 };
 
 struct GenerateOptions {
@@ -44,6 +46,7 @@ struct PerplexityResult {
   size_t tokens_run = 0;   // forward-pass tokens over all windows (overlaps count again)
   double seconds = 0;
   ForwardTimes times;
+  CacheAwareStats routing;  // cache-aware routing counters over all windows (zero when off)
 };
 
 // Sliding-window perplexity (the Hugging Face recipe): windows of `ctx` tokens start every

@@ -47,6 +47,7 @@ struct Model::Impl {
     tmp.resize(o.max_batch, cfg.hidden_size);
     cos.resize(size_t(o.max_batch) * size_t(rope.half_dim()));
     sin.resize(cos.size());
+    moe.set_cache_aware(o.cache_aware);
   }
 
   void forward_chunk(const int* tokens, int T, float* logits, bool all_logits);
@@ -94,6 +95,10 @@ void Model::reset_times() {
   impl_->times = {};
   impl_->moe_times = {};
 }
+void Model::set_cache_aware(const CacheAwareOptions& o) { impl_->moe.set_cache_aware(o); }
+const CacheAwareOptions& Model::cache_aware() const { return impl_->moe.cache_aware(); }
+const CacheAwareStats& Model::cache_aware_stats() const { return impl_->moe.cache_aware_stats(); }
+void Model::reset_cache_aware_stats() { impl_->moe.reset_cache_aware_stats(); }
 ExpertStoreStats Model::expert_stats() const { return impl_->store->stats(); }
 const ExpertStore& Model::expert_store() const { return *impl_->store; }
 

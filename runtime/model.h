@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 
+#include "runtime/cache_aware_router.h"
 #include "runtime/expert_store.h"
 #include "runtime/model_config.h"
 
@@ -18,6 +19,7 @@ struct ModelOptions {
   int max_context = 0;     // KV cache length; 0 = min(max_position_embeddings, 4096)
   int max_batch = 64;      // tokens per internal forward chunk (bounds scratch memory)
   bool verify_checksums = true;  // check each expert's XXH64 on every read
+  CacheAwareOptions cache_aware;  // substitute resident experts within a tolerance; off by default
 };
 
 // Wall seconds per phase, summed over forward calls since the last reset_phase_times().
@@ -72,6 +74,12 @@ class Model {
 
   const ForwardTimes& times() const;
   void reset_times();
+  // Cache-aware routing, changeable between forward calls (e.g. per server request); the
+  // counters run across calls until reset.
+  void set_cache_aware(const CacheAwareOptions& opts);
+  const CacheAwareOptions& cache_aware() const;
+  const CacheAwareStats& cache_aware_stats() const;
+  void reset_cache_aware_stats();
   ExpertStoreStats expert_stats() const;
   const ExpertStore& expert_store() const;  // e.g. to ask residency() or describe()
   // Bytes of weights read per decoded token: dense f32 weights (one embedding row, not the table,

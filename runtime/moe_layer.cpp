@@ -74,6 +74,45 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   act_.resize(Eigen::Index(max_pairs), F_);
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
+  tiers_.resize(size_t(E_));
+  resident_.resize(size_t(E_));
+  original_resident_.resize(size_t(E_));
+  exact_ids_.resize(size_t(K_));
+  seen_before_.resize(size_t(E_));
+  seen_after_.resize(size_t(E_));
+}
+
+// Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
+// until this chunk's fetch starts. Within a prefill chunk, an expert chosen by an earlier token
+// is read once for the whole chunk anyway, so later tokens of the chunk treat it as resident.
+void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
+  store_.residency(layer, std::span<ExpertTier>(tiers_));
+  for (int e = 0; e < E_; ++e) original_resident_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
+  resident_ = original_resident_;
+  std::fill(seen_before_.begin(), seen_before_.end(), 0);
+  std::fill(seen_after_.begin(), seen_after_.end(), 0);
+  CacheAwareStats& st = ca_stats_;
+  ++st.layer_chunks;
+  for (int t = 0; t < T; ++t) {
+    int* ids = ids_.data() + size_t(t) * K_;
+    std::copy(ids, ids + K_, exact_ids_.begin());
+    const int changed = substitute_resident(logits.row(t).data(), E_, K_, resident_,
+                                            cache_aware_.tolerance, ids);
+    if (changed > 0)
+      routing_weights(logits.row(t).data(), E_, ids, K_, cfg_.norm_topk_prob,
+                      weights_.data() + size_t(t) * K_, probs_.data());
+    st.routings += 1;
+    st.slots += uint64_t(K_);
+    st.substitutions += uint64_t(changed);
+    st.slots_unchanged += uint64_t(K_ - changed);
+    for (int j = 0; j < K_; ++j) {
+      const size_t b = size_t(exact_ids_[size_t(j)]), a = size_t(ids[j]);
+      if (!original_resident_[b] && !seen_before_[b]) ++st.misses_before;
+      if (!original_resident_[a] && !seen_after_[a]) ++st.misses_after;
+      seen_before_[b] = seen_after_[a] = 1;
+      resident_[a] = 1;
+    }
+  }
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
@@ -88,6 +127,10 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     int* ids = ids_.data() + size_t(t) * K_;
     route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
                 weights_.data() + size_t(t) * K_, probs_.data());
+  }
+  if (cache_aware_.enabled) apply_cache_aware(layer, logits, T);
+  for (int t = 0; t < T; ++t) {
+    const int* ids = ids_.data() + size_t(t) * K_;
     for (int j = 0; j < K_; ++j) {
       auto& slots = slots_of_expert_[size_t(ids[j])];
       if (slots.empty()) unique_ids_.push_back(ids[j]);

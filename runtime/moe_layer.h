@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "runtime/cache_aware_router.h"
 #include "runtime/dense_ops.h"
 #include "runtime/expert_store.h"
 #include "runtime/model_config.h"
@@ -33,6 +34,12 @@ class MoeLayer {
   // Router weights of the last forward call: T*k, token-major, aligned with last_ids().
   const std::vector<float>& last_weights() const { return weights_; }
 
+  // Cache-aware routing (runtime/cache_aware_router.h); off by default.
+  void set_cache_aware(const CacheAwareOptions& o) { cache_aware_ = o; }
+  const CacheAwareOptions& cache_aware() const { return cache_aware_; }
+  const CacheAwareStats& cache_aware_stats() const { return ca_stats_; }
+  void reset_cache_aware_stats() { ca_stats_ = {}; }
+
  private:
   const ModelConfig& cfg_;
   ExpertStore& store_;
@@ -51,6 +58,14 @@ class MoeLayer {
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
   RowMatrix up_;   // [max_batch*K, F]
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
+  // Cache-aware routing state: options, counters, the residency snapshot of this chunk.
+  void apply_cache_aware(int layer, const RowMap& logits, int T);
+  CacheAwareOptions cache_aware_;
+  CacheAwareStats ca_stats_;
+  std::vector<ExpertTier> tiers_;           // [E]
+  std::vector<uint8_t> resident_, original_resident_;  // [E]
+  std::vector<int> exact_ids_;              // [K]: one token's exact top-k
+  std::vector<uint8_t> seen_before_, seen_after_;      // [E]: distinct experts of the chunk
 };
 
 }  // namespace moestream

@@ -15,11 +15,26 @@ nlohmann::json times_json(const ForwardTimes& t) {
           {"other", t.other_s}};
 }
 
+// tokens: forward-pass tokens of the phase, so per-token figures sum over layers.
+nlohmann::json routing_json(const CacheAwareStats& r, double tokens) {
+  return {{"routings", r.routings},
+          {"slots", r.slots},
+          {"substitutions", r.substitutions},
+          {"substitutions_per_token", tokens > 0 ? double(r.substitutions) / tokens : 0.0},
+          {"misses_before_per_token", tokens > 0 ? double(r.misses_before) / tokens : 0.0},
+          {"misses_after_per_token", tokens > 0 ? double(r.misses_after) / tokens : 0.0},
+          {"misses_before", r.misses_before},
+          {"misses_after", r.misses_after},
+          {"agreement", r.agreement()}};
+}
+
 nlohmann::json phase_json(const PhaseStats& p) {
-  return {{"tokens", p.tokens},
-          {"seconds", p.seconds},
-          {"tokens_per_s", p.tokens_per_s()},
-          {"phases_s", times_json(p.times)}};
+  nlohmann::json j = {{"tokens", p.tokens},
+                      {"seconds", p.seconds},
+                      {"tokens_per_s", p.tokens_per_s()},
+                      {"phases_s", times_json(p.times)}};
+  if (p.routing.routings > 0) j["cache_aware"] = routing_json(p.routing, p.tokens);
+  return j;
 }
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
@@ -37,9 +52,19 @@ std::string times_text(const ForwardTimes& t) {
   return s;
 }
 
+std::string routing_text(const CacheAwareStats& r, double tokens) {
+  if (r.routings == 0) return "";
+  const double n = tokens > 0 ? tokens : 1;
+  return fmt("  cache-aware: %.2f substitutions/token, misses/token %.2f before -> ",
+             double(r.substitutions) / n, double(r.misses_before) / n) +
+         fmt("%.2f after substitution, routing agreement %.4f\n", double(r.misses_after) / n,
+             r.agreement());
+}
+
 std::string phase_text(const char* name, const PhaseStats& p) {
   return std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
-         fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s()) + times_text(p.times);
+         fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s()) + times_text(p.times) +
+         routing_text(p.routing, p.tokens);
 }
 
 }  // namespace
@@ -63,6 +88,13 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"bytes_transferred", e.bytes_transferred},
                     {"io_wait_not_hidden_s", e.io_wait_seconds},
                     {"checksum_s", e.checksum_seconds}};
+    // Decode alone (the store's counters minus those at the end of prefill).
+    const ExpertStoreStats& p = gen->experts_after_prefill;
+    const double n = gen->decode.tokens > 0 ? gen->decode.tokens : 1;
+    j["decode_experts"] = {{"experts_requested", e.experts_requested - p.experts_requested},
+                           {"experts_read", e.experts_read - p.experts_read},
+                           {"bytes_read", e.bytes_read - p.bytes_read},
+                           {"bytes_read_per_token", double(e.bytes_read - p.bytes_read) / n}};
   }
   if (ppl)
     j["perplexity"] = {{"perplexity", ppl->perplexity}, {"mean_nll", ppl->mean_nll},
@@ -71,6 +103,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                        {"tokens_run", ppl->tokens_run}, {"seconds", ppl->seconds},
                        {"tokens_per_s", ppl->seconds > 0 ? double(ppl->tokens_run) / ppl->seconds : 0.0},
                        {"phases_s", times_json(ppl->times)}};
+  if (ppl && ppl->routing.routings > 0)
+    j["perplexity"]["cache_aware"] = routing_json(ppl->routing, double(ppl->tokens_run));
   return j;
 }
 
@@ -98,7 +132,7 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
          " windows of ctx " + std::to_string(ppl->ctx) + " stride " + std::to_string(ppl->stride) +
          fmt(", %.2f s, %.1f tokens/s run)\n", ppl->seconds,
              ppl->seconds > 0 ? double(ppl->tokens_run) / ppl->seconds : 0.0) +
-         times_text(ppl->times);
+         times_text(ppl->times) + routing_text(ppl->routing, double(ppl->tokens_run));
   return s;
 }
 

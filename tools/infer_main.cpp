@@ -67,6 +67,9 @@ struct Args {
   bool timing = false, print_ids = false, no_verify = false, ignore_eos = false;
   std::string collect_routing;
   bool collect_router_inputs = false;
+  bool cache_aware = false;
+  float cache_tolerance = 0.10f;
+  int batch = 0;  // tokens per forward chunk; 0 = the model's default
 };
 
 // Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
@@ -98,6 +101,9 @@ int run(const Args& a) {
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
   mo.verify_checksums = !a.no_verify;
+  mo.cache_aware.enabled = a.cache_aware;
+  mo.cache_aware.tolerance = a.cache_tolerance;
+  if (a.batch > 0) mo.max_batch = a.batch;
   const bool want_ppl = !a.perplexity_file.empty();
   const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
   if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
@@ -250,6 +256,19 @@ int main(int argc, char** argv) {
                  "(loader/routing_log.h; created if absent, must be of this model)");
   app.add_flag("--collect-router-inputs", a.collect_router_inputs,
                "also log each router input vector (hidden floats per token and layer)");
+  app.add_flag("--cache-aware", a.cache_aware,
+               "after the exact top-k, replace a selected expert that is not resident (host cache "
+               "or page cache) by the best resident unselected expert whose router LOGIT is within "
+               "--cache-tolerance x (top-k logit range) of it, weakest slot first; weights are "
+               "then renormalised as the model does");
+  app.add_option("--cache-tolerance", a.cache_tolerance,
+                 "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
+                 "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
+      ->capture_default_str()->check(CLI::Range(0.0f, 1000.0f));
+  app.add_option("--batch", a.batch,
+                 "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
+                 "token by token like decode; 0 = default 64")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

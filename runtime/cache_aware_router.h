@@ -1,0 +1,49 @@
+// Cache-aware routing: after the exact top-k, swap a non-resident expert for a resident one whose
+// router logit is nearly as high, trading a bounded amount of routing fidelity for fewer misses.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace moestream {
+
+// The tolerance applies to raw router LOGITS (before softmax): a resident expert c may replace a
+// selected, non-resident expert s when logit[s] - logit[c] <= tolerance * (logit[top1] -
+// logit[topk]) (the top-k logit range); with k = 1 the range is 0, so tolerance is then an
+// absolute logit difference. Logits, not probabilities, because a logit gap bounds the
+// probability ratio: p_c >= p_s * exp(-allowed gap), whatever the rest of the distribution.
+struct CacheAwareOptions {
+  bool enabled = false;
+  float tolerance = 0.10f;  // 0 = never substitute (routing identical to cache-aware off)
+};
+
+// Counters over (token, layer) routings since the last reset. Misses count distinct experts of a
+// layer's forward chunk that are not resident (one read each), before and after substitution.
+struct CacheAwareStats {
+  uint64_t routings = 0;        // (token, layer) pairs routed
+  uint64_t slots = 0;           // (token, layer, slot) choices: routings * k
+  uint64_t slots_unchanged = 0; // choices left as exact top-k chose them
+  uint64_t substitutions = 0;   // slots - slots_unchanged
+  uint64_t layer_chunks = 0;    // residency snapshots taken (one per layer per forward chunk)
+  uint64_t misses_before = 0;   // distinct non-resident experts exact top-k would read
+  uint64_t misses_after = 0;    // distinct non-resident experts actually read
+  double agreement() const { return slots ? double(slots_unchanged) / double(slots) : 1.0; }
+  CacheAwareStats& operator+=(const CacheAwareStats& o);
+};
+
+// Rewrites ids[0..k) (exact top-k, best first) in place: for each slot whose expert is not
+// resident, weakest slot first, the best resident expert not already selected whose logit is within
+// the allowance (see CacheAwareOptions) takes that slot; ties go to the lower id. resident[e] != 0
+// marks expert e resident. A substituted slot keeps its position. Returns the number of slots
+// changed. tolerance <= 0 or k <= 0 changes nothing; k is clamped to n_experts.
+int substitute_resident(const float* logits, int n_experts, int k, std::span<const uint8_t> resident,
+                        float tolerance, int* ids);
+
+// Router weights of the experts in ids[0..k), as the architecture computes them: softmax over all
+// logits, each selected expert's probability, renormalised to sum 1 when `normalize`
+// (Qwen3 norm_topk_prob; Mixtral's softmax over the top-k logits is the same thing). probs_scratch
+// holds n_experts floats.
+void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
+                     float* weights, float* probs_scratch);
+
+}  // namespace moestream
