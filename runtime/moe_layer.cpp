@@ -75,20 +75,19 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
   tiers_.resize(size_t(E_));
-  resident_.resize(size_t(E_));
-  original_resident_.resize(size_t(E_));
+  resident_now_.resize(size_t(E_));
   exact_ids_.resize(size_t(K_));
   seen_before_.resize(size_t(E_));
   seen_after_.resize(size_t(E_));
 }
 
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
-// until this chunk's fetch starts. Within a prefill chunk, an expert chosen by an earlier token
-// is read once for the whole chunk anyway, so later tokens of the chunk treat it as resident.
+// until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot. An
+// expert chosen by an earlier token of the chunk is not counted as resident: only the real tiers
+// decide (with nothing resident, nothing is substituted), though it is read once per chunk.
 void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
   store_.residency(layer, std::span<ExpertTier>(tiers_));
-  for (int e = 0; e < E_; ++e) original_resident_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
-  resident_ = original_resident_;
+  for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
   std::fill(seen_before_.begin(), seen_before_.end(), 0);
   std::fill(seen_after_.begin(), seen_after_.end(), 0);
   CacheAwareStats& st = ca_stats_;
@@ -96,7 +95,7 @@ void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
   for (int t = 0; t < T; ++t) {
     int* ids = ids_.data() + size_t(t) * K_;
     std::copy(ids, ids + K_, exact_ids_.begin());
-    const int changed = substitute_resident(logits.row(t).data(), E_, K_, resident_,
+    const int changed = substitute_resident(logits.row(t).data(), E_, K_, resident_now_,
                                             cache_aware_.tolerance, ids);
     if (changed > 0)
       routing_weights(logits.row(t).data(), E_, ids, K_, cfg_.norm_topk_prob,
@@ -107,10 +106,9 @@ void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
     st.slots_unchanged += uint64_t(K_ - changed);
     for (int j = 0; j < K_; ++j) {
       const size_t b = size_t(exact_ids_[size_t(j)]), a = size_t(ids[j]);
-      if (!original_resident_[b] && !seen_before_[b]) ++st.misses_before;
-      if (!original_resident_[a] && !seen_after_[a]) ++st.misses_after;
+      if (!resident_now_[b] && !seen_before_[b]) ++st.misses_before;
+      if (!resident_now_[a] && !seen_after_[a]) ++st.misses_after;
       seen_before_[b] = seen_after_[a] = 1;
-      resident_[a] = 1;
     }
   }
 }

@@ -63,7 +63,7 @@ class MoeLayer {
   CacheAwareOptions cache_aware_;
   CacheAwareStats ca_stats_;
   std::vector<ExpertTier> tiers_;           // [E]
-  std::vector<uint8_t> resident_, original_resident_;  // [E]
+  std::vector<uint8_t> resident_now_;      // [E]: not on storage at the chunk's start
   std::vector<int> exact_ids_;              // [K]: one token's exact top-k
   std::vector<uint8_t> seen_before_, seen_after_;      // [E]: distinct experts of the chunk
 };

@@ -1,0 +1,267 @@
+// Tests of cache-aware routing: the substitution rule on hand-built logits (weakest first, no
+// duplicates, tolerance, k = 1, renormalisation) and the model with real tiers (O_DIRECT + host cache).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/file_util.h"
+#include "runtime/cache_aware_router.h"
+#include "runtime/expert_store_uring.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+#include "runtime/moe_layer.h"
+#include "runtime/sampler.h"
+#include "runtime/synthetic_model.h"
+
+using namespace moestream;
+
+namespace {
+
+std::vector<uint8_t> flags(int n, std::initializer_list<int> on) {
+  std::vector<uint8_t> r(size_t(n), 0);
+  for (int e : on) r[size_t(e)] = 1;
+  return r;
+}
+
+// Exact top-k ids (best first) of `logits`, as the model routes.
+std::vector<int> top_k(const std::vector<float>& logits, int k) {
+  std::vector<int> ids(static_cast<size_t>(k));
+  std::vector<float> w(static_cast<size_t>(k)), probs(logits.size());
+  route_token(logits.data(), int(logits.size()), k, true, ids.data(), w.data(), probs.data());
+  return ids;
+}
+
+TEST(CacheAwareRule, WeakestNonResidentSlotGetsTheBestCandidateFirst) {
+  // top-3 = {0, 1, 2} (range 10 - 6 = 4); 1 and 2 are not resident; only 5 is resident.
+  std::vector<float> logits = {10, 8, 6, 1, 2, 5.8f};
+  std::vector<int> ids = top_k(logits, 3);
+  ASSERT_EQ(ids, (std::vector<int>{0, 1, 2}));
+  const auto res = flags(6, {0, 5});
+  // Both 1 and 2 are within 0.6 * 4 = 2.4 of 5 (gaps 2.2 and 0.2): the weakest slot takes it.
+  EXPECT_EQ(substitute_resident(logits.data(), 6, 3, res, 0.6f, ids.data()), 1);
+  EXPECT_EQ(ids, (std::vector<int>{0, 1, 5}));
+}
+
+TEST(CacheAwareRule, BestResidentCandidateWithinToleranceOnly) {
+  std::vector<float> logits = {4, 3, 2, 1.9f, 1.5f, 0};  // top-2 = {0, 1}, range 1
+  const auto res = flags(6, {3, 4, 5});
+  std::vector<int> ids = top_k(logits, 2);
+  // Gap from 1 (logit 3) to the best resident 3 (1.9) is 1.1 > 0.5 * 1: nothing changes.
+  EXPECT_EQ(substitute_resident(logits.data(), 6, 2, res, 0.5f, ids.data()), 0);
+  EXPECT_EQ(ids, (std::vector<int>{0, 1}));
+  // With tolerance 1.2 slot 1 takes 3 (the best resident, not 4); slot 0 (gap 2.1 > 1.2) stays.
+  EXPECT_EQ(substitute_resident(logits.data(), 6, 2, res, 1.2f, ids.data()), 1);
+  EXPECT_EQ(ids, (std::vector<int>{0, 3}));
+}
+
+TEST(CacheAwareRule, ToleranceZeroOrNothingResidentChangesNothing) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> logits(16);
+    for (float& x : logits) x = nd(rng);
+    std::vector<uint8_t> res(16);
+    for (auto& r : res) r = uint8_t(rng() & 1);
+    std::vector<int> ids = top_k(logits, 4), orig = ids;
+    EXPECT_EQ(substitute_resident(logits.data(), 16, 4, res, 0.0f, ids.data()), 0);
+    EXPECT_EQ(ids, orig);
+    const std::vector<uint8_t> none(16, 0);
+    EXPECT_EQ(substitute_resident(logits.data(), 16, 4, none, 1e6f, ids.data()), 0);
+    EXPECT_EQ(ids, orig);
+  }
+}
+
+TEST(CacheAwareRule, RandomScoresGiveDistinctResidentChoicesWithinTheAllowance) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  int total_changed = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    const int E = 8 + int(rng() % 40), k = 1 + int(rng() % 8);
+    std::vector<float> logits(static_cast<size_t>(E));
+    for (float& x : logits) x = nd(rng);
+    std::vector<uint8_t> res(static_cast<size_t>(E));
+    for (auto& r : res) r = uint8_t(rng() % 3 == 0);
+    const float tol = float(rng() % 5) * 0.1f;
+    std::vector<int> ids = top_k(logits, k), orig = ids;
+    const float range = logits[size_t(orig[0])] - logits[size_t(orig[size_t(k) - 1])];
+    const float allow = k == 1 ? tol : tol * range;
+    const int changed = substitute_resident(logits.data(), E, k, res, tol, ids.data());
+    total_changed += changed;
+    EXPECT_EQ(std::set<int>(ids.begin(), ids.end()).size(), size_t(k)) << "duplicate expert";
+    int diff = 0;
+    for (int j = 0; j < k; ++j) {
+      if (ids[size_t(j)] == orig[size_t(j)]) continue;
+      ++diff;
+      EXPECT_FALSE(res[size_t(orig[size_t(j)])]) << "a resident choice was replaced";
+      EXPECT_TRUE(res[size_t(ids[size_t(j)])]) << "replaced by a non-resident expert";
+      EXPECT_LE(logits[size_t(orig[size_t(j)])] - logits[size_t(ids[size_t(j)])], allow + 1e-6f);
+    }
+    EXPECT_EQ(diff, changed);
+  }
+  EXPECT_GT(total_changed, 100);  // the property checks above did see substitutions
+}
+
+TEST(CacheAwareRule, TopOneUsesAnAbsoluteLogitTolerance) {
+  std::vector<float> logits = {1.0f, 0.7f, 0.2f};  // k = 1: range 0, so X is absolute
+  const auto res = flags(3, {1, 2});
+  std::vector<int> ids = {0};
+  EXPECT_EQ(substitute_resident(logits.data(), 3, 1, res, 0.25f, ids.data()), 0);
+  EXPECT_EQ(substitute_resident(logits.data(), 3, 1, res, 0.35f, ids.data()), 1);
+  EXPECT_EQ(ids[0], 1);
+}
+
+TEST(CacheAwareRule, KIsClampedToTheNumberOfExperts) {
+  std::vector<float> logits = {3, 2};
+  std::vector<int> ids = {0, 1, -1};
+  const auto res = flags(2, {0});
+  // All experts are selected already: nothing to substitute, and no read past ids[1].
+  EXPECT_EQ(substitute_resident(logits.data(), 2, 3, res, 10.0f, ids.data()), 0);
+  EXPECT_EQ(ids[2], -1);
+}
+
+TEST(CacheAwareRule, WeightsAreRenormalisedAsTheArchitectureDoes) {
+  std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f, 0.25f};
+  std::vector<int> ids = {0, 4, 2};  // a substituted selection, not in score order
+  std::vector<float> w(3), probs(5);
+  double z = 0;
+  for (float x : logits) z += std::exp(double(x));
+  // norm_topk_prob = false (OLMoE): the full-softmax probabilities of the chosen experts.
+  routing_weights(logits.data(), 5, ids.data(), 3, false, w.data(), probs.data());
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(w[size_t(j)], std::exp(double(logits[size_t(ids[size_t(j)])])) / z, 1e-6);
+  // norm_topk_prob = true (Qwen3) and Mixtral: softmax over the chosen logits alone.
+  routing_weights(logits.data(), 5, ids.data(), 3, true, w.data(), probs.data());
+  double zk = 0;
+  for (int e : ids) zk += std::exp(double(logits[size_t(e)]));
+  for (int j = 0; j < 3; ++j) EXPECT_NEAR(w[size_t(j)], std::exp(double(logits[size_t(ids[size_t(j)])])) / zk, 1e-6);
+  EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
+}
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.arch = Arch::kQwen3Moe;
+  c.vocab_size = 61;
+  c.hidden_size = 48;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 12;
+  c.moe_intermediate_size = 40;
+  c.n_experts = 16;
+  c.n_experts_per_tok = 4;
+  c.norm_topk_prob = true;
+  c.max_position_embeddings = 256;
+  c.qk_norm = QkNorm::kPerHead;
+  c.expert_quant = QuantType::kQ8;
+  return c;
+}
+
+// A model on the engine store with O_DIRECT and a host cache holding 40% of the experts, so
+// residency comes from the real tiers and changes as the cache fills and evicts.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const CacheAwareOptions& ca,
+                                  bool host_cache = true) {
+  const ModelConfig cfg = ModelConfig::load(dir);
+  EngineExpertStoreOptions so;
+  so.io.direct = true;
+  const size_t expert = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
+                                           size_t(cfg.moe_intermediate_size)).bytes;
+  const size_t slot = (expert + 4095) / 4096 * 4096;
+  so.host_cache_bytes = host_cache ? slot * size_t(cfg.n_layers * cfg.n_experts) * 2 / 5 : 0;
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.cache_aware = ca;
+  return Model::load(dir, mo, open_expert_store("auto", dir, cfg, so));
+}
+
+struct GenRun {
+  std::vector<int> tokens;
+  GenerateStats stats;
+};
+
+GenRun run(Model& m, const std::vector<int>& prompt, uint64_t seed, int n) {
+  SamplerParams sp;
+  sp.temperature = 0.9f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.seed = seed;
+  Sampler s(sp);
+  GenerateOptions go;
+  go.n_new = n;
+  GenRun r;
+  r.stats = generate(m, prompt, go, s, nullptr, &r.tokens);
+  return r;
+}
+
+class CacheAwareModel : public ::testing::Test {
+ protected:
+  void SetUp() override { write_synthetic_model(dir_.path(), small_config(), 99, 2); }
+  TempDir dir_{"cacheaware"};
+};
+
+TEST_F(CacheAwareModel, ToleranceZeroGivesTheSameTokensAsCacheAwareOff) {
+  auto off = load_model(dir_.path(), {false, 0.0f});
+  auto zero = load_model(dir_.path(), {true, 0.0f});
+  auto wide = load_model(dir_.path(), {true, 0.5f});
+  std::mt19937 rng(5);
+  int differing = 0;
+  uint64_t wide_subs = 0;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int> prompt(size_t(1 + rng() % 20));
+    for (int& t : prompt) t = int(rng() % 61);
+    const uint64_t seed = rng();
+    const GenRun a = run(*off, prompt, seed, 24), b = run(*zero, prompt, seed, 24);
+    EXPECT_EQ(a.tokens, b.tokens) << "prompt " << i << " seed " << seed;
+    EXPECT_EQ(b.stats.decode.routing.substitutions, 0u);
+    EXPECT_EQ(b.stats.decode.routing.agreement(), 1.0);
+    EXPECT_GT(b.stats.decode.routing.routings, 0u);
+    const GenRun c = run(*wide, prompt, seed, 24);
+    wide_subs += c.stats.decode.routing.substitutions + c.stats.prefill.routing.substitutions;
+    differing += c.tokens != a.tokens;
+  }
+  // The comparison means something: a wide tolerance does substitute, here, with these caches.
+  EXPECT_GT(wide_subs, 0u);
+  EXPECT_GT(differing, 0);
+}
+
+TEST_F(CacheAwareModel, NothingResidentMeansNothingSubstituted) {
+  // O_DIRECT and no host cache: every expert is on storage at every step.
+  auto off = load_model(dir_.path(), {false, 0.0f}, false);
+  auto huge = load_model(dir_.path(), {true, 1e6f}, false);
+  const std::vector<int> prompt = {3, 14, 15, 9, 26};
+  const GenRun a = run(*off, prompt, 7, 16), b = run(*huge, prompt, 7, 16);
+  EXPECT_EQ(a.tokens, b.tokens);
+  const CacheAwareStats& r = b.stats.decode.routing;
+  EXPECT_EQ(r.substitutions + b.stats.prefill.routing.substitutions, 0u);
+  EXPECT_EQ(r.misses_before, r.misses_after);
+  EXPECT_GT(r.misses_before, 0u);
+}
+
+TEST_F(CacheAwareModel, DecodeMissCountsMatchTheStoreReads) {
+  for (float tol : {0.0f, 0.3f, 1.0f}) {
+    auto m = load_model(dir_.path(), {true, tol});
+    const GenRun r = run(*m, {1, 2, 3, 4, 5, 6, 7, 8}, 11, 40);
+    const CacheAwareStats& ca = r.stats.decode.routing;
+    // Residency is what the store really holds: each predicted miss is one expert read.
+    EXPECT_EQ(ca.misses_after, r.stats.experts.experts_read - r.stats.experts_after_prefill.experts_read)
+        << "tolerance " << tol;
+    EXPECT_LE(ca.misses_after, ca.misses_before);
+    if (tol == 0.0f) EXPECT_EQ(ca.misses_after, ca.misses_before);
+  }
+}
+
+TEST_F(CacheAwareModel, OptionsCanChangeBetweenCallsOnOneModel) {
+  auto m = load_model(dir_.path(), {false, 0.1f});
+  EXPECT_FALSE(m->cache_aware().enabled);
+  const GenRun a = run(*m, {5, 6, 7}, 3, 12);
+  EXPECT_EQ(a.stats.decode.routing.routings, 0u);  // off: no counters
+  m->set_cache_aware({true, 0.0f});
+  const GenRun b = run(*m, {5, 6, 7}, 3, 12);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(b.stats.decode.routing.routings, uint64_t(b.stats.decode.tokens) * 3u);
+}
+
+}  // namespace
