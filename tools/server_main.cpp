@@ -31,6 +31,14 @@ struct Args {
 };
 
 int run(Args& a) {
+  // SIGINT/SIGTERM are taken by one thread (sigwait) so the shutdown runs outside a handler;
+  // blocked before any thread starts (the engine's pools inherit the mask).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   const fs::path dir = a.model;
   if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
   const ModelConfig cfg = ModelConfig::load(dir);
@@ -59,13 +67,6 @@ int run(Args& a) {
   opts.max_body_bytes = size_t(a.max_body_kb) << 10;
   opts.prefix_reuse = !a.no_prefix_reuse;
 
-  // SIGINT/SIGTERM are taken by one thread (sigwait) so the shutdown runs outside a handler.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
 
   ApiServer server(opts, *model, tok, std::move(chat));
   const int port = server.bind();

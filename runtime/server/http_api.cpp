@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <random>
+#include <thread>
 
 #include "runtime/server/completion_request.h"
 #include "runtime/server/engine_session.h"
@@ -68,6 +69,7 @@ struct ApiServer::Impl {
   std::vector<int> eos_ids;
   const std::time_t started = std::time(nullptr);
   std::atomic<bool> stopping{false};
+  std::atomic<int> open_streams{0};  // SSE responses not yet fully written
 
   Impl(ServerOptions o, Model& m, const Tokenizer& t, std::optional<ChatPrompt> c)
       : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
@@ -87,6 +89,8 @@ struct ApiServer::Impl {
     const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + 4;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     http.set_payload_max_length(opts.max_body_bytes);
+    // An idle keep-alive connection holds a pool thread and delays shutdown by this much.
+    http.set_keep_alive_timeout(1);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       metrics.client_error();
@@ -259,6 +263,7 @@ struct ApiServer::Impl {
     }
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<bool>(true);
+    open_streams++;
     const bool include_usage = r.include_usage;
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -293,7 +298,10 @@ struct ApiServer::Impl {
           if (u.done) sink.done();
           return true;
         },
-        [job](bool) { job->cancel(); });  // after the end this is a no-op; on a disconnect it frees the slot
+        [this, job](bool) {
+          job->cancel();  // after the end a no-op; on a disconnect it frees the slot
+          open_streams--;
+        });
   }
 };
 
@@ -319,6 +327,10 @@ void ApiServer::serve() { impl_->http.listen_after_bind(); }
 void ApiServer::stop() {
   if (impl_->stopping.exchange(true)) return;
   impl_->queue.shutdown();  // waiting jobs get 503; the running one finishes
+  // httplib cuts chunked responses once stopped: let the streams of finished jobs drain first
+  // (bounded, in case a client stops reading).
+  for (int i = 0; i < 500 && impl_->open_streams > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->http.stop();
 }
 

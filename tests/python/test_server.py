@@ -1,0 +1,344 @@
+"""moestream-server end to end over loopback with a real HTTP client (requests): every endpoint,
+streaming, every bad input (4xx JSON, never a crash), the API key, 503 from a full queue, a
+disconnect freeing its slot, KV prefix reuse across chat turns, graceful SIGTERM."""
+import json
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+requests = pytest.importorskip("requests", reason="requests (PyPI) is the HTTP client of these tests")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEMO = ROOT / "models" / "demo"
+CTX = 512
+
+
+def _exe():
+    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / "moestream-server"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    if not (DEMO / "model.json").exists():
+        pytest.skip(f"demo model {DEMO} absent")
+    return exe
+
+
+class Server:
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([str(_exe()), "-m", str(DEMO), "--port", "0", "-t", "1",
+                                      "--ctx", str(CTX), *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline() if ready else ""
+        if "listening on http://127.0.0.1:" not in line:
+            self.proc.kill()
+            raise AssertionError(f"server did not start: {line!r} {self.proc.stderr.read()}")
+        self.url = line.split("http://")[1].split()[0]
+        self.url = "http://" + self.url
+
+    def post(self, path, body=None, **kw):
+        if body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        return requests.post(self.url + path, data=body, timeout=30, **kw)
+
+    def get(self, path, **kw):
+        return requests.get(self.url + path, timeout=30, **kw)
+
+    def metrics(self):
+        out = {}
+        for line in self.get("/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--queue-size", "1", "--max-body-kb", "64")
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def sse_events(resp):
+    """Parsed `data:` events of a server-sent-event response, [DONE] as the string."""
+    out = []
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def assert_json_error(r, status, *needles):
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["Content-Type"].startswith("application/json")
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    for n in needles:
+        assert n in err["message"] or n == err.get("code") or n == err.get("param"), (n, err)
+    return err
+
+
+def test_health_and_models(server):
+    assert server.get("/health").json() == {"status": "ok"}
+    m = server.get("/v1/models").json()
+    assert m["object"] == "list"
+    assert [d["id"] for d in m["data"]] == ["demo"]
+    assert m["data"][0]["max_model_len"] == CTX
+
+
+def test_completion_is_deterministic_at_temperature_0_and_counts_tokens(server):
+    body = {"model": "demo", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True}
+    a, b = server.post("/v1/completions", body), server.post("/v1/completions", body)
+    assert a.status_code == 200, a.text
+    ja, jb = a.json(), b.json()
+    assert ja["object"] == "text_completion"
+    assert ja["choices"][0]["text"] == jb["choices"][0]["text"]
+    assert ja["choices"][0]["text"].strip()
+    assert ja["choices"][0]["finish_reason"] == "length"
+    assert ja["usage"]["completion_tokens"] == 12
+    assert ja["usage"]["total_tokens"] == ja["usage"]["prompt_tokens"] + 12
+
+
+def test_completion_prompt_tokens_match_the_reference_tokenizer(server):
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
+    text = "The kernel schedules threads, and then"
+    r = server.post("/v1/completions", {"prompt": text, "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(text).ids)
+
+
+def test_seeded_sampling_repeats(server):
+    body = {"prompt": "In the morning", "max_tokens": 10, "temperature": 0.9, "top_p": 0.9,
+            "top_k": 20, "seed": 7, "ignore_eos": True}
+    assert server.post("/v1/completions", body).json()["choices"][0]["text"] == \
+        server.post("/v1/completions", body).json()["choices"][0]["text"]
+
+
+def test_chat_uses_the_template_and_reference_token_count(server):
+    jinja2 = pytest.importorskip("jinja2")
+    tokenizers = pytest.importorskip("tokenizers")
+    cfg = json.loads((DEMO / "tokenizer_config.json").read_text())
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a kernel?"}]
+    text = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
+        cfg["chat_template"]).render(messages=msgs, add_generation_prompt=True)
+    want = len(tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json")).encode(
+        text, add_special_tokens=False).ids)
+    r = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["object"] == "chat.completion"
+    assert j["choices"][0]["message"]["role"] == "assistant"
+    assert isinstance(j["choices"][0]["message"]["content"], str)
+    assert j["choices"][0]["finish_reason"] in ("stop", "length")
+    assert j["usage"]["prompt_tokens"] == want
+
+
+def test_chat_stream_matches_the_non_streamed_reply(server):
+    body = {"messages": [{"role": "user", "content": "Tell me about memory."}], "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True}
+    whole = server.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    r = server.post("/v1/chat/completions", {**body, "stream": True,
+                                             "stream_options": {"include_usage": True}}, stream=True)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    ev = sse_events(r)
+    assert ev[-1] == "[DONE]"
+    chunks = [e for e in ev[:-1] if e["choices"]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(e["object"] == "chat.completion.chunk" for e in chunks)
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in chunks)
+    assert text == whole
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert ev[-2]["usage"]["completion_tokens"] == 16
+
+
+def test_completion_stream(server):
+    r = server.post("/v1/completions", {"prompt": "The file system", "max_tokens": 6, "stream": True,
+                                        "temperature": 0, "ignore_eos": True}, stream=True)
+    ev = sse_events(r)
+    assert ev[-1] == "[DONE]"
+    assert all(e["object"] == "text_completion" for e in ev[:-1])
+    assert ev[-2]["choices"][0]["finish_reason"] == "length"
+    assert "".join(e["choices"][0]["text"] for e in ev[:-1]).strip()
+
+
+def test_stop_string_cuts_the_output(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+    full = server.post("/v1/completions", body).json()["choices"][0]["text"]
+    words = full.split()
+    assert len(words) > 4, full
+    stop = words[3]
+    r = server.post("/v1/completions", {**body, "stop": [stop]}).json()
+    assert r["choices"][0]["text"] == full[:full.index(stop)]
+    assert r["choices"][0]["finish_reason"] == "stop"
+
+
+BAD = [
+    ("/v1/completions", "{not json", 400, "invalid_json"),
+    ("/v1/completions", "[1, 2]", 400, "invalid_json"),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "10"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10 ** 12}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": CTX}, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "hello " * (CTX + 10), "max_tokens": 4}, 400, "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "temperature": 7}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": [999999]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": "x"}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": 3}, 400, "model"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,needle", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_input_gets_a_json_4xx(server, path, body, status, needle):
+    assert_json_error(server.post(path, body), status, needle)
+
+
+def test_body_over_the_limit_gets_413_json(server):
+    r = server.post("/v1/completions", {"prompt": "x" * (100 << 10)})
+    assert_json_error(r, 413, "body_too_large")
+
+
+def test_unknown_endpoint_gets_404_json_and_server_survives_bad_input(server):
+    assert_json_error(server.get("/v1/nothing"), 404, "not_found")
+    assert server.get("/health").status_code == 200
+    assert server.metrics()["moestream_requests_invalid_total"] >= len(BAD)
+
+
+def test_metrics_count_tokens_tiers_bytes_and_queue(server):
+    before = server.metrics()
+    server.post("/v1/completions", {"prompt": "Count me", "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    m = server.metrics()
+    assert m["moestream_completion_tokens_total"] == before["moestream_completion_tokens_total"] + 5
+    assert m["moestream_requests_completed_total"] == before["moestream_requests_completed_total"] + 1
+    assert m["moestream_decode_tokens_per_second"] > 0
+    assert m["moestream_expert_requests_total"] > before["moestream_expert_requests_total"]
+    tiers = sum(m[f'moestream_expert_hits_total{{tier="{t}"}}'] for t in ("host_cache", "page_cache", "storage"))
+    assert tiers == m["moestream_expert_requests_total"]
+    assert "moestream_expert_bytes_read_total" in m
+    assert m["moestream_queue_length"] == 0
+
+
+def test_chat_turns_reuse_the_previous_kv_prefix(server):
+    msgs = [{"role": "user", "content": "Explain virtual memory."}]
+    processed = []
+    for turn in range(3):
+        r = server.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0}).json()
+        u = r["usage"]
+        processed.append((u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]))
+        assert r["timings"]["prompt_tokens_processed"] == u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]
+        msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": f"And point {turn}?"}]
+    # Turns 2 and 3 extend the previous turn's conversation: the old prompt comes from the cache
+    # (up to a token or two where the reply's text re-tokenizes differently at its edges).
+    for (p_prev, _), (p, cached) in zip(processed, processed[1:]):
+        assert cached >= 0.9 * p_prev, processed
+        assert p - cached < p / 2, processed
+
+
+def test_without_prefix_reuse_every_prompt_is_processed():
+    s = Server("--no-prefix-reuse")
+    try:
+        body = {"messages": [{"role": "user", "content": "Explain virtual memory."}], "max_tokens": 4}
+        s.post("/v1/chat/completions", body)
+        u = s.post("/v1/chat/completions", body).json()["usage"]
+        assert u["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        s.stop()
+
+
+def test_api_key_is_required_except_for_health():
+    s = Server("--api-key", "sekrit")
+    try:
+        body = {"prompt": "hi", "max_tokens": 2}
+        assert_json_error(s.post("/v1/completions", body), 401, "invalid_api_key")
+        assert_json_error(s.post("/v1/completions", body, headers={"Authorization": "Bearer wrong"}), 401,
+                          "invalid_api_key")
+        assert_json_error(s.get("/v1/models"), 401, "invalid_api_key")
+        assert_json_error(s.get("/metrics"), 401, "invalid_api_key")
+        assert s.get("/health").status_code == 200
+        ok = s.post("/v1/completions", body, headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 200, ok.text
+    finally:
+        s.stop()
+
+
+def test_full_queue_gets_503_and_a_disconnect_frees_the_slot(server):
+    # A: a long stream occupies the engine; B waits in the one queue place; C finds it full.
+    sess_a = requests.Session()
+    a = sess_a.post(server.url + "/v1/completions", data=json.dumps(
+        {"prompt": "Once", "max_tokens": CTX - 8, "stream": True, "ignore_eos": True, "temperature": 0}),
+        stream=True, timeout=30)
+    lines = a.iter_lines(decode_unicode=True)
+    assert next(l for l in lines if l.startswith("data: "))  # A is generating
+    b_result = {}
+
+    def run_b():
+        t0 = time.monotonic()
+        r = requests.post(server.url + "/v1/completions", data=json.dumps(
+            {"prompt": "B", "max_tokens": 2, "temperature": 0}), timeout=60)
+        b_result["status"], b_result["s"] = r.status_code, time.monotonic() - t0
+
+    tb = threading.Thread(target=run_b)
+    tb.start()
+    for _ in range(100):
+        if server.metrics()["moestream_queue_length"] == 1:
+            break
+        time.sleep(0.02)
+    assert server.metrics()["moestream_queue_length"] == 1
+    c = server.post("/v1/completions", {"prompt": "C", "max_tokens": 2})
+    assert_json_error(c, 503, "queue_full")
+    assert c.headers["Retry-After"] == "1"
+    # The client of A goes away: its generation stops and B runs.
+    a.close()
+    sess_a.close()
+    tb.join(timeout=30)
+    assert b_result.get("status") == 200, b_result
+    m = server.metrics()
+    assert m["moestream_requests_rejected_total"] >= 1
+    assert m["moestream_requests_cancelled_total"] >= 1
+    assert m["moestream_queue_length"] == 0
+
+
+def test_sigterm_finishes_the_running_stream_then_exits_0():
+    s = Server()
+    r = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 64, "stream": True, "ignore_eos": True},
+               stream=True)
+    lines = r.iter_lines(decode_unicode=True)
+    assert next(l for l in lines if l.startswith("data: "))
+    s.proc.send_signal(signal.SIGTERM)
+    rest = [l for l in lines if l.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert s.proc.wait(timeout=15) == 0
+    assert "signal 15" in s.proc.stderr.read()
