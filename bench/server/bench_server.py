@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Bounded load test of moestream-server on loopback (issue 10):
+  1. N concurrent clients x M requests: p50/p99 latency, tokens/s, failures (503s counted apart);
+  2. warm caches: the same 4 questions for 3 rounds, decode tokens/s and expert reads per round,
+     starting from expert files dropped from the page cache;
+  3. a 12-turn growing chat with KV prefix reuse vs without: prompt tokens processed and wall time.
+Prints markdown tables. Starts its own servers (loopback, free port) unless --url is given."""
+import argparse
+import json
+import os
+import pathlib
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import requests
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Server:
+    def __init__(self, exe, model, extra):
+        self.proc = subprocess.Popen([exe, "-m", model, "--port", "0", *extra], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+        line = self.proc.stdout.readline() if ready else ""
+        if "listening on http://" not in line:
+            self.proc.kill()
+            sys.exit(f"server did not start: {line!r} {self.proc.stderr.read()}")
+        self.url = "http://" + line.split("http://")[1].split()[0]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def metrics(url):
+    out = {}
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def load_test(url, clients, per_client, max_tokens):
+    lat, toks, statuses, lock = [], [], {}, threading.Lock()
+
+    def client(i):
+        s = requests.Session()
+        for j in range(per_client):
+            body = {"messages": [{"role": "user", "content": f"Client {i} asks question {j}: what is a page cache?"}],
+                    "max_tokens": max_tokens, "temperature": 0.7, "seed": i * 1000 + j, "ignore_eos": True}
+            t0 = time.monotonic()
+            r = s.post(url + "/v1/chat/completions", data=json.dumps(body), timeout=600)
+            dt = time.monotonic() - t0
+            with lock:
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 200:
+                    lat.append(dt)
+                    toks.append(r.json()["usage"]["completion_tokens"])
+                elif r.status_code == 503:
+                    time.sleep(float(r.headers.get("Retry-After", "1")))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    return {"clients": clients, "requests": clients * per_client, "ok": statuses.get(200, 0),
+            "503": statuses.get(503, 0), "failed": sum(v for k, v in statuses.items() if k not in (200, 503)),
+            "p50_s": statistics.median(lat) if lat else 0, "p99_s": pct(lat, 99) if lat else 0,
+            "tokens_per_s": sum(toks) / wall, "wall_s": wall}
+
+
+def drop_page_cache(model):
+    for f in sorted((pathlib.Path(model) / "experts").glob("*")):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+QUESTIONS = ["What does the kernel scheduler do?", "Explain virtual memory in one paragraph.",
+             "How does a file system store a file?", "Why are caches faster than disks?"]
+
+
+def warm_rounds(url, max_tokens):
+    rows = []
+    for rnd in range(1, 4):
+        m0 = metrics(url)
+        dec_tok, dec_s = 0, 0.0
+        for q in QUESTIONS:
+            r = requests.post(url + "/v1/chat/completions", data=json.dumps(
+                {"messages": [{"role": "user", "content": q}], "max_tokens": max_tokens, "temperature": 0,
+                 "ignore_eos": True}), timeout=600).json()
+            dec_tok += r["usage"]["completion_tokens"] - 1
+            dec_s += r["timings"]["decode_s"]
+        m1 = metrics(url)
+        d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+        rows.append({"round": rnd, "decode_tok_s": dec_tok / dec_s if dec_s else 0,
+                     "experts_requested": d("moestream_expert_requests_total"),
+                     "host_cache": d('moestream_expert_hits_total{tier="host_cache"}'),
+                     "page_cache": d('moestream_expert_hits_total{tier="page_cache"}'),
+                     "storage": d('moestream_expert_hits_total{tier="storage"}'),
+                     "MB_read": d("moestream_expert_bytes_read_total") / 1e6})
+    return rows
+
+
+def growing_chat(url, turns, max_tokens):
+    msgs, rows = [], []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Turn {t + 1}: tell me more about how operating systems manage memory."})
+        t0 = time.monotonic()
+        r = requests.post(url + "/v1/chat/completions", data=json.dumps(
+            {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=600).json()
+        wall = time.monotonic() - t0
+        u = r["usage"]
+        rows.append({"turn": t + 1, "prompt": u["prompt_tokens"],
+                     "processed": u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"],
+                     "prefill_s": r["timings"]["prefill_s"], "wall_s": wall})
+        msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+    return rows
+
+
+def table(rows, fmt):
+    keys = list(rows[0].keys())
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(fmt.get(k, "{}").format(r[k]) for k in keys) + " |")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exe", default=str(ROOT / "build" / "bin" / "moestream-server"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "demo"))
+    ap.add_argument("--server-args", default="", help="extra moestream-server options, e.g. '-t 2 --io pread'")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=5, help="requests per client")
+    ap.add_argument("--queue-size", type=int, default=2, help="small enough to show 503s under load")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--no-drop-cache", action="store_true", help="do not drop expert files from the page cache first")
+    a = ap.parse_args()
+    extra = a.server_args.split()
+
+    print(f"## moestream-server load test ({a.model}, server args: '{a.server_args}')\n")
+    s = Server(a.exe, a.model, extra + ["--queue-size", str(a.queue_size)])
+    try:
+        print(f"### {a.clients} clients x {a.requests} requests, max_tokens {a.max_tokens}, queue {a.queue_size}\n")
+        table([load_test(s.url, a.clients, a.requests, a.max_tokens)],
+              {"p50_s": "{:.3f}", "p99_s": "{:.3f}", "tokens_per_s": "{:.1f}", "wall_s": "{:.2f}"})
+    finally:
+        s.stop()
+
+    if not a.no_drop_cache:
+        drop_page_cache(a.model)
+    s = Server(a.exe, a.model, extra)
+    try:
+        print(f"### Warm caches: 4 questions x 3 rounds, max_tokens {a.max_tokens}"
+              f"{'' if a.no_drop_cache else ', expert files dropped from the page cache first'}\n")
+        table(warm_rounds(s.url, a.max_tokens), {"decode_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
+                                                  "host_cache": "{:.0f}", "page_cache": "{:.0f}",
+                                                  "storage": "{:.0f}", "MB_read": "{:.1f}"})
+    finally:
+        s.stop()
+
+    results = {}
+    for name, flags in (("reuse", []), ("no reuse", ["--no-prefix-reuse"])):
+        s = Server(a.exe, a.model, extra + flags)
+        try:
+            results[name] = growing_chat(s.url, a.turns, a.max_tokens)
+        finally:
+            s.stop()
+    print(f"### {a.turns}-turn growing chat, max_tokens {a.max_tokens}: prefix reuse vs none\n")
+    rows = []
+    for r, n in zip(results["reuse"], results["no reuse"]):
+        rows.append({"turn": r["turn"], "prompt_tokens": r["prompt"], "processed_reuse": r["processed"],
+                     "processed_no_reuse": n["processed"], "prefill_s_reuse": r["prefill_s"],
+                     "prefill_s_no_reuse": n["prefill_s"], "wall_s_reuse": r["wall_s"], "wall_s_no_reuse": n["wall_s"]})
+    rows.append({"turn": "total", "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+                 "processed_reuse": sum(r["processed_reuse"] for r in rows),
+                 "processed_no_reuse": sum(r["processed_no_reuse"] for r in rows),
+                 "prefill_s_reuse": sum(r["prefill_s_reuse"] for r in rows),
+                 "prefill_s_no_reuse": sum(r["prefill_s_no_reuse"] for r in rows),
+                 "wall_s_reuse": sum(r["wall_s_reuse"] for r in rows),
+                 "wall_s_no_reuse": sum(r["wall_s_no_reuse"] for r in rows)})
+    table(rows, {k: "{:.3f}" for k in ("prefill_s_reuse", "prefill_s_no_reuse", "wall_s_reuse", "wall_s_no_reuse")})
+
+
+if __name__ == "__main__":
+    main()

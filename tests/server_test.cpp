@@ -1,0 +1,160 @@
+// Server logic without HTTP: stop strings, the bounded job queue, request validation, and KV
+// prefix reuse in EngineSession giving the same tokens as a fresh prefill.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "runtime/server/completion_request.h"
+#include "runtime/server/engine_session.h"
+#include "runtime/server/job_queue.h"
+#include "runtime/server/stop_matcher.h"
+
+using namespace moestream;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+TEST(StopMatcher, HoldsBackAPossibleStopPrefixAndCutsAtTheStop) {
+  StopMatcher m({"END"});
+  EXPECT_EQ(m.feed("abc E"), "abc ");  // "E" may start "END"
+  EXPECT_EQ(m.feed("N"), "");
+  EXPECT_EQ(m.feed("Dxyz"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopMatcher, ReleasesHeldTextWhenItTurnsOutNotToBeAStop) {
+  StopMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.feed("a\n"), "a");
+  EXPECT_EQ(m.feed("EN"), "\n");
+  EXPECT_EQ(m.feed("x"), "ENx");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.feed("E"), "");
+  EXPECT_EQ(m.flush(), "E");
+}
+
+namespace {
+std::shared_ptr<Job> make_job() { return std::make_shared<Job>(JobParams{}); }
+}  // namespace
+
+TEST(JobQueue, RefusesWhenFullAndACancelledWaiterFreesItsPlace) {
+  std::atomic<bool> release{false};
+  JobQueue q(1, [&](Job& j) {
+    while (!release) std::this_thread::sleep_for(1ms);
+    j.finish(JobResult{"stop"});
+  });
+  auto running = make_job(), waiting = make_job(), third = make_job();
+  ASSERT_TRUE(q.submit(running));
+  for (int i = 0; i < 1000 && !q.running(); ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(q.running());
+  ASSERT_TRUE(q.submit(waiting));
+  EXPECT_FALSE(q.submit(third));  // one place, taken
+  waiting->cancel();              // its client left
+  EXPECT_EQ(q.waiting(), 0u);
+  EXPECT_TRUE(q.submit(third));
+  release = true;
+  EXPECT_TRUE(third->wait(5000ms).done || third->wait(5000ms).done);
+  EXPECT_EQ(third->result()->finish_reason, "stop");
+  EXPECT_EQ(waiting->result()->finish_reason, "cancelled");
+}
+
+TEST(JobQueue, ShutdownFailsWaitingJobsWith503AndFinishesTheRunningOne) {
+  std::atomic<bool> started{false};
+  JobQueue q(4, [&](Job& j) {
+    started = true;
+    std::this_thread::sleep_for(50ms);
+    j.finish(JobResult{"length"});
+  });
+  auto a = make_job(), b = make_job();
+  ASSERT_TRUE(q.submit(a));
+  while (!started) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(q.submit(b));
+  q.shutdown();
+  EXPECT_EQ(a->result()->finish_reason, "length");
+  ASSERT_TRUE(b->error().has_value());
+  EXPECT_EQ(b->error()->status(), 503);
+  EXPECT_FALSE(q.submit(make_job()));
+}
+
+TEST(CompletionRequest, NamesTheBadFieldAndRejectsAnotherModelWith404) {
+  const RequestLimits lim{"demo", 512};
+  auto status_of = [&](const std::string& body, bool chat, std::string* param = nullptr) {
+    try {
+      parse_completion_request(body, chat, lim);
+    } catch (const ApiError& e) {
+      if (param) *param = e.param();
+      return e.status();
+    }
+    return 200;
+  };
+  std::string p;
+  EXPECT_EQ(status_of(R"({"prompt": "x", "max_tokens": 513})", false, &p), 400);
+  EXPECT_EQ(p, "max_tokens");
+  EXPECT_EQ(status_of(R"({"prompt": "x", "temperature": -1})", false, &p), 400);
+  EXPECT_EQ(p, "temperature");
+  EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": [{"type": "image"}]}]})", true, &p), 400);
+  EXPECT_EQ(p, "messages[0].content[0]");
+  EXPECT_EQ(status_of(R"({"prompt": "x", "model": "other"})", false), 404);
+  EXPECT_EQ(status_of("\xff", false), 400);
+  EXPECT_EQ(status_of(R"({"prompt": "x", "max_tokens": 512, "stop": ["a", "b"]})", false), 200);
+  const auto r = parse_completion_request(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})",
+      true, lim);
+  EXPECT_EQ(r.messages[0]["content"], "ab");
+}
+
+namespace {
+std::vector<int> ids_of(const Tokenizer& tok, const std::string& s) {
+  std::vector<int> out;
+  for (int32_t id : tok.encode(s, false)) out.push_back(id);
+  return out;
+}
+
+// Greedy continuation of each prompt in turn through one session; returns the token texts.
+std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
+                                 const std::vector<std::vector<int>>& prompts, std::vector<int>* reused) {
+  ServerMetrics metrics;
+  EngineSession session(model, tok, metrics, reuse);
+  std::vector<std::string> out;
+  for (const auto& p : prompts) {
+    JobParams jp;
+    jp.prompt = p;
+    jp.max_tokens = 12;
+    jp.sampler.temperature = 0;
+    Job job(jp);
+    session.run(job);
+    std::string text;
+    while (true) {
+      auto u = job.wait(1000ms);
+      text += u.text;
+      if (u.done) break;
+    }
+    EXPECT_FALSE(job.error().has_value());
+    out.push_back(text);
+    if (reused) reused->push_back(job.result()->prompt_tokens_reused);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
+  const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
+  if (!fs::exists(dir / "model.json")) GTEST_SKIP() << "demo model " << dir << " absent";
+  auto model = Model::load(dir, ModelOptions{1, 512});
+  Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  const std::string base = "The operating system keeps a table of pages. ";
+  const std::vector<std::vector<int>> prompts = {
+      ids_of(tok, base + "Each page"), ids_of(tok, base + "Each page maps to a frame, and"),
+      ids_of(tok, base), ids_of(tok, "Something else entirely: the disk")};
+  std::vector<int> reused;
+  const auto with = run_all(*model, tok, true, prompts, &reused);
+  const auto without = run_all(*model, tok, false, prompts, nullptr);
+  EXPECT_EQ(with, without);
+  ASSERT_EQ(reused.size(), 4u);
+  EXPECT_EQ(reused[0], 0);
+  EXPECT_GE(reused[1], int(prompts[0].size()) - 1);  // all of the first prompt
+  EXPECT_EQ(reused[2], int(prompts[2].size()) - 1);  // a prefix of the cache: only the last token runs
+  EXPECT_LT(reused[3], 3);
+}
