@@ -342,3 +342,36 @@ def test_sigterm_finishes_the_running_stream_then_exits_0():
     assert rest[-1] == "data: [DONE]"
     assert s.proc.wait(timeout=15) == 0
     assert "signal 15" in s.proc.stderr.read()
+
+
+def test_a_queued_stream_that_disconnects_frees_its_place(server):
+    def stream(prompt, max_tokens):
+        sess = requests.Session()
+        r = sess.post(server.url + "/v1/completions", data=json.dumps(
+            {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}),
+            stream=True, timeout=30)
+        return sess, r, r.iter_lines(decode_unicode=True)
+
+    sa, a, la = stream("Once", CTX - 8)
+    assert next(l for l in la if l.startswith("data: "))  # A runs
+    sb, b, lb = stream("Queued", 4)
+    assert next(lb) == ": waiting"                        # B waits in the one place
+    b.close()
+    sb.close()
+    for _ in range(100):                                  # noticed at B's next keep-alive write
+        if server.metrics()["moestream_queue_length"] == 0:
+            break
+        time.sleep(0.05)
+    assert server.metrics()["moestream_queue_length"] == 0
+    result = {}
+    tc = threading.Thread(target=lambda: result.update(r=requests.post(
+        server.url + "/v1/completions", data=json.dumps({"prompt": "C", "max_tokens": 2}), timeout=60)))
+    tc.start()
+    for _ in range(100):
+        if server.metrics()["moestream_queue_length"] == 1:
+            break
+        time.sleep(0.02)
+    a.close()
+    sa.close()
+    tc.join(timeout=30)
+    assert result["r"].status_code == 200, result["r"].text
