@@ -2,6 +2,7 @@
 # Run THERE (the device machine, which has a compiler, CMake and ninja but none of our Debian
 # dependencies): unpacks the carried .deps/*.deb into /tmp/deps and builds the CPU targets.
 # Usage: scripts/device_build.sh [target...]   (default: bench_io infer cpu_decode)
+# DEVICE_CMAKE_ARGS (word-split) is appended last, so it overrides the defaults (the CUDA tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=${DEPS_DIR:-/tmp/deps}
@@ -29,7 +30,7 @@ WRAP
 fi
 gen=(); command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMOESTREAM_DEPS_PREFIX="$D/usr" \
-  -DMOESTREAM_TESTS=OFF -DMOESTREAM_CUDA=OFF "${extra[@]}" >"$BUILD.configure.log" 2>&1 ||
+  -DMOESTREAM_TESTS=OFF -DMOESTREAM_CUDA=OFF "${extra[@]}" ${DEVICE_CMAKE_ARGS:-} >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}"
 echo "device_build: built ${TARGETS[*]} in $BUILD/bin"

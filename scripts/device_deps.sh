@@ -10,6 +10,7 @@ PACKAGES=(
   libxxhash-dev libxxhash0
   libutf8proc-dev libutf8proc2
   pkgconf pkgconf-bin libpkgconf3   # the device image may have no pkg-config
+  libgtest-dev libgmock-dev         # gpu_kernels_test (scripts/device_kernels.sh)
 )
 mkdir -p .deps
 cd .deps

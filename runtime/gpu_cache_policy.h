@@ -1,0 +1,108 @@
+// Which experts live in VRAM: the GPU expert cache's policy as plain C++ (no CUDA), so CI tests it.
+// Slot pools per expert size class under one byte budget, LFRU victims, and the eviction guard.
+//
+// Rules (issue 8):
+// - A layer's experts all have one payload size; layers of equal size share a size class, whose
+//   slots hold exactly that many bytes. Classes draw slots from one shared byte budget. A slot,
+//   once allocated, stays in its class and is reused by evictions within the class, so layers
+//   that alternate classes cause no free/alloc churn; a class frees another class's slots only
+//   when it owns no evictable slot at all (its first fill after another class took the budget).
+// - Victim = the unpinned resident of lowest LFRU score: demand heat (saturating at 2^24-1) in
+//   the high bits, recency in the low byte (255 for a slot touched this step, one less per step
+//   since, saturating at 0).
+// - Heat counts demand accesses only (kept for non-resident experts too: a prediction has one).
+//   Prefill touches do not heat: a long prompt would make every expert look warm.
+// - Demand, speculative and prefill fills go through one eviction core. A speculative fill may
+//   displace a resident only when the resident is not genuinely warm: a resident with >= 2 demand
+//   accesses whose heat exceeds the prediction's by 25% + 4 (heat_v > 1.25 * heat_p + 4) stays,
+//   and the prediction is dropped (counted), never forced in. Prefill fills free budget only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace moestream {
+
+enum class GpuFill { kDemand, kSpeculative, kPrefill };
+enum class GpuCacheOutcome {
+  kHit,     // already resident
+  kFilled,  // now resident in `slot`: the caller copies the expert there
+  kDropped, // speculative fill refused by the eviction guard (nothing copied, nothing evicted)
+  kNoRoom,  // prefill with no free budget, or every candidate victim pinned
+};
+
+struct GpuCacheResult {
+  GpuCacheOutcome outcome = GpuCacheOutcome::kNoRoom;
+  int slot = -1;                 // slot holding the expert for kHit/kFilled
+  bool slot_allocated = false;   // the slot is new: the caller allocates its class's bytes
+  int evicted_layer = -1, evicted_expert = -1;  // resident displaced from `slot`, if any
+  std::vector<int> released_slots;  // other classes' slots the caller frees (rare, see above)
+};
+
+struct GpuCacheStats {
+  uint64_t demand_hits = 0, demand_misses = 0, demand_no_room = 0;
+  uint64_t speculative_hits = 0, speculative_fills = 0, speculative_dropped = 0;
+  uint64_t speculative_used = 0;  // speculatively filled experts later hit by demand
+  uint64_t speculative_no_room = 0;
+  uint64_t prefill_hits = 0, prefill_fills = 0, prefill_no_room = 0;
+  uint64_t evictions = 0, slot_allocs = 0, slot_frees = 0;
+};
+
+class GpuCachePolicy {
+ public:
+  // layer_expert_bytes[l]: payload bytes of one expert of layer l (ExpertLayout::bytes).
+  GpuCachePolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes);
+
+  // Looks up (layer, expert) and, on a miss, places it under the rules above.
+  GpuCacheResult access(int layer, int expert, GpuFill kind);
+
+  // A running kernel reads the slot: it is never chosen as a victim until unpinned.
+  void pin(int slot);
+  void unpin(int slot);
+  // One decode step has passed: recency of every resident ages by one.
+  void advance_step() { ++step_; }
+
+  int slot_of(int layer, int expert) const;  // -1 when not resident
+  uint32_t heat(int layer, int expert) const;
+  uint64_t score(int slot) const;            // LFRU score of an occupied slot
+  int n_classes() const { return int(class_bytes_.size()); }
+  int class_of_layer(int layer) const;
+  size_t class_slot_bytes(int cls) const { return class_bytes_.at(size_t(cls)); }
+  int class_slots(int cls) const;            // live slots of the class
+  size_t bytes_allocated() const { return bytes_allocated_; }
+  size_t budget_bytes() const { return budget_bytes_; }
+  const GpuCacheStats& stats() const { return stats_; }
+
+ private:
+  struct Slot {
+    int cls = -1;
+    int key = -1;  // layer * n_experts + expert
+    uint32_t pins = 0;
+    uint64_t last_step = 0;
+    bool live = false;
+    bool speculative_unused = false;  // filled by a prediction, not yet demanded
+  };
+
+  int key_of(int layer, int expert) const;
+  bool guarded(int victim_key, uint32_t prediction_heat) const;
+  int coldest(int cls_filter, bool same_class) const;  // -1 when none unpinned
+  int new_slot(int cls);
+  void free_slot(int slot);
+  // The eviction core shared by every fill kind: a slot of class `cls` for `key`, or an outcome.
+  GpuCacheOutcome place(int cls, int key, GpuFill kind, GpuCacheResult& r);
+
+  size_t budget_bytes_;
+  int n_experts_;
+  std::vector<int> layer_class_;     // by layer
+  std::vector<size_t> class_bytes_;  // by class
+  std::vector<Slot> slots_;
+  std::vector<int> dead_slots_;      // indices of freed Slot entries, reused
+  std::vector<int> slot_of_key_;     // by key, -1 when not resident
+  std::vector<uint32_t> heat_;       // by key: demand accesses, saturating
+  size_t bytes_allocated_ = 0;
+  uint64_t step_ = 0;
+  GpuCacheStats stats_;
+};
+
+}  // namespace moestream

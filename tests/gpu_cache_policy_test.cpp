@@ -1,0 +1,213 @@
+// The GPU expert cache policy (runtime/gpu_cache_policy.h): LFRU victims, the eviction guard,
+// pinning, size classes under one budget, prefill without eviction. Plain C++: runs in CI.
+#include "runtime/gpu_cache_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "common/error.h"
+
+namespace moestream {
+namespace {
+
+constexpr size_t kBytes = 1000;  // one expert of the single-class tests
+
+GpuCachePolicy one_class(int slots, int n_experts = 16, int n_layers = 1) {
+  return GpuCachePolicy(kBytes * size_t(slots), n_experts, std::vector<size_t>(size_t(n_layers), kBytes));
+}
+
+void demand(GpuCachePolicy& p, int expert, int times, int layer = 0) {
+  for (int i = 0; i < times; ++i) p.access(layer, expert, GpuFill::kDemand);
+}
+
+TEST(GpuCachePolicy, WarmResidentSurvivesPredictionForNeverSeenExpert) {
+  auto p = one_class(2);
+  demand(p, 0, 5);
+  demand(p, 1, 6);
+  const auto r = p.access(0, 7, GpuFill::kSpeculative);
+  EXPECT_EQ(r.outcome, GpuCacheOutcome::kDropped);
+  EXPECT_EQ(r.slot, -1);            // nothing to copy
+  EXPECT_EQ(r.evicted_expert, -1);  // nothing evicted
+  EXPECT_GE(p.slot_of(0, 0), 0);
+  EXPECT_GE(p.slot_of(0, 1), 0);
+  EXPECT_EQ(p.slot_of(0, 7), -1);
+  EXPECT_EQ(p.stats().speculative_dropped, 1u);
+  EXPECT_EQ(p.stats().speculative_fills, 0u);
+  EXPECT_EQ(p.stats().evictions, 0u);
+}
+
+TEST(GpuCachePolicy, OnceDemandedResidentIsEvictedForPrediction) {
+  auto p = one_class(1);
+  demand(p, 0, 1);
+  const auto r = p.access(0, 5, GpuFill::kSpeculative);
+  ASSERT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+  EXPECT_EQ(r.evicted_layer, 0);
+  EXPECT_EQ(r.evicted_expert, 0);
+  EXPECT_FALSE(r.slot_allocated);  // the slot is reused in place
+  EXPECT_EQ(p.slot_of(0, 5), r.slot);
+  EXPECT_EQ(p.slot_of(0, 0), -1);
+  EXPECT_EQ(p.stats().speculative_fills, 1u);
+  EXPECT_EQ(p.stats().evictions, 1u);
+}
+
+// heat_v > 1.25 * heat_p + 4 keeps the resident; equality does not.
+TEST(GpuCachePolicy, GuardNeedsHeatAboveQuarterMorePlusFour) {
+  for (int victim_heat : {9, 10}) {
+    auto p = one_class(1);
+    demand(p, 1, 4);            // the prediction's heat: 4 (then evicted by expert 0)
+    demand(p, 0, victim_heat);  // resident
+    ASSERT_EQ(p.slot_of(0, 1), -1);
+    const auto r = p.access(0, 1, GpuFill::kSpeculative);
+    EXPECT_EQ(r.outcome, victim_heat == 9 ? GpuCacheOutcome::kFilled : GpuCacheOutcome::kDropped)
+        << "victim heat " << victim_heat << " vs prediction heat 4 (threshold 9)";
+  }
+  // A resident with a single demand access is never guarded, even against a cold prediction.
+  auto p = one_class(1);
+  demand(p, 0, 1);
+  EXPECT_EQ(p.access(0, 9, GpuFill::kSpeculative).outcome, GpuCacheOutcome::kFilled);
+}
+
+TEST(GpuCachePolicy, DemandFillEvictsEvenAWarmResident) {
+  auto p = one_class(1);
+  demand(p, 0, 50);
+  const auto r = p.access(0, 3, GpuFill::kDemand);
+  EXPECT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+  EXPECT_EQ(r.evicted_expert, 0);
+}
+
+TEST(GpuCachePolicy, PinnedSlotsAreNeverVictims) {
+  auto p = one_class(3);
+  demand(p, 0, 1);  // coldest: lowest heat
+  demand(p, 1, 3);
+  demand(p, 2, 4);
+  const int cold = p.slot_of(0, 0);
+  p.pin(cold);
+  auto r = p.access(0, 3, GpuFill::kDemand);
+  ASSERT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+  EXPECT_EQ(r.evicted_expert, 1);  // the coldest unpinned
+  EXPECT_EQ(p.slot_of(0, 0), cold);
+  // Everything pinned: no victim at all, for demand and prediction alike.
+  p.pin(p.slot_of(0, 2));
+  p.pin(p.slot_of(0, 3));
+  EXPECT_EQ(p.access(0, 4, GpuFill::kDemand).outcome, GpuCacheOutcome::kNoRoom);
+  EXPECT_EQ(p.access(0, 5, GpuFill::kSpeculative).outcome, GpuCacheOutcome::kNoRoom);
+  EXPECT_EQ(p.stats().demand_no_room, 1u);
+  p.unpin(cold);
+  r = p.access(0, 4, GpuFill::kDemand);
+  EXPECT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+  EXPECT_EQ(r.evicted_expert, 0);
+}
+
+TEST(GpuCachePolicy, VictimHasLowestLfruScoreFrequencyBeforeRecency) {
+  auto p = one_class(2);
+  demand(p, 0, 3);  // hotter but older
+  for (int i = 0; i < 10; ++i) p.advance_step();
+  demand(p, 1, 1);  // recent but cold
+  EXPECT_EQ(p.score(p.slot_of(0, 0)), (3u << 8) | (255 - 10));
+  EXPECT_EQ(p.score(p.slot_of(0, 1)), (1u << 8) | 255);
+  EXPECT_EQ(p.access(0, 2, GpuFill::kDemand).evicted_expert, 1);
+  // Equal heat: the older one goes; recency saturates at 255 steps.
+  auto q = one_class(2);
+  demand(q, 0, 2);
+  q.advance_step();
+  demand(q, 1, 2);
+  EXPECT_EQ(q.access(0, 2, GpuFill::kDemand).evicted_expert, 0);
+  for (int i = 0; i < 1000; ++i) q.advance_step();
+  EXPECT_EQ(q.score(q.slot_of(0, 1)), 2u << 8);
+}
+
+TEST(GpuCachePolicy, HeatCountsDemandAccessesOnly) {
+  auto p = one_class(4);
+  for (int i = 0; i < 5; ++i) {
+    p.access(0, 0, GpuFill::kSpeculative);
+    p.access(0, 1, GpuFill::kPrefill);
+  }
+  EXPECT_EQ(p.heat(0, 0), 0u);
+  EXPECT_EQ(p.heat(0, 1), 0u);
+  demand(p, 0, 2);
+  EXPECT_EQ(p.heat(0, 0), 2u);
+  EXPECT_EQ(p.stats().speculative_used, 1u);  // the prediction was hit by demand, counted once
+  EXPECT_EQ(p.stats().speculative_hits, 4u);
+}
+
+TEST(GpuCachePolicy, PrefillFillsFreeSlotsButNeverEvicts) {
+  auto p = one_class(2);
+  EXPECT_EQ(p.access(0, 0, GpuFill::kPrefill).outcome, GpuCacheOutcome::kFilled);
+  EXPECT_EQ(p.access(0, 1, GpuFill::kPrefill).outcome, GpuCacheOutcome::kFilled);
+  for (int e = 2; e < 16; ++e)
+    EXPECT_EQ(p.access(0, e, GpuFill::kPrefill).outcome, GpuCacheOutcome::kNoRoom);
+  EXPECT_GE(p.slot_of(0, 0), 0);
+  EXPECT_GE(p.slot_of(0, 1), 0);
+  EXPECT_EQ(p.access(0, 1, GpuFill::kPrefill).outcome, GpuCacheOutcome::kHit);
+  EXPECT_EQ(p.stats().evictions, 0u);
+  EXPECT_EQ(p.stats().prefill_fills, 2u);
+  EXPECT_EQ(p.stats().prefill_no_room, 14u);
+  // A decode working set is not flushed by a long prompt either.
+  auto q = one_class(2);
+  demand(q, 7, 1);
+  demand(q, 8, 1);
+  for (int e = 0; e < 16; ++e) q.access(0, e, GpuFill::kPrefill);
+  EXPECT_GE(q.slot_of(0, 7), 0);
+  EXPECT_GE(q.slot_of(0, 8), 0);
+}
+
+TEST(GpuCachePolicy, SizeClassesShareTheBudget) {
+  // Layer 0: 100-byte experts, layer 1: 300-byte experts, 1000 bytes in all.
+  GpuCachePolicy p(1000, 16, {100, 300});
+  ASSERT_EQ(p.n_classes(), 2);
+  for (int e = 0; e < 10; ++e) demand(p, e, 1 + (e == 0 ? 5 : 0), 0);  // class 0 takes it all
+  EXPECT_EQ(p.class_slots(0), 10);
+  EXPECT_EQ(p.bytes_allocated(), 1000u);
+  // Class 1 owns nothing evictable: it takes the three coldest class-0 slots' bytes.
+  const auto r = p.access(1, 0, GpuFill::kDemand);
+  ASSERT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+  EXPECT_TRUE(r.slot_allocated);
+  EXPECT_EQ(r.released_slots.size(), 3u);
+  EXPECT_GE(p.slot_of(0, 0), 0);  // the hot one stays
+  EXPECT_EQ(p.class_slots(0), 7);
+  EXPECT_EQ(p.class_slots(1), 1);
+  EXPECT_EQ(p.bytes_allocated(), 1000u);
+  // From now on class 1 recycles its own slot.
+  const auto r2 = p.access(1, 1, GpuFill::kDemand);
+  EXPECT_EQ(r2.slot, r.slot);
+  EXPECT_TRUE(r2.released_slots.empty());
+  EXPECT_EQ(p.class_slots(0), 7);
+}
+
+TEST(GpuCachePolicy, AlternatingClassesCauseNoSlotChurn) {
+  // Layers alternate q4-sized and q8-sized experts, as mixed-quant models do.
+  GpuCachePolicy p(10 * 450, 32, {180, 340, 180, 340});
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> pick(0, 31);
+  uint64_t allocs_after_warmup = 0, frees_after_warmup = 0;
+  for (int step = 0; step < 400; ++step) {
+    for (int layer = 0; layer < 4; ++layer)
+      for (int k = 0; k < 4; ++k) {
+        p.access(layer, pick(rng), GpuFill::kDemand);
+        ASSERT_LE(p.bytes_allocated(), p.budget_bytes());
+      }
+    p.advance_step();
+    if (step == 50) {
+      allocs_after_warmup = p.stats().slot_allocs;
+      frees_after_warmup = p.stats().slot_frees;
+    }
+  }
+  EXPECT_GT(p.stats().evictions, 1000u);  // the working set is far larger than the cache
+  EXPECT_EQ(p.stats().slot_allocs, allocs_after_warmup);
+  EXPECT_EQ(p.stats().slot_frees, frees_after_warmup);
+  EXPECT_EQ(p.stats().slot_frees, 0u);
+  EXPECT_GT(p.class_slots(0), 0);
+  EXPECT_GT(p.class_slots(1), 0);
+}
+
+TEST(GpuCachePolicy, OutOfRangeExpertIsAConfigError) {
+  auto p = one_class(2, 8, 2);
+  EXPECT_THROW(p.access(0, 8, GpuFill::kDemand), ConfigError);
+  EXPECT_THROW(p.access(2, 0, GpuFill::kSpeculative), ConfigError);
+  EXPECT_THROW(p.access(-1, 0, GpuFill::kDemand), ConfigError);
+  EXPECT_THROW(GpuCachePolicy(100, 8, {}), ConfigError);
+}
+
+}  // namespace
+}  // namespace moestream
