@@ -26,7 +26,12 @@ namespace moestream::gpu {
   } while (0)
 
 // After a <<<>>> launch: a bad configuration shows up here, not at the next sync.
-#define MOE_CUDA_CHECK_LAUNCH(name) MOE_CUDA_CHECK(cudaPeekAtLastError())
+#define MOE_CUDA_CHECK_LAUNCH(name)                                                \
+  do {                                                                             \
+    cudaError_t moe_cuda_err_ = cudaPeekAtLastError();                             \
+    if (moe_cuda_err_ != cudaSuccess)                                              \
+      ::moestream::gpu::throw_cuda(moe_cuda_err_, "launch of " name, __FILE__, __LINE__); \
+  } while (0)
 
 namespace moestream::gpu {
 

@@ -23,7 +23,7 @@ int device_count(const char** why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    cudaGetLastError();  // reset the runtime's last-error so a later check does not report it
     if (why) *why = cudaGetErrorString(e);
     return 0;
   }
