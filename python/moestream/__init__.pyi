@@ -1,0 +1,142 @@
+# Type stubs for moestream (the pybind11 module `moestream._moestream`), so editors complete and
+# type checkers see the signatures of the compiled API.
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+PHASE_PREFILL: int
+PHASE_DECODE: int
+
+class Error(RuntimeError): ...
+class IoError(Error, OSError): ...
+class FormatError(Error, ValueError): ...
+class ConfigError(Error, ValueError): ...
+
+class Tokenizer:
+    @staticmethod
+    def load(tokenizer_json: str | os.PathLike[str], tokenizer_config: str | os.PathLike[str] = "") -> Tokenizer: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> int | None: ...
+    @property
+    def eos_id(self) -> int | None: ...
+    def token_text(self, id: int) -> str: ...
+    def token_id(self, token: str) -> int | None: ...
+
+class GenerationStream(Iterator[str | int]):
+    def __iter__(self) -> GenerationStream: ...
+    def __next__(self) -> str | int: ...
+
+class Model:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        io: str = "auto",  # auto | uring | pread | mmap | simple
+        io_direct: bool = False,
+        host_cache_mb: int = 0,
+        cache_aware: bool = False,
+        cache_tolerance: float = 0.10,
+        threads: int = 0,
+        ctx: int = 0,
+        batch: int = 0,
+        verify_checksums: bool = True,
+        io_qd: int = 32,
+        io_rings: int = 0,
+        io_threads: int = 0,
+        coalesce_gap_kb: int = 64,
+        max_read_kb: int = 1024,
+        collect_routing: str | os.PathLike[str] | None = None,
+        collect_router_inputs: bool = False,
+    ) -> None: ...
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 64,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        seed: int = 0,
+        stream: bool = False,
+        *,
+        top_k: int = 40,
+        ignore_eos: bool = False,
+    ) -> str | list[int] | GenerationStream: ...
+    def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
+        """[len(token_ids), vocab_size] logits of every position, from an empty cache."""
+    def perplexity(self, text: str | Sequence[int], *, ctx: int = 0, stride: int = 0) -> dict[str, float | int]: ...
+    def stats(self) -> dict[str, object]: ...
+    def close_routing(self) -> None: ...
+    @property
+    def config(self) -> dict[str, object]: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+class RoutingLog:
+    def __init__(self, path: str | os.PathLike[str]) -> None: ...
+    path: str
+    layer: npt.NDArray[np.uint16]
+    position: npt.NDArray[np.uint32]
+    ids: npt.NDArray[np.uint16]        # [n_records, top_k]
+    weights: npt.NDArray[np.float32]   # [n_records, top_k]
+    request: npt.NDArray[np.uint64]
+    phase: npt.NDArray[np.uint8]       # PHASE_PREFILL / PHASE_DECODE
+    router_input: npt.NDArray[np.float32] | None  # [n_records, hidden] when every record has one
+    warning: str
+    valid_bytes: int
+    truncated_bytes: int
+    @property
+    def model_hash(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_experts(self) -> int: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def cluster(
+    model: str | os.PathLike[str],
+    routing: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    method: str = "seriation",
+    evaluate: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+    maps_out: str | None = None,
+    repack: bool = False,
+    shape_only: bool = False,
+    io_profile: str | None = None,
+    op_latency_us: float = 0.0,
+    bandwidth_gbps: float = 0.0,
+    neighbour_weight: float = 0.0,
+    search_seconds: float = 20.0,
+    coalesce_gap_kb: int = 64,
+    max_read_kb: int = 1024,
+) -> dict[str, object]: ...
+def cost(
+    model: str | os.PathLike[str],
+    routing: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    slots: npt.NDArray[np.uint32] | None = None,
+    shape_only: bool = False,
+    io_profile: str | None = None,
+    op_latency_us: float = 0.0,
+    bandwidth_gbps: float = 0.0,
+    coalesce_gap_kb: int = 64,
+    max_read_kb: int = 1024,
+) -> dict[str, float]: ...
+def token_read_cost(
+    slots: Sequence[int],
+    *,
+    expert_bytes: int,
+    expert_stride: int,
+    data_offset: int = 4096,
+    gap_bytes: int = 65536,
+    max_read_bytes: int = 1048576,
+) -> tuple[int, int]: ...
+def load_io_profile(path: str | os.PathLike[str]) -> dict[str, float]: ...

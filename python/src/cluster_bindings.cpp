@@ -1,0 +1,234 @@
+// moestream.cluster() and the I/O cost model, mirroring the `cluster_experts` tool: orders each
+// layer's experts from routing logs, reports modelled costs, optionally writes maps or repacks.
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/coactivation.h"
+#include "cluster/io_cost_model.h"
+#include "cluster/ordering.h"
+#include "cluster/repack.h"
+#include "common/error.h"
+#include "loader/expert_file.h"
+#include "loader/expert_map.h"
+#include "loader/routing_log.h"
+#include "python/src/bindings.h"
+
+namespace fs = std::filesystem;
+
+namespace moestream::py_bindings {
+namespace {
+
+using namespace moestream::cluster;
+
+// The model's layer files as cluster_experts sees them: shape, geometry, current maps.
+struct ModelLayout {
+  RoutingLogHeader want;
+  std::vector<ExpertMap> maps;
+  SlotGeometry geometry;
+};
+
+ModelLayout read_layout(const fs::path& dir, uint64_t gap_kb, uint64_t max_read_kb) {
+  if (!fs::is_regular_file(dir / "model.json"))
+    throw IoError(dir.string() + "/model.json does not exist: not a packed model directory");
+  if (max_read_kb < 4) throw ConfigError("max_read_kb must be >= 4, got " + std::to_string(max_read_kb));
+  std::vector<ExpertFileHeader> headers;
+  for (int l = 0; fs::exists(expert_file_path(dir, l)); ++l) headers.push_back(read_expert_header(expert_file_path(dir, l)));
+  if (headers.empty()) throw IoError(expert_file_path(dir, 0).string() + " does not exist");
+  const ExpertFileHeader& h0 = headers.front();
+  ModelLayout out;
+  for (int l = 0; l < int(headers.size()); ++l) {
+    const ExpertFileHeader& h = headers[size_t(l)];
+    if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
+      throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
+    out.maps.push_back(load_expert_map(dir, l, h.n_experts));
+  }
+  out.want.model_hash = model_identity_hash(dir);
+  out.want.n_layers = uint32_t(headers.size());
+  out.want.n_experts = h0.n_experts;
+  out.geometry.data_offset = h0.data_offset;
+  out.geometry.expert_bytes = h0.expert_bytes;
+  out.geometry.expert_stride = h0.expert_stride;
+  out.geometry.gap_bytes = gap_kb << 10;
+  out.geometry.max_read_bytes = max_read_kb << 10;
+  return out;
+}
+
+std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
+                                  const fs::path& model, bool shape_only) {
+  if (paths.empty()) throw ConfigError("routing: no routing log given");
+  std::vector<RoutingLog> logs;
+  for (const std::string& p : paths) {
+    RoutingLog log = read_routing_log(p);
+    const RoutingLogHeader& h = log.header;
+    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
+      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) + ", " +
+                        std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) + " experts) than " +
+                        model.string() + " (model_hash " + std::to_string(want.model_hash) + ", " +
+                        std::to_string(want.n_layers) + " layers, " + std::to_string(want.n_experts) + " experts)");
+    if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
+    logs.push_back(std::move(log));
+  }
+  return logs;
+}
+
+IoProfile make_profile(const std::optional<fs::path>& io_profile, double op_latency_us, double bandwidth_gbps) {
+  IoProfile prof;
+  if (io_profile) prof = load_io_profile(*io_profile);
+  if (op_latency_us > 0) prof.op_latency_us = op_latency_us;
+  if (bandwidth_gbps > 0) prof.bandwidth_gbps = bandwidth_gbps;
+  return prof;
+}
+
+nlohmann::json cost_json(const CostSummary& c) {
+  return {{"tokens", c.tokens}, {"read_ops_per_token", c.ops_per_token},
+          {"bytes_per_token", c.bytes_per_token}, {"modelled_us_per_token", c.modelled_us_per_token}};
+}
+
+std::vector<std::string> paths_of(const py::object& routing) {
+  if (py::isinstance<py::str>(routing) || py::isinstance(routing, py::module_::import("os").attr("PathLike")))
+    return {py::str(routing).cast<std::string>()};
+  std::vector<std::string> out;
+  for (py::handle h : routing) out.push_back(py::str(h).cast<std::string>());
+  return out;
+}
+
+py::object run_cluster(const fs::path& model, const py::object& routing, const std::string& method_name,
+                       const std::optional<py::object>& evaluate, const std::optional<fs::path>& maps_out,
+                       bool repack, bool shape_only, const std::optional<fs::path>& io_profile,
+                       double op_latency_us, double bandwidth_gbps, double neighbour_weight,
+                       double search_seconds, uint64_t coalesce_gap_kb, uint64_t max_read_kb) {
+  const std::vector<std::string> train_paths = paths_of(routing);
+  const std::vector<std::string> eval_paths = evaluate ? paths_of(*evaluate) : std::vector<std::string>{};
+  nlohmann::json js;
+  std::vector<uint32_t> flat;
+  size_t n_layers = 0, n_experts = 0;
+  {
+    py::gil_scoped_release nogil;
+    const fs::path dir = model;
+    const OrderMethod method = parse_order_method(method_name);
+    ModelLayout lay = read_layout(dir, coalesce_gap_kb, max_read_kb);
+    const IoProfile prof = make_profile(io_profile, op_latency_us, bandwidth_gbps);
+    CoactivationOptions co;
+    co.neighbour_weight = neighbour_weight;
+    const std::vector<LayerStats> stats = coactivation(load_logs(train_paths, lay.want, dir, shape_only), co);
+    LocalSearchOptions ls;
+    ls.max_seconds = search_seconds;
+    // identity and greedy as baselines, then the chosen method (as cluster_experts reports them).
+    const OrderMethod methods[] = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
+    std::vector<std::vector<std::vector<uint32_t>>> slots(3);
+    for (size_t m = 0; m < 3; ++m) {
+      if (m == 2 && method != OrderMethod::kSeriation) {
+        slots[2] = slots[size_t(method)];
+        break;
+      }
+      for (const LayerStats& s : stats) slots[m].push_back(slots_of(order_layer(methods[m], s, lay.geometry, prof, ls)));
+    }
+    js["model"] = dir.string();
+    js["method"] = method_name;
+    js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
+    js["geometry"] = {{"expert_bytes", lay.geometry.expert_bytes}, {"expert_stride", lay.geometry.expert_stride},
+                      {"gap_bytes", lay.geometry.gap_bytes}, {"max_read_bytes", lay.geometry.max_read_bytes}};
+    auto report = [&](const char* set, const std::vector<LayerStats>& st) {
+      const char* names[] = {"identity", "greedy", "chosen"};
+      for (size_t m = 0; m < 3; ++m) js[set][names[m]] = cost_json(model_cost(st, slots[m], lay.geometry, prof));
+    };
+    report("train", stats);
+    if (!eval_paths.empty()) report("heldout", coactivation(load_logs(eval_paths, lay.want, dir, shape_only)));
+    const auto& chosen = slots[2];
+    std::vector<ExpertMap> maps;
+    for (size_t l = 0; l < chosen.size(); ++l)
+      maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
+    if (maps_out) {
+      fs::create_directories(fs::path(*maps_out) / "experts");
+      for (size_t l = 0; l < maps.size(); ++l) write_expert_map(expert_map_path(*maps_out, int(l)), maps[l]);
+    }
+    if (repack) repack_experts(dir, int(maps.size()), maps);
+    js["repacked"] = repack;
+    n_layers = chosen.size();
+    n_experts = lay.want.n_experts;
+    for (const auto& layer : chosen) flat.insert(flat.end(), layer.begin(), layer.end());
+  }
+  py::dict out = json_to_python(js);
+  out["slots"] = to_numpy(std::move(flat), {py::ssize_t(n_layers), py::ssize_t(n_experts)});
+  return out;
+}
+
+// Modelled cost of the logs under `slots` (logical -> physical per layer; the model's current
+// maps when None).
+py::object run_cost(const fs::path& model, const py::object& routing, const std::optional<py::array_t<uint32_t>>& slots,
+                    bool shape_only, const std::optional<fs::path>& io_profile, double op_latency_us,
+                    double bandwidth_gbps, uint64_t coalesce_gap_kb, uint64_t max_read_kb) {
+  const std::vector<std::string> paths = paths_of(routing);
+  std::vector<std::vector<uint32_t>> slot_of;
+  if (slots) {
+    auto s = slots->unchecked<2>();
+    for (py::ssize_t l = 0; l < s.shape(0); ++l) {
+      std::vector<uint32_t> row(size_t(s.shape(1)));
+      for (py::ssize_t e = 0; e < s.shape(1); ++e) row[size_t(e)] = s(l, e);
+      slot_of.push_back(std::move(row));
+    }
+  }
+  nlohmann::json js;
+  {
+    py::gil_scoped_release nogil;
+    ModelLayout lay = read_layout(model, coalesce_gap_kb, max_read_kb);
+    if (!slots) {
+      for (const ExpertMap& m : lay.maps) {
+        std::vector<uint32_t> row(m.size());
+        for (uint32_t e = 0; e < m.size(); ++e) row[e] = m.physical(e);
+        slot_of.push_back(std::move(row));
+      }
+    }
+    if (slot_of.size() != lay.want.n_layers)
+      throw ConfigError("slots: " + std::to_string(slot_of.size()) + " layers, the model has " + std::to_string(lay.want.n_layers));
+    for (size_t l = 0; l < slot_of.size(); ++l)
+      ExpertMap::from_slots(slot_of[l], "slots row " + std::to_string(l));  // must be a permutation of the experts
+    for (const auto& row : slot_of)
+      if (row.size() != lay.want.n_experts)
+        throw ConfigError("slots: rows of " + std::to_string(row.size()) + " slots, the model has " +
+                          std::to_string(lay.want.n_experts) + " experts per layer");
+    const IoProfile prof = make_profile(io_profile, op_latency_us, bandwidth_gbps);
+    js = cost_json(model_cost(coactivation(load_logs(paths, lay.want, model, shape_only)), slot_of, lay.geometry, prof));
+  }
+  return json_to_python(js);
+}
+
+}  // namespace
+
+void bind_cluster(py::module_& m) {
+  m.def("cluster", &run_cluster, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("method") = "seriation",
+        py::arg("evaluate") = py::none(), py::arg("maps_out") = py::none(), py::arg("repack") = false,
+        py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
+        py::arg("bandwidth_gbps") = 0.0, py::arg("neighbour_weight") = 0.0, py::arg("search_seconds") = 20.0,
+        py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+        "Orders each layer's experts from routing logs (cluster_experts); returns costs and slots.");
+  m.def("cost", &run_cost, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("slots") = py::none(),
+        py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
+        py::arg("bandwidth_gbps") = 0.0, py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+        "Modelled I/O cost per token of the logs' tokens with experts in `slots` (default: the model's maps).");
+  m.def("token_read_cost", [](const std::vector<uint32_t>& slots, uint64_t expert_bytes, uint64_t expert_stride,
+                              uint64_t data_offset, uint64_t gap_bytes, uint64_t max_read_bytes) {
+          if (expert_bytes == 0 || expert_stride < expert_bytes)
+            throw ConfigError("token_read_cost: need 0 < expert_bytes <= expert_stride");
+          if (max_read_bytes == 0) throw ConfigError("token_read_cost: max_read_bytes must be > 0");
+          SlotGeometry g{data_offset, expert_bytes, expert_stride, gap_bytes, max_read_bytes};
+          ReadCost c = token_read_cost(slots, g);
+          return py::make_tuple(c.ops, c.bytes);
+        }, py::arg("slots"), py::kw_only(), py::arg("expert_bytes"), py::arg("expert_stride"),
+        py::arg("data_offset") = 4096, py::arg("gap_bytes") = 64 << 10, py::arg("max_read_bytes") = 1 << 20,
+        "(read ops, bytes moved) for one token whose experts sit in `slots`, coalesced as the engine does.");
+  m.def("load_io_profile", [](const fs::path& path) {
+          IoProfile p = load_io_profile(path);
+          py::dict d;
+          d["op_latency_us"] = p.op_latency_us;
+          d["bandwidth_gbps"] = p.bandwidth_gbps;
+          return d;
+        }, py::arg("path"), "Per-op latency and bandwidth from bench_io's JSON.");
+}
+
+}  // namespace moestream::py_bindings
