@@ -4,11 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 BUILD=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOESTREAM_PYTHON=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)"
 status=0
 ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" || status=$?
 if compgen -G "tests/python/test_*.py" >/dev/null; then
-  MOESTREAM_BIN_DIR="$PWD/$BUILD/bin" python3 -m pytest -q tests/python || status=$?
+  # $BUILD/python holds the importable moestream package (extension + Python sources).
+  MOESTREAM_BIN_DIR="$PWD/$BUILD/bin" PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 -m pytest -q tests/python || status=$?
 fi
 exit $status
