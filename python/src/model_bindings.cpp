@@ -372,10 +372,10 @@ SamplerParams sampler_params(float temperature, float top_p, int top_k, uint64_t
 
 void bind_model(py::module_& m) {
   py::class_<Tokenizer>(m, "Tokenizer", "A Hugging Face tokenizer.json, id-for-id with `tokenizers`.")
-      .def_static("load", [](const fs::path& path, const fs::path& config) {
+      .def_static("load", [](const fs::path& path, const std::optional<fs::path>& config) {
             py::gil_scoped_release nogil;
-            return Tokenizer::load(path, config);
-          }, py::arg("tokenizer_json"), py::arg("tokenizer_config") = fs::path())
+            return Tokenizer::load(path, config.value_or(fs::path()));
+          }, py::arg("tokenizer_json"), py::arg("tokenizer_config") = py::none())
       .def("encode", [](const Tokenizer& t, const std::string& text, bool add_special_tokens) {
             py::gil_scoped_release nogil;
             std::vector<int32_t> ids = t.encode(text, add_special_tokens);

@@ -144,6 +144,34 @@ def test_tokenizer_matches_the_tokenizers_library(model, demo):
     assert model.tokenizer.vocab_size == ref.get_vocab_size()
 
 
+def test_tokenizer_load_standalone_and_missing_file(demo, model, tmp_path):
+    tok = moestream.Tokenizer.load(demo / "tokenizer.json")
+    assert tok.encode("The river ran") == model.tokenizer.encode("The river ran")
+    assert tok.token_id(tok.token_text(42)) == 42
+    with pytest.raises(moestream.IoError, match="absent.json"):
+        moestream.Tokenizer.load(tmp_path / "absent.json")
+
+
+def test_every_io_mode_and_host_cache_give_the_same_text(demo, model):
+    want = model.generate(PROMPT, 12, temperature=0, ignore_eos=True)
+    for io in ["simple", "pread", "mmap", "auto"]:
+        m = moestream.Model(demo, io=io, threads=2)
+        assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want, io
+        assert m.stats()["expert_store"]["experts_requested"] > 0
+    m = moestream.Model(demo, io="pread", host_cache_mb=64, threads=2)
+    m.generate(PROMPT, 12, temperature=0, ignore_eos=True)
+    assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want
+    assert m.stats()["expert_store"]["host_cache_hits"] > 0  # the second run finds its experts cached
+
+
+def test_cache_aware_at_tolerance_zero_changes_nothing(demo, model):
+    want = model.generate(PROMPT, 12, temperature=0, ignore_eos=True)
+    m = moestream.Model(demo, cache_aware=True, cache_tolerance=0.0, threads=2)
+    assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want
+    s = m.stats()["cache_aware"]
+    assert s["enabled"] is True and s["routings"] > 0 and s["substitutions"] == 0
+
+
 def test_routing_log_columns_equal_infer_collect_routing(demo, tmp_path):
     py_log, cli_log = tmp_path / "py.bin", tmp_path / "cli.bin"
     m = moestream.Model(demo, threads=2, collect_routing=py_log)
