@@ -292,3 +292,17 @@ def test_routing_analysis_example_writes_pngs(tmp_path):
     for name in ["expert_load.png", "lru_hit_rate.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "hit rate" in r.stdout
+
+
+def test_type_stubs_match_the_module():
+    import ast
+    tree = ast.parse((ROOT / "python" / "moestream" / "__init__.pyi").read_text())
+    stubbed = {n.name if not isinstance(n, ast.AnnAssign) else n.target.id
+               for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AnnAssign))}
+    assert stubbed == set(moestream.__all__)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            cls = getattr(moestream, node.name)
+            for b in node.body:
+                name = b.target.id if isinstance(b, ast.AnnAssign) else getattr(b, "name", None)
+                assert name is None or hasattr(cls, name), f"{node.name}.{name} stubbed but absent"
