@@ -13,6 +13,20 @@ namespace {
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The model's counters run across requests (like its residency); a request's share is the
+// difference of two snapshots.
+CacheAwareStats minus(const CacheAwareStats& a, const CacheAwareStats& b) {
+  CacheAwareStats d;
+  d.routings = a.routings - b.routings;
+  d.slots = a.slots - b.slots;
+  d.slots_unchanged = a.slots_unchanged - b.slots_unchanged;
+  d.substitutions = a.substitutions - b.substitutions;
+  d.layer_chunks = a.layer_chunks - b.layer_chunks;
+  d.misses_before = a.misses_before - b.misses_before;
+  d.misses_after = a.misses_after - b.misses_after;
+  return d;
+}
 }  // namespace
 
 int EngineSession::prefill(const std::vector<int>& prompt) {
@@ -38,6 +52,7 @@ void EngineSession::run(Job& job) {
   r.queue_s = since(job.created());
   try {
     Sampler sampler(p.sampler);
+    const CacheAwareStats ca0 = model_.cache_aware_stats();
     auto t0 = std::chrono::steady_clock::now();
     try {
       r.prompt_tokens_reused = prefill(p.prompt);
@@ -73,6 +88,7 @@ void EngineSession::run(Job& job) {
     }
     if (r.finish_reason != "cancelled" && !stop.stopped()) job.push_text(stop.feed(decoder.flush()) + stop.flush());
     r.decode_s = since(t1);
+    if (model_.cache_aware().enabled) r.cache_aware = minus(model_.cache_aware_stats(), ca0);
     metrics_.request_done(r, model_.expert_stats());
     job.finish(r);
   } catch (const std::exception& e) {

@@ -14,7 +14,9 @@ namespace moestream {
 class EngineSession {
  public:
   EngineSession(Model& model, const Tokenizer& tok, ServerMetrics& metrics, bool prefix_reuse)
-      : model_(model), tok_(tok), metrics_(metrics), prefix_reuse_(prefix_reuse) {}
+      : model_(model), tok_(tok), metrics_(metrics), prefix_reuse_(prefix_reuse) {
+    metrics_.set_cache_aware(model_.cache_aware());
+  }
 
   // Runs one job to its end on the calling (worker) thread: prefill, sample, stream text.
   // Never throws: engine errors become Job::fail(500).

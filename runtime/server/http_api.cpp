@@ -198,9 +198,16 @@ struct ApiServer::Impl {
                 {"prompt_tokens_details", {{"cached_tokens", r.prompt_tokens_reused}}}};
   }
   json timings(const JobResult& r) const {
-    return json{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
-                {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
-                {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
+    json t{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
+           {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
+           {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
+    if (r.cache_aware) {
+      const CacheAwareStats& c = *r.cache_aware;
+      t["cache_aware"] = json{{"substitutions", c.substitutions}, {"misses_before", c.misses_before},
+                              {"misses_after", c.misses_after}, {"slots", c.slots},
+                              {"agreement", c.agreement()}};
+    }
+    return t;
   }
 
   json chunk(bool chat, const std::string& id, const std::string& text, const json& finish, bool first) const {

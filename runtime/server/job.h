@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cache_aware_router.h"
 #include "runtime/sampler.h"
 #include "runtime/server/api_error.h"
 
@@ -28,6 +29,9 @@ struct JobResult {
   int prompt_tokens_reused = 0;       // served from the KV cache of the previous request
   int completion_tokens = 0;
   double queue_s = 0, prefill_s = 0, decode_s = 0;
+  // This request's share of the cache-aware routing counters (prefill and decode); absent when
+  // the server runs without --cache-aware.
+  std::optional<CacheAwareStats> cache_aware;
 };
 
 class Job {

@@ -20,6 +20,12 @@ void ServerMetrics::request_done(const JobResult& r, const ExpertStoreStats& exp
   const int processed = r.prompt_tokens - r.prompt_tokens_reused;
   if (r.prefill_s > 0 && processed > 0) last_prefill_tps_ = processed / r.prefill_s;
   experts_ = experts;
+  if (r.cache_aware) cache_aware_ += *r.cache_aware;
+}
+
+void ServerMetrics::set_cache_aware(const CacheAwareOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cache_aware_opts_ = opts;
 }
 
 namespace {
@@ -74,6 +80,18 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   metric(o, "moestream_expert_reads_total", "counter", "Experts read from files.", double(e.experts_read));
   metric(o, "moestream_expert_bytes_read_total", "counter", "Expert payload bytes read from files.", double(e.bytes_read));
   metric(o, "moestream_expert_io_wait_seconds_total", "counter", "Time the engine blocked on expert reads.", e.io_wait_seconds);
+  metric(o, "moestream_cache_aware_enabled", "gauge", "1 when routing substitutes resident experts (--cache-aware).", cache_aware_opts_.enabled ? 1 : 0);
+  if (cache_aware_opts_.enabled) {
+    const auto& c = cache_aware_;
+    metric(o, "moestream_cache_aware_tolerance", "gauge", "--cache-tolerance: fraction of the top-k router logit range.", double(cache_aware_opts_.tolerance));
+    metric(o, "moestream_cache_aware_routings_total", "counter", "(token, layer) routings under cache-aware routing.", double(c.routings));
+    metric(o, "moestream_cache_aware_slots_total", "counter", "(token, layer, slot) expert choices.", double(c.slots));
+    metric(o, "moestream_cache_aware_slots_unchanged_total", "counter", "Expert choices left as exact top-k chose them.", double(c.slots_unchanged));
+    metric(o, "moestream_cache_aware_substitutions_total", "counter", "Expert choices replaced by a resident expert.", double(c.substitutions));
+    metric(o, "moestream_cache_aware_misses_before_total", "counter", "Distinct non-resident experts per layer chunk that exact top-k would read.", double(c.misses_before));
+    metric(o, "moestream_cache_aware_misses_after_total", "counter", "Distinct non-resident experts per layer chunk actually read.", double(c.misses_after));
+    metric(o, "moestream_cache_aware_agreement", "gauge", "Share of expert choices unchanged, over all requests.", c.agreement());
+  }
   return o;
 }
 

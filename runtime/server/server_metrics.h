@@ -1,5 +1,5 @@
 // Counters the server keeps across requests and their Prometheus text exposition (/metrics):
-// requests, tokens, tokens/s, expert hits per tier, bytes read, queue length.
+// requests, tokens, tokens/s, expert hits per tier, bytes read, queue length, cache-aware routing.
 #pragma once
 
 #include <atomic>
@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "runtime/cache_aware_router.h"
 #include "runtime/expert_store.h"
 #include "runtime/server/job.h"
 
@@ -15,6 +16,8 @@ namespace moestream {
 class ServerMetrics {
  public:
   void request_done(const JobResult& r, const ExpertStoreStats& experts);
+  // Turns on the cache-aware routing metrics (the server runs with --cache-aware).
+  void set_cache_aware(const CacheAwareOptions& opts);
   void request_rejected() { rejected_++; }   // 503: queue full
   void request_failed() { failed_++; }       // 5xx from the engine
   void client_error() { client_errors_++; }  // 4xx
@@ -29,6 +32,8 @@ class ServerMetrics {
   double prefill_s_ = 0, decode_s_ = 0, queue_s_ = 0;
   double last_decode_tps_ = 0, last_prefill_tps_ = 0;
   ExpertStoreStats experts_;
+  CacheAwareOptions cache_aware_opts_;
+  CacheAwareStats cache_aware_;  // summed over requests (each JobResult carries its own share)
 };
 
 }  // namespace moestream
