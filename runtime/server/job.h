@@ -31,7 +31,7 @@ struct JobResult {
   double queue_s = 0, prefill_s = 0, decode_s = 0;
   // This request's share of the cache-aware routing counters (prefill and decode); absent when
   // the server runs without --cache-aware.
-  std::optional<CacheAwareStats> cache_aware;
+  std::optional<CacheAwareStats> cache_aware{};
 };
 
 class Job {
