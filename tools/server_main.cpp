@@ -110,6 +110,11 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", a.server.model_id, "model name in /v1/models (default: the directory name)");
   app.add_option("--queue-size", a.server.queue_size, "requests that may wait behind the running one; more get 503")
       ->capture_default_str()->check(CLI::Range(size_t(0), size_t(1024)));
+  app.add_option("--http-threads", a.server.http_threads, "HTTP connection threads; 0 = queue size + 4")
+      ->capture_default_str()->check(CLI::Range(0, 1024));
+  app.add_option("--max-waiting-connections", a.server.max_waiting_connections,
+                 "accepted connections that may wait for an HTTP thread; more get 503 at once; 0 = 2 x threads")
+      ->capture_default_str()->check(CLI::Range(size_t(0), size_t(4096)));
   app.add_option("--max-body-kb", a.max_body_kb, "largest request body; larger get 413")->capture_default_str()
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
   app.add_option("--default-max-tokens", a.server.default_max_tokens, "max_tokens when a request gives none")

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "runtime/server/completion_request.h"
+#include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/server_metrics.h"
@@ -87,11 +88,21 @@ struct ApiServer::Impl {
 
   void routes() {
     const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + 4;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    const size_t waiting = opts.max_waiting_connections > 0 ? opts.max_waiting_connections : 2 * size_t(threads);
+    http.new_task_queue = [threads, waiting] { return new ConnectionQueue(size_t(threads), waiting); };
     http.set_payload_max_length(opts.max_body_bytes);
     // An idle keep-alive connection holds a pool thread and delays shutdown by this much.
     http.set_keep_alive_timeout(1);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (ConnectionQueue::overloaded() && req.path != "/health") {
+        // Every HTTP thread is busy and the connection backlog is full: refuse at once (this
+        // runs on the accept thread) and close the connection.
+        metrics.request_rejected();
+        send_error(res, ApiError(503, "server_overloaded",
+                                 "the server is busy: all HTTP connections are in use; retry later"));
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       metrics.client_error();
       send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());

@@ -22,6 +22,9 @@ struct ServerOptions {
   int default_max_tokens = 256;
   bool prefix_reuse = true;
   int http_threads = 0;             // 0 = queue_size + 4
+  // Accepted connections that may wait for an HTTP thread; beyond threads + this, a connection
+  // is answered 503 (Retry-After) at once on the accept thread. 0 = 2 x http threads.
+  size_t max_waiting_connections = 0;
 };
 
 class ApiServer {

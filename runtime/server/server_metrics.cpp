@@ -48,7 +48,7 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   std::string o;
   metric(o, "moestream_requests_completed_total", "counter", "Generation requests finished (cancelled included).", double(completed_));
   metric(o, "moestream_requests_cancelled_total", "counter", "Requests whose client disconnected before the end.", double(cancelled_));
-  metric(o, "moestream_requests_rejected_total", "counter", "Requests refused with 503 because the queue was full.", double(rejected_));
+  metric(o, "moestream_requests_rejected_total", "counter", "Requests refused with 503: the job queue or the HTTP connection backlog was full.", double(rejected_));
   metric(o, "moestream_requests_failed_total", "counter", "Requests that failed inside the engine (5xx).", double(failed_));
   metric(o, "moestream_requests_invalid_total", "counter", "Requests refused with a 4xx error.", double(client_errors_));
   metric(o, "moestream_queue_length", "gauge", "Requests waiting for the engine.", double(queue_waiting));

@@ -1,11 +1,12 @@
 """moestream-server end to end over loopback with a real HTTP client (requests): every endpoint,
-streaming, every bad input (4xx JSON, never a crash), the API key, 503 from a full queue, a
+streaming, every bad input (4xx JSON, never a crash), the API key, 503 from a full queue and from connections beyond the HTTP threads + backlog, a
 disconnect freeing its slot, KV prefix reuse across chat turns, graceful SIGTERM."""
 import json
 import os
 import pathlib
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -375,3 +376,58 @@ def test_a_queued_stream_that_disconnects_frees_its_place(server):
     sa.close()
     tc.join(timeout=30)
     assert result["r"].status_code == 200, result["r"].text
+
+
+def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
+    # 2 HTTP threads, 2 waiting connections. Two clients that send half a request hold both
+    # threads (httplib waits up to its 5 s read timeout); of 10 more concurrent clients, 2 wait
+    # for a thread and 8 are answered 503 at once by the accept thread. Once the half-open
+    # clients go away, both waiting clients get their 200.
+    s = Server("--queue-size", "8", "--http-threads", "2", "--max-waiting-connections", "2")
+    host, port = s.url[len("http://"):].rsplit(":", 1)
+    try:
+        holders = []
+        for _ in range(2):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never end
+            holders.append(sock)
+        time.sleep(0.3)  # both taken by the two HTTP threads
+        results, lock = [], threading.Lock()
+
+        def client(i):
+            try:
+                r = requests.post(s.url + "/v1/completions", data=json.dumps(
+                    {"prompt": f"Client {i}", "max_tokens": 2, "temperature": 0}), timeout=30)
+                out = (r.status_code, r.headers.get("Retry-After"), r.text, time.monotonic())
+            except requests.RequestException as e:  # a hang or a reset is a failure
+                out = ("error", None, repr(e), time.monotonic())
+            with lock:
+                results.append(out)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 4  # well inside the holders' 5 s read timeout
+        while time.monotonic() < deadline:
+            with lock:
+                if len(results) >= 8:
+                    break
+            time.sleep(0.02)
+        with lock:
+            early = list(results)
+        assert len(early) == 8, early
+        for status, retry_after, text, _ in early:
+            assert status == 503, (status, text)
+            assert retry_after == "1"
+            assert json.loads(text)["error"]["code"] == "server_overloaded"
+        for sock in holders:
+            sock.close()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert sorted(r[0] for r in results) == [200] * 2 + [503] * 8, results
+        m = s.metrics()
+        assert m["moestream_requests_rejected_total"] == 8
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
