@@ -103,16 +103,18 @@ def warm_rounds(url, max_tokens):
     rows = []
     for rnd in range(1, 4):
         m0 = metrics(url)
-        dec_tok, dec_s = 0, 0.0
+        dec_tok, dec_s, first_tps = 0, 0.0, 0.0
         for q in QUESTIONS:
             r = requests.post(url + "/v1/chat/completions", data=json.dumps(
                 {"messages": [{"role": "user", "content": q}], "max_tokens": max_tokens, "temperature": 0,
                  "ignore_eos": True}), timeout=600).json()
             dec_tok += r["usage"]["completion_tokens"] - 1
             dec_s += r["timings"]["decode_s"]
+            if not first_tps:  # the round's first request: in round 1 it meets the cold caches
+                first_tps = (r["usage"]["completion_tokens"] - 1) / max(r["timings"]["decode_s"], 1e-9)
         m1 = metrics(url)
         d = lambda k: m1.get(k, 0) - m0.get(k, 0)
-        rows.append({"round": rnd, "decode_tok_s": dec_tok / dec_s if dec_s else 0,
+        rows.append({"round": rnd, "decode_tok_s": dec_tok / dec_s if dec_s else 0, "first_q_tok_s": first_tps,
                      "experts_requested": d("moestream_expert_requests_total"),
                      "host_cache": d('moestream_expert_hits_total{tier="host_cache"}'),
                      "page_cache": d('moestream_expert_hits_total{tier="page_cache"}'),
@@ -126,9 +128,14 @@ def growing_chat(url, turns, max_tokens):
     for t in range(turns):
         msgs.append({"role": "user", "content": f"Turn {t + 1}: tell me more about how operating systems manage memory."})
         t0 = time.monotonic()
-        r = requests.post(url + "/v1/chat/completions", data=json.dumps(
-            {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=600).json()
+        resp = requests.post(url + "/v1/chat/completions", data=json.dumps(
+            {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=600)
         wall = time.monotonic() - t0
+        if resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded":
+            print(f"(turn {t + 1}: the conversation no longer fits the context; the chat ends at turn {t})\n")
+            break
+        resp.raise_for_status()
+        r = resp.json()
         u = r["usage"]
         rows.append({"turn": t + 1, "prompt": u["prompt_tokens"],
                      "processed": u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"],
@@ -156,11 +163,26 @@ def main():
     ap.add_argument("--queue-size", type=int, default=2, help="small enough to show 503s under load")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--turns", type=int, default=12)
-    ap.add_argument("--no-drop-cache", action="store_true", help="do not drop expert files from the page cache first")
+    ap.add_argument("--no-drop-cache", action="store_true",
+                    help="do not drop expert files from the page cache between server start and round 1")
+    ap.add_argument("--sections", default="load,warm,chat",
+                    help="comma-separated subset of load,warm,chat to run (e.g. 'warm' with a small host cache)")
     a = ap.parse_args()
     extra = a.server_args.split()
+    sections = set(a.sections.split(","))
+    if not sections <= {"load", "warm", "chat"}:
+        sys.exit(f"--sections: unknown section in {a.sections!r} (known: load, warm, chat)")
 
     print(f"## moestream-server load test ({a.model}, server args: '{a.server_args}')\n")
+    if "load" in sections:
+        load_section(a, extra)
+    if "warm" in sections:
+        warm_section(a, extra)
+    if "chat" in sections:
+        chat_section(a, extra)
+
+
+def load_section(a, extra):
     s = Server(a.exe, a.model, extra + ["--queue-size", str(a.queue_size)])
     try:
         print(f"### {a.clients} clients x {a.requests} requests, max_tokens {a.max_tokens}, queue {a.queue_size}\n")
@@ -169,18 +191,24 @@ def main():
     finally:
         s.stop()
 
-    if not a.no_drop_cache:
-        drop_page_cache(a.model)
+
+def warm_section(a, extra):
     s = Server(a.exe, a.model, extra)
     try:
+        # Dropped after the server started (and loaded the dense weights), so round 1 meets cold
+        # expert files whatever the server read while starting.
+        if not a.no_drop_cache:
+            drop_page_cache(a.model)
         print(f"### Warm caches: 4 questions x 3 rounds, max_tokens {a.max_tokens}"
               f"{'' if a.no_drop_cache else ', expert files dropped from the page cache first'}\n")
-        table(warm_rounds(s.url, a.max_tokens), {"decode_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
+        table(warm_rounds(s.url, a.max_tokens), {"decode_tok_s": "{:.1f}", "first_q_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
                                                   "host_cache": "{:.0f}", "page_cache": "{:.0f}",
                                                   "storage": "{:.0f}", "MB_read": "{:.1f}"})
     finally:
         s.stop()
 
+
+def chat_section(a, extra):
     results = {}
     for name, flags in (("reuse", []), ("no reuse", ["--no-prefix-reuse"])):
         s = Server(a.exe, a.model, extra + flags)
@@ -188,7 +216,7 @@ def main():
             results[name] = growing_chat(s.url, a.turns, a.max_tokens)
         finally:
             s.stop()
-    print(f"### {a.turns}-turn growing chat, max_tokens {a.max_tokens}: prefix reuse vs none\n")
+    print(f"### {len(results['reuse'])}-turn growing chat, max_tokens {a.max_tokens}: prefix reuse vs none\n")
     rows = []
     for r, n in zip(results["reuse"], results["no reuse"]):
         rows.append({"turn": r["turn"], "prompt_tokens": r["prompt"], "processed_reuse": r["processed"],
