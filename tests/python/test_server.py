@@ -1,6 +1,7 @@
 """moestream-server end to end over loopback with a real HTTP client (requests): every endpoint,
-streaming, every bad input (4xx JSON, never a crash), the API key, 503 from a full queue and from connections beyond the HTTP threads + backlog, a
-disconnect freeing its slot, KV prefix reuse across chat turns, graceful SIGTERM."""
+streaming, every bad input (4xx JSON, never a crash), the API key, 503 from a full queue and for
+connections beyond the HTTP threads + waiting FIFO, a disconnect freeing its slot, KV prefix reuse
+across chat turns, graceful SIGTERM."""
 import json
 import os
 import pathlib
