@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/expert_map.h"
+#include "runtime/expert_layer_file.h"
 #include "runtime/expert_store.h"
 
 namespace moestream {
@@ -22,12 +23,6 @@ struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 
-std::string hex64(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 class PreadExpertStore final : public ExpertStore {
  public:
   PreadExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
@@ -36,15 +31,9 @@ class PreadExpertStore final : public ExpertStore {
     layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
     // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment.
     buf_stride_ = (layout_.bytes + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
-    const std::filesystem::path dir = model_dir / cfg.experts_dir;
     for (int l = 0; l < cfg.n_layers; ++l) {
-      char name[32];
-      std::snprintf(name, sizeof name, "layer_%03d", l);
       Layer layer;
-      layer.path = dir / (std::string(name) + ".bin");
-      layer.header = read_expert_header(layer.path);
-      check(layer, l, cfg);
-      layer.map = load_expert_map_file(dir / (std::string(name) + ".map"), layer.header.n_experts);
+      static_cast<ExpertLayerFile&>(layer) = open_expert_layer_file(model_dir, cfg, l);
       layer.fd = ::open(layer.path.c_str(), O_RDONLY | O_CLOEXEC);
       if (layer.fd < 0) {
         close_all();
@@ -80,10 +69,7 @@ class PreadExpertStore final : public ExpertStore {
         stats_.checksum_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
         uint64_t want = L.header.slot_checksums[slot];
         if (got != want)
-          throw FormatError(L.path.string() + ": checksum mismatch for expert " + std::to_string(id) +
-                            " (slot " + std::to_string(slot) + " at offset " + std::to_string(off) + ", " +
-                            std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
-                            ", data hashes to " + hex64(got));
+          throw expert_checksum_error(L, slot, layout_.bytes, got);
       }
       out[i] = dst;
       stats_.bytes_read += layout_.bytes;
@@ -103,28 +89,10 @@ class PreadExpertStore final : public ExpertStore {
   ExpertStoreStats stats() const override { return stats_; }
 
  private:
-  struct Layer {
-    std::filesystem::path path;
-    ExpertFileHeader header;
-    ExpertMap map;
+  struct Layer : ExpertLayerFile {
     int fd = -1;
   };
 
-  void check(const Layer& L, int l, const ModelConfig& cfg) const {
-    auto mismatch = [&](const char* field, uint64_t got, uint64_t want) {
-      throw FormatError(L.path.string() + ": header field '" + field + "' is " + std::to_string(got) +
-                        " but model.json says " + std::to_string(want));
-    };
-    const ExpertFileHeader& h = L.header;
-    if (h.quant != quant_)
-      throw FormatError(L.path.string() + ": header field 'quant' is " + std::string(quant_name(h.quant)) +
-                        " but model.json says " + std::string(quant_name(quant_)));
-    if (h.layer != static_cast<uint32_t>(l)) mismatch("layer", h.layer, l);
-    if (h.n_experts != static_cast<uint32_t>(cfg.n_experts)) mismatch("n_experts", h.n_experts, cfg.n_experts);
-    if (h.hidden != static_cast<uint32_t>(cfg.hidden_size)) mismatch("hidden", h.hidden, cfg.hidden_size);
-    if (h.intermediate != static_cast<uint32_t>(cfg.moe_intermediate_size))
-      mismatch("intermediate", h.intermediate, cfg.moe_intermediate_size);
-  }
 
   static void read_exact(const Layer& L, uint8_t* dst, size_t n, uint64_t off) {
     size_t done = 0;

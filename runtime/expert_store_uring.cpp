@@ -18,6 +18,7 @@
 #include "loader/expert_map.h"
 #include "loader/host_cache.h"
 #include "loader/residency.h"
+#include "runtime/expert_layer_file.h"
 
 namespace moestream {
 namespace {
@@ -28,12 +29,6 @@ struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 
-std::string hex64(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 class EngineExpertStore final : public ExpertStore {
  public:
   EngineExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
@@ -43,20 +38,13 @@ class EngineExpertStore final : public ExpertStore {
     // Reading whole 4 KiB pages keeps O_DIRECT reads in place, and when the file's slot stride
     // is the same, neighbouring slots read into neighbouring buffers form one contiguous read.
     read_bytes_ = (layout_.bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    const std::filesystem::path dir = model_dir / cfg.experts_dir;
     for (int l = 0; l < cfg.n_layers; ++l) {
-      char name[32];
-      std::snprintf(name, sizeof name, "layer_%03d", l);
       Layer L;
-      L.path = dir / (std::string(name) + ".bin");
-      L.header = read_expert_header(L.path);
-      check(L, l, cfg);
+      static_cast<ExpertLayerFile&>(L) = open_expert_layer_file(model_dir, cfg, l, opts.use_maps);
       if (L.header.expert_stride < read_bytes_)
         throw FormatError(L.path.string() + ": expert_stride " +
                           std::to_string(L.header.expert_stride) + " is below the 4 KiB rounded " +
                           "expert size " + std::to_string(read_bytes_));
-      L.map = opts.use_maps ? load_expert_map_file(dir / (std::string(name) + ".map"), L.header.n_experts)
-                            : ExpertMap::identity(L.header.n_experts);
       L.file = engine_.add_file(L.path);
       // Page-cache residency means something only for reads that go through the page cache.
       if (!engine_.file_is_direct(L.file))
@@ -254,10 +242,7 @@ class EngineExpertStore final : public ExpertStore {
   }
 
  private:
-  struct Layer {
-    std::filesystem::path path;
-    ExpertFileHeader header;
-    ExpertMap map;
+  struct Layer : ExpertLayerFile {
     uint32_t file = 0;
     std::unique_ptr<PageCacheResidency> page_cache;  // null for O_DIRECT files
   };
@@ -300,12 +285,7 @@ class EngineExpertStore final : public ExpertStore {
       stats_.checksum_seconds += seconds_since(t0);
       uint64_t want = L.header.slot_checksums[it.slot];
       if (got != want)
-        throw FormatError(L.path.string() + ": checksum mismatch for expert " +
-                          std::to_string(L.map.logical(it.slot)) + " (physical slot " +
-                          std::to_string(it.slot) + " at offset " +
-                          std::to_string(L.header.slot_offset(it.slot)) + ", " +
-                          std::to_string(layout_.bytes) + " bytes): header says " + hex64(want) +
-                          ", data hashes to " + hex64(got));
+        throw expert_checksum_error(L, it.slot, layout_.bytes, got);
     }
     if (it.cache_slot >= 0) cache_verified_[size_t(it.cache_slot)] = true;
     it.ready = true;
@@ -359,22 +339,6 @@ class EngineExpertStore final : public ExpertStore {
     }
   }
 
-  void check(const Layer& L, int l, const ModelConfig& cfg) const {
-    auto mismatch = [&](const char* field, const std::string& got, const std::string& want) {
-      throw FormatError(L.path.string() + ": header field '" + field + "' is " + got +
-                        " but model.json says " + want);
-    };
-    const ExpertFileHeader& h = L.header;
-    if (h.quant != cfg.expert_quant)
-      mismatch("quant", std::string(quant_name(h.quant)), std::string(quant_name(cfg.expert_quant)));
-    if (h.layer != static_cast<uint32_t>(l)) mismatch("layer", std::to_string(h.layer), std::to_string(l));
-    if (h.n_experts != static_cast<uint32_t>(cfg.n_experts))
-      mismatch("n_experts", std::to_string(h.n_experts), std::to_string(cfg.n_experts));
-    if (h.hidden != static_cast<uint32_t>(cfg.hidden_size))
-      mismatch("hidden", std::to_string(h.hidden), std::to_string(cfg.hidden_size));
-    if (h.intermediate != static_cast<uint32_t>(cfg.moe_intermediate_size))
-      mismatch("intermediate", std::to_string(h.intermediate), std::to_string(cfg.moe_intermediate_size));
-  }
 
   EngineExpertStoreOptions opts_;
   IoEngine engine_;
