@@ -15,11 +15,11 @@
 #include "common/file_util.h"
 #include "loader/routing_log.h"
 #include "runtime/generate.h"
-#include "runtime/expert_store_uring.h"
 #include "runtime/model.h"
 #include "runtime/run_stats.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
+#include "tools/engine_cli.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -55,20 +55,15 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
 }
 
 struct Args {
-  std::string model, prompt, prompt_ids, stats_json, perplexity_file, io = "auto";
+  std::string model, prompt, prompt_ids, stats_json, perplexity_file;
   int n_predict = 64, threads = 0, ctx = 0, stride = 0;
-  // Read engine knobs (0 = the engine's default).
-  bool io_direct = false;
-  uint64_t host_cache_mb = 0, coalesce_gap_kb = 64, max_read_kb = 1024;
-  uint32_t io_qd = 32, io_rings = 0, io_threads = 0;
+  EngineCliArgs engine;
   uint64_t seed = 0;
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
-  bool timing = false, print_ids = false, no_verify = false, ignore_eos = false;
+  bool timing = false, print_ids = false, ignore_eos = false;
   std::string collect_routing;
   bool collect_router_inputs = false;
-  bool cache_aware = false;
-  float cache_tolerance = 0.10f;
   int batch = 0;  // tokens per forward chunk; 0 = the model's default
 };
 
@@ -100,9 +95,7 @@ int run(const Args& a) {
   ModelOptions mo;
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
-  mo.verify_checksums = !a.no_verify;
-  mo.cache_aware.enabled = a.cache_aware;
-  mo.cache_aware.tolerance = a.cache_tolerance;
+  apply_engine_options(a.engine, mo);
   if (a.batch > 0) mo.max_batch = a.batch;
   const bool want_ppl = !a.perplexity_file.empty();
   const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
@@ -124,20 +117,7 @@ int run(const Args& a) {
   const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
   if (need_tok) tok.emplace(load_tokenizer(dir, header_cfg));
 
-  EngineExpertStoreOptions so;
-  so.store.verify_checksums = mo.verify_checksums;
-  so.io.direct = a.io_direct;
-  so.io.queue_depth = a.io_qd;
-  so.io.n_rings = a.io_rings;
-  so.io.n_threads = a.io_threads;
-  so.io.coalesce = a.coalesce_gap_kb > 0;
-  so.io.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
-  so.io.max_read_bytes = a.max_read_kb << 10;
-  so.host_cache_bytes = a.host_cache_mb << 20;
-  if (a.host_cache_mb > 0 && !a.io_direct)
-    std::fprintf(stderr, "moestream: --host-cache-mb without --io-direct: experts are cached twice "
-                         "(host cache and page cache)\n");
-  auto model = Model::load(dir, mo, open_expert_store(a.io, dir, header_cfg, so));
+  auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, header_cfg, "infer"));
   const ModelConfig& cfg = model->config();
   std::optional<RoutingLogWriter> routing;
   if (!a.collect_routing.empty()) {
@@ -227,44 +207,12 @@ int main(int argc, char** argv) {
   app.add_option("--perplexity", a.perplexity_file, "report the perplexity of this text file");
   app.add_flag("--print-ids", a.print_ids, "print generated token ids instead of text");
   app.add_flag("--ignore-eos", a.ignore_eos, "keep generating past the end-of-sequence token");
-  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify,
-               "skip the per-expert checksum on reads");
-  app.add_option("--io", a.io,
-                 "expert reads through the batch engine: auto (io_uring, else the pread pool with "
-                 "a notice), uring, pread (thread pool), mmap (page-fault baseline); or simple "
-                 "(one blocking pread per expert)")->capture_default_str();
-  app.add_flag("--io-direct", a.io_direct,
-               "read experts with O_DIRECT (bypass the page cache; buffered with a notice where "
-               "the filesystem refuses)");
-  app.add_option("--host-cache-mb", a.host_cache_mb,
-                 "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
-      ->capture_default_str();
-  app.add_option("--io-qd", a.io_qd, "reads in flight per io_uring ring")->capture_default_str()
-      ->check(CLI::Range(1u, 4096u));
-  app.add_option("--io-rings", a.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")
-      ->capture_default_str();
-  app.add_option("--io-threads", a.io_threads, "pread/mmap worker threads; 0 = cores, 4..16")
-      ->capture_default_str();
-  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb,
-                 "merge reads of experts at most this far apart into one; 0 = no coalescing")
-      ->capture_default_str();
-  app.add_option("--max-read-kb", a.max_read_kb,
-                 "largest single read; longer experts are split to keep more reads in flight")
-      ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  add_engine_options(app, a.engine);
   app.add_option("--collect-routing", a.collect_routing,
                  "append every token's per-layer expert choices to this routing log "
                  "(loader/routing_log.h; created if absent, must be of this model)");
   app.add_flag("--collect-router-inputs", a.collect_router_inputs,
                "also log each router input vector (hidden floats per token and layer)");
-  app.add_flag("--cache-aware", a.cache_aware,
-               "after the exact top-k, replace a selected expert that is not resident (host cache "
-               "or page cache) by the best resident unselected expert whose router LOGIT is within "
-               "--cache-tolerance x (top-k logit range) of it, weakest slot first; weights are "
-               "then renormalised as the model does");
-  app.add_option("--cache-tolerance", a.cache_tolerance,
-                 "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
-                 "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
-      ->capture_default_str()->check(CLI::Range(0.0f, 1000.0f));
   app.add_option("--batch", a.batch,
                  "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
                  "token by token like decode; 0 = default 64")

@@ -11,11 +11,11 @@
 #include <thread>
 
 #include "common/error.h"
-#include "runtime/expert_store_uring.h"
 #include "runtime/model.h"
 #include "runtime/server/chat_prompt.h"
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer.h"
+#include "tools/engine_cli.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -23,12 +23,11 @@ using namespace moestream;
 namespace {
 
 struct Args {
-  std::string model, io = "auto";
+  std::string model;
   int threads = 0, ctx = 0;
-  bool io_direct = false, no_verify = false, no_prefix_reuse = false;
-  bool cache_aware = false;
-  float cache_tolerance = 0.10f;
-  uint64_t host_cache_mb = 0, max_body_kb = 4096;
+  bool no_prefix_reuse = false;
+  EngineCliArgs engine;
+  uint64_t max_body_kb = 4096;
   ServerOptions server;
 };
 
@@ -56,14 +55,8 @@ int run(Args& a) {
   ModelOptions mo;
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
-  mo.verify_checksums = !a.no_verify;
-  mo.cache_aware.enabled = a.cache_aware;
-  mo.cache_aware.tolerance = a.cache_tolerance;
-  EngineExpertStoreOptions so;
-  so.store.verify_checksums = mo.verify_checksums;
-  so.io.direct = a.io_direct;
-  so.host_cache_bytes = a.host_cache_mb << 20;
-  auto model = Model::load(dir, mo, open_expert_store(a.io, dir, cfg, so));
+  apply_engine_options(a.engine, mo);
+  auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
@@ -122,21 +115,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-prefix-reuse", a.no_prefix_reuse, "run every prompt from an empty KV cache (for comparison)");
   app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str();
   app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str();
-  app.add_option("--io", a.io, "expert reads: auto, uring, pread, mmap, simple (as infer)")->capture_default_str();
-  app.add_flag("--io-direct", a.io_direct, "read experts with O_DIRECT");
-  app.add_option("--host-cache-mb", a.host_cache_mb, "host expert cache in MiB (with --io-direct)")->capture_default_str();
-  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify, "skip the per-expert checksum on reads");
-  // As infer; residency (host cache, page cache) persists across requests, so later requests
-  // find more experts to substitute.
-  app.add_flag("--cache-aware", a.cache_aware,
-               "after the exact top-k, replace a selected expert that is not resident (host cache "
-               "or page cache) by the best resident unselected expert whose router LOGIT is within "
-               "--cache-tolerance x (top-k logit range) of it, weakest slot first; weights are "
-               "then renormalised as the model does");
-  app.add_option("--cache-tolerance", a.cache_tolerance,
-                 "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
-                 "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
-      ->capture_default_str()->check(CLI::Range(0.0f, 1000.0f));
+  add_engine_options(app, a.engine);  // as infer; residency persists across requests
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
