@@ -45,6 +45,19 @@ std::string read_file(const std::filesystem::path& path) {
   return out;
 }
 
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::filesystem::path& path) {
+  const auto* c = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pwrite(fd, c + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot write at offset " + std::to_string(offset + done) + " of", path);
+    }
+    done += static_cast<size_t>(r);
+  }
+}
+
 void fsync_path(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open for fsync", path);

@@ -2,6 +2,7 @@
 // (temp file, fsync, rename) so a crash never leaves a half-written user file, RAII temp dirs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -14,6 +15,10 @@ std::string read_file(const std::filesystem::path& path);
 
 // Writes `data` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the directory.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+
+// Writes all `n` bytes at `offset` (retrying short writes and EINTR); throws IoError naming
+// `path` and the offset.
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::filesystem::path& path);
 
 // fsyncs a file or directory by path; throws IoError on failure.
 void fsync_path(const std::filesystem::path& path);

@@ -12,22 +12,6 @@
 #include "common/file_util.h"
 
 namespace moestream {
-namespace {
-
-void pwrite_all(int fd, const void* data, size_t n, uint64_t off, const std::filesystem::path& p) {
-  const auto* c = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pwrite(fd, c + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("cannot write at offset " + std::to_string(off + done) + " of", p);
-    }
-    done += static_cast<size_t>(r);
-  }
-}
-
-}  // namespace
 
 ExpertFileWriter::ExpertFileWriter(std::filesystem::path path, QuantType quant, uint32_t layer,
                                    uint32_t n_experts, uint32_t hidden, uint32_t intermediate)

@@ -61,19 +61,6 @@ void convert_to_float(DType d, const uint8_t* src, uint64_t n, float* dst) {
   }
 }
 
-void pwrite_all(int fd, const void* data, size_t n, uint64_t off, const std::filesystem::path& p) {
-  const auto* c = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pwrite(fd, c + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("cannot write at offset " + std::to_string(off + done) + " of", p);
-    }
-    done += static_cast<size_t>(r);
-  }
-}
-
 }  // namespace
 
 std::string_view dtype_name(DType d) {
