@@ -1,0 +1,77 @@
+// The GPU expert cache: VRAM slots holding expert payloads, placed by GpuCachePolicy, filled from
+// an ExpertStore through pinned staging on a copy stream. Plain C++ (no CUDA include).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "kernels/gpu_ops.h"
+#include "runtime/expert_store.h"
+#include "runtime/gpu_cache_policy.h"
+#include "runtime/model_config.h"
+
+namespace moestream {
+
+struct GpuCacheTelemetry {
+  GpuCacheStats policy;              // from GpuCachePolicy::stats()
+  uint64_t h2d_bytes = 0, h2d_copies = 0;   // copies after merging contiguous slot ranges
+  uint64_t prefetch_issued = 0;      // predicted experts that were not resident and got a slot
+  uint64_t prefetch_used = 0;        // of those, later demanded while still resident
+  uint64_t prefetch_dropped = 0;     // refused by the eviction guard
+  uint64_t prefetch_ignored = 0;     // ids outside [0, n_experts)
+  uint64_t scratch_uses = 0;         // demanded experts that got no slot (went to scratch)
+  double demand_wait_s = 0;          // host time blocked reading misses for demand
+  uint64_t alloc_retries = 0;        // device allocations that failed and succeeded after a flush
+};
+
+class GpuExpertCache {
+ public:
+  // Installs a slot pool for every expert size class at construction (so a prefetch can never
+  // silently no-op), pinned host staging, a copy stream and events. budget_bytes must fit at
+  // least one expert of the largest class: ConfigError otherwise.
+  GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_t budget_bytes,
+                 gpu::Stream compute);
+  ~GpuExpertCache();
+  GpuExpertCache(const GpuExpertCache&) = delete;
+  GpuExpertCache& operator=(const GpuExpertCache&) = delete;
+
+  // Makes experts `ids` of `layer` available on the device; dev_out[i] = device pointer to the
+  // payload of ids[i] (loader/expert_file.h layout). kind: kDemand (decode) or kPrefill (may fill
+  // free budget, never evicts). Misses are read through store.begin_fetch/next_ready (host tiers
+  // first), staged in pinned memory, copied on the copy stream (contiguous slot ranges in one
+  // copy; cudaMemcpyBatchAsync where the runtime has it), and `compute` is made to wait
+  // (cudaStreamWaitEvent) for exactly those copies; nothing missing -> no wait. Experts that get
+  // no slot go to a scratch area valid until the kernels of this call finished.
+  void acquire(int layer, std::span<const int> ids, GpuFill kind,
+               std::span<const uint8_t*> dev_out);
+  // Call right after enqueuing the kernels that read the experts of the last acquire(): records
+  // an event on `compute`; those slots stay pinned (never victims) until it has completed.
+  void kernels_enqueued();
+  // Look-ahead: speculative fills of predicted experts of `layer` under the eviction guard; ids
+  // outside [0, n_experts) ignored (counted). Reads through the store, copies on the copy stream;
+  // never synchronizes a stream and never makes `compute` wait. A later demand acquire() of an
+  // expert whose copy is still in flight makes compute wait for that copy's event only.
+  void prefetch(int layer, std::span<const int> ids);
+  // One decode step done: ages recency (GpuCachePolicy::advance_step).
+  void end_step();
+  GpuCacheTelemetry telemetry() const;
+  void reset_telemetry();
+  size_t budget_bytes() const;
+
+  // Payload bytes of one expert of every layer (all layers share the model's quant today).
+  size_t expert_bytes(int layer) const;
+  // Device pointer of (layer, expert) when resident, else nullptr (tests, telemetry).
+  const uint8_t* resident_payload(int layer, int expert) const;
+
+  // Test hook: the next `n` device allocations of expert memory fail as if cudaMalloc returned
+  // cudaErrorMemoryAllocation, to exercise the flush-and-retry path without filling VRAM.
+  void inject_alloc_failures(int n);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moestream
