@@ -38,6 +38,7 @@ struct Model::Impl {
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
   std::vector<float> cos, sin;          // [max_batch, head_dim/2]
+  std::unique_ptr<GpuForward> gpu;      // set when opts.gpu: forward() runs there instead
 
   Impl(ModelConfig c, const ModelOptions& o, DenseWeights dw, std::unique_ptr<ExpertStore> s)
       : cfg(std::move(c)), opts(o), w(std::move(dw)), store(std::move(s)), pool(o.n_threads),
@@ -48,6 +49,19 @@ struct Model::Impl {
     cos.resize(size_t(o.max_batch) * size_t(rope.half_dim()));
     sin.resize(cos.size());
     moe.set_cache_aware(o.cache_aware);
+    if (o.gpu) {
+#ifdef MOESTREAM_HAS_CUDA
+      GpuForwardOptions go;
+      go.max_context = o.max_context;
+      go.max_batch = o.max_batch;
+      go.cache_mb = o.gpu_cache_mb;
+      go.moe_lookahead = o.moe_lookahead;
+      gpu = std::make_unique<GpuForward>(cfg, w, *store, go);
+#else
+      throw ConfigError("--gpu: this build has no CUDA tier (configure with nvcc present and "
+                        "-DMOESTREAM_CUDA=ON)");
+#endif
+    }
   }
 
   void forward_chunk(const int* tokens, int T, float* logits, bool all_logits);
@@ -72,6 +86,15 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   if (opts.max_batch <= 0)
     throw ConfigError("max_batch must be positive, got " + std::to_string(opts.max_batch));
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
+  if (opts.moe_lookahead < 0)
+    throw ConfigError("--moe-lookahead must be >= 0, got " + std::to_string(opts.moe_lookahead));
+  if (opts.moe_lookahead > 0 && !opts.gpu)
+    throw ConfigError("--moe-lookahead " + std::to_string(opts.moe_lookahead) +
+                      " prefetches into the GPU expert cache: it needs --gpu");
+  if (opts.gpu_cache_mb > 0 && !opts.gpu)
+    throw ConfigError("--gpu-cache-mb needs --gpu");
+  if (opts.gpu && opts.cache_aware.enabled)
+    throw ConfigError("--cache-aware is not supported with --gpu (the GPU path routes exactly)");
   MOE_ASSERT(store != nullptr);
   DenseWeights w = DenseWeights::load(dir / cfg.dense_file, cfg);
   return std::unique_ptr<Model>(
@@ -95,10 +118,19 @@ void Model::reset_times() {
   impl_->times = {};
   impl_->moe_times = {};
 }
-void Model::set_cache_aware(const CacheAwareOptions& o) { impl_->moe.set_cache_aware(o); }
+void Model::set_cache_aware(const CacheAwareOptions& o) {
+  if (impl_->gpu && o.enabled)
+    throw ConfigError("cache-aware routing is not supported with --gpu (the GPU path routes exactly)");
+  impl_->moe.set_cache_aware(o);
+}
 const CacheAwareOptions& Model::cache_aware() const { return impl_->moe.cache_aware(); }
 const CacheAwareStats& Model::cache_aware_stats() const { return impl_->moe.cache_aware_stats(); }
 void Model::reset_cache_aware_stats() { impl_->moe.reset_cache_aware_stats(); }
+const GpuForwardInfo* Model::gpu_info() const { return impl_->gpu ? &impl_->gpu->info() : nullptr; }
+GpuForwardStats Model::gpu_stats() const { return impl_->gpu ? impl_->gpu->stats() : GpuForwardStats{}; }
+void Model::reset_gpu_stats() {
+  if (impl_->gpu) impl_->gpu->reset_stats();
+}
 ExpertStoreStats Model::expert_stats() const { return impl_->store->stats(); }
 const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
@@ -130,7 +162,12 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
   for (size_t i = 0; i < tokens.size(); i += size_t(m.opts.max_batch)) {
     const int T = int(std::min(tokens.size() - i, size_t(m.opts.max_batch)));
     const bool last = i + size_t(T) == tokens.size();
-    if (all_logits)
+    if (m.gpu) {
+      float* out = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
+      m.gpu->forward_chunk(tokens.data() + i, T, m.n_past, out, all_logits, m.prefill,
+                           m.on_routing, m.times);
+      m.n_past += T;
+    } else if (all_logits)
       m.forward_chunk(tokens.data() + i, T, logits.data() + i * V, true);
     else
       m.forward_chunk(tokens.data() + i, T, last ? logits.data() : nullptr, false);

@@ -10,6 +10,7 @@
 
 #include "runtime/cache_aware_router.h"
 #include "runtime/expert_store.h"
+#include "runtime/gpu/gpu_forward.h"
 #include "runtime/model_config.h"
 
 namespace moestream {
@@ -20,6 +21,11 @@ struct ModelOptions {
   int max_batch = 64;      // tokens per internal forward chunk (bounds scratch memory)
   bool verify_checksums = true;  // check each expert's XXH64 on every read
   CacheAwareOptions cache_aware;  // substitute resident experts within a tolerance; off by default
+  // The whole forward pass on the GPU (runtime/gpu/gpu_forward.h); ConfigError at load on a build
+  // without CUDA or a machine without a GPU, never a silent CPU fallback.
+  bool gpu = false;
+  size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
+  int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L; > 0 needs gpu
 };
 
 // Wall seconds per phase, summed over forward calls since the last reset_phase_times().
@@ -85,6 +91,11 @@ class Model {
   // Bytes of weights read per decoded token: dense f32 weights (one embedding row, not the table,
   // unless tied) plus top-k experts per layer in their packed size.
   size_t active_bytes_per_token() const;
+  // The GPU backend (ModelOptions::gpu): what it holds (nullptr without it), and its expert-cache
+  // and look-ahead counters since the last reset (zeros without it).
+  const GpuForwardInfo* gpu_info() const;
+  GpuForwardStats gpu_stats() const;
+  void reset_gpu_stats();
 
  private:
   struct Impl;

@@ -1,0 +1,503 @@
+// Implementation of runtime/gpu/gpu_forward.h: one CUDA stream carries the whole pass; the host
+// syncs once per layer to read the router's top-k ids (the expert cache needs them on the host).
+#include "runtime/gpu/gpu_forward.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cuda_check.cuh"
+#include "kernels/gpu_ops.h"
+#include "runtime/dense_weights.h"
+#include "runtime/gpu/gpu_weights.h"
+#include "runtime/model.h"
+#include "runtime/rope.h"
+
+namespace moestream {
+
+namespace {
+
+// At most this many distinct experts per acquire(): bounds the cache's scratch area when a
+// prefill chunk routes to most of a layer's experts and the budget is full (the CPU path
+// fetches 16 at a time for the same reason). Decode (top-k <= 8) is always one acquire.
+constexpr int kMaxExpertsPerAcquire = 16;
+// Share of free VRAM the automatic expert-cache budget may take: the rest is headroom for the
+// cache's staging/scratch buffers, cuBLAS workspaces and other processes.
+constexpr double kAutoBudgetShare = 0.8;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void cublas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS ") + what + " failed: " + cublasGetStatusString(st));
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
+  return buf;
+}
+
+// Pinned host memory (async copies need it to stay asynchronous).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes) {
+    if (bytes > 0) MOE_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+  }
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+}  // namespace
+
+GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
+  GpuForwardStats d;
+  const GpuCacheStats &p = a.cache.policy, &q = b.cache.policy;
+  GpuCacheStats& r = d.cache.policy;
+  r.demand_hits = p.demand_hits - q.demand_hits;
+  r.demand_misses = p.demand_misses - q.demand_misses;
+  r.demand_no_room = p.demand_no_room - q.demand_no_room;
+  r.speculative_hits = p.speculative_hits - q.speculative_hits;
+  r.speculative_fills = p.speculative_fills - q.speculative_fills;
+  r.speculative_dropped = p.speculative_dropped - q.speculative_dropped;
+  r.speculative_used = p.speculative_used - q.speculative_used;
+  r.speculative_no_room = p.speculative_no_room - q.speculative_no_room;
+  r.prefill_hits = p.prefill_hits - q.prefill_hits;
+  r.prefill_fills = p.prefill_fills - q.prefill_fills;
+  r.prefill_no_room = p.prefill_no_room - q.prefill_no_room;
+  r.evictions = p.evictions - q.evictions;
+  r.slot_allocs = p.slot_allocs - q.slot_allocs;
+  r.slot_frees = p.slot_frees - q.slot_frees;
+  d.cache.h2d_bytes = a.cache.h2d_bytes - b.cache.h2d_bytes;
+  d.cache.h2d_copies = a.cache.h2d_copies - b.cache.h2d_copies;
+  d.cache.prefetch_issued = a.cache.prefetch_issued - b.cache.prefetch_issued;
+  d.cache.prefetch_used = a.cache.prefetch_used - b.cache.prefetch_used;
+  d.cache.prefetch_dropped = a.cache.prefetch_dropped - b.cache.prefetch_dropped;
+  d.cache.prefetch_ignored = a.cache.prefetch_ignored - b.cache.prefetch_ignored;
+  d.cache.scratch_uses = a.cache.scratch_uses - b.cache.scratch_uses;
+  d.cache.demand_wait_s = a.cache.demand_wait_s - b.cache.demand_wait_s;
+  d.cache.alloc_retries = a.cache.alloc_retries - b.cache.alloc_retries;
+  d.lookahead.layers = a.lookahead.layers - b.lookahead.layers;
+  d.lookahead.predicted = a.lookahead.predicted - b.lookahead.predicted;
+  d.lookahead.demanded = a.lookahead.demanded - b.lookahead.demanded;
+  d.lookahead.demanded_predicted = a.lookahead.demanded_predicted - b.lookahead.demanded_predicted;
+  return d;
+}
+
+std::string GpuForwardInfo::describe() const {
+  std::string s = device + ": dense weights " + mib(dense_bytes) + ", KV cache " + mib(kv_bytes) +
+                  ", activations " + mib(scratch_bytes) + "; expert cache " + mib(cache_bytes) +
+                  " (" + cache_rule + ")";
+  s += moe_lookahead > 0 ? ", look-ahead " + std::to_string(moe_lookahead) + " experts"
+                         : ", no look-ahead";
+  return s;
+}
+
+struct GpuForward::Impl {
+  const ModelConfig& cfg;
+  GpuForwardOptions opts;
+  ExpertStore& store;
+  int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
+  float eps, scale;
+  ExpertLayout layout;
+  Rope rope;
+  GpuForwardInfo info;
+
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  GpuDenseWeights w;
+  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd]
+  DeviceBuffer act;
+  float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
+        *kraw = nullptr, *attn = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
+        *sin_d = nullptr, *xg = nullptr, *gate = nullptr, *up = nullptr, *swi = nullptr,
+        *y = nullptr, *logits = nullptr;
+  // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
+  // look-ahead ids [N] | look-ahead weights [N].
+  DeviceBuffer route_dev;
+  PinnedBuffer route_host;
+  // Inputs of a chunk: tokens [B] | cos [B*half] | sin [B*half] (one H2D).
+  DeviceBuffer in_dev;
+  PinnedBuffer in_host;
+  // MoE plan of a layer: gather_idx [B*K] | pair_row [B*K] | row_start [B*K+1], then the expert
+  // payload pointers [B*K] (uploaded per acquire).
+  DeviceBuffer plan_dev, ptr_dev;
+  PinnedBuffer plan_host, ptr_host;
+  std::unique_ptr<GpuExpertCache> cache;
+
+  // Host-side routing and planning scratch (sized once: the decode step allocates nothing).
+  std::vector<int> unique_ids, count_of_expert, first_row_of_expert;
+  std::vector<float> router_inputs;
+  std::vector<int> predicted;  // look-ahead ids made during layer predicted_layer - 1
+  int predicted_layer = -1;
+  std::vector<uint8_t> in_prediction;  // [E]
+  GpuLookaheadStats la_stats;
+
+  Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore& s, const GpuForwardOptions& o);
+  ~Impl();
+  void linear(const float* xin, const float* W, int T, int in, int out, float* yout,
+              float beta = 0.0f);
+  void forward_chunk(const int* tokens, int T, int n_past, float* logits_out, bool all_logits,
+                     bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
+                     ForwardTimes& times);
+  void moe(int layer, int T, const int* la_ids, ForwardTimes& times);
+};
+
+GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore& s,
+                       const GpuForwardOptions& o)
+    : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
+      hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
+      F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
+      eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
+      layout(ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
+                                size_t(c.moe_intermediate_size))),
+      rope(c) {
+  const char* why = "";
+  if (gpu::device_count(&why) <= 0)
+    throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
+  if (c.expert_quant == QuantType::kF32)
+    throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
+                      "--quant q8, q4 or bf16");
+  if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
+    throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
+                      std::to_string(B));
+  if (N < 0 || N > E)
+    throw ConfigError("--moe-lookahead " + std::to_string(N) + " is outside [0, n_experts=" +
+                      std::to_string(E) + "]");
+  MOE_CUDA_CHECK(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  MOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  info.device = prop.name;
+  info.moe_lookahead = N;
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublas_check(cublasCreate(&blas), "cublasCreate");
+  cublas_check(cublasSetStream(blas, stream), "cublasSetStream");
+  // Full f32 products (no TF32): logits stay close to the CPU path.
+  cublas_check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+
+  w = GpuDenseWeights::upload(cfg, dw);
+  info.dense_bytes = w.bytes();
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd);
+  kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
+  info.kv_bytes = kv.bytes();
+
+  // Activations, one allocation carved into arrays.
+  const size_t b = size_t(B), pairs = size_t(B) * size_t(K);
+  const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
+                             b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
+                             pairs * F, pairs * D, b * V};
+  float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
+                   &y, &logits};
+  size_t total = 0;
+  for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
+  act = DeviceBuffer(total * sizeof(float));
+  float* p = act.as<float>();
+  for (size_t i = 0; i < std::size(n_floats); ++i) {
+    *dst[i] = p;
+    p += (n_floats[i] + 63) / 64 * 64;
+  }
+  info.scratch_bytes = act.bytes();
+
+  const size_t route_bytes = (2 * pairs + 2 * size_t(std::max(N, 1))) * 4;
+  route_dev = DeviceBuffer(route_bytes);
+  route_host = PinnedBuffer(route_bytes);
+  const size_t in_bytes = (b + 2 * b * size_t(half)) * 4;
+  in_dev = DeviceBuffer(in_bytes);
+  in_host = PinnedBuffer(in_bytes);
+  cos_d = reinterpret_cast<float*>(in_dev.as<int>() + b);
+  sin_d = cos_d + b * size_t(half);
+  const size_t plan_bytes = (3 * pairs + 1) * sizeof(int);
+  plan_dev = DeviceBuffer(plan_bytes);
+  plan_host = PinnedBuffer(plan_bytes);
+  ptr_dev = DeviceBuffer(pairs * sizeof(const uint8_t*));
+  ptr_host = PinnedBuffer(pairs * sizeof(const uint8_t*));
+
+  unique_ids.reserve(size_t(E));
+  count_of_expert.assign(size_t(E), 0);
+  first_row_of_expert.assign(size_t(E), 0);
+  predicted.reserve(size_t(std::max(N, 1)));
+  in_prediction.assign(size_t(E), 0);
+
+  // The expert cache's budget (issue 8): as asked, else everything when it fits, else 80%.
+  size_t free_b = 0, total_b = 0;
+  MOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  info.free_bytes_before_cache = free_b;
+  info.expert_bytes_total = size_t(cfg.n_layers) * size_t(E) * layout.bytes;
+  const size_t share = size_t(double(free_b) * kAutoBudgetShare);
+  if (opts.cache_mb > 0) {
+    info.cache_bytes = opts.cache_mb << 20;
+    info.cache_rule = "--gpu-cache-mb; " + mib(info.expert_bytes_total) + " of experts, " +
+                      mib(free_b) + " free";
+  } else if (info.expert_bytes_total <= share) {
+    info.cache_bytes = info.expert_bytes_total;
+    info.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
+  } else {
+    info.cache_bytes = share;
+    info.cache_rule = "80% of the " + mib(free_b) + " free; the model's experts need " +
+                      mib(info.expert_bytes_total);
+  }
+  cache = std::make_unique<GpuExpertCache>(cfg, store, info.cache_bytes, stream);
+}
+
+GpuForward::Impl::~Impl() {
+  cache.reset();  // its events and copies reference the stream
+  if (stream) cudaStreamSynchronize(stream);
+  if (blas) cublasDestroy(blas);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+// y[T, out] = x[T, in] W^T + beta*y, W row-major [out, in]: in cuBLAS's column-major terms
+// W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
+void GpuForward::Impl::linear(const float* xin, const float* W, int T, int in, int out,
+                              float* yout, float beta) {
+  const float alpha = 1.0f;
+  if (T == 1)
+    cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
+                 "sgemv");
+  else
+    cublas_check(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, W, in, xin, in,
+                             &beta, yout, out),
+                 "sgemm");
+}
+
+void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float* logits_out,
+                                     bool all_logits, bool prefill,
+                                     const std::function<void(const RoutingEvent&)>& on_routing,
+                                     ForwardTimes& times) {
+  MOE_ASSERT(T > 0 && T <= B && n_past + T <= opts.max_context);
+  auto t0 = std::chrono::steady_clock::now();
+  const size_t b = size_t(B);
+  int* tok_h = in_host.as<int>();
+  float* cos_h = reinterpret_cast<float*>(tok_h + b);
+  float* sin_h = cos_h + b * size_t(half);
+  std::copy(tokens, tokens + T, tok_h);
+  rope.fill(n_past, T, cos_h, sin_h);
+  // Copy only the used prefix of each part (the three parts sit at fixed offsets).
+  MOE_CUDA_CHECK(cudaMemcpyAsync(in_dev.get(), tok_h, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(cos_d, cos_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(sin_d, sin_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
+  gpu::embed_rows(w.embed, in_dev.as<int>(), T, D, x, stream);
+  times.other_s += seconds_since(t0);
+
+  const bool decode = T == 1;
+  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd);
+  const size_t pairs = b * size_t(K);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const GpuLayerWeights& lw = w.layers[size_t(l)];
+    auto ta = std::chrono::steady_clock::now();
+    float* kc = kv.as<float>() + size_t(2 * l) * kv_layer;
+    float* vc = kc + kv_layer;
+    float* k_new = kc + size_t(n_past) * KV * hd;  // position-major: the chunk's rows are contiguous
+    float* v_new = vc + size_t(n_past) * KV * hd;
+    gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
+    linear(h, lw.wq, T, D, H * hd, qk_norm ? qraw : q);
+    linear(h, lw.wk, T, D, KV * hd, qk_norm ? kraw : k_new);
+    linear(h, lw.wv, T, D, KV * hd, v_new);
+    if (cfg.qk_norm == QkNorm::kPerHead) {
+      gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
+      gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_new, stream);
+    } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
+      gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
+      gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_new, stream);
+    }
+    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    gpu::rope_neox(k_new, T, KV, half, cos_d, sin_d, stream);
+    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
+    linear(attn, lw.wo, T, H * hd, D, x, 1.0f);  // beta = 1: the residual add
+    times.attention_s += seconds_since(ta);
+
+    // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
+    // normalised row: both top-k lists come back in the layer's one D2H.
+    auto tr = std::chrono::steady_clock::now();
+    gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
+    linear(h, lw.router, T, D, E, rlog);
+    int* ids_d = route_dev.as<int>();
+    float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
+    int* la_ids_d = ids_d + 2 * pairs;
+    float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
+    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+    const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
+    if (lookahead) {
+      linear(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
+      gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
+    }
+    const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
+    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
+                                   cudaMemcpyDeviceToHost, stream));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int* ids_h = route_host.as<int>();
+    const float* wts_h = reinterpret_cast<const float*>(ids_h + pairs);
+    for (int i = 0; i < T * K; ++i)
+      MOE_ASSERT(ids_h[i] >= 0 && ids_h[i] < E, "router_topk returned an id outside [0, E)");
+    if (on_routing) {
+      router_inputs.resize(size_t(T) * D);
+      MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
+                                cudaMemcpyDeviceToHost));
+      RoutingEvent ev{l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
+      on_routing(ev);
+    }
+    times.router_s += seconds_since(tr);
+
+    // Recall of the prediction made during layer l-1: share of this token's experts it named.
+    if (decode && predicted_layer == l) {
+      ++la_stats.layers;
+      la_stats.demanded += uint64_t(K);
+      for (int j = 0; j < K; ++j) la_stats.demanded_predicted += in_prediction[size_t(ids_h[j])];
+      predicted_layer = -1;
+    }
+    moe(l, T, lookahead ? ids_h + 2 * pairs : nullptr, times);
+  }
+  if (decode) cache->end_step();
+
+  auto tl = std::chrono::steady_clock::now();
+  if (logits_out != nullptr) {
+    const int first = all_logits ? 0 : T - 1;
+    const int rows = T - first;
+    gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
+    linear(h, w.lm_head, rows, D, V, logits);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(logits_out, logits, size_t(rows) * V * 4,
+                                   cudaMemcpyDeviceToHost, stream));
+  }
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  times.other_s += seconds_since(tl);
+}
+
+// The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert (ascending
+// ids, as the CPU fetches), experts acquired at most kMaxExpertsPerAcquire at a time, grouped
+// GEMMs gate/up -> SwiGLU -> down per acquire, then the weighted sum in top-k order.
+void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
+                           ForwardTimes& times) {
+  auto t0 = std::chrono::steady_clock::now();
+  const size_t pairs = size_t(B) * size_t(K);
+  const int* ids_h = route_host.as<int>();
+  const float* wts_d = reinterpret_cast<const float*>(route_dev.as<int>() + pairs);
+  // Plan: distinct experts ascending; rows grouped by expert; pair (t, j) -> its row.
+  unique_ids.clear();
+  for (int i = 0; i < T * K; ++i)
+    if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
+  std::sort(unique_ids.begin(), unique_ids.end());
+  int* gather_idx = plan_host.as<int>();
+  int* pair_row = gather_idx + pairs;
+  int* row_start = pair_row + pairs;
+  int row = 0;
+  for (size_t g = 0; g < unique_ids.size(); ++g) {
+    const size_t e = size_t(unique_ids[g]);
+    row_start[g] = row;
+    first_row_of_expert[e] = row;
+    row += count_of_expert[e];
+  }
+  row_start[unique_ids.size()] = row;
+  const int n_rows = row;
+  MOE_ASSERT(n_rows == T * K);
+  for (int i = 0; i < T * K; ++i) {  // token-major order keeps each group's rows in token order
+    const size_t e = size_t(ids_h[i]);
+    const int r = first_row_of_expert[e]++;
+    gather_idx[r] = i / K;
+    pair_row[i] = r;
+  }
+  for (int e : unique_ids) count_of_expert[size_t(e)] = 0;
+  int* plan_d = plan_dev.as<int>();
+  // gather_idx and pair_row of n_rows each, row_start of n_groups + 1; one copy of the block.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(plan_d, plan_host.as<int>(),
+                                 (2 * pairs + unique_ids.size() + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream));
+  gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
+  times.router_s += seconds_since(t0);
+
+  const GpuFill kind = T > 1 ? GpuFill::kPrefill : GpuFill::kDemand;
+  const int n_groups = int(unique_ids.size());
+  auto** ptr_h = ptr_host.as<const uint8_t*>();
+  auto* const* ptr_d = ptr_dev.as<const uint8_t*>();
+  const int* row_start_d = plan_d + 2 * pairs;
+  const QuantType qt = cfg.expert_quant;
+  for (int g0 = 0; g0 < n_groups; g0 += kMaxExpertsPerAcquire) {
+    const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
+    const int n = g1 - g0;
+    auto ti = std::chrono::steady_clock::now();
+    cache->acquire(layer, std::span<const int>(unique_ids.data() + g0, size_t(n)), kind,
+                   std::span<const uint8_t*>(ptr_h + g0, size_t(n)));
+    // Look-ahead right after the demand acquire: the predicted copies queue behind this
+    // layer's misses on the copy stream and overlap with its expert kernels.
+    if (la_ids != nullptr && g0 == 0) {
+      for (int e : predicted)
+        if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
+      predicted.assign(la_ids, la_ids + N);
+      for (int e : predicted)
+        if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
+      predicted_layer = layer + 1;
+      la_stats.predicted += uint64_t(N);
+      cache->prefetch(layer + 1, std::span<const int>(predicted));
+    }
+    times.expert_io_s += seconds_since(ti);
+
+    auto tc = std::chrono::steady_clock::now();
+    MOE_CUDA_CHECK(cudaMemcpyAsync(ptr_dev.as<const uint8_t*>() + g0, ptr_h + g0,
+                                   size_t(n) * sizeof(const uint8_t*), cudaMemcpyHostToDevice,
+                                   stream));
+    int max_rows = 0;
+    for (int g = g0; g < g1; ++g) max_rows = std::max(max_rows, row_start[g + 1] - row_start[g]);
+    const int r0 = row_start[g0], r1 = row_start[g1];
+    gpu::expert_gemm(qt, ptr_d + g0, layout.gate_offset, row_start_d + g0, n, max_rows, F, D, xg,
+                     gate, stream);
+    gpu::expert_gemm(qt, ptr_d + g0, layout.up_offset, row_start_d + g0, n, max_rows, F, D, xg, up,
+                     stream);
+    gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                swi + size_t(r0) * F, stream);
+    gpu::expert_gemm(qt, ptr_d + g0, layout.down_offset, row_start_d + g0, n, max_rows, D, F, swi,
+                     y, stream);
+    cache->kernels_enqueued();
+    times.expert_compute_s += seconds_since(tc);
+  }
+  auto tc = std::chrono::steady_clock::now();
+  gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
+  gpu::add_inplace(x, tmp, size_t(T) * D, stream);
+  times.expert_compute_s += seconds_since(tc);
+}
+
+GpuForward::GpuForward(const ModelConfig& cfg, const DenseWeights& w, ExpertStore& store,
+                       const GpuForwardOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, w, store, opts)) {}
+GpuForward::~GpuForward() = default;
+
+void GpuForward::forward_chunk(const int* tokens, int T, int n_past, float* logits,
+                               bool all_logits, bool prefill,
+                               const std::function<void(const RoutingEvent&)>& on_routing,
+                               ForwardTimes& times) {
+  impl_->forward_chunk(tokens, T, n_past, logits, all_logits, prefill, on_routing, times);
+}
+
+GpuForwardStats GpuForward::stats() const {
+  return GpuForwardStats{impl_->cache->telemetry(), impl_->la_stats};
+}
+
+void GpuForward::reset_stats() {
+  impl_->cache->reset_telemetry();
+  impl_->la_stats = {};
+}
+
+const GpuForwardInfo& GpuForward::info() const { return impl_->info; }
+
+}  // namespace moestream
