@@ -14,11 +14,6 @@ constexpr int kThreads = 32;
 // 48 KiB of shared memory holds probs (4 B) + taken flags (1 B) for this many experts.
 constexpr int kMaxExperts = 8192;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 __global__ void router_topk_kernel(const float* __restrict__ logits, int n_experts, int k,
                                    bool normalize, int* __restrict__ ids,
                                    float* __restrict__ weights) {

@@ -1,4 +1,4 @@
-// Internal to kernels/: warp and block sum reductions in float32 (fixed shuffle order, so a
+// Internal to kernels/: warp max, warp and block sum reductions in float32 (fixed shuffle order, so a
 // kernel's result does not depend on scheduling).
 #pragma once
 
@@ -8,6 +8,11 @@ namespace moestream::gpu {
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
