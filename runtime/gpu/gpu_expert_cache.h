@@ -26,6 +26,15 @@ struct GpuCacheTelemetry {
   uint64_t alloc_retries = 0;        // device allocations that failed and succeeded after a flush
 };
 
+// Tuning knobs beyond the budget; the defaults suit the engine, tests shrink them.
+struct GpuExpertCacheOptions {
+  // Device memory per cudaMalloc of slots: few calls (each may synchronize the device) and at
+  // most one chunk reserved beyond what the policy uses.
+  size_t chunk_bytes = size_t{64} << 20;
+  size_t staging_bytes = 0;   // pinned staging ring; 0: 4 x top-k experts, in [64 MiB, 1 GiB]
+  bool batch_copies = true;   // cudaMemcpyBatchAsync for several ranges where the runtime has it
+};
+
 class GpuExpertCache {
  public:
   // Installs a slot pool for every expert size class at construction (so a prefetch can never
@@ -33,6 +42,8 @@ class GpuExpertCache {
   // least one expert of the largest class: ConfigError otherwise.
   GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_t budget_bytes,
                  gpu::Stream compute);
+  GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_t budget_bytes,
+                 gpu::Stream compute, const GpuExpertCacheOptions& opts);
   ~GpuExpertCache();
   GpuExpertCache(const GpuExpertCache&) = delete;
   GpuExpertCache& operator=(const GpuExpertCache&) = delete;
