@@ -1,0 +1,192 @@
+// Tests of runtime/model_shapes.h, the synthetic writer's byte estimate and the synth_model CLI:
+// a real shape's structure (counts) written at reduced width, loaded and run.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/expert_file.h"
+#include "runtime/model.h"
+#include "runtime/model_shapes.h"
+#include "runtime/synthetic_model.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+struct CliResult {
+  int status = -1;
+  std::string output;
+};
+
+CliResult run_synth(const std::string& args) {
+  const std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/synth_model " + args + " 2>&1";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+bool have_cli() { return fs::exists(fs::path(MOESTREAM_BIN_DIR) / "synth_model"); }
+
+uint64_t dir_bytes(const fs::path& d) {
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+}  // namespace
+
+TEST(ModelShapes, ExpertBytesMatchTheReleasedModelsSizes) {
+  // Issue 11: a q4 Qwen3-30B-A3B is ~16 GB of experts; 48 layers x 128 experts x 3 matrices of
+  // 768 x 2048 at 4.5 bits per weight, each slot rounded up to 4 KiB.
+  const ModelConfig q = known_shape("qwen3-30b-a3b");
+  EXPECT_EQ(q.n_layers, 48);
+  EXPECT_EQ(q.n_experts, 128);
+  EXPECT_EQ(q.n_experts_per_tok, 8);
+  const uint64_t q_experts = synthetic_model_bytes(q) - synthetic_dense_bytes(q);
+  EXPECT_GT(q_experts, 16.0e9);
+  EXPECT_LT(q_experts, 16.5e9);
+  const ModelConfig m = known_shape("mixtral-8x7b");
+  // Mixtral: 32 x 8 experts of 3 x 14336 x 4096 weights.
+  const double m_weights = 32.0 * 8 * 3 * 14336 * 4096;
+  const uint64_t m_experts = synthetic_model_bytes(m) - synthetic_dense_bytes(m);
+  EXPECT_NEAR(double(m_experts), m_weights * 4.5 / 8, m_weights * 0.01);
+  // Dense: embeddings + lm_head dominate; bf16.
+  const ModelConfig o = known_shape("olmoe-1b-7b");
+  EXPECT_GT(synthetic_dense_bytes(o), uint64_t(2) * 50304 * 2048 * 2);
+}
+
+TEST(ModelShapes, UnknownNameListsTheKnownOnes) {
+  try {
+    known_shape("llama-moe");
+    FAIL() << "no exception";
+  } catch (const ConfigError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("llama-moe"), std::string::npos) << w;
+    for (const std::string& n : known_shape_names()) EXPECT_NE(w.find(n), std::string::npos) << w;
+  }
+}
+
+TEST(ModelShapes, ScaleDownKeepsEveryCount) {
+  const ModelConfig full = known_shape("qwen3-235b-a22b");
+  const ModelConfig s = scaled_down(full, 32);
+  EXPECT_EQ(s.hidden_size, 128);
+  EXPECT_EQ(s.moe_intermediate_size, 48);
+  EXPECT_EQ(s.vocab_size, 151936 / 32);
+  EXPECT_EQ(s.n_layers, full.n_layers);
+  EXPECT_EQ(s.n_experts, full.n_experts);
+  EXPECT_EQ(s.n_heads, full.n_heads);
+  EXPECT_EQ(s.n_kv_heads, full.n_kv_heads);
+  EXPECT_THROW(scaled_down(full, 0), ConfigError);
+}
+
+TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
+  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "q";
+  const CliResult r = run_synth("--shape qwen3-30b-a3b --layers 2 --scale-down 16 -q --seed 5 " +
+                                out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_EQ(cfg.arch, Arch::kQwen3Moe);
+  EXPECT_EQ(cfg.n_layers, 2);
+  EXPECT_EQ(cfg.n_experts, 128);
+  EXPECT_EQ(cfg.n_experts_per_tok, 8);
+  EXPECT_EQ(cfg.hidden_size, 128);
+  EXPECT_EQ(cfg.moe_intermediate_size, 48);
+  EXPECT_EQ(cfg.expert_quant, QuantType::kQ4);
+  EXPECT_TRUE(cfg.tokenizer_file.empty());  // no released vocabulary matches the demo's tokenizer
+  for (int l = 0; l < 2; ++l) {
+    const fs::path f = expert_file_path(out, l);
+    const ExpertFileHeader h = read_expert_header(f);
+    EXPECT_EQ(h.layer, uint32_t(l));
+    EXPECT_EQ(h.n_experts, 128u);
+    EXPECT_EQ(h.quant, QuantType::kQ4);
+    EXPECT_EQ(fs::file_size(f), h.file_bytes());
+  }
+  EXPECT_FALSE(fs::exists(expert_file_path(out, 2)));
+  // The printed total is what landed on disk, within the JSON headers' slack.
+  const size_t at = r.output.find("total_bytes ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const uint64_t printed = std::stoull(r.output.substr(at + 12));
+  const uint64_t on_disk = dir_bytes(out);
+  EXPECT_LE(printed, on_disk);
+  EXPECT_LT(on_disk - printed, uint64_t(64) << 10);
+  // Nothing left beside it.
+  for (const auto& e : fs::directory_iterator(d.path())) EXPECT_EQ(e.path(), out);
+
+  // It runs: the forward pass accepts the structure, and the logits are finite and vary.
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 16;
+  auto model = Model::load(out, mo);
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  const std::vector<int> prompt = {1, 17, 300};
+  model->forward(prompt, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
+TEST(SynthModelCli, SameSeedSameBytesOtherSeedOtherBytes) {
+  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const std::string common = "--shape olmoe-1b-7b --layers 1 --scale-down 32 -q ";
+  ASSERT_EQ(run_synth(common + "--seed 3 " + (d.path() / "a").string()).status, 0);
+  ASSERT_EQ(run_synth(common + "--seed 3 -t 1 " + (d.path() / "b").string()).status, 0);
+  ASSERT_EQ(run_synth(common + "--seed 4 " + (d.path() / "c").string()).status, 0);
+  const std::string a = read_file(expert_file_path(d.path() / "a", 0));
+  EXPECT_EQ(a, read_file(expert_file_path(d.path() / "b", 0)));  // thread count does not matter
+  EXPECT_NE(a, read_file(expert_file_path(d.path() / "c", 0)));
+  EXPECT_EQ(ModelConfig::load(d.path() / "a").qk_norm, QkNorm::kFull);
+}
+
+TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
+  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "m";
+  fs::create_directories(out);
+  write_file_atomic(out / "keep.txt", "mine");
+  const std::string args = "--shape mixtral-8x7b --layers 1 --scale-down 64 -q ";
+  CliResult r = run_synth(args + out.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(out / "keep.txt"));
+  r = run_synth(args + "--force " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(fs::exists(out / "keep.txt"));
+  EXPECT_EQ(ModelConfig::load(out).n_experts, 8);
+  for (const auto& e : fs::directory_iterator(d.path())) EXPECT_EQ(e.path(), out);
+}
+
+TEST(SynthModelCli, BadArgumentsExitNonZeroWithTheReason) {
+  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  CliResult r = run_synth("--shape gpt-moe " + (d.path() / "x").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("qwen3-30b-a3b"), std::string::npos) << r.output;
+  r = run_synth("--shape olmoe-1b-7b --quant bf16 " + (d.path() / "x").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("q4 or q8"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(d.path() / "x"));
+}
