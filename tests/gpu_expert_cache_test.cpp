@@ -1,0 +1,362 @@
+// Tests of runtime/gpu/gpu_expert_cache.h on the device: bytes on the GPU equal the store's
+// payloads, resident tracking, merged copies, the eviction guard, scratch, VRAM-pressure retry.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/gpu_ops.h"
+#include "runtime/gpu/gpu_expert_cache.h"
+
+namespace moestream {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                               \
+  do {                                                                                   \
+    const char* why = "";                                                                \
+    if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why; \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.n_experts = 16;
+  c.n_experts_per_tok = 4;
+  c.hidden_size = 64;
+  c.moe_intermediate_size = 96;
+  c.expert_quant = QuantType::kQ8;
+  return c;
+}
+
+size_t expert_bytes(const ModelConfig& c) {
+  return ExpertLayout::make(c.expert_quant, size_t(c.hidden_size), size_t(c.moe_intermediate_size)).bytes;
+}
+
+// Every expert a distinct pseudo-random payload; experts are handed out in reverse order of the
+// request so the cache must use next_ready's index, not arrival order.
+class FakeStore : public ExpertStore {
+ public:
+  explicit FakeStore(const ModelConfig& c) : n_experts_(c.n_experts), bytes_(expert_bytes(c)) {
+    std::mt19937_64 rng(12345);
+    data_.resize(size_t(c.n_layers) * size_t(c.n_experts));
+    for (auto& d : data_) {
+      d.resize(bytes_);
+      for (auto& b : d) b = uint8_t(rng());
+    }
+  }
+  const std::vector<uint8_t>& payload(int layer, int e) const {
+    return data_[size_t(layer) * size_t(n_experts_) + size_t(e)];
+  }
+  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
+    out.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) out[i] = payload(layer, ids[i]).data();
+    ++stats_.fetch_calls;
+    stats_.experts_requested += ids.size();
+  }
+  void begin_fetch(int layer, std::span<const int> ids) override {
+    fetch(layer, ids, pending_);
+    next_ = pending_.size();
+  }
+  bool next_ready(size_t* index, const uint8_t** p, bool) override {
+    if (next_ == 0) return false;
+    --next_;
+    *index = next_;
+    *p = pending_[next_];
+    return true;
+  }
+  ExpertStoreStats stats() const override { return stats_; }
+
+ private:
+  int n_experts_;
+  size_t bytes_;
+  std::vector<std::vector<uint8_t>> data_;
+  std::vector<const uint8_t*> pending_;
+  size_t next_ = 0;
+  ExpertStoreStats stats_;
+};
+
+class GpuExpertCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* why = "";
+    if (gpu::device_count(&why) == 0) return;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  // The device bytes at `dev` equal the store's payload of (layer, e).
+  ::testing::AssertionResult matches(const uint8_t* dev, int layer, int e) {
+    if (!dev) return ::testing::AssertionFailure() << "null device pointer for " << layer << "/" << e;
+    std::vector<uint8_t> host(bytes_);
+    if (cudaMemcpy(host.data(), dev, bytes_, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaMemcpy failed";
+    if (host != store_.payload(layer, e))
+      return ::testing::AssertionFailure() << "device bytes differ for layer " << layer << " expert " << e;
+    return ::testing::AssertionSuccess();
+  }
+
+  ModelConfig cfg_ = small_config();
+  size_t bytes_ = expert_bytes(cfg_);
+  FakeStore store_{cfg_};
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST(GpuExpertCacheConfig, BudgetBelowOneExpertIsConfigError) {
+  // Checked before any CUDA call: runs without a GPU too.
+  const ModelConfig c = small_config();
+  FakeStore store(c);
+  EXPECT_THROW(GpuExpertCache(c, store, expert_bytes(c) - 1, nullptr), ConfigError);
+}
+
+TEST_F(GpuExpertCacheTest, DeviceBytesMatchPayloadsAfterRandomDemandPrefillPrefetch) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCacheOptions o;
+  o.chunk_bytes = 3 * bytes_;    // several chunks
+  o.staging_bytes = 5 * bytes_;  // the ring wraps every few calls
+  GpuExpertCache cache(cfg_, store_, 10 * bytes_, stream_, o);
+  std::mt19937 rng(7);
+  for (int it = 0; it < 600; ++it) {
+    const int layer = int(rng() % 3);
+    const int op = int(rng() % 4);
+    if (op == 3) {  // prediction, some ids out of range
+      std::vector<int> ids(1 + rng() % 5);
+      for (int& id : ids) id = int(rng() % 20) - 2;
+      cache.prefetch(layer, ids);
+      continue;
+    }
+    const bool prefill = op == 2;
+    std::vector<int> ids(1 + rng() % (prefill ? 12 : 6));
+    for (int& id : ids) id = int(rng() % 16);  // duplicates allowed
+    std::vector<const uint8_t*> dev(ids.size());
+    cache.acquire(layer, ids, prefill ? GpuFill::kPrefill : GpuFill::kDemand, dev);
+    CUDA_OK(cudaStreamSynchronize(stream_));  // compute waited for the copies it needs
+    for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(matches(dev[i], layer, ids[i])) << "step " << it;
+    cache.kernels_enqueued();
+    if (rng() % 3 == 0) cache.end_step();
+    if (it % 50 == 49) {  // every resident expert holds its own bytes
+      CUDA_OK(cudaDeviceSynchronize());
+      for (int l = 0; l < 3; ++l)
+        for (int e = 0; e < 16; ++e) {
+          if (const uint8_t* p = cache.resident_payload(l, e)) {
+            ASSERT_TRUE(matches(p, l, e));
+          }
+        }
+    }
+  }
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_GT(t.policy.evictions, 0u);
+  EXPECT_GT(t.prefetch_issued, 0u);
+  EXPECT_GT(t.prefetch_ignored, 0u);
+  EXPECT_GT(t.policy.demand_hits, 0u);
+  EXPECT_EQ(t.h2d_bytes % bytes_, 0u);
+}
+
+TEST_F(GpuExpertCacheTest, NothingIsCopiedWhenEveryExpertIsResident) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
+  std::vector<int> ids{3, 9, 1};
+  std::vector<const uint8_t*> dev(3), again(3);
+  cache.acquire(1, ids, GpuFill::kDemand, dev);
+  cache.kernels_enqueued();
+  const GpuCacheTelemetry t1 = cache.telemetry();
+  const uint64_t fetched = store_.stats().experts_requested;
+  EXPECT_EQ(t1.h2d_bytes, 3 * bytes_);
+  cache.acquire(1, ids, GpuFill::kDemand, again);
+  cache.kernels_enqueued();
+  const GpuCacheTelemetry t2 = cache.telemetry();
+  EXPECT_EQ(t2.h2d_copies, t1.h2d_copies);
+  EXPECT_EQ(t2.h2d_bytes, t1.h2d_bytes);
+  EXPECT_EQ(store_.stats().experts_requested, fetched);  // nothing read either
+  EXPECT_EQ(t2.policy.demand_hits, 3u);
+  EXPECT_EQ(again, dev);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(again[i], 1, ids[i]));
+}
+
+TEST_F(GpuExpertCacheTest, ContiguousMissesAreMergedIntoOneCopy) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCacheOptions o;
+  o.chunk_bytes = 8 * bytes_;
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  std::vector<int> ids{5, 2, 7, 0};
+  std::vector<const uint8_t*> dev(4);
+  cache.acquire(0, ids, GpuFill::kDemand, dev);
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(t.h2d_copies, 1u);  // four fresh slots side by side in one chunk
+  EXPECT_EQ(t.h2d_bytes, 4 * bytes_);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(dev[i], 0, ids[i]));
+  cache.kernels_enqueued();
+  // Two more misses next to each other and one apart: positions 4,5 then 6: still one range;
+  // a hit in between changes nothing.
+  std::vector<int> more{9, 5, 10, 11};
+  std::vector<const uint8_t*> dev2(4);
+  cache.acquire(0, more, GpuFill::kDemand, dev2);
+  EXPECT_EQ(cache.telemetry().h2d_copies, 2u);
+  EXPECT_EQ(cache.telemetry().h2d_bytes, 7 * bytes_);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < more.size(); ++i) EXPECT_TRUE(matches(dev2[i], 0, more[i]));
+}
+
+TEST_F(GpuExpertCacheTest, PredictionOfColdExpertsIsDroppedAgainstAWarmSet) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 2 * bytes_, stream_);
+  std::vector<int> warm{0, 1};
+  std::vector<const uint8_t*> dev(2);
+  for (int step = 0; step < 6; ++step) {  // heat 6: 4*6 > 5*0 + 16, the guard holds
+    cache.acquire(2, warm, GpuFill::kDemand, dev);
+    cache.kernels_enqueued();
+    cache.end_step();
+  }
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  const GpuCacheTelemetry before = cache.telemetry();
+  std::vector<int> predicted{2, 3, -1, 16};
+  cache.prefetch(2, predicted);
+  const GpuCacheTelemetry after = cache.telemetry();
+  EXPECT_EQ(after.prefetch_dropped - before.prefetch_dropped, 2u);
+  EXPECT_EQ(after.prefetch_ignored - before.prefetch_ignored, 2u);
+  EXPECT_EQ(after.prefetch_issued, before.prefetch_issued);
+  EXPECT_EQ(after.h2d_copies, before.h2d_copies);
+  EXPECT_EQ(after.policy.evictions, before.policy.evictions);
+  EXPECT_TRUE(matches(cache.resident_payload(2, 0), 2, 0));
+  EXPECT_TRUE(matches(cache.resident_payload(2, 1), 2, 1));
+  EXPECT_EQ(cache.resident_payload(2, 2), nullptr);
+}
+
+TEST_F(GpuExpertCacheTest, PrefetchedExpertIsUsedByALaterDemand) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);
+  std::vector<int> predicted{6, 4};
+  cache.prefetch(1, predicted);  // no sync: the demand below must wait for these copies
+  std::vector<int> ids{4};
+  std::vector<const uint8_t*> dev(1);
+  const uint64_t copies = cache.telemetry().h2d_copies;
+  cache.acquire(1, ids, GpuFill::kDemand, dev);
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(t.h2d_copies, copies);  // a hit: no copy of its own
+  EXPECT_EQ(t.prefetch_issued, 2u);
+  EXPECT_EQ(t.prefetch_used, 1u);
+  CUDA_OK(cudaStreamSynchronize(stream_));  // only `compute`: it waited for the prefetch's event
+  EXPECT_TRUE(matches(dev[0], 1, 4));
+}
+
+// Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned.
+struct StreamGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB wait(void* p) {
+    auto* g = static_cast<StreamGate*>(p);
+    while (!g->open.load()) std::this_thread::yield();
+  }
+};
+
+TEST_F(GpuExpertCacheTest, ExpertsGoToScratchWhenEverySlotIsPinned) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 2 * bytes_, stream_);
+  StreamGate gate;
+  CUDA_OK(cudaLaunchHostFunc(stream_, &StreamGate::wait, &gate));
+  std::vector<int> first{0, 1}, second{2, 3};
+  std::vector<const uint8_t*> d1(2), d2(2);
+  cache.acquire(0, first, GpuFill::kDemand, d1);
+  cache.kernels_enqueued();  // their kernels sit behind the gate: both slots stay pinned
+  cache.acquire(0, second, GpuFill::kDemand, d2);
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(t.scratch_uses, 2u);
+  EXPECT_EQ(t.policy.demand_no_room, 2u);
+  EXPECT_EQ(cache.resident_payload(0, 2), nullptr);
+  EXPECT_NE(cache.resident_payload(0, 0), nullptr);
+  cache.kernels_enqueued();
+  gate.open = true;
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(matches(d1[size_t(i)], 0, first[size_t(i)]));
+    EXPECT_TRUE(matches(d2[size_t(i)], 0, second[size_t(i)]));
+  }
+  // With the kernels done the pins are gone: the next demand evicts instead of using scratch.
+  std::vector<int> third{4};
+  std::vector<const uint8_t*> d3(1);
+  cache.acquire(0, third, GpuFill::kDemand, d3);
+  EXPECT_EQ(cache.telemetry().scratch_uses, 2u);
+  EXPECT_EQ(cache.telemetry().policy.evictions, 1u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(d3[0], 0, 4));
+}
+
+TEST_F(GpuExpertCacheTest, PrefillFillsFreeBudgetButNeverEvicts) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 3 * bytes_, stream_);
+  std::vector<int> decode{0, 1};
+  std::vector<const uint8_t*> d(2);
+  cache.acquire(0, decode, GpuFill::kDemand, d);
+  cache.kernels_enqueued();
+  std::vector<int> prompt{2, 3, 4, 5};
+  std::vector<const uint8_t*> p(4);
+  cache.acquire(0, prompt, GpuFill::kPrefill, p);
+  cache.kernels_enqueued();
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(t.policy.prefill_fills, 1u);
+  EXPECT_EQ(t.policy.prefill_no_room, 3u);
+  EXPECT_EQ(t.policy.evictions, 0u);
+  EXPECT_EQ(t.scratch_uses, 3u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < prompt.size(); ++i) EXPECT_TRUE(matches(p[i], 0, prompt[i]));
+  EXPECT_TRUE(matches(cache.resident_payload(0, 0), 0, 0));
+  EXPECT_TRUE(matches(cache.resident_payload(0, 1), 0, 1));
+}
+
+TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCacheOptions o;
+  o.chunk_bytes = 2 * bytes_;  // each pair of new experts needs a new cudaMalloc
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  std::vector<const uint8_t*> d(2);
+  std::vector<int> a{0, 1}, b{2, 3}, c{4, 5};
+  cache.acquire(0, a, GpuFill::kDemand, d);  // the chunk made at construction
+  cache.kernels_enqueued();
+  cache.inject_alloc_failures(1);
+  cache.acquire(0, b, GpuFill::kDemand, d);
+  cache.kernels_enqueued();
+  EXPECT_EQ(cache.telemetry().alloc_retries, 1u);
+  EXPECT_EQ(cache.resident_payload(0, 0), nullptr);  // released by the flush
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(d[0], 0, 2));
+  EXPECT_TRUE(matches(d[1], 0, 3));
+
+  cache.inject_alloc_failures(2);  // fails again after the flush: a clear error
+  try {
+    cache.acquire(0, c, GpuFill::kDemand, d);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("budget"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("free"), std::string::npos) << msg;
+  }
+  // The cache is usable afterwards.
+  cache.acquire(0, c, GpuFill::kDemand, d);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(d[0], 0, 4));
+  EXPECT_TRUE(matches(d[1], 0, 5));
+}
+
+TEST_F(GpuExpertCacheTest, OutOfRangeDemandIsConfigError) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);
+  std::vector<int> ids{1, 16};
+  std::vector<const uint8_t*> d(2);
+  EXPECT_THROW(cache.acquire(0, ids, GpuFill::kDemand, d), ConfigError);
+  std::vector<int> ok{1};
+  std::vector<const uint8_t*> d1(1);
+  EXPECT_THROW(cache.acquire(3, ok, GpuFill::kDemand, d1), ConfigError);
+  EXPECT_THROW(cache.acquire(0, ok, GpuFill::kDemand, d), ConfigError);  // size mismatch
+}
+
+}  // namespace
+}  // namespace moestream
