@@ -170,8 +170,10 @@ struct GpuExpertCache::Impl {
 
   // Never throws: errors here have no one to report to.
   void destroy() noexcept {
-    cudaStreamSynchronize(compute);  // nullptr is the legacy default stream: also waited for
-    if (copy) cudaStreamSynchronize(copy);
+    if (copy) {  // else CUDA was never touched (a ConfigError before any call)
+      cudaStreamSynchronize(compute);  // nullptr is the legacy default stream: also waited for
+      cudaStreamSynchronize(copy);
+    }
     release_all_memory();
     for (const Batch& b : batches) cudaEventDestroy(b.done);
     for (const KernelGroup& g : kernel_groups) cudaEventDestroy(g.done);
