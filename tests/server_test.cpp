@@ -1,12 +1,18 @@
-// Server logic without HTTP: stop strings, the bounded job queue, request validation, and KV
-// prefix reuse in EngineSession giving the same tokens as a fresh prefill.
+// Server logic without HTTP: stop strings, the bounded job queue, request validation, KV prefix
+// reuse in EngineSession giving the same tokens as a fresh prefill, client disconnect probing.
 #include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <thread>
 
+#include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
@@ -41,23 +47,32 @@ std::shared_ptr<Job> make_job() { return std::make_shared<Job>(JobParams{}); }
 
 TEST(JobQueue, RefusesWhenFullAndACancelledWaiterFreesItsPlace) {
   std::atomic<bool> release{false};
+  std::atomic<int> dropped{0};
   JobQueue q(1, [&](Job& j) {
     while (!release) std::this_thread::sleep_for(1ms);
     j.finish(JobResult{"stop"});
-  });
+  }, [&](const Job&) { ++dropped; });
   auto running = make_job(), waiting = make_job(), third = make_job();
   ASSERT_TRUE(q.submit(running));
   for (int i = 0; i < 1000 && !q.running(); ++i) std::this_thread::sleep_for(1ms);
   ASSERT_TRUE(q.running());
   ASSERT_TRUE(q.submit(waiting));
   EXPECT_FALSE(q.submit(third));  // one place, taken
-  waiting->cancel();              // its client left
+  waiting->cancel();              // its client left (seen by the job only)
   EXPECT_EQ(q.waiting(), 0u);
   EXPECT_TRUE(q.submit(third));
-  release = true;
-  EXPECT_TRUE(third->wait(5000ms).done || third->wait(5000ms).done);
-  EXPECT_EQ(third->result()->finish_reason, "stop");
   EXPECT_EQ(waiting->result()->finish_reason, "cancelled");
+  EXPECT_EQ(dropped.load(), 1);   // reported once, for the metrics
+  q.cancel(third);                // through the queue: leaves it at once
+  EXPECT_EQ(third->result()->finish_reason, "cancelled");
+  EXPECT_EQ(dropped.load(), 2);
+  auto fourth = make_job();
+  EXPECT_TRUE(q.submit(fourth));
+  release = true;
+  EXPECT_TRUE(fourth->wait(5000ms).done || fourth->wait(5000ms).done);
+  EXPECT_EQ(fourth->result()->finish_reason, "stop");
+  q.cancel(running);              // already finished: nothing is dropped
+  EXPECT_EQ(dropped.load(), 2);
 }
 
 TEST(JobQueue, ShutdownFailsWaitingJobsWith503AndFinishesTheRunningOne) {
@@ -157,4 +172,72 @@ TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
   EXPECT_GE(reused[1], int(prompts[0].size()) - 1);  // all of the first prompt
   EXPECT_EQ(reused[2], int(prompts[2].size()) - 1);  // a prefix of the cache: only the last token runs
   EXPECT_LT(reused[3], 3);
+}
+
+namespace {
+// A connected loopback TCP pair: the accepted (server) end and the client end.
+struct TcpPair {
+  int listener = -1, server = -1, client = -1;
+  TcpPair() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return;
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    server = accept(listener, nullptr, nullptr);
+  }
+  ~TcpPair() {
+    for (int fd : {listener, server, client})
+      if (fd >= 0) close(fd);
+  }
+  static int port(int fd, bool peer) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    if ((peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+              : getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len)) != 0)
+      return -1;
+    return ntohs(a.sin_port);
+  }
+};
+}  // namespace
+
+TEST(ClientConnection, FindsTheServerEndByItsAddressesNotTheClientEnd) {
+  TcpPair p;
+  ASSERT_GE(p.server, 0);
+  const int local = TcpPair::port(p.server, false), remote = TcpPair::port(p.server, true);
+  const ClientConnection c = ClientConnection::find("127.0.0.1", local, "127.0.0.1", remote);
+  EXPECT_EQ(c.fd(), p.server);  // the client end has the same ports swapped: not matched
+  EXPECT_EQ(ClientConnection::find("127.0.0.1", -1, "127.0.0.1", remote).fd(), p.server);
+  EXPECT_FALSE(ClientConnection::find("127.0.0.1", local, "127.0.0.2", remote).found());
+  EXPECT_FALSE(ClientConnection::find("127.0.0.1", local, "127.0.0.1", -1).found());
+}
+
+TEST(ClientConnection, AliveUntilThePeerClosesAndPendingBytesCountAsAlive) {
+  TcpPair p;
+  ASSERT_GE(p.server, 0);
+  const ClientConnection c(p.server);
+  EXPECT_TRUE(c.alive());
+  ASSERT_EQ(write(p.client, "GET", 3), 3);  // a pipelined request: still a client
+  EXPECT_TRUE(c.alive());
+  EXPECT_TRUE(c.alive());  // peeking consumed nothing
+  close(p.client);
+  p.client = -1;
+  // FIN arrives after the unread bytes; once those are read the end of stream shows.
+  char buf[3];
+  ASSERT_EQ(read(p.server, buf, 3), 3);
+  bool closed = false;
+  for (int i = 0; i < 1000 && !closed; ++i) {
+    closed = !c.alive();
+    if (!closed) std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(closed);
+}
+
+TEST(ClientConnection, ANotFoundConnectionCountsAsAlive) {
+  EXPECT_TRUE(ClientConnection(-1).alive());
 }

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
@@ -75,7 +76,7 @@ struct ApiServer::Impl {
   Impl(ServerOptions o, Model& m, const Tokenizer& t, std::optional<ChatPrompt> c)
       : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
-        queue(opts.queue_size, [this](Job& j) { session.run(j); }),
+        queue(opts.queue_size, [this](Job& j) { session.run(j); }, [this](const Job&) { metrics.request_cancelled_waiting(); }),
         eos_ids(stop_ids(m, t)) {
     routes();
   }
@@ -259,11 +260,24 @@ struct ApiServer::Impl {
     }
     const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
     if (!r.stream) {
+      // Nothing is written until the end, so a client that leaves is seen by probing its socket:
+      // between tokens, and every 100 ms while the job waits in the queue.
+      const ClientConnection client =
+          ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
       std::string text;
       while (true) {
-        Job::Update u = job->wait(1000ms);
+        Job::Update u = job->wait(100ms);
         text += u.text;
         if (u.done) break;
+        if (!client.alive()) {
+          // The worker stops after the current token (counted there as cancelled); a waiting job
+          // gives back its place at once. Nobody reads an answer: return without waiting.
+          queue.cancel(job);
+          // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
+          send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
+          res.set_header("Connection", "close");
+          return;
+        }
       }
       if (auto err = job->error()) {
         send_error(res, *err);
@@ -317,7 +331,7 @@ struct ApiServer::Impl {
           return true;
         },
         [this, job](bool) {
-          job->cancel();  // after the end a no-op; on a disconnect it frees the slot
+          queue.cancel(job);  // after the end a no-op; on a disconnect it frees the slot
           open_streams--;
         });
   }

@@ -3,8 +3,13 @@
 
 namespace moestream {
 
-JobQueue::JobQueue(size_t capacity, std::function<void(Job&)> run)
-    : capacity_(capacity), run_(std::move(run)), worker_([this] { loop(); }) {}
+JobQueue::JobQueue(size_t capacity, std::function<void(Job&)> run, std::function<void(const Job&)> dropped)
+    : capacity_(capacity), run_(std::move(run)), dropped_(std::move(dropped)), worker_([this] { loop(); }) {}
+
+void JobQueue::drop(Job& job) {
+  job.finish(JobResult{"cancelled"});
+  if (dropped_) dropped_(job);
+}
 
 JobQueue::~JobQueue() { shutdown(); }
 
@@ -13,15 +18,21 @@ bool JobQueue::submit(std::shared_ptr<Job> job) {
   if (stopping_) return false;
   // Jobs whose client already left still hold a place until the worker pops them; drop them
   // here so that a disconnect frees its slot at once.
-  std::erase_if(jobs_, [](const std::shared_ptr<Job>& j) {
+  std::erase_if(jobs_, [this](const std::shared_ptr<Job>& j) {
     if (!j->cancelled()) return false;
-    j->finish(JobResult{"cancelled"});
+    drop(*j);
     return true;
   });
   if (jobs_.size() >= capacity_ + (running_ ? 0 : 1)) return false;
   jobs_.push_back(std::move(job));
   cv_.notify_all();
   return true;
+}
+
+void JobQueue::cancel(const std::shared_ptr<Job>& job) {
+  job->cancel();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (std::erase(jobs_, job) > 0) drop(*job);
 }
 
 size_t JobQueue::waiting() const {
@@ -59,7 +70,7 @@ void JobQueue::loop() {
       job = jobs_.front();
       jobs_.pop_front();
       if (job->cancelled()) {
-        job->finish(JobResult{"cancelled"});
+        drop(*job);
         continue;
       }
       running_ = true;

@@ -16,12 +16,16 @@ namespace moestream {
 class JobQueue {
  public:
   // capacity: jobs that may wait behind the running one. run() is called on the worker thread
-  // and must finish the job (Job::finish or Job::fail).
-  JobQueue(size_t capacity, std::function<void(Job&)> run);
+  // and must finish the job (Job::finish or Job::fail). dropped() (optional) is told of each job
+  // cancelled while it waited, which the queue finishes as "cancelled" without running it.
+  JobQueue(size_t capacity, std::function<void(Job&)> run, std::function<void(const Job&)> dropped = {});
   ~JobQueue();  // shutdown()
 
   // False when the queue is full or shutting down.
   bool submit(std::shared_ptr<Job> job);
+  // The job's client left: a waiting job leaves the queue now (finished "cancelled", reported to
+  // dropped()); a running one is marked and stops after its current token.
+  void cancel(const std::shared_ptr<Job>& job);
   size_t waiting() const;
   bool running() const;
   size_t capacity() const { return capacity_; }
@@ -30,9 +34,11 @@ class JobQueue {
 
  private:
   void loop();
+  void drop(Job& job);  // a cancelled waiter
 
   const size_t capacity_;
   std::function<void(Job&)> run_;
+  std::function<void(const Job&)> dropped_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;

@@ -23,6 +23,11 @@ void ServerMetrics::request_done(const JobResult& r, const ExpertStoreStats& exp
   if (r.cache_aware) cache_aware_ += *r.cache_aware;
 }
 
+void ServerMetrics::request_cancelled_waiting() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++cancelled_;  // never ran: not in completed_, no tokens
+}
+
 void ServerMetrics::set_cache_aware(const CacheAwareOptions& opts) {
   std::lock_guard<std::mutex> lk(mu_);
   cache_aware_opts_ = opts;
@@ -47,7 +52,7 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   std::lock_guard<std::mutex> lk(mu_);
   std::string o;
   metric(o, "moestream_requests_completed_total", "counter", "Generation requests finished (cancelled included).", double(completed_));
-  metric(o, "moestream_requests_cancelled_total", "counter", "Requests whose client disconnected before the end.", double(cancelled_));
+  metric(o, "moestream_requests_cancelled_total", "counter", "Requests whose client disconnected before the end (while running or waiting).", double(cancelled_));
   metric(o, "moestream_requests_rejected_total", "counter", "Requests refused with 503: the job queue or the HTTP connection backlog was full.", double(rejected_));
   metric(o, "moestream_requests_failed_total", "counter", "Requests that failed inside the engine (5xx).", double(failed_));
   metric(o, "moestream_requests_invalid_total", "counter", "Requests refused with a 4xx error.", double(client_errors_));

@@ -18,6 +18,8 @@ class ServerMetrics {
   void request_done(const JobResult& r, const ExpertStoreStats& experts);
   // Turns on the cache-aware routing metrics (the server runs with --cache-aware).
   void set_cache_aware(const CacheAwareOptions& opts);
+  // A request whose client left while it waited in the queue (it never ran).
+  void request_cancelled_waiting();
   void request_rejected() { rejected_++; }   // 503: queue full
   void request_failed() { failed_++; }       // 5xx from the engine
   void client_error() { client_errors_++; }  // 4xx

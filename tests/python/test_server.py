@@ -31,9 +31,9 @@ def _exe():
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, ctx=CTX):
         self.proc = subprocess.Popen([str(_exe()), "-m", str(DEMO), "--port", "0", "-t", "1",
-                                      "--ctx", str(CTX), *map(str, args)],
+                                      "--ctx", str(ctx), *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else ""
@@ -51,9 +51,9 @@ class Server:
     def get(self, path, **kw):
         return requests.get(self.url + path, timeout=30, **kw)
 
-    def metrics(self):
+    def metrics(self, headers=None):
         out = {}
-        for line in self.get("/metrics").text.splitlines():
+        for line in self.get("/metrics", headers=headers).text.splitlines():
             if line and not line.startswith("#"):
                 k, v = line.rsplit(" ", 1)
                 out[k] = float(v)
@@ -377,6 +377,68 @@ def test_a_queued_stream_that_disconnects_frees_its_place(server):
     sa.close()
     tc.join(timeout=30)
     assert result["r"].status_code == 200, result["r"].text
+
+
+def _raw_post(url, path, body):
+    """Sends a whole non-streaming request on a bare socket (closed by the caller to leave)."""
+    host, port = url[len("http://"):].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+    return sock
+
+
+def _wait_for(pred, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def test_a_non_streaming_client_that_disconnects_frees_the_engine_and_its_place():
+    # A long non-streaming request runs (A), another waits in the one queue place (B). B's
+    # client leaves: its place is free at once. A's client leaves: generation stops within a
+    # token and the next queued request (C) runs at once. Both count as cancelled.
+    big = 4096
+    s = Server("--queue-size", "1", ctx=big)
+    try:
+        m0 = s.metrics()
+        a = _raw_post(s.url, "/v1/completions", {"prompt": "Once", "max_tokens": big - 16,
+                                                 "ignore_eos": True, "temperature": 0})
+        assert _wait_for(lambda: s.metrics()["moestream_requests_running"] == 1)
+        b = _raw_post(s.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "B"}],
+                                                      "max_tokens": 2})
+        assert _wait_for(lambda: s.metrics()["moestream_queue_length"] == 1)
+        b.close()
+        assert _wait_for(lambda: s.metrics()["moestream_queue_length"] == 0, 2.0)
+        assert s.metrics()["moestream_requests_cancelled_total"] == m0["moestream_requests_cancelled_total"] + 1
+        result = {}
+
+        def run_c():
+            r = requests.post(s.url + "/v1/completions", data=json.dumps(
+                {"prompt": "C", "max_tokens": 2, "temperature": 0, "ignore_eos": True}), timeout=60)
+            result["r"], result["t"] = r, time.monotonic()
+
+        tc = threading.Thread(target=run_c)
+        tc.start()
+        assert _wait_for(lambda: s.metrics()["moestream_queue_length"] == 1)
+        assert s.metrics()["moestream_requests_running"] == 1  # A still generating
+        t_close = time.monotonic()
+        a.close()
+        tc.join(timeout=60)
+        assert result["r"].status_code == 200, result["r"].text
+        assert result["t"] - t_close < 3.0, result["t"] - t_close  # C did not wait for A's end
+        m = s.metrics()
+        assert m["moestream_requests_cancelled_total"] == m0["moestream_requests_cancelled_total"] + 2
+        a_tokens = m["moestream_completion_tokens_total"] - m0["moestream_completion_tokens_total"] - 2
+        assert 0 < a_tokens < big - 16, a_tokens  # A stopped early
+        assert m["moestream_requests_running"] == 0 and m["moestream_queue_length"] == 0
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
 
 
 def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
