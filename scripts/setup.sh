@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libcli11-dev libfmt-dev libcpp-httplib-dev python3-dev
   libutf8proc-dev
 )
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib)  # matplotlib: test_bindings runs python/examples
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai)  # matplotlib: test_bindings runs python/examples
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
