@@ -1,5 +1,6 @@
 // Causal grouped-query attention over one layer's float32 KV cache, flash-decoding style: the
 // context is split across blocks (each keeps an online softmax), then a second kernel merges.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -16,6 +17,9 @@ constexpr int kTile = 32;  // keys per warp tile: one score per lane in the soft
 // occupancy, enough loads in flight to reach HBM bandwidth on a 4-KV-head decode.
 constexpr int kBlocksPerSm = 8;
 constexpr int kMaxHeadDim = 256;
+// Bytes the default pool keeps across synchronizations: the split partials of a 40k-token decode
+// (splits * heads * (head_dim + 2) floats) are a few MiB.
+constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
 
 struct AttnArgs {
   const float* q;
@@ -321,10 +325,23 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
 
   const size_t n_out_rows = size_t(n_q) * n_heads;
   if (splits > 1) {
-    // Stream-ordered scratch from the device's memory pool: no sync, reused across calls.
+    // Stream-ordered scratch from the device's default memory pool: no sync, and safe when
+    // several streams run attention at once. The pool's release threshold is raised so that a
+    // per-token synchronize does not hand the pages back to the driver (and map them again on
+    // the next token).
     void* scratch = nullptr;
     const size_t acc_floats = size_t(splits) * n_out_rows * head_dim;
     const size_t bytes = (acc_floats + size_t(splits) * n_out_rows * 2) * sizeof(float);
+    int dev = 0;
+    cudaMemPool_t pool = nullptr;
+    MOE_CUDA_CHECK(cudaGetDevice(&dev));
+    MOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = 0;
+    MOE_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    if (keep < kPoolKeepBytes) {
+      keep = kPoolKeepBytes;
+      MOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     MOE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, s));
     a.part_acc = static_cast<float*>(scratch);
     a.part_ml = a.part_acc + acc_floats;

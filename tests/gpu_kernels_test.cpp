@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -73,6 +74,17 @@ void expect_close(const std::vector<float>& gpu, const std::vector<float>& ref, 
     worst = std::max(worst, err / (atol + rtol * std::fabs(ref[i])));
     ASSERT_LE(err, atol + rtol * std::fabs(ref[i])) << what << " at " << i << ": gpu " << gpu[i]
                                                     << " ref " << ref[i];
+  }
+  std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
+}
+
+// Bit-exact comparison; prints the table line with tolerance 0 (worst absolute error shown).
+void expect_exact(const std::vector<float>& gpu, const std::vector<float>& ref, const char* what) {
+  ASSERT_EQ(gpu.size(), ref.size());
+  float worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(gpu[i], ref[i]) << what << " at " << i;
+    worst = std::max(worst, std::fabs(gpu[i] - ref[i]));
   }
   std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
 }
@@ -195,6 +207,263 @@ TEST(GpuKernels, ExpertMatvecQ4MatchesDequantisedReference) {
 TEST(GpuKernels, ExpertMatvecBf16MatchesDequantisedReference) {
   SKIP_WITHOUT_GPU();
   check_matvec(QuantType::kBF16, 301, 999, 14);
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+// Causal GQA attention in double over the position-major cache [max_ctx, n_kv, hd], as
+// runtime/attention.cpp computes it per head (scores * scale, max-subtracted softmax, P V).
+std::vector<float> attention_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v, int n_q, int pos0, int n_heads,
+                                       int n_kv, int hd, float scale) {
+  const int group = n_heads / n_kv;
+  std::vector<float> out(size_t(n_q) * n_heads * hd);
+  std::vector<double> s(size_t(pos0 + n_q));
+  for (int t = 0; t < n_q; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const int g = h / group, len = pos0 + t + 1;
+      const float* qh = q.data() + (size_t(t) * n_heads + h) * hd;
+      double mx = -1e300;
+      for (int j = 0; j < len; ++j) {
+        const float* kj = k.data() + (size_t(j) * n_kv + g) * hd;
+        double dot = 0;
+        for (int d = 0; d < hd; ++d) dot += double(qh[d]) * kj[d];
+        s[size_t(j)] = dot * scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      double sum = 0;
+      for (int j = 0; j < len; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+      for (int d = 0; d < hd; ++d) {
+        double o = 0;
+        for (int j = 0; j < len; ++j) o += s[size_t(j)] * v[(size_t(j) * n_kv + g) * hd + d];
+        out[(size_t(t) * n_heads + h) * hd + d] = float(o / sum);
+      }
+    }
+  return out;
+}
+
+// Random q, K, V (q scaled by 2 so the softmax is peaked, not flat); cache positions past
+// pos0 + n_q hold NaN, so reading beyond the causal limit would poison the output.
+void check_attention(int n_q, int pos0, int n_heads, int n_kv, int hd, uint32_t seed) {
+  const int max_ctx = pos0 + n_q + 37;
+  auto q = random_floats(size_t(n_q) * n_heads * hd, seed, 2.0f);
+  auto k = random_floats(size_t(max_ctx) * n_kv * hd, seed + 1);
+  auto v = random_floats(k.size(), seed + 2);
+  for (size_t i = size_t(pos0 + n_q) * n_kv * hd; i < k.size(); ++i) k[i] = v[i] = NAN;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  auto ref = attention_reference(q, k, v, n_q, pos0, n_heads, n_kv, hd, scale);
+  DeviceVec<float> dq(q), dk(k), dv(v), dout(ref.size());
+  CUDA_OK(cudaMemset(dout.get(), 0xff, ref.size() * sizeof(float)));  // NaN: unwritten shows
+  gpu::attention(dq.get(), dk.get(), dv.get(), n_q, pos0, n_heads, n_kv, hd, scale, dout.get(),
+                 nullptr);
+  const std::string name = "attention hd=" + std::to_string(hd) + " heads=" +
+                           std::to_string(n_heads) + "/" + std::to_string(n_kv) + " n_q=" +
+                           std::to_string(n_q) + " ctx=" + std::to_string(pos0 + n_q);
+  // float32 dot products of hd terms and sums over up to 5000 keys, one expf per score:
+  // 1e-5 absolute (outputs are averages of unit-variance values) plus 2e-4 relative.
+  expect_close(dout.download(), ref, 1e-5f, 2e-4f, name.c_str());
+}
+
+TEST(GpuKernels, AttentionDecodeMatchesCpuAtModelShapes) {
+  SKIP_WITHOUT_GPU();
+  for (int ctx : {1, 17, 1000, 5000}) check_attention(1, ctx - 1, 32, 4, 128, 20 + ctx);  // Qwen3
+  check_attention(1, 999, 16, 16, 64, 21);   // multi-head (OLMoE-like), head_dim 64
+  check_attention(1, 1500, 64, 4, 128, 22);  // a 16-head group in one block
+}
+
+TEST(GpuKernels, AttentionPrefillIsCausalAtOddSizes) {
+  SKIP_WITHOUT_GPU();
+  check_attention(17, 0, 32, 4, 128, 30);   // a prompt from position 0
+  check_attention(33, 1000, 16, 16, 64, 31);  // a chunk after 1000 cached positions
+  check_attention(5, 17, 6, 2, 72, 32);     // odd head_dim (18 float4s per key row)
+  check_attention(3, 40, 8, 1, 256, 33);    // the largest head_dim, MQA
+}
+
+// ---- grouped expert GEMM ----------------------------------------------------------------------
+
+// Groups of `sizes` token rows against distinct random experts stored at `offset` inside their
+// payloads (junk before it). Reference: the dequantised matrices times x, summed in double.
+void check_expert_gemm(QuantType q, int rows, int cols, const std::vector<int>& sizes,
+                       uint32_t seed, int max_rows_hint = 0) {
+  const int n_groups = int(sizes.size());
+  std::vector<int> row_start(1, 0);
+  for (int n : sizes) row_start.push_back(row_start.back() + n);
+  const int n_rows = row_start.back();
+  const size_t offset = 192, mbytes = quant_matrix_bytes(q, size_t(rows), size_t(cols));
+  const size_t stride = (offset + mbytes + 255) / 256 * 256;
+  std::vector<uint8_t> payloads(stride * size_t(n_groups));
+  std::mt19937 rng(seed);
+  for (auto& b : payloads) b = uint8_t(rng());
+  std::vector<std::vector<float>> deq;
+  for (int g = 0; g < n_groups; ++g) {
+    auto wf = random_floats(size_t(rows) * cols, seed + 10 + g, 0.05f);
+    uint8_t* m = payloads.data() + stride * size_t(g) + offset;
+    quantize_matrix(q, wf.data(), size_t(rows), size_t(cols), m);
+    deq.emplace_back(wf.size());
+    dequantize_matrix(q, m, size_t(rows), size_t(cols), deq.back().data());
+  }
+  auto x = random_floats(size_t(std::max(n_rows, 1)) * cols, seed + 1);
+  std::vector<float> ref(size_t(n_rows) * rows);
+  for (int g = 0; g < n_groups; ++g)
+    for (int t = row_start[size_t(g)]; t < row_start[size_t(g) + 1]; ++t)
+      for (int r = 0; r < rows; ++r) {
+        double acc = 0;
+        for (int c = 0; c < cols; ++c)
+          acc += double(deq[size_t(g)][size_t(r) * cols + c]) * x[size_t(t) * cols + c];
+        ref[size_t(t) * rows + r] = float(acc);
+      }
+  DeviceVec<uint8_t> dp(payloads);
+  std::vector<const uint8_t*> ptrs;
+  for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
+  DeviceVec<const uint8_t*> dw(ptrs);
+  DeviceVec<int> drs(row_start);
+  DeviceVec<float> dx(x), dy(ref.size());
+  CUDA_OK(cudaMemset(dy.get(), 0xff, ref.size() * sizeof(float)));
+  const int max_rows = max_rows_hint > 0 ? max_rows_hint : *std::max_element(sizes.begin(), sizes.end());
+  gpu::expert_gemm(q, dw.get(), offset, drs.get(), n_groups, max_rows, rows, cols, dx.get(),
+                   dy.get(), nullptr);
+  std::string name = "expert_gemm_" + std::string(quant_name(q)) + " " + std::to_string(rows) +
+                     "x" + std::to_string(cols) + " groups";
+  for (int n : sizes) name += " " + std::to_string(n);
+  if (max_rows_hint > 0) name += " tile " + std::to_string(max_rows_hint);
+  // As the matvec: exact weights, float32 sums of `cols` terms.
+  expect_close(dy.download(), ref, 2e-4f, 1e-4f, name.c_str());
+}
+
+TEST(GpuKernels, ExpertGemmQ8MatchesDequantisedReference) {
+  SKIP_WITHOUT_GPU();
+  check_expert_gemm(QuantType::kQ8, 67, 96, {1, 3, 0, 17, 64}, 40);  // nb 3: unaligned rows
+  check_expert_gemm(QuantType::kQ8, 45, 256, {1, 1, 1, 1, 1, 1, 1, 1}, 41);  // decode
+  check_expert_gemm(QuantType::kQ8, 130, 2048, {3, 17}, 42);
+}
+
+TEST(GpuKernels, ExpertGemmQ4MatchesDequantisedReference) {
+  SKIP_WITHOUT_GPU();
+  check_expert_gemm(QuantType::kQ4, 67, 96, {1, 3, 0, 17, 64}, 43);
+  check_expert_gemm(QuantType::kQ4, 45, 256, {1, 1, 1, 1, 1, 1, 1, 1}, 44);
+  check_expert_gemm(QuantType::kQ4, 130, 800, {3, 17}, 45);  // nb 25, 8-block steps past the row
+}
+
+TEST(GpuKernels, ExpertGemmBf16MatchesDequantisedReferenceAtOddCols) {
+  SKIP_WITHOUT_GPU();
+  check_expert_gemm(QuantType::kBF16, 67, 45, {1, 3, 17, 64}, 46);
+  check_expert_gemm(QuantType::kBF16, 45, 67, {1, 1, 1}, 47);
+  check_expert_gemm(QuantType::kBF16, 33, 200, {5, 0, 9}, 48);  // cols % 4 == 0: 8-byte loads
+}
+
+TEST(GpuKernels, ExpertGemmTileHintOnlyChangesSpeed) {
+  SKIP_WITHOUT_GPU();
+  // max_rows_per_group picks the token tile; a hint below the largest group is still correct.
+  check_expert_gemm(QuantType::kQ8, 40, 128, {5, 20, 2}, 49, 1);
+  check_expert_gemm(QuantType::kQ4, 40, 128, {5, 20, 2}, 50, 2);
+}
+
+TEST(GpuKernels, ExpertGemmSingleRowGroupsMatchExpertMatvec) {
+  SKIP_WITHOUT_GPU();
+  for (QuantType q : {QuantType::kQ8, QuantType::kQ4, QuantType::kBF16}) {
+    const int rows = 77, cols = 512, n_groups = 3;
+    const size_t mbytes = quant_matrix_bytes(q, rows, cols), stride = (mbytes + 255) / 256 * 256;
+    std::vector<uint8_t> w(stride * n_groups);
+    for (int g = 0; g < n_groups; ++g) {
+      auto wf = random_floats(size_t(rows) * cols, 60 + g, 0.05f);
+      quantize_matrix(q, wf.data(), rows, cols, w.data() + stride * size_t(g));
+    }
+    auto x = random_floats(size_t(n_groups) * cols, 63);
+    DeviceVec<uint8_t> dw(w);
+    DeviceVec<float> dx(x), dy(size_t(n_groups) * rows), dm(size_t(n_groups) * rows);
+    std::vector<const uint8_t*> ptrs;
+    for (int g = 0; g < n_groups; ++g) {
+      ptrs.push_back(dw.get() + stride * size_t(g));
+      gpu::expert_matvec(q, ptrs.back(), rows, cols, dx.get() + size_t(g) * cols,
+                         dm.get() + size_t(g) * rows, nullptr);
+    }
+    DeviceVec<const uint8_t*> dptrs(ptrs);
+    DeviceVec<int> drs(std::vector<int>{0, 1, 2, 3});
+    gpu::expert_gemm(q, dptrs.get(), 0, drs.get(), n_groups, 1, rows, cols, dx.get(), dy.get(),
+                     nullptr);
+    // Both float32 over the same weights, summed in another order: 1e-5 relative.
+    expect_close(dy.download(), dm.download(), 1e-5f, 1e-5f,
+                 ("expert_gemm_" + std::string(quant_name(q)) + " vs expert_matvec").c_str());
+  }
+}
+
+// ---- row glue ---------------------------------------------------------------------------------
+
+TEST(GpuKernels, GatherAndEmbedCopyTheIndexedRows) {
+  SKIP_WITHOUT_GPU();
+  const int n_src = 50, dim = 129, n = 37;
+  auto src = random_floats(size_t(n_src) * dim, 70);
+  std::mt19937 rng(71);
+  std::vector<int> idx(n);
+  for (int& i : idx) i = int(rng() % n_src);  // repeats included
+  std::vector<float> ref(size_t(n) * dim);
+  for (int i = 0; i < n; ++i)
+    std::copy_n(src.begin() + ptrdiff_t(idx[size_t(i)]) * dim, dim, ref.begin() + ptrdiff_t(i) * dim);
+  DeviceVec<float> ds(src), dout(ref.size()), demb(ref.size());
+  DeviceVec<int> di(idx);
+  gpu::gather_rows(ds.get(), di.get(), n, dim, dout.get(), nullptr);
+  gpu::embed_rows(ds.get(), di.get(), n, dim, demb.get(), nullptr);
+  expect_exact(dout.download(), ref, "gather_rows");  // a copy: bit-exact
+  expect_exact(demb.download(), ref, "embed_rows");
+}
+
+TEST(GpuKernels, MoeCombineSumsInTopkOrder) {
+  SKIP_WITHOUT_GPU();
+  const int n_tokens = 13, k = 8, dim = 131, n_rows = n_tokens * k;
+  auto y = random_floats(size_t(n_rows) * dim, 72);
+  auto wts = random_floats(size_t(n_tokens) * k, 73, 0.3f);
+  std::vector<int> pair_row(static_cast<size_t>(n_rows));
+  for (int i = 0; i < n_rows; ++i) pair_row[size_t(i)] = i;
+  std::shuffle(pair_row.begin(), pair_row.end(), std::mt19937(74));  // rows grouped by expert
+  std::vector<float> ref(size_t(n_tokens) * dim, 0.f);
+  for (int t = 0; t < n_tokens; ++t)  // the CPU's order: from zero, j = 0..k-1
+    for (int d = 0; d < dim; ++d) {
+      float acc = 0.f;
+      for (int j = 0; j < k; ++j)
+        acc += wts[size_t(t) * k + j] * y[size_t(pair_row[size_t(t) * k + j]) * dim + d];
+      ref[size_t(t) * dim + d] = acc;
+    }
+  DeviceVec<float> dy(y), dwt(wts), dout(ref.size());
+  DeviceVec<int> dpr(pair_row);
+  gpu::moe_combine(dy.get(), dpr.get(), dwt.get(), n_tokens, k, dim, dout.get(), nullptr);
+  // Same order; only FMA contraction may differ: 1e-6 relative plus 1e-6 absolute.
+  expect_close(dout.download(), ref, 1e-6f, 1e-6f, "moe_combine");
+}
+
+TEST(GpuKernels, AddInplaceAddsTheResidual) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1000003;
+  auto y = random_floats(n, 75), x = random_floats(n, 76);
+  std::vector<float> ref(n);
+  for (size_t i = 0; i < n; ++i) ref[i] = y[i] + x[i];
+  DeviceVec<float> dy(y), dx(x);
+  gpu::add_inplace(dy.get(), dx.get(), n, nullptr);
+  expect_exact(dy.download(), ref, "add_inplace");  // one float add per element, as the CPU
+}
+
+TEST(GpuKernels, NewOpsRejectBadShapes) {
+  SKIP_WITHOUT_GPU();
+  DeviceVec<float> d(4096);
+  DeviceVec<int> di(8);
+  DeviceVec<const uint8_t*> dw(4);
+  const float* f = d.get();
+  EXPECT_THROW(gpu::attention(f, f, f, 1, 0, 6, 4, 64, 0.1f, d.get(), nullptr), Error);  // 6 % 4
+  EXPECT_THROW(gpu::attention(f, f, f, 1, 0, 4, 4, 66, 0.1f, d.get(), nullptr), ConfigError);
+  EXPECT_THROW(gpu::attention(f, f, f, 1, 0, 4, 4, 512, 0.1f, d.get(), nullptr), ConfigError);
+  EXPECT_THROW(gpu::attention(f, f, f, 0, 0, 4, 4, 64, 0.1f, d.get(), nullptr), Error);
+  EXPECT_THROW(gpu::expert_gemm(QuantType::kQ8, dw.get(), 0, di.get(), 1, 1, 8, 45, f, d.get(),
+                                nullptr),
+               ConfigError);  // q8 needs whole blocks
+  EXPECT_THROW(gpu::expert_gemm(QuantType::kF32, dw.get(), 0, di.get(), 1, 1, 8, 64, f, d.get(),
+                                nullptr),
+               ConfigError);
+  EXPECT_THROW(gpu::expert_gemm(QuantType::kQ4, dw.get(), 8, di.get(), 1, 1, 8, 64, f, d.get(),
+                                nullptr),
+               Error);  // offset not 16-byte aligned
+  EXPECT_THROW(gpu::gather_rows(f, di.get(), 0, 4, d.get(), nullptr), Error);
+  EXPECT_THROW(gpu::moe_combine(f, di.get(), f, 1, 0, 4, d.get(), nullptr), Error);
+  EXPECT_THROW(gpu::add_inplace(d.get(), nullptr, 4, nullptr), Error);
+  EXPECT_THROW(gpu::embed_rows(f, di.get(), 2, 0, d.get(), nullptr), Error);
 }
 
 TEST(GpuKernels, OpWrappersRejectBadShapes) {

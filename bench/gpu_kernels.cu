@@ -1,0 +1,203 @@
+// Micro-benchmark of the CUDA tier's bandwidth-bound kernels: decode attention and the grouped
+// expert GEMM, as GB/s of the bytes they must read, against a measured device-to-device copy.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gpu_ops.h"
+#include "loader/expert_file.h"
+#include "runtime/quant.h"
+
+namespace {
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));        \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+// Device buffer of n random floats (normal, scaled), filled on the host in chunks.
+float* random_device_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  auto* d = static_cast<float*>(device_alloc(n * sizeof(float)));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> h(std::min<size_t>(n, size_t(1) << 24));
+  for (size_t off = 0; off < n; off += h.size()) {
+    const size_t m = std::min(h.size(), n - off);
+    for (size_t i = 0; i < m; ++i) h[i] = dist(rng);
+    CHECK(cudaMemcpy(d + off, h.data(), m * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  return d;
+}
+
+// Median over `reps` batches of `per_batch` calls of fn(i), in microseconds per call (CUDA events).
+template <class Fn>
+double time_us(Fn fn, int per_batch = 50, int reps = 7) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < per_batch; ++i) fn(i);  // warm-up: module load, pool growth
+  CHECK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  int call = 0;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < per_batch; ++i) fn(call++);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1000.0 * ms / per_batch);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+void row(const std::string& what, double us, double bytes, double copy_gbs) {
+  const double gbs = bytes / us / 1e3;
+  std::printf("| %s | %.1f | %.1f | %.0f | %.0f%% |\n", what.c_str(), us, bytes / 1e6, gbs,
+              100.0 * gbs / copy_gbs);
+}
+
+}  // namespace
+
+int main() {
+  using namespace moestream;
+  const char* why = nullptr;
+  if (gpu::device_count(&why) == 0) {
+    std::printf("bench_gpu_kernels: no usable CUDA device (%s)\n", why);
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  // Ceiling: a 1 GiB device-to-device copy, bytes read plus bytes written.
+  const size_t copy_bytes = size_t(1) << 30;
+  void* c0 = device_alloc(copy_bytes);
+  void* c1 = device_alloc(copy_bytes);
+  CHECK(cudaMemset(c0, 1, copy_bytes));
+  const double copy_us =
+      time_us([&](int) { CHECK(cudaMemcpyAsync(c1, c0, copy_bytes, cudaMemcpyDeviceToDevice)); },
+              5, 5);
+  const double copy_gbs = 2.0 * copy_bytes / copy_us / 1e3;
+  CHECK(cudaFree(c0));
+  CHECK(cudaFree(c1));
+  std::printf("device: %s, %d SMs, L2 %.0f MB; D2D copy %.0f GB/s (read + write)\n\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_gbs);
+  std::printf("| kernel | us/call | MB read | GB/s | of copy |\n|---|---|---|---|---|\n");
+
+  // Decode attention: one token against ctx cached positions. Several layers' caches are cycled
+  // so the reads come from HBM, not the 60 MB L2.
+  struct AttnCase {
+    const char* model;
+    int n_heads, n_kv, hd, ctx;
+  };
+  for (const AttnCase c : {AttnCase{"Qwen3-30B-A3B 32/4x128", 32, 4, 128, 4096},
+                           AttnCase{"Qwen3-30B-A3B 32/4x128", 32, 4, 128, 32768},
+                           AttnCase{"OLMoE 16/16x128", 16, 16, 128, 4096},
+                           AttnCase{"Mixtral 32/8x128", 32, 8, 128, 32768}}) {
+    const size_t layer_floats = size_t(c.ctx) * c.n_kv * c.hd;
+    const int n_layers = int(std::max<size_t>(2, (size_t(512) << 20) / (2 * layer_floats * 4)));
+    float* k = random_device_floats(layer_floats * n_layers, 1);
+    float* v = random_device_floats(layer_floats * n_layers, 2);
+    float* q = random_device_floats(size_t(c.n_heads) * c.hd, 3, 2.0f);
+    auto* out = static_cast<float*>(device_alloc(size_t(c.n_heads) * c.hd * sizeof(float)));
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    const double us = time_us([&](int i) {
+      const size_t l = size_t(i % n_layers) * layer_floats;
+      gpu::attention(q, k + l, v + l, 1, c.ctx - 1, c.n_heads, c.n_kv, c.hd, scale, out, nullptr);
+    });
+    row(std::string("attention decode ") + c.model + " ctx " + std::to_string(c.ctx), us,
+        2.0 * layer_floats * 4, copy_gbs);
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+    CHECK(cudaFree(q));
+    CHECK(cudaFree(out));
+  }
+
+  // Expert GEMM at Qwen3-30B-A3B's shapes: gate/up [768 x 2048] and down [2048 x 768], 8 experts
+  // per call (top-8), rows per group 1 (decode) and 64 (prefill). 64 distinct experts cycled.
+  struct GemmCase {
+    const char* name;
+    int rows, cols;
+  };
+  const int k_active = 8, n_experts = 64;
+  for (QuantType qt : {QuantType::kQ8, QuantType::kQ4, QuantType::kBF16}) {
+    for (const GemmCase gc : {GemmCase{"gate 768x2048", 768, 2048},
+                              GemmCase{"down 2048x768", 2048, 768}}) {
+      const size_t mbytes = quant_matrix_bytes(qt, gc.rows, gc.cols);
+      const size_t stride = (mbytes + 4095) / 4096 * 4096;
+      std::vector<uint8_t> h(stride * n_experts);
+      {
+        std::mt19937 rng(7);
+        std::normal_distribution<float> dist(0.0f, 0.05f);
+        std::vector<float> wf(size_t(gc.rows) * gc.cols);
+        for (int e = 0; e < n_experts; ++e) {
+          for (float& f : wf) f = dist(rng);
+          quantize_matrix(qt, wf.data(), gc.rows, gc.cols, h.data() + stride * e);
+        }
+      }
+      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
+      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      // Pointer tables for the n_experts / k_active rotations.
+      const int n_sets = n_experts / k_active;
+      std::vector<const uint8_t*> ptrs;
+      for (int s = 0; s < n_sets; ++s)
+        for (int g = 0; g < k_active; ++g) ptrs.push_back(w + stride * size_t(s * k_active + g));
+      const uint8_t** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
+      CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      for (int m : {1, 64}) {
+        std::vector<int> rs(k_active + 1);
+        for (int g = 0; g <= k_active; ++g) rs[size_t(g)] = g * m;
+        int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
+        CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+        float* x = random_device_floats(size_t(k_active) * m * gc.cols, 9);
+        auto* y = static_cast<float*>(device_alloc(size_t(k_active) * m * gc.rows * sizeof(float)));
+        const double us = time_us([&](int i) {
+          gpu::expert_gemm(qt, dptrs + size_t(i % n_sets) * k_active, 0, drs, k_active, m, gc.rows,
+                           gc.cols, x, y, nullptr);
+        });
+        const double bytes = double(mbytes) * k_active + 4.0 * k_active * m * (gc.cols + gc.rows);
+        row(std::string("expert_gemm ") + std::string(quant_name(qt)) + " " + gc.name + " 8 x " +
+                std::to_string(m) + " rows (" +
+                std::to_string(int(2.0 * k_active * m * gc.rows * gc.cols / us / 1e6)) +
+                " GFLOP/s)",
+            us, bytes, copy_gbs);
+        if (m == 1) {  // the first slice's matvec, one launch per expert, for comparison
+          const double us_mv = time_us([&](int i) {
+            const int s = i % n_sets;
+            for (int g = 0; g < k_active; ++g)
+              gpu::expert_matvec(qt, w + stride * size_t(s * k_active + g), gc.rows, gc.cols,
+                                 x + size_t(g) * gc.cols, y + size_t(g) * gc.rows, nullptr);
+          });
+          row(std::string("8 x expert_matvec ") + std::string(quant_name(qt)) + " " + gc.name, us_mv,
+              bytes, copy_gbs);
+        }
+        CHECK(cudaFree(drs));
+        CHECK(cudaFree(x));
+        CHECK(cudaFree(y));
+      }
+      CHECK(cudaFree(dptrs));
+      CHECK(cudaFree(w));
+    }
+  }
+  return 0;
+}
