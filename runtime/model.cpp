@@ -34,6 +34,8 @@ struct Model::Impl {
   int n_past = 0;
   bool prefill = false;  // the current forward call started from an empty cache
   RoutingCallback on_routing;
+  RoutingOverrideFn routing_override;  // empty = the router decides
+  uint64_t tokens_routed = 0;          // tokens through the layers since load: the override's clock
   ForwardTimes times;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
@@ -113,6 +115,14 @@ void Model::truncate(int n_tokens) {
   impl_->n_past = n_tokens;  // later forward() calls overwrite the KV rows past n_tokens
 }
 void Model::set_routing_callback(RoutingCallback cb) { impl_->on_routing = std::move(cb); }
+void Model::set_routing_override(RoutingOverrideFn fn) {
+  if (impl_->gpu && fn)
+    throw ConfigError("a routing override (--replay-routing) is not supported with --gpu yet");
+  impl_->routing_override = std::move(fn);
+  impl_->moe.set_routing_override(impl_->routing_override ? &impl_->routing_override : nullptr,
+                                  impl_->tokens_routed);
+}
+bool Model::routing_overridden() const { return bool(impl_->routing_override); }
 const ForwardTimes& Model::times() const { return impl_->times; }
 void Model::reset_times() {
   impl_->times = {};
@@ -182,6 +192,8 @@ void Model::Impl::forward_chunk(const int* tokens, int T, float* logits, bool al
   rope.fill(n_past, T, cos.data(), sin.data());
   times.other_s += seconds_since(t0);
 
+  if (routing_override) moe.set_routing_override(&routing_override, tokens_routed);
+  tokens_routed += uint64_t(T);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 #include "runtime/expert_store.h"
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/model_config.h"
+#include "runtime/routing_override.h"
 
 namespace moestream {
 
@@ -77,6 +78,11 @@ class Model {
   void truncate(int n_tokens);
   // Called after every layer's routing (empty = none); observing never changes the output.
   void set_routing_callback(RoutingCallback cb);
+  // Expert choice from `fn` instead of the router (an empty fn restores the router), e.g. a
+  // RoutingReplay; cache-aware substitution is skipped while it is set. CPU path only:
+  // ConfigError with --gpu.
+  void set_routing_override(RoutingOverrideFn fn);
+  bool routing_overridden() const;
 
   const ForwardTimes& times() const;
   void reset_times();

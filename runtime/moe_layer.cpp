@@ -126,7 +126,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
                 weights_.data() + size_t(t) * K_, probs_.data());
   }
-  if (cache_aware_.enabled) apply_cache_aware(layer, logits, T);
+  if (override_ && *override_) (*override_)(layer, override_ordinal_, T, ids_.data(), weights_.data());
+  else if (cache_aware_.enabled) apply_cache_aware(layer, logits, T);
   for (int t = 0; t < T; ++t) {
     const int* ids = ids_.data() + size_t(t) * K_;
     for (int j = 0; j < K_; ++j) {

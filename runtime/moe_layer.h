@@ -8,6 +8,7 @@
 #include "runtime/dense_ops.h"
 #include "runtime/expert_store.h"
 #include "runtime/model_config.h"
+#include "runtime/routing_override.h"
 
 namespace moestream {
 
@@ -40,6 +41,13 @@ class MoeLayer {
   const CacheAwareStats& cache_aware_stats() const { return ca_stats_; }
   void reset_cache_aware_stats() { ca_stats_ = {}; }
 
+  // Expert choice from `fn` instead of the router (null = the router); `ordinal` is the first
+  // token of the next forward call (RoutingOverrideFn).
+  void set_routing_override(const RoutingOverrideFn* fn, uint64_t ordinal) {
+    override_ = fn;
+    override_ordinal_ = ordinal;
+  }
+
  private:
   const ModelConfig& cfg_;
   ExpertStore& store_;
@@ -60,6 +68,8 @@ class MoeLayer {
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
   // Cache-aware routing state: options, counters, the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const RowMap& logits, int T);
+  const RoutingOverrideFn* override_ = nullptr;
+  uint64_t override_ordinal_ = 0;
   CacheAwareOptions cache_aware_;
   CacheAwareStats ca_stats_;
   std::vector<ExpertTier> tiers_;           // [E]

@@ -74,6 +74,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
   nlohmann::json j = {{"model", info.model_dir}, {"arch", info.arch},     {"quant", info.quant},
                       {"threads", info.threads}, {"context", info.context},
                       {"expert_io", info.expert_io}};
+  j["routing"] = info.routing.empty() ? "router" : "replay";
+  if (!info.routing.empty()) j["routing_replay"] = info.routing;
   if (gen) {
     j["prefill"] = phase_json(gen->prefill);
     j["decode"] = phase_json(gen->decode);
@@ -113,6 +115,7 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
   std::string s = "model " + info.model_dir + " (" + info.arch + ", experts " + info.quant + "), " +
                   std::to_string(info.threads) + " threads, context " + std::to_string(info.context) + "\n";
   if (!info.expert_io.empty()) s += "expert reads: " + info.expert_io + "\n";
+  if (!info.routing.empty()) s += "routing: " + info.routing + "\n";
   if (gen) {
     s += phase_text("prefill", gen->prefill);
     s += phase_text("decode ", gen->decode);

@@ -16,6 +16,7 @@
 #include "loader/routing_log.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
+#include "runtime/routing_replay.h"
 #include "runtime/run_stats.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -62,7 +63,7 @@ struct Args {
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
   bool timing = false, print_ids = false, ignore_eos = false;
-  std::string collect_routing;
+  std::string collect_routing, replay_routing;
   bool collect_router_inputs = false;
   int batch = 0;  // tokens per forward chunk; 0 = the model's default
 };
@@ -117,8 +118,24 @@ int run(const Args& a) {
   const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
   if (need_tok) tok.emplace(load_tokenizer(dir, header_cfg));
 
+  // The log (cheap) before the weights (slow): a bad log is reported at once.
+  std::optional<RoutingReplay> replay;
+  if (!a.replay_routing.empty()) {
+    if (a.engine.cache_aware)
+      throw ConfigError("--replay-routing and --cache-aware exclude each other (the replay fixes "
+                        "the experts)");
+    replay.emplace(RoutingReplay::load(a.replay_routing, header_cfg));
+    std::fprintf(stderr, "infer: routing: %s\n", replay->describe().c_str());
+  }
   auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, header_cfg, "infer"));
   const ModelConfig& cfg = model->config();
+  if (replay) {
+    model->set_routing_override([&replay](int layer, uint64_t ordinal, int n, int* ids, float* w) {
+      replay->route(layer, ordinal, n, ids, w);
+    });
+    // Stdout says it too: generated ids of a replay are not the model's own choice of experts.
+    std::printf("# replay: %s\n", replay->describe().c_str());
+  }
   std::optional<RoutingLogWriter> routing;
   if (!a.collect_routing.empty()) {
     RoutingLogHeader rh{model_identity_hash(dir), uint32_t(cfg.n_layers), uint32_t(cfg.n_experts),
@@ -131,6 +148,7 @@ int run(const Args& a) {
   }
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context(), model->expert_store().describe()};
+  if (replay) info.routing = replay->describe();
   std::optional<GenerateStats> gen;
   std::optional<PerplexityResult> ppl;
 
@@ -211,6 +229,11 @@ int main(int argc, char** argv) {
   app.add_option("--collect-routing", a.collect_routing,
                  "append every token's per-layer expert choices to this routing log "
                  "(loader/routing_log.h; created if absent, must be of this model)");
+  app.add_option("--replay-routing", a.replay_routing,
+                 "take every layer's experts from this routing log (as --collect-routing writes) "
+                 "instead of the router, mapped onto this model's counts (runtime/routing_replay.h: "
+                 "layer l <- l mod log layers, expert e -> e mod experts, collisions to the next "
+                 "free id); tokens cycle through the log's tokens in order. Outputs say 'replay'");
   app.add_flag("--collect-router-inputs", a.collect_router_inputs,
                "also log each router input vector (hidden floats per token and layer)");
   app.add_option("--batch", a.batch,
