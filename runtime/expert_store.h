@@ -36,7 +36,8 @@ struct ExpertStoreStats {
   uint64_t read_ops_issued = 0;      // reads issued after coalescing neighbours and splitting
   uint64_t bytes_transferred = 0;    // bytes the reads moved, gaps read through included
   double io_wait_seconds = 0;        // time the caller blocked for experts: I/O not hidden
-  double checksum_seconds = 0;       // time spent verifying checksums
+  double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
+  uint64_t fetches_prefetched = 0;   // begin_fetch() calls whose reads a prefetch() had started
 };
 
 class ExpertStore {
@@ -66,6 +67,15 @@ class ExpertStore {
     *index = sync_next_;
     *payload = sync_payloads_[sync_next_++];
     return true;
+  }
+
+  // Starts reading the experts that the next begin_fetch() will ask for (prefill: the next group
+  // of a layer's experts), while the current fetch's payloads stay valid and are still handed
+  // out; a following begin_fetch() with the same layer and ids finds them landed or in flight,
+  // any other begin_fetch() discards them. The default does nothing.
+  virtual void prefetch(int layer, std::span<const int> ids) {
+    (void)layer;
+    (void)ids;
   }
 
   // The tier of every logical expert of `layer` (out.size() must be n_experts), cheap enough to

@@ -1,5 +1,6 @@
 // ExpertStore over the read engine: logical ids -> physical slots (.map), host-cache hits at once,
-// misses read by a background thread in one coalesced batch and handed out as each one lands.
+// misses read by a background thread in one coalesced batch and handed out as each one lands;
+// a prefetch reads the next fetch's misses into a second set of buffers.
 #include "runtime/expert_store_uring.h"
 
 #include <algorithm>
@@ -8,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -61,7 +64,8 @@ class EngineExpertStore final : public ExpertStore {
   ~EngineExpertStore() override {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !busy_; });  // a batch in flight writes into our buffers
+      // A batch in flight writes into our buffers.
+      cv_.wait(lock, [&] { return !fetches_[0].busy && !fetches_[1].busy; });
       stop_ = true;
     }
     cv_.notify_all();
@@ -78,114 +82,51 @@ class EngineExpertStore final : public ExpertStore {
 
   void begin_fetch(int layer, std::span<const int> ids) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
-    finish_previous();
-    const Layer& L = layers_[layer];
-    layer_ = layer;
-    // Unique physical slots in file order, so neighbours in the file read as one extent.
-    items_.clear();
-    for (int id : ids) {
-      MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
-      items_.push_back(Item{L.map.physical(static_cast<uint32_t>(id))});
-    }
-    std::sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) { return a.slot < b.slot; });
-    items_.erase(std::unique(items_.begin(), items_.end(),
-                             [](const Item& a, const Item& b) { return a.slot == b.slot; }),
-                 items_.end());
-    position_item_.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      uint32_t slot = L.map.physical(static_cast<uint32_t>(ids[i]));
-      position_item_[i] = uint32_t(std::lower_bound(items_.begin(), items_.end(), slot,
-                                                    [](const Item& a, uint32_t s) { return a.slot < s; }) -
-                                   items_.begin());
-    }
-    ready_.clear();
-    ready_head_ = 0;
-    handed_ = 0;
-    n_positions_ = ids.size();
-
-    // Hits first (and pinned), so that placing the misses cannot evict an expert of this fetch.
-    if (cache_)
-      for (size_t k = 0; k < items_.size(); ++k) {
-        if (auto cs = cache_->policy().lookup(HostCache::key(uint32_t(layer), items_[k].slot))) {
-          items_[k].data = cache_->slot_data(*cs);
-          items_[k].cache_slot = int64_t(*cs);
-          items_[k].ready = true;
-          cache_->policy().pin(*cs);
-          pinned_.push_back(*cs);
-          ++stats_.host_cache_hits;
-        }
-      }
-    size_t n_scratch = 0;
-    for (Item& it : items_) {
-      if (it.ready) continue;
-      if (cache_)
-        if (auto cs = cache_->policy().insert(HostCache::key(uint32_t(layer), it.slot))) {
-          it.cache_slot = int64_t(*cs);
-          it.data = cache_->slot_data(*cs);
-          cache_->policy().pin(*cs);
-          pinned_.push_back(*cs);
-          cache_verified_[*cs] = false;
-          continue;
-        }
-      it.scratch = n_scratch++;
-    }
-    ensure_scratch(n_scratch);
-    reqs_.clear();
-    req_item_.clear();
-    for (size_t k = 0; k < items_.size(); ++k) {
-      Item& it = items_[k];
-      if (it.ready) {
-        push_ready(k);
-        continue;
-      }
-      if (it.cache_slot < 0) it.data = scratch_.get() + it.scratch * read_bytes_;
-      const uint64_t off = L.header.slot_offset(it.slot);
-      if (L.page_cache && opts_.count_page_cache_hits &&
-          L.page_cache->sample(off, layout_.bytes, 2).fully_resident())
-        ++stats_.page_cache_hits;
-      ReadRequest r;
-      r.file = L.file;
-      r.offset = off;
-      r.length = read_bytes_;
-      r.dest = const_cast<uint8_t*>(it.data);
-      reqs_.push_back(r);
-      req_item_.push_back(uint32_t(k));
-    }
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
-    stats_.experts_read += reqs_.size();
-    stats_.bytes_read += reqs_.size() * layout_.bytes;
-    if (reqs_.empty()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      landed_.clear();
-      landed_head_ = 0;
-      busy_ = true;
-      job_ = true;
+    if (Fetch* p = std::exchange(next_, nullptr)) {
+      if (p->layer == layer && std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
+        release(*cur_);  // the fetch whose payloads were valid until now
+        cur_ = p;
+        ++stats_.fetches_prefetched;
+        return;
+      }
+      release(*p);  // a prefetch nobody asked for
     }
-    cv_.notify_all();
+    release(*cur_);
+    start(*cur_, layer, ids);
+  }
+
+  void prefetch(int layer, std::span<const int> ids) override {
+    MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
+    if (ids.empty()) return;
+    if (Fetch* p = std::exchange(next_, nullptr)) release(*p);
+    Fetch& f = cur_ == &fetches_[0] ? fetches_[1] : fetches_[0];
+    start(f, layer, ids);
+    next_ = &f;
   }
 
   bool next_ready(size_t* index, const uint8_t** payload, bool wait) override {
-    while (ready_head_ == ready_.size()) {
-      if (handed_ >= n_positions_) return false;
+    Fetch& f = *cur_;
+    while (f.ready_head == f.ready.size()) {
+      if (f.handed >= f.ids.size()) return false;
       size_t r;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (landed_head_ == landed_.size()) {
+        if (f.landed_head == f.landed.size()) {
           if (!wait) return false;
           auto t0 = std::chrono::steady_clock::now();
-          cv_.wait(lock, [&] { return landed_head_ < landed_.size(); });
+          cv_.wait(lock, [&] { return f.landed_head < f.landed.size(); });
           stats_.io_wait_seconds += seconds_since(t0);
         }
-        r = landed_[landed_head_++];
+        r = f.landed[f.landed_head++];
       }
-      land(r);
+      land(f, r);
     }
-    const size_t pos = ready_[ready_head_++];
+    const size_t pos = f.ready[f.ready_head++];
     *index = pos;
-    *payload = items_[position_item_[pos]].data;
-    ++handed_;
+    *payload = f.items[f.position_item[pos]].data;
+    ++f.handed;
     return true;
   }
 
@@ -231,7 +172,7 @@ class EngineExpertStore final : public ExpertStore {
     ExpertStoreStats s;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !busy_; });
+      cv_.wait(lock, [&] { return !fetches_[0].busy && !fetches_[1].busy; });
       s = stats_;
     }
     const IoEngineStats e = engine_.stats();
@@ -253,24 +194,141 @@ class EngineExpertStore final : public ExpertStore {
     size_t scratch = 0;
     bool ready = false;
   };
+  // One fetch: the current one (handed out by next_ready) or the prefetched next one. Two exist
+  // so that a prefetch can read into its own buffers while the current payloads are in use.
+  struct Fetch {
+    int layer = 0;
+    std::vector<int> ids;                  // as asked (a prefetch is adopted on an exact match)
+    std::vector<Item> items;
+    std::vector<uint32_t> position_item;   // ids position -> item
+    std::vector<size_t> ready;             // positions ready to hand out
+    size_t ready_head = 0, handed = 0;
+    std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)
+    std::vector<uint32_t> req_item;        // request -> item
+    std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
+    std::vector<uint32_t> pinned;          // cache slots this fetch hands out
+    std::unique_ptr<uint8_t, FreeDeleter> scratch;  // misses the cache does not take
+    size_t scratch_slots = 0;
+    // Shared with the I/O thread, under mu_.
+    std::vector<size_t> landed;  // request indices in landing order
+    size_t landed_head = 0;
+    bool busy = false;           // its batch is queued or in flight
+  };
 
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // Every position of `ids` that names item k becomes ready.
-  void push_ready(size_t k) {
-    for (size_t i = 0; i < position_item_.size(); ++i)
-      if (position_item_[i] == k) ready_.push_back(i);
+  static void push_ready(Fetch& f, size_t k) {
+    for (size_t i = 0; i < f.position_item.size(); ++i)
+      if (f.position_item[i] == k) f.ready.push_back(i);
   }
 
-  // A read landed: check its outcome and checksum (here, on the caller's thread, so errors
-  // throw where the caller can catch them), then release its expert.
-  void land(size_t r) {
-    const ReadRequest& q = reqs_[r];
-    const size_t k = req_item_[r];
-    Item& it = items_[k];
-    const Layer& L = layers_[layer_];
+  // Sets up fetch `f` (idle) for `ids`: host-cache hits ready at once, misses planned into cache
+  // slots or scratch, then their batch queued on the I/O thread.
+  void start(Fetch& f, int layer, std::span<const int> ids) {
+    const Layer& L = layers_[layer];
+    f.layer = layer;
+    f.ids.assign(ids.begin(), ids.end());
+    // Unique physical slots in file order, so neighbours in the file read as one extent.
+    f.items.clear();
+    for (int id : ids) {
+      MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
+      f.items.push_back(Item{L.map.physical(static_cast<uint32_t>(id))});
+    }
+    std::sort(f.items.begin(), f.items.end(), [](const Item& a, const Item& b) { return a.slot < b.slot; });
+    f.items.erase(std::unique(f.items.begin(), f.items.end(),
+                              [](const Item& a, const Item& b) { return a.slot == b.slot; }),
+                  f.items.end());
+    f.position_item.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      uint32_t slot = L.map.physical(static_cast<uint32_t>(ids[i]));
+      f.position_item[i] = uint32_t(std::lower_bound(f.items.begin(), f.items.end(), slot,
+                                                      [](const Item& a, uint32_t s) { return a.slot < s; }) -
+                                     f.items.begin());
+    }
+    f.ready.clear();
+    f.ready_head = 0;
+    f.handed = 0;
+
+    // Hits first (and pinned), so that placing the misses cannot evict an expert of this fetch.
+    // A resident slot not yet verified is still being read by the other fetch: read it again
+    // rather than hand out bytes that may not have landed.
+    std::vector<bool> reread(f.items.size(), false);
+    if (cache_)
+      for (size_t k = 0; k < f.items.size(); ++k) {
+        auto cs = cache_->policy().lookup(HostCache::key(uint32_t(layer), f.items[k].slot));
+        if (!cs) continue;
+        if (!cache_verified_[*cs]) {
+          reread[k] = true;
+          continue;
+        }
+        f.items[k].data = cache_->slot_data(*cs);
+        f.items[k].cache_slot = int64_t(*cs);
+        f.items[k].ready = true;
+        cache_->policy().pin(*cs);
+        f.pinned.push_back(*cs);
+        ++stats_.host_cache_hits;
+      }
+    size_t n_scratch = 0;
+    for (size_t k = 0; k < f.items.size(); ++k) {
+      Item& it = f.items[k];
+      if (it.ready) continue;
+      if (cache_ && !reread[k])
+        if (auto cs = cache_->policy().insert(HostCache::key(uint32_t(layer), it.slot))) {
+          it.cache_slot = int64_t(*cs);
+          it.data = cache_->slot_data(*cs);
+          cache_->policy().pin(*cs);
+          f.pinned.push_back(*cs);
+          cache_verified_[*cs] = false;
+          continue;
+        }
+      it.scratch = n_scratch++;
+    }
+    ensure_scratch(f, n_scratch);
+    f.reqs.clear();
+    f.req_item.clear();
+    for (size_t k = 0; k < f.items.size(); ++k) {
+      Item& it = f.items[k];
+      if (it.ready) {
+        push_ready(f, k);
+        continue;
+      }
+      if (it.cache_slot < 0) it.data = f.scratch.get() + it.scratch * read_bytes_;
+      const uint64_t off = L.header.slot_offset(it.slot);
+      if (L.page_cache && opts_.count_page_cache_hits &&
+          L.page_cache->sample(off, layout_.bytes, 2).fully_resident())
+        ++stats_.page_cache_hits;
+      ReadRequest r;
+      r.file = L.file;
+      r.offset = off;
+      r.length = read_bytes_;
+      r.dest = const_cast<uint8_t*>(it.data);
+      f.reqs.push_back(r);
+      f.req_item.push_back(uint32_t(k));
+    }
+    f.checksum.assign(f.reqs.size(), 0);
+    stats_.experts_read += f.reqs.size();
+    stats_.bytes_read += f.reqs.size() * layout_.bytes;
+    if (f.reqs.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      f.landed.clear();
+      f.landed_head = 0;
+      f.busy = true;
+      jobs_.push_back(&f);
+    }
+    cv_.notify_all();
+  }
+
+  // A read landed: check its outcome and the checksum the I/O worker computed (here, on the
+  // caller's thread, so errors throw where the caller can catch them), then release its expert.
+  void land(Fetch& f, size_t r) {
+    const ReadRequest& q = f.reqs[r];
+    const size_t k = f.req_item[r];
+    Item& it = f.items[k];
+    const Layer& L = layers_[f.layer];
     if (q.result != ReadResult::kOk) {
       std::string where = L.path.string() + " at offset " + std::to_string(q.offset) + " length " +
                           std::to_string(q.length);
@@ -279,66 +337,78 @@ class EngineExpertStore final : public ExpertStore {
                       std::to_string(engine_.file_size(L.file)) + " bytes at open)");
       throw IoError("read of " + where + " failed: " + std::strerror(q.error));
     }
-    if (opts_.store.verify_checksums) {
-      auto t0 = std::chrono::steady_clock::now();
-      uint64_t got = expert_checksum(it.data, layout_.bytes);
-      stats_.checksum_seconds += seconds_since(t0);
-      uint64_t want = L.header.slot_checksums[it.slot];
-      if (got != want)
-        throw expert_checksum_error(L, it.slot, layout_.bytes, got);
-    }
+    if (opts_.store.verify_checksums && f.checksum[r] != L.header.slot_checksums[it.slot])
+      throw expert_checksum_error(L, it.slot, layout_.bytes, f.checksum[r]);
     if (it.cache_slot >= 0) cache_verified_[size_t(it.cache_slot)] = true;
     it.ready = true;
-    push_ready(k);
+    push_ready(f, k);
   }
 
-  // Waits out the previous batch, releases its pins, and forgets cache slots whose data never
-  // proved good (failed read, bad checksum, or a fetch abandoned after an error).
-  void finish_previous() {
+  // Waits out fetch f's batch, releases its pins, and forgets cache slots whose data never
+  // proved good (failed read, bad checksum, a fetch abandoned after an error, or a prefetch
+  // that was never used: its reads may not have been checked).
+  void release(Fetch& f) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !busy_; });
+      cv_.wait(lock, [&] { return !f.busy; });
     }
-    if (!cache_) return;
-    for (const Item& it : items_)
-      if (it.cache_slot >= 0 && !cache_verified_[size_t(it.cache_slot)])
-        cache_->policy().erase(HostCache::key(uint32_t(layer_), it.slot));
-    for (uint32_t cs : pinned_) cache_->policy().unpin(cs);
-    pinned_.clear();
+    if (cache_) {
+      for (const Item& it : f.items)
+        if (it.cache_slot >= 0 && !cache_verified_[size_t(it.cache_slot)])
+          cache_->policy().erase(HostCache::key(uint32_t(f.layer), it.slot));
+      for (uint32_t cs : f.pinned) cache_->policy().unpin(cs);
+    }
+    f.pinned.clear();
+    f.items.clear();
+    f.ids.clear();
+    f.ready.clear();
+    f.ready_head = f.handed = 0;
+    f.reqs.clear();
   }
 
-  void ensure_scratch(size_t n) {
-    if (n <= scratch_slots_) return;
+  void ensure_scratch(Fetch& f, size_t n) {
+    if (n <= f.scratch_slots) return;
     void* p = std::aligned_alloc(kSlotAlign, read_bytes_ * n);
     if (p == nullptr) throw IoError("out of memory for " + std::to_string(n) + " expert buffers");
-    scratch_.reset(static_cast<uint8_t*>(p));
-    scratch_slots_ = n;
+    f.scratch.reset(static_cast<uint8_t*>(p));
+    f.scratch_slots = n;
   }
 
-  // The I/O thread: runs one batch at a time; the engine reports each request as it lands.
+  // The I/O thread: runs queued batches in order; the engine reports each request as it lands,
+  // and the worker that finished it computes its checksum there, so verification runs on the
+  // engine's threads in parallel and overlaps the reads still in flight (on one caller thread
+  // it took a third of O_DIRECT decode time: ~1 ms per 6.7 MB expert).
   void io_loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return job_ || stop_; });
-      if (stop_) return;
-      job_ = false;
+      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
+      if (jobs_.empty()) return;
+      Fetch& f = *jobs_.front();
+      jobs_.pop_front();
       lock.unlock();
+      const bool verify = opts_.store.verify_checksums;
       auto t0 = std::chrono::steady_clock::now();
-      engine_.submit(reqs_, [this](const ReadRequest&, size_t index) {
+      engine_.submit(f.reqs, [this, &f, verify](const ReadRequest& r, size_t index) {
+        double dt = 0;
+        if (verify && r.result == ReadResult::kOk) {
+          auto c0 = std::chrono::steady_clock::now();
+          f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), layout_.bytes);
+          dt = seconds_since(c0);
+        }
         {
           std::lock_guard<std::mutex> g(mu_);
-          landed_.push_back(index);
+          f.landed.push_back(index);
+          stats_.checksum_seconds += dt;
         }
         cv_.notify_all();
       });
       const double dt = seconds_since(t0);
       lock.lock();
       stats_.io_seconds += dt;
-      busy_ = false;
+      f.busy = false;
       cv_.notify_all();
     }
   }
-
 
   EngineExpertStoreOptions opts_;
   IoEngine engine_;
@@ -347,26 +417,17 @@ class EngineExpertStore final : public ExpertStore {
   std::vector<Layer> layers_;
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
-  std::vector<uint32_t> pinned_;      // cache slots the current fetch hands out
-  std::unique_ptr<uint8_t, FreeDeleter> scratch_;  // misses the cache does not take
-  size_t scratch_slots_ = 0;
 
-  // The current fetch (caller's thread only).
-  int layer_ = 0;
-  std::vector<Item> items_;
-  std::vector<uint32_t> position_item_;  // ids position -> item
-  std::vector<size_t> ready_;            // positions ready to hand out
-  size_t ready_head_ = 0, handed_ = 0, n_positions_ = 0;
-  std::vector<ReadRequest> reqs_;        // the misses' reads (read by the I/O thread)
-  std::vector<uint32_t> req_item_;       // request -> item
+  Fetch fetches_[2];
+  Fetch* cur_ = &fetches_[0];   // handed out by next_ready (caller's thread only)
+  Fetch* next_ = nullptr;       // a prefetch in flight or landed, or null
 
-  // Shared with the I/O thread, under mu_.
+  // Shared with the I/O thread, under mu_ (with each Fetch's landed/busy).
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::vector<size_t> landed_;  // request indices in landing order
-  size_t landed_head_ = 0;
-  bool job_ = false, busy_ = false, stop_ = false;
-  ExpertStoreStats stats_;  // io_seconds is written by the I/O thread under mu_
+  std::deque<Fetch*> jobs_;
+  bool stop_ = false;
+  ExpertStoreStats stats_;  // io_seconds and checksum_seconds are written under mu_
   std::thread io_thread_;
 };
 

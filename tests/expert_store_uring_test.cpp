@@ -409,6 +409,152 @@ TEST(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
       EXPECT_EQ(run(io, slots, std::string(io) != "mmap"), want) << io << " cache slots " << slots;
 }
 
+// Hands out every expert of the current fetch and checks its bytes.
+void expect_handed_out(ExpertStore& store, const Payloads& want, int layer, const std::vector<int>& ids) {
+  std::vector<int> count(ids.size(), 0);
+  size_t i = 0;
+  const uint8_t* p = nullptr;
+  while (store.next_ready(&i, &p, true)) {
+    ASSERT_LT(i, ids.size());
+    EXPECT_EQ(std::memcmp(p, want[layer][ids[i]].data(), want[layer][ids[i]].size()), 0)
+        << "layer " << layer << " expert " << ids[i];
+    ++count[i];
+  }
+  for (size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(count[k], 1) << ids[k];
+}
+
+TEST(EngineExpertStore, PrefetchedGroupIsAdoptedByTheNextFetch) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, true);
+  for (const char* io : {"uring", "pread", "mmap"}) {
+    if (std::string(io) == "uring" && !io_uring_available()) continue;
+    for (uint64_t slots : {0, 2, 16}) {
+      SCOPED_TRACE(std::string(io) + " cache slots " + std::to_string(slots));
+      EngineExpertStoreOptions o = cached(c, slots);
+      o.io.direct = std::string(io) != "mmap";
+      auto store = open_expert_store(io, d.path(), c, o);
+      const std::vector<int> a{1, 6, 3}, b{7, 0, 2, 0};
+      store->begin_fetch(1, a);
+      store->prefetch(1, b);
+      // The current group is still handed out whole and intact while the next one reads.
+      expect_handed_out(*store, want, 1, a);
+      store->begin_fetch(1, b);
+      expect_handed_out(*store, want, 1, b);
+      ExpertStoreStats s = store->stats();
+      EXPECT_EQ(s.fetches_prefetched, 1u);
+      EXPECT_EQ(s.fetch_calls, 2u);
+      EXPECT_EQ(s.experts_requested, 7u);
+      EXPECT_EQ(s.experts_read, 6u) << "the duplicate 0 shares one read";
+    }
+  }
+}
+
+TEST(EngineExpertStore, PrefetchNobodyAsksForIsDiscardedAndNeverCached) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, false);
+  // The prefetch of expert 4 fails; its data must never be served later from the host cache.
+  const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(4);
+  auto fail = std::make_shared<std::atomic<bool>>(true);
+  EngineExpertStoreOptions o = cached(c, 8);
+  o.io.coalesce = false;
+  o.io.completion_hook = [fail, bad](const CompletionInfo& ci) -> int64_t {
+    return fail->load() && ci.offset == bad ? -EIO : ci.result;
+  };
+  auto store = open_engine_expert_store(d.path(), c, o);
+  expect_payloads(*store, want, 0, {1});
+  store->prefetch(0, std::vector<int>{4, 5});
+  // Other ids (or another layer) than the prefetch: it is dropped, this fetch reads normally.
+  expect_payloads(*store, want, 0, {5, 2});
+  fail->store(false);
+  expect_payloads(*store, want, 0, {4});
+  ExpertStoreStats s = store->stats();
+  EXPECT_EQ(s.fetches_prefetched, 0u);
+  // 1; prefetch 4 (failed), 5; then 5 was a host-cache hit only if the prefetch's read of it
+  // was checked, which a discarded prefetch never is: 5 and 2 read again; 4 read again.
+  EXPECT_EQ(s.experts_read, 6u);
+  EXPECT_EQ(s.host_cache_hits, 0u);
+}
+
+TEST(EngineExpertStore, PrefetchOfExpertsStillLoadingInTheCurrentFetchReadsThemAgain) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  Payloads want = write_model(d.path(), c, false);
+  auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
+  const std::vector<int> a{2, 3, 4}, b{3, 4, 7};
+  store->begin_fetch(0, a);
+  store->prefetch(0, b);  // 3 and 4 are in the cache but may not have landed yet
+  expect_handed_out(*store, want, 0, a);
+  store->begin_fetch(0, b);
+  expect_handed_out(*store, want, 0, b);
+  expect_payloads(*store, want, 0, {2, 3, 4, 7});  // the cache holds good bytes for all four
+  EXPECT_EQ(store->stats().host_cache_hits, 4u);
+}
+
+TEST(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, false);
+  const uint64_t bad = read_expert_header(expert_file_path(d.path(), 1)).slot_offset(6);
+  EngineExpertStoreOptions o = cached(c, 8);
+  o.io.coalesce = false;
+  o.io.completion_hook = [bad](const CompletionInfo& ci) -> int64_t {
+    return ci.offset == bad ? -EIO : ci.result;
+  };
+  auto store = open_engine_expert_store(d.path(), c, o);
+  store->begin_fetch(1, std::vector<int>{0});
+  store->prefetch(1, std::vector<int>{5, 6});
+  expect_handed_out(*store, want, 1, {0});
+  std::vector<int> b{5, 6};
+  store->begin_fetch(1, b);
+  std::string msg = message_of([&] {
+    size_t i = 0;
+    const uint8_t* p = nullptr;
+    while (store->next_ready(&i, &p, true)) {
+    }
+  });
+  EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset " + std::to_string(bad)), std::string::npos) << msg;
+}
+
+TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupPrefetchesAndKeepsTheTokens) {
+  // 40 experts, top-4, a 12-token prompt: a layer's prefill needs more than 16 experts, so the
+  // MoE layer fetches them in groups and prefetches each next group.
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  c.vocab_size = 97;
+  c.n_experts = 40;
+  c.n_experts_per_tok = 4;
+  write_synthetic_model(d.path(), c, 29, 1);
+  const std::vector<int> prompt{5, 9, 26, 53, 58, 96, 1, 77, 31, 40, 12, 64};
+  ExpertStoreStats last;
+  auto run = [&](const char* io, uint64_t cache_slots) {
+    ModelConfig cfg = ModelConfig::load(d.path());
+    EngineExpertStoreOptions o = cached(cfg, cache_slots);
+    o.io.direct = std::string(io) != "mmap";
+    ModelOptions mo;
+    mo.n_threads = 2;
+    auto store = open_expert_store(io, d.path(), cfg, o);
+    ExpertStore* sp = store.get();
+    auto m = Model::load(d.path(), mo, std::move(store));
+    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+    GenerateOptions go;
+    go.n_new = 4;
+    std::vector<int> got;
+    generate(*m, prompt, go, greedy, nullptr, &got);
+    last = sp->stats();
+    return got;
+  };
+  std::vector<int> want = run("simple", 0);
+  ASSERT_EQ(want.size(), 4u);
+  for (const char* io : {"auto", "pread", "mmap"})
+    for (uint64_t slots : {0, 6, 64}) {
+      EXPECT_EQ(run(io, slots), want) << io << " cache slots " << slots;
+      EXPECT_GT(last.fetches_prefetched, 0u) << io;
+    }
+}
+
 // Runs a CLI from the build tree; returns its exit status and stdout.
 int run_cli(const std::string& args, std::string* out) {
   std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/infer " + args + " 2>/dev/null";
