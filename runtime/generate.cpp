@@ -30,6 +30,7 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   model.reset();
   model.reset_times();
   model.reset_cache_aware_stats();
+  const GpuForwardStats gpu0 = model.gpu_stats();
   auto t0 = std::chrono::steady_clock::now();
   model.forward(prompt, logits);
   st.prefill.seconds = seconds_since(t0);
@@ -37,6 +38,8 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   st.prefill.times = model.times();
   st.prefill.routing = model.cache_aware_stats();
   st.experts_after_prefill = model.expert_stats();
+  const GpuForwardStats gpu1 = model.gpu_stats();
+  st.prefill.gpu = gpu1 - gpu0;
   model.reset_times();
   model.reset_cache_aware_stats();
 
@@ -54,6 +57,7 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   st.decode.times = model.times();
   st.decode.routing = model.cache_aware_stats();
   st.experts = model.expert_stats();
+  st.decode.gpu = model.gpu_stats() - gpu1;
   return st;
 }
 
@@ -76,6 +80,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
   size_t prev_end = 1;  // tokens [1, prev_end) are scored; token 0 never is
   model.reset_times();
   model.reset_cache_aware_stats();
+  const GpuForwardStats gpu0 = model.gpu_stats();
   auto t0 = std::chrono::steady_clock::now();
   for (size_t begin = 0; prev_end < N; begin += size_t(stride)) {
     const size_t end = std::min(begin + size_t(ctx), N);
@@ -101,6 +106,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
   r.seconds = seconds_since(t0);
   r.times = model.times();
   r.routing = model.cache_aware_stats();
+  r.gpu = model.gpu_stats() - gpu0;
   r.mean_nll = nll / double(r.n_scored);
   r.perplexity = std::exp(r.mean_nll);
   return r;

@@ -17,6 +17,7 @@ struct PhaseStats {
   double seconds = 0;
   ForwardTimes times;
   CacheAwareStats routing;  // cache-aware routing counters of this phase (zero when off)
+  GpuForwardStats gpu;      // GPU expert cache and look-ahead counters of this phase (zero on CPU)
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
 };
 
@@ -47,6 +48,7 @@ struct PerplexityResult {
   double seconds = 0;
   ForwardTimes times;
   CacheAwareStats routing;  // cache-aware routing counters over all windows (zero when off)
+  GpuForwardStats gpu;      // GPU expert cache counters over all windows (zero on CPU)
 };
 
 // Sliding-window perplexity (the Hugging Face recipe): windows of `ctx` tokens start every

@@ -13,6 +13,9 @@
 #include "runtime/moe_layer.h"
 #include "runtime/rope.h"
 #include "runtime/thread_pool.h"
+#ifdef MOESTREAM_HAS_CUDA
+#include "kernels/gpu_ops.h"
+#endif
 
 namespace moestream {
 
@@ -60,14 +63,23 @@ struct Model::Impl {
       go.moe_lookahead = o.moe_lookahead;
       gpu = std::make_unique<GpuForward>(cfg, w, *store, go);
 #else
-      throw ConfigError("--gpu: this build has no CUDA tier (configure with nvcc present and "
-                        "-DMOESTREAM_CUDA=ON)");
+      throw ConfigError("--gpu: " + gpu_unavailable_reason());
 #endif
     }
   }
 
   void forward_chunk(const int* tokens, int T, float* logits, bool all_logits);
 };
+
+std::string gpu_unavailable_reason() {
+#ifdef MOESTREAM_HAS_CUDA
+  const char* why = "";
+  if (gpu::device_count(&why) > 0) return "";
+  return std::string("no usable CUDA device (") + why + ")";
+#else
+  return "this build has no CUDA tier (configure with nvcc present and -DMOESTREAM_CUDA=ON)";
+#endif
+}
 
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;

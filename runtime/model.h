@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "runtime/cache_aware_router.h"
 #include "runtime/expert_store.h"
@@ -51,6 +52,10 @@ struct RoutingEvent {
   const float* router_inputs = nullptr; // [n_tokens, hidden]: the normalised rows the router saw
 };
 using RoutingCallback = std::function<void(const RoutingEvent&)>;
+
+// Why ModelOptions::gpu cannot work here, "" when it can: a build without the CUDA tier, or no
+// usable CUDA device (the driver's reason). Cheap: callers check it before a slow load.
+std::string gpu_unavailable_reason();
 
 class Model {
  public:

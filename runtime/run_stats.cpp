@@ -28,12 +28,40 @@ nlohmann::json routing_json(const CacheAwareStats& r, double tokens) {
           {"agreement", r.agreement()}};
 }
 
-nlohmann::json phase_json(const PhaseStats& p) {
+// GPU expert cache counters of a phase (issue 8 telemetry): hits/misses of the VRAM tier (misses
+// are served by the host tiers, counted under "experts"), prefetches, look-ahead recall, H2D.
+nlohmann::json gpu_json(const GpuForwardStats& g) {
+  const GpuCacheStats& p = g.cache.policy;
+  return {{"gpu_hits", p.demand_hits + p.prefill_hits},
+          {"gpu_misses", p.demand_misses + p.prefill_fills + p.prefill_no_room},
+          {"demand_hits", p.demand_hits},
+          {"demand_misses", p.demand_misses},
+          {"prefill_hits", p.prefill_hits},
+          {"prefill_fills", p.prefill_fills},
+          {"prefill_no_room", p.prefill_no_room},
+          {"scratch_uses", g.cache.scratch_uses},
+          {"evictions", p.evictions},
+          {"prefetch_issued", g.cache.prefetch_issued},
+          {"prefetch_used", g.cache.prefetch_used},
+          {"prefetch_dropped", g.cache.prefetch_dropped},
+          {"prefetch_ignored", g.cache.prefetch_ignored},
+          {"lookahead_layers", g.lookahead.layers},
+          {"lookahead_demanded", g.lookahead.demanded},
+          {"lookahead_demanded_predicted", g.lookahead.demanded_predicted},
+          {"lookahead_recall", g.lookahead.recall()},
+          {"h2d_bytes", g.cache.h2d_bytes},
+          {"h2d_copies", g.cache.h2d_copies},
+          {"demand_wait_s", g.cache.demand_wait_s},
+          {"alloc_retries", g.cache.alloc_retries}};
+}
+
+nlohmann::json phase_json(const PhaseStats& p, bool gpu) {
   nlohmann::json j = {{"tokens", p.tokens},
                       {"seconds", p.seconds},
                       {"tokens_per_s", p.tokens_per_s()},
                       {"phases_s", times_json(p.times)}};
   if (p.routing.routings > 0) j["cache_aware"] = routing_json(p.routing, p.tokens);
+  if (gpu) j["gpu_cache"] = gpu_json(p.gpu);
   return j;
 }
 
@@ -61,10 +89,28 @@ std::string routing_text(const CacheAwareStats& r, double tokens) {
              r.agreement());
 }
 
-std::string phase_text(const char* name, const PhaseStats& p) {
+std::string gpu_text(const GpuForwardStats& g) {
+  const GpuCacheStats& p = g.cache.policy;
+  std::string s = "  gpu cache: " + std::to_string(p.demand_hits + p.prefill_hits) + " hits, " +
+                  std::to_string(p.demand_misses + p.prefill_fills + p.prefill_no_room) +
+                  " misses (" + std::to_string(g.cache.scratch_uses) + " without a slot), " +
+                  std::to_string(p.evictions) + " evictions, H2D " +
+                  fmt("%.1f MiB in ", double(g.cache.h2d_bytes) / (1 << 20)) +
+                  std::to_string(g.cache.h2d_copies) + fmt(" copies, demand wait %.3f s\n",
+                                                           g.cache.demand_wait_s);
+  if (g.cache.prefetch_issued + g.cache.prefetch_dropped + g.lookahead.layers > 0)
+    s += "  look-ahead: prefetches " + std::to_string(g.cache.prefetch_issued) + " issued, " +
+         std::to_string(g.cache.prefetch_used) + " used, " +
+         std::to_string(g.cache.prefetch_dropped) + " dropped; recall " +
+         fmt("%.4f", g.lookahead.recall()) + " (" + std::to_string(g.lookahead.demanded_predicted) +
+         " of " + std::to_string(g.lookahead.demanded) + " demanded experts predicted)\n";
+  return s;
+}
+
+std::string phase_text(const char* name, const PhaseStats& p, bool gpu) {
   return std::string(name) + ": " + std::to_string(p.tokens) + " tokens in " +
          fmt("%.4f s = %.2f tokens/s\n", p.seconds, p.tokens_per_s()) + times_text(p.times) +
-         routing_text(p.routing, p.tokens);
+         routing_text(p.routing, p.tokens) + (gpu ? gpu_text(p.gpu) : std::string());
 }
 
 }  // namespace
@@ -74,11 +120,13 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
   nlohmann::json j = {{"model", info.model_dir}, {"arch", info.arch},     {"quant", info.quant},
                       {"threads", info.threads}, {"context", info.context},
                       {"expert_io", info.expert_io}};
+  const bool gpu = !info.gpu.empty();
+  if (gpu) j["gpu"] = info.gpu;
   j["routing"] = info.routing.empty() ? "router" : "replay";
   if (!info.routing.empty()) j["routing_replay"] = info.routing;
   if (gen) {
-    j["prefill"] = phase_json(gen->prefill);
-    j["decode"] = phase_json(gen->decode);
+    j["prefill"] = phase_json(gen->prefill, gpu);
+    j["decode"] = phase_json(gen->decode, gpu);
     const ExpertStoreStats& e = gen->experts;
     j["experts"] = {{"fetch_calls", e.fetch_calls},     {"experts_requested", e.experts_requested},
                     {"experts_read", e.experts_read},   {"bytes_read", e.bytes_read},
@@ -107,6 +155,7 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                        {"phases_s", times_json(ppl->times)}};
   if (ppl && ppl->routing.routings > 0)
     j["perplexity"]["cache_aware"] = routing_json(ppl->routing, double(ppl->tokens_run));
+  if (ppl && gpu) j["perplexity"]["gpu_cache"] = gpu_json(ppl->gpu);
   return j;
 }
 
@@ -116,9 +165,11 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
                   std::to_string(info.threads) + " threads, context " + std::to_string(info.context) + "\n";
   if (!info.expert_io.empty()) s += "expert reads: " + info.expert_io + "\n";
   if (!info.routing.empty()) s += "routing: " + info.routing + "\n";
+  const bool gpu = !info.gpu.empty();
+  if (gpu) s += "gpu: " + info.gpu + "\n";
   if (gen) {
-    s += phase_text("prefill", gen->prefill);
-    s += phase_text("decode ", gen->decode);
+    s += phase_text("prefill", gen->prefill, gpu);
+    s += phase_text("decode ", gen->decode, gpu);
     const ExpertStoreStats& e = gen->experts;
     s += "experts: " + std::to_string(e.experts_requested) + " requested, " +
          std::to_string(e.host_cache_hits) + " host-cache hits, " + std::to_string(e.experts_read) +
@@ -135,7 +186,8 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
          " windows of ctx " + std::to_string(ppl->ctx) + " stride " + std::to_string(ppl->stride) +
          fmt(", %.2f s, %.1f tokens/s run)\n", ppl->seconds,
              ppl->seconds > 0 ? double(ppl->tokens_run) / ppl->seconds : 0.0) +
-         times_text(ppl->times) + routing_text(ppl->routing, double(ppl->tokens_run));
+         times_text(ppl->times) + routing_text(ppl->routing, double(ppl->tokens_run)) +
+         (gpu ? gpu_text(ppl->gpu) : std::string());
   return s;
 }
 

@@ -16,6 +16,7 @@ struct RunInfo {
   int threads = 0;
   int context = 0;
   std::string expert_io;  // ExpertStore::describe(): how experts are read
+  std::string gpu;        // GpuForwardInfo::describe() with --gpu; empty on the CPU path
   std::string routing;    // RoutingReplay::describe() when experts are replayed; empty = router
 };
 

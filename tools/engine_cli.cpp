@@ -2,6 +2,9 @@
 #include "tools/engine_cli.h"
 
 #include <cstdio>
+#include <string>
+
+#include "common/error.h"
 
 #include "runtime/expert_store_uring.h"
 
@@ -40,12 +43,34 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
                  "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
       ->capture_default_str()->check(CLI::Range(0.0f, 1000.0f));
+  app.add_flag("--gpu", a.gpu,
+               "run the whole forward pass on the GPU (CUDA builds; an error, never a CPU "
+               "fallback, without a GPU)");
+  app.add_option("--gpu-cache-mb", a.gpu_cache_mb,
+                 "GPU expert cache in MiB, with --gpu; 0 = the whole model's experts when they fit "
+                 "in 80% of free VRAM, else 80% of free VRAM")
+      ->capture_default_str();
+  app.add_option("--moe-lookahead", a.moe_lookahead,
+                 "with --gpu: during layer L, apply layer L+1's router and prefetch its N most "
+                 "likely experts into the GPU cache; 0 = off (never changes the output)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 16));
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.verify_checksums = !a.no_verify;
   mo.cache_aware.enabled = a.cache_aware;
   mo.cache_aware.tolerance = a.cache_tolerance;
+  if (a.moe_lookahead > 0 && !a.gpu)
+    throw ConfigError("--moe-lookahead " + std::to_string(a.moe_lookahead) +
+                      " prefetches into the GPU expert cache: it needs --gpu");
+  if (a.gpu_cache_mb > 0 && !a.gpu) throw ConfigError("--gpu-cache-mb needs --gpu");
+  if (a.gpu) {
+    const std::string why = gpu_unavailable_reason();
+    if (!why.empty()) throw ConfigError("--gpu: " + why);
+  }
+  mo.gpu = a.gpu;
+  mo.gpu_cache_mb = size_t(a.gpu_cache_mb);
+  mo.moe_lookahead = a.moe_lookahead;
 }
 
 std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,

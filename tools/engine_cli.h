@@ -22,13 +22,19 @@ struct EngineCliArgs {
   bool no_verify = false;
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
+  bool gpu = false;
+  uint64_t gpu_cache_mb = 0;  // 0 = automatic
+  int moe_lookahead = 0;
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,
-// --max-read-kb, --no-verify, --cache-aware and --cache-tolerance to `app`.
+// --max-read-kb, --no-verify, --cache-aware, --cache-tolerance, --gpu, --gpu-cache-mb and
+// --moe-lookahead to `app`.
 void add_engine_options(CLI::App& app, EngineCliArgs& a);
 
-// Sets the ModelOptions fields these flags own (checksums, cache-aware routing).
+// Sets the ModelOptions fields these flags own (checksums, cache-aware routing, GPU). Throws
+// ConfigError at once (before any slow load) for GPU flags that cannot work: --gpu without a
+// CUDA build or device, --gpu-cache-mb or --moe-lookahead without --gpu.
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo);
 
 // Opens the expert store the flags describe; `tool` prefixes notices on stderr.

@@ -149,6 +149,10 @@ int run(const Args& a) {
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context(), model->expert_store().describe()};
   if (replay) info.routing = replay->describe();
+  if (const GpuForwardInfo* g = model->gpu_info()) {
+    info.gpu = g->describe();
+    std::fprintf(stderr, "infer: gpu: %s\n", info.gpu.c_str());
+  }
   std::optional<GenerateStats> gen;
   std::optional<PerplexityResult> ppl;
 
@@ -206,7 +210,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"moestream infer: run a packed Mixture-of-Experts model on the CPU"};
+  CLI::App app{"moestream infer: run a packed Mixture-of-Experts model on the CPU (or the GPU: --gpu)"};
   Args a;
   app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
   app.add_option("-p,--prompt", a.prompt, "prompt text");

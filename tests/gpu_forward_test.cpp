@@ -1,0 +1,308 @@
+// The GPU forward pass (runtime/gpu/gpu_forward.h, `infer --gpu`) against the CPU path and
+// Hugging Face transformers: logits, greedy tokens, look-ahead, chunking, telemetry, errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "kernels/gpu_ops.h"
+#include "runtime/convert.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+const fs::path kSource = MOESTREAM_SOURCE_DIR;
+const fs::path kDemo = kSource / "models" / "demo";
+
+bool have_gpu(std::string* why) {
+  const char* w = "";
+  if (gpu::device_count(&w) > 0) return true;
+  *why = w;
+  return false;
+}
+
+#define REQUIRE_GPU()                                                       \
+  do {                                                                      \
+    std::string why_;                                                       \
+    if (!have_gpu(&why_)) GTEST_SKIP() << "no usable CUDA device: " << why_; \
+  } while (0)
+
+// A prompt of n ids spread over the vocabulary (deterministic, not all in one region).
+std::vector<int> prompt_ids(int n, int vocab) {
+  std::vector<int> p;
+  for (int i = 0; i < n; ++i) p.push_back(int((1009LL * i + 17) % vocab));
+  return p;
+}
+
+// max over rows of max |a - b| / max |a| (the row's logit scale), rows of V logits.
+double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
+  double worst = 0;
+  for (size_t r = 0; r * V < a.size(); ++r) {
+    double scale = 0, err = 0;
+    for (size_t v = r * V; v < (r + 1) * V; ++v) {
+      scale = std::max(scale, double(std::fabs(a[v])));
+      err = std::max(err, double(std::fabs(a[v] - b[v])));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+std::vector<int> greedy(Model& m, const std::vector<int>& prompt, int n) {
+  std::vector<int> out;
+  std::vector<float> logits(size_t(m.config().vocab_size));
+  m.reset();
+  m.forward(prompt, logits);
+  for (int i = 0; i < n; ++i) {
+    const int next = Sampler::argmax(logits);
+    out.push_back(next);
+    if (i + 1 < n) m.forward(std::span<const int>(&next, 1), logits);
+  }
+  return out;
+}
+
+size_t demo_expert_bytes() {
+  const ModelConfig c = ModelConfig::load(kDemo);
+  return size_t(c.n_layers) * size_t(c.n_experts) *
+         ExpertLayout::make(c.expert_quant, size_t(c.hidden_size), size_t(c.moe_intermediate_size)).bytes;
+}
+
+std::unique_ptr<Model> load_demo(bool gpu, size_t cache_mb = 0, int lookahead = 0, int batch = 64) {
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 512;
+  mo.max_batch = batch;
+  mo.gpu = gpu;
+  mo.gpu_cache_mb = cache_mb;
+  mo.moe_lookahead = lookahead;
+  return Model::load(kDemo, mo);
+}
+
+// Measured on the H200 (docs/results.md "GPU forward (issue 8)") with about 3x headroom. The
+// GPU multiplies q8/q4 experts by f32 activations, the CPU by activations rounded to int8 per
+// 32-block, so q8/q4 packs differ by that rounding; bf16 experts differ only by summation order.
+constexpr double kDemoTolerance = 0.03;
+double fixture_tolerance(QuantType q) { return q == QuantType::kBF16 ? 1e-3 : 0.05; }
+
+}  // namespace
+
+TEST(GpuForwardOptions, LookaheadWithoutGpuIsRefused) {
+  ModelOptions mo;
+  mo.moe_lookahead = 4;
+  try {
+    Model::load(kDemo, mo);
+    FAIL() << "--moe-lookahead without --gpu was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --gpu"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuForwardOptions, CacheBudgetWithoutGpuIsRefused) {
+  ModelOptions mo;
+  mo.gpu_cache_mb = 16;
+  EXPECT_THROW(Model::load(kDemo, mo), ConfigError);
+}
+
+TEST(GpuForwardOptions, GpuWithoutDeviceIsAClearError) {
+  std::string why;
+  if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present: the no-device error cannot happen here";
+  ModelOptions mo;
+  mo.gpu = true;
+  try {
+    Model::load(kDemo, mo);
+    FAIL() << "--gpu without a device was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(gpu_unavailable_reason().empty());
+}
+
+TEST(GpuForwardOptions, CacheAwareRoutingIsRefusedWithGpu) {
+  REQUIRE_GPU();
+  ModelOptions mo;
+  mo.gpu = true;
+  mo.cache_aware.enabled = true;
+  EXPECT_THROW(Model::load(kDemo, mo), ConfigError);
+}
+
+TEST(GpuForward, DemoLogitsMatchCpuAndGreedyTokensAreIdentical) {
+  REQUIRE_GPU();
+  auto cpu = load_demo(false);
+  auto gpu = load_demo(true);
+  const size_t V = size_t(cpu->config().vocab_size);
+  const std::vector<int> prompt = prompt_ids(37, int(V));
+  std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
+  cpu->forward(prompt, lc, true);
+  gpu->forward(prompt, lg, true);
+  const double prefill_rel = rel_max_diff(lc, lg, V);
+  // Decode steps through the KV cache: feed the same tokens to both.
+  double decode_rel = 0;
+  std::vector<float> dc(V), dg(V);
+  for (int i = 0; i < 16; ++i) {
+    const int id = Sampler::argmax(std::span<const float>(lc.data() + (prompt.size() - 1) * V, V)) + i;
+    const int tok = id % int(V);
+    cpu->forward(std::span<const int>(&tok, 1), dc);
+    gpu->forward(std::span<const int>(&tok, 1), dg);
+    decode_rel = std::max(decode_rel, rel_max_diff(dc, dg, V));
+  }
+  std::printf("[ gpu_vs_cpu demo q8 ] prefill rel max |dlogit| = %.3g, decode = %.3g, tolerance %.3g\n",
+              prefill_rel, decode_rel, kDemoTolerance);
+  EXPECT_LE(prefill_rel, kDemoTolerance);
+  EXPECT_LE(decode_rel, kDemoTolerance);
+
+  const std::vector<int> gc = greedy(*cpu, prompt, 64), gg = greedy(*gpu, prompt, 64);
+  size_t same = 0;
+  while (same < gc.size() && gc[same] == gg[same]) ++same;
+  std::printf("[ gpu_vs_cpu demo q8 ] greedy tokens identical: %zu/64\n", same);
+  EXPECT_EQ(gc, gg);
+}
+
+TEST(GpuForward, ChunkedPrefillMatchesOneChunk) {
+  REQUIRE_GPU();
+  auto one = load_demo(true, 0, 0, 64);
+  auto chunked = load_demo(true, 0, 0, 7);  // 50 tokens = 7 chunks, the last one short
+  const size_t V = size_t(one->config().vocab_size);
+  const std::vector<int> prompt = prompt_ids(50, int(V));
+  std::vector<float> a(prompt.size() * V), b(prompt.size() * V);
+  one->forward(prompt, a, true);
+  chunked->forward(prompt, b, true);
+  const double rel = rel_max_diff(a, b, V);
+  std::printf("[ gpu chunked prefill ] rel max |dlogit| 7-token vs 64-token chunks = %.3g\n", rel);
+  EXPECT_LE(rel, 1e-4);  // only cuBLAS's blocking of the projections differs
+}
+
+TEST(GpuForward, LookaheadNeverChangesTokensAndReportsRecall) {
+  REQUIRE_GPU();
+  // A quarter of the expert bytes: decode misses, evicts, and prefetches under the guard.
+  const size_t cache_mb = std::max<size_t>(1, (demo_expert_bytes() / 4) >> 20);
+  auto plain = load_demo(true, cache_mb, 0);
+  auto ahead = load_demo(true, cache_mb, 6);
+  const std::vector<int> prompt = prompt_ids(21, plain->config().vocab_size);
+  EXPECT_EQ(greedy(*plain, prompt, 48), greedy(*ahead, prompt, 48));
+
+  const GpuForwardStats p = plain->gpu_stats(), a = ahead->gpu_stats();
+  EXPECT_EQ(p.cache.prefetch_issued + p.cache.prefetch_dropped, 0u);
+  EXPECT_EQ(p.lookahead.layers, 0u);
+  const int L = ahead->config().n_layers, K = ahead->config().n_experts_per_tok;
+  EXPECT_EQ(a.lookahead.layers, uint64_t(47 * (L - 1)));  // every decode layer after the first
+  EXPECT_EQ(a.lookahead.demanded, a.lookahead.layers * uint64_t(K));
+  EXPECT_GT(a.cache.prefetch_issued + a.cache.prefetch_dropped, 0u);
+  EXPECT_LE(a.cache.prefetch_used, a.cache.prefetch_issued);
+  EXPECT_GT(p.cache.policy.evictions, 0u) << "the small cache never evicted: the test is too easy";
+  std::printf("[ gpu look-ahead 6, cache %zu MiB ] recall %.4f, prefetches issued %llu used %llu "
+              "dropped %llu, demand misses %llu (no look-ahead: %llu)\n",
+              cache_mb, a.lookahead.recall(), (unsigned long long)a.cache.prefetch_issued,
+              (unsigned long long)a.cache.prefetch_used,
+              (unsigned long long)a.cache.prefetch_dropped,
+              (unsigned long long)a.cache.policy.demand_misses,
+              (unsigned long long)p.cache.policy.demand_misses);
+}
+
+TEST(GpuForward, WarmWholeModelCacheCopiesNothing) {
+  REQUIRE_GPU();
+  auto m = load_demo(true);  // automatic budget: the whole demo model fits
+  ASSERT_NE(m->gpu_info(), nullptr);
+  EXPECT_GE(m->gpu_info()->cache_bytes, demo_expert_bytes());
+  const std::vector<int> prompt = prompt_ids(40, m->config().vocab_size);
+  SamplerParams sp;
+  sp.temperature = 0;
+  Sampler s1(sp), s2(sp);
+  GenerateOptions go;
+  go.n_new = 24;
+  // The first run fills the cache with every expert it routes to; the second routes the same
+  // way (same prompt, greedy), so it must find everything resident and copy nothing.
+  generate(*m, prompt, go, s1, {});
+  const GenerateStats st = generate(*m, prompt, go, s2, {});
+  EXPECT_EQ(st.decode.gpu.cache.policy.demand_misses, 0u);
+  EXPECT_EQ(st.prefill.gpu.cache.policy.prefill_fills + st.prefill.gpu.cache.policy.prefill_no_room, 0u);
+  EXPECT_EQ(st.decode.gpu.cache.h2d_bytes + st.prefill.gpu.cache.h2d_bytes, 0u);
+  EXPECT_GT(st.decode.gpu.cache.policy.demand_hits, 0u);
+}
+
+TEST(GpuForward, RoutingCallbackSeesTheCpuRouting) {
+  REQUIRE_GPU();
+  auto cpu = load_demo(false);
+  auto gpu = load_demo(true);
+  std::vector<int> ids_cpu, ids_gpu;
+  cpu->set_routing_callback([&](const RoutingEvent& e) {
+    ids_cpu.insert(ids_cpu.end(), e.ids, e.ids + size_t(e.n_tokens) * e.top_k);
+  });
+  gpu->set_routing_callback([&](const RoutingEvent& e) {
+    ids_gpu.insert(ids_gpu.end(), e.ids, e.ids + size_t(e.n_tokens) * e.top_k);
+  });
+  greedy(*cpu, prompt_ids(12, cpu->config().vocab_size), 8);
+  greedy(*gpu, prompt_ids(12, gpu->config().vocab_size), 8);
+  ASSERT_EQ(ids_cpu.size(), ids_gpu.size());
+  size_t same = 0;
+  for (size_t i = 0; i < ids_cpu.size(); ++i) same += ids_cpu[i] == ids_gpu[i];
+  std::printf("[ gpu routing ] %zu of %zu expert choices equal to the CPU's\n", same, ids_cpu.size());
+  // Near-ties may flip under the activation rounding the CPU does; almost all must agree.
+  EXPECT_GE(double(same), 0.98 * double(ids_cpu.size()));
+}
+
+// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3) packed with bf16 and q8
+// experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
+class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
+
+TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
+  REQUIRE_GPU();
+  const auto& [name, quant] = GetParam();
+  const fs::path src = kSource / "tests" / "fixtures" / name;
+  if (!fs::exists(src / "reference.json")) GTEST_SKIP() << "fixture " << src << " absent";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+  TempDir tmp("gpu_forward_test");
+  ConvertOptions co;
+  co.quant = quant;
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  auto cpu = Model::load(tmp.path() / "packed", mo);
+  mo.gpu = true;
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  const size_t V = size_t(cpu->config().vocab_size);
+  double worst_cpu = 0, worst_hf = 0;
+  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
+    std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V), lh;
+    cpu->reset();
+    gpu->reset();
+    cpu->forward(prompt, lc, true);
+    gpu->forward(prompt, lg, true);
+    worst_cpu = std::max(worst_cpu, rel_max_diff(lc, lg, V));
+    for (const auto& row : ref["logits"][p])
+      for (float v : row.get<std::vector<float>>()) lh.push_back(v);
+    worst_hf = std::max(worst_hf, rel_max_diff(lh, lg, V));
+  }
+  const double tol = fixture_tolerance(quant);
+  const double tol_hf = quant == QuantType::kBF16 ? 1e-3 : 0.10;  // reference_test's
+  std::printf("[ gpu_vs_cpu %s %s ] rel max |dlogit| = %.3g (tolerance %.3g); vs transformers "
+              "%.3g (tolerance %.3g)\n",
+              name.c_str(), std::string(quant_name(quant)).c_str(), worst_cpu, tol, worst_hf, tol_hf);
+  EXPECT_LE(worst_cpu, tol);
+  EXPECT_LE(worst_hf, tol_hf);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GpuFixtureTest,
+    ::testing::Values(std::pair{std::string("qwen3_moe"), QuantType::kBF16},
+                      std::pair{std::string("qwen3_moe"), QuantType::kQ8},
+                      std::pair{std::string("olmoe"), QuantType::kBF16},
+                      std::pair{std::string("olmoe"), QuantType::kQ8},
+                      std::pair{std::string("mixtral"), QuantType::kBF16},
+                      std::pair{std::string("mixtral"), QuantType::kQ8},
+                      std::pair{std::string("qwen3_moe_fused"), QuantType::kQ8}),
+    [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
