@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Makes the decode routing trace bench/gpu_cache_sim replays: N_PROMPTS generations on the demo
+# model, each prompted with a slice of the held-out text (models/demo/heldout.txt), one log.
+# Usage: bench/gpu_cache_trace.sh BUILD_DIR OUT.bin [N_PROMPTS=32] [N_PREDICT=256]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:?build dir}; OUT=${2:?output log}; N=${3:-32}; PRED=${4:-256}
+TEXT=models/demo/heldout.txt
+rm -f "$OUT"
+size=$(stat -c %s "$TEXT")
+for ((i = 0; i < N; i++)); do
+  # Prompt i: 400 bytes starting at the line after offset i*size/N (spread over the whole text).
+  # (head closes the pipe early: the SIGPIPE of the commands before it is expected.)
+  prompt=$(set +o pipefail; tail -c +$((i * size / N + 1)) "$TEXT" | tail -n +2 | head -c 400 |
+           iconv -c -f utf-8 -t utf-8)
+  "$BUILD/bin/infer" -m models/demo -p "$prompt" -n "$PRED" --ignore-eos --seed "$i" -t 1 \
+    --collect-routing "$OUT" >/dev/null
+done
+echo "gpu_cache_trace: $N generations of $PRED tokens -> $OUT" >&2
