@@ -131,7 +131,7 @@ std::vector<int> ids_of(const Tokenizer& tok, const std::string& s) {
 std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
                                  const std::vector<std::vector<int>>& prompts, std::vector<int>* reused) {
   ServerMetrics metrics;
-  EngineSession session(model, tok, metrics, reuse);
+  EngineSession session(model, &tok, metrics, reuse);
   std::vector<std::string> out;
   for (const auto& p : prompts) {
     JobParams jp;
@@ -172,6 +172,34 @@ TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
   EXPECT_GE(reused[1], int(prompts[0].size()) - 1);  // all of the first prompt
   EXPECT_EQ(reused[2], int(prompts[2].size()) - 1);  // a prefix of the cache: only the last token runs
   EXPECT_LT(reused[3], 3);
+}
+
+TEST(EngineSession, WithoutATokenizerTheJobGetsTheTokenIdsOfTheSameReply) {
+  const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
+  if (!fs::exists(dir / "model.json")) GTEST_SKIP() << "demo model " << dir << " absent";
+  auto model = Model::load(dir, ModelOptions{1, 512});
+  Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
+  const std::vector<int> prompt = ids_of(tok, "The operating system keeps a table of pages.");
+  const std::string text = run_all(*model, tok, false, {prompt}, nullptr)[0];
+  ServerMetrics metrics;
+  EngineSession session(*model, nullptr, metrics, false);
+  JobParams jp;
+  jp.prompt = prompt;
+  jp.max_tokens = 12;
+  jp.sampler.temperature = 0;
+  Job job(jp);
+  session.run(job);
+  std::vector<int> ids;
+  std::string no_text;
+  while (true) {
+    auto u = job.wait(1000ms);
+    no_text += u.text;
+    ids.insert(ids.end(), u.ids.begin(), u.ids.end());
+    if (u.done) break;
+  }
+  EXPECT_EQ(no_text, "");
+  ASSERT_EQ(ids.size(), 12u);
+  EXPECT_EQ(tok.decode(std::vector<int32_t>(ids.begin(), ids.end()), true), text);
 }
 
 namespace {

@@ -43,14 +43,19 @@ int run(Args& a) {
   const fs::path dir = a.model;
   if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
   const ModelConfig cfg = ModelConfig::load(dir);
-  if (cfg.tokenizer_file.empty())
-    throw ConfigError(dir.string() + "/model.json: field tokenizer.file is null: the server needs a tokenizer");
-  const fs::path tok_cfg = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
-  Tokenizer tok = Tokenizer::load(dir / cfg.tokenizer_file, tok_cfg);
+  // A model without a tokenizer (synth_model's) is still served: token-id prompts in, ids out.
+  std::optional<Tokenizer> tok;
   std::optional<ChatPrompt> chat;
-  if (!tok_cfg.empty()) chat = ChatPrompt::load(tok_cfg);
-  if (!chat || !chat->has_template())
-    std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
+  if (cfg.tokenizer_file.empty()) {
+    std::fprintf(stderr, "moestream-server: %s/model.json has no tokenizer: /v1/completions takes prompts as token-id "
+                 "lists and answers choices[].token_ids; text prompts and chat answer 400\n", dir.c_str());
+  } else {
+    const fs::path tok_cfg = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
+    tok.emplace(Tokenizer::load(dir / cfg.tokenizer_file, tok_cfg));
+    if (!tok_cfg.empty()) chat = ChatPrompt::load(tok_cfg);
+    if (!chat || !chat->has_template())
+      std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
+  }
 
   ModelOptions mo;
   mo.n_threads = a.threads;
@@ -65,7 +70,7 @@ int run(Args& a) {
   opts.prefix_reuse = !a.no_prefix_reuse;
 
 
-  ApiServer server(opts, *model, tok, std::move(chat));
+  ApiServer server(opts, *model, tok ? &*tok : nullptr, std::move(chat));
   const int port = server.bind();
   std::printf("moestream-server: listening on http://%s:%d (model %s, context %d, queue %zu)\n",
               opts.host.c_str(), port, opts.model_id.c_str(), model->max_context(), opts.queue_size);

@@ -63,7 +63,8 @@ void EngineSession::run(Job& job) {
     }
     r.prefill_s = since(t0);
     auto t1 = std::chrono::steady_clock::now();
-    StreamDecoder decoder(tok_, /*skip_special_tokens=*/true);
+    std::optional<StreamDecoder> decoder;
+    if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/true);
     StopMatcher stop(p.stop);
     r.finish_reason = "length";
     for (int i = 0; i < p.max_tokens; ++i) {
@@ -77,7 +78,8 @@ void EngineSession::run(Job& job) {
         r.finish_reason = "stop";
         break;
       }
-      job.push_text(stop.feed(decoder.push(id)));
+      if (decoder) job.push_text(stop.feed(decoder->push(id)));
+      else job.push_token_id(id);
       if (stop.stopped()) {
         r.finish_reason = "stop";
         break;
@@ -86,7 +88,8 @@ void EngineSession::run(Job& job) {
       model_.forward(std::span<const int>(&id, 1), logits_);
       cached_.push_back(id);
     }
-    if (r.finish_reason != "cancelled" && !stop.stopped()) job.push_text(stop.feed(decoder.flush()) + stop.flush());
+    if (decoder && r.finish_reason != "cancelled" && !stop.stopped())
+      job.push_text(stop.feed(decoder->flush()) + stop.flush());
     r.decode_s = since(t1);
     if (model_.cache_aware().enabled) r.cache_aware = minus(model_.cache_aware_stats(), ca0);
     metrics_.request_done(r, model_.expert_stats());

@@ -2,6 +2,7 @@
 // reuses the longest common prefix with the tokens already in the cache and runs only the rest.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "runtime/model.h"
@@ -13,7 +14,8 @@ namespace moestream {
 
 class EngineSession {
  public:
-  EngineSession(Model& model, const Tokenizer& tok, ServerMetrics& metrics, bool prefix_reuse)
+  // tok may be null (a model without a tokenizer): the job then gets token ids, not text.
+  EngineSession(Model& model, const Tokenizer* tok, ServerMetrics& metrics, bool prefix_reuse)
       : model_(model), tok_(tok), metrics_(metrics), prefix_reuse_(prefix_reuse) {
     metrics_.set_cache_aware(model_.cache_aware());
   }
@@ -27,7 +29,7 @@ class EngineSession {
   int prefill(const std::vector<int>& prompt);
 
   Model& model_;
-  const Tokenizer& tok_;
+  const Tokenizer* tok_;
   ServerMetrics& metrics_;
   bool prefix_reuse_;
   std::vector<int> cached_;   // tokens whose keys and values are in the model's KV cache

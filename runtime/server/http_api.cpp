@@ -46,15 +46,16 @@ std::string new_id(const char* prefix) {
 
 // Ids whose sampling ends a reply: the model's EOS and the end-of-turn tokens of the chat formats
 // we know (ChatML, Llama-2, Llama-3), when the vocabulary has them as special tokens.
-std::vector<int> stop_ids(const Model& model, const Tokenizer& tok) {
+std::vector<int> stop_ids(const Model& model, const Tokenizer* tok) {
   std::vector<int> ids;
   auto add = [&](int id) {
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   };
   if (model.config().eos_token_id) add(*model.config().eos_token_id);
-  if (tok.eos_id()) add(*tok.eos_id());
+  if (!tok) return ids;
+  if (tok->eos_id()) add(*tok->eos_id());
   for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"})
-    if (auto id = tok.token_id(t); id && tok.is_special(*id)) add(*id);
+    if (auto id = tok->token_id(t); id && tok->is_special(*id)) add(*id);
   return ids;
 }
 }  // namespace
@@ -62,7 +63,7 @@ std::vector<int> stop_ids(const Model& model, const Tokenizer& tok) {
 struct ApiServer::Impl {
   ServerOptions opts;
   Model& model;
-  const Tokenizer& tok;
+  const Tokenizer* tok;  // null: token ids in and out
   std::optional<ChatPrompt> chat;
   ServerMetrics metrics;
   EngineSession session;
@@ -73,7 +74,7 @@ struct ApiServer::Impl {
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet fully written
 
-  Impl(ServerOptions o, Model& m, const Tokenizer& t, std::optional<ChatPrompt> c)
+  Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
         queue(opts.queue_size, [this](Job& j) { session.run(j); }, [this](const Job&) { metrics.request_cancelled_waiting(); }),
@@ -155,6 +156,11 @@ struct ApiServer::Impl {
   // Request -> job parameters; throws ApiError for anything the client got wrong.
   JobParams job_params(const CompletionRequest& r) {
     JobParams p;
+    if (!tok && (r.chat || r.prompt_ids.empty()))
+      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: send the prompt to /v1/completions as a "
+                     "list of token ids", r.chat ? "messages" : "prompt");
+    if (!tok && !r.stop.empty())
+      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: stop strings cannot be matched", "stop");
     if (r.chat) {
       if (!chat || !chat->has_template())
         throw ApiError(400, "no_chat_template", "this model has no chat template; use /v1/completions");
@@ -165,7 +171,7 @@ struct ApiServer::Impl {
         throw ApiError(400, "chat_template_error", e.what(), "messages");
       }
       try {
-        for (int32_t id : tok.encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
+        for (int32_t id : tok->encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
       } catch (const Error& e) {
         throw ApiError(400, "invalid_text", e.what(), "messages");
       }
@@ -178,7 +184,7 @@ struct ApiServer::Impl {
       p.prompt = r.prompt_ids;
     } else {
       try {
-        for (int32_t id : tok.encode(r.prompt, /*add_special_tokens=*/true)) p.prompt.push_back(id);
+        for (int32_t id : tok->encode(r.prompt, /*add_special_tokens=*/true)) p.prompt.push_back(id);
       } catch (const Error& e) {
         throw ApiError(400, "invalid_text", e.what(), "prompt");
       }
@@ -222,7 +228,8 @@ struct ApiServer::Impl {
     return t;
   }
 
-  json chunk(bool chat, const std::string& id, const std::string& text, const json& finish, bool first) const {
+  json chunk(bool chat, const std::string& id, const std::string& text, const json& finish, bool first,
+             const std::vector<int>& ids = {}) const {
     json choice{{"index", 0}, {"finish_reason", finish}};
     if (chat) {
       json delta = json::object();
@@ -232,6 +239,7 @@ struct ApiServer::Impl {
     } else {
       choice["text"] = text;
       choice["logprobs"] = nullptr;
+      if (!tok) choice["token_ids"] = ids;
     }
     return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", std::time(nullptr)}, {"model", opts.model_id}, {"choices", json::array({choice})}};
@@ -265,9 +273,11 @@ struct ApiServer::Impl {
       const ClientConnection client =
           ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
       std::string text;
+      std::vector<int> ids;
       while (true) {
         Job::Update u = job->wait(100ms);
         text += u.text;
+        ids.insert(ids.end(), u.ids.begin(), u.ids.end());
         if (u.done) break;
         if (!client.alive()) {
           // The worker stops after the current token (counted there as cancelled); a waiting job
@@ -287,6 +297,7 @@ struct ApiServer::Impl {
       json choice{{"index", 0}, {"finish_reason", jr.finish_reason}};
       if (chat_endpoint) choice["message"] = json{{"role", "assistant"}, {"content", text}};
       else choice["text"] = text, choice["logprobs"] = nullptr;
+      if (!tok) choice["token_ids"] = ids;
       send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
                                {"created", std::time(nullptr)}, {"model", opts.model_id},
                                {"choices", json::array({choice})}, {"usage", usage(jr)},
@@ -304,8 +315,8 @@ struct ApiServer::Impl {
           // fail, which cancels the job and frees its place in the queue.
           Job::Update u = job->wait(200ms);
           std::string out;
-          if (!u.text.empty() || (*first && chat_endpoint && !u.done)) {
-            out += sse(chunk(chat_endpoint, id, u.text, nullptr, *first));
+          if (!u.text.empty() || !u.ids.empty() || (*first && chat_endpoint && !u.done)) {
+            out += sse(chunk(chat_endpoint, id, u.text, nullptr, *first, u.ids));
             *first = false;
           } else if (!u.done) {
             out += ": waiting\n\n";
@@ -337,7 +348,7 @@ struct ApiServer::Impl {
   }
 };
 
-ApiServer::ApiServer(ServerOptions opts, Model& model, const Tokenizer& tok, std::optional<ChatPrompt> chat)
+ApiServer::ApiServer(ServerOptions opts, Model& model, const Tokenizer* tok, std::optional<ChatPrompt> chat)
     : impl_(std::make_unique<Impl>(std::move(opts), model, tok, std::move(chat))) {}
 
 ApiServer::~ApiServer() { stop(); }

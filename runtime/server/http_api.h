@@ -29,7 +29,9 @@ struct ServerOptions {
 
 class ApiServer {
  public:
-  ApiServer(ServerOptions opts, Model& model, const Tokenizer& tok, std::optional<ChatPrompt> chat);
+  // tok may be null (a model without a tokenizer, e.g. a synthetic one): /v1/completions then
+  // takes token-id prompts only and answers the generated ids in choices[].token_ids.
+  ApiServer(ServerOptions opts, Model& model, const Tokenizer* tok, std::optional<ChatPrompt> chat);
   ~ApiServer();
   // Binds (throws IoError naming host:port on failure) and returns the bound port.
   int bind();

@@ -47,6 +47,12 @@ class Job {
     text_ += text;
     cv_.notify_all();
   }
+  // A model served without a tokenizer answers token ids instead of text.
+  void push_token_id(int id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ids_.push_back(id);
+    cv_.notify_all();
+  }
   void finish(const JobResult& r) {
     std::lock_guard<std::mutex> lk(mu_);
     result_ = r;
@@ -70,15 +76,17 @@ class Job {
     cancelled_ = true;
   }
   struct Update {
-    std::string text;  // new since the previous wait()
+    std::string text;      // new since the previous wait()
+    std::vector<int> ids;  // new token ids since the previous wait() (only without a tokenizer)
     bool done = false;
   };
   Update wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, timeout, [&] { return done_ || !text_.empty(); });
+    cv_.wait_for(lk, timeout, [&] { return done_ || !text_.empty() || !ids_.empty(); });
     Update u;
     u.text.swap(text_);
-    u.done = done_ && u.text.empty() ? true : done_;
+    u.ids.swap(ids_);
+    u.done = done_;
     return u;
   }
   std::optional<JobResult> result() const {
@@ -96,6 +104,7 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string text_;
+  std::vector<int> ids_;
   bool done_ = false, cancelled_ = false;
   std::optional<JobResult> result_;
   std::optional<ApiError> error_;

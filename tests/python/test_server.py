@@ -31,8 +31,8 @@ def _exe():
 
 
 class Server:
-    def __init__(self, *args, ctx=CTX):
-        self.proc = subprocess.Popen([str(_exe()), "-m", str(DEMO), "--port", "0", "-t", "1",
+    def __init__(self, *args, ctx=CTX, model=DEMO):
+        self.proc = subprocess.Popen([str(_exe()), "-m", str(model), "--port", "0", "-t", "1",
                                       "--ctx", str(ctx), *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
@@ -278,6 +278,40 @@ def test_without_prefix_reuse_every_prompt_is_processed():
         assert u["prompt_tokens_details"]["cached_tokens"] == 0
     finally:
         s.stop()
+
+
+def test_a_model_without_a_tokenizer_takes_and_answers_token_ids(server, tmp_path):
+    # The demo model with its tokenizer fields removed (as synth_model writes models): token-id
+    # prompts give the same tokens as the demo with its tokenizer; text and chat get 400.
+    tokenizers = pytest.importorskip("tokenizers")
+    cfg = json.loads((DEMO / "model.json").read_text())
+    cfg["tokenizer"] = {"file": None, "config": None}
+    (tmp_path / "model.json").write_text(json.dumps(cfg))
+    for name in (cfg["dense"]["file"], cfg["experts"]["dir"]):
+        (tmp_path / name).symlink_to(DEMO / name)
+    tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
+    ids = tok.encode("Once upon a time").ids
+    want = server.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0,
+                                           "ignore_eos": True}).json()["choices"][0]["text"]
+    s = Server(model=tmp_path)
+    try:
+        assert "has no tokenizer" in s.proc.stderr.readline()
+        r = s.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert c["text"] == "" and len(c["token_ids"]) == 8
+        assert tok.decode(c["token_ids"]) == want
+        ev = sse_events(s.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0,
+                                                   "ignore_eos": True, "stream": True}, stream=True))
+        assert ev[-1] == "[DONE]"
+        assert [i for e in ev[:-1] for i in e["choices"][0]["token_ids"]] == c["token_ids"]
+        assert_json_error(s.post("/v1/completions", {"prompt": "text", "max_tokens": 2}), 400, "no_tokenizer")
+        assert_json_error(s.post("/v1/completions", {"prompt": ids, "stop": ["x"]}), 400, "no_tokenizer")
+        assert_json_error(s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                          400, "no_tokenizer")
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0
 
 
 def test_api_key_is_required_except_for_health():
