@@ -3,7 +3,9 @@
   1. N concurrent clients x M requests: p50/p99 latency, tokens/s, failures (503s counted apart);
   2. warm caches: the same 4 questions for 3 rounds, decode tokens/s and expert reads per round,
      starting from expert files dropped from the page cache;
-  3. a 12-turn growing chat with KV prefix reuse vs without: prompt tokens processed and wall time.
+  3. a growing chat (12 short turns, or document-sized turns up to a target length such as 20k
+     tokens with a raised --ctx) with KV prefix reuse vs without: prompt tokens processed and wall
+     time per turn.
 Prints markdown tables. Starts its own servers (loopback, free port) unless --url is given."""
 import argparse
 import json
@@ -123,25 +125,49 @@ def warm_rounds(url, max_tokens):
     return rows
 
 
-def growing_chat(url, turns, max_tokens):
-    msgs, rows = [], []
+def passages(path, words):
+    """Successive slices of about `words` words of a text file: documents a user pastes into a chat."""
+    text = pathlib.Path(path).read_text(errors="replace").split()
+    i = 0
+    while True:
+        if i + words > len(text):
+            i = 0
+        yield " ".join(text[i:i + words])
+        i += words
+
+
+def chat_turn(url, msgs, max_tokens):
+    t0 = time.monotonic()
+    resp = requests.post(url + "/v1/chat/completions", data=json.dumps(
+        {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=3600)
+    wall = time.monotonic() - t0
+    if resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded":
+        return None
+    resp.raise_for_status()
+    r = resp.json()
+    u = r["usage"]
+    return {"prompt": u["prompt_tokens"], "processed": u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"],
+            "prefill_s": r["timings"]["prefill_s"], "wall_s": wall, "reply": r["choices"][0]["message"]["content"]}
+
+
+def growing_chat(url, turns, max_tokens, passage=None, target_tokens=0):
+    """Grows one conversation turn by turn; returns per-turn rows and the messages of each turn."""
+    msgs, rows, prompts = [], [], []
     for t in range(turns):
-        msgs.append({"role": "user", "content": f"Turn {t + 1}: tell me more about how operating systems manage memory."})
-        t0 = time.monotonic()
-        resp = requests.post(url + "/v1/chat/completions", data=json.dumps(
-            {"messages": msgs, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=600)
-        wall = time.monotonic() - t0
-        if resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded":
+        q = f"Turn {t + 1}: tell me more about how operating systems manage memory."
+        if passage is not None:
+            q = f"Turn {t + 1}: here is the next part of the document.\n\n{next(passage)}\n\nWhat does it say about memory?"
+        msgs.append({"role": "user", "content": q})
+        row = chat_turn(url, msgs, max_tokens)
+        if row is None:
             print(f"(turn {t + 1}: the conversation no longer fits the context; the chat ends at turn {t})\n")
             break
-        resp.raise_for_status()
-        r = resp.json()
-        u = r["usage"]
-        rows.append({"turn": t + 1, "prompt": u["prompt_tokens"],
-                     "processed": u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"],
-                     "prefill_s": r["timings"]["prefill_s"], "wall_s": wall})
-        msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
-    return rows
+        prompts.append(list(msgs))
+        msgs.append({"role": "assistant", "content": row.pop("reply")})
+        rows.append({"turn": t + 1, **row})
+        if target_tokens and row["prompt"] >= target_tokens:
+            break
+    return rows, prompts
 
 
 def table(rows, fmt):
@@ -162,7 +188,15 @@ def main():
     ap.add_argument("--requests", type=int, default=5, help="requests per client")
     ap.add_argument("--queue-size", type=int, default=2, help="small enough to show 503s under load")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=12, help="growing chat: most turns")
+    ap.add_argument("--chat-passage-words", type=int, default=0,
+                    help="growing chat: each user turn pastes this many words of --chat-passage-file (0: a short question)")
+    ap.add_argument("--chat-passage-file", default=str(ROOT / "models" / "demo" / "heldout.txt"))
+    ap.add_argument("--chat-target-tokens", type=int, default=0,
+                    help="growing chat: stop after the turn whose prompt reaches this many tokens (0: --turns)")
+    ap.add_argument("--no-reuse-every", type=int, default=1,
+                    help="growing chat: run the no-reuse server on turn 1, every Nth turn and the last")
+    ap.add_argument("--all-turns", action="store_true", help="growing chat: list every reuse turn, not only sampled ones")
     ap.add_argument("--no-drop-cache", action="store_true",
                     help="do not drop expert files from the page cache between server start and round 1")
     ap.add_argument("--sections", default="load,warm,chat",
@@ -209,27 +243,49 @@ def warm_section(a, extra):
 
 
 def chat_section(a, extra):
-    results = {}
-    for name, flags in (("reuse", []), ("no reuse", ["--no-prefix-reuse"])):
-        s = Server(a.exe, a.model, extra + flags)
-        try:
-            results[name] = growing_chat(s.url, a.turns, a.max_tokens)
-        finally:
-            s.stop()
-    print(f"### {len(results['reuse'])}-turn growing chat, max_tokens {a.max_tokens}: prefix reuse vs none\n")
+    # The reuse server grows the conversation; the no-reuse server is sent the same messages (the
+    # reuse run's replies included) at every --no-reuse-every-th turn, so both process the same
+    # prompts and the no-reuse cost of a long chat can be sampled without replaying all of it.
+    passage = passages(a.chat_passage_file, a.chat_passage_words) if a.chat_passage_words else None
+    s = Server(a.exe, a.model, extra)
+    try:
+        reuse, prompts = growing_chat(s.url, a.turns, a.max_tokens, passage, a.chat_target_tokens)
+    finally:
+        s.stop()
+    n = len(reuse)
+    sampled = sorted({t for t in range(1, n + 1) if t == 1 or t == n or t % a.no_reuse_every == 0})
+    s = Server(a.exe, a.model, extra + ["--no-prefix-reuse"])
+    try:
+        none = {t: chat_turn(s.url, prompts[t - 1], a.max_tokens) for t in sampled}
+    finally:
+        s.stop()
+    what = f"{a.chat_passage_words}-word document parts per user turn" if passage else "short user turns"
+    print(f"### {n}-turn growing chat ({what}), max_tokens {a.max_tokens}: prefix reuse vs none"
+          f"{'' if a.no_reuse_every == 1 else f' (none: every {a.no_reuse_every}th turn, same messages)'}\n")
     rows = []
-    for r, n in zip(results["reuse"], results["no reuse"]):
+    for r in reuse:
+        nr = none.get(r["turn"])
+        if nr is None and not a.all_turns:
+            continue
         rows.append({"turn": r["turn"], "prompt_tokens": r["prompt"], "processed_reuse": r["processed"],
-                     "processed_no_reuse": n["processed"], "prefill_s_reuse": r["prefill_s"],
-                     "prefill_s_no_reuse": n["prefill_s"], "wall_s_reuse": r["wall_s"], "wall_s_no_reuse": n["wall_s"]})
-    rows.append({"turn": "total", "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-                 "processed_reuse": sum(r["processed_reuse"] for r in rows),
-                 "processed_no_reuse": sum(r["processed_no_reuse"] for r in rows),
-                 "prefill_s_reuse": sum(r["prefill_s_reuse"] for r in rows),
-                 "prefill_s_no_reuse": sum(r["prefill_s_no_reuse"] for r in rows),
-                 "wall_s_reuse": sum(r["wall_s_reuse"] for r in rows),
-                 "wall_s_no_reuse": sum(r["wall_s_no_reuse"] for r in rows)})
-    table(rows, {k: "{:.3f}" for k in ("prefill_s_reuse", "prefill_s_no_reuse", "wall_s_reuse", "wall_s_no_reuse")})
+                     "processed_no_reuse": nr["processed"] if nr else "", "prefill_s_reuse": r["prefill_s"],
+                     "prefill_s_no_reuse": nr["prefill_s"] if nr else "", "wall_s_reuse": r["wall_s"],
+                     "wall_s_no_reuse": nr["wall_s"] if nr else ""})
+    # Totals over the turns both ran; the reuse run's totals over all its turns follow.
+    both = [r for r in reuse if r["turn"] in none]
+    rows.append({"turn": f"sum of the {len(both)} turns above" if a.no_reuse_every > 1 else "total",
+                 "prompt_tokens": sum(r["prompt"] for r in both),
+                 "processed_reuse": sum(r["processed"] for r in both),
+                 "processed_no_reuse": sum(none[r["turn"]]["processed"] for r in both),
+                 "prefill_s_reuse": sum(r["prefill_s"] for r in both),
+                 "prefill_s_no_reuse": sum(none[r["turn"]]["prefill_s"] for r in both),
+                 "wall_s_reuse": sum(r["wall_s"] for r in both),
+                 "wall_s_no_reuse": sum(none[r["turn"]]["wall_s"] for r in both)})
+    fmt = {k: "{:.3f}" for k in ("prefill_s_reuse", "prefill_s_no_reuse", "wall_s_reuse", "wall_s_no_reuse")}
+    table(rows, {k: v for k, v in fmt.items()})
+    print(f"Reuse run, all {n} turns: {sum(r['processed'] for r in reuse)} prompt tokens processed of "
+          f"{sum(r['prompt'] for r in reuse)}, prefill {sum(r['prefill_s'] for r in reuse):.1f} s, "
+          f"wall {sum(r['wall_s'] for r in reuse):.1f} s; last prompt {reuse[-1]['prompt']} tokens.\n")
 
 
 if __name__ == "__main__":
