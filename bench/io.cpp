@@ -53,6 +53,9 @@ struct Args {
   bool keep = false;
   bool no_device = false;
   bool no_page_cache = false;
+  bool no_sweep = false;
+  unsigned depth_reps = 0;      // cold depth study repetitions (0: off)
+  double depth_seconds = 0.3;
 };
 
 uint64_t parse_size(const std::string& s) {
@@ -212,6 +215,57 @@ nlohmann::json to_json(const Cell& c) {
           {"op_latency_us_mean", c.lat_mean_us}, {"ops", c.ops}, {"reads_issued", c.reads_issued}};
 }
 
+// Throughput of `streams` threads, each with its own engine, each reading batches of k random
+// distinct experts (one request per expert, no coalescing, reads split at max_read_bytes) for
+// `seconds`: with two streams a second batch is always in flight when one drains, the way a
+// prefetched next batch keeps the device queue full across batch boundaries.
+double depth_cell(const fs::path& path, unsigned rings, unsigned qd, unsigned k, uint64_t max_read,
+                  unsigned streams, uint64_t expert_bytes, uint64_t stride, uint64_t n_experts,
+                  double seconds, uint64_t seed) {
+  std::vector<std::unique_ptr<IoEngine>> engines;
+  std::vector<std::unique_ptr<AlignedBuf>> bufs;
+  for (unsigned s = 0; s < streams; ++s) {
+    IoEngineOptions o;
+    o.backend = IoBackend::kUring;
+    o.direct = true;
+    o.n_rings = std::max(1u, rings / streams);
+    o.queue_depth = qd;
+    o.coalesce = false;
+    o.max_read_bytes = max_read;
+    engines.push_back(std::make_unique<IoEngine>(o));
+    engines.back()->add_file(path);
+    bufs.push_back(std::make_unique<AlignedBuf>(stride * k));
+  }
+  std::vector<uint64_t> bytes(streams, 0);
+  std::vector<double> busy(streams, 0);
+  auto stream = [&](unsigned s) {
+    std::mt19937_64 rng(seed + s);
+    std::vector<uint64_t> ids(n_experts);
+    std::vector<ReadRequest> reqs(k);
+    auto t0 = Clock::now();
+    while (seconds_since(t0) < seconds) {
+      for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
+      for (size_t i = 0; i < k; ++i) {
+        std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
+        reqs[i] = {0, ids[i] * stride, expert_bytes, bufs[s]->data() + i * stride};
+      }
+      engines[s]->read(reqs);
+      bytes[s] += k * expert_bytes;
+    }
+    busy[s] = seconds_since(t0);
+  };
+  std::vector<std::thread> th;
+  for (unsigned s = 0; s < streams; ++s) th.emplace_back(stream, s);
+  for (auto& t : th) t.join();
+  uint64_t total = 0;
+  double longest = 0;
+  for (unsigned s = 0; s < streams; ++s) {
+    total += bytes[s];
+    longest = std::max(longest, busy[s]);
+  }
+  return total / longest / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -232,6 +286,10 @@ int main(int argc, char** argv) {
   app.add_flag("--keep", a.keep, "keep the created file");
   app.add_flag("--no-device", a.no_device, "skip O_DIRECT / dropped-cache measurements");
   app.add_flag("--no-page-cache", a.no_page_cache, "skip page-cache measurements");
+  app.add_flag("--no-sweep", a.no_sweep, "skip the block-size sweeps");
+  app.add_option("--depth-reps", a.depth_reps,
+                 "O_DIRECT depth study (experts in flight x read size x streams), repeated N times");
+  app.add_option("--depth-seconds", a.depth_seconds, "measuring time per depth-study cell");
   CLI11_PARSE(app, argc, argv);
   g_max_read_bytes = a.max_read_kb << 10;
 
@@ -267,7 +325,7 @@ int main(int argc, char** argv) {
     std::vector<Cell> cells;
     std::mt19937_64 rng(7);
     // ---- block sweeps: coalescing off, so every request is one read
-    for (int cold = 1; cold >= 0; --cold) {
+    for (int cold = 1; cold >= 0 && !a.no_sweep; --cold) {
       if (cold && a.no_device) continue;
       if (!cold && a.no_page_cache) continue;
       if (!cold) std::printf("page cache warmed: %.1f%% of the file resident (cachestat/mincore)\n",
@@ -399,6 +457,34 @@ int main(int argc, char** argv) {
       }
     }
 
+    // ---- O_DIRECT depth study: experts in flight (top-k per batch) x read size (split at 1 MiB
+    // or whole experts) x streams (one batch at a time, or two batches in flight), repeated and
+    // interleaved so that drift of a shared disk shows up as spread rather than as a trend.
+    nlohmann::json depth = nlohmann::json::array();
+    if (a.depth_reps > 0 && !a.no_device && uring && n_experts >= 64) {
+      std::printf("depth study: uring %u rings, QD %u, O_DIRECT, %.2f s per cell, GB/s\n", a.rings,
+                  a.qd, a.depth_seconds);
+      struct Cfg { unsigned k; uint64_t max_read; unsigned streams; };
+      std::vector<Cfg> cfgs;
+      for (uint64_t mr : {uint64_t{1} << 20, stride})
+        for (unsigned k : {1u, 8u, 16u, 32u, 64u}) cfgs.push_back({k, mr, 1});
+      for (uint64_t mr : {uint64_t{1} << 20, stride}) cfgs.push_back({a.top_k, mr, 2});
+      std::vector<std::vector<double>> got(cfgs.size());
+      for (unsigned rep = 0; rep < a.depth_reps; ++rep)
+        for (size_t i = 0; i < cfgs.size(); ++i)
+          got[i].push_back(depth_cell(path, a.rings, a.qd, cfgs[i].k, cfgs[i].max_read, cfgs[i].streams,
+                                      a.expert_bytes, stride, n_experts, a.depth_seconds, rep * 100 + i));
+      for (size_t i = 0; i < cfgs.size(); ++i) {
+        std::string reads = cfgs[i].max_read == stride ? "whole" : std::to_string(cfgs[i].max_read >> 10) + "K";
+        std::printf("depth    top%-3u reads %-6s streams %u:", cfgs[i].k, reads.c_str(), cfgs[i].streams);
+        for (double g : got[i]) std::printf(" %6.2f", g);
+        std::printf("\n");
+        depth.push_back({{"top_k", cfgs[i].k}, {"max_read_bytes", cfgs[i].max_read},
+                         {"streams", cfgs[i].streams}, {"gbps", got[i]}});
+      }
+      std::fflush(stdout);
+    }
+
     // ---- residency probe cost: one query per expert of a layer (what the runtime asks per
     // layer per token), and checksum cost (XXH64 over expert payloads).
     nlohmann::json residency = nlohmann::json::object();
@@ -464,6 +550,7 @@ int main(int argc, char** argv) {
     for (auto& c : cells) j["sweep"].push_back(to_json(c));
     for (auto& c : expert_cells) j["expert"].push_back(to_json(c));
     j["residency"] = residency;
+    j["depth_study"] = depth;
     j["checksum_xxh64_gbps_one_core"] = xxh_gbps;
     write_file_atomic(a.json, j.dump(1));
     std::printf("wrote %s\n", a.json.c_str());
