@@ -79,7 +79,7 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity) {
   return r;
 }
 
-CacheSimResult simulate_belady(const CacheTrace& t, int capacity) {
+CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass) {
   check_capacity(t, capacity);
   const size_t n = t.keys.size();
   const size_t n_keys = size_t(t.n_layers) * size_t(t.n_experts);
@@ -108,6 +108,10 @@ CacheSimResult simulate_belady(const CacheTrace& t, int capacity) {
         if (int(resident.size()) == capacity) {
           auto v = resident.end();
           do --v; while (group_stamp[size_t(v->second)] == g);  // the layer needs its experts
+          if (bypass && next_use[i] >= v->first) {
+            group_stamp[size_t(key)] = g;
+            continue;  // served from scratch, the residents stay
+          }
           is_res[size_t(v->second)] = 0;
           resident.erase(v);
         }
@@ -145,7 +149,8 @@ CacheSimResult simulate_lfru(const CacheTrace& t, int capacity) {
   return r;
 }
 
-CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps) {
+CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,
+                             bool admission) {
   check_capacity(t, capacity);
   const size_t n_keys = size_t(t.n_layers) * size_t(t.n_experts);
   // Per key: score at step `at`; aged to step s by 2^(-(s - at) / half_life).
@@ -177,6 +182,7 @@ CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life
           if (group_stamp[size_t(resident[j])] == g) continue;
           if (const double sc = aged(resident[j], step); sc < lowest) lowest = sc, victim = j;
         }
+        if (admission && score[size_t(key)] < lowest) continue;  // served from scratch
         is_res[size_t(resident[victim])] = 0;
         resident[victim] = resident.back();
         resident.pop_back();

@@ -34,7 +34,9 @@ struct CacheSimResult {
 CacheSimResult simulate_lru(const CacheTrace& t, int capacity);
 // Belady's MIN: on a miss with the cache full, evict the resident whose next use is farthest
 // (never one of the current group's experts). Every miss is inserted, as a demand fill must be.
-CacheSimResult simulate_belady(const CacheTrace& t, int capacity);
+// With `bypass`, a miss used later than every evictable resident is served without being cached
+// (the GPU cache's scratch area): the optimum when demand may skip the cache.
+CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass = false);
 // runtime/gpu_cache_policy.h (LFRU, demand heat), the current group's slots pinned, one
 // advance_step() per decode step.
 CacheSimResult simulate_lfru(const CacheTrace& t, int capacity);
@@ -42,7 +44,10 @@ CacheSimResult simulate_lfru(const CacheTrace& t, int capacity);
 // LRFU (Lee et al., 2001): score = sum over past demand accesses of 2^(-age / half_life), age in
 // decode steps; the lowest-scoring resident outside the current group is evicted. A half-life of
 // infinity (0 here) is LFU with history, as LFRU's high bits; a short one approaches LRU.
-CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps);
+// With `admission`, a miss scoring below the would-be victim is served without being cached
+// (TinyLFU-style admission, through scratch).
+CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,
+                             bool admission = false);
 // The best fixed set: the `capacity` experts most used over the whole trace always resident, all
 // others never (an oracle of frequencies, not of order).
 CacheSimResult simulate_static_top(const CacheTrace& t, int capacity);

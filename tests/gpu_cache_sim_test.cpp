@@ -30,8 +30,9 @@ CacheTrace single_accesses(int n_experts, const std::vector<int>& refs) {
   return t;
 }
 
-// Most hits any eviction sequence achieves (every miss inserted), by trying every victim.
-uint64_t exhaustive_best(const std::vector<int>& refs, int capacity) {
+// Most hits any eviction sequence achieves, by trying every victim (and, with `bypass`, not
+// inserting the miss at all).
+uint64_t exhaustive_best(const std::vector<int>& refs, int capacity, bool bypass = false) {
   std::function<uint64_t(size_t, std::set<int>)> go = [&](size_t i, std::set<int> cache) -> uint64_t {
     if (i == refs.size()) return 0;
     if (cache.count(refs[i])) return 1 + go(i + 1, cache);
@@ -39,7 +40,7 @@ uint64_t exhaustive_best(const std::vector<int>& refs, int capacity) {
       cache.insert(refs[i]);
       return go(i + 1, cache);
     }
-    uint64_t best = 0;
+    uint64_t best = bypass ? go(i + 1, cache) : 0;
     for (int v : std::set<int>(cache)) {
       std::set<int> next = cache;
       next.erase(v);
@@ -69,9 +70,12 @@ TEST(CacheSim, BeladyEqualsExhaustiveSearchAndBoundsOnlinePolicies) {
     const CacheTrace t = single_accesses(n_experts, refs);
     const uint64_t opt = simulate_belady(t, capacity).hits;
     EXPECT_EQ(opt, exhaustive_best(refs, capacity)) << "trial " << trial;
+    EXPECT_EQ(simulate_belady(t, capacity, true).hits, exhaustive_best(refs, capacity, true))
+        << "trial " << trial;
     EXPECT_LE(simulate_lru(t, capacity).hits, opt);
     EXPECT_LE(simulate_lfru(t, capacity).hits, opt);
     EXPECT_LE(simulate_lrfu(t, capacity, 4).hits, opt);
+    EXPECT_LE(simulate_lrfu(t, capacity, 0, true).hits, simulate_belady(t, capacity, true).hits);
   }
 }
 
