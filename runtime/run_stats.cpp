@@ -137,7 +137,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"read_ops_after_coalescing", e.read_ops_issued},
                     {"bytes_transferred", e.bytes_transferred},
                     {"io_wait_not_hidden_s", e.io_wait_seconds},
-                    {"checksum_s", e.checksum_seconds}};
+                    {"checksum_s", e.checksum_seconds},
+                    {"fetches_prefetched", e.fetches_prefetched}};
     // Decode alone (the store's counters minus those at the end of prefill).
     const ExpertStoreStats& p = gen->experts_after_prefill;
     const double n = gen->decode.tokens > 0 ? gen->decode.tokens : 1;
@@ -177,8 +178,11 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
          fmt("%.1f MiB, I/O %.3f s\n", double(e.bytes_read) / (1 << 20), e.io_seconds);
     s += "  read ops " + std::to_string(e.read_ops_requested) + " before coalescing, " +
          std::to_string(e.read_ops_issued) + " after; " +
-         fmt("%.1f MiB transferred; I/O wait not hidden by compute %.3f s; checksums %.3f s\n",
+         fmt("%.1f MiB transferred; I/O wait not hidden by compute %.3f s; checksums %.3f s",
              double(e.bytes_transferred) / (1 << 20), e.io_wait_seconds, e.checksum_seconds);
+    if (e.fetches_prefetched > 0)
+      s += "; " + std::to_string(e.fetches_prefetched) + " expert groups prefetched";
+    s += "\n";
   }
   if (ppl)
     s += fmt("perplexity %.4f (mean NLL %.4f nats", ppl->perplexity, ppl->mean_nll) + ", " +
