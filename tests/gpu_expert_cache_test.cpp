@@ -249,9 +249,12 @@ TEST_F(GpuExpertCacheTest, PrefetchedExpertIsUsedByALaterDemand) {
   EXPECT_TRUE(matches(dev[0], 1, 4));
 }
 
-// Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned.
+// Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned. Opens when
+// destroyed: declared after the cache, a failing test never leaves the cache's destructor
+// waiting on a stream that cannot progress.
 struct StreamGate {
   std::atomic<bool> open{false};
+  ~StreamGate() { open = true; }
   static void CUDART_CB wait(void* p) {
     auto* g = static_cast<StreamGate*>(p);
     while (!g->open.load()) std::this_thread::yield();
