@@ -133,6 +133,31 @@ int main() {
     CHECK(cudaFree(out));
   }
 
+  // Prefill attention: a 512-token chunk at the start and after 3584 cached positions
+  // (compute-bound: float32 FMAs on CUDA cores).
+  for (const int pos0 : {0, 3584}) {
+    const int n_heads = 32, n_kv = 4, hd = 128, n_q = 512, ctx = pos0 + n_q;
+    float* k = random_device_floats(size_t(ctx) * n_kv * hd, 4);
+    float* v = random_device_floats(size_t(ctx) * n_kv * hd, 5);
+    float* q = random_device_floats(size_t(n_q) * n_heads * hd, 6, 2.0f);
+    auto* out = static_cast<float*>(device_alloc(size_t(n_q) * n_heads * hd * sizeof(float)));
+    const double us = time_us(
+        [&](int) {
+          gpu::attention(q, k, v, n_q, pos0, n_heads, n_kv, hd, 1.0f / std::sqrt(float(hd)), out,
+                         nullptr);
+        },
+        10, 5);
+    double pairs = 0;  // (query, key) pairs under the causal mask
+    for (int t = 0; t < n_q; ++t) pairs += pos0 + t + 1;
+    const double flop = 4.0 * pairs * n_heads * hd;  // q.k and p.v, 2 flop per multiply-add
+    std::printf("| attention prefill Qwen3-30B-A3B 512 tokens at pos %d | %.1f | %.1f | %.0f GFLOP/s | |\n",
+                pos0, us, 2.0 * ctx * n_kv * hd * 4 / 1e6, flop / us / 1e3);
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+    CHECK(cudaFree(q));
+    CHECK(cudaFree(out));
+  }
+
   // Expert GEMM at Qwen3-30B-A3B's shapes: gate/up [768 x 2048] and down [2048 x 768], 8 experts
   // per call (top-8), rows per group 1 (decode) and 64 (prefill). 64 distinct experts cycled.
   struct GemmCase {
@@ -178,7 +203,7 @@ int main() {
         const double bytes = double(mbytes) * k_active + 4.0 * k_active * m * (gc.cols + gc.rows);
         row(std::string("expert_gemm ") + std::string(quant_name(qt)) + " " + gc.name + " 8 x " +
                 std::to_string(m) + " rows (" +
-                std::to_string(int(2.0 * k_active * m * gc.rows * gc.cols / us / 1e6)) +
+                std::to_string(int(2.0 * k_active * m * gc.rows * gc.cols / us / 1e3)) +
                 " GFLOP/s)",
             us, bytes, copy_gbs);
         if (m == 1) {  // the first slice's matvec, one launch per expert, for comparison

@@ -17,6 +17,7 @@ constexpr int kTile = 32;  // keys per warp tile: one score per lane in the soft
 // occupancy, enough loads in flight to reach HBM bandwidth on a 4-KV-head decode.
 constexpr int kBlocksPerSm = 8;
 constexpr int kMaxHeadDim = 256;
+constexpr int kMaxSplits = 1024;  // the merge kernel weighs splits in shared memory
 // Bytes the default pool keeps across synchronizations: the split partials of a 40k-token decode
 // (splits * heads * (head_dim + 2) floats) are a few MiB.
 constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
@@ -39,8 +40,11 @@ struct AttnArgs {
 // keys [split * keys_per_split, ...) up to the last row's causal limit. NK float4s per lane cover
 // a key row in the score step (8 lanes per key, 4 keys per step); the PV step maps lanes to
 // dimensions, (NK + 3) / 4 float4s each.
+// At least 3 blocks (12 warps) per SM for decode-sized row tiles (head_dim <= 128): the loops need
+// several warps' loads in flight; RB 16 and head_dim 256 would spill too much under that cap.
 template <int RB, int NK>
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
+    attention_kernel(AttnArgs a) {
   constexpr int NV = (NK + 3) / 4;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -99,25 +103,28 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a) {
   for (int t0 = k_begin + warp * kTile; t0 < k_end; t0 += kWarps * kTile) {
     const int n_tile = min(kTile, k_end - t0);
     // Scores: 8 lanes per key, so a key row's float4 loads coalesce into 128-byte segments.
-#pragma unroll 2
+    // Loads are branch-free (indices clamped to valid memory, values zeroed) so that a step's
+    // loads issue back to back; fewer steps in flight for large RB to stay in registers.
+    constexpr int kUnrollA = RB >= 8 ? 2 : 4;
+#pragma unroll kUnrollA
     for (int st = 0; st < kTile / 4; ++st) {
       const int jj = st * 4 + kk, j = t0 + jj;
+      const int jc = jj < n_tile ? j : t0;  // a key past the tile reads key t0, masked below
       float part[RB];
 #pragma unroll
       for (int r = 0; r < RB; ++r) part[r] = 0.f;
-      if (jj < n_tile) {
-        const float4* kr = reinterpret_cast<const float4*>(kbase + size_t(j) * key_stride);
+      const float4* kr = reinterpret_cast<const float4*>(kbase + size_t(jc) * key_stride);
 #pragma unroll
-        for (int i = 0; i < NK; ++i) {
-          const int d4 = l8 + 8 * i;
-          if (d4 < hd4) {
-            const float4 kv = __ldg(kr + d4);
+      for (int i = 0; i < NK; ++i) {
+        const int d4 = l8 + 8 * i;
+        const bool in = d4 < hd4;
+        const int dc = in ? d4 : hd4 - 1;
+        float4 kv = __ldg(kr + dc);
+        if (!in) kv = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int r = 0; r < RB; ++r) {
-              const float4 qv = q4[r * hd4 + d4];
-              part[r] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-            }
-          }
+        for (int r = 0; r < RB; ++r) {
+          const float4 qv = q4[r * hd4 + dc];
+          part[r] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
         }
       }
 #pragma unroll
@@ -153,22 +160,21 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a) {
     }
     __syncwarp();
     // P V: lanes over dimensions, a probability broadcast from shared memory per (row, key).
-#pragma unroll 4
+#pragma unroll 8
     for (int jj = 0; jj < n_tile; ++jj) {
       const float4* vr = reinterpret_cast<const float4*>(vbase + size_t(t0 + jj) * key_stride);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int d4 = lane + 32 * i;
-        if (d4 < hd4) {
-          const float4 vv = __ldg(vr + d4);
+        // Lanes past head_dim read the row's last float4 and add nothing (acc is not stored).
+        const float4 vv = __ldg(vr + (d4 < hd4 ? d4 : hd4 - 1));
 #pragma unroll
-          for (int r = 0; r < RB; ++r) {
-            const float p = sc[r * kTile + jj];
-            acc[r][i].x += p * vv.x;
-            acc[r][i].y += p * vv.y;
-            acc[r][i].z += p * vv.z;
-            acc[r][i].w += p * vv.w;
-          }
+        for (int r = 0; r < RB; ++r) {
+          const float p = sc[r * kTile + jj];
+          acc[r][i].x += p * vv.x;
+          acc[r][i].y += p * vv.y;
+          acc[r][i].z += p * vv.z;
+          acc[r][i].w += p * vv.w;
         }
       }
     }
@@ -228,25 +234,68 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttnArgs a) {
   }
 }
 
-// One block per (token, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), splits in
-// index order so the result does not depend on scheduling.
-__global__ void attention_merge_kernel(const float* __restrict__ part_acc,
-                                       const float* __restrict__ part_ml, int n_splits,
-                                       int n_out_rows, int hd, float* __restrict__ out) {
+// One block per (token, head): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). Threads
+// first weigh the splits in parallel, then warps take every kWarps-th split with lanes over
+// float4s of the head, and the warps' sums are added in warp order (deterministic).
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_merge_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                           int n_splits, int n_out_rows, int hd, float* __restrict__ out) {
+  __shared__ float e_s[kMaxSplits];
+  __shared__ float red[kWarps];
+  __shared__ float4 acc_s[kWarps][kMaxHeadDim / 4];
   const size_t orow = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hd4 = hd / 4;
+
   float mx = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part_ml[2 * (size_t(s) * n_out_rows + orow)]);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float sum = 0.f, o = 0.f;
-    for (int s = 0; s < n_splits; ++s) {
-      const size_t prow = size_t(s) * n_out_rows + orow;
-      const float ms = part_ml[2 * prow];
-      if (ms == -INFINITY) continue;  // a split past this row's causal limit
-      const float e = expf(ms - mx);
-      sum += part_ml[2 * prow + 1] * e;
-      o += part_acc[prow * hd + d] * e;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x)
+    mx = fmaxf(mx, part_ml[2 * (size_t(s) * n_out_rows + orow)]);
+  mx = warp_max(mx);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
+  __syncthreads();  // red is reused below
+
+  float l = 0.f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const size_t prow = size_t(s) * n_out_rows + orow;
+    const float ms = part_ml[2 * prow];
+    const float e = ms == -INFINITY ? 0.f : expf(ms - mx);  // -inf: past this row's limit
+    e_s[s] = e;
+    l += part_ml[2 * prow + 1] * e;
+  }
+  l = warp_sum(l);
+  if (lane == 0) red[warp] = l;
+  __syncthreads();
+  float sum = 0.f;
+  for (int w = 0; w < kWarps; ++w) sum += red[w];
+
+  for (int d4 = lane; d4 < hd4; d4 += 32) {
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = warp; s < n_splits; s += kWarps) {
+      const float e = e_s[s];
+      const float4 a =
+          __ldg(reinterpret_cast<const float4*>(part_acc + (size_t(s) * n_out_rows + orow) * hd) + d4);
+      o.x += a.x * e;
+      o.y += a.y * e;
+      o.z += a.z * e;
+      o.w += a.w * e;
     }
-    out[orow * hd + d] = o / sum;
+    acc_s[warp][d4] = o;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sum;
+  for (int d4 = threadIdx.x; d4 < hd4; d4 += blockDim.x) {
+    float4 o = acc_s[0][d4];
+    for (int w = 1; w < kWarps; ++w) {
+      o.x += acc_s[w][d4].x;
+      o.y += acc_s[w][d4].y;
+      o.z += acc_s[w][d4].z;
+      o.w += acc_s[w][d4].w;
+    }
+    reinterpret_cast<float4*>(out + orow * hd)[d4] =
+        make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
   }
 }
 
@@ -311,7 +360,7 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   const long long tiles = (n_keys + kTile - 1) / kTile;
   const long long base = (long long)row_tiles * n_kv_heads;
   long long splits = (kBlocksPerSm * (long long)sm_count() + base - 1) / base;
-  splits = std::max(1LL, std::min(splits, (tiles + kWarps - 1) / kWarps));
+  splits = std::max(1LL, std::min({splits, (tiles + kWarps - 1) / kWarps, (long long)kMaxSplits}));
   const long long tiles_per_split = (tiles + splits - 1) / splits;
   splits = (tiles + tiles_per_split - 1) / tiles_per_split;
   a.keys_per_split = int(tiles_per_split * kTile);
@@ -352,7 +401,7 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
     default: dispatch_rb<8>(rb, a, grid, smem, s); break;
   }
   if (splits > 1) {
-    attention_merge_kernel<<<unsigned(n_out_rows), 128, 0, s>>>(a.part_acc, a.part_ml, a.n_splits,
+    attention_merge_kernel<<<unsigned(n_out_rows), kWarps * 32, 0, s>>>(a.part_acc, a.part_ml, a.n_splits,
                                                                  int(n_out_rows), head_dim, out);
     MOE_CUDA_CHECK_LAUNCH("attention_merge_kernel");
     MOE_CUDA_CHECK(cudaFreeAsync(a.part_acc, s));

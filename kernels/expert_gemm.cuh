@@ -26,16 +26,17 @@ struct GemmArgs {
   float* y;
 };
 
+// Weight loads go through the read-only path (__ldg): payloads never change during a kernel.
 __device__ __forceinline__ float load_half(const uint8_t* p) {  // p 2-byte aligned
-  const __half_raw hr{*reinterpret_cast<const unsigned short*>(p)};
+  const __half_raw hr{__ldg(reinterpret_cast<const unsigned short*>(p))};
   return __half2float(__half(hr));
 }
 
 // 4 bytes at a 2-byte aligned address (4-byte aligned when `aligned4`), little-endian.
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p, bool aligned4) {
-  if (aligned4) return *reinterpret_cast<const uint32_t*>(p);
+  if (aligned4) return __ldg(reinterpret_cast<const unsigned int*>(p));
   const auto* h = reinterpret_cast<const unsigned short*>(p);
-  return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+  return uint32_t(__ldg(h)) | (uint32_t(__ldg(h + 1)) << 16);
 }
 
 // Block (row tile, group g): each warp owns RW weight rows; for each tile of MT of the group's
@@ -69,7 +70,9 @@ __global__ void __launch_bounds__(kGemmWarps * 32) expert_gemm_kernel(GemmArgs a
 #pragma unroll
       for (int t = 0; t < MT; ++t) acc[rr][t] = 0.f;
 
-#pragma unroll 2
+    // Decode (MT 1) has few registers per step: unroll deep so many loads are in flight.
+    constexpr int kUnroll = MT == 1 ? 8 : 2;
+#pragma unroll kUnroll
     for (int st = 0; st < n_steps; ++st) {
       float wv[RW][E];
 #pragma unroll

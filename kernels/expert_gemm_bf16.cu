@@ -14,37 +14,34 @@ struct Bf16Codec {
   __device__ Bf16Codec(const uint8_t* matrix, int c)
       : m(reinterpret_cast<const uint16_t*>(matrix)), cols(c) {}
   __device__ int steps() const { return (cols + 32 * V - 1) / (32 * V); }
+  // Branch-free: a lane past the row reads the row's first weights and zeroes them.
   __device__ void load_w(int row, int st, int lane, float* w) const {
     const int c = (st * 32 + lane) * V;
-    const uint16_t* r = m + size_t(row) * cols;
+    const bool valid = c < cols;
+    const uint16_t* r = m + size_t(row) * cols + (valid ? c : 0);
     if constexpr (V == 4) {  // cols % 4 == 0: the lane's 4 weights are all in or all out
-      if (c >= cols) {
-        w[0] = w[1] = w[2] = w[3] = 0.f;
-        return;
-      }
-      const uint2 u = *reinterpret_cast<const uint2*>(r + c);
-      w[0] = __uint_as_float(u.x << 16);
-      w[1] = __uint_as_float(u.x & 0xffff0000u);
-      w[2] = __uint_as_float(u.y << 16);
-      w[3] = __uint_as_float(u.y & 0xffff0000u);
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(r));
+      w[0] = valid ? __uint_as_float(u.x << 16) : 0.f;
+      w[1] = valid ? __uint_as_float(u.x & 0xffff0000u) : 0.f;
+      w[2] = valid ? __uint_as_float(u.y << 16) : 0.f;
+      w[3] = valid ? __uint_as_float(u.y & 0xffff0000u) : 0.f;
     } else {
-      w[0] = c < cols ? __uint_as_float(uint32_t(r[c]) << 16) : 0.f;
+      const uint16_t u = __ldg(r);
+      w[0] = valid ? __uint_as_float(uint32_t(u) << 16) : 0.f;
     }
   }
   __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
     const int c = (st * 32 + lane) * V;
+    const bool valid = c < cols;
     if constexpr (V == 4) {
-      if (c >= cols) {
-        x[0] = x[1] = x[2] = x[3] = 0.f;
-        return;
-      }
-      const float4 v = __ldg(reinterpret_cast<const float4*>(xrow + c));
-      x[0] = v.x;
-      x[1] = v.y;
-      x[2] = v.z;
-      x[3] = v.w;
+      const float4 v = __ldg(reinterpret_cast<const float4*>(xrow + (valid ? c : 0)));
+      x[0] = valid ? v.x : 0.f;
+      x[1] = valid ? v.y : 0.f;
+      x[2] = valid ? v.z : 0.f;
+      x[3] = valid ? v.w : 0.f;
     } else {
-      x[0] = c < cols ? __ldg(xrow + c) : 0.f;
+      const float v = __ldg(xrow + (valid ? c : 0));
+      x[0] = valid ? v : 0.f;
     }
   }
 };
