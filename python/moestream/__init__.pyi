@@ -53,6 +53,9 @@ class Model:
         max_read_kb: int = 1024,
         collect_routing: str | os.PathLike[str] | None = None,
         collect_router_inputs: bool = False,
+        gpu: bool = False,  # whole forward pass on the GPU; ConfigError without CUDA or a GPU
+        gpu_cache_mb: int = 0,  # GPU expert cache in MiB; 0 = automatic (needs gpu=True)
+        moe_lookahead: int = 0,  # experts of layer L+1 prefetched during layer L (needs gpu=True)
     ) -> None: ...
     def generate(
         self,

@@ -42,6 +42,9 @@ struct PyModelOptions {
   uint64_t coalesce_gap_kb = 64, max_read_kb = 1024;
   fs::path collect_routing;
   bool collect_router_inputs = false;
+  bool gpu = false;
+  uint64_t gpu_cache_mb = 0;  // 0 = automatic
+  int moe_lookahead = 0;
 };
 
 class PyModel {
@@ -51,6 +54,16 @@ class PyModel {
     if (o.threads < 0) throw ConfigError("threads must be >= 0, got " + std::to_string(o.threads));
     if (o.collect_router_inputs && o.collect_routing.empty())
       throw ConfigError("collect_router_inputs needs collect_routing=PATH");
+    // infer's checks, before the slow load: GPU options without gpu=True, or no usable GPU.
+    if (o.moe_lookahead < 0) throw ConfigError("moe_lookahead must be >= 0, got " + std::to_string(o.moe_lookahead));
+    if (o.moe_lookahead > 0 && !o.gpu)
+      throw ConfigError("moe_lookahead=" + std::to_string(o.moe_lookahead) +
+                        " prefetches into the GPU expert cache: it needs gpu=True");
+    if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError("gpu_cache_mb needs gpu=True");
+    if (o.gpu) {
+      const std::string why = gpu_unavailable_reason();
+      if (!why.empty()) throw ConfigError("gpu=True: " + why);
+    }
     py::gil_scoped_release nogil;
     if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
     ModelOptions mo;
@@ -60,6 +73,9 @@ class PyModel {
     mo.cache_aware.enabled = o.cache_aware;
     mo.cache_aware.tolerance = o.cache_tolerance;
     if (o.batch > 0) mo.max_batch = o.batch;
+    mo.gpu = o.gpu;
+    mo.gpu_cache_mb = size_t(o.gpu_cache_mb);
+    mo.moe_lookahead = o.moe_lookahead;
     const ModelConfig header_cfg = ModelConfig::load(dir_);
     if (!header_cfg.tokenizer_file.empty()) {
       fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
@@ -216,7 +232,8 @@ class PyModel {
       std::lock_guard lock(mu_);
       const ModelConfig& cfg = model_->config();
       RunInfo info{dir_.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
-                   model_->n_threads(), model_->max_context(), model_->expert_store().describe()};
+                   model_->n_threads(), model_->max_context(), model_->expert_store().describe(), "", ""};
+      if (const GpuForwardInfo* g = model_->gpu_info()) info.gpu = g->describe();
       j = run_stats_json(info, last_gen_, last_ppl_);
       const ExpertStoreStats s = model_->expert_stats();
       j["expert_store"] = {{"fetch_calls", s.fetch_calls}, {"experts_requested", s.experts_requested},
@@ -404,10 +421,11 @@ void bind_model(py::module_& m) {
                        bool cache_aware, float cache_tolerance, int threads, int ctx, int batch,
                        bool verify_checksums, uint32_t io_qd, uint32_t io_rings, uint32_t io_threads,
                        uint64_t coalesce_gap_kb, uint64_t max_read_kb, std::optional<fs::path> collect_routing,
-                       bool collect_router_inputs) {
+                       bool collect_router_inputs, bool gpu, uint64_t gpu_cache_mb, int moe_lookahead) {
              PyModelOptions o{io, io_direct, host_cache_mb, cache_aware, cache_tolerance, threads, ctx, batch,
                               verify_checksums, io_qd, io_rings, io_threads, coalesce_gap_kb, max_read_kb,
-                              collect_routing.value_or(fs::path()), collect_router_inputs};
+                              collect_routing.value_or(fs::path()), collect_router_inputs, gpu,
+                              gpu_cache_mb, moe_lookahead};
              return std::make_unique<PyModel>(path, o);
            }),
            py::arg("path"), py::kw_only(), py::arg("io") = "auto", py::arg("io_direct") = false,
@@ -415,7 +433,8 @@ void bind_model(py::module_& m) {
            py::arg("threads") = 0, py::arg("ctx") = 0, py::arg("batch") = 0, py::arg("verify_checksums") = true,
            py::arg("io_qd") = 32, py::arg("io_rings") = 0, py::arg("io_threads") = 0,
            py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
-           py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false)
+           py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
+           py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);

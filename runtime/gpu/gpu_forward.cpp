@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/gpu_ops.h"
+#include "kernels/round_activations.h"
 #include "runtime/dense_weights.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model.h"
@@ -120,6 +121,8 @@ struct GpuForward::Impl {
   GpuForwardOptions opts;
   ExpertStore& store;
   int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
+  int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
+  bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
   float eps, scale;
   ExpertLayout layout;
   Rope rope;
@@ -128,10 +131,11 @@ struct GpuForward::Impl {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   GpuDenseWeights w;
-  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd]
+  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd_p]
   DeviceBuffer act;
   float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
-        *kraw = nullptr, *attn = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
+        *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
+        *attn_pad = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
         *sin_d = nullptr, *xg = nullptr, *gate = nullptr, *up = nullptr, *swi = nullptr,
         *y = nullptr, *logits = nullptr;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
@@ -170,6 +174,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
       hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
+      hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
       layout(ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
                                 size_t(c.moe_intermediate_size))),
@@ -199,17 +204,19 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
 
   w = GpuDenseWeights::upload(cfg, dw);
   info.dense_bytes = w.bytes();
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd);
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
   info.kv_bytes = kv.bytes();
+  if (padded) MOE_CUDA_CHECK(cudaMemset(kv.get(), 0, kv.bytes()));  // pad columns stay zero
 
   // Activations, one allocation carved into arrays.
   const size_t b = size_t(B), pairs = size_t(B) * size_t(K);
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
-                             pairs * F, pairs * D, b * V};
+                             pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
+                             b * H * hd_p, b * H * hd_p};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
-                   &y, &logits};
+                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -219,6 +226,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
     p += (n_floats[i] + 63) / 64 * 64;
   }
   info.scratch_bytes = act.bytes();
+  if (padded) MOE_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));  // q_pad's pad columns
 
   const size_t route_bytes = (2 * pairs + 2 * size_t(std::max(N, 1))) * 4;
   route_dev = DeviceBuffer(route_bytes);
@@ -303,29 +311,43 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
 
   const bool decode = T == 1;
   const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd);
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   const size_t pairs = b * size_t(K);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const GpuLayerWeights& lw = w.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();
     float* kc = kv.as<float>() + size_t(2 * l) * kv_layer;
     float* vc = kc + kv_layer;
-    float* k_new = kc + size_t(n_past) * KV * hd;  // position-major: the chunk's rows are contiguous
-    float* v_new = vc + size_t(n_past) * KV * hd;
+    float* k_new = kc + size_t(n_past) * KV * hd_p;  // position-major: the chunk's rows are contiguous
+    float* v_new = vc + size_t(n_past) * KV * hd_p;
+    // Unpadded heads go straight into the cache; padded ones are built contiguous, then copied.
+    float* k_dst = padded ? k_tok : k_new;
+    float* v_dst = padded ? v_tok : v_new;
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
     linear(h, lw.wq, T, D, H * hd, qk_norm ? qraw : q);
-    linear(h, lw.wk, T, D, KV * hd, qk_norm ? kraw : k_new);
-    linear(h, lw.wv, T, D, KV * hd, v_new);
+    linear(h, lw.wk, T, D, KV * hd, qk_norm ? kraw : k_dst);
+    linear(h, lw.wv, T, D, KV * hd, v_dst);
     if (cfg.qk_norm == QkNorm::kPerHead) {
       gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-      gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_new, stream);
+      gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
     } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
       gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-      gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_new, stream);
+      gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_dst, stream);
     }
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k_new, T, KV, half, cos_d, sin_d, stream);
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
+    gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
+    if (!padded) {
+      gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
+    } else {
+      // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
+      // head_dim; released models have 64 or 128).
+      const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
+      MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
+      MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
+      MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+      gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream);
+      MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+    }
     linear(attn, lw.wo, T, H * hd, D, x, 1.0f);  // beta = 1: the residual add
     times.attention_s += seconds_since(ta);
 
@@ -425,6 +447,10 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
                                  (2 * pairs + unique_ids.size() + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
   gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
+  // q8/q4 experts see their input rounded to int8 per 32-block, as the CPU's quant_matvec does:
+  // both backends then compute the same function (llama.cpp's GPU matvec quantises likewise).
+  const bool round_x = cfg.expert_quant == QuantType::kQ8 || cfg.expert_quant == QuantType::kQ4;
+  if (round_x) gpu::round_activations_q8(xg, n_rows, D, stream);
   times.router_s += seconds_since(t0);
 
   const GpuFill kind = T > 1 ? GpuFill::kPrefill : GpuFill::kDemand;
@@ -439,18 +465,6 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
     auto ti = std::chrono::steady_clock::now();
     cache->acquire(layer, std::span<const int>(unique_ids.data() + g0, size_t(n)), kind,
                    std::span<const uint8_t*>(ptr_h + g0, size_t(n)));
-    // Look-ahead right after the demand acquire: the predicted copies queue behind this
-    // layer's misses on the copy stream and overlap with its expert kernels.
-    if (la_ids != nullptr && g0 == 0) {
-      for (int e : predicted)
-        if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
-      predicted.assign(la_ids, la_ids + N);
-      for (int e : predicted)
-        if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
-      predicted_layer = layer + 1;
-      la_stats.predicted += uint64_t(N);
-      cache->prefetch(layer + 1, std::span<const int>(predicted));
-    }
     times.expert_io_s += seconds_since(ti);
 
     auto tc = std::chrono::steady_clock::now();
@@ -477,6 +491,7 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
     matmul(layout.up_offset, F, D, xg, up);
     gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
                 swi + size_t(r0) * F, stream);
+    if (round_x) gpu::round_activations_q8(swi + size_t(r0) * F, r1 - r0, F, stream);
     matmul(layout.down_offset, D, F, swi, y);
     cache->kernels_enqueued();
     times.expert_compute_s += seconds_since(tc);
@@ -485,6 +500,23 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
   gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
   gpu::add_inplace(x, tmp, size_t(T) * D, stream);
   times.expert_compute_s += seconds_since(tc);
+
+  // Look-ahead, after this layer's acquire and with its expert kernels already queued: the host
+  // reads the predicted experts of layer+1 (GpuExpertCache::prefetch blocks the host on the
+  // store, never a stream) while the GPU computes this layer, and their copies queue on the copy
+  // stream ahead of layer+1's demand.
+  if (la_ids != nullptr) {
+    auto tp = std::chrono::steady_clock::now();
+    for (int e : predicted)
+      if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
+    predicted.assign(la_ids, la_ids + N);
+    for (int e : predicted)
+      if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
+    predicted_layer = layer + 1;
+    la_stats.predicted += uint64_t(N);
+    cache->prefetch(layer + 1, std::span<const int>(predicted));
+    times.expert_io_s += seconds_since(tp);
+  }
 }
 
 GpuForward::GpuForward(const ModelConfig& cfg, const DenseWeights& w, ExpertStore& store,

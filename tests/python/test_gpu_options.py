@@ -1,0 +1,60 @@
+"""GPU options of the bindings and of `infer` (issue 8): gpu/gpu_cache_mb/moe_lookahead refused
+with a clear error when they cannot work, and gpu=True either runs on a GPU or says why not."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+moestream = pytest.importorskip(
+    "moestream", reason="moestream module not built (configure with -DMOESTREAM_PYTHON=ON, "
+    "PYTHONPATH=<build>/python)")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEMO = ROOT / "models" / "demo"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    if not (DEMO / "model.json").exists():
+        pytest.skip(f"{DEMO} absent")
+    return DEMO
+
+
+def test_lookahead_without_gpu_is_refused(demo):
+    with pytest.raises(moestream.ConfigError, match="needs gpu=True"):
+        moestream.Model(demo, moe_lookahead=4)
+
+
+def test_gpu_cache_budget_without_gpu_is_refused(demo):
+    with pytest.raises(moestream.ConfigError, match="gpu_cache_mb needs gpu=True"):
+        moestream.Model(demo, gpu_cache_mb=64)
+
+
+def test_negative_lookahead_is_refused(demo):
+    with pytest.raises(moestream.ConfigError, match="moe_lookahead"):
+        moestream.Model(demo, gpu=True, moe_lookahead=-1)
+
+
+def test_gpu_runs_or_names_the_reason(demo):
+    try:
+        m = moestream.Model(demo, gpu=True, moe_lookahead=2, threads=2)
+    except moestream.ConfigError as e:  # no CUDA in this build, or no usable device: never a CPU fallback
+        assert "CUDA" in str(e), str(e)
+        return
+    text = m.generate("The river", max_tokens=8, temperature=0, ignore_eos=True)
+    assert isinstance(text, str)
+    s = m.stats()
+    assert "gpu" in s and "gpu_cache" in s["decode"], s
+
+
+def test_infer_refuses_gpu_flags_it_cannot_honour(demo):
+    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / "infer"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--moe-lookahead", "3"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "needs --gpu" in r.stderr, r.stderr
+    r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--gpu-cache-mb", "8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--gpu-cache-mb needs --gpu" in r.stderr, r.stderr
