@@ -17,7 +17,7 @@ say "== machine"; cat "$W/machine.txt" | tee -a "$S"
 
 t0=$(date +%s)
 DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" BUILD_DIR=build-device-gpu \
-  bash scripts/device_build.sh gpu_kernels_test gpu_expert_cache_test gpu_forward_test infer >"$W/build.log" 2>&1 ||
+  bash scripts/device_build.sh gpu_kernels_test gpu_expert_cache_test gpu_forward_test infer synth_model >"$W/build.log" 2>&1 ||
   { tail -80 "$W/build.log" | tee -a "$S"; exit 1; }
 say "build: $(( $(date +%s) - t0 )) s"
 B=build-device-gpu/bin
@@ -62,10 +62,11 @@ grep '^infer: gpu:' "$W/greedy_gpu.err" | tee -a "$S"
 
 # Decode speed and look-ahead: 256 tokens, best of 3 runs per setting (the first warms the page
 # cache; each run is a fresh process, so the GPU cache starts cold every time).
-run() {  # name, then infer flags
+NPRED=256
+run() {  # name, then infer flags (model $M, prompt flags $PF, $NPRED tokens)
   local name=$1; shift
   for i in 1 2 3; do
-    "$B/infer" -m $M -p "$PROMPT" -n 256 --temp 0 --ignore-eos --print-ids "$@" \
+    "$B/infer" -m $M "${PF[@]}" -n $NPRED --temp 0 --ignore-eos --print-ids "$@" \
       --timing --stats-json "$W/$name.$i.json" >/dev/null 2>"$W/$name.$i.err" || { rc=1; tail -5 "$W/$name.$i.err" | tee -a "$S"; }
   done
   python3 - "$name" "$W" <<'EOF' | tee -a "$S"
@@ -84,6 +85,7 @@ if g:
 print(line)
 EOF
 }
+PF=(-p "$PROMPT")
 say "-- decode, 256 tokens (best of 3)"
 run cpu_t16 -t 16
 run gpu_whole_cache --gpu
@@ -95,4 +97,30 @@ for n in 0 4 8 12; do "$B/infer" -m $M -p "$PROMPT" -n 64 --temp 0 --ignore-eos 
 for n in 4 8 12; do cmp -s "$W/la_ids_0.txt" "$W/la_ids_$n.txt" && say "lookahead $n: identical" || { rc=1; say "lookahead $n: DIFFERENT"; }; done
 say "-- --timing of gpu_small_la8 (run 3)"
 tail -12 "$W/gpu_small_la8.3.err" | tee -a "$S"
+
+# A released shape at true byte size (random weights, so routing is not a trained model's):
+# Qwen3-30B-A3B's first 8 layers, q4 experts; 64 prompt ids, 32 decoded tokens.
+Q=/tmp/q30b_8l
+t1=$(date +%s)
+if timeout 150 "$B/synth_model" --shape qwen3-30b-a3b --layers 8 --quant q4 -q --max-context 4096 $Q >"$W/synth.log" 2>&1; then
+  say "== synthetic qwen3-30b-a3b, 8 layers, q4 ($(du -sh $Q | cut -f1), written in $(( $(date +%s) - t1 )) s)"
+  EB=$(python3 -c "
+import struct, glob
+fs = sorted(glob.glob('$Q/experts/layer_*.bin'))
+h = open(fs[0], 'rb').read(64)
+print(struct.unpack_from('<Q', h, 32)[0] * struct.unpack_from('<I', h, 20)[0] * len(fs))")
+  SMALL_MB=$(( EB / 4 / 1048576 ))
+  M=$Q; NPRED=32
+  PF=(--prompt-ids "$(python3 -c "print(','.join(str((7919 * i + 11) % 151936) for i in range(64)))")")
+  say "-- decode, 32 tokens (best of 3); experts $EB bytes, small cache 25% = $SMALL_MB MiB"
+  run q30_cpu_t16 -t 16 --ctx 1024
+  run q30_gpu_whole --gpu --ctx 1024
+  run q30_gpu_small_la0 --gpu --ctx 1024 --gpu-cache-mb $SMALL_MB
+  run q30_gpu_small_la8 --gpu --ctx 1024 --gpu-cache-mb $SMALL_MB --moe-lookahead 8
+  run q30_gpu_small_la16 --gpu --ctx 1024 --gpu-cache-mb $SMALL_MB --moe-lookahead 16
+  grep '^infer: gpu:' "$W/q30_gpu_whole.1.err" | tee -a "$S"
+  tail -9 "$W/q30_gpu_small_la8.3.err" | tee -a "$S"
+else
+  say "synth_model failed or timed out: $(tail -3 "$W/synth.log")"
+fi
 exit $rc
