@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import select
 import signal
 import statistics
@@ -101,15 +102,25 @@ QUESTIONS = ["What does the kernel scheduler do?", "Explain virtual memory in on
              "How does a file system store a file?", "Why are caches faster than disks?"]
 
 
-def warm_rounds(url, max_tokens):
+def id_questions(model, n_tokens):
+    """Four fixed token-id prompts for a model without a tokenizer (synth_model's)."""
+    vocab = json.loads((pathlib.Path(model) / "model.json").read_text())["vocab_size"]
+    rng = random.Random(1234)
+    return [[rng.randrange(vocab) for _ in range(n_tokens)] for _ in QUESTIONS]
+
+
+def warm_rounds(url, max_tokens, id_prompts=None):
     rows = []
     for rnd in range(1, 4):
         m0 = metrics(url)
         dec_tok, dec_s, first_tps = 0, 0.0, 0.0
-        for q in QUESTIONS:
-            r = requests.post(url + "/v1/chat/completions", data=json.dumps(
-                {"messages": [{"role": "user", "content": q}], "max_tokens": max_tokens, "temperature": 0,
-                 "ignore_eos": True}), timeout=600).json()
+        for i, q in enumerate(QUESTIONS):
+            if id_prompts:  # token ids to /v1/completions (OpenAI allows a list of ids as the prompt)
+                path, body = "/v1/completions", {"prompt": id_prompts[i]}
+            else:
+                path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": q}]}
+            r = requests.post(url + path, data=json.dumps(
+                {**body, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}), timeout=3600).json()
             dec_tok += r["usage"]["completion_tokens"] - 1
             dec_s += r["timings"]["decode_s"]
             if not first_tps:  # the round's first request: in round 1 it meets the cold caches
@@ -197,6 +208,9 @@ def main():
     ap.add_argument("--no-reuse-every", type=int, default=1,
                     help="growing chat: run the no-reuse server on turn 1, every Nth turn and the last")
     ap.add_argument("--all-turns", action="store_true", help="growing chat: list every reuse turn, not only sampled ones")
+    ap.add_argument("--prompt-ids", type=int, default=0,
+                    help="warm rounds: send 4 fixed prompts of this many random token ids to /v1/completions "
+                         "(for a model without a tokenizer) instead of the chat questions")
     ap.add_argument("--no-drop-cache", action="store_true",
                     help="do not drop expert files from the page cache between server start and round 1")
     ap.add_argument("--sections", default="load,warm,chat",
@@ -234,8 +248,10 @@ def warm_section(a, extra):
         if not a.no_drop_cache:
             drop_page_cache(a.model)
         print(f"### Warm caches: 4 questions x 3 rounds, max_tokens {a.max_tokens}"
+              f"{f', prompts of {a.prompt_ids} token ids' if a.prompt_ids else ''}"
               f"{'' if a.no_drop_cache else ', expert files dropped from the page cache first'}\n")
-        table(warm_rounds(s.url, a.max_tokens), {"decode_tok_s": "{:.1f}", "first_q_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
+        ids = id_questions(a.model, a.prompt_ids) if a.prompt_ids else None
+        table(warm_rounds(s.url, a.max_tokens, ids), {"decode_tok_s": "{:.1f}", "first_q_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
                                                   "host_cache": "{:.0f}", "page_cache": "{:.0f}",
                                                   "storage": "{:.0f}", "MB_read": "{:.1f}"})
     finally:
