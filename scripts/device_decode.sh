@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run THERE (device machine), after carrying .deps: builds the tools, writes a synthetic
-# Qwen3-30B-A3B q4 (as many layers as fit ~20 GB: all 48 are ~18 GB) and runs bench/decode.py
+# Qwen3-30B-A3B q4 (as many layers as fit ~20 GB: all 48 are 19.4 GB) and runs bench/decode.py
 # under a memory cap of ~8 GB (cgroup v2 where possible, else O_DIRECT + host budget; it says
 # which). Idempotent: the model and traces under $WORK_DIR are reused, so a timed-out call can be
 # rerun. Results land in $OUT: decode.json, decode.txt, machine.txt, logs.
