@@ -132,7 +132,8 @@ def warm_rounds(url, max_tokens, id_prompts=None):
                      "host_cache": d('moestream_expert_hits_total{tier="host_cache"}'),
                      "page_cache": d('moestream_expert_hits_total{tier="page_cache"}'),
                      "storage": d('moestream_expert_hits_total{tier="storage"}'),
-                     "MB_read": d("moestream_expert_bytes_read_total") / 1e6})
+                     "MB_read": d("moestream_expert_bytes_read_total") / 1e6,
+                     "io_wait_s": d("moestream_expert_io_wait_seconds_total")})
     return rows
 
 
@@ -253,7 +254,7 @@ def warm_section(a, extra):
         ids = id_questions(a.model, a.prompt_ids) if a.prompt_ids else None
         table(warm_rounds(s.url, a.max_tokens, ids), {"decode_tok_s": "{:.1f}", "first_q_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
                                                   "host_cache": "{:.0f}", "page_cache": "{:.0f}",
-                                                  "storage": "{:.0f}", "MB_read": "{:.1f}"})
+                                                  "storage": "{:.0f}", "MB_read": "{:.1f}", "io_wait_s": "{:.2f}"})
     finally:
         s.stop()
 
