@@ -150,8 +150,9 @@ int main() {
     double pairs = 0;  // (query, key) pairs under the causal mask
     for (int t = 0; t < n_q; ++t) pairs += pos0 + t + 1;
     const double flop = 4.0 * pairs * n_heads * hd;  // q.k and p.v, 2 flop per multiply-add
-    std::printf("| attention prefill Qwen3-30B-A3B 512 tokens at pos %d | %.1f | %.1f | %.0f GFLOP/s | |\n",
-                pos0, us, 2.0 * ctx * n_kv * hd * 4 / 1e6, flop / us / 1e3);
+    std::printf(
+        "| attention prefill Qwen3-30B-A3B 512 tokens at pos %d | %.1f | %.1f | %.0f GFLOP/s | |\n",
+        pos0, us, 2.0 * ctx * n_kv * hd * 4 / 1e6, flop / us / 1e3);
     CHECK(cudaFree(k));
     CHECK(cudaFree(v));
     CHECK(cudaFree(q));
@@ -187,7 +188,7 @@ int main() {
       std::vector<const uint8_t*> ptrs;
       for (int s = 0; s < n_sets; ++s)
         for (int g = 0; g < k_active; ++g) ptrs.push_back(w + stride * size_t(s * k_active + g));
-      const uint8_t** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
+      auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
       CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
       for (int m : {1, 64}) {
         std::vector<int> rs(k_active + 1);
@@ -213,8 +214,8 @@ int main() {
               gpu::expert_matvec(qt, w + stride * size_t(s * k_active + g), gc.rows, gc.cols,
                                  x + size_t(g) * gc.cols, y + size_t(g) * gc.rows, nullptr);
           });
-          row(std::string("8 x expert_matvec ") + std::string(quant_name(qt)) + " " + gc.name, us_mv,
-              bytes, copy_gbs);
+          row(std::string("8 x expert_matvec ") + std::string(quant_name(qt)) + " " + gc.name,
+              us_mv, bytes, copy_gbs);
         }
         CHECK(cudaFree(drs));
         CHECK(cudaFree(x));

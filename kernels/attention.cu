@@ -275,8 +275,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll 8
     for (int s = warp; s < n_splits; s += kWarps) {
       const float e = e_s[s];
-      const float4 a =
-          __ldg(reinterpret_cast<const float4*>(part_acc + (size_t(s) * n_out_rows + orow) * hd) + d4);
+      const float* src = part_acc + (size_t(s) * n_out_rows + orow) * hd;
+      const float4 a = __ldg(reinterpret_cast<const float4*>(src) + d4);
       o.x += a.x * e;
       o.y += a.y * e;
       o.z += a.z * e;
@@ -401,8 +401,8 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
     default: dispatch_rb<8>(rb, a, grid, smem, s); break;
   }
   if (splits > 1) {
-    attention_merge_kernel<<<unsigned(n_out_rows), kWarps * 32, 0, s>>>(a.part_acc, a.part_ml, a.n_splits,
-                                                                 int(n_out_rows), head_dim, out);
+    attention_merge_kernel<<<unsigned(n_out_rows), kWarps * 32, 0, s>>>(
+        a.part_acc, a.part_ml, a.n_splits, int(n_out_rows), head_dim, out);
     MOE_CUDA_CHECK_LAUNCH("attention_merge_kernel");
     MOE_CUDA_CHECK(cudaFreeAsync(a.part_acc, s));
   }

@@ -60,6 +60,11 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
                  Stream s);
+// What the two wrappers above check or need: attention: head_dim % 4 == 0 and <= 256
+// (ConfigError otherwise), q/k_cache/v_cache/out 16-byte aligned. expert_gemm: q8/q4 need
+// cols % 32 == 0 (ConfigError), matrix_offset % 16 == 0, x 16-byte aligned, and each w[g]
+// 16-byte aligned (device memory: not checked). max_rows_per_group only picks the token tile,
+// so any positive value gives the right result; empty groups are allowed.
 
 // out[i] = src[idx[i]] row-wise: n rows of dim floats (token rows -> grouped expert rows).
 void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s);

@@ -319,12 +319,16 @@ void check_expert_gemm(QuantType q, int rows, int cols, const std::vector<int>& 
   DeviceVec<int> drs(row_start);
   DeviceVec<float> dx(x), dy(ref.size());
   CUDA_OK(cudaMemset(dy.get(), 0xff, ref.size() * sizeof(float)));
-  const int max_rows = max_rows_hint > 0 ? max_rows_hint : *std::max_element(sizes.begin(), sizes.end());
+  const int max_rows =
+      max_rows_hint > 0 ? max_rows_hint : *std::max_element(sizes.begin(), sizes.end());
   gpu::expert_gemm(q, dw.get(), offset, drs.get(), n_groups, max_rows, rows, cols, dx.get(),
                    dy.get(), nullptr);
   std::string name = "expert_gemm_" + std::string(quant_name(q)) + " " + std::to_string(rows) +
                      "x" + std::to_string(cols) + " groups";
-  for (int n : sizes) name += " " + std::to_string(n);
+  for (int n : sizes) {
+    name += ' ';  // not " " + to_string: GCC 12 warns (-Wrestrict, a known false positive)
+    name += std::to_string(n);
+  }
   if (max_rows_hint > 0) name += " tile " + std::to_string(max_rows_hint);
   // As the matvec: exact weights, float32 sums of `cols` terms.
   expect_close(dy.download(), ref, 2e-4f, 1e-4f, name.c_str());
@@ -398,7 +402,8 @@ TEST(GpuKernels, GatherAndEmbedCopyTheIndexedRows) {
   for (int& i : idx) i = int(rng() % n_src);  // repeats included
   std::vector<float> ref(size_t(n) * dim);
   for (int i = 0; i < n; ++i)
-    std::copy_n(src.begin() + ptrdiff_t(idx[size_t(i)]) * dim, dim, ref.begin() + ptrdiff_t(i) * dim);
+    std::copy_n(src.begin() + ptrdiff_t(idx[size_t(i)]) * dim, dim,
+                ref.begin() + ptrdiff_t(i) * dim);
   DeviceVec<float> ds(src), dout(ref.size()), demb(ref.size());
   DeviceVec<int> di(idx);
   gpu::gather_rows(ds.get(), di.get(), n, dim, dout.get(), nullptr);
