@@ -147,7 +147,7 @@ int run(const Args& a) {
     throw ConfigError("--collect-router-inputs needs --collect-routing FILE");
   }
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
-               model->n_threads(), model->max_context(), model->expert_store().describe()};
+               model->n_threads(), model->max_context(), model->expert_store().describe(), "", ""};
   if (replay) info.routing = replay->describe();
   if (const GpuForwardInfo* g = model->gpu_info()) {
     info.gpu = g->describe();
