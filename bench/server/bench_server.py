@@ -114,6 +114,7 @@ def warm_rounds(url, max_tokens, id_prompts=None):
     for rnd in range(1, 4):
         m0 = metrics(url)
         dec_tok, dec_s, first_tps = 0, 0.0, 0.0
+        t0 = time.monotonic()
         for i, q in enumerate(QUESTIONS):
             if id_prompts:  # token ids to /v1/completions (OpenAI allows a list of ids as the prompt)
                 path, body = "/v1/completions", {"prompt": id_prompts[i]}
@@ -125,6 +126,7 @@ def warm_rounds(url, max_tokens, id_prompts=None):
             dec_s += r["timings"]["decode_s"]
             if not first_tps:  # the round's first request: in round 1 it meets the cold caches
                 first_tps = (r["usage"]["completion_tokens"] - 1) / max(r["timings"]["decode_s"], 1e-9)
+        wall = time.monotonic() - t0
         m1 = metrics(url)
         d = lambda k: m1.get(k, 0) - m0.get(k, 0)
         rows.append({"round": rnd, "decode_tok_s": dec_tok / dec_s if dec_s else 0, "first_q_tok_s": first_tps,
@@ -133,7 +135,7 @@ def warm_rounds(url, max_tokens, id_prompts=None):
                      "page_cache": d('moestream_expert_hits_total{tier="page_cache"}'),
                      "storage": d('moestream_expert_hits_total{tier="storage"}'),
                      "MB_read": d("moestream_expert_bytes_read_total") / 1e6,
-                     "io_wait_s": d("moestream_expert_io_wait_seconds_total")})
+                     "io_wait_s": d("moestream_expert_io_wait_seconds_total"), "round_wall_s": wall})
     return rows
 
 
@@ -254,7 +256,8 @@ def warm_section(a, extra):
         ids = id_questions(a.model, a.prompt_ids) if a.prompt_ids else None
         table(warm_rounds(s.url, a.max_tokens, ids), {"decode_tok_s": "{:.1f}", "first_q_tok_s": "{:.1f}", "experts_requested": "{:.0f}",
                                                   "host_cache": "{:.0f}", "page_cache": "{:.0f}",
-                                                  "storage": "{:.0f}", "MB_read": "{:.1f}", "io_wait_s": "{:.2f}"})
+                                                  "storage": "{:.0f}", "MB_read": "{:.1f}", "io_wait_s": "{:.2f}",
+                                                  "round_wall_s": "{:.1f}"})
     finally:
         s.stop()
 
