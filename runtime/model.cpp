@@ -128,8 +128,6 @@ void Model::truncate(int n_tokens) {
 }
 void Model::set_routing_callback(RoutingCallback cb) { impl_->on_routing = std::move(cb); }
 void Model::set_routing_override(RoutingOverrideFn fn) {
-  if (impl_->gpu && fn)
-    throw ConfigError("a routing override (--replay-routing) is not supported with --gpu yet");
   impl_->routing_override = std::move(fn);
   impl_->moe.set_routing_override(impl_->routing_override ? &impl_->routing_override : nullptr,
                                   impl_->tokens_routed);
@@ -187,7 +185,8 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     if (m.gpu) {
       float* out = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
       m.gpu->forward_chunk(tokens.data() + i, T, m.n_past, out, all_logits, m.prefill,
-                           m.on_routing, m.times);
+                           m.on_routing, m.times, &m.routing_override, m.tokens_routed);
+      m.tokens_routed += uint64_t(T);
       m.n_past += T;
     } else if (all_logits)
       m.forward_chunk(tokens.data() + i, T, logits.data() + i * V, true);

@@ -84,8 +84,7 @@ class Model {
   // Called after every layer's routing (empty = none); observing never changes the output.
   void set_routing_callback(RoutingCallback cb);
   // Expert choice from `fn` instead of the router (an empty fn restores the router), e.g. a
-  // RoutingReplay; cache-aware substitution is skipped while it is set. CPU path only:
-  // ConfigError with --gpu.
+  // RoutingReplay; cache-aware substitution is skipped while it is set. Both backends.
   void set_routing_override(RoutingOverrideFn fn);
   bool routing_overridden() const;
 

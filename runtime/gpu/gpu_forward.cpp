@@ -166,7 +166,7 @@ struct GpuForward::Impl {
               float beta = 0.0f);
   void forward_chunk(const int* tokens, int T, int n_past, float* logits_out, bool all_logits,
                      bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
-                     ForwardTimes& times);
+                     ForwardTimes& times, const RoutingOverrideFn* override, uint64_t ordinal);
   void moe(int layer, int T, const int* la_ids, ForwardTimes& times);
   void warm_up();
 };
@@ -348,7 +348,8 @@ void GpuForward::Impl::linear(const float* xin, const float* W, int T, int in, i
 void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float* logits_out,
                                      bool all_logits, bool prefill,
                                      const std::function<void(const RoutingEvent&)>& on_routing,
-                                     ForwardTimes& times) {
+                                     ForwardTimes& times, const RoutingOverrideFn* override,
+                                     uint64_t ordinal) {
   MOE_ASSERT(T > 0 && T <= B && n_past + T <= opts.max_context);
   auto t0 = std::chrono::steady_clock::now();
   const size_t b = size_t(B);
@@ -425,10 +426,18 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
     MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
                                    cudaMemcpyDeviceToHost, stream));
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const int* ids_h = route_host.as<int>();
-    const float* wts_h = reinterpret_cast<const float*>(ids_h + pairs);
+    int* ids_h = route_host.as<int>();
+    float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
+    if (override != nullptr && *override) {  // replayed routing: the weights go back to the device
+      (*override)(l, ordinal, T, ids_h, wts_h);
+      MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
+    }
     for (int i = 0; i < T * K; ++i)
-      MOE_ASSERT(ids_h[i] >= 0 && ids_h[i] < E, "router_topk returned an id outside [0, E)");
+      if (ids_h[i] < 0 || ids_h[i] >= E)
+        throw FormatError("layer " + std::to_string(l) + ": expert id " + std::to_string(ids_h[i]) +
+                          " outside [0, " + std::to_string(E) + ") from the " +
+                          (override && *override ? "routing override" : "router"));
     if (on_routing) {
       router_inputs.resize(size_t(T) * D);
       MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
@@ -582,8 +591,10 @@ GpuForward::~GpuForward() = default;
 void GpuForward::forward_chunk(const int* tokens, int T, int n_past, float* logits,
                                bool all_logits, bool prefill,
                                const std::function<void(const RoutingEvent&)>& on_routing,
-                               ForwardTimes& times) {
-  impl_->forward_chunk(tokens, T, n_past, logits, all_logits, prefill, on_routing, times);
+                               ForwardTimes& times, const RoutingOverrideFn* override,
+                               uint64_t ordinal) {
+  impl_->forward_chunk(tokens, T, n_past, logits, all_logits, prefill, on_routing, times, override,
+                       ordinal);
 }
 
 GpuForwardStats GpuForward::stats() const {

@@ -11,6 +11,7 @@
 #include "runtime/expert_store.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 #include "runtime/model_config.h"
+#include "runtime/routing_override.h"
 
 namespace moestream {
 
@@ -71,11 +72,14 @@ class GpuForward {
   // Runs T <= max_batch tokens at positions n_past..n_past+T-1 (KV rows appended on the device)
   // and writes the logits of the last token, or of every token when all_logits, to host memory
   // (nullptr: none). T > 1 fills experts with GpuFill::kPrefill, T == 1 with kDemand. Each
-  // layer's routing goes to on_routing when set (router inputs copied back only then). `times`
-  // gets host wall time per phase between synchronisation points (see docs/gpu.md).
+  // layer's routing goes to on_routing when set (router inputs copied back only then). When
+  // `override` is set and non-empty it replaces the router's ids/weights (token t of the chunk
+  // is ordinal + t), as on the CPU. `times` gets host wall time per phase between
+  // synchronisation points (see docs/gpu.md).
   void forward_chunk(const int* tokens, int T, int n_past, float* logits, bool all_logits,
                      bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
-                     ForwardTimes& times);
+                     ForwardTimes& times, const RoutingOverrideFn* override = nullptr,
+                     uint64_t ordinal = 0);
 
   GpuForwardStats stats() const;
   void reset_stats();
