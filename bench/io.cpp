@@ -54,8 +54,7 @@ struct Args {
   bool no_device = false;
   bool no_page_cache = false;
   bool no_sweep = false;
-  unsigned depth_reps = 0;      // cold depth study repetitions (0: off)
-  double depth_seconds = 0.3;
+  unsigned depth_reps = 0;      // cold depth study rounds (0: off)
 };
 
 uint64_t parse_size(const std::string& s) {
@@ -215,16 +214,20 @@ nlohmann::json to_json(const Cell& c) {
           {"op_latency_us_mean", c.lat_mean_us}, {"ops", c.ops}, {"reads_issued", c.reads_issued}};
 }
 
-// Throughput of `streams` threads, each with its own engine, each reading batches of k random
-// distinct experts (one request per expert, no coalescing, reads split at max_read_bytes) for
-// `seconds`: with two streams a second batch is always in flight when one drains, the way a
-// prefetched next batch keeps the device queue full across batch boundaries.
-double depth_cell(const fs::path& path, unsigned rings, unsigned qd, unsigned k, uint64_t max_read,
-                  unsigned streams, uint64_t expert_bytes, uint64_t stride, uint64_t n_experts,
-                  double seconds, uint64_t seed) {
+// One configuration of the O_DIRECT depth study: `streams` threads sharing one engine of that
+// many lanes (max_batches_in_flight; rings split between them), each reading batches of k random
+// distinct experts (one request per expert, no coalescing, reads split at max_read_bytes). With
+// two streams a second batch is in flight when one drains, the way the expert store's prefetch
+// keeps the device queue full across batch boundaries.
+struct DepthConfig {
+  unsigned k = 8, streams = 1;
+  uint64_t max_read = 1 << 20;
   std::vector<std::unique_ptr<IoEngine>> engines;
   std::vector<std::unique_ptr<AlignedBuf>> bufs;
-  for (unsigned s = 0; s < streams; ++s) {
+  std::vector<std::mt19937_64> rngs;
+  std::vector<double> round_gbps;
+
+  void open(const fs::path& path, unsigned rings, unsigned qd, uint64_t stride, uint64_t seed) {
     IoEngineOptions o;
     o.backend = IoBackend::kUring;
     o.direct = true;
@@ -232,39 +235,38 @@ double depth_cell(const fs::path& path, unsigned rings, unsigned qd, unsigned k,
     o.queue_depth = qd;
     o.coalesce = false;
     o.max_read_bytes = max_read;
+    o.max_batches_in_flight = streams;
     engines.push_back(std::make_unique<IoEngine>(o));
     engines.back()->add_file(path);
-    bufs.push_back(std::make_unique<AlignedBuf>(stride * k));
-  }
-  std::vector<uint64_t> bytes(streams, 0);
-  std::vector<double> busy(streams, 0);
-  auto stream = [&](unsigned s) {
-    std::mt19937_64 rng(seed + s);
-    std::vector<uint64_t> ids(n_experts);
-    std::vector<ReadRequest> reqs(k);
-    auto t0 = Clock::now();
-    while (seconds_since(t0) < seconds) {
-      for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
-      for (size_t i = 0; i < k; ++i) {
-        std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
-        reqs[i] = {0, ids[i] * stride, expert_bytes, bufs[s]->data() + i * stride};
-      }
-      engines[s]->read(reqs);
-      bytes[s] += k * expert_bytes;
+    for (unsigned s = 0; s < streams; ++s) {
+      bufs.push_back(std::make_unique<AlignedBuf>(stride * k));
+      rngs.emplace_back(seed + s);
     }
-    busy[s] = seconds_since(t0);
-  };
-  std::vector<std::thread> th;
-  for (unsigned s = 0; s < streams; ++s) th.emplace_back(stream, s);
-  for (auto& t : th) t.join();
-  uint64_t total = 0;
-  double longest = 0;
-  for (unsigned s = 0; s < streams; ++s) {
-    total += bytes[s];
-    longest = std::max(longest, busy[s]);
   }
-  return total / longest / 1e9;
-}
+
+  // Reads `n_total` experts (split over the streams) and records the round's GB/s.
+  void round(unsigned n_total, uint64_t expert_bytes, uint64_t stride, uint64_t n_experts) {
+    const unsigned per_stream = std::max(k, n_total / streams / k * k);
+    auto stream = [&](unsigned s) {
+      std::vector<uint64_t> ids(n_experts);
+      std::vector<ReadRequest> reqs(k);
+      for (unsigned done = 0; done < per_stream; done += k) {
+        for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
+        for (size_t i = 0; i < k; ++i) {
+          std::swap(ids[i], ids[i + rngs[s]() % (n_experts - i)]);
+          reqs[i] = {0, ids[i] * stride, expert_bytes, bufs[s]->data() + i * stride};
+        }
+        engines[0]->read(reqs);
+      }
+    };
+    auto t0 = Clock::now();
+    std::vector<std::thread> th;
+    for (unsigned s = 1; s < streams; ++s) th.emplace_back(stream, s);
+    stream(0);
+    for (auto& t : th) t.join();
+    round_gbps.push_back(double(per_stream) * streams * expert_bytes / seconds_since(t0) / 1e9);
+  }
+};
 
 }  // namespace
 
@@ -288,8 +290,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-page-cache", a.no_page_cache, "skip page-cache measurements");
   app.add_flag("--no-sweep", a.no_sweep, "skip the block-size sweeps");
   app.add_option("--depth-reps", a.depth_reps,
-                 "O_DIRECT depth study (experts in flight x read size x streams), repeated N times");
-  app.add_option("--depth-seconds", a.depth_seconds, "measuring time per depth-study cell");
+                 "O_DIRECT depth study (experts in flight x read size x streams): N interleaved rounds");
   CLI11_PARSE(app, argc, argv);
   g_max_read_bytes = a.max_read_kb << 10;
 
@@ -461,26 +462,43 @@ int main(int argc, char** argv) {
     // or whole experts) x streams (one batch at a time, or two batches in flight), repeated and
     // interleaved so that drift of a shared disk shows up as spread rather than as a trend.
     nlohmann::json depth = nlohmann::json::array();
-    if (a.depth_reps > 0 && !a.no_device && uring && n_experts >= 64) {
-      std::printf("depth study: uring %u rings, QD %u, O_DIRECT, %.2f s per cell, GB/s\n", a.rings,
-                  a.qd, a.depth_seconds);
-      struct Cfg { unsigned k; uint64_t max_read; unsigned streams; };
-      std::vector<Cfg> cfgs;
+    if (a.depth_reps > 0 && !a.no_device && uring && n_experts >= 64 && a.top_k > 0) {
+      // Rounds: each configuration in turn reads 64 experts, so that a shared disk's drift hits
+      // every configuration alike; per configuration the median over rounds, and the median of
+      // its per-round ratio to the top-64 whole-expert reads of the same round.
+      std::printf("depth study: uring %u rings, QD %u, O_DIRECT, %u rounds of 64 experts per "
+                  "configuration, interleaved\n", a.rings, a.qd, a.depth_reps);
+      std::vector<std::unique_ptr<DepthConfig>> cfgs;
+      auto add = [&](unsigned k, uint64_t mr, unsigned streams) {
+        cfgs.push_back(std::make_unique<DepthConfig>());
+        cfgs.back()->k = k;
+        cfgs.back()->max_read = mr;
+        cfgs.back()->streams = streams;
+        cfgs.back()->open(path, a.rings, a.qd, stride, 1000 + cfgs.size() * 10);
+      };
       for (uint64_t mr : {uint64_t{1} << 20, stride})
-        for (unsigned k : {1u, 8u, 16u, 32u, 64u}) cfgs.push_back({k, mr, 1});
-      for (uint64_t mr : {uint64_t{1} << 20, stride}) cfgs.push_back({a.top_k, mr, 2});
-      std::vector<std::vector<double>> got(cfgs.size());
+        for (unsigned k : {1u, 8u, 16u, 32u, 64u}) add(k, mr, 1);
+      for (uint64_t mr : {uint64_t{1} << 20, stride}) add(a.top_k, mr, 2);
+      const size_t ref = 9;  // top-64, whole experts, one stream: the limit's pattern
       for (unsigned rep = 0; rep < a.depth_reps; ++rep)
-        for (size_t i = 0; i < cfgs.size(); ++i)
-          got[i].push_back(depth_cell(path, a.rings, a.qd, cfgs[i].k, cfgs[i].max_read, cfgs[i].streams,
-                                      a.expert_bytes, stride, n_experts, a.depth_seconds, rep * 100 + i));
-      for (size_t i = 0; i < cfgs.size(); ++i) {
-        std::string reads = cfgs[i].max_read == stride ? "whole" : std::to_string(cfgs[i].max_read >> 10) + "K";
-        std::printf("depth    top%-3u reads %-6s streams %u:", cfgs[i].k, reads.c_str(), cfgs[i].streams);
-        for (double g : got[i]) std::printf(" %6.2f", g);
-        std::printf("\n");
-        depth.push_back({{"top_k", cfgs[i].k}, {"max_read_bytes", cfgs[i].max_read},
-                         {"streams", cfgs[i].streams}, {"gbps", got[i]}});
+        for (auto& c : cfgs) c->round(64, a.expert_bytes, stride, n_experts);
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+      };
+      std::printf("%-8s %-6s %-7s %-7s %8s %8s %8s %14s\n", "section", "top_k", "reads", "streams",
+                  "median", "min", "max", "vs_top64_whole");
+      for (auto& c : cfgs) {
+        std::vector<double> ratio;
+        for (size_t r = 0; r < c->round_gbps.size(); ++r)
+          ratio.push_back(c->round_gbps[r] / cfgs[ref]->round_gbps[r]);
+        std::string reads = c->max_read == stride ? "whole" : std::to_string(c->max_read >> 10) + "K";
+        auto [mn, mx] = std::minmax_element(c->round_gbps.begin(), c->round_gbps.end());
+        std::printf("depth    %-6u %-7s %-7u %8.2f %8.2f %8.2f %14.2f\n", c->k, reads.c_str(),
+                    c->streams, median(c->round_gbps), *mn, *mx, median(ratio));
+        depth.push_back({{"top_k", c->k}, {"max_read_bytes", c->max_read}, {"streams", c->streams},
+                         {"gbps_rounds", c->round_gbps}, {"gbps_median", median(c->round_gbps)},
+                         {"ratio_to_top64_whole_median", median(ratio)}});
       }
       std::fflush(stdout);
     }

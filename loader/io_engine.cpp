@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <condition_variable>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -53,15 +54,22 @@ bool io_uring_available(int* err) {
 }
 
 struct IoEngine::Impl {
+  // One batch runs on a lane: its own backend (rings or threads) and bounce arena, so that
+  // concurrent batches never share a ring or a buffer.
+  struct Lane {
+    std::unique_ptr<io::Backend> backend;
+    uint8_t* arena = nullptr;  // bounce buffers, 4 KiB aligned for O_DIRECT
+    size_t arena_bytes = 0;
+    bool busy = false;
+  };
   IoEngineOptions opts;
   std::vector<FileEntry> files;
-  std::unique_ptr<io::Backend> backend;
-  uint8_t* arena = nullptr;  // bounce buffers, 4 KiB aligned for O_DIRECT
-  size_t arena_bytes = 0;
-  uint8_t* sink = nullptr;   // where scatter reads drop the gaps they read through
-  uint64_t sink_bytes = 0;
+  std::vector<Lane> lanes;
+  uint8_t* sink = nullptr;   // where scatter reads drop the gaps they read through (shared:
+  uint64_t sink_bytes = 0;   // its contents are never read)
   IoEngineStats stats;
-  std::mutex mu;  // one batch at a time
+  std::mutex mu;  // files, lanes' busy flags, stats
+  std::condition_variable cv;
 
   void notice(const std::string& line) const {
     if (opts.notice)
@@ -70,17 +78,17 @@ struct IoEngine::Impl {
       std::fprintf(stderr, "moestream: %s\n", line.c_str());
   }
 
-  void ensure_arena(size_t bytes) {
-    if (bytes <= arena_bytes) return;
+  static void ensure_arena(Lane& l, size_t bytes) {
+    if (bytes <= l.arena_bytes) return;
     size_t want = std::max<size_t>(bytes, 1 << 20);
     want = std::bit_ceil(want);  // grow geometrically: io_uring re-registers on every growth
     void* p = nullptr;
     if (::posix_memalign(&p, io::kDirectAlign, want) != 0)
       throw IoError("cannot allocate a " + std::to_string(want) + "-byte bounce buffer");
-    std::free(arena);
-    arena = static_cast<uint8_t*>(p);
-    arena_bytes = want;
-    backend->on_arena(arena, arena_bytes);
+    std::free(l.arena);
+    l.arena = static_cast<uint8_t*>(p);
+    l.arena_bytes = want;
+    l.backend->on_arena(l.arena, l.arena_bytes);
   }
 
   // O_DIRECT can be refused at open (EINVAL) or only at the first read (some filesystems):
@@ -124,12 +132,14 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
   if (opts.n_threads == 0) opts.n_threads = std::clamp(hw, 4u, 16u);
   if (opts.queue_depth == 0) throw ConfigError("io queue_depth must be at least 1");
   if (opts.max_read_bytes == 0) throw ConfigError("io max_read_bytes must be at least 1");
+  if (opts.max_batches_in_flight == 0) throw ConfigError("io max_batches_in_flight must be at least 1");
   impl_->opts = std::move(opts);
   Impl& m = *impl_;
+  std::unique_ptr<io::Backend> first;
   if (m.opts.backend == IoBackend::kAuto || m.opts.backend == IoBackend::kUring) {
     int err = 0;
-    m.backend = io::make_uring_backend(m.opts, &err);
-    if (!m.backend)
+    first = io::make_uring_backend(m.opts, &err);
+    if (!first)
       m.notice(std::string("io_uring unavailable (io_uring_queue_init: ") + std::strerror(err) +
                "); using the pread thread pool");
   } else if (m.opts.backend == IoBackend::kMmap) {
@@ -137,9 +147,18 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
       m.notice("O_DIRECT does not apply to the mmap backend; reading through the page cache");
       m.opts.direct = false;
     }
-    m.backend = io::make_mmap_backend(m.opts);
+    first = io::make_mmap_backend(m.opts);
   }
-  if (!m.backend) m.backend = io::make_pread_backend(m.opts);
+  if (!first) first = io::make_pread_backend(m.opts);
+  const IoBackend kind = first->kind();
+  m.lanes.resize(m.opts.max_batches_in_flight);
+  m.lanes[0].backend = std::move(first);
+  for (size_t i = 1; i < m.lanes.size(); ++i) {
+    int err = 0;
+    if (kind == IoBackend::kUring) m.lanes[i].backend = io::make_uring_backend(m.opts, &err);
+    if (kind == IoBackend::kMmap) m.lanes[i].backend = io::make_mmap_backend(m.opts);
+    if (!m.lanes[i].backend) m.lanes[i].backend = io::make_pread_backend(m.opts);
+  }
   if (m.opts.scatter) {
     m.sink_bytes = io::sink_bytes_for(std::min<uint64_t>(m.opts.coalesce_gap_bytes, 1 << 20));
     void* p = nullptr;
@@ -150,17 +169,23 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
 }
 
 IoEngine::~IoEngine() {
-  impl_->backend.reset();  // rings and workers go before the fds and buffers they use
+  for (Impl::Lane& l : impl_->lanes) {
+    l.backend.reset();  // rings and workers go before the fds and buffers they use
+    std::free(l.arena);
+  }
   for (FileEntry& f : impl_->files) {
     if (f.fd != f.buffered_fd) ::close(f.fd);
     ::close(f.buffered_fd);
   }
-  std::free(impl_->arena);
   std::free(impl_->sink);
 }
 
 uint32_t IoEngine::add_file(const std::filesystem::path& path) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  // Batches in flight read the file table: let them finish before it may move.
+  impl_->cv.wait(lock, [&] {
+    return std::none_of(impl_->lanes.begin(), impl_->lanes.end(), [](const Impl::Lane& l) { return l.busy; });
+  });
   FileEntry f;
   f.path = path.string();
   f.buffered_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -183,7 +208,7 @@ uint32_t IoEngine::add_file(const std::filesystem::path& path) {
   }
   uint32_t index = static_cast<uint32_t>(impl_->files.size());
   impl_->files.push_back(f);
-  impl_->backend->on_file_added(index, impl_->files.back());
+  for (Impl::Lane& l : impl_->lanes) l.backend->on_file_added(index, impl_->files.back());
   return index;
 }
 
@@ -194,17 +219,41 @@ bool IoEngine::file_is_direct(uint32_t file) const { return impl_->files.at(file
 size_t IoEngine::submit(std::span<ReadRequest> batch) { return submit(batch, RequestDoneFn{}); }
 
 size_t IoEngine::submit(std::span<ReadRequest> batch, const RequestDoneFn& on_done) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
+  Impl::Lane* lane = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(m.mu);
+    m.cv.wait(lock, [&] {
+      for (Impl::Lane& l : m.lanes)
+        if (!l.busy) {
+          lane = &l;
+          return true;
+        }
+      return false;
+    });
+    lane->busy = true;
+  }
+  // Frees the lane however this returns (plan_reads and the arena may throw).
+  struct Release {
+    Impl& m;
+    Impl::Lane& l;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lock(m.mu);
+        l.busy = false;
+      }
+      m.cv.notify_all();
+    }
+  } release{m, *lane};
   io::PlanOptions po{m.opts.coalesce, m.opts.coalesce_gap_bytes, m.opts.max_read_bytes,
                      m.opts.scatter, m.sink_bytes};
   io::IoPlan plan = io::plan_reads(batch, m.files, po);
-  if (plan.bounce_bytes > 0) m.ensure_arena(plan.bounce_bytes);
+  if (plan.bounce_bytes > 0) Impl::ensure_arena(*lane, plan.bounce_bytes);
   for (io::Extent& e : plan.extents)
-    if (e.bounce) e.buf = m.arena + e.bounce_offset;
+    if (e.bounce) e.buf = lane->arena + e.bounce_offset;
   if (on_done) io::track_requests(plan, batch, &on_done);
   io::BatchContext ctx{plan, batch, m.files, m.opts, m.sink, m.sink_bytes, {}, {}};
-  if (!plan.extents.empty()) m.backend->run(ctx);
+  if (!plan.extents.empty()) lane->backend->run(ctx);
   io::apply_results(plan, batch);
 
   size_t failed = 0;
@@ -214,6 +263,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch, const RequestDoneFn& on_do
     MOE_ASSERT(r.result != ReadResult::kPending, "a request was left pending");
     if (r.result != ReadResult::kOk) ++failed;
   }
+  std::lock_guard<std::mutex> lock(m.mu);
   IoEngineStats& s = m.stats;
   ++s.batches;
   s.requests += batch.size();
@@ -252,7 +302,7 @@ void IoEngine::read(std::span<ReadRequest> batch) {
                 " requests in the batch failed)");
 }
 
-IoBackend IoEngine::backend() const { return impl_->backend->kind(); }
+IoBackend IoEngine::backend() const { return impl_->lanes[0].backend->kind(); }
 const IoEngineOptions& IoEngine::options() const { return impl_->opts; }
 
 IoEngineStats IoEngine::stats() const {

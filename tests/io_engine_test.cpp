@@ -11,6 +11,8 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
+#include <chrono>
 #include <vector>
 
 #include "common/error.h"
@@ -534,6 +536,42 @@ INSTANTIATE_TEST_SUITE_P(Backends, IoFaultTest,
                                          Config{IoBackend::kPread, false},
                                          Config{IoBackend::kPread, true}),
                          config_name);
+
+TEST_P(IoFaultTest, TwoLanesRunTwoBatchesAtOnceAndOneLaneSerialises) {
+  for (uint32_t lanes : {2u, 1u}) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes");
+    IoEngineOptions o = options();
+    o.max_batches_in_flight = lanes;
+    auto a_started = std::make_shared<std::atomic<bool>>(false);
+    auto b_done = std::make_shared<std::atomic<bool>>(false);
+    auto b_seen_by_a = std::make_shared<std::atomic<bool>>(false);
+    // Batch A's completion waits (up to 300 ms) for batch B to complete: only possible when B
+    // runs while A is still in flight.
+    o.completion_hook = [=](const CompletionInfo& ci) -> int64_t {
+      if (ci.offset == 0 && ci.attempt == 0) {
+        a_started->store(true);
+        auto t0 = std::chrono::steady_clock::now();
+        while (!b_done->load() && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300))
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        b_seen_by_a->store(b_done->load());
+      }
+      return ci.result;
+    };
+    IoEngine eng(o);
+    eng.add_file(path_);
+    std::string a(65536, '\0'), b(65536, '\0');
+    std::vector<ReadRequest> ra{{0, 0, a.size(), a.data()}}, rb{{0, 1 << 20, b.size(), b.data()}};
+    std::thread ta([&] { eng.read(ra); });
+    while (!a_started->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    eng.read(rb);
+    b_done->store(true);
+    ta.join();
+    EXPECT_EQ(b_seen_by_a->load(), lanes == 2);
+    EXPECT_EQ(a, content_.substr(0, a.size()));
+    EXPECT_EQ(b, content_.substr(1 << 20, b.size()));
+    EXPECT_EQ(eng.stats().batches, 2u);
+  }
+}
 
 TEST(IoEngineFallback, UringInitFailureFallsBackToPreadWithANotice) {
   TempDir d("io_fallback");
