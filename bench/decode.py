@@ -259,6 +259,14 @@ def main():
                                       if r["device_bytes_per_token"] > 1e5 else None)
         r["fraction_of_limit"] = (r["tokens_per_s"] / r["io_limit_tokens_per_s"]
                                   if r["io_limit_tokens_per_s"] else None)
+        # Where the time went: the I/O wait compute did not hide vs the I/O-bound time of the
+        # bytes read (the I/O path's own efficiency), and the CPU time per token (the ceiling
+        # if I/O were free; on a small shared VM it, not the disk, bounds tokens/s).
+        ph, n = r["phases_s"] or {}, max(1, r["decode_tokens"])
+        r["io_wait_s_per_token"] = ph.get("expert_io", 0) / n
+        r["cpu_s_per_token"] = sum(v for k, v in ph.items() if k != "expert_io") / n
+        r["io_efficiency"] = ((r["device_bytes_per_token"] / bw) / r["io_wait_s_per_token"]
+                              if r["io_limit_tokens_per_s"] and r["io_wait_s_per_token"] > 0 else None)
 
     cap_note = (f"cgroup v2 memory.max = budget + dense/KV {ram >> 20} MiB + {args.slack_mb} MiB ({cap_text})"
                 if capped else
@@ -287,13 +295,19 @@ def main():
     print(f"memory cap: {cap_note}")
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")
-    print(f"{'method':8} {'budget MiB':>10} {'tok/s':>8} {'dev MB/tok':>10} {'limit tok/s':>11} {'of limit':>8}")
+    print(f"{'method':8} {'budget MiB':>10} {'tok/s':>8} {'dev MB/tok':>10} {'limit tok/s':>11} "
+          f"{'of limit':>8} {'I/O wait s/tok':>14} {'I/O effic.':>10} {'CPU s/tok':>9}")
     for r in rows + sweep:
         lim = r["io_limit_tokens_per_s"]
         budget = "-" if r["method"] == "warm" else str(r["cap_mb"])
+        eff = f"{r['io_efficiency'] * 100:>9.0f}%" if r["io_efficiency"] else f"{'-':>10}"
         print(f"{r['method']:8} {budget:>10} {r['tokens_per_s']:>8.2f} "
               f"{r['device_bytes_per_token'] / 1e6:>10.1f} "
-              + (f"{lim:>11.2f} {r['fraction_of_limit'] * 100:>7.0f}%" if lim else f"{'-':>11} {'-':>8}"))
+              + (f"{lim:>11.2f} {r['fraction_of_limit'] * 100:>7.0f}%" if lim else f"{'-':>11} {'-':>8}")
+              + f" {r['io_wait_s_per_token']:>14.3f} {eff} {r['cpu_s_per_token']:>9.3f}")
+    print("limit = device bandwidth / device bytes per token; I/O effic. = (bytes per token / "
+          "bandwidth) / I/O wait per token (the share of the I/O-bound time the wait matches); "
+          "CPU s/tok = attention + router + expert math + other (the ceiling if I/O were free)")
     if "warm" in by:
         print("warm = every expert already in the page cache (no cap): the compute-bound speed of "
               "this machine, which no I/O method can beat")
