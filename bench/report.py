@@ -33,9 +33,23 @@ def log(msg):
     print(f"report: {msg}", file=sys.stderr, flush=True)
 
 
+REUSE_DIR = None  # set by --reuse: a command whose saved stdout is there is not run again
+
+
 def sh(cmd, **kw):
-    log("$ " + (cmd if isinstance(cmd, str) else " ".join(shlex.quote(c) for c in cmd)))
-    return subprocess.run(cmd, check=True, text=True, capture_output=True, cwd=ROOT, **kw).stdout
+    text = cmd if isinstance(cmd, str) else " ".join(shlex.quote(c) for c in cmd)
+    saved = None
+    if REUSE_DIR:
+        import hashlib
+        saved = os.path.join(REUSE_DIR, "stdout_" + hashlib.sha1(text.encode()).hexdigest()[:16] + ".txt")
+        if os.path.exists(saved):
+            log("reusing the saved output of $ " + text)
+            return open(saved).read()
+    log("$ " + text)
+    out = subprocess.run(cmd, check=True, text=True, capture_output=True, cwd=ROOT, **kw).stdout
+    if saved:
+        open(saved, "w").write(out)
+    return out
 
 
 def machine():
@@ -149,7 +163,7 @@ class Report:
         if not os.path.exists(trace):
             sh(["bash", "bench/gpu_cache_trace.sh", os.path.dirname(a.bin), trace, str(a.trace_prompts),
                 str(a.trace_tokens)])
-        cmd = [sim, "--routing", trace, "--percent", "5,10,20,30,40,50,60,70,80"]
+        cmd = [sim, "--routing", trace]
         text = sh(cmd)
         # The first table: capacity | % of expert bytes | LRU | LFRU | Belady | ...
         lines = [l for l in text.splitlines() if l.strip()]
@@ -260,12 +274,21 @@ def main():
     ap.add_argument("--trace-prompts", type=int, default=8)
     ap.add_argument("--trace-tokens", type=int, default=128)
     ap.add_argument("--cluster-train-bytes", type=int, default=100000)
+    ap.add_argument("--reuse", action="store_true",
+                    help="reuse the saved output of commands run before with the same arguments "
+                         "(after a failed section; the figures then show the earlier run)")
     args = ap.parse_args()
+    global REUSE_DIR
     args.bin = os.path.abspath(args.bin)
     args.work = os.path.abspath(args.work)
     args.results = os.path.abspath(args.results)
     args.figures = os.path.abspath(args.figures)
     os.makedirs(args.work, exist_ok=True)
+    REUSE_DIR = os.path.join(args.work, "saved")
+    os.makedirs(REUSE_DIR, exist_ok=True)
+    if not args.reuse:  # outputs are still saved, for a later --reuse
+        for f in os.listdir(REUSE_DIR):
+            os.remove(os.path.join(REUSE_DIR, f))
     r = Report(args)
     ran = []
     for name in args.sections.split(","):
