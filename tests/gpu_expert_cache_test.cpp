@@ -249,6 +249,21 @@ TEST_F(GpuExpertCacheTest, PrefetchedExpertIsUsedByALaterDemand) {
   EXPECT_TRUE(matches(dev[0], 1, 4));
 }
 
+TEST_F(GpuExpertCacheTest, BackToBackPrefetchesNeverOverwriteStagingACopyStillReads) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCacheOptions o;
+  o.staging_bytes = 3 * bytes_;  // each prefetch below wraps the ring
+  GpuExpertCache cache(cfg_, store_, 16 * bytes_, stream_, o);
+  for (int layer = 0; layer < 3; ++layer) {
+    std::vector<int> ids{4, 0, 3, 1, 2};
+    cache.prefetch(layer, ids);  // no stream is synchronized in between
+  }
+  EXPECT_EQ(cache.telemetry().prefetch_issued, 15u);
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int layer = 0; layer < 3; ++layer)
+    for (int e = 0; e < 5; ++e) EXPECT_TRUE(matches(cache.resident_payload(layer, e), layer, e));
+}
+
 // Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned. Opens when
 // destroyed: declared after the cache, a failing test never leaves the cache's destructor
 // waiting on a stream that cannot progress.
