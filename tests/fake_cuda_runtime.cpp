@@ -1,0 +1,188 @@
+// A fake CUDA runtime for gpu_expert_cache_fake_test: "device" memory is host memory, each stream
+// a queue of operations that run lazily in a seeded random interleaving whenever the host calls in
+// (and fully on a synchronize). A copy reads its source when it runs, so a missing stream wait or
+// a staging buffer reused too early shows up as wrong bytes, without a GPU (CI).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/gpu_ops.h"
+
+namespace {
+
+struct Op {
+  std::function<bool()> ready;  // false while the operation waits for an event
+  std::function<void()> run;
+};
+struct FakeStream {
+  std::deque<Op> ops;
+};
+struct FakeEvent {
+  uint64_t recorded = 0, done = 0;  // tickets of the last record and the last one that ran
+};
+
+std::vector<FakeStream*> g_streams;
+FakeStream g_legacy;
+std::mt19937 g_rng(1);
+uint64_t g_ticket = 0;
+
+FakeStream* stream_of(cudaStream_t s) { return s ? reinterpret_cast<FakeStream*>(s) : &g_legacy; }
+
+// Runs the first ready operation of a randomly chosen stream; false when none can run.
+bool run_one() {
+  std::vector<FakeStream*> all(g_streams);
+  all.push_back(&g_legacy);
+  std::shuffle(all.begin(), all.end(), g_rng);
+  for (FakeStream* s : all) {
+    if (s->ops.empty() || !s->ops.front().ready()) continue;
+    Op op = std::move(s->ops.front());
+    s->ops.pop_front();
+    op.run();
+    return true;
+  }
+  return false;
+}
+
+// The "device" moves on a little at each host call: one operation one time in five, so copies
+// often lag several calls behind.
+void progress() {
+  if (g_rng() % 5 == 0) run_one();
+}
+
+void run_until(const std::function<bool()>& cond) {
+  while (!cond())
+    if (!run_one()) std::abort();  // a deadlock: a wait on an event never recorded to run
+}
+
+void enqueue(cudaStream_t s, Op op) {
+  stream_of(s)->ops.push_back(std::move(op));
+  progress();
+}
+
+bool all_idle() {
+  for (FakeStream* s : g_streams)
+    if (!s->ops.empty()) return false;
+  return g_legacy.ops.empty();
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  auto* f = new FakeStream;
+  g_streams.push_back(f);
+  *s = reinterpret_cast<cudaStream_t>(f);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  FakeStream* f = stream_of(s);
+  run_until([f] { return f->ops.empty(); });
+  std::erase(g_streams, f);
+  delete f;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new FakeEvent);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<FakeEvent*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  *p = std::malloc(n);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) {
+  progress();
+  *p = std::malloc(n);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xEE, n);  // not zeros: a slot never written reads as garbage
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  run_until(all_idle);  // as the real cudaFree, which synchronizes the device
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+  enqueue(s, {[] { return true; }, [=] { std::memcpy(dst, src, n); }});
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  std::memcpy(dst, src, n);  // the tests' streams are non-blocking: no implicit wait
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes,
+                                 size_t count, cudaMemcpyAttributes*, size_t*, size_t,
+                                 cudaStream_t s) {
+  for (size_t i = 0; i < count; ++i) {
+    void* dst = dsts[i];
+    const void* src = srcs[i];
+    const size_t n = sizes[i];
+    enqueue(s, {[] { return true; }, [=] { std::memcpy(dst, src, n); }});
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  const uint64_t t = ++g_ticket;
+  ev->recorded = t;
+  enqueue(s, {[] { return true; }, [=] { ev->done = std::max(ev->done, t); }});
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  progress();
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  return ev->done >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  const uint64_t t = ev->recorded;
+  run_until([=] { return ev->done >= t; });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  const uint64_t t = ev->recorded;  // the record current at the call, as CUDA
+  enqueue(s, {[=] { return ev->done >= t; }, [] {}});
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  FakeStream* f = stream_of(s);
+  run_until([f] { return f->ops.empty(); });
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  run_until(all_idle);
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) {
+  return cudaErrorNotSupported;  // a blocking host function would stall this single thread
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+const char* cudaGetErrorString(cudaError_t) { return "fake runtime error"; }
+const char* cudaGetErrorName(cudaError_t) { return "cudaErrorFake"; }
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  *free_b = size_t{1} << 30;
+  *total_b = size_t{2} << 30;
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+namespace moestream::gpu {
+int device_count(const char**) { return 1; }
+}  // namespace moestream::gpu
