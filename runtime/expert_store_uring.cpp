@@ -209,6 +209,7 @@ class EngineExpertStore final : public ExpertStore {
     std::vector<uint32_t> req_item;        // request -> item
     std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
     std::vector<uint32_t> pinned;          // cache slots this fetch hands out
+    std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
     std::unique_ptr<uint8_t, FreeDeleter> scratch;  // misses the cache does not take
     size_t scratch_slots = 0;
     // Shared with the I/O thread, under mu_.
@@ -262,13 +263,14 @@ class EngineExpertStore final : public ExpertStore {
     // Hits first (and pinned), so that placing the misses cannot evict an expert of this fetch.
     // A resident slot not yet verified is still being read by the other fetch: read it again
     // rather than hand out bytes that may not have landed.
-    std::vector<bool> reread(f.items.size(), false);
+    std::vector<uint8_t>& reread = f.reread;
+    reread.assign(f.items.size(), 0);
     if (cache_)
       for (size_t k = 0; k < f.items.size(); ++k) {
         auto cs = cache_->policy().lookup(HostCache::key(uint32_t(layer), f.items[k].slot));
         if (!cs) continue;
         if (!cache_verified_[*cs]) {
-          reread[k] = true;
+          reread[k] = 1;
           continue;
         }
         f.items[k].data = cache_->slot_data(*cs);
@@ -393,11 +395,13 @@ class EngineExpertStore final : public ExpertStore {
       Fetch& f = *jobs_.front();
       jobs_.pop_front();
       lock.unlock();
-      const bool verify = opts_.store.verify_checksums;
       auto t0 = std::chrono::steady_clock::now();
-      engine_.submit(f.reqs, [this, &f, verify](const ReadRequest& r, size_t index) {
+      // Two pointers fit std::function's inline buffer: no allocation per batch.
+      Fetch* fp = &f;
+      engine_.submit(f.reqs, [this, fp](const ReadRequest& r, size_t index) {
+        Fetch& f = *fp;
         double dt = 0;
-        if (verify && r.result == ReadResult::kOk) {
+        if (opts_.store.verify_checksums && r.result == ReadResult::kOk) {
           auto c0 = std::chrono::steady_clock::now();
           f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), layout_.bytes);
           dt = seconds_since(c0);
