@@ -265,6 +265,53 @@ TEST_F(GpuExpertCacheTest, BackToBackPrefetchesNeverOverwriteStagingACopyStillRe
     for (int e = 0; e < 5; ++e) EXPECT_TRUE(matches(cache.resident_payload(layer, e), layer, e));
 }
 
+TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvict) {
+  SKIP_WITHOUT_GPU();
+  // Each call's "kernel" is a device-to-device copy of its experts on the compute stream into a
+  // check area, never waited for by the host until the end: a slot evicted, a scratch area or
+  // a staging range reused before that copy ran would leave wrong bytes in the check area.
+  GpuExpertCacheOptions o;
+  o.chunk_bytes = 2 * bytes_;
+  o.staging_bytes = 4 * bytes_;
+  GpuExpertCache cache(cfg_, store_, 6 * bytes_, stream_, o);
+  constexpr int kCalls = 300, kMaxIds = 6;
+  uint8_t* check = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&check), size_t(kCalls) * kMaxIds * bytes_));
+  std::vector<std::vector<int>> called(kCalls);
+  std::vector<int> layers(kCalls);
+  std::mt19937 rng(11);
+  for (int c = 0; c < kCalls; ++c) {
+    layers[size_t(c)] = int(rng() % 3);
+    std::vector<int>& ids = called[size_t(c)];
+    ids.resize(1 + rng() % kMaxIds);
+    for (int& id : ids) id = int(rng() % 16);
+    std::vector<const uint8_t*> dev(ids.size());
+    cache.acquire(layers[size_t(c)], ids, rng() % 4 ? GpuFill::kDemand : GpuFill::kPrefill, dev);
+    for (size_t i = 0; i < ids.size(); ++i)
+      CUDA_OK(cudaMemcpyAsync(check + (size_t(c) * kMaxIds + i) * bytes_, dev[i], bytes_,
+                              cudaMemcpyDeviceToDevice, stream_));
+    cache.kernels_enqueued();
+    if (rng() % 2) {
+      std::vector<int> predicted{int(rng() % 16), int(rng() % 16)};
+      cache.prefetch(int(rng() % 3), predicted);
+    }
+    if (rng() % 3 == 0) cache.end_step();
+  }
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  std::vector<uint8_t> host(size_t(kCalls) * kMaxIds * bytes_);
+  CUDA_OK(cudaMemcpy(host.data(), check, host.size(), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaFree(check));
+  for (int c = 0; c < kCalls; ++c)
+    for (size_t i = 0; i < called[size_t(c)].size(); ++i) {
+      const auto& want = store_.payload(layers[size_t(c)], called[size_t(c)][i]);
+      ASSERT_EQ(std::memcmp(host.data() + (size_t(c) * kMaxIds + i) * bytes_, want.data(), bytes_), 0)
+          << "call " << c << " expert " << called[size_t(c)][i];
+    }
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_GT(t.policy.evictions, 0u);
+  EXPECT_GT(t.scratch_uses, 0u);  // prefill with a full budget at least
+}
+
 // Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned. Opens when
 // destroyed: declared after the cache, a failing test never leaves the cache's destructor
 // waiting on a stream that cannot progress.
