@@ -163,10 +163,12 @@ def decode_run(args, model, method, held_trace, expert_cap_mb, capped, ram_bytes
         cmd += ["--io", "mmap"]
     elif method == "pread":
         cmd += ["--io", "simple"]
+    elif method == "engine_buffered":
+        cmd += ["--io", "uring"]
     else:
         cmd += ["--io", "uring", "--io-direct", "--host-cache-mb", str(expert_cap_mb)]
     limit_mb = None
-    if capped and method != "warm":
+    if capped and method not in ("warm", "engine_buffered"):
         # memory.max covers what the model holds anyway (dense f32, KV) plus the expert budget.
         limit_mb = expert_cap_mb + ram_bytes // (1 << 20) + args.slack_mb
         cmd = ["bash", CAP_SCRIPT, str(limit_mb), "--"] + cmd
@@ -211,13 +213,15 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--methods", default="mmap,pread,engine,warm",
                     help="warm (all experts in the page cache, uncapped: the compute-bound speed) "
-                         "runs only when the model fits in half the available RAM")
+                         "runs only when the model fits in half the available RAM; without a cgroup "
+                         "cap engine_buffered (io_uring on the uncapped page cache) is added")
     ap.add_argument("--trace-train", help="routing log to cluster from (default: the demo model's)")
     ap.add_argument("--trace-heldout", help="routing log replayed while decoding (default: demo's)")
     ap.add_argument("--train-bytes", type=int, default=60000, help="demo text for the train trace")
     ap.add_argument("--cluster-tokens", type=int, default=256, help="replayed tokens to cluster from")
     ap.add_argument("--io-bench-mb", type=int, default=2048)
     ap.add_argument("--slack-mb", type=int, default=384, help="memory.max headroom beyond dense + KV + budget")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per cell, interleaved; the median is kept")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count()
@@ -248,32 +252,40 @@ def main():
             raise SystemExit(f"decode: --memory-max-mb {args.memory_max_mb} leaves no expert budget "
                              f"(dense + KV need {ram >> 20} MiB, slack {args.slack_mb} MiB)")
 
-    rows = []
     with open("/proc/meminfo") as f:
         avail = next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
     methods = [m for m in args.methods.split(",") if m != "warm" or model_bytes < avail // 2]
-    for method in methods:
-        r = decode_run(args, model, method, held, args.cap_mb, capped, ram,
-                       os.path.join(args.work, f"stats_{method}.json"))
-        rows.append(r)
-    sweep = []
-    for mb in [int(x) for x in args.sweep_mb.split(",") if x]:
-        for method in (["mmap", "engine"] if capped else ["engine"]):
-            sweep.append(decode_run(args, model, method, held, mb, capped, ram,
-                                    os.path.join(args.work, f"stats_{method}_{mb}.json")))
+    if not capped and "engine" in methods and "engine_buffered" not in methods:
+        # Without a cap mmap keeps every expert it touched in the page cache; the engine on the
+        # same uncapped page cache (buffered io_uring, no host cache) is the like-for-like pair.
+        methods.insert(methods.index("engine") + 1, "engine_buffered")
+    sweep_cells = [(m, mb) for mb in [int(x) for x in args.sweep_mb.split(",") if x]
+                   for m in (["mmap", "engine"] if capped else ["engine"])]
+    cells = [(m, args.cap_mb) for m in methods] + sweep_cells
+    # Rounds interleave the cells (a shared machine's load drifts); each cell keeps its median.
+    runs = {c: [] for c in cells}
+    for rnd in range(args.rounds):
+        for m, mb in cells:
+            runs[(m, mb)].append(decode_run(args, model, m, held, mb, capped, ram,
+                                            os.path.join(args.work, f"stats_{m}_{mb}_{rnd}.json")))
+    def median_run(rs):
+        r = dict(sorted(rs, key=lambda x: x["tokens_per_s"])[len(rs) // 2])
+        r["tokens_per_s_rounds"] = [x["tokens_per_s"] for x in rs]
+        return r
+    rows = [median_run(runs[c]) for c in cells[:len(methods)]]
+    sweep = [median_run(runs[c]) for c in sweep_cells]
     for r in rows + sweep:
         r["io_limit_tokens_per_s"] = (bw / r["device_bytes_per_token"]
-                                      if r["device_bytes_per_token"] > 1e5 else None)
+                                      if r["method"] != "warm" and r["device_bytes_per_token"] > 0 else None)
         r["fraction_of_limit"] = (r["tokens_per_s"] / r["io_limit_tokens_per_s"]
                                   if r["io_limit_tokens_per_s"] else None)
-        # Where the time went: the I/O wait compute did not hide vs the I/O-bound time of the
-        # bytes read (the I/O path's own efficiency), and the CPU time per token (the ceiling
-        # if I/O were free; on a small shared VM it, not the disk, bounds tokens/s).
+        # Where the time went: the I/O-bound time of the bytes read, the I/O wait that compute did
+        # not hide (below the I/O-bound time when reads overlap compute), and the CPU time per
+        # token (the ceiling if I/O were free; on a small shared VM it bounds tokens/s).
         ph, n = r["phases_s"] or {}, max(1, r["decode_tokens"])
+        r["io_bound_s_per_token"] = r["device_bytes_per_token"] / bw
         r["io_wait_s_per_token"] = ph.get("expert_io", 0) / n
         r["cpu_s_per_token"] = sum(v for k, v in ph.items() if k != "expert_io") / n
-        r["io_efficiency"] = ((r["device_bytes_per_token"] / bw) / r["io_wait_s_per_token"]
-                              if r["io_limit_tokens_per_s"] and r["io_wait_s_per_token"] > 0 else None)
 
     cap_note = (f"cgroup v2 memory.max = budget + dense/KV {ram >> 20} MiB + {args.slack_mb} MiB ({cap_text})"
                 if capped else
@@ -296,25 +308,28 @@ def main():
     by = {r["method"]: r for r in rows}
     if "engine" in by and "mmap" in by and by["mmap"]["tokens_per_s"]:
         result["engine_over_mmap"] = by["engine"]["tokens_per_s"] / by["mmap"]["tokens_per_s"]
+    if "engine_buffered" in by and "mmap" in by and by["mmap"]["tokens_per_s"]:
+        result["engine_buffered_over_mmap"] = by["engine_buffered"]["tokens_per_s"] / by["mmap"]["tokens_per_s"]
 
     print(f"bench/decode: {args.shape}, {cfg['n_layers']} layers, {args.quant}, model "
           f"{model_bytes / 1e9:.2f} GB = {result['cap']['model_over_cap']:.1f}x the {args.cap_mb} MiB budget")
     print(f"memory cap: {cap_note}")
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")
-    print(f"{'method':8} {'budget MiB':>10} {'tok/s':>8} {'dev MB/tok':>10} {'limit tok/s':>11} "
-          f"{'of limit':>8} {'I/O wait s/tok':>14} {'I/O effic.':>10} {'CPU s/tok':>9}")
+    print(f"{'method':15} {'budget MiB':>10} {'tok/s':>7} {'rounds':>17} {'dev MB/tok':>10} "
+          f"{'limit tok/s':>11} {'of limit':>8} {'I/O-bound s/tok':>15} {'I/O wait s/tok':>14} {'CPU s/tok':>9}")
     for r in rows + sweep:
         lim = r["io_limit_tokens_per_s"]
-        budget = "-" if r["method"] == "warm" else str(r["cap_mb"])
-        eff = f"{r['io_efficiency'] * 100:>9.0f}%" if r["io_efficiency"] else f"{'-':>10}"
-        print(f"{r['method']:8} {budget:>10} {r['tokens_per_s']:>8.2f} "
+        budget = "uncapped" if r["method"] in ("warm", "engine_buffered") or (
+            not capped and r["method"] in ("mmap", "pread")) else str(r["cap_mb"])
+        rounds = "/".join(f"{x:.2f}" for x in r["tokens_per_s_rounds"])
+        print(f"{r['method']:15} {budget:>10} {r['tokens_per_s']:>7.2f} {rounds:>17} "
               f"{r['device_bytes_per_token'] / 1e6:>10.1f} "
               + (f"{lim:>11.2f} {r['fraction_of_limit'] * 100:>7.0f}%" if lim else f"{'-':>11} {'-':>8}")
-              + f" {r['io_wait_s_per_token']:>14.3f} {eff} {r['cpu_s_per_token']:>9.3f}")
-    print("limit = device bandwidth / device bytes per token; I/O effic. = (bytes per token / "
-          "bandwidth) / I/O wait per token (the share of the I/O-bound time the wait matches); "
-          "CPU s/tok = attention + router + expert math + other (the ceiling if I/O were free)")
+              + f" {r['io_bound_s_per_token']:>15.3f} {r['io_wait_s_per_token']:>14.3f} {r['cpu_s_per_token']:>9.3f}")
+    print("tok/s = median of the rounds; limit = device bandwidth / device bytes per token; "
+          "I/O-bound s/tok = device bytes per token / bandwidth; I/O wait = the wait compute did not "
+          "hide; CPU s/tok = attention + router + expert math + other (the ceiling if I/O were free)")
     for r in rows + sweep:
         if r["device_bytes_source"] != "rusage":
             print(f"note: {r['method']} {r['cap_mb']} MiB: device bytes from {r['device_bytes_source']}")
@@ -322,7 +337,11 @@ def main():
         print("warm = every expert already in the page cache (no cap): the compute-bound speed of "
               "this machine, which no I/O method can beat")
     if "engine_over_mmap" in result:
-        print(f"engine / mmap: {result['engine_over_mmap']:.2f}x")
+        print(f"engine / mmap: {result['engine_over_mmap']:.2f}x"
+              + ("" if capped else " (engine capped, mmap not)"))
+    if "engine_buffered_over_mmap" in result:
+        print(f"engine_buffered / mmap (both on the uncapped page cache): "
+              f"{result['engine_buffered_over_mmap']:.2f}x")
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:

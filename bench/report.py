@@ -34,6 +34,7 @@ def log(msg):
 
 
 REUSE_DIR = None  # set by --reuse: a command whose saved stdout is there is not run again
+REUSED = []  # commands whose earlier output was reused (named in the generated header)
 
 
 def sh(cmd, **kw):
@@ -44,6 +45,7 @@ def sh(cmd, **kw):
         saved = os.path.join(REUSE_DIR, "stdout_" + hashlib.sha1(text.encode()).hexdigest()[:16] + ".txt")
         if os.path.exists(saved):
             log("reusing the saved output of $ " + text)
+            REUSED.append(text)
             return open(saved).read()
     log("$ " + text)
     out = subprocess.run(cmd, check=True, text=True, capture_output=True, cwd=ROOT, **kw).stdout
@@ -101,7 +103,7 @@ class Report:
         width = 0.38
         for i, cache in enumerate(["page_cache", "device"]):
             xs = [k + (i - 0.5) * width for k in range(len(engines))]
-            ax.bar(xs, [val.get((e, cache if not (cache == "device" and e == "mmap") else "device_mmap"), 0)
+            ax.bar(xs, [val.get((e, "device_mmap" if cache == "device" and e.startswith("mmap") else cache), 0)
                         for e in engines], width, label=cache)
         ax.set_xticks(range(len(engines)), engines, rotation=20)
         ax.set_ylabel("GB/s")
@@ -121,17 +123,24 @@ class Report:
         out = os.path.join(a.work, "decode.json")
         cmd = [sys.executable, "bench/decode.py", "--bin", a.bin, "--work", os.path.join(a.work, "decode"),
                "--shape", a.shape, "--cap-mb", str(a.cap_mb), "--sweep-mb", a.sweep_mb,
-               "--tokens", str(a.tokens), "--json", out]
+               "--tokens", str(a.tokens), "--rounds", str(a.rounds), "--json", out]
         if a.layers:
             cmd[cmd.index("--shape"):cmd.index("--shape")] = ["--layers", str(a.layers)]
         text = sh(cmd)
         j = json.load(open(out))
         runs = j["runs"] + j["sweep"]
         fig, ax = plt.subplots(figsize=(7, 3.8))
-        for method, style in (("engine", "o-"), ("mmap", "s--"), ("pread", "^:")):
+        capped = j["cap"]["mode"] == "cgroup-v2"
+        for method, style, color in (("engine", "o-", "C0"), ("mmap", "s--", "C1"), ("pread", "^:", "C2"),
+                                     ("engine_buffered", "d-.", "C3")):
             pts = sorted((r["cap_mb"], r["tokens_per_s"]) for r in runs if r["method"] == method)
-            if pts:
-                ax.plot(*zip(*pts), style, label=f"{method}")
+            if not pts:
+                continue
+            if method == "engine_buffered" or (not capped and method != "engine"):
+                # Uncapped runs (no cgroup here): a level, not a point at some cap.
+                ax.axhline(pts[0][1], linestyle=style[1:], color=color, label=f"{method} (page cache uncapped)")
+            else:
+                ax.plot(*zip(*pts), style, color=color, label=method)
         lim = sorted((r["cap_mb"], r["io_limit_tokens_per_s"]) for r in runs
                      if r["method"] == "engine" and r["io_limit_tokens_per_s"])
         if lim:
@@ -239,6 +248,10 @@ class Report:
                 f"`{' '.join(shlex.quote(x) for x in sys.argv)}` (sections: {', '.join(ran)}). "
                 "Everything between the report markers is rewritten by that command; the sections "
                 "after it are hand-written.", ""]
+        if REUSED:
+            head += [f"With --reuse: the output of {len(REUSED)} command(s) was taken from an earlier "
+                     "run of this script on the same machine (their files under --work): "
+                     + "; ".join(f"`{c[:90]}{'...' if len(c) > 90 else ''}`" for c in REUSED), ""]
         block = "\n".join(head + self.md + [END]) + "\n"
         text = open(a.results).read() if os.path.exists(a.results) else "# Measured results\n"
         if BEGIN in text and END in text:
@@ -269,8 +282,9 @@ def main():
     ap.add_argument("--shape", default="olmoe-1b-7b")
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--cap-mb", type=int, default=1024)
-    ap.add_argument("--sweep-mb", default="256,512,2048")
+    ap.add_argument("--sweep-mb", default="256,2048")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="decode runs per cell (median kept)")
     ap.add_argument("--trace-prompts", type=int, default=8)
     ap.add_argument("--trace-tokens", type=int, default=128)
     ap.add_argument("--cluster-train-bytes", type=int, default=100000)
