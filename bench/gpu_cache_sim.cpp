@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
     std::vector<int> caps;
     for (double p : percents) caps.push_back(std::max(top_k, int(std::lround(p / 100.0 * total))));
     caps.insert(caps.end(), experts.begin(), experts.end());
-    std::printf("trace: %s, %zu decode steps, %zu accesses (%d layers x %d experts, top-%d)\n",
-                log_path.c_str(), t.n_steps(), t.keys.size(), t.n_layers, t.n_experts, top_k);
+    std::printf("trace: %s, %zu %s, %zu accesses (%d layers x %d experts, top-%d)\n",
+                log_path.c_str(), t.n_steps(), all_phases ? "tokens" : "decode steps", t.keys.size(), t.n_layers, t.n_experts, top_k);
     std::printf("| capacity (experts) | %% of expert bytes | LRU hit %% | LFRU hit %% | Belady hit %% "
                 "| LFRU gap to Belady (points) | LRU gap (points) |\n");
     std::printf("|---|---|---|---|---|---|---|\n");

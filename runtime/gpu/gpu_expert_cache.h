@@ -59,6 +59,7 @@ class GpuExpertCache {
                std::span<const uint8_t*> dev_out);
   // Call right after enqueuing the kernels that read the experts of the last acquire(): records
   // an event on `compute`; those slots stay pinned (never victims) until it has completed.
+  // A new acquire() without it does the same first (the previous kernels are enqueued by then).
   void kernels_enqueued();
   // Look-ahead: speculative fills of predicted experts of `layer` under the eviction guard; ids
   // outside [0, n_experts) ignored (counted). Reads through the store, copies on the copy stream;
