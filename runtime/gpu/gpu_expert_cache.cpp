@@ -3,7 +3,7 @@
 //
 // Ordering rests on two in-order streams:
 // - Copy batches are numbered (seq) on the copy stream, so "batch N done" implies every earlier
-//   batch done: one completed_seq_ answers whether a slot's bytes, or a staging range, are free.
+//   batch done: one completed_seq answers whether a slot's bytes, or a staging range, are free.
 // - Kernel groups (one per acquire, closed by kernels_enqueued) complete in order on `compute`;
 //   their slots stay pinned in the policy until the group's event has completed.
 #include "runtime/gpu/gpu_expert_cache.h"
