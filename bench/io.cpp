@@ -49,6 +49,7 @@ struct Args {
   uint64_t expert_bytes = 2654208;  // Qwen3-30B-A3B expert in q4: 3 x 768x2048 matrices
   unsigned top_k = 8;
   uint64_t max_read_kb = 1024;  // engine read size cap (coalescing and splitting)
+  uint64_t direct_max_read_kb = 4096;  // the same for O_DIRECT reads
   std::string json = "bench_io.json";
   bool keep = false;
   bool no_device = false;
@@ -130,7 +131,7 @@ struct Cell {
   uint64_t ops = 0, reads_issued = 0;
 };
 
-uint64_t g_max_read_bytes = 1 << 20;
+uint64_t g_max_read_bytes = 1 << 20, g_direct_max_read_bytes = 4 << 20;
 
 std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned qd, bool coalesce,
                                       const fs::path& path) {
@@ -143,6 +144,7 @@ std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned
   o.coalesce = coalesce;
   // The block sweeps and limit rows measure raw reads: no coalescing, no splitting.
   o.max_read_bytes = coalesce ? g_max_read_bytes : uint64_t{1} << 40;
+  o.direct_max_read_bytes = coalesce ? g_direct_max_read_bytes : uint64_t{1} << 40;
   auto eng = std::make_unique<IoEngine>(o);
   if (e.backend == IoBackend::kUring && eng->backend() != IoBackend::kUring)
     throw ConfigError("io_uring is not available here; cannot measure " + e.name);
@@ -235,6 +237,7 @@ struct DepthConfig {
     o.queue_depth = qd;
     o.coalesce = false;
     o.max_read_bytes = max_read;
+    o.direct_max_read_bytes = max_read;
     o.max_batches_in_flight = streams;
     engines.push_back(std::make_unique<IoEngine>(o));
     engines.back()->add_file(path);
@@ -284,6 +287,7 @@ int main(int argc, char** argv) {
   app.add_option("--expert-bytes", a.expert_bytes, "expert payload bytes for the expert pattern");
   app.add_option("--top-k", a.top_k, "experts per layer batch in the expert pattern");
   app.add_option("--max-read-kb", a.max_read_kb, "engine max read size: coalescing cap and split size");
+  app.add_option("--direct-max-read-kb", a.direct_max_read_kb, "the same for O_DIRECT reads");
   app.add_option("--json", a.json, "JSON output path");
   app.add_flag("--keep", a.keep, "keep the created file");
   app.add_flag("--no-device", a.no_device, "skip O_DIRECT / dropped-cache measurements");
@@ -293,6 +297,7 @@ int main(int argc, char** argv) {
                  "O_DIRECT depth study (experts in flight x read size x streams): N interleaved rounds");
   CLI11_PARSE(app, argc, argv);
   g_max_read_bytes = a.max_read_kb << 10;
+  g_direct_max_read_bytes = a.direct_max_read_kb << 10;
 
   try {
     const char* tmp = std::getenv("TMPDIR");
@@ -561,7 +566,8 @@ int main(int argc, char** argv) {
     j["params"] = {{"file_bytes", file_bytes}, {"threads", a.threads}, {"rings", a.rings},
                    {"queue_depth", a.qd}, {"batch", a.batch}, {"seconds_per_cell", a.seconds},
                    {"expert_bytes", a.expert_bytes}, {"top_k", a.top_k},
-                   {"max_read_bytes", g_max_read_bytes}};
+                   {"max_read_bytes", g_max_read_bytes},
+                   {"direct_max_read_bytes", g_direct_max_read_bytes}};
     j["cache_legend"] = {{"page_cache", "buffered reads, file fully in the page cache"},
                          {"device", "O_DIRECT reads (the storage device or the VM's virtual disk)"},
                          {"device_mmap", "mmap page faults after POSIX_FADV_DONTNEED"}};

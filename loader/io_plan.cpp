@@ -71,9 +71,13 @@ void add_bounce(IoPlan& plan, Extent& x) {
 // A request larger than max_read_bytes becomes several reads (chunks of max_read_bytes,
 // block-aligned for O_DIRECT) that run on different rings/threads at once: one big expert
 // otherwise occupies a single queue slot and cannot use the device's parallelism.
+uint64_t max_read_for(const FileEntry& f, const PlanOptions& opts) {
+  return f.direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes : opts.max_read_bytes;
+}
+
 void split_request(IoPlan& plan, const ReadRequest& r, uint32_t index, const FileEntry& f,
                    const PlanOptions& opts) {
-  uint64_t chunk = opts.max_read_bytes;
+  uint64_t chunk = max_read_for(f, opts);
   if (f.direct) chunk = std::max(kDirectAlign, align_down(chunk, kDirectAlign));
   const uint64_t end = r.offset + r.length;
   const uint64_t rs = f.direct ? align_down(r.offset, kDirectAlign) : r.offset;
@@ -141,6 +145,7 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
     const FileEntry& f = files[first.file];
     uint64_t start = first.offset;
     uint64_t end = first.offset + first.length;
+    const uint64_t max_read = max_read_for(f, opts);
     size_t e = b + 1;
     if (opts.coalesce) {
       while (e < order.size()) {
@@ -148,12 +153,12 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
         if (r.file != first.file) break;
         if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
         uint64_t new_end = std::max(end, r.offset + r.length);
-        if (new_end - start > opts.max_read_bytes) break;
+        if (new_end - start > max_read) break;
         end = new_end;
         ++e;
       }
     }
-    if (e - b == 1 && end - start > opts.max_read_bytes) {
+    if (e - b == 1 && end - start > max_read) {
       split_request(plan, first, order[b], f, opts);
       b = e;
       continue;

@@ -73,6 +73,7 @@ struct PlanOptions {
   bool coalesce = true;
   uint64_t gap_bytes = 0;
   uint64_t max_read_bytes = 0;
+  uint64_t direct_max_read_bytes = 0;  // for O_DIRECT files; 0: max_read_bytes
   bool scatter = true;      // vectored reads for coalesced non-contiguous dests
   uint64_t sink_bytes = 0;  // size of the gap sink buffer (gaps are cut into pieces this big)
 };
@@ -82,8 +83,8 @@ inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
   return (gap_bytes + 3 * kDirectAlign) / kDirectAlign * kDirectAlign;
 }
 
-// Sorts `reqs` by (file, offset) and groups them into extents of at most max_read_bytes; a
-// longer request is split into several extents. Extents whose requests' dests
+// Sorts `reqs` by (file, offset) and groups them into extents of at most max_read_bytes
+// (direct_max_read_bytes for O_DIRECT files); a longer request is split into several extents. Extents whose requests' dests
 // are exactly contiguous (and aligned enough for O_DIRECT) read in place; extents of
 // non-overlapping requests (block-aligned for O_DIRECT) scatter; the rest get a bounce range
 // [bounce_offset, +length) with buf left null until the caller binds the arena.

@@ -159,6 +159,8 @@ class EngineExpertStore final : public ExpertStore {
       s += ", " + std::to_string(o.n_threads) + " threads";
     s += ", coalesce gap " + std::to_string(o.coalesce ? o.coalesce_gap_bytes >> 10 : 0) +
          " KiB, max read " + std::to_string(o.max_read_bytes >> 10) + " KiB";
+    if (direct > 0 && o.direct_max_read_bytes > 0)
+      s += " (O_DIRECT " + std::to_string(o.direct_max_read_bytes >> 10) + " KiB)";
     if (cache_) {
       char buf[96];
       std::snprintf(buf, sizeof buf, ", host cache %.1f MiB (%u experts)",

@@ -580,7 +580,7 @@ TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
   ASSERT_FALSE(want.empty());
   const std::string flags[] = {
       "--io uring --io-direct --host-cache-mb 1 --io-qd 4 --io-rings 2 --coalesce-gap-kb 0",
-      "--io pread --io-direct --host-cache-mb 1 --io-threads 3 --max-read-kb 16",
+      "--io pread --io-direct --host-cache-mb 1 --io-threads 3 --max-read-kb 16 --direct-max-read-kb 8",
       "--io mmap --no-verify-checksums",
       "--io auto --coalesce-gap-kb 128"};
   for (const std::string& f : flags) {
@@ -607,7 +607,8 @@ TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
   std::string help;
   EXPECT_EQ(run_cli("--help", &help), 0);
   for (const char* flag : {"--io-direct", "--host-cache-mb", "--io-qd", "--io-rings", "--io-threads",
-                           "--coalesce-gap-kb", "--max-read-kb", "--no-verify-checksums"})
+                           "--coalesce-gap-kb", "--max-read-kb", "--direct-max-read-kb",
+                           "--no-verify-checksums"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 

@@ -85,6 +85,7 @@ class IoEngineTest : public testing::TestWithParam<Config> {
     o.n_rings = 3;
     o.n_threads = 3;
     o.queue_depth = 8;
+    o.direct_max_read_bytes = 0;  // max_read_bytes for every file, as the tests set it
     o.notice = [this](const std::string& s) { notices_.push_back(s); };
     return o;
   }
@@ -231,6 +232,21 @@ TEST_P(IoEngineTest, LargeRequestIsSplitIntoParallelReads) {
   EXPECT_EQ(b, content_.substr((2 << 20) + 333, 200001));
   EXPECT_EQ(c, content_.substr(50, 100));
   EXPECT_GE(eng.stats().reads_issued, 5u + 4u + 1u);
+}
+
+TEST_P(IoEngineTest, DirectFilesUseTheirOwnReadSizeCap) {
+  IoEngineOptions o = options();
+  o.max_read_bytes = 64 << 10;
+  o.direct_max_read_bytes = 1 << 20;
+  IoEngine eng(o);
+  eng.add_file(path_);
+  std::string buf(600 << 10, '\0');
+  std::vector<ReadRequest> reqs{{0, 8192, buf.size(), buf.data()}};
+  eng.read(reqs);
+  EXPECT_EQ(buf, content_.substr(8192, buf.size()));
+  // O_DIRECT: one read of the whole request; buffered (and mmap): 64 KiB pieces.
+  const bool direct = eng.file_is_direct(0);
+  EXPECT_EQ(eng.stats().reads_issued, direct ? 1u : 10u);
 }
 
 TEST_P(IoEngineTest, CoalescingOffIssuesOneReadPerRequest) {

@@ -34,6 +34,10 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
   app.add_option("--max-read-kb", a.max_read_kb,
                  "largest single read; longer experts are split to keep more reads in flight")
       ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  app.add_option("--direct-max-read-kb", a.direct_max_read_kb,
+                 "largest single read with --io-direct (whole experts read faster from a device "
+                 "than 1 MiB pieces)")
+      ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
   app.add_flag("--cache-aware", a.cache_aware,
                "after the exact top-k, replace a selected expert that is not resident (host cache "
                "or page cache) by the best resident unselected expert whose router LOGIT is within "
@@ -84,6 +88,7 @@ std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std
   so.io.coalesce = a.coalesce_gap_kb > 0;
   so.io.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
   so.io.max_read_bytes = a.max_read_kb << 10;
+  so.io.direct_max_read_bytes = a.direct_max_read_kb << 10;
   so.host_cache_bytes = a.host_cache_mb << 20;
   if (a.host_cache_mb > 0 && !a.io_direct)
     std::fprintf(stderr, "%s: --host-cache-mb without --io-direct: experts are cached twice "

@@ -17,7 +17,7 @@ namespace moestream {
 struct EngineCliArgs {
   std::string io = "auto";
   bool io_direct = false;
-  uint64_t host_cache_mb = 0, coalesce_gap_kb = 64, max_read_kb = 1024;
+  uint64_t host_cache_mb = 0, coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
   uint32_t io_qd = 32, io_rings = 0, io_threads = 0;  // 0 = the engine's default
   bool no_verify = false;
   bool cache_aware = false;
@@ -28,7 +28,7 @@ struct EngineCliArgs {
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,
-// --max-read-kb, --no-verify, --cache-aware, --cache-tolerance, --gpu, --gpu-cache-mb and
+// --max-read-kb, --direct-max-read-kb, --no-verify, --cache-aware, --cache-tolerance, --gpu, --gpu-cache-mb and
 // --moe-lookahead to `app`.
 void add_engine_options(CLI::App& app, EngineCliArgs& a);
 
