@@ -189,7 +189,7 @@ def table(rows, fmt):
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in rows:
-        print("| " + " | ".join(fmt.get(k, "{}").format(r[k]) for k in keys) + " |")
+        print("| " + " | ".join(r[k] if isinstance(r[k], str) else fmt.get(k, "{}").format(r[k]) for k in keys) + " |")
     print()
 
 
