@@ -43,7 +43,9 @@ struct Model::Impl {
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
   std::vector<float> cos, sin;          // [max_batch, head_dim/2]
+#ifdef MOESTREAM_HAS_CUDA
   std::unique_ptr<GpuForward> gpu;      // set when opts.gpu: forward() runs there instead
+#endif
 
   Impl(ModelConfig c, const ModelOptions& o, DenseWeights dw, std::unique_ptr<ExpertStore> s)
       : cfg(std::move(c)), opts(o), w(std::move(dw)), store(std::move(s)), pool(o.n_threads),
@@ -139,18 +141,24 @@ void Model::reset_times() {
   impl_->moe_times = {};
 }
 void Model::set_cache_aware(const CacheAwareOptions& o) {
-  if (impl_->gpu && o.enabled)
+  if (impl_->opts.gpu && o.enabled)
     throw ConfigError("cache-aware routing is not supported with --gpu (the GPU path routes exactly)");
   impl_->moe.set_cache_aware(o);
 }
 const CacheAwareOptions& Model::cache_aware() const { return impl_->moe.cache_aware(); }
 const CacheAwareStats& Model::cache_aware_stats() const { return impl_->moe.cache_aware_stats(); }
 void Model::reset_cache_aware_stats() { impl_->moe.reset_cache_aware_stats(); }
+#ifdef MOESTREAM_HAS_CUDA
 const GpuForwardInfo* Model::gpu_info() const { return impl_->gpu ? &impl_->gpu->info() : nullptr; }
 GpuForwardStats Model::gpu_stats() const { return impl_->gpu ? impl_->gpu->stats() : GpuForwardStats{}; }
 void Model::reset_gpu_stats() {
   if (impl_->gpu) impl_->gpu->reset_stats();
 }
+#else  // no GPU backend can exist in this build (Model::load refuses opts.gpu)
+const GpuForwardInfo* Model::gpu_info() const { return nullptr; }
+GpuForwardStats Model::gpu_stats() const { return {}; }
+void Model::reset_gpu_stats() {}
+#endif
 ExpertStoreStats Model::expert_stats() const { return impl_->store->stats(); }
 const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
@@ -182,16 +190,17 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
   for (size_t i = 0; i < tokens.size(); i += size_t(m.opts.max_batch)) {
     const int T = int(std::min(tokens.size() - i, size_t(m.opts.max_batch)));
     const bool last = i + size_t(T) == tokens.size();
+    float* out = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
+#ifdef MOESTREAM_HAS_CUDA
     if (m.gpu) {
-      float* out = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
       m.gpu->forward_chunk(tokens.data() + i, T, m.n_past, out, all_logits, m.prefill,
                            m.on_routing, m.times, &m.routing_override, m.tokens_routed);
       m.tokens_routed += uint64_t(T);
       m.n_past += T;
-    } else if (all_logits)
-      m.forward_chunk(tokens.data() + i, T, logits.data() + i * V, true);
-    else
-      m.forward_chunk(tokens.data() + i, T, last ? logits.data() : nullptr, false);
+      continue;
+    }
+#endif
+    m.forward_chunk(tokens.data() + i, T, out, all_logits);
   }
 }
 

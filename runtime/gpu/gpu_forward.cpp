@@ -74,49 +74,6 @@ class PinnedBuffer {
 
 }  // namespace
 
-GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
-  GpuForwardStats d;
-  const GpuCacheStats &p = a.cache.policy, &q = b.cache.policy;
-  GpuCacheStats& r = d.cache.policy;
-  r.demand_hits = p.demand_hits - q.demand_hits;
-  r.demand_misses = p.demand_misses - q.demand_misses;
-  r.demand_no_room = p.demand_no_room - q.demand_no_room;
-  r.speculative_hits = p.speculative_hits - q.speculative_hits;
-  r.speculative_fills = p.speculative_fills - q.speculative_fills;
-  r.speculative_dropped = p.speculative_dropped - q.speculative_dropped;
-  r.speculative_used = p.speculative_used - q.speculative_used;
-  r.speculative_no_room = p.speculative_no_room - q.speculative_no_room;
-  r.prefill_hits = p.prefill_hits - q.prefill_hits;
-  r.prefill_fills = p.prefill_fills - q.prefill_fills;
-  r.prefill_no_room = p.prefill_no_room - q.prefill_no_room;
-  r.evictions = p.evictions - q.evictions;
-  r.slot_allocs = p.slot_allocs - q.slot_allocs;
-  r.slot_frees = p.slot_frees - q.slot_frees;
-  d.cache.h2d_bytes = a.cache.h2d_bytes - b.cache.h2d_bytes;
-  d.cache.h2d_copies = a.cache.h2d_copies - b.cache.h2d_copies;
-  d.cache.prefetch_issued = a.cache.prefetch_issued - b.cache.prefetch_issued;
-  d.cache.prefetch_used = a.cache.prefetch_used - b.cache.prefetch_used;
-  d.cache.prefetch_dropped = a.cache.prefetch_dropped - b.cache.prefetch_dropped;
-  d.cache.prefetch_ignored = a.cache.prefetch_ignored - b.cache.prefetch_ignored;
-  d.cache.scratch_uses = a.cache.scratch_uses - b.cache.scratch_uses;
-  d.cache.demand_wait_s = a.cache.demand_wait_s - b.cache.demand_wait_s;
-  d.cache.alloc_retries = a.cache.alloc_retries - b.cache.alloc_retries;
-  d.lookahead.layers = a.lookahead.layers - b.lookahead.layers;
-  d.lookahead.predicted = a.lookahead.predicted - b.lookahead.predicted;
-  d.lookahead.demanded = a.lookahead.demanded - b.lookahead.demanded;
-  d.lookahead.demanded_predicted = a.lookahead.demanded_predicted - b.lookahead.demanded_predicted;
-  return d;
-}
-
-std::string GpuForwardInfo::describe() const {
-  std::string s = device + ": dense weights " + mib(dense_bytes) + ", KV cache " + mib(kv_bytes) +
-                  ", activations " + mib(scratch_bytes) + "; expert cache " + mib(cache_bytes) +
-                  " (" + cache_rule + ")";
-  s += moe_lookahead > 0 ? ", look-ahead " + std::to_string(moe_lookahead) + " experts"
-                         : ", no look-ahead";
-  return s;
-}
-
 struct GpuForward::Impl {
   const ModelConfig& cfg;
   GpuForwardOptions opts;
