@@ -561,13 +561,13 @@ TEST_P(IoFaultTest, TwoLanesRunTwoBatchesAtOnceAndOneLaneSerialises) {
     auto a_started = std::make_shared<std::atomic<bool>>(false);
     auto b_done = std::make_shared<std::atomic<bool>>(false);
     auto b_seen_by_a = std::make_shared<std::atomic<bool>>(false);
-    // Batch A's completion waits (up to 300 ms) for batch B to complete: only possible when B
-    // runs while A is still in flight.
+    // Batch A's completion waits (up to 1 s, generous for a loaded machine) for batch B to
+    // complete: only possible when B runs while A is still in flight.
     o.completion_hook = [=](const CompletionInfo& ci) -> int64_t {
       if (ci.offset == 0 && ci.attempt == 0) {
         a_started->store(true);
         auto t0 = std::chrono::steady_clock::now();
-        while (!b_done->load() && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(300))
+        while (!b_done->load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1))
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         b_seen_by_a->store(b_done->load());
       }
