@@ -334,8 +334,8 @@ def main():
         if r["device_bytes_source"] != "rusage":
             print(f"note: {r['method']} {r['cap_mb']} MiB: device bytes from {r['device_bytes_source']}")
     if "warm" in by:
-        print("warm = every expert already in the page cache (no cap): the compute-bound speed of "
-              "this machine, which no I/O method can beat")
+        print("warm = every expert already in the page cache (no cap), read by buffered pread: the "
+              "all-hits speed of buffered reads (its I/O wait is the copy out of the page cache)")
     if "engine_over_mmap" in result:
         print(f"engine / mmap: {result['engine_over_mmap']:.2f}x"
               + ("" if capped else " (engine capped, mmap not)"))
