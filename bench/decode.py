@@ -157,6 +157,7 @@ def decode_run(args, model, method, held_trace, expert_cap_mb, capped, ram_bytes
     cmd = [infer, "-m", model, "--replay-routing", held_trace, "--prompt-ids", "1", "-n",
            str(args.tokens), "--temp", "0", "--ignore-eos", "--print-ids", "-t", str(args.threads),
            "--ctx", str(args.tokens + 8), "--stats-json", stats_path]
+    cmd += shlex.split(args.infer_args)
     if method == "warm":  # every expert in the page cache: the compute-bound speed, no I/O
         cmd += ["--io", "pread"]
     elif method == "mmap":
@@ -221,6 +222,7 @@ def main():
     ap.add_argument("--cluster-tokens", type=int, default=256, help="replayed tokens to cluster from")
     ap.add_argument("--io-bench-mb", type=int, default=2048)
     ap.add_argument("--slack-mb", type=int, default=384, help="memory.max headroom beyond dense + KV + budget")
+    ap.add_argument("--infer-args", default="", help="extra infer flags for every decode run, e.g. --gpu")
     ap.add_argument("--rounds", type=int, default=1, help="runs per cell, interleaved; the median is kept")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
