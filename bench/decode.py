@@ -222,7 +222,7 @@ def main():
     ap.add_argument("--cluster-tokens", type=int, default=256, help="replayed tokens to cluster from")
     ap.add_argument("--io-bench-mb", type=int, default=2048)
     ap.add_argument("--slack-mb", type=int, default=384, help="memory.max headroom beyond dense + KV + budget")
-    ap.add_argument("--infer-args", default="", help="extra infer flags for every decode run, e.g. --gpu")
+    ap.add_argument("--infer-args", default="", help="extra infer flags for every decode run, as one argument: --infer-args=--gpu")
     ap.add_argument("--rounds", type=int, default=1, help="runs per cell, interleaved; the median is kept")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()

@@ -25,7 +25,7 @@ layers=${LAYERS:-48}
 t0=$(date +%s)
 timeout "${DECODE_TIMEOUT:-540}" python3 bench/decode.py --bin "$B" --work "$W" --shape qwen3-30b-a3b \
   --layers "$layers" --quant q4 --memory-max-mb "${MEMORY_MAX_MB:-8192}" --tokens "${TOKENS:-32}" \
-  --sweep-mb "${SWEEP_MB:-}" --rounds "${ROUNDS:-1}" --infer-args "${INFER_ARGS:-}" --io-bench-mb 4096 --json "$O/decode.json" >"$O/decode.txt" 2>"$O/decode.log"
+  --sweep-mb "${SWEEP_MB:-}" --rounds "${ROUNDS:-1}" --infer-args="${INFER_ARGS:-}" --io-bench-mb 4096 --json "$O/decode.json" >"$O/decode.txt" 2>"$O/decode.log"
 echo "decode: rc $? in $(( $(date +%s) - t0 )) s"
 cat "$O/decode.txt"
 tail -5 "$O/decode.log"
