@@ -67,9 +67,9 @@ class Report:
         self.machine = machine()
         os.makedirs(args.figures, exist_ok=True)
 
-    def figure(self, fig, name, command):
+    def figure(self, fig, name, command, footer=None):
         """Saves fig with a footer naming machine, date and command; returns the markdown link."""
-        fig.text(0.01, 0.005, f"{self.machine}, {self.date}\n$ {command}", fontsize=6, va="bottom",
+        fig.text(0.01, 0.005, f"{footer or self.machine + ', ' + self.date}\n$ {command}", fontsize=6, va="bottom",
                  family="monospace", wrap=True)
         fig.tight_layout(rect=(0, 0.07, 1, 1))
         path = os.path.join(self.args.figures, f"report_{name}.png")
@@ -127,7 +127,26 @@ class Report:
         if a.layers:
             cmd[cmd.index("--shape"):cmd.index("--shape")] = ["--layers", str(a.layers)]
         text = sh(cmd)
-        j = json.load(open(out))
+        self.render_decode(json.load(open(out)), text, " ".join(cmd), "decode_vs_cap",
+                           "Decode tokens/s vs memory cap (bench/decode.py, replayed routing)")
+
+    def decode_device(self):
+        """The same section from a decode.json measured elsewhere (scripts/device_decode.sh's $OUT),
+        named with that machine and date."""
+        a = self.args
+        if not a.device_decode or not os.path.exists(a.device_decode):
+            self.md += ["### Decode on the device machine", "",
+                        f"Not included: no --device-decode JSON ({a.device_decode or 'none given'}).", ""]
+            return
+        j = json.load(open(a.device_decode))
+        txt = os.path.join(os.path.dirname(a.device_decode), "decode.txt")
+        text = open(txt).read() if os.path.exists(txt) else "(decode.txt not found beside the JSON)"
+        m = j["machine"]
+        self.render_decode(j, text, j["command"], "decode_device",
+                           f"Decode on the device machine ({m['host']}, {m['cpus']} CPUs, {j['date']})",
+                           footer=f"{m['host']} ({m['cpus']} CPUs, Linux {m['kernel']}), {j['date']}")
+
+    def render_decode(self, j, text, command, name, title, footer=None):
         runs = j["runs"] + j["sweep"]
         fig, ax = plt.subplots(figsize=(7, 3.8))
         capped = j["cap"]["mode"] == "cgroup-v2"
@@ -160,7 +179,7 @@ class Report:
                      f"{j['model']['bytes'] / 1e9:.1f} GB): tokens/s vs memory cap\n"
                      f"cap: {j['cap']['mode']}; routing replayed from the demo model", fontsize=9)
         ax.legend(fontsize=7)
-        link = self.figure(fig, "decode_vs_cap", " ".join(cmd))
+        link = self.figure(fig, name, command, footer)
         # The goals, from the JSON: tokens/s against the I/O-bound limit, and the I/O path alone
         # (device bytes per second of exposed I/O wait: above the bandwidth when reads overlap
         # compute), which a CPU-bound machine does not hide.
@@ -190,7 +209,7 @@ class Report:
             summary.append(f"engine_buffered / mmap on the same uncapped page cache: "
                            f"{j['engine_buffered_over_mmap']:.2f}x.")
         body = ["```", text.rstrip(), "```", "", " ".join(summary), ""] + goal + ["", link]
-        self.section("Decode tokens/s vs memory cap (bench/decode.py, replayed routing)", " ".join(cmd), body)
+        self.section(title, command, body)
         return j
 
     # ---- hit rate by policy vs Belady ----
@@ -311,7 +330,10 @@ def main():
     ap.add_argument("--work", default="/var/tmp/moestream_report")
     ap.add_argument("--results", default=os.path.join(ROOT, "docs", "results.md"))
     ap.add_argument("--figures", default=os.path.join(ROOT, "docs", "figures"))
-    ap.add_argument("--sections", default="io,decode,hit_rates,clustering,cache_aware")
+    ap.add_argument("--sections", default="io,decode,decode_device,hit_rates,clustering,cache_aware")
+    ap.add_argument("--device-decode", default=os.path.join(ROOT, "docs", "figures", "device", "decode.json"),
+                    help="decode.json from scripts/device_decode.sh (copied with its decode.txt); "
+                         "shown as its own section when present")
     ap.add_argument("--io-mb", type=int, default=1024)
     ap.add_argument("--shape", default="olmoe-1b-7b")
     ap.add_argument("--layers", type=int, default=0)
