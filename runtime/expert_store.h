@@ -88,6 +88,11 @@ class ExpertStore {
 
   virtual ExpertStoreStats stats() const = 0;
 
+  // A second, independent store over the same files with the same read options but no host
+  // cache of its own, for a thread that reads beside this store's user (a store is not
+  // thread-safe; the GPU cache's prefetch worker). nullptr when this store cannot reopen itself.
+  virtual std::unique_ptr<ExpertStore> reopen() const { return nullptr; }
+
   // One line on how experts are read (backend after any fallback, O_DIRECT, host cache), for
   // --timing and --stats-json.
   virtual std::string describe() const { return "one pread per expert"; }

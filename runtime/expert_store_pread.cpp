@@ -27,7 +27,7 @@ class PreadExpertStore final : public ExpertStore {
  public:
   PreadExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                    const ExpertStoreOptions& opts)
-      : opts_(opts), quant_(cfg.expert_quant) {
+      : model_dir_(model_dir), cfg_(cfg), opts_(opts), quant_(cfg.expert_quant) {
     layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
     // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment.
     buf_stride_ = (layout_.bytes + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
@@ -44,6 +44,10 @@ class PreadExpertStore final : public ExpertStore {
   }
 
   ~PreadExpertStore() override { close_all(); }
+
+  std::unique_ptr<ExpertStore> reopen() const override {
+    return std::make_unique<PreadExpertStore>(model_dir_, cfg_, opts_);
+  }
 
   void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
@@ -118,6 +122,8 @@ class PreadExpertStore final : public ExpertStore {
       }
   }
 
+  std::filesystem::path model_dir_;  // for reopen()
+  ModelConfig cfg_;
   ExpertStoreOptions opts_;
   QuantType quant_;
   ExpertLayout layout_;

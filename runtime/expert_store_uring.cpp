@@ -36,7 +36,7 @@ class EngineExpertStore final : public ExpertStore {
  public:
   EngineExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                     const EngineExpertStoreOptions& opts)
-      : opts_(opts), engine_(two_lanes(opts.io)) {
+      : model_dir_(model_dir), cfg_(cfg), opts_(opts), engine_(two_lanes(opts.io)) {
     layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
     // Reading whole 4 KiB pages keeps O_DIRECT reads in place, and when the file's slot stride
     // is the same, neighbouring slots read into neighbouring buffers form one contiguous read.
@@ -72,6 +72,13 @@ class EngineExpertStore final : public ExpertStore {
     }
     cv_.notify_all();
     for (std::thread& t : io_threads_) t.join();
+  }
+
+  std::unique_ptr<ExpertStore> reopen() const override {
+    EngineExpertStoreOptions o = opts_;
+    o.host_cache_bytes = 0;            // a second host cache would hold the same experts twice
+    o.count_page_cache_hits = false;   // nobody reads a reopened store's tier counts
+    return std::make_unique<EngineExpertStore>(model_dir_, cfg_, o);
   }
 
   void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
@@ -423,6 +430,8 @@ class EngineExpertStore final : public ExpertStore {
     }
   }
 
+  std::filesystem::path model_dir_;  // for reopen()
+  ModelConfig cfg_;
   EngineExpertStoreOptions opts_;
   IoEngine engine_;
   ExpertLayout layout_;

@@ -45,6 +45,11 @@ nlohmann::json gpu_json(const GpuForwardStats& g) {
           {"prefetch_used", g.cache.prefetch_used},
           {"prefetch_dropped", g.cache.prefetch_dropped},
           {"prefetch_ignored", g.cache.prefetch_ignored},
+          {"prefetch_cancelled", g.cache.prefetch_cancelled},
+          {"prefetch_refills", g.cache.prefetch_refills},
+          {"prefetch_waits", g.cache.prefetch_waits},
+          {"prefetch_wait_s", g.cache.prefetch_wait_s},
+          {"prefetch_h2d_bytes", g.cache.prefetch_h2d_bytes},
           {"lookahead_layers", g.lookahead.layers},
           {"lookahead_demanded", g.lookahead.demanded},
           {"lookahead_demanded_predicted", g.lookahead.demanded_predicted},
@@ -101,7 +106,10 @@ std::string gpu_text(const GpuForwardStats& g) {
   if (g.cache.prefetch_issued + g.cache.prefetch_dropped + g.lookahead.layers > 0)
     s += "  look-ahead: prefetches " + std::to_string(g.cache.prefetch_issued) + " issued, " +
          std::to_string(g.cache.prefetch_used) + " used, " +
-         std::to_string(g.cache.prefetch_dropped) + " dropped; recall " +
+         std::to_string(g.cache.prefetch_dropped) + " dropped, " +
+         std::to_string(g.cache.prefetch_cancelled) + " cancelled, " +
+         std::to_string(g.cache.prefetch_waits) + fmt(" waited for (%.3f s); recall ",
+                                                      g.cache.prefetch_wait_s) +
          fmt("%.4f", g.lookahead.recall()) + " (" + std::to_string(g.lookahead.demanded_predicted) +
          " of " + std::to_string(g.lookahead.demanded) + " demanded experts predicted)\n";
   return s;

@@ -1,7 +1,8 @@
 // A fake CUDA runtime for gpu_expert_cache_fake_test: "device" memory is host memory, each stream
 // a queue of operations that run lazily in a seeded random interleaving whenever the host calls in
 // (and fully on a synchronize). A copy reads its source when it runs, so a missing stream wait or
-// a staging buffer reused too early shows up as wrong bytes, without a GPU (CI).
+// a staging buffer reused too early shows up as wrong bytes, without a GPU (CI). Every call holds
+// one lock, so the cache's prefetch worker thread may call in too.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -28,6 +30,7 @@ struct FakeEvent {
   uint64_t recorded = 0, done = 0;  // tickets of the last record and the last one that ran
 };
 
+std::mutex g_mu;  // every entry point holds it: the state below is shared by threads
 std::vector<FakeStream*> g_streams;
 FakeStream g_legacy;
 std::mt19937 g_rng(1);
@@ -77,12 +80,14 @@ bool all_idle() {
 extern "C" {
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
   auto* f = new FakeStream;
   g_streams.push_back(f);
   *s = reinterpret_cast<cudaStream_t>(f);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
   FakeStream* f = stream_of(s);
   run_until([f] { return f->ops.empty(); });
   std::erase(g_streams, f);
@@ -90,22 +95,27 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
   *e = reinterpret_cast<cudaEvent_t>(new FakeEvent);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(g_mu);
   delete reinterpret_cast<FakeEvent*>(e);
   return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
   *p = std::malloc(n);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
   std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, size_t n) {
+  std::lock_guard<std::mutex> lock(g_mu);
   progress();
   *p = std::malloc(n);
   if (!*p) return cudaErrorMemoryAllocation;
@@ -113,21 +123,25 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
   run_until(all_idle);  // as the real cudaFree, which synchronizes the device
   std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
   enqueue(s, {[] { return true; }, [=] { std::memcpy(dst, src, n); }});
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  std::lock_guard<std::mutex> lock(g_mu);
   std::memcpy(dst, src, n);  // the tests' streams are non-blocking: no implicit wait
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                  size_t count, cudaMemcpyAttributes*, size_t*, size_t,
                                  cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
   for (size_t i = 0; i < count; ++i) {
     void* dst = dsts[i];
     const void* src = srcs[i];
@@ -137,6 +151,7 @@ cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, con
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
   auto* ev = reinterpret_cast<FakeEvent*>(e);
   const uint64_t t = ++g_ticket;
   ev->recorded = t;
@@ -144,38 +159,50 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(g_mu);
   progress();
   auto* ev = reinterpret_cast<FakeEvent*>(e);
   return ev->done >= ev->recorded ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(g_mu);
   auto* ev = reinterpret_cast<FakeEvent*>(e);
   const uint64_t t = ev->recorded;
   run_until([=] { return ev->done >= t; });
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
   auto* ev = reinterpret_cast<FakeEvent*>(e);
   const uint64_t t = ev->recorded;  // the record current at the call, as CUDA
   enqueue(s, {[=] { return ev->done >= t; }, [] {}});
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(g_mu);
   FakeStream* f = stream_of(s);
   run_until([f] { return f->ops.empty(); });
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard<std::mutex> lock(g_mu);
   run_until(all_idle);
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, void*) {
+  std::lock_guard<std::mutex> lock(g_mu);
   return cudaErrorNotSupported;  // a blocking host function would stall this single thread
 }
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 const char* cudaGetErrorString(cudaError_t) { return "fake runtime error"; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaErrorFake"; }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  std::lock_guard<std::mutex> lock(g_mu);
   *free_b = size_t{1} << 30;
   *total_b = size_t{2} << 30;
   return cudaSuccess;

@@ -1,11 +1,15 @@
 // Tests of runtime/gpu/gpu_expert_cache.h on the device: bytes on the GPU equal the store's
-// payloads, resident tracking, merged copies, the eviction guard, scratch, VRAM-pressure retry.
+// payloads, resident tracking, merged copies, the eviction guard, scratch, VRAM-pressure retry,
+// the prefetch worker (returns at once, never reads twice, cancels, reports its read errors).
 // Also built as gpu_expert_cache_fake_test against tests/fake_cuda_runtime.cpp (CI, no GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -84,6 +88,41 @@ class FakeStore : public ExpertStore {
   ExpertStoreStats stats_;
 };
 
+// The prefetch worker's store: begin_fetch blocks until the gate opens (by open(), or by itself
+// after 10 s so a broken cache fails instead of hanging) and may fail for one layer.
+class GatedStore : public FakeStore {
+ public:
+  using FakeStore::FakeStore;
+  void begin_fetch(int layer, std::span<const int> ids) override {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      layers_.push_back(layer);
+      cv_.wait_for(lk, std::chrono::seconds(10), [&] { return open_; });
+    }
+    if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    if (layer == fail_layer_)
+      throw IoError("layer_" + std::to_string(layer) + ".bin: injected read error at offset 0");
+    FakeStore::begin_fetch(layer, ids);
+  }
+  void open() {
+    std::lock_guard<std::mutex> lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  std::vector<int> layers_fetched() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return layers_;
+  }
+  int fail_layer_ = -1;
+  int delay_us_ = 0;  // per begin_fetch: a slow read, so demand overtakes the worker
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  std::vector<int> layers_;
+};
+
 class GpuExpertCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -105,9 +144,17 @@ class GpuExpertCacheTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
+  // Options with the prefetch worker's store.
+  GpuExpertCacheOptions with_worker() {
+    GpuExpertCacheOptions o;
+    o.prefetch_store = &pf_store_;
+    return o;
+  }
+
   ModelConfig cfg_ = small_config();
   size_t bytes_ = expert_bytes(cfg_);
   FakeStore store_{cfg_};
+  FakeStore pf_store_{cfg_};  // same payloads (same seed), read on the worker thread
   cudaStream_t stream_ = nullptr;
 };
 
@@ -120,9 +167,10 @@ TEST(GpuExpertCacheConfig, BudgetBelowOneExpertIsConfigError) {
 
 TEST_F(GpuExpertCacheTest, DeviceBytesMatchPayloadsAfterRandomDemandPrefillPrefetch) {
   SKIP_WITHOUT_GPU();
-  GpuExpertCacheOptions o;
+  GpuExpertCacheOptions o = with_worker();
   o.chunk_bytes = 3 * bytes_;    // several chunks
   o.staging_bytes = 5 * bytes_;  // the ring wraps every few calls
+  o.prefetch_staging_bytes = 3 * bytes_;
   GpuExpertCache cache(cfg_, store_, 10 * bytes_, stream_, o);
   std::mt19937 rng(7);
   for (int it = 0; it < 600; ++it) {
@@ -210,7 +258,7 @@ TEST_F(GpuExpertCacheTest, ContiguousMissesAreMergedIntoOneCopy) {
 
 TEST_F(GpuExpertCacheTest, PredictionOfColdExpertsIsDroppedAgainstAWarmSet) {
   SKIP_WITHOUT_GPU();
-  GpuExpertCache cache(cfg_, store_, 2 * bytes_, stream_);
+  GpuExpertCache cache(cfg_, store_, 2 * bytes_, stream_, with_worker());
   std::vector<int> warm{0, 1};
   std::vector<const uint8_t*> dev(2);
   for (int step = 0; step < 6; ++step) {  // heat 6: 4*6 > 5*0 + 16, the guard holds
@@ -235,34 +283,158 @@ TEST_F(GpuExpertCacheTest, PredictionOfColdExpertsIsDroppedAgainstAWarmSet) {
 
 TEST_F(GpuExpertCacheTest, PrefetchedExpertIsUsedByALaterDemand) {
   SKIP_WITHOUT_GPU();
-  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_, with_worker());
   std::vector<int> predicted{6, 4};
   cache.prefetch(1, predicted);  // no sync: the demand below must wait for these copies
   std::vector<int> ids{4};
   std::vector<const uint8_t*> dev(1);
-  const uint64_t copies = cache.telemetry().h2d_copies;
   cache.acquire(1, ids, GpuFill::kDemand, dev);
   const GpuCacheTelemetry t = cache.telemetry();
-  EXPECT_EQ(t.h2d_copies, copies);  // a hit: no copy of its own
+  EXPECT_EQ(t.h2d_bytes, t.prefetch_h2d_bytes);  // a hit: no copy of its own
   EXPECT_EQ(t.prefetch_issued, 2u);
   EXPECT_EQ(t.prefetch_used, 1u);
+  EXPECT_EQ(store_.stats().experts_requested, 0u);  // read by the worker only, never twice
   CUDA_OK(cudaStreamSynchronize(stream_));  // only `compute`: it waited for the prefetch's event
   EXPECT_TRUE(matches(dev[0], 1, 4));
 }
 
+TEST_F(GpuExpertCacheTest, PredictionsQueuedWithADemandNeverEvictItsExperts) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache full(cfg_, store_, 2 * bytes_, stream_, with_worker());
+  std::vector<int> ids{0, 1}, next{2, 3};
+  std::vector<const uint8_t*> dev(2);
+  full.acquire_and_prefetch(0, ids, GpuFill::kDemand, dev, 1, next);  // both slots are this call's
+  full.kernels_enqueued();
+  EXPECT_EQ(full.telemetry().prefetch_issued, 0u);
+  EXPECT_EQ(full.telemetry().policy.speculative_no_room, 2u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 0, 0));
+  EXPECT_TRUE(matches(dev[1], 0, 1));
+
+  GpuExpertCache roomy(cfg_, store_, 4 * bytes_, stream_, with_worker());
+  const uint64_t read_before = store_.stats().experts_requested;
+  roomy.acquire_and_prefetch(0, ids, GpuFill::kDemand, dev, 1, next);
+  roomy.kernels_enqueued();
+  EXPECT_EQ(roomy.telemetry().prefetch_issued, 2u);
+  roomy.acquire(1, next, GpuFill::kDemand, dev);  // from the worker: hits, no demand read
+  EXPECT_EQ(store_.stats().experts_requested - read_before, 2u);
+  EXPECT_EQ(roomy.telemetry().prefetch_used, 2u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 1, 2));
+  EXPECT_TRUE(matches(dev[1], 1, 3));
+}
+
+TEST_F(GpuExpertCacheTest, PrefetchWithoutAPrefetchStoreIsConfigError) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);
+  std::vector<int> predicted{1};
+  EXPECT_THROW(cache.prefetch(0, predicted), ConfigError);
+}
+
+TEST_F(GpuExpertCacheTest, PrefetchReturnsBeforeItsReadAndDemandWaitsForTheWorker) {
+  SKIP_WITHOUT_GPU();
+  GatedStore gated(cfg_);
+  GpuExpertCacheOptions o;
+  o.prefetch_store = &gated;
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_, o);
+  std::vector<int> predicted{6, 4};
+  const auto t0 = std::chrono::steady_clock::now();
+  cache.prefetch(1, predicted);  // the worker blocks in the store's begin_fetch
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(cache.telemetry().prefetch_issued, 2u);
+  EXPECT_EQ(cache.telemetry().prefetch_h2d_bytes, 0u);  // nothing read yet, so nothing copied
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gated.open();
+  });
+  std::vector<int> ids{4};
+  std::vector<const uint8_t*> dev(1);
+  cache.acquire(1, ids, GpuFill::kDemand, dev);  // waits for the worker, does not read again
+  opener.join();
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(t.prefetch_waits, 1u);
+  EXPECT_GT(t.prefetch_wait_s, 0.0);
+  EXPECT_EQ(t.policy.demand_hits, 1u);
+  EXPECT_EQ(store_.stats().experts_requested, 0u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 1, 4));
+}
+
+TEST_F(GpuExpertCacheTest, UnaskedPredictionsAreCancelledAndReadOnlyWhenDemandedLater) {
+  SKIP_WITHOUT_GPU();
+  GatedStore gated(cfg_);
+  GpuExpertCacheOptions o;
+  o.prefetch_store = &gated;
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  std::vector<int> p0{1}, p1{5, 6};
+  cache.prefetch(0, p0);  // the worker takes this group and blocks reading it
+  cache.prefetch(1, p1);  // queued behind it
+  std::vector<int> d1{7};
+  std::vector<const uint8_t*> dev(1);
+  cache.acquire(1, d1, GpuFill::kDemand, dev);  // 5 and 6 were not asked for: cancelled
+  cache.kernels_enqueued();
+  EXPECT_EQ(cache.telemetry().prefetch_cancelled, 2u);
+  EXPECT_EQ(store_.stats().experts_requested, 1u);  // 7 through the demand store
+  gated.open();
+  std::vector<int> d0{1};
+  cache.acquire(0, d0, GpuFill::kDemand, dev);  // the prediction, read by the worker
+  cache.kernels_enqueued();
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 0, 1));
+  EXPECT_EQ(gated.layers_fetched(), std::vector<int>{0});  // the cancelled group was never read
+  std::vector<int> d5{5};
+  cache.acquire(1, d5, GpuFill::kDemand, dev);  // a cancelled prediction: read now, a miss
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 1, 5));
+  const GpuCacheTelemetry t = cache.telemetry();
+  EXPECT_EQ(store_.stats().experts_requested, 2u);
+  EXPECT_EQ(t.prefetch_refills, 1u);
+  EXPECT_EQ(t.policy.demand_misses, 2u);  // 7 and the refill of 5
+  EXPECT_EQ(t.policy.demand_hits, 1u);    // 1
+  EXPECT_EQ(t.prefetch_used, 1u);
+}
+
+TEST_F(GpuExpertCacheTest, WorkerReadErrorIsThrownByTheNextCallAndTheCacheRecovers) {
+  SKIP_WITHOUT_GPU();
+  GatedStore failing(cfg_);
+  failing.open();
+  failing.fail_layer_ = 2;
+  GpuExpertCacheOptions o;
+  o.prefetch_store = &failing;
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  std::vector<int> predicted{3, 9};
+  cache.prefetch(2, predicted);
+  std::vector<int> ids{3};
+  std::vector<const uint8_t*> dev(1);
+  try {
+    cache.acquire(2, ids, GpuFill::kDemand, dev);  // waits for the failed prediction
+    FAIL() << "expected the worker's IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_2.bin"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.resident_payload(2, 9), nullptr);  // flushed: no slot without its bytes
+  cache.acquire(2, ids, GpuFill::kDemand, dev);      // through the demand store now
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(dev[0], 2, 3));
+}
+
 TEST_F(GpuExpertCacheTest, BackToBackPrefetchesNeverOverwriteStagingACopyStillReads) {
   SKIP_WITHOUT_GPU();
-  GpuExpertCacheOptions o;
-  o.staging_bytes = 3 * bytes_;  // each prefetch below wraps the ring
+  GpuExpertCacheOptions o = with_worker();
+  o.prefetch_staging_bytes = 2 * bytes_;  // each prefetch below wraps the worker's ring
   GpuExpertCache cache(cfg_, store_, 16 * bytes_, stream_, o);
-  for (int layer = 0; layer < 3; ++layer) {
-    std::vector<int> ids{4, 0, 3, 1, 2};
-    cache.prefetch(layer, ids);  // no stream is synchronized in between
-  }
+  std::vector<int> ids{4, 0, 3, 1, 2};
+  for (int layer = 0; layer < 3; ++layer) cache.prefetch(layer, ids);  // no sync in between
   EXPECT_EQ(cache.telemetry().prefetch_issued, 15u);
-  CUDA_OK(cudaDeviceSynchronize());
-  for (int layer = 0; layer < 3; ++layer)
-    for (int e = 0; e < 5; ++e) EXPECT_TRUE(matches(cache.resident_payload(layer, e), layer, e));
+  for (int layer = 0; layer < 3; ++layer) {  // each demand waits for its predictions' copies
+    std::vector<const uint8_t*> dev(ids.size());
+    cache.acquire(layer, ids, GpuFill::kDemand, dev);
+    cache.kernels_enqueued();
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(dev[i], layer, ids[i]));
+  }
+  EXPECT_EQ(store_.stats().experts_requested, 0u);  // every expert came from the worker
+  EXPECT_EQ(cache.telemetry().prefetch_h2d_bytes, 15 * bytes_);
 }
 
 TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvict) {
@@ -270,9 +442,14 @@ TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvic
   // Each call's "kernel" is a device-to-device copy of its experts on the compute stream into a
   // check area, never waited for by the host until the end: a slot evicted, a scratch area or
   // a staging range reused before that copy ran would leave wrong bytes in the check area.
+  GatedStore slow(cfg_);  // the worker's reads lag: demand waits for some, cancels others
+  slow.open();
+  slow.delay_us_ = 300;
   GpuExpertCacheOptions o;
+  o.prefetch_store = &slow;
   o.chunk_bytes = 2 * bytes_;
   o.staging_bytes = 4 * bytes_;
+  o.prefetch_staging_bytes = 2 * bytes_;
   GpuExpertCache cache(cfg_, store_, 6 * bytes_, stream_, o);
   constexpr int kCalls = 300, kMaxIds = 6;
   uint8_t* check = nullptr;
@@ -280,18 +457,24 @@ TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvic
   std::vector<std::vector<int>> called(kCalls);
   std::vector<int> layers(kCalls);
   std::mt19937 rng(11);
-  for (int c = 0; c < kCalls; ++c) {
+  for (int c = 0; c < kCalls; ++c) {  // decided in advance: predictions name the next call's ids
     layers[size_t(c)] = int(rng() % 3);
-    std::vector<int>& ids = called[size_t(c)];
-    ids.resize(1 + rng() % kMaxIds);
-    for (int& id : ids) id = int(rng() % 16);
+    called[size_t(c)].resize(1 + rng() % kMaxIds);
+    for (int& id : called[size_t(c)]) id = int(rng() % 16);
+  }
+  for (int c = 0; c < kCalls; ++c) {
+    const std::vector<int>& ids = called[size_t(c)];
     std::vector<const uint8_t*> dev(ids.size());
     cache.acquire(layers[size_t(c)], ids, rng() % 4 ? GpuFill::kDemand : GpuFill::kPrefill, dev);
     for (size_t i = 0; i < ids.size(); ++i)
       CUDA_OK(cudaMemcpyAsync(check + (size_t(c) * kMaxIds + i) * bytes_, dev[i], bytes_,
                               cudaMemcpyDeviceToDevice, stream_));
     cache.kernels_enqueued();
-    if (rng() % 2) {
+    if (c + 1 < kCalls && rng() % 4) {  // one right (used or waited for), one likely wrong
+      const std::vector<int>& next = called[size_t(c) + 1];
+      std::vector<int> predicted{next[rng() % next.size()], int(rng() % 16)};
+      cache.prefetch(layers[size_t(c) + 1], predicted);
+    } else if (rng() % 2) {
       std::vector<int> predicted{int(rng() % 16), int(rng() % 16)};
       cache.prefetch(int(rng() % 3), predicted);
     }
@@ -310,6 +493,9 @@ TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvic
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_GT(t.policy.evictions, 0u);
   EXPECT_GT(t.scratch_uses, 0u);  // prefill with a full budget at least
+  EXPECT_GT(t.prefetch_used, 0u);
+  EXPECT_GT(t.prefetch_waits, 0u);
+  EXPECT_GT(t.prefetch_cancelled, 0u);
 }
 
 // Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned. Opens when

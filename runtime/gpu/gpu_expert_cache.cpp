@@ -6,16 +6,25 @@
 //   batch done: one completed_seq answers whether a slot's bytes, or a staging range, are free.
 // - Kernel groups (one per acquire, closed by kernels_enqueued) complete in order on `compute`;
 //   their slots stay pinned in the policy until the group's event has completed.
+// - Predictions go to a worker thread with its own store, staging and copy stream. The host
+//   thread alone touches the policy and slot memory: it places and pins a predicted slot, the
+//   worker only reads and copies into it and records the job's event; a job's state (under mu)
+//   says how far it got, and the host unpins the slot once the job's event has completed.
 #include "runtime/gpu/gpu_expert_cache.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +40,8 @@ constexpr size_t kMiB = size_t{1} << 20;
 // times), at most 1 GiB (Mixtral-size experts), always two of the largest expert.
 constexpr size_t kStagingMinBytes = 64 * kMiB;
 constexpr size_t kStagingMaxBytes = 1024 * kMiB;
+// The prefetch worker's staging: 64 MiB holds a look-ahead of 24 Qwen3-30B q4 experts in flight.
+constexpr size_t kPrefetchStagingBytes = 64 * kMiB;
 
 struct DeviceOom {
   size_t bytes;
@@ -52,6 +63,17 @@ std::string mib(size_t bytes) { return std::to_string(bytes / kMiB) + " MiB"; }
 }  // namespace
 
 struct GpuExpertCache::Impl {
+  // A predicted expert on its way to its slot. kQueued/kReading: cancellable (the worker copies
+  // nothing); kCopying: the worker is issuing the copy; kIssued: `done` is recorded after it.
+  enum class JobState { kQueued, kReading, kCopying, kIssued, kCancelled, kFailed };
+  struct Job {
+    int layer, expert, slot;
+    uint8_t* dst;
+    size_t bytes;
+    cudaEvent_t done;
+    JobState state = JobState::kQueued;  // guarded by mu
+  };
+  using JobPtr = std::shared_ptr<Job>;
   struct Chunk {
     uint8_t* dev = nullptr;    // nullptr: entry unused (freed), reusable
     std::vector<uint8_t> used; // by position
@@ -61,6 +83,8 @@ struct GpuExpertCache::Impl {
     int cls = -1, chunk = -1, pos = -1;
     uint8_t* dev = nullptr;
     uint64_t fill_seq = 0;     // copy batch that last wrote the slot (0: none)
+    std::shared_ptr<Job> job;  // the prediction filling it, until its copy has completed
+    bool valid = true;         // false: a cancelled prediction, its bytes never written
   };
   struct Batch {               // one group of copies on the copy stream
     uint64_t seq;
@@ -109,6 +133,25 @@ struct GpuExpertCache::Impl {
   bool scratch_recorded = false;
   std::vector<cudaEvent_t> spare_events;
   int inject_failures = 0;
+  uint64_t refills_demand = 0, refills_prefill = 0, requeued = 0;  // telemetry corrections
+
+  // Prefetch worker. `jobs` (host thread only) are the predictions whose slot pin is held.
+  std::vector<JobPtr> jobs;
+  mutable std::mutex mu;
+  std::condition_variable cv_worker, cv_host;
+  std::deque<std::vector<JobPtr>> queue;  // guarded by mu: one group per prefetch()
+  bool stop = false;                      // guarded by mu
+  std::exception_ptr worker_error;        // guarded by mu
+  uint64_t worker_h2d_bytes = 0, worker_h2d_copies = 0;  // guarded by mu
+  cudaStream_t pf_copy = nullptr;
+  int device = 0;
+  // Worker only: staging entries of one expert each, reused once their copy has completed.
+  uint8_t* pf_staging = nullptr;
+  size_t pf_entry_bytes = 0;
+  std::vector<cudaEvent_t> pf_entry_done;
+  std::vector<uint8_t> pf_entry_used;
+  size_t pf_next = 0;
+  std::thread worker;
 
   Impl(const ModelConfig& c, ExpertStore& s, size_t budget_bytes, gpu::Stream stream,
        const GpuExpertCacheOptions& o)
@@ -149,6 +192,7 @@ struct GpuExpertCache::Impl {
       throw Error("gpu cache: cannot allocate " + mib(staging_bytes) + " of pinned host staging: " +
                   cudaGetErrorString(e));
     }
+    if (opts.prefetch_store) start_worker(max_bytes);
     // Every class's pool exists from the start, with its first chunk, so the first prediction
     // of a class finds memory as readily as its first demand.
     const size_t share = budget / pools.size();
@@ -170,6 +214,27 @@ struct GpuExpertCache::Impl {
 
   // Never throws: errors here have no one to report to.
   void destroy() noexcept {
+    if (worker.joinable()) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        stop = true;
+        queue.clear();
+        for (const JobPtr& j : jobs)
+          if (j->state == JobState::kQueued || j->state == JobState::kReading)
+            j->state = JobState::kCancelled;
+      }
+      cv_worker.notify_all();
+      worker.join();  // it finishes the read in hand (an engine store writes into its buffers)
+    }
+    if (pf_copy) cudaStreamSynchronize(pf_copy);
+    for (const JobPtr& j : jobs) cudaEventDestroy(j->done);
+    jobs.clear();
+    for (cudaEvent_t e : pf_entry_done) cudaEventDestroy(e);
+    pf_entry_done.clear();
+    if (pf_staging) cudaFreeHost(pf_staging);
+    pf_staging = nullptr;
+    if (pf_copy) cudaStreamDestroy(pf_copy);
+    pf_copy = nullptr;
     if (copy) {  // else CUDA was never touched (a ConfigError before any call)
       cudaStreamSynchronize(compute);  // nullptr is the legacy default stream: also waited for
       cudaStreamSynchronize(copy);
@@ -230,6 +295,14 @@ struct GpuExpertCache::Impl {
 
   // Collects finished copies and kernels without blocking: staging and pins are released.
   void poll() {
+    if (!jobs.empty()) {
+      std::lock_guard<std::mutex> lk(mu);
+      std::erase_if(jobs, [&](const JobPtr& j) {
+        if (j->state != JobState::kIssued || !done(j->done)) return false;
+        release_job(*j);
+        return true;
+      });
+    }
     while (!batches.empty() && done(batches.front().done)) retire_front_batch();
     while (!kernel_groups.empty() && done(kernel_groups.front().done)) {
       for (int s : kernel_groups.front().slots) policy->unpin(s);
@@ -309,7 +382,7 @@ struct GpuExpertCache::Impl {
     c.used[size_t(pos)] = 1;
     ++c.n_used;
     if (slot_mem.size() <= size_t(slot)) slot_mem.resize(size_t(slot) + 1);
-    slot_mem[size_t(slot)] = SlotMem{cls, ci, pos, c.dev + size_t(pos) * b, 0};
+    slot_mem[size_t(slot)] = SlotMem{cls, ci, pos, c.dev + size_t(pos) * b, 0, nullptr, true};
   }
 
   // The policy gave slot `slot` up (another class needed the bytes): its position is free, and
@@ -360,6 +433,7 @@ struct GpuExpertCache::Impl {
   // VRAM pressure and failed reads: waits for both streams, frees every slot and the scratch
   // area and starts the policy afresh (its counters are kept in policy_base).
   void flush() {
+    drain_worker();
     MOE_CUDA_CHECK(cudaStreamSynchronize(compute));
     MOE_CUDA_CHECK(cudaStreamSynchronize(copy));
     while (!batches.empty()) retire_front_batch();
@@ -507,6 +581,169 @@ struct GpuExpertCache::Impl {
     MOE_ASSERT(got == cs.size(), "store handed out fewer experts than asked");
   }
 
+  // ---- prefetch worker ----------------------------------------------------------------------
+  void start_worker(size_t max_bytes) {
+    MOE_CUDA_CHECK(cudaGetDevice(&device));
+    MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&pf_copy, cudaStreamNonBlocking));
+    pf_entry_bytes = max_bytes;
+    const size_t want = opts.prefetch_staging_bytes ? opts.prefetch_staging_bytes : kPrefetchStagingBytes;
+    const size_t n = std::clamp<size_t>(want / max_bytes, 2, 1024);
+    if (cudaError_t e = cudaMallocHost(&pf_staging, n * max_bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      pf_staging = nullptr;
+      throw Error("gpu cache: cannot allocate " + mib(n * max_bytes) +
+                  " of pinned host staging for prefetches: " + cudaGetErrorString(e));
+    }
+    pf_entry_done.resize(n);
+    pf_entry_used.assign(n, 0);
+    for (cudaEvent_t& e : pf_entry_done) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    worker = std::thread([this] { worker_loop(); });
+  }
+
+  // Worker thread: one group (one prefetch() call) at a time, in order; each expert is copied
+  // as soon as its read lands, unless the host cancelled it meanwhile.
+  void worker_loop() {
+    cudaSetDevice(device);
+    std::vector<int> ids;
+    for (;;) {
+      std::vector<JobPtr> group;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv_worker.wait(lk, [&] { return stop || !queue.empty(); });
+        if (stop) return;
+        group = std::move(queue.front());
+        queue.pop_front();
+        std::erase_if(group, [](const JobPtr& j) { return j->state != JobState::kQueued; });
+        for (const JobPtr& j : group) j->state = JobState::kReading;
+      }
+      if (group.empty()) continue;
+      ids.clear();
+      for (const JobPtr& j : group) ids.push_back(j->expert);
+      try {
+        opts.prefetch_store->begin_fetch(group[0]->layer, ids);
+        size_t i = 0;
+        const uint8_t* payload = nullptr;
+        while (opts.prefetch_store->next_ready(&i, &payload, true)) {
+          MOE_ASSERT(i < group.size(), "store handed out an expert it was not asked for");
+          Job& j = *group[i];
+          {
+            std::lock_guard<std::mutex> lk(mu);
+            if (j.state != JobState::kReading) continue;  // cancelled: nothing to copy
+            j.state = JobState::kCopying;
+          }
+          copy_prediction(j, payload);
+          {
+            std::lock_guard<std::mutex> lk(mu);
+            j.state = JobState::kIssued;
+            worker_h2d_bytes += j.bytes;
+            ++worker_h2d_copies;
+          }
+          cv_host.notify_all();
+        }
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          if (!worker_error) worker_error = std::current_exception();
+          for (const JobPtr& j : group)
+            if (j->state == JobState::kReading || j->state == JobState::kCopying)
+              j->state = JobState::kFailed;
+        }
+        cv_host.notify_all();
+      }
+    }
+  }
+
+  // Worker thread: stage one expert and copy it on the prefetch stream; the job's event follows.
+  void copy_prediction(Job& j, const uint8_t* payload) {
+    const size_t e = pf_next;
+    pf_next = (pf_next + 1) % pf_entry_done.size();
+    if (pf_entry_used[e]) MOE_CUDA_CHECK(cudaEventSynchronize(pf_entry_done[e]));
+    uint8_t* st = pf_staging + e * pf_entry_bytes;
+    std::memcpy(st, payload, j.bytes);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(j.dst, st, j.bytes, cudaMemcpyHostToDevice, pf_copy));
+    MOE_CUDA_CHECK(cudaEventRecord(pf_entry_done[e], pf_copy));
+    MOE_CUDA_CHECK(cudaEventRecord(j.done, pf_copy));
+    pf_entry_used[e] = 1;
+  }
+
+  // Host thread, under mu: the job no longer holds its slot (its copy completed, or it was
+  // cancelled before any copy).
+  void release_job(Job& j) {
+    policy->unpin(j.slot);
+    SlotMem& m = slot_mem[size_t(j.slot)];
+    if (m.job.get() == &j) m.job.reset();
+    spare_events.push_back(j.done);
+  }
+
+  // Host thread: predictions of `layer` that demand did not ask for and that the worker has not
+  // begun copying are cancelled; their slots keep their place in the policy but are marked
+  // invalid, so a later demand reads them like a miss.
+  void cancel_unasked(int layer, const std::vector<int>& asked) {
+    if (jobs.empty()) return;
+    std::lock_guard<std::mutex> lk(mu);
+    std::erase_if(jobs, [&](const JobPtr& j) {
+      if (j->layer != layer || std::find(asked.begin(), asked.end(), j->expert) != asked.end())
+        return false;
+      if (j->state != JobState::kQueued && j->state != JobState::kReading) return false;
+      j->state = JobState::kCancelled;
+      slot_mem[size_t(j->slot)].valid = false;
+      release_job(*j);
+      ++tel.prefetch_cancelled;
+      return true;
+    });
+  }
+
+  // Host thread: no prediction is being copied and none will be (flush, errors).
+  void drain_worker() {
+    if (!worker.joinable()) return;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      for (const JobPtr& j : jobs)
+        if (j->state == JobState::kQueued || j->state == JobState::kReading)
+          j->state = JobState::kCancelled;
+      cv_host.wait(lk, [&] {
+        return std::none_of(jobs.begin(), jobs.end(),
+                            [](const JobPtr& j) { return j->state == JobState::kCopying; });
+      });
+    }
+    MOE_CUDA_CHECK(cudaStreamSynchronize(pf_copy));
+    for (const JobPtr& j : jobs) spare_events.push_back(j->done);
+    jobs.clear();
+  }
+
+  // A read error of the worker reaches the caller on its next call, after a flush (the slots
+  // the policy holds for the failed predictions have no bytes).
+  void check_worker_error() {
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      e = std::exchange(worker_error, nullptr);
+    }
+    if (!e) return;
+    flush();
+    std::rethrow_exception(e);
+  }
+
+  // Host thread: the demanded expert of `j` is on its way; compute waits for its copy.
+  void await_prediction(const JobPtr& j) {
+    JobState st;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      if (j->state != JobState::kIssued && j->state != JobState::kFailed) {
+        ++tel.prefetch_waits;
+        const auto t0 = std::chrono::steady_clock::now();
+        cv_host.wait(lk, [&] { return j->state == JobState::kIssued || j->state == JobState::kFailed; });
+        tel.prefetch_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      st = j->state;
+    }
+    if (st == JobState::kFailed) {
+      check_worker_error();
+      throw Error("gpu cache: a prefetch failed without an error");  // not reached
+    }
+    if (!done(j->done)) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute, j->done, 0));
+  }
+
   // ---- operations ---------------------------------------------------------------------------
   void close_kernel_group() {
     if (current_pins.empty() && !current_scratch) return;
@@ -527,8 +764,75 @@ struct GpuExpertCache::Impl {
                         " outside 0.." + std::to_string(cfg.n_layers - 1));
   }
 
-  void acquire(int layer, std::span<const int> ids, GpuFill kind, std::span<const uint8_t*> dev_out) {
+  void require_worker() const {
+    if (!opts.prefetch_store)
+      throw ConfigError("gpu cache: prefetch() needs a prefetch store for its worker thread "
+                        "(GpuExpertCacheOptions::prefetch_store, e.g. ExpertStore::reopen())");
+  }
+
+  // A prediction's ids in range, each once; the others are counted as ignored.
+  std::vector<int> prediction_ids(std::span<const int> ids) {
+    std::vector<int> uniq;
+    for (int id : ids) {
+      if (id < 0 || id >= cfg.n_experts) {
+        ++tel.prefetch_ignored;
+        continue;
+      }
+      if (std::find(uniq.begin(), uniq.end(), id) == uniq.end()) uniq.push_back(id);
+    }
+    return uniq;
+  }
+
+  // Inside a with_vram_retry op: speculative placements under the eviction guard; each placed
+  // slot (expert, slot) is pinned at once, so a later fill of the same call cannot take it.
+  void place_predictions(int layer, const std::vector<int>& uniq,
+                         std::vector<std::pair<int, int>>& placed, uint64_t& again) {
+    const int cls = policy->class_of_layer(layer);
+    for (int id : uniq) {
+      GpuCacheResult r = policy->access(layer, id, GpuFill::kSpeculative);
+      for (int s : r.released_slots) release_slot(s);
+      if (r.outcome == GpuCacheOutcome::kFilled) {
+        if (r.slot_allocated) assign_slot(r.slot, cls);
+      } else if (r.outcome == GpuCacheOutcome::kHit && !slot_mem[size_t(r.slot)].valid &&
+                 !slot_mem[size_t(r.slot)].job) {
+        ++again;  // predicted again after a cancellation: the bytes are still to be read
+      } else {
+        continue;
+      }
+      policy->pin(r.slot);
+      placed.emplace_back(id, r.slot);
+    }
+  }
+
+  // The placed predictions as one group for the worker (it reads them with one begin_fetch).
+  void queue_predictions(int layer, const std::vector<std::pair<int, int>>& placed) {
+    if (placed.empty()) return;
+    const size_t b = layer_bytes[size_t(layer)];
+    std::vector<JobPtr> group;
+    for (const auto& [id, slot] : placed) {
+      SlotMem& m = slot_mem[size_t(slot)];
+      auto j = std::make_shared<Job>(Job{layer, id, slot, m.dev, b, take_event()});
+      m.job = j;
+      m.valid = true;
+      jobs.push_back(j);
+      group.push_back(std::move(j));
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      queue.push_back(std::move(group));
+    }
+    cv_worker.notify_one();
+  }
+
+  // pf_layer >= 0: after this call's own placements (pinned, so a prediction cannot evict
+  // them) and before its reads, predictions pf_ids of pf_layer go to the worker.
+  void acquire(int layer, std::span<const int> ids, GpuFill kind, std::span<const uint8_t*> dev_out,
+               int pf_layer = -1, std::span<const int> pf_ids = {}) {
     check_layer(layer, "acquire");
+    if (pf_layer >= 0) {
+      check_layer(pf_layer, "prefetch");
+      require_worker();
+    }
     if (kind == GpuFill::kSpeculative)
       throw ConfigError("gpu cache: acquire takes kDemand or kPrefill; predictions go to prefetch()");
     if (dev_out.size() != ids.size())
@@ -538,6 +842,7 @@ struct GpuExpertCache::Impl {
       if (id < 0 || id >= cfg.n_experts)
         throw ConfigError("gpu cache: acquire of expert " + std::to_string(id) + " of layer " +
                           std::to_string(layer) + " outside 0.." + std::to_string(cfg.n_experts - 1));
+    check_worker_error();
     // A new acquire means the kernels of the previous one are enqueued by now.
     close_kernel_group();
     poll();
@@ -556,11 +861,19 @@ struct GpuExpertCache::Impl {
     std::vector<int> miss_ids;
     std::vector<Copy> cs;
     uint64_t wait_seq = 0;
+    cancel_unasked(layer, uniq);
+    std::vector<JobPtr> predicted;  // hits whose prediction is queued or in flight
+    uint64_t refills = 0;
+    const std::vector<int> pf_uniq = pf_layer >= 0 ? prediction_ids(pf_ids) : std::vector<int>{};
+    std::vector<std::pair<int, int>> pf_placed;
+    uint64_t pf_again = 0;
 
     with_vram_retry([&] {
       miss_ids.clear();
       cs.clear();
       wait_seq = 0;
+      predicted.clear();
+      refills = 0;
       std::vector<size_t> to_scratch;  // indices into uniq
       for (size_t u = 0; u < uniq.size(); ++u) {
         GpuCacheResult r = policy->access(layer, uniq[u], kind);
@@ -569,16 +882,25 @@ struct GpuExpertCache::Impl {
           case GpuCacheOutcome::kHit: {
             policy->pin(r.slot);
             current_pins.push_back(r.slot);
-            const SlotMem& m = slot_mem[size_t(r.slot)];
+            SlotMem& m = slot_mem[size_t(r.slot)];
             dev[u] = m.dev;
-            // A prefetched copy may still be in flight: compute waits for it.
-            if (m.fill_seq > completed_seq) wait_seq = std::max(wait_seq, m.fill_seq);
+            if (m.job) {  // its prediction is on the worker: never read twice
+              predicted.push_back(m.job);
+            } else if (!m.valid) {  // a cancelled prediction: read it now
+              m.valid = true;
+              ++refills;
+              miss_ids.push_back(uniq[u]);
+              cs.push_back(Copy{m.dev, nullptr, b, r.slot});
+            } else if (m.fill_seq > completed_seq) {  // a demand copy may still be in flight
+              wait_seq = std::max(wait_seq, m.fill_seq);
+            }
             break;
           }
           case GpuCacheOutcome::kFilled:
             if (r.slot_allocated) assign_slot(r.slot, cls);
             policy->pin(r.slot);
             current_pins.push_back(r.slot);
+            slot_mem[size_t(r.slot)].valid = true;
             dev[u] = slot_mem[size_t(r.slot)].dev;
             miss_ids.push_back(uniq[u]);
             cs.push_back(Copy{slot_mem[size_t(r.slot)].dev, nullptr, b, r.slot});
@@ -601,7 +923,12 @@ struct GpuExpertCache::Impl {
         current_scratch = true;
         tel.scratch_uses += to_scratch.size();
       }
+      pf_placed.clear();
+      pf_again = 0;
+      if (!pf_uniq.empty()) place_predictions(pf_layer, pf_uniq, pf_placed, pf_again);
     });
+    requeued += pf_again;
+    queue_predictions(pf_layer, pf_placed);  // the worker reads them while we read ours
 
     if (!cs.empty()) {
       flush_on_error([&] {
@@ -613,42 +940,28 @@ struct GpuExpertCache::Impl {
         wait_seq = upload(cs);
       });
     }
+    (kind == GpuFill::kDemand ? refills_demand : refills_prefill) += refills;
+    tel.prefetch_refills += refills;
     if (wait_seq > completed_seq) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute, batch_event(wait_seq), 0));
+    for (const JobPtr& j : predicted) await_prediction(j);
     for (size_t i = 0; i < ids.size(); ++i) dev_out[i] = dev[size_t(first[i])];
   }
 
   void prefetch(int layer, std::span<const int> ids) {
     check_layer(layer, "prefetch");
+    require_worker();
+    check_worker_error();
     poll();
-    std::vector<int> uniq;
-    for (int id : ids) {
-      if (id < 0 || id >= cfg.n_experts) {
-        ++tel.prefetch_ignored;
-        continue;
-      }
-      if (std::find(uniq.begin(), uniq.end(), id) == uniq.end()) uniq.push_back(id);
-    }
-    const size_t b = layer_bytes[size_t(layer)];
-    const int cls = policy->class_of_layer(layer);
-    std::vector<int> fill_ids;
-    std::vector<Copy> cs;
+    const std::vector<int> uniq = prediction_ids(ids);
+    std::vector<std::pair<int, int>> placed;  // (expert, slot), pinned
+    uint64_t again = 0;
     with_vram_retry([&] {
-      fill_ids.clear();
-      cs.clear();
-      for (int id : uniq) {
-        GpuCacheResult r = policy->access(layer, id, GpuFill::kSpeculative);
-        for (int s : r.released_slots) release_slot(s);
-        if (r.outcome != GpuCacheOutcome::kFilled) continue;
-        if (r.slot_allocated) assign_slot(r.slot, cls);
-        fill_ids.push_back(id);
-        cs.push_back(Copy{slot_mem[size_t(r.slot)].dev, nullptr, b, r.slot});
-      }
+      placed.clear();
+      again = 0;
+      place_predictions(layer, uniq, placed, again);
     });
-    if (cs.empty()) return;
-    flush_on_error([&] {
-      read(layer, fill_ids, cs);
-      upload(cs);
-    });
+    requeued += again;
+    queue_predictions(layer, placed);
   }
 
   GpuCacheTelemetry telemetry() const {
@@ -656,9 +969,22 @@ struct GpuExpertCache::Impl {
     t.policy = policy_base;
     add_stats(t.policy, policy->stats());
     add_stats(t.policy, policy_offset, -1);
-    t.prefetch_issued = t.policy.speculative_fills;
+    // A cancelled prediction demanded later counted as a hit (and a used prediction) in the
+    // policy, but was read then: a miss.
+    t.policy.demand_hits -= refills_demand;
+    t.policy.demand_misses += refills_demand;
+    t.policy.prefill_hits -= refills_prefill;
+    t.policy.prefill_fills += refills_prefill;
+    t.policy.speculative_used -= std::min(t.policy.speculative_used, refills_demand + refills_prefill);
+    t.prefetch_issued = t.policy.speculative_fills + requeued;
     t.prefetch_used = t.policy.speculative_used;
     t.prefetch_dropped = t.policy.speculative_dropped;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      t.h2d_bytes += worker_h2d_bytes;
+      t.h2d_copies += worker_h2d_copies;
+      t.prefetch_h2d_bytes = worker_h2d_bytes;
+    }
     return t;
   }
 };
@@ -678,6 +1004,12 @@ void GpuExpertCache::acquire(int layer, std::span<const int> ids, GpuFill kind,
   impl_->acquire(layer, ids, kind, dev_out);
 }
 
+void GpuExpertCache::acquire_and_prefetch(int layer, std::span<const int> ids, GpuFill kind,
+                                          std::span<const uint8_t*> dev_out, int next_layer,
+                                          std::span<const int> predicted) {
+  impl_->acquire(layer, ids, kind, dev_out, next_layer, predicted);
+}
+
 void GpuExpertCache::kernels_enqueued() { impl_->close_kernel_group(); }
 
 void GpuExpertCache::prefetch(int layer, std::span<const int> ids) { impl_->prefetch(layer, ids); }
@@ -691,6 +1023,11 @@ GpuCacheTelemetry GpuExpertCache::telemetry() const { return impl_->telemetry();
 
 void GpuExpertCache::reset_telemetry() {
   impl_->tel = GpuCacheTelemetry{};
+  impl_->refills_demand = impl_->refills_prefill = impl_->requeued = 0;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->worker_h2d_bytes = impl_->worker_h2d_copies = 0;
+  }
   impl_->policy_base = GpuCacheStats{};
   impl_->policy_offset = impl_->policy->stats();  // the policy's counters only grow
 }
@@ -706,7 +1043,14 @@ const uint8_t* GpuExpertCache::resident_payload(int layer, int expert) const {
   impl_->check_layer(layer, "resident_payload");
   if (expert < 0 || expert >= impl_->cfg.n_experts) return nullptr;
   const int s = impl_->policy->slot_of(layer, expert);
-  return s < 0 ? nullptr : impl_->slot_mem[size_t(s)].dev;
+  if (s < 0) return nullptr;
+  const Impl::SlotMem& m = impl_->slot_mem[size_t(s)];
+  if (!m.valid) return nullptr;  // a cancelled prediction: placed, never read
+  if (m.job) {                   // a prediction: its bytes are there once its copy completed
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    if (m.job->state != Impl::JobState::kIssued || !Impl::done(m.job->done)) return nullptr;
+  }
+  return m.dev;
 }
 
 void GpuExpertCache::inject_alloc_failures(int n) { impl_->inject_failures = n; }

@@ -23,6 +23,13 @@ struct GpuCacheTelemetry {
   uint64_t prefetch_ignored = 0;     // ids outside [0, n_experts)
   uint64_t scratch_uses = 0;         // demanded experts that got no slot (went to scratch)
   double demand_wait_s = 0;          // host time blocked reading misses for demand
+  uint64_t prefetch_cancelled = 0;   // predictions still unread when their layer's demand
+                                     // came without them: never copied
+  uint64_t prefetch_refills = 0;     // cancelled predictions demanded later: read then (a miss)
+  uint64_t prefetch_waits = 0;       // demanded experts whose prefetch the worker had not yet
+                                     // copied: the host waited for it to issue the copy
+  double prefetch_wait_s = 0;        // host time of those waits
+  uint64_t prefetch_h2d_bytes = 0;   // of h2d_bytes, copied by the prefetch worker
   uint64_t alloc_retries = 0;        // device allocations that failed and succeeded after a flush
 };
 
@@ -33,6 +40,10 @@ struct GpuExpertCacheOptions {
   size_t chunk_bytes = size_t{64} << 20;
   size_t staging_bytes = 0;   // pinned staging ring; 0: 4 x top-k experts, in [64 MiB, 1 GiB]
   bool batch_copies = true;   // cudaMemcpyBatchAsync for several ranges where the runtime has it
+  // The prefetch worker's own store (ExpertStore::reopen() of `store`: a store is not
+  // thread-safe); prefetch() is a ConfigError without one. Not owned; outlives the cache.
+  ExpertStore* prefetch_store = nullptr;
+  size_t prefetch_staging_bytes = 0;  // the worker's pinned staging; 0: 64 MiB, >= 2 experts
 };
 
 class GpuExpertCache {
@@ -57,14 +68,25 @@ class GpuExpertCache {
   // no slot go to a scratch area valid until the kernels of this call finished.
   void acquire(int layer, std::span<const int> ids, GpuFill kind,
                std::span<const uint8_t*> dev_out);
+  // acquire() that also queues prefetch(next_layer, predicted) after placing its own experts
+  // (pinned first, so no prediction can evict what this call is about to use) and before
+  // reading its misses (the worker reads the predictions while this thread reads the demand).
+  void acquire_and_prefetch(int layer, std::span<const int> ids, GpuFill kind,
+                            std::span<const uint8_t*> dev_out, int next_layer,
+                            std::span<const int> predicted);
   // Call right after enqueuing the kernels that read the experts of the last acquire(): records
   // an event on `compute`; those slots stay pinned (never victims) until it has completed.
   // A new acquire() without it does the same first (the previous kernels are enqueued by then).
   void kernels_enqueued();
-  // Look-ahead: speculative fills of predicted experts of `layer` under the eviction guard; ids
-  // outside [0, n_experts) ignored (counted). Reads through the store, copies on the copy stream;
-  // never synchronizes a stream and never makes `compute` wait. A later demand acquire() of an
-  // expert whose copy is still in flight makes compute wait for that copy's event only.
+  // Look-ahead, returns at once: the policy places predicted experts of `layer` under the
+  // eviction guard (ids outside [0, n_experts) ignored, counted), each placed slot is pinned and
+  // its read queued to a worker thread, which reads through opts.prefetch_store, stages in its
+  // own pinned memory and copies on its own copy stream (a demand copy never queues behind a
+  // prediction), recording an event per expert. Never synchronizes a stream, never makes
+  // `compute` wait. A later acquire() of a predicted expert does not read it again: it waits
+  // (host) until the worker has issued its copy, then makes `compute` wait for that event;
+  // acquire() of a layer cancels the layer's predictions it does not ask for that are not yet
+  // being copied. A worker read error is thrown (after a flush) by the next call.
   void prefetch(int layer, std::span<const int> ids);
   // One decode step done: ages recency (GpuCachePolicy::advance_step).
   void end_step();
@@ -74,7 +96,8 @@ class GpuExpertCache {
 
   // Payload bytes of one expert of every layer (all layers share the model's quant today).
   size_t expert_bytes(int layer) const;
-  // Device pointer of (layer, expert) when resident, else nullptr (tests, telemetry).
+  // Device pointer of (layer, expert) when resident with its bytes in place, else nullptr (a
+  // prediction whose copy has not completed or that was cancelled counts as absent; tests).
   const uint8_t* resident_payload(int layer, int expert) const;
 
   // Test hook: the next `n` device allocations of expert memory fail as if cudaMalloc returned

@@ -107,6 +107,7 @@ struct GpuForward::Impl {
   // payload pointers [B*K] (uploaded per acquire).
   DeviceBuffer plan_dev, ptr_dev;
   PinnedBuffer plan_host, ptr_host;
+  std::unique_ptr<ExpertStore> prefetch_store;  // the cache's prefetch worker reads through it
   std::unique_ptr<GpuExpertCache> cache;
 
   // Host-side routing and planning scratch (sized once: the decode step allocates nothing).
@@ -124,7 +125,7 @@ struct GpuForward::Impl {
   void forward_chunk(const int* tokens, int T, int n_past, float* logits_out, bool all_logits,
                      bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
                      ForwardTimes& times, const RoutingOverrideFn* override, uint64_t ordinal);
-  void moe(int layer, int T, const int* la_ids, ForwardTimes& times);
+  void moe(int layer, int T, bool lookahead, ForwardTimes& times);
   void warm_up();
 };
 
@@ -225,7 +226,15 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
     info.cache_rule = "80% of the " + mib(free_b) + " free; the model's experts need " +
                       mib(info.expert_bytes_total);
   }
-  cache = std::make_unique<GpuExpertCache>(cfg, store, info.cache_bytes, stream);
+  GpuExpertCacheOptions co;
+  if (N > 0) {  // look-ahead reads on the cache's worker thread, through a store of its own
+    prefetch_store = store.reopen();
+    if (!prefetch_store)
+      throw ConfigError("--moe-lookahead: the expert store (" + store.describe() +
+                        ") cannot open a second instance for the prefetch worker");
+    co.prefetch_store = prefetch_store.get();
+  }
+  cache = std::make_unique<GpuExpertCache>(cfg, store, info.cache_bytes, stream, co);
   warm_up();
 }
 
@@ -411,7 +420,21 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
       for (int j = 0; j < K; ++j) la_stats.demanded_predicted += in_prediction[size_t(ids_h[j])];
       predicted_layer = -1;
     }
-    moe(l, T, lookahead ? ids_h + 2 * pairs : nullptr, times);
+    // Look-ahead ids of layer l+1 came with this layer's ids; moe() hands them to the cache's
+    // worker in this layer's acquire (after its own placements, before its reads), so their
+    // reads and copies overlap this layer's demand reads, its expert kernels and the next
+    // layer's attention.
+    if (lookahead) {
+      const int* la_ids = ids_h + 2 * pairs;
+      for (int e : predicted)
+        if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
+      predicted.assign(la_ids, la_ids + N);
+      for (int e : predicted)
+        if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
+      predicted_layer = l + 1;
+      la_stats.predicted += uint64_t(N);
+    }
+    moe(l, T, lookahead, times);
   }
   if (decode) cache->end_step();
 
@@ -431,8 +454,7 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert (ascending
 // ids, as the CPU fetches), experts acquired at most kMaxExpertsPerAcquire at a time, grouped
 // GEMMs gate/up -> SwiGLU -> down per acquire, then the weighted sum in top-k order.
-void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
-                           ForwardTimes& times) {
+void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   auto t0 = std::chrono::steady_clock::now();
   const size_t pairs = size_t(B) * size_t(K);
   const int* ids_h = route_host.as<int>();
@@ -484,8 +506,12 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
     const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
     const int n = g1 - g0;
     auto ti = std::chrono::steady_clock::now();
-    cache->acquire(layer, std::span<const int>(unique_ids.data() + g0, size_t(n)), kind,
-                   std::span<const uint8_t*>(ptr_h + g0, size_t(n)));
+    const std::span<const int> group(unique_ids.data() + g0, size_t(n));
+    const std::span<const uint8_t*> group_ptrs(ptr_h + g0, size_t(n));
+    if (lookahead && g0 == 0)  // decode: one group
+      cache->acquire_and_prefetch(layer, group, kind, group_ptrs, layer + 1, predicted);
+    else
+      cache->acquire(layer, group, kind, group_ptrs);
     times.expert_io_s += seconds_since(ti);
 
     auto tc = std::chrono::steady_clock::now();
@@ -521,23 +547,6 @@ void GpuForward::Impl::moe(int layer, int T, const int* la_ids,
   gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
   gpu::add_inplace(x, tmp, size_t(T) * D, stream);
   times.expert_compute_s += seconds_since(tc);
-
-  // Look-ahead, after this layer's acquire and with its expert kernels already queued: the host
-  // reads the predicted experts of layer+1 (GpuExpertCache::prefetch blocks the host on the
-  // store, never a stream) while the GPU computes this layer, and their copies queue on the copy
-  // stream ahead of layer+1's demand.
-  if (la_ids != nullptr) {
-    auto tp = std::chrono::steady_clock::now();
-    for (int e : predicted)
-      if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
-    predicted.assign(la_ids, la_ids + N);
-    for (int e : predicted)
-      if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
-    predicted_layer = layer + 1;
-    la_stats.predicted += uint64_t(N);
-    cache->prefetch(layer + 1, std::span<const int>(predicted));
-    times.expert_io_s += seconds_since(tp);
-  }
 }
 
 GpuForward::GpuForward(const ModelConfig& cfg, const DenseWeights& w, ExpertStore& store,

@@ -44,6 +44,11 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   d.cache.scratch_uses = a.cache.scratch_uses - b.cache.scratch_uses;
   d.cache.demand_wait_s = a.cache.demand_wait_s - b.cache.demand_wait_s;
   d.cache.alloc_retries = a.cache.alloc_retries - b.cache.alloc_retries;
+  d.cache.prefetch_cancelled = a.cache.prefetch_cancelled - b.cache.prefetch_cancelled;
+  d.cache.prefetch_refills = a.cache.prefetch_refills - b.cache.prefetch_refills;
+  d.cache.prefetch_waits = a.cache.prefetch_waits - b.cache.prefetch_waits;
+  d.cache.prefetch_wait_s = a.cache.prefetch_wait_s - b.cache.prefetch_wait_s;
+  d.cache.prefetch_h2d_bytes = a.cache.prefetch_h2d_bytes - b.cache.prefetch_h2d_bytes;
   d.lookahead.layers = a.lookahead.layers - b.lookahead.layers;
   d.lookahead.predicted = a.lookahead.predicted - b.lookahead.predicted;
   d.lookahead.demanded = a.lookahead.demanded - b.lookahead.demanded;
