@@ -125,10 +125,11 @@ CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass) {
   return r;
 }
 
-CacheSimResult simulate_lfru(const CacheTrace& t, int capacity) {
+CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOptions options) {
   check_capacity(t, capacity);
   // Every expert one byte: the budget in bytes is the capacity in experts.
-  GpuCachePolicy policy(size_t(capacity), t.n_experts, std::vector<size_t>(size_t(t.n_layers), 1));
+  GpuCachePolicy policy(size_t(capacity), t.n_experts, std::vector<size_t>(size_t(t.n_layers), 1),
+                        options);
   CacheSimResult r;
   std::vector<int> pinned;
   for (size_t g = 0; g < t.n_groups(); ++g) {

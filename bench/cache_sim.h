@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loader/routing_log.h"
+#include "runtime/gpu_cache_policy.h"
 
 namespace moestream {
 
@@ -37,9 +38,10 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity);
 // With `bypass`, a miss used later than every evictable resident is served without being cached
 // (the GPU cache's scratch area): the optimum when demand may skip the cache.
 CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass = false);
-// runtime/gpu_cache_policy.h (LFRU, demand heat), the current group's slots pinned, one
-// advance_step() per decode step.
-CacheSimResult simulate_lfru(const CacheTrace& t, int capacity);
+// runtime/gpu_cache_policy.h (LFRU, decaying demand heat, optional demand admission), the
+// current group's slots pinned, one advance_step() per decode step. A miss refused a slot
+// (admission) is served from scratch: a miss, the residents stay.
+CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOptions options = {});
 
 // LRFU (Lee et al., 2001): score = sum over past demand accesses of 2^(-age / half_life), age in
 // decode steps; the lowest-scoring resident outside the current group is evicted. A half-life of

@@ -1,5 +1,5 @@
-// gpu_cache_sim: hit rate of the GPU expert cache's policy (LFRU + demand heat) vs LRU and
-// Belady's optimal at several capacities, replaying the decode steps of a routing log.
+// gpu_cache_sim: hit rate of the GPU expert cache's policy (LFRU, decaying demand heat) vs LRU
+// and Belady's optimal at several capacities, replaying the decode steps of a routing log.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   std::vector<int> experts;
   bool all_phases = false;
   std::vector<double> half_lives{1, 4, 16, 64, 256};
+  GpuCachePolicyOptions policy;  // the runtime's defaults unless overridden
+  std::vector<uint32_t> policy_sweep;
   app.add_option("--routing", log_path, "routing log (infer --collect-routing)")->required();
   app.add_option("--percent", percents,
                  "capacities as % of all expert bytes (all experts are one size)")->capture_default_str();
@@ -29,6 +31,11 @@ int main(int argc, char** argv) {
   app.add_option("--half-life", half_lives,
                  "LRFU half-lives in decode steps for the second table (online alternatives)")
       ->capture_default_str();
+  app.add_option("--policy-half-life", policy.heat_half_life_steps,
+                 "the policy's heat half-life in decode steps (0: no decay)")->capture_default_str();
+  app.add_option("--sweep-policy-half-life", policy_sweep,
+                 "also print the policy's hit rate at each of these half-lives, with and without "
+                 "demand admission (for tuning on traces other than the reported ones)");
   CLI11_PARSE(app, argc, argv);
   try {
     const RoutingLog log = read_routing_log(log_path);
@@ -41,22 +48,55 @@ int main(int argc, char** argv) {
     caps.insert(caps.end(), experts.begin(), experts.end());
     std::printf("trace: %s, %zu %s, %zu accesses (%d layers x %d experts, top-%d)\n",
                 log_path.c_str(), t.n_steps(), all_phases ? "tokens" : "decode steps", t.keys.size(), t.n_layers, t.n_experts, top_k);
-    std::printf("| capacity (experts) | %% of expert bytes | LRU hit %% | LFRU hit %% | Belady hit %% "
-                "| LFRU gap to Belady (points) | LRU gap (points) |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
-    double worst_gap = 0;
+    GpuCachePolicyOptions no_decay = policy, admission = policy;
+    no_decay.heat_half_life_steps = 0;
+    admission.demand_admission = true;
+    const unsigned h = policy.heat_half_life_steps;
+    std::printf("LFRU = the policy with heat half-life %u steps; LFRU h=inf = without decay (the "
+                "policy before heat decayed); + adm = with demand admission\n", h);
+    std::printf("| capacity (experts) | %% of expert bytes | LRU hit %% | LFRU h=inf hit %% | LFRU hit %% "
+                "| LFRU + adm hit %% | Belady hit %% | LFRU h=inf gap | LFRU gap (points) "
+                "| LFRU + adm gap | LRU gap |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double worst_gap = 0, worst_gap_adm = 0;
     for (int cap : caps) {
       if (cap > total) continue;
       const double lru = 100 * simulate_lru(t, cap).hit_rate();
-      const double lfru = 100 * simulate_lfru(t, cap).hit_rate();
+      const double before = 100 * simulate_lfru(t, cap, no_decay).hit_rate();
+      const double lfru = 100 * simulate_lfru(t, cap, policy).hit_rate();
+      const double adm = 100 * simulate_lfru(t, cap, admission).hit_rate();
       const double opt = 100 * simulate_belady(t, cap).hit_rate();
       worst_gap = std::max(worst_gap, opt - lfru);
-      std::printf("| %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", cap, 100.0 * cap / total,
-                  lru, lfru, opt, opt - lfru, opt - lru);
+      worst_gap_adm = std::max(worst_gap_adm, opt - adm);
+      std::printf("| %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", cap,
+                  100.0 * cap / total, lru, before, lfru, adm, opt, opt - before, opt - lfru,
+                  opt - adm, opt - lru);
     }
+    std::printf("largest LFRU + admission gap to Belady: %.2f points\n", worst_gap_adm);
     std::printf("largest LFRU gap to Belady: %.2f points (goal: within 5)\n\n", worst_gap);
     // Why: how much of the gap any online policy could close. The static top-C set knows the
     // trace's frequencies (LFU's ideal); LRFU spans LRU (short half-life) to LFU (long).
+    if (!policy_sweep.empty()) {
+      std::printf("| capacity (experts) |");
+      for (uint32_t hs : policy_sweep) std::printf(" LFRU h=%u | + adm |", hs);
+      std::printf("\n|---|");
+      for (size_t i = 0; i < policy_sweep.size(); ++i) std::printf("---|---|");
+      std::printf("\n");
+      for (int cap : caps) {
+        if (cap > total) continue;
+        std::printf("| %d |", cap);
+        for (uint32_t hs : policy_sweep) {
+          GpuCachePolicyOptions o = policy;
+          o.heat_half_life_steps = hs;
+          o.demand_admission = false;
+          const double plain = 100 * simulate_lfru(t, cap, o).hit_rate();
+          o.demand_admission = true;
+          std::printf(" %.2f | %.2f |", plain, 100 * simulate_lfru(t, cap, o).hit_rate());
+        }
+        std::printf("\n");
+      }
+      std::printf("\n");
+    }
     std::printf("| capacity (experts) | LFRU hit %% | static top-C hit %% |");
     for (double h : half_lives) std::printf(" LRFU h=%g hit %% |", h);
     std::printf(" LRFU h=inf hit %% | LFU + admission hit %% | LRFU h=16 + admission hit %% |"
@@ -65,7 +105,7 @@ int main(int argc, char** argv) {
     std::printf("---|---|---|---|\n");
     for (int cap : caps) {
       if (cap > total) continue;
-      std::printf("| %d | %.2f | %.2f |", cap, 100 * simulate_lfru(t, cap).hit_rate(),
+      std::printf("| %d | %.2f | %.2f |", cap, 100 * simulate_lfru(t, cap, policy).hit_rate(),
                   100 * simulate_static_top(t, cap).hit_rate());
       for (double h : half_lives) std::printf(" %.2f |", 100 * simulate_lrfu(t, cap, h).hit_rate());
       std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f |\n", 100 * simulate_lrfu(t, cap, 0).hit_rate(),

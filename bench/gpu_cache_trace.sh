@@ -2,10 +2,12 @@
 # Makes the decode routing trace bench/gpu_cache_sim replays: N_PROMPTS generations on the demo
 # model, each prompted with a slice of the held-out text (models/demo/heldout.txt), one log.
 # Usage: bench/gpu_cache_trace.sh BUILD_DIR OUT.bin [N_PROMPTS=32] [N_PREDICT=256]
+# TEXT=file and SEED0=n (seed of prompt i: SEED0 + i) make other traces, e.g. for tuning a policy
+# on text other than the one its results are reported on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:?build dir}; OUT=${2:?output log}; N=${3:-32}; PRED=${4:-256}
-TEXT=models/demo/heldout.txt
+TEXT=${TEXT:-models/demo/heldout.txt}; SEED0=${SEED0:-0}
 rm -f "$OUT"
 size=$(stat -c %s "$TEXT")
 for ((i = 0; i < N; i++)); do
@@ -13,7 +15,7 @@ for ((i = 0; i < N; i++)); do
   # (head closes the pipe early: the SIGPIPE of the commands before it is expected.)
   prompt=$(set +o pipefail; tail -c +$((i * size / N + 1)) "$TEXT" | tail -n +2 | head -c 400 |
            iconv -c -f utf-8 -t utf-8)
-  "$BUILD/bin/infer" -m models/demo -p "$prompt" -n "$PRED" --ignore-eos --seed "$i" -t 1 \
+  "$BUILD/bin/infer" -m models/demo -p "$prompt" -n "$PRED" --ignore-eos --seed "$((SEED0 + i))" -t 1 \
     --collect-routing "$OUT" >/dev/null
 done
 echo "gpu_cache_trace: $N generations of $PRED tokens -> $OUT" >&2

@@ -3,6 +3,7 @@
 #include "runtime/gpu_cache_policy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -11,13 +12,24 @@
 namespace moestream {
 
 namespace {
-constexpr uint32_t kHeatMax = (1u << 24) - 1;  // 24 bits of heat above the 8-bit recency byte
+constexpr uint64_t kUnit = uint64_t{1} << GpuCachePolicy::kHeatFracBits;
+// 2^24 units: 40 bits of heat above the 8-bit recency byte, and heat * decay_ (< 2^24) fits 64.
+constexpr uint64_t kHeatMax = (uint64_t{1} << (24 + GpuCachePolicy::kHeatFracBits)) - 1;
+constexpr int kDecayBits = 24;  // scale of decay_
+constexpr uint32_t kHalfLifeMax = 1u << 20;  // decay_ holds one entry per step of a half-life
 }  // namespace
 
 GpuCachePolicy::GpuCachePolicy(size_t budget_bytes, int n_experts,
-                               std::vector<size_t> layer_expert_bytes)
-    : budget_bytes_(budget_bytes), n_experts_(n_experts) {
+                               std::vector<size_t> layer_expert_bytes, GpuCachePolicyOptions options)
+    : budget_bytes_(budget_bytes), n_experts_(n_experts), options_(options) {
   if (n_experts <= 0) throw ConfigError("gpu cache: n_experts must be > 0, got " + std::to_string(n_experts));
+  const uint32_t h = options.heat_half_life_steps;
+  if (h > kHalfLifeMax)
+    throw ConfigError("gpu cache: heat half-life " + std::to_string(h) + " steps is above " +
+                      std::to_string(kHalfLifeMax) + " (0 disables decay)");
+  // decay_[a] = 2^(-a/H) in 2^-24 units for a < H; whole half-lives are shifts.
+  for (uint32_t a = 0; a < h; ++a)
+    decay_.push_back(uint64_t(std::llround(std::ldexp(std::exp2(-double(a) / double(h)), kDecayBits))));
   if (layer_expert_bytes.empty()) throw ConfigError("gpu cache: no layers");
   for (size_t l = 0; l < layer_expert_bytes.size(); ++l) {
     const size_t b = layer_expert_bytes[l];
@@ -32,6 +44,8 @@ GpuCachePolicy::GpuCachePolicy(size_t budget_bytes, int n_experts,
   const size_t n_keys = layer_expert_bytes.size() * size_t(n_experts);
   slot_of_key_.assign(n_keys, -1);
   heat_.assign(n_keys, 0);
+  heat_step_.assign(n_keys, 0);
+  demand_count_.assign(n_keys, 0);
 }
 
 int GpuCachePolicy::key_of(int layer, int expert) const {
@@ -48,15 +62,31 @@ int GpuCachePolicy::slot_of(int layer, int expert) const {
   return slot_of_key_[size_t(key_of(layer, expert))];
 }
 
-uint32_t GpuCachePolicy::heat(int layer, int expert) const {
-  return heat_[size_t(key_of(layer, expert))];
+uint64_t GpuCachePolicy::decayed(int key) const {
+  const uint64_t h = heat_[size_t(key)];
+  const uint64_t h_steps = options_.heat_half_life_steps;
+  if (h_steps == 0 || h == 0) return h;
+  const uint64_t age = step_ - heat_step_[size_t(key)];
+  const uint64_t halvings = age / h_steps;
+  if (halvings >= 64) return 0;
+  return ((h >> halvings) * decay_[size_t(age % h_steps)]) >> kDecayBits;
+}
+
+uint64_t GpuCachePolicy::heat_fixed(int layer, int expert) const { return decayed(key_of(layer, expert)); }
+
+double GpuCachePolicy::heat(int layer, int expert) const {
+  return std::ldexp(double(heat_fixed(layer, expert)), -kHeatFracBits);
+}
+
+uint32_t GpuCachePolicy::demand_accesses(int layer, int expert) const {
+  return demand_count_[size_t(key_of(layer, expert))];
 }
 
 uint64_t GpuCachePolicy::score(int slot) const {
   const Slot& s = slots_.at(size_t(slot));
   MOE_ASSERT(s.live && s.key >= 0, "score of an empty slot");
   const uint64_t age = std::min<uint64_t>(step_ - s.last_step, 255);
-  return (uint64_t(heat_[size_t(s.key)]) << 8) | (255 - age);
+  return (decayed(s.key) << 8) | (255 - age);
 }
 
 int GpuCachePolicy::class_slots(int cls) const {
@@ -77,10 +107,10 @@ void GpuCachePolicy::unpin(int slot) {
   --s.pins;
 }
 
-bool GpuCachePolicy::guarded(int victim_key, uint32_t prediction_heat) const {
-  // heat_v > 1.25 * heat_p + 4, in integers: 4 * heat_v > 5 * heat_p + 16.
-  const uint64_t hv = heat_[size_t(victim_key)];
-  return hv >= 2 && 4 * hv > 5 * uint64_t(prediction_heat) + 16;
+bool GpuCachePolicy::guarded(int victim_key, uint64_t prediction_heat) const {
+  // heat_v > 1.25 * heat_p + 4 units, in integers: 4 * heat_v > 5 * heat_p + 16 units.
+  if (demand_count_[size_t(victim_key)] < 2) return false;
+  return 4 * decayed(victim_key) > 5 * prediction_heat + 16 * kUnit;
 }
 
 int GpuCachePolicy::coldest(int cls, bool same_class) const {
@@ -128,11 +158,19 @@ GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheRe
     return GpuCacheOutcome::kFilled;
   }
   if (kind == GpuFill::kPrefill) return GpuCacheOutcome::kNoRoom;
-  const uint32_t pred_heat = heat_[size_t(key)];
+  const uint64_t pred_heat = decayed(key);
+  // Admission: the newcomer, were it resident, would score (heat, touched now); colder than the
+  // coldest candidate, it would be the next victim, so it gets no slot.
+  const uint64_t new_score = (pred_heat << 8) | 255;
+  const bool admit_check = kind == GpuFill::kDemand && options_.demand_admission;
   // 2. The coldest unpinned slot of the class itself: reused in place, no free/alloc.
   if (int v = coldest(cls, true); v >= 0) {
     Slot& s = slots_[size_t(v)];
     if (kind == GpuFill::kSpeculative && guarded(s.key, pred_heat)) return GpuCacheOutcome::kDropped;
+    if (admit_check && new_score < score(v)) {
+      ++stats_.demand_not_admitted;
+      return GpuCacheOutcome::kNoRoom;
+    }
     r.evicted_layer = s.key / n_experts_;
     r.evicted_expert = s.key % n_experts_;
     slot_of_key_[size_t(s.key)] = -1;
@@ -158,6 +196,10 @@ GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheRe
     if (best < 0) return GpuCacheOutcome::kNoRoom;
     if (kind == GpuFill::kSpeculative && guarded(slots_[size_t(best)].key, pred_heat))
       return GpuCacheOutcome::kDropped;
+    if (admit_check && new_score < best_score) {
+      ++stats_.demand_not_admitted;
+      return GpuCacheOutcome::kNoRoom;
+    }
     taken[size_t(best)] = 1;
     victims.push_back(best);
     freed += class_bytes_[size_t(slots_[size_t(best)].cls)];
@@ -175,7 +217,11 @@ GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheRe
 GpuCacheResult GpuCachePolicy::access(int layer, int expert, GpuFill kind) {
   const int key = key_of(layer, expert);
   GpuCacheResult r;
-  if (kind == GpuFill::kDemand) heat_[size_t(key)] = std::min(heat_[size_t(key)] + 1, kHeatMax);
+  if (kind == GpuFill::kDemand) {
+    heat_[size_t(key)] = std::min(decayed(key) + kUnit, kHeatMax);
+    heat_step_[size_t(key)] = step_;
+    demand_count_[size_t(key)] += demand_count_[size_t(key)] != UINT32_MAX;
+  }
   if (const int slot = slot_of_key_[size_t(key)]; slot >= 0) {
     Slot& s = slots_[size_t(slot)];
     r.outcome = GpuCacheOutcome::kHit;

@@ -7,15 +7,23 @@
 //   once allocated, stays in its class and is reused by evictions within the class, so layers
 //   that alternate classes cause no free/alloc churn; a class frees another class's slots only
 //   when it owns no evictable slot at all (its first fill after another class took the budget).
-// - Victim = the unpinned resident of lowest LFRU score: demand heat (saturating at 2^24-1) in
-//   the high bits, recency in the low byte (255 for a slot touched this step, one less per step
-//   since, saturating at 0).
+// - Victim = the unpinned resident of lowest LFRU score: demand heat in the high bits, recency in
+//   the low byte (255 for a slot touched this step, one less per step since, saturating at 0).
+// - Heat is a decaying frequency of demand accesses: each access adds one unit, and heat halves
+//   every `heat_half_life_steps` decode steps (smoothly: x 2^(-1/H) per step), so experts whose
+//   popularity has passed cool down instead of holding their slots forever (0: no decay, LFU).
+//   Fixed point: heat_fixed = units << kHeatFracBits, saturating at 2^24 units; the score is
+//   heat_fixed << 8 | recency.
 // - Heat counts demand accesses only (kept for non-resident experts too: a prediction has one).
 //   Prefill touches do not heat: a long prompt would make every expert look warm.
 // - Demand, speculative and prefill fills go through one eviction core. A speculative fill may
-//   displace a resident only when the resident is not genuinely warm: a resident with >= 2 demand
-//   accesses whose heat exceeds the prediction's by 25% + 4 (heat_v > 1.25 * heat_p + 4) stays,
-//   and the prediction is dropped (counted), never forced in. Prefill fills free budget only.
+//   displace a resident only when the resident is not genuinely warm: a resident with >= 2 raw
+//   demand accesses (counted, not decayed) whose heat exceeds the prediction's by 25% + 4 units
+//   (heat_v > 1.25 * heat_p + 4) stays, and the prediction is dropped (counted), never forced in.
+//   Prefill fills free budget only.
+// - Demand admission (option, off by default): with no free budget, a demand miss whose score is
+//   below every victim candidate's gets no slot (kNoRoom, served from scratch by the GPU cache), so
+//   a one-off expert does not evict a warm one.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +50,7 @@ struct GpuCacheResult {
 
 struct GpuCacheStats {
   uint64_t demand_hits = 0, demand_misses = 0, demand_no_room = 0;
+  uint64_t demand_not_admitted = 0;  // of demand_no_room: refused by demand admission
   uint64_t speculative_hits = 0, speculative_fills = 0, speculative_dropped = 0;
   uint64_t speculative_used = 0;  // speculatively filled experts later hit by demand
   uint64_t speculative_no_room = 0;
@@ -49,10 +58,23 @@ struct GpuCacheStats {
   uint64_t evictions = 0, slot_allocs = 0, slot_frees = 0;
 };
 
+struct GpuCachePolicyOptions {
+  // Heat half-life in decode steps; 0: heat never decays. 16: the best compromise on demo-model
+  // traces other than the reported ones (decode traces peak at 16-32, a bursty perplexity trace
+  // at 8-16; docs/results.md, issue 8 section). The eviction guard needs H >~ 8 to still see
+  // an expert demanded on 6 consecutive steps as warm.
+  uint32_t heat_half_life_steps = 16;
+  // Off by default: +3-6 points at 5-10% capacity on decode traces, but -2 to -5 on a bursty one.
+  bool demand_admission = false;
+};
+
 class GpuCachePolicy {
  public:
+  static constexpr int kHeatFracBits = 16;  // heat_fixed units per demand access: 1 << 16
+
   // layer_expert_bytes[l]: payload bytes of one expert of layer l (ExpertLayout::bytes).
-  GpuCachePolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes);
+  GpuCachePolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes,
+                 GpuCachePolicyOptions options = {});
 
   // Looks up (layer, expert) and, on a miss, places it under the rules above.
   GpuCacheResult access(int layer, int expert, GpuFill kind);
@@ -64,7 +86,10 @@ class GpuCachePolicy {
   void advance_step() { ++step_; }
 
   int slot_of(int layer, int expert) const;  // -1 when not resident
-  uint32_t heat(int layer, int expert) const;
+  uint64_t heat_fixed(int layer, int expert) const;  // decayed to the current step
+  double heat(int layer, int expert) const;          // the same in units (1 = one fresh access)
+  uint32_t demand_accesses(int layer, int expert) const;  // raw count, never decays
+  const GpuCachePolicyOptions& options() const { return options_; }
   uint64_t score(int slot) const;            // LFRU score of an occupied slot
   int n_classes() const { return int(class_bytes_.size()); }
   int class_of_layer(int layer) const;
@@ -85,7 +110,8 @@ class GpuCachePolicy {
   };
 
   int key_of(int layer, int expert) const;
-  bool guarded(int victim_key, uint32_t prediction_heat) const;
+  uint64_t decayed(int key) const;  // heat_fixed of key at step_
+  bool guarded(int victim_key, uint64_t prediction_heat) const;
   int coldest(int cls_filter, bool same_class) const;  // -1 when none unpinned
   int new_slot(int cls);
   void free_slot(int slot);
@@ -99,7 +125,11 @@ class GpuCachePolicy {
   std::vector<Slot> slots_;
   std::vector<int> dead_slots_;      // indices of freed Slot entries, reused
   std::vector<int> slot_of_key_;     // by key, -1 when not resident
-  std::vector<uint32_t> heat_;       // by key: demand accesses, saturating
+  GpuCachePolicyOptions options_;
+  std::vector<uint64_t> decay_;      // by age % H: 2^(-age/H) scaled by 2^24
+  std::vector<uint64_t> heat_;       // by key: heat_fixed as of step heat_step_[key]
+  std::vector<uint64_t> heat_step_;
+  std::vector<uint32_t> demand_count_;  // by key: raw demand accesses, saturating
   size_t bytes_allocated_ = 0;
   uint64_t step_ = 0;
   GpuCacheStats stats_;

@@ -1,9 +1,10 @@
-// The GPU expert cache policy (runtime/gpu_cache_policy.h): LFRU victims, the eviction guard,
-// pinning, size classes under one budget, prefill without eviction. Plain C++: runs in CI.
+// The GPU expert cache policy (runtime/gpu_cache_policy.h): LFRU victims, decaying heat, the
+// eviction guard, admission, pinning, size classes, prefill without eviction. Plain C++: CI.
 #include "runtime/gpu_cache_policy.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "common/error.h"
@@ -13,9 +14,24 @@ namespace {
 
 constexpr size_t kBytes = 1000;  // one expert of the single-class tests
 
-GpuCachePolicy one_class(int slots, int n_experts = 16, int n_layers = 1) {
-  return GpuCachePolicy(kBytes * size_t(slots), n_experts, std::vector<size_t>(size_t(n_layers), kBytes));
+GpuCachePolicy one_class(int slots, int n_experts = 16, int n_layers = 1,
+                         GpuCachePolicyOptions options = {}) {
+  return GpuCachePolicy(kBytes * size_t(slots), n_experts, std::vector<size_t>(size_t(n_layers), kBytes),
+                        options);
 }
+
+GpuCachePolicyOptions half_life(uint32_t steps, bool admission = false) {
+  GpuCachePolicyOptions o;
+  o.heat_half_life_steps = steps;
+  o.demand_admission = admission;
+  return o;
+}
+
+void steps(GpuCachePolicy& p, int n) {
+  for (int i = 0; i < n; ++i) p.advance_step();
+}
+
+constexpr uint64_t kUnit = uint64_t{1} << GpuCachePolicy::kHeatFracBits;
 
 void demand(GpuCachePolicy& p, int expert, int times, int layer = 0) {
   for (int i = 0; i < times; ++i) p.access(layer, expert, GpuFill::kDemand);
@@ -100,21 +116,124 @@ TEST(GpuCachePolicy, PinnedSlotsAreNeverVictims) {
 }
 
 TEST(GpuCachePolicy, VictimHasLowestLfruScoreFrequencyBeforeRecency) {
-  auto p = one_class(2);
+  // Without decay, the layout in whole units: heat << (16 fraction bits + 8) | recency byte.
+  auto p = one_class(2, 16, 1, half_life(0));
   demand(p, 0, 3);  // hotter but older
-  for (int i = 0; i < 10; ++i) p.advance_step();
+  steps(p, 10);
   demand(p, 1, 1);  // recent but cold
-  EXPECT_EQ(p.score(p.slot_of(0, 0)), (3u << 8) | (255 - 10));
-  EXPECT_EQ(p.score(p.slot_of(0, 1)), (1u << 8) | 255);
+  EXPECT_EQ(p.score(p.slot_of(0, 0)), (3 * kUnit << 8) | (255 - 10));
+  EXPECT_EQ(p.score(p.slot_of(0, 1)), (1 * kUnit << 8) | 255);
   EXPECT_EQ(p.access(0, 2, GpuFill::kDemand).evicted_expert, 1);
   // Equal heat: the older one goes; recency saturates at 255 steps.
-  auto q = one_class(2);
+  auto q = one_class(2, 16, 1, half_life(0));
   demand(q, 0, 2);
   q.advance_step();
   demand(q, 1, 2);
   EXPECT_EQ(q.access(0, 2, GpuFill::kDemand).evicted_expert, 0);
-  for (int i = 0; i < 1000; ++i) q.advance_step();
-  EXPECT_EQ(q.score(q.slot_of(0, 1)), 2u << 8);
+  steps(q, 1000);
+  EXPECT_EQ(q.score(q.slot_of(0, 1)), 2 * kUnit << 8);
+  // With decay the high bits hold the decayed heat: 3 accesses 10 steps ago at H = 16 are worth
+  // 3 * 2^(-10/16) units, still above one fresh access.
+  auto d = one_class(2);
+  ASSERT_EQ(d.options().heat_half_life_steps, 16u);
+  demand(d, 0, 3);
+  steps(d, 10);
+  demand(d, 1, 1);
+  const uint64_t h0 = d.heat_fixed(0, 0);
+  EXPECT_NEAR(double(h0), 3 * std::exp2(-10.0 / 16) * double(kUnit), 2.0);
+  EXPECT_EQ(d.score(d.slot_of(0, 0)), (h0 << 8) | (255 - 10));
+  EXPECT_EQ(d.score(d.slot_of(0, 1)), (kUnit << 8) | 255);
+  EXPECT_EQ(d.access(0, 2, GpuFill::kDemand).evicted_expert, 1);
+}
+
+TEST(GpuCachePolicy, HeatHalvesEveryHalfLife) {
+  auto p = one_class(2, 16, 1, half_life(16));
+  demand(p, 0, 1);
+  EXPECT_EQ(p.heat_fixed(0, 0), kUnit);
+  steps(p, 8);
+  EXPECT_NEAR(p.heat(0, 0), std::sqrt(0.5), 1e-4);
+  steps(p, 8);
+  EXPECT_EQ(p.heat_fixed(0, 0), kUnit / 2);  // whole half-lives are exact
+  steps(p, 16);
+  EXPECT_EQ(p.heat_fixed(0, 0), kUnit / 4);
+  demand(p, 0, 1);  // a fresh access adds one unit to what is left
+  EXPECT_EQ(p.heat_fixed(0, 0), kUnit + kUnit / 4);
+  EXPECT_EQ(p.demand_accesses(0, 0), 2u);  // the raw count never decays
+  steps(p, 64 * 16);
+  EXPECT_EQ(p.heat_fixed(0, 0), 0u);
+  EXPECT_EQ(p.demand_accesses(0, 0), 2u);
+  // Half-life 0: no decay at all.
+  auto q = one_class(2, 16, 1, half_life(0));
+  demand(q, 0, 5);
+  steps(q, 5000);
+  EXPECT_EQ(q.heat_fixed(0, 0), 5 * kUnit);
+}
+
+TEST(GpuCachePolicy, StaleHotExpertIsEvictedBeforeANewlyPopularOne) {
+  // Expert 0 was hot long ago (20 accesses), expert 1 is in use now (3 accesses, one a step).
+  for (uint32_t h : {16u, 0u}) {
+    auto p = one_class(2, 16, 1, half_life(h));
+    for (int i = 0; i < 20; ++i, p.advance_step()) demand(p, 0, 1);
+    steps(p, 100);
+    for (int i = 0; i < 3; ++i, p.advance_step()) demand(p, 1, 1);
+    const auto r = p.access(0, 2, GpuFill::kDemand);
+    ASSERT_EQ(r.outcome, GpuCacheOutcome::kFilled);
+    // Decayed: 20 accesses >= 100 steps ago are worth < 0.2 units, below expert 1's ~2.7.
+    // Undecayed (LFU), the stale expert keeps its slot.
+    EXPECT_EQ(r.evicted_expert, h ? 0 : 1) << "half-life " << h;
+  }
+}
+
+TEST(GpuCachePolicy, GuardComparesDecayedHeatAndCountsRawAccesses) {
+  // Ten accesses long ago: still >= 2 raw demand accesses, but the decayed heat (< 4 units) is
+  // not 4 units above a never-seen prediction, so the prediction displaces it.
+  auto p = one_class(1);
+  demand(p, 0, 10);
+  steps(p, 32);  // 10 -> 2.5 units
+  EXPECT_EQ(p.access(0, 7, GpuFill::kSpeculative).outcome, GpuCacheOutcome::kFilled);
+  // The same ten accesses one half-life ago (5 units): 4 * 5 > 16, guarded.
+  auto q = one_class(1);
+  demand(q, 0, 10);
+  steps(q, 16);
+  EXPECT_EQ(q.access(0, 7, GpuFill::kSpeculative).outcome, GpuCacheOutcome::kDropped);
+  // One raw demand access is never guarded, against even a never-seen prediction.
+  auto r = one_class(1, 16, 1, half_life(0));
+  demand(r, 0, 1);
+  EXPECT_EQ(r.access(0, 9, GpuFill::kSpeculative).outcome, GpuCacheOutcome::kFilled);
+}
+
+TEST(GpuCachePolicy, AdmissionServesAColdDemandMissWithoutASlot) {
+  auto p = one_class(2, 16, 1, half_life(16, true));
+  demand(p, 0, 5);
+  demand(p, 1, 5);
+  p.advance_step();
+  auto r = p.access(0, 3, GpuFill::kDemand);  // one fresh access vs ~4.8 units
+  EXPECT_EQ(r.outcome, GpuCacheOutcome::kNoRoom);
+  EXPECT_EQ(r.slot, -1);
+  EXPECT_EQ(r.evicted_expert, -1);
+  EXPECT_GE(p.slot_of(0, 0), 0);
+  EXPECT_GE(p.slot_of(0, 1), 0);
+  EXPECT_EQ(p.stats().demand_not_admitted, 1u);
+  EXPECT_EQ(p.stats().demand_no_room, 1u);
+  EXPECT_EQ(p.stats().evictions, 0u);
+  EXPECT_EQ(p.demand_accesses(0, 3), 1u);  // a refused miss still heats
+  // Once it is hotter than the coldest resident, it is admitted and evicts it.
+  for (int i = 0; i < 4; ++i) demand(p, 3, 1);
+  EXPECT_GE(p.slot_of(0, 3), 0);
+  // Free budget is always used, admission or not.
+  auto q = one_class(2, 16, 1, half_life(16, true));
+  demand(q, 0, 5);
+  EXPECT_EQ(q.access(0, 3, GpuFill::kDemand).outcome, GpuCacheOutcome::kFilled);
+  // Without the option (default) the same miss evicts.
+  auto d = one_class(2);
+  demand(d, 0, 5);
+  demand(d, 1, 5);
+  d.advance_step();
+  EXPECT_EQ(d.access(0, 3, GpuFill::kDemand).outcome, GpuCacheOutcome::kFilled);
+}
+
+TEST(GpuCachePolicy, HalfLifeAboveLimitIsAConfigError) {
+  EXPECT_THROW(one_class(2, 16, 1, half_life(1u << 21)), ConfigError);
 }
 
 TEST(GpuCachePolicy, HeatCountsDemandAccessesOnly) {
@@ -123,10 +242,12 @@ TEST(GpuCachePolicy, HeatCountsDemandAccessesOnly) {
     p.access(0, 0, GpuFill::kSpeculative);
     p.access(0, 1, GpuFill::kPrefill);
   }
-  EXPECT_EQ(p.heat(0, 0), 0u);
-  EXPECT_EQ(p.heat(0, 1), 0u);
+  EXPECT_EQ(p.heat(0, 0), 0.0);
+  EXPECT_EQ(p.heat(0, 1), 0.0);
+  EXPECT_EQ(p.demand_accesses(0, 1), 0u);
   demand(p, 0, 2);
-  EXPECT_EQ(p.heat(0, 0), 2u);
+  EXPECT_EQ(p.heat(0, 0), 2.0);
+  EXPECT_EQ(p.demand_accesses(0, 0), 2u);
   EXPECT_EQ(p.stats().speculative_used, 1u);  // the prediction was hit by demand, counted once
   EXPECT_EQ(p.stats().speculative_hits, 4u);
 }
