@@ -693,6 +693,18 @@ struct GpuExpertCache::Impl {
     });
   }
 
+  // Host thread: a demanded prediction the worker has not begun reading is taken back, so the
+  // demand reads it now instead of waiting behind the worker's earlier reads. The slot stays
+  // valid (this acquire writes it).
+  bool steal(Job& j) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (j.state != JobState::kQueued) return false;
+    j.state = JobState::kCancelled;
+    release_job(j);
+    std::erase_if(jobs, [&](const JobPtr& p) { return p.get() == &j; });
+    return true;
+  }
+
   // Host thread: no prediction is being copied and none will be (flush, errors).
   void drain_worker() {
     if (!worker.joinable()) return;
@@ -884,7 +896,11 @@ struct GpuExpertCache::Impl {
             current_pins.push_back(r.slot);
             SlotMem& m = slot_mem[size_t(r.slot)];
             dev[u] = m.dev;
-            if (m.job) {  // its prediction is on the worker: never read twice
+            if (m.job && steal(*m.job)) {  // still queued: read it here, the worker won't
+              ++refills;
+              miss_ids.push_back(uniq[u]);
+              cs.push_back(Copy{m.dev, nullptr, b, r.slot});
+            } else if (m.job) {  // its prediction is being read or copied: never read twice
               predicted.push_back(m.job);
             } else if (!m.valid) {  // a cancelled prediction: read it now
               m.valid = true;

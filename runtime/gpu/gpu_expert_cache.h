@@ -25,7 +25,9 @@ struct GpuCacheTelemetry {
   double demand_wait_s = 0;          // host time blocked reading misses for demand
   uint64_t prefetch_cancelled = 0;   // predictions still unread when their layer's demand
                                      // came without them: never copied
-  uint64_t prefetch_refills = 0;     // cancelled predictions demanded later: read then (a miss)
+  uint64_t prefetch_refills = 0;     // predictions read by demand after all (a miss): cancelled
+                                     // ones demanded later, and ones the worker had not begun
+                                     // reading when demanded (taken back from its queue)
   uint64_t prefetch_waits = 0;       // demanded experts whose prefetch the worker had not yet
                                      // copied: the host waited for it to issue the copy
   double prefetch_wait_s = 0;        // host time of those waits
@@ -83,7 +85,8 @@ class GpuExpertCache {
   // its read queued to a worker thread, which reads through opts.prefetch_store, stages in its
   // own pinned memory and copies on its own copy stream (a demand copy never queues behind a
   // prediction), recording an event per expert. Never synchronizes a stream, never makes
-  // `compute` wait. A later acquire() of a predicted expert does not read it again: it waits
+  // `compute` wait. A later acquire() of a predicted expert does not read it twice: one the
+  // worker has not begun reading is taken back and read by the acquire; otherwise it waits
   // (host) until the worker has issued its copy, then makes `compute` wait for that event;
   // acquire() of a layer cancels the layer's predictions it does not ask for that are not yet
   // being copied. A worker read error is thrown (after a flush) by the next call.
