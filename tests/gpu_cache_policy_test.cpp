@@ -232,6 +232,28 @@ TEST(GpuCachePolicy, AdmissionServesAColdDemandMissWithoutASlot) {
   EXPECT_EQ(d.access(0, 3, GpuFill::kDemand).outcome, GpuCacheOutcome::kFilled);
 }
 
+TEST(GpuCachePolicy, AdmissionAcrossClassesReleasesNothingWhenRefused) {
+  // Class 0 (100 B) holds the whole budget with warm experts; class 1 (300 B) owns no slot.
+  GpuCachePolicyOptions o;
+  o.demand_admission = true;
+  GpuCachePolicy p(1000, 16, {100, 300}, o);
+  for (int e = 0; e < 10; ++e) demand(p, e, 3, 0);
+  const auto r = p.access(1, 0, GpuFill::kDemand);
+  EXPECT_EQ(r.outcome, GpuCacheOutcome::kNoRoom);
+  EXPECT_TRUE(r.released_slots.empty());
+  EXPECT_EQ(p.class_slots(0), 10);
+  EXPECT_EQ(p.class_slots(1), 0);
+  EXPECT_EQ(p.stats().slot_frees, 0u);
+  demand(p, 0, 1, 1);  // 2 units: still colder
+  EXPECT_EQ(p.slot_of(1, 0), -1);
+  // At 3 units it ties the coldest class-0 slots and, touched now, outranks them: admitted, three
+  // class-0 slots released for its bytes.
+  demand(p, 0, 1, 1);
+  EXPECT_GE(p.slot_of(1, 0), 0);
+  EXPECT_EQ(p.class_slots(0), 7);
+  EXPECT_EQ(p.stats().demand_not_admitted, 2u);
+}
+
 TEST(GpuCachePolicy, HalfLifeAboveLimitIsAConfigError) {
   EXPECT_THROW(one_class(2, 16, 1, half_life(1u << 21)), ConfigError);
 }
