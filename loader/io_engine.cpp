@@ -60,13 +60,15 @@ struct IoEngine::Impl {
     std::unique_ptr<io::Backend> backend;
     uint8_t* arena = nullptr;  // bounce buffers, 4 KiB aligned for O_DIRECT
     size_t arena_bytes = 0;
+    // Where this lane's scatter reads drop the gaps they read through (contents never read;
+    // one per lane all the same, so that no two reads in flight write the same bytes).
+    uint8_t* sink = nullptr;
     bool busy = false;
   };
   IoEngineOptions opts;
   std::vector<FileEntry> files;
   std::vector<Lane> lanes;
-  uint8_t* sink = nullptr;   // where scatter reads drop the gaps they read through (shared:
-  uint64_t sink_bytes = 0;   // its contents are never read)
+  uint64_t sink_bytes = 0;   // size of each lane's gap sink
   IoEngineStats stats;
   std::mutex mu;  // files, lanes' busy flags, stats
   std::condition_variable cv;
@@ -161,10 +163,12 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
   }
   if (m.opts.scatter) {
     m.sink_bytes = io::sink_bytes_for(std::min<uint64_t>(m.opts.coalesce_gap_bytes, 1 << 20));
-    void* p = nullptr;
-    if (::posix_memalign(&p, io::kDirectAlign, m.sink_bytes) != 0)
-      throw IoError("cannot allocate the " + std::to_string(m.sink_bytes) + "-byte gap sink");
-    m.sink = static_cast<uint8_t*>(p);
+    for (Impl::Lane& l : m.lanes) {
+      void* p = nullptr;
+      if (::posix_memalign(&p, io::kDirectAlign, m.sink_bytes) != 0)
+        throw IoError("cannot allocate the " + std::to_string(m.sink_bytes) + "-byte gap sink");
+      l.sink = static_cast<uint8_t*>(p);
+    }
   }
 }
 
@@ -172,12 +176,12 @@ IoEngine::~IoEngine() {
   for (Impl::Lane& l : impl_->lanes) {
     l.backend.reset();  // rings and workers go before the fds and buffers they use
     std::free(l.arena);
+    std::free(l.sink);
   }
   for (FileEntry& f : impl_->files) {
     if (f.fd != f.buffered_fd) ::close(f.fd);
     ::close(f.buffered_fd);
   }
-  std::free(impl_->sink);
 }
 
 uint32_t IoEngine::add_file(const std::filesystem::path& path) {
@@ -252,7 +256,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch, const RequestDoneFn& on_do
   for (io::Extent& e : plan.extents)
     if (e.bounce) e.buf = lane->arena + e.bounce_offset;
   if (on_done) io::track_requests(plan, batch, &on_done);
-  io::BatchContext ctx{plan, batch, m.files, m.opts, m.sink, m.sink_bytes, {}, {}};
+  io::BatchContext ctx{plan, batch, m.files, m.opts, lane->sink, m.sink_bytes, {}, {}};
   if (!plan.extents.empty()) lane->backend->run(ctx);
   io::apply_results(plan, batch);
 
