@@ -64,7 +64,7 @@ struct GpuCachePolicyOptions {
   // at 8-16; docs/results.md, issue 8 section). The eviction guard needs H >~ 8 to still see
   // an expert demanded on 6 consecutive steps as warm.
   uint32_t heat_half_life_steps = 16;
-  // Off by default: +3-6 points at 5-10% capacity on decode traces, but -2 to -5 on a bursty one.
+  // Off by default: +2.8 to +5.8 points at 5-10% capacity on decode traces, -2 on a bursty one.
   bool demand_admission = false;
 };
 
