@@ -5,18 +5,42 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
+#include <memory>
 
 #include "loader/io_backend.h"
 #include "loader/worker_pool.h"
 
 namespace moestream::io {
+namespace {
+
+// This thread's gap sink (4 KiB aligned for O_DIRECT): threads reading scatter extents at once
+// never write the same bytes, although nobody reads them.
+uint8_t* thread_sink(uint64_t bytes) {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<uint8_t, Free> sink;
+  thread_local uint64_t sink_bytes = 0;
+  if (sink_bytes < bytes) {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlign, bytes) != 0) return nullptr;
+    sink.reset(static_cast<uint8_t*>(p));
+    sink_bytes = bytes;
+  }
+  return sink.get();
+}
+
+}  // namespace
 
 void pread_extent(Extent& e, BatchContext& ctx, CompletionCounters& counters) {
   const FileEntry& f = ctx.files[e.file];
+  uint8_t* sink = e.scatter ? thread_sink(ctx.sink_bytes) : nullptr;
+  if (sink == nullptr) sink = ctx.sink;  // out of memory: the shared one still works
   for (;;) {
     ssize_t n;
     if (e.scatter) {
-      uint32_t n_iov = build_iovecs(e, ctx.plan, ctx.reqs, ctx.sink, ctx.sink_bytes);
+      uint32_t n_iov = build_iovecs(e, ctx.plan, ctx.reqs, sink, ctx.sink_bytes);
       n = ::preadv(f.fd, ctx.plan.iovs.data() + e.first_iov, static_cast<int>(n_iov),
                    static_cast<off_t>(next_offset(e)));
     } else {
