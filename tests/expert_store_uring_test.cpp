@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -260,6 +261,28 @@ TEST(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
     EXPECT_EQ(s.host_cache_hits, 3u);
     EXPECT_EQ(s.read_ops_requested, 4u);
     EXPECT_EQ(s.bytes_read, 4 * want[0][0].size());
+  }
+}
+
+TEST(EngineExpertStore, ReopenedStoreReadsTheSameBytesOnAnotherThreadWithoutAHostCache) {
+  TempDir d("expert_store_uring_test");
+  ModelConfig c = tiny_config(QuantType::kQ8);
+  Payloads want = write_model(d.path(), c, true);
+  for (const char* io : {"auto", "simple"}) {
+    SCOPED_TRACE(io);
+    auto store = open_expert_store(io, d.path(), c, cached(c, 16));
+    std::unique_ptr<ExpertStore> second = store->reopen();
+    ASSERT_NE(second, nullptr);
+    std::thread other([&] {  // a store is not thread-safe: each thread reads through its own
+      for (int round = 0; round < 2; ++round) expect_payloads(*second, want, 1, {2, 6, 1});
+    });
+    for (int round = 0; round < 20; ++round) expect_payloads(*store, want, 1, {6, 3, 0});
+    other.join();
+    EXPECT_EQ(store->stats().experts_requested, 60u);  // the second store's reads are its own
+    const ExpertStoreStats s = second->stats();
+    EXPECT_EQ(s.experts_requested, 6u);
+    EXPECT_EQ(s.host_cache_hits, 0u);  // no host cache of its own: the repeat was read again
+    EXPECT_EQ(s.experts_read, 6u);
   }
 }
 

@@ -24,6 +24,7 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   r.demand_hits = p.demand_hits - q.demand_hits;
   r.demand_misses = p.demand_misses - q.demand_misses;
   r.demand_no_room = p.demand_no_room - q.demand_no_room;
+  r.demand_not_admitted = p.demand_not_admitted - q.demand_not_admitted;
   r.speculative_hits = p.speculative_hits - q.speculative_hits;
   r.speculative_fills = p.speculative_fills - q.speculative_fills;
   r.speculative_dropped = p.speculative_dropped - q.speculative_dropped;
