@@ -18,7 +18,7 @@ B=build-device/bin
 t0=$(date +%s)
 timeout "${BENCH_TIMEOUT:-100}" stdbuf -oL "$B/bench_io" --file "$W/bench_io.bin" --size-mb "${BENCH_MB:-1024}" \
   --threads 16 --rings 16 --seconds 0.1 --blocks "${BENCH_BLOCKS:-1M,4M}" --depth-reps "${DEPTH_REPS:-3}" \
-  --depth-seconds 0.25 --json "$O/bench_io.json" >"$O/bench_io.txt" 2>&1
+  --json "$O/bench_io.json" >"$O/bench_io.txt" 2>&1
 echo "bench_io: rc $? in $(( $(date +%s) - t0 )) s"
 rm -f "$W/bench_io.bin"
 t0=$(date +%s)
