@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -70,8 +71,15 @@ class FakeStore : public ExpertStore {
     fetch(layer, ids, pending_);
     next_ = pending_.size();
   }
-  bool next_ready(size_t* index, const uint8_t** p, bool) override {
+  bool next_ready(size_t* index, const uint8_t** p, bool wait) override {
+    if (wait) {
+      if (on_wait_) on_wait_();
+      since_wait_ = 0;
+    } else if (trickle_ > 0 && since_wait_ >= trickle_) {
+      return false;  // the rest has not landed yet
+    }
     if (next_ == 0) return false;
+    ++since_wait_;
     --next_;
     *index = next_;
     *p = pending_[next_];
@@ -79,7 +87,12 @@ class FakeStore : public ExpertStore {
   }
   ExpertStoreStats stats() const override { return stats_; }
 
+  // 0: every expert is ready at once; n: each waiting next_ready() lands n more.
+  size_t trickle_ = 0;
+  std::function<void()> on_wait_;  // runs at each waiting next_ready()
+
  private:
+  size_t since_wait_ = 0;
   int n_experts_;
   size_t bytes_;
   std::vector<std::vector<uint8_t>> data_;
@@ -129,7 +142,7 @@ class GatedStore : public FakeStore {
 };
 
 class GpuExpertCacheTest : public ::testing::Test {
- protected:
+ public:  // kernels_still_queued() shares the fixture
   void SetUp() override {
     const char* why = "";
     if (gpu::device_count(&why) == 0) return;
@@ -478,8 +491,24 @@ TEST_F(GpuExpertCacheTest, BackToBackPrefetchesNeverOverwriteStagingACopyStillRe
   EXPECT_EQ(cache.telemetry().prefetch_h2d_bytes, 15 * bytes_);
 }
 
+// two_phase: begin_acquire, the "kernels" of the ready experts, finish_acquire, the others'.
+void kernels_still_queued(GpuExpertCacheTest& t, bool two_phase);
+
 TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvict) {
+  kernels_still_queued(*this, false);
+}
+
+TEST_F(GpuExpertCacheTest, KernelsOnReadyExpertsBeforeFinishAcquireReadTheirExpertsUnderEvictions) {
+  store_.trickle_ = 2;  // copies issued in several batches per call
+  kernels_still_queued(*this, true);
+}
+
+void kernels_still_queued(GpuExpertCacheTest& t, bool two_phase) {
   SKIP_WITHOUT_GPU();
+  auto& cfg_ = t.cfg_;
+  auto& store_ = t.store_;
+  auto& bytes_ = t.bytes_;
+  auto& stream_ = t.stream_;
   // Each call's "kernel" is a device-to-device copy of its experts on the compute stream into a
   // check area, never waited for by the host until the end: a slot evicted, a scratch area or
   // a staging range reused before that copy ran would leave wrong bytes in the check area.
@@ -506,10 +535,23 @@ TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvic
   for (int c = 0; c < kCalls; ++c) {
     const std::vector<int>& ids = called[size_t(c)];
     std::vector<const uint8_t*> dev(ids.size());
-    cache.acquire(layers[size_t(c)], ids, rng() % 4 ? GpuFill::kDemand : GpuFill::kPrefill, dev);
-    for (size_t i = 0; i < ids.size(); ++i)
-      CUDA_OK(cudaMemcpyAsync(check + (size_t(c) * kMaxIds + i) * bytes_, dev[i], bytes_,
-                              cudaMemcpyDeviceToDevice, stream_));
+    const GpuFill kind = rng() % 4 ? GpuFill::kDemand : GpuFill::kPrefill;
+    auto kernel = [&](size_t i) {
+      return cudaMemcpyAsync(check + (size_t(c) * kMaxIds + i) * bytes_, dev[i], bytes_,
+                             cudaMemcpyDeviceToDevice, stream_);
+    };
+    if (two_phase) {
+      std::vector<uint8_t> ready(ids.size());
+      cache.begin_acquire(layers[size_t(c)], ids, kind, dev, ready);
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (ready[i]) CUDA_OK(kernel(i));
+      cache.finish_acquire();
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (!ready[i]) CUDA_OK(kernel(i));
+    } else {
+      cache.acquire(layers[size_t(c)], ids, kind, dev);
+      for (size_t i = 0; i < ids.size(); ++i) CUDA_OK(kernel(i));
+    }
     cache.kernels_enqueued();
     if (c + 1 < kCalls && rng() % 4) {  // one right (used or waited for), one likely wrong
       const std::vector<int>& next = called[size_t(c) + 1];
@@ -531,11 +573,103 @@ TEST_F(GpuExpertCacheTest, KernelsStillQueuedReadTheirExpertsWhileLaterCallsEvic
       ASSERT_EQ(std::memcmp(host.data() + (size_t(c) * kMaxIds + i) * bytes_, want.data(), bytes_), 0)
           << "call " << c << " expert " << called[size_t(c)][i];
     }
-  const GpuCacheTelemetry t = cache.telemetry();
-  EXPECT_GT(t.policy.evictions, 0u);
-  EXPECT_GT(t.scratch_uses, 0u);  // prefill with a full budget at least
-  EXPECT_GT(t.prefetch_used + t.prefetch_refills, 0u);  // from the worker, or taken back
-  EXPECT_GT(t.prefetch_cancelled, 0u);
+  const GpuCacheTelemetry tel = cache.telemetry();
+  EXPECT_GT(tel.policy.evictions, 0u);
+  EXPECT_GT(tel.scratch_uses, 0u);  // prefill with a full budget at least
+  EXPECT_GT(tel.prefetch_used + tel.prefetch_refills, 0u);  // from the worker, or taken back
+  EXPECT_GT(tel.prefetch_cancelled, 0u);
+}
+
+TEST_F(GpuExpertCacheTest, EachMissIsCopiedAsSoonAsItsReadLands) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCacheOptions o;
+  o.chunk_bytes = 8 * bytes_;
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  store_.trickle_ = 1;  // one expert lands per wait
+  std::vector<uint64_t> copies_seen;  // experts copied when the cache waits for the next one
+  store_.on_wait_ = [&] { copies_seen.push_back(cache.telemetry().h2d_bytes / bytes_); };
+  std::vector<int> ids{5, 2, 7, 0};
+  std::vector<const uint8_t*> dev(4);
+  cache.acquire(0, ids, GpuFill::kDemand, dev);
+  // Waits 1..4 hand out an expert each, the fifth says "all handed out".
+  EXPECT_EQ(copies_seen, (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(cache.telemetry().h2d_copies, 4u);  // one per landing: nothing to merge with
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(dev[i], 0, ids[i]));
+  cache.kernels_enqueued();
+  // Two landing together are one batch, and adjacent slots one copy.
+  store_.trickle_ = 2;
+  copies_seen.clear();
+  std::vector<int> more{9, 10, 11, 12};
+  cache.acquire(0, more, GpuFill::kDemand, dev);
+  EXPECT_EQ(copies_seen, (std::vector<uint64_t>{4, 6, 8}));
+  EXPECT_EQ(cache.telemetry().h2d_copies, 6u);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < more.size(); ++i) EXPECT_TRUE(matches(dev[i], 0, more[i]));
+  cache.kernels_enqueued();
+}
+
+TEST_F(GpuExpertCacheTest, BeginAcquireHandsOutHitsBeforeAnyMissIsRead) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
+  std::vector<int> warm{1, 2};
+  std::vector<const uint8_t*> dev(2);
+  cache.acquire(2, warm, GpuFill::kDemand, dev);
+  cache.kernels_enqueued();
+  const uint64_t requested = store_.stats().experts_requested;
+
+  std::vector<int> ids{1, 5, 2, 6, 5};
+  std::vector<const uint8_t*> got(ids.size());
+  std::vector<uint8_t> ready(ids.size(), 7);
+  cache.begin_acquire(2, ids, GpuFill::kDemand, got, ready);
+  EXPECT_EQ(ready, (std::vector<uint8_t>{1, 0, 1, 0, 0}));
+  EXPECT_EQ(store_.stats().experts_requested, requested);  // nothing read yet
+  EXPECT_EQ(got[0], dev[0]);
+  EXPECT_EQ(got[2], dev[1]);
+  EXPECT_EQ(got[1], got[4]);
+  for (const uint8_t* p : got) EXPECT_NE(p, nullptr);  // misses have their slot already
+  // The hits are usable by compute now: their bytes, read on the compute stream.
+  std::vector<uint8_t> host(bytes_);
+  for (size_t i : {size_t(0), size_t(2)}) {
+    CUDA_OK(cudaMemcpyAsync(host.data(), got[i], bytes_, cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(host, store_.payload(2, ids[i]));
+  }
+  // Nothing else may run on the cache in between.
+  EXPECT_THROW(cache.kernels_enqueued(), ConfigError);
+  EXPECT_THROW(cache.acquire(2, ids, GpuFill::kDemand, got), ConfigError);
+  EXPECT_THROW(cache.end_step(), ConfigError);
+  cache.finish_acquire();
+  EXPECT_EQ(store_.stats().experts_requested, requested + 2);
+  EXPECT_THROW(cache.finish_acquire(), ConfigError);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(got[i], 2, ids[i]));
+  cache.kernels_enqueued();
+}
+
+TEST_F(GpuExpertCacheTest, PredictionAlreadyCopiedIsReadyAtBeginAcquire) {
+  SKIP_WITHOUT_GPU();
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, with_worker());
+  std::vector<int> pred{3, 4};
+  cache.prefetch(1, pred);
+  // Until the worker has issued both copies (it holds no gate: pf_store_ is open).
+  for (int i = 0; i < 10000 && cache.telemetry().prefetch_h2d_bytes < 2 * bytes_; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(cache.telemetry().prefetch_h2d_bytes, 2 * bytes_);
+  std::vector<int> ids{4, 8};
+  std::vector<const uint8_t*> got(2);
+  std::vector<uint8_t> ready(2);
+  cache.begin_acquire(1, ids, GpuFill::kDemand, got, ready);
+  EXPECT_EQ(ready, (std::vector<uint8_t>{1, 0}));
+  std::vector<uint8_t> host(bytes_);
+  CUDA_OK(cudaMemcpyAsync(host.data(), got[0], bytes_, cudaMemcpyDeviceToHost, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_EQ(host, store_.payload(1, 4));  // compute waited for the worker's copy
+  cache.finish_acquire();
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_TRUE(matches(got[1], 1, 8));
+  EXPECT_EQ(cache.telemetry().prefetch_waits, 0u);
+  cache.kernels_enqueued();
 }
 
 // Blocks `compute` until released, so the slots of enqueued "kernels" stay pinned. Opens when

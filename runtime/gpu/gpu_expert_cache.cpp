@@ -124,6 +124,16 @@ struct GpuExpertCache::Impl {
   uint64_t next_seq = 0, completed_seq = 0;
   std::deque<Batch> batches;
 
+  // Between begin_acquire() and finish_acquire(): what is still to be read and waited for.
+  struct Pending {
+    bool active = false;
+    int layer = 0;
+    GpuFill kind = GpuFill::kDemand;
+    std::vector<int> miss_ids;
+    std::vector<Copy> cs;
+    std::vector<JobPtr> predicted;  // hits whose prediction is queued or in flight
+    uint64_t refills = 0;
+  } pending;
   std::vector<int> current_pins;   // slots of the last acquire(), kernels not yet enqueued
   bool current_scratch = false;
   std::deque<KernelGroup> kernel_groups;
@@ -567,18 +577,34 @@ struct GpuExpertCache::Impl {
     return next_seq;
   }
 
-  // Reads `cs[i]` = expert ids[i] of `layer` through the store (host tiers first).
-  void read(int layer, const std::vector<int>& ids, std::vector<Copy>& cs) {
+  // Reads `cs[i]` = expert ids[i] of `layer` through the store (host tiers first) and copies
+  // each as soon as it has landed: one next_ready() that waits, plus every other expert ready by
+  // then, is one copy batch, so the copies of early experts overlap the reads of late ones.
+  // Returns the seq of the last batch (0: nothing to copy).
+  uint64_t read_and_upload(int layer, const std::vector<int>& ids, std::vector<Copy>& cs) {
     store.begin_fetch(layer, ids);
-    size_t index = 0;
+    std::vector<Copy> landed;
+    size_t index = 0, got = 0;
     const uint8_t* payload = nullptr;
-    size_t got = 0;
-    while (store.next_ready(&index, &payload, true)) {
+    uint64_t last = 0;
+    auto take = [&] {
       MOE_ASSERT(index < cs.size() && !cs[index].src, "store handed out an expert twice");
       cs[index].src = payload;
+      landed.push_back(cs[index]);
       ++got;
+    };
+    for (;;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const bool any = store.next_ready(&index, &payload, true);
+      tel.demand_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!any) break;
+      landed.clear();
+      take();
+      while (store.next_ready(&index, &payload, false)) take();
+      last = upload(landed);
     }
     MOE_ASSERT(got == cs.size(), "store handed out fewer experts than asked");
+    return last;
   }
 
   // ---- prefetch worker ----------------------------------------------------------------------
@@ -838,8 +864,10 @@ struct GpuExpertCache::Impl {
 
   // pf_layer >= 0: after this call's own placements (pinned, so a prediction cannot evict
   // them) and before its reads, predictions pf_ids of pf_layer go to the worker.
-  void acquire(int layer, std::span<const int> ids, GpuFill kind, std::span<const uint8_t*> dev_out,
-               int pf_layer = -1, std::span<const int> pf_ids = {}) {
+  void begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+                     std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
+                     int pf_layer = -1, std::span<const int> pf_ids = {}) {
+    require_idle("begin_acquire");
     check_layer(layer, "acquire");
     if (pf_layer >= 0) {
       check_layer(pf_layer, "prefetch");
@@ -850,6 +878,9 @@ struct GpuExpertCache::Impl {
     if (dev_out.size() != ids.size())
       throw ConfigError("gpu cache: acquire of " + std::to_string(ids.size()) + " experts with " +
                         std::to_string(dev_out.size()) + " output pointers");
+    if (ready.size() != ids.size())
+      throw ConfigError("gpu cache: begin_acquire of " + std::to_string(ids.size()) +
+                        " experts with " + std::to_string(ready.size()) + " ready flags");
     for (int id : ids)
       if (id < 0 || id >= cfg.n_experts)
         throw ConfigError("gpu cache: acquire of expert " + std::to_string(id) + " of layer " +
@@ -870,12 +901,14 @@ struct GpuExpertCache::Impl {
     const size_t b = layer_bytes[size_t(layer)];
     const int cls = policy->class_of_layer(layer);
     std::vector<const uint8_t*> dev(uniq.size());
-    std::vector<int> miss_ids;
-    std::vector<Copy> cs;
+    std::vector<uint8_t> now(uniq.size());  // usable by compute once wait_seq is waited for
+    std::vector<int>& miss_ids = pending.miss_ids;
+    std::vector<Copy>& cs = pending.cs;
     uint64_t wait_seq = 0;
     cancel_unasked(layer, uniq);
-    std::vector<JobPtr> predicted;  // hits whose prediction is queued or in flight
-    uint64_t refills = 0;
+    std::vector<JobPtr>& predicted = pending.predicted;
+    std::vector<size_t> predicted_u;  // predicted[k] is uniq[predicted_u[k]]
+    uint64_t& refills = pending.refills;
     const std::vector<int> pf_uniq = pf_layer >= 0 ? prediction_ids(pf_ids) : std::vector<int>{};
     std::vector<std::pair<int, int>> pf_placed;
     uint64_t pf_again = 0;
@@ -885,7 +918,9 @@ struct GpuExpertCache::Impl {
       cs.clear();
       wait_seq = 0;
       predicted.clear();
+      predicted_u.clear();
       refills = 0;
+      std::fill(now.begin(), now.end(), 0);
       std::vector<size_t> to_scratch;  // indices into uniq
       for (size_t u = 0; u < uniq.size(); ++u) {
         GpuCacheResult r = policy->access(layer, uniq[u], kind);
@@ -902,13 +937,16 @@ struct GpuExpertCache::Impl {
               cs.push_back(Copy{m.dev, nullptr, b, r.slot});
             } else if (m.job) {  // its prediction is being read or copied: never read twice
               predicted.push_back(m.job);
+              predicted_u.push_back(u);
             } else if (!m.valid) {  // a cancelled prediction: read it now
               m.valid = true;
               ++refills;
               miss_ids.push_back(uniq[u]);
               cs.push_back(Copy{m.dev, nullptr, b, r.slot});
-            } else if (m.fill_seq > completed_seq) {  // a demand copy may still be in flight
-              wait_seq = std::max(wait_seq, m.fill_seq);
+            } else {
+              now[u] = 1;
+              if (m.fill_seq > completed_seq)  // a demand copy may still be in flight
+                wait_seq = std::max(wait_seq, m.fill_seq);
             }
             break;
           }
@@ -946,24 +984,69 @@ struct GpuExpertCache::Impl {
     requeued += pf_again;
     queue_predictions(pf_layer, pf_placed);  // the worker reads them while we read ours
 
-    if (!cs.empty()) {
+    // Predictions whose copy the worker has issued are usable now too (a compute wait on the
+    // job's event, no host wait); the others are awaited in finish_acquire().
+    for (size_t k = 0; k < predicted.size();) {
+      bool issued;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        issued = predicted[k]->state == JobState::kIssued;
+      }
+      if (!issued) {
+        ++k;
+        continue;
+      }
+      await_prediction(predicted[k]);
+      now[predicted_u[k]] = 1;
+      predicted.erase(predicted.begin() + ptrdiff_t(k));
+      predicted_u.erase(predicted_u.begin() + ptrdiff_t(k));
+    }
+    // Hits usable now: their in-flight copies (earlier calls) are already issued, a stream wait.
+    if (wait_seq > completed_seq) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute, batch_event(wait_seq), 0));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      dev_out[i] = dev[size_t(first[i])];
+      ready[i] = now[size_t(first[i])];
+    }
+    pending.active = true;
+    pending.layer = layer;
+    pending.kind = kind;
+  }
+
+  void finish_acquire() {
+    if (!pending.active) throw ConfigError("gpu cache: finish_acquire without begin_acquire");
+    pending.active = false;
+    uint64_t wait_seq = 0;
+    if (!pending.cs.empty()) {
       flush_on_error([&] {
-        const auto t0 = std::chrono::steady_clock::now();
-        read(layer, miss_ids, cs);
-        tel.demand_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         // Scratch is rewritten: kernels of an earlier call that read it must be done first.
         if (current_scratch && scratch_recorded) MOE_CUDA_CHECK(cudaStreamWaitEvent(copy, scratch_free, 0));
-        wait_seq = upload(cs);
+        wait_seq = read_and_upload(pending.layer, pending.miss_ids, pending.cs);
       });
     }
-    (kind == GpuFill::kDemand ? refills_demand : refills_prefill) += refills;
-    tel.prefetch_refills += refills;
+    (pending.kind == GpuFill::kDemand ? refills_demand : refills_prefill) += pending.refills;
+    tel.prefetch_refills += pending.refills;
     if (wait_seq > completed_seq) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute, batch_event(wait_seq), 0));
+    std::vector<JobPtr> predicted = std::move(pending.predicted);
+    pending.predicted.clear();
     for (const JobPtr& j : predicted) await_prediction(j);
-    for (size_t i = 0; i < ids.size(); ++i) dev_out[i] = dev[size_t(first[i])];
+  }
+
+  void acquire(int layer, std::span<const int> ids, GpuFill kind, std::span<const uint8_t*> dev_out,
+               int pf_layer = -1, std::span<const int> pf_ids = {}) {
+    std::vector<uint8_t> ready(ids.size());
+    begin_acquire(layer, ids, kind, dev_out, ready, pf_layer, pf_ids);
+    finish_acquire();
+  }
+
+  // Between begin_acquire() and finish_acquire() the cache's state belongs to that acquire.
+  void require_idle(const char* what) const {
+    if (pending.active)
+      throw ConfigError(std::string("gpu cache: ") + what +
+                        " between begin_acquire and finish_acquire");
   }
 
   void prefetch(int layer, std::span<const int> ids) {
+    require_idle("prefetch");
     check_layer(layer, "prefetch");
     require_worker();
     check_worker_error();
@@ -1026,11 +1109,23 @@ void GpuExpertCache::acquire_and_prefetch(int layer, std::span<const int> ids, G
   impl_->acquire(layer, ids, kind, dev_out, next_layer, predicted);
 }
 
-void GpuExpertCache::kernels_enqueued() { impl_->close_kernel_group(); }
+void GpuExpertCache::kernels_enqueued() {
+  impl_->require_idle("kernels_enqueued");
+  impl_->close_kernel_group();
+}
+
+void GpuExpertCache::begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+                                   std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
+                                   int next_layer, std::span<const int> predicted) {
+  impl_->begin_acquire(layer, ids, kind, dev_out, ready, next_layer, predicted);
+}
+
+void GpuExpertCache::finish_acquire() { impl_->finish_acquire(); }
 
 void GpuExpertCache::prefetch(int layer, std::span<const int> ids) { impl_->prefetch(layer, ids); }
 
 void GpuExpertCache::end_step() {
+  impl_->require_idle("end_step");
   impl_->policy->advance_step();
   impl_->poll();
 }

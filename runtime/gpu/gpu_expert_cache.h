@@ -65,7 +65,8 @@ class GpuExpertCache {
   // payload of ids[i] (loader/expert_file.h layout). kind: kDemand (decode) or kPrefill (may fill
   // free budget, never evicts). Misses are read through store.begin_fetch/next_ready (host tiers
   // first), staged in pinned memory, copied on the copy stream (contiguous slot ranges in one
-  // copy; cudaMemcpyBatchAsync where the runtime has it), and `compute` is made to wait
+  // copy; cudaMemcpyBatchAsync where the runtime has it) as soon as they land (each
+  // next_ready(), plus any others ready by then, is one copy batch), and `compute` is made to wait
   // (cudaStreamWaitEvent) for exactly those copies; nothing missing -> no wait. Experts that get
   // no slot go to a scratch area valid until the kernels of this call finished.
   void acquire(int layer, std::span<const int> ids, GpuFill kind,
@@ -76,6 +77,18 @@ class GpuExpertCache {
   void acquire_and_prefetch(int layer, std::span<const int> ids, GpuFill kind,
                             std::span<const uint8_t*> dev_out, int next_layer,
                             std::span<const int> predicted);
+  // acquire() in two halves, so kernels on resident experts run while the misses are read:
+  // begin_acquire() places every expert (and queues the predictions, if next_layer >= 0) as
+  // acquire() does, fills dev_out for all, and sets ready[i] = 1 where `compute` may read
+  // dev_out[i] already (resident hits; a hit whose copy is still in flight gets a compute wait
+  // here), 0 where the bytes are still to come (misses, scratch, predictions not yet copied).
+  // finish_acquire() then reads those, copies each group of experts as soon as it has landed,
+  // and makes `compute` wait for them. Nothing else may be called on the cache in between
+  // (ConfigError); acquire() is begin_acquire() + finish_acquire().
+  void begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+                     std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
+                     int next_layer = -1, std::span<const int> predicted = {});
+  void finish_acquire();
   // Call right after enqueuing the kernels that read the experts of the last acquire(): records
   // an event on `compute`; those slots stay pinned (never victims) until it has completed.
   // A new acquire() without it does the same first (the previous kernels are enqueued by then).
