@@ -544,10 +544,14 @@ void kernels_still_queued(GpuExpertCacheTest& t, bool two_phase) {
       std::vector<uint8_t> ready(ids.size());
       cache.begin_acquire(layers[size_t(c)], ids, kind, dev, ready);
       for (size_t i = 0; i < ids.size(); ++i)
-        if (ready[i]) CUDA_OK(kernel(i));
+        if (ready[i]) {
+          CUDA_OK(kernel(i));
+        }
       cache.finish_acquire();
       for (size_t i = 0; i < ids.size(); ++i)
-        if (!ready[i]) CUDA_OK(kernel(i));
+        if (!ready[i]) {
+          CUDA_OK(kernel(i));
+        }
     } else {
       cache.acquire(layers[size_t(c)], ids, kind, dev);
       for (size_t i = 0; i < ids.size(); ++i) CUDA_OK(kernel(i));

@@ -112,6 +112,9 @@ struct GpuForward::Impl {
 
   // Host-side routing and planning scratch (sized once: the decode step allocates nothing).
   std::vector<int> unique_ids, count_of_expert, first_row_of_expert;
+  std::vector<uint8_t> ready;               // begin_acquire's flags, by unique_ids position
+  std::vector<int> order_ids;               // unique_ids, ready experts first
+  std::vector<const uint8_t*> order_ptrs;   // their payload pointers
   std::vector<float> router_inputs;
   std::vector<int> predicted;  // look-ahead ids made during layer predicted_layer - 1
   int predicted_layer = -1;
@@ -203,6 +206,9 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
   ptr_host = PinnedBuffer(pairs * sizeof(const uint8_t*));
 
   unique_ids.reserve(size_t(E));
+  ready.reserve(size_t(kMaxExpertsPerAcquire));
+  order_ids.reserve(size_t(kMaxExpertsPerAcquire));
+  order_ptrs.reserve(size_t(kMaxExpertsPerAcquire));
   count_of_expert.assign(size_t(E), 0);
   first_row_of_expert.assign(size_t(E), 0);
   predicted.reserve(size_t(std::max(N, 1)));
@@ -451,19 +457,49 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
   times.other_s += seconds_since(tl);
 }
 
-// The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert (ascending
-// ids, as the CPU fetches), experts acquired at most kMaxExpertsPerAcquire at a time, grouped
-// GEMMs gate/up -> SwiGLU -> down per acquire, then the weighted sum in top-k order.
+// The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts
+// acquired at most kMaxExpertsPerAcquire at a time, grouped GEMMs gate/up -> SwiGLU -> down per
+// acquire, then the weighted sum in top-k order. With one acquire (decode; prefill of at most
+// 16 experts) it is split in two: the experts the cache has ready come first in the plan and
+// their kernels are enqueued before the misses are read, the misses' kernels after; otherwise
+// groups are in ascending ids (as the CPU fetches). Each group's rows, the GEMM token tile (the
+// max rows of the whole acquire) and the combine order are the same either way, so the split
+// changes no bit of the result.
 void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   auto t0 = std::chrono::steady_clock::now();
   const size_t pairs = size_t(B) * size_t(K);
   const int* ids_h = route_host.as<int>();
   const float* wts_d = reinterpret_cast<const float*>(route_dev.as<int>() + pairs);
-  // Plan: distinct experts ascending; rows grouped by expert; pair (t, j) -> its row.
   unique_ids.clear();
   for (int i = 0; i < T * K; ++i)
     if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
   std::sort(unique_ids.begin(), unique_ids.end());
+  const GpuFill kind = T > 1 ? GpuFill::kPrefill : GpuFill::kDemand;
+  const int n_groups = int(unique_ids.size());
+  auto** ptr_h = ptr_host.as<const uint8_t*>();
+  const bool split = n_groups <= kMaxExpertsPerAcquire;
+  int n_ready = 0;
+  if (split) {
+    auto ti = std::chrono::steady_clock::now();
+    ready.resize(size_t(n_groups));
+    cache->begin_acquire(layer, unique_ids, kind, std::span<const uint8_t*>(ptr_h, size_t(n_groups)),
+                         ready, lookahead ? layer + 1 : -1,
+                         lookahead ? std::span<const int>(predicted) : std::span<const int>{});
+    // Ready experts first, each part in ascending ids (stable), their pointers along.
+    order_ids.clear();
+    order_ptrs.clear();
+    for (int pass = 1; pass >= 0; --pass)
+      for (int g = 0; g < n_groups; ++g)
+        if (ready[size_t(g)] == pass) {
+          order_ids.push_back(unique_ids[size_t(g)]);
+          order_ptrs.push_back(ptr_h[g]);
+        }
+    n_ready = int(std::count(ready.begin(), ready.end(), uint8_t{1}));
+    std::copy(order_ids.begin(), order_ids.end(), unique_ids.begin());
+    std::copy(order_ptrs.begin(), order_ptrs.end(), ptr_h);
+    times.expert_io_s += seconds_since(ti);
+  }
+  // Plan: rows grouped by expert in unique_ids order; pair (t, j) -> its row.
   int* gather_idx = plan_host.as<int>();
   int* pair_row = gather_idx + pairs;
   int* row_start = pair_row + pairs;
@@ -496,30 +532,23 @@ void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times
   if (round_x) gpu::round_activations_q8(xg, n_rows, D, stream);
   times.router_s += seconds_since(t0);
 
-  const GpuFill kind = T > 1 ? GpuFill::kPrefill : GpuFill::kDemand;
-  const int n_groups = int(unique_ids.size());
-  auto** ptr_h = ptr_host.as<const uint8_t*>();
   auto* const* ptr_d = ptr_dev.as<const uint8_t*>();
   const int* row_start_d = plan_d + 2 * pairs;
   const QuantType qt = cfg.expert_quant;
-  for (int g0 = 0; g0 < n_groups; g0 += kMaxExpertsPerAcquire) {
-    const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
-    const int n = g1 - g0;
-    auto ti = std::chrono::steady_clock::now();
-    const std::span<const int> group(unique_ids.data() + g0, size_t(n));
-    const std::span<const uint8_t*> group_ptrs(ptr_h + g0, size_t(n));
-    if (lookahead && g0 == 0)  // decode: one group
-      cache->acquire_and_prefetch(layer, group, kind, group_ptrs, layer + 1, predicted);
-    else
-      cache->acquire(layer, group, kind, group_ptrs);
-    times.expert_io_s += seconds_since(ti);
-
-    auto tc = std::chrono::steady_clock::now();
+  auto upload_ptrs = [&](int g0, int g1) {
     MOE_CUDA_CHECK(cudaMemcpyAsync(ptr_dev.as<const uint8_t*>() + g0, ptr_h + g0,
-                                   size_t(n) * sizeof(const uint8_t*), cudaMemcpyHostToDevice,
-                                   stream));
-    int max_rows = 0;
-    for (int g = g0; g < g1; ++g) max_rows = std::max(max_rows, row_start[g + 1] - row_start[g]);
+                                   size_t(g1 - g0) * sizeof(const uint8_t*),
+                                   cudaMemcpyHostToDevice, stream));
+  };
+  auto max_rows_of = [&](int g0, int g1) {
+    int m = 0;
+    for (int g = g0; g < g1; ++g) m = std::max(m, row_start[g + 1] - row_start[g]);
+    return m;
+  };
+  // Expert kernels of groups [g0, g1); max_rows picks the GEMM's token tile (the acquire's).
+  auto launch = [&](int g0, int g1, int max_rows) {
+    if (g0 == g1) return;
+    const int n = g1 - g0;
     const int r0 = row_start[g0], r1 = row_start[g1];
     // One grouped launch per matrix; q8/q4 rows whose width is not a whole number of 32-blocks
     // (the demo's F = 80, the fixtures' odd sizes) take the per-row matvec instead.
@@ -540,8 +569,37 @@ void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times
                 swi + size_t(r0) * F, stream);
     if (round_x) gpu::round_activations_q8(swi + size_t(r0) * F, r1 - r0, F, stream);
     matmul(layout.down_offset, D, F, swi, y);
+  };
+  if (split) {
+    auto tc = std::chrono::steady_clock::now();
+    upload_ptrs(0, n_groups);
+    const int max_rows = max_rows_of(0, n_groups);
+    launch(0, n_ready, max_rows);  // runs while the host reads the misses
+    times.expert_compute_s += seconds_since(tc);
+    auto ti = std::chrono::steady_clock::now();
+    cache->finish_acquire();
+    times.expert_io_s += seconds_since(ti);
+    tc = std::chrono::steady_clock::now();
+    launch(n_ready, n_groups, max_rows);
     cache->kernels_enqueued();
     times.expert_compute_s += seconds_since(tc);
+  } else {
+    for (int g0 = 0; g0 < n_groups; g0 += kMaxExpertsPerAcquire) {
+      const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
+      auto ti = std::chrono::steady_clock::now();
+      const std::span<const int> group(unique_ids.data() + g0, size_t(g1 - g0));
+      const std::span<const uint8_t*> group_ptrs(ptr_h + g0, size_t(g1 - g0));
+      if (lookahead && g0 == 0)  // more than 16 experts in one decode step (top-k > 16)
+        cache->acquire_and_prefetch(layer, group, kind, group_ptrs, layer + 1, predicted);
+      else
+        cache->acquire(layer, group, kind, group_ptrs);
+      times.expert_io_s += seconds_since(ti);
+      auto tc = std::chrono::steady_clock::now();
+      upload_ptrs(g0, g1);
+      launch(g0, g1, max_rows_of(g0, g1));
+      cache->kernels_enqueued();
+      times.expert_compute_s += seconds_since(tc);
+    }
   }
   auto tc = std::chrono::steady_clock::now();
   gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
