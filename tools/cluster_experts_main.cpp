@@ -18,6 +18,7 @@
 #include "loader/expert_file.h"
 #include "loader/expert_map.h"
 #include "loader/routing_log.h"
+#include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -186,17 +187,5 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-read-kb", a.max_read_kb, "engine largest read (infer --max-read-kb)")->capture_default_str()
       ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
-  }
-  try {
-    return run(a);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "cluster_experts: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cluster_experts: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return run_tool("cluster_experts", app, argc, argv, [&] { return run(a); });
 }

@@ -21,6 +21,7 @@
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #include "tools/engine_cli.h"
+#include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -244,19 +245,5 @@ int main(int argc, char** argv) {
                  "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
                  "token by token like decode; 0 = default 64")
       ->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
-  }
-  try {
-    return run(a);
-  } catch (const Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "infer: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "infer: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return run_tool("infer", app, argc, argv, [&] { return run(a); });
 }

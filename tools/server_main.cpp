@@ -16,6 +16,7 @@
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer.h"
 #include "tools/engine_cli.h"
+#include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -121,17 +122,5 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str();
   app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str();
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
-  }
-  try {
-    return run(a);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "moestream-server: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moestream-server: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }

@@ -14,6 +14,7 @@
 #include "common/file_util.h"
 #include "runtime/model_shapes.h"
 #include "runtime/synthetic_model.h"
+#include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -150,17 +151,5 @@ int main(int argc, char** argv) {
   // write a real shape's structure in a few MB.
   app.add_option("--scale-down", a.scale_down, "")->group("")->check(CLI::Range(1, 1 << 16));
   app.add_option("OUT_DIR", a.out, "model directory to write (via OUT_DIR.tmp.<pid> and a rename)")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
-  }
-  try {
-    return run(a);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "synth_model: error: %s\n", e.what());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "synth_model: unexpected error: %s\n", e.what());
-  }
-  return 1;
+  return run_tool("synth_model", app, argc, argv, [&] { return run(a); });
 }
