@@ -83,6 +83,19 @@ std::string gpu_unavailable_reason() {
 #endif
 }
 
+void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
+  if (o.moe_lookahead < 0)
+    throw ConfigError(n.moe_lookahead + " must be >= 0, got " + std::to_string(o.moe_lookahead));
+  if (o.moe_lookahead > 0 && !o.gpu)
+    throw ConfigError(n.moe_lookahead + n.assign + std::to_string(o.moe_lookahead) +
+                      " prefetches into the GPU expert cache: it needs " + n.gpu);
+  if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError(n.gpu_cache_mb + " needs " + n.gpu);
+  if (o.gpu) {
+    const std::string why = gpu_unavailable_reason();
+    if (!why.empty()) throw ConfigError(n.gpu + ": " + why);
+  }
+}
+
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
@@ -102,13 +115,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   if (opts.max_batch <= 0)
     throw ConfigError("max_batch must be positive, got " + std::to_string(opts.max_batch));
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
-  if (opts.moe_lookahead < 0)
-    throw ConfigError("--moe-lookahead must be >= 0, got " + std::to_string(opts.moe_lookahead));
-  if (opts.moe_lookahead > 0 && !opts.gpu)
-    throw ConfigError("--moe-lookahead " + std::to_string(opts.moe_lookahead) +
-                      " prefetches into the GPU expert cache: it needs --gpu");
-  if (opts.gpu_cache_mb > 0 && !opts.gpu)
-    throw ConfigError("--gpu-cache-mb needs --gpu");
+  check_gpu_options(opts);
   if (opts.gpu && opts.cache_aware.enabled)
     throw ConfigError("--cache-aware is not supported with --gpu (the GPU path routes exactly)");
   MOE_ASSERT(store != nullptr);

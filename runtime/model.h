@@ -57,6 +57,16 @@ using RoutingCallback = std::function<void(const RoutingEvent&)>;
 // usable CUDA device (the driver's reason). Cheap: callers check it before a slow load.
 std::string gpu_unavailable_reason();
 
+// How a front end spells the GPU options, for its error messages (defaults: infer's flags).
+struct GpuOptionNames {
+  std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
+  std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
+};
+// Throws ConfigError for GPU options that cannot work: a negative look-ahead, look-ahead or a
+// GPU cache size without gpu, gpu without a usable device. Model::load calls it; front ends call
+// it before their own slow work so the error comes first and in their spelling.
+void check_gpu_options(const ModelOptions& opts, const GpuOptionNames& names = {});
+
 class Model {
  public:
   // Reads dir/model.json and the dense weights, opens the pread expert store. Throws

@@ -246,6 +246,18 @@ EngineExpertStoreOptions cached(const ModelConfig& c, uint64_t slots) {
   return o;
 }
 
+// As cached(), one read per expert (no coalescing), and every read at file offset `bad` fails
+// with -EIO while *fail is true (always when `fail` is null).
+EngineExpertStoreOptions cached_failing_at(const ModelConfig& c, uint64_t slots, uint64_t bad,
+                                           std::shared_ptr<std::atomic<bool>> fail = nullptr) {
+  EngineExpertStoreOptions o = cached(c, slots);
+  o.io.coalesce = false;
+  o.io.completion_hook = [fail, bad](const CompletionInfo& ci) -> int64_t {
+    return (!fail || fail->load()) && ci.offset == bad ? -EIO : ci.result;
+  };
+  return o;
+}
+
 TEST(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ8);
@@ -365,11 +377,7 @@ TEST(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
   Payloads want = write_model(d.path(), c, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(3);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached(c, 8);
-  o.io.coalesce = false;
-  o.io.completion_hook = [fail, bad](const CompletionInfo& ci) -> int64_t {
-    return fail->load() && ci.offset == bad ? -EIO : ci.result;
-  };
+  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
   auto store = open_engine_expert_store(d.path(), c, o);
   std::vector<const uint8_t*> out;
   std::vector<int> ids{2, 3, 5};
@@ -480,11 +488,7 @@ TEST(EngineExpertStore, PrefetchNobodyAsksForIsDiscardedAndNeverCached) {
   // The prefetch of expert 4 fails; its data must never be served later from the host cache.
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(4);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached(c, 8);
-  o.io.coalesce = false;
-  o.io.completion_hook = [fail, bad](const CompletionInfo& ci) -> int64_t {
-    return fail->load() && ci.offset == bad ? -EIO : ci.result;
-  };
+  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
   auto store = open_engine_expert_store(d.path(), c, o);
   expect_payloads(*store, want, 0, {1});
   store->prefetch(0, std::vector<int>{4, 5});
@@ -520,11 +524,7 @@ TEST(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
   ModelConfig c = tiny_config(QuantType::kQ8);
   Payloads want = write_model(d.path(), c, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 1)).slot_offset(6);
-  EngineExpertStoreOptions o = cached(c, 8);
-  o.io.coalesce = false;
-  o.io.completion_hook = [bad](const CompletionInfo& ci) -> int64_t {
-    return ci.offset == bad ? -EIO : ci.result;
-  };
+  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad);
   auto store = open_engine_expert_store(d.path(), c, o);
   store->begin_fetch(1, std::vector<int>{0});
   store->prefetch(1, std::vector<int>{5, 6});

@@ -64,17 +64,10 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.verify_checksums = !a.no_verify;
   mo.cache_aware.enabled = a.cache_aware;
   mo.cache_aware.tolerance = a.cache_tolerance;
-  if (a.moe_lookahead > 0 && !a.gpu)
-    throw ConfigError("--moe-lookahead " + std::to_string(a.moe_lookahead) +
-                      " prefetches into the GPU expert cache: it needs --gpu");
-  if (a.gpu_cache_mb > 0 && !a.gpu) throw ConfigError("--gpu-cache-mb needs --gpu");
-  if (a.gpu) {
-    const std::string why = gpu_unavailable_reason();
-    if (!why.empty()) throw ConfigError("--gpu: " + why);
-  }
   mo.gpu = a.gpu;
   mo.gpu_cache_mb = size_t(a.gpu_cache_mb);
   mo.moe_lookahead = a.moe_lookahead;
+  check_gpu_options(mo);  // before the store opens and the weights load
 }
 
 std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,

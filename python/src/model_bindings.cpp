@@ -54,18 +54,6 @@ class PyModel {
     if (o.threads < 0) throw ConfigError("threads must be >= 0, got " + std::to_string(o.threads));
     if (o.collect_router_inputs && o.collect_routing.empty())
       throw ConfigError("collect_router_inputs needs collect_routing=PATH");
-    // infer's checks, before the slow load: GPU options without gpu=True, or no usable GPU.
-    if (o.moe_lookahead < 0) throw ConfigError("moe_lookahead must be >= 0, got " + std::to_string(o.moe_lookahead));
-    if (o.moe_lookahead > 0 && !o.gpu)
-      throw ConfigError("moe_lookahead=" + std::to_string(o.moe_lookahead) +
-                        " prefetches into the GPU expert cache: it needs gpu=True");
-    if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError("gpu_cache_mb needs gpu=True");
-    if (o.gpu) {
-      const std::string why = gpu_unavailable_reason();
-      if (!why.empty()) throw ConfigError("gpu=True: " + why);
-    }
-    py::gil_scoped_release nogil;
-    if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
     ModelOptions mo;
     mo.n_threads = o.threads;
     mo.max_context = o.ctx;
@@ -76,6 +64,11 @@ class PyModel {
     mo.gpu = o.gpu;
     mo.gpu_cache_mb = size_t(o.gpu_cache_mb);
     mo.moe_lookahead = o.moe_lookahead;
+    // infer's checks, before the slow load, in Python's spelling of the options.
+    check_gpu_options(mo, {.gpu = "gpu=True", .gpu_cache_mb = "gpu_cache_mb",
+                           .moe_lookahead = "moe_lookahead", .assign = "="});
+    py::gil_scoped_release nogil;
+    if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
     const ModelConfig header_cfg = ModelConfig::load(dir_);
     if (!header_cfg.tokenizer_file.empty()) {
       fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
