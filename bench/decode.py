@@ -68,10 +68,14 @@ def model_files(model):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith("layer_"))
 
 
-def dense_ram_bytes(cfg, ctx):
-    """RAM the model holds besides experts: f32 dense weights and the KV cache."""
+def dense_ram_bytes(cfg, ctx, gpu_host_mb=None):
+    """RAM the model holds besides experts: f32 dense weights and the KV cache on the CPU path;
+    on the GPU path (gpu_host_mb given) the dense weights and KV live on the GPU and the host copy
+    is freed after upload, leaving the CUDA context and pinned staging: gpu_host_mb."""
     V, D, hd = cfg["vocab_size"], cfg["hidden_size"], cfg["head_dim"]
     qd, kvd = cfg["n_heads"] * hd, cfg["n_kv_heads"] * hd
+    if gpu_host_mb is not None:
+        return gpu_host_mb << 20
     per_layer = 2 * qd * D + 2 * kvd * D + cfg["n_experts"] * D + 4 * D
     dense = (V * D * (1 if cfg["tie_word_embeddings"] else 2) + per_layer * cfg["n_layers"]) * 4
     kv = 2 * cfg["n_layers"] * ctx * kvd * 4
@@ -223,6 +227,8 @@ def main():
     ap.add_argument("--io-bench-mb", type=int, default=2048)
     ap.add_argument("--slack-mb", type=int, default=384, help="memory.max headroom beyond dense + KV + budget")
     ap.add_argument("--infer-args", default="", help="extra infer flags for every decode run, as one argument: --infer-args=--gpu")
+    ap.add_argument("--gpu-host-mb", type=int, default=1024,
+                    help="with --infer-args=--gpu: host RAM the GPU path holds (CUDA context, pinned staging)")
     ap.add_argument("--rounds", type=int, default=1, help="runs per cell, interleaved; the median is kept")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -247,7 +253,8 @@ def main():
         dt, dh = ensure_demo_traces(args)
         train, held = train or dt, held or dh
     cluster = ensure_clustered(args, model, train, os.path.join(args.work, "bench_io.json"))
-    ram = dense_ram_bytes(cfg, args.tokens + 8)
+    gpu = "--gpu" in shlex.split(args.infer_args)
+    ram = dense_ram_bytes(cfg, args.tokens + 8, args.gpu_host_mb if gpu else None)
     if args.memory_max_mb:
         args.cap_mb = args.memory_max_mb - (ram >> 20) - args.slack_mb
         if args.cap_mb < 64:
@@ -289,10 +296,13 @@ def main():
         r["io_wait_s_per_token"] = ph.get("expert_io", 0) / n
         r["cpu_s_per_token"] = sum(v for k, v in ph.items() if k != "expert_io") / n
 
-    cap_note = (f"cgroup v2 memory.max = budget + dense/KV {ram >> 20} MiB + {args.slack_mb} MiB ({cap_text})"
+    held = (f"CUDA host memory {ram >> 20} MiB (dense weights and KV on the GPU, host copy freed)"
+            if gpu else f"dense/KV {ram >> 20} MiB")
+    cap_note = (f"cgroup v2 memory.max = budget + {held} + {args.slack_mb} MiB ({cap_text})"
                 if capped else
                 f"no cgroup memory cap ({cap_text}): the engine is capped by O_DIRECT + a host cache "
                 f"of the budget; mmap and pread use the page cache uncapped (dropped before each run)")
+    mem_max_mb = args.cap_mb + (ram >> 20) + args.slack_mb if capped else None
     result = {
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release()},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -301,7 +311,9 @@ def main():
                   "bytes": model_bytes, "expert_bytes": expert_bytes,
                   "dense_and_kv_ram_bytes": ram},
         "cap": {"mode": "cgroup-v2" if capped else "o_direct-host-budget", "budget_mb": args.cap_mb,
-                "note": cap_note, "model_over_cap": model_bytes / (args.cap_mb << 20)},
+                "note": cap_note, "model_over_cap": model_bytes / (args.cap_mb << 20),
+                "memory_max_mb": mem_max_mb,
+                "model_over_memory_max": model_bytes / (mem_max_mb << 20) if mem_max_mb else None},
         "device_bandwidth_bytes_per_s": bw, "device_bandwidth_engine": bw_engine,
         "routing": rows[0]["routing"] if rows else None,
         "clustering": {k: cluster.get(k) for k in ("geometry", "io_profile") if k in cluster},
@@ -314,7 +326,8 @@ def main():
         result["engine_buffered_over_mmap"] = by["engine_buffered"]["tokens_per_s"] / by["mmap"]["tokens_per_s"]
 
     print(f"bench/decode: {args.shape}, {cfg['n_layers']} layers, {args.quant}, model "
-          f"{model_bytes / 1e9:.2f} GB = {result['cap']['model_over_cap']:.1f}x the {args.cap_mb} MiB budget")
+          f"{model_bytes / 1e9:.2f} GB = {result['cap']['model_over_cap']:.1f}x the {args.cap_mb} MiB budget"
+          + (f", {result['cap']['model_over_memory_max']:.1f}x the {mem_max_mb} MiB memory.max" if mem_max_mb else ""))
     print(f"memory cap: {cap_note}")
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")

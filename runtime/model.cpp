@@ -23,6 +23,14 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// float32 dense bytes one token reads: every dense weight but the embedding, of which one row.
+size_t active_dense_bytes_of(const ModelConfig& c, const DenseWeights& w) {
+  size_t dense = w.bytes() - size_t(w.embed.size()) * sizeof(float);
+  dense += size_t(c.hidden_size) * sizeof(float);  // the one embedding row
+  if (c.tie_word_embeddings) dense += size_t(w.embed.size()) * sizeof(float);
+  return dense;
+}
 }  // namespace
 
 struct Model::Impl {
@@ -39,6 +47,7 @@ struct Model::Impl {
   RoutingCallback on_routing;
   RoutingOverrideFn routing_override;  // empty = the router decides
   uint64_t tokens_routed = 0;          // tokens through the layers since load: the override's clock
+  size_t active_dense_bytes = 0;       // set when the host dense copy was freed (GPU path)
   ForwardTimes times;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
@@ -64,6 +73,10 @@ struct Model::Impl {
       go.cache_mb = o.gpu_cache_mb;
       go.moe_lookahead = o.moe_lookahead;
       gpu = std::make_unique<GpuForward>(cfg, w, *store, go);
+      // Every dense weight now lives on the GPU and forward() never reads the host copy: free
+      // it, so the host memory (5.9 GB of float32 for a Qwen3-30B-A3B) goes to the expert caches.
+      active_dense_bytes = active_dense_bytes_of(cfg, w);
+      w = DenseWeights{};
 #else
       throw ConfigError("--gpu: " + gpu_unavailable_reason());
 #endif
@@ -171,9 +184,8 @@ const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
 size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
-  size_t dense = impl_->w.bytes() - size_t(impl_->w.embed.size()) * sizeof(float);
-  dense += size_t(c.hidden_size) * sizeof(float);  // the one embedding row
-  if (c.tie_word_embeddings) dense += size_t(impl_->w.embed.size()) * sizeof(float);
+  const size_t dense = impl_->active_dense_bytes ? impl_->active_dense_bytes
+                                                 : active_dense_bytes_of(c, impl_->w);
   const size_t expert = ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
                                            size_t(c.moe_intermediate_size)).bytes;
   return dense + size_t(c.n_layers) * size_t(c.n_experts_per_tok) * expert;

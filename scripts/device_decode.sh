@@ -24,7 +24,7 @@ layers=${LAYERS:-48}
 [ "$avail_gb" -lt 24 ] && layers=$(( (avail_gb - 4) * 48 / 20 ))
 t0=$(date +%s)
 timeout "${DECODE_TIMEOUT:-540}" python3 bench/decode.py --bin "$B" --work "$W" --shape qwen3-30b-a3b \
-  --layers "$layers" --quant q4 --memory-max-mb "${MEMORY_MAX_MB:-8192}" --tokens "${TOKENS:-32}" \
+  --layers "$layers" --quant q4 --memory-max-mb "${MEMORY_MAX_MB:-8192}" --tokens "${TOKENS:-64}" \
   --sweep-mb "${SWEEP_MB:-}" --rounds "${ROUNDS:-1}" --infer-args="${INFER_ARGS:-}" --io-bench-mb 4096 --json "$O/decode.json" >"$O/decode.txt" 2>"$O/decode.log"
 echo "decode: rc $? in $(( $(date +%s) - t0 )) s"
 cat "$O/decode.txt"
