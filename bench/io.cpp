@@ -55,6 +55,7 @@ struct Args {
   bool no_device = false;
   bool no_page_cache = false;
   bool no_sweep = false;
+  bool uring_batch_submit = false;  // add rows for io_uring rings that submit a share at once
   unsigned depth_reps = 0;      // cold depth study rounds (0: off)
 };
 
@@ -122,6 +123,7 @@ struct EngineSpec {
   std::string name;
   IoBackend backend;
   unsigned threads, rings;
+  bool batch_submit = false;  // io_uring: a ring's share of a batch in one submission
 };
 
 struct Cell {
@@ -141,6 +143,7 @@ std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned
   o.n_threads = e.threads;
   o.n_rings = e.rings;
   o.queue_depth = qd;
+  o.uring_batch_submit = e.batch_submit;
   o.coalesce = coalesce;
   // The block sweeps and limit rows measure raw reads: no coalescing, no splitting.
   o.max_read_bytes = coalesce ? g_max_read_bytes : uint64_t{1} << 40;
@@ -293,6 +296,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-device", a.no_device, "skip O_DIRECT / dropped-cache measurements");
   app.add_flag("--no-page-cache", a.no_page_cache, "skip page-cache measurements");
   app.add_flag("--no-sweep", a.no_sweep, "skip the block-size sweeps");
+  app.add_flag("--uring-batch-submit", a.uring_batch_submit,
+               "also measure the several-ring engine submitting each ring's share of a batch at "
+               "once (rows uringN_bs; the engine's default submits one read at a time)");
   app.add_option("--depth-reps", a.depth_reps,
                  "O_DIRECT depth study (experts in flight x read size x streams): N interleaved rounds");
   CLI11_PARSE(app, argc, argv);
@@ -320,6 +326,8 @@ int main(int argc, char** argv) {
     if (uring) {
       engines.push_back({"uring1", IoBackend::kUring, 1, 1});
       engines.push_back({"uring" + std::to_string(a.rings), IoBackend::kUring, 1, a.rings});
+      if (a.uring_batch_submit)
+        engines.push_back({"uring" + std::to_string(a.rings) + "_bs", IoBackend::kUring, 1, a.rings, true});
     } else {
       std::printf("io_uring unavailable here: io_uring rows skipped\n");
     }
@@ -565,6 +573,7 @@ int main(int argc, char** argv) {
                     {"cachestat", cachestat_supported()}};
     j["params"] = {{"file_bytes", file_bytes}, {"threads", a.threads}, {"rings", a.rings},
                    {"queue_depth", a.qd}, {"batch", a.batch}, {"seconds_per_cell", a.seconds},
+                   {"uring_batch_submit_rows", a.uring_batch_submit},
                    {"expert_bytes", a.expert_bytes}, {"top_k", a.top_k},
                    {"max_read_bytes", g_max_read_bytes},
                    {"direct_max_read_bytes", g_direct_max_read_bytes}};

@@ -85,6 +85,11 @@ struct IoEngineOptions {
   uint32_t max_retries = 16;    // per extent bound on -EAGAIN/-EINTR (and no-progress) retries
   bool register_files = true;   // io_uring fixed files where the kernel allows
   bool register_buffers = true; // io_uring fixed bounce buffers where the kernel allows
+  // io_uring: each ring submits its whole share of a batch in one io_uring_enter instead of one
+  // read per submission. Fewer system calls, but page-cache hits (copied inside the submission)
+  // then balance worse over the rings (io_uring_backend.cpp); kept for A/B runs
+  // (bench_io --uring-batch-submit).
+  bool uring_batch_submit = false;
   // Test seams: pretend io_uring_queue_init failed with this errno (e.g. EPERM), or that the
   // filesystem refused O_DIRECT with this errno (e.g. EINVAL); 0 = off.
   int simulate_uring_init_errno = 0;
