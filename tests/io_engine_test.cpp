@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <map>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -55,14 +57,17 @@ std::string oracle(const fs::path& p, uint64_t off, uint64_t len) {
 struct Config {
   IoBackend backend;
   bool direct;
+  bool batch_submit = false;  // io_uring: each ring submits its share of a batch at once
 };
 
 void PrintTo(const Config& c, std::ostream* os) {
-  *os << io_backend_name(c.backend) << (c.direct ? " O_DIRECT" : " buffered");
+  *os << io_backend_name(c.backend) << (c.direct ? " O_DIRECT" : " buffered")
+      << (c.batch_submit ? " batch submit" : "");
 }
 
 std::string config_name(const testing::TestParamInfo<Config>& info) {
-  return std::string(io_backend_name(info.param.backend)) + (info.param.direct ? "Direct" : "Buffered");
+  return std::string(io_backend_name(info.param.backend)) + (info.param.direct ? "Direct" : "Buffered") +
+         (info.param.batch_submit ? "BatchSubmit" : "");
 }
 
 class IoEngineTest : public testing::TestWithParam<Config> {
@@ -85,6 +90,7 @@ class IoEngineTest : public testing::TestWithParam<Config> {
     o.n_rings = 3;
     o.n_threads = 3;
     o.queue_depth = 8;
+    o.uring_batch_submit = GetParam().batch_submit;
     o.direct_max_read_bytes = 0;  // max_read_bytes for every file, as the tests set it
     o.notice = [this](const std::string& s) { notices_.push_back(s); };
     return o;
@@ -326,6 +332,8 @@ TEST_P(IoEngineTest, UnknownFileIndexIsAConfigError) {
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest,
                          testing::Values(Config{IoBackend::kUring, false},
                                          Config{IoBackend::kUring, true},
+                                         Config{IoBackend::kUring, false, true},
+                                         Config{IoBackend::kUring, true, true},
                                          Config{IoBackend::kPread, false},
                                          Config{IoBackend::kPread, true},
                                          Config{IoBackend::kMmap, false}),
@@ -549,6 +557,8 @@ TEST_P(IoFaultTest, ShortReadThenEofKeepsTheRequestsThatArrived) {
 INSTANTIATE_TEST_SUITE_P(Backends, IoFaultTest,
                          testing::Values(Config{IoBackend::kUring, false},
                                          Config{IoBackend::kUring, true},
+                                         Config{IoBackend::kUring, false, true},
+                                         Config{IoBackend::kUring, true, true},
                                          Config{IoBackend::kPread, false},
                                          Config{IoBackend::kPread, true}),
                          config_name);
@@ -636,6 +646,50 @@ TEST(IoEngineFallback, RingThatRefusesSubmissionsFinishesItsReadsWithPread) {
   }
   ASSERT_FALSE(notices.empty());
   EXPECT_NE(notices[0].find(std::strerror(ENOMEM)), std::string::npos) << notices[0];
+}
+
+// Page-cache hits are copied inside the submission, so a ring that took its whole share of a
+// batch at once was committed to it while the other rings ran dry. Each ring now takes one read
+// at a time: while one ring is held up on its first read, the other reads the rest.
+TEST(IoEngineUring, RingHeldUpOnOneReadLeavesTheRestToTheOtherRing) {
+  if (!io_uring_available()) GTEST_SKIP() << "io_uring_queue_init fails here";
+  TempDir d("io_uring_balance");
+  std::string content = make_content(1 << 20, 8);
+  write_file_atomic(d.path() / "f", content);  // just written: every read hits the page cache
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id held;
+  std::map<std::thread::id, int> reads;  // completions per ring thread
+  IoEngineOptions o;
+  o.backend = IoBackend::kUring;
+  o.n_rings = 2;
+  o.coalesce = false;  // four reads, a share of two per ring
+  o.completion_hook = [&](const CompletionInfo& c) {
+    std::unique_lock<std::mutex> lock(mu);
+    const std::thread::id me = std::this_thread::get_id();
+    ++reads[me];
+    if (held == std::thread::id{}) {
+      held = me;  // the first ring to complete a read stalls until the other has read 3
+      cv.wait_for(lock, std::chrono::seconds(5), [&] {
+        int other = 0;
+        for (auto& [id, n] : reads)
+          if (id != me) other += n;
+        return other >= 3;
+      });
+    } else {
+      cv.notify_all();
+    }
+    return c.result;
+  };
+  IoEngine eng(o);
+  uint32_t f = eng.add_file(d.path() / "f");
+  std::vector<std::string> bufs(4, std::string(4096, 0));
+  std::vector<ReadRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back({f, uint64_t(i) * 200000, 4096, bufs[i].data()});
+  eng.read(reqs);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bufs[i], content.substr(i * 200000, 4096)) << i;
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[held], 1);
 }
 
 TEST(IoEngineFallback, AutoPicksUringWhenItWorks) {
