@@ -2,6 +2,8 @@
 // so a 1M-access trace replays in well under a second.
 #include "bench/cache_sim.h"
 
+#include "loader/lfu_policy.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -75,6 +77,31 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity) {
     }
     order.push_front(key);
     w = order.begin();
+  }
+  return r;
+}
+
+CacheSimResult simulate_host_lfu(const CacheTrace& t, int capacity, uint64_t aging_period) {
+  check_capacity(t, capacity);
+  CacheSimResult r;
+  LfuPolicy policy(uint32_t(capacity), aging_period);
+  std::vector<uint32_t> pinned;
+  for (size_t g = 0; g < t.n_groups(); ++g) {
+    for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
+      const uint64_t key = uint64_t(t.keys[i]);
+      ++r.accesses;
+      std::optional<uint32_t> slot = policy.lookup(key);
+      if (slot)
+        ++r.hits;
+      else
+        slot = policy.insert(key);
+      if (slot) {
+        policy.pin(*slot);
+        pinned.push_back(*slot);
+      }
+    }
+    for (uint32_t s : pinned) policy.unpin(s);
+    pinned.clear();
   }
   return r;
 }

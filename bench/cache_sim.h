@@ -50,6 +50,10 @@ CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOp
 // (TinyLFU-style admission, through scratch).
 CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,
                              bool admission = false);
+// The host expert cache's policy (loader/lfu_policy.h) as the O_DIRECT store drives it: every
+// access counted with lookup(), a layer's hits and inserted misses pinned until the layer is
+// done, a miss the policy refuses (its count below the victim's) served uncached.
+CacheSimResult simulate_host_lfu(const CacheTrace& t, int capacity, uint64_t aging_period = 0);
 // The best fixed set: the `capacity` experts most used over the whole trace always resident, all
 // others never (an oracle of frequencies, not of order).
 CacheSimResult simulate_static_top(const CacheTrace& t, int capacity);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/cache_sim.h"
+#include "loader/lfu_policy.h"
 #include "common/error.h"
 #include "loader/routing_log.h"
 
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   app.add_option("--sweep-policy-half-life", policy_sweep,
                  "also print the policy's hit rate at each of these half-lives, with and without "
                  "demand admission (for tuning on traces other than the reported ones)");
+  std::vector<uint64_t> host_aging{2, 4, 8, 16};
+  app.add_option("--host-aging", host_aging,
+                 "the host cache's LfuPolicy at these aging periods, in uses per slot (third table)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const RoutingLog log = read_routing_log(log_path);
@@ -101,19 +106,35 @@ int main(int argc, char** argv) {
     std::printf("| capacity (experts) | LFRU hit %% | static top-C hit %% |");
     for (double h : half_lives) std::printf(" LRFU h=%g hit %% |", h);
     std::printf(" LRFU h=inf hit %% | LFU + admission hit %% | LRFU h=16 + admission hit %% |"
-                " Belady hit %% | Belady with bypass hit %% |\n|---|---|---|");
+                " host cache LfuPolicy hit %% | Belady hit %% | Belady with bypass hit %% |\n|---|---|---|");
     for (size_t i = 0; i <= half_lives.size(); ++i) std::printf("---|");
-    std::printf("---|---|---|---|\n");
+    std::printf("---|---|---|---|---|\n");
     for (int cap : caps) {
       if (cap > total) continue;
       std::printf("| %d | %.2f | %.2f |", cap, 100 * simulate_lfru(t, cap, policy).hit_rate(),
                   100 * simulate_static_top(t, cap).hit_rate());
       for (double h : half_lives) std::printf(" %.2f |", 100 * simulate_lrfu(t, cap, h).hit_rate());
-      std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f |\n", 100 * simulate_lrfu(t, cap, 0).hit_rate(),
+      std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", 100 * simulate_lrfu(t, cap, 0).hit_rate(),
                   100 * simulate_lrfu(t, cap, 0, true).hit_rate(),
                   100 * simulate_lrfu(t, cap, 16, true).hit_rate(),
+                  100 * simulate_host_lfu(t, cap).hit_rate(),
                   100 * simulate_belady(t, cap).hit_rate(),
                   100 * simulate_belady(t, cap, true).hit_rate());
+    }
+    // The host expert cache (O_DIRECT store) keeps its own policy: its aging period, swept.
+    std::printf("\nhost cache LfuPolicy (loader/lfu_policy.h) by aging period, uses per slot "
+                "(default %llu); LRU beside it\n\n| capacity (experts) | LRU hit %% |",
+                static_cast<unsigned long long>(LfuPolicy::kDefaultAgingSlots));
+    for (uint64_t a : host_aging) std::printf(" aging %llux hit %% |", static_cast<unsigned long long>(a));
+    std::printf("\n|---|---|");
+    for (size_t i = 0; i < host_aging.size(); ++i) std::printf("---|");
+    std::printf("\n");
+    for (int cap : caps) {
+      if (cap > total) continue;
+      std::printf("| %d | %.2f |", cap, 100 * simulate_lru(t, cap).hit_rate());
+      for (uint64_t a : host_aging)
+        std::printf(" %.2f |", 100 * simulate_host_lfu(t, cap, a * uint64_t(cap)).hit_rate());
+      std::printf("\n");
     }
     return 0;
   } catch (const Error& e) {

@@ -7,7 +7,7 @@
 namespace moestream {
 
 LfuPolicy::LfuPolicy(uint32_t n_slots, uint64_t aging_period)
-    : slots_(n_slots), aging_period_(aging_period ? aging_period : 8ull * std::max(1u, n_slots)) {
+    : slots_(n_slots), aging_period_(aging_period ? aging_period : kDefaultAgingSlots * std::max(1u, n_slots)) {
   free_.reserve(n_slots);
   for (uint32_t s = n_slots; s-- > 0;) free_.push_back(s);  // slot 0 is handed out first
 }

@@ -29,6 +29,14 @@ TEST(LfuPolicy, FreeSlotsFillBeforeAnythingIsEvicted) {
   EXPECT_EQ(p.lookup(11), 1u);
 }
 
+TEST(LfuPolicy, DefaultAgingHalvesCountsEveryEightUsesPerSlot) {
+  LfuPolicy p(2);  // period 8 * 2 = 16 uses
+  for (int i = 0; i < 15; ++i) use(p, 1);
+  EXPECT_EQ(p.count(1), 15u);
+  use(p, 1);  // the 16th use: 16 halves to 8
+  EXPECT_EQ(p.count(1), 8u);
+}
+
 TEST(LfuPolicy, EvictsTheLeastFrequentlyUsedKey) {
   LfuPolicy p(2, 1000);
   for (int i = 0; i < 3; ++i) use(p, 1);
