@@ -2,6 +2,8 @@
 // residuals, final norm, lm_head) over token chunks of at most max_batch.
 #include "runtime/model.h"
 
+#include <malloc.h>  // malloc_trim (glibc)
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -77,6 +79,7 @@ struct Model::Impl {
       // it, so the host memory (5.9 GB of float32 for a Qwen3-30B-A3B) goes to the expert caches.
       active_dense_bytes = active_dense_bytes_of(cfg, w);
       w = DenseWeights{};
+      malloc_trim(0);  // the smaller matrices sat in malloc's heap: hand those pages back too
 #else
       throw ConfigError("--gpu: " + gpu_unavailable_reason());
 #endif

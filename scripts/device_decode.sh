@@ -5,7 +5,7 @@
 # which). Idempotent: the model and traces under $WORK_DIR are reused, so a timed-out call can be
 # rerun. Results land in $OUT: decode.json, decode.txt, machine.txt, logs. INFER_ARGS=--gpu (with
 # DEVICE_CMAKE_ARGS for the CUDA build) runs every decode on the GPU path; LAYERS, TOKENS, ROUNDS,
-# SWEEP_MB (extra expert budgets, MiB) and MEMORY_MAX_MB override the defaults.
+# SWEEP_MB (extra expert budgets, MiB), METHODS and MEMORY_MAX_MB override the defaults.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/moestream_out}
@@ -25,7 +25,7 @@ layers=${LAYERS:-48}
 t0=$(date +%s)
 timeout "${DECODE_TIMEOUT:-540}" python3 bench/decode.py --bin "$B" --work "$W" --shape qwen3-30b-a3b \
   --layers "$layers" --quant q4 --memory-max-mb "${MEMORY_MAX_MB:-8192}" --tokens "${TOKENS:-64}" \
-  --sweep-mb "${SWEEP_MB:-}" --rounds "${ROUNDS:-1}" --infer-args="${INFER_ARGS:-}" --io-bench-mb 4096 --json "$O/decode.json" >"$O/decode.txt" 2>"$O/decode.log"
+  --sweep-mb "${SWEEP_MB:-}" --methods "${METHODS:-mmap,pread,engine,warm}" --rounds "${ROUNDS:-1}" --infer-args="${INFER_ARGS:-}" --io-bench-mb 4096 --json "$O/decode.json" >"$O/decode.txt" 2>"$O/decode.log"
 echo "decode: rc $? in $(( $(date +%s) - t0 )) s"
 cat "$O/decode.txt"
 tail -5 "$O/decode.log"
