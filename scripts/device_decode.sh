@@ -17,7 +17,7 @@ t0=$(date +%s)
 bash scripts/device_build.sh synth_model infer cluster_experts bench_io >"$O/build.log" 2>&1 ||
   { tail -40 "$O/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-B=build-device/bin
+B=${BUILD_DIR:-build-device}/bin
 # Layers: all 48 when ~20 GB fit on the disk beside the run, else as many as fit.
 avail_gb=$(df -BG --output=avail "$W" | tail -1 | tr -dc 0-9)
 layers=${LAYERS:-48}
