@@ -57,6 +57,7 @@ struct Args {
   bool no_sweep = false;
   bool uring_batch_submit = false;  // add rows for io_uring rings that submit a share at once
   unsigned depth_reps = 0;      // cold depth study rounds (0: off)
+  unsigned hot_ab_rounds = 0;   // interleaved page-cache rounds, pread pool vs rings (0: off)
 };
 
 uint64_t parse_size(const std::string& s) {
@@ -299,6 +300,8 @@ int main(int argc, char** argv) {
   app.add_flag("--uring-batch-submit", a.uring_batch_submit,
                "also measure the several-ring engine submitting each ring's share of a batch at "
                "once (rows uringN_bs; the engine's default submits one read at a time)");
+  app.add_option("--hot-ab-rounds", a.hot_ab_rounds,
+                 "page-cache expert pattern, pread pool vs io_uring rings measured in turn: N rounds");
   app.add_option("--depth-reps", a.depth_reps,
                  "O_DIRECT depth study (experts in flight x read size x streams): N interleaved rounds");
   CLI11_PARSE(app, argc, argv);
@@ -516,6 +519,82 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
+    // ---- page-cache A/B: the expert pattern (top-k coalesced, top-64 limit) through the pread
+    // pool and the several-ring engines, each measured for --seconds in turn, round after round,
+    // so that a shared VM's drift shows up as spread rather than as a bias against whichever
+    // cell ran at a bad moment; per configuration the median GB/s and the median of its
+    // per-round ratio to the pread pool on the same pattern.
+    nlohmann::json hot_ab = nlohmann::json::array();
+    if (a.hot_ab_rounds > 0 && !a.no_page_cache && n_experts >= 64 && a.top_k > 0) {
+      warm_cache(path, file_bytes);
+      struct AbConfig {
+        std::string engine;
+        unsigned k;
+        std::unique_ptr<IoEngine> eng;
+        std::vector<double> gbps;
+        size_t ref = 0;  // index of the pread configuration of the same pattern
+      };
+      std::vector<AbConfig> cfgs;
+      for (unsigned k : {a.top_k, 64u}) {
+        size_t ref = cfgs.size();
+        for (const EngineSpec& es : engines) {
+          bool pool = es.backend == IoBackend::kPread && es.name != "pread1";
+          bool rings = es.backend == IoBackend::kUring && es.name != "uring1";
+          if (!pool && !rings) continue;
+          cfgs.push_back({es.name, k, make_engine(es, false, a.qd, k == a.top_k, path), {}, ref});
+        }
+      }
+      const uint64_t stride_ab = stride;
+      AlignedBuf buf(stride_ab * 64);
+      std::vector<uint64_t> ids(n_experts);
+      std::vector<ReadRequest> reqs;
+      auto make = [&](unsigned k) {
+        reqs.resize(k);
+        for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
+        for (size_t i = 0; i < k; ++i) {
+          std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
+          reqs[i] = {0, ids[i] * stride_ab, a.expert_bytes, buf.data() + i * stride_ab};
+        }
+      };
+      for (AbConfig& c : cfgs) {  // warm-up: bounce arena, registrations, first-touch faults
+        make(c.k);
+        c.eng->read(reqs);
+      }
+      for (unsigned round = 0; round < a.hot_ab_rounds; ++round)
+        for (AbConfig& c : cfgs) {
+          double timed = 0;
+          uint64_t bytes = 0;
+          do {
+            make(c.k);
+            auto t = Clock::now();
+            c.eng->read(reqs);
+            timed += seconds_since(t);
+            bytes += uint64_t{c.k} * a.expert_bytes;
+          } while (timed < a.seconds);
+          c.gbps.push_back(bytes / timed / 1e9);
+        }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+      };
+      std::printf("hot A/B: page cache, expert pattern, %u rounds of %.2f s per configuration, "
+                  "interleaved\n", a.hot_ab_rounds, a.seconds);
+      std::printf("%-8s %-12s %-6s %8s %8s %8s %14s\n", "section", "engine", "pattern", "median",
+                  "min", "max", "vs_pread_pool");
+      for (AbConfig& c : cfgs) {
+        std::vector<double> ratio;
+        for (size_t r = 0; r < c.gbps.size(); ++r) ratio.push_back(c.gbps[r] / cfgs[c.ref].gbps[r]);
+        auto [mn, mx] = std::minmax_element(c.gbps.begin(), c.gbps.end());
+        std::string pattern = "top" + std::to_string(c.k);
+        std::printf("hotab    %-12s %-6s %8.2f %8.2f %8.2f %14.2f\n", c.engine.c_str(), pattern.c_str(),
+                    median(c.gbps), *mn, *mx, median(ratio));
+        hot_ab.push_back({{"engine", c.engine}, {"top_k", c.k}, {"gbps_rounds", c.gbps},
+                          {"gbps_median", median(c.gbps)}, {"ratio_to_pread_pool_median", median(ratio)},
+                          {"ratio_rounds", ratio}});
+      }
+      std::fflush(stdout);
+    }
+
     // ---- residency probe cost: one query per expert of a layer (what the runtime asks per
     // layer per token), and checksum cost (XXH64 over expert payloads).
     nlohmann::json residency = nlohmann::json::object();
@@ -584,6 +663,7 @@ int main(int argc, char** argv) {
     for (auto& c : expert_cells) j["expert"].push_back(to_json(c));
     j["residency"] = residency;
     j["depth_study"] = depth;
+    j["hot_ab"] = hot_ab;
     j["checksum_xxh64_gbps_one_core"] = xxh_gbps;
     write_file_atomic(a.json, j.dump(1));
     std::printf("wrote %s\n", a.json.c_str());
