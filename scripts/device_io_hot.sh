@@ -35,4 +35,4 @@ for s in ${SECTIONS:-hot sweep cold}; do
 done
 tar czf "$O/json.tar.gz" -C "$W" json
 rm -rf "$F" "$W/json"
-grep -hE "^(expert|limit|sweep|hotab|depth)" "$O"/hot*.txt "$O"/sweep.txt "$O"/cold.txt 2>/dev/null
+grep -hE "^(expert|limit|sweep|hotab|depth)" "$O"/hot*.txt "$O"/sweep.txt "$O"/cold.txt 2>/dev/null || true
