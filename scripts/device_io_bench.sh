@@ -18,6 +18,7 @@ B=build-device/bin
 t0=$(date +%s)
 timeout "${BENCH_TIMEOUT:-100}" stdbuf -oL "$B/bench_io" --file "$W/bench_io.bin" --size-mb "${BENCH_MB:-1024}" \
   --threads 16 --rings 16 --seconds 0.1 --blocks "${BENCH_BLOCKS:-1M,4M}" --depth-reps "${DEPTH_REPS:-3}" \
+  --hot-ab-rounds "${AB_ROUNDS:-10}" \
   --json "$O/bench_io.json" >"$O/bench_io.txt" 2>&1
 echo "bench_io: rc $? in $(( $(date +%s) - t0 )) s"
 rm -f "$W/bench_io.bin"
@@ -29,4 +30,4 @@ tar czf "$O/e2e_runs.tar.gz" -C "$W" e2e_out 2>/dev/null
 "$B/bench_residency" -m "$W/e2e/q8" --host-cache-mb 512 >"$O/residency.txt" 2>&1
 cat "$O/residency.txt"
 cat "$O/e2e.md"
-grep -E "^(expert|limit|depth|residency|checksum)" "$O/bench_io.txt" | head -50
+grep -E "^(expert|limit|depth|hotab|residency|checksum)" "$O/bench_io.txt" | head -50
