@@ -5,6 +5,7 @@
 #include <Eigen/Core>
 #include <cstddef>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "runtime/model_config.h"
@@ -19,6 +20,26 @@ struct LayerWeights {
   Eigen::VectorXf q_norm, k_norm;  // empty when the architecture has no QK-norm
   RowMatrix router;                // [n_experts, hidden]
 };
+
+// Which field of DenseWeights / LayerWeights a dense tensor fills.
+enum class DenseTensor { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter };
+
+// One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.
+struct DenseTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // [rows, cols] for matrices, [n] for vectors
+  DenseTensor kind;
+  int layer = -1;  // -1 for the model-level tensors
+  size_t elements() const;
+};
+
+// Every dense tensor of cfg's architecture: embed, lm_head (unless tied), final_norm, then each
+// layer's. The one list both the CPU load and the GPU upload read.
+std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg);
+
+// float32 bytes of dense weights one token reads: all of them but the embedding, of which one
+// row (plus the whole table when it doubles as lm_head).
+size_t active_dense_bytes(const ModelConfig& cfg);
 
 struct DenseWeights {
   RowMatrix embed;    // [vocab, hidden]

@@ -2,8 +2,6 @@
 // residuals, final norm, lm_head) over token chunks of at most max_batch.
 #include "runtime/model.h"
 
-#include <malloc.h>  // malloc_trim (glibc)
-
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -25,14 +23,6 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// float32 dense bytes one token reads: every dense weight but the embedding, of which one row.
-size_t active_dense_bytes_of(const ModelConfig& c, const DenseWeights& w) {
-  size_t dense = w.bytes() - size_t(w.embed.size()) * sizeof(float);
-  dense += size_t(c.hidden_size) * sizeof(float);  // the one embedding row
-  if (c.tie_word_embeddings) dense += size_t(w.embed.size()) * sizeof(float);
-  return dense;
-}
 }  // namespace
 
 struct Model::Impl {
@@ -49,7 +39,6 @@ struct Model::Impl {
   RoutingCallback on_routing;
   RoutingOverrideFn routing_override;  // empty = the router decides
   uint64_t tokens_routed = 0;          // tokens through the layers since load: the override's clock
-  size_t active_dense_bytes = 0;       // set when the host dense copy was freed (GPU path)
   ForwardTimes times;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;                  // [max_batch, D]
@@ -58,7 +47,9 @@ struct Model::Impl {
   std::unique_ptr<GpuForward> gpu;      // set when opts.gpu: forward() runs there instead
 #endif
 
-  Impl(ModelConfig c, const ModelOptions& o, DenseWeights dw, std::unique_ptr<ExpertStore> s)
+  // dw is empty on the GPU path, which reads dense_path itself.
+  Impl(ModelConfig c, const ModelOptions& o, DenseWeights dw, std::unique_ptr<ExpertStore> s,
+       [[maybe_unused]] const std::filesystem::path& dense_path)
       : cfg(std::move(c)), opts(o), w(std::move(dw)), store(std::move(s)), pool(o.n_threads),
         rope(cfg), attention(cfg, o.max_context, o.max_batch), moe(cfg, *store, o.max_batch) {
     x.resize(o.max_batch, cfg.hidden_size);
@@ -74,12 +65,9 @@ struct Model::Impl {
       go.max_batch = o.max_batch;
       go.cache_mb = o.gpu_cache_mb;
       go.moe_lookahead = o.moe_lookahead;
-      gpu = std::make_unique<GpuForward>(cfg, w, *store, go);
-      // Every dense weight now lives on the GPU and forward() never reads the host copy: free
-      // it, so the host memory (5.9 GB of float32 for a Qwen3-30B-A3B) goes to the expert caches.
-      active_dense_bytes = active_dense_bytes_of(cfg, w);
-      w = DenseWeights{};
-      malloc_trim(0);  // the smaller matrices sat in malloc's heap: hand those pages back too
+      // Streamed from the file to the GPU: no float32 copy on the host (5.9 GB for a
+      // Qwen3-30B-A3B), so the host memory goes to the expert caches.
+      gpu = std::make_unique<GpuForward>(cfg, dense_path, *store, go);
 #else
       throw ConfigError("--gpu: " + gpu_unavailable_reason());
 #endif
@@ -135,9 +123,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   if (opts.gpu && opts.cache_aware.enabled)
     throw ConfigError("--cache-aware is not supported with --gpu (the GPU path routes exactly)");
   MOE_ASSERT(store != nullptr);
-  DenseWeights w = DenseWeights::load(dir / cfg.dense_file, cfg);
-  return std::unique_ptr<Model>(
-      new Model(std::make_unique<Impl>(std::move(cfg), opts, std::move(w), std::move(store))));
+  const std::filesystem::path dense_path = dir / cfg.dense_file;
+  DenseWeights w = opts.gpu ? DenseWeights{} : DenseWeights::load(dense_path, cfg);
+  return std::unique_ptr<Model>(new Model(
+      std::make_unique<Impl>(std::move(cfg), opts, std::move(w), std::move(store), dense_path)));
 }
 
 const ModelConfig& Model::config() const { return impl_->cfg; }
@@ -187,8 +176,7 @@ const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
 size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
-  const size_t dense = impl_->active_dense_bytes ? impl_->active_dense_bytes
-                                                 : active_dense_bytes_of(c, impl_->w);
+  const size_t dense = active_dense_bytes(c);
   const size_t expert = ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
                                            size_t(c.moe_intermediate_size)).bytes;
   return dense + size_t(c.n_layers) * size_t(c.n_experts_per_tok) * expert;

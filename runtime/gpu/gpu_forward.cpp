@@ -121,7 +121,8 @@ struct GpuForward::Impl {
   std::vector<uint8_t> in_prediction;  // [E]
   GpuLookaheadStats la_stats;
 
-  Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore& s, const GpuForwardOptions& o);
+  Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
+       const GpuForwardOptions& o);
   ~Impl();
   void linear(const float* xin, const float* W, int T, int in, int out, float* yout,
               float beta = 0.0f);
@@ -132,7 +133,7 @@ struct GpuForward::Impl {
   void warm_up();
 };
 
-GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore& s,
+GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
                        const GpuForwardOptions& o)
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
       hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
@@ -165,7 +166,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const DenseWeights& dw, ExpertStore
   // Full f32 products (no TF32): logits stay close to the CPU path.
   cublas_check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 
-  w = GpuDenseWeights::upload(cfg, dw);
+  w = GpuDenseWeights::load(cfg, dense_path);
   info.dense_bytes = w.bytes();
   const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
@@ -607,9 +608,9 @@ void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times
   times.expert_compute_s += seconds_since(tc);
 }
 
-GpuForward::GpuForward(const ModelConfig& cfg, const DenseWeights& w, ExpertStore& store,
-                       const GpuForwardOptions& opts)
-    : impl_(std::make_unique<Impl>(cfg, w, store, opts)) {}
+GpuForward::GpuForward(const ModelConfig& cfg, const std::filesystem::path& dense_path,
+                       ExpertStore& store, const GpuForwardOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, dense_path, store, opts)) {}
 GpuForward::~GpuForward() = default;
 
 void GpuForward::forward_chunk(const int* tokens, int T, int n_past, float* logits,

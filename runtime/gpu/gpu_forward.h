@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,7 +16,6 @@
 
 namespace moestream {
 
-struct DenseWeights;
 struct ForwardTimes;
 struct RoutingEvent;
 
@@ -59,11 +59,11 @@ struct GpuForwardInfo {
 
 class GpuForward {
  public:
-  // Uploads the dense weights, allocates the KV cache and scratch, then the expert cache under
+  // Uploads the dense weights (streamed from dense_path, dense.safetensors), allocates the KV cache and scratch, then the expert cache under
   // the budget rule: opts.cache_mb when given, else the whole model's experts when they fit in
   // 80% of the free VRAM, else 80% of the free VRAM. Throws ConfigError when no GPU is usable,
   // for f32 experts (no GPU kernel) or a budget below one expert; Error on CUDA failures.
-  GpuForward(const ModelConfig& cfg, const DenseWeights& w, ExpertStore& store,
+  GpuForward(const ModelConfig& cfg, const std::filesystem::path& dense_path, ExpertStore& store,
              const GpuForwardOptions& opts);
   ~GpuForward();
   GpuForward(const GpuForward&) = delete;

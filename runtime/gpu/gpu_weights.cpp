@@ -1,13 +1,17 @@
-// Implementation of runtime/gpu/gpu_weights.h: sizes every tensor first, allocates once, copies.
+// Implementation of runtime/gpu/gpu_weights.h: checks and sizes every tensor first, allocates
+// once, then streams each tensor from the file through one 64 MiB host buffer.
 #include "runtime/gpu/gpu_weights.h"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/cuda_check.cuh"
+#include "runtime/dense_weights.h"
+#include "runtime/safetensors.h"
 
 namespace moestream {
 
@@ -30,45 +34,50 @@ DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);
 }
 
-GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeights& w) {
-  // Two passes over the same list: sizes, then copies into the carved allocation.
-  struct Part {
-    const float* host;
-    size_t n;
-    const float** dev;
-  };
-  GpuDenseWeights g;
-  std::vector<Part> parts;
-  auto add = [&parts](const float* p, size_t n, const float** dev) {
-    if (n > 0) parts.push_back({p, n, dev});
-  };
-  add(w.embed.data(), size_t(w.embed.size()), &g.embed);
-  if (w.lm_head.size() > 0) add(w.lm_head.data(), size_t(w.lm_head.size()), &g.lm_head);
-  add(w.final_norm.data(), size_t(w.final_norm.size()), &g.final_norm);
-  g.layers.resize(w.layers.size());
-  MOE_ASSERT(int(w.layers.size()) == cfg.n_layers);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const LayerWeights& lw = w.layers[l];
-    GpuLayerWeights& d = g.layers[l];
-    add(lw.attn_norm.data(), size_t(lw.attn_norm.size()), &d.attn_norm);
-    add(lw.ffn_norm.data(), size_t(lw.ffn_norm.size()), &d.ffn_norm);
-    add(lw.wq.data(), size_t(lw.wq.size()), &d.wq);
-    add(lw.wk.data(), size_t(lw.wk.size()), &d.wk);
-    add(lw.wv.data(), size_t(lw.wv.size()), &d.wv);
-    add(lw.wo.data(), size_t(lw.wo.size()), &d.wo);
-    add(lw.q_norm.data(), size_t(lw.q_norm.size()), &d.q_norm);
-    add(lw.k_norm.data(), size_t(lw.k_norm.size()), &d.k_norm);
-    add(lw.router.data(), size_t(lw.router.size()), &d.router);
-  }
+GpuDenseWeights GpuDenseWeights::load(const ModelConfig& cfg, const std::filesystem::path& path) {
+  const SafetensorsFile f(path);
+  const std::vector<DenseTensorSpec> specs = dense_tensor_specs(cfg);
   auto padded = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned tensors
   size_t total = 0;
-  for (const Part& p : parts) total += padded(p.n);
+  for (const DenseTensorSpec& t : specs) {
+    f.check_shape(t.name, t.shape);  // every shape before the first byte moves
+    total += padded(t.elements());
+  }
+  GpuDenseWeights g;
   g.memory = DeviceBuffer(total * sizeof(float));
+  g.layers.resize(size_t(cfg.n_layers));
+  constexpr size_t kPiece = size_t(16) << 20;  // floats per copy: 64 MiB of host memory
+  std::vector<float> host(std::min(kPiece, total));
   float* dst = g.memory.as<float>();
-  for (const Part& p : parts) {
-    MOE_CUDA_CHECK(cudaMemcpy(dst, p.host, p.n * sizeof(float), cudaMemcpyHostToDevice));
-    *p.dev = dst;
-    dst += padded(p.n);
+  for (const DenseTensorSpec& t : specs) {
+    const size_t n = t.elements();
+    for (size_t first = 0; first < n; first += kPiece) {
+      const size_t count = std::min(kPiece, n - first);
+      f.read_float(t.name, first, count, host.data());
+      MOE_CUDA_CHECK(cudaMemcpy(dst + first, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      f.release(t.name, first, count);  // the file's pages stay cached, not mapped by us
+    }
+    GpuLayerWeights* l = t.layer >= 0 ? &g.layers[size_t(t.layer)] : nullptr;
+    const float*& slot = [&]() -> const float*& {
+      switch (t.kind) {
+        case DenseTensor::kEmbed: return g.embed;
+        case DenseTensor::kLmHead: return g.lm_head;
+        case DenseTensor::kFinalNorm: return g.final_norm;
+        case DenseTensor::kAttnNorm: return l->attn_norm;
+        case DenseTensor::kWq: return l->wq;
+        case DenseTensor::kWk: return l->wk;
+        case DenseTensor::kWv: return l->wv;
+        case DenseTensor::kWo: return l->wo;
+        case DenseTensor::kQNorm: return l->q_norm;
+        case DenseTensor::kKNorm: return l->k_norm;
+        case DenseTensor::kFfnNorm: return l->ffn_norm;
+        case DenseTensor::kRouter: return l->router;
+      }
+      MOE_ASSERT(false, "unknown dense tensor kind");
+      return g.embed;
+    }();
+    slot = dst;
+    dst += padded(n);
   }
   if (g.lm_head == nullptr) g.lm_head = g.embed;  // tie_word_embeddings
   const bool qk = cfg.qk_norm != QkNorm::kNone;

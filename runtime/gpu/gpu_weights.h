@@ -1,12 +1,12 @@
 // Device memory for the GPU forward pass: an owning device buffer, and the dense weights of a
-// model uploaded once as float32 (the layout of runtime/dense_weights.h). Plain C++ header.
+// model streamed once from dense.safetensors to the GPU as float32. Plain C++ header.
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
-#include "runtime/dense_weights.h"
 #include "runtime/model_config.h"
 
 namespace moestream {
@@ -50,8 +50,10 @@ struct GpuDenseWeights {
   std::vector<GpuLayerWeights> layers;
 
   size_t bytes() const { return memory.bytes(); }
-  // Copies every tensor of `w` to the device (synchronously: once, at load).
-  static GpuDenseWeights upload(const ModelConfig& cfg, const DenseWeights& w);
+  // Reads every tensor of runtime/dense_weights.h's list from `path` (shapes checked: FormatError
+  // naming the tensor) and copies it to the device in 64 MiB pieces, synchronously, at load: the
+  // host holds one piece at a time, never a float32 copy of the model.
+  static GpuDenseWeights load(const ModelConfig& cfg, const std::filesystem::path& path);
 };
 
 }  // namespace moestream
