@@ -70,8 +70,8 @@ def model_files(model):
 
 def dense_ram_bytes(cfg, ctx, gpu_host_mb=None):
     """RAM the model holds besides experts: f32 dense weights and the KV cache on the CPU path;
-    on the GPU path (gpu_host_mb given) the dense weights and KV live on the GPU and the host copy
-    is freed after upload, leaving the CUDA context and pinned staging: gpu_host_mb."""
+    on the GPU path (gpu_host_mb given) the dense weights stream to the GPU (no host copy) and KV
+    lives there, leaving the CUDA context and pinned staging: gpu_host_mb."""
     V, D, hd = cfg["vocab_size"], cfg["hidden_size"], cfg["head_dim"]
     qd, kvd = cfg["n_heads"] * hd, cfg["n_kv_heads"] * hd
     if gpu_host_mb is not None:
@@ -296,7 +296,7 @@ def main():
         r["io_wait_s_per_token"] = ph.get("expert_io", 0) / n
         r["cpu_s_per_token"] = sum(v for k, v in ph.items() if k != "expert_io") / n
 
-    held = (f"CUDA host memory {ram >> 20} MiB (dense weights and KV on the GPU, host copy freed)"
+    held = (f"CUDA host memory {ram >> 20} MiB (dense weights and KV on the GPU, none on the host)"
             if gpu else f"dense/KV {ram >> 20} MiB")
     cap_note = (f"cgroup v2 memory.max = budget + {held} + {args.slack_mb} MiB ({cap_text})"
                 if capped else
