@@ -525,7 +525,8 @@ int main(int argc, char** argv) {
     // cell ran at a bad moment; per configuration the median GB/s and the median of its
     // per-round ratio to the pread pool on the same pattern.
     nlohmann::json hot_ab = nlohmann::json::array();
-    if (a.hot_ab_rounds > 0 && !a.no_page_cache && n_experts >= 64 && a.top_k > 0) {
+    if (a.hot_ab_rounds > 0 && !a.no_page_cache && n_experts >= 64 && a.top_k > 0 &&
+        a.top_k <= 64) {  // one buffer of 64 experts serves both patterns
       warm_cache(path, file_bytes);
       struct AbConfig {
         std::string engine;
