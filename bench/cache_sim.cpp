@@ -2,8 +2,6 @@
 // so a 1M-access trace replays in well under a second.
 #include "bench/cache_sim.h"
 
-#include "loader/lfu_policy.h"
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -14,6 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "loader/lfu_policy.h"
 #include "runtime/gpu_cache_policy.h"
 
 namespace moestream {

@@ -72,10 +72,10 @@ def dense_ram_bytes(cfg, ctx, gpu_host_mb=None):
     """RAM the model holds besides experts: f32 dense weights and the KV cache on the CPU path;
     on the GPU path (gpu_host_mb given) the dense weights stream to the GPU (no host copy) and KV
     lives there, leaving the CUDA context and pinned staging: gpu_host_mb."""
-    V, D, hd = cfg["vocab_size"], cfg["hidden_size"], cfg["head_dim"]
-    qd, kvd = cfg["n_heads"] * hd, cfg["n_kv_heads"] * hd
     if gpu_host_mb is not None:
         return gpu_host_mb << 20
+    V, D, hd = cfg["vocab_size"], cfg["hidden_size"], cfg["head_dim"]
+    qd, kvd = cfg["n_heads"] * hd, cfg["n_kv_heads"] * hd
     per_layer = 2 * qd * D + 2 * kvd * D + cfg["n_experts"] * D + 4 * D
     dense = (V * D * (1 if cfg["tie_word_embeddings"] else 2) + per_layer * cfg["n_layers"]) * 4
     kv = 2 * cfg["n_layers"] * ctx * kvd * 4

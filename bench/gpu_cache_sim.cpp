@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "bench/cache_sim.h"
-#include "loader/lfu_policy.h"
 #include "common/error.h"
+#include "loader/lfu_policy.h"
 #include "loader/routing_log.h"
 
 using namespace moestream;
@@ -106,18 +106,17 @@ int main(int argc, char** argv) {
     std::printf("| capacity (experts) | LFRU hit %% | static top-C hit %% |");
     for (double h : half_lives) std::printf(" LRFU h=%g hit %% |", h);
     std::printf(" LRFU h=inf hit %% | LFU + admission hit %% | LRFU h=16 + admission hit %% |"
-                " host cache LfuPolicy hit %% | Belady hit %% | Belady with bypass hit %% |\n|---|---|---|");
+                " Belady hit %% | Belady with bypass hit %% |\n|---|---|---|");
     for (size_t i = 0; i <= half_lives.size(); ++i) std::printf("---|");
-    std::printf("---|---|---|---|---|\n");
+    std::printf("---|---|---|---|\n");
     for (int cap : caps) {
       if (cap > total) continue;
       std::printf("| %d | %.2f | %.2f |", cap, 100 * simulate_lfru(t, cap, policy).hit_rate(),
                   100 * simulate_static_top(t, cap).hit_rate());
       for (double h : half_lives) std::printf(" %.2f |", 100 * simulate_lrfu(t, cap, h).hit_rate());
-      std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", 100 * simulate_lrfu(t, cap, 0).hit_rate(),
+      std::printf(" %.2f | %.2f | %.2f | %.2f | %.2f |\n", 100 * simulate_lrfu(t, cap, 0).hit_rate(),
                   100 * simulate_lrfu(t, cap, 0, true).hit_rate(),
                   100 * simulate_lrfu(t, cap, 16, true).hit_rate(),
-                  100 * simulate_host_lfu(t, cap).hit_rate(),
                   100 * simulate_belady(t, cap).hit_rate(),
                   100 * simulate_belady(t, cap, true).hit_rate());
     }

@@ -48,15 +48,6 @@ size_t active_dense_bytes(const ModelConfig& cfg) {
   return n * sizeof(float);
 }
 
-size_t DenseWeights::bytes() const {
-  size_t n = static_cast<size_t>(embed.size() + lm_head.size() + final_norm.size());
-  for (const auto& l : layers)
-    n += static_cast<size_t>(l.attn_norm.size() + l.ffn_norm.size() + l.wq.size() + l.wk.size() +
-                             l.wv.size() + l.wo.size() + l.q_norm.size() + l.k_norm.size() +
-                             l.router.size());
-  return n * sizeof(float);
-}
-
 DenseWeights DenseWeights::load(const std::filesystem::path& path, const ModelConfig& cfg) {
   SafetensorsFile f(path);
   DenseWeights w;

@@ -48,9 +48,6 @@ struct DenseWeights {
   std::vector<LayerWeights> layers;
 
   const RowMatrix& output() const { return lm_head.size() ? lm_head : embed; }
-  // float32 bytes held; the share read per token is bytes() - embedding rows not used.
-  size_t bytes() const;
-
   // Loads `path` (dense.safetensors) and checks every tensor's presence and shape against cfg;
   // FormatError names the file, the tensor, the expected and actual shape.
   static DenseWeights load(const std::filesystem::path& path, const ModelConfig& cfg);

@@ -18,7 +18,6 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/gpu_ops.h"
 #include "kernels/round_activations.h"
-#include "runtime/dense_weights.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model.h"
 #include "runtime/rope.h"
