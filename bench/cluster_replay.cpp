@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "common/error.h"
-#include "loader/routing_log.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/model_config.h"
-#include "runtime/synthetic_model.h"
+#include "loader/format/routing_log.h"
+#include "loader/store/engine_expert_store.h"
+#include "loader/format/model_config.h"
+#include "runtime/convert/synthetic_model.h"
 
 using namespace moestream;
 

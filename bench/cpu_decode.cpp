@@ -17,12 +17,12 @@
 #include "common/file_util.h"
 #include <nlohmann/json.hpp>
 
-#include "runtime/expert_store_uring.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/quant.h"
-#include "runtime/synthetic_model.h"
-#include "runtime/thread_pool.h"
+#include "loader/store/engine_expert_store.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "kernels/cpu/quant.h"
+#include "runtime/convert/synthetic_model.h"
+#include "common/thread_pool.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "bench/cache_sim.h"
+#include "cluster/cache_sim.h"
 #include "common/error.h"
-#include "loader/lfu_policy.h"
-#include "loader/routing_log.h"
+#include "loader/store/lfu_policy.h"
+#include "loader/format/routing_log.h"
 
 using namespace moestream;
 
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
                   100 * simulate_belady(t, cap, true).hit_rate());
     }
     // The host expert cache (O_DIRECT store) keeps its own policy: its aging period, swept.
-    std::printf("\nhost cache LfuPolicy (loader/lfu_policy.h) by aging period, uses per slot "
+    std::printf("\nhost cache LfuPolicy (loader/store/lfu_policy.h) by aging period, uses per slot "
                 "(default %llu); LRU beside it\n\n| capacity (experts) | LRU hit %% |",
                 static_cast<unsigned long long>(LfuPolicy::kDefaultAgingSlots));
     for (uint64_t a : host_aging) std::printf(" aging %llux hit %% |", static_cast<unsigned long long>(a));

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu_ops.h"
-#include "loader/expert_file.h"
-#include "runtime/quant.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "loader/format/expert_file.h"
+#include "kernels/cpu/quant.h"
 
 namespace {
 

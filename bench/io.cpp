@@ -28,8 +28,8 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/io_engine.h"
-#include "loader/residency.h"
+#include "loader/io/io_engine.h"
+#include "loader/io/residency.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

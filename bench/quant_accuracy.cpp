@@ -9,7 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runtime/quant.h"
+#include "kernels/cpu/quant.h"
 
 using namespace moestream;
 

@@ -11,8 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runtime/quant.h"
-#include "runtime/quant_kernels.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_kernels.h"
 
 using namespace moestream;
 using Clock = std::chrono::steady_clock;

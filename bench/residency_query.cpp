@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/model_config.h"
+#include "loader/store/engine_expert_store.h"
+#include "loader/format/model_config.h"
 
 using namespace moestream;
 

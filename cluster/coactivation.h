@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "loader/routing_log.h"
+#include "loader/format/routing_log.h"
 
 namespace moestream::cluster {
 

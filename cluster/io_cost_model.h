@@ -1,5 +1,5 @@
 // The I/O cost model the orderings are judged by: for each token, the physical slots its experts
-// sit in, grouped into reads by loader/io_plan's coalescing rule, priced by latency and bandwidth.
+// sit in, grouped into reads by loader/io/io_plan's coalescing rule, priced by latency and bandwidth.
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
+#include "loader/format/expert_file.h"
 
 namespace moestream::cluster {
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/expert_map.h"
+#include "loader/format/expert_map.h"
 
 namespace moestream::cluster {
 

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "common/file_util.h"
-#include "runtime/cache_aware_router.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/moe_layer.h"
-#include "runtime/sampler.h"
-#include "runtime/synthetic_model.h"
+#include "runtime/model/cache_aware_router.h"
+#include "loader/store/engine_expert_store.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/moe_layer.h"
+#include "runtime/model/sampler.h"
+#include "runtime/convert/synthetic_model.h"
 
 using namespace moestream;
 

@@ -14,13 +14,13 @@
 #include "cluster/repack.h"
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "loader/expert_map.h"
-#include "loader/io_plan.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/synthetic_model.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_map.h"
+#include "loader/io/io_plan.h"
+#include "loader/store/engine_expert_store.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "runtime/convert/synthetic_model.h"
 
 namespace moestream::cluster {
 namespace {

@@ -15,13 +15,13 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "runtime/convert.h"
-#include "runtime/expert_store.h"
-#include "runtime/half.h"
-#include "runtime/hf_config.h"
-#include "runtime/quant.h"
-#include "runtime/safetensors.h"
+#include "loader/format/expert_file.h"
+#include "runtime/convert/convert.h"
+#include "loader/store/expert_store.h"
+#include "common/half.h"
+#include "runtime/convert/hf_config.h"
+#include "kernels/cpu/quant.h"
+#include "loader/format/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

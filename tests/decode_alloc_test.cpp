@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "common/file_util.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
-#include "runtime/synthetic_model.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
+#include "runtime/convert/synthetic_model.h"
 
 extern "C" {
 void* __libc_malloc(size_t);

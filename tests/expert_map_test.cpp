@@ -1,4 +1,4 @@
-// Tests of loader/expert_map.h: round trip, identity when absent, and rejection of maps that
+// Tests of loader/format/expert_map.h: round trip, identity when absent, and rejection of maps that
 // are truncated, corrupt, not permutations, or sized for another layer.
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_map.h"
+#include "loader/format/expert_map.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

@@ -1,4 +1,4 @@
-// Tests of runtime/expert_store_uring.h: the engine-backed ExpertStore returns the written bytes
+// Tests of loader/store/engine_expert_store.h: the engine-backed ExpertStore returns the written bytes
 // on every backend, honours layer maps (a physically permuted file reads the same), verifies
 // checksums, rejects bad maps, and the --io factory picks stores by name.
 #include <gtest/gtest.h>
@@ -16,15 +16,15 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "loader/expert_file_writer.h"
-#include "loader/expert_map.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/model_config.h"
-#include "runtime/sampler.h"
-#include "runtime/synthetic_model.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_file_writer.h"
+#include "loader/format/expert_map.h"
+#include "loader/store/engine_expert_store.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "loader/format/model_config.h"
+#include "runtime/model/sampler.h"
+#include "runtime/convert/synthetic_model.h"
 
 #include <nlohmann/json.hpp>
 

@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/gpu_ops.h"
+#include "kernels/cuda/gpu_ops.h"
 
 namespace {
 

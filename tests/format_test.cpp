@@ -10,11 +10,11 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "loader/expert_file_writer.h"
-#include "loader/expert_map.h"
-#include "runtime/expert_store.h"
-#include "runtime/model_config.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_file_writer.h"
+#include "loader/format/expert_map.h"
+#include "loader/store/expert_store.h"
+#include "loader/format/model_config.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

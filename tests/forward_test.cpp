@@ -15,15 +15,15 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/moe_layer.h"
-#include "runtime/quant.h"
-#include "runtime/rope.h"
-#include "runtime/safetensors.h"
-#include "runtime/sampler.h"
-#include "runtime/synthetic_model.h"
-#include "runtime/thread_pool.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/moe_layer.h"
+#include "kernels/cpu/quant.h"
+#include "runtime/model/rope.h"
+#include "loader/format/safetensors.h"
+#include "runtime/model/sampler.h"
+#include "runtime/convert/synthetic_model.h"
+#include "common/thread_pool.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

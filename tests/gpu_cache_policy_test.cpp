@@ -1,6 +1,6 @@
-// The GPU expert cache policy (runtime/gpu_cache_policy.h): LFRU victims, decaying heat, the
+// The GPU expert cache policy (loader/store/gpu_cache_policy.h): LFRU victims, decaying heat, the
 // eviction guard, admission, pinning, size classes, prefill without eviction. Plain C++: CI.
-#include "runtime/gpu_cache_policy.h"
+#include "loader/store/gpu_cache_policy.h"
 
 #include <gtest/gtest.h>
 

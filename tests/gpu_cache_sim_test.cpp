@@ -1,4 +1,4 @@
-// Tests of bench/cache_sim.h: Belady's MIN against known optima (a textbook sequence and an
+// Tests of cluster/cache_sim.h: Belady's MIN against known optima (a textbook sequence and an
 // exhaustive search), the one-layer-at-once rule, and how a routing log becomes decode steps.
 #include <gtest/gtest.h>
 
@@ -8,10 +8,10 @@
 #include <set>
 #include <vector>
 
-#include "bench/cache_sim.h"
+#include "cluster/cache_sim.h"
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/routing_log.h"
+#include "loader/format/routing_log.h"
 
 namespace moestream {
 namespace {

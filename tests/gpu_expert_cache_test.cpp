@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/gpu_ops.h"
+#include "kernels/cuda/gpu_ops.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 
 namespace moestream {

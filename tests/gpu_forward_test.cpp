@@ -14,14 +14,14 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "kernels/gpu_ops.h"
-#include "kernels/round_activations.h"
-#include "runtime/convert.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/quant_kernels.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/round_activations.h"
+#include "runtime/convert/convert.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "kernels/cpu/quant_kernels.h"
+#include "runtime/model/sampler.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 #include <cuda_runtime.h>
 #include <random>

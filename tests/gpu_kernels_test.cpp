@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/gpu_ops.h"
-#include "loader/expert_file.h"
-#include "runtime/dense_ops.h"
-#include "runtime/model_config.h"
-#include "runtime/moe_layer.h"
-#include "runtime/quant.h"
-#include "runtime/rope.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "loader/format/expert_file.h"
+#include "runtime/model/dense_ops.h"
+#include "loader/format/model_config.h"
+#include "runtime/model/moe_layer.h"
+#include "kernels/cpu/quant.h"
+#include "runtime/model/rope.h"
 
 namespace moestream {
 namespace {
@@ -212,7 +212,7 @@ TEST(GpuKernels, ExpertMatvecBf16MatchesDequantisedReference) {
 // ---- attention -------------------------------------------------------------------------------
 
 // Causal GQA attention in double over the position-major cache [max_ctx, n_kv, hd], as
-// runtime/attention.cpp computes it per head (scores * scale, max-subtracted softmax, P V).
+// runtime/model/attention.cpp computes it per head (scores * scale, max-subtracted softmax, P V).
 std::vector<float> attention_reference(const std::vector<float>& q, const std::vector<float>& k,
                                        const std::vector<float>& v, int n_q, int pos0, int n_heads,
                                        int n_kv, int hd, float scale) {

@@ -1,4 +1,4 @@
-// Tests of loader/io_engine.h: coalescing and placement against a pread oracle on every backend,
+// Tests of loader/io/io_engine.h: coalescing and placement against a pread oracle on every backend,
 // each injected completion outcome (short read, EAGAIN, EINTR, EIO, EOF), truncation, fallback.
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/io_engine.h"
+#include "loader/io/io_engine.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

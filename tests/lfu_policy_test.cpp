@@ -1,12 +1,12 @@
-// Tests of loader/lfu_policy.h and loader/host_cache.h: the host expert cache's eviction policy
+// Tests of loader/store/lfu_policy.h and loader/store/host_cache.h: the host expert cache's eviction policy
 // (LFU with aging, LRU ties, admission, pins, erase) and its aligned slot arena.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <optional>
 
-#include "loader/host_cache.h"
-#include "loader/lfu_policy.h"
+#include "loader/store/host_cache.h"
+#include "loader/store/lfu_policy.h"
 
 using namespace moestream;
 

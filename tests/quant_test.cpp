@@ -1,4 +1,4 @@
-// Tests of runtime/quant.h and runtime/half.h: fp16/bf16 conversions, quantisation round-trip
+// Tests of kernels/cpu/quant.h and common/half.h: fp16/bf16 conversions, quantisation round-trip
 // error bounds, and the matvec kernels (AVX2 against the scalar reference, both against exact
 // float maths) on odd sizes with random data.
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 #include <random>
 #include <vector>
 
-#include "runtime/half.h"
-#include "runtime/quant.h"
-#include "runtime/quant_kernels.h"
+#include "common/half.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
-#include "runtime/convert.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/convert/convert.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

@@ -1,4 +1,4 @@
-// Tests of loader/residency.h: a range is resident after it is read and not after
+// Tests of loader/io/residency.h: a range is resident after it is read and not after
 // POSIX_FADV_DONTNEED, with cachestat(2) and with the mincore fallback, and both agree.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/residency.h"
+#include "loader/io/residency.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

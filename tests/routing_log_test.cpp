@@ -1,4 +1,4 @@
-// Tests of the routing log (loader/routing_log.h): round trip, appends, torn tails skipped and
+// Tests of the routing log (loader/format/routing_log.h): round trip, appends, torn tails skipped and
 // never misread, corruption and another model's log rejected.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/routing_log.h"
+#include "loader/format/routing_log.h"
 
 namespace moestream {
 namespace {

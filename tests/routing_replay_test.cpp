@@ -1,4 +1,4 @@
-// Tests of runtime/routing_replay.h and Model::set_routing_override: a log replayed on its own
+// Tests of runtime/model/routing_replay.h and Model::set_routing_override: a log replayed on its own
 // shape reproduces the recorded experts exactly; the mapping rule onto other counts; infer's CLI.
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/routing_log.h"
-#include "runtime/model.h"
-#include "runtime/routing_replay.h"
-#include "runtime/synthetic_model.h"
+#include "loader/format/routing_log.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/routing_replay.h"
+#include "runtime/convert/synthetic_model.h"
 
 #include <nlohmann/json.hpp>
 

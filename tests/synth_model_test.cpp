@@ -1,4 +1,4 @@
-// Tests of runtime/model_shapes.h, the synthetic writer's byte estimate and the synth_model CLI:
+// Tests of runtime/convert/model_shapes.h, the synthetic writer's byte estimate and the synth_model CLI:
 // a real shape's structure (counts) written at reduced width, loaded and run.
 #include <gtest/gtest.h>
 
@@ -13,10 +13,10 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "runtime/model.h"
-#include "runtime/model_shapes.h"
-#include "runtime/synthetic_model.h"
+#include "loader/format/expert_file.h"
+#include "runtime/engine/model.h"
+#include "runtime/convert/model_shapes.h"
+#include "runtime/convert/synthetic_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;

@@ -15,9 +15,9 @@
 #include "cluster/repack.h"
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/expert_file.h"
-#include "loader/expert_map.h"
-#include "loader/routing_log.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_map.h"
+#include "loader/format/routing_log.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;

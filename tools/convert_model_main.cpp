@@ -1,5 +1,5 @@
 // convert_model HF_DIR OUT_DIR [--quant q4|q8|bf16|f32] [--dense-dtype bf16|f32] [--force] [-t N]:
-// packs a Hugging Face MoE checkpoint into a moestream model directory (runtime/convert.h).
+// packs a Hugging Face MoE checkpoint into a moestream model directory (runtime/convert/convert.h).
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/error.h"
-#include "runtime/convert.h"
+#include "runtime/convert/convert.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral) into a moestream model"};

@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 
-#include "runtime/expert_store_uring.h"
+#include "loader/store/engine_expert_store.h"
 
 namespace moestream {
 

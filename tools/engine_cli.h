@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/expert_store.h"
-#include "runtime/model.h"
+#include "loader/store/expert_store.h"
+#include "runtime/engine/model.h"
 
 namespace moestream {
 

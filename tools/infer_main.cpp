@@ -13,13 +13,13 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/routing_log.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/routing_replay.h"
-#include "runtime/run_stats.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "loader/format/routing_log.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/routing_replay.h"
+#include "runtime/engine/run_stats.h"
+#include "runtime/model/sampler.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tools/engine_cli.h"
 #include "tools/tool_main.h"
 
@@ -233,10 +233,10 @@ int main(int argc, char** argv) {
   add_engine_options(app, a.engine);
   app.add_option("--collect-routing", a.collect_routing,
                  "append every token's per-layer expert choices to this routing log "
-                 "(loader/routing_log.h; created if absent, must be of this model)");
+                 "(loader/format/routing_log.h; created if absent, must be of this model)");
   app.add_option("--replay-routing", a.replay_routing,
                  "take every layer's experts from this routing log (as --collect-routing writes) "
-                 "instead of the router, mapped onto this model's counts (runtime/routing_replay.h: "
+                 "instead of the router, mapped onto this model's counts (runtime/model/routing_replay.h: "
                  "layer l <- l mod log layers, expert e -> e mod experts, collisions to the next "
                  "free id); tokens cycle through the log's tokens in order. Outputs say 'replay'");
   app.add_flag("--collect-router-inputs", a.collect_router_inputs,

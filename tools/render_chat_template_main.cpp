@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "runtime/server/chat_prompt.h"
+#include "runtime/chat/chat_prompt.h"
 
 using namespace moestream;
 

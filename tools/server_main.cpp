@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "common/error.h"
-#include "runtime/model.h"
-#include "runtime/server/chat_prompt.h"
+#include "runtime/engine/model.h"
+#include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tools/engine_cli.h"
 #include "tools/tool_main.h"
 

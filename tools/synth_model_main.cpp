@@ -1,5 +1,5 @@
 // `synth_model`: writes a packed model with a released model's architecture and byte sizes
-// (runtime/model_shapes.h) and seeded random weights, for streaming benchmarks at true scale.
+// (runtime/convert/model_shapes.h) and seeded random weights, for streaming benchmarks at true scale.
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "runtime/model_shapes.h"
-#include "runtime/synthetic_model.h"
+#include "runtime/convert/model_shapes.h"
+#include "runtime/convert/synthetic_model.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;

@@ -13,7 +13,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace {
 

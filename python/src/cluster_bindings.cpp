@@ -13,9 +13,9 @@
 #include "cluster/ordering.h"
 #include "cluster/repack.h"
 #include "common/error.h"
-#include "loader/expert_file.h"
-#include "loader/expert_map.h"
-#include "loader/routing_log.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_map.h"
+#include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
 
 namespace fs = std::filesystem;

@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "common/error.h"
-#include "loader/expert_file.h"
-#include "loader/routing_log.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
-#include "runtime/expert_store_uring.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
-#include "runtime/run_stats.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "loader/store/engine_expert_store.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/model.h"
+#include "runtime/engine/run_stats.h"
+#include "runtime/model/sampler.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 

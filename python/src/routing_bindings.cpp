@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/routing_log.h"
+#include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
 
 namespace moestream::py_bindings {
@@ -76,7 +76,7 @@ PyRoutingLog load(const std::filesystem::path& path) {
 
 void bind_routing(py::module_& m) {
   py::class_<PyRoutingLog>(m, "RoutingLog",
-                           "A routing log read whole and validated (loader/routing_log.h); columns are "
+                           "A routing log read whole and validated (loader/format/routing_log.h); columns are "
                            "numpy arrays with one row per (request, position, layer) record.")
       .def(py::init(&load), py::arg("path"))
       .def_readonly("path", &PyRoutingLog::path)

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/cuda_check.cuh"
+#include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
 

@@ -7,10 +7,10 @@
 #include <memory>
 #include <span>
 
-#include "kernels/gpu_ops.h"
-#include "runtime/expert_store.h"
-#include "runtime/gpu_cache_policy.h"
-#include "runtime/model_config.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "loader/store/expert_store.h"
+#include "loader/store/gpu_cache_policy.h"
+#include "loader/format/model_config.h"
 
 namespace moestream {
 
@@ -62,7 +62,7 @@ class GpuExpertCache {
   GpuExpertCache& operator=(const GpuExpertCache&) = delete;
 
   // Makes experts `ids` of `layer` available on the device; dev_out[i] = device pointer to the
-  // payload of ids[i] (loader/expert_file.h layout). kind: kDemand (decode) or kPrefill (may fill
+  // payload of ids[i] (loader/format/expert_file.h layout). kind: kDemand (decode) or kPrefill (may fill
   // free budget, never evicts). Misses are read through store.begin_fetch/next_ready (host tiers
   // first), staged in pinned memory, copied on the copy stream (contiguous slot ranges in one
   // copy; cudaMemcpyBatchAsync where the runtime has it) as soon as they land (each

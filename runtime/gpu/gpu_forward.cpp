@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/cuda_check.cuh"
-#include "kernels/gpu_ops.h"
-#include "kernels/round_activations.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/round_activations.h"
 #include "runtime/gpu/gpu_weights.h"
-#include "runtime/model.h"
-#include "runtime/rope.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/rope.h"
 
 namespace moestream {
 

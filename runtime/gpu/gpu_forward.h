@@ -9,10 +9,10 @@
 #include <memory>
 #include <string>
 
-#include "runtime/expert_store.h"
+#include "loader/store/expert_store.h"
 #include "runtime/gpu/gpu_expert_cache.h"
-#include "runtime/model_config.h"
-#include "runtime/routing_override.h"
+#include "loader/format/model_config.h"
+#include "runtime/model/routing_override.h"
 
 namespace moestream {
 

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "common/error.h"
-#include "kernels/cuda_check.cuh"
-#include "runtime/dense_weights.h"
-#include "runtime/safetensors.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "runtime/model/dense_weights.h"
+#include "loader/format/safetensors.h"
 
 namespace moestream {
 

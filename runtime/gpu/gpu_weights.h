@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/model_config.h"
+#include "loader/format/model_config.h"
 
 namespace moestream {
 
@@ -50,7 +50,7 @@ struct GpuDenseWeights {
   std::vector<GpuLayerWeights> layers;
 
   size_t bytes() const { return memory.bytes(); }
-  // Reads every tensor of runtime/dense_weights.h's list from `path` (shapes checked: FormatError
+  // Reads every tensor of runtime/model/dense_weights.h's list from `path` (shapes checked: FormatError
   // naming the tensor) and copies it to the device in 64 MiB pieces, synchronously, at load: the
   // host holds one piece at a time, never a float32 copy of the model.
   static GpuDenseWeights load(const ModelConfig& cfg, const std::filesystem::path& path);

@@ -5,10 +5,10 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/model.h"
+#include "runtime/engine/model.h"
 #include "runtime/server/job.h"
 #include "runtime/server/server_metrics.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
 

@@ -6,9 +6,9 @@
 #include <optional>
 #include <string>
 
-#include "runtime/model.h"
-#include "runtime/server/chat_prompt.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/model.h"
+#include "runtime/chat/chat_prompt.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cache_aware_router.h"
-#include "runtime/sampler.h"
+#include "runtime/model/cache_aware_router.h"
+#include "runtime/model/sampler.h"
 #include "runtime/server/api_error.h"
 
 namespace moestream {

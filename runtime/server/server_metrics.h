@@ -7,8 +7,8 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/cache_aware_router.h"
-#include "runtime/expert_store.h"
+#include "runtime/model/cache_aware_router.h"
+#include "loader/store/expert_store.h"
 #include "runtime/server/job.h"
 
 namespace moestream {

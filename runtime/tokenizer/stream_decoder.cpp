@@ -1,6 +1,6 @@
 // StreamDecoder: the reference's DecodeStream prefix scheme, so streamed text equals decode() of
 // the whole sequence and never stops inside a UTF-8 character.
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 #include <string_view>
 

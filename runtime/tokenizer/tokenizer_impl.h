@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "runtime/tokenizer/added_vocab.h"
 #include "runtime/tokenizer/bpe.h"
 #include "runtime/tokenizer/normalizer.h"

@@ -1,0 +1,61 @@
+// Replays the demand accesses of a routing log through expert-cache policies (the GPU cache's
+// LFRU, LRU, Belady's optimal) at one capacity in experts: hit rates for bench/gpu_cache_sim.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loader/format/routing_log.h"
+#include "loader/store/gpu_cache_policy.h"
+
+namespace moestream {
+
+// The accesses in order: one group per (token, layer), whose experts are needed together (the
+// kernels of one layer read all of them), groups of one token form a decode step.
+struct CacheTrace {
+  int n_layers = 0, n_experts = 0;
+  std::vector<int> keys;              // layer * n_experts + expert, one per access
+  std::vector<uint32_t> group_begin;  // index into keys of each group, plus keys.size() at the end
+  std::vector<uint8_t> step_begins;   // by group: 1 when the group starts a new decode step
+  size_t n_groups() const { return group_begin.empty() ? 0 : group_begin.size() - 1; }
+  size_t n_steps() const;
+};
+
+// Decode records only (decode_only) or every record, each (request, position) one step, in file
+// order. Throws ConfigError when no record qualifies.
+CacheTrace make_cache_trace(const RoutingLog& log, bool decode_only);
+
+struct CacheSimResult {
+  uint64_t accesses = 0, hits = 0;
+  double hit_rate() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+};
+
+// capacity in experts (all experts one size); each must be >= the largest group (else a layer
+// could not hold its own experts): ConfigError otherwise.
+CacheSimResult simulate_lru(const CacheTrace& t, int capacity);
+// Belady's MIN: on a miss with the cache full, evict the resident whose next use is farthest
+// (never one of the current group's experts). Every miss is inserted, as a demand fill must be.
+// With `bypass`, a miss used later than every evictable resident is served without being cached
+// (the GPU cache's scratch area): the optimum when demand may skip the cache.
+CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass = false);
+// loader/store/gpu_cache_policy.h (LFRU, decaying demand heat, optional demand admission), the
+// current group's slots pinned, one advance_step() per decode step. A miss refused a slot
+// (admission) is served from scratch: a miss, the residents stay.
+CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOptions options = {});
+
+// LRFU (Lee et al., 2001): score = sum over past demand accesses of 2^(-age / half_life), age in
+// decode steps; the lowest-scoring resident outside the current group is evicted. A half-life of
+// infinity (0 here) is LFU with history, as LFRU's high bits; a short one approaches LRU.
+// With `admission`, a miss scoring below the would-be victim is served without being cached
+// (TinyLFU-style admission, through scratch).
+CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,
+                             bool admission = false);
+// The host expert cache's policy (loader/store/lfu_policy.h) as the O_DIRECT store drives it: every
+// access counted with lookup(), a layer's hits and inserted misses pinned until the layer is
+// done, a miss the policy refuses (its count below the victim's) served uncached.
+CacheSimResult simulate_host_lfu(const CacheTrace& t, int capacity, uint64_t aging_period = 0);
+// The best fixed set: the `capacity` experts most used over the whole trace always resident, all
+// others never (an oracle of frequencies, not of order).
+CacheSimResult simulate_static_top(const CacheTrace& t, int capacity);
+
+}  // namespace moestream

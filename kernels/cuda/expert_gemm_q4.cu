@@ -1,0 +1,66 @@
+// Grouped expert GEMM for q4 rows (loader/format/expert_file.h: per row nb f16 scales, then nb*16 bytes;
+// byte j of a block holds element j low, j+16 high): a lane takes 4 bytes, 8 weights, per step.
+#include "kernels/cuda/expert_gemm.cuh"
+
+namespace moestream::gpu {
+namespace {
+
+// kAligned: rows (nb*18 bytes) and their quants start 4-byte aligned (nb even). Branch-free
+// loads, as in expert_gemm_q8.cu.
+template <bool kAligned>
+struct Q4Codec {
+  static constexpr int kElems = 8;  // elements j..j+3 (low nibbles) and j+16..j+19 (high)
+  const uint8_t* m;
+  int nb;
+  size_t row_bytes;
+
+  __device__ Q4Codec(const uint8_t* matrix, int cols)
+      : m(matrix), nb(cols / 32), row_bytes(size_t(cols / 32) * 18) {}
+  // A warp step covers 8 blocks (256 columns, 128 quant bytes per row).
+  __device__ int steps() const { return (nb + 7) / 8; }
+  __device__ void load_w(int row, int st, int lane, float* w) const {
+    const int b = st * 8 + (lane >> 2), j = (lane & 3) * 4;
+    const bool valid = b < nb;
+    const int bc = valid ? b : nb - 1;
+    const uint8_t* r = m + size_t(row) * row_bytes;
+    const float d_raw = load_half(r + 2 * bc);  // unconditional: no branch around loads
+    const float d = valid ? d_raw : 0.f;
+    const uint32_t q = load_u32(r + 2 * size_t(nb) + size_t(bc) * 16 + j, kAligned);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      w[e] = float(int((q >> (8 * e)) & 0xfu) - 8) * d;
+      w[4 + e] = float(int((q >> (8 * e + 4)) & 0xfu) - 8) * d;
+    }
+  }
+  __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
+    const int b = st * 8 + (lane >> 2), j = (lane & 3) * 4;
+    const bool valid = b < nb;
+    const float* xb = xrow + (valid ? b : nb - 1) * 32 + j;
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(xb));
+    const float4 hi = __ldg(reinterpret_cast<const float4*>(xb + 16));
+    x[0] = valid ? lo.x : 0.f;
+    x[1] = valid ? lo.y : 0.f;
+    x[2] = valid ? lo.z : 0.f;
+    x[3] = valid ? lo.w : 0.f;
+    x[4] = valid ? hi.x : 0.f;
+    x[5] = valid ? hi.y : 0.f;
+    x[6] = valid ? hi.z : 0.f;
+    x[7] = valid ? hi.w : 0.f;
+  }
+};
+
+}  // namespace
+
+void expert_gemm_q4_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s) {
+  MOE_ASSERT(a.w && a.row_start && a.x && a.y && a.rows > 0 && a.cols > 0 && a.cols % 32 == 0 &&
+                 n_groups > 0 && max_rows_per_group > 0 && a.matrix_offset % 4 == 0,
+             "expert_gemm_q4_cuda: bad arguments");
+  if ((a.cols / 32) % 2 == 0)
+    launch_expert_gemm<Q4Codec<true>>(a, n_groups, max_rows_per_group,
+                                      "launch of expert_gemm_kernel<q4>", s);
+  else
+    launch_expert_gemm<Q4Codec<false>>(a, n_groups, max_rows_per_group,
+                                       "launch of expert_gemm_kernel<q4, 2-byte aligned>", s);
+}
+
+}  // namespace moestream::gpu

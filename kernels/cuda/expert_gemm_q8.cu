@@ -1,0 +1,59 @@
+// Grouped expert GEMM for q8 rows (loader/format/expert_file.h: per row nb f16 scales, then nb*32 int8
+// quants): a lane dequantises 4 consecutive quants (one 32-bit load) per row and step.
+#include "kernels/cuda/expert_gemm.cuh"
+
+namespace moestream::gpu {
+namespace {
+
+// kAligned: rows (nb*34 bytes) and their quants start 4-byte aligned (nb even, as every model's
+// widths give); otherwise each 32-bit quant load is assembled from two 16-bit loads.
+// Loads are branch-free (a lane past the row reads the row's last block and zeroes it), so the
+// compiler can issue every row's loads of a step back to back.
+template <bool kAligned>
+struct Q8Codec {
+  static constexpr int kElems = 4;
+  const uint8_t* m;
+  int nb;
+  size_t row_bytes;
+
+  __device__ Q8Codec(const uint8_t* matrix, int cols)
+      : m(matrix), nb(cols / 32), row_bytes(size_t(cols / 32) * 34) {}
+  // A warp step covers 4 blocks (128 columns, 128 quant bytes: one coalesced segment per row).
+  __device__ int steps() const { return (nb + 3) / 4; }
+  __device__ void load_w(int row, int st, int lane, float* w) const {
+    const int quad = st * 32 + lane, b = quad >> 3;
+    const bool valid = b < nb;
+    const int qc = valid ? quad : nb * 8 - 1;
+    const uint8_t* r = m + size_t(row) * row_bytes;
+    const float d_raw = load_half(r + 2 * (qc >> 3));  // unconditional: no branch around loads
+    const float d = valid ? d_raw : 0.f;
+    const uint32_t q = load_u32(r + 2 * size_t(nb) + size_t(qc) * 4, kAligned);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = d * float(int8_t(uint8_t(q >> (8 * e))));
+  }
+  __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
+    const int quad = st * 32 + lane;
+    const bool valid = (quad >> 3) < nb;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(xrow) + (valid ? quad : nb * 8 - 1));
+    x[0] = valid ? v.x : 0.f;
+    x[1] = valid ? v.y : 0.f;
+    x[2] = valid ? v.z : 0.f;
+    x[3] = valid ? v.w : 0.f;
+  }
+};
+
+}  // namespace
+
+void expert_gemm_q8_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s) {
+  MOE_ASSERT(a.w && a.row_start && a.x && a.y && a.rows > 0 && a.cols > 0 && a.cols % 32 == 0 &&
+                 n_groups > 0 && max_rows_per_group > 0 && a.matrix_offset % 4 == 0,
+             "expert_gemm_q8_cuda: bad arguments");
+  if ((a.cols / 32) % 2 == 0)
+    launch_expert_gemm<Q8Codec<true>>(a, n_groups, max_rows_per_group,
+                                      "launch of expert_gemm_kernel<q8>", s);
+  else
+    launch_expert_gemm<Q8Codec<false>>(a, n_groups, max_rows_per_group,
+                                       "launch of expert_gemm_kernel<q8, 2-byte aligned>", s);
+}
+
+}  // namespace moestream::gpu

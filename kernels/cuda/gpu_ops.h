@@ -1,0 +1,81 @@
+// The CUDA tier's public operations, callable from plain C++ (no CUDA include): each wrapper checks
+// shapes, then launches one kernel on the given stream. All pointers are device pointers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "loader/format/expert_file.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*; declared here so callers need no CUDA header
+
+namespace moestream::gpu {
+
+using Stream = CUstream_st*;  // nullptr is the legacy default stream
+
+// Number of CUDA devices usable by this process; 0 (never throws) when the driver or a GPU is
+// missing, with the runtime's reason in *why when given.
+int device_count(const char** why = nullptr);
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for each of `rows` rows of n floats (HF RMSNorm).
+void rms_norm(const float* x, const float* w, int rows, int n, float eps, float* out, Stream s);
+
+// Rotates x [n_tokens, n_heads, 2*half_dim] in place, rotate_half (neox) layout: pairs
+// (i, i + half_dim). cos/sin are [n_tokens, half_dim] tables as runtime/model/rope.h Rope::fill makes.
+void rope_neox(float* x, int n_tokens, int n_heads, int half_dim, const float* cos,
+               const float* sin, Stream s);
+
+// Router of n_tokens tokens: softmax over n_experts logits, the k largest probabilities (ties:
+// lower id first), renormalised to sum 1 when `normalize` (norm_topk_prob). ids/weights get
+// n_tokens*k entries, token-major, as runtime/model/moe_layer.h route_token.
+void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
+                 int* ids, float* weights, Stream s);
+
+// out[i] = silu(gate[i]) * up[i] for n elements (the expert's fused SwiGLU).
+void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);
+
+// y[r] = sum_c W[r][c] * x[c] for r in [0, rows), W one matrix in the encoding of
+// loader/format/expert_file.h (q8, q4 or bf16; each row its own f16 scales then its quants).
+void expert_matvec(QuantType q, const uint8_t* w, int rows, int cols, const float* x, float* y,
+                   Stream s);
+void expert_matvec_q8(const uint8_t* w, int rows, int cols, const float* x, float* y, Stream s);
+void expert_matvec_q4(const uint8_t* w, int rows, int cols, const float* x, float* y, Stream s);
+void expert_matvec_bf16(const uint8_t* w, int rows, int cols, const float* x, float* y, Stream s);
+
+// Causal grouped-query attention of n_q query tokens at positions pos0..pos0+n_q-1 against this
+// layer's KV cache, which already holds positions [0, pos0+n_q). q: [n_q, n_heads, head_dim];
+// k_cache, v_cache: [max_ctx, n_kv_heads, head_dim] (position-major, one layer); query head h
+// reads kv head h / (n_heads / n_kv_heads); out: [n_q, n_heads, head_dim]. Softmax in f32 with
+// scale applied to q·k. n_q == 1 is the decode case and must be fast (split the context across
+// blocks; contexts up to 40k positions).
+void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
+               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s);
+
+// Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
+// rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the
+// matrix at byte offset matrix_offset inside expert payload w[g] (q8/q4/bf16 row encoding of
+// loader/format/expert_file.h, `rows` x `cols`) -> y rows [row_start[g], row_start[g+1]) of [n_rows, rows].
+// w and row_start are DEVICE arrays (n_groups and n_groups+1 entries); max_rows_per_group is a
+// host-side upper bound used for the launch grid. One launch for all groups.
+void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
+                 int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
+                 Stream s);
+// What the two wrappers above check or need: attention: head_dim % 4 == 0 and <= 256
+// (ConfigError otherwise), q/k_cache/v_cache/out 16-byte aligned. expert_gemm: q8/q4 need
+// cols % 32 == 0 (ConfigError), matrix_offset % 16 == 0, x 16-byte aligned, and each w[g]
+// 16-byte aligned (device memory: not checked). max_rows_per_group only picks the token tile,
+// so any positive value gives the right result; empty groups are allowed.
+
+// out[i] = src[idx[i]] row-wise: n rows of dim floats (token rows -> grouped expert rows).
+void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s);
+// MoE combine in a fixed order (deterministic, same order as the CPU): for token t,
+// out[t] = sum_{j<k} weights[t*k+j] * y[pair_row[t*k+j]], y: [n_rows, dim] grouped expert outputs.
+void moe_combine(const float* y, const int* pair_row, const float* weights, int n_tokens, int k,
+                 int dim, float* out, Stream s);
+// y[i] += x[i] (the residual stream).
+void add_inplace(float* y, const float* x, size_t n, Stream s);
+// out[i] = table[ids[i]] row-wise (embedding lookup); ids must be in [0, n_table_rows) (checked
+// on the host before the call by the caller).
+void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s);
+
+}  // namespace moestream::gpu

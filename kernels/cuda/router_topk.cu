@@ -1,0 +1,86 @@
+// The MoE router on the GPU: softmax over a token's expert logits, the top-k by selection (ties:
+// lower id first), optional renormalisation. Reference: runtime/model/moe_layer.cpp route_token.
+#include <string>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/warp_reduce.cuh"
+
+namespace moestream::gpu {
+namespace {
+
+// One warp per token: n_experts is 8..256 in practice and k <= 8, so a block would sit idle.
+constexpr int kThreads = 32;
+// 48 KiB of shared memory holds probs (4 B) + taken flags (1 B) for this many experts.
+constexpr int kMaxExperts = 8192;
+
+__global__ void router_topk_kernel(const float* __restrict__ logits, int n_experts, int k,
+                                   bool normalize, int* __restrict__ ids,
+                                   float* __restrict__ weights) {
+  extern __shared__ float probs[];
+  auto* taken = reinterpret_cast<unsigned char*>(probs + n_experts);
+  const float* l = logits + size_t(blockIdx.x) * n_experts;
+  const int lane = threadIdx.x;
+  float m = -INFINITY;
+  for (int e = lane; e < n_experts; e += 32) m = fmaxf(m, l[e]);
+  m = warp_max(m);
+  float sum = 0;
+  for (int e = lane; e < n_experts; e += 32) {
+    const float p = expf(l[e] - m);
+    probs[e] = p;
+    taken[e] = 0;
+    sum += p;
+  }
+  sum = warp_sum(sum);
+  for (int e = lane; e < n_experts; e += 32) probs[e] /= sum;
+  __syncwarp();
+  int* out_ids = ids + size_t(blockIdx.x) * k;
+  float* out_w = weights + size_t(blockIdx.x) * k;
+  float wsum = 0;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float bp = 0;
+    for (int e = lane; e < n_experts; e += 32)
+      if (!taken[e] && (best < 0 || probs[e] > bp)) best = e, bp = probs[e];
+    // Warp argmax: larger probability wins, equal probabilities go to the lower id.
+    for (int o = 16; o > 0; o >>= 1) {
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+      if (ob >= 0 && (best < 0 || op > bp || (op == bp && ob < best))) best = ob, bp = op;
+    }
+    if (lane == 0) {
+      out_ids[j] = best;
+      out_w[j] = bp;
+      taken[best] = 1;
+    }
+    wsum += bp;
+    __syncwarp();
+  }
+  if (normalize && lane == 0)
+    for (int j = 0; j < k; ++j) out_w[j] /= wsum;
+}
+
+}  // namespace
+
+void router_topk_cuda(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
+                      int* ids, float* weights, cudaStream_t s) {
+  MOE_ASSERT(logits && ids && weights && n_tokens > 0 && k > 0 && k <= n_experts &&
+                 n_experts <= kMaxExperts,
+             "router_topk_cuda: bad arguments");
+  const size_t shared = size_t(n_experts) * (sizeof(float) + 1);
+  router_topk_kernel<<<n_tokens, kThreads, shared, s>>>(logits, n_experts, k, normalize, ids,
+                                                        weights);
+  MOE_CUDA_CHECK_LAUNCH("router_topk_kernel");
+}
+
+void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
+                 int* ids, float* weights, Stream s) {
+  if (n_tokens <= 0 || n_experts <= 0 || n_experts > kMaxExperts || k <= 0 || k > n_experts)
+    throw Error("gpu::router_topk: bad shape n_tokens=" + std::to_string(n_tokens) +
+                " n_experts=" + std::to_string(n_experts) + " (max " + std::to_string(kMaxExperts) +
+                ") k=" + std::to_string(k));
+  if (!logits || !ids || !weights) throw Error("gpu::router_topk: null device pointer");
+  router_topk_cuda(logits, n_tokens, n_experts, k, normalize, ids, weights, s);
+}
+
+}  // namespace moestream::gpu

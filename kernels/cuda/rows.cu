@@ -1,0 +1,103 @@
+// Row glue of the GPU forward pass: gather (token rows -> grouped expert rows, embedding lookup),
+// the MoE combine in the CPU's fixed top-k order, and the residual add.
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gpu_ops.h"
+
+namespace moestream::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 65535;  // grid-stride loops past this
+
+// One block (grid-stride) per output row; threads stride the row.
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int* __restrict__ idx,
+                                   int n, int dim, float* __restrict__ out) {
+  for (int i = blockIdx.x; i < n; i += gridDim.x) {
+    const float* s = src + size_t(idx[i]) * dim;
+    float* o = out + size_t(i) * dim;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) o[d] = s[d];
+  }
+}
+
+// out[t] = sum_{j<k} weights[t*k+j] * y[pair_row[t*k+j]], summed from zero in j order as
+// runtime/model/moe_layer.cpp does, so the result does not depend on the grouping of y.
+__global__ void moe_combine_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
+                                   const float* __restrict__ weights, int n_tokens, int k, int dim,
+                                   float* __restrict__ out) {
+  for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    const int* pr = pair_row + size_t(t) * k;
+    const float* wt = weights + size_t(t) * k;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+      float acc = 0.f;
+      for (int j = 0; j < k; ++j) acc += wt[j] * y[size_t(pr[j]) * dim + d];
+      out[size_t(t) * dim + d] = acc;
+    }
+  }
+}
+
+__global__ void add_inplace_kernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+std::string rows_shape(int n, int dim) {
+  return "n=" + std::to_string(n) + " dim=" + std::to_string(dim);
+}
+
+}  // namespace
+
+void gather_rows_cuda(const float* src, const int* idx, int n, int dim, float* out,
+                      cudaStream_t s) {
+  MOE_ASSERT(src && idx && out && n > 0 && dim > 0, "gather_rows_cuda: bad arguments");
+  gather_rows_kernel<<<std::min(unsigned(n), kMaxBlocks), kThreads, 0, s>>>(src, idx, n, dim, out);
+  MOE_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+}
+
+void moe_combine_cuda(const float* y, const int* pair_row, const float* weights, int n_tokens,
+                      int k, int dim, float* out, cudaStream_t s) {
+  MOE_ASSERT(y && pair_row && weights && out && n_tokens > 0 && k > 0 && dim > 0,
+             "moe_combine_cuda: bad arguments");
+  moe_combine_kernel<<<std::min(unsigned(n_tokens), kMaxBlocks), kThreads, 0, s>>>(
+      y, pair_row, weights, n_tokens, k, dim, out);
+  MOE_CUDA_CHECK_LAUNCH("moe_combine_kernel");
+}
+
+void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t s) {
+  MOE_ASSERT(y && x && n > 0, "add_inplace_cuda: bad arguments");
+  const unsigned blocks = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+  add_inplace_kernel<<<blocks, kThreads, 0, s>>>(y, x, n);
+  MOE_CUDA_CHECK_LAUNCH("add_inplace_kernel");
+}
+
+void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s) {
+  if (n <= 0 || dim <= 0) throw Error("gpu::gather_rows: bad shape " + rows_shape(n, dim));
+  if (!src || !idx || !out) throw Error("gpu::gather_rows: null device pointer");
+  gather_rows_cuda(src, idx, n, dim, out, s);
+}
+
+void moe_combine(const float* y, const int* pair_row, const float* weights, int n_tokens, int k,
+                 int dim, float* out, Stream s) {
+  if (n_tokens <= 0 || k <= 0 || dim <= 0)
+    throw Error("gpu::moe_combine: bad shape n_tokens=" + std::to_string(n_tokens) +
+                " k=" + std::to_string(k) + " dim=" + std::to_string(dim));
+  if (!y || !pair_row || !weights || !out) throw Error("gpu::moe_combine: null device pointer");
+  moe_combine_cuda(y, pair_row, weights, n_tokens, k, dim, out, s);
+}
+
+void add_inplace(float* y, const float* x, size_t n, Stream s) {
+  if (n == 0) throw Error("gpu::add_inplace: empty input (n=0)");
+  if (!y || !x) throw Error("gpu::add_inplace: null device pointer");
+  add_inplace_cuda(y, x, n, s);
+}
+
+void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s) {
+  if (n <= 0 || dim <= 0) throw Error("gpu::embed_rows: bad shape " + rows_shape(n, dim));
+  if (!table || !ids || !out) throw Error("gpu::embed_rows: null device pointer");
+  gather_rows_cuda(table, ids, n, dim, out, s);  // the same row copy, ids checked by the caller
+}
+
+}  // namespace moestream::gpu

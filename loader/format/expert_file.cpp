@@ -1,0 +1,248 @@
+// Implementation of loader/format/expert_file.h: byte layout of an expert, header encode/decode with
+// validation of every field (overflow-safe), checksums and paths.
+#include "loader/format/expert_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "common/error.h"
+#include "common/file_util.h"
+
+namespace moestream {
+namespace {
+
+constexpr size_t kFixedHeaderBytes = 64;
+constexpr size_t kChecksumFieldOffset = 56;
+// Sanity bounds: far above any published MoE (Qwen3-235B: 128 experts, D 4096, F 1536) but low
+// enough that no size computed from them can overflow 64 bits.
+constexpr uint32_t kMaxExperts = 1u << 16;
+constexpr uint32_t kMaxDim = 1u << 20;
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+template <typename T>
+void put(std::string& out, size_t off, T v) {
+  std::memcpy(out.data() + off, &v, sizeof v);  // little-endian host (x86-64, aarch64)
+}
+
+template <typename T>
+T get(std::string_view in, size_t off) {
+  T v;
+  std::memcpy(&v, in.data() + off, sizeof v);
+  return v;
+}
+
+uint64_t header_checksum(std::string_view bytes, uint32_t n_experts) {
+  XXH64_state_t* st = XXH64_createState();
+  MOE_ASSERT(st != nullptr, "XXH64_createState");
+  XXH64_reset(st, 0);
+  XXH64_update(st, bytes.data(), kChecksumFieldOffset);
+  XXH64_update(st, bytes.data() + kFixedHeaderBytes, size_t{8} * n_experts);
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+[[noreturn]] void bad_field(const std::filesystem::path& path, const char* field, size_t offset,
+                            const std::string& detail) {
+  throw FormatError(path.string() + ": expert file header field '" + field + "' at offset " +
+                    std::to_string(offset) + ": " + detail);
+}
+
+void pread_exact(int fd, void* buf, size_t n, uint64_t off, const std::filesystem::path& path) {
+  auto* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int saved = errno;
+      ::close(fd);
+      throw IoError("cannot read " + path.string() + " at offset " + std::to_string(off + done) +
+                    ": " + std::strerror(saved));
+    }
+    if (r == 0) {
+      ::close(fd);
+      throw IoError(path.string() + ": truncated: wanted " + std::to_string(n) +
+                    " bytes at offset " + std::to_string(off) + ", file ends after " +
+                    std::to_string(done));
+    }
+    done += static_cast<size_t>(r);
+  }
+}
+
+}  // namespace
+
+std::string_view quant_name(QuantType q) {
+  switch (q) {
+    case QuantType::kF32: return "f32";
+    case QuantType::kBF16: return "bf16";
+    case QuantType::kQ8: return "q8";
+    case QuantType::kQ4: return "q4";
+  }
+  return "unknown";
+}
+
+QuantType parse_quant(std::string_view name) {
+  if (name == "f32") return QuantType::kF32;
+  if (name == "bf16") return QuantType::kBF16;
+  if (name == "q8") return QuantType::kQ8;
+  if (name == "q4") return QuantType::kQ4;
+  throw ConfigError("unknown quant type '" + std::string(name) + "' (expected f32, bf16, q8 or q4)");
+}
+
+size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols) {
+  size_t nb = (cols + kQuantBlock - 1) / kQuantBlock;
+  switch (q) {
+    case QuantType::kF32: return rows * cols * 4;
+    case QuantType::kBF16: return rows * cols * 2;
+    case QuantType::kQ8: return rows * nb * (2 + kQuantBlock);
+    case QuantType::kQ4: return rows * nb * (2 + kQuantBlock / 2);
+  }
+  MOE_ASSERT(false, "bad QuantType " + std::to_string(static_cast<uint32_t>(q)));
+  return 0;
+}
+
+ExpertLayout ExpertLayout::make(QuantType q, size_t hidden, size_t intermediate) {
+  ExpertLayout l;
+  l.gate_offset = 0;
+  l.up_offset = align_up(quant_matrix_bytes(q, intermediate, hidden), kMatrixAlign);
+  l.down_offset = l.up_offset + align_up(quant_matrix_bytes(q, intermediate, hidden), kMatrixAlign);
+  l.bytes = l.down_offset + quant_matrix_bytes(q, hidden, intermediate);
+  return l;
+}
+
+std::string encode_expert_header(const ExpertFileHeader& h) {
+  MOE_ASSERT(h.slot_checksums.size() == h.n_experts, "one checksum per slot");
+  MOE_ASSERT(h.data_offset == align_up(kFixedHeaderBytes + 8 * uint64_t{h.n_experts}, kExpertAlign),
+             "data_offset must be align_up(64 + 8*n_experts, 4096)");
+  std::string out(h.data_offset, '\0');
+  std::memcpy(out.data(), kExpertFileMagic, 8);
+  put<uint32_t>(out, 8, h.version);
+  put<uint32_t>(out, 12, static_cast<uint32_t>(h.quant));
+  put<uint32_t>(out, 16, h.layer);
+  put<uint32_t>(out, 20, h.n_experts);
+  put<uint32_t>(out, 24, h.hidden);
+  put<uint32_t>(out, 28, h.intermediate);
+  put<uint64_t>(out, 32, h.expert_bytes);
+  put<uint64_t>(out, 40, h.expert_stride);
+  put<uint64_t>(out, 48, h.data_offset);
+  for (uint32_t i = 0; i < h.n_experts; ++i) put<uint64_t>(out, kFixedHeaderBytes + 8 * i, h.slot_checksums[i]);
+  put<uint64_t>(out, kChecksumFieldOffset, header_checksum(out, h.n_experts));
+  return out;
+}
+
+ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size,
+                                      const std::filesystem::path& path) {
+  if (bytes.size() < kFixedHeaderBytes || file_size < kFixedHeaderBytes)
+    throw FormatError(path.string() + ": expert file is " + std::to_string(file_size) +
+                      " bytes, shorter than its 64-byte header (truncated)");
+  if (std::memcmp(bytes.data(), kExpertFileMagic, 8) != 0)
+    bad_field(path, "magic", 0, "expected \"MOEXPRT\\0\", this is not a moestream expert file");
+  ExpertFileHeader h;
+  h.version = get<uint32_t>(bytes, 8);
+  if (h.version != kExpertFileVersion)
+    bad_field(path, "version", 8, "expected " + std::to_string(kExpertFileVersion) + ", got " +
+                                      std::to_string(h.version));
+  uint32_t q = get<uint32_t>(bytes, 12);
+  if (q > static_cast<uint32_t>(QuantType::kQ4))
+    bad_field(path, "quant", 12, "expected 0..3, got " + std::to_string(q));
+  h.quant = static_cast<QuantType>(q);
+  h.layer = get<uint32_t>(bytes, 16);
+  h.n_experts = get<uint32_t>(bytes, 20);
+  if (h.n_experts == 0 || h.n_experts > kMaxExperts)
+    bad_field(path, "n_experts", 20, "expected 1.." + std::to_string(kMaxExperts) + ", got " +
+                                         std::to_string(h.n_experts));
+  h.hidden = get<uint32_t>(bytes, 24);
+  if (h.hidden == 0 || h.hidden > kMaxDim)
+    bad_field(path, "hidden", 24, "expected 1.." + std::to_string(kMaxDim) + ", got " +
+                                      std::to_string(h.hidden));
+  h.intermediate = get<uint32_t>(bytes, 28);
+  if (h.intermediate == 0 || h.intermediate > kMaxDim)
+    bad_field(path, "intermediate", 28, "expected 1.." + std::to_string(kMaxDim) + ", got " +
+                                            std::to_string(h.intermediate));
+  h.expert_bytes = get<uint64_t>(bytes, 32);
+  uint64_t want_bytes = ExpertLayout::make(h.quant, h.hidden, h.intermediate).bytes;
+  if (h.expert_bytes != want_bytes)
+    bad_field(path, "expert_bytes", 32, "expected " + std::to_string(want_bytes) + " for quant " +
+                                            std::string(quant_name(h.quant)) + " D=" +
+                                            std::to_string(h.hidden) + " F=" +
+                                            std::to_string(h.intermediate) + ", got " +
+                                            std::to_string(h.expert_bytes));
+  h.expert_stride = get<uint64_t>(bytes, 40);
+  if (h.expert_stride % kExpertAlign != 0 || h.expert_stride < h.expert_bytes ||
+      h.expert_stride - h.expert_bytes >= (uint64_t{1} << 40))
+    bad_field(path, "expert_stride", 40, "expected a multiple of 4096 >= expert_bytes " +
+                                             std::to_string(h.expert_bytes) + ", got " +
+                                             std::to_string(h.expert_stride));
+  h.data_offset = get<uint64_t>(bytes, 48);
+  uint64_t table_end = kFixedHeaderBytes + 8 * uint64_t{h.n_experts};
+  if (h.data_offset != align_up(table_end, kExpertAlign))
+    bad_field(path, "data_offset", 48, "expected " + std::to_string(align_up(table_end, kExpertAlign)) +
+                                           ", got " + std::to_string(h.data_offset));
+  if (bytes.size() < table_end)
+    throw FormatError(path.string() + ": expert file header needs " + std::to_string(table_end) +
+                      " bytes for " + std::to_string(h.n_experts) + " slot checksums, got " +
+                      std::to_string(bytes.size()) + " (truncated)");
+  uint64_t stored = get<uint64_t>(bytes, kChecksumFieldOffset);
+  uint64_t actual = header_checksum(bytes, h.n_experts);
+  if (stored != actual) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "stored %016llx, computed %016llx (header corrupted)",
+                  static_cast<unsigned long long>(stored), static_cast<unsigned long long>(actual));
+    bad_field(path, "header_checksum", kChecksumFieldOffset, buf);
+  }
+  h.slot_checksums.resize(h.n_experts);
+  for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums[i] = get<uint64_t>(bytes, kFixedHeaderBytes + 8 * i);
+  // Bounds above make this product fit: 2^16 slots * < 2^41 bytes.
+  uint64_t want_size = h.file_bytes();
+  if (file_size != want_size)
+    throw FormatError(path.string() + ": expert file is " + std::to_string(file_size) +
+                      " bytes, header says data_offset + n_experts*expert_stride = " +
+                      std::to_string(want_size) + (file_size < want_size ? " (truncated)" : ""));
+  return h;
+}
+
+ExpertFileHeader read_expert_header(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open expert file", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int saved = errno;
+    ::close(fd);
+    errno = saved;
+    throw_errno("cannot stat", path);
+  }
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  std::string bytes(std::min<uint64_t>(file_size, kFixedHeaderBytes), '\0');
+  pread_exact(fd, bytes.data(), bytes.size(), 0, path);
+  if (bytes.size() == kFixedHeaderBytes) {
+    // Read the checksum table too when n_experts is plausible; decode reports it otherwise.
+    uint32_t n = get<uint32_t>(bytes, 20);
+    if (n > 0 && n <= kMaxExperts) {
+      uint64_t table_end = kFixedHeaderBytes + 8 * uint64_t{n};
+      bytes.resize(std::min(file_size, table_end));
+      pread_exact(fd, bytes.data() + kFixedHeaderBytes, bytes.size() - kFixedHeaderBytes,
+                  kFixedHeaderBytes, path);
+    }
+  }
+  ::close(fd);
+  return decode_expert_header(bytes, file_size, path);
+}
+
+uint64_t expert_checksum(const void* data, size_t bytes) { return XXH64(data, bytes, 0); }
+
+std::filesystem::path expert_file_path(const std::filesystem::path& model_dir, int layer) {
+  char name[32];
+  std::snprintf(name, sizeof name, "layer_%03d.bin", layer);
+  return model_dir / "experts" / name;
+}
+
+}  // namespace moestream

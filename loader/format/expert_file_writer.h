@@ -1,0 +1,36 @@
+// Writes an expert file (loader/format/expert_file.h layout) one expert at a time, so a converter or a
+// repack never holds a whole layer in memory; temp file + fsync + rename on finish().
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include "loader/format/expert_file.h"
+
+namespace moestream {
+
+class ExpertFileWriter {
+ public:
+  // Creates `path.tmp.<pid>` sized for n_experts slots; throws IoError naming the path.
+  ExpertFileWriter(std::filesystem::path path, QuantType quant, uint32_t layer, uint32_t n_experts,
+                   uint32_t hidden, uint32_t intermediate);
+  ~ExpertFileWriter();  // removes the temp file unless finish() succeeded
+  ExpertFileWriter(const ExpertFileWriter&) = delete;
+  ExpertFileWriter& operator=(const ExpertFileWriter&) = delete;
+
+  const ExpertLayout& layout() const { return layout_; }
+  // Writes the expert_bytes payload of physical slot `slot` (each slot exactly once).
+  void write_expert(uint32_t slot, const uint8_t* payload);
+  // Writes the header with every slot's checksum, fsyncs, renames over `path`.
+  void finish();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  ExpertFileHeader header_;
+  ExpertLayout layout_;
+  std::vector<bool> written_;
+  int fd_ = -1;
+  bool finished_ = false;
+};
+
+}  // namespace moestream

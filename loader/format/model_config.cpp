@@ -1,0 +1,256 @@
+// Implementation of loader/format/model_config.h: model.json <-> ModelConfig, validating every field
+// and naming the file and the key in each error.
+#include "loader/format/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+
+namespace moestream {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kFormatVersion = 1;
+
+[[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& what) {
+  throw FormatError(where + ": field '" + key + "' " + what);
+}
+
+const json& need(const json& j, const std::string& key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end()) bad(where, key, "is missing");
+  return *it;
+}
+
+int get_int(const json& j, const std::string& key, const std::string& where, int min_value) {
+  const json& v = need(j, key, where);
+  if (!v.is_number_integer()) bad(where, key, "must be an integer, got " + v.dump());
+  long long x = v.get<long long>();
+  if (x < min_value || x > (1LL << 30))
+    bad(where, key, "must be in [" + std::to_string(min_value) + ", 2^30], got " + std::to_string(x));
+  return static_cast<int>(x);
+}
+
+double get_num(const json& j, const std::string& key, const std::string& where) {
+  const json& v = need(j, key, where);
+  if (!v.is_number()) bad(where, key, "must be a number, got " + v.dump());
+  return v.get<double>();
+}
+
+bool get_bool(const json& j, const std::string& key, const std::string& where) {
+  const json& v = need(j, key, where);
+  if (!v.is_boolean()) bad(where, key, "must be true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
+std::string get_str(const json& j, const std::string& key, const std::string& where) {
+  const json& v = need(j, key, where);
+  if (!v.is_string()) bad(where, key, "must be a string, got " + v.dump());
+  return v.get<std::string>();
+}
+
+const json& get_obj(const json& j, const std::string& key, const std::string& where) {
+  const json& v = need(j, key, where);
+  if (!v.is_object()) bad(where, key, "must be an object, got " + v.dump());
+  return v;
+}
+
+// Optional string-or-null: empty string when absent or null.
+std::string get_opt_str(const json& j, const std::string& key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return "";
+  if (!it->is_string()) bad(where, key, "must be a string or null, got " + it->dump());
+  return it->get<std::string>();
+}
+
+std::optional<int> get_opt_int(const json& j, const std::string& key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) bad(where, key, "must be an integer or null, got " + it->dump());
+  return it->get<int>();
+}
+
+double get_opt_num(const json& j, const std::string& key, const std::string& where, double dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_number()) bad(where, key, "must be a number, got " + it->dump());
+  return it->get<double>();
+}
+
+Arch parse_arch(const std::string& s, const std::string& where) {
+  if (s == "qwen3_moe") return Arch::kQwen3Moe;
+  if (s == "olmoe") return Arch::kOlmoe;
+  if (s == "mixtral") return Arch::kMixtral;
+  throw ConfigError(where + ": field 'architecture' is '" + s +
+                    "', expected qwen3_moe, olmoe or mixtral");
+}
+
+std::string_view qk_norm_name(QkNorm q) {
+  switch (q) {
+    case QkNorm::kNone: return "none";
+    case QkNorm::kPerHead: return "per_head";
+    case QkNorm::kFull: return "full";
+  }
+  return "none";
+}
+
+}  // namespace
+
+std::string_view arch_name(Arch a) {
+  switch (a) {
+    case Arch::kQwen3Moe: return "qwen3_moe";
+    case Arch::kOlmoe: return "olmoe";
+    case Arch::kMixtral: return "mixtral";
+  }
+  return "unknown";
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  json j;
+  j["format"] = "moestream";
+  j["format_version"] = kFormatVersion;
+  j["architecture"] = std::string(arch_name(arch));
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["n_layers"] = n_layers;
+  j["n_heads"] = n_heads;
+  j["n_kv_heads"] = n_kv_heads;
+  j["head_dim"] = head_dim;
+  j["moe_intermediate_size"] = moe_intermediate_size;
+  j["n_experts"] = n_experts;
+  j["n_experts_per_tok"] = n_experts_per_tok;
+  j["norm_topk_prob"] = norm_topk_prob;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["qk_norm"] = std::string(qk_norm_name(qk_norm));
+  json rope;
+  rope["theta"] = rope_theta;
+  if (rope_scaling) {
+    const RopeScaling& s = *rope_scaling;
+    json js{{"type", s.type}, {"factor", s.factor}};
+    if (s.original_max_position_embeddings > 0)
+      js["original_max_position_embeddings"] = s.original_max_position_embeddings;
+    if (s.type == "yarn") {
+      js["beta_fast"] = s.beta_fast;
+      js["beta_slow"] = s.beta_slow;
+    }
+    if (s.type == "llama3") {
+      js["low_freq_factor"] = s.low_freq_factor;
+      js["high_freq_factor"] = s.high_freq_factor;
+    }
+    rope["scaling"] = js;
+  } else {
+    rope["scaling"] = nullptr;
+  }
+  j["rope"] = rope;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
+  j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
+  j["tokenizer"] = {
+      {"file", tokenizer_file.empty() ? json(nullptr) : json(tokenizer_file)},
+      {"config", tokenizer_config_file.empty() ? json(nullptr) : json(tokenizer_config_file)}};
+  j["bos_token_id"] = bos_token_id ? json(*bos_token_id) : json(nullptr);
+  j["eos_token_id"] = eos_token_id ? json(*eos_token_id) : json(nullptr);
+  return j;
+}
+
+ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw FormatError(where + ": expected a JSON object at top level");
+  if (get_str(j, "format", where) != "moestream") bad(where, "format", "must be \"moestream\"");
+  int version = get_int(j, "format_version", where, 0);
+  if (version != kFormatVersion)
+    bad(where, "format_version", "is " + std::to_string(version) + ", this build reads " +
+                                     std::to_string(kFormatVersion));
+  ModelConfig c;
+  c.arch = parse_arch(get_str(j, "architecture", where), where);
+  c.vocab_size = get_int(j, "vocab_size", where, 1);
+  c.hidden_size = get_int(j, "hidden_size", where, 1);
+  c.n_layers = get_int(j, "n_layers", where, 1);
+  c.n_heads = get_int(j, "n_heads", where, 1);
+  c.n_kv_heads = get_int(j, "n_kv_heads", where, 1);
+  c.head_dim = get_int(j, "head_dim", where, 1);
+  c.moe_intermediate_size = get_int(j, "moe_intermediate_size", where, 1);
+  c.n_experts = get_int(j, "n_experts", where, 1);
+  c.n_experts_per_tok = get_int(j, "n_experts_per_tok", where, 1);
+  c.norm_topk_prob = get_bool(j, "norm_topk_prob", where);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", where);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", where, 1);
+  if (c.n_heads % c.n_kv_heads != 0)
+    bad(where, "n_kv_heads", "(" + std::to_string(c.n_kv_heads) + ") must divide n_heads (" +
+                                 std::to_string(c.n_heads) + ")");
+  if (c.n_experts_per_tok > c.n_experts)
+    bad(where, "n_experts_per_tok", "(" + std::to_string(c.n_experts_per_tok) +
+                                        ") exceeds n_experts (" + std::to_string(c.n_experts) + ")");
+  if (!(c.rms_norm_eps > 0)) bad(where, "rms_norm_eps", "must be positive");
+
+  std::string qk = get_str(j, "qk_norm", where);
+  if (qk == "none") c.qk_norm = QkNorm::kNone;
+  else if (qk == "per_head") c.qk_norm = QkNorm::kPerHead;
+  else if (qk == "full") c.qk_norm = QkNorm::kFull;
+  else bad(where, "qk_norm", "is '" + qk + "', expected none, per_head or full");
+
+  const json& rope = get_obj(j, "rope", where);
+  c.rope_theta = get_num(rope, "theta", where + " rope");
+  if (!(c.rope_theta > 0)) bad(where, "rope.theta", "must be positive");
+  const json& sc = need(rope, "scaling", where + " rope");
+  if (!sc.is_null()) {
+    if (!sc.is_object()) bad(where, "rope.scaling", "must be an object or null");
+    std::string w = where + " rope.scaling";
+    RopeScaling s;
+    s.type = get_str(sc, "type", w);
+    if (s.type != "linear" && s.type != "dynamic" && s.type != "yarn" && s.type != "llama3")
+      bad(where, "rope.scaling.type", "is '" + s.type + "', expected linear, dynamic, yarn or llama3");
+    s.factor = get_num(sc, "factor", w);
+    if (!(s.factor > 0)) bad(where, "rope.scaling.factor", "must be positive");
+    s.original_max_position_embeddings = get_opt_num(sc, "original_max_position_embeddings", w, 0);
+    s.beta_fast = get_opt_num(sc, "beta_fast", w, 32);
+    s.beta_slow = get_opt_num(sc, "beta_slow", w, 1);
+    s.low_freq_factor = get_opt_num(sc, "low_freq_factor", w, 1);
+    s.high_freq_factor = get_opt_num(sc, "high_freq_factor", w, 4);
+    c.rope_scaling = s;
+  }
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where);
+
+  const json& dense = get_obj(j, "dense", where);
+  c.dense_file = get_str(dense, "file", where + " dense");
+  c.dense_dtype = get_str(dense, "dtype", where + " dense");
+  if (c.dense_dtype != "f32" && c.dense_dtype != "bf16")
+    bad(where, "dense.dtype", "is '" + c.dense_dtype + "', expected f32 or bf16");
+  const json& experts = get_obj(j, "experts", where);
+  c.experts_dir = get_str(experts, "dir", where + " experts");
+  std::string q = get_str(experts, "quant", where + " experts");
+  try {
+    c.expert_quant = parse_quant(q);
+  } catch (const ConfigError& e) {
+    bad(where, "experts.quant", e.what());
+  }
+  auto tok = j.find("tokenizer");
+  if (tok != j.end() && !tok->is_null()) {
+    if (!tok->is_object()) bad(where, "tokenizer", "must be an object or null");
+    c.tokenizer_file = get_opt_str(*tok, "file", where + " tokenizer");
+    c.tokenizer_config_file = get_opt_str(*tok, "config", where + " tokenizer");
+  }
+  c.bos_token_id = get_opt_int(j, "bos_token_id", where);
+  c.eos_token_id = get_opt_int(j, "eos_token_id", where);
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
+  std::filesystem::path p = dir / "model.json";
+  std::string text = read_file(p);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw FormatError(p.string() + ": invalid JSON: " + e.what());
+  }
+  return from_json(j, p.string());
+}
+
+void ModelConfig::save(const std::filesystem::path& dir) const {
+  write_file_atomic(dir / "model.json", to_json().dump(2) + "\n");
+}
+
+}  // namespace moestream

@@ -1,0 +1,77 @@
+// The architecture description of a packed model: `model.json` in the model directory.
+// Written by convert_model (from a Hugging Face config.json), read by every runtime component.
+//
+// model.json (keys, all required unless marked optional):
+//   format: "moestream", format_version: 1
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral"
+//   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
+//   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
+//   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
+//   qk_norm: "none" | "per_head" (Qwen3: RMSNorm over head_dim) | "full" (OLMoE: over all heads)
+//   rope: { theta: number, scaling: null | { type: "linear"|"dynamic"|"yarn"|"llama3", factor, ... } }
+//   tie_word_embeddings (bool)
+//   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
+//   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
+//   tokenizer: { file: "tokenizer.json" | null, config: "tokenizer_config.json" | null }  (optional)
+//   bos_token_id, eos_token_id: int or null (optional)
+//   source: { ... } free-form provenance written by the converter (optional)
+//
+// dense.safetensors holds, by these names (W is [out, in]):
+//   embed [V, D]; final_norm [D]; lm_head [V, D] (absent when tie_word_embeddings)
+//   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
+//   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
+//   layers.N.ffn_norm [D]; layers.N.router [E, D]
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "loader/format/expert_file.h"
+
+namespace moestream {
+
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral };
+enum class QkNorm { kNone, kPerHead, kFull };
+
+struct RopeScaling {
+  std::string type;  // "linear", "dynamic", "yarn", "llama3"
+  double factor = 1.0;
+  // yarn / llama3 parameters, when present in the source config
+  double original_max_position_embeddings = 0;
+  double beta_fast = 32, beta_slow = 1;          // yarn
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+};
+
+struct ModelConfig {
+  Arch arch = Arch::kQwen3Moe;
+  int vocab_size = 0, hidden_size = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int moe_intermediate_size = 0, n_experts = 0, n_experts_per_tok = 0;
+  bool norm_topk_prob = true;
+  double rms_norm_eps = 1e-6;
+  int max_position_embeddings = 0;
+  QkNorm qk_norm = QkNorm::kNone;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  bool tie_word_embeddings = false;
+  std::string dense_file = "dense.safetensors";
+  std::string dense_dtype = "f32";
+  std::string experts_dir = "experts";
+  QuantType expert_quant = QuantType::kF32;
+  std::string tokenizer_file;         // empty when the model ships none
+  std::string tokenizer_config_file;  // empty when absent
+  std::optional<int> bos_token_id, eos_token_id;
+
+  // Reads and validates `dir/model.json`; throws FormatError/ConfigError naming file and field.
+  static ModelConfig load(const std::filesystem::path& dir);
+  // Writes `dir/model.json` atomically.
+  void save(const std::filesystem::path& dir) const;
+  nlohmann::json to_json() const;
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& where);
+};
+
+std::string_view arch_name(Arch a);  // "qwen3_moe", "olmoe", "mixtral"
+
+}  // namespace moestream

@@ -1,0 +1,337 @@
+// Batch planning (sort, coalesce, in-place vs bounce) and completion outcomes for the read
+// engine; shared by every backend so that all of them treat short reads and errors alike.
+#include "loader/io/io_plan.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace moestream::io {
+namespace {
+
+uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// True when the group's requests tile [start, end) exactly and their dests are one contiguous
+// buffer in the same order: the read can land in place.
+bool contiguous(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                size_t e) {
+  for (size_t i = b + 1; i < e; ++i) {
+    const ReadRequest& p = reqs[order[i - 1]];
+    const ReadRequest& r = reqs[order[i]];
+    if (r.offset != p.offset + p.length) return false;
+    if (static_cast<uint8_t*>(r.dest) != static_cast<uint8_t*>(p.dest) + p.length) return false;
+  }
+  return true;
+}
+
+// Requests sorted by offset that do not overlap (gaps allowed), and for O_DIRECT are whole
+// blocks in aligned dests: a vectored read can land each of them in place.
+bool scatterable(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                 size_t e, bool direct) {
+  for (size_t i = b; i < e; ++i) {
+    const ReadRequest& r = reqs[order[i]];
+    if (i > b) {
+      const ReadRequest& p = reqs[order[i - 1]];
+      if (r.offset < p.offset + p.length) return false;
+    }
+    if (direct && (r.offset % kDirectAlign || r.length % kDirectAlign ||
+                   reinterpret_cast<uintptr_t>(r.dest) % kDirectAlign))
+      return false;
+  }
+  return true;
+}
+
+// iovecs a scatter extent needs: one per request plus the gap pieces. A resubmission from
+// `done` only drops or shortens leading entries, so it never needs more.
+uint32_t max_iovecs(std::span<ReadRequest> reqs, const std::vector<uint32_t>& order, size_t b,
+                    size_t e, uint64_t start, uint64_t end, uint64_t sink_bytes) {
+  uint64_t n = 0, pos = start;
+  for (size_t i = b; i < e; ++i) {
+    const ReadRequest& r = reqs[order[i]];
+    if (r.offset > pos) n += (r.offset - pos + sink_bytes - 1) / sink_bytes;
+    ++n;
+    pos = r.offset + r.length;
+  }
+  if (end > pos) n += (end - pos + sink_bytes - 1) / sink_bytes;
+  return static_cast<uint32_t>(n);
+}
+
+constexpr uint32_t kMaxIovecs = 1024;  // IOV_MAX on Linux
+
+void add_bounce(IoPlan& plan, Extent& x) {
+  x.bounce = true;
+  x.bounce_offset = plan.bounce_bytes;
+  plan.bounce_bytes += align_up(x.length, kDirectAlign);
+}
+
+// A request larger than max_read_bytes becomes several reads (chunks of max_read_bytes,
+// block-aligned for O_DIRECT) that run on different rings/threads at once: one big expert
+// otherwise occupies a single queue slot and cannot use the device's parallelism.
+uint64_t max_read_for(const FileEntry& f, const PlanOptions& opts) {
+  return f.direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes : opts.max_read_bytes;
+}
+
+void split_request(IoPlan& plan, const ReadRequest& r, uint32_t index, const FileEntry& f,
+                   const PlanOptions& opts) {
+  uint64_t chunk = max_read_for(f, opts);
+  if (f.direct) chunk = std::max(kDirectAlign, align_down(chunk, kDirectAlign));
+  const uint64_t end = r.offset + r.length;
+  const uint64_t rs = f.direct ? align_down(r.offset, kDirectAlign) : r.offset;
+  const uint64_t re = f.direct ? align_up(end, kDirectAlign) : end;
+  for (uint64_t cs = rs; cs < re; cs += chunk) {
+    uint64_t ce = std::min(cs + chunk, re);
+    uint64_t from = std::max(cs, r.offset), to = std::min(ce, end);
+    Extent x;
+    x.file = r.file;
+    x.offset = cs;
+    x.length = ce - cs;
+    x.needed = to - cs;
+    x.first_slice = static_cast<uint32_t>(plan.slices.size());
+    x.n_slices = 1;
+    plan.slices.push_back({index, from - cs, from - r.offset, to - from});
+    uint8_t* dest = static_cast<uint8_t*>(r.dest) + (from - r.offset);
+    bool in_place = from == cs && to == ce;
+    if (in_place && f.direct) in_place = reinterpret_cast<uintptr_t>(dest) % kDirectAlign == 0;
+    if (in_place)
+      x.buf = dest;
+    else
+      add_bounce(plan, x);
+    plan.extents.push_back(x);
+  }
+}
+
+}  // namespace
+
+IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
+                  const PlanOptions& opts) {
+  IoPlan plan;
+  std::vector<uint32_t> order;
+  order.reserve(reqs.size());
+  for (uint32_t i = 0; i < reqs.size(); ++i) {
+    ReadRequest& r = reqs[i];
+    r.error = 0;
+    if (r.file >= files.size())
+      throw ConfigError("read request " + std::to_string(i) + ": file index " +
+                        std::to_string(r.file) + " not added (engine has " +
+                        std::to_string(files.size()) + " files)");
+    if (r.offset + r.length < r.offset)
+      throw ConfigError("read request " + std::to_string(i) + " on " + files[r.file].path +
+                        ": offset " + std::to_string(r.offset) + " + length overflows");
+    if (r.length == 0) {
+      r.result = ReadResult::kOk;
+      continue;
+    }
+    if (r.dest == nullptr)
+      throw ConfigError("read request " + std::to_string(i) + " on " + files[r.file].path +
+                        ": null destination");
+    r.result = ReadResult::kPending;
+    order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ReadRequest& x = reqs[a];
+    const ReadRequest& y = reqs[b];
+    if (x.file != y.file) return x.file < y.file;
+    if (x.offset != y.offset) return x.offset < y.offset;
+    return a < b;
+  });
+
+  size_t b = 0;
+  while (b < order.size()) {
+    const ReadRequest& first = reqs[order[b]];
+    const FileEntry& f = files[first.file];
+    uint64_t start = first.offset;
+    uint64_t end = first.offset + first.length;
+    const uint64_t max_read = max_read_for(f, opts);
+    size_t e = b + 1;
+    if (opts.coalesce) {
+      while (e < order.size()) {
+        const ReadRequest& r = reqs[order[e]];
+        if (r.file != first.file) break;
+        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
+        uint64_t new_end = std::max(end, r.offset + r.length);
+        if (new_end - start > max_read) break;
+        end = new_end;
+        ++e;
+      }
+    }
+    if (e - b == 1 && end - start > max_read) {
+      split_request(plan, first, order[b], f, opts);
+      b = e;
+      continue;
+    }
+    Extent x;
+    x.file = first.file;
+    x.offset = f.direct ? align_down(start, kDirectAlign) : start;
+    uint64_t read_end = f.direct ? align_up(end, kDirectAlign) : end;
+    x.length = read_end - x.offset;
+    x.needed = end - x.offset;
+    x.first_slice = static_cast<uint32_t>(plan.slices.size());
+    x.n_slices = static_cast<uint32_t>(e - b);
+    for (size_t i = b; i < e; ++i) {
+      const ReadRequest& r = reqs[order[i]];
+      plan.slices.push_back({order[i], r.offset - x.offset, 0, r.length});
+    }
+    bool in_place = x.offset == start && read_end == end && contiguous(reqs, order, b, e);
+    if (in_place && f.direct)
+      in_place = reinterpret_cast<uintptr_t>(first.dest) % kDirectAlign == 0;
+    uint32_t n_iov = 0;
+    if (!in_place && opts.scatter && e - b > 1 && opts.sink_bytes > 0 &&
+        scatterable(reqs, order, b, e, f.direct))
+      n_iov = max_iovecs(reqs, order, b, e, x.offset, read_end, opts.sink_bytes);
+    if (in_place) {
+      x.buf = static_cast<uint8_t*>(first.dest);
+    } else if (n_iov > 0 && n_iov <= kMaxIovecs) {
+      x.scatter = true;
+      x.first_iov = static_cast<uint32_t>(plan.iovs.size());
+      x.n_iov_max = n_iov;
+      plan.iovs.resize(plan.iovs.size() + n_iov);
+    } else {
+      add_bounce(plan, x);
+    }
+    plan.extents.push_back(x);
+    b = e;
+  }
+  return plan;
+}
+
+Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOptions& opts,
+                   CompletionCounters& counters) {
+  if (opts.completion_hook) {
+    CompletionInfo info{&f.path, next_offset(e), next_length(e), res, e.attempts};
+    res = opts.completion_hook(info);
+  }
+  ++e.attempts;
+  if (res > 0) {
+    uint64_t got = std::min<uint64_t>(static_cast<uint64_t>(res), next_length(e));
+    uint64_t before = e.done;
+    e.done += got;
+    if (e.done >= e.needed) {
+      e.result = ReadResult::kOk;
+      return Step::kDone;
+    }
+    ++counters.short_reads;
+    if (f.direct && (e.offset + e.done) % kDirectAlign != 0) {
+      // O_DIRECT resubmissions must start aligned; an unaligned end at or past the known size is
+      // the end of the file, and the next read would return 0.
+      if (e.offset + e.done >= f.size) {
+        e.result = ReadResult::kTruncated;
+        return Step::kFailed;
+      }
+      e.done = align_down(e.offset + e.done, kDirectAlign) - e.offset;
+      if (e.done <= before && ++e.retries > opts.max_retries) {
+        e.result = ReadResult::kError;
+        e.error = EIO;
+        return Step::kFailed;
+      }
+    }
+    return Step::kResubmit;
+  }
+  if (res == 0) {
+    e.result = ReadResult::kTruncated;
+    return Step::kFailed;
+  }
+  int err = static_cast<int>(-res);
+  if ((err == EAGAIN || err == EINTR) && e.retries < opts.max_retries) {
+    ++e.retries;
+    ++counters.retries;
+    return Step::kResubmit;
+  }
+  e.result = ReadResult::kError;
+  e.error = err;
+  return Step::kFailed;
+}
+
+uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest> reqs,
+                      uint8_t* sink, uint64_t sink_bytes) {
+  iovec* out = plan.iovs.data() + e.first_iov;
+  uint32_t n = 0;
+  uint64_t pos = e.done;  // position inside the extent
+  auto gap = [&](uint64_t to) {
+    while (pos < to) {
+      uint64_t piece = std::min(to - pos, sink_bytes);
+      out[n++] = {sink, piece};
+      pos += piece;
+    }
+  };
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    const ReadSlice& sl = plan.slices[s];
+    const ReadRequest& r = reqs[sl.request];
+    uint64_t end = sl.buf_offset + sl.length;
+    if (end <= pos) continue;
+    gap(sl.buf_offset);
+    uint64_t skip = pos - sl.buf_offset;
+    out[n++] = {static_cast<uint8_t*>(r.dest) + sl.req_offset + skip, sl.length - skip};
+    pos = end;
+  }
+  gap(e.length);
+  MOE_ASSERT(n <= e.n_iov_max, "scatter extent needs more iovecs than planned");
+  return n;
+}
+
+void track_requests(IoPlan& plan, std::span<ReadRequest> reqs, const RequestDoneFn* on_done) {
+  plan.on_done = on_done;
+  plan.slices_left = std::make_unique<std::atomic<uint32_t>[]>(reqs.size());
+  plan.first_failed = std::make_unique<std::atomic<int64_t>[]>(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    plan.slices_left[i].store(0, std::memory_order_relaxed);
+    plan.first_failed[i].store(-1, std::memory_order_relaxed);
+  }
+  for (const ReadSlice& sl : plan.slices) plan.slices_left[sl.request].fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (plan.slices_left[i].load(std::memory_order_relaxed) == 0) (*on_done)(reqs[i], i);
+}
+
+void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs) {
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    ReadSlice& sl = plan.slices[s];
+    // A failed extent may still have delivered the slices that lie before the failure point.
+    bool arrived = e.result == ReadResult::kOk || sl.buf_offset + sl.length <= e.done;
+    if (arrived) {
+      if (e.bounce)
+        std::memcpy(static_cast<uint8_t*>(reqs[sl.request].dest) + sl.req_offset,
+                    e.buf + sl.buf_offset, sl.length);
+      sl.result = ReadResult::kOk;
+      sl.error = 0;
+    } else {
+      sl.result = e.result;
+      sl.error = e.error;
+    }
+  }
+  if (plan.on_done == nullptr) return;
+  for (uint32_t s = e.first_slice; s < e.first_slice + e.n_slices; ++s) {
+    const ReadSlice& sl = plan.slices[s];
+    if (sl.result != ReadResult::kOk) {
+      int64_t none = -1;
+      plan.first_failed[sl.request].compare_exchange_strong(none, s, std::memory_order_relaxed);
+    }
+    // The last slice of a request: its other slices were finished by other workers, whose
+    // writes the acq_rel decrement makes visible here.
+    if (plan.slices_left[sl.request].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    ReadRequest& r = reqs[sl.request];
+    int64_t f = plan.first_failed[sl.request].load(std::memory_order_relaxed);
+    r.result = f < 0 ? ReadResult::kOk : plan.slices[size_t(f)].result;
+    r.error = f < 0 ? 0 : plan.slices[size_t(f)].error;
+    (*plan.on_done)(r, sl.request);
+  }
+}
+
+void apply_results(const IoPlan& plan, std::span<ReadRequest> reqs) {
+  if (plan.on_done != nullptr) return;  // finish_extent already gave each request its result
+  for (const ReadSlice& sl : plan.slices) {
+    ReadRequest& r = reqs[sl.request];
+    if (sl.result != ReadResult::kOk) {
+      if (r.result == ReadResult::kPending || r.result == ReadResult::kOk) {
+        r.result = sl.result;
+        r.error = sl.error;
+      }
+    } else if (r.result == ReadResult::kPending) {
+      r.result = ReadResult::kOk;
+    }
+  }
+}
+
+}  // namespace moestream::io

@@ -1,0 +1,134 @@
+// Internal to the read engine: turns a batch of requests into sorted, coalesced extents, and
+// decides what each completion means (done, resubmit the rest, retry, fail). No I/O here.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loader/io/io_engine.h"
+
+namespace moestream::io {
+
+inline constexpr uint64_t kDirectAlign = 4096;  // O_DIRECT offset/length/buffer alignment
+
+struct FileEntry {
+  std::string path;
+  int fd = -1;         // the fd reads go through (O_DIRECT when `direct`)
+  int buffered_fd = -1;  // a buffered fd (same as fd unless direct); mmap and residency use it
+  bool direct = false;
+  uint64_t size = 0;
+};
+
+// A piece of a request inside an extent: the whole request, or one chunk of a split request.
+struct ReadSlice {
+  uint32_t request = 0;
+  uint64_t buf_offset = 0;  // the piece starts at extent.buf + buf_offset
+  uint64_t req_offset = 0;  // ... and goes to request.dest + req_offset
+  uint64_t length = 0;
+  // Set by finish_extent (by the worker that ran the extent), read by apply_results.
+  ReadResult result = ReadResult::kPending;
+  int error = 0;
+};
+
+struct Extent {
+  uint32_t file = 0;
+  uint64_t offset = 0;   // file offset of the read
+  uint64_t length = 0;   // bytes asked for (aligned up for O_DIRECT)
+  uint64_t needed = 0;   // bytes that must arrive; less than length only for O_DIRECT padding
+  uint8_t* buf = nullptr;  // a request's dest (direct placement) or a bounce buffer
+  uint64_t bounce_offset = 0;  // offset of buf in the bounce arena when bounce
+  bool bounce = false;
+  // Scatter: one vectored read straight into each request's dest, gaps into a sink buffer.
+  bool scatter = false;
+  uint32_t first_iov = 0, n_iov_max = 0;  // this extent's iovec slots in IoPlan::iovs
+  uint32_t first_slice = 0, n_slices = 0;
+  // Progress, owned by whichever worker runs the extent.
+  uint64_t done = 0;
+  uint32_t attempts = 0;  // completions seen
+  uint32_t retries = 0;   // retries without progress (EAGAIN/EINTR or unaligned short reads)
+  ReadResult result = ReadResult::kPending;
+  int error = 0;
+};
+
+struct IoPlan {
+  std::vector<Extent> extents;
+  std::vector<ReadSlice> slices;
+  std::vector<iovec> iovs;    // scatter extents' iovecs, rebuilt from `done` before each read
+  uint64_t bounce_bytes = 0;  // arena size the extents with bounce=true need
+  // Per-request completion tracking, set up by track_requests() when the caller wants each
+  // request reported as soon as its last slice lands (hit/miss overlap in the expert store).
+  std::unique_ptr<std::atomic<uint32_t>[]> slices_left;  // per request
+  std::unique_ptr<std::atomic<int64_t>[]> first_failed;  // per request: slice index, or -1
+  const RequestDoneFn* on_done = nullptr;
+};
+
+struct PlanOptions {
+  bool coalesce = true;
+  uint64_t gap_bytes = 0;
+  uint64_t max_read_bytes = 0;
+  uint64_t direct_max_read_bytes = 0;  // for O_DIRECT files; 0: max_read_bytes
+  bool scatter = true;      // vectored reads for coalesced non-contiguous dests
+  uint64_t sink_bytes = 0;  // size of the gap sink buffer (gaps are cut into pieces this big)
+};
+
+// Largest gap sink a plan may ask for: gaps are at most gap_bytes plus O_DIRECT padding.
+inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
+  return (gap_bytes + 3 * kDirectAlign) / kDirectAlign * kDirectAlign;
+}
+
+// Sorts `reqs` by (file, offset) and groups them into extents of at most max_read_bytes
+// (direct_max_read_bytes for O_DIRECT files); a longer request is split into several extents. Extents whose requests' dests
+// are exactly contiguous (and aligned enough for O_DIRECT) read in place; extents of
+// non-overlapping requests (block-aligned for O_DIRECT) scatter; the rest get a bounce range
+// [bounce_offset, +length) with buf left null until the caller binds the arena.
+// Zero-length requests get no extent and are marked kOk. Throws ConfigError for a request
+// naming a file index out of range or a null dest.
+IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
+                  const PlanOptions& opts);
+
+// What to do after a completion.
+enum class Step { kDone, kResubmit, kFailed };
+
+struct CompletionCounters {
+  uint64_t short_reads = 0;
+  uint64_t retries = 0;
+};
+
+// Applies the hook, then one completion result `res` (bytes or -errno) to extent `e`:
+// progress -> kDone when `needed` bytes are in, else kResubmit the rest; 0 bytes -> kFailed
+// (kTruncated); -EAGAIN/-EINTR -> kResubmit until max_retries; other -errno -> kFailed.
+// Never throws.
+Step on_completion(Extent& e, int64_t res, const FileEntry& f, const IoEngineOptions& opts,
+                   CompletionCounters& counters);
+
+// Fills the extent's iovec slots for the bytes [done, length) (dests and gap pieces into
+// `sink`) and returns how many it used.
+uint32_t build_iovecs(const Extent& e, IoPlan& plan, std::span<const ReadRequest> reqs,
+                      uint8_t* sink, uint64_t sink_bytes);
+
+// Where the next read of a resubmitted extent starts and how long it is.
+inline uint64_t next_offset(const Extent& e) { return e.offset + e.done; }
+inline uint64_t next_length(const Extent& e) { return e.length - e.done; }
+inline uint8_t* next_buf(const Extent& e) { return e.buf + e.done; }
+
+// Arms per-request tracking: finish_extent() then gives each request its final result and calls
+// `on_done` (which must outlive the batch) once its last slice is finished. Requests without
+// slices (zero length) are reported here at once.
+void track_requests(IoPlan& plan, std::span<ReadRequest> reqs, const RequestDoneFn* on_done);
+
+// Copies a finished bounce extent's bytes into its requests' dests and records each slice's
+// outcome. Touches only this extent's slices, so workers may finish extents concurrently.
+void finish_extent(const Extent& e, IoPlan& plan, std::span<ReadRequest> reqs);
+
+// After every extent is finished: a request is kOk when all its slices are, else it takes the
+// first failed slice's result and errno.
+void apply_results(const IoPlan& plan, std::span<ReadRequest> reqs);
+
+}  // namespace moestream::io

@@ -1,0 +1,63 @@
+// Implementation of the read engine's persistent worker pool (generation-counted start signal).
+#include "loader/io/worker_pool.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace moestream::io {
+
+WorkerPool::WorkerPool(unsigned n_workers) : n_workers_(std::max(1u, n_workers)) {
+  threads_.reserve(n_workers_ - 1);
+  for (unsigned w = 1; w < n_workers_; ++w) threads_.emplace_back([this, w] { loop(w); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void WorkerPool::run(unsigned n_active, const std::function<void(unsigned)>& fn) {
+  n_active = std::clamp(n_active, 1u, n_workers_);
+  if (n_active > 1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    MOE_ASSERT(pending_ == 0, "WorkerPool::run calls overlap");
+    fn_ = &fn;
+    n_active_ = n_active;
+    pending_ = n_active - 1;
+    ++generation_;
+  }
+  if (n_active > 1) start_cv_.notify_all();
+  fn(0);
+  if (n_active > 1) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+}
+
+void WorkerPool::loop(unsigned w) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(unsigned)>* fn = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (w >= n_active_) continue;  // not needed for this round
+      fn = fn_;
+    }
+    (*fn)(w);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+}  // namespace moestream::io

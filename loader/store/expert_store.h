@@ -1,0 +1,115 @@
+// The runtime's only way to get expert weights: per layer it asks for the selected expert ids and
+// receives pointers to their encoded payloads (loader/format/expert_file.h layout), all at once or one
+// by one as they land; it can also ask which experts sit in which memory tier.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loader/format/model_config.h"
+
+namespace moestream {
+
+// Where an expert's bytes are now, fastest last.
+enum class ExpertTier : uint8_t {
+  kStorage,    // only on disk: a fetch reads it from the device
+  kPageCache,  // in the OS page cache (buffered reads): a fetch copies it, no device I/O
+  kHostCache,  // in the store's own host cache (O_DIRECT mode): a fetch does no I/O at all
+};
+
+struct ExpertStoreStats {
+  uint64_t fetch_calls = 0;     // fetch() / begin_fetch() calls
+  uint64_t experts_requested = 0;
+  uint64_t experts_read = 0;    // experts that had to be read from a file
+  uint64_t bytes_read = 0;      // expert payload bytes read from files
+  double io_seconds = 0;        // wall time from issuing a layer's reads until the last one landed
+  // Hits per tier: host_cache_hits needed no read; page_cache_hits were read but found in the
+  // page cache just before (buffered mode, sampled with cachestat/mincore).
+  uint64_t host_cache_hits = 0;
+  uint64_t page_cache_hits = 0;
+  uint64_t read_ops_requested = 0;   // reads asked of the engine (one per missing expert)
+  uint64_t read_ops_issued = 0;      // reads issued after coalescing neighbours and splitting
+  uint64_t bytes_transferred = 0;    // bytes the reads moved, gaps read through included
+  double io_wait_seconds = 0;        // time the caller blocked for experts: I/O not hidden
+  double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
+  uint64_t fetches_prefetched = 0;   // begin_fetch() calls whose reads a prefetch() had started
+};
+
+class ExpertStore {
+ public:
+  virtual ~ExpertStore() = default;
+
+  // Makes logical experts `ids` of `layer` available. On return out[i] points to the payload of
+  // ids[i] (ExpertLayout::make(quant, D, F).bytes bytes). Pointers stay valid until the next
+  // fetch() call on this store. Throws IoError/FormatError (checksum) naming file and offset.
+  virtual void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) = 0;
+
+  // Asynchronous form, for overlapping compute with reads: starts making `ids` available and
+  // returns; experts already in host memory are ready at once, the others as their reads land.
+  // Then next_ready() hands them out one by one. Payloads stay valid until the next
+  // begin_fetch()/fetch(). The default fetches everything synchronously here.
+  virtual void begin_fetch(int layer, std::span<const int> ids) {
+    fetch(layer, ids, sync_payloads_);
+    sync_next_ = 0;
+  }
+  // Hands out one more expert of the last begin_fetch(): true with its position in `ids` and its
+  // payload. With `wait`, blocks until one is ready and returns false only once every one was
+  // handed out; without, returns false when none is ready right now. Throws IoError /
+  // FormatError (checksum) naming file and offset for a failed expert.
+  virtual bool next_ready(size_t* index, const uint8_t** payload, bool wait = true) {
+    (void)wait;  // everything is ready after the synchronous begin_fetch()
+    if (sync_next_ >= sync_payloads_.size()) return false;
+    *index = sync_next_;
+    *payload = sync_payloads_[sync_next_++];
+    return true;
+  }
+
+  // Starts reading the experts that the next begin_fetch() will ask for (prefill: the next group
+  // of a layer's experts), while the current fetch's payloads stay valid and are still handed
+  // out; a following begin_fetch() with the same layer and ids finds them landed or in flight,
+  // any other begin_fetch() discards them. The default does nothing.
+  virtual void prefetch(int layer, std::span<const int> ids) {
+    (void)layer;
+    (void)ids;
+  }
+
+  // The tier of every logical expert of `layer` (out.size() must be n_experts), cheap enough to
+  // ask per layer per token (a hash lookup per expert, plus a sampled page-cache probe for
+  // buffered reads). The default knows nothing and says kStorage.
+  virtual void residency(int layer, std::span<ExpertTier> out) const {
+    (void)layer;
+    for (ExpertTier& t : out) t = ExpertTier::kStorage;
+  }
+
+  virtual ExpertStoreStats stats() const = 0;
+
+  // A second, independent store over the same files with the same read options but no host
+  // cache of its own, for a thread that reads beside this store's user (a store is not
+  // thread-safe; the GPU cache's prefetch worker). nullptr when this store cannot reopen itself.
+  virtual std::unique_ptr<ExpertStore> reopen() const { return nullptr; }
+
+  // One line on how experts are read (backend after any fallback, O_DIRECT, host cache), for
+  // --timing and --stats-json.
+  virtual std::string describe() const { return "one pread per expert"; }
+
+ private:
+  std::vector<const uint8_t*> sync_payloads_;
+  size_t sync_next_ = 0;
+};
+
+struct ExpertStoreOptions {
+  bool verify_checksums = true;  // verify XXH64 of each expert on every read
+};
+
+// Reads experts with pread(2) from `model_dir/experts/layer_NNN.bin`. Validates every layer
+// file's header against `cfg` on open.
+std::unique_ptr<ExpertStore> open_pread_expert_store(const std::filesystem::path& model_dir,
+                                                     const ModelConfig& cfg,
+                                                     const ExpertStoreOptions& opts = {});
+
+}  // namespace moestream

@@ -1,0 +1,30 @@
+// Implementation of loader/store/host_cache.h: the arena is allocated once, up front, so the budget is
+// what the process holds from the start (no growth surprises mid-run).
+#include "loader/store/host_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+
+namespace moestream {
+namespace {
+constexpr uint64_t kAlign = 4096;  // O_DIRECT buffer alignment
+uint64_t round_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+HostCache::HostCache(uint64_t budget_bytes, uint64_t slot_bytes)
+    : slot_bytes_(round_up(std::max<uint64_t>(slot_bytes, 1))),
+      policy_(uint32_t(std::min<uint64_t>(budget_bytes / slot_bytes_, UINT32_MAX))) {
+  const uint64_t bytes = uint64_t(policy_.n_slots()) * slot_bytes_;
+  if (bytes == 0) return;
+  void* p = nullptr;
+  if (::posix_memalign(&p, kAlign, bytes) != 0)
+    throw IoError("cannot allocate the " + std::to_string(bytes >> 20) + " MiB host expert cache");
+  arena_ = static_cast<uint8_t*>(p);
+}
+
+HostCache::~HostCache() { std::free(arena_); }
+
+}  // namespace moestream

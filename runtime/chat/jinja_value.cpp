@@ -1,0 +1,252 @@
+// Python semantics of template values for the chat-template evaluator: truthiness, str()/repr(),
+// json.dumps as transformers' tojson calls it, and the string helpers the methods and filters use.
+#include "runtime/chat/jinja_value.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
+#include "runtime/chat/chat_template.h"
+
+namespace moestream::jinja {
+
+using VT = Value::value_t;
+
+[[noreturn]] void fail(int line, const std::string& msg) {
+  throw ChatTemplateError("chat template line " + std::to_string(line) + ": " + msg);
+}
+
+Value undefined() { return Value(VT::discarded); }
+bool is_undef(const Value& v) { return v.is_discarded(); }
+
+const char* type_name(const Value& v) {
+  if (is_undef(v)) return "undefined";
+  switch (v.type()) {
+    case VT::null: return "none";
+    case VT::boolean: return "bool";
+    case VT::string: return "string";
+    case VT::array: return "list";
+    case VT::object: return "dict";
+    case VT::number_float: return "float";
+    default: return "int";
+  }
+}
+
+bool truthy(const Value& v) {
+  if (is_undef(v) || v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_float()) return v.get<double>() != 0;
+  if (v.is_number()) return v.get<int64_t>() != 0;
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  return !v.empty();
+}
+
+// Python's json.dumps(ensure_ascii=False) string escaping.
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += char(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+std::string float_repr(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  std::string s = Value(d).dump();  // shortest round-trip form, like Python's repr
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// json.dumps(x, ensure_ascii=False, indent=indent) as transformers' tojson filter calls it.
+void dumps(const Value& v, int indent, int depth, std::string& out) {
+  auto newline = [&](int d) {
+    out += '\n';
+    out.append(size_t(indent * d), ' ');
+  };
+  if (is_undef(v)) fail(0, "tojson of an undefined value");
+  switch (v.type()) {
+    case VT::null: out += "null"; return;
+    case VT::boolean: out += v.get<bool>() ? "true" : "false"; return;
+    case VT::string: json_string(v.get_ref<const std::string&>(), out); return;
+    case VT::number_float: out += float_repr(v.get<double>()); return;
+    case VT::array: {
+      if (v.empty()) { out += "[]"; return; }
+      out += '[';
+      bool first = true;
+      for (const auto& e : v) {
+        if (!first) out += indent >= 0 ? "," : ", ";
+        first = false;
+        if (indent >= 0) newline(depth + 1);
+        dumps(e, indent, depth + 1, out);
+      }
+      if (indent >= 0) newline(depth);
+      out += ']';
+      return;
+    }
+    case VT::object: {
+      if (v.empty()) { out += "{}"; return; }
+      out += '{';
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out += indent >= 0 ? "," : ", ";
+        first = false;
+        if (indent >= 0) newline(depth + 1);
+        json_string(it.key(), out);
+        out += ": ";
+        dumps(it.value(), indent, depth + 1, out);
+      }
+      if (indent >= 0) newline(depth);
+      out += '}';
+      return;
+    }
+    default: out += v.dump(); return;
+  }
+}
+
+std::string py_repr(const Value& v);
+
+// Python str() of a value, which is what {{ x }} prints.
+std::string py_str(const Value& v) {
+  if (is_undef(v)) return "";
+  switch (v.type()) {
+    case VT::null: return "None";
+    case VT::boolean: return v.get<bool>() ? "True" : "False";
+    case VT::string: return v.get<std::string>();
+    case VT::number_float: {
+      const double d = v.get<double>();
+      if (std::isnan(d)) return "nan";
+      if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+      return float_repr(d);
+    }
+    case VT::array: case VT::object: return py_repr(v);
+    default: return v.dump();
+  }
+}
+
+std::string py_repr(const Value& v) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+    std::string out(1, q);
+    for (char c : s) {
+      if (c == '\\') out += "\\\\";
+      else if (c == '\n') out += "\\n";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\r') out += "\\r";
+      else if (c == q) out += std::string("\\") + q;
+      else out += c;
+    }
+    return out + q;
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + py_repr(v[i]);
+    return out + "]";
+  }
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      out += (first ? "" : ", ") + py_repr(Value(it.key())) + ": " + py_repr(it.value());
+      first = false;
+    }
+    return out + "}";
+  }
+  return py_str(v);
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
+  auto drop = [&](char c) {
+    if (!chars || chars->is_null()) return is_ws(c);
+    return chars->get_ref<const std::string&>().find(c) != std::string::npos;
+  };
+  size_t b = 0, e = s.size();
+  if (left) while (b < e && drop(s[b])) ++b;
+  if (right) while (e > b && drop(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+Value split(const std::string& s, const Value* sep) {
+  Value out = Value::array();
+  if (!sep || sep->is_null()) {  // Python: runs of whitespace, no empty parts
+    size_t i = 0;
+    while (i < s.size()) {
+      while (i < s.size() && is_ws(s[i])) ++i;
+      size_t j = i;
+      while (j < s.size() && !is_ws(s[j])) ++j;
+      if (j > i) out.push_back(s.substr(i, j - i));
+      i = j;
+    }
+    return out;
+  }
+  const std::string& d = sep->get_ref<const std::string&>();
+  if (d.empty()) throw ChatTemplateError("chat template: split() with an empty separator");
+  size_t i = 0;
+  while (true) {
+    size_t j = s.find(d, i);
+    if (j == std::string::npos) {
+      out.push_back(s.substr(i));
+      return out;
+    }
+    out.push_back(s.substr(i, j - i));
+    i = j + d.size();
+  }
+}
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  for (size_t i = s.find(from); i != std::string::npos; i = s.find(from, i + to.size()))
+    s.replace(i, from.size(), to);
+  return s;
+}
+
+std::string title_case(const std::string& s, bool only_first) {
+  std::string out = s;
+  bool start = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const unsigned char c = out[i];
+    if (std::isalpha(c)) {
+      out[i] = char(start ? std::toupper(c) : std::tolower(c));
+      start = false;
+    } else if (!only_first) {
+      start = true;
+    } else {
+      start = false;
+    }
+  }
+  return out;
+}
+
+int64_t as_int(const Value& v, int line, const char* what) {
+  if (v.is_number_integer() || v.is_boolean()) return v.is_boolean() ? v.get<bool>() : v.get<int64_t>();
+  fail(line, std::string(what) + " must be an integer, got " + type_name(v));
+}
+
+// Python's normalisation of a slice bound.
+int64_t clamp_index(int64_t i, int64_t n, bool for_stop_neg_step) {
+  if (i < 0) i += n;
+  if (for_stop_neg_step) return std::clamp<int64_t>(i, -1, n - 1);
+  return std::clamp<int64_t>(i, 0, n);
+}
+
+}  // namespace moestream::jinja

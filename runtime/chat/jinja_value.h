@@ -1,0 +1,31 @@
+// Internal to the chat-template interpreter: Python semantics of values (truthiness, str(),
+// repr(), json.dumps) and the string helpers shared by methods and filters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/chat/jinja_ast.h"
+
+namespace moestream::jinja {
+
+[[noreturn]] void fail(int line, const std::string& msg);  // ChatTemplateError naming the line
+
+Value undefined();               // Jinja's Undefined (a discarded JSON value)
+bool is_undef(const Value& v);
+const char* type_name(const Value& v);
+bool truthy(const Value& v);
+std::string py_str(const Value& v);   // what {{ v }} prints
+std::string py_repr(const Value& v);
+// json.dumps(v, ensure_ascii=False, indent=indent) (indent < 0: None), keys in insertion order.
+void dumps(const Value& v, int indent, int depth, std::string& out);
+
+std::string strip(const std::string& s, const Value* chars, bool left, bool right);
+Value split(const std::string& s, const Value* sep);  // Python str.split (sep null: whitespace)
+std::string replace_all(std::string s, const std::string& from, const std::string& to);
+std::string title_case(const std::string& s, bool only_first);
+int64_t as_int(const Value& v, int line, const char* what);
+// Python's normalisation of a slice bound.
+int64_t clamp_index(int64_t i, int64_t n, bool for_stop_neg_step);
+
+}  // namespace moestream::jinja

@@ -1,0 +1,303 @@
+// Implementation of runtime/convert/convert.h: HF tensor names per architecture and expert layout
+// (per-expert tensors of published checkpoints, or the fused 3-D tensors of transformers v5),
+// dense tensors renamed to model_config.h's canonical names, experts quantised one at a time.
+#include "runtime/convert/convert.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/format/expert_file_writer.h"
+#include "runtime/convert/hf_checkpoint.h"
+#include "runtime/convert/hf_config.h"
+#include "kernels/cpu/quant.h"
+#include "loader/format/safetensors.h"
+
+namespace moestream {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A one-line progress bar on stderr, redrawn at most every 100 ms.
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, uint64_t total) : enabled_(enabled), total_(total ? total : 1) {}
+  void update(uint64_t done, const std::string& label) {
+    if (!enabled_) return;
+    auto now = std::chrono::steady_clock::now();
+    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    constexpr int kWidth = 30;
+    int fill = static_cast<int>(kWidth * done / total_);
+    std::fprintf(stderr, "\rconvert [%s%s] %3d%% %-28s", std::string(fill, '#').c_str(),
+                 std::string(kWidth - fill, '.').c_str(), static_cast<int>(100 * done / total_),
+                 label.c_str());
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  uint64_t total_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+// Removes the temp output directory unless the conversion completed.
+struct TempOutput {
+  fs::path path;
+  bool keep = false;
+  ~TempOutput() {
+    std::error_code ec;
+    if (!keep) fs::remove_all(path, ec);
+  }
+};
+
+std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
+
+// Where one layer's experts come from.
+struct ExpertSource {
+  bool fused = false;
+  std::string gate, up, down;  // per-expert: name patterns with "{e}"; fused: gate_up and down
+};
+
+std::string expand(const std::string& pattern, int e) {
+  std::string s = pattern;
+  size_t p = s.find("{e}");
+  return s.replace(p, 3, std::to_string(e));
+}
+
+ExpertSource find_experts(const HfCheckpoint& ck, const ModelConfig& c, int l) {
+  const std::string p = layer_prefix(l);
+  std::vector<ExpertSource> candidates;
+  if (c.arch == Arch::kMixtral) {
+    candidates.push_back({false, p + "block_sparse_moe.experts.{e}.w1.weight",
+                          p + "block_sparse_moe.experts.{e}.w3.weight",
+                          p + "block_sparse_moe.experts.{e}.w2.weight"});
+    candidates.push_back({true, p + "block_sparse_moe.experts.gate_up_proj", "",
+                          p + "block_sparse_moe.experts.down_proj"});
+  } else {
+    candidates.push_back({false, p + "mlp.experts.{e}.gate_proj.weight", p + "mlp.experts.{e}.up_proj.weight",
+                          p + "mlp.experts.{e}.down_proj.weight"});
+  }
+  candidates.push_back({true, p + "mlp.experts.gate_up_proj", "", p + "mlp.experts.down_proj"});
+  for (const ExpertSource& s : candidates)
+    if (ck.contains(s.fused ? s.gate : expand(s.gate, 0))) return s;
+  const ExpertSource& first = candidates.front();
+  throw FormatError("missing tensor '" + expand(first.gate, 0) + "' (nor the fused '" +
+                    candidates.back().gate + "'): no experts found for layer " + std::to_string(l));
+}
+
+std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
+  const std::string p = layer_prefix(l);
+  if (c.arch == Arch::kMixtral && ck.contains(p + "block_sparse_moe.gate.weight"))
+    return p + "block_sparse_moe.gate.weight";
+  return p + "mlp.gate.weight";
+}
+
+// Biases and shared experts would change the maths; the config check catches most, this
+// catches checkpoints whose config does not say so.
+void reject_unsupported_tensors(const HfCheckpoint& ck) {
+  for (const std::string& n : ck.names()) {
+    if (n.rfind("model.layers.", 0) != 0) continue;
+    if (n.find("shared_expert") != std::string::npos)
+      throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream");
+    if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
+      throw ConfigError("tensor '" + n + "': biases are not supported by moestream");
+  }
+}
+
+struct DenseTensor {
+  std::string out, in;
+  std::vector<int64_t> shape;
+};
+
+std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig& c) {
+  const int64_t V = c.vocab_size, D = c.hidden_size, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim;
+  std::vector<DenseTensor> t;
+  t.push_back({"embed", "model.embed_tokens.weight", {V, D}});
+  t.push_back({"final_norm", "model.norm.weight", {D}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head", "lm_head.weight", {V, D}});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = layer_prefix(l), o = "layers." + std::to_string(l) + ".";
+    t.push_back({o + "attn_norm", p + "input_layernorm.weight", {D}});
+    t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * hd, D}});
+    t.push_back({o + "wk", p + "self_attn.k_proj.weight", {KV * hd, D}});
+    t.push_back({o + "wv", p + "self_attn.v_proj.weight", {KV * hd, D}});
+    t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * hd}});
+    if (c.qk_norm == QkNorm::kPerHead) {
+      t.push_back({o + "q_norm", p + "self_attn.q_norm.weight", {hd}});
+      t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {hd}});
+    } else if (c.qk_norm == QkNorm::kFull) {
+      t.push_back({o + "q_norm", p + "self_attn.q_norm.weight", {H * hd}});
+      t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {KV * hd}});
+    }
+    t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
+    t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}});
+  }
+  return t;
+}
+
+void copy_if_present(const fs::path& from, const fs::path& to, std::string& field) {
+  if (!fs::exists(from)) return;
+  write_file_atomic(to, read_file(from));
+  field = to.filename().string();
+}
+
+}  // namespace
+
+ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const ConvertOptions& opts) {
+  const fs::path config_path = hf_dir / "config.json";
+  nlohmann::json hf;
+  try {
+    hf = nlohmann::json::parse(read_file(config_path));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw FormatError(config_path.string() + ": invalid JSON: " + e.what());
+  }
+  ModelConfig c = model_config_from_hf(hf, config_path.string());
+  if (fs::exists(out_dir) && !opts.overwrite)
+    throw ConfigError("output directory " + out_dir.string() + " already exists (pass --force to replace it)");
+
+  HfCheckpoint ck(hf_dir);
+  reject_unsupported_tensors(ck);
+  const DType src_dtype = ck.main_dtype();
+  c.dense_dtype = !opts.dense_dtype.empty() ? opts.dense_dtype : (src_dtype == DType::kF32 ? "f32" : "bf16");
+  if (c.dense_dtype != "f32" && c.dense_dtype != "bf16")
+    throw ConfigError("dense dtype '" + c.dense_dtype + "' (expected f32 or bf16)");
+  c.expert_quant = opts.quant;
+
+  // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
+  std::vector<DenseTensor> dense = dense_tensors(ck, c);
+  for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
+  std::vector<ExpertSource> sources;
+  const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;
+  for (int l = 0; l < c.n_layers; ++l) {
+    ExpertSource s = find_experts(ck, c, l);
+    if (s.fused) {
+      ck.file(s.gate).check_shape(s.gate, {E, 2 * F, D});
+      ck.file(s.down).check_shape(s.down, {E, D, F});
+    } else {
+      for (int e = 0; e < E; ++e) {
+        ck.file(expand(s.gate, e)).check_shape(expand(s.gate, e), {F, D});
+        ck.file(expand(s.up, e)).check_shape(expand(s.up, e), {F, D});
+        ck.file(expand(s.down, e)).check_shape(expand(s.down, e), {D, F});
+      }
+    }
+    sources.push_back(s);
+  }
+
+  TempOutput tmp{fs::path(out_dir.string() + ".tmp." + std::to_string(::getpid()))};
+  fs::remove_all(tmp.path);
+  fs::create_directories(tmp.path / c.experts_dir);
+  ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_layers) * c.n_experts);
+  uint64_t done = 0;
+
+  {
+    SafetensorsWriter w(tmp.path / c.dense_file);
+    const DType dt = c.dense_dtype == "f32" ? DType::kF32 : DType::kBF16;
+    for (const DenseTensor& t : dense) w.declare(t.out, dt, t.shape);
+    w.set_metadata("format", "moestream-dense");
+    for (const DenseTensor& t : dense) {
+      std::vector<float> v = ck.read(t.in, t.shape);
+      ck.file(t.in).release(t.in, 0, v.size());
+      w.write(t.out, v.data(), v.size());
+      bar.update(++done, "dense " + t.out);
+    }
+    w.finish();
+  }
+
+  const ExpertLayout layout = ExpertLayout::make(c.expert_quant, D, F);
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const ExpertSource& s = sources[l];
+    ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
+    // Workers take experts in turn; each holds one expert's floats and payload, never a layer.
+    // The writer is not thread-safe: writes and progress go under the mutex.
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::exception_ptr error;
+    auto work = [&] {
+      std::vector<float> gate(F * D), up(F * D), down(D * F);
+      std::vector<uint8_t> payload(layout.bytes);
+      for (int64_t e; (e = next++) < E;) {
+        try {
+          // Each source range is released from our mapping once read (see SafetensorsFile::release).
+          auto take = [&](const std::string& name, uint64_t first, uint64_t n, float* dst) {
+            const SafetensorsFile& f = ck.file(name);
+            f.read_float(name, first, n, dst);
+            f.release(name, first, n);
+          };
+          if (s.fused) {
+            // gate_up_proj[e] is [2F, D]: rows [0, F) gate, [F, 2F) up (transformers' Concatenate(dim=1)).
+            take(s.gate, uint64_t(e) * 2 * F * D, F * D, gate.data());
+            take(s.gate, uint64_t(e) * 2 * F * D + F * D, F * D, up.data());
+            take(s.down, uint64_t(e) * D * F, D * F, down.data());
+          } else {
+            take(expand(s.gate, e), 0, F * D, gate.data());
+            take(expand(s.up, e), 0, F * D, up.data());
+            take(expand(s.down, e), 0, D * F, down.data());
+          }
+          std::fill(payload.begin(), payload.end(), 0);  // alignment gaps stay zero: stable checksums
+          quantize_matrix(c.expert_quant, gate.data(), F, D, payload.data() + layout.gate_offset);
+          quantize_matrix(c.expert_quant, up.data(), F, D, payload.data() + layout.up_offset);
+          quantize_matrix(c.expert_quant, down.data(), D, F, payload.data() + layout.down_offset);
+          std::lock_guard<std::mutex> lock(mu);
+          if (error) return;
+          w.write_expert(static_cast<uint32_t>(e), payload.data());
+          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+                                 std::to_string(e + 1) + "/" + std::to_string(E));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!error) error = std::current_exception();
+          return;
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < n_workers; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
+    w.finish();
+  }
+
+  copy_if_present(hf_dir / "tokenizer.json", tmp.path / "tokenizer.json", c.tokenizer_file);
+  copy_if_present(hf_dir / "tokenizer_config.json", tmp.path / "tokenizer_config.json", c.tokenizer_config_file);
+  nlohmann::json mj = c.to_json();
+  mj["source"] = {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
+                  {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},
+                  {"dtype", std::string(dtype_name(src_dtype))},
+                  {"expert_layout", sources.empty() || !sources[0].fused ? "per_expert" : "fused"},
+                  {"shards", ck.n_shards()},
+                  {"converter", "convert_model"}};
+  write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");
+  fsync_path(tmp.path / c.experts_dir);
+  fsync_path(tmp.path);
+
+  // Publish: the new directory appears whole or not at all.
+  fs::path old;
+  if (fs::exists(out_dir)) {
+    old = fs::path(out_dir.string() + ".old." + std::to_string(::getpid()));
+    fs::rename(out_dir, old);
+  }
+  fs::rename(tmp.path, out_dir);
+  tmp.keep = true;
+  if (!old.empty()) fs::remove_all(old);
+  fs::path parent = fs::absolute(out_dir).parent_path();
+  fsync_path(parent);
+  bar.finish();
+  return c;
+}
+
+}  // namespace moestream

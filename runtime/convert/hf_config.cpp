@@ -1,0 +1,188 @@
+// Implementation of runtime/convert/hf_config.h. Field names and defaults follow transformers'
+// Qwen3MoeConfig, OlmoeConfig and MixtralConfig (v4.5x and v5, including `rope_parameters`).
+#include "runtime/convert/hf_config.h"
+
+#include <initializer_list>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace moestream {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void unsupported(const std::string& where, const std::string& key, const std::string& why) {
+  throw ConfigError(where + ": '" + key + "' " + why + " is not supported by moestream");
+}
+
+const json* find(const json& j, const std::string& key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+int req_int(const json& j, const std::string& key, const std::string& where) {
+  const json* v = find(j, key);
+  if (!v) throw FormatError(where + ": missing field '" + key + "'");
+  if (!v->is_number_integer() || v->get<long long>() <= 0 || v->get<long long>() > (1LL << 30))
+    throw FormatError(where + ": field '" + key + "' must be a positive integer, got " + v->dump());
+  return v->get<int>();
+}
+
+// The first of `keys` present: transformers renames some fields between versions (v5 saves
+// Qwen3-MoE's num_experts as num_local_experts, as Mixtral always did).
+int req_int_any(const json& j, std::initializer_list<const char*> keys, const std::string& where) {
+  for (const char* k : keys)
+    if (find(j, k)) return req_int(j, k, where);
+  return req_int(j, *keys.begin(), where);  // reports the first name as missing
+}
+
+int opt_int(const json& j, const std::string& key, const std::string& where, int dflt) {
+  return find(j, key) ? req_int(j, key, where) : dflt;
+}
+
+double opt_num(const json& j, const std::string& key, const std::string& where, double dflt) {
+  const json* v = find(j, key);
+  if (!v) return dflt;
+  if (!v->is_number()) throw FormatError(where + ": field '" + key + "' must be a number, got " + v->dump());
+  return v->get<double>();
+}
+
+bool opt_bool(const json& j, const std::string& key, const std::string& where, bool dflt) {
+  const json* v = find(j, key);
+  if (!v) return dflt;
+  if (!v->is_boolean()) throw FormatError(where + ": field '" + key + "' must be true/false, got " + v->dump());
+  return v->get<bool>();
+}
+
+std::optional<int> opt_token(const json& j, const std::string& key) {
+  const json* v = find(j, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) return v->get<int>();
+  if (v->is_array() && !v->empty() && (*v)[0].is_number_integer()) return (*v)[0].get<int>();  // first of several
+  return std::nullopt;
+}
+
+Arch detect_arch(const json& hf, const std::string& where) {
+  std::string name;
+  if (const json* a = find(hf, "architectures"); a && a->is_array() && !a->empty() && (*a)[0].is_string())
+    name = (*a)[0].get<std::string>();
+  else if (const json* t = find(hf, "model_type"); t && t->is_string())
+    name = t->get<std::string>();
+  if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Arch::kQwen3Moe;
+  if (name == "OlmoeForCausalLM" || name == "olmoe") return Arch::kOlmoe;
+  if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
+  throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
+                    "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM)");
+}
+
+// transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
+void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::string& where) {
+  const json* params = find(hf, "rope_parameters");
+  c.rope_theta = opt_num(hf, "rope_theta", where, default_theta);
+  if (params && params->is_object()) c.rope_theta = opt_num(*params, "rope_theta", where, c.rope_theta);
+  const json* sc = find(hf, "rope_scaling");
+  if (!sc && params && params->is_object()) sc = params;
+  if (!sc) return;
+  if (!sc->is_object()) throw FormatError(where + ": 'rope_scaling' must be an object");
+  std::string type;
+  if (const json* t = find(*sc, "rope_type")) type = t->get<std::string>();
+  else if (const json* t2 = find(*sc, "type")) type = t2->get<std::string>();
+  if (type.empty() || type == "default") return;
+  if (type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3")
+    unsupported(where, "rope_scaling.type", "'" + type + "'");
+  static const std::set<std::string> kKnown = {
+      "type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+      "low_freq_factor", "high_freq_factor", "rope_theta"};
+  for (auto& [k, v] : sc->items())
+    if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
+  RopeScaling s;
+  s.type = type;
+  s.factor = opt_num(*sc, "factor", where, 1.0);
+  s.original_max_position_embeddings = opt_num(*sc, "original_max_position_embeddings", where, 0);
+  s.beta_fast = opt_num(*sc, "beta_fast", where, 32);
+  s.beta_slow = opt_num(*sc, "beta_slow", where, 1);
+  s.low_freq_factor = opt_num(*sc, "low_freq_factor", where, 1);
+  s.high_freq_factor = opt_num(*sc, "high_freq_factor", where, 4);
+  c.rope_scaling = s;
+}
+
+}  // namespace
+
+ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
+  if (!hf.is_object()) throw FormatError(where + ": expected a JSON object");
+  ModelConfig c;
+  c.arch = detect_arch(hf, where);
+  c.vocab_size = req_int(hf, "vocab_size", where);
+  c.hidden_size = req_int(hf, "hidden_size", where);
+  c.n_layers = req_int(hf, "num_hidden_layers", where);
+  c.n_heads = req_int(hf, "num_attention_heads", where);
+  c.n_kv_heads = opt_int(hf, "num_key_value_heads", where, c.n_heads);
+  c.max_position_embeddings = req_int(hf, "max_position_embeddings", where);
+  c.tie_word_embeddings = opt_bool(hf, "tie_word_embeddings", where, false);
+  c.bos_token_id = opt_token(hf, "bos_token_id");
+  c.eos_token_id = opt_token(hf, "eos_token_id");
+  if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
+    unsupported(where, "hidden_act", act->dump());
+  if (opt_bool(hf, "attention_bias", where, false)) unsupported(where, "attention_bias", "true");
+  if (opt_bool(hf, "mlp_bias", where, false)) unsupported(where, "mlp_bias", "true");
+  // Shared experts (Qwen2-MoE, DeepSeek) add a dense expert to every token.
+  for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
+    if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0))
+      unsupported(where, k, "(shared experts)");
+
+  switch (c.arch) {
+    case Arch::kQwen3Moe: {
+      c.moe_intermediate_size = req_int(hf, "moe_intermediate_size", where);
+      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
+      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
+      c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
+      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-6);
+      c.qk_norm = QkNorm::kPerHead;
+      read_rope(hf, c, 10000.0, where);
+      if (opt_int(hf, "decoder_sparse_step", where, 1) != 1)
+        unsupported(where, "decoder_sparse_step", "!= 1 (dense MLP layers)");
+      if (const json* m = find(hf, "mlp_only_layers"); m && !(m->is_array() && m->empty()))
+        unsupported(where, "mlp_only_layers", m->dump() + " (dense MLP layers)");
+      if (opt_bool(hf, "use_sliding_window", where, false)) unsupported(where, "use_sliding_window", "true");
+      break;
+    }
+    case Arch::kOlmoe: {
+      c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
+      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
+      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
+      c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
+      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);
+      c.qk_norm = QkNorm::kFull;
+      read_rope(hf, c, 10000.0, where);
+      if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());
+      break;
+    }
+    case Arch::kMixtral: {
+      c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
+      c.n_experts = req_int_any(hf, {"num_local_experts", "num_experts"}, where);
+      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
+      c.norm_topk_prob = true;  // Mixtral renormalises the top-k weights by construction
+      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);
+      c.qk_norm = QkNorm::kNone;
+      read_rope(hf, c, 1e6, where);
+      // A window at least as long as the context never masks anything.
+      if (const json* w = find(hf, "sliding_window");
+          w && !(w->is_number_integer() && w->get<long long>() >= c.max_position_embeddings))
+        unsupported(where, "sliding_window", w->dump() + " (< max_position_embeddings)");
+      break;
+    }
+  }
+  const int default_head_dim = c.hidden_size / c.n_heads;
+  c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw ConfigError(where + ": num_key_value_heads " + std::to_string(c.n_kv_heads) +
+                      " does not divide num_attention_heads " + std::to_string(c.n_heads));
+  if (c.n_experts_per_tok > c.n_experts)
+    throw ConfigError(where + ": num_experts_per_tok exceeds the number of experts");
+  return c;
+}
+
+}  // namespace moestream

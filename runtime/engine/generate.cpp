@@ -1,0 +1,115 @@
+// Implementation of runtime/engine/generate.h.
+#include "runtime/engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+
+namespace moestream {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
+                       Sampler& sampler, const std::function<void(int)>& on_token,
+                       std::vector<int>* generated) {
+  if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
+  if (opts.n_new < 0) throw ConfigError("-n must be >= 0, got " + std::to_string(opts.n_new));
+  if (prompt.size() + size_t(opts.n_new) > size_t(model.max_context()))
+    throw ConfigError("prompt (" + std::to_string(prompt.size()) + " tokens) + -n " +
+                      std::to_string(opts.n_new) + " exceed the context of " +
+                      std::to_string(model.max_context()) + " (raise --ctx)");
+  GenerateStats st;
+  std::vector<float> logits(size_t(model.config().vocab_size));
+  model.reset();
+  model.reset_times();
+  model.reset_cache_aware_stats();
+  const GpuForwardStats gpu0 = model.gpu_stats();
+  auto t0 = std::chrono::steady_clock::now();
+  model.forward(prompt, logits);
+  st.prefill.seconds = seconds_since(t0);
+  st.prefill.tokens = int(prompt.size());
+  st.prefill.times = model.times();
+  st.prefill.routing = model.cache_aware_stats();
+  st.experts_after_prefill = model.expert_stats();
+  const GpuForwardStats gpu1 = model.gpu_stats();
+  st.prefill.gpu = gpu1 - gpu0;
+  model.reset_times();
+  model.reset_cache_aware_stats();
+
+  auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < opts.n_new; ++i) {
+    const int id = sampler.sample(logits);
+    if (generated) generated->push_back(id);
+    if (on_token) on_token(id);
+    if (opts.stop_token && id == *opts.stop_token) break;
+    if (i + 1 == opts.n_new) break;  // the last token needs no forward pass
+    model.forward(std::span<const int>(&id, 1), logits);
+    ++st.decode.tokens;
+  }
+  st.decode.seconds = seconds_since(t1);
+  st.decode.times = model.times();
+  st.decode.routing = model.cache_aware_stats();
+  st.experts = model.expert_stats();
+  st.decode.gpu = model.gpu_stats() - gpu1;
+  return st;
+}
+
+PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride) {
+  if (tokens.size() < 2) throw ConfigError("perplexity needs at least 2 tokens of text");
+  if (ctx < 2 || ctx > model.max_context())
+    throw ConfigError("--ctx for perplexity must be in [2, " + std::to_string(model.max_context()) +
+                      "], got " + std::to_string(ctx));
+  if (stride < 1 || stride > ctx)
+    throw ConfigError("perplexity stride must be in [1, ctx=" + std::to_string(ctx) + "], got " +
+                      std::to_string(stride));
+  const size_t V = size_t(model.config().vocab_size), N = tokens.size();
+  // Logits for a chunk of 64 positions at a time keep memory at 64*V floats whatever ctx is.
+  const size_t chunk = 64;
+  std::vector<float> logits(chunk * V);
+  PerplexityResult r;
+  r.ctx = ctx;
+  r.stride = stride;
+  double nll = 0;
+  size_t prev_end = 1;  // tokens [1, prev_end) are scored; token 0 never is
+  model.reset_times();
+  model.reset_cache_aware_stats();
+  const GpuForwardStats gpu0 = model.gpu_stats();
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t begin = 0; prev_end < N; begin += size_t(stride)) {
+    const size_t end = std::min(begin + size_t(ctx), N);
+    model.reset();
+    ++r.n_windows;
+    // Position p (absolute) predicts token p+1; score targets in [prev_end, end).
+    for (size_t c0 = begin; c0 + 1 < end; c0 += chunk) {
+      const size_t c1 = std::min(c0 + chunk, end - 1);  // the window's last token predicts nothing
+      model.forward(tokens.subspan(c0, c1 - c0), logits, true);
+      r.tokens_run += c1 - c0;
+      for (size_t p = c0; p < c1; ++p) {
+        if (p + 1 < prev_end) continue;
+        const float* row = logits.data() + (p - c0) * V;
+        const float m = *std::max_element(row, row + V);
+        double s = 0;
+        for (size_t v = 0; v < V; ++v) s += std::exp(double(row[v]) - m);
+        nll += (m + std::log(s)) - row[size_t(tokens[p + 1])];
+        ++r.n_scored;
+      }
+    }
+    prev_end = end;
+  }
+  r.seconds = seconds_since(t0);
+  r.times = model.times();
+  r.routing = model.cache_aware_stats();
+  r.gpu = model.gpu_stats() - gpu0;
+  r.mean_nll = nll / double(r.n_scored);
+  r.perplexity = std::exp(r.mean_nll);
+  return r;
+}
+
+}  // namespace moestream

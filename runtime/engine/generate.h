@@ -1,0 +1,62 @@
+// Text generation and perplexity over a Model: the prefill/decode loop with per-phase timing,
+// and sliding-window perplexity of a token sequence.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
+
+namespace moestream {
+
+struct PhaseStats {
+  int tokens = 0;
+  double seconds = 0;
+  ForwardTimes times;
+  CacheAwareStats routing;  // cache-aware routing counters of this phase (zero when off)
+  GpuForwardStats gpu;      // GPU expert cache and look-ahead counters of this phase (zero on CPU)
+  double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0; }
+};
+
+struct GenerateStats {
+  PhaseStats prefill, decode;
+  ExpertStoreStats experts;  // store counters at the end of the run
+  ExpertStoreStats experts_after_prefill;  // store counters when prefill ended (decode = difference)
+};
+
+struct GenerateOptions {
+  int n_new = 64;                // tokens to generate
+  std::optional<int> stop_token; // stop after sampling this id (EOS), unless unset
+};
+
+// Resets the model, runs the prompt (prefill), then samples up to n_new tokens, feeding each back
+// (decode). on_token is called with every sampled id as soon as it is chosen.
+GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
+                       Sampler& sampler, const std::function<void(int)>& on_token,
+                       std::vector<int>* generated = nullptr);
+
+struct PerplexityResult {
+  double perplexity = 0;
+  double mean_nll = 0;     // nats per scored token
+  size_t n_scored = 0;     // tokens predicted
+  int n_windows = 0;
+  int ctx = 0, stride = 0;
+  size_t tokens_run = 0;   // forward-pass tokens over all windows (overlaps count again)
+  double seconds = 0;
+  ForwardTimes times;
+  CacheAwareStats routing;  // cache-aware routing counters over all windows (zero when off)
+  GpuForwardStats gpu;      // GPU expert cache counters over all windows (zero on CPU)
+};
+
+// Sliding-window perplexity (the Hugging Face recipe): windows of `ctx` tokens start every
+// `stride` tokens; each window is run from an empty cache and scores only the tokens not scored
+// by an earlier window: each scored token is predicted once, with at least ctx - stride tokens
+// of context (except in the first window). With stride == ctx the windows are disjoint and the
+// first token of each window is not scored. Throws ConfigError when
+// stride is not in [1, ctx], ctx exceeds the model's context, or fewer than 2 tokens are given.
+PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride);
+
+}  // namespace moestream

@@ -1,0 +1,100 @@
+// Implementation of runtime/model/attention.h. Work is split per head: each task owns one score row,
+// so the step allocates nothing.
+#include "runtime/model/attention.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "runtime/model/rope.h"
+
+namespace moestream {
+
+Attention::Attention(const ModelConfig& cfg, int max_context, int max_batch)
+    : D_(cfg.hidden_size), H_(cfg.n_heads), KV_(cfg.n_kv_heads), hd_(cfg.head_dim),
+      max_ctx_(max_context), max_batch_(max_batch), qk_norm_(cfg.qk_norm),
+      eps_(static_cast<float>(cfg.rms_norm_eps)) {
+  if (KV_ <= 0 || H_ % KV_ != 0)
+    throw ConfigError("model.json: n_heads (" + std::to_string(H_) +
+                      ") must be a multiple of n_kv_heads (" + std::to_string(KV_) + ")");
+  const size_t per_layer = size_t(KV_) * size_t(max_ctx_) * size_t(hd_);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    // new float[] leaves pages untouched until a position is written: a long --ctx costs
+    // address space, not RAM, until used.
+    k_cache_.emplace_back(new float[per_layer]);
+    v_cache_.emplace_back(new float[per_layer]);
+  }
+  q_.resize(max_batch_, H_ * hd_);
+  attn_.resize(max_batch_, H_ * hd_);
+  k_.resize(max_batch_, KV_ * hd_);
+  v_.resize(max_batch_, KV_ * hd_);
+  scores_.resize(H_, max_ctx_);
+}
+
+size_t Attention::cache_bytes() const {
+  return 2 * k_cache_.size() * size_t(KV_) * size_t(max_ctx_) * size_t(hd_) * sizeof(float);
+}
+
+void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+                        int n_past, const float* cos, const float* sin, float* out) {
+  MOE_ASSERT(T > 0 && T <= max_batch_ && n_past + T <= max_ctx_);
+  ConstRowMap xm(x, T, D_);
+  RowMap q(q_.data(), T, H_ * hd_), k(k_.data(), T, KV_ * hd_), v(v_.data(), T, KV_ * hd_);
+  linear(pool, xm, w.wq, q);
+  linear(pool, xm, w.wk, k);
+  linear(pool, xm, w.wv, v);
+
+  const int half = hd_ / 2;
+  float* kc = k_cache_[static_cast<size_t>(layer)].get();
+  float* vc = v_cache_[static_cast<size_t>(layer)].get();
+  // QK-norm, RoPE and the cache append, per token (cheap next to the projections).
+  for (int t = 0; t < T; ++t) {
+    float* qt = q.row(t).data();
+    float* kt = k.row(t).data();
+    if (qk_norm_ == QkNorm::kFull) {  // OLMoE: one RMSNorm over all heads, before the split
+      rms_norm(qt, w.q_norm.data(), H_ * hd_, eps_, qt);
+      rms_norm(kt, w.k_norm.data(), KV_ * hd_, eps_, kt);
+    }
+    const float* ct = cos + size_t(t) * half;
+    const float* st = sin + size_t(t) * half;
+    for (int h = 0; h < H_; ++h) {
+      float* qh = qt + size_t(h) * hd_;
+      if (qk_norm_ == QkNorm::kPerHead) rms_norm(qh, w.q_norm.data(), hd_, eps_, qh);
+      Rope::apply(qh, ct, st, half);
+    }
+    const size_t pos = size_t(n_past + t);
+    for (int g = 0; g < KV_; ++g) {
+      float* kh = kt + size_t(g) * hd_;
+      if (qk_norm_ == QkNorm::kPerHead) rms_norm(kh, w.k_norm.data(), hd_, eps_, kh);
+      Rope::apply(kh, ct, st, half);
+      const size_t base = (size_t(g) * max_ctx_ + pos) * hd_;
+      std::copy(kh, kh + hd_, kc + base);
+      const float* vh = v.row(t).data() + size_t(g) * hd_;
+      std::copy(vh, vh + hd_, vc + base);
+    }
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  const int group = H_ / KV_;
+  RowMap attn(attn_.data(), T, H_ * hd_);
+  pool.parallel_for(static_cast<size_t>(H_), [&](size_t hi) {
+    const int h = static_cast<int>(hi), g = h / group;
+    ConstRowMap K(kc + size_t(g) * max_ctx_ * hd_, max_ctx_, hd_);
+    ConstRowMap V(vc + size_t(g) * max_ctx_ * hd_, max_ctx_, hd_);
+    auto s_row = scores_.row(h);
+    for (int t = 0; t < T; ++t) {
+      const int len = n_past + t + 1;  // causal: keys up to this token's own position
+      auto s = s_row.head(len);
+      auto qh = q.row(t).segment(Eigen::Index(h) * hd_, hd_);
+      s.transpose().noalias() = K.topRows(len) * qh.transpose();
+      s *= scale;
+      const float m = s.maxCoeff();
+      s = (s.array() - m).exp();
+      s /= s.sum();
+      attn.row(t).segment(Eigen::Index(h) * hd_, hd_).noalias() = s * V.topRows(len);
+    }
+  });
+  RowMap om(out, T, D_);
+  linear(pool, ConstRowMap(attn_.data(), T, H_ * hd_), w.wo, om);
+}
+
+}  // namespace moestream

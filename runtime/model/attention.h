@@ -1,0 +1,35 @@
+// Causal self-attention of one decoder layer with grouped-query heads, QK-norm (per head or over
+// all heads), RoPE and a float32 KV cache sized for the model's context at construction.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "runtime/model/dense_ops.h"
+#include "loader/format/model_config.h"
+
+namespace moestream {
+
+class Attention {
+ public:
+  Attention(const ModelConfig& cfg, int max_context, int max_batch);
+
+  // x: T normalised rows [T, D] at positions n_past..n_past+T-1; writes out [T, D] and appends
+  // the T keys/values to `layer`'s cache. cos/sin: [T, head_dim/2] from Rope::fill.
+  void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+               int n_past, const float* cos, const float* sin, float* out);
+
+  int max_context() const { return max_ctx_; }
+  size_t cache_bytes() const;
+
+ private:
+  int D_, H_, KV_, hd_, max_ctx_, max_batch_;
+  QkNorm qk_norm_;
+  float eps_;
+  // Per layer: [KV][max_ctx][hd] so one head's keys are contiguous for the score GEMV.
+  std::vector<std::unique_ptr<float[]>> k_cache_, v_cache_;
+  RowMatrix q_, k_, v_, attn_;  // [max_batch, H*hd] / [max_batch, KV*hd] scratch
+  RowMatrix scores_;            // [H, max_ctx]: one row per head task
+};
+
+}  // namespace moestream

@@ -1,0 +1,216 @@
+// Implementation of runtime/model/moe_layer.h. Experts are fetched a bounded number at a time, so a
+// long prefill never holds all of a layer's experts; work is split into fixed row slices so the
+// result does not depend on the thread count.
+#include "runtime/model/moe_layer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/cpu/quant.h"
+
+namespace moestream {
+
+namespace {
+
+// At most this many experts are held by the store at once (one fetch); decode needs top-k <= 8.
+constexpr size_t kMaxExpertsPerFetch = 16;
+// Rows of one expert matrix per task. quant_matvec re-quantises its input vector on every call,
+// so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256 down
+// rows (input of width F) keep it under ~5% while decode still yields ~50 tasks per stage.
+constexpr size_t kGateUpSlice = 128;
+constexpr size_t kDownSlice = 256;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
+                 float* weights, float* probs) {
+  float m = logits[0];
+  for (int e = 1; e < n_experts; ++e) m = std::max(m, logits[e]);
+  float sum = 0;
+  for (int e = 0; e < n_experts; ++e) sum += probs[e] = std::exp(logits[e] - m);
+  for (int e = 0; e < n_experts; ++e) probs[e] /= sum;
+  for (int j = 0; j < k; ++j) {  // k is small (<= 8 in practice): selection beats a sort
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+    }
+    ids[j] = best;
+    weights[j] = probs[best];
+  }
+  if (normalize) {
+    float s = 0;
+    for (int j = 0; j < k; ++j) s += weights[j];
+    for (int j = 0; j < k; ++j) weights[j] /= s;
+  }
+}
+
+MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
+    : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
+      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), quant_(cfg.expert_quant),
+      layout_(ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
+                                 size_t(cfg.moe_intermediate_size))) {
+  if (K_ <= 0 || K_ > E_)
+    throw ConfigError("model.json: n_experts_per_tok (" + std::to_string(K_) +
+                      ") must be in [1, n_experts=" + std::to_string(E_) + "]");
+  logits_.resize(max_batch_, E_);
+  probs_.resize(size_t(E_));
+  ids_.resize(size_t(max_batch_) * K_);
+  weights_.resize(size_t(max_batch_) * K_);
+  const size_t max_pairs = size_t(max_batch_) * K_;
+  unique_ids_.reserve(size_t(E_));
+  expert_of_pair_.reserve(max_pairs);
+  slot_of_pair_.reserve(max_pairs);
+  payloads_.reserve(kMaxExpertsPerFetch);
+  slots_of_expert_.resize(size_t(E_));
+  for (auto& s : slots_of_expert_) s.reserve(size_t(max_batch_));
+  act_.resize(Eigen::Index(max_pairs), F_);
+  up_.resize(Eigen::Index(max_pairs), F_);
+  y_.resize(Eigen::Index(max_pairs), D_);
+  tiers_.resize(size_t(E_));
+  resident_now_.resize(size_t(E_));
+  exact_ids_.resize(size_t(K_));
+  seen_before_.resize(size_t(E_));
+  seen_after_.resize(size_t(E_));
+}
+
+// Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
+// until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot. An
+// expert chosen by an earlier token of the chunk is not counted as resident: only the real tiers
+// decide (with nothing resident, nothing is substituted), though it is read once per chunk.
+void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
+  store_.residency(layer, std::span<ExpertTier>(tiers_));
+  for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
+  std::fill(seen_before_.begin(), seen_before_.end(), 0);
+  std::fill(seen_after_.begin(), seen_after_.end(), 0);
+  CacheAwareStats& st = ca_stats_;
+  ++st.layer_chunks;
+  for (int t = 0; t < T; ++t) {
+    int* ids = ids_.data() + size_t(t) * K_;
+    std::copy(ids, ids + K_, exact_ids_.begin());
+    const int changed = substitute_resident(logits.row(t).data(), E_, K_, resident_now_,
+                                            cache_aware_.tolerance, ids);
+    if (changed > 0)
+      routing_weights(logits.row(t).data(), E_, ids, K_, cfg_.norm_topk_prob,
+                      weights_.data() + size_t(t) * K_, probs_.data());
+    st.routings += 1;
+    st.slots += uint64_t(K_);
+    st.substitutions += uint64_t(changed);
+    st.slots_unchanged += uint64_t(K_ - changed);
+    for (int j = 0; j < K_; ++j) {
+      const size_t b = size_t(exact_ids_[size_t(j)]), a = size_t(ids[j]);
+      if (!resident_now_[b] && !seen_before_[b]) ++st.misses_before;
+      if (!resident_now_[a] && !seen_after_[a]) ++st.misses_after;
+      seen_before_[b] = seen_after_[a] = 1;
+    }
+  }
+}
+
+void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+                       float* out, PhaseTimes& times) {
+  MOE_ASSERT(T > 0 && T <= max_batch_);
+  auto t0 = std::chrono::steady_clock::now();
+  RowMap logits(logits_.data(), T, E_);
+  linear(pool, ConstRowMap(x, T, D_), w.router, logits);
+  for (auto& s : slots_of_expert_) s.clear();
+  unique_ids_.clear();
+  for (int t = 0; t < T; ++t) {
+    int* ids = ids_.data() + size_t(t) * K_;
+    route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
+                weights_.data() + size_t(t) * K_, probs_.data());
+  }
+  if (override_ && *override_) (*override_)(layer, override_ordinal_, T, ids_.data(), weights_.data());
+  else if (cache_aware_.enabled) apply_cache_aware(layer, logits, T);
+  for (int t = 0; t < T; ++t) {
+    const int* ids = ids_.data() + size_t(t) * K_;
+    for (int j = 0; j < K_; ++j) {
+      auto& slots = slots_of_expert_[size_t(ids[j])];
+      if (slots.empty()) unique_ids_.push_back(ids[j]);
+      slots.push_back(t * K_ + j);
+    }
+  }
+  // Ascending ids: neighbouring experts are neighbours in the layer file.
+  std::sort(unique_ids_.begin(), unique_ids_.end());
+  times.router_s += seconds_since(t0);
+
+  const size_t gate_tasks = (size_t(F_) + kGateUpSlice - 1) / kGateUpSlice;
+  const size_t down_tasks = (size_t(D_) + kDownSlice - 1) / kDownSlice;
+  for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
+    const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
+    auto t1 = std::chrono::steady_clock::now();
+    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    // A long prefill needs more than one group: the next group's reads start now and land
+    // while this one computes (the store keeps this group's payloads valid meanwhile).
+    if (c0 + n < unique_ids_.size())
+      store_.prefetch(layer, std::span<const int>(unique_ids_.data() + c0 + n,
+                                                  std::min(kMaxExpertsPerFetch,
+                                                           unique_ids_.size() - c0 - n)));
+    times.expert_io_s += seconds_since(t1);
+    payloads_.assign(n, nullptr);
+    // Hit/miss overlap: compute every expert that is ready (resident ones at once) while the
+    // rest are still loading, then the next group as it lands. Each (expert, token) pair writes
+    // its own row of y_, so the grouping never changes the result.
+    for (size_t got = 0; got < n;) {
+      t1 = std::chrono::steady_clock::now();
+      ready_.clear();
+      size_t i = 0;
+      const uint8_t* p = nullptr;
+      for (bool wait = true; store_.next_ready(&i, &p, wait); wait = false) {
+        payloads_[i] = p;
+        ready_.push_back(int(i));
+      }
+      MOE_ASSERT(!ready_.empty(), "expert store handed out fewer experts than asked");
+      got += ready_.size();
+      times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
+
+      auto t2 = std::chrono::steady_clock::now();
+      expert_of_pair_.clear();
+      slot_of_pair_.clear();
+      for (int r : ready_)
+        for (int slot : slots_of_expert_[size_t(unique_ids_[c0 + size_t(r)])]) {
+          expert_of_pair_.push_back(r);
+          slot_of_pair_.push_back(slot);
+        }
+      const size_t n_pairs = slot_of_pair_.size();
+      // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
+      pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
+        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
+        const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
+        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+        const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
+        float* g = act_.row(Eigen::Index(p)).data();
+        float* u = up_.row(Eigen::Index(p)).data();
+        quant_matvec(quant_, e + layout_.gate_offset, size_t(D_), xt, g, r0, r1);
+        quant_matvec(quant_, e + layout_.up_offset, size_t(D_), xt, u, r0, r1);
+        for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+      });
+      pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
+        const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
+        const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
+        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+        quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
+                     y_.row(slot_of_pair_[p]).data(), r0, r1);
+      });
+      times.expert_compute_s += seconds_since(t2);
+    }
+  }
+
+  // Weighted sum in top-k order per token: the same order whatever the fetch chunking.
+  auto t3 = std::chrono::steady_clock::now();
+  RowMap om(out, T, D_);
+  for (int t = 0; t < T; ++t) {
+    om.row(t).setZero();
+    for (int j = 0; j < K_; ++j)
+      om.row(t) += weights_[size_t(t) * K_ + j] * y_.row(t * K_ + j);
+  }
+  times.expert_compute_s += seconds_since(t3);
+}
+
+}  // namespace moestream

@@ -1,0 +1,81 @@
+// The sparse MLP of one decoder layer: router (softmax, top-k, optional renormalisation), the
+// selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum.
+#pragma once
+
+#include <vector>
+
+#include "runtime/model/cache_aware_router.h"
+#include "runtime/model/dense_ops.h"
+#include "loader/store/expert_store.h"
+#include "loader/format/model_config.h"
+#include "runtime/model/routing_override.h"
+
+namespace moestream {
+
+// Wall seconds per phase of the forward pass, summed over calls.
+struct PhaseTimes {
+  double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
+};
+
+// Top-k routing of one token: softmax over all experts, the k largest (ties: lower id first),
+// renormalised to sum 1 when `normalize`. ids/weights receive k entries.
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
+                 float* weights, float* probs_scratch);
+
+class MoeLayer {
+ public:
+  MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
+
+  // x: T normalised rows [T, D]; writes out [T, D].
+  void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
+               float* out, PhaseTimes& times);
+
+  // Routing of the last forward call: T*k expert ids, token-major.
+  const std::vector<int>& last_ids() const { return ids_; }
+  // Router weights of the last forward call: T*k, token-major, aligned with last_ids().
+  const std::vector<float>& last_weights() const { return weights_; }
+
+  // Cache-aware routing (runtime/model/cache_aware_router.h); off by default.
+  void set_cache_aware(const CacheAwareOptions& o) { cache_aware_ = o; }
+  const CacheAwareOptions& cache_aware() const { return cache_aware_; }
+  const CacheAwareStats& cache_aware_stats() const { return ca_stats_; }
+  void reset_cache_aware_stats() { ca_stats_ = {}; }
+
+  // Expert choice from `fn` instead of the router (null = the router); `ordinal` is the first
+  // token of the next forward call (RoutingOverrideFn).
+  void set_routing_override(const RoutingOverrideFn* fn, uint64_t ordinal) {
+    override_ = fn;
+    override_ordinal_ = ordinal;
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  ExpertStore& store_;
+  int D_, F_, E_, K_, max_batch_;
+  QuantType quant_;
+  ExpertLayout layout_;
+  RowMatrix logits_;          // [max_batch, E]
+  std::vector<float> probs_;  // [E]
+  std::vector<int> ids_;      // [max_batch*K]
+  std::vector<float> weights_;
+  // Per fetch chunk: unique experts, their payloads, and (expert, token-slot) pairs.
+  std::vector<int> unique_ids_, expert_of_pair_, slot_of_pair_;
+  std::vector<const uint8_t*> payloads_;  // by position in the fetch chunk
+  std::vector<int> ready_;                 // chunk positions that landed together
+  std::vector<std::vector<int>> slots_of_expert_;  // indexed by expert id
+  RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
+  RowMatrix up_;   // [max_batch*K, F]
+  RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
+  // Cache-aware routing state: options, counters, the residency snapshot of this chunk.
+  void apply_cache_aware(int layer, const RowMap& logits, int T);
+  const RoutingOverrideFn* override_ = nullptr;
+  uint64_t override_ordinal_ = 0;
+  CacheAwareOptions cache_aware_;
+  CacheAwareStats ca_stats_;
+  std::vector<ExpertTier> tiers_;           // [E]
+  std::vector<uint8_t> resident_now_;      // [E]: not on storage at the chunk's start
+  std::vector<int> exact_ids_;              // [K]: one token's exact top-k
+  std::vector<uint8_t> seen_before_, seen_after_;      // [E]: distinct experts of the chunk
+};
+
+}  // namespace moestream
