@@ -429,6 +429,7 @@ void bind_model(py::module_& m) {
       .def("__iter__", [](GenerationStream& s) -> GenerationStream& { return s; })
       .def("__next__", &GenerationStream::next);
 
+  const StoreConfig kStoreDefaults;
   py::class_<PyModel>(m, "Model", "A packed model (convert_model output), with infer's options.")
       .def(py::init([](const fs::path& path, const std::string& io, bool io_direct, uint64_t host_cache_mb,
                        bool cache_aware, float cache_tolerance, int threads, int ctx, int batch,
@@ -453,12 +454,15 @@ void bind_model(py::module_& m) {
              o.moe_lookahead = moe_lookahead;
              return std::make_unique<PyModel>(path, o);
            }),
-           py::arg("path"), py::kw_only(), py::arg("io") = "auto", py::arg("io_direct") = false,
-           py::arg("host_cache_mb") = 0, py::arg("cache_aware") = false, py::arg("cache_tolerance") = 0.10f,
+           // The store keywords' defaults are the builder's (infer's flags have the same).
+           py::arg("path"), py::kw_only(), py::arg("io") = kStoreDefaults.io,
+           py::arg("io_direct") = kStoreDefaults.io_direct, py::arg("host_cache_mb") = kStoreDefaults.host_cache_mb,
+           py::arg("cache_aware") = false, py::arg("cache_tolerance") = 0.10f,
            py::arg("threads") = 0, py::arg("ctx") = 0, py::arg("batch") = 0, py::arg("verify_checksums") = true,
-           py::arg("io_qd") = 32, py::arg("io_rings") = 0, py::arg("io_threads") = 0,
-           py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
-           py::arg("direct_max_read_kb") = StoreConfig{}.direct_max_read_kb,
+           py::arg("io_qd") = kStoreDefaults.io_qd, py::arg("io_rings") = kStoreDefaults.io_rings,
+           py::arg("io_threads") = kStoreDefaults.io_threads, py::arg("coalesce_gap_kb") = kStoreDefaults.coalesce_gap_kb,
+           py::arg("max_read_kb") = kStoreDefaults.max_read_kb,
+           py::arg("direct_max_read_kb") = kStoreDefaults.direct_max_read_kb,
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
            py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
