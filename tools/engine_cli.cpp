@@ -4,40 +4,38 @@
 #include <cstdio>
 #include <string>
 
-#include "common/error.h"
-
-#include "loader/store/engine_expert_store.h"
+#include "loader/store/store_options.h"
 
 namespace moestream {
 
 void add_engine_options(CLI::App& app, EngineCliArgs& a) {
   app.add_flag("--no-verify,--no-verify-checksums", a.no_verify, "skip the per-expert checksum on reads");
-  app.add_option("--io", a.io,
+  app.add_option("--io", a.store.io,
                  "expert reads through the batch engine: auto (io_uring, else the pread pool with "
                  "a notice), uring, pread (thread pool), mmap (page-fault baseline); or simple "
                  "(one blocking pread per expert)")->capture_default_str();
-  app.add_flag("--io-direct", a.io_direct,
+  app.add_flag("--io-direct", a.store.io_direct,
                "read experts with O_DIRECT (bypass the page cache; buffered with a notice where "
                "the filesystem refuses)");
-  app.add_option("--host-cache-mb", a.host_cache_mb,
+  app.add_option("--host-cache-mb", a.store.host_cache_mb,
                  "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
-      ->capture_default_str();
-  app.add_option("--io-qd", a.io_qd, "reads in flight per io_uring ring")->capture_default_str()
-      ->check(CLI::Range(1u, 4096u));
-  app.add_option("--io-rings", a.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")
-      ->capture_default_str();
-  app.add_option("--io-threads", a.io_threads, "pread/mmap worker threads; 0 = cores, 4..16")
-      ->capture_default_str();
-  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb,
+      ->capture_default_str()->check(CLI::Range(uint64_t(0), kMaxHostCacheMb));
+  app.add_option("--io-qd", a.store.io_qd, "reads in flight per io_uring ring")->capture_default_str()
+      ->check(CLI::Range(1u, kMaxIoQueueDepth));
+  app.add_option("--io-rings", a.store.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")
+      ->capture_default_str()->check(CLI::Range(0u, kMaxIoWorkers));
+  app.add_option("--io-threads", a.store.io_threads, "pread/mmap worker threads; 0 = cores, 4..16")
+      ->capture_default_str()->check(CLI::Range(0u, kMaxIoWorkers));
+  app.add_option("--coalesce-gap-kb", a.store.coalesce_gap_kb,
                  "merge reads of experts at most this far apart into one; 0 = no coalescing")
-      ->capture_default_str();
-  app.add_option("--max-read-kb", a.max_read_kb,
+      ->capture_default_str()->check(CLI::Range(uint64_t(0), kMaxCoalesceGapKb));
+  app.add_option("--max-read-kb", a.store.max_read_kb,
                  "largest single read; longer experts are split to keep more reads in flight")
-      ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
-  app.add_option("--direct-max-read-kb", a.direct_max_read_kb,
+      ->capture_default_str()->check(CLI::Range(kMinReadKb, kMaxReadKb));
+  app.add_option("--direct-max-read-kb", a.store.direct_max_read_kb,
                  "largest single read with --io-direct (whole experts read faster from a device "
                  "than 1 MiB pieces)")
-      ->capture_default_str()->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+      ->capture_default_str()->check(CLI::Range(kMinReadKb, kMaxReadKb));
   app.add_flag("--cache-aware", a.cache_aware,
                "after the exact top-k, replace a selected expert that is not resident (host cache "
                "or page cache) by the best resident unselected expert whose router LOGIT is within "
@@ -72,21 +70,12 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
 
 std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,
                                                const ModelConfig& cfg, const char* tool) {
-  EngineExpertStoreOptions so;
-  so.store.verify_checksums = !a.no_verify;
-  so.io.direct = a.io_direct;
-  so.io.queue_depth = a.io_qd;
-  so.io.n_rings = a.io_rings;
-  so.io.n_threads = a.io_threads;
-  so.io.coalesce = a.coalesce_gap_kb > 0;
-  so.io.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
-  so.io.max_read_bytes = a.max_read_kb << 10;
-  so.io.direct_max_read_bytes = a.direct_max_read_kb << 10;
-  so.host_cache_bytes = a.host_cache_mb << 20;
-  if (a.host_cache_mb > 0 && !a.io_direct)
-    std::fprintf(stderr, "%s: --host-cache-mb without --io-direct: experts are cached twice "
-                         "(host cache and page cache)\n", tool);
-  return open_expert_store(a.io, dir, cfg, so);
+  StoreConfig c = a.store;
+  c.verify_checksums = !a.no_verify;
+  const std::string prefix = tool;
+  return open_store_for(dir, cfg, c, OptionSpelling::kCli, [prefix](const std::string& line) {
+    std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
+  });
 }
 
 }  // namespace moestream

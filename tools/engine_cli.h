@@ -10,15 +10,13 @@
 #include <string>
 
 #include "loader/store/expert_store.h"
+#include "loader/store/store_options.h"
 #include "runtime/engine/model.h"
 
 namespace moestream {
 
 struct EngineCliArgs {
-  std::string io = "auto";
-  bool io_direct = false;
-  uint64_t host_cache_mb = 0, coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
-  uint32_t io_qd = 32, io_rings = 0, io_threads = 0;  // 0 = the engine's default
+  StoreConfig store;  // --io ... --direct-max-read-kb; verify_checksums comes from no_verify
   bool no_verify = false;
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
@@ -37,7 +35,8 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a);
 // CUDA build or device, --gpu-cache-mb or --moe-lookahead without --gpu.
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo);
 
-// Opens the expert store the flags describe; `tool` prefixes notices on stderr.
+// Opens the expert store the flags describe (loader/store/store_options.h); `tool` prefixes its
+// warnings and the read engine's notices on stderr.
 std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,
                                                const ModelConfig& cfg, const char* tool);
 

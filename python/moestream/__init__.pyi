@@ -39,7 +39,7 @@ class Model:
         *,
         io: str = "auto",  # auto | uring | pread | mmap | simple
         io_direct: bool = False,
-        host_cache_mb: int = 0,
+        host_cache_mb: int = 0,  # without io_direct: a UserWarning (experts cached twice)
         cache_aware: bool = False,
         cache_tolerance: float = 0.10,
         threads: int = 0,
@@ -51,6 +51,7 @@ class Model:
         io_threads: int = 0,
         coalesce_gap_kb: int = 64,
         max_read_kb: int = 1024,
+        direct_max_read_kb: int = 4096,  # largest single read of an O_DIRECT file (io_direct=True)
         collect_routing: str | os.PathLike[str] | None = None,
         collect_router_inputs: bool = False,
         gpu: bool = False,  # whole forward pass on the GPU; ConfigError without CUDA or a GPU

@@ -4,6 +4,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
 #include <filesystem>
@@ -17,7 +18,7 @@
 #include "loader/format/expert_file.h"
 #include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
-#include "loader/store/engine_expert_store.h"
+#include "loader/store/store_options.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/engine/run_stats.h"
@@ -31,20 +32,40 @@ namespace {
 
 // infer's flags, as keyword arguments of Model(...).
 struct PyModelOptions {
-  std::string io = "auto";
-  bool io_direct = false;
-  uint64_t host_cache_mb = 0;
+  StoreConfig store;  // io ... direct_max_read_kb; verify_checksums is copied in from below
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
   int threads = 0, ctx = 0, batch = 0;
   bool verify_checksums = true;
-  uint32_t io_qd = 32, io_rings = 0, io_threads = 0;
-  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024;
   fs::path collect_routing;
   bool collect_router_inputs = false;
   bool gpu = false;
   uint64_t gpu_cache_mb = 0;  // 0 = automatic
   int moe_lookahead = 0;
+};
+
+// The store builder's warnings and the read engine's notices. While the model loads (GIL released)
+// they are collected, then raised as Python UserWarnings; later ones come from I/O threads, where
+// Python cannot be called safely, and go to stderr as the engine's default does.
+class NoticeSink {
+ public:
+  void add(const std::string& line) {
+    std::lock_guard lock(mu_);
+    if (collecting_)
+      lines_.push_back(line);
+    else
+      std::fprintf(stderr, "moestream: %s\n", line.c_str());
+  }
+  std::vector<std::string> stop_collecting() {
+    std::lock_guard lock(mu_);
+    collecting_ = false;
+    return std::move(lines_);
+  }
+
+ private:
+  std::mutex mu_;
+  bool collecting_ = true;
+  std::vector<std::string> lines_;
 };
 
 class PyModel {
@@ -67,25 +88,24 @@ class PyModel {
     // infer's checks, before the slow load, in Python's spelling of the options.
     check_gpu_options(mo, {.gpu = "gpu=True", .gpu_cache_mb = "gpu_cache_mb",
                            .moe_lookahead = "moe_lookahead", .assign = "="});
-    py::gil_scoped_release nogil;
-    if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
-    const ModelConfig header_cfg = ModelConfig::load(dir_);
-    if (!header_cfg.tokenizer_file.empty()) {
-      fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
-      tok_.emplace(Tokenizer::load(dir_ / header_cfg.tokenizer_file, cfg_file));
+    StoreConfig sc = o.store;
+    sc.verify_checksums = o.verify_checksums;
+    auto sink = std::make_shared<NoticeSink>();
+    {
+      py::gil_scoped_release nogil;
+      if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
+      const ModelConfig header_cfg = ModelConfig::load(dir_);
+      if (!header_cfg.tokenizer_file.empty()) {
+        fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
+        tok_.emplace(Tokenizer::load(dir_ / header_cfg.tokenizer_file, cfg_file));
+      }
+      auto store = open_store_for(dir_, header_cfg, sc, OptionSpelling::kPython,
+                                  [sink](const std::string& line) { sink->add(line); });
+      model_ = Model::load(dir_, mo, std::move(store));
+      if (!o.collect_routing.empty()) attach_routing(o.collect_routing, o.collect_router_inputs);
     }
-    EngineExpertStoreOptions so;
-    so.store.verify_checksums = o.verify_checksums;
-    so.io.direct = o.io_direct;
-    so.io.queue_depth = o.io_qd;
-    so.io.n_rings = o.io_rings;
-    so.io.n_threads = o.io_threads;
-    so.io.coalesce = o.coalesce_gap_kb > 0;
-    so.io.coalesce_gap_bytes = o.coalesce_gap_kb << 10;
-    so.io.max_read_bytes = o.max_read_kb << 10;
-    so.host_cache_bytes = o.host_cache_mb << 20;
-    model_ = Model::load(dir_, mo, open_expert_store(o.io, dir_, header_cfg, so));
-    if (!o.collect_routing.empty()) attach_routing(o.collect_routing, o.collect_router_inputs);
+    for (const std::string& line : sink->stop_collecting())
+      if (PyErr_WarnEx(PyExc_UserWarning, line.c_str(), 1) != 0) throw py::error_already_set();
   }
 
   ~PyModel() {
@@ -409,23 +429,40 @@ void bind_model(py::module_& m) {
       .def("__iter__", [](GenerationStream& s) -> GenerationStream& { return s; })
       .def("__next__", &GenerationStream::next);
 
+  const StoreConfig kStoreDefaults;
   py::class_<PyModel>(m, "Model", "A packed model (convert_model output), with infer's options.")
       .def(py::init([](const fs::path& path, const std::string& io, bool io_direct, uint64_t host_cache_mb,
                        bool cache_aware, float cache_tolerance, int threads, int ctx, int batch,
                        bool verify_checksums, uint32_t io_qd, uint32_t io_rings, uint32_t io_threads,
-                       uint64_t coalesce_gap_kb, uint64_t max_read_kb, std::optional<fs::path> collect_routing,
-                       bool collect_router_inputs, bool gpu, uint64_t gpu_cache_mb, int moe_lookahead) {
-             PyModelOptions o{io, io_direct, host_cache_mb, cache_aware, cache_tolerance, threads, ctx, batch,
-                              verify_checksums, io_qd, io_rings, io_threads, coalesce_gap_kb, max_read_kb,
-                              collect_routing.value_or(fs::path()), collect_router_inputs, gpu,
-                              gpu_cache_mb, moe_lookahead};
+                       uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
+                       std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
+                       uint64_t gpu_cache_mb, int moe_lookahead) {
+             PyModelOptions o;
+             o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
+                        .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
+                        .max_read_kb = max_read_kb, .direct_max_read_kb = direct_max_read_kb};
+             o.cache_aware = cache_aware;
+             o.cache_tolerance = cache_tolerance;
+             o.threads = threads;
+             o.ctx = ctx;
+             o.batch = batch;
+             o.verify_checksums = verify_checksums;
+             o.collect_routing = collect_routing.value_or(fs::path());
+             o.collect_router_inputs = collect_router_inputs;
+             o.gpu = gpu;
+             o.gpu_cache_mb = gpu_cache_mb;
+             o.moe_lookahead = moe_lookahead;
              return std::make_unique<PyModel>(path, o);
            }),
-           py::arg("path"), py::kw_only(), py::arg("io") = "auto", py::arg("io_direct") = false,
-           py::arg("host_cache_mb") = 0, py::arg("cache_aware") = false, py::arg("cache_tolerance") = 0.10f,
+           // The store keywords' defaults are the builder's (infer's flags have the same).
+           py::arg("path"), py::kw_only(), py::arg("io") = kStoreDefaults.io,
+           py::arg("io_direct") = kStoreDefaults.io_direct, py::arg("host_cache_mb") = kStoreDefaults.host_cache_mb,
+           py::arg("cache_aware") = false, py::arg("cache_tolerance") = 0.10f,
            py::arg("threads") = 0, py::arg("ctx") = 0, py::arg("batch") = 0, py::arg("verify_checksums") = true,
-           py::arg("io_qd") = 32, py::arg("io_rings") = 0, py::arg("io_threads") = 0,
-           py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+           py::arg("io_qd") = kStoreDefaults.io_qd, py::arg("io_rings") = kStoreDefaults.io_rings,
+           py::arg("io_threads") = kStoreDefaults.io_threads, py::arg("coalesce_gap_kb") = kStoreDefaults.coalesce_gap_kb,
+           py::arg("max_read_kb") = kStoreDefaults.max_read_kb,
+           py::arg("direct_max_read_kb") = kStoreDefaults.direct_max_read_kb,
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
            py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,

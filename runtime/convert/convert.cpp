@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <exception>
 #include <mutex>
 #include <thread>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/thread_pool.h"
 #include "common/file_util.h"
 #include "loader/format/expert_file_writer.h"
 #include "runtime/convert/hf_checkpoint.h"
@@ -219,18 +219,20 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   const ExpertLayout layout = ExpertLayout::make(c.expert_quant, D, F);
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
+  ThreadPool pool(n_workers);  // the project's compute pool, shared by every layer
   for (int l = 0; l < c.n_layers; ++l) {
     const ExpertSource& s = sources[l];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
-    // Workers take experts in turn; each holds one expert's floats and payload, never a layer.
-    // The writer is not thread-safe: writes and progress go under the mutex.
+    // One task per pool thread; each takes experts in turn and holds one expert's floats and
+    // payload, never a layer. The writer is not thread-safe: writes and progress go under the
+    // mutex. After a failure the others stop taking experts; the pool rethrows the first error.
     std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};
     std::mutex mu;
-    std::exception_ptr error;
-    auto work = [&] {
+    pool.parallel_for(size_t(n_workers), [&](size_t) {
       std::vector<float> gate(F * D), up(F * D), down(D * F);
       std::vector<uint8_t> payload(layout.bytes);
-      for (int64_t e; (e = next++) < E;) {
+      for (int64_t e; !failed && (e = next++) < E;) {
         try {
           // Each source range is released from our mapping once read (see SafetensorsFile::release).
           auto take = [&](const std::string& name, uint64_t first, uint64_t n, float* dst) {
@@ -253,22 +255,16 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
           quantize_matrix(c.expert_quant, up.data(), F, D, payload.data() + layout.up_offset);
           quantize_matrix(c.expert_quant, down.data(), D, F, payload.data() + layout.down_offset);
           std::lock_guard<std::mutex> lock(mu);
-          if (error) return;
+          if (failed) return;
           w.write_expert(static_cast<uint32_t>(e), payload.data());
           bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
                                  std::to_string(e + 1) + "/" + std::to_string(E));
         } catch (...) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!error) error = std::current_exception();
-          return;
+          failed = true;
+          throw;
         }
       }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < n_workers; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-    if (error) std::rethrow_exception(error);
+    });
     w.finish();
   }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "loader/store/store_options.h"
 #include "runtime/model/attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
@@ -104,10 +105,11 @@ Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
+  // infer's default store (--io auto and its defaults), through the same builder.
   ModelConfig cfg = ModelConfig::load(dir);
-  ExpertStoreOptions so;
-  so.verify_checksums = opts.verify_checksums;
-  return load(dir, opts, open_pread_expert_store(dir, cfg, so));
+  StoreConfig sc;
+  sc.verify_checksums = opts.verify_checksums;
+  return load(dir, opts, open_store_for(dir, cfg, sc));
 }
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts_in,

@@ -69,7 +69,8 @@ void check_gpu_options(const ModelOptions& opts, const GpuOptionNames& names = {
 
 class Model {
  public:
-  // Reads dir/model.json and the dense weights, opens the pread expert store. Throws
+  // Reads dir/model.json and the dense weights, opens infer's default expert store (the read
+  // engine, --io auto; loader/store/store_options.h) with opts.verify_checksums. Throws
   // ConfigError/FormatError/IoError naming the file and field.
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, const ModelOptions& opts = {});
   // Same, with a caller-supplied expert store (another tier, or a fault-injecting one in tests).

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -158,10 +159,33 @@ def test_every_io_mode_and_host_cache_give_the_same_text(demo, model):
         m = moestream.Model(demo, io=io, threads=2)
         assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want, io
         assert m.stats()["expert_store"]["experts_requested"] > 0
-    m = moestream.Model(demo, io="pread", host_cache_mb=64, threads=2)
+    with pytest.warns(UserWarning, match="host_cache_mb without io_direct: experts are cached twice"):
+        m = moestream.Model(demo, io="pread", host_cache_mb=64, threads=2)
     m.generate(PROMPT, 12, temperature=0, ignore_eos=True)
     assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want
     assert m.stats()["expert_store"]["host_cache_hits"] > 0  # the second run finds its experts cached
+
+
+def test_store_options_go_through_infers_builder(demo, model):
+    want = model.generate(PROMPT, 12, temperature=0, ignore_eos=True)
+    assert model.stats()["expert_io"].startswith("engine ")  # infer's default store, --io auto
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = moestream.Model(demo, io="pread", io_direct=True, direct_max_read_kb=8, threads=2)
+    refused = [w for w in caught if "O_DIRECT" in str(w.message)]
+    if refused:
+        pytest.skip(f"O_DIRECT refused here: {refused[0].message}")
+    assert not caught, [str(w.message) for w in caught]
+    assert "(O_DIRECT 8 KiB)" in m.stats()["expert_io"]
+    assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want
+    s = m.stats()["expert_store"]
+    assert s["read_ops_issued"] > s["read_ops_requested"]  # experts split into 8 KiB reads
+    with pytest.warns(UserWarning, match="O_DIRECT does not apply to the mmap backend"):
+        moestream.Model(demo, io="mmap", io_direct=True, threads=2)
+    with pytest.raises(moestream.ConfigError, match=r"direct_max_read_kb must be in \[4, .*got 2"):
+        moestream.Model(demo, direct_max_read_kb=2)
+    with pytest.raises(moestream.ConfigError, match="io_qd must be in"):
+        moestream.Model(demo, io_qd=0)
 
 
 def test_cache_aware_at_tolerance_zero_changes_nothing(demo, model):

@@ -1,0 +1,84 @@
+// Implementation of loader/store/store_options.h.
+#include "loader/store/store_options.h"
+
+#include <cstdio>
+#include <string>
+
+#include "common/error.h"
+
+namespace moestream {
+namespace {
+
+struct Namer {
+  OptionSpelling spelling;
+  std::string operator()(std::string_view field) const { return store_option_name(field, spelling); }
+};
+
+template <class T>
+void check_range(const Namer& name, std::string_view field, T value, T lo, T hi) {
+  if (value < lo || value > hi)
+    throw ConfigError(name(field) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                      "], got " + std::to_string(value));
+}
+
+}  // namespace
+
+std::string store_option_name(std::string_view field, OptionSpelling spelling) {
+  std::string s(field);
+  if (spelling == OptionSpelling::kPython) return s;
+  for (char& ch : s)
+    if (ch == '_') ch = '-';
+  return "--" + s;
+}
+
+EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpelling spelling,
+                                             const StoreNoticeFn& notice) {
+  const Namer name{spelling};
+  const bool simple = c.io == "simple";
+  if (!simple && c.io != "auto" && c.io != "uring" && c.io != "pread" && c.io != "mmap")
+    throw ConfigError("unknown " + name("io") + " value '" + c.io +
+                      "' (expected simple, auto, uring, pread or mmap)");
+  check_range(name, "io_qd", c.io_qd, 1u, kMaxIoQueueDepth);
+  check_range(name, "io_rings", c.io_rings, 0u, kMaxIoWorkers);
+  check_range(name, "io_threads", c.io_threads, 0u, kMaxIoWorkers);
+  check_range(name, "max_read_kb", c.max_read_kb, kMinReadKb, kMaxReadKb);
+  check_range(name, "direct_max_read_kb", c.direct_max_read_kb, kMinReadKb, kMaxReadKb);
+  check_range(name, "coalesce_gap_kb", c.coalesce_gap_kb, uint64_t(0), kMaxCoalesceGapKb);
+  check_range(name, "host_cache_mb", c.host_cache_mb, uint64_t(0), kMaxHostCacheMb);
+
+  // The engine's notices and ours take one path, so a front end sees them all the same way.
+  auto say = [&](const std::string& line) {
+    if (notice)
+      notice(line);
+    else
+      std::fprintf(stderr, "moestream: %s\n", line.c_str());
+  };
+  if (simple && (c.io_direct || c.host_cache_mb > 0))
+    say(name("io") + " simple reads through the page cache: " + name("io_direct") + " and " +
+        name("host_cache_mb") + " do not apply");
+  else if (c.host_cache_mb > 0 && !c.io_direct)
+    say(name("host_cache_mb") + " without " + name("io_direct") +
+        ": experts are cached twice (host cache and page cache)");
+
+  EngineExpertStoreOptions so;
+  so.store.verify_checksums = c.verify_checksums;
+  so.io.direct = c.io_direct;
+  so.io.queue_depth = c.io_qd;
+  so.io.n_rings = c.io_rings;
+  so.io.n_threads = c.io_threads;
+  so.io.coalesce = c.coalesce_gap_kb > 0;
+  so.io.coalesce_gap_bytes = c.coalesce_gap_kb << 10;
+  so.io.max_read_bytes = c.max_read_kb << 10;
+  so.io.direct_max_read_bytes = c.direct_max_read_kb << 10;
+  so.io.notice = notice;  // empty: the engine's own "moestream: <line>" on stderr
+  so.host_cache_bytes = c.host_cache_mb << 20;
+  return so;
+}
+
+std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
+                                            const StoreConfig& c, OptionSpelling spelling,
+                                            const StoreNoticeFn& notice) {
+  return open_expert_store(c.io, model_dir, cfg, build_store_options(c, spelling, notice));
+}
+
+}  // namespace moestream

@@ -1,0 +1,62 @@
+// The user-facing expert-store options (infer's --io flags, Python's Model keywords) and the one
+// builder that validates them, emits their warnings and opens the store they describe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "loader/format/model_config.h"
+#include "loader/store/engine_expert_store.h"
+#include "loader/store/expert_store.h"
+
+namespace moestream {
+
+// Field names are Python's keywords; the CLI spells each as --field-with-dashes (--io-qd), except
+// verify_checksums, which infer sets with --no-verify.
+struct StoreConfig {
+  std::string io = "auto";      // simple | auto | uring | pread | mmap (see open_expert_store)
+  bool io_direct = false;       // O_DIRECT reads
+  uint64_t host_cache_mb = 0;   // the store's host expert cache; 0 = none
+  uint32_t io_qd = 32;          // reads in flight per io_uring ring
+  uint32_t io_rings = 0;        // 0 = the engine's default (one per core up to 8)
+  uint32_t io_threads = 0;      // pread/mmap workers; 0 = the engine's default (cores, 4..16)
+  uint64_t coalesce_gap_kb = 64;  // 0 = no coalescing
+  uint64_t max_read_kb = 1024;
+  uint64_t direct_max_read_kb = 4096;  // read cap of O_DIRECT files (whole experts read faster)
+  bool verify_checksums = true;
+};
+
+// Limits the builder enforces; the CLI also checks them at parse time (CLI::Range).
+inline constexpr uint32_t kMaxIoQueueDepth = 4096;
+inline constexpr uint32_t kMaxIoWorkers = 1024;  // io_rings and io_threads: one thread each
+inline constexpr uint64_t kMinReadKb = 4;        // one O_DIRECT block
+inline constexpr uint64_t kMaxReadKb = uint64_t(1) << 30;
+inline constexpr uint64_t kMaxCoalesceGapKb = uint64_t(1) << 30;
+inline constexpr uint64_t kMaxHostCacheMb = uint64_t(1) << 40;
+
+// How errors and warnings name an option: "--io-qd" (kCli) or "io_qd" (kPython).
+enum class OptionSpelling { kCli, kPython };
+std::string store_option_name(std::string_view field, OptionSpelling spelling);
+
+// Receives one-line warnings and notices: the builder's own (double caching, options that do not
+// apply) and the read engine's (fallbacks such as io_uring unavailable or O_DIRECT refused), the
+// latter possibly from I/O threads after the store is open, so it must be thread-safe.
+// Empty: "moestream: <line>" on stderr.
+using StoreNoticeFn = std::function<void(const std::string& line)>;
+
+// Validates `c` (ConfigError naming the option, its value and the allowed range), sends the
+// builder's warnings to `notice` and maps `c` to the engine store's options (backend left to
+// open_expert_store, which parses c.io).
+EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpelling spelling = OptionSpelling::kCli,
+                                             const StoreNoticeFn& notice = {});
+
+// build_store_options, then open_expert_store(c.io, ...).
+std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
+                                            const StoreConfig& c, OptionSpelling spelling = OptionSpelling::kCli,
+                                            const StoreNoticeFn& notice = {});
+
+}  // namespace moestream

@@ -1,0 +1,229 @@
+// Tests of loader/store/store_options.h: every user option reaches the engine store's options
+// (the O_DIRECT read cap included), bad values are refused naming the option in the front end's
+// spelling, warnings and the engine's notices take the one notice path, and the named store opens.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/model_config.h"
+#include "loader/store/store_options.h"
+#include "runtime/convert/synthetic_model.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.arch = Arch::kQwen3Moe;
+  c.vocab_size = 50;
+  c.hidden_size = 96;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.moe_intermediate_size = 40;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.max_position_embeddings = 128;
+  c.qk_norm = QkNorm::kPerHead;
+  c.expert_quant = QuantType::kQ8;
+  return c;
+}
+
+// Collects notices (the engine may call from its threads).
+struct Notices {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  StoreNoticeFn fn() {
+    return [this](const std::string& line) {
+      std::lock_guard lock(mu);
+      lines.push_back(line);
+    };
+  }
+};
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The ConfigError message of build_store_options(c, spelling); fails the test when none is thrown.
+std::string config_error(const StoreConfig& c, OptionSpelling spelling) {
+  try {
+    build_store_options(c, spelling, [](const std::string&) {});
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError";
+  return {};
+}
+
+}  // namespace
+
+TEST(StoreOptions, DefaultsAreTheEngineDefaults) {
+  const EngineExpertStoreOptions so = build_store_options(StoreConfig{});
+  const IoEngineOptions io;
+  EXPECT_EQ(so.io.direct, io.direct);
+  EXPECT_EQ(so.io.queue_depth, io.queue_depth);
+  EXPECT_EQ(so.io.n_rings, io.n_rings);
+  EXPECT_EQ(so.io.n_threads, io.n_threads);
+  EXPECT_EQ(so.io.coalesce, io.coalesce);
+  EXPECT_EQ(so.io.coalesce_gap_bytes, io.coalesce_gap_bytes);
+  EXPECT_EQ(so.io.max_read_bytes, io.max_read_bytes);
+  EXPECT_EQ(so.io.direct_max_read_bytes, io.direct_max_read_bytes);
+  EXPECT_EQ(so.host_cache_bytes, 0u);
+  EXPECT_TRUE(so.store.verify_checksums);
+  EXPECT_FALSE(so.io.notice);  // no sink given: the engine's own stderr line
+}
+
+TEST(StoreOptions, MapsEveryOption) {
+  StoreConfig c;
+  c.io = "pread";
+  c.io_direct = true;
+  c.host_cache_mb = 3;
+  c.io_qd = 7;
+  c.io_rings = 2;
+  c.io_threads = 5;
+  c.coalesce_gap_kb = 16;
+  c.max_read_kb = 256;
+  c.direct_max_read_kb = 512;
+  c.verify_checksums = false;
+  Notices n;
+  const EngineExpertStoreOptions so = build_store_options(c, OptionSpelling::kCli, n.fn());
+  EXPECT_TRUE(so.io.direct);
+  EXPECT_EQ(so.host_cache_bytes, 3u << 20);
+  EXPECT_EQ(so.io.queue_depth, 7u);
+  EXPECT_EQ(so.io.n_rings, 2u);
+  EXPECT_EQ(so.io.n_threads, 5u);
+  EXPECT_TRUE(so.io.coalesce);
+  EXPECT_EQ(so.io.coalesce_gap_bytes, 16u << 10);
+  EXPECT_EQ(so.io.max_read_bytes, 256u << 10);
+  EXPECT_EQ(so.io.direct_max_read_bytes, 512u << 10);
+  EXPECT_FALSE(so.store.verify_checksums);
+  ASSERT_TRUE(so.io.notice);  // the engine's notices go to the same sink
+  so.io.notice("probe");
+  ASSERT_EQ(n.lines.size(), 1u);
+  EXPECT_EQ(n.lines[0], "probe");
+
+  c.coalesce_gap_kb = 0;
+  EXPECT_FALSE(build_store_options(c).io.coalesce);
+}
+
+TEST(StoreOptions, BadValuesNameTheOptionInEachSpelling) {
+  struct Case {
+    std::function<void(StoreConfig&)> set;
+    std::string field, value;
+  };
+  const std::vector<Case> cases = {
+      {[](StoreConfig& c) { c.io = "bogus"; }, "io", "bogus"},
+      {[](StoreConfig& c) { c.io_qd = 0; }, "io_qd", "0"},
+      {[](StoreConfig& c) { c.io_qd = kMaxIoQueueDepth + 1; }, "io_qd", "4097"},
+      {[](StoreConfig& c) { c.io_rings = kMaxIoWorkers + 1; }, "io_rings", "1025"},
+      {[](StoreConfig& c) { c.io_threads = 100000; }, "io_threads", "100000"},
+      {[](StoreConfig& c) { c.max_read_kb = 2; }, "max_read_kb", "2"},
+      {[](StoreConfig& c) { c.direct_max_read_kb = 0; }, "direct_max_read_kb", "0"},
+      {[](StoreConfig& c) { c.direct_max_read_kb = kMaxReadKb + 1; }, "direct_max_read_kb", "1073741825"},
+      {[](StoreConfig& c) { c.coalesce_gap_kb = kMaxCoalesceGapKb + 1; }, "coalesce_gap_kb", "1073741825"},
+      {[](StoreConfig& c) { c.host_cache_mb = uint64_t(1) << 60; }, "host_cache_mb", "1152921504606846976"},
+  };
+  for (const Case& k : cases) {
+    StoreConfig c;
+    k.set(c);
+    const std::string py = config_error(c, OptionSpelling::kPython);
+    EXPECT_TRUE(contains(py, k.field)) << py;
+    EXPECT_TRUE(contains(py, k.value)) << py;
+    const std::string cli = config_error(c, OptionSpelling::kCli);
+    EXPECT_TRUE(contains(cli, store_option_name(k.field, OptionSpelling::kCli))) << cli;
+  }
+  EXPECT_EQ(store_option_name("direct_max_read_kb", OptionSpelling::kCli), "--direct-max-read-kb");
+  EXPECT_EQ(store_option_name("direct_max_read_kb", OptionSpelling::kPython), "direct_max_read_kb");
+  // The edges of each range are accepted.
+  StoreConfig edge;
+  edge.io_qd = kMaxIoQueueDepth;
+  edge.max_read_kb = kMinReadKb;
+  edge.direct_max_read_kb = kMaxReadKb;
+  edge.coalesce_gap_kb = kMaxCoalesceGapKb;
+  EXPECT_NO_THROW(build_store_options(edge));
+}
+
+TEST(StoreOptions, HostCacheWithBufferedReadsWarnsOfDoubleCaching) {
+  StoreConfig c;
+  c.host_cache_mb = 4;
+  Notices n;
+  build_store_options(c, OptionSpelling::kPython, n.fn());
+  ASSERT_EQ(n.lines.size(), 1u);
+  EXPECT_TRUE(contains(n.lines[0], "host_cache_mb without io_direct")) << n.lines[0];
+  EXPECT_TRUE(contains(n.lines[0], "cached twice")) << n.lines[0];
+
+  n.lines.clear();
+  build_store_options(c, OptionSpelling::kCli, n.fn());
+  ASSERT_EQ(n.lines.size(), 1u);
+  EXPECT_TRUE(contains(n.lines[0], "--host-cache-mb without --io-direct")) << n.lines[0];
+
+  n.lines.clear();
+  c.io_direct = true;  // the intended use: no page cache below the host cache
+  build_store_options(c, OptionSpelling::kCli, n.fn());
+  EXPECT_TRUE(n.lines.empty());
+
+  c.io = "simple";  // the simple store has neither O_DIRECT nor a host cache
+  build_store_options(c, OptionSpelling::kCli, n.fn());
+  ASSERT_EQ(n.lines.size(), 1u);
+  EXPECT_TRUE(contains(n.lines[0], "do not apply")) << n.lines[0];
+}
+
+TEST(StoreOptions, OpensTheNamedStoreWithTheEngineNoticesOnTheSamePath) {
+  TempDir d("store_options");
+  const ModelConfig cfg = tiny_config();
+  write_synthetic_model(d.path(), cfg, 5);
+
+  StoreConfig c;
+  c.io = "simple";
+  EXPECT_EQ(open_store_for(d.path(), cfg, c)->describe(), "one pread per expert");
+
+  // mmap cannot read O_DIRECT: the engine says so, through the builder's sink.
+  c.io = "mmap";
+  c.io_direct = true;
+  c.max_read_kb = 128;
+  Notices n;
+  auto store = open_store_for(d.path(), cfg, c, OptionSpelling::kCli, n.fn());
+  const std::string desc = store->describe();
+  EXPECT_TRUE(contains(desc, "engine mmap")) << desc;
+  EXPECT_TRUE(contains(desc, "max read 128 KiB")) << desc;
+  std::lock_guard lock(n.mu);
+  ASSERT_EQ(n.lines.size(), 1u);
+  EXPECT_TRUE(contains(n.lines[0], "O_DIRECT does not apply to the mmap backend")) << n.lines[0];
+}
+
+TEST(StoreOptions, DirectReadCapReachesTheStore) {
+  TempDir d("store_options");
+  const ModelConfig cfg = tiny_config();
+  write_synthetic_model(d.path(), cfg, 6);
+  StoreConfig c;
+  c.io = "pread";
+  c.io_direct = true;
+  c.direct_max_read_kb = 8;
+  Notices n;
+  auto store = open_store_for(d.path(), cfg, c, OptionSpelling::kCli, n.fn());
+  const std::string desc = store->describe();
+  {
+    std::lock_guard lock(n.mu);
+    if (!n.lines.empty()) GTEST_SKIP() << "O_DIRECT refused on this filesystem: " << n.lines[0];
+  }
+  EXPECT_TRUE(contains(desc, "O_DIRECT 8 KiB")) << desc;
+  // An expert longer than the cap is read in several pieces.
+  const uint64_t expert_bytes = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
+                                                   size_t(cfg.moe_intermediate_size)).bytes;
+  ASSERT_GT(expert_bytes, 8u << 10);
+  const std::vector<int> ids{0};
+  std::vector<const uint8_t*> out;
+  store->fetch(0, ids, out);
+  const ExpertStoreStats s = store->stats();
+  EXPECT_EQ(s.read_ops_requested, 1u);
+  EXPECT_GE(s.read_ops_issued, (expert_bytes + (8u << 10) - 1) / (8u << 10));
+}
