@@ -236,14 +236,14 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   if (opts.cache_mb > 0) {
     info_.cache_bytes = opts.cache_mb << 20;
     info_.cache_rule = "--gpu-cache-mb; " + mib(info_.expert_bytes_total) + " of experts, " +
-                      mib(free_b) + " free";
+                       mib(free_b) + " free";
   } else if (info_.expert_bytes_total <= share) {
     info_.cache_bytes = info_.expert_bytes_total;
     info_.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
   } else {
     info_.cache_bytes = share;
     info_.cache_rule = "80% of the " + mib(free_b) + " free; the model's experts need " +
-                      mib(info_.expert_bytes_total);
+                       mib(info_.expert_bytes_total);
   }
   GpuExpertCacheOptions co;
   if (N > 0) {  // look-ahead reads on the cache's worker thread, through a store of its own
@@ -318,8 +318,8 @@ CudaForward::~CudaForward() {
 
 // y[T, out] = x[T, in] W^T + beta*y, W row-major [out, in]: in cuBLAS's column-major terms
 // W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
-void CudaForward::linear(const float* xin, const float* W, int T, int in, int out,
-                              float* yout, float beta) {
+void CudaForward::linear(const float* xin, const float* W, int T, int in, int out, float* yout,
+                         float beta) {
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
@@ -331,7 +331,7 @@ void CudaForward::linear(const float* xin, const float* W, int T, int in, int ou
 }
 
 void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
-                                ForwardTimes& times, CacheAwareStats& cache_aware) {
+                                ForwardTimes& times, CacheAwareStats& ca_stats) {
   const int* tokens = c.tokens;
   const int T = c.n_tokens, n_past = c.n_past;
   float* logits_out = c.logits;
@@ -433,7 +433,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
                           " outside [0, " + std::to_string(E) + ") from the " +
                           (override ? "routing override" : "router"));
     // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
-    if (substitute && apply_cache_aware(l, T, routing.cache_aware.tolerance, cache_aware))
+    if (substitute && apply_cache_aware(l, T, routing.cache_aware.tolerance, ca_stats))
       MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
                                      cudaMemcpyHostToDevice, stream));
     if (on_routing) {
