@@ -141,6 +141,38 @@ TEST(CacheAwareRule, WeightsAreRenormalisedAsTheArchitectureDoes) {
   EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
 }
 
+TEST(CacheAwareRouter, OneChunkSubstitutesRenormalisesOnlyChangedTokensAndCountsDistinctMisses) {
+  // Two tokens, top-2 of 5 experts, one snapshot: only expert 3 is resident.
+  const std::vector<float> logits = {4, 3, 1, 2.8f, 0,    // token 0: top-2 {0, 1}, range 1
+                                     4, 3, 1, 0.5f, 0};   // token 1: 3 is 2.5 below 1
+  const auto res = flags(5, {3});
+  std::vector<int> ids = {0, 1, 0, 1};
+  std::vector<float> w = {0.7f, 0.3f, 0.6f, 0.4f};  // stand-ins: changed tokens are recomputed
+  CacheAwareRouter r(5, 2, true);
+  CacheAwareStats st;
+  EXPECT_EQ(r.apply(res, logits.data(), 2, 0.5f, ids.data(), w.data(), st), 1);
+  EXPECT_EQ(ids, (std::vector<int>{0, 3, 0, 1}));  // token 0: 1 -> 3 (gap 0.2 <= 0.5 * 1)
+  const float z = std::exp(4.0f) + std::exp(2.8f);
+  EXPECT_NEAR(w[0], std::exp(4.0f) / z, 1e-6);
+  EXPECT_NEAR(w[1], std::exp(2.8f) / z, 1e-6);
+  EXPECT_EQ(w[2], 0.6f);  // token 1 changed nothing: its weights are left as they came
+  EXPECT_EQ(w[3], 0.4f);
+  EXPECT_EQ(st.layer_chunks, 1u);
+  EXPECT_EQ(st.routings, 2u);
+  EXPECT_EQ(st.slots, 4u);
+  EXPECT_EQ(st.substitutions, 1u);
+  EXPECT_EQ(st.slots_unchanged, 3u);
+  EXPECT_EQ(st.misses_before, 2u);  // 0 and 1, each once for the chunk
+  EXPECT_EQ(st.misses_after, 2u);   // token 1 still reads both
+  // A second chunk adds to the counters; tolerance 0 changes nothing.
+  std::vector<int> ids2 = {0, 1};
+  EXPECT_EQ(r.apply(res, logits.data(), 1, 0.0f, ids2.data(), w.data(), st), 0);
+  EXPECT_EQ(ids2, (std::vector<int>{0, 1}));
+  EXPECT_EQ(st.layer_chunks, 2u);
+  EXPECT_EQ(st.misses_before, 4u);
+  EXPECT_EQ(st.misses_after, 4u);
+}
+
 ModelConfig small_config() {
   ModelConfig c;
   c.arch = Arch::kQwen3Moe;
@@ -249,7 +281,9 @@ TEST_F(CacheAwareModel, DecodeMissCountsMatchTheStoreReads) {
     EXPECT_EQ(ca.misses_after, r.stats.experts.experts_read - r.stats.experts_after_prefill.experts_read)
         << "tolerance " << tol;
     EXPECT_LE(ca.misses_after, ca.misses_before);
-    if (tol == 0.0f) EXPECT_EQ(ca.misses_after, ca.misses_before);
+    if (tol == 0.0f) {
+      EXPECT_EQ(ca.misses_after, ca.misses_before);
+    }
   }
 }
 

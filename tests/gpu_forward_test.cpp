@@ -1,5 +1,6 @@
 // The GPU forward pass (runtime/gpu/gpu_forward.h, `infer --gpu`) against the CPU path and
-// Hugging Face transformers: logits, greedy tokens, look-ahead, chunking, telemetry, errors.
+// Hugging Face transformers: logits, greedy tokens, look-ahead, chunking, telemetry, errors,
+// cache-aware routing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,7 +90,7 @@ size_t demo_expert_bytes() {
          ExpertLayout::make(c.expert_quant, size_t(c.hidden_size), size_t(c.moe_intermediate_size)).bytes;
 }
 
-std::unique_ptr<Model> load_demo(bool gpu, size_t cache_mb = 0, int lookahead = 0, int batch = 64) {
+ModelOptions demo_options(bool gpu, size_t cache_mb = 0, int lookahead = 0, int batch = 64) {
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_context = 512;
@@ -95,7 +98,58 @@ std::unique_ptr<Model> load_demo(bool gpu, size_t cache_mb = 0, int lookahead = 
   mo.gpu = gpu;
   mo.gpu_cache_mb = cache_mb;
   mo.moe_lookahead = lookahead;
-  return Model::load(kDemo, mo);
+  return mo;
+}
+
+std::unique_ptr<Model> load_demo(bool gpu, size_t cache_mb = 0, int lookahead = 0, int batch = 64) {
+  return Model::load(kDemo, demo_options(gpu, cache_mb, lookahead, batch));
+}
+
+// Reads through the plain pread store but reports a fixed host tier, whatever was read: expert e
+// of layer l is in the host cache when (e + l) % 3 == 0. The CPU and the GPU pass then see the
+// same host residency.
+class FixedResidencyStore final : public ExpertStore {
+ public:
+  explicit FixedResidencyStore(std::unique_ptr<ExpertStore> inner) : inner_(std::move(inner)) {}
+  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
+    inner_->fetch(layer, ids, out);
+  }
+  void begin_fetch(int layer, std::span<const int> ids) override { inner_->begin_fetch(layer, ids); }
+  bool next_ready(size_t* index, const uint8_t** payload, bool wait = true) override {
+    return inner_->next_ready(index, payload, wait);
+  }
+  void prefetch(int layer, std::span<const int> ids) override { inner_->prefetch(layer, ids); }
+  void residency(int layer, std::span<ExpertTier> out) const override {
+    for (size_t e = 0; e < out.size(); ++e)
+      out[e] = (int(e) + layer) % 3 == 0 ? ExpertTier::kHostCache : ExpertTier::kStorage;
+  }
+  ExpertStoreStats stats() const override { return inner_->stats(); }
+  std::string describe() const override { return "fixed residency over " + inner_->describe(); }
+
+ private:
+  std::unique_ptr<ExpertStore> inner_;
+};
+
+std::unique_ptr<Model> load_demo_fixed_residency(bool gpu, const CacheAwareOptions& ca) {
+  ModelOptions mo = demo_options(gpu);
+  mo.cache_aware = ca;
+  return Model::load(kDemo, mo,
+                     std::make_unique<FixedResidencyStore>(
+                         open_pread_expert_store(kDemo, ModelConfig::load(kDemo))));
+}
+
+// Final expert ids of every layer of one forward call, [layer][token * top_k + slot].
+std::vector<std::vector<int>> routed_ids(Model& m, const std::vector<int>& prompt) {
+  std::vector<std::vector<int>> ids(size_t(m.config().n_layers));
+  m.set_routing_callback([&](const RoutingEvent& e) {
+    ids[size_t(e.layer)].insert(ids[size_t(e.layer)].end(), e.ids,
+                                e.ids + size_t(e.n_tokens) * size_t(e.top_k));
+  });
+  std::vector<float> logits(size_t(m.config().vocab_size));
+  m.reset();
+  m.forward(prompt, logits);
+  m.set_routing_callback({});
+  return ids;
 }
 
 // Both backends round q8/q4 expert inputs to int8 per 32-block (as the CPU's quant_matvec
@@ -171,14 +225,6 @@ TEST(GpuForwardOptions, GpuWithoutDeviceIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(gpu_unavailable_reason().empty());
-}
-
-TEST(GpuForwardOptions, CacheAwareRoutingIsRefusedWithGpu) {
-  REQUIRE_GPU();
-  ModelOptions mo;
-  mo.gpu = true;
-  mo.cache_aware.enabled = true;
-  EXPECT_THROW(Model::load(kDemo, mo), ConfigError);
 }
 
 TEST(GpuForward, DemoLogitsMatchCpuAndGreedyTokensAreIdentical) {
@@ -365,6 +411,107 @@ TEST(GpuForward, RoutingOverrideIsHonouredAsOnTheCpu) {
   ASSERT_EQ(seen.size(), prompt.size() * size_t(K));
   EXPECT_EQ(seen[0], (3 * 2 + 0) % E);  // layer 2, first token since load, slot 0
   EXPECT_EQ(seen[size_t(K) + 1], (3 * 2 + 1 + 5) % E);
+}
+
+TEST(GpuCacheAware, ToleranceZeroGivesThePlainGpuTokensAndTheGpuCacheIsConsulted) {
+  REQUIRE_GPU();
+  // A quarter of the expert bytes: decode finds some experts resident in the GPU cache and not
+  // others. The pread store has no host tier (every expert says kStorage), so on the GPU only
+  // the GPU cache can make an expert resident, and on the CPU nothing is.
+  const size_t quarter = std::max<size_t>(1, (demo_expert_bytes() / 4) >> 20);
+  auto plain = load_demo(true, quarter);
+  ModelOptions mo = demo_options(true, quarter);
+  mo.cache_aware = {true, 0.0f};
+  auto zero = Model::load(kDemo, mo);
+  mo.cache_aware = {true, 0.5f};
+  auto wide = Model::load(kDemo, mo);
+  mo = demo_options(false);
+  mo.cache_aware = {true, 0.5f};
+  auto cpu_wide = Model::load(kDemo, mo);
+  const std::vector<int> prompt = prompt_ids(21, plain->config().vocab_size);
+  const int n_new = 48;
+  const std::vector<int> p = greedy(*plain, prompt, n_new);
+  EXPECT_EQ(greedy(*zero, prompt, n_new), p);
+  const CacheAwareStats& z = zero->cache_aware_stats();
+  const int L = zero->config().n_layers, K = zero->config().n_experts_per_tok;
+  EXPECT_EQ(z.routings, uint64_t(21 + n_new - 1) * uint64_t(L));  // prompt + fed-back tokens
+  EXPECT_EQ(z.slots, z.routings * uint64_t(K));
+  EXPECT_EQ(z.substitutions, 0u);
+  EXPECT_EQ(z.misses_after, z.misses_before);
+  EXPECT_GT(z.misses_before, 0u) << "the quarter cache never missed: the test is too easy";
+
+  greedy(*wide, prompt, n_new);
+  greedy(*cpu_wide, prompt, n_new);
+  const CacheAwareStats& w = wide->cache_aware_stats();
+  std::printf("[ gpu cache-aware 0.5, cache %zu MiB ] substitutions %llu of %llu slots, misses "
+              "%llu -> %llu; GPU demand misses %llu (tolerance 0: %llu)\n",
+              quarter, (unsigned long long)w.substitutions, (unsigned long long)w.slots,
+              (unsigned long long)w.misses_before, (unsigned long long)w.misses_after,
+              (unsigned long long)wide->gpu_stats().cache.policy.demand_misses,
+              (unsigned long long)zero->gpu_stats().cache.policy.demand_misses);
+  EXPECT_GT(w.substitutions, 0u) << "nothing resident in the GPU cache was ever substituted";
+  EXPECT_LT(w.misses_after, w.misses_before);
+  EXPECT_LE(w.misses_before - w.misses_after, w.substitutions);  // a swap saves one read at most
+  // The same tolerance on the CPU over the same store finds nothing resident: what the GPU
+  // substituted came from its own cache.
+  EXPECT_EQ(cpu_wide->cache_aware_stats().substitutions, 0u);
+  EXPECT_GT(cpu_wide->cache_aware_stats().routings, 0u);
+}
+
+TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
+  REQUIRE_GPU();
+  // One 40-token prefill chunk on fresh models: a layer's experts enter the GPU cache only after
+  // its routing, so at every layer's snapshot the GPU cache holds none of that layer and both
+  // passes see exactly the store's fixed host tier. The rule is the same code on both; what can
+  // differ is the router logits (summation order, int8 input rounding), so a near-tie may flip a
+  // top-k choice or a within-tolerance test: exact agreement is not required, near agreement is.
+  const CacheAwareOptions ca{true, 0.5f};
+  auto cpu = load_demo_fixed_residency(false, ca);
+  auto gpu = load_demo_fixed_residency(true, ca);
+  const std::vector<int> prompt = prompt_ids(40, cpu->config().vocab_size);
+  const auto cpu_final = routed_ids(*cpu, prompt), gpu_final = routed_ids(*gpu, prompt);
+  const CacheAwareStats cs = cpu->cache_aware_stats(), gs = gpu->cache_aware_stats();
+  // The exact top-k for the same inputs (cache-aware off: residency no longer matters).
+  cpu->set_cache_aware({false, 0.0f});
+  gpu->set_cache_aware({false, 0.0f});
+  const auto cpu_exact = routed_ids(*cpu, prompt), gpu_exact = routed_ids(*gpu, prompt);
+
+  // Layer 0 sees the same input rows with and without substitution (none happened before it),
+  // so its substituted slots are exactly those whose final id differs from the exact one.
+  const size_t n = cpu_final[0].size();
+  ASSERT_EQ(gpu_final[0].size(), n);
+  size_t cpu_subs = 0, gpu_subs = 0, same_subs = 0, exact_same = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool cs0 = cpu_final[0][i] != cpu_exact[0][i], gs0 = gpu_final[0][i] != gpu_exact[0][i];
+    cpu_subs += cs0;
+    gpu_subs += gs0;
+    same_subs += cs0 && gs0 && cpu_final[0][i] == gpu_final[0][i];
+    exact_same += cpu_exact[0][i] == gpu_exact[0][i];
+    // Layer 0's host tier: e % 3 == 0.
+    if (cs0) {
+      EXPECT_EQ(cpu_final[0][i] % 3, 0) << "the CPU substituted a non-resident expert";
+    }
+    if (gs0) {
+      EXPECT_EQ(gpu_final[0][i] % 3, 0) << "the GPU substituted a non-resident expert";
+    }
+  }
+  size_t all = 0, all_same = 0;
+  for (size_t l = 0; l < cpu_final.size(); ++l) {
+    ASSERT_EQ(cpu_final[l].size(), gpu_final[l].size());
+    all += cpu_final[l].size();
+    for (size_t i = 0; i < cpu_final[l].size(); ++i) all_same += cpu_final[l][i] == gpu_final[l][i];
+  }
+  std::printf("[ gpu vs cpu cache-aware 0.5, fixed residency ] layer 0: %zu (CPU) and %zu (GPU) of "
+              "%zu slots substituted, %zu alike; exact top-k alike %zu/%zu; final ids alike over "
+              "all layers %zu/%zu; substitutions %llu (CPU) %llu (GPU)\n",
+              cpu_subs, gpu_subs, n, same_subs, exact_same, n, all_same, all,
+              (unsigned long long)cs.substitutions, (unsigned long long)gs.substitutions);
+  ASSERT_GT(cpu_subs, 0u) << "no substitution at layer 0: the comparison would be empty";
+  EXPECT_EQ(cs.routings, gs.routings);
+  EXPECT_GE(double(same_subs), 0.9 * double(cpu_subs));
+  EXPECT_GE(double(same_subs), 0.9 * double(gpu_subs));
+  EXPECT_GE(double(all_same), 0.95 * double(all));
+  EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
 // Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3) packed with bf16 and q8

@@ -37,10 +37,10 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "than 1 MiB pieces)")
       ->capture_default_str()->check(CLI::Range(kMinReadKb, kMaxReadKb));
   app.add_flag("--cache-aware", a.cache_aware,
-               "after the exact top-k, replace a selected expert that is not resident (host cache "
-               "or page cache) by the best resident unselected expert whose router LOGIT is within "
-               "--cache-tolerance x (top-k logit range) of it, weakest slot first; weights are "
-               "then renormalised as the model does");
+               "after the exact top-k, replace a selected expert that is not resident (GPU expert "
+               "cache with --gpu, host cache or page cache) by the best resident unselected expert "
+               "whose router LOGIT is within --cache-tolerance x (top-k logit range) of it, "
+               "weakest slot first; weights are then renormalised as the model does");
   app.add_option("--cache-tolerance", a.cache_tolerance,
                  "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
                  "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")

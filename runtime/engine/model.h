@@ -1,5 +1,6 @@
-// A loaded packed model ready for the CPU forward pass: dense weights in RAM, experts fetched per
-// layer from an ExpertStore, a KV cache. Public API of the runtime; plain C++ (Eigen stays inside).
+// A loaded packed model: its expert store, KV bookkeeping and one forward pass, the CPU's
+// (runtime/model/cpu_forward.h) or the GPU's (runtime/gpu/gpu_forward.h). Public API of the
+// runtime; plain C++ (Eigen and CUDA stay inside).
 #pragma once
 
 #include <cstddef>
@@ -11,8 +12,9 @@
 
 #include "runtime/model/cache_aware_router.h"
 #include "loader/store/expert_store.h"
-#include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_forward.h"  // GpuForwardInfo/Stats, gpu_unavailable_reason()
 #include "loader/format/model_config.h"
+#include "runtime/model/forward_pass.h"  // ForwardTimes, RoutingEvent, RoutingCallback
 #include "runtime/model/routing_override.h"
 
 namespace moestream {
@@ -29,33 +31,6 @@ struct ModelOptions {
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
   int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L; > 0 needs gpu
 };
-
-// Wall seconds per phase, summed over forward calls since the last reset_phase_times().
-struct ForwardTimes {
-  double attention_s = 0;        // QKV/O projections, QK-norm, RoPE, attention
-  double router_s = 0;           // router logits, softmax, top-k
-  double expert_io_s = 0;        // waiting for ExpertStore::fetch
-  double expert_compute_s = 0;   // SwiGLU expert matvecs and the weighted sum
-  double other_s = 0;            // embedding, norms, residuals, lm_head
-  double total() const { return attention_s + router_s + expert_io_s + expert_compute_s + other_s; }
-};
-
-// One layer's routing decisions for a chunk of tokens, for routing logs (--collect-routing).
-struct RoutingEvent {
-  int layer = 0;
-  int position = 0;      // position of the chunk's first token in the sequence
-  int n_tokens = 0;
-  int top_k = 0, hidden = 0;
-  bool prefill = false;  // part of the first forward call after reset() (the prompt)
-  const int* ids = nullptr;             // [n_tokens, top_k] logical ids, best first
-  const float* weights = nullptr;       // [n_tokens, top_k]
-  const float* router_inputs = nullptr; // [n_tokens, hidden]: the normalised rows the router saw
-};
-using RoutingCallback = std::function<void(const RoutingEvent&)>;
-
-// Why ModelOptions::gpu cannot work here, "" when it can: a build without the CUDA tier, or no
-// usable CUDA device (the driver's reason). Cheap: callers check it before a slow load.
-std::string gpu_unavailable_reason();
 
 // How a front end spells the GPU options, for its error messages (defaults: infer's flags).
 struct GpuOptionNames {
@@ -102,7 +77,8 @@ class Model {
   const ForwardTimes& times() const;
   void reset_times();
   // Cache-aware routing, changeable between forward calls (e.g. per server request); the
-  // counters run across calls until reset.
+  // counters run across calls until reset. Both backends: on the GPU an expert is resident when
+  // the GPU expert cache holds it or the store's host tiers do.
   void set_cache_aware(const CacheAwareOptions& opts);
   const CacheAwareOptions& cache_aware() const;
   const CacheAwareStats& cache_aware_stats() const;

@@ -19,7 +19,6 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
 #include "runtime/gpu/gpu_weights.h"
-#include "runtime/engine/model.h"
 #include "runtime/model/rope.h"
 
 namespace moestream {
@@ -71,9 +70,8 @@ class PinnedBuffer {
   void* p_ = nullptr;
 };
 
-}  // namespace
-
-struct GpuForward::Impl {
+// The CUDA implementation of GpuForward (the class is in this file only).
+struct CudaForward final : GpuForward {
   const ModelConfig& cfg;
   GpuForwardOptions opts;
   ExpertStore& store;
@@ -83,7 +81,7 @@ struct GpuForward::Impl {
   float eps, scale;
   ExpertLayout layout;
   Rope rope;
-  GpuForwardInfo info;
+  GpuForwardInfo info_;
 
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -119,21 +117,33 @@ struct GpuForward::Impl {
   int predicted_layer = -1;
   std::vector<uint8_t> in_prediction;  // [E]
   GpuLookaheadStats la_stats;
+  // Cache-aware routing: the router's logits [B*E] on the host, the layer's residency, the step
+  // the CPU pass runs too.
+  PinnedBuffer logits_host;
+  std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
+  std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
+  CacheAwareRouter cache_aware_router;
 
-  Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
-       const GpuForwardOptions& o);
-  ~Impl();
+  CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
+              const GpuForwardOptions& o);
+  ~CudaForward() override;
   void linear(const float* xin, const float* W, int T, int in, int out, float* yout,
               float beta = 0.0f);
-  void forward_chunk(const int* tokens, int T, int n_past, float* logits_out, bool all_logits,
-                     bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
-                     ForwardTimes& times, const RoutingOverrideFn* override, uint64_t ordinal);
+  void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override;
+  GpuForwardStats stats() const override { return GpuForwardStats{cache->telemetry(), la_stats}; }
+  void reset_stats() override {
+    cache->reset_telemetry();
+    la_stats = {};
+  }
+  const GpuForwardInfo& info() const override { return info_; }
+  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
   void warm_up();
 };
 
-GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
-                       const GpuForwardOptions& o)
+CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path,
+                         ExpertStore& s, const GpuForwardOptions& o)
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
       hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
@@ -141,7 +151,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
       layout(ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
                                 size_t(c.moe_intermediate_size))),
-      rope(c) {
+      rope(c), cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -157,8 +167,8 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
   MOE_CUDA_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
   MOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  info.device = prop.name;
-  info.moe_lookahead = N;
+  info_.device = prop.name;
+  info_.moe_lookahead = N;
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublas_check(cublasCreate(&blas), "cublasCreate");
   cublas_check(cublasSetStream(blas, stream), "cublasSetStream");
@@ -166,10 +176,10 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
   cublas_check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 
   w = GpuDenseWeights::load(cfg, dense_path);
-  info.dense_bytes = w.bytes();
+  info_.dense_bytes = w.bytes();
   const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
-  info.kv_bytes = kv.bytes();
+  info_.kv_bytes = kv.bytes();
   if (padded) MOE_CUDA_CHECK(cudaMemset(kv.get(), 0, kv.bytes()));  // pad columns stay zero
 
   // Activations, one allocation carved into arrays.
@@ -188,7 +198,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
     *dst[i] = p;
     p += (n_floats[i] + 63) / 64 * 64;
   }
-  info.scratch_bytes = act.bytes();
+  info_.scratch_bytes = act.bytes();
   if (padded) MOE_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));  // q_pad's pad columns
 
   const size_t route_bytes = (2 * pairs + 2 * size_t(std::max(N, 1))) * 4;
@@ -204,6 +214,7 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
   plan_host = PinnedBuffer(plan_bytes);
   ptr_dev = DeviceBuffer(pairs * sizeof(const uint8_t*));
   ptr_host = PinnedBuffer(pairs * sizeof(const uint8_t*));
+  logits_host = PinnedBuffer(b * size_t(E) * sizeof(float));
 
   unique_ids.reserve(size_t(E));
   ready.reserve(size_t(kMaxExpertsPerAcquire));
@@ -213,24 +224,26 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
   first_row_of_expert.assign(size_t(E), 0);
   predicted.reserve(size_t(std::max(N, 1)));
   in_prediction.assign(size_t(E), 0);
+  tiers.resize(size_t(E));
+  resident.resize(size_t(E));
 
   // The expert cache's budget (issue 8): as asked, else everything when it fits, else 80%.
   size_t free_b = 0, total_b = 0;
   MOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  info.free_bytes_before_cache = free_b;
-  info.expert_bytes_total = size_t(cfg.n_layers) * size_t(E) * layout.bytes;
+  info_.free_bytes_before_cache = free_b;
+  info_.expert_bytes_total = size_t(cfg.n_layers) * size_t(E) * layout.bytes;
   const size_t share = size_t(double(free_b) * kAutoBudgetShare);
   if (opts.cache_mb > 0) {
-    info.cache_bytes = opts.cache_mb << 20;
-    info.cache_rule = "--gpu-cache-mb; " + mib(info.expert_bytes_total) + " of experts, " +
-                      mib(free_b) + " free";
-  } else if (info.expert_bytes_total <= share) {
-    info.cache_bytes = info.expert_bytes_total;
-    info.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
+    info_.cache_bytes = opts.cache_mb << 20;
+    info_.cache_rule = "--gpu-cache-mb; " + mib(info_.expert_bytes_total) + " of experts, " +
+                       mib(free_b) + " free";
+  } else if (info_.expert_bytes_total <= share) {
+    info_.cache_bytes = info_.expert_bytes_total;
+    info_.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
   } else {
-    info.cache_bytes = share;
-    info.cache_rule = "80% of the " + mib(free_b) + " free; the model's experts need " +
-                      mib(info.expert_bytes_total);
+    info_.cache_bytes = share;
+    info_.cache_rule = "80% of the " + mib(free_b) + " free; the model's experts need " +
+                       mib(info_.expert_bytes_total);
   }
   GpuExpertCacheOptions co;
   if (N > 0) {  // look-ahead reads on the cache's worker thread, through a store of its own
@@ -240,14 +253,14 @@ GpuForward::Impl::Impl(const ModelConfig& c, const std::filesystem::path& dense_
                         ") cannot open a second instance for the prefetch worker");
     co.prefetch_store = prefetch_store.get();
   }
-  cache = std::make_unique<GpuExpertCache>(cfg, store, info.cache_bytes, stream, co);
+  cache = std::make_unique<GpuExpertCache>(cfg, store, info_.cache_bytes, stream, co);
   warm_up();
 }
 
 // Every kernel and cuBLAS shape of a forward pass once, on scratch data, so that lazy module
 // loading and cuBLAS's first-call setup happen at load, not inside the first measured prompt.
 // Touches no expert-cache state; the KV rows it writes are rewritten before any forward reads them.
-void GpuForward::Impl::warm_up() {
+void CudaForward::warm_up() {
   MOE_CUDA_CHECK(cudaMemsetAsync(act.get(), 0, act.bytes(), stream));
   MOE_CUDA_CHECK(cudaMemsetAsync(in_dev.get(), 0, in_dev.bytes(), stream));
   MOE_CUDA_CHECK(cudaMemsetAsync(plan_dev.get(), 0, plan_dev.bytes(), stream));
@@ -296,7 +309,7 @@ void GpuForward::Impl::warm_up() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-GpuForward::Impl::~Impl() {
+CudaForward::~CudaForward() {
   cache.reset();  // its events and copies reference the stream
   if (stream) cudaStreamSynchronize(stream);
   if (blas) cublasDestroy(blas);
@@ -305,8 +318,8 @@ GpuForward::Impl::~Impl() {
 
 // y[T, out] = x[T, in] W^T + beta*y, W row-major [out, in]: in cuBLAS's column-major terms
 // W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
-void GpuForward::Impl::linear(const float* xin, const float* W, int T, int in, int out,
-                              float* yout, float beta) {
+void CudaForward::linear(const float* xin, const float* W, int T, int in, int out, float* yout,
+                         float beta) {
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
@@ -317,11 +330,17 @@ void GpuForward::Impl::linear(const float* xin, const float* W, int T, int in, i
                  "sgemm");
 }
 
-void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float* logits_out,
-                                     bool all_logits, bool prefill,
-                                     const std::function<void(const RoutingEvent&)>& on_routing,
-                                     ForwardTimes& times, const RoutingOverrideFn* override,
-                                     uint64_t ordinal) {
+void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
+                                ForwardTimes& times, CacheAwareStats& ca_stats) {
+  const int* tokens = c.tokens;
+  const int T = c.n_tokens, n_past = c.n_past;
+  float* logits_out = c.logits;
+  const bool all_logits = c.all_logits, prefill = c.prefill;
+  const RoutingCallback& on_routing = routing.on_routing;
+  const RoutingOverrideFn* override = routing.override ? &routing.override : nullptr;
+  const uint64_t ordinal = c.ordinal;
+  // Substitution needs the router's logits on the host: copied back only when it is on.
+  const bool substitute = override == nullptr && routing.cache_aware.enabled;
   MOE_ASSERT(T > 0 && T <= B && n_past + T <= opts.max_context);
   auto t0 = std::chrono::steady_clock::now();
   const size_t b = size_t(B);
@@ -397,10 +416,13 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
     const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
     MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
                                    cudaMemcpyDeviceToHost, stream));
+    if (substitute)
+      MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream));
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     int* ids_h = route_host.as<int>();
     float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
-    if (override != nullptr && *override) {  // replayed routing: the weights go back to the device
+    if (override != nullptr) {  // replayed routing: the weights go back to the device
       (*override)(l, ordinal, T, ids_h, wts_h);
       MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
                                      cudaMemcpyHostToDevice, stream));
@@ -409,7 +431,11 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
       if (ids_h[i] < 0 || ids_h[i] >= E)
         throw FormatError("layer " + std::to_string(l) + ": expert id " + std::to_string(ids_h[i]) +
                           " outside [0, " + std::to_string(E) + ") from the " +
-                          (override && *override ? "routing override" : "router"));
+                          (override ? "routing override" : "router"));
+    // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
+    if (substitute && apply_cache_aware(l, T, routing.cache_aware.tolerance, ca_stats))
+      MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream));
     if (on_routing) {
       router_inputs.resize(size_t(T) * D);
       MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
@@ -457,6 +483,23 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
   times.other_s += seconds_since(tl);
 }
 
+// Cache-aware routing of layer `layer`: the exact top-k in route_host against what the GPU cache
+// holds with its bytes in place or, below it, a host tier of the store, as the CPU pass does
+// against its tiers. Sampled once per layer per chunk, before the chunk's acquire (so a prefill
+// chunk sees one snapshot, as on the CPU). A look-ahead prediction counts as resident only once
+// its copy completed, so with --moe-lookahead the substitutions may vary from run to run.
+// Returns whether any slot changed (the weights in route_host then need uploading).
+bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats) {
+  store.residency(layer, std::span<ExpertTier>(tiers));
+  for (int e = 0; e < E; ++e)
+    resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage ||
+                          cache->resident_payload(layer, e) != nullptr;
+  int* ids_h = route_host.as<int>();
+  float* wts_h = reinterpret_cast<float*>(ids_h + size_t(B) * size_t(K));
+  return cache_aware_router.apply(resident, logits_host.as<const float>(), T, tolerance, ids_h,
+                                  wts_h, stats) > 0;
+}
+
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts
 // acquired at most kMaxExpertsPerAcquire at a time, grouped GEMMs gate/up -> SwiGLU -> down per
 // acquire, then the weighted sum in top-k order. With one acquire (decode; prefill of at most
@@ -465,7 +508,7 @@ void GpuForward::Impl::forward_chunk(const int* tokens, int T, int n_past, float
 // groups are in ascending ids (as the CPU fetches). Each group's rows, the GEMM token tile (the
 // max rows of the whole acquire) and the combine order are the same either way, so the split
 // changes no bit of the result.
-void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
+void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   auto t0 = std::chrono::steady_clock::now();
   const size_t pairs = size_t(B) * size_t(K);
   const int* ids_h = route_host.as<int>();
@@ -607,29 +650,18 @@ void GpuForward::Impl::moe(int layer, int T, bool lookahead, ForwardTimes& times
   times.expert_compute_s += seconds_since(tc);
 }
 
-GpuForward::GpuForward(const ModelConfig& cfg, const std::filesystem::path& dense_path,
-                       ExpertStore& store, const GpuForwardOptions& opts)
-    : impl_(std::make_unique<Impl>(cfg, dense_path, store, opts)) {}
-GpuForward::~GpuForward() = default;
+}  // namespace
 
-void GpuForward::forward_chunk(const int* tokens, int T, int n_past, float* logits,
-                               bool all_logits, bool prefill,
-                               const std::function<void(const RoutingEvent&)>& on_routing,
-                               ForwardTimes& times, const RoutingOverrideFn* override,
-                               uint64_t ordinal) {
-  impl_->forward_chunk(tokens, T, n_past, logits, all_logits, prefill, on_routing, times, override,
-                       ordinal);
+std::string gpu_unavailable_reason() {
+  const char* why = "";
+  if (gpu::device_count(&why) > 0) return "";
+  return std::string("no usable CUDA device (") + why + ")";
 }
 
-GpuForwardStats GpuForward::stats() const {
-  return GpuForwardStats{impl_->cache->telemetry(), impl_->la_stats};
+std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
+                                               const std::filesystem::path& dense_path,
+                                               ExpertStore& store, const GpuForwardOptions& opts) {
+  return std::make_unique<CudaForward>(cfg, dense_path, store, opts);
 }
-
-void GpuForward::reset_stats() {
-  impl_->cache->reset_telemetry();
-  impl_->la_stats = {};
-}
-
-const GpuForwardInfo& GpuForward::info() const { return impl_->info; }
 
 }  // namespace moestream

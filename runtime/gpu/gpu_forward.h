@@ -1,23 +1,24 @@
 // The whole decoder forward pass on one GPU (`infer --gpu`): dense weights and the KV cache in
-// VRAM, cuBLAS projections, our kernels, experts through the GpuExpertCache. Plain C++ header.
+// VRAM, cuBLAS projections, our kernels, experts through the GpuExpertCache. Plain C++ header;
+// gpu_forward.cpp implements it with CUDA, gpu_unavailable.cpp says why a build cannot.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <string>
 
 #include "loader/store/expert_store.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 #include "loader/format/model_config.h"
-#include "runtime/model/routing_override.h"
+#include "runtime/model/forward_pass.h"
 
 namespace moestream {
 
-struct ForwardTimes;
-struct RoutingEvent;
+// Why the GPU pass cannot run here, "" when it can: a build without the CUDA tier, or no usable
+// CUDA device (the driver's reason). Cheap: callers check it before a slow load.
+std::string gpu_unavailable_reason();
 
 struct GpuForwardOptions {
   int max_context = 0;        // KV cache positions (resolved by Model::load)
@@ -57,37 +58,31 @@ struct GpuForwardInfo {
   std::string describe() const;  // one line
 };
 
-class GpuForward {
+class GpuForward : public ForwardPass {
  public:
-  // Uploads the dense weights (streamed from dense_path, dense.safetensors), allocates the KV cache and scratch, then the expert cache under
-  // the budget rule: opts.cache_mb when given, else the whole model's experts when they fit in
-  // 80% of the free VRAM, else 80% of the free VRAM. Throws ConfigError when no GPU is usable,
-  // for f32 experts (no GPU kernel) or a budget below one expert; Error on CUDA failures.
-  GpuForward(const ModelConfig& cfg, const std::filesystem::path& dense_path, ExpertStore& store,
-             const GpuForwardOptions& opts);
-  ~GpuForward();
-  GpuForward(const GpuForward&) = delete;
-  GpuForward& operator=(const GpuForward&) = delete;
+  // Uploads the dense weights (streamed from dense_path, dense.safetensors), allocates the KV
+  // cache and scratch, then the expert cache under the budget rule: opts.cache_mb when given,
+  // else the whole model's experts when they fit in 80% of the free VRAM, else 80% of the free
+  // VRAM. Throws ConfigError when no GPU is usable (in a build without CUDA: always, with
+  // gpu_unavailable_reason()), for f32 experts (no GPU kernel) or a budget below one expert;
+  // Error on CUDA failures. `cfg` and `store` are not owned and outlive the pass.
+  static std::unique_ptr<GpuForward> create(const ModelConfig& cfg,
+                                            const std::filesystem::path& dense_path,
+                                            ExpertStore& store, const GpuForwardOptions& opts);
 
-  // Runs T <= max_batch tokens at positions n_past..n_past+T-1 (KV rows appended on the device)
-  // and writes the logits of the last token, or of every token when all_logits, to host memory
-  // (nullptr: none). T > 1 fills experts with GpuFill::kPrefill, T == 1 with kDemand. Each
-  // layer's routing goes to on_routing when set (router inputs copied back only then). When
-  // `override` is set and non-empty it replaces the router's ids/weights (token t of the chunk
-  // is ordinal + t), as on the CPU. `times` gets host wall time per phase between
-  // synchronisation points (see docs/gpu.md).
-  void forward_chunk(const int* tokens, int T, int n_past, float* logits, bool all_logits,
-                     bool prefill, const std::function<void(const RoutingEvent&)>& on_routing,
-                     ForwardTimes& times, const RoutingOverrideFn* override = nullptr,
-                     uint64_t ordinal = 0);
+  // A chunk of T tokens: KV rows appended on the device, the logits asked for copied to host
+  // memory. T > 1 fills experts with GpuFill::kPrefill, T == 1 with kDemand. The router's ids
+  // come to the host each layer; there the override replaces them (weights sent back), or
+  // cache-aware routing substitutes against the GPU cache's residency and, below it, the
+  // store's host tiers (router logits copied back only then). Router inputs are copied back for
+  // on_routing only when it is set. `times`: host wall time per phase between synchronisation
+  // points (see docs/gpu.md).
+  void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override = 0;
 
-  GpuForwardStats stats() const;
-  void reset_stats();
-  const GpuForwardInfo& info() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  virtual GpuForwardStats stats() const = 0;
+  virtual void reset_stats() = 0;
+  virtual const GpuForwardInfo& info() const = 0;
 };
 
 }  // namespace moestream

@@ -1,5 +1,6 @@
-// Implementation of runtime/model/cache_aware_router.h: the substitution rule and the weights of the
-// final selection. Plain loops: k <= 8 and n_experts <= a few hundred per (token, layer).
+// Implementation of runtime/model/cache_aware_router.h: the substitution rule, the weights of the
+// final selection and the per-chunk step of both passes. Plain loops: k <= 8 and n_experts <= a
+// few hundred per (token, layer).
 #include "runtime/model/cache_aware_router.h"
 
 #include <algorithm>
@@ -57,6 +58,41 @@ void routing_weights(const float* logits, int n_experts, const int* ids, int k, 
     for (int j = 0; j < k; ++j) s += weights[j];
     for (int j = 0; j < k; ++j) weights[j] /= s;
   }
+}
+
+CacheAwareRouter::CacheAwareRouter(int n_experts, int top_k, bool normalize)
+    : E_(n_experts), K_(top_k), normalize_(normalize), probs_(size_t(n_experts)),
+      exact_ids_(size_t(top_k)), seen_before_(size_t(n_experts)), seen_after_(size_t(n_experts)) {
+  MOE_ASSERT(top_k > 0 && top_k <= n_experts);
+}
+
+int CacheAwareRouter::apply(std::span<const uint8_t> resident, const float* logits, int T,
+                            float tolerance, int* ids_all, float* weights, CacheAwareStats& st) {
+  MOE_ASSERT(resident.size() == size_t(E_), "resident must hold n_experts flags");
+  std::fill(seen_before_.begin(), seen_before_.end(), 0);
+  std::fill(seen_after_.begin(), seen_after_.end(), 0);
+  ++st.layer_chunks;
+  int total = 0;
+  for (int t = 0; t < T; ++t) {
+    int* ids = ids_all + size_t(t) * K_;
+    const float* row = logits + size_t(t) * E_;
+    std::copy(ids, ids + K_, exact_ids_.begin());
+    const int changed = substitute_resident(row, E_, K_, resident, tolerance, ids);
+    if (changed > 0)
+      routing_weights(row, E_, ids, K_, normalize_, weights + size_t(t) * K_, probs_.data());
+    total += changed;
+    st.routings += 1;
+    st.slots += uint64_t(K_);
+    st.substitutions += uint64_t(changed);
+    st.slots_unchanged += uint64_t(K_ - changed);
+    for (int j = 0; j < K_; ++j) {
+      const size_t b = size_t(exact_ids_[size_t(j)]), a = size_t(ids[j]);
+      if (!resident[b] && !seen_before_[b]) ++st.misses_before;
+      if (!resident[a] && !seen_after_[a]) ++st.misses_after;
+      seen_before_[b] = seen_after_[a] = 1;
+    }
+  }
+  return total;
 }
 
 }  // namespace moestream

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace moestream {
 
@@ -45,5 +46,26 @@ int substitute_resident(const float* logits, int n_experts, int k, std::span<con
 // holds n_experts floats.
 void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
                      float* weights, float* probs_scratch);
+
+// The cache-aware step of one layer's forward chunk, the same in the CPU and the GPU pass: every
+// token's exact top-k against one residency snapshot (substitute_resident), the weights of the
+// tokens that changed recomputed (routing_weights), the counters. Holds only scratch, sized once.
+class CacheAwareRouter {
+ public:
+  CacheAwareRouter(int n_experts, int top_k, bool normalize);
+  // resident[e] != 0: expert e of the layer is resident, sampled once before the chunk's experts
+  // are asked for. logits: [T, n_experts] raw router logits; ids, weights: [T, top_k] exact
+  // top-k, token-major, rewritten in place. An expert chosen by an earlier token of the chunk
+  // does not count as resident: only the tiers decide. Returns the number of slots changed.
+  int apply(std::span<const uint8_t> resident, const float* logits, int T, float tolerance,
+            int* ids, float* weights, CacheAwareStats& stats);
+
+ private:
+  int E_, K_;
+  bool normalize_;
+  std::vector<float> probs_;                       // [E]
+  std::vector<int> exact_ids_;                     // [K]: one token's exact top-k
+  std::vector<uint8_t> seen_before_, seen_after_;  // [E]: distinct experts of the chunk
+};
 
 }  // namespace moestream

@@ -26,6 +26,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Checked where the first member sized by top-k is built, before anything is allocated.
+int check_top_k(const ModelConfig& cfg) {
+  if (cfg.n_experts_per_tok <= 0 || cfg.n_experts_per_tok > cfg.n_experts)
+    throw ConfigError("model.json: n_experts_per_tok (" + std::to_string(cfg.n_experts_per_tok) +
+                      ") must be in [1, n_experts=" + std::to_string(cfg.n_experts) + "]");
+  return cfg.n_experts_per_tok;
+}
+
 }  // namespace
 
 void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
@@ -56,10 +64,8 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
       E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), quant_(cfg.expert_quant),
       layout_(ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
-                                 size_t(cfg.moe_intermediate_size))) {
-  if (K_ <= 0 || K_ > E_)
-    throw ConfigError("model.json: n_experts_per_tok (" + std::to_string(K_) +
-                      ") must be in [1, n_experts=" + std::to_string(E_) + "]");
+                                 size_t(cfg.moe_intermediate_size))),
+      cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
   logits_.resize(max_batch_, E_);
   probs_.resize(size_t(E_));
   ids_.resize(size_t(max_batch_) * K_);
@@ -76,45 +82,20 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   y_.resize(Eigen::Index(max_pairs), D_);
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
-  exact_ids_.resize(size_t(K_));
-  seen_before_.resize(size_t(E_));
-  seen_after_.resize(size_t(E_));
 }
 
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
-// until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot. An
-// expert chosen by an earlier token of the chunk is not counted as resident: only the real tiers
-// decide (with nothing resident, nothing is substituted), though it is read once per chunk.
-void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T) {
+// until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
+void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T, const MoeRouting& r) {
+  MOE_ASSERT(r.stats != nullptr, "cache-aware routing needs its counters");
   store_.residency(layer, std::span<ExpertTier>(tiers_));
   for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
-  std::fill(seen_before_.begin(), seen_before_.end(), 0);
-  std::fill(seen_after_.begin(), seen_after_.end(), 0);
-  CacheAwareStats& st = ca_stats_;
-  ++st.layer_chunks;
-  for (int t = 0; t < T; ++t) {
-    int* ids = ids_.data() + size_t(t) * K_;
-    std::copy(ids, ids + K_, exact_ids_.begin());
-    const int changed = substitute_resident(logits.row(t).data(), E_, K_, resident_now_,
-                                            cache_aware_.tolerance, ids);
-    if (changed > 0)
-      routing_weights(logits.row(t).data(), E_, ids, K_, cfg_.norm_topk_prob,
-                      weights_.data() + size_t(t) * K_, probs_.data());
-    st.routings += 1;
-    st.slots += uint64_t(K_);
-    st.substitutions += uint64_t(changed);
-    st.slots_unchanged += uint64_t(K_ - changed);
-    for (int j = 0; j < K_; ++j) {
-      const size_t b = size_t(exact_ids_[size_t(j)]), a = size_t(ids[j]);
-      if (!resident_now_[b] && !seen_before_[b]) ++st.misses_before;
-      if (!resident_now_[a] && !seen_after_[a]) ++st.misses_after;
-      seen_before_[b] = seen_after_[a] = 1;
-    }
-  }
+  cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
+                     weights_.data(), *r.stats);
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-                       float* out, PhaseTimes& times) {
+                       float* out, PhaseTimes& times, const MoeRouting& routing) {
   MOE_ASSERT(T > 0 && T <= max_batch_);
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
@@ -126,8 +107,10 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
                 weights_.data() + size_t(t) * K_, probs_.data());
   }
-  if (override_ && *override_) (*override_)(layer, override_ordinal_, T, ids_.data(), weights_.data());
-  else if (cache_aware_.enabled) apply_cache_aware(layer, logits, T);
+  if (routing.override && *routing.override)
+    (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
+  else if (routing.cache_aware.enabled)
+    apply_cache_aware(layer, logits, T, routing);
   for (int t = 0; t < T; ++t) {
     const int* ids = ids_.data() + size_t(t) * K_;
     for (int j = 0; j < K_; ++j) {

@@ -22,31 +22,26 @@ struct PhaseTimes {
 void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
                  float* weights, float* probs_scratch);
 
+// How one forward() picks its experts after the router (CpuForward fills it per chunk).
+struct MoeRouting {
+  const RoutingOverrideFn* override = nullptr;  // set and non-empty: replaces the router
+  uint64_t ordinal = 0;              // tokens routed before the chunk (RoutingOverrideFn)
+  CacheAwareOptions cache_aware;     // without an override: substitute resident experts
+  CacheAwareStats* stats = nullptr;  // cache-aware counters are added here (enabled: required)
+};
+
 class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
 
-  // x: T normalised rows [T, D]; writes out [T, D].
+  // x: T normalised rows [T, D]; writes out [T, D]. Experts as `routing` says.
   void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-               float* out, PhaseTimes& times);
+               float* out, PhaseTimes& times, const MoeRouting& routing);
 
   // Routing of the last forward call: T*k expert ids, token-major.
   const std::vector<int>& last_ids() const { return ids_; }
   // Router weights of the last forward call: T*k, token-major, aligned with last_ids().
   const std::vector<float>& last_weights() const { return weights_; }
-
-  // Cache-aware routing (runtime/model/cache_aware_router.h); off by default.
-  void set_cache_aware(const CacheAwareOptions& o) { cache_aware_ = o; }
-  const CacheAwareOptions& cache_aware() const { return cache_aware_; }
-  const CacheAwareStats& cache_aware_stats() const { return ca_stats_; }
-  void reset_cache_aware_stats() { ca_stats_ = {}; }
-
-  // Expert choice from `fn` instead of the router (null = the router); `ordinal` is the first
-  // token of the next forward call (RoutingOverrideFn).
-  void set_routing_override(const RoutingOverrideFn* fn, uint64_t ordinal) {
-    override_ = fn;
-    override_ordinal_ = ordinal;
-  }
 
  private:
   const ModelConfig& cfg_;
@@ -66,16 +61,11 @@ class MoeLayer {
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
   RowMatrix up_;   // [max_batch*K, F]
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
-  // Cache-aware routing state: options, counters, the residency snapshot of this chunk.
-  void apply_cache_aware(int layer, const RowMap& logits, int T);
-  const RoutingOverrideFn* override_ = nullptr;
-  uint64_t override_ordinal_ = 0;
-  CacheAwareOptions cache_aware_;
-  CacheAwareStats ca_stats_;
-  std::vector<ExpertTier> tiers_;           // [E]
-  std::vector<uint8_t> resident_now_;      // [E]: not on storage at the chunk's start
-  std::vector<int> exact_ids_;              // [K]: one token's exact top-k
-  std::vector<uint8_t> seen_before_, seen_after_;      // [E]: distinct experts of the chunk
+  // Cache-aware routing: the step, and the residency snapshot of this chunk.
+  void apply_cache_aware(int layer, const RowMap& logits, int T, const MoeRouting& routing);
+  CacheAwareRouter cache_aware_;
+  std::vector<ExpertTier> tiers_;       // [E]
+  std::vector<uint8_t> resident_now_;   // [E]: not on storage at the chunk's start
 };
 
 }  // namespace moestream

@@ -1,0 +1,106 @@
+// Implementation of runtime/model/cpu_forward.h: embedding, per-layer attention and MoE with
+// residuals, final norm and lm_head, for one chunk of at most max_batch tokens.
+#include "runtime/model/cpu_forward.h"
+
+#include <chrono>
+#include <vector>
+
+#include "common/error.h"
+#include "runtime/model/attention.h"
+#include "runtime/model/dense_ops.h"
+#include "runtime/model/dense_weights.h"
+#include "runtime/model/moe_layer.h"
+#include "runtime/model/rope.h"
+
+namespace moestream {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+struct CpuForward::Impl {
+  const ModelConfig& cfg;
+  ThreadPool& pool;
+  int max_batch;
+  DenseWeights w;
+  Rope rope;
+  Attention attention;
+  MoeLayer moe;
+  PhaseTimes moe_times;
+  RowMatrix x, h, tmp;          // [max_batch, D]
+  std::vector<float> cos, sin;  // [max_batch, head_dim/2]
+
+  Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
+       ThreadPool& p, int max_context, int max_batch_)
+      : cfg(c), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
+        attention(c, max_context, max_batch_), moe(c, store, max_batch_) {
+    x.resize(max_batch, cfg.hidden_size);
+    h.resize(max_batch, cfg.hidden_size);
+    tmp.resize(max_batch, cfg.hidden_size);
+    cos.resize(size_t(max_batch) * size_t(rope.half_dim()));
+    sin.resize(cos.size());
+  }
+};
+
+CpuForward::CpuForward(const ModelConfig& cfg, const std::filesystem::path& dense_path,
+                       ExpertStore& store, ThreadPool& pool, int max_context, int max_batch)
+    : impl_(std::make_unique<Impl>(cfg, dense_path, store, pool, max_context, max_batch)) {}
+CpuForward::~CpuForward() = default;
+
+void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
+                               ForwardTimes& times, CacheAwareStats& cache_aware) {
+  Impl& m = *impl_;
+  const ModelConfig& cfg = m.cfg;
+  const int T = c.n_tokens, D = cfg.hidden_size;
+  MOE_ASSERT(T > 0 && T <= m.max_batch);
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int t = 0; t < T; ++t) m.x.row(t) = m.w.embed.row(c.tokens[t]);
+  m.rope.fill(c.n_past, T, m.cos.data(), m.sin.data());
+  times.other_s += seconds_since(t0);
+
+  const MoeRouting mr{routing.override ? &routing.override : nullptr, c.ordinal,
+                      routing.cache_aware, &cache_aware};
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& lw = m.w.layers[size_t(l)];
+    auto ta = std::chrono::steady_clock::now();
+    for (int t = 0; t < T; ++t)
+      rms_norm(m.x.row(t).data(), lw.attn_norm.data(), D, eps, m.h.row(t).data());
+    m.attention.forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(),
+                        m.tmp.data());
+    m.x.topRows(T) += m.tmp.topRows(T);
+    times.attention_s += seconds_since(ta);
+
+    auto tm = std::chrono::steady_clock::now();
+    for (int t = 0; t < T; ++t)
+      rms_norm(m.x.row(t).data(), lw.ffn_norm.data(), D, eps, m.h.row(t).data());
+    PhaseTimes before = m.moe_times;
+    m.moe.forward(m.pool, l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
+    if (routing.on_routing) {
+      RoutingEvent ev{l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,
+                      m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data()};
+      routing.on_routing(ev);
+    }
+    m.x.topRows(T) += m.tmp.topRows(T);
+    const double moe_total = seconds_since(tm);
+    const double router = m.moe_times.router_s - before.router_s;
+    const double io = m.moe_times.expert_io_s - before.expert_io_s;
+    times.router_s += router;
+    times.expert_io_s += io;
+    times.expert_compute_s += moe_total - router - io;  // norm and residual count as compute
+  }
+
+  if (c.logits == nullptr) return;
+  auto tl = std::chrono::steady_clock::now();
+  const int first = c.all_logits ? 0 : T - 1;
+  const int rows = T - first;
+  for (int t = first; t < T; ++t)
+    rms_norm(m.x.row(t).data(), m.w.final_norm.data(), D, eps, m.h.row(t - first).data());
+  linear(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(),
+         RowMap(c.logits, rows, cfg.vocab_size));
+  times.other_s += seconds_since(tl);
+}
+
+}  // namespace moestream

@@ -1,0 +1,65 @@
+// The one interface of a decoder forward pass, so Model (runtime/engine/model.h) drives the CPU
+// pass (runtime/model/cpu_forward.h) and the GPU pass (runtime/gpu/gpu_forward.h) alike.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "runtime/model/cache_aware_router.h"
+#include "runtime/model/routing_override.h"
+
+namespace moestream {
+
+// Wall seconds per phase, summed over forward calls (Model::times(), reset_times()).
+struct ForwardTimes {
+  double attention_s = 0;        // QKV/O projections, QK-norm, RoPE, attention
+  double router_s = 0;           // router logits, softmax, top-k
+  double expert_io_s = 0;        // waiting for ExpertStore::fetch
+  double expert_compute_s = 0;   // SwiGLU expert matvecs and the weighted sum
+  double other_s = 0;            // embedding, norms, residuals, lm_head
+  double total() const { return attention_s + router_s + expert_io_s + expert_compute_s + other_s; }
+};
+
+// One layer's routing decisions for a chunk of tokens, for routing logs (--collect-routing).
+struct RoutingEvent {
+  int layer = 0;
+  int position = 0;      // position of the chunk's first token in the sequence
+  int n_tokens = 0;
+  int top_k = 0, hidden = 0;
+  bool prefill = false;  // part of the first forward call after reset() (the prompt)
+  const int* ids = nullptr;             // [n_tokens, top_k] logical ids, best first
+  const float* weights = nullptr;       // [n_tokens, top_k]
+  const float* router_inputs = nullptr; // [n_tokens, hidden]: the normalised rows the router saw
+};
+using RoutingCallback = std::function<void(const RoutingEvent&)>;
+
+// One chunk of at most max_batch tokens, as Model hands it to a pass.
+struct ForwardChunk {
+  const int* tokens = nullptr;
+  int n_tokens = 0;
+  int n_past = 0;            // position of tokens[0]; the chunk's KV rows are written from there
+  float* logits = nullptr;   // the last token's logits, or every token's when all_logits; or none
+  bool all_logits = false;
+  bool prefill = false;      // RoutingEvent::prefill
+  uint64_t ordinal = 0;      // tokens routed since load: token t is ordinal + t (RoutingOverrideFn)
+};
+
+// How experts are chosen; Model owns it and both passes honour every field, per layer per chunk:
+// the override when set, else the router followed by cache-aware substitution when enabled;
+// the final choice goes to on_routing.
+struct RoutingControl {
+  RoutingCallback on_routing;     // empty = none; observing never changes the output
+  RoutingOverrideFn override;     // empty = the router decides
+  CacheAwareOptions cache_aware;  // residency: the tiers the pass reads experts through
+};
+
+class ForwardPass {
+ public:
+  virtual ~ForwardPass() = default;
+  // Runs the chunk (appending its KV rows) and writes the logits asked for. Adds wall time per
+  // phase to `times` and cache-aware counters to `cache_aware`.
+  virtual void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing,
+                             ForwardTimes& times, CacheAwareStats& cache_aware) = 0;
+};
+
+}  // namespace moestream
