@@ -71,7 +71,7 @@ class GpuForward {
 
   // Runs T <= max_batch tokens at positions n_past..n_past+T-1 (KV rows appended on the device)
   // and writes the logits of the last token, or of every token when all_logits, to host memory
-  // (nullptr: none). T > 1 fills experts with GpuFill::kPrefill, T == 1 with kDemand. Each
+  // (nullptr: none). T > 1 fills experts with CacheFill::kPrefill, T == 1 with kDemand. Each
   // layer's routing goes to on_routing when set (router inputs copied back only then). When
   // `override` is set and non-empty it replaces the router's ids/weights (token t of the chunk
   // is ordinal + t), as on the CPU. `times` gets host wall time per phase between
