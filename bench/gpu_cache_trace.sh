@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes the decode routing trace bench/gpu_cache_sim replays: N_PROMPTS generations on the demo
+# Makes the decode routing trace bench/cache_sim replays: N_PROMPTS generations on the demo
 # model, each prompted with a slice of the held-out text (models/demo/heldout.txt), one log.
 # Usage: bench/gpu_cache_trace.sh BUILD_DIR OUT.bin [N_PROMPTS=32] [N_PREDICT=256]
 # TEXT=file and SEED0=n (seed of prompt i: SEED0 + i) make other traces, e.g. for tuning a policy

@@ -223,7 +223,7 @@ nlohmann::json to_json(const Cell& c) {
 // One configuration of the O_DIRECT depth study: `streams` threads sharing one engine of that
 // many lanes (max_batches_in_flight; rings split between them), each reading batches of k random
 // distinct experts (one request per expert, no coalescing, reads split at max_read_bytes). With
-// two streams a second batch is in flight when one drains, the way the expert store's prefetch
+// two streams a second batch is in flight when one drains, the way the expert store's read-ahead
 // keeps the device queue full across batch boundaries.
 struct DepthConfig {
   unsigned k = 8, streams = 1;

@@ -4,7 +4,7 @@ docs/results.md (between the report:begin / report:end markers; the hand-written
 outside them are kept) with tables and PNG plots under docs/figures/report_*.png.
 
 Sections: I/O bandwidth by method (bench_io), decode tokens/s vs memory cap on a real-shape
-synthetic model (bench/decode.py), expert-cache hit rate by policy vs Belady (gpu_cache_sim on a
+synthetic model (bench/decode.py), expert-cache hit rate by policy vs Belady (cache_sim on a
 demo decode trace), clustering read ops (bench/cluster.sh), cache-aware routing's quality/miss
 trade (bench/cache_aware.py). Each figure names the machine, the date and the command.
 
@@ -215,7 +215,7 @@ class Report:
     # ---- hit rate by policy vs Belady ----
     def hit_rates(self):
         a = self.args
-        sim = os.path.join(a.bin, "gpu_cache_sim")
+        sim = os.path.join(a.bin, "cache_sim")
         if not os.path.exists(sim):
             self.md += ["### Expert-cache hit rate by policy vs Belady", "",
                         f"Not run: {sim} is not built.", ""]
@@ -244,7 +244,7 @@ class Report:
         link = self.figure(fig, "hit_rate", " ".join(cmd))
         body = [f"Trace: `{tcmd}` ({a.trace_prompts} generations of {a.trace_tokens} tokens on the demo model).",
                 ""] + lines[:first] + [""] + lines[first:end] + [""] + lines[end:end + 1] + ["", link]
-        self.section("Expert-cache hit rate by policy vs Belady (gpu_cache_sim)", " ".join(cmd), body)
+        self.section("Expert-cache hit rate by policy vs Belady (cache_sim)", " ".join(cmd), body)
 
     # ---- clustering read ops ----
     def clustering(self):

@@ -13,7 +13,6 @@
 
 #include "common/error.h"
 #include "loader/store/lfu_policy.h"
-#include "loader/store/gpu_cache_policy.h"
 
 namespace moestream {
 
@@ -80,29 +79,32 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity) {
   return r;
 }
 
-CacheSimResult simulate_host_lfu(const CacheTrace& t, int capacity, uint64_t aging_period) {
-  check_capacity(t, capacity);
+CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy) {
   CacheSimResult r;
-  LfuPolicy policy(uint32_t(capacity), aging_period);
-  std::vector<uint32_t> pinned;
+  std::vector<int> pinned;
   for (size_t g = 0; g < t.n_groups(); ++g) {
+    if (t.step_begins[g] && g > 0) policy.advance_step();
     for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
-      const uint64_t key = uint64_t(t.keys[i]);
+      const int key = t.keys[i];
+      const CacheAccess a =
+          policy.access(ExpertKey{key / t.n_experts, key % t.n_experts}, CacheFill::kDemand);
       ++r.accesses;
-      std::optional<uint32_t> slot = policy.lookup(key);
-      if (slot)
-        ++r.hits;
-      else
-        slot = policy.insert(key);
-      if (slot) {
-        policy.pin(*slot);
-        pinned.push_back(*slot);
+      r.hits += a.outcome == CacheOutcome::kHit;
+      if (a.slot >= 0) {
+        policy.pin(a.slot);
+        pinned.push_back(a.slot);
       }
     }
-    for (uint32_t s : pinned) policy.unpin(s);
+    for (int s : pinned) policy.unpin(s);
     pinned.clear();
   }
   return r;
+}
+
+CacheSimResult simulate_lfu(const CacheTrace& t, int capacity, uint64_t aging_period) {
+  check_capacity(t, capacity);
+  LfuPolicy policy(uint32_t(capacity), aging_period);
+  return simulate_policy(t, policy);
 }
 
 CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass) {
@@ -151,29 +153,11 @@ CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass) {
   return r;
 }
 
-CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOptions options) {
+CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, LfruPolicyOptions options) {
   check_capacity(t, capacity);
   // Every expert one byte: the budget in bytes is the capacity in experts.
-  GpuCachePolicy policy(size_t(capacity), t.n_experts, std::vector<size_t>(size_t(t.n_layers), 1),
-                        options);
-  CacheSimResult r;
-  std::vector<int> pinned;
-  for (size_t g = 0; g < t.n_groups(); ++g) {
-    if (t.step_begins[g] && g > 0) policy.advance_step();
-    for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
-      const int key = t.keys[i];
-      const GpuCacheResult a = policy.access(key / t.n_experts, key % t.n_experts, GpuFill::kDemand);
-      ++r.accesses;
-      r.hits += a.outcome == GpuCacheOutcome::kHit;
-      if (a.slot >= 0) {
-        policy.pin(a.slot);
-        pinned.push_back(a.slot);
-      }
-    }
-    for (int s : pinned) policy.unpin(s);
-    pinned.clear();
-  }
-  return r;
+  LfruPolicy policy(size_t(capacity), t.n_experts, std::vector<size_t>(size_t(t.n_layers), 1), options);
+  return simulate_policy(t, policy);
 }
 
 CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,

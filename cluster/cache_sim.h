@@ -1,12 +1,15 @@
-// Replays the demand accesses of a routing log through expert-cache policies (the GPU cache's
-// LFRU, LRU, Belady's optimal) at one capacity in experts: hit rates for bench/gpu_cache_sim.
+// Replays the demand accesses of a routing log through expert-cache policies at one capacity in
+// experts: both tiers' policies through their common interface (loader/store/cache_policy.h: the
+// host cache's LFU with aging, the GPU cache's LFRU), LRU, LRFU and Belady's optimal. Hit rates
+// for bench/cache_sim.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "loader/format/routing_log.h"
-#include "loader/store/gpu_cache_policy.h"
+#include "loader/store/cache_policy.h"
+#include "loader/store/lfru_policy.h"
 
 namespace moestream {
 
@@ -38,10 +41,14 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity);
 // With `bypass`, a miss used later than every evictable resident is served without being cached
 // (the GPU cache's scratch area): the optimum when demand may skip the cache.
 CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass = false);
-// loader/store/gpu_cache_policy.h (LFRU, decaying demand heat, optional demand admission), the
-// current group's slots pinned, one advance_step() per decode step. A miss refused a slot
-// (admission) is served from scratch: a miss, the residents stay.
-CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOptions options = {});
+// Any CachePolicy as the caches drive it: each access a demand access() (lookup, insert on a
+// miss), the current group's slots pinned until the group is done, one advance_step() per decode
+// step. A miss refused a slot (admission) is served uncached: a miss, the residents stay. The
+// policy's capacity must hold the widest group (the wrappers below check).
+CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy);
+// The GPU cache's policy (loader/store/lfru_policy.h: LFRU, decaying demand heat, optional demand
+// admission) with room for `capacity` experts.
+CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, LfruPolicyOptions options = {});
 
 // LRFU (Lee et al., 2001): score = sum over past demand accesses of 2^(-age / half_life), age in
 // decode steps; the lowest-scoring resident outside the current group is evicted. A half-life of
@@ -50,10 +57,9 @@ CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, GpuCachePolicyOp
 // (TinyLFU-style admission, through scratch).
 CacheSimResult simulate_lrfu(const CacheTrace& t, int capacity, double half_life_steps,
                              bool admission = false);
-// The host expert cache's policy (loader/store/lfu_policy.h) as the O_DIRECT store drives it: every
-// access counted with lookup(), a layer's hits and inserted misses pinned until the layer is
-// done, a miss the policy refuses (its count below the victim's) served uncached.
-CacheSimResult simulate_host_lfu(const CacheTrace& t, int capacity, uint64_t aging_period = 0);
+// The host cache's policy (loader/store/lfu_policy.h: LFU with aging every `aging_period` uses,
+// 0 for its default) with `capacity` slots.
+CacheSimResult simulate_lfu(const CacheTrace& t, int capacity, uint64_t aging_period = 0);
 // The best fixed set: the `capacity` experts most used over the whole trace always resident, all
 // others never (an oracle of frequencies, not of order).
 CacheSimResult simulate_static_top(const CacheTrace& t, int capacity);

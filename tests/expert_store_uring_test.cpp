@@ -454,7 +454,7 @@ void expect_handed_out(ExpertStore& store, const Payloads& want, int layer, cons
   for (size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(count[k], 1) << ids[k];
 }
 
-TEST(EngineExpertStore, PrefetchedGroupIsAdoptedByTheNextFetch) {
+TEST(EngineExpertStore, ReadAheadGroupIsAdoptedByTheNextFetch) {
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ8);
   Payloads want = write_model(d.path(), c, true);
@@ -467,13 +467,13 @@ TEST(EngineExpertStore, PrefetchedGroupIsAdoptedByTheNextFetch) {
       auto store = open_expert_store(io, d.path(), c, o);
       const std::vector<int> a{1, 6, 3}, b{7, 0, 2, 0};
       store->begin_fetch(1, a);
-      store->prefetch(1, b);
+      store->read_ahead(1, b);
       // The current group is still handed out whole and intact while the next one reads.
       expect_handed_out(*store, want, 1, a);
       store->begin_fetch(1, b);
       expect_handed_out(*store, want, 1, b);
       ExpertStoreStats s = store->stats();
-      EXPECT_EQ(s.fetches_prefetched, 1u);
+      EXPECT_EQ(s.fetches_read_ahead, 1u);
       EXPECT_EQ(s.fetch_calls, 2u);
       EXPECT_EQ(s.experts_requested, 7u);
       EXPECT_EQ(s.experts_read, 6u) << "the duplicate 0 shares one read";
@@ -481,37 +481,37 @@ TEST(EngineExpertStore, PrefetchedGroupIsAdoptedByTheNextFetch) {
   }
 }
 
-TEST(EngineExpertStore, PrefetchNobodyAsksForIsDiscardedAndNeverCached) {
+TEST(EngineExpertStore, ReadAheadNobodyAsksForIsDiscardedAndNeverCached) {
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ8);
   Payloads want = write_model(d.path(), c, false);
-  // The prefetch of expert 4 fails; its data must never be served later from the host cache.
+  // The read-ahead of expert 4 fails; its data must never be served later from the host cache.
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(4);
   auto fail = std::make_shared<std::atomic<bool>>(true);
   EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
   auto store = open_engine_expert_store(d.path(), c, o);
   expect_payloads(*store, want, 0, {1});
-  store->prefetch(0, std::vector<int>{4, 5});
-  // Other ids (or another layer) than the prefetch: it is dropped, this fetch reads normally.
+  store->read_ahead(0, std::vector<int>{4, 5});
+  // Other ids (or another layer) than the read-ahead: it is dropped, this fetch reads normally.
   expect_payloads(*store, want, 0, {5, 2});
   fail->store(false);
   expect_payloads(*store, want, 0, {4});
   ExpertStoreStats s = store->stats();
-  EXPECT_EQ(s.fetches_prefetched, 0u);
-  // 1; prefetch 4 (failed), 5; then 5 was a host-cache hit only if the prefetch's read of it
-  // was checked, which a discarded prefetch never is: 5 and 2 read again; 4 read again.
+  EXPECT_EQ(s.fetches_read_ahead, 0u);
+  // 1; read-ahead 4 (failed), 5; then 5 was a host-cache hit only if the read-ahead's read of it
+  // was checked, which a discarded read-ahead never is: 5 and 2 read again; 4 read again.
   EXPECT_EQ(s.experts_read, 6u);
   EXPECT_EQ(s.host_cache_hits, 0u);
 }
 
-TEST(EngineExpertStore, PrefetchOfExpertsStillLoadingInTheCurrentFetchReadsThemAgain) {
+TEST(EngineExpertStore, ReadAheadOfExpertsStillLoadingInTheCurrentFetchReadsThemAgain) {
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ4);
   Payloads want = write_model(d.path(), c, false);
   auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
   const std::vector<int> a{2, 3, 4}, b{3, 4, 7};
   store->begin_fetch(0, a);
-  store->prefetch(0, b);  // 3 and 4 are in the cache but may not have landed yet
+  store->read_ahead(0, b);  // 3 and 4 are in the cache but may not have landed yet
   expect_handed_out(*store, want, 0, a);
   store->begin_fetch(0, b);
   expect_handed_out(*store, want, 0, b);
@@ -519,7 +519,7 @@ TEST(EngineExpertStore, PrefetchOfExpertsStillLoadingInTheCurrentFetchReadsThemA
   EXPECT_EQ(store->stats().host_cache_hits, 4u);
 }
 
-TEST(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
+TEST(EngineExpertStore, FailedReadAheadThrowsWhenItsGroupIsFetched) {
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ8);
   Payloads want = write_model(d.path(), c, false);
@@ -527,7 +527,7 @@ TEST(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
   EngineExpertStoreOptions o = cached_failing_at(c, 8, bad);
   auto store = open_engine_expert_store(d.path(), c, o);
   store->begin_fetch(1, std::vector<int>{0});
-  store->prefetch(1, std::vector<int>{5, 6});
+  store->read_ahead(1, std::vector<int>{5, 6});
   expect_handed_out(*store, want, 1, {0});
   std::vector<int> b{5, 6};
   store->begin_fetch(1, b);
@@ -541,9 +541,9 @@ TEST(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
   EXPECT_NE(msg.find("offset " + std::to_string(bad)), std::string::npos) << msg;
 }
 
-TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupPrefetchesAndKeepsTheTokens) {
+TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupReadsAheadAndKeepsTheTokens) {
   // 40 experts, top-4, a 12-token prompt: a layer's prefill needs more than 16 experts, so the
-  // MoE layer fetches them in groups and prefetches each next group.
+  // MoE layer fetches them in groups and reads each next group ahead.
   TempDir d("expert_store_uring_test");
   ModelConfig c = tiny_config(QuantType::kQ4);
   c.vocab_size = 97;
@@ -574,7 +574,7 @@ TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupPrefetchesAndKeepsTheToke
   for (const char* io : {"auto", "pread", "mmap"})
     for (uint64_t slots : {0, 6, 64}) {
       EXPECT_EQ(run(io, slots), want) << io << " cache slots " << slots;
-      EXPECT_GT(last.fetches_prefetched, 0u) << io;
+      EXPECT_GT(last.fetches_read_ahead, 0u) << io;
     }
 }
 

@@ -204,7 +204,7 @@ TEST_F(GpuExpertCacheTest, DeviceBytesMatchPayloadsAfterRandomDemandPrefillPrefe
     std::vector<int> ids(1 + rng() % (prefill ? 12 : 6));
     for (int& id : ids) id = int(rng() % 16);  // duplicates allowed
     std::vector<const uint8_t*> dev(ids.size());
-    cache.acquire(layer, ids, prefill ? GpuFill::kPrefill : GpuFill::kDemand, dev);
+    cache.acquire(layer, ids, prefill ? CacheFill::kPrefill : CacheFill::kDemand, dev);
     CUDA_OK(cudaStreamSynchronize(stream_));  // compute waited for the copies it needs
     for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(matches(dev[i], layer, ids[i])) << "step " << it;
     cache.kernels_enqueued();
@@ -232,12 +232,12 @@ TEST_F(GpuExpertCacheTest, NothingIsCopiedWhenEveryExpertIsResident) {
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
   std::vector<int> ids{3, 9, 1};
   std::vector<const uint8_t*> dev(3), again(3);
-  cache.acquire(1, ids, GpuFill::kDemand, dev);
+  cache.acquire(1, ids, CacheFill::kDemand, dev);
   cache.kernels_enqueued();
   const GpuCacheTelemetry t1 = cache.telemetry();
   const uint64_t fetched = store_.stats().experts_requested;
   EXPECT_EQ(t1.h2d_bytes, 3 * bytes_);
-  cache.acquire(1, ids, GpuFill::kDemand, again);
+  cache.acquire(1, ids, CacheFill::kDemand, again);
   cache.kernels_enqueued();
   const GpuCacheTelemetry t2 = cache.telemetry();
   EXPECT_EQ(t2.h2d_copies, t1.h2d_copies);
@@ -256,7 +256,7 @@ TEST_F(GpuExpertCacheTest, ContiguousMissesAreMergedIntoOneCopy) {
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
   std::vector<int> ids{5, 2, 7, 0};
   std::vector<const uint8_t*> dev(4);
-  cache.acquire(0, ids, GpuFill::kDemand, dev);
+  cache.acquire(0, ids, CacheFill::kDemand, dev);
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.h2d_copies, 1u);  // four fresh slots side by side in one chunk
   EXPECT_EQ(t.h2d_bytes, 4 * bytes_);
@@ -267,7 +267,7 @@ TEST_F(GpuExpertCacheTest, ContiguousMissesAreMergedIntoOneCopy) {
   // a hit in between changes nothing.
   std::vector<int> more{9, 5, 10, 11};
   std::vector<const uint8_t*> dev2(4);
-  cache.acquire(0, more, GpuFill::kDemand, dev2);
+  cache.acquire(0, more, CacheFill::kDemand, dev2);
   EXPECT_EQ(cache.telemetry().h2d_copies, 2u);
   EXPECT_EQ(cache.telemetry().h2d_bytes, 7 * bytes_);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -280,7 +280,7 @@ TEST_F(GpuExpertCacheTest, PredictionOfColdExpertsIsDroppedAgainstAWarmSet) {
   std::vector<int> warm{0, 1};
   std::vector<const uint8_t*> dev(2);
   for (int step = 0; step < 6; ++step) {  // heat 6: 4*6 > 5*0 + 16, the guard holds
-    cache.acquire(2, warm, GpuFill::kDemand, dev);
+    cache.acquire(2, warm, CacheFill::kDemand, dev);
     cache.kernels_enqueued();
     cache.end_step();
   }
@@ -307,7 +307,7 @@ TEST_F(GpuExpertCacheTest, PrefetchedExpertIsUsedByALaterDemand) {
   pf_store_.wait_entered(1);     // begun reading: the demand cannot take it back
   std::vector<int> ids{4};
   std::vector<const uint8_t*> dev(1);
-  cache.acquire(1, ids, GpuFill::kDemand, dev);
+  cache.acquire(1, ids, CacheFill::kDemand, dev);
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.h2d_bytes, t.prefetch_h2d_bytes);  // a hit: no copy of its own
   EXPECT_EQ(t.prefetch_issued, 2u);
@@ -322,7 +322,7 @@ TEST_F(GpuExpertCacheTest, PredictionsQueuedWithADemandNeverEvictItsExperts) {
   GpuExpertCache full(cfg_, store_, 2 * bytes_, stream_, with_worker());
   std::vector<int> ids{0, 1}, next{2, 3};
   std::vector<const uint8_t*> dev(2);
-  full.acquire_and_prefetch(0, ids, GpuFill::kDemand, dev, 1, next);  // both slots are this call's
+  full.acquire_and_prefetch(0, ids, CacheFill::kDemand, dev, 1, next);  // both slots are this call's
   full.kernels_enqueued();
   EXPECT_EQ(full.telemetry().prefetch_issued, 0u);
   EXPECT_EQ(full.telemetry().policy.speculative_no_room, 2u);
@@ -332,11 +332,11 @@ TEST_F(GpuExpertCacheTest, PredictionsQueuedWithADemandNeverEvictItsExperts) {
 
   GpuExpertCache roomy(cfg_, store_, 4 * bytes_, stream_, with_worker());
   const uint64_t read_before = store_.stats().experts_requested;
-  roomy.acquire_and_prefetch(0, ids, GpuFill::kDemand, dev, 1, next);
+  roomy.acquire_and_prefetch(0, ids, CacheFill::kDemand, dev, 1, next);
   roomy.kernels_enqueued();
   EXPECT_EQ(roomy.telemetry().prefetch_issued, 2u);
   pf_store_.wait_entered(1);
-  roomy.acquire(1, next, GpuFill::kDemand, dev);  // from the worker: hits, no demand read
+  roomy.acquire(1, next, CacheFill::kDemand, dev);  // from the worker: hits, no demand read
   EXPECT_EQ(store_.stats().experts_requested - read_before, 2u);
   EXPECT_EQ(roomy.telemetry().prefetch_used, 2u);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -370,7 +370,7 @@ TEST_F(GpuExpertCacheTest, PrefetchReturnsBeforeItsReadAndDemandWaitsForTheWorke
   });
   std::vector<int> ids{4};
   std::vector<const uint8_t*> dev(1);
-  cache.acquire(1, ids, GpuFill::kDemand, dev);  // waits for the worker, does not read again
+  cache.acquire(1, ids, CacheFill::kDemand, dev);  // waits for the worker, does not read again
   opener.join();
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.prefetch_waits, 1u);
@@ -393,19 +393,19 @@ TEST_F(GpuExpertCacheTest, UnaskedPredictionsAreCancelledAndReadOnlyWhenDemanded
   cache.prefetch(1, p1);  // queued behind it
   std::vector<int> d1{7};
   std::vector<const uint8_t*> dev(1);
-  cache.acquire(1, d1, GpuFill::kDemand, dev);  // 5 and 6 were not asked for: cancelled
+  cache.acquire(1, d1, CacheFill::kDemand, dev);  // 5 and 6 were not asked for: cancelled
   cache.kernels_enqueued();
   EXPECT_EQ(cache.telemetry().prefetch_cancelled, 2u);
   EXPECT_EQ(store_.stats().experts_requested, 1u);  // 7 through the demand store
   gated.open();
   std::vector<int> d0{1};
-  cache.acquire(0, d0, GpuFill::kDemand, dev);  // the prediction, read by the worker
+  cache.acquire(0, d0, CacheFill::kDemand, dev);  // the prediction, read by the worker
   cache.kernels_enqueued();
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_TRUE(matches(dev[0], 0, 1));
   EXPECT_EQ(gated.layers_fetched(), std::vector<int>{0});  // the cancelled group was never read
   std::vector<int> d5{5};
-  cache.acquire(1, d5, GpuFill::kDemand, dev);  // a cancelled prediction: read now, a miss
+  cache.acquire(1, d5, CacheFill::kDemand, dev);  // a cancelled prediction: read now, a miss
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_TRUE(matches(dev[0], 1, 5));
   const GpuCacheTelemetry t = cache.telemetry();
@@ -428,7 +428,7 @@ TEST_F(GpuExpertCacheTest, DemandedPredictionStillQueuedIsReadByDemandWithoutWai
   cache.prefetch(1, p1);
   std::vector<int> d1{2};
   std::vector<const uint8_t*> dev(1);
-  cache.acquire(1, d1, GpuFill::kDemand, dev);  // 2 taken back and read here, 3 cancelled
+  cache.acquire(1, d1, CacheFill::kDemand, dev);  // 2 taken back and read here, 3 cancelled
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.prefetch_waits, 0u);
   EXPECT_EQ(t.prefetch_refills, 1u);
@@ -440,7 +440,7 @@ TEST_F(GpuExpertCacheTest, DemandedPredictionStillQueuedIsReadByDemandWithoutWai
   gated.open();
   cache.kernels_enqueued();
   std::vector<int> d0{1};
-  cache.acquire(0, d0, GpuFill::kDemand, dev);
+  cache.acquire(0, d0, CacheFill::kDemand, dev);
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_TRUE(matches(dev[0], 0, 1));
   EXPECT_EQ(gated.layers_fetched(), std::vector<int>{0});  // layer 1's group was never read
@@ -460,13 +460,13 @@ TEST_F(GpuExpertCacheTest, WorkerReadErrorIsThrownByTheNextCallAndTheCacheRecove
   std::vector<int> ids{3};
   std::vector<const uint8_t*> dev(1);
   try {
-    cache.acquire(2, ids, GpuFill::kDemand, dev);  // waits for the failed prediction
+    cache.acquire(2, ids, CacheFill::kDemand, dev);  // waits for the failed prediction
     FAIL() << "expected the worker's IoError";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("layer_2.bin"), std::string::npos) << e.what();
   }
   EXPECT_EQ(cache.resident_payload(2, 9), nullptr);  // flushed: no slot without its bytes
-  cache.acquire(2, ids, GpuFill::kDemand, dev);      // through the demand store now
+  cache.acquire(2, ids, CacheFill::kDemand, dev);      // through the demand store now
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_TRUE(matches(dev[0], 2, 3));
 }
@@ -482,7 +482,7 @@ TEST_F(GpuExpertCacheTest, BackToBackPrefetchesNeverOverwriteStagingACopyStillRe
   pf_store_.wait_entered(3);
   for (int layer = 0; layer < 3; ++layer) {  // each demand waits for its predictions' copies
     std::vector<const uint8_t*> dev(ids.size());
-    cache.acquire(layer, ids, GpuFill::kDemand, dev);
+    cache.acquire(layer, ids, CacheFill::kDemand, dev);
     cache.kernels_enqueued();
     CUDA_OK(cudaStreamSynchronize(stream_));
     for (size_t i = 0; i < ids.size(); ++i) EXPECT_TRUE(matches(dev[i], layer, ids[i]));
@@ -535,7 +535,7 @@ void kernels_still_queued(GpuExpertCacheTest& t, bool two_phase) {
   for (int c = 0; c < kCalls; ++c) {
     const std::vector<int>& ids = called[size_t(c)];
     std::vector<const uint8_t*> dev(ids.size());
-    const GpuFill kind = rng() % 4 ? GpuFill::kDemand : GpuFill::kPrefill;
+    const CacheFill kind = rng() % 4 ? CacheFill::kDemand : CacheFill::kPrefill;
     auto kernel = [&](size_t i) {
       return cudaMemcpyAsync(check + (size_t(c) * kMaxIds + i) * bytes_, dev[i], bytes_,
                              cudaMemcpyDeviceToDevice, stream_);
@@ -594,7 +594,7 @@ TEST_F(GpuExpertCacheTest, EachMissIsCopiedAsSoonAsItsReadLands) {
   store_.on_wait_ = [&] { copies_seen.push_back(cache.telemetry().h2d_bytes / bytes_); };
   std::vector<int> ids{5, 2, 7, 0};
   std::vector<const uint8_t*> dev(4);
-  cache.acquire(0, ids, GpuFill::kDemand, dev);
+  cache.acquire(0, ids, CacheFill::kDemand, dev);
   // Waits 1..4 hand out an expert each, the fifth says "all handed out".
   EXPECT_EQ(copies_seen, (std::vector<uint64_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(cache.telemetry().h2d_copies, 4u);  // one per landing: nothing to merge with
@@ -605,7 +605,7 @@ TEST_F(GpuExpertCacheTest, EachMissIsCopiedAsSoonAsItsReadLands) {
   store_.trickle_ = 2;
   copies_seen.clear();
   std::vector<int> more{9, 10, 11, 12};
-  cache.acquire(0, more, GpuFill::kDemand, dev);
+  cache.acquire(0, more, CacheFill::kDemand, dev);
   EXPECT_EQ(copies_seen, (std::vector<uint64_t>{4, 6, 8}));
   EXPECT_EQ(cache.telemetry().h2d_copies, 6u);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -618,14 +618,14 @@ TEST_F(GpuExpertCacheTest, BeginAcquireHandsOutHitsBeforeAnyMissIsRead) {
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
   std::vector<int> warm{1, 2};
   std::vector<const uint8_t*> dev(2);
-  cache.acquire(2, warm, GpuFill::kDemand, dev);
+  cache.acquire(2, warm, CacheFill::kDemand, dev);
   cache.kernels_enqueued();
   const uint64_t requested = store_.stats().experts_requested;
 
   std::vector<int> ids{1, 5, 2, 6, 5};
   std::vector<const uint8_t*> got(ids.size());
   std::vector<uint8_t> ready(ids.size(), 7);
-  cache.begin_acquire(2, ids, GpuFill::kDemand, got, ready);
+  cache.begin_acquire(2, ids, CacheFill::kDemand, got, ready);
   EXPECT_EQ(ready, (std::vector<uint8_t>{1, 0, 1, 0, 0}));
   EXPECT_EQ(store_.stats().experts_requested, requested);  // nothing read yet
   EXPECT_EQ(got[0], dev[0]);
@@ -641,7 +641,7 @@ TEST_F(GpuExpertCacheTest, BeginAcquireHandsOutHitsBeforeAnyMissIsRead) {
   }
   // Nothing else may run on the cache in between.
   EXPECT_THROW(cache.kernels_enqueued(), ConfigError);
-  EXPECT_THROW(cache.acquire(2, ids, GpuFill::kDemand, got), ConfigError);
+  EXPECT_THROW(cache.acquire(2, ids, CacheFill::kDemand, got), ConfigError);
   EXPECT_THROW(cache.end_step(), ConfigError);
   cache.finish_acquire();
   EXPECT_EQ(store_.stats().experts_requested, requested + 2);
@@ -663,7 +663,7 @@ TEST_F(GpuExpertCacheTest, PredictionAlreadyCopiedIsReadyAtBeginAcquire) {
   std::vector<int> ids{4, 8};
   std::vector<const uint8_t*> got(2);
   std::vector<uint8_t> ready(2);
-  cache.begin_acquire(1, ids, GpuFill::kDemand, got, ready);
+  cache.begin_acquire(1, ids, CacheFill::kDemand, got, ready);
   EXPECT_EQ(ready, (std::vector<uint8_t>{1, 0}));
   std::vector<uint8_t> host(bytes_);
   CUDA_OK(cudaMemcpyAsync(host.data(), got[0], bytes_, cudaMemcpyDeviceToHost, stream_));
@@ -698,9 +698,9 @@ TEST_F(GpuExpertCacheTest, ExpertsGoToScratchWhenEverySlotIsPinned) {
   CUDA_OK(cudaLaunchHostFunc(stream_, &StreamGate::wait, &gate));
   std::vector<int> first{0, 1}, second{2, 3};
   std::vector<const uint8_t*> d1(2), d2(2);
-  cache.acquire(0, first, GpuFill::kDemand, d1);
+  cache.acquire(0, first, CacheFill::kDemand, d1);
   cache.kernels_enqueued();  // their kernels sit behind the gate: both slots stay pinned
-  cache.acquire(0, second, GpuFill::kDemand, d2);
+  cache.acquire(0, second, CacheFill::kDemand, d2);
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.scratch_uses, 2u);
   EXPECT_EQ(t.policy.demand_no_room, 2u);
@@ -716,7 +716,7 @@ TEST_F(GpuExpertCacheTest, ExpertsGoToScratchWhenEverySlotIsPinned) {
   // With the kernels done the pins are gone: the next demand evicts instead of using scratch.
   std::vector<int> third{4};
   std::vector<const uint8_t*> d3(1);
-  cache.acquire(0, third, GpuFill::kDemand, d3);
+  cache.acquire(0, third, CacheFill::kDemand, d3);
   EXPECT_EQ(cache.telemetry().scratch_uses, 2u);
   EXPECT_EQ(cache.telemetry().policy.evictions, 1u);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -728,11 +728,11 @@ TEST_F(GpuExpertCacheTest, PrefillFillsFreeBudgetButNeverEvicts) {
   GpuExpertCache cache(cfg_, store_, 3 * bytes_, stream_);
   std::vector<int> decode{0, 1};
   std::vector<const uint8_t*> d(2);
-  cache.acquire(0, decode, GpuFill::kDemand, d);
+  cache.acquire(0, decode, CacheFill::kDemand, d);
   cache.kernels_enqueued();
   std::vector<int> prompt{2, 3, 4, 5};
   std::vector<const uint8_t*> p(4);
-  cache.acquire(0, prompt, GpuFill::kPrefill, p);
+  cache.acquire(0, prompt, CacheFill::kPrefill, p);
   cache.kernels_enqueued();
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.policy.prefill_fills, 1u);
@@ -752,10 +752,10 @@ TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
   std::vector<const uint8_t*> d(2);
   std::vector<int> a{0, 1}, b{2, 3}, c{4, 5};
-  cache.acquire(0, a, GpuFill::kDemand, d);  // the chunk made at construction
+  cache.acquire(0, a, CacheFill::kDemand, d);  // the chunk made at construction
   cache.kernels_enqueued();
   cache.inject_alloc_failures(1);
-  cache.acquire(0, b, GpuFill::kDemand, d);
+  cache.acquire(0, b, CacheFill::kDemand, d);
   cache.kernels_enqueued();
   EXPECT_EQ(cache.telemetry().alloc_retries, 1u);
   EXPECT_EQ(cache.resident_payload(0, 0), nullptr);  // released by the flush
@@ -765,7 +765,7 @@ TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
 
   cache.inject_alloc_failures(2);  // fails again after the flush: a clear error
   try {
-    cache.acquire(0, c, GpuFill::kDemand, d);
+    cache.acquire(0, c, CacheFill::kDemand, d);
     FAIL() << "expected an Error";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -773,7 +773,7 @@ TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
     EXPECT_NE(msg.find("free"), std::string::npos) << msg;
   }
   // The cache is usable afterwards.
-  cache.acquire(0, c, GpuFill::kDemand, d);
+  cache.acquire(0, c, CacheFill::kDemand, d);
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_TRUE(matches(d[0], 0, 4));
   EXPECT_TRUE(matches(d[1], 0, 5));
@@ -784,11 +784,11 @@ TEST_F(GpuExpertCacheTest, OutOfRangeDemandIsConfigError) {
   GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);
   std::vector<int> ids{1, 16};
   std::vector<const uint8_t*> d(2);
-  EXPECT_THROW(cache.acquire(0, ids, GpuFill::kDemand, d), ConfigError);
+  EXPECT_THROW(cache.acquire(0, ids, CacheFill::kDemand, d), ConfigError);
   std::vector<int> ok{1};
   std::vector<const uint8_t*> d1(1);
-  EXPECT_THROW(cache.acquire(3, ok, GpuFill::kDemand, d1), ConfigError);
-  EXPECT_THROW(cache.acquire(0, ok, GpuFill::kDemand, d), ConfigError);  // size mismatch
+  EXPECT_THROW(cache.acquire(3, ok, CacheFill::kDemand, d1), ConfigError);
+  EXPECT_THROW(cache.acquire(0, ok, CacheFill::kDemand, d), ConfigError);  // size mismatch
 }
 
 }  // namespace

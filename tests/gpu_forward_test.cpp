@@ -118,7 +118,7 @@ class FixedResidencyStore final : public ExpertStore {
   bool next_ready(size_t* index, const uint8_t** payload, bool wait = true) override {
     return inner_->next_ready(index, payload, wait);
   }
-  void prefetch(int layer, std::span<const int> ids) override { inner_->prefetch(layer, ids); }
+  void read_ahead(int layer, std::span<const int> ids) override { inner_->read_ahead(layer, ids); }
   void residency(int layer, std::span<ExpertTier> out) const override {
     for (size_t e = 0; e < out.size(); ++e)
       out[e] = (int(e) + layer) % 3 == 0 ? ExpertTier::kHostCache : ExpertTier::kStorage;

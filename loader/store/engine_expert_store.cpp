@@ -1,6 +1,7 @@
-// ExpertStore over the read engine: logical ids -> physical slots (.map), host-cache hits at once,
-// misses read by a background thread in one coalesced batch and handed out as each one lands;
-// a prefetch reads the next fetch's misses into a second set of buffers.
+// ExpertStore over the read engine: logical ids -> physical slots (.map) for the reads, host-cache
+// hits (keyed by logical id) at once, misses read by a background thread in one coalesced batch
+// and handed out as each one lands; a read-ahead reads the next fetch's misses into a second set
+// of buffers.
 #include "loader/store/engine_expert_store.h"
 
 #include <algorithm>
@@ -58,7 +59,7 @@ class EngineExpertStore final : public ExpertStore {
       cache_ = std::make_unique<HostCache>(opts.host_cache_bytes, read_bytes_);
       cache_verified_.assign(cache_->n_slots(), false);
     }
-    // Two I/O threads on an engine of two lanes: a prefetch's batch runs beside the current
+    // Two I/O threads on an engine of two lanes: a read-ahead's batch runs beside the current
     // one instead of queueing behind its tail.
     for (std::thread& t : io_threads_) t = std::thread([this] { io_loop(); });
   }
@@ -97,16 +98,16 @@ class EngineExpertStore final : public ExpertStore {
       if (p->layer == layer && std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
         release(*cur_);  // the fetch whose payloads were valid until now
         cur_ = p;
-        ++stats_.fetches_prefetched;
+        ++stats_.fetches_read_ahead;
         return;
       }
-      release(*p);  // a prefetch nobody asked for
+      release(*p);  // a read-ahead nobody asked for
     }
     release(*cur_);
     start(*cur_, layer, ids);
   }
 
-  void prefetch(int layer, std::span<const int> ids) override {
+  void read_ahead(int layer, std::span<const int> ids) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     if (ids.empty()) return;
     if (Fetch* p = std::exchange(next_, nullptr)) release(*p);
@@ -145,7 +146,7 @@ class EngineExpertStore final : public ExpertStore {
     MOE_ASSERT(out.size() == L.header.n_experts, "residency: out must hold n_experts entries");
     for (uint32_t e = 0; e < L.header.n_experts; ++e) {
       const uint32_t slot = L.map.physical(e);
-      if (cache_ && cache_->policy().peek(HostCache::key(uint32_t(layer), slot)))
+      if (cache_ && cache_->policy().slot_of(ExpertKey{layer, int(e)}) >= 0)
         out[e] = ExpertTier::kHostCache;
       else if (L.page_cache && L.page_cache->sample(L.header.slot_offset(slot), layout_.bytes, 2).fully_resident())
         out[e] = ExpertTier::kPageCache;
@@ -200,16 +201,17 @@ class EngineExpertStore final : public ExpertStore {
   };
   struct Item {
     uint32_t slot = 0;               // physical slot in the layer file
+    int expert = 0;                  // logical id (the host cache's key)
     const uint8_t* data = nullptr;   // where the payload is (or lands)
     int64_t cache_slot = -1;         // host cache slot, or -1 (scratch buffer)
     size_t scratch = 0;
     bool ready = false;
   };
-  // One fetch: the current one (handed out by next_ready) or the prefetched next one. Two exist
-  // so that a prefetch can read into its own buffers while the current payloads are in use.
+  // One fetch: the current one (handed out by next_ready) or the read-ahead next one. Two exist
+  // so that a read-ahead can read into its own buffers while the current payloads are in use.
   struct Fetch {
     int layer = 0;
-    std::vector<int> ids;                  // as asked (a prefetch is adopted on an exact match)
+    std::vector<int> ids;                  // as asked (a read-ahead is adopted on an exact match)
     std::vector<Item> items;
     std::vector<uint32_t> position_item;   // ids position -> item
     std::vector<size_t> ready;             // positions ready to hand out
@@ -217,7 +219,7 @@ class EngineExpertStore final : public ExpertStore {
     std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)
     std::vector<uint32_t> req_item;        // request -> item
     std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
-    std::vector<uint32_t> pinned;          // cache slots this fetch hands out
+    std::vector<int> pinned;               // cache slots this fetch hands out
     std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
     std::unique_ptr<uint8_t, FreeDeleter> scratch;  // misses the cache does not take
     size_t scratch_slots = 0;
@@ -252,7 +254,7 @@ class EngineExpertStore final : public ExpertStore {
     f.items.clear();
     for (int id : ids) {
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
-      f.items.push_back(Item{L.map.physical(static_cast<uint32_t>(id))});
+      f.items.push_back(Item{L.map.physical(static_cast<uint32_t>(id)), id});
     }
     std::sort(f.items.begin(), f.items.end(), [](const Item& a, const Item& b) { return a.slot < b.slot; });
     f.items.erase(std::unique(f.items.begin(), f.items.end(),
@@ -276,32 +278,34 @@ class EngineExpertStore final : public ExpertStore {
     reread.assign(f.items.size(), 0);
     if (cache_)
       for (size_t k = 0; k < f.items.size(); ++k) {
-        auto cs = cache_->policy().lookup(HostCache::key(uint32_t(layer), f.items[k].slot));
-        if (!cs) continue;
-        if (!cache_verified_[*cs]) {
+        const int cs = cache_->policy().lookup(ExpertKey{layer, f.items[k].expert}, CacheFill::kDemand);
+        if (cs < 0) continue;
+        if (!cache_verified_[size_t(cs)]) {
           reread[k] = 1;
           continue;
         }
-        f.items[k].data = cache_->slot_data(*cs);
-        f.items[k].cache_slot = int64_t(*cs);
+        f.items[k].data = cache_->slot_data(uint32_t(cs));
+        f.items[k].cache_slot = cs;
         f.items[k].ready = true;
-        cache_->policy().pin(*cs);
-        f.pinned.push_back(*cs);
+        cache_->policy().pin(cs);
+        f.pinned.push_back(cs);
         ++stats_.host_cache_hits;
       }
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {
       Item& it = f.items[k];
       if (it.ready) continue;
-      if (cache_ && !reread[k])
-        if (auto cs = cache_->policy().insert(HostCache::key(uint32_t(layer), it.slot))) {
-          it.cache_slot = int64_t(*cs);
-          it.data = cache_->slot_data(*cs);
-          cache_->policy().pin(*cs);
-          f.pinned.push_back(*cs);
-          cache_verified_[*cs] = false;
+      if (cache_ && !reread[k]) {
+        const CacheAccess a = cache_->policy().insert(ExpertKey{layer, it.expert}, CacheFill::kDemand);
+        if (a.outcome == CacheOutcome::kFilled) {
+          it.cache_slot = a.slot;
+          it.data = cache_->slot_data(uint32_t(a.slot));
+          cache_->policy().pin(a.slot);
+          f.pinned.push_back(a.slot);
+          cache_verified_[size_t(a.slot)] = false;
           continue;
         }
+      }
       it.scratch = n_scratch++;
     }
     ensure_scratch(f, n_scratch);
@@ -363,7 +367,7 @@ class EngineExpertStore final : public ExpertStore {
   }
 
   // Waits out fetch f's batch, releases its pins, and forgets cache slots whose data never
-  // proved good (failed read, bad checksum, a fetch abandoned after an error, or a prefetch
+  // proved good (failed read, bad checksum, a fetch abandoned after an error, or a read-ahead
   // that was never used: its reads may not have been checked).
   void release(Fetch& f) {
     {
@@ -373,8 +377,8 @@ class EngineExpertStore final : public ExpertStore {
     if (cache_) {
       for (const Item& it : f.items)
         if (it.cache_slot >= 0 && !cache_verified_[size_t(it.cache_slot)])
-          cache_->policy().erase(HostCache::key(uint32_t(f.layer), it.slot));
-      for (uint32_t cs : f.pinned) cache_->policy().unpin(cs);
+          cache_->policy().erase(ExpertKey{f.layer, it.expert});
+      for (int cs : f.pinned) cache_->policy().unpin(cs);
     }
     f.pinned.clear();
     f.items.clear();
@@ -442,7 +446,7 @@ class EngineExpertStore final : public ExpertStore {
 
   Fetch fetches_[2];
   Fetch* cur_ = &fetches_[0];   // handed out by next_ready (caller's thread only)
-  Fetch* next_ = nullptr;       // a prefetch in flight or landed, or null
+  Fetch* next_ = nullptr;       // a read-ahead in flight or landed, or null
 
   // Shared with the I/O thread, under mu_ (with each Fetch's landed/busy).
   mutable std::mutex mu_;

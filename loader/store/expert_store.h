@@ -37,7 +37,7 @@ struct ExpertStoreStats {
   uint64_t bytes_transferred = 0;    // bytes the reads moved, gaps read through included
   double io_wait_seconds = 0;        // time the caller blocked for experts: I/O not hidden
   double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
-  uint64_t fetches_prefetched = 0;   // begin_fetch() calls whose reads a prefetch() had started
+  uint64_t fetches_read_ahead = 0;   // begin_fetch() calls whose reads a read_ahead() had started
 };
 
 class ExpertStore {
@@ -69,11 +69,12 @@ class ExpertStore {
     return true;
   }
 
-  // Starts reading the experts that the next begin_fetch() will ask for (prefill: the next group
-  // of a layer's experts), while the current fetch's payloads stay valid and are still handed
-  // out; a following begin_fetch() with the same layer and ids finds them landed or in flight,
-  // any other begin_fetch() discards them. The default does nothing.
-  virtual void prefetch(int layer, std::span<const int> ids) {
+  // Read-ahead: starts reading the experts that the next begin_fetch() will ask for (prefill: the
+  // next group of the same layer's experts, known exactly; not the GPU cache's look-ahead, which
+  // predicts the next layer's), while the current fetch's payloads stay valid and are still
+  // handed out; a following begin_fetch() with the same layer and ids finds them landed or in
+  // flight, any other begin_fetch() discards them. The default does nothing.
+  virtual void read_ahead(int layer, std::span<const int> ids) {
     (void)layer;
     (void)ids;
   }
@@ -90,7 +91,7 @@ class ExpertStore {
 
   // A second, independent store over the same files with the same read options but no host
   // cache of its own, for a thread that reads beside this store's user (a store is not
-  // thread-safe; the GPU cache's prefetch worker). nullptr when this store cannot reopen itself.
+  // thread-safe; the GPU cache's look-ahead worker). nullptr when this store cannot reopen itself.
   virtual std::unique_ptr<ExpertStore> reopen() const { return nullptr; }
 
   // One line on how experts are read (backend after any fallback, O_DIRECT, host cache), for

@@ -1,5 +1,6 @@
 // The engine's own host expert cache for O_DIRECT reads (where the page cache is bypassed):
-// one 4 KiB aligned arena cut into equal slots, one expert per slot, LfuPolicy eviction.
+// one 4 KiB aligned arena cut into equal slots, one expert per slot, LfuPolicy eviction. Experts
+// are keyed by (layer, logical id), as in the GPU cache.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +25,6 @@ class HostCache {
   uint8_t* slot_data(uint32_t slot) const { return arena_ + uint64_t(slot) * slot_bytes_; }
   LfuPolicy& policy() { return policy_; }
   const LfuPolicy& policy() const { return policy_; }
-
-  // Keys of experts: (layer, physical slot in the layer file).
-  static uint64_t key(uint32_t layer, uint32_t slot) { return (uint64_t(layer) << 32) | slot; }
 
  private:
   uint64_t slot_bytes_ = 0;

@@ -14,7 +14,7 @@ LfuPolicy::LfuPolicy(uint32_t n_slots, uint64_t aging_period)
 
 LfuPolicy::Rank LfuPolicy::rank(uint32_t slot) const {
   const Slot& s = slots_[slot];
-  auto it = counts_.find(s.key);
+  auto it = counts_.find(s.key.packed());
   return {it == counts_.end() ? 0u : it->second, s.tick, slot};
 }
 
@@ -52,49 +52,90 @@ void LfuPolicy::touch(uint64_t key) {
   if (++uses_since_aging_ >= aging_period_) age();
 }
 
-std::optional<uint32_t> LfuPolicy::lookup(uint64_t key) {
-  touch(key);
-  return peek(key);
+int LfuPolicy::lookup(ExpertKey key, CacheFill kind) {
+  if (kind == CacheFill::kDemand) touch(key.packed());
+  const int slot = slot_of(key);
+  switch (kind) {
+    case CacheFill::kDemand:
+      if (slot < 0) {
+        ++stats_.demand_misses;
+        break;
+      }
+      ++stats_.demand_hits;
+      if (slots_[size_t(slot)].speculative_unused) ++stats_.speculative_used;
+      slots_[size_t(slot)].speculative_unused = false;
+      break;
+    case CacheFill::kSpeculative: stats_.speculative_hits += slot >= 0; break;
+    case CacheFill::kPrefill: stats_.prefill_hits += slot >= 0; break;
+  }
+  return slot;
 }
 
-std::optional<uint32_t> LfuPolicy::peek(uint64_t key) const {
-  auto w = where_.find(key);
-  if (w == where_.end()) return std::nullopt;
-  return w->second;
+int LfuPolicy::slot_of(ExpertKey key) const {
+  auto w = where_.find(key.packed());
+  return w == where_.end() ? -1 : int(w->second);
 }
 
-uint32_t LfuPolicy::count(uint64_t key) const {
-  auto it = counts_.find(key);
+uint32_t LfuPolicy::count(ExpertKey key) const {
+  auto it = counts_.find(key.packed());
   return it == counts_.end() ? 0 : it->second;
 }
 
-std::optional<uint32_t> LfuPolicy::insert(uint64_t key, std::optional<uint64_t>* evicted) {
-  MOE_ASSERT(!where_.count(key), "LfuPolicy::insert of a resident key");
-  if (evicted) evicted->reset();
-  uint32_t slot;
+std::optional<ExpertKey> LfuPolicy::victim(ExpertKey key) const {
+  (void)key;  // equal slots: the victim does not depend on the newcomer
+  if (!free_.empty() || evictable_.empty()) return std::nullopt;
+  return slots_[std::get<2>(*evictable_.begin())].key;
+}
+
+bool LfuPolicy::admits(ExpertKey key, CacheFill kind, ExpertKey victim) const {
+  return kind != CacheFill::kPrefill && count(victim) <= count(key);
+}
+
+CacheAccess LfuPolicy::insert(ExpertKey key, CacheFill kind) {
+  MOE_ASSERT(!where_.count(key.packed()), "LfuPolicy::insert of a resident key");
+  CacheAccess a;
+  uint32_t slot = 0;
   if (!free_.empty()) {
     slot = free_.back();
     free_.pop_back();
   } else {
-    if (evictable_.empty()) return std::nullopt;
-    auto victim = evictable_.begin();
-    if (std::get<0>(*victim) > count(key)) return std::nullopt;
-    slot = std::get<2>(*victim);
-    evictable_.erase(victim);
-    if (evicted) *evicted = slots_[slot].key;
-    where_.erase(slots_[slot].key);
+    const std::optional<ExpertKey> v = victim(key);
+    if (!v || !admits(key, kind, *v)) {
+      a.outcome = v && kind == CacheFill::kSpeculative ? CacheOutcome::kDropped : CacheOutcome::kNoRoom;
+      stats_.demand_not_admitted += v && kind == CacheFill::kDemand;
+    } else {
+      auto it = evictable_.begin();
+      slot = std::get<2>(*it);
+      evictable_.erase(it);
+      a.evicted = slots_[slot].key;
+      where_.erase(slots_[slot].key.packed());
+      ++stats_.evictions;
+      a.outcome = CacheOutcome::kFilled;
+    }
+    if (a.outcome != CacheOutcome::kFilled) {
+      stats_.demand_no_room += kind == CacheFill::kDemand;
+      stats_.speculative_dropped += a.outcome == CacheOutcome::kDropped;
+      stats_.speculative_no_room += kind == CacheFill::kSpeculative && a.outcome == CacheOutcome::kNoRoom;
+      stats_.prefill_no_room += kind == CacheFill::kPrefill;
+      return a;
+    }
   }
   Slot& s = slots_[slot];
   s.key = key;
   s.tick = ++tick_;
   s.used = true;
-  where_[key] = slot;
+  s.speculative_unused = kind == CacheFill::kSpeculative;
+  where_[key.packed()] = slot;
   make_evictable(slot);
-  return slot;
+  a.outcome = CacheOutcome::kFilled;
+  a.slot = int(slot);
+  stats_.speculative_fills += kind == CacheFill::kSpeculative;
+  stats_.prefill_fills += kind == CacheFill::kPrefill;
+  return a;
 }
 
-void LfuPolicy::erase(uint64_t key) {
-  auto w = where_.find(key);
+void LfuPolicy::erase(ExpertKey key) {
+  auto w = where_.find(key.packed());
   if (w == where_.end()) return;
   uint32_t slot = w->second;
   make_unevictable(slot);
@@ -103,19 +144,21 @@ void LfuPolicy::erase(uint64_t key) {
   if (slots_[slot].pins == 0) free_.push_back(slot);
 }
 
-void LfuPolicy::pin(uint32_t slot) {
-  MOE_ASSERT(slot < slots_.size());
-  make_unevictable(slot);
-  ++slots_[slot].pins;
+void LfuPolicy::pin(int slot) {
+  MOE_ASSERT(slot >= 0 && size_t(slot) < slots_.size());
+  make_unevictable(uint32_t(slot));
+  ++slots_[size_t(slot)].pins;
 }
 
-void LfuPolicy::unpin(uint32_t slot) {
-  MOE_ASSERT(slot < slots_.size() && slots_[slot].pins > 0, "unpin of an unpinned slot");
-  if (--slots_[slot].pins > 0) return;
-  if (slots_[slot].used)
-    make_evictable(slot);
+void LfuPolicy::unpin(int slot) {
+  MOE_ASSERT(slot >= 0 && size_t(slot) < slots_.size() && slots_[size_t(slot)].pins > 0,
+             "unpin of an unpinned slot");
+  Slot& s = slots_[size_t(slot)];
+  if (--s.pins > 0) return;
+  if (s.used)
+    make_evictable(uint32_t(slot));
   else
-    free_.push_back(slot);  // erased while pinned
+    free_.push_back(uint32_t(slot));  // erased while pinned
 }
 
 }  // namespace moestream

@@ -31,7 +31,7 @@ nlohmann::json routing_json(const CacheAwareStats& r, double tokens) {
 // GPU expert cache counters of a phase (issue 8 telemetry): hits/misses of the VRAM tier (misses
 // are served by the host tiers, counted under "experts"), prefetches, look-ahead recall, H2D.
 nlohmann::json gpu_json(const GpuForwardStats& g) {
-  const GpuCacheStats& p = g.cache.policy;
+  const CacheStats& p = g.cache.policy;
   return {{"gpu_hits", p.demand_hits + p.prefill_hits},
           {"gpu_misses", p.demand_misses + p.prefill_fills + p.prefill_no_room},
           {"demand_hits", p.demand_hits},
@@ -95,7 +95,7 @@ std::string routing_text(const CacheAwareStats& r, double tokens) {
 }
 
 std::string gpu_text(const GpuForwardStats& g) {
-  const GpuCacheStats& p = g.cache.policy;
+  const CacheStats& p = g.cache.policy;
   std::string s = "  gpu cache: " + std::to_string(p.demand_hits + p.prefill_hits) + " hits, " +
                   std::to_string(p.demand_misses + p.prefill_fills + p.prefill_no_room) +
                   " misses (" + std::to_string(g.cache.scratch_uses) + " without a slot), " +
@@ -146,7 +146,7 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"bytes_transferred", e.bytes_transferred},
                     {"io_wait_not_hidden_s", e.io_wait_seconds},
                     {"checksum_s", e.checksum_seconds},
-                    {"fetches_prefetched", e.fetches_prefetched}};
+                    {"fetches_read_ahead", e.fetches_read_ahead}};
     // Decode alone (the store's counters minus those at the end of prefill).
     const ExpertStoreStats& p = gen->experts_after_prefill;
     const double n = gen->decode.tokens > 0 ? gen->decode.tokens : 1;
@@ -188,8 +188,8 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
          std::to_string(e.read_ops_issued) + " after; " +
          fmt("%.1f MiB transferred; I/O wait not hidden by compute %.3f s; checksums %.3f s",
              double(e.bytes_transferred) / (1 << 20), e.io_wait_seconds, e.checksum_seconds);
-    if (e.fetches_prefetched > 0)
-      s += "; " + std::to_string(e.fetches_prefetched) + " expert groups prefetched";
+    if (e.fetches_read_ahead > 0)
+      s += "; " + std::to_string(e.fetches_read_ahead) + " expert groups read ahead";
     s += "\n";
   }
   if (ppl)

@@ -47,10 +47,10 @@ struct DeviceOom {
   size_t bytes;
 };
 
-// a += sign * b, field by field (GpuCacheStats is all uint64_t counters).
-void add_stats(GpuCacheStats& a, const GpuCacheStats& b, int sign = 1) {
-  static_assert(sizeof(GpuCacheStats) % sizeof(uint64_t) == 0);
-  constexpr size_t n = sizeof(GpuCacheStats) / sizeof(uint64_t);
+// a += sign * b, field by field (CacheStats is all uint64_t counters).
+void add_stats(CacheStats& a, const CacheStats& b, int sign = 1) {
+  static_assert(sizeof(CacheStats) % sizeof(uint64_t) == 0);
+  constexpr size_t n = sizeof(CacheStats) / sizeof(uint64_t);
   uint64_t va[n], vb[n];
   std::memcpy(va, &a, sizeof a);
   std::memcpy(vb, &b, sizeof b);
@@ -109,9 +109,9 @@ struct GpuExpertCache::Impl {
   cudaStream_t copy = nullptr;
   GpuExpertCacheOptions opts;
   std::vector<size_t> layer_bytes;
-  std::optional<GpuCachePolicy> policy;
-  GpuCacheStats policy_base;   // policy stats from before the last flush, since the last reset
-  GpuCacheStats policy_offset; // the live policy's stats at the last reset_telemetry()
+  std::optional<LfruPolicy> policy;
+  CacheStats policy_base;      // policy stats from before the last flush, since the last reset
+  CacheStats policy_offset;    // the live policy's stats at the last reset_telemetry()
   GpuCacheTelemetry tel;
 
   std::vector<std::vector<Chunk>> pools;  // by class
@@ -128,7 +128,7 @@ struct GpuExpertCache::Impl {
   struct Pending {
     bool active = false;
     int layer = 0;
-    GpuFill kind = GpuFill::kDemand;
+    CacheFill kind = CacheFill::kDemand;
     std::vector<int> miss_ids;
     std::vector<Copy> cs;
     std::vector<JobPtr> predicted;  // hits whose prediction is queued or in flight
@@ -456,7 +456,7 @@ struct GpuExpertCache::Impl {
     release_all_memory();
     add_stats(policy_base, policy->stats());
     add_stats(policy_base, policy_offset, -1);
-    policy_offset = GpuCacheStats{};
+    policy_offset = CacheStats{};
     policy.emplace(budget, cfg.n_experts, layer_bytes);
   }
 
@@ -827,11 +827,11 @@ struct GpuExpertCache::Impl {
                          std::vector<std::pair<int, int>>& placed, uint64_t& again) {
     const int cls = policy->class_of_layer(layer);
     for (int id : uniq) {
-      GpuCacheResult r = policy->access(layer, id, GpuFill::kSpeculative);
+      CacheAccess r = policy->access({layer, id}, CacheFill::kSpeculative);
       for (int s : r.released_slots) release_slot(s);
-      if (r.outcome == GpuCacheOutcome::kFilled) {
+      if (r.outcome == CacheOutcome::kFilled) {
         if (r.slot_allocated) assign_slot(r.slot, cls);
-      } else if (r.outcome == GpuCacheOutcome::kHit && !slot_mem[size_t(r.slot)].valid &&
+      } else if (r.outcome == CacheOutcome::kHit && !slot_mem[size_t(r.slot)].valid &&
                  !slot_mem[size_t(r.slot)].job) {
         ++again;  // predicted again after a cancellation: the bytes are still to be read
       } else {
@@ -864,7 +864,7 @@ struct GpuExpertCache::Impl {
 
   // pf_layer >= 0: after this call's own placements (pinned, so a prediction cannot evict
   // them) and before its reads, predictions pf_ids of pf_layer go to the worker.
-  void begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+  void begin_acquire(int layer, std::span<const int> ids, CacheFill kind,
                      std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
                      int pf_layer = -1, std::span<const int> pf_ids = {}) {
     require_idle("begin_acquire");
@@ -873,7 +873,7 @@ struct GpuExpertCache::Impl {
       check_layer(pf_layer, "prefetch");
       require_worker();
     }
-    if (kind == GpuFill::kSpeculative)
+    if (kind == CacheFill::kSpeculative)
       throw ConfigError("gpu cache: acquire takes kDemand or kPrefill; predictions go to prefetch()");
     if (dev_out.size() != ids.size())
       throw ConfigError("gpu cache: acquire of " + std::to_string(ids.size()) + " experts with " +
@@ -923,10 +923,10 @@ struct GpuExpertCache::Impl {
       std::fill(now.begin(), now.end(), 0);
       std::vector<size_t> to_scratch;  // indices into uniq
       for (size_t u = 0; u < uniq.size(); ++u) {
-        GpuCacheResult r = policy->access(layer, uniq[u], kind);
+        CacheAccess r = policy->access({layer, uniq[u]}, kind);
         for (int s : r.released_slots) release_slot(s);
         switch (r.outcome) {
-          case GpuCacheOutcome::kHit: {
+          case CacheOutcome::kHit: {
             policy->pin(r.slot);
             current_pins.push_back(r.slot);
             SlotMem& m = slot_mem[size_t(r.slot)];
@@ -950,7 +950,7 @@ struct GpuExpertCache::Impl {
             }
             break;
           }
-          case GpuCacheOutcome::kFilled:
+          case CacheOutcome::kFilled:
             if (r.slot_allocated) assign_slot(r.slot, cls);
             policy->pin(r.slot);
             current_pins.push_back(r.slot);
@@ -959,10 +959,10 @@ struct GpuExpertCache::Impl {
             miss_ids.push_back(uniq[u]);
             cs.push_back(Copy{slot_mem[size_t(r.slot)].dev, nullptr, b, r.slot});
             break;
-          case GpuCacheOutcome::kNoRoom:
+          case CacheOutcome::kNoRoom:
             to_scratch.push_back(u);
             break;
-          case GpuCacheOutcome::kDropped:
+          case CacheOutcome::kDropped:
             MOE_ASSERT(false, "a demand or prefill fill was dropped");
         }
       }
@@ -1023,7 +1023,7 @@ struct GpuExpertCache::Impl {
         wait_seq = read_and_upload(pending.layer, pending.miss_ids, pending.cs);
       });
     }
-    (pending.kind == GpuFill::kDemand ? refills_demand : refills_prefill) += pending.refills;
+    (pending.kind == CacheFill::kDemand ? refills_demand : refills_prefill) += pending.refills;
     tel.prefetch_refills += pending.refills;
     if (wait_seq > completed_seq) MOE_CUDA_CHECK(cudaStreamWaitEvent(compute, batch_event(wait_seq), 0));
     std::vector<JobPtr> predicted = std::move(pending.predicted);
@@ -1031,7 +1031,7 @@ struct GpuExpertCache::Impl {
     for (const JobPtr& j : predicted) await_prediction(j);
   }
 
-  void acquire(int layer, std::span<const int> ids, GpuFill kind, std::span<const uint8_t*> dev_out,
+  void acquire(int layer, std::span<const int> ids, CacheFill kind, std::span<const uint8_t*> dev_out,
                int pf_layer = -1, std::span<const int> pf_ids = {}) {
     std::vector<uint8_t> ready(ids.size());
     begin_acquire(layer, ids, kind, dev_out, ready, pf_layer, pf_ids);
@@ -1098,12 +1098,12 @@ GpuExpertCache::GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_
 
 GpuExpertCache::~GpuExpertCache() = default;
 
-void GpuExpertCache::acquire(int layer, std::span<const int> ids, GpuFill kind,
+void GpuExpertCache::acquire(int layer, std::span<const int> ids, CacheFill kind,
                              std::span<const uint8_t*> dev_out) {
   impl_->acquire(layer, ids, kind, dev_out);
 }
 
-void GpuExpertCache::acquire_and_prefetch(int layer, std::span<const int> ids, GpuFill kind,
+void GpuExpertCache::acquire_and_prefetch(int layer, std::span<const int> ids, CacheFill kind,
                                           std::span<const uint8_t*> dev_out, int next_layer,
                                           std::span<const int> predicted) {
   impl_->acquire(layer, ids, kind, dev_out, next_layer, predicted);
@@ -1114,7 +1114,7 @@ void GpuExpertCache::kernels_enqueued() {
   impl_->close_kernel_group();
 }
 
-void GpuExpertCache::begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+void GpuExpertCache::begin_acquire(int layer, std::span<const int> ids, CacheFill kind,
                                    std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
                                    int next_layer, std::span<const int> predicted) {
   impl_->begin_acquire(layer, ids, kind, dev_out, ready, next_layer, predicted);
@@ -1139,7 +1139,7 @@ void GpuExpertCache::reset_telemetry() {
     std::lock_guard<std::mutex> lk(impl_->mu);
     impl_->worker_h2d_bytes = impl_->worker_h2d_copies = 0;
   }
-  impl_->policy_base = GpuCacheStats{};
+  impl_->policy_base = CacheStats{};
   impl_->policy_offset = impl_->policy->stats();  // the policy's counters only grow
 }
 
@@ -1153,7 +1153,7 @@ size_t GpuExpertCache::expert_bytes(int layer) const {
 const uint8_t* GpuExpertCache::resident_payload(int layer, int expert) const {
   impl_->check_layer(layer, "resident_payload");
   if (expert < 0 || expert >= impl_->cfg.n_experts) return nullptr;
-  const int s = impl_->policy->slot_of(layer, expert);
+  const int s = impl_->policy->slot_of({layer, expert});
   if (s < 0) return nullptr;
   const Impl::SlotMem& m = impl_->slot_mem[size_t(s)];
   if (!m.valid) return nullptr;  // a cancelled prediction: placed, never read

@@ -1,4 +1,4 @@
-// The GPU expert cache: VRAM slots holding expert payloads, placed by GpuCachePolicy, filled from
+// The GPU expert cache: VRAM slots holding expert payloads, placed by LfruPolicy, filled from
 // an ExpertStore through pinned staging on a copy stream. Plain C++ (no CUDA include).
 #pragma once
 
@@ -9,13 +9,13 @@
 
 #include "kernels/cuda/gpu_ops.h"
 #include "loader/store/expert_store.h"
-#include "loader/store/gpu_cache_policy.h"
+#include "loader/store/lfru_policy.h"
 #include "loader/format/model_config.h"
 
 namespace moestream {
 
 struct GpuCacheTelemetry {
-  GpuCacheStats policy;              // from GpuCachePolicy::stats()
+  CacheStats policy;                 // from LfruPolicy::stats()
   uint64_t h2d_bytes = 0, h2d_copies = 0;   // copies after merging contiguous slot ranges
   uint64_t prefetch_issued = 0;      // predicted experts that were not resident and got a slot
   uint64_t prefetch_used = 0;        // of those, later demanded while still resident
@@ -69,12 +69,12 @@ class GpuExpertCache {
   // next_ready(), plus any others ready by then, is one copy batch), and `compute` is made to wait
   // (cudaStreamWaitEvent) for exactly those copies; nothing missing -> no wait. Experts that get
   // no slot go to a scratch area valid until the kernels of this call finished.
-  void acquire(int layer, std::span<const int> ids, GpuFill kind,
+  void acquire(int layer, std::span<const int> ids, CacheFill kind,
                std::span<const uint8_t*> dev_out);
   // acquire() that also queues prefetch(next_layer, predicted) after placing its own experts
   // (pinned first, so no prediction can evict what this call is about to use) and before
   // reading its misses (the worker reads the predictions while this thread reads the demand).
-  void acquire_and_prefetch(int layer, std::span<const int> ids, GpuFill kind,
+  void acquire_and_prefetch(int layer, std::span<const int> ids, CacheFill kind,
                             std::span<const uint8_t*> dev_out, int next_layer,
                             std::span<const int> predicted);
   // acquire() in two halves, so kernels on resident experts run while the misses are read:
@@ -85,7 +85,7 @@ class GpuExpertCache {
   // finish_acquire() then reads those, copies each group of experts as soon as it has landed,
   // and makes `compute` wait for them. Nothing else may be called on the cache in between
   // (ConfigError); acquire() is begin_acquire() + finish_acquire().
-  void begin_acquire(int layer, std::span<const int> ids, GpuFill kind,
+  void begin_acquire(int layer, std::span<const int> ids, CacheFill kind,
                      std::span<const uint8_t*> dev_out, std::span<uint8_t> ready,
                      int next_layer = -1, std::span<const int> predicted = {});
   void finish_acquire();
@@ -104,7 +104,7 @@ class GpuExpertCache {
   // acquire() of a layer cancels the layer's predictions it does not ask for that are not yet
   // being copied. A worker read error is thrown (after a flush) by the next call.
   void prefetch(int layer, std::span<const int> ids);
-  // One decode step done: ages recency (GpuCachePolicy::advance_step).
+  // One decode step done: ages recency (LfruPolicy::advance_step).
   void end_step();
   GpuCacheTelemetry telemetry() const;
   void reset_telemetry();

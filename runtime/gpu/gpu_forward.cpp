@@ -517,7 +517,7 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   for (int i = 0; i < T * K; ++i)
     if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
   std::sort(unique_ids.begin(), unique_ids.end());
-  const GpuFill kind = T > 1 ? GpuFill::kPrefill : GpuFill::kDemand;
+  const CacheFill kind = T > 1 ? CacheFill::kPrefill : CacheFill::kDemand;
   const int n_groups = int(unique_ids.size());
   auto** ptr_h = ptr_host.as<const uint8_t*>();
   const bool split = n_groups <= kMaxExpertsPerAcquire;

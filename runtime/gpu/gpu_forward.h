@@ -71,7 +71,7 @@ class GpuForward : public ForwardPass {
                                             ExpertStore& store, const GpuForwardOptions& opts);
 
   // A chunk of T tokens: KV rows appended on the device, the logits asked for copied to host
-  // memory. T > 1 fills experts with GpuFill::kPrefill, T == 1 with kDemand. The router's ids
+  // memory. T > 1 fills experts with CacheFill::kPrefill, T == 1 with kDemand. The router's ids
   // come to the host each layer; there the override replaces them (weights sent back), or
   // cache-aware routing substitutes against the GPU cache's residency and, below it, the
   // store's host tiers (router logits copied back only then). Router inputs are copied back for

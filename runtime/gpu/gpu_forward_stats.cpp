@@ -19,8 +19,8 @@ std::string mib(size_t bytes) {
 
 GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   GpuForwardStats d;
-  const GpuCacheStats &p = a.cache.policy, &q = b.cache.policy;
-  GpuCacheStats& r = d.cache.policy;
+  const CacheStats &p = a.cache.policy, &q = b.cache.policy;
+  CacheStats& r = d.cache.policy;
   r.demand_hits = p.demand_hits - q.demand_hits;
   r.demand_misses = p.demand_misses - q.demand_misses;
   r.demand_no_room = p.demand_no_room - q.demand_no_room;

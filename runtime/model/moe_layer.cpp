@@ -129,12 +129,12 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
     store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n));
-    // A long prefill needs more than one group: the next group's reads start now and land
-    // while this one computes (the store keeps this group's payloads valid meanwhile).
+    // A long prefill needs more than one group: the next group's reads start now (read-ahead)
+    // and land while this one computes (the store keeps this group's payloads valid meanwhile).
     if (c0 + n < unique_ids_.size())
-      store_.prefetch(layer, std::span<const int>(unique_ids_.data() + c0 + n,
-                                                  std::min(kMaxExpertsPerFetch,
-                                                           unique_ids_.size() - c0 - n)));
+      store_.read_ahead(layer, std::span<const int>(unique_ids_.data() + c0 + n,
+                                                    std::min(kMaxExpertsPerFetch,
+                                                             unique_ids_.size() - c0 - n)));
     times.expert_io_s += seconds_since(t1);
     payloads_.assign(n, nullptr);
     // Hit/miss overlap: compute every expert that is ready (resident ones at once) while the

@@ -1,6 +1,6 @@
-// Implementation of loader/store/gpu_cache_policy.h. Victim search is a linear scan over the live
+// Implementation of loader/store/lfru_policy.h. Victim search is a linear scan over the live
 // slots: a few thousand at most (48 layers x 128 experts), cheap next to one expert copy.
-#include "loader/store/gpu_cache_policy.h"
+#include "loader/store/lfru_policy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,15 +12,15 @@
 namespace moestream {
 
 namespace {
-constexpr uint64_t kUnit = uint64_t{1} << GpuCachePolicy::kHeatFracBits;
+constexpr uint64_t kUnit = uint64_t{1} << LfruPolicy::kHeatFracBits;
 // 2^24 units: 40 bits of heat above the 8-bit recency byte, and heat * decay_ (< 2^24) fits 64.
-constexpr uint64_t kHeatMax = (uint64_t{1} << (24 + GpuCachePolicy::kHeatFracBits)) - 1;
+constexpr uint64_t kHeatMax = (uint64_t{1} << (24 + LfruPolicy::kHeatFracBits)) - 1;
 constexpr int kDecayBits = 24;  // scale of decay_
 constexpr uint32_t kHalfLifeMax = 1u << 20;  // decay_ holds one entry per step of a half-life
 }  // namespace
 
-GpuCachePolicy::GpuCachePolicy(size_t budget_bytes, int n_experts,
-                               std::vector<size_t> layer_expert_bytes, GpuCachePolicyOptions options)
+LfruPolicy::LfruPolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes,
+                       LfruPolicyOptions options)
     : budget_bytes_(budget_bytes), n_experts_(n_experts), options_(options) {
   if (n_experts <= 0) throw ConfigError("gpu cache: n_experts must be > 0, got " + std::to_string(n_experts));
   const uint32_t h = options.heat_half_life_steps;
@@ -48,21 +48,19 @@ GpuCachePolicy::GpuCachePolicy(size_t budget_bytes, int n_experts,
   demand_count_.assign(n_keys, 0);
 }
 
-int GpuCachePolicy::key_of(int layer, int expert) const {
-  if (layer < 0 || size_t(layer) >= layer_class_.size() || expert < 0 || expert >= n_experts_)
-    throw ConfigError("gpu cache: expert (layer " + std::to_string(layer) + ", id " +
-                      std::to_string(expert) + ") outside " + std::to_string(layer_class_.size()) +
+int LfruPolicy::key_of(ExpertKey k) const {
+  if (k.layer < 0 || size_t(k.layer) >= layer_class_.size() || k.expert < 0 || k.expert >= n_experts_)
+    throw ConfigError("gpu cache: expert (layer " + std::to_string(k.layer) + ", id " +
+                      std::to_string(k.expert) + ") outside " + std::to_string(layer_class_.size()) +
                       " layers x " + std::to_string(n_experts_) + " experts");
-  return layer * n_experts_ + expert;
+  return k.layer * n_experts_ + k.expert;
 }
 
-int GpuCachePolicy::class_of_layer(int layer) const { return layer_class_.at(size_t(layer)); }
+int LfruPolicy::class_of_layer(int layer) const { return layer_class_.at(size_t(layer)); }
 
-int GpuCachePolicy::slot_of(int layer, int expert) const {
-  return slot_of_key_[size_t(key_of(layer, expert))];
-}
+int LfruPolicy::slot_of(ExpertKey key) const { return slot_of_key_[size_t(key_of(key))]; }
 
-uint64_t GpuCachePolicy::decayed(int key) const {
+uint64_t LfruPolicy::decayed(int key) const {
   const uint64_t h = heat_[size_t(key)];
   const uint64_t h_steps = options_.heat_half_life_steps;
   if (h_steps == 0 || h == 0) return h;
@@ -72,48 +70,76 @@ uint64_t GpuCachePolicy::decayed(int key) const {
   return ((h >> halvings) * decay_[size_t(age % h_steps)]) >> kDecayBits;
 }
 
-uint64_t GpuCachePolicy::heat_fixed(int layer, int expert) const { return decayed(key_of(layer, expert)); }
+uint64_t LfruPolicy::heat_fixed(ExpertKey key) const { return decayed(key_of(key)); }
 
-double GpuCachePolicy::heat(int layer, int expert) const {
-  return std::ldexp(double(heat_fixed(layer, expert)), -kHeatFracBits);
+double LfruPolicy::heat(ExpertKey key) const {
+  return std::ldexp(double(heat_fixed(key)), -kHeatFracBits);
 }
 
-uint32_t GpuCachePolicy::demand_accesses(int layer, int expert) const {
-  return demand_count_[size_t(key_of(layer, expert))];
+uint32_t LfruPolicy::demand_accesses(ExpertKey key) const {
+  return demand_count_[size_t(key_of(key))];
 }
 
-uint64_t GpuCachePolicy::score(int slot) const {
+uint64_t LfruPolicy::score(int slot) const {
   const Slot& s = slots_.at(size_t(slot));
   MOE_ASSERT(s.live && s.key >= 0, "score of an empty slot");
   const uint64_t age = std::min<uint64_t>(step_ - s.last_step, 255);
   return (decayed(s.key) << 8) | (255 - age);
 }
 
-int GpuCachePolicy::class_slots(int cls) const {
+int LfruPolicy::class_slots(int cls) const {
   int n = 0;
   for (const Slot& s : slots_) n += s.live && s.cls == cls;
   return n;
 }
 
-void GpuCachePolicy::pin(int slot) {
+void LfruPolicy::pin(int slot) {
   Slot& s = slots_.at(size_t(slot));
   MOE_ASSERT(s.live, "pin of a free slot");
   ++s.pins;
 }
 
-void GpuCachePolicy::unpin(int slot) {
+void LfruPolicy::unpin(int slot) {
   Slot& s = slots_.at(size_t(slot));
   MOE_ASSERT(s.live && s.pins > 0, "unpin of a slot that is not pinned");
   --s.pins;
 }
 
-bool GpuCachePolicy::guarded(int victim_key, uint64_t prediction_heat) const {
+bool LfruPolicy::guarded(int victim_key, uint64_t prediction_heat) const {
   // heat_v > 1.25 * heat_p + 4 units, in integers: 4 * heat_v > 5 * heat_p + 16 units.
   if (demand_count_[size_t(victim_key)] < 2) return false;
   return 4 * decayed(victim_key) > 5 * prediction_heat + 16 * kUnit;
 }
 
-int GpuCachePolicy::coldest(int cls, bool same_class) const {
+bool LfruPolicy::admits_slot(int key, CacheFill kind, int victim_slot) const {
+  const uint64_t heat = decayed(key);
+  switch (kind) {
+    case CacheFill::kSpeculative: return !guarded(slots_[size_t(victim_slot)].key, heat);
+    case CacheFill::kDemand:
+      // The newcomer, were it resident, would score (heat, touched now); colder than the
+      // victim, it would be the next victim itself, so it gets no slot.
+      return !options_.demand_admission || ((heat << 8) | 255) >= score(victim_slot);
+    case CacheFill::kPrefill: return false;
+  }
+  return false;
+}
+
+bool LfruPolicy::admits(ExpertKey key, CacheFill kind, ExpertKey victim) const {
+  const int v = slot_of_key_[size_t(key_of(victim))];
+  MOE_ASSERT(v >= 0, "LfruPolicy::admits: the victim is not resident");
+  return admits_slot(key_of(key), kind, v);
+}
+
+std::optional<ExpertKey> LfruPolicy::victim(ExpertKey key) const {
+  const int cls = layer_class_[size_t(key_of(key) / n_experts_)];
+  if (bytes_allocated_ + class_bytes_[size_t(cls)] <= budget_bytes_) return std::nullopt;
+  int v = coldest(cls, true);
+  if (v < 0) v = coldest(cls, false);
+  if (v < 0) return std::nullopt;
+  return expert_key(slots_[size_t(v)].key);
+}
+
+int LfruPolicy::coldest(int cls, bool same_class) const {
   int best = -1;
   uint64_t best_score = std::numeric_limits<uint64_t>::max();
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -125,7 +151,7 @@ int GpuCachePolicy::coldest(int cls, bool same_class) const {
   return best;
 }
 
-int GpuCachePolicy::new_slot(int cls) {
+int LfruPolicy::new_slot(int cls) {
   int idx;
   if (!dead_slots_.empty()) {
     idx = dead_slots_.back();
@@ -140,7 +166,7 @@ int GpuCachePolicy::new_slot(int cls) {
   return idx;
 }
 
-void GpuCachePolicy::free_slot(int slot) {
+void LfruPolicy::free_slot(int slot) {
   Slot& s = slots_[size_t(slot)];
   if (s.key >= 0) slot_of_key_[size_t(s.key)] = -1;
   bytes_allocated_ -= class_bytes_[size_t(s.cls)];
@@ -149,36 +175,32 @@ void GpuCachePolicy::free_slot(int slot) {
   ++stats_.slot_frees;
 }
 
-GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheResult& r) {
+CacheOutcome LfruPolicy::place(int cls, int key, CacheFill kind, CacheAccess& r) {
   const size_t need = class_bytes_[size_t(cls)];
   // 1. Unused budget: a new slot, no eviction (the only path prefill may take).
   if (bytes_allocated_ + need <= budget_bytes_) {
     r.slot = new_slot(cls);
     r.slot_allocated = true;
-    return GpuCacheOutcome::kFilled;
+    return CacheOutcome::kFilled;
   }
-  if (kind == GpuFill::kPrefill) return GpuCacheOutcome::kNoRoom;
-  const uint64_t pred_heat = decayed(key);
-  // Admission: the newcomer, were it resident, would score (heat, touched now); colder than the
-  // coldest candidate, it would be the next victim, so it gets no slot.
-  const uint64_t new_score = (pred_heat << 8) | 255;
-  const bool admit_check = kind == GpuFill::kDemand && options_.demand_admission;
+  if (kind == CacheFill::kPrefill) return CacheOutcome::kNoRoom;
+  // A refusal: the guard drops a prediction, admission serves a demand miss from scratch.
+  auto refuse = [&] {
+    if (kind == CacheFill::kSpeculative) return CacheOutcome::kDropped;
+    ++stats_.demand_not_admitted;
+    return CacheOutcome::kNoRoom;
+  };
   // 2. The coldest unpinned slot of the class itself: reused in place, no free/alloc.
   if (int v = coldest(cls, true); v >= 0) {
     Slot& s = slots_[size_t(v)];
-    if (kind == GpuFill::kSpeculative && guarded(s.key, pred_heat)) return GpuCacheOutcome::kDropped;
-    if (admit_check && new_score < score(v)) {
-      ++stats_.demand_not_admitted;
-      return GpuCacheOutcome::kNoRoom;
-    }
-    r.evicted_layer = s.key / n_experts_;
-    r.evicted_expert = s.key % n_experts_;
+    if (!admits_slot(key, kind, v)) return refuse();
+    r.evicted = expert_key(s.key);
     slot_of_key_[size_t(s.key)] = -1;
     s.key = -1;
     s.speculative_unused = false;
     ++stats_.evictions;
     r.slot = v;
-    return GpuCacheOutcome::kFilled;
+    return CacheOutcome::kFilled;
   }
   // 3. The class owns no evictable slot: take other classes' coldest slots until the bytes fit.
   //    Chosen first, freed only if enough are found and none is guarded, so a refusal changes nothing.
@@ -193,13 +215,8 @@ GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheRe
       if (!s.live || s.pins > 0 || s.cls == cls || taken[i]) continue;
       if (const uint64_t sc = score(int(i)); sc < best_score) best = int(i), best_score = sc;
     }
-    if (best < 0) return GpuCacheOutcome::kNoRoom;
-    if (kind == GpuFill::kSpeculative && guarded(slots_[size_t(best)].key, pred_heat))
-      return GpuCacheOutcome::kDropped;
-    if (admit_check && new_score < best_score) {
-      ++stats_.demand_not_admitted;
-      return GpuCacheOutcome::kNoRoom;
-    }
+    if (best < 0) return CacheOutcome::kNoRoom;
+    if (!admits_slot(key, kind, best)) return refuse();
     taken[size_t(best)] = 1;
     victims.push_back(best);
     freed += class_bytes_[size_t(slots_[size_t(best)].cls)];
@@ -211,54 +228,59 @@ GpuCacheOutcome GpuCachePolicy::place(int cls, int key, GpuFill kind, GpuCacheRe
   }
   r.slot = new_slot(cls);
   r.slot_allocated = true;
-  return GpuCacheOutcome::kFilled;
+  return CacheOutcome::kFilled;
 }
 
-GpuCacheResult GpuCachePolicy::access(int layer, int expert, GpuFill kind) {
-  const int key = key_of(layer, expert);
-  GpuCacheResult r;
-  if (kind == GpuFill::kDemand) {
+int LfruPolicy::lookup(ExpertKey k, CacheFill kind) {
+  const int key = key_of(k);
+  if (kind == CacheFill::kDemand) {
     heat_[size_t(key)] = std::min(decayed(key) + kUnit, kHeatMax);
     heat_step_[size_t(key)] = step_;
     demand_count_[size_t(key)] += demand_count_[size_t(key)] != UINT32_MAX;
   }
-  if (const int slot = slot_of_key_[size_t(key)]; slot >= 0) {
-    Slot& s = slots_[size_t(slot)];
-    r.outcome = GpuCacheOutcome::kHit;
-    r.slot = slot;
-    switch (kind) {
-      case GpuFill::kDemand:
-        ++stats_.demand_hits;
-        s.last_step = step_;
-        if (s.speculative_unused) ++stats_.speculative_used;
-        s.speculative_unused = false;
-        break;
-      case GpuFill::kSpeculative: ++stats_.speculative_hits; break;
-      case GpuFill::kPrefill: ++stats_.prefill_hits; break;
-    }
-    return r;
+  const int slot = slot_of_key_[size_t(key)];
+  if (slot < 0) {
+    stats_.demand_misses += kind == CacheFill::kDemand;
+    return -1;
   }
-  if (kind == GpuFill::kDemand) ++stats_.demand_misses;
-  r.outcome = place(layer_class_[size_t(layer)], key, kind, r);
-  if (r.outcome == GpuCacheOutcome::kFilled) {
+  Slot& s = slots_[size_t(slot)];
+  switch (kind) {
+    case CacheFill::kDemand:
+      ++stats_.demand_hits;
+      s.last_step = step_;
+      if (s.speculative_unused) ++stats_.speculative_used;
+      s.speculative_unused = false;
+      break;
+    case CacheFill::kSpeculative: ++stats_.speculative_hits; break;
+    case CacheFill::kPrefill: ++stats_.prefill_hits; break;
+  }
+  return slot;
+}
+
+CacheAccess LfruPolicy::insert(ExpertKey k, CacheFill kind) {
+  const int key = key_of(k);
+  MOE_ASSERT(slot_of_key_[size_t(key)] < 0, "LfruPolicy::insert of a resident key");
+  CacheAccess r;
+  r.outcome = place(layer_class_[size_t(k.layer)], key, kind, r);
+  if (r.outcome == CacheOutcome::kFilled) {
     Slot& s = slots_[size_t(r.slot)];
     s.key = key;
     s.last_step = step_;
-    s.speculative_unused = kind == GpuFill::kSpeculative;
+    s.speculative_unused = kind == CacheFill::kSpeculative;
     slot_of_key_[size_t(key)] = r.slot;
   }
   switch (kind) {
-    case GpuFill::kDemand:
-      stats_.demand_no_room += r.outcome == GpuCacheOutcome::kNoRoom;
+    case CacheFill::kDemand:
+      stats_.demand_no_room += r.outcome == CacheOutcome::kNoRoom;
       break;
-    case GpuFill::kSpeculative:
-      stats_.speculative_fills += r.outcome == GpuCacheOutcome::kFilled;
-      stats_.speculative_dropped += r.outcome == GpuCacheOutcome::kDropped;
-      stats_.speculative_no_room += r.outcome == GpuCacheOutcome::kNoRoom;
+    case CacheFill::kSpeculative:
+      stats_.speculative_fills += r.outcome == CacheOutcome::kFilled;
+      stats_.speculative_dropped += r.outcome == CacheOutcome::kDropped;
+      stats_.speculative_no_room += r.outcome == CacheOutcome::kNoRoom;
       break;
-    case GpuFill::kPrefill:
-      stats_.prefill_fills += r.outcome == GpuCacheOutcome::kFilled;
-      stats_.prefill_no_room += r.outcome == GpuCacheOutcome::kNoRoom;
+    case CacheFill::kPrefill:
+      stats_.prefill_fills += r.outcome == CacheOutcome::kFilled;
+      stats_.prefill_no_room += r.outcome == CacheOutcome::kNoRoom;
       break;
   }
   return r;

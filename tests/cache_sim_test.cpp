@@ -1,5 +1,6 @@
 // Tests of cluster/cache_sim.h: Belady's MIN against known optima (a textbook sequence and an
-// exhaustive search), the one-layer-at-once rule, and how a routing log becomes decode steps.
+// exhaustive search), both tiers' policies replayed through the common CachePolicy interface,
+// the one-layer-at-once rule, and how a routing log becomes decode steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include "cluster/cache_sim.h"
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/store/lfu_policy.h"
+#include "loader/store/lfru_policy.h"
 #include "loader/format/routing_log.h"
 
 namespace moestream {
@@ -74,6 +77,7 @@ TEST(CacheSim, BeladyEqualsExhaustiveSearchAndBoundsOnlinePolicies) {
         << "trial " << trial;
     EXPECT_LE(simulate_lru(t, capacity).hits, opt);
     EXPECT_LE(simulate_lfru(t, capacity).hits, opt);
+    EXPECT_LE(simulate_lfu(t, capacity).hits, simulate_belady(t, capacity, true).hits);
     EXPECT_LE(simulate_lrfu(t, capacity, 4).hits, opt);
     EXPECT_LE(simulate_lrfu(t, capacity, 0, true).hits, simulate_belady(t, capacity, true).hits);
   }
@@ -92,6 +96,7 @@ TEST(CacheSim, ALayerKeepsAllItsExpertsWhileItRuns) {
   EXPECT_EQ(simulate_belady(t, 3).hits, 1u);
   EXPECT_THROW(simulate_belady(t, 1), ConfigError);
   EXPECT_THROW(simulate_lfru(t, 1), ConfigError);
+  EXPECT_THROW(simulate_lfu(t, 1), ConfigError);
 }
 
 TEST(CacheSim, FrequencyPoliciesKeepTheHotExpertOfAStationaryTrace) {
@@ -105,9 +110,78 @@ TEST(CacheSim, FrequencyPoliciesKeepTheHotExpertOfAStationaryTrace) {
   const double share = double(std::count(refs.begin(), refs.end(), 0)) / double(refs.size());
   const double lfru = simulate_lfru(t, 2).hit_rate();
   EXPECT_GE(lfru, share);
+  EXPECT_GE(simulate_lfu(t, 2).hit_rate(), share);
   EXPECT_GE(simulate_lrfu(t, 2, 0).hit_rate(), share);
   EXPECT_LE(lfru, simulate_static_top(t, 2).hit_rate() + 0.02);
   EXPECT_LT(simulate_lru(t, 2).hit_rate(), lfru);
+}
+
+// Two layers x 6 experts, `steps` decode steps of 2 groups of 2 experts, skewed popularity.
+CacheTrace two_layer_trace(int steps, unsigned seed) {
+  std::mt19937 rng(seed);
+  CacheTrace t;
+  t.n_layers = 2;
+  t.n_experts = 6;
+  for (int s = 0; s < steps; ++s)
+    for (int layer = 0; layer < 2; ++layer) {
+      t.group_begin.push_back(uint32_t(t.keys.size()));
+      t.step_begins.push_back(layer == 0);
+      const int a = int(rng() % 3 ? rng() % 2 : rng() % 6);
+      const int b = (a + 1 + int(rng() % 5)) % 6;
+      t.keys.push_back(layer * 6 + a);
+      t.keys.push_back(layer * 6 + b);
+    }
+  t.group_begin.push_back(uint32_t(t.keys.size()));
+  return t;
+}
+
+TEST(CacheSim, BothTiersPoliciesReplayThroughTheCommonInterface) {
+  // The host policy (LFU with aging) and the GPU policy (LFRU) behind one CachePolicy reference:
+  // the replay counts every access, the policy's own stats agree with it, and neither beats
+  // Belady with bypass (both may serve a miss uncached).
+  const CacheTrace t = two_layer_trace(300, 9);
+  for (int capacity : {3, 5, 8}) {
+    SCOPED_TRACE(capacity);
+    LfuPolicy host{uint32_t(capacity)};
+    LfruPolicy gpu(size_t(capacity), t.n_experts, std::vector<size_t>(2, 1));
+    for (CachePolicy* p : {static_cast<CachePolicy*>(&host), static_cast<CachePolicy*>(&gpu)}) {
+      const CacheSimResult r = simulate_policy(t, *p);
+      EXPECT_EQ(r.accesses, t.keys.size());
+      EXPECT_EQ(p->stats().demand_hits, r.hits);
+      EXPECT_EQ(p->stats().demand_hits + p->stats().demand_misses, r.accesses);
+      EXPECT_LE(r.hits, simulate_belady(t, capacity, true).hits);
+      EXPECT_GT(r.hits, 0u);
+    }
+    // The wrappers are the same replay.
+    EXPECT_EQ(simulate_lfu(t, capacity).hits, host.stats().demand_hits);
+    EXPECT_EQ(simulate_lfru(t, capacity).hits, gpu.stats().demand_hits);
+  }
+  // Everything fits: both policies miss each expert once, as Belady does.
+  const uint64_t cold = simulate_belady(t, 12).accesses - simulate_belady(t, 12).hits;
+  EXPECT_EQ(simulate_lfu(t, 12).hits, t.keys.size() - cold);
+  EXPECT_EQ(simulate_lfru(t, 12).hits, t.keys.size() - cold);
+}
+
+TEST(CacheSim, HostPolicyKeepsWhatItCountsAndTheGpuPolicyForgetsWhatCooled) {
+  // Phase 1: experts 0 and 1 hot for 200 steps; phase 2: experts 2 and 3 for 40 steps, with
+  // room for 2. The GPU policy's decaying heat hands the slots to the new pair within a few
+  // steps; the host LFU's counts (no aging within this trace: a long period) keep the old pair,
+  // whose 200 uses the new pair's 40 never reach: it misses all of phase 2.
+  CacheTrace t = single_accesses(4, {});
+  t.group_begin.clear();
+  t.step_begins.clear();
+  for (int s = 0; s < 240; ++s) {
+    t.group_begin.push_back(uint32_t(t.keys.size()));
+    t.step_begins.push_back(1);
+    t.keys.push_back(s < 200 ? 0 : 2);
+    t.keys.push_back(s < 200 ? 1 : 3);
+  }
+  t.group_begin.push_back(uint32_t(t.keys.size()));
+  const uint64_t phase1_hits = 2 * 199;
+  EXPECT_EQ(simulate_lfu(t, 2, uint64_t{1} << 30).hits, phase1_hits);
+  EXPECT_GT(simulate_lfru(t, 2).hits, phase1_hits + 2 * 30);
+  // Aging every 16 uses lets the host policy follow too.
+  EXPECT_GT(simulate_lfu(t, 2, 16).hits, phase1_hits + 2 * 20);
 }
 
 TEST(CacheSim, RoutingLogDecodeRecordsBecomeSteps) {

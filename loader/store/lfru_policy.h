@@ -1,5 +1,6 @@
-// Which experts live in VRAM: the GPU expert cache's policy as plain C++ (no CUDA), so CI tests it.
-// Slot pools per expert size class under one byte budget, LFRU victims, and the eviction guard.
+// Which experts live in VRAM: the GPU expert cache's policy (loader/store/cache_policy.h) as plain
+// C++ (no CUDA), so CI tests it. Slot pools per expert size class under one byte budget, LFRU
+// victims, and the eviction guard.
 //
 // Rules (issue 8):
 // - A layer's experts all have one payload size; layers of equal size share a size class, whose
@@ -24,41 +25,20 @@
 // - Demand admission (option, off by default): with no free budget, a demand miss whose score is
 //   below every victim candidate's gets no slot (kNoRoom, served from scratch by the GPU cache), so
 //   a one-off expert does not evict a warm one.
+// - Keys are (layer, logical expert id); layers of the constructor's list, ids below n_experts
+//   (ConfigError otherwise).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "loader/store/cache_policy.h"
 
 namespace moestream {
 
-enum class GpuFill { kDemand, kSpeculative, kPrefill };
-enum class GpuCacheOutcome {
-  kHit,     // already resident
-  kFilled,  // now resident in `slot`: the caller copies the expert there
-  kDropped, // speculative fill refused by the eviction guard (nothing copied, nothing evicted)
-  kNoRoom,  // prefill with no free budget, or every candidate victim pinned
-};
-
-struct GpuCacheResult {
-  GpuCacheOutcome outcome = GpuCacheOutcome::kNoRoom;
-  int slot = -1;                 // slot holding the expert for kHit/kFilled
-  bool slot_allocated = false;   // the slot is new: the caller allocates its class's bytes
-  int evicted_layer = -1, evicted_expert = -1;  // resident displaced from `slot`, if any
-  std::vector<int> released_slots;  // other classes' slots the caller frees (rare, see above)
-};
-
-struct GpuCacheStats {
-  uint64_t demand_hits = 0, demand_misses = 0, demand_no_room = 0;
-  uint64_t demand_not_admitted = 0;  // of demand_no_room: refused by demand admission
-  uint64_t speculative_hits = 0, speculative_fills = 0, speculative_dropped = 0;
-  uint64_t speculative_used = 0;  // speculatively filled experts later hit by demand
-  uint64_t speculative_no_room = 0;
-  uint64_t prefill_hits = 0, prefill_fills = 0, prefill_no_room = 0;
-  uint64_t evictions = 0, slot_allocs = 0, slot_frees = 0;
-};
-
-struct GpuCachePolicyOptions {
+struct LfruPolicyOptions {
   // Heat half-life in decode steps; 0: heat never decays. 16: the best compromise on demo-model
   // traces other than the reported ones (decode traces peak at 16-32, a bursty perplexity trace
   // at 8-16; docs/results.md, issue 8 section). The eviction guard needs H >~ 8 to still see
@@ -68,28 +48,34 @@ struct GpuCachePolicyOptions {
   bool demand_admission = false;
 };
 
-class GpuCachePolicy {
+class LfruPolicy final : public CachePolicy {
  public:
   static constexpr int kHeatFracBits = 16;  // heat_fixed units per demand access: 1 << 16
 
   // layer_expert_bytes[l]: payload bytes of one expert of layer l (ExpertLayout::bytes).
-  GpuCachePolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes,
-                 GpuCachePolicyOptions options = {});
+  LfruPolicy(size_t budget_bytes, int n_experts, std::vector<size_t> layer_expert_bytes,
+             LfruPolicyOptions options = {});
 
-  // Looks up (layer, expert) and, on a miss, places it under the rules above.
-  GpuCacheResult access(int layer, int expert, GpuFill kind);
-
+  int lookup(ExpertKey key, CacheFill kind) override;
+  int slot_of(ExpertKey key) const override;
+  // The coldest unpinned slot of the key's size class, else of the other classes.
+  std::optional<ExpertKey> victim(ExpertKey key) const override;
+  // Speculative: the eviction guard; demand: score admission when the option is on; prefill: never.
+  bool admits(ExpertKey key, CacheFill kind, ExpertKey victim) const override;
+  // Places absent `key` under the rules above. Refusals: kDropped (speculative fill guarded
+  // against), kNoRoom (everything else); a refusal changes nothing.
+  CacheAccess insert(ExpertKey key, CacheFill kind) override;
   // A running kernel reads the slot: it is never chosen as a victim until unpinned.
-  void pin(int slot);
-  void unpin(int slot);
+  void pin(int slot) override;
+  void unpin(int slot) override;
   // One decode step has passed: recency of every resident ages by one.
-  void advance_step() { ++step_; }
+  void advance_step() override { ++step_; }
+  double heat(ExpertKey key) const override;  // heat_fixed in units (1 = one fresh access)
+  const CacheStats& stats() const override { return stats_; }
 
-  int slot_of(int layer, int expert) const;  // -1 when not resident
-  uint64_t heat_fixed(int layer, int expert) const;  // decayed to the current step
-  double heat(int layer, int expert) const;          // the same in units (1 = one fresh access)
-  uint32_t demand_accesses(int layer, int expert) const;  // raw count, never decays
-  const GpuCachePolicyOptions& options() const { return options_; }
+  uint64_t heat_fixed(ExpertKey key) const;       // decayed to the current step
+  uint32_t demand_accesses(ExpertKey key) const;  // raw count, never decays
+  const LfruPolicyOptions& options() const { return options_; }
   uint64_t score(int slot) const;            // LFRU score of an occupied slot
   int n_classes() const { return int(class_bytes_.size()); }
   int class_of_layer(int layer) const;
@@ -97,7 +83,6 @@ class GpuCachePolicy {
   int class_slots(int cls) const;            // live slots of the class
   size_t bytes_allocated() const { return bytes_allocated_; }
   size_t budget_bytes() const { return budget_bytes_; }
-  const GpuCacheStats& stats() const { return stats_; }
 
  private:
   struct Slot {
@@ -109,14 +94,16 @@ class GpuCachePolicy {
     bool speculative_unused = false;  // filled by a prediction, not yet demanded
   };
 
-  int key_of(int layer, int expert) const;
+  int key_of(ExpertKey k) const;
+  ExpertKey expert_key(int key) const { return ExpertKey{key / n_experts_, key % n_experts_}; }
   uint64_t decayed(int key) const;  // heat_fixed of key at step_
   bool guarded(int victim_key, uint64_t prediction_heat) const;
+  bool admits_slot(int key, CacheFill kind, int victim_slot) const;
   int coldest(int cls_filter, bool same_class) const;  // -1 when none unpinned
   int new_slot(int cls);
   void free_slot(int slot);
   // The eviction core shared by every fill kind: a slot of class `cls` for `key`, or an outcome.
-  GpuCacheOutcome place(int cls, int key, GpuFill kind, GpuCacheResult& r);
+  CacheOutcome place(int cls, int key, CacheFill kind, CacheAccess& r);
 
   size_t budget_bytes_;
   int n_experts_;
@@ -125,14 +112,14 @@ class GpuCachePolicy {
   std::vector<Slot> slots_;
   std::vector<int> dead_slots_;      // indices of freed Slot entries, reused
   std::vector<int> slot_of_key_;     // by key, -1 when not resident
-  GpuCachePolicyOptions options_;
+  LfruPolicyOptions options_;
   std::vector<uint64_t> decay_;      // by age % H: 2^(-age/H) scaled by 2^24
   std::vector<uint64_t> heat_;       // by key: heat_fixed as of step heat_step_[key]
   std::vector<uint64_t> heat_step_;
   std::vector<uint32_t> demand_count_;  // by key: raw demand accesses, saturating
   size_t bytes_allocated_ = 0;
   uint64_t step_ = 0;
-  GpuCacheStats stats_;
+  CacheStats stats_;
 };
 
 }  // namespace moestream

@@ -1,5 +1,6 @@
-// gpu_cache_sim: hit rate of the GPU expert cache's policy (LFRU, decaying demand heat) vs LRU
-// and Belady's optimal at several capacities, replaying the decode steps of a routing log.
+// cache_sim: hit rates of the expert caches' policies, the GPU cache's (LFRU, decaying demand heat)
+// and the host cache's (LFU with aging), vs LRU and Belady's optimal at several capacities,
+// replaying the decode steps of a routing log through cluster/cache_sim.
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -15,13 +16,13 @@
 using namespace moestream;
 
 int main(int argc, char** argv) {
-  CLI::App app{"gpu_cache_sim: GPU expert cache policy vs LRU and Belady on a routing log"};
+  CLI::App app{"cache_sim: the GPU and host expert cache policies vs LRU and Belady on a routing log"};
   std::string log_path;
   std::vector<double> percents{5, 10, 15, 20, 25, 30, 40, 50, 75};
   std::vector<int> experts;
   bool all_phases = false;
   std::vector<double> half_lives{1, 4, 16, 64, 256};
-  GpuCachePolicyOptions policy;  // the runtime's defaults unless overridden
+  LfruPolicyOptions policy;  // the runtime's defaults unless overridden
   std::vector<uint32_t> policy_sweep;
   app.add_option("--routing", log_path, "routing log (infer --collect-routing)")->required();
   app.add_option("--percent", percents,
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     const RoutingLog log = read_routing_log(log_path);
-    if (!log.warning.empty()) std::fprintf(stderr, "gpu_cache_sim: %s\n", log.warning.c_str());
+    if (!log.warning.empty()) std::fprintf(stderr, "cache_sim: %s\n", log.warning.c_str());
     const CacheTrace t = make_cache_trace(log, !all_phases);
     const int total = t.n_layers * t.n_experts;
     const int top_k = int(log.header.top_k);
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     caps.insert(caps.end(), experts.begin(), experts.end());
     std::printf("trace: %s, %zu %s, %zu accesses (%d layers x %d experts, top-%d)\n",
                 log_path.c_str(), t.n_steps(), all_phases ? "tokens" : "decode steps", t.keys.size(), t.n_layers, t.n_experts, top_k);
-    GpuCachePolicyOptions no_decay = policy, admission = policy;
+    LfruPolicyOptions no_decay = policy, admission = policy;
     no_decay.heat_half_life_steps = 0;
     admission.demand_admission = true;
     const unsigned h = policy.heat_half_life_steps;
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
         if (cap > total) continue;
         std::printf("| %d |", cap);
         for (uint32_t hs : policy_sweep) {
-          GpuCachePolicyOptions o = policy;
+          LfruPolicyOptions o = policy;
           o.heat_half_life_steps = hs;
           o.demand_admission = false;
           const double plain = 100 * simulate_lfru(t, cap, o).hit_rate();
@@ -132,12 +133,12 @@ int main(int argc, char** argv) {
       if (cap > total) continue;
       std::printf("| %d | %.2f |", cap, 100 * simulate_lru(t, cap).hit_rate());
       for (uint64_t a : host_aging)
-        std::printf(" %.2f |", 100 * simulate_host_lfu(t, cap, a * uint64_t(cap)).hit_rate());
+        std::printf(" %.2f |", 100 * simulate_lfu(t, cap, a * uint64_t(cap)).hit_rate());
       std::printf("\n");
     }
     return 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "gpu_cache_sim: %s\n", e.what());
+    std::fprintf(stderr, "cache_sim: %s\n", e.what());
     return 1;
   }
 }
