@@ -24,7 +24,12 @@ GpuPrefetchWorker::GpuPrefetchWorker(ExpertStore& store, size_t entry_bytes, siz
   const size_t want = staging_bytes ? staging_bytes : kPrefetchStagingBytes;
   staging_.emplace(entry_bytes, std::clamp<size_t>(want / entry_bytes, 2, 1024));
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  thread_ = std::thread([this] { loop(); });
+  try {
+    thread_ = std::thread([this] { loop(); });
+  } catch (...) {
+    cudaStreamDestroy(stream_);
+    throw;
+  }
 }
 
 GpuPrefetchWorker::~GpuPrefetchWorker() {
