@@ -15,6 +15,22 @@ namespace {
 
 constexpr size_t kSmall = 1000, kLarge = 3000;  // slot bytes of classes 0 and 1
 
+// The message of the Error `f` throws; "" (a test failure) when it throws none or a DeviceOom,
+// which must never leave the arena's error paths.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DeviceOom&) {
+    ADD_FAILURE() << "DeviceOom escaped";
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
 class GpuSlotArenaTest : public ::testing::Test {
  protected:
   void SetUp() override { base_ = fake_cuda::live_device_bytes(); }
@@ -112,16 +128,10 @@ TEST_F(GpuSlotArenaTest, InjectedFailuresCountDown) {
 TEST_F(GpuSlotArenaTest, NoDeviceMemoryForTheFirstChunksIsAClearErrorAndLeaksNothing) {
   GpuSlotArena arena(8 * kSmall, 4 * kSmall, {kSmall, kLarge});
   fake_cuda::fail_next_mallocs(1, /*skip=*/1);  // class 0's chunk is allocated, class 1's fails
-  try {
-    arena.reserve_first_chunks();
-    FAIL() << "no error";
-  } catch (const DeviceOom&) {
-    FAIL() << "DeviceOom escaped: there is no cached expert to release yet";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("cannot allocate the first 0 MiB"), std::string::npos) << what;
-    EXPECT_NE(what.find("budget 0 MiB, device has"), std::string::npos) << what;
-  }
+  // There is no cached expert to release yet: an Error at once.
+  const std::string what = error_of([&] { arena.reserve_first_chunks(); });
+  EXPECT_NE(what.find("cannot allocate the first 0 MiB"), std::string::npos) << what;
+  EXPECT_NE(what.find("budget 0 MiB, device has"), std::string::npos) << what;
   EXPECT_EQ(arena.reserved_bytes(), 0u);
   EXPECT_EQ(arena.n_live_chunks(0), 0);
   EXPECT_EQ(live(), 0u) << "class 0's chunk is released again";
@@ -154,16 +164,9 @@ TEST_F(GpuSlotArenaTest, VramRetryReleasesEverythingAndRetriesOnce) {
 
   ops = releases = 0;
   arena.inject_failures(2);  // fails again after the release: a clear error, released again
-  try {
-    arena.with_vram_retry(op, release, retries);
-    FAIL() << "no error";
-  } catch (const DeviceOom&) {
-    FAIL() << "DeviceOom escaped";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("even after releasing every cached expert"), std::string::npos) << what;
-    EXPECT_NE(what.find("lower --gpu-cache-mb"), std::string::npos) << what;
-  }
+  const std::string what = error_of([&] { arena.with_vram_retry(op, release, retries); });
+  EXPECT_NE(what.find("even after releasing every cached expert"), std::string::npos) << what;
+  EXPECT_NE(what.find("lower --gpu-cache-mb"), std::string::npos) << what;
   EXPECT_EQ(ops, 2);
   EXPECT_EQ(releases, 2);
   EXPECT_EQ(retries, 2u);
