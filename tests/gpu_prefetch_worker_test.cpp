@@ -165,8 +165,10 @@ TEST_F(GpuPrefetchWorkerTest, TeardownCancelsTheQueueAndFinishesTheReadInHand) {
   worker_->submit(group(0, {{1, 0}}));
   store_.wait_entered(1);
   worker_->submit(group(1, {{2, 1}}));
+  // The read in hand lands once teardown has begun (it begins at once; 200 ms leaves room for
+  // a loaded machine): the worker must then stop instead of reading the queued group.
   std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     store_.open();
   });
   worker_.reset();  // blocks until the read in hand returns
