@@ -2,7 +2,10 @@
 // a queue of operations that run lazily in a seeded random interleaving whenever the host calls in
 // (and fully on a synchronize). A copy reads its source when it runs, so a missing stream wait or
 // a staging buffer reused too early shows up as wrong bytes, without a GPU (CI). Every call holds
-// one lock, so the cache's prefetch worker thread may call in too.
+// one lock, so the cache's prefetch worker thread may call in too. Test hooks in
+// tests/fake_cuda_runtime.h.
+#include "tests/fake_cuda_runtime.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -35,6 +39,8 @@ std::vector<FakeStream*> g_streams;
 FakeStream g_legacy;
 std::mt19937 g_rng(1);
 uint64_t g_ticket = 0;
+int g_skip_mallocs = 0, g_fail_mallocs = 0;  // hook: cudaMalloc calls to let pass, then fail
+std::map<void*, size_t> g_device;      // live cudaMalloc allocations
 
 FakeStream* stream_of(cudaStream_t s) { return s ? reinterpret_cast<FakeStream*>(s) : &g_legacy; }
 
@@ -117,14 +123,23 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaMalloc(void** p, size_t n) {
   std::lock_guard<std::mutex> lock(g_mu);
   progress();
+  if (g_skip_mallocs > 0) {
+    --g_skip_mallocs;
+  } else if (g_fail_mallocs > 0) {
+    --g_fail_mallocs;
+    *p = nullptr;
+    return cudaErrorMemoryAllocation;
+  }
   *p = std::malloc(n);
   if (!*p) return cudaErrorMemoryAllocation;
   std::memset(*p, 0xEE, n);  // not zeros: a slot never written reads as garbage
+  g_device[*p] = n;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
   std::lock_guard<std::mutex> lock(g_mu);
   run_until(all_idle);  // as the real cudaFree, which synchronizes the device
+  g_device.erase(p);
   std::free(p);
   return cudaSuccess;
 }
@@ -213,3 +228,23 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
 namespace moestream::gpu {
 int device_count(const char**) { return 1; }
 }  // namespace moestream::gpu
+
+namespace moestream::fake_cuda {
+void fail_next_mallocs(int n, int skip) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_skip_mallocs = skip;
+  g_fail_mallocs = n;
+}
+size_t live_device_bytes() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  size_t total = 0;
+  for (const auto& [p, n] : g_device) total += n;
+  return total;
+}
+size_t pending_ops() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  size_t n = g_legacy.ops.size();
+  for (FakeStream* s : g_streams) n += s->ops.size();
+  return n;
+}
+}  // namespace moestream::fake_cuda

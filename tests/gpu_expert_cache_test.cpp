@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/gpu/gpu_expert_cache.h"
+#include "tests/gpu_cache_test_stores.h"
 
 namespace moestream {
 namespace {
@@ -31,115 +32,7 @@ namespace {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.n_layers = 3;
-  c.n_experts = 16;
-  c.n_experts_per_tok = 4;
-  c.hidden_size = 64;
-  c.moe_intermediate_size = 96;
-  c.expert_quant = QuantType::kQ8;
-  return c;
-}
-
-size_t expert_bytes(const ModelConfig& c) {
-  return ExpertLayout::make(c.expert_quant, size_t(c.hidden_size), size_t(c.moe_intermediate_size)).bytes;
-}
-
-// Every expert a distinct pseudo-random payload; experts are handed out in reverse order of the
-// request so the cache must use next_ready's index, not arrival order.
-class FakeStore : public ExpertStore {
- public:
-  explicit FakeStore(const ModelConfig& c) : n_experts_(c.n_experts), bytes_(expert_bytes(c)) {
-    std::mt19937_64 rng(12345);
-    data_.resize(size_t(c.n_layers) * size_t(c.n_experts));
-    for (auto& d : data_) {
-      d.resize(bytes_);
-      for (auto& b : d) b = uint8_t(rng());
-    }
-  }
-  const std::vector<uint8_t>& payload(int layer, int e) const {
-    return data_[size_t(layer) * size_t(n_experts_) + size_t(e)];
-  }
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
-    out.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = payload(layer, ids[i]).data();
-    ++stats_.fetch_calls;
-    stats_.experts_requested += ids.size();
-  }
-  void begin_fetch(int layer, std::span<const int> ids) override {
-    fetch(layer, ids, pending_);
-    next_ = pending_.size();
-  }
-  bool next_ready(size_t* index, const uint8_t** p, bool wait) override {
-    if (wait) {
-      if (on_wait_) on_wait_();
-      since_wait_ = 0;
-    } else if (trickle_ > 0 && since_wait_ >= trickle_) {
-      return false;  // the rest has not landed yet
-    }
-    if (next_ == 0) return false;
-    ++since_wait_;
-    --next_;
-    *index = next_;
-    *p = pending_[next_];
-    return true;
-  }
-  ExpertStoreStats stats() const override { return stats_; }
-
-  // 0: every expert is ready at once; n: each waiting next_ready() lands n more.
-  size_t trickle_ = 0;
-  std::function<void()> on_wait_;  // runs at each waiting next_ready()
-
- private:
-  size_t since_wait_ = 0;
-  int n_experts_;
-  size_t bytes_;
-  std::vector<std::vector<uint8_t>> data_;
-  std::vector<const uint8_t*> pending_;
-  size_t next_ = 0;
-  ExpertStoreStats stats_;
-};
-
-// The prefetch worker's store: begin_fetch blocks until the gate opens (by open(), or by itself
-// after 10 s so a broken cache fails instead of hanging) and may fail for one layer.
-class GatedStore : public FakeStore {
- public:
-  explicit GatedStore(const ModelConfig& c, bool open = false) : FakeStore(c), open_(open) {}
-  void begin_fetch(int layer, std::span<const int> ids) override {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      layers_.push_back(layer);
-      cv_.wait_for(lk, std::chrono::seconds(10), [&] { return open_; });
-    }
-    if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
-    if (layer == fail_layer_)
-      throw IoError("layer_" + std::to_string(layer) + ".bin: injected read error at offset 0");
-    FakeStore::begin_fetch(layer, ids);
-  }
-  void open() {
-    std::lock_guard<std::mutex> lk(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  std::vector<int> layers_fetched() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return layers_;
-  }
-  // Until the worker has entered begin_fetch `n` times in all (it holds that group then).
-  void wait_entered(size_t n) const {
-    for (int i = 0; i < 10000 && layers_fetched().size() < n; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  int fail_layer_ = -1;
-  int delay_us_ = 0;  // per begin_fetch: a slow read, so demand overtakes the worker
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  std::vector<int> layers_;
-};
+using namespace gpu_cache_test;
 
 class GpuExpertCacheTest : public ::testing::Test {
  public:  // kernels_still_queued() shares the fixture
