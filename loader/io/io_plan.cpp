@@ -116,46 +116,6 @@ PlanOptions plan_options(const IoEngineOptions& o, uint64_t sink_bytes) {
                      o.scatter, sink_bytes};
 }
 
-void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanOptions& opts,
-                     std::vector<PlannedRead>& out) {
-  const uint64_t max_read = direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
-                                                                     : opts.max_read_bytes;
-  size_t b = 0;
-  while (b < ranges.size()) {
-    const uint64_t start = ranges[b].offset;
-    uint64_t end = start + ranges[b].length;
-    size_t e = b + 1;
-    if (opts.coalesce) {
-      while (e < ranges.size()) {
-        const ByteRange& r = ranges[e];
-        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
-        const uint64_t new_end = std::max(end, r.offset + r.length);
-        if (new_end - start > max_read) break;
-        end = new_end;
-        ++e;
-      }
-    }
-    if (e - b == 1 && end - start > max_read) {
-      // A range over the cap becomes several reads that run on different rings/threads at
-      // once: one big expert otherwise occupies a single queue slot and cannot use the
-      // device's parallelism.
-      uint64_t chunk = max_read;
-      if (direct) chunk = std::max(kDirectAlign, align_down(chunk, kDirectAlign));
-      const uint64_t rs = direct ? align_down(start, kDirectAlign) : start;
-      const uint64_t re = direct ? align_up(end, kDirectAlign) : end;
-      for (uint64_t cs = rs; cs < re; cs += chunk) {
-        const uint64_t ce = std::min(cs + chunk, re);
-        out.push_back({static_cast<uint32_t>(b), 1, cs, ce - cs, std::min(ce, end) - cs});
-      }
-    } else {
-      const uint64_t off = direct ? align_down(start, kDirectAlign) : start;
-      const uint64_t read_end = direct ? align_up(end, kDirectAlign) : end;
-      out.push_back({static_cast<uint32_t>(b), static_cast<uint32_t>(e - b), off, read_end - off, end - off});
-    }
-    b = e;
-  }
-}
-
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
                   const PlanOptions& opts) {
   IoPlan plan;
@@ -190,7 +150,6 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
   });
 
   std::vector<ByteRange> ranges;
-  std::vector<PlannedRead> reads;
   size_t b = 0;
   while (b < order.size()) {
     const uint32_t file = reqs[order[b]].file;
@@ -198,9 +157,9 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
     ranges.clear();
     for (; e < order.size() && reqs[order[e]].file == file; ++e)
       ranges.push_back({reqs[order[e]].offset, reqs[order[e]].length});
-    reads.clear();
-    plan_file_reads(ranges, files[file].direct, opts, reads);
-    for (const PlannedRead& pr : reads) add_extent(plan, reqs, order, b + pr.first, pr, files[file], opts);
+    plan_file_reads(ranges, files[file].direct, opts, [&](const PlannedRead& pr) {
+      add_extent(plan, reqs, order, b + pr.first, pr, files[file], opts);
+    });
     b = e;
   }
   return plan;

@@ -101,13 +101,49 @@ struct PlannedRead {
 };
 
 // The coalescing and read-cap rule, without files or buffers: groups one file's `ranges`
-// (sorted by offset, each of non-zero length) into reads and appends them to `out` in file
-// order. With opts.coalesce a read grows while the next range starts within gap_bytes of its
-// end and it stays within the cap (direct_max_read_bytes when `direct` and set, else
-// max_read_bytes); a lone range over the cap is split into cap-sized pieces (block-aligned for
-// O_DIRECT). plan_reads builds its extents from exactly these reads.
+// (sorted by offset, each of non-zero length) into reads and calls emit(const PlannedRead&) for
+// each, in file order. With opts.coalesce a read grows while the next range starts within
+// gap_bytes of its end and it stays within the cap (direct_max_read_bytes when `direct` and set,
+// else max_read_bytes); a lone range over the cap is split into cap-sized pieces (block-aligned
+// for O_DIRECT), which then run on different rings/threads at once: one big expert otherwise
+// occupies a single queue slot and cannot use the device's parallelism. plan_reads builds its
+// extents from exactly these reads. A template so that the cost model's inner loop inlines it.
+template <class Emit>
 void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanOptions& opts,
-                     std::vector<PlannedRead>& out);
+                     Emit&& emit) {
+  const uint64_t max_read = direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
+                                                                     : opts.max_read_bytes;
+  auto down = [&](uint64_t x) { return direct ? x / kDirectAlign * kDirectAlign : x; };
+  auto up = [&](uint64_t x) { return direct ? (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign : x; };
+  size_t b = 0;
+  while (b < ranges.size()) {
+    const uint64_t start = ranges[b].offset;
+    uint64_t end = start + ranges[b].length;
+    size_t e = b + 1;
+    if (opts.coalesce) {
+      while (e < ranges.size()) {
+        const ByteRange& r = ranges[e];
+        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
+        const uint64_t new_end = r.offset + r.length > end ? r.offset + r.length : end;
+        if (new_end - start > max_read) break;
+        end = new_end;
+        ++e;
+      }
+    }
+    if (e - b == 1 && end - start > max_read) {
+      uint64_t chunk = max_read;
+      if (direct) chunk = chunk < kDirectAlign ? kDirectAlign : down(chunk);
+      for (uint64_t cs = down(start), re = up(end); cs < re; cs += chunk) {
+        const uint64_t ce = cs + chunk < re ? cs + chunk : re;
+        emit(PlannedRead{static_cast<uint32_t>(b), 1, cs, ce - cs, (ce < end ? ce : end) - cs});
+      }
+    } else {
+      const uint64_t off = down(start);
+      emit(PlannedRead{static_cast<uint32_t>(b), static_cast<uint32_t>(e - b), off, up(end) - off, end - off});
+    }
+    b = e;
+  }
+}
 
 // Largest gap sink a plan may ask for: gaps are at most gap_bytes plus O_DIRECT padding.
 inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
