@@ -274,7 +274,7 @@ LayerStats noisy_stats(uint32_t n, uint32_t k, int tokens, uint32_t seed) {
 // progress callback that sleeps) nor another thread changes the result; the budget bounds the
 // moves priced exactly.
 TEST(Ordering, SameInputsGiveTheSameOrderAndTheMoveBudgetBoundsTheWork) {
-  const LayerStats s = noisy_stats(32, 4, 1500, 11);
+  const LayerStats s = noisy_stats(32, 4, 600, 11);
   const SlotGeometry g = geometry();
   const IoProfile p;
   LocalSearchOptions o;
@@ -285,7 +285,7 @@ TEST(Ordering, SameInputsGiveTheSameOrderAndTheMoveBudgetBoundsTheWork) {
   std::vector<SearchProgress> seen;
   slow.progress = [&](const SearchProgress& q) {
     seen.push_back(q);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   };
   const Order b = order_layer(OrderMethod::kSeriation, s, g, p, slow, &b_st);
   Order c;

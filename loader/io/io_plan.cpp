@@ -150,6 +150,7 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
   });
 
   std::vector<ByteRange> ranges;
+  ranges.reserve(order.size());
   size_t b = 0;
   while (b < order.size()) {
     const uint32_t file = reqs[order[b]].file;
