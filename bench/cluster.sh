@@ -24,7 +24,8 @@ SEARCH_MOVES=${SEARCH_MOVES:-}
 if [[ -f data/corpus/train.txt ]]; then
   head -c "$TRAIN_BYTES" data/corpus/train.txt > "$WORK/train.txt"
 else
-  tail -c +200001 $MODEL/heldout.txt | head -c "$TRAIN_BYTES" > "$WORK/train.txt"
+  # head first: `tail | head` dies of SIGPIPE under pipefail once head has its bytes
+  head -c $((200000 + TRAIN_BYTES)) $MODEL/heldout.txt | tail -c +200001 > "$WORK/train.txt"
 fi
 cp $MODEL/heldout_head.txt "$WORK/heldout.txt"
 for s in train heldout; do

@@ -63,9 +63,9 @@ Order spectral_order(const LayerStats& s) {
       }
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(L);
   MOE_ASSERT(es.info() == Eigen::Success, "eigen solver failed on a symmetric matrix");
-  Eigen::VectorXd f = es.eigenvectors().col(std::min(1, n - 1));
+  const Eigen::VectorXd f = es.eigenvectors().col(std::min(1, n - 1));
   // The solver may return either sign and differ in the last bits between builds: fix the sign
-  // and compare rounded coordinates, so only a real difference in the statistics moves experts.
+  // and compare rounded coordinates, so such noise moves experts only at a rounding boundary.
   Eigen::Index top = 0;
   for (Eigen::Index a = 1; a < f.size(); ++a)
     if (std::abs(f(a)) > std::abs(f(top))) top = a;

@@ -30,9 +30,9 @@ Order greedy_chain(const LayerStats& s);
 Order spectral_order(const LayerStats& s);
 
 // Default move budget per layer. A move prices the layer's distinct token sets, so its time grows
-// with them: every demo-model layer (32 experts, top-4; a pass is 1,488 moves) converges in
-// 7,440-16,368 moves, in under 0.5 s with a 540-token log and about 1.5 s of CPU with a
-// 26k-token trace (dev VM). For 128 experts (a pass is 24,384 moves) it bounds the search.
+// with them: demo-model layers (32 experts, top-4; a pass is 1,488 moves) converge in
+// 7,440-16,368 moves, in under 0.5 s with a 540-token log and 1-2 s of CPU with 13k-26k-token
+// traces (dev VM). For 128 experts (a pass is 24,384 moves) it bounds the search.
 inline constexpr uint64_t kDefaultSearchMoves = 20000;
 
 struct SearchProgress {

@@ -141,7 +141,7 @@ int run(const Args& a) {
       if (methods[m] == OrderMethod::kSeriation)
         std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %llu moves in %d passes, %s, %.1f s)\n",
                      l + 1, stats.size(), names[m], (unsigned long long)st.moves, st.passes,
-                     st.converged ? "no move left that helps" : "move budget spent",
+                     st.converged ? "no move left that helps" : "stopped by the move budget",
                      std::chrono::duration<double>(clock::now() - t0).count());
     }
   }
