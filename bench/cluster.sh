@@ -15,13 +15,17 @@ ROUNDS=${ROUNDS:-5}
 # Queue depths to replay at: 32 (the engine default, a layer's reads overlap) and 1 (one read
 # in flight: the latency-bound case the cost model's ops x latency term describes).
 QDS=${QDS:-"32 1"}
+# Local search budget per layer (cluster_experts --search-moves; empty: its default). A count,
+# not a clock: the same traces give the same order on every machine.
+SEARCH_MOVES=${SEARCH_MOVES:-}
 
 # Training text: a slice of the training corpus when present, else the part of the committed
 # held-out file that heldout_head.txt does not cover (disjoint from the evaluation text).
 if [[ -f data/corpus/train.txt ]]; then
   head -c "$TRAIN_BYTES" data/corpus/train.txt > "$WORK/train.txt"
 else
-  tail -c +200001 $MODEL/heldout.txt | head -c "$TRAIN_BYTES" > "$WORK/train.txt"
+  # head first: `tail | head` dies of SIGPIPE under pipefail once head has its bytes
+  head -c $((200000 + TRAIN_BYTES)) $MODEL/heldout.txt | tail -c +200001 > "$WORK/train.txt"
 fi
 cp $MODEL/heldout_head.txt "$WORK/heldout.txt"
 for s in train heldout; do
@@ -35,8 +39,10 @@ done
 rm -rf "$WORK/identity" "$WORK/clustered"
 cp -r $MODEL "$WORK/identity"
 cp -r $MODEL "$WORK/clustered"
+# --io-direct: the cost model plans reads as the replay below issues them (O_DIRECT, its read cap).
 "$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" \
-  --model "$WORK/clustered" --method seriation --repack --json ${IO_PROFILE:+--io-profile $IO_PROFILE} \
+  --model "$WORK/clustered" --method seriation --repack --json --io-direct \
+  ${SEARCH_MOVES:+--search-moves $SEARCH_MOVES} ${IO_PROFILE:+--io-profile $IO_PROFILE} \
   > "$WORK/cluster.json"
 
 # Cold reads: O_DIRECT through io_uring, no host cache; alternate the two copies ROUNDS times.
@@ -60,7 +66,8 @@ if [[ -n "${SYNTHETIC:-}" ]]; then
   rm -rf "$WORK/syn_clustered"
   cp -r "$WORK/syn_identity" "$WORK/syn_clustered"
   "$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" --shape-only \
-    --model "$WORK/syn_clustered" --method seriation --repack --json ${IO_PROFILE:+--io-profile $IO_PROFILE} \
+    --model "$WORK/syn_clustered" --method seriation --repack --json --io-direct \
+    ${SEARCH_MOVES:+--search-moves $SEARCH_MOVES} ${IO_PROFILE:+--io-profile $IO_PROFILE} \
     > "$WORK/syn_cluster.json"
   for r in $(seq "$ROUNDS"); do
     for m in syn_identity syn_clustered; do
@@ -75,7 +82,9 @@ import json, statistics, sys
 work, rounds, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 c = json.load(open(f"{work}/cluster.json"))
 print(f"io profile: {c['io_profile']['op_latency_us']:.1f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s;"
-      f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B")
+      f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B;"
+      f" reads planned {'O_DIRECT' if c['geometry']['direct'] else 'buffered'};"
+      f" search {c['search']['moves']} moves (budget {c['search']['max_moves_per_layer']}/layer)")
 print(f"{'trace':8} {'method':10} {'read ops/tok':>12} {'vs identity':>11} {'KiB/tok':>9} {'model us/tok':>12}")
 for trace in ("train", "heldout"):
     base = c[trace]["identity"]["read_ops_per_token"]

@@ -1,6 +1,5 @@
-// Implementation of cluster/io_cost_model.h. The grouping loop mirrors io::plan_reads (sorted by
-// offset; extend while the next read starts within gap_bytes and the extent stays <= max_read);
-// cluster_test checks the two agree on random sets.
+// Implementation of cluster/io_cost_model.h. Reads are planned by io::plan_file_reads, the
+// function io::plan_reads builds the engine's extents from; cluster_test checks the two agree.
 #include "cluster/io_cost_model.h"
 
 #include <nlohmann/json.hpp>
@@ -49,33 +48,27 @@ IoProfile load_io_profile(const std::filesystem::path& path) {
   return IoProfile{best_lat, best_gbps};
 }
 
+SlotGeometry read_by(SlotGeometry g, const IoEngineOptions& io) {
+  g.reads = io::plan_options(io);
+  g.direct = io.direct;
+  return g;
+}
+
 ReadCost token_read_cost(std::span<const uint32_t> slots_in, const SlotGeometry& g) {
-  uint32_t slots[64];
-  MOE_ASSERT(slots_in.size() <= 64, "top-k above 64");
   const size_t n = slots_in.size();
+  MOE_ASSERT(n <= 64, "top-k above 64");
+  MOE_ASSERT(g.expert_bytes > 0, "slot geometry without expert bytes");
+  uint32_t slots[64];
   std::copy(slots_in.begin(), slots_in.end(), slots);
   std::sort(slots, slots + n);
+  io::ByteRange ranges[64];
+  for (size_t i = 0; i < n; ++i) ranges[i] = {g.data_offset + uint64_t(slots[i]) * g.expert_stride, g.expert_bytes};
   ReadCost c;
-  size_t b = 0;
-  while (b < n) {
-    const uint64_t start = g.data_offset + uint64_t(slots[b]) * g.expert_stride;
-    uint64_t end = start + g.expert_bytes;
-    size_t e = b + 1;
-    while (e < n) {
-      const uint64_t off = g.data_offset + uint64_t(slots[e]) * g.expert_stride;
-      if (off > end + g.gap_bytes) break;
-      const uint64_t new_end = std::max(end, off + g.expert_bytes);
-      if (new_end - start > g.max_read_bytes) break;
-      end = new_end;
-      ++e;
-    }
-    if (e - b == 1 && end - start > g.max_read_bytes)
-      c.ops += (end - start + g.max_read_bytes - 1) / g.max_read_bytes;  // split_request
-    else
-      c.ops += 1;
-    c.bytes += end - start;
-    b = e;
-  }
+  io::plan_file_reads(std::span<const io::ByteRange>(ranges, n), g.direct, g.reads,
+                      [&c](const io::PlannedRead& r) {
+                        ++c.ops;
+                        c.bytes += r.length;
+                      });
   return c;
 }
 

@@ -1,5 +1,6 @@
 // The I/O cost model the orderings are judged by: for each token, the physical slots its experts
-// sit in, grouped into reads by loader/io/io_plan's coalescing rule, priced by latency and bandwidth.
+// sit in, turned into reads by the engine's own planner (io::plan_file_reads: its coalescing and
+// read caps), priced by latency and bandwidth.
 #pragma once
 
 #include <cstdint>
@@ -8,17 +9,25 @@
 #include <vector>
 
 #include "cluster/coactivation.h"
+#include "loader/io/io_engine.h"
+#include "loader/io/io_plan.h"
 
 namespace moestream::cluster {
 
-// Where slots sit in a layer file and how the engine coalesces them (io_engine.h defaults).
+// Where slots sit in a layer file, and how the engine reads them.
 struct SlotGeometry {
   uint64_t data_offset = 4096;
   uint64_t expert_bytes = 0;
   uint64_t expert_stride = 0;
-  uint64_t gap_bytes = 64 << 10;      // IoEngineOptions::coalesce_gap_bytes
-  uint64_t max_read_bytes = 1 << 20;  // IoEngineOptions::max_read_bytes
+  // The engine's coalescing gap and read caps (io::plan_options of its options; default: the
+  // engine's defaults), and whether it reads the layer files with O_DIRECT (block-aligned
+  // reads, capped at reads.direct_max_read_bytes).
+  io::PlanOptions reads = io::plan_options(IoEngineOptions{});
+  bool direct = false;
 };
+
+// A geometry read as an engine with options `io` reads (coalesce, gap, caps, direct).
+SlotGeometry read_by(SlotGeometry g, const IoEngineOptions& io);
 
 // Per-op latency and streaming bandwidth of the device (from bench_io's JSON, or flags).
 struct IoProfile {
@@ -32,13 +41,12 @@ struct IoProfile {
 IoProfile load_io_profile(const std::filesystem::path& bench_io_json);
 
 struct ReadCost {
-  uint64_t ops = 0;    // reads after coalescing
-  uint64_t bytes = 0;  // bytes those reads move (gaps read through included)
+  uint64_t ops = 0;    // reads the engine's planner issues
+  uint64_t bytes = 0;  // bytes those reads ask for (gaps read through and O_DIRECT padding included)
 };
 
-// Reads for one token whose experts sit in `slots` (any order; sorted here). Same grouping as
-// io::plan_reads with coalescing on; a single expert longer than max_read_bytes is split there
-// too, which ops counts.
+// Reads for one token whose experts sit in `slots` (any order, at most 64; sorted here), as
+// io::plan_file_reads plans them: the same count and bytes as the engine's extents.
 ReadCost token_read_cost(std::span<const uint32_t> slots, const SlotGeometry& g);
 
 struct CostSummary {

@@ -1,11 +1,12 @@
 // Implementation of cluster/ordering.h. Local search works on the distinct token sets with their
-// counts, so a pass costs (moves x distinct sets x k), independent of the trace length.
+// counts, so a move costs (distinct sets x k), independent of the trace length; it stops after a
+// move budget, never on a clock.
 #include "cluster/ordering.h"
 
 #include <Eigen/Dense>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -63,9 +64,17 @@ Order spectral_order(const LayerStats& s) {
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(L);
   MOE_ASSERT(es.info() == Eigen::Success, "eigen solver failed on a symmetric matrix");
   const Eigen::VectorXd f = es.eigenvectors().col(std::min(1, n - 1));
+  // The solver may return either sign and differ in the last bits between builds: fix the sign
+  // and compare rounded coordinates, so such noise moves experts only at a rounding boundary.
+  Eigen::Index top = 0;
+  for (Eigen::Index a = 1; a < f.size(); ++a)
+    if (std::abs(f(a)) > std::abs(f(top))) top = a;
+  const double scale = f(top) == 0 ? 0.0 : std::ldexp(1.0, 30) / f(top);
+  std::vector<int64_t> coord(static_cast<size_t>(n));
+  for (int a = 0; a < n; ++a) coord[size_t(a)] = std::llround(f(a) * scale);
   Order order = Order(size_t(n));
   std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return f(a) < f(b); });
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return coord[a] < coord[b]; });
   return order;
 }
 
@@ -73,14 +82,14 @@ namespace {
 
 struct WeightedSets {
   std::vector<ExpertSet> sets;
-  std::vector<double> weight;
+  std::vector<uint64_t> weight;  // tokens with this set
 };
 
 WeightedSets distinct_sets(const LayerStats& s) {
-  std::map<ExpertSet, double> m;
+  std::map<ExpertSet, uint64_t> m;
   for (ExpertSet t : s.token_sets) {
     std::sort(t.begin(), t.end());
-    m[t] += 1.0;
+    ++m[t];
   }
   WeightedSets w;
   for (auto& [k, v] : m) {
@@ -90,69 +99,102 @@ WeightedSets distinct_sets(const LayerStats& s) {
   return w;
 }
 
-double cost(const WeightedSets& w, const std::vector<uint32_t>& slot, const SlotGeometry& g,
-            const IoProfile& p) {
-  const double per_byte_us = 1.0 / (p.bandwidth_gbps * 1e3);
-  double total = 0;
+// Modelled time of the layer's tokens in femtoseconds, exact: integer op and byte counts times
+// integer prices, so every machine and compiler compares two orders alike (a floating-point sum
+// could round a near tie either way). 128 bits: bytes x price exceeds 64 bits on long traces.
+using Cost = unsigned __int128;
+
+struct Prices {
+  uint64_t op_fs = 0;    // per read
+  uint64_t byte_fs = 0;  // per byte
+};
+
+Prices prices_of(const IoProfile& p) {
+  MOE_ASSERT(p.op_latency_us >= 0 && p.bandwidth_gbps > 0, "I/O profile without positive bandwidth");
+  return {uint64_t(std::llround(p.op_latency_us * 1e9)), uint64_t(std::llround(1e6 / p.bandwidth_gbps))};
+}
+
+Cost cost(const WeightedSets& w, const Order& order, const SlotGeometry& g, const Prices& pr) {
+  thread_local std::vector<uint32_t> slot;  // logical -> physical, reused across moves
+  slot.resize(order.size());
+  for (uint32_t s = 0; s < order.size(); ++s) slot[order[s]] = s;
+  uint64_t ops = 0, bytes = 0;
   uint32_t slots[64];
   for (size_t i = 0; i < w.sets.size(); ++i) {
     const ExpertSet& t = w.sets[i];
     for (size_t j = 0; j < t.size(); ++j) slots[j] = slot[t[j]];
     ReadCost c = token_read_cost(std::span<const uint32_t>(slots, t.size()), g);
-    total += w.weight[i] * (double(c.ops) * p.op_latency_us + double(c.bytes) * per_byte_us);
+    ops += w.weight[i] * c.ops;
+    bytes += w.weight[i] * c.bytes;
   }
-  return total;
+  return Cost(ops) * pr.op_fs + Cost(bytes) * pr.byte_fs;
 }
 
 }  // namespace
 
 Order local_search(const LayerStats& s, Order order, const SlotGeometry& g, const IoProfile& p,
-                   const LocalSearchOptions& opts) {
+                   const LocalSearchOptions& opts, SearchStats* stats) {
+  SearchStats st;
   const WeightedSets w = distinct_sets(s);
   const size_t n = order.size();
-  if (n < 3 || w.sets.empty()) return order;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto out_of_time = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > opts.max_seconds;
-  };
-  double best = cost(w, slots_of(order), g, p);
+  const Prices pr = prices_of(p);
+  Cost best = n < 3 || w.sets.empty() ? 0 : cost(w, order, g, pr);
   Order cand;
-  for (int pass = 0; pass < opts.max_passes && !out_of_time(); ++pass) {
-    bool improved = false;
+  // Prices the candidate and keeps it when cheaper.
+  bool improved = false;
+  auto consider = [&]() {
+    ++st.moves;
+    const Cost c = cost(w, cand, g, pr);
+    if (c < best) {
+      best = c;
+      order.swap(cand);
+      improved = true;
+    }
+  };
+  bool spent = n < 3 || w.sets.empty();
+  st.converged = spent;
+  while (!spent) {
+    improved = false;
     // Insertion: take the expert at slot i and put it at slot j.
-    for (size_t i = 0; i < n && !out_of_time(); ++i)
-      for (size_t j = 0; j < n; ++j) {
+    for (size_t i = 0; i < n && !spent; ++i)
+      for (size_t j = 0; j < n && !spent; ++j) {
         if (i == j) continue;
+        if (st.moves >= opts.max_moves) {
+          spent = true;
+          break;
+        }
         cand = order;
-        uint32_t e = cand[i];
+        const uint32_t e = cand[i];
         cand.erase(cand.begin() + long(i));
         cand.insert(cand.begin() + long(j), e);
-        double c = cost(w, slots_of(cand), g, p);
-        if (c < best - 1e-9) {
-          best = c;
-          order.swap(cand);
-          improved = true;
-        }
+        consider();
       }
     // 2-opt: reverse slots [i, j].
-    for (size_t i = 0; i + 1 < n && !out_of_time(); ++i)
-      for (size_t j = i + 1; j < n; ++j) {
+    for (size_t i = 0; i + 1 < n && !spent; ++i)
+      for (size_t j = i + 1; j < n && !spent; ++j) {
+        if (st.moves >= opts.max_moves) {
+          spent = true;
+          break;
+        }
         cand = order;
         std::reverse(cand.begin() + long(i), cand.begin() + long(j) + 1);
-        double c = cost(w, slots_of(cand), g, p);
-        if (c < best - 1e-9) {
-          best = c;
-          order.swap(cand);
-          improved = true;
-        }
+        consider();
       }
-    if (!improved) break;
+    if (spent) break;
+    ++st.passes;
+    if (opts.progress) opts.progress({st.moves, opts.max_moves, st.passes});
+    if (!improved) {
+      st.converged = true;
+      break;
+    }
   }
+  if (stats) *stats = st;
   return order;
 }
 
 Order order_layer(OrderMethod m, const LayerStats& s, const SlotGeometry& g, const IoProfile& p,
-                  const LocalSearchOptions& opts) {
+                  const LocalSearchOptions& opts, SearchStats* stats) {
+  if (stats) *stats = {};
   switch (m) {
     case OrderMethod::kIdentity: {
       Order o(s.n_experts);
@@ -162,12 +204,21 @@ Order order_layer(OrderMethod m, const LayerStats& s, const SlotGeometry& g, con
     case OrderMethod::kGreedy:
       return greedy_chain(s);
     case OrderMethod::kSeriation: {
-      LocalSearchOptions half = opts;
-      half.max_seconds = opts.max_seconds / 2;
-      Order a = local_search(s, spectral_order(s), g, p, half);
-      Order b = local_search(s, greedy_chain(s), g, p, half);
+      // Both searches report their progress as the layer's: the second after the first's moves.
+      SearchStats sa, sb;
+      LocalSearchOptions half;
+      if (opts.progress)
+        half.progress = [&](const SearchProgress& q) {
+          opts.progress({sa.moves + q.moves, opts.max_moves, sa.passes + q.passes});
+        };
+      half.max_moves = opts.max_moves / 2;
+      Order a = local_search(s, spectral_order(s), g, p, half, &sa);
+      half.max_moves = opts.max_moves - sa.moves;
+      Order b = local_search(s, greedy_chain(s), g, p, half, &sb);
+      if (stats) *stats = {sa.moves + sb.moves, sa.passes + sb.passes, sa.converged && sb.converged};
       const WeightedSets w = distinct_sets(s);
-      return cost(w, slots_of(a), g, p) <= cost(w, slots_of(b), g, p) ? a : b;
+      const Prices pr = prices_of(p);
+      return cost(w, a, g, pr) <= cost(w, b, g, pr) ? a : b;
     }
   }
   MOE_ASSERT(false, "unhandled ordering method");

@@ -7,6 +7,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "cluster/coactivation.h"
 #include "cluster/io_cost_model.h"
@@ -77,43 +78,91 @@ TEST(IoCostModel, AdjacentSlotsAreOneReadAndAGapSplitsThem) {
   std::vector<uint32_t> apart{1, 3, 9, 10};
   EXPECT_EQ(token_read_cost(apart, g).ops, 3u);
   SlotGeometry small = g;
-  small.max_read_bytes = 2 * 69632;  // two experts fit, three do not
+  small.reads.max_read_bytes = 2 * 69632;  // two experts fit, three do not
   EXPECT_EQ(token_read_cost(adj, small).ops, 2u);
 }
 
-// The model must count what the engine would issue: compare with io::plan_reads itself.
+// What the engine's planner issues for one token: io::plan_reads on the experts' requests in a
+// file opened as the engine would (O_DIRECT or not), with the engine's own plan options.
+ReadCost engine_plan(std::span<const uint32_t> slots, const SlotGeometry& g, const IoEngineOptions& eo) {
+  io::FileEntry f;
+  f.path = "layer";
+  f.direct = eo.direct;
+  f.size = g.data_offset + 64 * g.expert_stride;
+  std::vector<io::FileEntry> files{f};
+  alignas(4096) static uint8_t dest[4096];  // never written: planning only places reads
+  std::vector<ReadRequest> reqs;
+  for (uint32_t s : slots) reqs.push_back({0, g.data_offset + uint64_t(s) * g.expert_stride, g.expert_bytes, dest});
+  const io::IoPlan plan = io::plan_reads(reqs, files, io::plan_options(eo, io::sink_bytes_for(eo.coalesce_gap_bytes)));
+  ReadCost c;
+  c.ops = plan.extents.size();
+  for (const io::Extent& x : plan.extents) c.bytes += x.length;
+  return c;
+}
+
+IoEngineOptions engine_options(uint64_t gap, uint64_t max_read, uint64_t direct_max_read, bool direct) {
+  IoEngineOptions eo;
+  eo.coalesce = gap > 0;
+  eo.coalesce_gap_bytes = gap;
+  eo.max_read_bytes = max_read;
+  eo.direct_max_read_bytes = direct_max_read;
+  eo.direct = direct;
+  return eo;
+}
+
+// The model must count what the engine would issue: compare with io::plan_reads itself, buffered
+// and O_DIRECT (alignment padding, the direct read cap), coalescing on and off.
 TEST(IoCostModel, MatchesTheEnginePlannerOnRandomSets) {
   std::mt19937 rng(5);
-  for (auto [bytes, stride, gap, max_read] :
-       {std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>{69000, 69632, 64 << 10, 1 << 20},
-        {3000, 4096, 8192, 16384}, {1500000, 1503232, 64 << 10, 1 << 20}, {9000, 12288, 0, 1 << 20}}) {
-    SlotGeometry g = geometry(bytes, stride);
-    g.gap_bytes = gap;
-    g.max_read_bytes = max_read;
-    io::FileEntry f;
-    f.path = "layer";
-    f.size = g.data_offset + 64 * stride;
-    std::vector<io::FileEntry> files{f};
-    io::PlanOptions po;
-    po.gap_bytes = gap;
-    po.max_read_bytes = max_read;
-    po.scatter = false;
-    static uint8_t dummy[1];
-    for (int trial = 0; trial < 300; ++trial) {
-      std::vector<uint32_t> all(64);
-      std::iota(all.begin(), all.end(), 0u);
-      std::shuffle(all.begin(), all.end(), rng);
-      const size_t k = 1 + rng() % 8;
-      std::vector<uint32_t> slots(all.begin(), all.begin() + long(k));
-      std::vector<ReadRequest> reqs;
-      for (uint32_t s : slots) reqs.push_back({0, g.data_offset + uint64_t(s) * stride, bytes, dummy});
-      io::IoPlan plan = io::plan_reads(reqs, files, po);
-      uint64_t plan_bytes = 0;
-      for (const auto& x : plan.extents) plan_bytes += x.needed;
-      ReadCost c = token_read_cost(slots, g);
-      ASSERT_EQ(c.ops, plan.extents.size()) << "stride " << stride << " trial " << trial;
-      ASSERT_EQ(c.bytes, plan_bytes);
+  struct Case {
+    uint64_t bytes, stride, gap, max_read, direct_max_read;
+  };
+  for (const Case& k : {Case{69000, 69632, 64 << 10, 1 << 20, 4 << 20}, Case{3000, 4096, 8192, 16384, 8192},
+                        Case{3000, 5000, 6000, 16384, 12288}, Case{1500000, 1503232, 64 << 10, 1 << 20, 4 << 20},
+                        Case{1500000, 1503232, 64 << 10, 4 << 20, 1 << 20}, Case{9000, 12288, 0, 1 << 20, 1 << 20}}) {
+    for (bool direct : {false, true}) {
+      const IoEngineOptions eo = engine_options(k.gap, k.max_read, k.direct_max_read, direct);
+      const SlotGeometry g = read_by(geometry(k.bytes, k.stride), eo);
+      for (int trial = 0; trial < 300; ++trial) {
+        std::vector<uint32_t> all(64);
+        std::iota(all.begin(), all.end(), 0u);
+        std::shuffle(all.begin(), all.end(), rng);
+        const size_t n = 1 + rng() % 8;
+        std::vector<uint32_t> slots(all.begin(), all.begin() + long(n));
+        const ReadCost want = engine_plan(slots, g, eo), got = token_read_cost(slots, g);
+        ASSERT_EQ(got.ops, want.ops) << "stride " << k.stride << " direct " << direct << " trial " << trial;
+        ASSERT_EQ(got.bytes, want.bytes) << "stride " << k.stride << " direct " << direct << " trial " << trial;
+      }
     }
+  }
+}
+
+// The O_DIRECT read cap (infer --direct-max-read-kb) is the engine's, not max_read_bytes: with
+// the defaults (1 MiB buffered, 4 MiB direct) three adjacent 512 KiB experts are two buffered
+// reads but one direct read; with a 1 MiB direct cap under a 4 MiB buffered one the direct cap
+// splits the read (and a lone 1.5 MB expert) where buffered reads stay whole.
+TEST(IoCostModel, TheDirectReadCapSplitsReadsAsTheEngineDoes) {
+  const std::vector<uint32_t> three{4, 5, 6}, one{9};
+  struct Case {
+    uint64_t bytes, max_read, direct_max_read;
+    bool direct;
+    const std::vector<uint32_t>* slots;
+    uint64_t ops;
+  };
+  for (const Case& k : {Case{512 << 10, 1 << 20, 4 << 20, false, &three, 2},
+                        Case{512 << 10, 1 << 20, 4 << 20, true, &three, 1},
+                        Case{512 << 10, 4 << 20, 1 << 20, false, &three, 1},
+                        Case{512 << 10, 4 << 20, 1 << 20, true, &three, 2},
+                        Case{1500000, 4 << 20, 1 << 20, false, &one, 1},
+                        Case{1500000, 4 << 20, 1 << 20, true, &one, 2}}) {
+    const IoEngineOptions eo = engine_options(64 << 10, k.max_read, k.direct_max_read, k.direct);
+    const SlotGeometry g = read_by(geometry(k.bytes, (k.bytes + 4095) / 4096 * 4096), eo);
+    const ReadCost got = token_read_cost(*k.slots, g), want = engine_plan(*k.slots, g, eo);
+    EXPECT_EQ(got.ops, k.ops) << k.bytes << " direct " << k.direct << " cap " << k.direct_max_read;
+    EXPECT_EQ(got.ops, want.ops);
+    EXPECT_EQ(got.bytes, want.bytes);
+    // Every byte of the experts is read once, plus a lone expert's O_DIRECT tail padding.
+    EXPECT_EQ(got.bytes, k.slots->size() * k.bytes + (k.direct && k.bytes % 4096 ? 4096 - k.bytes % 4096 : 0));
   }
 }
 
@@ -152,13 +201,19 @@ LayerStats hidden_order_stats(uint32_t n, uint32_t k, int tokens, std::vector<ui
   return coactivation({log_of(n, k, ts)})[0];
 }
 
+LocalSearchOptions moves(uint64_t n) {
+  LocalSearchOptions o;
+  o.max_moves = n;
+  return o;
+}
+
 TEST(Ordering, SeriationFindsTheHiddenBestOrder) {
   std::vector<uint32_t> secret;
   LayerStats s = hidden_order_stats(24, 4, 3000, &secret);
   const SlotGeometry g = geometry();
   const IoProfile p;
   auto ops = [&](OrderMethod m) {
-    return layer_cost(s.token_sets, slots_of(order_layer(m, s, g, p, {2.0, 20})), g, p).ops_per_token;
+    return layer_cost(s.token_sets, slots_of(order_layer(m, s, g, p)), g, p).ops_per_token;
   };
   const double identity = ops(OrderMethod::kIdentity), greedy = ops(OrderMethod::kGreedy),
                seriation = ops(OrderMethod::kSeriation);
@@ -191,12 +246,87 @@ TEST(Ordering, LocalSearchNeverWorsensTheModelledCost) {
   const IoProfile p;
   Order start(16);
   std::iota(start.begin(), start.end(), 0u);
-  Order better = local_search(s, start, g, p, {1.0, 5});
+  Order better = local_search(s, start, g, p, moves(2000));
   EXPECT_LE(layer_cost(ts, slots_of(better), g, p).modelled_us_per_token,
             layer_cost(ts, slots_of(start), g, p).modelled_us_per_token);
   std::vector<uint32_t> sorted = better;
   std::sort(sorted.begin(), sorted.end());
   for (uint32_t i = 0; i < 16; ++i) ASSERT_EQ(sorted[i], i);  // still a permutation
+}
+
+// Routing with some structure but no perfect order, so the search keeps finding moves.
+LayerStats noisy_stats(uint32_t n, uint32_t k, int tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint16_t>> ts;
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<uint16_t> set;
+    const uint32_t base = rng() % n;
+    while (set.size() < k) {
+      const uint16_t e = uint16_t(rng() % 3 == 0 ? rng() % n : (base + rng() % 6) % n);
+      if (std::find(set.begin(), set.end(), e) == set.end()) set.push_back(e);
+    }
+    ts.push_back(set);
+  }
+  return coactivation({log_of(n, k, ts)})[0];
+}
+
+// Same inputs, same order: the search stops on a move count, so neither a slow machine (a
+// progress callback that sleeps) nor another thread changes the result; the budget bounds the
+// moves priced exactly.
+TEST(Ordering, SameInputsGiveTheSameOrderAndTheMoveBudgetBoundsTheWork) {
+  const LayerStats s = noisy_stats(32, 4, 600, 11);
+  const SlotGeometry g = geometry();
+  const IoProfile p;
+  LocalSearchOptions o;
+  o.max_moves = 4000;  // a pass over 32 experts is 992 insertions + 496 reversals
+  SearchStats a_st, b_st, c_st;
+  const Order a = order_layer(OrderMethod::kSeriation, s, g, p, o, &a_st);
+  LocalSearchOptions slow = o;
+  std::vector<SearchProgress> seen;
+  slow.progress = [&](const SearchProgress& q) {
+    seen.push_back(q);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  };
+  const Order b = order_layer(OrderMethod::kSeriation, s, g, p, slow, &b_st);
+  Order c;
+  std::thread([&] { c = order_layer(OrderMethod::kSeriation, s, g, p, o, &c_st); }).join();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(a_st.moves, b_st.moves);
+  EXPECT_EQ(a_st.moves, c_st.moves);
+  EXPECT_FALSE(a_st.converged);  // the budget, not convergence, stopped it
+  EXPECT_EQ(a_st.moves, o.max_moves);
+  ASSERT_FALSE(seen.empty());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_LE(seen[i].moves, o.max_moves);
+    EXPECT_EQ(seen[i].max_moves, o.max_moves);
+    if (i > 0) {
+      EXPECT_GT(seen[i].moves, seen[i - 1].moves);
+    }
+  }
+
+  // local_search alone: no budget, no move; a budget is spent exactly, and more of it never
+  // ends worse (a longer run continues the same path).
+  Order start(32);
+  std::iota(start.begin(), start.end(), 0u);
+  SearchStats st;
+  EXPECT_EQ(local_search(s, start, g, p, moves(0), &st), start);
+  EXPECT_EQ(st.moves, 0u);
+  EXPECT_EQ(st.passes, 0);
+  double prev = layer_cost(s.token_sets, slots_of(start), g, p).modelled_us_per_token;
+  for (uint64_t budget : {1u, 100u, 1488u, 1489u, 2500u}) {  // this layer converges at 2 passes
+    const Order o1 = local_search(s, start, g, p, moves(budget), &st);
+    EXPECT_EQ(st.moves, budget);
+    EXPECT_EQ(st.passes, budget >= 1488 ? int(budget / 1488) : 0) << budget;
+    EXPECT_EQ(local_search(s, start, g, p, moves(budget)), o1) << budget;
+    const double now = layer_cost(s.token_sets, slots_of(o1), g, p).modelled_us_per_token;
+    EXPECT_LE(now, prev) << budget;
+    prev = now;
+  }
+  // Given enough moves the search stops by itself when a pass improves nothing.
+  local_search(s, start, g, p, moves(10'000'000), &st);
+  EXPECT_TRUE(st.converged);
+  EXPECT_EQ(st.moves, uint64_t(st.passes) * 1488);
 }
 
 ModelConfig tiny_config() {

@@ -29,10 +29,23 @@ namespace {
 struct Args {
   std::vector<std::string> routing, evaluate;
   std::string model, method = "seriation", io_profile, maps_out;
-  bool repack = false, json = false, shape_only = false;
-  double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0, search_seconds = 20;
-  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024;
+  bool repack = false, json = false, shape_only = false, io_direct = false;
+  double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
+  uint64_t search_moves = kDefaultSearchMoves;
+  // The engine's read options, with infer's flags and defaults (tools/engine_cli.cpp).
+  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
 };
+
+// The engine's options as infer sets them from the same flags (a 0 KiB gap turns coalescing off).
+IoEngineOptions engine_read_options(const Args& a) {
+  IoEngineOptions o;
+  o.direct = a.io_direct;
+  o.coalesce = a.coalesce_gap_kb > 0;
+  o.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
+  o.max_read_bytes = a.max_read_kb << 10;
+  o.direct_max_read_bytes = a.direct_max_read_kb << 10;
+  return o;
+}
 
 std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
                                   const fs::path& model, bool shape_only) {
@@ -84,8 +97,7 @@ int run(const Args& a) {
   g.data_offset = h0.data_offset;
   g.expert_bytes = h0.expert_bytes;
   g.expert_stride = h0.expert_stride;
-  g.gap_bytes = a.coalesce_gap_kb << 10;
-  g.max_read_bytes = a.max_read_kb << 10;
+  g = read_by(g, engine_read_options(a));
   IoProfile prof;
   if (!a.io_profile.empty()) prof = load_io_profile(a.io_profile);
   if (a.op_latency_us > 0) prof.op_latency_us = a.op_latency_us;
@@ -104,18 +116,33 @@ int run(const Args& a) {
   const char* names[] = {"identity", "greedy", "seriation"};
   std::vector<std::vector<std::vector<uint32_t>>> slots(3);
   LocalSearchOptions ls;
-  ls.max_seconds = a.search_seconds;
+  ls.max_moves = a.search_moves;
+  uint64_t moves_total = 0;
   for (size_t m = 0; m < methods.size(); ++m) {
     if (m == 2 && method != OrderMethod::kSeriation) {
       slots[2] = slots[size_t(method)];
       break;
     }
     for (size_t l = 0; l < stats.size(); ++l) {
-      auto t0 = std::chrono::steady_clock::now();
-      slots[m].push_back(slots_of(order_layer(methods[m], stats[l], g, prof, ls)));
+      using clock = std::chrono::steady_clock;
+      const auto t0 = clock::now();
+      auto shown = t0;
+      // A line every few seconds on long searches; the clock decides only what is printed.
+      ls.progress = [&](const SearchProgress& q) {
+        const auto now = clock::now();
+        if (now - shown < std::chrono::seconds(5)) return;
+        shown = now;
+        std::fprintf(stderr, "cluster_experts: layer %zu/%zu: %d passes, %llu/%llu moves\n", l + 1,
+                     stats.size(), q.passes, (unsigned long long)q.moves, (unsigned long long)q.max_moves);
+      };
+      SearchStats st;
+      slots[m].push_back(slots_of(order_layer(methods[m], stats[l], g, prof, ls, &st)));
+      moves_total += st.moves;
       if (methods[m] == OrderMethod::kSeriation)
-        std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %.1f s)\n", l + 1, stats.size(),
-                     names[m], std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %llu moves in %d passes, %s, %.1f s)\n",
+                     l + 1, stats.size(), names[m], (unsigned long long)st.moves, st.passes,
+                     st.converged ? "no move left that helps" : "stopped by the move budget",
+                     std::chrono::duration<double>(clock::now() - t0).count());
     }
   }
   const auto& chosen = slots[2];
@@ -125,7 +152,10 @@ int run(const Args& a) {
   js["method"] = a.method;
   js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
   js["geometry"] = {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
-                    {"gap_bytes", g.gap_bytes}, {"max_read_bytes", g.max_read_bytes}};
+                    {"coalesce", g.reads.coalesce}, {"gap_bytes", g.reads.gap_bytes},
+                    {"max_read_bytes", g.reads.max_read_bytes},
+                    {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct}};
+  js["search"] = {{"max_moves_per_layer", a.search_moves}, {"moves", moves_total}};
   auto report = [&](const char* set, const std::vector<LayerStats>& st) {
     std::fprintf(stderr, "%-9s %-10s %12s %14s %16s\n", set, "method", "ops/token", "KiB/token", "modelled us/tok");
     for (int m = 0; m < 3; ++m) {
@@ -182,10 +212,18 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth-gbps", a.bandwidth_gbps, "device bandwidth in GB/s (overrides --io-profile; default 3)");
   app.add_option("--neighbour-weight", a.neighbour_weight,
                  "weight of pairs chosen by consecutive tokens in the co-activation counts")->capture_default_str();
-  app.add_option("--search-seconds", a.search_seconds, "local search time budget per layer")->capture_default_str();
-  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb, "engine coalescing gap (infer --coalesce-gap-kb)")
-      ->capture_default_str();
-  app.add_option("--max-read-kb", a.max_read_kb, "engine largest read (infer --max-read-kb)")->capture_default_str()
+  app.add_option("--search-moves", a.search_moves,
+                 "local search budget: candidate moves priced per layer (seriation; a count, not a "
+                 "clock, so the order is the same on every machine)")->capture_default_str();
+  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb,
+                 "engine coalescing gap, 0 = no coalescing (as infer --coalesce-gap-kb)")->capture_default_str();
+  app.add_option("--max-read-kb", a.max_read_kb, "engine largest read (as infer --max-read-kb)")->capture_default_str()
       ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  app.add_option("--direct-max-read-kb", a.direct_max_read_kb,
+                 "engine largest read with --io-direct (as infer --direct-max-read-kb)")->capture_default_str()
+      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+  app.add_flag("--io-direct", a.io_direct,
+               "price reads as the engine issues them with O_DIRECT (as infer --io-direct: block-aligned, "
+               "capped by --direct-max-read-kb)");
   return run_tool("cluster_experts", app, argc, argv, [&] { return run(a); });
 }

@@ -249,9 +249,7 @@ size_t IoEngine::submit(std::span<ReadRequest> batch, const RequestDoneFn& on_do
       m.cv.notify_all();
     }
   } release{m, *lane};
-  io::PlanOptions po{m.opts.coalesce, m.opts.coalesce_gap_bytes, m.opts.max_read_bytes,
-                     m.opts.direct_max_read_bytes, m.opts.scatter, m.sink_bytes};
-  io::IoPlan plan = io::plan_reads(batch, m.files, po);
+  io::IoPlan plan = io::plan_reads(batch, m.files, io::plan_options(m.opts, m.sink_bytes));
   if (plan.bounce_bytes > 0) Impl::ensure_arena(*lane, plan.bounce_bytes);
   for (io::Extent& e : plan.extents)
     if (e.bounce) e.buf = lane->arena + e.bounce_offset;

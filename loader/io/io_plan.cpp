@@ -68,43 +68,53 @@ void add_bounce(IoPlan& plan, Extent& x) {
   plan.bounce_bytes += align_up(x.length, kDirectAlign);
 }
 
-// A request larger than max_read_bytes becomes several reads (chunks of max_read_bytes,
-// block-aligned for O_DIRECT) that run on different rings/threads at once: one big expert
-// otherwise occupies a single queue slot and cannot use the device's parallelism.
-uint64_t max_read_for(const FileEntry& f, const PlanOptions& opts) {
-  return f.direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes : opts.max_read_bytes;
-}
-
-void split_request(IoPlan& plan, const ReadRequest& r, uint32_t index, const FileEntry& f,
-                   const PlanOptions& opts) {
-  uint64_t chunk = max_read_for(f, opts);
-  if (f.direct) chunk = std::max(kDirectAlign, align_down(chunk, kDirectAlign));
-  const uint64_t end = r.offset + r.length;
-  const uint64_t rs = f.direct ? align_down(r.offset, kDirectAlign) : r.offset;
-  const uint64_t re = f.direct ? align_up(end, kDirectAlign) : end;
-  for (uint64_t cs = rs; cs < re; cs += chunk) {
-    uint64_t ce = std::min(cs + chunk, re);
-    uint64_t from = std::max(cs, r.offset), to = std::min(ce, end);
-    Extent x;
-    x.file = r.file;
-    x.offset = cs;
-    x.length = ce - cs;
-    x.needed = to - cs;
-    x.first_slice = static_cast<uint32_t>(plan.slices.size());
-    x.n_slices = 1;
-    plan.slices.push_back({index, from - cs, from - r.offset, to - from});
-    uint8_t* dest = static_cast<uint8_t*>(r.dest) + (from - r.offset);
-    bool in_place = from == cs && to == ce;
-    if (in_place && f.direct) in_place = reinterpret_cast<uintptr_t>(dest) % kDirectAlign == 0;
-    if (in_place)
-      x.buf = dest;
-    else
-      add_bounce(plan, x);
-    plan.extents.push_back(x);
+// One extent from a planned read over requests order[b, b + pr.count) of one file, with a slice
+// per request (the part of it the read covers: all of it unless the read is a split piece).
+void add_extent(IoPlan& plan, std::span<ReadRequest> reqs, const std::vector<uint32_t>& order,
+                size_t b, const PlannedRead& pr, const FileEntry& f, const PlanOptions& opts) {
+  const size_t e = b + pr.count;
+  Extent x;
+  x.file = reqs[order[b]].file;
+  x.offset = pr.offset;
+  x.length = pr.length;
+  x.needed = pr.needed;
+  x.first_slice = static_cast<uint32_t>(plan.slices.size());
+  x.n_slices = pr.count;
+  const uint64_t read_end = x.offset + x.length;
+  for (size_t i = b; i < e; ++i) {
+    const ReadRequest& r = reqs[order[i]];
+    const uint64_t from = std::max(x.offset, r.offset);
+    const uint64_t to = std::min(read_end, r.offset + r.length);
+    plan.slices.push_back({order[i], from - x.offset, from - r.offset, to - from});
   }
+  const ReadSlice& first = plan.slices[x.first_slice];
+  uint8_t* dest = static_cast<uint8_t*>(reqs[order[b]].dest) + first.req_offset;
+  // In place: no padding or gap at either end, and the dests tile one buffer in file order.
+  bool in_place = first.buf_offset == 0 && x.needed == x.length && contiguous(reqs, order, b, e);
+  if (in_place && f.direct) in_place = reinterpret_cast<uintptr_t>(dest) % kDirectAlign == 0;
+  uint32_t n_iov = 0;
+  if (!in_place && opts.scatter && e - b > 1 && opts.sink_bytes > 0 &&
+      scatterable(reqs, order, b, e, f.direct))
+    n_iov = max_iovecs(reqs, order, b, e, x.offset, read_end, opts.sink_bytes);
+  if (in_place) {
+    x.buf = dest;
+  } else if (n_iov > 0 && n_iov <= kMaxIovecs) {
+    x.scatter = true;
+    x.first_iov = static_cast<uint32_t>(plan.iovs.size());
+    x.n_iov_max = n_iov;
+    plan.iovs.resize(plan.iovs.size() + n_iov);
+  } else {
+    add_bounce(plan, x);
+  }
+  plan.extents.push_back(x);
 }
 
 }  // namespace
+
+PlanOptions plan_options(const IoEngineOptions& o, uint64_t sink_bytes) {
+  return PlanOptions{o.coalesce, o.coalesce_gap_bytes, o.max_read_bytes, o.direct_max_read_bytes,
+                     o.scatter, sink_bytes};
+}
 
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
                   const PlanOptions& opts) {
@@ -139,60 +149,18 @@ IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
     return a < b;
   });
 
+  std::vector<ByteRange> ranges;
+  ranges.reserve(order.size());
   size_t b = 0;
   while (b < order.size()) {
-    const ReadRequest& first = reqs[order[b]];
-    const FileEntry& f = files[first.file];
-    uint64_t start = first.offset;
-    uint64_t end = first.offset + first.length;
-    const uint64_t max_read = max_read_for(f, opts);
-    size_t e = b + 1;
-    if (opts.coalesce) {
-      while (e < order.size()) {
-        const ReadRequest& r = reqs[order[e]];
-        if (r.file != first.file) break;
-        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
-        uint64_t new_end = std::max(end, r.offset + r.length);
-        if (new_end - start > max_read) break;
-        end = new_end;
-        ++e;
-      }
-    }
-    if (e - b == 1 && end - start > max_read) {
-      split_request(plan, first, order[b], f, opts);
-      b = e;
-      continue;
-    }
-    Extent x;
-    x.file = first.file;
-    x.offset = f.direct ? align_down(start, kDirectAlign) : start;
-    uint64_t read_end = f.direct ? align_up(end, kDirectAlign) : end;
-    x.length = read_end - x.offset;
-    x.needed = end - x.offset;
-    x.first_slice = static_cast<uint32_t>(plan.slices.size());
-    x.n_slices = static_cast<uint32_t>(e - b);
-    for (size_t i = b; i < e; ++i) {
-      const ReadRequest& r = reqs[order[i]];
-      plan.slices.push_back({order[i], r.offset - x.offset, 0, r.length});
-    }
-    bool in_place = x.offset == start && read_end == end && contiguous(reqs, order, b, e);
-    if (in_place && f.direct)
-      in_place = reinterpret_cast<uintptr_t>(first.dest) % kDirectAlign == 0;
-    uint32_t n_iov = 0;
-    if (!in_place && opts.scatter && e - b > 1 && opts.sink_bytes > 0 &&
-        scatterable(reqs, order, b, e, f.direct))
-      n_iov = max_iovecs(reqs, order, b, e, x.offset, read_end, opts.sink_bytes);
-    if (in_place) {
-      x.buf = static_cast<uint8_t*>(first.dest);
-    } else if (n_iov > 0 && n_iov <= kMaxIovecs) {
-      x.scatter = true;
-      x.first_iov = static_cast<uint32_t>(plan.iovs.size());
-      x.n_iov_max = n_iov;
-      plan.iovs.resize(plan.iovs.size() + n_iov);
-    } else {
-      add_bounce(plan, x);
-    }
-    plan.extents.push_back(x);
+    const uint32_t file = reqs[order[b]].file;
+    size_t e = b;
+    ranges.clear();
+    for (; e < order.size() && reqs[order[e]].file == file; ++e)
+      ranges.push_back({reqs[order[e]].offset, reqs[order[e]].length});
+    plan_file_reads(ranges, files[file].direct, opts, [&](const PlannedRead& pr) {
+      add_extent(plan, reqs, order, b + pr.first, pr, files[file], opts);
+    });
     b = e;
   }
   return plan;

@@ -1,5 +1,7 @@
-// Internal to the read engine: turns a batch of requests into sorted, coalesced extents, and
+// The read engine's planner: turns a batch of requests into sorted, coalesced extents, and
 // decides what each completion means (done, resubmit the rest, retry, fail). No I/O here.
+// plan_file_reads (the coalescing and read-cap rule alone) is also the clusterer's cost model
+// (cluster/io_cost_model), so the two cannot drift; the rest is internal to the engine.
 #pragma once
 
 #include <sys/uio.h>
@@ -78,13 +80,79 @@ struct PlanOptions {
   uint64_t sink_bytes = 0;  // size of the gap sink buffer (gaps are cut into pieces this big)
 };
 
+// The planner's options from the engine's: the one translation, used by the engine and by the
+// clusterer's cost model.
+PlanOptions plan_options(const IoEngineOptions& o, uint64_t sink_bytes = 0);
+
+// One request's bytes in a file, as the coalescing rule sees it.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One read the planner issues: ranges [first, first + count) of its input (count is 1 for each
+// piece of a split range), the file bytes [offset, offset + length) it asks for (aligned for
+// O_DIRECT), and how many of them must arrive (`needed`, less than length only for the padding).
+struct PlannedRead {
+  uint32_t first = 0, count = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t needed = 0;
+};
+
+// The coalescing and read-cap rule, without files or buffers: groups one file's `ranges`
+// (sorted by offset, each of non-zero length) into reads and calls emit(const PlannedRead&) for
+// each, in file order. With opts.coalesce a read grows while the next range starts within
+// gap_bytes of its end and it stays within the cap (direct_max_read_bytes when `direct` and set,
+// else max_read_bytes); a lone range over the cap is split into cap-sized pieces (block-aligned
+// for O_DIRECT), which then run on different rings/threads at once: one big expert otherwise
+// occupies a single queue slot and cannot use the device's parallelism. plan_reads builds its
+// extents from exactly these reads. A template so that the cost model's inner loop inlines it.
+template <class Emit>
+void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanOptions& opts,
+                     Emit&& emit) {
+  const uint64_t max_read = direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
+                                                                     : opts.max_read_bytes;
+  auto down = [&](uint64_t x) { return direct ? x / kDirectAlign * kDirectAlign : x; };
+  auto up = [&](uint64_t x) { return direct ? (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign : x; };
+  size_t b = 0;
+  while (b < ranges.size()) {
+    const uint64_t start = ranges[b].offset;
+    uint64_t end = start + ranges[b].length;
+    size_t e = b + 1;
+    if (opts.coalesce) {
+      while (e < ranges.size()) {
+        const ByteRange& r = ranges[e];
+        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
+        const uint64_t new_end = r.offset + r.length > end ? r.offset + r.length : end;
+        if (new_end - start > max_read) break;
+        end = new_end;
+        ++e;
+      }
+    }
+    if (e - b == 1 && end - start > max_read) {
+      uint64_t chunk = max_read;
+      if (direct) chunk = chunk < kDirectAlign ? kDirectAlign : down(chunk);
+      for (uint64_t cs = down(start), re = up(end); cs < re; cs += chunk) {
+        const uint64_t ce = cs + chunk < re ? cs + chunk : re;
+        emit(PlannedRead{static_cast<uint32_t>(b), 1, cs, ce - cs, (ce < end ? ce : end) - cs});
+      }
+    } else {
+      const uint64_t off = down(start);
+      emit(PlannedRead{static_cast<uint32_t>(b), static_cast<uint32_t>(e - b), off, up(end) - off, end - off});
+    }
+    b = e;
+  }
+}
+
 // Largest gap sink a plan may ask for: gaps are at most gap_bytes plus O_DIRECT padding.
 inline uint64_t sink_bytes_for(uint64_t gap_bytes) {
   return (gap_bytes + 3 * kDirectAlign) / kDirectAlign * kDirectAlign;
 }
 
-// Sorts `reqs` by (file, offset) and groups them into extents of at most max_read_bytes
-// (direct_max_read_bytes for O_DIRECT files); a longer request is split into several extents. Extents whose requests' dests
+// Sorts `reqs` by (file, offset) and groups each file's requests into extents with
+// plan_file_reads (at most max_read_bytes, direct_max_read_bytes for O_DIRECT files; a longer
+// request is split into several extents). Extents whose requests' dests
 // are exactly contiguous (and aligned enough for O_DIRECT) read in place; extents of
 // non-overlapping requests (block-aligned for O_DIRECT) scatter; the rest get a bounce range
 // [bounce_offset, +length) with buf left null until the caller binds the arena.

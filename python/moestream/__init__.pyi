@@ -118,9 +118,11 @@ def cluster(
     op_latency_us: float = 0.0,
     bandwidth_gbps: float = 0.0,
     neighbour_weight: float = 0.0,
-    search_seconds: float = 20.0,
+    search_moves: int = 20000,
     coalesce_gap_kb: int = 64,
     max_read_kb: int = 1024,
+    direct_max_read_kb: int = 4096,
+    io_direct: bool = False,
 ) -> dict[str, object]: ...
 def cost(
     model: str | os.PathLike[str],
@@ -133,6 +135,8 @@ def cost(
     bandwidth_gbps: float = 0.0,
     coalesce_gap_kb: int = 64,
     max_read_kb: int = 1024,
+    direct_max_read_kb: int = 4096,
+    io_direct: bool = False,
 ) -> dict[str, float]: ...
 def token_read_cost(
     slots: Sequence[int],
@@ -142,5 +146,7 @@ def token_read_cost(
     data_offset: int = 4096,
     gap_bytes: int = 65536,
     max_read_bytes: int = 1048576,
+    direct_max_read_bytes: int = 4194304,
+    direct: bool = False,
 ) -> tuple[int, int]: ...
 def load_io_profile(path: str | os.PathLike[str]) -> dict[str, float]: ...

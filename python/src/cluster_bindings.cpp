@@ -32,10 +32,30 @@ struct ModelLayout {
   SlotGeometry geometry;
 };
 
-ModelLayout read_layout(const fs::path& dir, uint64_t gap_kb, uint64_t max_read_kb) {
+// The engine's read options, from the same arguments and defaults as infer's flags (a 0 KiB gap
+// turns coalescing off).
+struct ReadArgs {
+  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
+  bool io_direct = false;
+};
+
+IoEngineOptions engine_read_options(const ReadArgs& r) {
+  if (r.max_read_kb < 4) throw ConfigError("max_read_kb must be >= 4, got " + std::to_string(r.max_read_kb));
+  if (r.direct_max_read_kb < 4)
+    throw ConfigError("direct_max_read_kb must be >= 4, got " + std::to_string(r.direct_max_read_kb));
+  IoEngineOptions o;
+  o.direct = r.io_direct;
+  o.coalesce = r.coalesce_gap_kb > 0;
+  o.coalesce_gap_bytes = r.coalesce_gap_kb << 10;
+  o.max_read_bytes = r.max_read_kb << 10;
+  o.direct_max_read_bytes = r.direct_max_read_kb << 10;
+  return o;
+}
+
+ModelLayout read_layout(const fs::path& dir, const ReadArgs& reads) {
   if (!fs::is_regular_file(dir / "model.json"))
     throw IoError(dir.string() + "/model.json does not exist: not a packed model directory");
-  if (max_read_kb < 4) throw ConfigError("max_read_kb must be >= 4, got " + std::to_string(max_read_kb));
+  const IoEngineOptions io = engine_read_options(reads);
   std::vector<ExpertFileHeader> headers;
   for (int l = 0; fs::exists(expert_file_path(dir, l)); ++l) headers.push_back(read_expert_header(expert_file_path(dir, l)));
   if (headers.empty()) throw IoError(expert_file_path(dir, 0).string() + " does not exist");
@@ -53,8 +73,7 @@ ModelLayout read_layout(const fs::path& dir, uint64_t gap_kb, uint64_t max_read_
   out.geometry.data_offset = h0.data_offset;
   out.geometry.expert_bytes = h0.expert_bytes;
   out.geometry.expert_stride = h0.expert_stride;
-  out.geometry.gap_bytes = gap_kb << 10;
-  out.geometry.max_read_bytes = max_read_kb << 10;
+  out.geometry = read_by(out.geometry, io);
   return out;
 }
 
@@ -101,7 +120,8 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
                        const std::optional<py::object>& evaluate, const std::optional<fs::path>& maps_out,
                        bool repack, bool shape_only, const std::optional<fs::path>& io_profile,
                        double op_latency_us, double bandwidth_gbps, double neighbour_weight,
-                       double search_seconds, uint64_t coalesce_gap_kb, uint64_t max_read_kb) {
+                       uint64_t search_moves, uint64_t coalesce_gap_kb, uint64_t max_read_kb,
+                       uint64_t direct_max_read_kb, bool io_direct) {
   const std::vector<std::string> train_paths = paths_of(routing);
   const std::vector<std::string> eval_paths = evaluate ? paths_of(*evaluate) : std::vector<std::string>{};
   nlohmann::json js;
@@ -111,13 +131,14 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
     py::gil_scoped_release nogil;
     const fs::path dir = model;
     const OrderMethod method = parse_order_method(method_name);
-    ModelLayout lay = read_layout(dir, coalesce_gap_kb, max_read_kb);
+    ModelLayout lay = read_layout(dir, {coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct});
     const IoProfile prof = make_profile(io_profile, op_latency_us, bandwidth_gbps);
     CoactivationOptions co;
     co.neighbour_weight = neighbour_weight;
     const std::vector<LayerStats> stats = coactivation(load_logs(train_paths, lay.want, dir, shape_only), co);
     LocalSearchOptions ls;
-    ls.max_seconds = search_seconds;
+    ls.max_moves = search_moves;
+    uint64_t moves = 0;
     // identity and greedy as baselines, then the chosen method (as cluster_experts reports them).
     const OrderMethod methods[] = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
     std::vector<std::vector<std::vector<uint32_t>>> slots(3);
@@ -126,13 +147,21 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
         slots[2] = slots[size_t(method)];
         break;
       }
-      for (const LayerStats& s : stats) slots[m].push_back(slots_of(order_layer(methods[m], s, lay.geometry, prof, ls)));
+      for (const LayerStats& s : stats) {
+        SearchStats st;
+        slots[m].push_back(slots_of(order_layer(methods[m], s, lay.geometry, prof, ls, &st)));
+        moves += st.moves;
+      }
     }
     js["model"] = dir.string();
     js["method"] = method_name;
     js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
-    js["geometry"] = {{"expert_bytes", lay.geometry.expert_bytes}, {"expert_stride", lay.geometry.expert_stride},
-                      {"gap_bytes", lay.geometry.gap_bytes}, {"max_read_bytes", lay.geometry.max_read_bytes}};
+    const SlotGeometry& g = lay.geometry;
+    js["geometry"] = {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
+                      {"coalesce", g.reads.coalesce}, {"gap_bytes", g.reads.gap_bytes},
+                      {"max_read_bytes", g.reads.max_read_bytes},
+                      {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct}};
+    js["search"] = {{"max_moves_per_layer", search_moves}, {"moves", moves}};
     auto report = [&](const char* set, const std::vector<LayerStats>& st) {
       const char* names[] = {"identity", "greedy", "chosen"};
       for (size_t m = 0; m < 3; ++m) js[set][names[m]] = cost_json(model_cost(st, slots[m], lay.geometry, prof));
@@ -162,7 +191,8 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
 // maps when None).
 py::object run_cost(const fs::path& model, const py::object& routing, const std::optional<py::array_t<uint32_t>>& slots,
                     bool shape_only, const std::optional<fs::path>& io_profile, double op_latency_us,
-                    double bandwidth_gbps, uint64_t coalesce_gap_kb, uint64_t max_read_kb) {
+                    double bandwidth_gbps, uint64_t coalesce_gap_kb, uint64_t max_read_kb,
+                    uint64_t direct_max_read_kb, bool io_direct) {
   const std::vector<std::string> paths = paths_of(routing);
   std::vector<std::vector<uint32_t>> slot_of;
   if (slots) {
@@ -176,7 +206,7 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
   nlohmann::json js;
   {
     py::gil_scoped_release nogil;
-    ModelLayout lay = read_layout(model, coalesce_gap_kb, max_read_kb);
+    ModelLayout lay = read_layout(model, {coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct});
     if (!slots) {
       for (const ExpertMap& m : lay.maps) {
         std::vector<uint32_t> row(m.size());
@@ -204,23 +234,33 @@ void bind_cluster(py::module_& m) {
   m.def("cluster", &run_cluster, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("method") = "seriation",
         py::arg("evaluate") = py::none(), py::arg("maps_out") = py::none(), py::arg("repack") = false,
         py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
-        py::arg("bandwidth_gbps") = 0.0, py::arg("neighbour_weight") = 0.0, py::arg("search_seconds") = 20.0,
-        py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+        py::arg("bandwidth_gbps") = 0.0, py::arg("neighbour_weight") = 0.0,
+        py::arg("search_moves") = kDefaultSearchMoves, py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+        py::arg("direct_max_read_kb") = 4096, py::arg("io_direct") = false,
         "Orders each layer's experts from routing logs (cluster_experts); returns costs and slots.");
   m.def("cost", &run_cost, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("slots") = py::none(),
         py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
         py::arg("bandwidth_gbps") = 0.0, py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
+        py::arg("direct_max_read_kb") = 4096, py::arg("io_direct") = false,
         "Modelled I/O cost per token of the logs' tokens with experts in `slots` (default: the model's maps).");
   m.def("token_read_cost", [](const std::vector<uint32_t>& slots, uint64_t expert_bytes, uint64_t expert_stride,
-                              uint64_t data_offset, uint64_t gap_bytes, uint64_t max_read_bytes) {
+                              uint64_t data_offset, uint64_t gap_bytes, uint64_t max_read_bytes,
+                              uint64_t direct_max_read_bytes, bool direct) {
           if (expert_bytes == 0 || expert_stride < expert_bytes)
             throw ConfigError("token_read_cost: need 0 < expert_bytes <= expert_stride");
           if (max_read_bytes == 0) throw ConfigError("token_read_cost: max_read_bytes must be > 0");
-          SlotGeometry g{data_offset, expert_bytes, expert_stride, gap_bytes, max_read_bytes};
-          ReadCost c = token_read_cost(slots, g);
+          if (slots.size() > 64) throw ConfigError("token_read_cost: more than 64 slots");
+          SlotGeometry g{data_offset, expert_bytes, expert_stride};
+          IoEngineOptions io;
+          io.coalesce_gap_bytes = gap_bytes;
+          io.max_read_bytes = max_read_bytes;
+          io.direct_max_read_bytes = direct_max_read_bytes;
+          io.direct = direct;
+          ReadCost c = token_read_cost(slots, read_by(g, io));
           return py::make_tuple(c.ops, c.bytes);
         }, py::arg("slots"), py::kw_only(), py::arg("expert_bytes"), py::arg("expert_stride"),
         py::arg("data_offset") = 4096, py::arg("gap_bytes") = 64 << 10, py::arg("max_read_bytes") = 1 << 20,
+        py::arg("direct_max_read_bytes") = 4 << 20, py::arg("direct") = false,
         "(read ops, bytes moved) for one token whose experts sit in `slots`, coalesced as the engine does.");
   m.def("load_io_profile", [](const fs::path& path) {
           IoProfile p = load_io_profile(path);

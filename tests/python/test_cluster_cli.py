@@ -1,6 +1,7 @@
 """`infer --collect-routing` and `cluster_experts` end to end on a copy of the demo model: routing
 logs append across runs, clustering + repack keeps the output tokens, and bad input (a log of
-another model, a corrupt log, a map that is not a permutation) exits 1 with a clear message."""
+another model, a corrupt log, a map that is not a permutation) exits 1 with a clear message, and
+the order depends on the inputs only (a move budget, no clock)."""
 import json
 import os
 import pathlib
@@ -95,7 +96,7 @@ def test_routing_log_appends_and_repack_keeps_tokens(model, tmp_path):
     assert log.stat().st_size == 64 + 2 * (size1 - 64)  # appended, header once
 
     r = run("cluster_experts", "--routing", log, "--model", model, "--method", "seriation",
-            "--repack", "--json", "--search-seconds", "0.5")
+            "--repack", "--json", "--search-moves", "3000")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["repacked"] is True
@@ -128,7 +129,7 @@ def test_corrupt_log_is_refused_and_truncated_tail_warned(model, tmp_path):
     data = bytearray(log.read_bytes())
     cut = tmp_path / "cut.bin"
     cut.write_bytes(bytes(data[:-7]))
-    r = run("cluster_experts", "--routing", cut, "--model", model, "--search-seconds", "0.2")
+    r = run("cluster_experts", "--routing", cut, "--model", model, "--search-moves", "1000")
     assert r.returncode == 0, r.stderr
     assert "truncated tail" in r.stderr
     data[64 + RECORD + 26] ^= 0xFF  # second record's ids
@@ -142,7 +143,7 @@ def test_xxh64_matches_a_map_written_by_cluster_experts(model, tmp_path):
     log = tmp_path / "r.bin"
     tokens(model, log)
     r = run("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / "maps",
-            "--search-seconds", "0.2")
+            "--search-moves", "1000")
     assert r.returncode == 0, r.stderr
     data = (tmp_path / "maps" / "experts" / "layer_000.map").read_bytes()
     assert struct.unpack("<Q", data[-8:])[0] == xxh64(data[:-8])
@@ -158,3 +159,26 @@ def test_map_that_is_not_a_permutation_is_refused(model, tmp_path):
     r = run("cluster_experts", "--routing", log, "--model", model)
     assert r.returncode == 1
     assert "layer_002.map" in r.stderr and "not a permutation" in r.stderr
+
+
+def test_same_inputs_give_the_same_maps_and_the_budget_is_reported(model, tmp_path):
+    log = tmp_path / "r.bin"
+    tokens(model, log)
+    outs = []
+    for i in range(2):
+        r = run("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / f"m{i}",
+                "--search-moves", "2000", "--io-direct", "--direct-max-read-kb", "128", "--json")
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout))
+    for l in range(8):
+        name = pathlib.Path("experts") / f"layer_{l:03d}.map"
+        assert (tmp_path / "m0" / name).read_bytes() == (tmp_path / "m1" / name).read_bytes()
+    assert outs[0] == outs[1]
+    geo = outs[0]["geometry"]
+    assert geo["direct"] is True and geo["direct_max_read_bytes"] == 128 << 10
+    # 2,000 moves a layer, 8 layers, seriation only (identity and greedy do not search)
+    assert 0 < outs[0]["search"]["moves"] <= 8 * 2000
+    assert outs[0]["search"]["max_moves_per_layer"] == 2000
+    r = run("cluster_experts", "--help")
+    assert "--search-moves" in r.stdout and "--search-seconds" not in r.stdout
+    assert "--direct-max-read-kb" in r.stdout and "--io-direct" in r.stdout
