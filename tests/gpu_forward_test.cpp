@@ -138,6 +138,12 @@ std::unique_ptr<Model> load_demo_fixed_residency(bool gpu, const CacheAwareOptio
                          open_pread_expert_store(kDemo, ModelConfig::load(kDemo))));
 }
 
+// The demo on the pread store, which has no host tier: every expert says kStorage, whatever the
+// page cache holds (Model::load's default store would report the page cache).
+std::unique_ptr<Model> load_demo_on_pread_store(const ModelOptions& mo) {
+  return Model::load(kDemo, mo, open_pread_expert_store(kDemo, ModelConfig::load(kDemo)));
+}
+
 // Final expert ids of every layer of one forward call, [layer][token * top_k + slot].
 std::vector<std::vector<int>> routed_ids(Model& m, const std::vector<int>& prompt) {
   std::vector<std::vector<int>> ids(size_t(m.config().n_layers));
@@ -419,15 +425,15 @@ TEST(GpuCacheAware, ToleranceZeroGivesThePlainGpuTokensAndTheGpuCacheIsConsulted
   // others. The pread store has no host tier (every expert says kStorage), so on the GPU only
   // the GPU cache can make an expert resident, and on the CPU nothing is.
   const size_t quarter = std::max<size_t>(1, (demo_expert_bytes() / 4) >> 20);
-  auto plain = load_demo(true, quarter);
   ModelOptions mo = demo_options(true, quarter);
+  auto plain = load_demo_on_pread_store(mo);
   mo.cache_aware = {true, 0.0f};
-  auto zero = Model::load(kDemo, mo);
+  auto zero = load_demo_on_pread_store(mo);
   mo.cache_aware = {true, 0.5f};
-  auto wide = Model::load(kDemo, mo);
+  auto wide = load_demo_on_pread_store(mo);
   mo = demo_options(false);
   mo.cache_aware = {true, 0.5f};
-  auto cpu_wide = Model::load(kDemo, mo);
+  auto cpu_wide = load_demo_on_pread_store(mo);
   const std::vector<int> prompt = prompt_ids(21, plain->config().vocab_size);
   const int n_new = 48;
   const std::vector<int> p = greedy(*plain, prompt, n_new);
