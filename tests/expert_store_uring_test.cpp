@@ -324,8 +324,7 @@ TEST_F(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
   write_layers(QuantType::kQ8, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(3);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad, fail));
   std::vector<const uint8_t*> out;
   std::vector<int> ids{2, 3, 5};
   std::string msg = test::error_message([&] { store->fetch(0, ids, out); });
@@ -415,8 +414,7 @@ TEST_F(EngineExpertStore, PrefetchNobodyAsksForIsDiscardedAndNeverCached) {
   // The prefetch of expert 4 fails; its data must never be served later from the host cache.
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(4);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad, fail));
   expect_payloads(*store, want, 0, {1});
   store->prefetch(0, std::vector<int>{4, 5});
   // Other ids (or another layer) than the prefetch: it is dropped, this fetch reads normally.
@@ -447,8 +445,7 @@ TEST_F(EngineExpertStore, PrefetchOfExpertsStillLoadingInTheCurrentFetchReadsThe
 TEST_F(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
   write_layers(QuantType::kQ8, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 1)).slot_offset(6);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad));
   store->begin_fetch(1, std::vector<int>{0});
   store->prefetch(1, std::vector<int>{5, 6});
   expect_handed_out(*store, want, 1, {0});

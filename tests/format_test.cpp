@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -59,15 +60,12 @@ TEST(ExpertFile, HeaderRoundTrips) {
   std::string bytes = encode_expert_header(h);
   ASSERT_EQ(bytes.size(), h.data_offset);
   ExpertFileHeader d = decode_expert_header(bytes, h.file_bytes(), "x.bin");
-  EXPECT_EQ(d.quant, h.quant);
-  EXPECT_EQ(d.layer, h.layer);
-  EXPECT_EQ(d.n_experts, h.n_experts);
-  EXPECT_EQ(d.hidden, h.hidden);
-  EXPECT_EQ(d.intermediate, h.intermediate);
-  EXPECT_EQ(d.expert_bytes, h.expert_bytes);
-  EXPECT_EQ(d.expert_stride, h.expert_stride);
-  EXPECT_EQ(d.data_offset, h.data_offset);
-  EXPECT_EQ(d.slot_checksums, h.slot_checksums);
+  // Every field, compared (and printed on failure) at once.
+  auto fields = [](const ExpertFileHeader& x) {
+    return std::tie(x.quant, x.layer, x.n_experts, x.hidden, x.intermediate, x.expert_bytes, x.expert_stride,
+                    x.data_offset, x.slot_checksums);
+  };
+  EXPECT_EQ(fields(d), fields(h));
 }
 
 TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {

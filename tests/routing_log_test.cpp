@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/file_util.h"
@@ -40,15 +41,12 @@ void put_file(const std::filesystem::path& p, std::string_view b) {
   std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
 }
 
-void expect_same(const RoutingRecord& a, const RoutingRecord& b) {
-  EXPECT_EQ(a.request_id, b.request_id);
-  EXPECT_EQ(a.position, b.position);
-  EXPECT_EQ(a.layer, b.layer);
-  EXPECT_EQ(a.phase, b.phase);
-  EXPECT_EQ(a.ids, b.ids);
-  EXPECT_EQ(a.weights, b.weights);
-  EXPECT_EQ(a.router_input, b.router_input);
+// Every field of a record, compared (and printed on failure) at once.
+auto fields(const RoutingRecord& r) {
+  return std::tie(r.request_id, r.position, r.layer, r.phase, r.ids, r.weights, r.router_input);
 }
+
+void expect_same(const RoutingRecord& a, const RoutingRecord& b) { EXPECT_EQ(fields(a), fields(b)); }
 
 // Writes n records (every third with a router input) and returns them.
 std::vector<RoutingRecord> write_log(const std::filesystem::path& p, int n, uint64_t req = 0) {
