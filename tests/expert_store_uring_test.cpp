@@ -176,10 +176,7 @@ void permuted_copy(const fs::path& from, const fs::path& to, const ModelConfig& 
 }
 
 TEST_F(EngineExpertStore, SameTokensAsThePreadStoreWithAndWithoutARepack) {
-  c = tiny_config(QuantType::kQ8);
-  c.vocab_size = 97;
-  c.n_layers = 3;
-  c.n_experts_per_tok = 3;
+  c = test::tiny_moe_config({.vocab = 97, .hidden = 96, .layers = 3, .head_dim = 8, .top_k = 3});
   write_synthetic_model(d.path() / "plain", c, 17, 1);
   permuted_copy(d.path() / "plain", d.path() / "repacked", c);
   const std::vector<int> prompt{3, 14, 15, 92, 65, 35};
@@ -351,10 +348,8 @@ TEST_F(EngineExpertStore, CorruptExpertIsNeverServedFromTheHostCache) {
 }
 
 TEST_F(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
-  c = tiny_config(QuantType::kQ4);
-  c.vocab_size = 97;
-  c.n_layers = 3;
-  c.n_experts_per_tok = 3;
+  c = test::tiny_moe_config(
+      {.vocab = 97, .hidden = 96, .layers = 3, .head_dim = 8, .top_k = 3, .quant = QuantType::kQ4});
   write_synthetic_model(d.path(), c, 23, 1);
   const std::vector<int> prompt{5, 9, 26, 53, 58, 97 - 1};
   auto run = [&](const char* io, uint64_t cache_slots, bool direct) {
@@ -464,10 +459,8 @@ TEST_F(EngineExpertStore, FailedPrefetchedReadThrowsWhenItsGroupIsFetched) {
 TEST_F(EngineExpertStore, PrefillOfMoreThanOneExpertGroupPrefetchesAndKeepsTheTokens) {
   // 40 experts, top-4, a 12-token prompt: a layer's prefill needs more than 16 experts, so the
   // MoE layer fetches them in groups and prefetches each next group.
-  c = tiny_config(QuantType::kQ4);
-  c.vocab_size = 97;
-  c.n_experts = 40;
-  c.n_experts_per_tok = 4;
+  c = test::tiny_moe_config(
+      {.vocab = 97, .hidden = 96, .head_dim = 8, .experts = 40, .top_k = 4, .quant = QuantType::kQ4});
   write_synthetic_model(d.path(), c, 29, 1);
   const std::vector<int> prompt{5, 9, 26, 53, 58, 96, 1, 77, 31, 40, 12, 64};
   ExpertStoreStats last;
@@ -497,8 +490,7 @@ TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
   if (!test::have_tool("infer"))
     GTEST_SKIP() << "infer not built in " << MOESTREAM_BIN_DIR;
   TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  c.vocab_size = 97;
+  const ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 96, .head_dim = 8});
   write_synthetic_model(d.path(), c, 31, 1);
   const std::string base = "-m " + d.path().string() +
                            " --prompt-ids 4,8,15,16,23,42 -n 6 --temp 0 --print-ids --ignore-eos -t 2";

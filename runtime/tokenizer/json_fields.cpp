@@ -19,6 +19,12 @@ void JsonFields::unsupported(const std::string& path, const std::string& what) c
   throw ConfigError(file_ + ": field '" + path + "': " + what);
 }
 
+void JsonFields::unsupported_type(const std::string& path, const char* component, const std::string& type,
+                                  const char* supported) const {
+  unsupported(join_path(path, "type"),
+              "unsupported " + std::string(component) + " '" + type + "' (supported: " + supported + ")");
+}
+
 void JsonFields::expect_object(const Json& v, const std::string& path) const {
   if (!v.is_object()) bad(path, std::string("expected an object, found ") + kind_name(v));
 }

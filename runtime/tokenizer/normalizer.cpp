@@ -207,19 +207,10 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j, const JsonFields& f,
     }
     f.bad(pat_path, "expected {\"String\": ...} or {\"Regex\": ...}");
   }
-  if (type == "Sequence") {
-    const Json& list = f.at(j, "normalizers", path);
-    std::string lp = join_path(path, "normalizers");
-    f.expect_array(list, lp);
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      steps.push_back(make_normalizer(list[i], f, index_path(lp, i)));
-    }
-    return std::make_unique<Sequence>(std::move(steps));
-  }
-  f.unsupported(join_path(path, "type"),
-                "unsupported normalizer '" + type +
-                    "' (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence)");
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(
+        sequence_steps<Normalizer>(f, j, "normalizers", path, make_normalizer));
+  f.unsupported_type(path, "normalizer", type, "NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
 }
 
 }  // namespace moestream::tok

@@ -244,20 +244,11 @@ std::unique_ptr<TokenDecoder> make_token_decoder(const Json& j, const JsonFields
     }
     f.unsupported(pp, "only {\"String\": ...} patterns are supported in a Replace decoder");
   }
-  if (type == "Sequence") {
-    const Json& list = f.at(j, "decoders", path);
-    std::string lp = join_path(path, "decoders");
-    f.expect_array(list, lp);
-    std::vector<std::unique_ptr<TokenDecoder>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      steps.push_back(make_token_decoder(list[i], f, index_path(lp, i)));
-    }
-    return std::make_unique<SequenceDec>(std::move(steps));
-  }
-  f.unsupported(join_path(path, "type"),
-                "unsupported decoder '" + type +
-                    "' (supported: ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, "
-                    "Sequence)");
+  if (type == "Sequence")
+    return std::make_unique<SequenceDec>(
+        sequence_steps<TokenDecoder>(f, j, "decoders", path, make_token_decoder));
+  f.unsupported_type(path, "decoder", type,
+                     "ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, Sequence");
 }
 
 }  // namespace moestream::tok
