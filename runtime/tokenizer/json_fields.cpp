@@ -91,4 +91,17 @@ std::string JsonFields::type_of(const Json& obj, const std::string& path) const 
   return str(at(obj, "type", path), join_path(path, "type"));
 }
 
+ReplaceFields read_replace(const JsonFields& f, const Json& obj, const std::string& path) {
+  ReplaceFields r;
+  const Json& pattern = f.at(obj, "pattern", path);
+  r.pattern_path = join_path(path, "pattern");
+  r.content = f.str(f.at(obj, "content", path), join_path(path, "content"));
+  if (const Json* s = f.find(pattern, "String", r.pattern_path)) {
+    r.literal = f.str(*s, join_path(r.pattern_path, "String"));
+  } else {
+    r.regex = f.find(pattern, "Regex", r.pattern_path);
+  }
+  return r;
+}
+
 }  // namespace moestream::tok

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,16 @@ class JsonFields {
  private:
   std::string file_;
 };
+
+// A "Replace" component (normalizer or decoder): {"pattern": {"String": s} or {"Regex": r},
+// "content": c}. `literal` holds a String pattern; otherwise `regex` points at a Regex one (not
+// read: only the normalizer supports it), or neither is set.
+struct ReplaceFields {
+  std::string pattern_path, content;
+  std::optional<std::string> literal;
+  const Json* regex = nullptr;
+};
+ReplaceFields read_replace(const JsonFields& f, const Json& obj, const std::string& path);
 
 inline std::string join_path(const std::string& base, std::string_view key) {
   return base.empty() ? std::string(key) : base + "." + std::string(key);

@@ -236,13 +236,9 @@ std::unique_ptr<TokenDecoder> make_token_decoder(const Json& j, const JsonFields
                                       static_cast<size_t>(stop));
   }
   if (type == "Replace") {
-    const Json& pat = f.at(j, "pattern", path);
-    std::string pp = join_path(path, "pattern");
-    std::string content = f.str(f.at(j, "content", path), join_path(path, "content"));
-    if (const Json* s = f.find(pat, "String", pp)) {
-      return std::make_unique<ReplaceDec>(f.str(*s, join_path(pp, "String")), content);
-    }
-    f.unsupported(pp, "only {\"String\": ...} patterns are supported in a Replace decoder");
+    ReplaceFields r = read_replace(f, j, path);
+    if (r.literal) return std::make_unique<ReplaceDec>(std::move(*r.literal), std::move(r.content));
+    f.unsupported(r.pattern_path, "only {\"String\": ...} patterns are supported in a Replace decoder");
   }
   if (type == "Sequence")
     return std::make_unique<SequenceDec>(
