@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+from page_cache import drop_file_cache, warm_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAP_SCRIPT = os.path.join(ROOT, "scripts", "with_memory_cap.sh")
 
@@ -46,21 +48,6 @@ def run_rusage(cmd):
     # ru_inblock counts 512-byte blocks read from storage by the task and its waited-for
     # children (Linux task I/O accounting: page-cache misses, readahead and O_DIRECT alike).
     return p.returncode, time.monotonic() - t0, ru.ru_inblock * 512, err
-
-
-def drop_file_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def warm_file(path):
-    with open(path, "rb", buffering=0) as f:
-        while f.read(8 << 20):
-            pass
 
 
 def model_files(model):

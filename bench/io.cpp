@@ -134,6 +134,39 @@ struct Cell {
   uint64_t ops = 0, reads_issued = 0;
 };
 
+// The median and mean of per-read latencies (microseconds; sorted in place).
+void set_latency(Cell& c, std::vector<double>& lat_us) {
+  std::sort(lat_us.begin(), lat_us.end());
+  c.lat_p50_us = lat_us[lat_us.size() / 2];
+  double sum = 0;
+  for (double x : lat_us) sum += x;
+  c.lat_mean_us = sum / lat_us.size();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The expert pattern: reqs.size() distinct random experts of the layer file (slots of `stride`
+// bytes, payloads of `expert_bytes`) into consecutive slots of `buf`; `ids` has one entry per
+// expert of the file (scratch).
+void random_expert_reads(std::vector<ReadRequest>& reqs, std::vector<uint64_t>& ids, std::mt19937_64& rng,
+                         uint64_t stride, uint64_t expert_bytes, uint8_t* buf) {
+  const uint64_t n_experts = ids.size();
+  for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
+    reqs[i] = {0, ids[i] * stride, expert_bytes, buf + i * stride};
+  }
+}
+
+// The cache a cell reads from: the warm page cache, or the device (through a mapping for mmap).
+std::string cache_label(bool cold, bool is_mmap) { return !cold ? "page_cache" : is_mmap ? "device_mmap" : "device"; }
+
+// Whether the options skip the device (cold) or the page-cache (warm) measurements.
+bool skipped(const Args& a, bool cold) { return cold ? a.no_device : a.no_page_cache; }
+
 uint64_t g_max_read_bytes = 1 << 20, g_direct_max_read_bytes = 4 << 20;
 
 std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned qd, bool coalesce,
@@ -154,6 +187,19 @@ std::unique_ptr<IoEngine> make_engine(const EngineSpec& e, bool direct, unsigned
     throw ConfigError("io_uring is not available here; cannot measure " + e.name);
   eng->add_file(path);
   return eng;
+}
+
+// measure()'s refresh for mmap on a cold cache: a mapping keeps faulted pages mapped, and mapped
+// pages are not dropped, so the engine is dropped, the cache dropped, and the file mapped again.
+std::function<void()> remap_cold(std::unique_ptr<IoEngine>& eng, const EngineSpec& es, unsigned qd, bool coalesce,
+                                 const fs::path& path) {
+  return [&eng, es, qd, coalesce, path] {
+    eng.reset();
+    drop_cache(path);
+    eng = make_engine(es, false, qd, coalesce, path);
+    // Let the new engine's worker threads park before the timed read starts.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
 }
 
 // Throughput: batches of `batch` reads until `seconds` of read time; latency: one-read batches.
@@ -197,11 +243,7 @@ Cell measure(std::unique_ptr<IoEngine>& eng, MakeBatch make_batch, size_t batch,
     lat.push_back(seconds_since(t) * 1e6);
     timed += lat.back() / 1e6;
   }
-  std::sort(lat.begin(), lat.end());
-  c.lat_p50_us = lat[lat.size() / 2];
-  double sum = 0;
-  for (double x : lat) sum += x;
-  c.lat_mean_us = sum / lat.size();
+  set_latency(c, lat);
   return c;
 }
 
@@ -211,6 +253,18 @@ void print_cell(const Cell& c) {
               static_cast<unsigned long long>(c.block), c.gbps, c.ops_per_s, c.lat_p50_us,
               c.lat_mean_us);
   std::fflush(stdout);
+}
+
+// c with its row labels, printed as it is measured.
+Cell labelled(Cell c, std::string section, std::string engine, std::string cache, std::string pattern,
+              uint64_t block) {
+  c.section = std::move(section);
+  c.engine = std::move(engine);
+  c.cache = std::move(cache);
+  c.pattern = std::move(pattern);
+  c.block = block;
+  print_cell(c);
+  return c;
 }
 
 nlohmann::json to_json(const Cell& c) {
@@ -258,11 +312,7 @@ struct DepthConfig {
       std::vector<uint64_t> ids(n_experts);
       std::vector<ReadRequest> reqs(k);
       for (unsigned done = 0; done < per_stream; done += k) {
-        for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
-        for (size_t i = 0; i < k; ++i) {
-          std::swap(ids[i], ids[i + rngs[s]() % (n_experts - i)]);
-          reqs[i] = {0, ids[i] * stride, expert_bytes, bufs[s]->data() + i * stride};
-        }
+        random_expert_reads(reqs, ids, rngs[s], stride, expert_bytes, bufs[s]->data());
         engines[0]->read(reqs);
       }
     };
@@ -343,24 +393,15 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(7);
     // ---- block sweeps: coalescing off, so every request is one read
     for (int cold = 1; cold >= 0 && !a.no_sweep; --cold) {
-      if (cold && a.no_device) continue;
-      if (!cold && a.no_page_cache) continue;
+      if (skipped(a, cold)) continue;
       if (!cold) std::printf("page cache warmed: %.1f%% of the file resident (cachestat/mincore)\n",
                              100 * warm_cache(path, file_bytes));
       for (const EngineSpec& es : engines) {
         bool is_mmap = es.backend == IoBackend::kMmap;
-        std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
+        const std::string cache = cache_label(cold, is_mmap);
         std::unique_ptr<IoEngine> eng = make_engine(es, cold != 0 && !is_mmap, a.qd, false, path);
-        // A mapping keeps faulted pages mapped, and mapped pages are not dropped: unmap first.
         std::function<void()> refresh;
-        if (is_mmap && cold)
-          refresh = [&] {
-            eng.reset();
-            drop_cache(path);
-            eng = make_engine(es, false, a.qd, false, path);
-            // Let the new engine's worker threads park before the timed read starts.
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          };
+        if (is_mmap && cold) refresh = remap_cold(eng, es, a.qd, false, path);
         for (uint64_t bs : blocks) {
           AlignedBuf buf(bs * a.batch);
           for (int random = 0; random <= 1; ++random) {
@@ -373,13 +414,7 @@ int main(int argc, char** argv) {
               }
             };
             Cell c = measure(eng, make, a.batch, a.seconds, refresh);
-            c.section = "sweep";
-            c.engine = es.name;
-            c.cache = cache;
-            c.pattern = random ? "rand" : "seq";
-            c.block = bs;
-            print_cell(c);
-            cells.push_back(c);
+            cells.push_back(labelled(c, "sweep", es.name, cache, random ? "rand" : "seq", bs));
           }
         }
       }
@@ -398,13 +433,12 @@ int main(int argc, char** argv) {
       xengines.insert(xengines.begin(), {"naive_loop", IoBackend::kPread, 1, 1});
       AlignedBuf buf(stride * std::max<uint64_t>(a.top_k, 64));
       for (int cold = 1; cold >= 0; --cold) {
-        if (cold && a.no_device) continue;
-        if (!cold && a.no_page_cache) continue;
+        if (skipped(a, cold)) continue;
         if (!cold) warm_cache(path, file_bytes);
         for (const EngineSpec& es : xengines) {
           bool is_mmap = es.backend == IoBackend::kMmap;
           bool naive = es.name == "naive_loop";
-          std::string cache = !cold ? "page_cache" : is_mmap ? "device_mmap" : "device";
+          const std::string cache = cache_label(cold, is_mmap);
           // The physical-limit rows read 64 experts per batch at high queue depth, one read each
           // (no coalescing): the machine's limit for expert-sized reads.
           for (unsigned k : {a.top_k, 64u}) {
@@ -413,20 +447,10 @@ int main(int argc, char** argv) {
             if (k > n_experts) continue;
             auto eng = make_engine(es, cold != 0 && !is_mmap, a.qd, !naive && !limit, path);
             std::function<void()> refresh;
-            if (is_mmap && cold)
-              refresh = [&] {
-                eng.reset();
-                drop_cache(path);
-                eng = make_engine(es, false, a.qd, true, path);
-                std::this_thread::sleep_for(std::chrono::milliseconds(2));
-              };
+            if (is_mmap && cold) refresh = remap_cold(eng, es, a.qd, true, path);
             std::vector<uint64_t> ids(n_experts);
             auto make = [&](std::vector<ReadRequest>& reqs) {
-              for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
-              for (size_t i = 0; i < reqs.size(); ++i) {
-                std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
-                reqs[i] = {0, ids[i] * stride, a.expert_bytes, buf.data() + i * stride};
-              }
+              random_expert_reads(reqs, ids, rng, stride, a.expert_bytes, buf.data());
             };
             Cell c;
             if (naive) {
@@ -451,24 +475,15 @@ int main(int argc, char** argv) {
               }
               double el = seconds_since(t0);
               ::close(fd);
-              std::sort(lat.begin(), lat.end());
               c.gbps = bytes / el / 1e9;
               c.ops = c.reads_issued = ops;
               c.ops_per_s = ops / el;
-              c.lat_p50_us = lat[lat.size() / 2];
-              double s = 0;
-              for (double x : lat) s += x;
-              c.lat_mean_us = s / lat.size();
+              set_latency(c, lat);
             } else {
               c = measure(eng, make, k, a.seconds, refresh);
             }
-            c.section = limit ? "limit" : "expert";
-            c.engine = es.name;
-            c.cache = cache;
-            c.pattern = "top" + std::to_string(k);
-            c.block = a.expert_bytes;
-            print_cell(c);
-            expert_cells.push_back(c);
+            expert_cells.push_back(
+                labelled(c, limit ? "limit" : "expert", es.name, cache, "top" + std::to_string(k), a.expert_bytes));
           }
         }
       }
@@ -498,10 +513,6 @@ int main(int argc, char** argv) {
       const size_t ref = 9;  // top-64, whole experts, one stream: the limit's pattern
       for (unsigned rep = 0; rep < a.depth_reps; ++rep)
         for (auto& c : cfgs) c->round(64, a.expert_bytes, stride, n_experts);
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v[v.size() / 2];
-      };
       std::printf("%-8s %-6s %-7s %-7s %8s %8s %8s %14s\n", "section", "top_k", "reads", "streams",
                   "median", "min", "max", "vs_top64_whole");
       for (auto& c : cfgs) {
@@ -545,17 +556,12 @@ int main(int argc, char** argv) {
           cfgs.push_back({es.name, k, make_engine(es, false, a.qd, k == a.top_k, path), {}, ref});
         }
       }
-      const uint64_t stride_ab = stride;
-      AlignedBuf buf(stride_ab * 64);
+      AlignedBuf buf(stride * 64);
       std::vector<uint64_t> ids(n_experts);
       std::vector<ReadRequest> reqs;
       auto make = [&](unsigned k) {
         reqs.resize(k);
-        for (uint64_t i = 0; i < n_experts; ++i) ids[i] = i;
-        for (size_t i = 0; i < k; ++i) {
-          std::swap(ids[i], ids[i + rng() % (n_experts - i)]);
-          reqs[i] = {0, ids[i] * stride_ab, a.expert_bytes, buf.data() + i * stride_ab};
-        }
+        random_expert_reads(reqs, ids, rng, stride, a.expert_bytes, buf.data());
       };
       for (AbConfig& c : cfgs) {  // warm-up: bounce arena, registrations, first-touch faults
         make(c.k);
@@ -574,10 +580,6 @@ int main(int argc, char** argv) {
           } while (timed < a.seconds);
           c.gbps.push_back(bytes / timed / 1e9);
         }
-      auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v[v.size() / 2];
-      };
       std::printf("hot A/B: page cache, expert pattern, %u rounds of %.2f s per configuration, "
                   "interleaved\n", a.hot_ab_rounds, a.seconds);
       std::printf("%-8s %-12s %-6s %8s %8s %8s %14s\n", "section", "engine", "pattern", "median",

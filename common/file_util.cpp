@@ -2,6 +2,7 @@
 #include "common/file_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,22 @@ void throw_errno(const std::string& what, const std::filesystem::path& path) {
   throw IoError(what + " " + path.string() + ": " + std::strerror(errno));
 }
 
+void close_and_throw_errno(int fd, const std::string& what, const std::filesystem::path& path) {
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  throw_errno(what, path);
+}
+
+int open_for_read(const std::filesystem::path& path, const std::string& what, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open " + what, path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat", path);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
 std::string read_file(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open", path);
@@ -33,10 +50,7 @@ std::string read_file(const std::filesystem::path& path) {
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int saved = errno;
-      ::close(fd);
-      errno = saved;
-      throw_errno("cannot read", path);
+      close_and_throw_errno(fd, "cannot read", path);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
@@ -61,12 +75,7 @@ void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::
 void fsync_path(const std::filesystem::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open for fsync", path);
-  if (::fsync(fd) != 0) {
-    int saved = errno;
-    ::close(fd);
-    errno = saved;
-    throw_errno("fsync failed on", path);
-  }
+  if (::fsync(fd) != 0) close_and_throw_errno(fd, "fsync failed on", path);
   ::close(fd);
 }
 

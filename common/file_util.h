@@ -26,6 +26,13 @@ void fsync_path(const std::filesystem::path& path);
 // Throws IoError("<what> <path>: <strerror(errno)>").
 [[noreturn]] void throw_errno(const std::string& what, const std::filesystem::path& path);
 
+// Closes fd, then throws as throw_errno with the errno from before the close.
+[[noreturn]] void close_and_throw_errno(int fd, const std::string& what, const std::filesystem::path& path);
+
+// Opens `path` read-only (close-on-exec) and stores its size in *size; throws IoError
+// ("cannot open <what> <path>: ..." or "cannot stat <path>: ...").
+int open_for_read(const std::filesystem::path& path, const std::string& what, uint64_t* size);
+
 // A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
 class TempDir {
  public:

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # Run THERE (device machine), after carrying .deps: builds the CPU targets, then bench_io and the
 # end-to-end --io comparison (bench/io_e2e.sh). At most 8 files land in $OUT (the tool's limit).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-mkdir -p "$O"
-W=${WORK_DIR:-$PWD/.work}  # on the machine's disk (O_DIRECT needs a real filesystem, not tmpfs)
-mkdir -p "$W"
+source "$(dirname "$0")/device_env.sh"
 { uname -a; nproc; free -g; df -hT "$W"; lsblk -o NAME,ROTA,SIZE,MODEL,MOUNTPOINT; g++ --version | head -1
   for f in /sys/block/vd*/queue/{read_ahead_kb,max_sectors_kb,max_hw_sectors_kb,max_segments,nr_requests,scheduler}; do
     echo "$f $(cat "$f")"; done; ls /sys/block/vda/mq; bash scripts/with_memory_cap.sh --check

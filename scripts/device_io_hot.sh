@@ -4,11 +4,7 @@
 # AB_ROUNDS interleaved rounds of pread pool vs rings (rows hotab); sweep = hot 1M/4M sweeps;
 # cold = O_DIRECT expert cells and the interleaved depth study. Every run adds the old
 # batch-submit rows (uringN_bs). Text in $OUT, JSON packed into $OUT/json.tar.gz (8 files return).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-mkdir -p "$O"
-W=${WORK_DIR:-$PWD/.work}  # on the machine's disk (O_DIRECT needs a real filesystem, not tmpfs)
+source "$(dirname "$0")/device_env.sh"
 mkdir -p "$W/json"
 { uname -r; nproc; lscpu; } >"$O/machine.txt" 2>&1
 B=${BENCH_BIN:-}  # an already built bench_io (here: build-<you>/bin/bench_io) skips the build

@@ -17,6 +17,7 @@
 #include "runtime/model/moe_layer.h"
 #include "runtime/model/sampler.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 using namespace moestream;
 
@@ -174,22 +175,7 @@ TEST(CacheAwareRouter, OneChunkSubstitutesRenormalisesOnlyChangedTokensAndCounts
 }
 
 ModelConfig small_config() {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 61;
-  c.hidden_size = 48;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 12;
-  c.moe_intermediate_size = 40;
-  c.n_experts = 16;
-  c.n_experts_per_tok = 4;
-  c.norm_topk_prob = true;
-  c.max_position_embeddings = 256;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = QuantType::kQ8;
-  return c;
+  return test::tiny_moe_config({.layers = 3, .experts = 16, .top_k = 4, .max_positions = 256});
 }
 
 // A model on the engine store with O_DIRECT and a host cache holding 40% of the experts, so
@@ -199,9 +185,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const CacheA
   const ModelConfig cfg = ModelConfig::load(dir);
   EngineExpertStoreOptions so;
   so.io.direct = true;
-  const size_t expert = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
-                                           size_t(cfg.moe_intermediate_size)).bytes;
-  const size_t slot = (expert + 4095) / 4096 * 4096;
+  const size_t slot = test::expert_slot_bytes(cfg);
   so.host_cache_bytes = host_cache ? slot * size_t(cfg.n_layers * cfg.n_experts) * 2 / 5 : 0;
   ModelOptions mo;
   mo.n_threads = 2;

@@ -72,53 +72,29 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
     }
     m.tensors[name] = std::move(t);
   };
-  json& c = m.config;
-  c["vocab_size"] = m.V;
-  c["hidden_size"] = m.D;
-  c["num_hidden_layers"] = m.L;
-  c["num_attention_heads"] = m.H;
-  c["num_key_value_heads"] = m.KV;
-  c["max_position_embeddings"] = 256;
-  c["rms_norm_eps"] = 1e-6;
-  c["hidden_act"] = "silu";
-  c["num_experts_per_tok"] = 2;
-  c["tie_word_embeddings"] = false;
-  c["bos_token_id"] = 1;
-  c["eos_token_id"] = 2;
+  // config.json as each architecture's Hugging Face config writes it.
+  m.config = {{"vocab_size", m.V}, {"hidden_size", m.D}, {"num_hidden_layers", m.L},
+              {"num_attention_heads", m.H}, {"num_key_value_heads", m.KV}, {"max_position_embeddings", 256},
+              {"rms_norm_eps", 1e-6}, {"hidden_act", "silu"}, {"num_experts_per_tok", 2},
+              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
   std::string moe = "mlp.";
   switch (arch) {
     case Arch::kQwen3Moe:
-      c["architectures"] = {"Qwen3MoeForCausalLM"};
-      c["model_type"] = "qwen3_moe";
-      c["head_dim"] = m.hd;
-      c["moe_intermediate_size"] = m.F;
-      c["intermediate_size"] = 64;
-      c["num_experts"] = m.E;
-      c["norm_topk_prob"] = true;
-      c["rope_theta"] = 1000000.0;
-      c["decoder_sparse_step"] = 1;
-      c["mlp_only_layers"] = json::array();
-      c["use_sliding_window"] = false;
-      c["sliding_window"] = 4096;
-      c["attention_bias"] = false;
+      m.config.update(json{{"architectures", json::array({"Qwen3MoeForCausalLM"})}, {"model_type", "qwen3_moe"},
+                           {"head_dim", m.hd}, {"moe_intermediate_size", m.F}, {"intermediate_size", 64},
+                           {"num_experts", m.E}, {"norm_topk_prob", true}, {"rope_theta", 1000000.0},
+                           {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
+                           {"use_sliding_window", false}, {"sliding_window", 4096}, {"attention_bias", false}});
       break;
     case Arch::kOlmoe:
-      c["architectures"] = {"OlmoeForCausalLM"};
-      c["model_type"] = "olmoe";
-      c["intermediate_size"] = m.F;
-      c["num_experts"] = m.E;
-      c["norm_topk_prob"] = false;
-      c["rope_theta"] = 10000.0;
-      c["clip_qkv"] = nullptr;
-      c["attention_bias"] = false;
+      m.config.update(json{{"architectures", json::array({"OlmoeForCausalLM"})}, {"model_type", "olmoe"},
+                           {"intermediate_size", m.F}, {"num_experts", m.E}, {"norm_topk_prob", false},
+                           {"rope_theta", 10000.0}, {"clip_qkv", nullptr}, {"attention_bias", false}});
       break;
     case Arch::kMixtral:
-      c["architectures"] = {"MixtralForCausalLM"};
-      c["model_type"] = "mixtral";
-      c["intermediate_size"] = m.F;
-      c["num_local_experts"] = m.E;
-      c["rope_theta"] = 1000000.0;
-      c["sliding_window"] = nullptr;
+      m.config.update(json{{"architectures", json::array({"MixtralForCausalLM"})}, {"model_type", "mixtral"},
+                           {"intermediate_size", m.F}, {"num_local_experts", m.E}, {"rope_theta", 1000000.0},
+                           {"sliding_window", nullptr}});
       moe = "block_sparse_moe.";
       break;
   }

@@ -13,6 +13,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 extern "C" {
 void* __libc_malloc(size_t);
@@ -56,20 +57,8 @@ using namespace moestream;
 
 TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
   TempDir d("alloc");
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 301;
-  c.hidden_size = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 24;
-  c.moe_intermediate_size = 70;
-  c.n_experts = 16;
-  c.n_experts_per_tok = 4;
-  c.max_position_embeddings = 128;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = QuantType::kQ4;
+  const ModelConfig c = test::tiny_moe_config({.vocab = 301, .hidden = 96, .head_dim = 24, .intermediate = 70,
+                                                .experts = 16, .top_k = 4, .quant = QuantType::kQ4});
   write_synthetic_model(d.path(), c, 77);
   ModelOptions o;
   o.n_threads = 2;

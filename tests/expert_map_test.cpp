@@ -13,20 +13,15 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/expert_map.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const FormatError& e) {
-    return e.what();
-  }
-  return "";
-}
+// The FormatError's message; another exception type fails the test.
+std::string error_of(const std::function<void()>& f) { return test::error_message<FormatError>(f); }
 
 TEST(ExpertMap, WriteThenLoadRoundTrips) {
   TempDir d("expert_map_test");

@@ -25,6 +25,7 @@
 #include "loader/format/model_config.h"
 #include "runtime/model/sampler.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 #include <nlohmann/json.hpp>
 
@@ -33,59 +34,25 @@ using namespace moestream;
 
 namespace {
 
-using Payloads = std::vector<std::vector<std::vector<uint8_t>>>;  // [layer][logical expert]
+using test::Payloads;
 
 ModelConfig tiny_config(QuantType q) {
+  return test::tiny_moe_config({.vocab = 50, .hidden = 96, .head_dim = 8, .quant = q});
+}
+
+// Each test's model directory d; write_layers() puts the layer files of tiny_config(q) there, with
+// `permute` logical expert e in a shuffled physical slot and a layer_NNN.map recording it.
+class EngineExpertStore : public ::testing::Test {
+ protected:
+  void write_layers(QuantType q, bool permute) {
+    c = tiny_config(q);
+    want = test::write_layer_files(d.path(), c, 11, permute);
+  }
+
+  TempDir d{"expert_store_uring_test"};
   ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 50;
-  c.hidden_size = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 40;
-  c.n_experts = 8;
-  c.n_experts_per_tok = 2;
-  c.max_position_embeddings = 128;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = q;
-  return c;
-}
-
-// Writes the layer files; with `permute`, logical expert e goes to physical slot perm[e] and a
-// layer_NNN.map records it.
-Payloads write_model(const fs::path& dir, const ModelConfig& c, bool permute) {
-  fs::create_directories(dir / "experts");
-  std::mt19937 rng(11);
-  Payloads all(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
-    std::vector<uint32_t> perm(c.n_experts);
-    for (int e = 0; e < c.n_experts; ++e) perm[e] = e;
-    if (permute) std::shuffle(perm.begin(), perm.end(), rng);
-    ExpertFileWriter w(expert_file_path(dir, l), c.expert_quant, l, c.n_experts, c.hidden_size,
-                       c.moe_intermediate_size);
-    for (int e = 0; e < c.n_experts; ++e) {
-      std::vector<uint8_t> p(w.layout().bytes);
-      for (auto& b : p) b = static_cast<uint8_t>(rng());
-      w.write_expert(perm[e], p.data());
-      all[l].push_back(std::move(p));
-    }
-    w.finish();
-    if (permute) write_expert_map(expert_map_path(dir, l), ExpertMap::from_slots(perm));
-  }
-  c.save(dir);
-  return all;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
+  Payloads want;
+};
 
 void expect_payloads(ExpertStore& store, const Payloads& want, int layer, std::vector<int> ids) {
   std::vector<const uint8_t*> out;
@@ -98,10 +65,8 @@ void expect_payloads(ExpertStore& store, const Payloads& want, int layer, std::v
   }
 }
 
-TEST(EngineExpertStore, EveryBackendReturnsTheWrittenBytes) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, EveryBackendReturnsTheWrittenBytes) {
+  write_layers(QuantType::kQ8, false);
   for (const char* io : {"uring", "pread", "mmap", "auto", "simple"}) {
     for (bool direct : {false, true}) {
       if (std::string(io) == "uring" && !io_uring_available()) continue;
@@ -123,10 +88,8 @@ TEST(EngineExpertStore, EveryBackendReturnsTheWrittenBytes) {
   }
 }
 
-TEST(EngineExpertStore, PhysicallyPermutedLayerReadsTheSameThroughItsMap) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ4);
-  Payloads want = write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, PhysicallyPermutedLayerReadsTheSameThroughItsMap) {
+  write_layers(QuantType::kQ4, true);
   ASSERT_FALSE(read_expert_map(expert_map_path(d.path(), 0)).is_identity());
   auto store = open_engine_expert_store(d.path(), c);
   expect_payloads(*store, want, 0, {0, 1, 2, 3, 4, 5, 6, 7});
@@ -143,33 +106,24 @@ TEST(EngineExpertStore, PhysicallyPermutedLayerReadsTheSameThroughItsMap) {
   EXPECT_LT(same, 8);
 }
 
-TEST(EngineExpertStore, MapThatIsNotAPermutationIsRejectedAtOpen) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kF32);
-  write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, MapThatIsNotAPermutationIsRejectedAtOpen) {
+  write_layers(QuantType::kF32, true);
   // Corrupt layer 1's map: the checksum catches it before the permutation check.
   fs::path p = expert_map_path(d.path(), 1);
   std::string bytes = read_file(p);
   bytes[16] = bytes[20];
   write_file_atomic(p, bytes);
-  std::string msg = message_of([&] { open_engine_expert_store(d.path(), c); });
+  std::string msg = test::error_message([&] { open_engine_expert_store(d.path(), c); });
   EXPECT_NE(msg.find("layer_001.map"), std::string::npos) << msg;
 }
 
-TEST(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
+  write_layers(QuantType::kQ8, true);
   ExpertMap m = read_expert_map(expert_map_path(d.path(), 0));
   fs::path f = expert_file_path(d.path(), 0);
   ExpertFileHeader h = read_expert_header(f);
   uint32_t slot = m.physical(3);
-  {
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekp(static_cast<std::streamoff>(h.slot_offset(slot) + 5));
-    char x = 0x5a;
-    s.write(&x, 1);
-  }
+  test::overwrite_bytes(f, h.slot_offset(slot) + 5, "\x5a");
   for (const char* io : {"pread", "uring"}) {
     if (std::string(io) == "uring" && !io_uring_available()) continue;
     auto store = open_expert_store(io, d.path(), c);
@@ -177,11 +131,28 @@ TEST(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
     std::vector<int> ok{0, 1};
     EXPECT_NO_THROW(store->fetch(0, ok, out));
     std::vector<int> ids{2, 3};
-    std::string msg = message_of([&] { store->fetch(0, ids, out); });
+    std::string msg = test::error_message([&] { store->fetch(0, ids, out); });
     EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
     EXPECT_NE(msg.find("physical slot " + std::to_string(slot)), std::string::npos) << msg;
     EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
   }
+}
+
+// Greedy tokens of the packed model in `dir` with its experts read through `store`; `stats`
+// (optional) receives the store's counters after the run.
+std::vector<int> greedy_tokens(const fs::path& dir, std::unique_ptr<ExpertStore> store, int n_threads,
+                               const std::vector<int>& prompt, int n_new, ExpertStoreStats* stats = nullptr) {
+  ModelOptions mo;
+  mo.n_threads = n_threads;
+  ExpertStore* sp = store.get();
+  auto m = Model::load(dir, mo, std::move(store));
+  Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+  GenerateOptions go;
+  go.n_new = n_new;
+  std::vector<int> got;
+  generate(*m, prompt, go, greedy, nullptr, &got);
+  if (stats) *stats = sp->stats();
+  return got;
 }
 
 // Copies a packed model with every layer file physically permuted and a .map per layer.
@@ -204,28 +175,15 @@ void permuted_copy(const fs::path& from, const fs::path& to, const ModelConfig& 
   }
 }
 
-TEST(EngineExpertStore, SameTokensAsThePreadStoreWithAndWithoutARepack) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  c.vocab_size = 97;
-  c.n_layers = 3;
-  c.n_experts_per_tok = 3;
+TEST_F(EngineExpertStore, SameTokensAsThePreadStoreWithAndWithoutARepack) {
+  c = test::tiny_moe_config({.vocab = 97, .hidden = 96, .layers = 3, .head_dim = 8, .top_k = 3});
   write_synthetic_model(d.path() / "plain", c, 17, 1);
   permuted_copy(d.path() / "plain", d.path() / "repacked", c);
   const std::vector<int> prompt{3, 14, 15, 92, 65, 35};
   auto run = [&](const fs::path& dir, const char* io) {
-    ModelConfig cfg = ModelConfig::load(dir);
     EngineExpertStoreOptions o;
     o.io.notice = [](const std::string&) {};
-    ModelOptions mo;
-    mo.n_threads = 1;
-    auto m = Model::load(dir, mo, open_expert_store(io, dir, cfg, o));
-    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
-    GenerateOptions go;
-    go.n_new = 8;
-    std::vector<int> got;
-    generate(*m, prompt, go, greedy, nullptr, &got);
-    return got;
+    return greedy_tokens(dir, open_expert_store(io, dir, ModelConfig::load(dir), o), 1, prompt, 8);
   };
   std::vector<int> want = run(d.path() / "plain", "simple");
   ASSERT_EQ(want.size(), 8u);
@@ -240,9 +198,7 @@ EngineExpertStoreOptions cached(const ModelConfig& c, uint64_t slots) {
   EngineExpertStoreOptions o;
   o.io.direct = true;
   o.io.notice = [](const std::string&) {};
-  uint64_t slot = (ExpertLayout::make(c.expert_quant, c.hidden_size, c.moe_intermediate_size).bytes +
-                   4095) / 4096 * 4096;
-  o.host_cache_bytes = slots * slot;
+  o.host_cache_bytes = slots * test::expert_slot_bytes(c);
   return o;
 }
 
@@ -258,10 +214,8 @@ EngineExpertStoreOptions cached_failing_at(const ModelConfig& c, uint64_t slots,
   return o;
 }
 
-TEST(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
+  write_layers(QuantType::kQ8, true);
   for (const char* io : {"auto", "pread"}) {
     SCOPED_TRACE(io);
     auto store = open_expert_store(io, d.path(), c, cached(c, 16));
@@ -276,10 +230,8 @@ TEST(EngineExpertStore, HostCacheServesRepeatFetchesWithoutReads) {
   }
 }
 
-TEST(EngineExpertStore, ReopenedStoreReadsTheSameBytesOnAnotherThreadWithoutAHostCache) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, ReopenedStoreReadsTheSameBytesOnAnotherThreadWithoutAHostCache) {
+  write_layers(QuantType::kQ8, true);
   for (const char* io : {"auto", "simple"}) {
     SCOPED_TRACE(io);
     auto store = open_expert_store(io, d.path(), c, cached(c, 16));
@@ -298,12 +250,10 @@ TEST(EngineExpertStore, ReopenedStoreReadsTheSameBytesOnAnotherThreadWithoutAHos
   }
 }
 
-TEST(EngineExpertStore, SmallHostCacheStillReturnsTheRightBytes) {
+TEST_F(EngineExpertStore, SmallHostCacheStillReturnsTheRightBytes) {
   // Two slots for fetches of up to eight experts: misses that find no slot go to scratch
   // buffers, cached experts are evicted and re-read, and every payload stays correct.
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ4);
-  Payloads want = write_model(d.path(), c, false);
+  write_layers(QuantType::kQ4, false);
   auto store = open_engine_expert_store(d.path(), c, cached(c, 2));
   std::mt19937 rng(3);
   for (int round = 0; round < 40; ++round) {
@@ -316,10 +266,8 @@ TEST(EngineExpertStore, SmallHostCacheStillReturnsTheRightBytes) {
   EXPECT_GT(s.experts_read, 0u);
 }
 
-TEST(EngineExpertStore, NextReadyHandsOutHitsAtOnceAndEveryExpertOnce) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, NextReadyHandsOutHitsAtOnceAndEveryExpertOnce) {
+  write_layers(QuantType::kQ8, false);
   for (const char* io : {"auto", "pread", "mmap"}) {
     SCOPED_TRACE(io);
     EngineExpertStoreOptions o = cached(c, 8);
@@ -347,10 +295,8 @@ TEST(EngineExpertStore, NextReadyHandsOutHitsAtOnceAndEveryExpertOnce) {
   }
 }
 
-TEST(EngineExpertStore, ResidencyReportsHostCacheAndPageCacheTiers) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, ResidencyReportsHostCacheAndPageCacheTiers) {
+  write_layers(QuantType::kQ8, true);
   std::vector<ExpertTier> tiers(c.n_experts);
   {
     auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
@@ -371,17 +317,14 @@ TEST(EngineExpertStore, ResidencyReportsHostCacheAndPageCacheTiers) {
   EXPECT_EQ(store->stats().host_cache_hits, 0u);
 }
 
-TEST(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
+  write_layers(QuantType::kQ8, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(3);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad, fail));
   std::vector<const uint8_t*> out;
   std::vector<int> ids{2, 3, 5};
-  std::string msg = message_of([&] { store->fetch(0, ids, out); });
+  std::string msg = test::error_message([&] { store->fetch(0, ids, out); });
   EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("offset " + std::to_string(bad)), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::strerror(EIO)), std::string::npos) << msg;
@@ -390,48 +333,30 @@ TEST(EngineExpertStore, FailedReadIsNotCachedAndTheNextFetchReadsAgain) {
   EXPECT_EQ(store->stats().experts_read, 4u) << "expert 3 was read again, not served from the cache";
 }
 
-TEST(EngineExpertStore, CorruptExpertIsNeverServedFromTheHostCache) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, CorruptExpertIsNeverServedFromTheHostCache) {
+  write_layers(QuantType::kQ8, false);
   fs::path f = expert_file_path(d.path(), 1);
-  {
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekp(static_cast<std::streamoff>(read_expert_header(f).slot_offset(5) + 9));
-    char x = 0x33;
-    s.write(&x, 1);
-  }
+  test::overwrite_bytes(f, read_expert_header(f).slot_offset(5) + 9, "\x33");
   auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
   std::vector<const uint8_t*> out;
   std::vector<int> ids{5};
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::string msg = message_of([&] { store->fetch(1, ids, out); });
+    std::string msg = test::error_message([&] { store->fetch(1, ids, out); });
     EXPECT_NE(msg.find("checksum mismatch for expert 5"), std::string::npos) << attempt << ": " << msg;
   }
   EXPECT_EQ(store->stats().host_cache_hits, 0u);
 }
 
-TEST(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ4);
-  c.vocab_size = 97;
-  c.n_layers = 3;
-  c.n_experts_per_tok = 3;
+TEST_F(EngineExpertStore, SameTokensWithOverlapAndASmallHostCacheOnEveryBackend) {
+  c = test::tiny_moe_config(
+      {.vocab = 97, .hidden = 96, .layers = 3, .head_dim = 8, .top_k = 3, .quant = QuantType::kQ4});
   write_synthetic_model(d.path(), c, 23, 1);
   const std::vector<int> prompt{5, 9, 26, 53, 58, 97 - 1};
   auto run = [&](const char* io, uint64_t cache_slots, bool direct) {
     ModelConfig cfg = ModelConfig::load(d.path());
     EngineExpertStoreOptions o = cached(cfg, cache_slots);
     o.io.direct = direct;
-    ModelOptions mo;
-    mo.n_threads = 2;
-    auto m = Model::load(d.path(), mo, open_expert_store(io, d.path(), cfg, o));
-    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
-    GenerateOptions go;
-    go.n_new = 8;
-    std::vector<int> got;
-    generate(*m, prompt, go, greedy, nullptr, &got);
-    return got;
+    return greedy_tokens(d.path(), open_expert_store(io, d.path(), cfg, o), 2, prompt, 8);
   };
   std::vector<int> want = run("simple", 0, false);
   ASSERT_EQ(want.size(), 8u);
@@ -454,10 +379,8 @@ void expect_handed_out(ExpertStore& store, const Payloads& want, int layer, cons
   for (size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(count[k], 1) << ids[k];
 }
 
-TEST(EngineExpertStore, ReadAheadGroupIsAdoptedByTheNextFetch) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, true);
+TEST_F(EngineExpertStore, ReadAheadGroupIsAdoptedByTheNextFetch) {
+  write_layers(QuantType::kQ8, true);
   for (const char* io : {"uring", "pread", "mmap"}) {
     if (std::string(io) == "uring" && !io_uring_available()) continue;
     for (uint64_t slots : {0, 2, 16}) {
@@ -481,15 +404,12 @@ TEST(EngineExpertStore, ReadAheadGroupIsAdoptedByTheNextFetch) {
   }
 }
 
-TEST(EngineExpertStore, ReadAheadNobodyAsksForIsDiscardedAndNeverCached) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, ReadAheadNobodyAsksForIsDiscardedAndNeverCached) {
+  write_layers(QuantType::kQ8, false);
   // The read-ahead of expert 4 fails; its data must never be served later from the host cache.
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 0)).slot_offset(4);
   auto fail = std::make_shared<std::atomic<bool>>(true);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad, fail);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad, fail));
   expect_payloads(*store, want, 0, {1});
   store->read_ahead(0, std::vector<int>{4, 5});
   // Other ids (or another layer) than the read-ahead: it is dropped, this fetch reads normally.
@@ -504,10 +424,8 @@ TEST(EngineExpertStore, ReadAheadNobodyAsksForIsDiscardedAndNeverCached) {
   EXPECT_EQ(s.host_cache_hits, 0u);
 }
 
-TEST(EngineExpertStore, ReadAheadOfExpertsStillLoadingInTheCurrentFetchReadsThemAgain) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ4);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, ReadAheadOfExpertsStillLoadingInTheCurrentFetchReadsThemAgain) {
+  write_layers(QuantType::kQ4, false);
   auto store = open_engine_expert_store(d.path(), c, cached(c, 8));
   const std::vector<int> a{2, 3, 4}, b{3, 4, 7};
   store->begin_fetch(0, a);
@@ -519,19 +437,16 @@ TEST(EngineExpertStore, ReadAheadOfExpertsStillLoadingInTheCurrentFetchReadsThem
   EXPECT_EQ(store->stats().host_cache_hits, 4u);
 }
 
-TEST(EngineExpertStore, FailedReadAheadThrowsWhenItsGroupIsFetched) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  Payloads want = write_model(d.path(), c, false);
+TEST_F(EngineExpertStore, FailedReadAheadThrowsWhenItsGroupIsFetched) {
+  write_layers(QuantType::kQ8, false);
   const uint64_t bad = read_expert_header(expert_file_path(d.path(), 1)).slot_offset(6);
-  EngineExpertStoreOptions o = cached_failing_at(c, 8, bad);
-  auto store = open_engine_expert_store(d.path(), c, o);
+  auto store = open_engine_expert_store(d.path(), c, cached_failing_at(c, 8, bad));
   store->begin_fetch(1, std::vector<int>{0});
   store->read_ahead(1, std::vector<int>{5, 6});
   expect_handed_out(*store, want, 1, {0});
   std::vector<int> b{5, 6};
   store->begin_fetch(1, b);
-  std::string msg = message_of([&] {
+  std::string msg = test::error_message([&] {
     size_t i = 0;
     const uint8_t* p = nullptr;
     while (store->next_ready(&i, &p, true)) {
@@ -541,14 +456,11 @@ TEST(EngineExpertStore, FailedReadAheadThrowsWhenItsGroupIsFetched) {
   EXPECT_NE(msg.find("offset " + std::to_string(bad)), std::string::npos) << msg;
 }
 
-TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupReadsAheadAndKeepsTheTokens) {
+TEST_F(EngineExpertStore, PrefillOfMoreThanOneExpertGroupReadsAheadAndKeepsTheTokens) {
   // 40 experts, top-4, a 12-token prompt: a layer's prefill needs more than 16 experts, so the
   // MoE layer fetches them in groups and reads each next group ahead.
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ4);
-  c.vocab_size = 97;
-  c.n_experts = 40;
-  c.n_experts_per_tok = 4;
+  c = test::tiny_moe_config(
+      {.vocab = 97, .hidden = 96, .head_dim = 8, .experts = 40, .top_k = 4, .quant = QuantType::kQ4});
   write_synthetic_model(d.path(), c, 29, 1);
   const std::vector<int> prompt{5, 9, 26, 53, 58, 96, 1, 77, 31, 40, 12, 64};
   ExpertStoreStats last;
@@ -556,18 +468,7 @@ TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupReadsAheadAndKeepsTheToke
     ModelConfig cfg = ModelConfig::load(d.path());
     EngineExpertStoreOptions o = cached(cfg, cache_slots);
     o.io.direct = std::string(io) != "mmap";
-    ModelOptions mo;
-    mo.n_threads = 2;
-    auto store = open_expert_store(io, d.path(), cfg, o);
-    ExpertStore* sp = store.get();
-    auto m = Model::load(d.path(), mo, std::move(store));
-    Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
-    GenerateOptions go;
-    go.n_new = 4;
-    std::vector<int> got;
-    generate(*m, prompt, go, greedy, nullptr, &got);
-    last = sp->stats();
-    return got;
+    return greedy_tokens(d.path(), open_expert_store(io, d.path(), cfg, o), 2, prompt, 4, &last);
   };
   std::vector<int> want = run("simple", 0);
   ASSERT_EQ(want.size(), 4u);
@@ -578,23 +479,18 @@ TEST(EngineExpertStore, PrefillOfMoreThanOneExpertGroupReadsAheadAndKeepsTheToke
     }
 }
 
-// Runs a CLI from the build tree; returns its exit status and stdout.
+// Runs infer from the build tree; returns its exit status and stdout.
 int run_cli(const std::string& args, std::string* out) {
-  std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/infer " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  return pclose(p);
+  test::CliResult r = test::run_tool("infer", args);
+  *out += r.output;
+  return r.status;
 }
 
 TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
-  if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "infer"))
+  if (!test::have_tool("infer"))
     GTEST_SKIP() << "infer not built in " << MOESTREAM_BIN_DIR;
   TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kQ8);
-  c.vocab_size = 97;
+  const ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 96, .head_dim = 8});
   write_synthetic_model(d.path(), c, 31, 1);
   const std::string base = "-m " + d.path().string() +
                            " --prompt-ids 4,8,15,16,23,42 -n 6 --temp 0 --print-ids --ignore-eos -t 2";
@@ -635,11 +531,9 @@ TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 
-TEST(EngineExpertStore, UnknownIoNameIsAConfigError) {
-  TempDir d("expert_store_uring_test");
-  ModelConfig c = tiny_config(QuantType::kF32);
-  write_model(d.path(), c, false);
-  std::string msg = message_of([&] { open_expert_store("aio", d.path(), c); });
+TEST_F(EngineExpertStore, UnknownIoNameIsAConfigError) {
+  write_layers(QuantType::kF32, false);
+  std::string msg = test::error_message([&] { open_expert_store("aio", d.path(), c); });
   EXPECT_NE(msg.find("'aio'"), std::string::npos) << msg;
 }
 

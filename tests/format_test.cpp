@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <fstream>
-#include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +15,7 @@
 #include "loader/format/expert_map.h"
 #include "loader/store/expert_store.h"
 #include "loader/format/model_config.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -22,12 +23,8 @@ using namespace moestream;
 namespace {
 
 ExpertFileHeader sample_header() {
-  ExpertFileHeader h;
-  h.quant = QuantType::kQ8;
-  h.layer = 3;
-  h.n_experts = 5;
-  h.hidden = 67;
-  h.intermediate = 45;
+  ExpertFileHeader h{.quant = QuantType::kQ8, .layer = 3, .n_experts = 5, .hidden = 67, .intermediate = 45,
+                     .slot_checksums = {}};
   h.expert_bytes = ExpertLayout::make(h.quant, h.hidden, h.intermediate).bytes;
   h.expert_stride = (h.expert_bytes + 4095) / 4096 * 4096;
   h.data_offset = 4096;
@@ -35,57 +32,15 @@ ExpertFileHeader sample_header() {
   return h;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
-
+// Odd widths: no dimension is a multiple of a quant block.
 ModelConfig tiny_config(QuantType q) {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 50;
-  c.hidden_size = 37;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 19;
-  c.n_experts = 6;
-  c.n_experts_per_tok = 2;
-  c.max_position_embeddings = 128;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = q;
-  return c;
+  return test::tiny_moe_config(
+      {.vocab = 50, .hidden = 37, .head_dim = 8, .intermediate = 19, .experts = 6, .quant = q});
 }
 
 // Writes experts/layer_NNN.bin for cfg with random payloads; returns payloads[layer][expert].
-std::vector<std::vector<std::vector<uint8_t>>> write_experts(const fs::path& dir, const ModelConfig& c) {
-  fs::create_directories(dir / "experts");
-  std::mt19937 rng(42);
-  std::vector<std::vector<std::vector<uint8_t>>> all(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
-    ExpertFileWriter w(expert_file_path(dir, l), c.expert_quant, l, c.n_experts, c.hidden_size,
-                       c.moe_intermediate_size);
-    for (int e = 0; e < c.n_experts; ++e) {
-      std::vector<uint8_t> p(w.layout().bytes);
-      for (auto& b : p) b = static_cast<uint8_t>(rng());
-      w.write_expert(e, p.data());
-      all[l].push_back(std::move(p));
-    }
-    w.finish();
-  }
-  c.save(dir);
-  return all;
-}
-
-void patch_file(const fs::path& p, uint64_t off, const void* data, size_t n) {
-  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(static_cast<std::streamoff>(off));
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+test::Payloads write_experts(const fs::path& dir, const ModelConfig& c) {
+  return test::write_layer_files(dir, c, 42);
 }
 
 }  // namespace
@@ -105,15 +60,12 @@ TEST(ExpertFile, HeaderRoundTrips) {
   std::string bytes = encode_expert_header(h);
   ASSERT_EQ(bytes.size(), h.data_offset);
   ExpertFileHeader d = decode_expert_header(bytes, h.file_bytes(), "x.bin");
-  EXPECT_EQ(d.quant, h.quant);
-  EXPECT_EQ(d.layer, h.layer);
-  EXPECT_EQ(d.n_experts, h.n_experts);
-  EXPECT_EQ(d.hidden, h.hidden);
-  EXPECT_EQ(d.intermediate, h.intermediate);
-  EXPECT_EQ(d.expert_bytes, h.expert_bytes);
-  EXPECT_EQ(d.expert_stride, h.expert_stride);
-  EXPECT_EQ(d.data_offset, h.data_offset);
-  EXPECT_EQ(d.slot_checksums, h.slot_checksums);
+  // Every field, compared (and printed on failure) at once.
+  auto fields = [](const ExpertFileHeader& x) {
+    return std::tie(x.quant, x.layer, x.n_experts, x.hidden, x.intermediate, x.expert_bytes, x.expert_stride,
+                    x.data_offset, x.slot_checksums);
+  };
+  EXPECT_EQ(fields(d), fields(h));
 }
 
 TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
@@ -137,7 +89,7 @@ TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
   for (const Case& c : cases) {
     std::string bad = good;
     std::memcpy(bad.data() + c.offset, &c.value, c.width);
-    std::string msg = message_of([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_003.bin"); });
+    std::string msg = test::error_message([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_003.bin"); });
     EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
     EXPECT_NE(msg.find("dir/layer_003.bin"), std::string::npos) << msg;
   }
@@ -157,7 +109,7 @@ TEST(ExpertFile, TruncatedFileIsRejectedWithItsPath) {
   write_experts(d.path(), c);
   fs::path p = expert_file_path(d.path(), 1);
   fs::resize_file(p, fs::file_size(p) - 100);
-  std::string msg = message_of([&] { read_expert_header(p); });
+  std::string msg = test::error_message([&] { read_expert_header(p); });
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
   EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
   EXPECT_THROW(open_pread_expert_store(d.path(), c), FormatError);
@@ -169,8 +121,8 @@ TEST(ExpertFile, WrongMagicIsRejected) {
   TempDir d;
   ModelConfig c = tiny_config(QuantType::kQ4);
   write_experts(d.path(), c);
-  patch_file(expert_file_path(d.path(), 0), 0, "GGUF", 4);
-  std::string msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  test::overwrite_bytes(expert_file_path(d.path(), 0), 0, "GGUF");
+  std::string msg = test::error_message([&] { open_pread_expert_store(d.path(), c); });
   EXPECT_NE(msg.find("'magic'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
 }
@@ -247,13 +199,13 @@ TEST(ExpertStore, ChecksumMismatchIsDetectedAndNamesTheExpert) {
     f.read(reinterpret_cast<char*>(&flip), 1);
   }
   flip ^= 0x10;
-  patch_file(p, h.slot_offset(4) + 17, &flip, 1);
+  test::overwrite_bytes(p, h.slot_offset(4) + 17, std::string(1, char(flip)));
   auto store = open_pread_expert_store(d.path(), c);  // headers are intact: opens fine
   std::vector<const uint8_t*> out;
   std::vector<int> ok = {0, 3};
   EXPECT_NO_THROW(store->fetch(0, ok, out));
   std::vector<int> ids = {1, 4};
-  std::string msg = message_of([&] { store->fetch(0, ids, out); });
+  std::string msg = test::error_message([&] { store->fetch(0, ids, out); });
   EXPECT_NE(msg.find("checksum mismatch for expert 4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
   auto unchecked = open_pread_expert_store(d.path(), c, ExpertStoreOptions{.verify_checksums = false});
@@ -270,13 +222,7 @@ TEST(ExpertStore, FileTruncatedAfterOpenIsAnIoErrorNamingFileAndOffset) {
   fs::resize_file(p, h.slot_offset(5) + 10);
   std::vector<int> ids = {5};
   std::vector<const uint8_t*> out;
-  std::string msg;
-  try {
-    store->fetch(1, ids, out);
-    msg = "<no exception>";
-  } catch (const IoError& e) {
-    msg = e.what();
-  }
+  std::string msg = test::error_message<IoError>([&] { store->fetch(1, ids, out); });
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
   EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(h.slot_offset(5))), std::string::npos) << msg;
@@ -288,17 +234,17 @@ TEST(ExpertStore, HeaderThatDisagreesWithModelJsonIsRejected) {
   write_experts(d.path(), c);
   ModelConfig other = c;
   other.expert_quant = QuantType::kQ8;
-  std::string msg = message_of([&] { open_pread_expert_store(d.path(), other); });
+  std::string msg = test::error_message([&] { open_pread_expert_store(d.path(), other); });
   EXPECT_NE(msg.find("'quant'"), std::string::npos) << msg;
   other = c;
   other.moe_intermediate_size = 20;
-  msg = message_of([&] { open_pread_expert_store(d.path(), other); });
+  msg = test::error_message([&] { open_pread_expert_store(d.path(), other); });
   EXPECT_NE(msg.find("'intermediate'"), std::string::npos) << msg;
   // Layer files swapped: each names the wrong layer index.
   fs::rename(expert_file_path(d.path(), 0), d.path() / "tmp.bin");
   fs::rename(expert_file_path(d.path(), 1), expert_file_path(d.path(), 0));
   fs::rename(d.path() / "tmp.bin", expert_file_path(d.path(), 1));
-  msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  msg = test::error_message([&] { open_pread_expert_store(d.path(), c); });
   EXPECT_NE(msg.find("'layer'"), std::string::npos) << msg;
 }
 
@@ -307,7 +253,7 @@ TEST(ExpertStore, MissingLayerFileNamesThePath) {
   ModelConfig c = tiny_config(QuantType::kF32);
   write_experts(d.path(), c);
   fs::remove(expert_file_path(d.path(), 1));
-  std::string msg = message_of([&] { open_pread_expert_store(d.path(), c); });
+  std::string msg = test::error_message([&] { open_pread_expert_store(d.path(), c); });
   EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;
 }
 
@@ -338,14 +284,14 @@ TEST(ModelConfig, EveryMissingRequiredFieldIsNamed) {
     if (key == "tokenizer" || key == "bos_token_id" || key == "eos_token_id") continue;  // optional
     nlohmann::json j = good;
     j.erase(key);
-    std::string msg = message_of([&] { ModelConfig::from_json(j, "m/model.json"); });
+    std::string msg = test::error_message([&] { ModelConfig::from_json(j, "m/model.json"); });
     EXPECT_NE(msg.find("'" + key + "'"), std::string::npos) << key << ": " << msg;
     EXPECT_NE(msg.find("m/model.json"), std::string::npos) << msg;
   }
   for (const char* sub : {"theta", "scaling"}) {
     nlohmann::json j = good;
     j["rope"].erase(sub);
-    std::string msg = message_of([&] { ModelConfig::from_json(j, "m/model.json"); });
+    std::string msg = test::error_message([&] { ModelConfig::from_json(j, "m/model.json"); });
     EXPECT_NE(msg.find(sub), std::string::npos) << msg;
   }
 }
@@ -355,7 +301,7 @@ TEST(ModelConfig, BadValuesAreRejected) {
   auto expect_bad = [&](const char* key, nlohmann::json v) {
     nlohmann::json j = good;
     j[key] = v;
-    std::string msg = message_of([&] { ModelConfig::from_json(j, "model.json"); });
+    std::string msg = test::error_message([&] { ModelConfig::from_json(j, "model.json"); });
     EXPECT_NE(msg.find(key), std::string::npos) << key << ": " << msg;
   };
   expect_bad("architecture", "llama");
@@ -374,6 +320,6 @@ TEST(ModelConfig, MissingOrInvalidFileNamesIt) {
   TempDir d;
   EXPECT_THROW(ModelConfig::load(d.path()), IoError);
   write_file_atomic(d.path() / "model.json", "{ not json");
-  std::string msg = message_of([&] { ModelConfig::load(d.path()); });
+  std::string msg = test::error_message([&] { ModelConfig::load(d.path()); });
   EXPECT_NE(msg.find("model.json"), std::string::npos) << msg;
 }

@@ -24,31 +24,22 @@
 #include "runtime/model/sampler.h"
 #include "runtime/convert/synthetic_model.h"
 #include "common/thread_pool.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
 
 namespace {
 
+// One architecture per q/k norm: OLMoE (full), Qwen3 (per head), Mixtral (none, tied embeddings).
 ModelConfig tiny_config(QkNorm qk, QuantType quant = QuantType::kF32) {
-  ModelConfig c;
+  // Odd hidden size: no dimension is a multiple of a SIMD width or a quant block.
+  ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 45, .layers = 3, .head_dim = 14, .intermediate = 37,
+                                         .top_k = 3, .max_positions = 256, .quant = quant});
   c.arch = qk == QkNorm::kFull ? Arch::kOlmoe : qk == QkNorm::kPerHead ? Arch::kQwen3Moe : Arch::kMixtral;
-  c.vocab_size = 97;
-  c.hidden_size = 45;  // odd: no dimension is a multiple of a SIMD width or a quant block
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 14;
-  c.moe_intermediate_size = 37;
-  c.n_experts = 8;
-  c.n_experts_per_tok = 3;
-  c.norm_topk_prob = qk != QkNorm::kFull;
-  c.rms_norm_eps = 1e-6;
-  c.max_position_embeddings = 256;
   c.qk_norm = qk;
-  c.rope_theta = 10000;
+  c.norm_topk_prob = qk != QkNorm::kFull;
   c.tie_word_embeddings = qk == QkNorm::kNone;
-  c.expert_quant = quant;
   return c;
 }
 

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/io/io_engine.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -54,6 +55,11 @@ std::string oracle(const fs::path& p, uint64_t off, uint64_t len) {
   return s;
 }
 
+// A completion hook failing every read at file offset `offset` with EIO.
+CompletionHook eio_at(uint64_t offset) {
+  return [offset](const CompletionInfo& c) -> int64_t { return c.offset == offset ? -EIO : c.result; };
+}
+
 struct Config {
   IoBackend backend;
   bool direct;
@@ -68,6 +74,20 @@ void PrintTo(const Config& c, std::ostream* os) {
 std::string config_name(const testing::TestParamInfo<Config>& info) {
   return std::string(io_backend_name(info.param.backend)) + (info.param.direct ? "Direct" : "Buffered") +
          (info.param.batch_submit ? "BatchSubmit" : "");
+}
+
+// The backends with a completion path (io_uring, also submitting a batch at once, and pread),
+// buffered and O_DIRECT: where faults are injected.
+std::vector<Config> completion_configs() {
+  return {{IoBackend::kUring, false}, {IoBackend::kUring, true},  {IoBackend::kUring, false, true},
+          {IoBackend::kUring, true, true}, {IoBackend::kPread, false}, {IoBackend::kPread, true}};
+}
+
+// Those and mmap.
+std::vector<Config> every_config() {
+  std::vector<Config> v = completion_configs();
+  v.push_back({IoBackend::kMmap, false});
+  return v;
 }
 
 class IoEngineTest : public testing::TestWithParam<Config> {
@@ -94,6 +114,19 @@ class IoEngineTest : public testing::TestWithParam<Config> {
     o.direct_max_read_bytes = 0;  // max_read_bytes for every file, as the tests set it
     o.notice = [this](const std::string& s) { notices_.push_back(s); };
     return o;
+  }
+
+  // Reads the file's first n 16 KiB pieces as n adjacent requests through an engine with
+  // options o, checks their bytes; returns the reads the engine issued.
+  uint64_t read_adjacent_pieces(const IoEngineOptions& o, int n) {
+    IoEngine eng(o);
+    uint32_t f = eng.add_file(path_);
+    std::string buf(size_t(n) << 14, 0);
+    std::vector<ReadRequest> reqs;
+    for (int i = 0; i < n; ++i) reqs.push_back({f, uint64_t(i) << 14, 1 << 14, buf.data() + (i << 14)});
+    eng.read(reqs);
+    EXPECT_EQ(buf, content_.substr(0, buf.size()));
+    return eng.stats().reads_issued;
   }
 
   TempDir dir_{"io_engine_test"};
@@ -213,14 +246,7 @@ TEST_P(IoEngineTest, GapThresholdDecidesCoalescing) {
 TEST_P(IoEngineTest, MaxReadBytesBoundsACoalescedRead) {
   IoEngineOptions o = options();
   o.max_read_bytes = 64 << 10;
-  IoEngine eng(o);
-  uint32_t f = eng.add_file(path_);
-  std::string buf(256 << 10, 0);
-  std::vector<ReadRequest> reqs;
-  for (int i = 0; i < 16; ++i) reqs.push_back({f, uint64_t(i) << 14, 1 << 14, buf.data() + (i << 14)});
-  eng.read(reqs);
-  EXPECT_EQ(buf, content_.substr(0, 256 << 10));
-  EXPECT_EQ(eng.stats().reads_issued, 4u);
+  EXPECT_EQ(read_adjacent_pieces(o, 16), 4u);
 }
 
 TEST_P(IoEngineTest, LargeRequestIsSplitIntoParallelReads) {
@@ -258,14 +284,7 @@ TEST_P(IoEngineTest, DirectFilesUseTheirOwnReadSizeCap) {
 TEST_P(IoEngineTest, CoalescingOffIssuesOneReadPerRequest) {
   IoEngineOptions o = options();
   o.coalesce = false;
-  IoEngine eng(o);
-  uint32_t f = eng.add_file(path_);
-  std::string buf(64 << 10, 0);
-  std::vector<ReadRequest> reqs;
-  for (int i = 0; i < 4; ++i) reqs.push_back({f, uint64_t(i) << 14, 1 << 14, buf.data() + (i << 14)});
-  eng.read(reqs);
-  EXPECT_EQ(buf, content_.substr(0, 64 << 10));
-  EXPECT_EQ(eng.stats().reads_issued, 4u);
+  EXPECT_EQ(read_adjacent_pieces(o, 4), 4u);
 }
 
 TEST_P(IoEngineTest, SeveralFilesInOneBatch) {
@@ -292,15 +311,10 @@ TEST_P(IoEngineTest, ReadPastEndOfFileIsTruncatedAndNamesTheFile) {
   EXPECT_EQ(reqs[0].result, ReadResult::kOk);
   EXPECT_EQ(ok, content_.substr(0, 1000));
   EXPECT_EQ(reqs[1].result, ReadResult::kTruncated);
-  try {
-    eng.read(reqs);
-    FAIL() << "expected IoError";
-  } catch (const IoError& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find(path_.string()), std::string::npos) << msg;
-    EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(std::to_string(kFileBytes - 100)), std::string::npos) << msg;
-  }
+  const std::string msg = test::error_message<IoError>([&] { eng.read(reqs); });
+  EXPECT_NE(msg.find(path_.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::to_string(kFileBytes - 100)), std::string::npos) << msg;
 }
 
 TEST_P(IoEngineTest, FileTruncatedAfterOpenIsReported) {
@@ -329,15 +343,7 @@ TEST_P(IoEngineTest, UnknownFileIndexIsAConfigError) {
   EXPECT_THROW(eng.submit(reqs), ConfigError);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest,
-                         testing::Values(Config{IoBackend::kUring, false},
-                                         Config{IoBackend::kUring, true},
-                                         Config{IoBackend::kUring, false, true},
-                                         Config{IoBackend::kUring, true, true},
-                                         Config{IoBackend::kPread, false},
-                                         Config{IoBackend::kPread, true},
-                                         Config{IoBackend::kMmap, false}),
-                         config_name);
+INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest, testing::ValuesIn(every_config()), config_name);
 
 // Fault injection through the completion hook: io_uring and pread share the completion logic,
 // and both are exercised.
@@ -430,9 +436,7 @@ TEST_P(IoFaultTest, OnDoneReportsEachRequestOnceWithItsFinalResult) {
   IoEngineOptions o = options();
   o.max_read_bytes = 64 << 10;
   const uint64_t bad = (2 << 20) + (64 << 10);
-  o.completion_hook = [&](const CompletionInfo& c) -> int64_t {
-    return c.offset == bad ? -EIO : c.result;
-  };
+  o.completion_hook = eio_at(bad);
   IoEngine eng(o);
   uint32_t f = eng.add_file(path_);
   std::vector<std::string> bufs;
@@ -470,9 +474,7 @@ TEST_P(IoFaultTest, EioFailsOnlyItsRequestsAndNamesFileOffsetLength) {
   IoEngineOptions o = options();
   o.coalesce = false;
   const uint64_t bad_offset = 3 << 20;
-  o.completion_hook = [&](const CompletionInfo& c) -> int64_t {
-    return c.offset == bad_offset ? -EIO : c.result;
-  };
+  o.completion_hook = eio_at(bad_offset);
   IoEngine eng(o);
   uint32_t f = eng.add_file(path_);
   std::vector<std::string> bufs(8, std::string(8192, 0));
@@ -488,26 +490,19 @@ TEST_P(IoFaultTest, EioFailsOnlyItsRequestsAndNamesFileOffsetLength) {
       EXPECT_EQ(bufs[i], content_.substr(reqs[i].offset, 8192));
     }
   }
-  try {
-    eng.read(reqs);
-    FAIL() << "expected IoError";
-  } catch (const IoError& e) {
-    std::string msg = e.what();
-    EXPECT_NE(msg.find(path_.string()), std::string::npos) << msg;
-    EXPECT_NE(msg.find("offset " + std::to_string(bad_offset)), std::string::npos) << msg;
-    EXPECT_NE(msg.find("length 8192"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(std::strerror(EIO)), std::string::npos) << msg;
-    EXPECT_NE(msg.find("1 of 8"), std::string::npos) << msg;
-  }
+  const std::string msg = test::error_message<IoError>([&] { eng.read(reqs); });
+  EXPECT_NE(msg.find(path_.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offset " + std::to_string(bad_offset)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("length 8192"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::strerror(EIO)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1 of 8"), std::string::npos) << msg;
 }
 
 TEST_P(IoFaultTest, EioInOneChunkOfASplitRequestFailsThatRequestOnly) {
   IoEngineOptions o = options();
   o.max_read_bytes = 64 << 10;
   const uint64_t bad_chunk = (1 << 20) + 2 * (64 << 10);
-  o.completion_hook = [&](const CompletionInfo& c) -> int64_t {
-    return c.offset == bad_chunk ? -EIO : c.result;
-  };
+  o.completion_hook = eio_at(bad_chunk);
   IoEngine eng(o);
   uint32_t f = eng.add_file(path_);
   std::string a(400000, 0), b(400000, 0);
@@ -517,13 +512,8 @@ TEST_P(IoFaultTest, EioInOneChunkOfASplitRequestFailsThatRequestOnly) {
   EXPECT_EQ(reqs[0].error, EIO);
   EXPECT_EQ(reqs[1].result, ReadResult::kOk);
   EXPECT_EQ(b, content_.substr(3 << 20, 400000));
-  try {
-    eng.read(reqs);
-    FAIL() << "expected IoError";
-  } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("offset " + std::to_string(1 << 20) + " length 400000"),
-              std::string::npos) << e.what();
-  }
+  const std::string msg = test::error_message<IoError>([&] { eng.read(reqs); });
+  EXPECT_NE(msg.find("offset " + std::to_string(1 << 20) + " length 400000"), std::string::npos) << msg;
 }
 
 TEST_P(IoFaultTest, ZeroByteCompletionIsATruncatedFile) {
@@ -554,14 +544,7 @@ TEST_P(IoFaultTest, ShortReadThenEofKeepsTheRequestsThatArrived) {
   EXPECT_EQ(reqs[1].result, ReadResult::kTruncated);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, IoFaultTest,
-                         testing::Values(Config{IoBackend::kUring, false},
-                                         Config{IoBackend::kUring, true},
-                                         Config{IoBackend::kUring, false, true},
-                                         Config{IoBackend::kUring, true, true},
-                                         Config{IoBackend::kPread, false},
-                                         Config{IoBackend::kPread, true}),
-                         config_name);
+INSTANTIATE_TEST_SUITE_P(Backends, IoFaultTest, testing::ValuesIn(completion_configs()), config_name);
 
 TEST_P(IoFaultTest, TwoLanesRunTwoBatchesAtOnceAndOneLaneSerialises) {
   for (uint32_t lanes : {2u, 1u}) {

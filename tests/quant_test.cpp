@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -35,6 +36,22 @@ std::vector<uint8_t> encode(QuantType q, const std::vector<float>& w, size_t row
   std::vector<uint8_t> enc(quant_matrix_bytes(q, rows, cols));
   quantize_matrix(q, w.data(), rows, cols, enc.data());
   return enc;
+}
+
+// Widths around the 32-wide quant block: partial, exact, one over, several blocks.
+constexpr size_t kBlockEdgeCols[] = {1, 31, 32, 33, 67, 256};
+constexpr size_t kRoundTripRows = 7;
+
+struct RoundTrip {
+  std::vector<float> w;      // the weights, kRoundTripRows x cols, small as real weights are
+  std::vector<uint8_t> enc;  // quantised
+  std::vector<float> back;   // dequantised again
+};
+RoundTrip round_trip(QuantType q, size_t cols, uint32_t seed) {
+  RoundTrip t{random_vec(kRoundTripRows * cols, seed, 0.02f), {}, std::vector<float>(kRoundTripRows * cols)};
+  t.enc = encode(q, t.w, kRoundTripRows, cols);
+  dequantize_matrix(q, t.enc.data(), kRoundTripRows, cols, t.back.data());
+  return t;
 }
 
 float stored_scale(const std::vector<uint8_t>& enc, QuantType q, size_t cols, size_t r, size_t b) {
@@ -99,12 +116,9 @@ TEST(Quant, F32AndBf16RoundTripExactly) {
 }
 
 TEST(Quant, Q8ErrorIsAtMostHalfAStepPerBlock) {
-  for (size_t cols : {1, 31, 32, 33, 67, 256}) {
-    const size_t rows = 7;
-    std::vector<float> w = random_vec(rows * cols, 10 + cols, 0.02f);
-    auto enc = encode(QuantType::kQ8, w, rows, cols);
-    std::vector<float> back(rows * cols);
-    dequantize_matrix(QuantType::kQ8, enc.data(), rows, cols, back.data());
+  for (size_t cols : kBlockEdgeCols) {
+    const size_t rows = kRoundTripRows;
+    const auto [w, enc, back] = round_trip(QuantType::kQ8, cols, 10 + cols);
     double sq = 0, sq_ref = 0;
     for (size_t r = 0; r < rows; ++r)
       for (size_t c = 0; c < cols; ++c) {
@@ -119,12 +133,9 @@ TEST(Quant, Q8ErrorIsAtMostHalfAStepPerBlock) {
 }
 
 TEST(Quant, Q4ErrorIsBoundedAndBlockExtremeIsExact) {
-  for (size_t cols : {1, 31, 32, 33, 67, 256}) {
-    const size_t rows = 7;
-    std::vector<float> w = random_vec(rows * cols, 20 + cols, 0.02f);
-    auto enc = encode(QuantType::kQ4, w, rows, cols);
-    std::vector<float> back(rows * cols);
-    dequantize_matrix(QuantType::kQ4, enc.data(), rows, cols, back.data());
+  for (size_t cols : kBlockEdgeCols) {
+    const size_t rows = kRoundTripRows;
+    const auto [w, enc, back] = round_trip(QuantType::kQ4, cols, 20 + cols);
     double sq = 0, sq_ref = 0;
     for (size_t r = 0; r < rows; ++r)
       for (size_t b = 0; b * 32 < cols; ++b) {

@@ -5,13 +5,17 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/routing_log.h"
+#include "tests/support/test_model.h"
 
 namespace moestream {
 namespace {
+
+namespace fs = std::filesystem;
 
 RoutingLogHeader header() { return RoutingLogHeader{0x1234abcdULL, 3, 16, 4, 8}; }
 
@@ -37,15 +41,12 @@ void put_file(const std::filesystem::path& p, std::string_view b) {
   std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), std::streamsize(b.size()));
 }
 
-void expect_same(const RoutingRecord& a, const RoutingRecord& b) {
-  EXPECT_EQ(a.request_id, b.request_id);
-  EXPECT_EQ(a.position, b.position);
-  EXPECT_EQ(a.layer, b.layer);
-  EXPECT_EQ(a.phase, b.phase);
-  EXPECT_EQ(a.ids, b.ids);
-  EXPECT_EQ(a.weights, b.weights);
-  EXPECT_EQ(a.router_input, b.router_input);
+// Every field of a record, compared (and printed on failure) at once.
+auto fields(const RoutingRecord& r) {
+  return std::tie(r.request_id, r.position, r.layer, r.phase, r.ids, r.weights, r.router_input);
 }
+
+void expect_same(const RoutingRecord& a, const RoutingRecord& b) { EXPECT_EQ(fields(a), fields(b)); }
 
 // Writes n records (every third with a router input) and returns them.
 std::vector<RoutingRecord> write_log(const std::filesystem::path& p, int n, uint64_t req = 0) {
@@ -60,11 +61,23 @@ std::vector<RoutingRecord> write_log(const std::filesystem::path& p, int n, uint
   return rs;
 }
 
-TEST(RoutingLog, RoundTripKeepsEveryFieldWithAndWithoutRouterInputs) {
+// Each test's log file p, in a fresh directory.
+class RoutingLog : public ::testing::Test {
+ protected:
   TempDir d;
-  const auto p = d.path() / "r.bin";
+  const fs::path p = d.path() / "r.bin";
+};
+
+// XORs the byte at `offset` of `file` with `mask`.
+void flip_bits(const fs::path& file, uint64_t offset, uint8_t mask) {
+  std::string b = read_file(file);
+  b.at(offset) = char(uint8_t(b.at(offset)) ^ mask);
+  write_file_atomic(file, b);
+}
+
+TEST_F(RoutingLog, RoundTripKeepsEveryFieldWithAndWithoutRouterInputs) {
   auto rs = write_log(p, 30);
-  RoutingLog log = read_routing_log(p);
+  const auto log = read_routing_log(p);
   EXPECT_EQ(log.header, header());
   ASSERT_EQ(log.records.size(), rs.size());
   for (size_t i = 0; i < rs.size(); ++i) expect_same(log.records[i], rs[i]);
@@ -73,9 +86,7 @@ TEST(RoutingLog, RoundTripKeepsEveryFieldWithAndWithoutRouterInputs) {
   EXPECT_EQ(log.header.model_hash, 0x1234abcdULL);
 }
 
-TEST(RoutingLog, AppendAcrossWritersKeepsOldRecordsAndContinuesRequestIds) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, AppendAcrossWritersKeepsOldRecordsAndContinuesRequestIds) {
   auto first = write_log(p, 9, 0);
   std::mt19937 rng(1);
   RoutingRecord extra;
@@ -86,16 +97,14 @@ TEST(RoutingLog, AppendAcrossWritersKeepsOldRecordsAndContinuesRequestIds) {
     w.append(extra);
     w.close();
   }
-  RoutingLog log = read_routing_log(p);
+  const auto log = read_routing_log(p);
   ASSERT_EQ(log.records.size(), 10u);
   for (size_t i = 0; i < 9; ++i) expect_same(log.records[i], first[i]);
   expect_same(log.records[9], extra);
   EXPECT_EQ(log.records[9].request_id, 1u);
 }
 
-TEST(RoutingLog, EveryTruncationPointYieldsOnlyWholeRecordsAndAWarning) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, EveryTruncationPointYieldsOnlyWholeRecordsAndAWarning) {
   auto rs = write_log(p, 6);
   const std::string full = read_file(p);
   // Record boundaries from the format: 24 + 6k (+4*hidden) + 8 bytes each.
@@ -105,7 +114,7 @@ TEST(RoutingLog, EveryTruncationPointYieldsOnlyWholeRecordsAndAWarning) {
   ASSERT_EQ(ends.back(), full.size());
   for (size_t cut = kRoutingLogHeaderBytes; cut < full.size(); ++cut) {
     put_file(p, std::string_view(full).substr(0, cut));
-    RoutingLog log = read_routing_log(p);
+    const auto log = read_routing_log(p);
     size_t whole = 0;
     while (whole < ends.size() && ends[whole] <= cut) ++whole;
     ASSERT_EQ(log.records.size(), whole) << "cut at " << cut;
@@ -116,36 +125,22 @@ TEST(RoutingLog, EveryTruncationPointYieldsOnlyWholeRecordsAndAWarning) {
   }
 }
 
-TEST(RoutingLog, TornLastRecordFailsItsChecksumAndIsSkipped) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, TornLastRecordFailsItsChecksumAndIsSkipped) {
   auto rs = write_log(p, 4);
-  std::string b = read_file(p);
-  b[b.size() - 12] ^= 0x40;  // inside the last record's weights
-  write_file_atomic(p, b);
-  RoutingLog log = read_routing_log(p);
+  flip_bits(p, fs::file_size(p) - 12, 0x40);  // inside the last record's weights
+  const auto log = read_routing_log(p);
   EXPECT_EQ(log.records.size(), 3u);
   EXPECT_NE(log.warning.find("checksum"), std::string::npos);
 }
 
-TEST(RoutingLog, CorruptRecordBeforeTheTailIsAnErrorNamingTheOffset) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, CorruptRecordBeforeTheTailIsAnErrorNamingTheOffset) {
   write_log(p, 6);
-  std::string b = read_file(p);
-  b[kRoutingLogHeaderBytes + 30] ^= 0x01;  // first record's ids
-  write_file_atomic(p, b);
-  try {
-    read_routing_log(p);
-    FAIL() << "corrupt record was accepted";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("offset 64"), std::string::npos) << e.what();
-  }
+  flip_bits(p, kRoutingLogHeaderBytes + 30, 0x01);  // first record's ids
+  const std::string msg = test::error_message<FormatError>([&] { read_routing_log(p); });
+  EXPECT_NE(msg.find("offset 64"), std::string::npos) << msg;
 }
 
-TEST(RoutingLog, AppendingToALogOfAnotherModelIsRefused) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, AppendingToALogOfAnotherModelIsRefused) {
   write_log(p, 3);
   RoutingLogHeader other = header();
   other.model_hash ^= 1;
@@ -156,9 +151,7 @@ TEST(RoutingLog, AppendingToALogOfAnotherModelIsRefused) {
   EXPECT_EQ(read_routing_log(p).records.size(), 3u);  // untouched
 }
 
-TEST(RoutingLog, AppendAfterACrashCutsTheTornTailFirst) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, AppendAfterACrashCutsTheTornTailFirst) {
   auto rs = write_log(p, 5);
   std::string b = read_file(p);
   write_file_atomic(p, std::string_view(b).substr(0, b.size() - 10));
@@ -170,18 +163,16 @@ TEST(RoutingLog, AppendAfterACrashCutsTheTornTailFirst) {
     w.append(extra);
     w.close();
   }
-  RoutingLog log = read_routing_log(p);
+  const auto log = read_routing_log(p);
   EXPECT_TRUE(log.warning.empty());
   ASSERT_EQ(log.records.size(), 5u);
   expect_same(log.records[4], extra);
 }
 
-TEST(RoutingLog, BadHeaderIsAFormatError) {
-  TempDir d;
-  const auto p = d.path() / "r.bin";
+TEST_F(RoutingLog, BadHeaderIsAFormatError) {
   write_file_atomic(p, "not a routing log at all, but long enough to hold a header..........");
   EXPECT_THROW(read_routing_log(p), FormatError);
-  std::filesystem::remove(p);
+  fs::remove(p);
   write_log(p, 1);
   std::string b = read_file(p);
   b[28] = 5;  // n_experts: the header checksum must catch it

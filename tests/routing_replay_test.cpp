@@ -2,10 +2,7 @@
 // shape reproduces the recorded experts exactly; the mapping rule onto other counts; infer's CLI.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -16,6 +13,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/routing_replay.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 #include <nlohmann/json.hpp>
 
@@ -25,22 +23,7 @@ using namespace moestream;
 namespace {
 
 ModelConfig tiny(int layers, int experts, int top_k) {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 61;
-  c.hidden_size = 48;
-  c.n_layers = layers;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 12;
-  c.moe_intermediate_size = 40;
-  c.n_experts = experts;
-  c.n_experts_per_tok = top_k;
-  c.norm_topk_prob = true;
-  c.max_position_embeddings = 128;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = QuantType::kQ8;
-  return c;
+  return test::tiny_moe_config({.layers = layers, .experts = experts, .top_k = top_k});
 }
 
 // Every routing decision of a forward run: [token][layer] -> ids.
@@ -187,22 +170,7 @@ TEST(RoutingReplay, IncompleteTokensAreDroppedAndAnEmptyLogIsRefused) {
 }
 
 namespace {
-struct CliResult {
-  int status = -1;
-  std::string out;
-};
-CliResult run_infer(const std::string& args) {
-  const std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/infer " + args + " 2>/dev/null";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+test::CliResult run_infer(const std::string& args) { return test::run_tool("infer", args); }
 std::vector<std::vector<uint16_t>> ids_of(const fs::path& log) {
   std::vector<std::vector<uint16_t>> v;
   for (const RoutingRecord& r : read_routing_log(log).records) v.push_back(r.ids);
@@ -211,7 +179,7 @@ std::vector<std::vector<uint16_t>> ids_of(const fs::path& log) {
 }  // namespace
 
 TEST(InferReplayCli, ReplayedRunRecordsTheLogsExpertsAndSaysReplayEverywhere) {
-  if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "infer")) GTEST_SKIP() << "infer not built";
+  if (!test::have_tool("infer")) GTEST_SKIP() << "infer not built";
   TempDir d;
   const ModelConfig c = tiny(3, 16, 4);
   write_synthetic_model(d.path() / "a", c, 21, 2);
@@ -222,11 +190,11 @@ TEST(InferReplayCli, ReplayedRunRecordsTheLogsExpertsAndSaysReplayEverywhere) {
   ASSERT_EQ(run_infer("-m " + (d.path() / "b").string() + common + "--collect-routing " + lb.string()).status, 0);
   ASSERT_NE(ids_of(la), ids_of(lb));
   const fs::path stats = d.path() / "s.json";
-  const CliResult r = run_infer("-m " + (d.path() / "b").string() + common + "--replay-routing " +
+  const test::CliResult r = run_infer("-m " + (d.path() / "b").string() + common + "--replay-routing " +
                                 la.string() + " --collect-routing " + lr.string() +
                                 " --stats-json " + stats.string());
-  ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(r.out.rfind("# replay: replay of " + la.string(), 0), 0u) << r.out;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("# replay: replay of " + la.string(), 0), 0u) << r.output;
   EXPECT_EQ(ids_of(lr), ids_of(la));
   const nlohmann::json j = nlohmann::json::parse(read_file(stats));
   EXPECT_EQ(j.at("routing"), "replay");

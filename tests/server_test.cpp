@@ -127,6 +127,25 @@ std::vector<int> ids_of(const Tokenizer& tok, const std::string& s) {
   return out;
 }
 
+// A greedy job of up to 12 tokens.
+JobParams greedy_job(const std::vector<int>& prompt) {
+  JobParams jp;
+  jp.prompt = prompt;
+  jp.max_tokens = 12;
+  jp.sampler.temperature = 0;
+  return jp;
+}
+
+// Waits for the job's updates to its end, appending their text and (when `ids`) token ids.
+void drain(Job& job, std::string* text, std::vector<int>* ids) {
+  while (true) {
+    auto u = job.wait(1000ms);
+    *text += u.text;
+    if (ids) ids->insert(ids->end(), u.ids.begin(), u.ids.end());
+    if (u.done) break;
+  }
+}
+
 // Greedy continuation of each prompt in turn through one session; returns the token texts.
 std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
                                  const std::vector<std::vector<int>>& prompts, std::vector<int>* reused) {
@@ -134,18 +153,10 @@ std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
   EngineSession session(model, &tok, metrics, reuse);
   std::vector<std::string> out;
   for (const auto& p : prompts) {
-    JobParams jp;
-    jp.prompt = p;
-    jp.max_tokens = 12;
-    jp.sampler.temperature = 0;
-    Job job(jp);
+    Job job(greedy_job(p));
     session.run(job);
     std::string text;
-    while (true) {
-      auto u = job.wait(1000ms);
-      text += u.text;
-      if (u.done) break;
-    }
+    drain(job, &text, nullptr);
     EXPECT_FALSE(job.error().has_value());
     out.push_back(text);
     if (reused) reused->push_back(job.result()->prompt_tokens_reused);
@@ -183,20 +194,11 @@ TEST(EngineSession, WithoutATokenizerTheJobGetsTheTokenIdsOfTheSameReply) {
   const std::string text = run_all(*model, tok, false, {prompt}, nullptr)[0];
   ServerMetrics metrics;
   EngineSession session(*model, nullptr, metrics, false);
-  JobParams jp;
-  jp.prompt = prompt;
-  jp.max_tokens = 12;
-  jp.sampler.temperature = 0;
-  Job job(jp);
+  Job job(greedy_job(prompt));
   session.run(job);
   std::vector<int> ids;
   std::string no_text;
-  while (true) {
-    auto u = job.wait(1000ms);
-    no_text += u.text;
-    ids.insert(ids.end(), u.ids.begin(), u.ids.end());
-    if (u.done) break;
-  }
+  drain(job, &no_text, &ids);
   EXPECT_EQ(no_text, "");
   ASSERT_EQ(ids.size(), 12u);
   EXPECT_EQ(tok.decode(std::vector<int32_t>(ids.begin(), ids.end()), true), text);

@@ -2,11 +2,8 @@
 // a real shape's structure (counts) written at reduced width, loaded and run.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,31 +14,18 @@
 #include "runtime/engine/model.h"
 #include "runtime/convert/model_shapes.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
 
 namespace {
 
-struct CliResult {
-  int status = -1;
-  std::string output;
-};
-
-CliResult run_synth(const std::string& args) {
-  const std::string cmd = std::string(MOESTREAM_BIN_DIR) + "/synth_model " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+test::CliResult run_synth(const std::string& args) {
+  return test::run_tool("synth_model", args, /*with_stderr=*/true);
 }
 
-bool have_cli() { return fs::exists(fs::path(MOESTREAM_BIN_DIR) / "synth_model"); }
+bool have_cli() { return test::have_tool("synth_model"); }
 
 uint64_t dir_bytes(const fs::path& d) {
   uint64_t n = 0;
@@ -100,7 +84,7 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
   if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   const fs::path out = d.path() / "q";
-  const CliResult r = run_synth("--shape qwen3-30b-a3b --layers 2 --scale-down 16 -q --seed 5 " +
+  const test::CliResult r = run_synth("--shape qwen3-30b-a3b --layers 2 --scale-down 16 -q --seed 5 " +
                                 out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const ModelConfig cfg = ModelConfig::load(out);
@@ -168,7 +152,7 @@ TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
   fs::create_directories(out);
   write_file_atomic(out / "keep.txt", "mine");
   const std::string args = "--shape mixtral-8x7b --layers 1 --scale-down 64 -q ";
-  CliResult r = run_synth(args + out.string());
+  test::CliResult r = run_synth(args + out.string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--force"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(out / "keep.txt"));
@@ -182,7 +166,7 @@ TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
 TEST(SynthModelCli, BadArgumentsExitNonZeroWithTheReason) {
   if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
-  CliResult r = run_synth("--shape gpt-moe " + (d.path() / "x").string());
+  test::CliResult r = run_synth("--shape gpt-moe " + (d.path() / "x").string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("qwen3-30b-a3b"), std::string::npos) << r.output;
   r = run_synth("--shape olmoe-1b-7b --quant bf16 " + (d.path() / "x").string());

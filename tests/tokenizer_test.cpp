@@ -228,27 +228,25 @@ void expect_load_error(const fs::path& path, const std::string& needle) {
   }
 }
 
-TEST_F(TokenizerFiles, UnsupportedComponentsFailAtLoadNamingTheField) {
+// kByteLevelJson with its first `from` replaced by `to`.
+std::string byte_level_with(std::string_view from, std::string_view to) {
   std::string j = kByteLevelJson;
-  std::string pre = j;
-  pre.replace(pre.find("\"type\": \"ByteLevel\""), 19, "\"type\": \"Whitespace\"");
-  expect_load_error<ConfigError>(write("pre.json", pre), "pre_tokenizer.type");
-  std::string model = j;
-  model.replace(model.find("\"type\": \"BPE\""), 13, "\"type\": \"WordPiece\"");
-  expect_load_error<ConfigError>(write("model.json", model), "model.type");
-  std::string norm = j;
-  norm.replace(norm.find("\"type\": \"NFC\""), 13, "\"type\": \"BertNormalizer\"");
-  expect_load_error<ConfigError>(write("norm.json", norm), "normalizer.type");
+  return j.replace(j.find(from), from.size(), to);
+}
+
+TEST_F(TokenizerFiles, UnsupportedComponentsFailAtLoadNamingTheField) {
+  const struct { const char *file, *from, *to, *field; } cases[] = {
+      {"pre.json", R"("type": "ByteLevel")", R"("type": "Whitespace")", "pre_tokenizer.type"},
+      {"model.json", R"("type": "BPE")", R"("type": "WordPiece")", "model.type"},
+      {"norm.json", R"("type": "NFC")", R"("type": "BertNormalizer")", "normalizer.type"},
+  };
+  for (const auto& c : cases) expect_load_error<ConfigError>(write(c.file, byte_level_with(c.from, c.to)), c.field);
 }
 
 TEST_F(TokenizerFiles, MalformedFieldsFailAtLoadNamingTheField) {
-  std::string j = kByteLevelJson;
-  std::string merges = j;
-  merges.replace(merges.find("\"b c\""), 5, "\"b z\"");
-  expect_load_error<FormatError>(write("merges.json", merges), "model.merges[0]");
-  std::string id = j;
-  id.replace(id.find("\"a\": 0"), 6, "\"a\": -4");
-  expect_load_error<FormatError>(write("id.json", id), "model.vocab");
+  const std::string j = kByteLevelJson;
+  expect_load_error<FormatError>(write("merges.json", byte_level_with(R"("b c")", R"("b z")")), "model.merges[0]");
+  expect_load_error<FormatError>(write("id.json", byte_level_with(R"("a": 0)", R"("a": -4)")), "model.vocab");
   expect_load_error<FormatError>(write("trunc.json", j.substr(0, j.size() / 2)), "invalid JSON");
   std::string regex = R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a"}, "behavior": "Isolated", "invert": false},
                           "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})";

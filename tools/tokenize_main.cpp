@@ -81,29 +81,31 @@ int main(int argc, char** argv) {
   bool split_nul = false, no_special = false, skip_special = false, stream = false, timing = false;
   int repeat = 1;
 
-  auto add_common = [&](CLI::App* sub) {
+  // Every subcommand loads a tokenizer; those given `input_help` also read an input and write an output.
+  auto subcommand = [&](const char* name, const char* about, const char* input_help, const char* output_help) {
+    CLI::App* sub = app.add_subcommand(name, about);
     sub->add_option("-t,--tokenizer", tokenizer_path, "tokenizer.json")->required();
     sub->add_option("-c,--config", config_path, "tokenizer_config.json (default: beside it)");
+    if (input_help) {
+      sub->add_option("-i,--input", input, input_help)->required();
+      sub->add_option("-o,--output", output, output_help);
+    }
+    return sub;
   };
-  CLI::App* enc = app.add_subcommand("encode", "text file -> one line of ids per document");
-  add_common(enc);
-  enc->add_option("-i,--input", input, "UTF-8 text file")->required();
-  enc->add_option("-o,--output", output, "ids file ('-' = stdout)");
+  CLI::App* enc = subcommand("encode", "text file -> one line of ids per document", "UTF-8 text file",
+                             "ids file ('-' = stdout)");
   enc->add_flag("--split-nul", split_nul, "documents are separated by NUL bytes");
   enc->add_flag("--no-special", no_special, "do not add the post-processor's special tokens");
   enc->add_flag("--time", timing, "print encode throughput as JSON on stderr");
   enc->add_option("--repeat", repeat, "encode the input this many times (timing)")
       ->check(CLI::Range(1, 1000));
 
-  CLI::App* dec = app.add_subcommand("decode", "ids file (one line per document) -> text");
-  add_common(dec);
-  dec->add_option("-i,--input", input, "ids file")->required();
-  dec->add_option("-o,--output", output, "text file, documents separated by NUL ('-' = stdout)");
+  CLI::App* dec = subcommand("decode", "ids file (one line per document) -> text", "ids file",
+                             "text file, documents separated by NUL ('-' = stdout)");
   dec->add_flag("--skip-special", skip_special, "drop special added tokens");
   dec->add_flag("--stream", stream, "decode through StreamDecoder, one id at a time");
 
-  CLI::App* info = app.add_subcommand("info", "print vocabulary size, bos/eos");
-  add_common(info);
+  CLI::App* info = subcommand("info", "print vocabulary size, bos/eos", nullptr, nullptr);
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -22,6 +22,9 @@ import time
 
 import requests
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # bench/, for page_cache
+from page_cache import drop_file_cache  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -90,12 +93,7 @@ def load_test(url, clients, per_client, max_tokens):
 def drop_page_cache(model):
     for f in sorted((pathlib.Path(model) / "experts").glob("*")):
         if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            drop_file_cache(f)
 
 
 QUESTIONS = ["What does the kernel scheduler do?", "Explain virtual memory in one paragraph.",

@@ -2,8 +2,6 @@
 // validation of every field (overflow-safe), checksums and paths.
 #include "loader/format/expert_file.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +10,7 @@
 
 #include <xxhash.h>
 
+#include "common/enum_names.h"
 #include "common/error.h"
 #include "common/file_util.h"
 
@@ -80,22 +79,17 @@ void pread_exact(int fd, void* buf, size_t n, uint64_t off, const std::filesyste
 
 }  // namespace
 
-std::string_view quant_name(QuantType q) {
-  switch (q) {
-    case QuantType::kF32: return "f32";
-    case QuantType::kBF16: return "bf16";
-    case QuantType::kQ8: return "q8";
-    case QuantType::kQ4: return "q4";
-  }
-  return "unknown";
-}
+namespace {
+constexpr EnumName<QuantType> kQuantNames[] = {
+    {QuantType::kF32, "f32"}, {QuantType::kBF16, "bf16"}, {QuantType::kQ8, "q8"}, {QuantType::kQ4, "q4"}};
+}  // namespace
+
+std::string_view quant_name(QuantType q) { return enum_name(kQuantNames, q, "unknown"); }
 
 QuantType parse_quant(std::string_view name) {
-  if (name == "f32") return QuantType::kF32;
-  if (name == "bf16") return QuantType::kBF16;
-  if (name == "q8") return QuantType::kQ8;
-  if (name == "q4") return QuantType::kQ4;
-  throw ConfigError("unknown quant type '" + std::string(name) + "' (expected f32, bf16, q8 or q4)");
+  if (auto q = enum_from_name(kQuantNames, name)) return *q;
+  throw ConfigError("unknown quant type '" + std::string(name) + "' (expected " + enum_name_list(kQuantNames) +
+                    ")");
 }
 
 size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols) {
@@ -211,16 +205,8 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
 }
 
 ExpertFileHeader read_expert_header(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open expert file", path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int saved = errno;
-    ::close(fd);
-    errno = saved;
-    throw_errno("cannot stat", path);
-  }
-  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t file_size = 0;
+  const int fd = open_for_read(path, "expert file", &file_size);
   std::string bytes(std::min<uint64_t>(file_size, kFixedHeaderBytes), '\0');
   pread_exact(fd, bytes.data(), bytes.size(), 0, path);
   if (bytes.size() == kFixedHeaderBytes) {

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/enum_names.h"
 #include "common/error.h"
 #include "common/file_util.h"
 
@@ -79,52 +80,37 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
   return it->get<double>();
 }
 
-Arch parse_arch(const std::string& s, const std::string& where) {
-  if (s == "qwen3_moe") return Arch::kQwen3Moe;
-  if (s == "olmoe") return Arch::kOlmoe;
-  if (s == "mixtral") return Arch::kMixtral;
-  throw ConfigError(where + ": field 'architecture' is '" + s +
-                    "', expected qwen3_moe, olmoe or mixtral");
-}
+constexpr EnumName<Arch> kArchNames[] = {
+    {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"}};
+constexpr EnumName<QkNorm> kQkNormNames[] = {
+    {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 
-std::string_view qk_norm_name(QkNorm q) {
-  switch (q) {
-    case QkNorm::kNone: return "none";
-    case QkNorm::kPerHead: return "per_head";
-    case QkNorm::kFull: return "full";
-  }
-  return "none";
+Arch parse_arch(const std::string& s, const std::string& where) {
+  if (auto a = enum_from_name(kArchNames, s)) return *a;
+  throw ConfigError(where + ": field 'architecture' is '" + s + "', expected " + enum_name_list(kArchNames));
 }
 
 }  // namespace
 
-std::string_view arch_name(Arch a) {
-  switch (a) {
-    case Arch::kQwen3Moe: return "qwen3_moe";
-    case Arch::kOlmoe: return "olmoe";
-    case Arch::kMixtral: return "mixtral";
-  }
-  return "unknown";
-}
+std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
 
 nlohmann::json ModelConfig::to_json() const {
-  json j;
-  j["format"] = "moestream";
-  j["format_version"] = kFormatVersion;
-  j["architecture"] = std::string(arch_name(arch));
-  j["vocab_size"] = vocab_size;
-  j["hidden_size"] = hidden_size;
-  j["n_layers"] = n_layers;
-  j["n_heads"] = n_heads;
-  j["n_kv_heads"] = n_kv_heads;
-  j["head_dim"] = head_dim;
-  j["moe_intermediate_size"] = moe_intermediate_size;
-  j["n_experts"] = n_experts;
-  j["n_experts_per_tok"] = n_experts_per_tok;
-  j["norm_topk_prob"] = norm_topk_prob;
-  j["rms_norm_eps"] = rms_norm_eps;
-  j["max_position_embeddings"] = max_position_embeddings;
-  j["qk_norm"] = std::string(qk_norm_name(qk_norm));
+  json j = {{"format", "moestream"},
+            {"format_version", kFormatVersion},
+            {"architecture", std::string(arch_name(arch))},
+            {"vocab_size", vocab_size},
+            {"hidden_size", hidden_size},
+            {"n_layers", n_layers},
+            {"n_heads", n_heads},
+            {"n_kv_heads", n_kv_heads},
+            {"head_dim", head_dim},
+            {"moe_intermediate_size", moe_intermediate_size},
+            {"n_experts", n_experts},
+            {"n_experts_per_tok", n_experts_per_tok},
+            {"norm_topk_prob", norm_topk_prob},
+            {"rms_norm_eps", rms_norm_eps},
+            {"max_position_embeddings", max_position_embeddings},
+            {"qk_norm", std::string(enum_name(kQkNormNames, qk_norm, "none"))}};
   json rope;
   rope["theta"] = rope_theta;
   if (rope_scaling) {
@@ -185,11 +171,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
                                         ") exceeds n_experts (" + std::to_string(c.n_experts) + ")");
   if (!(c.rms_norm_eps > 0)) bad(where, "rms_norm_eps", "must be positive");
 
-  std::string qk = get_str(j, "qk_norm", where);
-  if (qk == "none") c.qk_norm = QkNorm::kNone;
-  else if (qk == "per_head") c.qk_norm = QkNorm::kPerHead;
-  else if (qk == "full") c.qk_norm = QkNorm::kFull;
-  else bad(where, "qk_norm", "is '" + qk + "', expected none, per_head or full");
+  const std::string qk = get_str(j, "qk_norm", where);
+  const std::optional<QkNorm> qk_norm = enum_from_name(kQkNormNames, qk);
+  if (!qk_norm) bad(where, "qk_norm", "is '" + qk + "', expected " + enum_name_list(kQkNormNames));
+  c.qk_norm = *qk_norm;
 
   const json& rope = get_obj(j, "rope", where);
   c.rope_theta = get_num(rope, "theta", where + " rope");

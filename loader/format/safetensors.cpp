@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,24 +36,26 @@ bool parse_dtype(const std::string& s, DType& d) {
   return false;
 }
 
+// n 16-bit floats at src (any alignment) to float through ToF32.
+template <float (*ToF32)(uint16_t)>
+void widen_16bit(const uint8_t* src, uint64_t n, float* dst) {
+  for (uint64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = ToF32(h);
+  }
+}
+
 void convert_to_float(DType d, const uint8_t* src, uint64_t n, float* dst) {
   switch (d) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);
       return;
     case DType::kBF16:
-      for (uint64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = bf16_to_f32(h);
-      }
+      widen_16bit<bf16_to_f32>(src, n, dst);
       return;
     case DType::kF16:
-      for (uint64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = f16_to_f32(h);
-      }
+      widen_16bit<f16_to_f32>(src, n, dst);
       return;
     default:
       MOE_ASSERT(false, "convert_to_float on a non-float dtype");
@@ -102,16 +103,9 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw_errno("cannot open safetensors file", path);
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
-    int saved = errno;
-    ::close(fd_);
-    errno = saved;
-    throw_errno("cannot stat", path);
-  }
-  map_bytes_ = static_cast<size_t>(st.st_size);
+  uint64_t file_bytes = 0;
+  fd_ = open_for_read(path, "safetensors file", &file_bytes);
+  map_bytes_ = static_cast<size_t>(file_bytes);
   auto fail = [&](const std::string& msg) {
     if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
     ::close(fd_);
@@ -119,12 +113,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   };
   if (map_bytes_ < 8) fail("file is " + std::to_string(map_bytes_) + " bytes, too short for a safetensors header");
   void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
-  if (m == MAP_FAILED) {
-    int saved = errno;
-    ::close(fd_);
-    errno = saved;
-    throw_errno("cannot mmap", path);
-  }
+  if (m == MAP_FAILED) close_and_throw_errno(fd_, "cannot mmap", path);
   map_ = static_cast<const uint8_t*>(m);
   uint64_t n;
   std::memcpy(&n, map_, 8);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/error.h"
 #include "common/file_util.h"
 
@@ -48,12 +49,10 @@ uint64_t page_bytes() {
 }  // namespace
 
 std::string_view residency_method_name(ResidencyMethod m) {
-  switch (m) {
-    case ResidencyMethod::kAuto: return "auto";
-    case ResidencyMethod::kCachestat: return "cachestat";
-    case ResidencyMethod::kMincore: return "mincore";
-  }
-  return "?";
+  static constexpr EnumName<ResidencyMethod> kNames[] = {{ResidencyMethod::kAuto, "auto"},
+                                                         {ResidencyMethod::kCachestat, "cachestat"},
+                                                         {ResidencyMethod::kMincore, "mincore"}};
+  return enum_name(kNames, m, "?");
 }
 
 bool cachestat_supported() {

@@ -1,5 +1,6 @@
 // Chat-template parser: splits the source into text and tags with transformers' whitespace rules
 // (trim_blocks, lstrip_blocks, `-` markers), then builds the syntax tree by recursive descent.
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 
@@ -226,16 +227,8 @@ class ExprParser {
     return e;
   }
 
-  ExprP or_expr() {
-    ExprP e = and_expr();
-    while (at_name("or")) e = binary("or", e, (next(), and_expr()));
-    return e;
-  }
-  ExprP and_expr() {
-    ExprP e = not_expr();
-    while (at_name("and")) e = binary("and", e, (next(), not_expr()));
-    return e;
-  }
+  ExprP or_expr() { return left_chain(&ExprParser::and_expr, {"or"}); }
+  ExprP and_expr() { return left_chain(&ExprParser::not_expr, {"and"}); }
   ExprP not_expr() {
     if (at_name("not")) {
       const int line = next().line;
@@ -265,32 +258,11 @@ class ExprParser {
       }
     }
   }
-  ExprP math1() {
-    ExprP e = concat();
-    while (at_op("+") || at_op("-")) {
-      const std::string op = next().text;
-      e = binary(op, e, concat());
-    }
-    return e;
-  }
-  ExprP concat() {
-    ExprP e = math2();
-    while (at_op("~")) e = binary("~", e, (next(), math2()));
-    return e;
-  }
-  ExprP math2() {
-    ExprP e = power();
-    while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
-      const std::string op = next().text;
-      e = binary(op, e, power());
-    }
-    return e;
-  }
-  ExprP power() {
-    ExprP e = unary(true);
-    while (at_op("**")) e = binary("**", e, (next(), unary(true)));
-    return e;
-  }
+  ExprP math1() { return left_chain(&ExprParser::concat, {"+", "-"}); }
+  ExprP concat() { return left_chain(&ExprParser::math2, {"~"}); }
+  ExprP math2() { return left_chain(&ExprParser::power, {"*", "/", "//", "%"}); }
+  ExprP power() { return left_chain(&ExprParser::unary_with_filter, {"**"}); }
+  ExprP unary_with_filter() { return unary(true); }
   ExprP unary(bool with_filter) {
     ExprP e;
     if (at_op("-") || at_op("+")) {
@@ -362,11 +334,7 @@ class ExprParser {
   ExprP postfix(ExprP e) {
     while (true) {
       if (at_op(".")) {
-        const int line = next().line;
-        ExprP a = make(Expr::Kind::kAttr, line);
-        a->name = expect_name();
-        a->args = {e};
-        e = a;
+        e = named_after_op(Expr::Kind::kAttr, e);
       } else if (at_op("[")) {
         const int line = next().line;
         ExprP parts[3];
@@ -419,10 +387,7 @@ class ExprParser {
   ExprP filters(ExprP e) {
     while (true) {
       if (at_op("|")) {
-        const int line = next().line;
-        ExprP f = make(Expr::Kind::kFilter, line);
-        f->name = expect_name();
-        f->args = {e};
+        ExprP f = named_after_op(Expr::Kind::kFilter, e);
         if (at_op("(")) call_args(*f);
         e = f;
       } else if (at_name("is")) {
@@ -461,6 +426,26 @@ class ExprParser {
     e->literal = std::move(v);
     return e;
   }
+  // `operand (op operand)*` for the operators `ops` of one precedence level (words like "or" or
+  // symbols), grouped to the left: a - b - c is (a - b) - c.
+  ExprP left_chain(ExprP (ExprParser::*operand)(), std::initializer_list<const char*> ops) {
+    ExprP e = (this->*operand)();
+    while (std::any_of(ops.begin(), ops.end(), [&](const char* op) { return at_op(op) || at_name(op); })) {
+      const std::string op = next().text;
+      e = binary(op, e, (this->*operand)());
+    }
+    return e;
+  }
+
+  // `e . name` or `e | name`: consumes the operator and the name; e is the node's first argument.
+  ExprP named_after_op(Expr::Kind kind, ExprP e) {
+    const int line = next().line;
+    ExprP n = make(kind, line);
+    n->name = expect_name();
+    n->args = {std::move(e)};
+    return n;
+  }
+
   ExprP binary(const std::string& op, ExprP a, ExprP b) {
     ExprP e = make(Expr::Kind::kBinary, a->line);
     e->name = op;

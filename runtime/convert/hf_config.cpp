@@ -109,6 +109,26 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   c.rope_scaling = s;
 }
 
+// The MoE fields every architecture has, under its own names and defaults.
+struct MoeKeys {
+  const char* intermediate;
+  const char *experts, *experts_alt;  // the architecture's own key first
+  double rms_norm_eps, rope_theta;
+  QkNorm qk_norm;
+};
+
+MoeKeys moe_keys(Arch a) {
+  switch (a) {
+    case Arch::kQwen3Moe:
+      return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kPerHead};
+    case Arch::kOlmoe:
+      return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
+    case Arch::kMixtral:
+      break;
+  }
+  return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 1e6, QkNorm::kNone};
+}
+
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
@@ -133,47 +153,32 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0))
       unsupported(where, k, "(shared experts)");
 
+  const MoeKeys k = moe_keys(c.arch);
+  c.moe_intermediate_size = req_int(hf, k.intermediate, where);
+  c.n_experts = req_int_any(hf, {k.experts, k.experts_alt}, where);
+  c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
+  // Mixtral renormalises the top-k weights by construction.
+  c.norm_topk_prob = c.arch == Arch::kMixtral || opt_bool(hf, "norm_topk_prob", where, false);
+  c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, k.rms_norm_eps);
+  c.qk_norm = k.qk_norm;
+  read_rope(hf, c, k.rope_theta, where);
   switch (c.arch) {
-    case Arch::kQwen3Moe: {
-      c.moe_intermediate_size = req_int(hf, "moe_intermediate_size", where);
-      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
-      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
-      c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
-      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-6);
-      c.qk_norm = QkNorm::kPerHead;
-      read_rope(hf, c, 10000.0, where);
+    case Arch::kQwen3Moe:
       if (opt_int(hf, "decoder_sparse_step", where, 1) != 1)
         unsupported(where, "decoder_sparse_step", "!= 1 (dense MLP layers)");
       if (const json* m = find(hf, "mlp_only_layers"); m && !(m->is_array() && m->empty()))
         unsupported(where, "mlp_only_layers", m->dump() + " (dense MLP layers)");
       if (opt_bool(hf, "use_sliding_window", where, false)) unsupported(where, "use_sliding_window", "true");
       break;
-    }
-    case Arch::kOlmoe: {
-      c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
-      c.n_experts = req_int_any(hf, {"num_experts", "num_local_experts"}, where);
-      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
-      c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, false);
-      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);
-      c.qk_norm = QkNorm::kFull;
-      read_rope(hf, c, 10000.0, where);
+    case Arch::kOlmoe:
       if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());
       break;
-    }
-    case Arch::kMixtral: {
-      c.moe_intermediate_size = req_int(hf, "intermediate_size", where);
-      c.n_experts = req_int_any(hf, {"num_local_experts", "num_experts"}, where);
-      c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
-      c.norm_topk_prob = true;  // Mixtral renormalises the top-k weights by construction
-      c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, 1e-5);
-      c.qk_norm = QkNorm::kNone;
-      read_rope(hf, c, 1e6, where);
+    case Arch::kMixtral:
       // A window at least as long as the context never masks anything.
       if (const json* w = find(hf, "sliding_window");
           w && !(w->is_number_integer() && w->get<long long>() >= c.max_position_embeddings))
         unsupported(where, "sliding_window", w->dump() + " (< max_position_embeddings)");
       break;
-    }
   }
   const int default_head_dim = c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);

@@ -19,6 +19,12 @@ void JsonFields::unsupported(const std::string& path, const std::string& what) c
   throw ConfigError(file_ + ": field '" + path + "': " + what);
 }
 
+void JsonFields::unsupported_type(const std::string& path, const char* component, const std::string& type,
+                                  const char* supported) const {
+  unsupported(join_path(path, "type"),
+              "unsupported " + std::string(component) + " '" + type + "' (supported: " + supported + ")");
+}
+
 void JsonFields::expect_object(const Json& v, const std::string& path) const {
   if (!v.is_object()) bad(path, std::string("expected an object, found ") + kind_name(v));
 }
@@ -83,6 +89,19 @@ bool JsonFields::bool_or(const Json& obj, const char* key, const std::string& pa
 
 std::string JsonFields::type_of(const Json& obj, const std::string& path) const {
   return str(at(obj, "type", path), join_path(path, "type"));
+}
+
+ReplaceFields read_replace(const JsonFields& f, const Json& obj, const std::string& path) {
+  ReplaceFields r;
+  const Json& pattern = f.at(obj, "pattern", path);
+  r.pattern_path = join_path(path, "pattern");
+  r.content = f.str(f.at(obj, "content", path), join_path(path, "content"));
+  if (const Json* s = f.find(pattern, "String", r.pattern_path)) {
+    r.literal = f.str(*s, join_path(r.pattern_path, "String"));
+  } else {
+    r.regex = f.find(pattern, "Regex", r.pattern_path);
+  }
+  return r;
 }
 
 }  // namespace moestream::tok

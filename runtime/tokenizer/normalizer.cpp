@@ -195,31 +195,18 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j, const JsonFields& f,
     return std::make_unique<Prepend>(f.str(f.at(j, "prepend", path), join_path(path, "prepend")));
   }
   if (type == "Replace") {
-    const Json& pat = f.at(j, "pattern", path);
-    std::string pat_path = join_path(path, "pattern");
-    std::string content = f.str(f.at(j, "content", path), join_path(path, "content"));
-    if (const Json* s = f.find(pat, "String", pat_path)) {
-      return std::make_unique<ReplaceLiteral>(f.str(*s, join_path(pat_path, "String")), content);
+    ReplaceFields r = read_replace(f, j, path);
+    if (r.literal) return std::make_unique<ReplaceLiteral>(std::move(*r.literal), std::move(r.content));
+    if (r.regex) {
+      const std::string rp = join_path(r.pattern_path, "Regex");
+      return std::make_unique<ReplaceRegex>(f.str(*r.regex, rp), std::move(r.content), f.file() + ": " + rp);
     }
-    if (const Json* r = f.find(pat, "Regex", pat_path)) {
-      std::string rp = join_path(pat_path, "Regex");
-      return std::make_unique<ReplaceRegex>(f.str(*r, rp), content, f.file() + ": " + rp);
-    }
-    f.bad(pat_path, "expected {\"String\": ...} or {\"Regex\": ...}");
+    f.bad(r.pattern_path, "expected {\"String\": ...} or {\"Regex\": ...}");
   }
-  if (type == "Sequence") {
-    const Json& list = f.at(j, "normalizers", path);
-    std::string lp = join_path(path, "normalizers");
-    f.expect_array(list, lp);
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      steps.push_back(make_normalizer(list[i], f, index_path(lp, i)));
-    }
-    return std::make_unique<Sequence>(std::move(steps));
-  }
-  f.unsupported(join_path(path, "type"),
-                "unsupported normalizer '" + type +
-                    "' (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence)");
+  if (type == "Sequence")
+    return std::make_unique<Sequence>(
+        sequence_steps<Normalizer>(f, j, "normalizers", path, make_normalizer));
+  f.unsupported_type(path, "normalizer", type, "NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
 }
 
 }  // namespace moestream::tok

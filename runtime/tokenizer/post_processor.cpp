@@ -71,16 +71,12 @@ void build(const Json& j, const JsonFields& f, const std::string& path, PostProc
     return;
   }
   if (type == "Sequence") {
-    const Json& list = f.at(j, "processors", path);
-    std::string lp = join_path(path, "processors");
-    f.expect_array(list, lp);
-    for (size_t i = 0; i < list.size(); ++i) build(list[i], f, index_path(lp, i), pp);
+    f.for_each_in(j, "processors", path,
+                  [&](const Json& step, const std::string& sp) { build(step, f, sp, pp); });
     return;
   }
-  f.unsupported(join_path(path, "type"),
-                "unsupported post_processor '" + type +
-                    "' (supported: TemplateProcessing, ByteLevel, RobertaProcessing, "
-                    "BertProcessing, Sequence)");
+  f.unsupported_type(path, "post_processor", type,
+                     "TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence");
 }
 
 }  // namespace

@@ -314,19 +314,10 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const JsonFields
   if (type == "Digits") {
     return std::make_unique<DigitsPre>(f.bool_or(j, "individual_digits", path, false));
   }
-  if (type == "Sequence") {
-    const Json& list = f.at(j, "pretokenizers", path);
-    std::string lp = join_path(path, "pretokenizers");
-    f.expect_array(list, lp);
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      steps.push_back(make_pre_tokenizer(list[i], f, index_path(lp, i)));
-    }
-    return std::make_unique<SequencePre>(std::move(steps));
-  }
-  f.unsupported(join_path(path, "type"),
-                "unsupported pre_tokenizer '" + type +
-                    "' (supported: Split, ByteLevel, Metaspace, Digits, Sequence)");
+  if (type == "Sequence")
+    return std::make_unique<SequencePre>(
+        sequence_steps<PreTokenizer>(f, j, "pretokenizers", path, make_pre_tokenizer));
+  f.unsupported_type(path, "pre_tokenizer", type, "Split, ByteLevel, Metaspace, Digits, Sequence");
 }
 
 }  // namespace moestream::tok

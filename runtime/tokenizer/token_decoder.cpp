@@ -236,28 +236,15 @@ std::unique_ptr<TokenDecoder> make_token_decoder(const Json& j, const JsonFields
                                       static_cast<size_t>(stop));
   }
   if (type == "Replace") {
-    const Json& pat = f.at(j, "pattern", path);
-    std::string pp = join_path(path, "pattern");
-    std::string content = f.str(f.at(j, "content", path), join_path(path, "content"));
-    if (const Json* s = f.find(pat, "String", pp)) {
-      return std::make_unique<ReplaceDec>(f.str(*s, join_path(pp, "String")), content);
-    }
-    f.unsupported(pp, "only {\"String\": ...} patterns are supported in a Replace decoder");
+    ReplaceFields r = read_replace(f, j, path);
+    if (r.literal) return std::make_unique<ReplaceDec>(std::move(*r.literal), std::move(r.content));
+    f.unsupported(r.pattern_path, "only {\"String\": ...} patterns are supported in a Replace decoder");
   }
-  if (type == "Sequence") {
-    const Json& list = f.at(j, "decoders", path);
-    std::string lp = join_path(path, "decoders");
-    f.expect_array(list, lp);
-    std::vector<std::unique_ptr<TokenDecoder>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      steps.push_back(make_token_decoder(list[i], f, index_path(lp, i)));
-    }
-    return std::make_unique<SequenceDec>(std::move(steps));
-  }
-  f.unsupported(join_path(path, "type"),
-                "unsupported decoder '" + type +
-                    "' (supported: ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, "
-                    "Sequence)");
+  if (type == "Sequence")
+    return std::make_unique<SequenceDec>(
+        sequence_steps<TokenDecoder>(f, j, "decoders", path, make_token_decoder));
+  f.unsupported_type(path, "decoder", type,
+                     "ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, Sequence");
 }
 
 }  // namespace moestream::tok

@@ -22,6 +22,16 @@ struct EncodeScratch {
   tok::PieceArena arena;
 };
 
+// Replaces `out` by the added tokens of `m` in `text` and the runs of text between them.
+void split_added(const tok::AddedTokenMatcher& m, std::string_view text, std::vector<tok::Segment>& out) {
+  out.clear();
+  if (m.empty()) {
+    if (!text.empty()) out.push_back({text, -1, 0});
+  } else {
+    m.split(text, out);
+  }
+}
+
 }  // namespace
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
@@ -36,12 +46,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   ids.reserve(text.size() / 3 + 8);
   auto cache = im.model->lock_cache();
 
-  s.segments.clear();
-  if (im.raw_matcher.empty()) {
-    if (!text.empty()) s.segments.push_back({text, -1, 0});
-  } else {
-    im.raw_matcher.split(text, s.segments);
-  }
+  split_added(im.raw_matcher, text, s.segments);
   for (const tok::Segment& seg : s.segments) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
@@ -52,12 +57,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       std::string& buf = s.arena.emplace_back();
       if (im.normalizer->normalize(seg.text, buf)) normed = buf;
     }
-    s.normalized_segments.clear();
-    if (im.normalized_matcher.empty()) {
-      if (!normed.empty()) s.normalized_segments.push_back({normed, -1, 0});
-    } else {
-      im.normalized_matcher.split(normed, s.normalized_segments);
-    }
+    split_added(im.normalized_matcher, normed, s.normalized_segments);
     for (const tok::Segment& ns : s.normalized_segments) {
       if (ns.id >= 0) {
         ids.push_back(ns.id);

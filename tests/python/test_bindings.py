@@ -22,17 +22,14 @@ FIXTURE = ROOT / "tests" / "fixtures" / "olmoe"
 PROMPT = "The river"
 
 
-def _exe(name):
-    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-    if not exe.exists():
-        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-    return exe
-
-
-def run(name, *args):
-    r = subprocess.run([str(_exe(name)), *map(str, args)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return r
+@pytest.fixture(scope="module")
+def run(tool):
+    """run(name, *args): a CLI of the build that must succeed (see conftest.tool)."""
+    def checked(name, *args):
+        r = tool(name, *args)
+        assert r.returncode == 0, r.stderr
+        return r
+    return checked
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +48,7 @@ def model(demo):
 
 
 @pytest.fixture(scope="module")
-def olmoe_f32(tmp_path_factory):
+def olmoe_f32(run, tmp_path_factory):
     if not (FIXTURE / "reference.json").exists():
         pytest.skip(f"fixture {FIXTURE} absent")
     out = tmp_path_factory.mktemp("bind_olmoe") / "olmoe_f32"
@@ -59,7 +56,7 @@ def olmoe_f32(tmp_path_factory):
     return out
 
 
-def test_logits_equal_transformers_and_greedy_ids_equal_infer(olmoe_f32):
+def test_logits_equal_transformers_and_greedy_ids_equal_infer(run, olmoe_f32):
     # infer cannot print logits: its greedy ids are compared, the logits against transformers'.
     ref = json.loads((FIXTURE / "reference.json").read_text())
     m = moestream.Model(olmoe_f32, threads=2)
@@ -76,7 +73,7 @@ def test_logits_equal_transformers_and_greedy_ids_equal_infer(olmoe_f32):
         assert np.array_equal(m.logits(prompt), got)  # a second call starts from an empty cache
 
 
-def test_generate_text_equals_infer_and_stream_pieces_join_to_it(model, demo):
+def test_generate_text_equals_infer_and_stream_pieces_join_to_it(run, model, demo):
     text = model.generate(PROMPT, 24, temperature=0)
     cli = run("infer", "-m", demo, "-t", 2, "-p", PROMPT, "-n", 24, "--temp", 0)
     assert cli.stdout == PROMPT + text + "\n"
@@ -85,7 +82,7 @@ def test_generate_text_equals_infer_and_stream_pieces_join_to_it(model, demo):
     assert "".join(pieces) == text
 
 
-def test_seeded_sampling_is_reproducible_and_matches_infer(model, demo):
+def test_seeded_sampling_is_reproducible_and_matches_infer(run, model, demo):
     a = model.generate(PROMPT, 16, temperature=1.0, top_p=0.9, seed=7)
     assert a == model.generate(PROMPT, 16, temperature=1.0, top_p=0.9, seed=7)
     cli = run("infer", "-m", demo, "-t", 2, "-p", PROMPT, "-n", 16, "--temp", 1.0, "--top-p", 0.9,
@@ -114,7 +111,7 @@ def test_generation_releases_the_gil(model):
     assert spins > 10000, (spins, elapsed)
 
 
-def test_perplexity_equals_infer(model, demo, tmp_path):
+def test_perplexity_equals_infer(run, model, demo, tmp_path):
     text = (DEMO / "heldout_head.txt").read_text()[:1500]
     f = tmp_path / "t.txt"
     f.write_text(text)
@@ -196,7 +193,7 @@ def test_cache_aware_at_tolerance_zero_changes_nothing(demo, model):
     assert s["enabled"] is True and s["routings"] > 0 and s["substitutions"] == 0
 
 
-def test_routing_log_columns_equal_infer_collect_routing(demo, tmp_path):
+def test_routing_log_columns_equal_infer_collect_routing(run, demo, tmp_path):
     py_log, cli_log = tmp_path / "py.bin", tmp_path / "cli.bin"
     m = moestream.Model(demo, threads=2, collect_routing=py_log)
     m.generate(PROMPT, 6, temperature=0, ignore_eos=True)
@@ -247,7 +244,7 @@ def test_corrupt_log_raises_format_error_and_truncated_tail_warns(routing_log, t
     assert isinstance(e.value, OSError) and "absent.bin" in str(e.value)
 
 
-def test_cluster_equals_cluster_experts_and_cost_model_agrees(demo, routing_log, tmp_path):
+def test_cluster_equals_cluster_experts_and_cost_model_agrees(run, demo, routing_log, tmp_path):
     res = moestream.cluster(demo, [routing_log], method="greedy", evaluate=routing_log)
     cli = json.loads(run("cluster_experts", "--routing", routing_log, "--model", demo, "--method", "greedy",
                          "--evaluate", routing_log, "--json").stdout)

@@ -3,29 +3,15 @@ logs append across runs, clustering + repack keeps the output tokens, and bad in
 another model, a corrupt log, a map that is not a permutation) exits 1 with a clear message, and
 the order depends on the inputs only (a move budget, no clock)."""
 import json
-import os
 import pathlib
 import shutil
 import struct
-import subprocess
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
 PROMPT = "1,9,25,300,17,4,88,1024"
-
-
-def _exe(name):
-    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-    if not exe.exists():
-        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-    return exe
-
-
-def run(name, *args):
-    return subprocess.run([str(_exe(name)), *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture
@@ -37,12 +23,12 @@ def model(tmp_path):
     return dst
 
 
-def tokens(model_dir, log=None):
+def tokens(tool, model_dir, log=None):
     args = ["-m", model_dir, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
             "--ignore-eos"]
     if log:
         args += ["--collect-routing", log]
-    r = run("infer", *args)
+    r = tool("infer", *args)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -87,87 +73,87 @@ def xxh64(data, seed=0):
 RECORD = 24 + 6 * 4 + 8  # demo: top-4, no router inputs
 
 
-def test_routing_log_appends_and_repack_keeps_tokens(model, tmp_path):
+def test_routing_log_appends_and_repack_keeps_tokens(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    want = tokens(model, log)
+    want = tokens(tool, model, log)
     size1 = log.stat().st_size
     assert size1 == 64 + 8 * (8 + 12 - 1) * RECORD  # 8 layers, prompt + 11 fed-back tokens
-    tokens(model, log)
+    tokens(tool, model, log)
     assert log.stat().st_size == 64 + 2 * (size1 - 64)  # appended, header once
 
-    r = run("cluster_experts", "--routing", log, "--model", model, "--method", "seriation",
-            "--repack", "--json", "--search-moves", "3000")
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--method", "seriation",
+             "--repack", "--json", "--search-moves", "3000")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["repacked"] is True
     assert summary["train"]["chosen"]["read_ops_per_token"] <= summary["train"]["identity"]["read_ops_per_token"]
     assert all((model / "experts" / f"layer_{l:03d}.map").exists() for l in range(8))
     assert not (model / "experts.repack").exists()
-    assert tokens(model) == want
-    r = run("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
-            "--ignore-eos", "--io", "uring")
+    assert tokens(tool, model) == want
+    r = tool("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
+             "--ignore-eos", "--io", "uring")
     assert r.returncode == 0 and r.stdout.strip() == want, r.stderr
 
 
-def test_log_of_another_model_is_refused(model, tmp_path):
+def test_log_of_another_model_is_refused(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    tokens(model, log)
+    tokens(tool, model, log)
     cfg = json.loads((model / "model.json").read_text())
     cfg["rms_norm_eps"] = 1e-5  # another model: model.json differs
     (model / "model.json").write_text(json.dumps(cfg))
-    r = run("cluster_experts", "--routing", log, "--model", model)
+    r = tool("cluster_experts", "--routing", log, "--model", model)
     assert r.returncode == 1
     assert "routing log of another model" in r.stderr and str(log) in r.stderr
-    r = run("infer", "-m", model, "--prompt-ids", "1,2", "-n", "1", "--print-ids",
-            "--collect-routing", log)
+    r = tool("infer", "-m", model, "--prompt-ids", "1,2", "-n", "1", "--print-ids",
+             "--collect-routing", log)
     assert r.returncode == 1 and "another model" in r.stderr
 
 
-def test_corrupt_log_is_refused_and_truncated_tail_warned(model, tmp_path):
+def test_corrupt_log_is_refused_and_truncated_tail_warned(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    tokens(model, log)
+    tokens(tool, model, log)
     data = bytearray(log.read_bytes())
     cut = tmp_path / "cut.bin"
     cut.write_bytes(bytes(data[:-7]))
-    r = run("cluster_experts", "--routing", cut, "--model", model, "--search-moves", "1000")
+    r = tool("cluster_experts", "--routing", cut, "--model", model, "--search-moves", "1000")
     assert r.returncode == 0, r.stderr
     assert "truncated tail" in r.stderr
     data[64 + RECORD + 26] ^= 0xFF  # second record's ids
     log.write_bytes(bytes(data))
-    r = run("cluster_experts", "--routing", log, "--model", model)
+    r = tool("cluster_experts", "--routing", log, "--model", model)
     assert r.returncode == 1
     assert "corrupt routing record" in r.stderr and f"offset {64 + RECORD}" in r.stderr
 
 
-def test_xxh64_matches_a_map_written_by_cluster_experts(model, tmp_path):
+def test_xxh64_matches_a_map_written_by_cluster_experts(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    tokens(model, log)
-    r = run("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / "maps",
-            "--search-moves", "1000")
+    tokens(tool, model, log)
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / "maps",
+             "--search-moves", "1000")
     assert r.returncode == 0, r.stderr
     data = (tmp_path / "maps" / "experts" / "layer_000.map").read_bytes()
     assert struct.unpack("<Q", data[-8:])[0] == xxh64(data[:-8])
 
 
-def test_map_that_is_not_a_permutation_is_refused(model, tmp_path):
+def test_map_that_is_not_a_permutation_is_refused(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    tokens(model, log)
+    tokens(tool, model, log)
     slots = list(range(32))
     slots[3] = 7  # slot 7 twice
     body = b"MOEXMAP\0" + struct.pack("<II", 1, 32) + struct.pack("<32I", *slots)
     (model / "experts" / "layer_002.map").write_bytes(body + struct.pack("<Q", xxh64(body)))
-    r = run("cluster_experts", "--routing", log, "--model", model)
+    r = tool("cluster_experts", "--routing", log, "--model", model)
     assert r.returncode == 1
     assert "layer_002.map" in r.stderr and "not a permutation" in r.stderr
 
 
-def test_same_inputs_give_the_same_maps_and_the_budget_is_reported(model, tmp_path):
+def test_same_inputs_give_the_same_maps_and_the_budget_is_reported(tool, model, tmp_path):
     log = tmp_path / "r.bin"
-    tokens(model, log)
+    tokens(tool, model, log)
     outs = []
     for i in range(2):
-        r = run("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / f"m{i}",
-                "--search-moves", "2000", "--io-direct", "--direct-max-read-kb", "128", "--json")
+        r = tool("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / f"m{i}",
+                 "--search-moves", "2000", "--io-direct", "--direct-max-read-kb", "128", "--json")
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout))
     for l in range(8):
@@ -179,6 +165,6 @@ def test_same_inputs_give_the_same_maps_and_the_budget_is_reported(model, tmp_pa
     # 2,000 moves a layer, 8 layers, seriation only (identity and greedy do not search)
     assert 0 < outs[0]["search"]["moves"] <= 8 * 2000
     assert outs[0]["search"]["max_moves_per_layer"] == 2000
-    r = run("cluster_experts", "--help")
+    r = tool("cluster_experts", "--help")
     assert "--search-moves" in r.stdout and "--search-seconds" not in r.stdout
     assert "--direct-max-read-kb" in r.stdout and "--io-direct" in r.stdout

@@ -1,0 +1,91 @@
+#include "tests/support/test_model.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "common/file_util.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_file_writer.h"
+#include "loader/format/expert_map.h"
+
+namespace fs = std::filesystem;
+
+namespace moestream::test {
+
+ModelConfig tiny_moe_config(const TinyShape& s) {
+  ModelConfig c;
+  c.arch = Arch::kQwen3Moe;
+  c.qk_norm = QkNorm::kPerHead;
+  c.expert_quant = s.quant;
+  c.vocab_size = s.vocab;
+  c.hidden_size = s.hidden;
+  c.n_layers = s.layers;
+  c.n_heads = s.heads;
+  c.n_kv_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.moe_intermediate_size = s.intermediate;
+  c.n_experts = s.experts;
+  c.n_experts_per_tok = s.top_k;
+  c.max_position_embeddings = s.max_positions;
+  return c;
+}
+
+uint64_t expert_slot_bytes(const ModelConfig& cfg) {
+  const uint64_t expert = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
+                                             size_t(cfg.moe_intermediate_size)).bytes;
+  return (expert + 4095) / 4096 * 4096;
+}
+
+Payloads write_layer_files(const fs::path& dir, const ModelConfig& cfg, uint32_t seed, bool permute) {
+  fs::create_directories(expert_file_path(dir, 0).parent_path());
+  std::mt19937 rng(seed);
+  Payloads all(size_t(cfg.n_layers));
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    std::vector<uint32_t> perm(size_t(cfg.n_experts));
+    std::iota(perm.begin(), perm.end(), 0u);
+    if (permute) std::shuffle(perm.begin(), perm.end(), rng);
+    ExpertFileWriter w(expert_file_path(dir, l), cfg.expert_quant, l, cfg.n_experts, cfg.hidden_size,
+                       cfg.moe_intermediate_size);
+    for (int e = 0; e < cfg.n_experts; ++e) {
+      std::vector<uint8_t> p(w.layout().bytes);
+      for (auto& b : p) b = static_cast<uint8_t>(rng());
+      w.write_expert(perm[size_t(e)], p.data());
+      all[size_t(l)].push_back(std::move(p));
+    }
+    w.finish();
+    if (permute) write_expert_map(expert_map_path(dir, l), ExpertMap::from_slots(perm));
+  }
+  cfg.save(dir);
+  return all;
+}
+
+void overwrite_bytes(const fs::path& file, uint64_t offset, std::string_view bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f) throw_errno("open for patching", file);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw_errno("patch", file);
+}
+
+bool have_tool(const std::string& tool) { return fs::exists(fs::path(MOESTREAM_BIN_DIR) / tool); }
+
+CliResult run_tool(const std::string& tool, const std::string& args, bool with_stderr) {
+  const std::string cmd = (fs::path(MOESTREAM_BIN_DIR) / tool).string() + " " + args +
+                          (with_stderr ? " 2>&1" : " 2>/dev/null");
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+}  // namespace moestream::test

@@ -1,0 +1,60 @@
+// Setup shared by the C++ tests: tiny model configs, packed layer files with known payloads,
+// in-place corruption of a file, typed error messages and the CLIs of the build tree.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.h"
+#include "loader/format/model_config.h"
+
+namespace moestream::test {
+
+// The dimensions a test picks for a small Qwen3-MoE model (per-head q/k norm). Fields in
+// ModelConfig's order, so a test names only what it changes: tiny_moe_config({.hidden = 37}).
+struct TinyShape {
+  int vocab = 61, hidden = 48, layers = 2, heads = 4, kv_heads = 2, head_dim = 12;
+  int intermediate = 40, experts = 8, top_k = 2, max_positions = 128;
+  QuantType quant = QuantType::kQ8;
+};
+ModelConfig tiny_moe_config(const TinyShape& s);
+
+// Bytes of one expert slot of cfg's layer files: the expert rounded up to 4 KiB.
+uint64_t expert_slot_bytes(const ModelConfig& cfg);
+
+using Payloads = std::vector<std::vector<std::vector<uint8_t>>>;  // [layer][logical expert]
+
+// Writes dir/model.json and experts/layer_NNN.bin with random payloads drawn from `seed`; with
+// `permute`, logical expert e goes to a shuffled physical slot and a layer_NNN.map records it.
+Payloads write_layer_files(const std::filesystem::path& dir, const ModelConfig& cfg, uint32_t seed,
+                           bool permute = false);
+
+// Overwrites bytes in place at `offset` (the file keeps its size): corruption for load tests.
+void overwrite_bytes(const std::filesystem::path& file, uint64_t offset, std::string_view bytes);
+
+// The message of the E that f() throws; "<no exception>" when it returns (another exception
+// type propagates and fails the test).
+template <class E = Error>
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+// A CLI of the build tree: `tool` in MOESTREAM_BIN_DIR.
+struct CliResult {
+  int status = -1;  // exit status; -1 when it did not run or was killed
+  std::string output;
+};
+bool have_tool(const std::string& tool);
+// Runs `tool args`, capturing stdout, and stderr too with `with_stderr` (else discarded).
+CliResult run_tool(const std::string& tool, const std::string& args, bool with_stderr = false);
+
+}  // namespace moestream::test
