@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "loader/format/routing_log.h"
 #include "loader/store/engine_expert_store.h"
 #include "loader/format/model_config.h"
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
       ids.assign(r.ids.begin(), r.ids.end());
       auto t0 = std::chrono::steady_clock::now();
       store->fetch(r.layer, ids, out);
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      seconds += seconds_since(t0);
     }
     const ExpertStoreStats st = store->stats();
     std::printf("{\"model\": \"%s\", \"tokens\": %zu, \"us_per_token\": %.1f, \"read_ops_per_token\": %.3f, "

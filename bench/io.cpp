@@ -28,12 +28,12 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/timing.h"
 #include "loader/io/io_engine.h"
 #include "loader/io/residency.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -68,10 +68,6 @@ uint64_t parse_size(const std::string& s) {
   if (unit == "M" || unit == "m") return v << 20;
   if (unit.empty()) return v;
   throw ConfigError("bad block size '" + s + "' (expected e.g. 4K, 1M)");
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 struct AlignedBuf {

@@ -11,17 +11,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/timing.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/quant_kernels.h"
 
 using namespace moestream;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Times fn() call by call until `budget` seconds pass. Returns {median, best} calls per second:
 // the machine is shared, so the median says what a run sees and the best what the code can do.

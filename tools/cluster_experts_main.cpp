@@ -15,6 +15,7 @@
 #include "cluster/repack.h"
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/routing_log.h"
@@ -142,7 +143,7 @@ int run(const Args& a) {
         std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %llu moves in %d passes, %s, %.1f s)\n",
                      l + 1, stats.size(), names[m], (unsigned long long)st.moves, st.passes,
                      st.converged ? "no move left that helps" : "stopped by the move budget",
-                     std::chrono::duration<double>(clock::now() - t0).count());
+                     seconds_since(t0));
     }
   }
   const auto& chosen = slots[2];

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/timing.h"
 #include "runtime/convert/model_shapes.h"
 #include "runtime/convert/synthetic_model.h"
 #include "tools/tool_main.h"
@@ -115,7 +116,7 @@ int run(const Args& a) {
     fs::rename(tmp, out);
   }
   fsync_dir(parent);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = seconds_since(t0);
   const uint64_t expert_bytes =
       ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size)).bytes;
   std::printf("model %s\nshape %s\nlayers %d\nquant %s\ndense_bytes %llu\nexpert_file_bytes %llu\n"

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/timing.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace {
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeat; ++r) {
         for (size_t d = 0; d < docs.size(); ++d) all[d] = tok.encode(docs[d], !no_special);
       }
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double secs = moestream::seconds_since(t0);
       size_t n_ids = 0;
       for (const auto& ids : all) {
         for (size_t k = 0; k < ids.size(); ++k) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
 #include "loader/store/host_cache.h"
@@ -232,10 +233,6 @@ class EngineExpertStore final : public ExpertStore {
   static IoEngineOptions two_lanes(IoEngineOptions o) {
     o.max_batches_in_flight = std::max(2u, o.max_batches_in_flight);
     return o;
-  }
-
-  static double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // Every position of `ids` that names item k becomes ready.

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/timing.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/expert_layer_file.h"
 #include "loader/store/expert_store.h"
@@ -70,7 +71,7 @@ class PreadExpertStore final : public ExpertStore {
       if (opts_.verify_checksums) {
         auto c0 = std::chrono::steady_clock::now();
         uint64_t got = expert_checksum(dst, layout_.bytes);
-        stats_.checksum_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        stats_.checksum_seconds += seconds_since(c0);
         uint64_t want = L.header.slot_checksums[slot];
         if (got != want)
           throw expert_checksum_error(L, slot, layout_.bytes, got);
@@ -80,7 +81,7 @@ class PreadExpertStore final : public ExpertStore {
       stats_.bytes_transferred += layout_.bytes;
     }
     // One synchronous pread per expert, no coalescing; all of the time is waited for.
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double waited = seconds_since(t0);
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
     stats_.experts_read += ids.size();
@@ -96,7 +97,6 @@ class PreadExpertStore final : public ExpertStore {
   struct Layer : ExpertLayerFile {
     int fd = -1;
   };
-
 
   static void read_exact(const Layer& L, uint8_t* dst, size_t n, uint64_t off) {
     size_t done = 0;

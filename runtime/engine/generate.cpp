@@ -7,13 +7,11 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/timing.h"
 
 namespace moestream {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
 
 GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
@@ -32,10 +33,6 @@ constexpr int kMaxExpertsPerAcquire = 16;
 // Share of free VRAM the automatic expert-cache budget may take: the rest is headroom for the
 // cache's staging/scratch buffers, cuBLAS workspaces and other processes.
 constexpr double kAutoBudgetShare = 0.8;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 void cublas_check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
@@ -182,7 +183,7 @@ GpuPrefetchWorker::JobState GpuPrefetchWorker::wait_issued(const Job& j, uint64_
     ++waits;
     const auto t0 = std::chrono::steady_clock::now();
     cv_host_.wait(lk, [&] { return j.state == JobState::kIssued || j.state == JobState::kFailed; });
-    wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wait_s += seconds_since(t0);
   }
   return j.state;
 }

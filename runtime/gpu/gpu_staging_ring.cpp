@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
@@ -145,7 +146,7 @@ uint64_t GpuStagingRing::read_and_upload(ExpertStore& store, int layer, const st
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool any = store.next_ready(&index, &payload, true);
-    tel.demand_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    tel.demand_wait_s += seconds_since(t0);
     if (!any) break;
     landed.clear();
     take();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "runtime/model/attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
@@ -15,9 +16,6 @@
 namespace moestream {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
 
 struct CpuForward::Impl {

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/timing.h"
 #include "kernels/cpu/quant.h"
 
 namespace moestream {
@@ -21,10 +22,6 @@ constexpr size_t kMaxExpertsPerFetch = 16;
 // rows (input of width F) keep it under ~5% while decode still yields ~50 tasks per stage.
 constexpr size_t kGateUpSlice = 128;
 constexpr size_t kDownSlice = 256;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Checked where the first member sized by top-k is built, before anything is allocated.
 int check_top_k(const ModelConfig& cfg) {

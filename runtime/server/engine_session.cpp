@@ -1,4 +1,5 @@
 // Implementation of runtime/server/engine_session.h.
+#include "common/timing.h"
 #include "runtime/server/engine_session.h"
 
 #include <algorithm>
@@ -10,9 +11,6 @@
 namespace moestream {
 
 namespace {
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The model's counters run across requests (like its residency); a request's share is the
 // difference of two snapshots.
@@ -49,7 +47,7 @@ void EngineSession::run(Job& job) {
   const JobParams& p = job.params();
   JobResult r;
   r.prompt_tokens = int(p.prompt.size());
-  r.queue_s = since(job.created());
+  r.queue_s = seconds_since(job.created());
   try {
     Sampler sampler(p.sampler);
     const CacheAwareStats ca0 = model_.cache_aware_stats();
@@ -61,7 +59,7 @@ void EngineSession::run(Job& job) {
       model_.reset();
       throw;
     }
-    r.prefill_s = since(t0);
+    r.prefill_s = seconds_since(t0);
     auto t1 = std::chrono::steady_clock::now();
     std::optional<StreamDecoder> decoder;
     if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/true);
@@ -90,7 +88,7 @@ void EngineSession::run(Job& job) {
     }
     if (decoder && r.finish_reason != "cancelled" && !stop.stopped())
       job.push_text(stop.feed(decoder->flush()) + stop.flush());
-    r.decode_s = since(t1);
+    r.decode_s = seconds_since(t1);
     if (model_.cache_aware().enabled) r.cache_aware = minus(model_.cache_aware_stats(), ca0);
     metrics_.request_done(r, model_.expert_stats());
     job.finish(r);
