@@ -111,4 +111,23 @@ void ThreadPool::run(size_t n_tasks, TaskFn fn, void* ctx) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void ThreadPool::run_on_each(void (*fn)(void*), void* ctx) {
+  // size() tasks, none of which finishes before all have started: a thread claims its next task
+  // only after finishing the last, so each thread runs exactly one.
+  struct Barrier {
+    void (*fn)(void*);
+    void* ctx;
+    std::atomic<size_t> started{0};
+    size_t n;
+  } b{fn, ctx, {}, size_t(size())};
+  parallel_for(b.n, [&b](size_t) {
+    b.fn(b.ctx);
+    b.started.fetch_add(1, std::memory_order_acq_rel);
+    for (size_t s = b.started.load(std::memory_order_acquire); s != b.n;
+         s = b.started.load(std::memory_order_acquire))
+      b.started.wait(s, std::memory_order_acquire);
+    b.started.notify_all();
+  });
+}
+
 }  // namespace moestream

@@ -24,6 +24,15 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // Calls fn() exactly once on every thread of the pool, the caller included (e.g. to size
+  // per-thread scratch before the first timed step). Returns when all have run.
+  template <class Fn>
+  void on_each_thread(Fn&& fn) {
+    using F = std::remove_reference_t<Fn>;
+    run_on_each(+[](void* ctx) { (*static_cast<F*>(ctx))(); },
+                const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
   // Calls fn(i) for every i in [0, n_tasks), spread over the pool; returns when all are done.
   // The first exception thrown by fn is rethrown here after every task has finished.
   // Not reentrant: one parallel_for at a time per pool.
@@ -44,6 +53,7 @@ class ThreadPool {
     std::atomic<size_t> n_tasks{0};
   };
   void run(size_t n_tasks, TaskFn fn, void* ctx);
+  void run_on_each(void (*fn)(void*), void* ctx);
   void worker_loop();
   void work_on(uint64_t generation);  // claims and runs tasks of that generation while any remain
 

@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/thread_pool.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -43,5 +47,22 @@ TEST(ReadFile, MissingFileNamesThePath) {
     FAIL() << "expected IoError";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/moestream/file"), std::string::npos);
+  }
+}
+
+TEST(ThreadPool, OnEachThreadRunsOnceOnEveryThreadCallerIncluded) {
+  for (int n : {1, 2, 5}) {
+    ThreadPool pool(n);
+    for (int round = 0; round < 20; ++round) {  // workers asleep or spinning alike
+      std::mutex mu;
+      std::multiset<std::thread::id> ran;
+      pool.on_each_thread([&] {
+        std::lock_guard<std::mutex> lock(mu);
+        ran.insert(std::this_thread::get_id());
+      });
+      ASSERT_EQ(ran.size(), size_t(n));
+      EXPECT_EQ(std::set<std::thread::id>(ran.begin(), ran.end()).size(), size_t(n));
+      EXPECT_EQ(ran.count(std::this_thread::get_id()), 1u);
+    }
   }
 }

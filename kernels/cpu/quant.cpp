@@ -215,24 +215,44 @@ void matvec_scalar(QuantType q, const uint8_t* w, size_t cols, const float* x,
 
 }  // namespace detail
 
+namespace {
+
+// Per-thread scratch of quant_matvec (threads call it concurrently on disjoint row ranges): the
+// input rounded to int8 blocks, sized for `cols` columns. Growing only, so a thread that has
+// seen the widest input (or reserve_matvec_scratch) never allocates again.
+struct MatvecScratch {
+  std::vector<float> d, sum;
+  std::vector<int8_t> q, pair;
+  std::vector<uint8_t> abs;
+  void fit(size_t cols) {
+    const size_t nb = n_blocks(cols);
+    if (d.size() < nb) d.resize(nb);
+    if (sum.size() < nb) sum.resize(nb);
+    if (q.size() < nb * kQuantBlock) q.resize(nb * kQuantBlock);
+    if (abs.size() < nb * kQuantBlock) abs.resize(nb * kQuantBlock);
+    if (pair.size() < nb / 2 * 2 * kQuantBlock) pair.resize(nb / 2 * 2 * kQuantBlock);
+  }
+};
+
+MatvecScratch& matvec_scratch() {
+  thread_local MatvecScratch s;
+  return s;
+}
+
+}  // namespace
+
+void reserve_matvec_scratch(size_t max_cols) { matvec_scratch().fit(max_cols); }
+
 void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, float* y,
                   size_t row_begin, size_t row_end) {
   if (row_begin >= row_end) return;
   detail::QuantizedActivations xa;
-  // Per-thread scratch: threads call this concurrently on disjoint row ranges.
-  thread_local std::vector<float> d_buf, sum_buf;
-  thread_local std::vector<int8_t> q_buf, pair_buf;
-  thread_local std::vector<uint8_t> abs_buf;
   if (q == QuantType::kQ8 || q == QuantType::kQ4) {
-    const size_t nb = n_blocks(cols);
-    d_buf.resize(nb);
-    sum_buf.resize(nb);
-    q_buf.resize(nb * kQuantBlock);
-    abs_buf.resize(nb * kQuantBlock);
-    pair_buf.resize(nb / 2 * 2 * kQuantBlock);
+    MatvecScratch& s = matvec_scratch();
+    s.fit(cols);
     auto quantize = detail::avx2_usable() ? detail::quantize_activations_avx2 : detail::quantize_activations;
-    quantize(x, cols, d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(), pair_buf.data());
-    xa = {d_buf.data(), q_buf.data(), abs_buf.data(), sum_buf.data(), pair_buf.data()};
+    quantize(x, cols, s.d.data(), s.q.data(), s.abs.data(), s.sum.data(), s.pair.data());
+    xa = {s.d.data(), s.q.data(), s.abs.data(), s.sum.data(), s.pair.data()};
   }
   if (detail::avx2_usable()) detail::matvec_avx2(q, w, cols, x, xa, y, row_begin, row_end);
   else detail::matvec_scalar(q, w, cols, x, xa, y, row_begin, row_end);

@@ -21,6 +21,12 @@ void dequantize_matrix(QuantType q, const uint8_t* src, size_t rows, size_t cols
 void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, float* y,
                   size_t row_begin, size_t row_end);
 
+// Sizes the calling thread's quant_matvec scratch (the int8-rounded input) for inputs of up to
+// max_cols columns, so later calls on this thread allocate nothing. Call it on every thread that
+// will run quant_matvec (ThreadPool::on_each_thread); without it the first call on each thread
+// allocates.
+void reserve_matvec_scratch(size_t max_cols);
+
 // True when the AVX2/FMA kernels are in use (the CPU has them and they were compiled in).
 bool quant_simd_available();
 

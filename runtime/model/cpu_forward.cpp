@@ -2,11 +2,13 @@
 // residuals, final norm and lm_head, for one chunk of at most max_batch tokens.
 #include "runtime/model/cpu_forward.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
 #include "common/error.h"
 #include "common/timing.h"
+#include "kernels/cpu/quant.h"
 #include "runtime/model/attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
@@ -39,6 +41,10 @@ struct CpuForward::Impl {
     tmp.resize(max_batch, cfg.hidden_size);
     cos.resize(size_t(max_batch) * size_t(rope.half_dim()));
     sin.resize(cos.size());
+    // Every pool thread sizes its matvec scratch now, so a decode step allocates nothing even
+    // on a thread that first takes a task many steps in (as on a loaded machine).
+    const size_t widest = size_t(std::max(cfg.hidden_size, cfg.moe_intermediate_size));
+    pool.on_each_thread([widest] { reserve_matvec_scratch(widest); });
   }
 };
 
