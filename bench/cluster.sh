@@ -80,6 +80,15 @@ fi
 python3 - "$WORK" "$ROUNDS" "$QDS" <<'PY'
 import json, statistics, sys
 work, rounds, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+
+
+def replay(name):
+    """Median us/token, read ops/token, each round's us/token and tokens of replay_{name}_<round>.json."""
+    runs = [json.load(open(f"{work}/replay_{name}_{r}.json")) for r in range(1, rounds + 1)]
+    return (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
+            [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+
+
 c = json.load(open(f"{work}/cluster.json"))
 print(f"io profile: {c['io_profile']['op_latency_us']:.1f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s;"
       f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B;"
@@ -96,9 +105,7 @@ for trace in ("train", "heldout"):
 for qd in qds:
     res = {}
     for m in ("identity", "clustered"):
-        runs = [json.load(open(f"{work}/replay_{m}_qd{qd}_{r}.json")) for r in range(1, rounds + 1)]
-        res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
-                  [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+        res[m] = replay(f"{m}_qd{qd}")
     print(f"measured cold replay (io_uring 1 ring, QD {qd}, O_DIRECT, no host cache), held-out, "
           f"{res['identity'][3]} tokens, median of {rounds}:")
     for m in ("identity", "clustered"):
@@ -116,9 +123,7 @@ if os.path.exists(f"{work}/syn_cluster.json"):
               f"({100*(x['read_ops_per_token']/base['read_ops_per_token']-1):+.1f}%) {x['modelled_us_per_token']:9.1f} us/tok")
     res = {}
     for m in ("syn_identity", "syn_clustered"):
-        runs = [json.load(open(f"{work}/replay_{m}_{r}.json")) for r in range(1, rounds + 1)]
-        res[m] = (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
-                  [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
+        res[m] = replay(m)
         print(f"  measured {m:14} {res[m][0]:9.1f} us/token {res[m][1]:6.2f} ops/token runs {res[m][2]}"
               f" ({res[m][3]} tokens, QD 32, 1 ring)")
     print(f"  clustered vs identity: {100*(res['syn_clustered'][0]/res['syn_identity'][0]-1):+.1f}% time")

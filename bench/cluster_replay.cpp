@@ -10,6 +10,7 @@
 #include "common/timing.h"
 #include "loader/format/routing_log.h"
 #include "loader/store/engine_expert_store.h"
+#include "loader/store/store_options.h"
 #include "loader/format/model_config.h"
 #include "runtime/convert/synthetic_model.h"
 
@@ -42,31 +43,26 @@ int main(int argc, char** argv) {
   try {
     if (!write_synthetic.empty()) {
       const RoutingLogHeader h = read_routing_log(log_path).header;
-      ModelConfig c;
-      c.arch = Arch::kQwen3Moe;
-      c.vocab_size = 256;
-      c.hidden_size = hidden;
-      c.n_layers = int(h.n_layers);
-      c.n_heads = 4;
-      c.n_kv_heads = 2;
-      c.head_dim = 32;
-      c.moe_intermediate_size = ffn;
-      c.n_experts = int(h.n_experts);
-      c.n_experts_per_tok = int(h.top_k);
-      c.max_position_embeddings = 512;
-      c.qk_norm = QkNorm::kPerHead;
-      c.expert_quant = QuantType::kQ8;
+      const ModelConfig c = make_model_config(
+          Arch::kQwen3Moe,
+          {.vocab = 256, .hidden = hidden, .layers = int(h.n_layers), .heads = 4, .kv_heads = 2, .head_dim = 32,
+           .expert_width = ffn, .experts = int(h.n_experts), .top_k = int(h.top_k), .max_positions = 512},
+          QkNorm::kPerHead, QuantType::kQ8);
       write_synthetic_model(write_synthetic, c, 77);
       std::fprintf(stderr, "cluster_replay: wrote %s\n", write_synthetic.c_str());
       return 0;
     }
     if (model.empty()) throw ConfigError("--model is required");
     const ModelConfig cfg = ModelConfig::load(model);
-    EngineExpertStoreOptions so;
-    so.io.direct = direct;
-    so.io.queue_depth = qd;
-    so.io.n_rings = rings;
-    so.host_cache_bytes = 0;  // every fetch is a cold read from the device
+    StoreConfig sc;
+    sc.io = io;
+    sc.io_direct = direct;
+    sc.io_qd = qd;
+    sc.io_rings = rings;
+    sc.host_cache_mb = 0;  // every fetch is a cold read from the device
+    EngineExpertStoreOptions so = build_store_options(sc);
+    // Not a user option, so StoreConfig lacks it: the residency probes would add two system calls
+    // per miss to the reads this tool times.
     so.count_page_cache_hits = false;
     auto store = open_expert_store(io, model, cfg, so);
     const RoutingLog log = read_routing_log(log_path);

@@ -17,7 +17,7 @@
 #include "common/file_util.h"
 #include <nlohmann/json.hpp>
 
-#include "loader/store/engine_expert_store.h"
+#include "loader/store/store_options.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "kernels/cpu/quant.h"
@@ -129,21 +129,12 @@ int main(int argc, char** argv) {
     }
     std::vector<Row> rows;
     for (QuantType q : {QuantType::kQ4, QuantType::kQ8}) {
-      ModelConfig cfg;
-      cfg.arch = Arch::kQwen3Moe;
-      cfg.vocab_size = vocab;
-      cfg.hidden_size = hidden;
-      cfg.n_layers = layers;
-      cfg.n_heads = heads;
-      cfg.n_kv_heads = kv_heads;
-      cfg.head_dim = head_dim;
-      cfg.moe_intermediate_size = ffn;
-      cfg.n_experts = experts;
-      cfg.n_experts_per_tok = top_k;
-      cfg.max_position_embeddings = 4096;
-      cfg.qk_norm = QkNorm::kPerHead;
+      ModelConfig cfg = make_model_config(
+          Arch::kQwen3Moe,
+          {.vocab = vocab, .hidden = hidden, .layers = layers, .heads = heads, .kv_heads = kv_heads,
+           .head_dim = head_dim, .expert_width = ffn, .experts = experts, .top_k = top_k, .max_positions = 4096},
+          QkNorm::kPerHead, q);
       cfg.rope_theta = 1e6;
-      cfg.expert_quant = q;
       const fs::path dir = root / std::string(quant_name(q));
       const double tw = now_s();
       // A model left by an earlier run with --dir and the same shapes is reused.
@@ -157,9 +148,10 @@ int main(int argc, char** argv) {
       mo.n_threads = threads;
       mo.max_context = 512;
       mo.verify_checksums = verify;
-      EngineExpertStoreOptions so;
-      so.store.verify_checksums = verify;
-      auto model = Model::load(dir, mo, open_expert_store(io, dir, ModelConfig::load(dir), so));
+      StoreConfig sc;
+      sc.io = io;
+      sc.verify_checksums = verify;
+      auto model = Model::load(dir, mo, open_store_for(dir, ModelConfig::load(dir), sc));
       Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
       std::vector<int> prompt{1, 2, 3, 4, 5, 6, 7, 8};
       GenerateOptions go;

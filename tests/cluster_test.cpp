@@ -22,6 +22,7 @@
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 namespace moestream::cluster {
 namespace {
@@ -330,21 +331,7 @@ TEST(Ordering, SameInputsGiveTheSameOrderAndTheMoveBudgetBoundsTheWork) {
 }
 
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 61;
-  c.hidden_size = 64;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.moe_intermediate_size = 40;
-  c.n_experts = 8;
-  c.n_experts_per_tok = 3;
-  c.max_position_embeddings = 64;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = QuantType::kQ8;
-  return c;
+  return test::tiny_moe_config({.hidden = 64, .layers = 3, .head_dim = 16, .top_k = 3, .max_positions = 64});
 }
 
 std::vector<ExpertMap> random_maps(int n_layers, uint32_t n, uint32_t seed) {

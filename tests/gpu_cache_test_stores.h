@@ -17,18 +17,12 @@
 #include "loader/format/expert_file.h"
 #include "loader/format/model_config.h"
 #include "loader/store/expert_store.h"
+#include "tests/support/test_model.h"
 
 namespace moestream::gpu_cache_test {
 
 inline ModelConfig small_config() {
-  ModelConfig c;
-  c.n_layers = 3;
-  c.n_experts = 16;
-  c.n_experts_per_tok = 4;
-  c.hidden_size = 64;
-  c.moe_intermediate_size = 96;
-  c.expert_quant = QuantType::kQ8;
-  return c;
+  return test::tiny_moe_config({.hidden = 64, .layers = 3, .intermediate = 96, .experts = 16, .top_k = 4});
 }
 
 inline size_t expert_bytes(const ModelConfig& c) {

@@ -56,18 +56,28 @@ TEST(LfruPolicy, WarmResidentSurvivesPredictionForNeverSeenExpert) {
   EXPECT_EQ(p.stats().evictions, 0u);
 }
 
-TEST(LfruPolicy, OnceDemandedResidentIsEvictedForPrediction) {
-  auto p = one_class(1);
-  demand(p, 0, 1);
-  const auto r = p.access({0, 5}, CacheFill::kSpeculative);
-  ASSERT_EQ(r.outcome, CacheOutcome::kFilled);
-  EXPECT_EQ(evicted_layer(r), 0);
-  EXPECT_EQ(evicted_expert(r), 0);
-  EXPECT_FALSE(r.slot_allocated);  // the slot is reused in place
-  EXPECT_EQ(p.slot_of({0, 5}), r.slot);
-  EXPECT_EQ(p.slot_of({0, 0}), -1);
-  EXPECT_EQ(p.stats().speculative_fills, 1u);
-  EXPECT_EQ(p.stats().evictions, 1u);
+// The fills that evict the only resident: a prediction once the resident was demanded just once
+// (never guarded), a demand fill even when the resident is warm.
+TEST(LfruPolicy, OnceDemandedResidentIsEvictedForPredictionAndWarmOneForDemand) {
+  struct Case {
+    CacheFill kind;
+    int resident_demands;
+  };
+  for (const Case c : {Case{CacheFill::kSpeculative, 1}, Case{CacheFill::kDemand, 50}}) {
+    const bool speculative = c.kind == CacheFill::kSpeculative;
+    SCOPED_TRACE(speculative ? "prediction" : "demand");
+    auto p = one_class(1);
+    demand(p, 0, c.resident_demands);
+    const auto r = p.access({0, 5}, c.kind);
+    ASSERT_EQ(r.outcome, CacheOutcome::kFilled);
+    EXPECT_EQ(evicted_layer(r), 0);
+    EXPECT_EQ(evicted_expert(r), 0);
+    EXPECT_FALSE(r.slot_allocated);  // the slot is reused in place
+    EXPECT_EQ(p.slot_of({0, 5}), r.slot);
+    EXPECT_EQ(p.slot_of({0, 0}), -1);
+    EXPECT_EQ(p.stats().speculative_fills, speculative ? 1u : 0u);
+    EXPECT_EQ(p.stats().evictions, 1u);
+  }
 }
 
 // heat_v > 1.25 * heat_p + 4 keeps the resident; equality does not.
@@ -85,14 +95,6 @@ TEST(LfruPolicy, GuardNeedsHeatAboveQuarterMorePlusFour) {
   auto p = one_class(1);
   demand(p, 0, 1);
   EXPECT_EQ(p.access({0, 9}, CacheFill::kSpeculative).outcome, CacheOutcome::kFilled);
-}
-
-TEST(LfruPolicy, DemandFillEvictsEvenAWarmResident) {
-  auto p = one_class(1);
-  demand(p, 0, 50);
-  const auto r = p.access({0, 3}, CacheFill::kDemand);
-  EXPECT_EQ(r.outcome, CacheOutcome::kFilled);
-  EXPECT_EQ(evicted_expert(r), 0);
 }
 
 TEST(LfruPolicy, PinnedSlotsAreNeverVictims) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "loader/store/host_cache.h"
 #include "loader/store/lfu_policy.h"
@@ -51,28 +52,28 @@ TEST(LfuPolicy, DefaultAgingHalvesCountsEveryEightUsesPerSlot) {
   EXPECT_EQ(p.count(k(1)), 8u);
 }
 
-TEST(LfuPolicy, EvictsTheLeastFrequentlyUsedKey) {
-  LfuPolicy p(2, 1000);
-  for (int i = 0; i < 3; ++i) use(p, 1);
-  use(p, 2);
-  std::optional<ExpertKey> ev;
-  EXPECT_TRUE(use(p, 3, &ev).has_value());  // 2 (count 1) goes, not 1 (count 3), though 1 is older
-  ASSERT_TRUE(ev.has_value());
-  EXPECT_EQ(ev->expert, 2);
-  EXPECT_TRUE(resident(p, 1));
-  EXPECT_FALSE(resident(p, 2));
-}
-
-TEST(LfuPolicy, LeastRecentlyUsedGoesFirstAmongEqualCounts) {
-  LfuPolicy p(2, 1000);
-  use(p, 1);
-  use(p, 2);
-  std::optional<ExpertKey> ev;
-  use(p, 3, &ev);  // 1 and 2 both count 1; 1 was used longer ago
-  ASSERT_TRUE(ev.has_value());
-  EXPECT_EQ(ev->expert, 1);
-  EXPECT_TRUE(resident(p, 2));
-  EXPECT_TRUE(resident(p, 3));
+// Which key a full two-slot cache gives up for key 3 after each history of uses.
+TEST(LfuPolicy, EvictsTheLeastFrequentlyUsedKeyThenTheLeastRecentlyUsed) {
+  struct Case {
+    const char* why;
+    std::vector<int> history;
+    int evicted, kept;
+  };
+  const Case cases[] = {
+      {"2 (count 1) goes, not 1 (count 3), though 1 is older", {1, 1, 1, 2}, 2, 1},
+      {"1 and 2 both count 1; 1 was used longer ago", {1, 2}, 1, 2},
+  };
+  for (const Case& c : cases) {
+    LfuPolicy p(2, 1000);
+    for (int key : c.history) use(p, key);
+    std::optional<ExpertKey> ev;
+    EXPECT_TRUE(use(p, 3, &ev).has_value()) << c.why;
+    ASSERT_TRUE(ev.has_value()) << c.why;
+    EXPECT_EQ(ev->expert, c.evicted) << c.why;
+    EXPECT_FALSE(resident(p, c.evicted)) << c.why;
+    EXPECT_TRUE(resident(p, c.kept)) << c.why;
+    EXPECT_TRUE(resident(p, 3)) << c.why;
+  }
 }
 
 TEST(LfuPolicy, OneOffKeyNeverDisplacesAWarmResident) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,29 +16,14 @@
 #include "loader/format/model_config.h"
 #include "loader/store/store_options.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
 
 namespace {
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.vocab_size = 50;
-  c.hidden_size = 96;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 40;
-  c.n_experts = 8;
-  c.n_experts_per_tok = 2;
-  c.max_position_embeddings = 128;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = QuantType::kQ8;
-  return c;
-}
+ModelConfig tiny_config() { return test::tiny_moe_config({.vocab = 50, .hidden = 96, .head_dim = 8}); }
 
 // Collects notices (the engine may call from its threads).
 struct Notices {
@@ -177,48 +163,54 @@ TEST(StoreOptions, HostCacheWithBufferedReadsWarnsOfDoubleCaching) {
   EXPECT_TRUE(contains(n.lines[0], "do not apply")) << n.lines[0];
 }
 
-TEST(StoreOptions, OpensTheNamedStoreWithTheEngineNoticesOnTheSamePath) {
-  TempDir d("store_options");
-  const ModelConfig cfg = tiny_config();
-  write_synthetic_model(d.path(), cfg, 5);
+// A small packed model on disk, and stores opened over it with their notices collected.
+class StoreOptionsOnModel : public ::testing::Test {
+ protected:
+  void SetUp() override { write_synthetic_model(dir_.path(), cfg_, 5); }
+  std::unique_ptr<ExpertStore> open(const StoreConfig& c) {
+    return open_store_for(dir_.path(), cfg_, c, OptionSpelling::kCli, notices_.fn());
+  }
+  std::vector<std::string> notice_lines() {  // so far (the engine may add from its threads)
+    std::lock_guard lock(notices_.mu);
+    return notices_.lines;
+  }
 
+  TempDir dir_{"store_options"};
+  const ModelConfig cfg_ = tiny_config();
+  Notices notices_;
+};
+
+TEST_F(StoreOptionsOnModel, OpensTheNamedStoreWithTheEngineNoticesOnTheSamePath) {
   StoreConfig c;
   c.io = "simple";
-  EXPECT_EQ(open_store_for(d.path(), cfg, c)->describe(), "one pread per expert");
+  EXPECT_EQ(open_store_for(dir_.path(), cfg_, c)->describe(), "one pread per expert");
 
   // mmap cannot read O_DIRECT: the engine says so, through the builder's sink.
   c.io = "mmap";
   c.io_direct = true;
   c.max_read_kb = 128;
-  Notices n;
-  auto store = open_store_for(d.path(), cfg, c, OptionSpelling::kCli, n.fn());
+  auto store = open(c);
   const std::string desc = store->describe();
   EXPECT_TRUE(contains(desc, "engine mmap")) << desc;
   EXPECT_TRUE(contains(desc, "max read 128 KiB")) << desc;
-  std::lock_guard lock(n.mu);
-  ASSERT_EQ(n.lines.size(), 1u);
-  EXPECT_TRUE(contains(n.lines[0], "O_DIRECT does not apply to the mmap backend")) << n.lines[0];
+  const std::vector<std::string> lines = notice_lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(contains(lines[0], "O_DIRECT does not apply to the mmap backend")) << lines[0];
 }
 
-TEST(StoreOptions, DirectReadCapReachesTheStore) {
-  TempDir d("store_options");
-  const ModelConfig cfg = tiny_config();
-  write_synthetic_model(d.path(), cfg, 6);
+TEST_F(StoreOptionsOnModel, DirectReadCapReachesTheStore) {
   StoreConfig c;
   c.io = "pread";
   c.io_direct = true;
   c.direct_max_read_kb = 8;
-  Notices n;
-  auto store = open_store_for(d.path(), cfg, c, OptionSpelling::kCli, n.fn());
+  auto store = open(c);
+  if (const auto lines = notice_lines(); !lines.empty())
+    GTEST_SKIP() << "O_DIRECT refused on this filesystem: " << lines[0];
   const std::string desc = store->describe();
-  {
-    std::lock_guard lock(n.mu);
-    if (!n.lines.empty()) GTEST_SKIP() << "O_DIRECT refused on this filesystem: " << n.lines[0];
-  }
   EXPECT_TRUE(contains(desc, "O_DIRECT 8 KiB")) << desc;
   // An expert longer than the cap is read in several pieces.
-  const uint64_t expert_bytes = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
-                                                   size_t(cfg.moe_intermediate_size)).bytes;
+  const uint64_t expert_bytes = ExpertLayout::make(cfg_.expert_quant, size_t(cfg_.hidden_size),
+                                                   size_t(cfg_.moe_intermediate_size)).bytes;
   ASSERT_GT(expert_bytes, 8u << 10);
   const std::vector<int> ids{0};
   std::vector<const uint8_t*> out;

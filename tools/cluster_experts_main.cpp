@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/cluster_inputs.h"
 #include "cluster/coactivation.h"
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
@@ -19,6 +20,7 @@
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/routing_log.h"
+#include "loader/store/store_options.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
@@ -30,82 +32,24 @@ namespace {
 struct Args {
   std::vector<std::string> routing, evaluate;
   std::string model, method = "seriation", io_profile, maps_out;
-  bool repack = false, json = false, shape_only = false, io_direct = false;
+  bool repack = false, json = false, shape_only = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
   uint64_t search_moves = kDefaultSearchMoves;
-  // The engine's read options, with infer's flags and defaults (tools/engine_cli.cpp).
-  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
+  // The engine's read options, with infer's flags and defaults (coalescing gap, read caps,
+  // O_DIRECT), turned into the engine's options by the store options' one builder.
+  StoreConfig reads;
 };
-
-// The engine's options as infer sets them from the same flags (a 0 KiB gap turns coalescing off).
-IoEngineOptions engine_read_options(const Args& a) {
-  IoEngineOptions o;
-  o.direct = a.io_direct;
-  o.coalesce = a.coalesce_gap_kb > 0;
-  o.coalesce_gap_bytes = a.coalesce_gap_kb << 10;
-  o.max_read_bytes = a.max_read_kb << 10;
-  o.direct_max_read_bytes = a.direct_max_read_kb << 10;
-  return o;
-}
-
-std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
-                                  const fs::path& model, bool shape_only) {
-  std::vector<RoutingLog> logs;
-  for (const std::string& p : paths) {
-    std::fprintf(stderr, "cluster_experts: reading %s\n", p.c_str());
-    RoutingLog log = read_routing_log(p);
-    if (!log.warning.empty()) std::fprintf(stderr, "cluster_experts: warning: %s\n", log.warning.c_str());
-    const RoutingLogHeader& h = log.header;
-    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
-      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) +
-                        ", " + std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) +
-                        " experts) than " + model.string() + " (model_hash " +
-                        std::to_string(want.model_hash) + ", " + std::to_string(want.n_layers) +
-                        " layers, " + std::to_string(want.n_experts) + " experts)");
-    if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
-    logs.push_back(std::move(log));
-  }
-  return logs;
-}
-
-nlohmann::json cost_json(const CostSummary& c) {
-  return {{"tokens", c.tokens}, {"read_ops_per_token", c.ops_per_token},
-          {"bytes_per_token", c.bytes_per_token}, {"modelled_us_per_token", c.modelled_us_per_token}};
-}
 
 int run(const Args& a) {
   const fs::path dir = a.model;
-  if (!fs::is_regular_file(dir / "model.json"))
-    throw IoError(dir.string() + "/model.json does not exist: not a packed model directory");
-  // Model shape from the layer files themselves (cluster/ knows files, not models).
-  std::vector<ExpertFileHeader> headers;
-  for (int l = 0; fs::exists(expert_file_path(dir, l)); ++l) headers.push_back(read_expert_header(expert_file_path(dir, l)));
-  if (headers.empty()) throw IoError(expert_file_path(dir, 0).string() + " does not exist");
-  const ExpertFileHeader& h0 = headers.front();
-  std::vector<ExpertMap> current;
-  for (int l = 0; l < int(headers.size()); ++l) {
-    const ExpertFileHeader& h = headers[size_t(l)];
-    if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
-      throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
-    current.push_back(load_expert_map(dir, l, h.n_experts));  // a bad map is an error here
-  }
-  RoutingLogHeader want;
-  want.model_hash = model_identity_hash(dir);
-  want.n_layers = uint32_t(headers.size());
-  want.n_experts = h0.n_experts;
-
-  SlotGeometry g;
-  g.data_offset = h0.data_offset;
-  g.expert_bytes = h0.expert_bytes;
-  g.expert_stride = h0.expert_stride;
-  g = read_by(g, engine_read_options(a));
-  IoProfile prof;
-  if (!a.io_profile.empty()) prof = load_io_profile(a.io_profile);
-  if (a.op_latency_us > 0) prof.op_latency_us = a.op_latency_us;
-  if (a.bandwidth_gbps > 0) prof.bandwidth_gbps = a.bandwidth_gbps;
+  const PackedLayout layout = read_packed_layout(dir, build_store_options(a.reads).io);
+  const RoutingLogHeader& want = layout.want;
+  const SlotGeometry& g = layout.geometry;
+  const IoProfile prof = io_profile_of(a.io_profile, a.op_latency_us, a.bandwidth_gbps);
   const OrderMethod method = parse_order_method(a.method);
 
-  const std::vector<RoutingLog> train = load_logs(a.routing, want, dir, a.shape_only);
+  auto notice = [](const std::string& line) { std::fprintf(stderr, "cluster_experts: %s\n", line.c_str()); };
+  const std::vector<RoutingLog> train = load_routing_logs(a.routing, want, dir, a.shape_only, notice);
   CoactivationOptions co;
   co.neighbour_weight = a.neighbour_weight;
   const std::vector<LayerStats> stats = coactivation(train, co);
@@ -152,10 +96,7 @@ int run(const Args& a) {
   js["model"] = dir.string();
   js["method"] = a.method;
   js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
-  js["geometry"] = {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
-                    {"coalesce", g.reads.coalesce}, {"gap_bytes", g.reads.gap_bytes},
-                    {"max_read_bytes", g.reads.max_read_bytes},
-                    {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct}};
+  js["geometry"] = geometry_json(g);
   js["search"] = {{"max_moves_per_layer", a.search_moves}, {"moves", moves_total}};
   auto report = [&](const char* set, const std::vector<LayerStats>& st) {
     std::fprintf(stderr, "%-9s %-10s %12s %14s %16s\n", set, "method", "ops/token", "KiB/token", "modelled us/tok");
@@ -168,7 +109,7 @@ int run(const Args& a) {
     }
   };
   report("train", stats);
-  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, want, dir, a.shape_only)));
+  if (!a.evaluate.empty()) report("heldout", coactivation(load_routing_logs(a.evaluate, want, dir, a.shape_only, notice)));
 
   std::vector<ExpertMap> maps;
   for (size_t l = 0; l < chosen.size(); ++l)
@@ -216,14 +157,14 @@ int main(int argc, char** argv) {
   app.add_option("--search-moves", a.search_moves,
                  "local search budget: candidate moves priced per layer (seriation; a count, not a "
                  "clock, so the order is the same on every machine)")->capture_default_str();
-  app.add_option("--coalesce-gap-kb", a.coalesce_gap_kb,
+  app.add_option("--coalesce-gap-kb", a.reads.coalesce_gap_kb,
                  "engine coalescing gap, 0 = no coalescing (as infer --coalesce-gap-kb)")->capture_default_str();
-  app.add_option("--max-read-kb", a.max_read_kb, "engine largest read (as infer --max-read-kb)")->capture_default_str()
+  app.add_option("--max-read-kb", a.reads.max_read_kb, "engine largest read (as infer --max-read-kb)")->capture_default_str()
       ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
-  app.add_option("--direct-max-read-kb", a.direct_max_read_kb,
+  app.add_option("--direct-max-read-kb", a.reads.direct_max_read_kb,
                  "engine largest read with --io-direct (as infer --direct-max-read-kb)")->capture_default_str()
       ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
-  app.add_flag("--io-direct", a.io_direct,
+  app.add_flag("--io-direct", a.reads.io_direct,
                "price reads as the engine issues them with O_DIRECT (as infer --io-direct: block-aligned, "
                "capped by --direct-max-read-kb)");
   return run_tool("cluster_experts", app, argc, argv, [&] { return run(a); });

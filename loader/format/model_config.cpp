@@ -94,6 +94,24 @@ Arch parse_arch(const std::string& s, const std::string& where) {
 
 std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
 
+ModelConfig make_model_config(Arch arch, const ModelSizes& s, QkNorm qk_norm, QuantType expert_quant) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = s.vocab;
+  c.hidden_size = s.hidden;
+  c.n_layers = s.layers;
+  c.n_heads = s.heads;
+  c.n_kv_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.moe_intermediate_size = s.expert_width;
+  c.n_experts = s.experts;
+  c.n_experts_per_tok = s.top_k;
+  c.max_position_embeddings = s.max_positions;
+  c.qk_norm = qk_norm;
+  c.expert_quant = expert_quant;
+  return c;
+}
+
 nlohmann::json ModelConfig::to_json() const {
   json j = {{"format", "moestream"},
             {"format_version", kFormatVersion},

@@ -74,4 +74,15 @@ struct ModelConfig {
 
 std::string_view arch_name(Arch a);  // "qwen3_moe", "olmoe", "mixtral"
 
+// The sizes a model is made of, in ModelConfig's field order: what a known shape, a benchmark's
+// synthetic model or a test picks (all required by model.json, none has a usable default).
+struct ModelSizes {
+  int vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int expert_width = 0, experts = 0, top_k = 0, max_positions = 0;
+};
+
+// A ModelConfig of `arch` with these sizes, QK-norm kind and expert quantisation; every other
+// field keeps ModelConfig's default. The one place that maps ModelSizes onto ModelConfig.
+ModelConfig make_model_config(Arch arch, const ModelSizes& sizes, QkNorm qk_norm, QuantType expert_quant);
+
 }  // namespace moestream

@@ -21,6 +21,7 @@
 #include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
+#include "loader/store/expert_buffer.h"
 #include "loader/store/host_cache.h"
 #include "loader/io/residency.h"
 #include "loader/format/expert_layer_file.h"
@@ -29,10 +30,6 @@ namespace moestream {
 namespace {
 
 constexpr uint64_t kSlotAlign = kExpertAlign;  // O_DIRECT and page granularity
-
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
 
 class EngineExpertStore final : public ExpertStore {
  public:
@@ -222,8 +219,7 @@ class EngineExpertStore final : public ExpertStore {
     std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
     std::vector<int> pinned;               // cache slots this fetch hands out
     std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
-    std::unique_ptr<uint8_t, FreeDeleter> scratch;  // misses the cache does not take
-    size_t scratch_slots = 0;
+    ExpertBuffer scratch;                  // misses the cache does not take
     // Shared with the I/O thread, under mu_.
     std::vector<size_t> landed;  // request indices in landing order
     size_t landed_head = 0;
@@ -305,7 +301,7 @@ class EngineExpertStore final : public ExpertStore {
       }
       it.scratch = n_scratch++;
     }
-    ensure_scratch(f, n_scratch);
+    uint8_t* const scratch = f.scratch.reserve(n_scratch, read_bytes_, kSlotAlign);
     f.reqs.clear();
     f.req_item.clear();
     for (size_t k = 0; k < f.items.size(); ++k) {
@@ -314,7 +310,7 @@ class EngineExpertStore final : public ExpertStore {
         push_ready(f, k);
         continue;
       }
-      if (it.cache_slot < 0) it.data = f.scratch.get() + it.scratch * read_bytes_;
+      if (it.cache_slot < 0) it.data = scratch + it.scratch * read_bytes_;
       const uint64_t off = L.header.slot_offset(it.slot);
       if (L.page_cache && opts_.count_page_cache_hits &&
           L.page_cache->sample(off, layout_.bytes, 2).fully_resident())
@@ -383,14 +379,6 @@ class EngineExpertStore final : public ExpertStore {
     f.ready.clear();
     f.ready_head = f.handed = 0;
     f.reqs.clear();
-  }
-
-  void ensure_scratch(Fetch& f, size_t n) {
-    if (n <= f.scratch_slots) return;
-    void* p = std::aligned_alloc(kSlotAlign, read_bytes_ * n);
-    if (p == nullptr) throw IoError("out of memory for " + std::to_string(n) + " expert buffers");
-    f.scratch.reset(static_cast<uint8_t*>(p));
-    f.scratch_slots = n;
   }
 
   // The I/O threads: run queued batches in order, two at a time; the engine reports each request as it lands,

@@ -15,20 +15,17 @@
 #include "common/timing.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/expert_layer_file.h"
+#include "loader/store/expert_buffer.h"
 #include "loader/store/expert_store.h"
 
 namespace moestream {
 namespace {
 
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-
 class PreadExpertStore final : public ExpertStore {
  public:
   PreadExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                    const ExpertStoreOptions& opts)
-      : model_dir_(model_dir), cfg_(cfg), opts_(opts), quant_(cfg.expert_quant) {
+      : model_dir_(model_dir), cfg_(cfg), opts_(opts) {
     layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
     // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment.
     buf_stride_ = (layout_.bytes + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
@@ -54,17 +51,12 @@ class PreadExpertStore final : public ExpertStore {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     const Layer& L = layers_[layer];
     auto t0 = std::chrono::steady_clock::now();
-    if (ids.size() > buf_slots_) {
-      void* p = std::aligned_alloc(kMatrixAlign, buf_stride_ * ids.size());
-      if (p == nullptr) throw IoError("out of memory for " + std::to_string(ids.size()) + " expert buffers");
-      buf_.reset(static_cast<uint8_t*>(p));
-      buf_slots_ = ids.size();
-    }
+    uint8_t* const buf = buf_.reserve(ids.size(), buf_stride_, kMatrixAlign);
     out.resize(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
       const int id = ids[i];
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
-      uint8_t* dst = buf_.get() + i * buf_stride_;
+      uint8_t* dst = buf + i * buf_stride_;
       const uint32_t slot = L.map.physical(static_cast<uint32_t>(id));
       const uint64_t off = L.header.slot_offset(slot);
       read_exact(L, dst, layout_.bytes, off);
@@ -125,12 +117,10 @@ class PreadExpertStore final : public ExpertStore {
   std::filesystem::path model_dir_;  // for reopen()
   ModelConfig cfg_;
   ExpertStoreOptions opts_;
-  QuantType quant_;
   ExpertLayout layout_;
   size_t buf_stride_ = 0;
   std::vector<Layer> layers_;
-  std::unique_ptr<uint8_t, FreeDeleter> buf_;
-  size_t buf_slots_ = 0;
+  ExpertBuffer buf_;
   ExpertStoreStats stats_;
 };
 

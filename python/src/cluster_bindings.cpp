@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/cluster_inputs.h"
 #include "cluster/coactivation.h"
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
@@ -16,6 +17,7 @@
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/routing_log.h"
+#include "loader/store/store_options.h"
 #include "python/src/bindings.h"
 
 namespace fs = std::filesystem;
@@ -25,87 +27,13 @@ namespace {
 
 using namespace moestream::cluster;
 
-// The model's layer files as cluster_experts sees them: shape, geometry, current maps.
-struct ModelLayout {
-  RoutingLogHeader want;
-  std::vector<ExpertMap> maps;
-  SlotGeometry geometry;
-};
-
-// The engine's read options, from the same arguments and defaults as infer's flags (a 0 KiB gap
-// turns coalescing off).
-struct ReadArgs {
-  uint64_t coalesce_gap_kb = 64, max_read_kb = 1024, direct_max_read_kb = 4096;
-  bool io_direct = false;
-};
-
-IoEngineOptions engine_read_options(const ReadArgs& r) {
-  if (r.max_read_kb < 4) throw ConfigError("max_read_kb must be >= 4, got " + std::to_string(r.max_read_kb));
-  if (r.direct_max_read_kb < 4)
-    throw ConfigError("direct_max_read_kb must be >= 4, got " + std::to_string(r.direct_max_read_kb));
-  IoEngineOptions o;
-  o.direct = r.io_direct;
-  o.coalesce = r.coalesce_gap_kb > 0;
-  o.coalesce_gap_bytes = r.coalesce_gap_kb << 10;
-  o.max_read_bytes = r.max_read_kb << 10;
-  o.direct_max_read_bytes = r.direct_max_read_kb << 10;
-  return o;
-}
-
-ModelLayout read_layout(const fs::path& dir, const ReadArgs& reads) {
-  if (!fs::is_regular_file(dir / "model.json"))
-    throw IoError(dir.string() + "/model.json does not exist: not a packed model directory");
-  const IoEngineOptions io = engine_read_options(reads);
-  std::vector<ExpertFileHeader> headers;
-  for (int l = 0; fs::exists(expert_file_path(dir, l)); ++l) headers.push_back(read_expert_header(expert_file_path(dir, l)));
-  if (headers.empty()) throw IoError(expert_file_path(dir, 0).string() + " does not exist");
-  const ExpertFileHeader& h0 = headers.front();
-  ModelLayout out;
-  for (int l = 0; l < int(headers.size()); ++l) {
-    const ExpertFileHeader& h = headers[size_t(l)];
-    if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
-      throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
-    out.maps.push_back(load_expert_map(dir, l, h.n_experts));
-  }
-  out.want.model_hash = model_identity_hash(dir);
-  out.want.n_layers = uint32_t(headers.size());
-  out.want.n_experts = h0.n_experts;
-  out.geometry.data_offset = h0.data_offset;
-  out.geometry.expert_bytes = h0.expert_bytes;
-  out.geometry.expert_stride = h0.expert_stride;
-  out.geometry = read_by(out.geometry, io);
-  return out;
-}
-
-std::vector<RoutingLog> load_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
-                                  const fs::path& model, bool shape_only) {
-  if (paths.empty()) throw ConfigError("routing: no routing log given");
-  std::vector<RoutingLog> logs;
-  for (const std::string& p : paths) {
-    RoutingLog log = read_routing_log(p);
-    const RoutingLogHeader& h = log.header;
-    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
-      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) + ", " +
-                        std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) + " experts) than " +
-                        model.string() + " (model_hash " + std::to_string(want.model_hash) + ", " +
-                        std::to_string(want.n_layers) + " layers, " + std::to_string(want.n_experts) + " experts)");
-    if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
-    logs.push_back(std::move(log));
-  }
-  return logs;
-}
-
-IoProfile make_profile(const std::optional<fs::path>& io_profile, double op_latency_us, double bandwidth_gbps) {
-  IoProfile prof;
-  if (io_profile) prof = load_io_profile(*io_profile);
-  if (op_latency_us > 0) prof.op_latency_us = op_latency_us;
-  if (bandwidth_gbps > 0) prof.bandwidth_gbps = bandwidth_gbps;
-  return prof;
-}
-
-nlohmann::json cost_json(const CostSummary& c) {
-  return {{"tokens", c.tokens}, {"read_ops_per_token", c.ops_per_token},
-          {"bytes_per_token", c.bytes_per_token}, {"modelled_us_per_token", c.modelled_us_per_token}};
+// The engine's read options from the same keywords and defaults as Model's (a 0 KiB gap turns
+// coalescing off), through the store options' one builder.
+IoEngineOptions engine_read_options(uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
+                                    bool io_direct) {
+  const StoreConfig reads{.io_direct = io_direct, .coalesce_gap_kb = coalesce_gap_kb, .max_read_kb = max_read_kb,
+                          .direct_max_read_kb = direct_max_read_kb};
+  return build_store_options(reads, OptionSpelling::kPython).io;
 }
 
 std::vector<std::string> paths_of(const py::object& routing) {
@@ -131,11 +59,12 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
     py::gil_scoped_release nogil;
     const fs::path dir = model;
     const OrderMethod method = parse_order_method(method_name);
-    ModelLayout lay = read_layout(dir, {coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct});
-    const IoProfile prof = make_profile(io_profile, op_latency_us, bandwidth_gbps);
+    const PackedLayout lay =
+        read_packed_layout(dir, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
+    const IoProfile prof = io_profile_of(io_profile.value_or(fs::path()), op_latency_us, bandwidth_gbps);
     CoactivationOptions co;
     co.neighbour_weight = neighbour_weight;
-    const std::vector<LayerStats> stats = coactivation(load_logs(train_paths, lay.want, dir, shape_only), co);
+    const std::vector<LayerStats> stats = coactivation(load_routing_logs(train_paths, lay.want, dir, shape_only), co);
     LocalSearchOptions ls;
     ls.max_moves = search_moves;
     uint64_t moves = 0;
@@ -156,18 +85,14 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
     js["model"] = dir.string();
     js["method"] = method_name;
     js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
-    const SlotGeometry& g = lay.geometry;
-    js["geometry"] = {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
-                      {"coalesce", g.reads.coalesce}, {"gap_bytes", g.reads.gap_bytes},
-                      {"max_read_bytes", g.reads.max_read_bytes},
-                      {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct}};
+    js["geometry"] = geometry_json(lay.geometry);
     js["search"] = {{"max_moves_per_layer", search_moves}, {"moves", moves}};
     auto report = [&](const char* set, const std::vector<LayerStats>& st) {
       const char* names[] = {"identity", "greedy", "chosen"};
       for (size_t m = 0; m < 3; ++m) js[set][names[m]] = cost_json(model_cost(st, slots[m], lay.geometry, prof));
     };
     report("train", stats);
-    if (!eval_paths.empty()) report("heldout", coactivation(load_logs(eval_paths, lay.want, dir, shape_only)));
+    if (!eval_paths.empty()) report("heldout", coactivation(load_routing_logs(eval_paths, lay.want, dir, shape_only)));
     const auto& chosen = slots[2];
     std::vector<ExpertMap> maps;
     for (size_t l = 0; l < chosen.size(); ++l)
@@ -206,7 +131,8 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
   nlohmann::json js;
   {
     py::gil_scoped_release nogil;
-    ModelLayout lay = read_layout(model, {coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct});
+    const PackedLayout lay =
+        read_packed_layout(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
     if (!slots) {
       for (const ExpertMap& m : lay.maps) {
         std::vector<uint32_t> row(m.size());
@@ -222,8 +148,9 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
       if (row.size() != lay.want.n_experts)
         throw ConfigError("slots: rows of " + std::to_string(row.size()) + " slots, the model has " +
                           std::to_string(lay.want.n_experts) + " experts per layer");
-    const IoProfile prof = make_profile(io_profile, op_latency_us, bandwidth_gbps);
-    js = cost_json(model_cost(coactivation(load_logs(paths, lay.want, model, shape_only)), slot_of, lay.geometry, prof));
+    const IoProfile prof = io_profile_of(io_profile.value_or(fs::path()), op_latency_us, bandwidth_gbps);
+    js = cost_json(
+        model_cost(coactivation(load_routing_logs(paths, lay.want, model, shape_only)), slot_of, lay.geometry, prof));
   }
   return json_to_python(js);
 }

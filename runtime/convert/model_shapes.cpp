@@ -14,23 +14,23 @@ namespace {
 struct Shape {
   const char* name;
   Arch arch;
-  int vocab, hidden, layers, heads, kv_heads, head_dim, expert_width, experts, top_k;
+  ModelSizes sizes;  // vocab, hidden, layers, heads, kv heads, head_dim, expert width, experts,
+                     // top-k, max positions
   bool norm_topk_prob;
   double rms_norm_eps, rope_theta;
-  int max_position_embeddings;
   QkNorm qk_norm;
 };
 
 // Mixtral's router takes the softmax over the top-k logits, which equals renormalised top-k
 // probabilities: norm_topk_prob true. OLMoE keeps the raw top-k probabilities.
 constexpr Shape kShapes[] = {
-    {"qwen3-30b-a3b", Arch::kQwen3Moe, 151936, 2048, 48, 32, 4, 128, 768, 128, 8, true, 1e-6, 1e6,
-     40960, QkNorm::kPerHead},
-    {"qwen3-235b-a22b", Arch::kQwen3Moe, 151936, 4096, 94, 64, 4, 128, 1536, 128, 8, true, 1e-6,
-     1e6, 40960, QkNorm::kPerHead},
-    {"mixtral-8x7b", Arch::kMixtral, 32000, 4096, 32, 32, 8, 128, 14336, 8, 2, true, 1e-5, 1e6,
-     32768, QkNorm::kNone},
-    {"olmoe-1b-7b", Arch::kOlmoe, 50304, 2048, 16, 16, 16, 128, 1024, 64, 8, false, 1e-5, 1e4, 4096,
+    {"qwen3-30b-a3b", Arch::kQwen3Moe, {151936, 2048, 48, 32, 4, 128, 768, 128, 8, 40960}, true, 1e-6,
+     1e6, QkNorm::kPerHead},
+    {"qwen3-235b-a22b", Arch::kQwen3Moe, {151936, 4096, 94, 64, 4, 128, 1536, 128, 8, 40960}, true,
+     1e-6, 1e6, QkNorm::kPerHead},
+    {"mixtral-8x7b", Arch::kMixtral, {32000, 4096, 32, 32, 8, 128, 14336, 8, 2, 32768}, true, 1e-5,
+     1e6, QkNorm::kNone},
+    {"olmoe-1b-7b", Arch::kOlmoe, {50304, 2048, 16, 16, 16, 128, 1024, 64, 8, 4096}, false, 1e-5, 1e4,
      QkNorm::kFull},
 };
 
@@ -45,25 +45,12 @@ std::vector<std::string> known_shape_names() {
 ModelConfig known_shape(std::string_view name) {
   for (const Shape& s : kShapes) {
     if (name != s.name) continue;
-    ModelConfig c;
-    c.arch = s.arch;
-    c.vocab_size = s.vocab;
-    c.hidden_size = s.hidden;
-    c.n_layers = s.layers;
-    c.n_heads = s.heads;
-    c.n_kv_heads = s.kv_heads;
-    c.head_dim = s.head_dim;
-    c.moe_intermediate_size = s.expert_width;
-    c.n_experts = s.experts;
-    c.n_experts_per_tok = s.top_k;
+    ModelConfig c = make_model_config(s.arch, s.sizes, s.qk_norm, QuantType::kQ4);
     c.norm_topk_prob = s.norm_topk_prob;
     c.rms_norm_eps = s.rms_norm_eps;
     c.rope_theta = s.rope_theta;
-    c.max_position_embeddings = s.max_position_embeddings;
-    c.qk_norm = s.qk_norm;
     c.tie_word_embeddings = false;
     c.dense_dtype = "bf16";
-    c.expert_quant = QuantType::kQ4;
     return c;
   }
   std::string known;

@@ -18,21 +18,11 @@ namespace fs = std::filesystem;
 namespace moestream::test {
 
 ModelConfig tiny_moe_config(const TinyShape& s) {
-  ModelConfig c;
-  c.arch = Arch::kQwen3Moe;
-  c.qk_norm = QkNorm::kPerHead;
-  c.expert_quant = s.quant;
-  c.vocab_size = s.vocab;
-  c.hidden_size = s.hidden;
-  c.n_layers = s.layers;
-  c.n_heads = s.heads;
-  c.n_kv_heads = s.kv_heads;
-  c.head_dim = s.head_dim;
-  c.moe_intermediate_size = s.intermediate;
-  c.n_experts = s.experts;
-  c.n_experts_per_tok = s.top_k;
-  c.max_position_embeddings = s.max_positions;
-  return c;
+  // TinyShape lists ModelSizes' fields in the same order, with a tiny model's defaults.
+  return make_model_config(Arch::kQwen3Moe,
+                           {s.vocab, s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate,
+                            s.experts, s.top_k, s.max_positions},
+                           QkNorm::kPerHead, s.quant);
 }
 
 uint64_t expert_slot_bytes(const ModelConfig& cfg) {
