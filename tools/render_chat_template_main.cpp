@@ -29,6 +29,10 @@ int main(int argc, char** argv) {
       throw FormatError(std::string("stdin: not valid JSON: ") + e.what());
     }
     if (!ctx.is_object() || !ctx.contains("messages")) throw FormatError("stdin: expected an object with \"messages\"");
+    if (ctx.contains("add_generation_prompt") && !ctx["add_generation_prompt"].is_boolean())
+      throw FormatError("stdin: add_generation_prompt must be true or false");
+    // Before the copy below: copying JSON recurses, so a hostile depth is refused first.
+    for (auto it = ctx.begin(); it != ctx.end(); ++it) check_template_input(it.value(), it.key());
     ChatPrompt p = config.empty() ? ChatPrompt(read_file(template_file)) : ChatPrompt::load(config);
     nlohmann::ordered_json extra = ctx;
     extra.erase("messages");

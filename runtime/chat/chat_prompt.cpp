@@ -64,6 +64,11 @@ ChatPrompt ChatPrompt::load(const std::filesystem::path& path) {
 std::string ChatPrompt::render(const OJ& messages, bool add_generation_prompt, const OJ& tools,
                                const OJ& extra) const {
   if (!tpl_) throw ChatTemplateError("the model's tokenizer_config.json has no chat_template");
+  // Before any copy: copying JSON recurses, so a hostile depth must be refused first.
+  check_template_input(messages, "messages");
+  check_template_input(tools, "tools");
+  if (extra.is_object())
+    for (auto it = extra.begin(); it != extra.end(); ++it) check_template_input(it.value(), it.key());
   OJ ctx = special_tokens_;
   if (extra.is_object())
     for (auto it = extra.begin(); it != extra.end(); ++it) ctx[it.key()] = it.value();

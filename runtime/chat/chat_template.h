@@ -2,6 +2,8 @@
 // namespace, loop variables, the filters and string methods HF templates use, raise_exception).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -17,6 +19,24 @@ class ChatTemplateError : public ConfigError {
  public:
   using ConfigError::ConfigError;
 };
+
+// Limits that keep a hostile template or template input from overflowing the stack or exhausting
+// memory or time; each is answered with a ChatTemplateError naming it. Real templates stay far
+// below them (they nest fewer than 10 deep and render a few KB per message).
+inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;           // template source
+inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/generation blocks
+inline constexpr int kMaxTemplateExprDepth = 256;        // nested (), [], operators, filters, ...
+inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
+inline constexpr size_t kMaxTemplateValueBytes = size_t(64) << 20;  // a string, list, dict or the output
+inline constexpr size_t kMaxTemplateListItems = 1000000;            // items of one list
+inline constexpr int64_t kMaxTemplateRangeItems = 100000;          // range()
+inline constexpr int64_t kMaxTemplateLoopIterations = 1000000;     // for-loop iterations per render
+inline constexpr int64_t kMaxTemplateTojsonIndent = 1024;          // tojson(indent=N)
+
+// Refuses a template input (messages, tools, a kwarg) that nests deeper than
+// kMaxTemplateValueDepth, naming it; walks iteratively, so a hostile depth cannot overflow the
+// stack here. Call it before copying a value parsed from untrusted JSON (copies recurse).
+void check_template_input(const nlohmann::ordered_json& value, const std::string& name);
 
 namespace jinja {
 struct Template;

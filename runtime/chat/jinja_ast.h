@@ -25,6 +25,7 @@ struct Expr {
   std::vector<ExprP> args;   // operands; kCall/kFilter/kTest: [callee/subject, positional...]
   std::vector<std::pair<std::string, ExprP>> kwargs;
   bool negate = false;       // `is not`
+  int depth = 1;             // height of this subtree, kept under kMaxTemplateExprDepth by the parser
 };
 
 struct Node;

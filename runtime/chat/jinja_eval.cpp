@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include "runtime/chat/chat_template.h"
@@ -16,6 +17,56 @@ struct LoopControl {
   enum class Kind { kNone, kBreak, kContinue } kind = Kind::kNone;
 };
 
+[[noreturn]] void overflow(int line, int64_t x, const std::string& op, int64_t y) {
+  fail(line, "integer overflow: " + std::to_string(x) + " " + op + " " + std::to_string(y) +
+                 " is outside the 64-bit range");
+}
+
+// Python's integer operators on int64, refusing a result Python would make a big int (wrapping
+// would print a wrong number; signed overflow is undefined behaviour in C++).
+Value int_arith(const std::string& op, int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  if (op == "+") {
+    if (__builtin_add_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "-") {
+    if (__builtin_sub_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "*") {
+    if (__builtin_mul_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "**") {
+    if (y < 0) {  // Python gives a float
+      if (x == 0) fail(line, "0 cannot be raised to a negative power");
+      return Value(std::pow(double(x), double(y)));
+    }
+    int64_t result = 1, base = x;
+    for (int64_t e = y; e != 0;) {  // square-and-multiply; base is squared only while bits remain
+      if ((e & 1) && __builtin_mul_overflow(result, base, &result)) overflow(line, x, op, y);
+      e >>= 1;
+      if (e != 0 && __builtin_mul_overflow(base, base, &base)) overflow(line, x, op, y);
+    }
+    return Value(result);
+  }
+  if (y == 0) fail(line, "division by zero");
+  if (op == "//") {
+    if (x == std::numeric_limits<int64_t>::min() && y == -1) overflow(line, x, op, y);
+    int64_t q = x / y;
+    if (x % y != 0 && ((x < 0) != (y < 0))) --q;  // floor, as Python rounds
+    return Value(q);
+  }
+  if (op == "%") {
+    if (y == -1) return Value(0);  // INT64_MIN % -1 is undefined in C++; Python gives 0
+    int64_t m = x % y;
+    if (m != 0 && ((m < 0) != (y < 0))) m += y;  // the sign of the divisor, as in Python
+    return Value(m);
+  }
+  fail(line, "unknown operator " + op);
+}
+
 class Evaluator {
  public:
   explicit Evaluator(const Value& ctx) {
@@ -25,6 +76,7 @@ class Evaluator {
 
   std::string run(const Body& b) {
     std::string out;
+    loop_iterations_ = 0;
     LoopControl lc;
     exec(b, out, lc);
     return out;
@@ -42,6 +94,7 @@ class Evaluator {
   void exec(const Body& body, std::string& out, LoopControl& lc) {
     for (const Node& n : body) {
       if (lc.kind != LoopControl::Kind::kNone) return;
+      check_bytes(out.size(), n.line, "the rendered text");
       switch (n.kind) {
         case Node::Kind::kText: out += n.text; break;
         case Node::Kind::kOutput: out += py_str(eval(*n.expr)); break;
@@ -66,9 +119,14 @@ class Evaluator {
         case Node::Kind::kContinue: lc.kind = LoopControl::Kind::kContinue; return;
       }
     }
+    if (!body.empty()) check_bytes(out.size(), body.back().line, "the rendered text");
   }
 
   void assign(const Node& n, Value v) {
+    // Bounds what a loop can build up step by step (`set ns.x = [ns.x]`); copies recurse.
+    if (nests_deeper(v, kMaxTemplateValueDepth))
+      fail(n.line, "set " + n.targets.back() + ": the value nests deeper than the limit of " +
+                       std::to_string(kMaxTemplateValueDepth) + " levels of lists and dicts");
     if (n.targets.size() == 1) {
       scopes_.back()[n.targets[0]] = std::move(v);
       return;
@@ -88,8 +146,12 @@ class Evaluator {
       return keys;
     }
     if (v.is_string()) {
+      const std::string& s = v.get_ref<const std::string&>();
+      if (s.size() > kMaxTemplateListItems)
+        fail(line, "a string of " + std::to_string(s.size()) + " characters is too long to iterate (the limit of " +
+                       std::to_string(kMaxTemplateListItems) + " list items)");
       Value chars = Value::array();
-      for (char c : v.get_ref<const std::string&>()) chars.push_back(std::string(1, c));
+      for (char c : s) chars.push_back(std::string(1, c));
       return chars;
     }
     if (is_undef(v)) return Value::array();  // Jinja iterates an Undefined as empty
@@ -107,11 +169,19 @@ class Evaluator {
     for (size_t i = 0; i < n.targets.size(); ++i) scope[n.targets[i]] = item[i];
   }
 
+  // Loops are the only way a template's work can grow beyond its size times its inputs' size.
+  void count_iteration(int line) {
+    if (++loop_iterations_ > kMaxTemplateLoopIterations)
+      fail(line, "more than the limit of " + std::to_string(kMaxTemplateLoopIterations) +
+                     " loop iterations in one rendering");
+  }
+
   void exec_for(const Node& n, std::string& out, LoopControl& outer) {
     const Value all = iterable_items(eval(*n.expr), n.line);
     std::vector<Value> items;
     for (const auto& item : all) {
       if (n.filter) {
+        count_iteration(n.line);
         scopes_.emplace_back();
         bind_targets(n, item, scopes_.back());
         const bool keep = truthy(eval(*n.filter));
@@ -126,6 +196,7 @@ class Evaluator {
     }
     const int64_t len = int64_t(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      count_iteration(n.line);
       scopes_.emplace_back();
       auto& scope = scopes_.back();
       bind_targets(n, items[size_t(i)], scope);
@@ -166,7 +237,12 @@ class Evaluator {
       case Expr::Kind::kUnary: {
         const Value v = eval(*e.args[0]);
         if (e.name == "not") return Value(!truthy(v));
-        if (v.is_number_integer()) return Value(e.name == "-" ? -v.get<int64_t>() : v.get<int64_t>());
+        if (v.is_number_integer()) {
+          const int64_t x = v.get<int64_t>();
+          if (e.name == "-" && x == std::numeric_limits<int64_t>::min())
+            fail(e.line, "integer overflow: -(" + std::to_string(x) + ") is outside the 64-bit range");
+          return Value(e.name == "-" ? -x : x);
+        }
         if (v.is_number()) return Value(e.name == "-" ? -v.get<double>() : v.get<double>());
         fail(e.line, "bad operand type for unary " + e.name + ": " + type_name(v));
       }
@@ -175,15 +251,24 @@ class Evaluator {
         return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
       case Expr::Kind::kList: {
         Value out = Value::array();
-        for (const auto& a : e.args) out.push_back(eval(*a));
+        size_t bytes = 0;
+        for (const auto& a : e.args) {
+          out.push_back(eval(*a));
+          bytes += approx_bytes(out.back(), kMaxTemplateValueBytes);
+          check_bytes(bytes, e.line, "the list");
+        }
         return out;
       }
       case Expr::Kind::kDict: {
         Value out = Value::object();
+        size_t bytes = 0;
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           const Value k = eval(*e.args[i]);
           if (!k.is_string()) fail(e.line, "dict keys must be strings");
-          out[k.get<std::string>()] = eval(*e.args[i + 1]);
+          Value& slot = out[k.get<std::string>()];
+          slot = eval(*e.args[i + 1]);
+          bytes += approx_bytes(slot, kMaxTemplateValueBytes);
+          check_bytes(bytes, e.line, "the dict");
         }
         return out;
       }
@@ -225,9 +310,10 @@ class Evaluator {
     }
     Value arr = Value::array();
     std::string str;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (obj.is_array()) arr.push_back(obj[size_t(i)]);
       else str += obj.get_ref<const std::string&>()[size_t(i)];
+      if (__builtin_add_overflow(i, step, &i)) break;  // a huge step: past the end either way
     }
     return obj.is_array() ? arr : Value(str);
   }
@@ -265,9 +351,15 @@ class Evaluator {
           hi = as_int(a[1], e.line, "range()");
           if (a.size() > 2) st = as_int(a[2], e.line, "range()");
         }
-        if (st == 0 || std::abs((hi - lo) / st) > 100000) fail(e.line, "range() too large or step 0");
+        if (st == 0) fail(e.line, "range() step must not be zero");
+        // Item count in 128 bits: hi - lo overflows int64 for far-apart bounds.
+        const __int128 span = st > 0 ? __int128(hi) - lo : __int128(lo) - hi;
+        const __int128 step_abs = st > 0 ? __int128(st) : -__int128(st);
+        const __int128 count = span <= 0 ? 0 : (span + step_abs - 1) / step_abs;
+        if (count > kMaxTemplateRangeItems)
+          fail(e.line, "range() of more than the limit of " + std::to_string(kMaxTemplateRangeItems) + " items");
         Value out = Value::array();
-        for (int64_t i = lo; st > 0 ? i < hi : i > hi; i += st) out.push_back(i);
+        for (int64_t k = 0; k < int64_t(count); ++k) out.push_back(int64_t(lo + __int128(k) * st));
         return out;
       }
       fail(e.line, "unknown function '" + callee.name + "'");
@@ -301,7 +393,7 @@ class Evaluator {
         for (char& c : out) c = char(m == "upper" ? std::toupper((unsigned char)c) : std::tolower((unsigned char)c));
         return Value(out);
       }
-      if (m == "replace") return Value(replace_all(s, str_arg(0), str_arg(1)));
+      if (m == "replace") return Value(replace_all(s, str_arg(0), str_arg(1), e.line));
       if (m == "title") return Value(title_case(s, false));
       if (m == "capitalize") return Value(title_case(s, true));
       fail(e.line, "unsupported string method '" + m + "'");
@@ -338,8 +430,13 @@ class Evaluator {
     if (f == "tojson") {
       Value ind = arg(a, 0);
       if (is_undef(ind)) ind = kwarg(e, "indent");
+      if (ind.is_number_integer() && ind.get<int64_t>() > kMaxTemplateTojsonIndent)
+        fail(e.line, "tojson indent " + std::to_string(ind.get<int64_t>()) + " is over the limit of " +
+                         std::to_string(kMaxTemplateTojsonIndent));
+      // Python indents a negative indent by '' (newlines only); None is compact.
+      const int indent = ind.is_number_integer() ? int(std::max<int64_t>(ind.get<int64_t>(), 0)) : -1;
       std::string out;
-      dumps(v, ind.is_number_integer() ? int(ind.get<int64_t>()) : -1, 0, out);
+      dumps(v, indent, 0, out);
       return Value(out);
     }
     if (f == "trim") return Value(strip(py_str(v), nullptr, true, true));
@@ -356,9 +453,22 @@ class Evaluator {
       return v;
     }
     if (f == "int") {
-      if (v.is_number()) return Value(int64_t(v.get<double>()));
+      if (v.is_number_integer()) return v;
+      if (v.is_number()) {
+        const double d = v.get<double>();
+        // Converting NaN or a double outside int64 is undefined behaviour in C++.
+        if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0))
+          fail(e.line, "int() of " + py_str(v) + " is outside the 64-bit range");
+        return Value(int64_t(d));
+      }
       if (v.is_string()) {
-        try { return Value(int64_t(std::stoll(v.get<std::string>()))); } catch (...) { return Value(0); }
+        try {
+          return Value(int64_t(std::stoll(v.get<std::string>())));
+        } catch (const std::out_of_range&) {
+          fail(e.line, "int() of '" + v.get<std::string>().substr(0, 40) + "' is outside the 64-bit range");
+        } catch (const std::invalid_argument&) {
+          return Value(0);  // Jinja's int filter: not a number gives the default, 0
+        }
       }
       return Value(0);
     }
@@ -392,6 +502,7 @@ class Evaluator {
         if (!first) out += d;
         first = false;
         out += py_str(x);
+        check_bytes(out.size(), e.line, "the result of join");
       }
       return Value(out);
     }
@@ -402,7 +513,7 @@ class Evaluator {
     }
     if (f == "replace") {
       if (a.size() < 2) fail(e.line, "replace needs two arguments");
-      return Value(replace_all(py_str(v), py_str(a[0]), py_str(a[1])));
+      return Value(replace_all(py_str(v), py_str(a[0]), py_str(a[1]), e.line));
     }
     if (f == "items") {
       Value out = Value::array();
@@ -428,7 +539,12 @@ class Evaluator {
       return out;
     }
     if (f == "abs") {
-      if (v.is_number_integer()) return Value(std::llabs(v.get<int64_t>()));
+      if (v.is_number_integer()) {
+        const int64_t x = v.get<int64_t>();
+        if (x == std::numeric_limits<int64_t>::min())
+          fail(e.line, "integer overflow: abs(" + std::to_string(x) + ") is outside the 64-bit range");
+        return Value(x < 0 ? -x : x);
+      }
       if (v.is_number()) return Value(std::fabs(v.get<double>()));
       fail(e.line, "abs of " + std::string(type_name(v)));
     }
@@ -457,6 +573,7 @@ class Evaluator {
     }
     if (t == "divisibleby") {
       const int64_t d = a.empty() ? 0 : as_int(a[0], line, "divisibleby");
+      if (d == -1) return true;  // INT64_MIN % -1 is undefined in C++
       return d != 0 && as_int(v, line, "divisibleby") % d == 0;
     }
     if (t == "in") return !a.empty() && contains(a[0], v, line);
@@ -495,7 +612,12 @@ class Evaluator {
       return truthy(l) ? l : eval(*e.args[1]);
     }
     const Value l = eval(*e.args[0]), r = eval(*e.args[1]);
-    if (op == "~") return Value(py_str(l) + py_str(r));
+    if (op == "~") {
+      std::string a = py_str(l);
+      const std::string b = py_str(r);
+      check_bytes(a.size() + b.size(), e.line, "the result of ~");
+      return Value(a + b);
+    }
     if (op == "in") return Value(contains(r, l, e.line));
     if (op == "not in") return Value(!contains(r, l, e.line));
     if (op == "==") return Value(!is_undef(l) && !is_undef(r) ? l == r : is_undef(l) && is_undef(r));
@@ -509,16 +631,35 @@ class Evaluator {
       return Value(l >= r);
     }
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return Value(l.get<std::string>() + r.get<std::string>());
+      if (l.is_string() && r.is_string()) {
+        const auto& a = l.get_ref<const std::string&>();
+        const auto& b = r.get_ref<const std::string&>();
+        check_bytes(a.size() + b.size(), e.line, "the result of +");
+        return Value(a + b);
+      }
       if (l.is_array() && r.is_array()) {
+        if (l.size() + r.size() > kMaxTemplateListItems)
+          fail(e.line, "list + list of " + std::to_string(l.size() + r.size()) + " items, over the limit of " +
+                           std::to_string(kMaxTemplateListItems));
+        check_bytes(approx_bytes(l, kMaxTemplateValueBytes) + approx_bytes(r, kMaxTemplateValueBytes), e.line,
+                    "the result of list + list");
         Value out = l;
         for (const auto& x : r) out.push_back(x);
         return out;
       }
     }
     if (op == "*" && l.is_string() && r.is_number_integer()) {
+      // Refused, not cut short: a shortened string would be a silently wrong prompt.
+      const std::string& unit = l.get_ref<const std::string&>();
+      const int64_t times = r.get<int64_t>();
+      if (times <= 0 || unit.empty()) return Value("");
+      if (uint64_t(times) > kMaxTemplateValueBytes / unit.size())
+        fail(e.line, "string repetition of " + std::to_string(unit.size()) + " bytes * " + std::to_string(times) +
+                         " would be larger than the limit of " + std::to_string(kMaxTemplateValueBytes >> 20) +
+                         " MiB for a template value");
       std::string out;
-      for (int64_t i = 0; i < std::min<int64_t>(r.get<int64_t>(), 100000); ++i) out += l.get<std::string>();
+      out.reserve(unit.size() * size_t(times));
+      for (int64_t i = 0; i < times; ++i) out += unit;
       return Value(out);
     }
     const bool nums = (l.is_number() || l.is_boolean()) && (r.is_number() || r.is_boolean());
@@ -530,16 +671,8 @@ class Evaluator {
       if (num(r) == 0) fail(e.line, "division by zero");
       return Value(num(l) / num(r));
     }
-    if (ints) {
-      const int64_t x = inum(l), y = inum(r);
-      if (op == "+") return Value(x + y);
-      if (op == "-") return Value(x - y);
-      if (op == "*") return Value(x * y);
-      if (op == "**") return Value(int64_t(std::llround(std::pow(double(x), double(y)))));
-      if (y == 0) fail(e.line, "division by zero");
-      if (op == "//") return Value(int64_t(std::floor(double(x) / double(y))));
-      if (op == "%") return Value(((x % y) + y) % y);
-    } else {
+    if (ints) return int_arith(op, inum(l), inum(r), e.line);
+    {
       const double x = num(l), y = num(r);
       if (op == "+") return Value(x + y);
       if (op == "-") return Value(x - y);
@@ -553,12 +686,14 @@ class Evaluator {
   }
 
   std::vector<std::map<std::string, Value>> scopes_;
+  int64_t loop_iterations_ = 0;  // in this rendering, under kMaxTemplateLoopIterations
 };
 
 }  // namespace
 
 std::string render(const Template& t, const Value& context) {
   if (!context.is_object()) throw ChatTemplateError("chat template context must be a JSON object");
+  for (auto it = context.begin(); it != context.end(); ++it) check_template_input(it.value(), it.key());
   return Evaluator(context).run(t.body);
 }
 

@@ -2,6 +2,7 @@
 // (trim_blocks, lstrip_blocks, `-` markers), then builds the syntax tree by recursive descent.
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "runtime/chat/chat_template.h"
@@ -187,7 +188,25 @@ std::vector<Piece> split_pieces(const std::string& s) {
   return pieces;
 }
 
-// Recursive-descent expression parser over one tag's tokens (Jinja's precedence).
+// Counts one level of recursion for as long as it lives; fails past `limit` (a hostile template
+// must get an error, not a stack overflow).
+class NestGuard {
+ public:
+  NestGuard(int& depth, int limit, int line, const char* what) : depth_(depth) {
+    if (++depth_ > limit)
+      fail(line, std::string(what) + " nest deeper than the limit of " + std::to_string(limit) + " levels");
+  }
+  ~NestGuard() { --depth_; }
+  NestGuard(const NestGuard&) = delete;
+  NestGuard& operator=(const NestGuard&) = delete;
+
+ private:
+  int& depth_;
+};
+
+// Recursive-descent expression parser over one tag's tokens (Jinja's precedence). Both the
+// recursion and the height of the tree it builds (a chain `a + b + c ...` grows the tree without
+// recursing; evaluating and freeing it recurse) stay under kMaxTemplateExprDepth.
 class ExprParser {
  public:
   ExprParser(const std::vector<Token>& t, size_t start = 0) : t_(t), i_(start) {}
@@ -210,6 +229,7 @@ class ExprParser {
   }
 
   ExprP expr() {  // a if c else b
+    NestGuard nest(nesting_, kMaxTemplateExprDepth, peek().line, "expressions");
     ExprP e = or_expr();
     while (at_name("if")) {
       const int line = next().line;
@@ -222,7 +242,7 @@ class ExprParser {
       }
       ExprP c = make(Expr::Kind::kCond, line);
       c->args = {cond, e, other};
-      e = c;
+      e = seal(c);
     }
     return e;
   }
@@ -232,10 +252,11 @@ class ExprParser {
   ExprP not_expr() {
     if (at_name("not")) {
       const int line = next().line;
+      NestGuard nest(nesting_, kMaxTemplateExprDepth, line, "expressions");
       ExprP u = make(Expr::Kind::kUnary, line);
       u->name = "not";
       u->args = {not_expr()};
-      return u;
+      return seal(u);
     }
     return compare();
   }
@@ -267,9 +288,11 @@ class ExprParser {
     ExprP e;
     if (at_op("-") || at_op("+")) {
       const Token op = next();
+      NestGuard nest(nesting_, kMaxTemplateExprDepth, op.line, "expressions");
       e = make(Expr::Kind::kUnary, op.line);
       e->name = op.text;
       e->args = {unary(false)};
+      seal(e);
     } else {
       e = postfix(primary());
     }
@@ -287,7 +310,10 @@ class ExprParser {
       case Token::Type::kInt: {
         std::string digits;
         for (char c : tok.text) if (c != '_') digits += c;
-        return literal(Value(std::strtoll(digits.c_str(), nullptr, 10)), tok.line);
+        errno = 0;
+        const long long v = std::strtoll(digits.c_str(), nullptr, 10);
+        if (errno == ERANGE) fail(tok.line, "integer literal " + tok.text + " is outside the 64-bit range");
+        return literal(Value(int64_t(v)), tok.line);
       }
       case Token::Type::kFloat: return literal(Value(std::strtod(tok.text.c_str(), nullptr)), tok.line);
       case Token::Type::kName: {
@@ -312,7 +338,7 @@ class ExprParser {
             if (!at_op("]")) expect_op(",");
           }
           next();
-          return e;
+          return seal(e);
         }
         if (tok.text == "{") {
           ExprP e = make(Expr::Kind::kDict, tok.line);
@@ -323,7 +349,7 @@ class ExprParser {
             if (!at_op("}")) expect_op(",");
           }
           next();
-          return e;
+          return seal(e);
         }
         break;
       case Token::Type::kEnd: fail(tok.line, "unexpected end of tag");
@@ -352,17 +378,17 @@ class ExprParser {
           if (!parts[0]) fail(line, "empty subscript");
           ExprP s = make(Expr::Kind::kItem, line);
           s->args = {e, parts[0]};
-          e = s;
+          e = seal(s);
         } else {
           ExprP s = make(Expr::Kind::kSlice, line);
           s->args = {e, parts[0], parts[1], parts[2]};
-          e = s;
+          e = seal(s);
         }
       } else if (at_op("(")) {
         ExprP c = make(Expr::Kind::kCall, peek().line);
         c->args = {e};
         call_args(*c);
-        e = c;
+        e = seal(c);
       } else {
         return e;
       }
@@ -389,7 +415,7 @@ class ExprParser {
       if (at_op("|")) {
         ExprP f = named_after_op(Expr::Kind::kFilter, e);
         if (at_op("(")) call_args(*f);
-        e = f;
+        e = seal(f);
       } else if (at_name("is")) {
         const int line = next().line;
         ExprP t = make(Expr::Kind::kTest, line);
@@ -405,7 +431,7 @@ class ExprParser {
                    peek().type == Token::Type::kFloat) {
           t->args.push_back(primary());  // `is divisibleby 3`, `is equalto 'x'`
         }
-        e = t;
+        e = seal(t);
       } else {
         return e;
       }
@@ -419,6 +445,18 @@ class ExprParser {
     auto e = std::make_shared<Expr>();
     e->kind = k;
     e->line = line;
+    return e;
+  }
+  // Sets the height of a node whose children are complete; refuses one past the limit.
+  ExprP seal(const ExprP& e) {
+    int below = 0;
+    for (const auto& a : e->args)
+      if (a) below = std::max(below, a->depth);
+    for (const auto& kw : e->kwargs) below = std::max(below, kw.second->depth);
+    e->depth = below + 1;
+    if (e->depth > kMaxTemplateExprDepth)
+      fail(e->line, "expressions nest deeper than the limit of " + std::to_string(kMaxTemplateExprDepth) +
+                        " levels (operators, filters, subscripts and brackets each add one)");
     return e;
   }
   ExprP literal(Value v, int line) {
@@ -443,18 +481,19 @@ class ExprParser {
     ExprP n = make(kind, line);
     n->name = expect_name();
     n->args = {std::move(e)};
-    return n;
+    return seal(n);
   }
 
   ExprP binary(const std::string& op, ExprP a, ExprP b) {
     ExprP e = make(Expr::Kind::kBinary, a->line);
     e->name = op;
     e->args = {std::move(a), std::move(b)};
-    return e;
+    return seal(e);
   }
 
   const std::vector<Token>& t_;
   size_t i_;
+  int nesting_ = 0;  // live recursive calls, under kMaxTemplateExprDepth
 };
 
 // Builds bodies from the piece list; stops at a statement whose keyword is in `until`.
@@ -506,6 +545,7 @@ class BodyParser {
   }
 
   Node statement(const Piece& p, const std::string& kw) {
+    NestGuard nest(block_depth_, kMaxTemplateBlockDepth, p.line, "blocks (if, for, set, generation)");
     ExprParser ep(p.tokens, 1);
     std::string stop;
     if (kw == "if") {
@@ -583,11 +623,15 @@ class BodyParser {
 
   std::vector<Piece> p_;
   size_t i_ = 0;
+  int block_depth_ = 0;  // statements being parsed, one inside the other
 };
 
 }  // namespace
 
 Template parse(const std::string& source) {
+  if (source.size() > kMaxTemplateBytes)
+    fail(1, "the template has " + std::to_string(source.size()) + " bytes, over the limit of " +
+                std::to_string(kMaxTemplateBytes) + " bytes");
   BodyParser bp(split_pieces(source));
   return Template{bp.parse_all()};
 }

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "runtime/chat/chat_template.h"
 
@@ -14,6 +15,7 @@ namespace moestream::jinja {
 using VT = Value::value_t;
 
 [[noreturn]] void fail(int line, const std::string& msg) {
+  if (line <= 0) throw ChatTemplateError("chat template: " + msg);  // a helper that knows no line
   throw ChatTemplateError("chat template line " + std::to_string(line) + ": " + msg);
 }
 
@@ -75,13 +77,66 @@ std::string float_repr(double d) {
   return s;
 }
 
+bool nests_deeper(const Value& v, int limit) {
+  if (!v.is_structured()) return false;
+  if (limit < 1) return true;
+  // One frame per open container: the stack holds at most limit + 1 entries.
+  std::vector<std::pair<const Value*, Value::const_iterator>> stack{{&v, v.cbegin()}};
+  while (!stack.empty()) {
+    auto& [node, it] = stack.back();
+    if (it == node->cend()) {
+      stack.pop_back();
+      continue;
+    }
+    const Value& child = *it;
+    ++it;
+    if (!child.is_structured()) continue;
+    if (int(stack.size()) >= limit) return true;
+    stack.emplace_back(&child, child.cbegin());
+  }
+  return false;
+}
+
+size_t approx_bytes(const Value& v, size_t stop_at) {
+  size_t total = 0;
+  std::vector<const Value*> todo{&v};
+  while (!todo.empty() && total <= stop_at) {
+    const Value* x = todo.back();
+    todo.pop_back();
+    total += 16;
+    if (x->is_string()) {
+      total += x->get_ref<const std::string&>().size();
+    } else if (x->is_object()) {
+      for (auto it = x->cbegin(); it != x->cend(); ++it) {
+        total += it.key().size();
+        todo.push_back(&it.value());
+      }
+    } else if (x->is_array()) {
+      for (const auto& e : *x) todo.push_back(&e);
+    }
+  }
+  return total;
+}
+
+void check_bytes(size_t n, int line, const std::string& what) {
+  if (n > kMaxTemplateValueBytes)
+    fail(line, what + " would be larger than the limit of " + std::to_string(kMaxTemplateValueBytes >> 20) +
+                   " MiB for a template value");
+}
+
 // json.dumps(x, ensure_ascii=False, indent=indent) as transformers' tojson filter calls it.
 void dumps(const Value& v, int indent, int depth, std::string& out) {
   auto newline = [&](int d) {
     out += '\n';
-    out.append(size_t(indent * d), ' ');
+    const size_t n = size_t(indent) * size_t(d);  // both small: indent is checked by the caller
+    check_bytes(out.size() + n, 0, "tojson output");
+    out.append(n, ' ');
   };
   if (is_undef(v)) fail(0, "tojson of an undefined value");
+  if (depth > kMaxTemplateValueDepth)
+    fail(0, "tojson of a value nested deeper than the limit of " + std::to_string(kMaxTemplateValueDepth) +
+                " levels");
+  check_bytes(out.size(), 0, "tojson output");
   switch (v.type()) {
     case VT::null: out += "null"; return;
     case VT::boolean: out += v.get<bool>() ? "true" : "false"; return;
@@ -121,8 +176,6 @@ void dumps(const Value& v, int indent, int depth, std::string& out) {
   }
 }
 
-std::string py_repr(const Value& v);
-
 // Python str() of a value, which is what {{ x }} prints.
 std::string py_str(const Value& v) {
   if (is_undef(v)) return "";
@@ -141,7 +194,10 @@ std::string py_str(const Value& v) {
   }
 }
 
-std::string py_repr(const Value& v) {
+std::string py_repr(const Value& v, int depth) {
+  if (depth > kMaxTemplateValueDepth)
+    fail(0, "printing a value nested deeper than the limit of " + std::to_string(kMaxTemplateValueDepth) +
+                " levels");
   if (v.is_string()) {
     const std::string& s = v.get_ref<const std::string&>();
     const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
@@ -158,14 +214,18 @@ std::string py_repr(const Value& v) {
   }
   if (v.is_array()) {
     std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + py_repr(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+      out += (i ? ", " : "") + py_repr(v[i], depth + 1);
+      check_bytes(out.size(), 0, "the printed list");
+    }
     return out + "]";
   }
   if (v.is_object()) {
     std::string out = "{";
     bool first = true;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      out += (first ? "" : ", ") + py_repr(Value(it.key())) + ": " + py_repr(it.value());
+      out += (first ? "" : ", ") + py_repr(Value(it.key())) + ": " + py_repr(it.value(), depth + 1);
+      check_bytes(out.size(), 0, "the printed dict");
       first = false;
     }
     return out + "}";
@@ -213,11 +273,19 @@ Value split(const std::string& s, const Value* sep) {
   }
 }
 
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+// Builds the result in one pass (replacing in place is quadratic) and stops at the size limit.
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int line) {
   if (from.empty()) return s;
-  for (size_t i = s.find(from); i != std::string::npos; i = s.find(from, i + to.size()))
-    s.replace(i, from.size(), to);
-  return s;
+  std::string out;
+  size_t i = 0;
+  for (size_t j = s.find(from); j != std::string::npos; j = s.find(from, i)) {
+    out.append(s, i, j - i);
+    out += to;
+    i = j + from.size();
+    check_bytes(out.size() + (s.size() - i), line, "the result of replace");
+  }
+  out.append(s, i, std::string::npos);
+  return out;
 }
 
 std::string title_case(const std::string& s, bool only_first) {
