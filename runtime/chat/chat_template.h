@@ -25,7 +25,7 @@ class ChatTemplateError : public ConfigError {
 // below them (they nest fewer than 10 deep and render a few KB per message).
 inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;           // template source
 inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/generation blocks
-inline constexpr int kMaxTemplateExprDepth = 256;        // nested (), [], operators, filters, ...
+inline constexpr int kMaxTemplateExprDepth = 128;        // nested (), [], operators, filters, ...
 inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
 inline constexpr size_t kMaxTemplateValueBytes = size_t(64) << 20;  // a string, list, dict or the output
 inline constexpr size_t kMaxTemplateListItems = 1000000;            // items of one list
