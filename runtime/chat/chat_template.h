@@ -27,11 +27,12 @@ inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;           // templa
 inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/generation blocks
 inline constexpr int kMaxTemplateExprDepth = 128;        // nested (), [], operators, filters, ...
 inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
-inline constexpr size_t kMaxTemplateValueBytes = size_t(64) << 20;  // a string, list, dict or the output
+inline constexpr size_t kMaxTemplateValueBytes = size_t(16) << 20;  // a string, list, dict or the output
 inline constexpr size_t kMaxTemplateListItems = 1000000;            // items of one list
 inline constexpr int64_t kMaxTemplateRangeItems = 100000;          // range()
 inline constexpr int64_t kMaxTemplateLoopIterations = 1000000;     // for-loop iterations per render
 inline constexpr int64_t kMaxTemplateTojsonIndent = 1024;          // tojson(indent=N)
+inline constexpr size_t kMaxTemplateWorkBytes = size_t(4) << 30;   // copied + built per render
 
 // Refuses a template input (messages, tools, a kwarg) that nests deeper than
 // kMaxTemplateValueDepth, naming it; walks iteratively, so a hostile depth cannot overflow the

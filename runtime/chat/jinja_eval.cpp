@@ -77,6 +77,7 @@ class Evaluator {
   std::string run(const Body& b) {
     std::string out;
     loop_iterations_ = 0;
+    work_bytes_ = 0;
     LoopControl lc;
     exec(b, out, lc);
     return out;
@@ -97,7 +98,12 @@ class Evaluator {
       check_bytes(out.size(), n.line, "the rendered text");
       switch (n.kind) {
         case Node::Kind::kText: out += n.text; break;
-        case Node::Kind::kOutput: out += py_str(eval(*n.expr)); break;
+        case Node::Kind::kOutput: {
+          const std::string text = py_str(eval(*n.expr));
+          charge(text.size(), n.line);
+          out += text;
+          break;
+        }
         case Node::Kind::kBlock: exec(n.body, out, lc); break;
         case Node::Kind::kIf:
           for (const auto& [cond, b] : n.branches)
@@ -170,6 +176,19 @@ class Evaluator {
   }
 
   // Loops are the only way a template's work can grow beyond its size times its inputs' size.
+  // Bytes copied by variable lookups and built by operators, against kMaxTemplateWorkBytes: a
+  // loop that copies a large value each time would otherwise run for hours within every other limit.
+  void charge(size_t bytes, int line) {
+    work_bytes_ += bytes;
+    if (work_bytes_ > kMaxTemplateWorkBytes)
+      fail(line, "the rendering copies or builds more than the limit of " +
+                     std::to_string(kMaxTemplateWorkBytes >> 30) + " GiB of values (a loop over large values?)");
+  }
+  Value built(std::string s, int line) {
+    charge(s.size(), line);
+    return Value(std::move(s));
+  }
+
   void count_iteration(int line) {
     if (++loop_iterations_ > kMaxTemplateLoopIterations)
       fail(line, "more than the limit of " + std::to_string(kMaxTemplateLoopIterations) +
@@ -223,7 +242,10 @@ class Evaluator {
       case Expr::Kind::kLiteral: return e.literal;
       case Expr::Kind::kName: {
         const Value* v = find(e.name);
-        return v ? *v : undefined();
+        if (!v) return undefined();
+        charge(v->is_string() ? v->get_ref<const std::string&>().size()
+                              : approx_bytes(*v, kMaxTemplateWorkBytes), e.line);  // the copy below
+        return *v;
       }
       case Expr::Kind::kAttr: return get_item(eval(*e.args[0]), Value(e.name), e.line, true);
       case Expr::Kind::kItem: return get_item(eval(*e.args[0]), eval(*e.args[1]), e.line, false);
@@ -257,6 +279,7 @@ class Evaluator {
           bytes += approx_bytes(out.back(), kMaxTemplateValueBytes);
           check_bytes(bytes, e.line, "the list");
         }
+        charge(bytes, e.line);
         return out;
       }
       case Expr::Kind::kDict: {
@@ -270,6 +293,7 @@ class Evaluator {
           bytes += approx_bytes(slot, kMaxTemplateValueBytes);
           check_bytes(bytes, e.line, "the dict");
         }
+        charge(bytes, e.line);
         return out;
       }
     }
@@ -393,7 +417,7 @@ class Evaluator {
         for (char& c : out) c = char(m == "upper" ? std::toupper((unsigned char)c) : std::tolower((unsigned char)c));
         return Value(out);
       }
-      if (m == "replace") return Value(replace_all(s, str_arg(0), str_arg(1), e.line));
+      if (m == "replace") return built(replace_all(s, str_arg(0), str_arg(1), e.line), e.line);
       if (m == "title") return Value(title_case(s, false));
       if (m == "capitalize") return Value(title_case(s, true));
       fail(e.line, "unsupported string method '" + m + "'");
@@ -437,7 +461,7 @@ class Evaluator {
       const int indent = ind.is_number_integer() ? int(std::max<int64_t>(ind.get<int64_t>(), 0)) : -1;
       std::string out;
       dumps(v, indent, 0, out);
-      return Value(out);
+      return built(std::move(out), e.line);
     }
     if (f == "trim") return Value(strip(py_str(v), nullptr, true, true));
     if (f == "upper" || f == "lower") {
@@ -504,6 +528,7 @@ class Evaluator {
         out += py_str(x);
         check_bytes(out.size(), e.line, "the result of join");
       }
+      charge(out.size(), e.line);
       return Value(out);
     }
     if (f == "default" || f == "d") {
@@ -513,7 +538,7 @@ class Evaluator {
     }
     if (f == "replace") {
       if (a.size() < 2) fail(e.line, "replace needs two arguments");
-      return Value(replace_all(py_str(v), py_str(a[0]), py_str(a[1]), e.line));
+      return built(replace_all(py_str(v), py_str(a[0]), py_str(a[1]), e.line), e.line);
     }
     if (f == "items") {
       Value out = Value::array();
@@ -616,7 +641,7 @@ class Evaluator {
       std::string a = py_str(l);
       const std::string b = py_str(r);
       check_bytes(a.size() + b.size(), e.line, "the result of ~");
-      return Value(a + b);
+      return built(a + b, e.line);
     }
     if (op == "in") return Value(contains(r, l, e.line));
     if (op == "not in") return Value(!contains(r, l, e.line));
@@ -635,14 +660,15 @@ class Evaluator {
         const auto& a = l.get_ref<const std::string&>();
         const auto& b = r.get_ref<const std::string&>();
         check_bytes(a.size() + b.size(), e.line, "the result of +");
-        return Value(a + b);
+        return built(a + b, e.line);
       }
       if (l.is_array() && r.is_array()) {
         if (l.size() + r.size() > kMaxTemplateListItems)
           fail(e.line, "list + list of " + std::to_string(l.size() + r.size()) + " items, over the limit of " +
                            std::to_string(kMaxTemplateListItems));
-        check_bytes(approx_bytes(l, kMaxTemplateValueBytes) + approx_bytes(r, kMaxTemplateValueBytes), e.line,
-                    "the result of list + list");
+        const size_t bytes = approx_bytes(l, kMaxTemplateValueBytes) + approx_bytes(r, kMaxTemplateValueBytes);
+        check_bytes(bytes, e.line, "the result of list + list");
+        charge(bytes, e.line);
         Value out = l;
         for (const auto& x : r) out.push_back(x);
         return out;
@@ -660,7 +686,7 @@ class Evaluator {
       std::string out;
       out.reserve(unit.size() * size_t(times));
       for (int64_t i = 0; i < times; ++i) out += unit;
-      return Value(out);
+      return built(std::move(out), e.line);
     }
     const bool nums = (l.is_number() || l.is_boolean()) && (r.is_number() || r.is_boolean());
     if (!nums) fail(e.line, "unsupported operand types for " + op + ": " + type_name(l) + " and " + type_name(r));
@@ -687,6 +713,7 @@ class Evaluator {
 
   std::vector<std::map<std::string, Value>> scopes_;
   int64_t loop_iterations_ = 0;  // in this rendering, under kMaxTemplateLoopIterations
+  size_t work_bytes_ = 0;        // in this rendering, under kMaxTemplateWorkBytes
 };
 
 }  // namespace

@@ -254,6 +254,8 @@ Value split(const std::string& s, const Value* sep) {
       while (i < s.size() && is_ws(s[i])) ++i;
       size_t j = i;
       while (j < s.size() && !is_ws(s[j])) ++j;
+      if (j > i && out.size() >= kMaxTemplateListItems)
+        fail(0, "split() into more than the limit of " + std::to_string(kMaxTemplateListItems) + " items");
       if (j > i) out.push_back(s.substr(i, j - i));
       i = j;
     }
@@ -268,6 +270,8 @@ Value split(const std::string& s, const Value* sep) {
       out.push_back(s.substr(i));
       return out;
     }
+    if (out.size() >= kMaxTemplateListItems) fail(0, "split() into more than the limit of " +
+                                                         std::to_string(kMaxTemplateListItems) + " items");
     out.push_back(s.substr(i, j - i));
     i = j + d.size();
   }
