@@ -178,3 +178,37 @@ def test_bad_template_fails_with_line(tmp_path, source, needle):
     r = ours(["--template", str(f)], {"messages": []})
     assert r.returncode == 1
     assert needle in r.stderr
+
+
+# Hostile nesting and sizes: render_chat_template exits 1 with the limit named, never a crash.
+@pytest.mark.parametrize("source,needle", [
+    ("{% if true %}" * 100_000 + "x" + "{% endif %}" * 100_000, "over the limit of 1048576 bytes"),
+    ("{%if 1%}" * 40_000 + "x" + "{%endif%}" * 40_000, "nest deeper than the limit of 64 levels"),
+    ("{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}", "nest deeper than the limit of 128 levels"),
+    ("{{ 1" + " ~ 1" * 100_000 + " }}", "nest deeper than the limit of 128 levels"),
+    ("{{ 'ab' * 100000000 }}", "string repetition of 2 bytes * 100000000"),
+    ("{{ 9223372036854775807 + 1 }}", "integer overflow: 9223372036854775807 + 1"),
+    ("{{ 2 ** 64 }}", "integer overflow: 2 ** 64"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+     "limit of 1000000 loop iterations"),
+], ids=["100k-if", "40k-if", "100k-parens", "100k-concat", "repetition", "add-overflow", "pow-overflow",
+        "nested-loops"])
+def test_hostile_template_exits_1_naming_the_limit(tmp_path, source, needle):
+    f = tmp_path / "t.jinja"
+    f.write_text(source)
+    r = ours(["--template", str(f)], {"messages": []})
+    assert r.returncode == 1, (r.returncode, r.stderr[-300:])
+    assert "render_chat_template: error: chat template" in r.stderr
+    assert needle in r.stderr
+
+
+@pytest.mark.parametrize("field", ["messages", "tools", "enable_thinking"])
+def test_deeply_nested_input_exits_1_naming_it(tmp_path, field):
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages }}")
+    deep = "[" * 100_000 + "]" * 100_000
+    body = '{"messages": %s}' % (deep if field == "messages" else '[], "%s": %s' % (field, deep))
+    r = subprocess.run([str(_exe()), "--template", str(f)], input=body, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1, (r.returncode, r.stderr[-300:])
+    assert f"input '{field}' nests deeper than the limit of 128 levels" in r.stderr
