@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "runtime/chat/chat_template.h"
@@ -307,6 +308,58 @@ std::string title_case(const std::string& s, bool only_first) {
     }
   }
   return out;
+}
+
+namespace {
+[[noreturn]] void overflow(int line, int64_t x, const std::string& op, int64_t y) {
+  fail(line, "integer overflow: " + std::to_string(x) + " " + op + " " + std::to_string(y) +
+                 " is outside the 64-bit range");
+}
+}  // namespace
+
+// Python's integer operators on int64, refusing a result Python would make a big int (wrapping
+// would print a wrong number; signed overflow is undefined behaviour in C++).
+Value int_arith(const std::string& op, int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  if (op == "+") {
+    if (__builtin_add_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "-") {
+    if (__builtin_sub_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "*") {
+    if (__builtin_mul_overflow(x, y, &r)) overflow(line, x, op, y);
+    return Value(r);
+  }
+  if (op == "**") {
+    if (y < 0) {  // Python gives a float
+      if (x == 0) fail(line, "0 cannot be raised to a negative power");
+      return Value(std::pow(double(x), double(y)));
+    }
+    int64_t result = 1, base = x;
+    for (int64_t e = y; e != 0;) {  // square-and-multiply; base is squared only while bits remain
+      if ((e & 1) && __builtin_mul_overflow(result, base, &result)) overflow(line, x, op, y);
+      e >>= 1;
+      if (e != 0 && __builtin_mul_overflow(base, base, &base)) overflow(line, x, op, y);
+    }
+    return Value(result);
+  }
+  if (y == 0) fail(line, "division by zero");
+  if (op == "//") {
+    if (x == std::numeric_limits<int64_t>::min() && y == -1) overflow(line, x, op, y);
+    int64_t q = x / y;
+    if (x % y != 0 && ((x < 0) != (y < 0))) --q;  // floor, as Python rounds
+    return Value(q);
+  }
+  if (op == "%") {
+    if (y == -1) return Value(0);  // INT64_MIN % -1 is undefined in C++; Python gives 0
+    int64_t m = x % y;
+    if (m != 0 && ((m < 0) != (y < 0))) m += y;  // the sign of the divisor, as in Python
+    return Value(m);
+  }
+  fail(line, "unknown operator " + op);
 }
 
 int64_t as_int(const Value& v, int line, const char* what) {

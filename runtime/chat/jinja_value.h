@@ -31,6 +31,8 @@ std::string strip(const std::string& s, const Value* chars, bool left, bool righ
 Value split(const std::string& s, const Value* sep);  // Python str.split (sep null: whitespace)
 std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int line);
 std::string title_case(const std::string& s, bool only_first);
+// Python's + - * ** // % on integers; a result outside int64 (a big int in Python) fails.
+Value int_arith(const std::string& op, int64_t x, int64_t y, int line);
 int64_t as_int(const Value& v, int line, const char* what);
 // Python's normalisation of a slice bound.
 int64_t clamp_index(int64_t i, int64_t n, bool for_stop_neg_step);
