@@ -164,28 +164,29 @@ TEST(ExpertMap, DecodeRejectsNonPermutationWithAValidChecksum) {
 
 TEST(ExpertMap, TruncatedFileIsRejectedNamingTheFile) {
   for (const std::string& bytes : {encode_expert_map(ExpertMap::identity(16)),
-                                   encode_expert_map(ExpertMap::identity(16).bound_to(7))})
-  for (size_t cut : {size_t{0}, size_t{10}, size_t{20}, bytes.size() - 1}) {
-    std::string msg = error_of([&] { decode_expert_map(bytes.substr(0, cut), "/x/layer_001.map"); });
-    EXPECT_NE(msg.find("/x/layer_001.map"), std::string::npos) << cut << ": " << msg;
-    EXPECT_NE(msg.find("truncated"), std::string::npos) << cut << ": " << msg;
+                                   encode_expert_map(ExpertMap::identity(16).bound_to(7))}) {
+    for (size_t cut : {size_t{0}, size_t{10}, size_t{20}, bytes.size() - 1}) {
+      std::string msg = error_of([&] { decode_expert_map(bytes.substr(0, cut), "/x/layer_001.map"); });
+      EXPECT_NE(msg.find("/x/layer_001.map"), std::string::npos) << cut << ": " << msg;
+      EXPECT_NE(msg.find("truncated"), std::string::npos) << cut << ": " << msg;
+    }
   }
 }
 
 TEST(ExpertMap, BadMagicVersionAndChecksumAreRejected) {
   for (const std::string& good : {encode_expert_map(ExpertMap::identity(4)),
                                   encode_expert_map(ExpertMap::identity(4).bound_to(7))}) {
-  std::string bad_magic = good;
-  bad_magic[0] = 'X';
-  EXPECT_NE(error_of([&] { decode_expert_map(bad_magic, "m"); }).find("magic"), std::string::npos);
-  std::string bad_version = good;
-  bad_version[8] = 9;
-  EXPECT_NE(error_of([&] { decode_expert_map(bad_version, "m"); }).find("version"), std::string::npos);
-  std::string bad_sum = good;
-  bad_sum[16] ^= 1;
-  EXPECT_NE(error_of([&] { decode_expert_map(bad_sum, "m"); }).find("checksum"), std::string::npos);
-  std::string oversized = good + "x";
-  EXPECT_NE(error_of([&] { decode_expert_map(oversized, "m"); }).find("oversized"), std::string::npos);
+    std::string bad_magic = good;
+    bad_magic[0] = 'X';
+    EXPECT_NE(error_of([&] { decode_expert_map(bad_magic, "m"); }).find("magic"), std::string::npos);
+    std::string bad_version = good;
+    bad_version[8] = 9;
+    EXPECT_NE(error_of([&] { decode_expert_map(bad_version, "m"); }).find("version"), std::string::npos);
+    std::string bad_sum = good;
+    bad_sum[16] ^= 1;
+    EXPECT_NE(error_of([&] { decode_expert_map(bad_sum, "m"); }).find("checksum"), std::string::npos);
+    std::string oversized = good + "x";
+    EXPECT_NE(error_of([&] { decode_expert_map(oversized, "m"); }).find("oversized"), std::string::npos);
   }
 }
 

@@ -1,5 +1,6 @@
 // `cluster_experts`: orders each layer's experts on disk from routing logs so that experts chosen
-// together sit together, reports the modelled I/O cost, writes maps and optionally repacks.
+// together sit together, reports the modelled I/O cost, writes maps and optionally repacks; with
+// --bind-legacy-maps it only binds the version-1 maps of a model repacked before maps were bound.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
