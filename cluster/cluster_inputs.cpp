@@ -22,7 +22,8 @@ PackedLayout read_packed_layout(const fs::path& dir, const IoEngineOptions& read
     const ExpertFileHeader& h = headers[size_t(l)];
     if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
       throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
-    out.maps.push_back(load_expert_map(dir, l, h.n_experts));  // a bad map is an error here
+    // A bad map, or one not bound to its file, is an error here.
+    out.maps.push_back(load_bound_expert_map(expert_map_path(dir, l), h, expert_file_path(dir, l)));
   }
   out.want.model_hash = model_identity_hash(dir);
   out.want.n_layers = uint32_t(headers.size());

@@ -56,15 +56,17 @@ SlotGeometry read_by(SlotGeometry g, const IoEngineOptions& io) {
 
 ReadCost token_read_cost(std::span<const uint32_t> slots_in, const SlotGeometry& g) {
   const size_t n = slots_in.size();
-  MOE_ASSERT(n <= 64, "top-k above 64");
   MOE_ASSERT(g.expert_bytes > 0, "slot geometry without expert bytes");
-  uint32_t slots[64];
-  std::copy(slots_in.begin(), slots_in.end(), slots);
-  std::sort(slots, slots + n);
-  io::ByteRange ranges[64];
+  // Sized by the token's top-k (a log may hold up to n_experts per token), reused across calls:
+  // this runs once per token per priced move.
+  thread_local std::vector<uint32_t> slots;
+  thread_local std::vector<io::ByteRange> ranges;
+  slots.assign(slots_in.begin(), slots_in.end());
+  std::sort(slots.begin(), slots.end());
+  ranges.resize(n);
   for (size_t i = 0; i < n; ++i) ranges[i] = {g.data_offset + uint64_t(slots[i]) * g.expert_stride, g.expert_bytes};
   ReadCost c;
-  io::plan_file_reads(std::span<const io::ByteRange>(ranges, n), g.direct, g.reads,
+  io::plan_file_reads(std::span<const io::ByteRange>(ranges.data(), n), g.direct, g.reads,
                       [&c](const io::PlannedRead& r) {
                         ++c.ops;
                         c.bytes += r.length;
@@ -76,10 +78,11 @@ CostSummary layer_cost(const std::vector<ExpertSet>& tokens, std::span<const uin
                        const SlotGeometry& g, const IoProfile& p) {
   CostSummary s;
   uint64_t ops = 0, bytes = 0;
-  uint32_t slots[64];
+  std::vector<uint32_t> slots;
   for (const ExpertSet& t : tokens) {
+    slots.resize(t.size());
     for (size_t i = 0; i < t.size(); ++i) slots[i] = slot_of[t[i]];
-    ReadCost c = token_read_cost(std::span<const uint32_t>(slots, t.size()), g);
+    ReadCost c = token_read_cost(slots, g);
     ops += c.ops;
     bytes += c.bytes;
   }

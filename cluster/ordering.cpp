@@ -119,11 +119,12 @@ Cost cost(const WeightedSets& w, const Order& order, const SlotGeometry& g, cons
   slot.resize(order.size());
   for (uint32_t s = 0; s < order.size(); ++s) slot[order[s]] = s;
   uint64_t ops = 0, bytes = 0;
-  uint32_t slots[64];
+  thread_local std::vector<uint32_t> slots;  // a token's slots; top-k is bounded only by n_experts
   for (size_t i = 0; i < w.sets.size(); ++i) {
     const ExpertSet& t = w.sets[i];
+    slots.resize(t.size());
     for (size_t j = 0; j < t.size(); ++j) slots[j] = slot[t[j]];
-    ReadCost c = token_read_cost(std::span<const uint32_t>(slots, t.size()), g);
+    ReadCost c = token_read_cost(slots, g);
     ops += w.weight[i] * c.ops;
     bytes += w.weight[i] * c.bytes;
   }

@@ -63,10 +63,10 @@ void repack_layer(const fs::path& model_dir, int layer, const ExpertMap& new_map
     throw ConfigError("new map for layer " + std::to_string(layer) + " has " +
                       std::to_string(new_map.size()) + " experts, " + src.string() + " has " +
                       std::to_string(old_h.n_experts));
-  const ExpertMap old_map = load_expert_map(model_dir, layer, old_h.n_experts);
+  // The source's own map must describe it: an unbound one would be baked into the new file.
+  const ExpertMap old_map = load_bound_expert_map(expert_map_path(model_dir, layer), old_h, src);
   ExpertFileHeader new_h = old_h;
-  for (uint32_t s = 0; s < new_h.n_experts; ++s)
-    new_h.slot_checksums[s] = old_h.slot_checksums[old_map.physical(new_map.logical(s))];
+  new_h.slot_checksums = repacked_checksums(old_h, old_map, new_map);
   const fs::path dst = staging / src.filename();
   Fd in(src, O_RDONLY);
   {
@@ -94,10 +94,52 @@ void repack_layer(const fs::path& model_dir, int layer, const ExpertMap& new_map
     if (expert_checksum(slot.data(), slot.size()) != new_h.slot_checksums[s])
       throw FormatError(dst.string() + ": verification failed in slot " + std::to_string(s));
   }
-  write_expert_map(staging / expert_map_path(model_dir, layer).filename(), new_map);
+  write_expert_map(staging / expert_map_path(model_dir, layer).filename(),
+                   new_map.bound_to(slot_table_hash(new_h.slot_checksums)));
 }
 
 }  // namespace
+
+std::vector<uint64_t> repacked_checksums(const ExpertFileHeader& h, const ExpertMap& old_map,
+                                         const ExpertMap& new_map) {
+  MOE_ASSERT(old_map.size() == h.n_experts && new_map.size() == h.n_experts, "map size");
+  std::vector<uint64_t> out(h.n_experts);
+  for (uint32_t s = 0; s < h.n_experts; ++s) out[s] = h.slot_checksums[old_map.physical(new_map.logical(s))];
+  return out;
+}
+
+std::vector<ExpertMap> bind_for_repack(const fs::path& model_dir, const std::vector<ExpertMap>& new_maps) {
+  std::vector<ExpertMap> out;
+  for (size_t l = 0; l < new_maps.size(); ++l) {
+    const fs::path file = expert_file_path(model_dir, int(l));
+    const ExpertFileHeader h = read_expert_header(file);
+    if (new_maps[l].size() != h.n_experts)
+      throw ConfigError("map for layer " + std::to_string(l) + " has " + std::to_string(new_maps[l].size()) +
+                        " experts, " + file.string() + " has " + std::to_string(h.n_experts));
+    const ExpertMap old_map = load_bound_expert_map(expert_map_path(model_dir, int(l)), h, file);
+    out.push_back(new_maps[l].bound_to(slot_table_hash(repacked_checksums(h, old_map, new_maps[l]))));
+  }
+  return out;
+}
+
+int bind_legacy_maps(const fs::path& model_dir) {
+  int bound = 0;
+  for (int l = 0; fs::exists(expert_file_path(model_dir, l)); ++l) {
+    const fs::path file = expert_file_path(model_dir, l), map_path = expert_map_path(model_dir, l);
+    const ExpertFileHeader h = read_expert_header(file);
+    const ExpertMap m = load_expert_map_file(map_path, h.n_experts);
+    if (!fs::exists(map_path)) continue;  // identity: nothing to bind
+    if (m.file_binding()) {
+      load_bound_expert_map(map_path, h, file);  // already bound: it must be bound to this file
+      continue;
+    }
+    // Each map is rewritten on its own (atomically): a map only gains a binding, so a run stopped
+    // half-way leaves every map either as it was or bound, and running again finishes the rest.
+    write_expert_map(map_path, m.bound_to(slot_table_hash(h.slot_checksums)));
+    ++bound;
+  }
+  return bound;
+}
 
 fs::path repack_staging_dir(const fs::path& model_dir) { return model_dir / "experts.repack"; }
 

@@ -85,11 +85,12 @@ TEST(IoCostModel, AdjacentSlotsAreOneReadAndAGapSplitsThem) {
 
 // What the engine's planner issues for one token: io::plan_reads on the experts' requests in a
 // file opened as the engine would (O_DIRECT or not), with the engine's own plan options.
-ReadCost engine_plan(std::span<const uint32_t> slots, const SlotGeometry& g, const IoEngineOptions& eo) {
+ReadCost engine_plan(std::span<const uint32_t> slots, const SlotGeometry& g, const IoEngineOptions& eo,
+                     uint32_t n_slots = 64) {
   io::FileEntry f;
   f.path = "layer";
   f.direct = eo.direct;
-  f.size = g.data_offset + 64 * g.expert_stride;
+  f.size = g.data_offset + n_slots * g.expert_stride;
   std::vector<io::FileEntry> files{f};
   alignas(4096) static uint8_t dest[4096];  // never written: planning only places reads
   std::vector<ReadRequest> reqs;
@@ -165,6 +166,49 @@ TEST(IoCostModel, TheDirectReadCapSplitsReadsAsTheEngineDoes) {
     // Every byte of the experts is read once, plus a lone expert's O_DIRECT tail padding.
     EXPECT_EQ(got.bytes, k.slots->size() * k.bytes + (k.direct && k.bytes % 4096 ? 4096 - k.bytes % 4096 : 0));
   }
+}
+
+// A routing log's top-k is bounded only by n_experts: 100 of 256 (legal for a 256-expert model)
+// used to overrun 64-entry stack buffers before the assertion meant to stop it. Every cost path
+// (one token, a layer, the local search) must handle it and agree with the engine's planner.
+TEST(IoCostModel, TopKAbove64IsPricedLikeAnyOther) {
+  std::mt19937 rng(17);
+  std::vector<std::vector<uint16_t>> ts;
+  for (int t = 0; t < 40; ++t) {
+    std::vector<uint16_t> all(256);
+    std::iota(all.begin(), all.end(), uint16_t(0));
+    std::shuffle(all.begin(), all.end(), rng);
+    ts.emplace_back(all.begin(), all.begin() + 100);
+  }
+  const RoutingLog log = log_of(256, 100, ts);
+  const LayerStats s = coactivation({log})[0];
+  ASSERT_EQ(s.token_sets.size(), 40u);
+  ASSERT_EQ(s.token_sets[0].size(), 100u);
+  const IoEngineOptions eo = engine_options(16 << 10, 1 << 20, 1 << 20, false);
+  SlotGeometry g = geometry();
+  g = read_by(g, eo);
+  const IoProfile p;
+  std::vector<uint32_t> identity(256);
+  std::iota(identity.begin(), identity.end(), 0u);
+  uint64_t ops = 0;
+  for (const auto& t : s.token_sets) {
+    const std::vector<uint32_t> slots(t.begin(), t.end());
+    const ReadCost c = token_read_cost(slots, g);
+    EXPECT_EQ(c.ops, engine_plan(slots, g, eo, 256).ops);
+    EXPECT_EQ(c.bytes, engine_plan(slots, g, eo, 256).bytes);
+    ops += c.ops;
+  }
+  EXPECT_DOUBLE_EQ(layer_cost(s.token_sets, identity, g, p).ops_per_token, double(ops) / 40);
+  SearchStats st;
+  LocalSearchOptions budget;
+  budget.max_moves = 3000;
+  const Order o = order_layer(OrderMethod::kSeriation, s, g, p, budget, &st);
+  EXPECT_GT(st.moves, 0u);
+  std::vector<uint32_t> sorted = o;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, identity);  // still a permutation
+  EXPECT_LE(layer_cost(s.token_sets, slots_of(o), g, p).modelled_us_per_token,
+            layer_cost(s.token_sets, identity, g, p).modelled_us_per_token);
 }
 
 TEST(IoCostModel, ReadsLatencyAndBandwidthFromBenchIoJson) {
@@ -407,6 +451,67 @@ TEST(Repack, SameTokensAndRoutingBeforeAndAfterRepeatedRepacks) {
       EXPECT_EQ(routing, want_routing) << io;
     }
   }
+}
+
+// The FormatError's message of loading `dir` for generation; "" when it loads.
+std::string load_error(const fs::path& dir) {
+  try {
+    greedy_tokens(dir, "simple", nullptr);
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Issue 17: a --maps-out map copied next to the un-repacked layer files read other experts with
+// every checksum passing. Now it is refused naming both files, and so is a repack from it; the
+// maps --maps-out writes are byte for byte what a repack in that order installs.
+TEST(Repack, MapsOutMapNextToTheUnrepackedFilesIsRefused) {
+  TempDir d("cluster_test");
+  const ModelConfig c = tiny_config();
+  const fs::path dir = d.path() / "model", copy = d.path() / "copy";
+  write_synthetic_model(dir, c, 37, 1);
+  const std::vector<int> want = greedy_tokens(dir, "simple", nullptr);
+  const auto maps = random_maps(c.n_layers, 8, 5);
+  const std::vector<ExpertMap> maps_out = bind_for_repack(dir, maps);  // as --maps-out writes them
+  fs::copy(dir, copy, fs::copy_options::recursive);
+  for (int l = 0; l < c.n_layers; ++l) write_expert_map(expert_map_path(copy, l), maps_out[size_t(l)]);
+  const std::string msg = load_error(copy);
+  EXPECT_NE(msg.find(expert_map_path(copy, 0).string() + " does not describe " +
+                     expert_file_path(copy, 0).string()), std::string::npos) << msg;
+  const auto before = snapshot(copy);
+  EXPECT_THROW(repack_experts(copy, c.n_layers, random_maps(c.n_layers, 8, 6)), FormatError);
+  EXPECT_EQ(snapshot(copy), before);
+  // The real repack installs exactly those maps, and the model reads as before.
+  repack_experts(dir, c.n_layers, maps);
+  for (int l = 0; l < c.n_layers; ++l)
+    EXPECT_EQ(read_file(expert_map_path(dir, l)), encode_expert_map(maps_out[size_t(l)])) << l;
+  EXPECT_EQ(greedy_tokens(dir, "simple", nullptr), want);
+  EXPECT_EQ(greedy_tokens(dir, "auto", nullptr), want);
+  // A map of another layer of the repacked model is refused too.
+  fs::copy_file(expert_map_path(dir, 1), expert_map_path(dir, 0), fs::copy_options::overwrite_existing);
+  EXPECT_NE(load_error(dir).find("layer_000.map does not describe"), std::string::npos);
+}
+
+// A model repacked by the previous version has version-1 maps: refused (with the way out) until
+// cluster_experts --bind-legacy-maps binds them, after which it reads as before.
+TEST(Repack, LegacyRepackedModelIsRefusedUntilItsMapsAreBound) {
+  TempDir d("cluster_test");
+  const ModelConfig c = tiny_config();
+  write_synthetic_model(d.path(), c, 41, 1);
+  const std::vector<int> want = greedy_tokens(d.path(), "simple", nullptr);
+  repack_experts(d.path(), c.n_layers, random_maps(c.n_layers, 8, 7));
+  for (int l = 0; l < c.n_layers; ++l)  // what the previous version left: the same order, unbound
+    write_expert_map(expert_map_path(d.path(), l), ExpertMap::from_slots(load_expert_map(d.path(), l, 8).slots()));
+  const std::string msg = load_error(d.path());
+  EXPECT_NE(msg.find("version-1 map"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--bind-legacy-maps"), std::string::npos) << msg;
+  EXPECT_THROW(repack_experts(d.path(), c.n_layers, random_maps(c.n_layers, 8, 8)), FormatError);
+  EXPECT_EQ(bind_legacy_maps(d.path()), c.n_layers);
+  EXPECT_EQ(greedy_tokens(d.path(), "simple", nullptr), want);
+  EXPECT_EQ(bind_legacy_maps(d.path()), 0);  // already bound: checked, not rewritten
+  repack_experts(d.path(), c.n_layers, random_maps(c.n_layers, 8, 8));  // and repackable again
+  EXPECT_EQ(greedy_tokens(d.path(), "simple", nullptr), want);
 }
 
 TEST(Repack, InjectedFailureAtEveryPointLeavesTheOriginalUntouched) {

@@ -171,7 +171,7 @@ void permuted_copy(const fs::path& from, const fs::path& to, const ModelConfig& 
     for (int e = 0; e < c.n_experts; ++e)
       w.write_expert(perm[e], reinterpret_cast<const uint8_t*>(bytes.data() + h.slot_offset(e)));
     w.finish();
-    write_expert_map(expert_map_path(to, l), ExpertMap::from_slots(perm));
+    test::write_bound_map(to, l, ExpertMap::from_slots(perm));
   }
 }
 

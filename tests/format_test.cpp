@@ -171,7 +171,7 @@ TEST(ExpertStore, FollowsTheLayerMapFromLogicalIdToSlot) {
   ModelConfig c = tiny_config(QuantType::kQ8);
   auto payloads = write_experts(d.path(), c);  // slot s holds what was written as expert s
   const std::vector<uint32_t> slots = {3, 0, 5, 1, 2, 4};  // logical i lives in slot slots[i]
-  write_expert_map(d.path() / "experts" / "layer_001.map", ExpertMap::from_slots(slots));
+  test::write_bound_map(d.path(), 1, ExpertMap::from_slots(slots));
   auto store = open_pread_expert_store(d.path(), c);
   std::vector<int> ids = {0, 2, 5};
   std::vector<const uint8_t*> out;

@@ -1,5 +1,6 @@
 // `cluster_experts`: orders each layer's experts on disk from routing logs so that experts chosen
-// together sit together, reports the modelled I/O cost, writes maps and optionally repacks.
+// together sit together, reports the modelled I/O cost, writes maps and optionally repacks; with
+// --bind-legacy-maps it only binds the version-1 maps of a model repacked before maps were bound.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -32,7 +33,7 @@ namespace {
 struct Args {
   std::vector<std::string> routing, evaluate;
   std::string model, method = "seriation", io_profile, maps_out;
-  bool repack = false, json = false, shape_only = false;
+  bool repack = false, json = false, shape_only = false, bind_legacy = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
   uint64_t search_moves = kDefaultSearchMoves;
   // The engine's read options, with infer's flags and defaults (coalescing gap, read caps,
@@ -42,6 +43,13 @@ struct Args {
 
 int run(const Args& a) {
   const fs::path dir = a.model;
+  if (a.bind_legacy) {
+    const int n = bind_legacy_maps(dir);
+    std::fprintf(stderr, "cluster_experts: bound %d version-1 map(s) under %s/experts to their layer files\n", n,
+                 dir.string().c_str());
+    return 0;
+  }
+  if (a.routing.empty()) throw ConfigError("--routing is required (except with --bind-legacy-maps)");
   const PackedLayout layout = read_packed_layout(dir, build_store_options(a.reads).io);
   const RoutingLogHeader& want = layout.want;
   const SlotGeometry& g = layout.geometry;
@@ -115,8 +123,10 @@ int run(const Args& a) {
   for (size_t l = 0; l < chosen.size(); ++l)
     maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
   if (!a.maps_out.empty()) {
+    // Bound to the files a repack in this order would write: never usable next to the current ones.
+    const std::vector<ExpertMap> bound = bind_for_repack(dir, maps);
     fs::create_directories(fs::path(a.maps_out) / "experts");
-    for (size_t l = 0; l < maps.size(); ++l) write_expert_map(expert_map_path(a.maps_out, int(l)), maps[l]);
+    for (size_t l = 0; l < bound.size(); ++l) write_expert_map(expert_map_path(a.maps_out, int(l)), bound[l]);
     std::fprintf(stderr, "cluster_experts: wrote %zu maps under %s/experts\n", maps.size(), a.maps_out.c_str());
   }
   if (a.repack) {
@@ -137,13 +147,16 @@ int main(int argc, char** argv) {
   CLI::App app{"cluster_experts: place co-activated experts next to each other on disk"};
   Args a;
   app.add_option("--routing", a.routing, "routing log(s) to learn the order from (infer --collect-routing)")
-      ->required()->expected(1, -1);
+      ->expected(1, -1);
   app.add_option("--model", a.model, "packed model directory")->required();
   app.add_option("--method", a.method, "identity, greedy (chain baseline) or seriation "
                  "(spectral + local search on the cost model)")->capture_default_str();
   app.add_flag("--repack", a.repack, "rewrite the layer files in the new physical order and install the maps");
   app.add_option("--maps-out", a.maps_out, "write the orders as DIR/experts/layer_NNN.map (for inspection; "
-                 "a map only belongs next to a file repacked in its order)");
+                 "each map is bound to the file a repack in its order writes, and refused next to any other)");
+  app.add_flag("--bind-legacy-maps", a.bind_legacy,
+               "only bind the version-1 maps of a model repacked by an earlier moestream to its layer files "
+               "(vouching that experts/ was not changed since that repack); needs no --routing");
   app.add_option("--evaluate", a.evaluate, "held-out routing log(s) to report the cost on")->expected(1, -1);
   app.add_flag("--shape-only", a.shape_only,
                "accept logs of another model with the same layers and experts (e.g. to lay out a "

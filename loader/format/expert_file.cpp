@@ -225,6 +225,11 @@ ExpertFileHeader read_expert_header(const std::filesystem::path& path) {
 
 uint64_t expert_checksum(const void* data, size_t bytes) { return XXH64(data, bytes, 0); }
 
+uint64_t slot_table_hash(const std::vector<uint64_t>& slot_checksums) {
+  // The table as stored: little-endian hosts only, as the format states.
+  return XXH64(slot_checksums.data(), slot_checksums.size() * sizeof(uint64_t), 0);
+}
+
 std::filesystem::path expert_file_path(const std::filesystem::path& model_dir, int layer) {
   char name[32];
   std::snprintf(name, sizeof name, "layer_%03d.bin", layer);

@@ -18,7 +18,10 @@
 //   ...     zero padding up to data_offset = align_up(64 + 8*n_experts, 4096)
 //   data_offset + s*expert_stride: the expert in physical slot s, zero padded to the stride.
 // The file is exactly data_offset + n_experts*expert_stride bytes. Without a `.map` file,
-// physical slot s holds logical expert s.
+// physical slot s holds logical expert s. A `.map` (expert_map.h) is bound to the file by
+// slot_table_hash: XXH64 (seed 0) over bytes [64, 64 + 8*n_experts), the per-slot checksum table
+// as stored. It changes whenever a different payload sits in some slot, so a map written for
+// another order (or another layer or model) is refused instead of reading the wrong experts.
 //
 // One expert's payload is three matrices back to back, each starting 64-byte aligned:
 //   gate [F x D], up [F x D], down [D x F]   (rows x cols, row-major; rows are outputs)
@@ -93,6 +96,10 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
 
 // Reads and validates the header of an expert file.
 ExpertFileHeader read_expert_header(const std::filesystem::path& path);
+
+// XXH64 (seed 0) over the per-slot checksum table as stored (8 bytes little-endian per slot, slot
+// order): an identity of which payload sits in which slot, what an expert map is bound to.
+uint64_t slot_table_hash(const std::vector<uint64_t>& slot_checksums);
 
 // XXH64 (seed 0) of an expert payload.
 uint64_t expert_checksum(const void* data, size_t bytes);

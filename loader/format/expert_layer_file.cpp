@@ -43,7 +43,7 @@ ExpertLayerFile open_expert_layer_file(const std::filesystem::path& model_dir, c
   f.path = dir / (std::string(name) + ".bin");
   f.header = read_expert_header(f.path);
   check_against_config(f, layer, cfg);
-  f.map = use_map ? load_expert_map_file(dir / (std::string(name) + ".map"), f.header.n_experts)
+  f.map = use_map ? load_bound_expert_map(dir / (std::string(name) + ".map"), f.header, f.path)
                   : ExpertMap::identity(f.header.n_experts);
   return f;
 }

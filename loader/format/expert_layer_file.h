@@ -21,7 +21,8 @@ struct ExpertLayerFile {
 
 // Opens layer `layer` of `model_dir`: header validated, then checked field by field against
 // `cfg` (quant, layer, n_experts, hidden, intermediate); throws FormatError naming the file and
-// the field. The map is loaded from layer_NNN.map beside the file when `use_map` is set.
+// the field. The map is loaded from layer_NNN.map beside the file when `use_map` is set, and
+// refused (FormatError naming both files) unless it is bound to this file (expert_map.h).
 ExpertLayerFile open_expert_layer_file(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                                        int layer, bool use_map = true);
 

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/format/expert_file.h"
 
 namespace moestream {
 namespace {
@@ -27,6 +28,12 @@ uint64_t load_u64(const char* p) {
 }
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
 void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
+
+std::string hex64(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 }  // namespace
 
@@ -57,6 +64,12 @@ ExpertMap ExpertMap::from_slots(std::vector<uint32_t> physical, std::string_view
   return m;
 }
 
+ExpertMap ExpertMap::bound_to(uint64_t table_hash) const {
+  ExpertMap m = *this;
+  m.binding_ = table_hash;
+  return m;
+}
+
 bool ExpertMap::is_identity() const {
   for (uint32_t i = 0; i < physical_.size(); ++i)
     if (physical_[i] != i) return false;
@@ -71,9 +84,11 @@ std::filesystem::path expert_map_path(const std::filesystem::path& model_dir, in
 
 std::string encode_expert_map(const ExpertMap& map) {
   std::string s(kExpertMapMagic, sizeof kExpertMapMagic);
-  put_u32(s, kExpertMapVersion);
+  const std::optional<uint64_t> binding = map.file_binding();
+  put_u32(s, binding ? kExpertMapVersion : kExpertMapLegacyVersion);
   put_u32(s, map.size());
   for (uint32_t v : map.slots()) put_u32(s, v);
+  if (binding) put_u64(s, *binding);
   put_u64(s, XXH64(s.data(), s.size(), 0));
   return s;
 }
@@ -86,17 +101,19 @@ ExpertMap decode_expert_map(std::string_view bytes, const std::filesystem::path&
   if (std::memcmp(bytes.data(), kExpertMapMagic, sizeof kExpertMapMagic) != 0)
     throw FormatError(where + ": bad magic at offset 0 (not an expert map)");
   uint32_t version = load_u32(bytes.data() + 8);
-  if (version != kExpertMapVersion)
+  if (version != kExpertMapVersion && version != kExpertMapLegacyVersion)
     throw FormatError(where + ": unsupported version " + std::to_string(version) +
-                      " at offset 8 (expected " + std::to_string(kExpertMapVersion) + ")");
+                      " at offset 8 (expected " + std::to_string(kExpertMapLegacyVersion) + " or " +
+                      std::to_string(kExpertMapVersion) + ")");
+  const bool bound = version == kExpertMapVersion;
   uint64_t n = load_u32(bytes.data() + 12);
-  uint64_t expected = kHeaderBytes + 4 * n + 8;
+  uint64_t expected = kHeaderBytes + 4 * n + (bound ? 16 : 8);
   if (bytes.size() != expected)
     throw FormatError(where + ": " + (bytes.size() < expected ? "truncated" : "oversized") +
                       " expert map: n = " + std::to_string(n) + " at offset 12 needs " +
                       std::to_string(expected) + " bytes, file has " +
                       std::to_string(bytes.size()));
-  size_t body = kHeaderBytes + 4 * n;
+  size_t body = kHeaderBytes + 4 * n + (bound ? 8 : 0);
   uint64_t stored = load_u64(bytes.data() + body);
   uint64_t actual = XXH64(bytes.data(), body, 0);
   if (stored != actual)
@@ -105,7 +122,8 @@ ExpertMap decode_expert_map(std::string_view bytes, const std::filesystem::path&
                       std::to_string(actual) + ")");
   std::vector<uint32_t> slots(n);
   for (uint64_t i = 0; i < n; ++i) slots[i] = load_u32(bytes.data() + kHeaderBytes + 4 * i);
-  return ExpertMap::from_slots(std::move(slots), where);
+  ExpertMap m = ExpertMap::from_slots(std::move(slots), where);
+  return bound ? m.bound_to(load_u64(bytes.data() + kHeaderBytes + 4 * n)) : m;
 }
 
 ExpertMap read_expert_map(const std::filesystem::path& path) {
@@ -131,6 +149,33 @@ ExpertMap load_expert_map_file(const std::filesystem::path& p, uint32_t n_expert
     throw FormatError(p.string() + ": map has n = " + std::to_string(m.size()) +
                       " experts at offset 12, the layer has " + std::to_string(n_experts));
   return m;
+}
+
+ExpertMap load_bound_expert_map(const std::filesystem::path& map_path, const ExpertFileHeader& h,
+                                const std::filesystem::path& file) {
+  ExpertMap m = load_expert_map_file(map_path, h.n_experts);
+  const std::optional<uint64_t> binding = m.file_binding();
+  if (binding) {
+    const uint64_t actual = slot_table_hash(h.slot_checksums);
+    if (*binding != actual)
+      throw FormatError(map_path.string() + " does not describe " + file.string() +
+                        ": the map is bound to a layer file whose slot checksum table hashes to " +
+                        hex64(*binding) + ", this file's hashes to " + hex64(actual) +
+                        ". The map was written for another slot order (a --maps-out map of a file "
+                        "that was not repacked, or a map of another layer or model, or the file "
+                        "was replaced since its repack); reading through it would fetch the wrong "
+                        "experts. Remove the map if the file is in its original order, or repack "
+                        "with cluster_experts --repack to install a matching file and map");
+    return m;
+  }
+  // No such file (identity) or a legacy version-1 map: only the identity is safe without a binding.
+  if (m.is_identity()) return m;
+  throw FormatError(map_path.string() + " is a version-1 map (written before maps were bound to "
+                    "their layer files) with a non-identity order, and nothing shows that " +
+                    file.string() + " was repacked in that order; reading through it could fetch "
+                    "the wrong experts. If this model was repacked by that earlier moestream and "
+                    "its experts/ files were not changed since, run cluster_experts --model DIR "
+                    "--bind-legacy-maps once to bind the maps; otherwise remove the map");
 }
 
 }  // namespace moestream

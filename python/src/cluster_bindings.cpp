@@ -99,7 +99,8 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
       maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
     if (maps_out) {
       fs::create_directories(fs::path(*maps_out) / "experts");
-      for (size_t l = 0; l < maps.size(); ++l) write_expert_map(expert_map_path(*maps_out, int(l)), maps[l]);
+      const std::vector<ExpertMap> bound = bind_for_repack(dir, maps);  // refused next to the current files
+      for (size_t l = 0; l < bound.size(); ++l) write_expert_map(expert_map_path(*maps_out, int(l)), bound[l]);
     }
     if (repack) repack_experts(dir, int(maps.size()), maps);
     js["repacked"] = repack;

@@ -168,3 +168,44 @@ def test_same_inputs_give_the_same_maps_and_the_budget_is_reported(tool, model, 
     r = tool("cluster_experts", "--help")
     assert "--search-moves" in r.stdout and "--search-seconds" not in r.stdout
     assert "--direct-max-read-kb" in r.stdout and "--io-direct" in r.stdout
+
+
+def test_maps_out_map_next_to_unrepacked_files_is_refused(tool, model, tmp_path):
+    """Issue 17: a valid map copied next to layer files not repacked in its order read other experts
+    with exit 0. Each map is bound to the file it describes: this is now a clear error naming both."""
+    log = tmp_path / "r.bin"
+    want = tokens(tool, model, log)
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--maps-out", tmp_path / "maps",
+             "--search-moves", "1000")
+    assert r.returncode == 0, r.stderr
+    for m in (tmp_path / "maps" / "experts").iterdir():
+        shutil.copy(m, model / "experts" / m.name)
+    r = tool("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids")
+    assert r.returncode == 1 and r.stdout.strip() == ""
+    assert "layer_000.map does not describe" in r.stderr and "layer_000.bin" in r.stderr, r.stderr
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--repack")
+    assert r.returncode == 1 and "does not describe" in r.stderr, r.stderr
+    assert not (model / "experts.repack").exists()
+    for m in (tmp_path / "maps" / "experts").iterdir():
+        (model / "experts" / m.name).unlink()
+    assert tokens(tool, model) == want  # the files themselves were never touched
+
+
+def test_legacy_map_is_refused_until_bound(tool, model, tmp_path):
+    """A model repacked by the previous version (version-1 maps, no binding) is refused with the way
+    out; --bind-legacy-maps binds its maps and it reads as before."""
+    log = tmp_path / "r.bin"
+    want = tokens(tool, model, log)
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--repack", "--search-moves", "1000")
+    assert r.returncode == 0, r.stderr
+    for l in range(8):
+        p = model / "experts" / f"layer_{l:03d}.map"
+        data = p.read_bytes()
+        assert struct.unpack_from("<I", data, 8)[0] == 2 and len(data) == 32 + 4 * 32
+        body = b"MOEXMAP\0" + struct.pack("<II", 1, 32) + data[16:16 + 4 * 32]
+        p.write_bytes(body + struct.pack("<Q", xxh64(body)))
+    r = tool("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids")
+    assert r.returncode == 1 and "version-1 map" in r.stderr and "--bind-legacy-maps" in r.stderr, r.stderr
+    r = tool("cluster_experts", "--model", model, "--bind-legacy-maps")
+    assert r.returncode == 0 and "bound 8 version-1 map(s)" in r.stderr, r.stderr
+    assert tokens(tool, model) == want

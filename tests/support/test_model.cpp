@@ -48,10 +48,15 @@ Payloads write_layer_files(const fs::path& dir, const ModelConfig& cfg, uint32_t
       all[size_t(l)].push_back(std::move(p));
     }
     w.finish();
-    if (permute) write_expert_map(expert_map_path(dir, l), ExpertMap::from_slots(perm));
+    if (permute) write_bound_map(dir, l, ExpertMap::from_slots(perm));
   }
   cfg.save(dir);
   return all;
+}
+
+void write_bound_map(const fs::path& dir, int layer, const ExpertMap& map) {
+  const ExpertFileHeader h = read_expert_header(expert_file_path(dir, layer));
+  write_expert_map(expert_map_path(dir, layer), map.bound_to(slot_table_hash(h.slot_checksums)));
 }
 
 void overwrite_bytes(const fs::path& file, uint64_t offset, std::string_view bytes) {

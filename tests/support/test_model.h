@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "loader/format/expert_map.h"
 #include "loader/format/model_config.h"
 
 namespace moestream::test {
@@ -34,6 +35,10 @@ Payloads write_layer_files(const std::filesystem::path& dir, const ModelConfig& 
                            bool permute = false);
 
 // Overwrites bytes in place at `offset` (the file keeps its size): corruption for load tests.
+// Writes `map` as layer `layer`'s map of `dir`, bound to the layer file already there (what a
+// repack installs); the caller vouches that the file is laid out in the map's order.
+void write_bound_map(const std::filesystem::path& dir, int layer, const ExpertMap& map);
+
 void overwrite_bytes(const std::filesystem::path& file, uint64_t offset, std::string_view bytes);
 
 // The message of the E that f() throws; "<no exception>" when it returns (another exception
