@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Greedy tokens of two builds of infer, compared over every expert-read path: each --io mode,
-# O_DIRECT with a host cache, a clustered repack of the model, cache-aware routing (tolerance 0
+# O_DIRECT with a host cache, a clustered repack of the model (each build its own), cache-aware routing (tolerance 0
 # and > 0) and, with GPU=1, the GPU pass (plain, look-ahead, cache-aware). Prints one line per
 # case and exits 1 when any case differs or fails, so a refactor can show it changed nothing.
 # Usage: scripts/same_tokens.sh OLD_BIN_DIR NEW_BIN_DIR [MODEL_DIR]   (default models/demo)
@@ -12,18 +12,27 @@ N=${N:-32}
 for b in "$OLD" "$NEW"; do
   [ -x "$b/infer" ] || { echo "same_tokens: no infer in $b" >&2; exit 2; }
 done
-[ -x "$NEW/cluster_experts" ] || { echo "same_tokens: no cluster_experts in $NEW" >&2; exit 2; }
+for b in "$OLD" "$NEW"; do
+  [ -x "$b/cluster_experts" ] || { echo "same_tokens: no cluster_experts in $b" >&2; exit 2; }
+done
 W=${OUT_DIR:-$(mktemp -d /tmp/same_tokens.XXXXXX)}
 mkdir -p "$W"
 PROMPT="Elizabeth looked at Mr. Darcy and"
 
-# A repacked copy: routing collected on held-out text, clustered and repacked by the new build.
-R="$W/repacked"
-rm -rf "$R"; cp -r "$M" "$R"
+# Repacked copies: routing collected on held-out text, then each build clusters and repacks its
+# own copy (the two may choose other orders, and a newer map format need not load in an older
+# build); a repack never changes the tokens, so each build on its own repack must agree.
 "$NEW/infer" -m "$M" -p "$(head -c 2000 "$M/heldout.txt")" -n 1 --temp 0 \
-  --collect-routing "$W/routing.log" >/dev/null 2>"$W/collect.err" &&
-  "$NEW/cluster_experts" --routing "$W/routing.log" --model "$R" --repack >/dev/null 2>"$W/cluster.err" ||
-  { echo "same_tokens: collecting routing or repacking failed (see $W)" >&2; exit 1; }
+  --collect-routing "$W/routing.log" >/dev/null 2>"$W/collect.err" ||
+  { echo "same_tokens: collecting routing failed (see $W/collect.err)" >&2; exit 1; }
+for side in old new; do
+  b=$OLD; [ $side = new ] && b=$NEW
+  rm -rf "$W/model-repacked.$side"; cp -r "$M" "$W/model-repacked.$side"
+  "$b/cluster_experts" --routing "$W/routing.log" --model "$W/model-repacked.$side" --repack \
+    >/dev/null 2>"$W/cluster.$side.err" ||
+    { echo "same_tokens: repacking with the $side build failed (see $W/cluster.$side.err)" >&2; exit 1; }
+done
+R="$W/model-repacked.@SIDE@"  # each build reads its own repack
 
 CASES=(
   "io-auto|-m $M --io auto"
@@ -49,9 +58,9 @@ rc=0
 for c in "${CASES[@]}"; do
   name=${c%%|*}; args=${c#*|}
   # shellcheck disable=SC2086  # args are word lists by design
-  "$OLD/infer" $args -p "$PROMPT" -n "$N" --temp 0 --print-ids >"$W/$name.old" 2>"$W/$name.old.err"; a=$?
+  "$OLD/infer" ${args//@SIDE@/old} -p "$PROMPT" -n "$N" --temp 0 --print-ids >"$W/$name.old" 2>"$W/$name.old.err"; a=$?
   # shellcheck disable=SC2086
-  "$NEW/infer" $args -p "$PROMPT" -n "$N" --temp 0 --print-ids >"$W/$name.new" 2>"$W/$name.new.err"; b=$?
+  "$NEW/infer" ${args//@SIDE@/new} -p "$PROMPT" -n "$N" --temp 0 --print-ids >"$W/$name.new" 2>"$W/$name.new.err"; b=$?
   if [ $a -ne 0 ] || [ $b -ne 0 ]; then
     echo "FAILED    $name (exit $a / $b; $W/$name.*.err)"; rc=1
   elif cmp -s "$W/$name.old" "$W/$name.new" && [ -s "$W/$name.new" ]; then
