@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "runtime/convert/convert.h"
+#include "tools/cli_range.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral) into a moestream model"};
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--dense-dtype", dense_dtype, "Dense weights dtype (default: f32 for f32 checkpoints, else bf16)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_flag("--force", force, "Replace OUT_DIR if it exists");
-  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")
+      ->check(in_range(0, kMaxThreads));
   app.add_flag("-q,--quiet", quiet, "No progress bar");
   CLI11_PARSE(app, argc, argv);
   try {
