@@ -117,7 +117,7 @@ int run(const Args& a) {
   sp.top_k = a.top_k;
   sp.top_p = a.top_p;
   sp.seed = a.seed;
-  Sampler sampler(sp);  // validates the sampling options before the (slow) model load
+  Sampler sampler(sp);  // validates the sampling options (NaN included) before the (slow) model load
 
   std::vector<int> prompt;
   if (!a.prompt_ids.empty()) prompt = parse_ids(a.prompt_ids);
@@ -227,12 +227,9 @@ int main(int argc, char** argv) {
   app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str()
       ->check(in_range(0, kMaxContext));
   app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str();
-  app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str()
-      ->check(in_range(0.0f, 1000.0f));
-  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str()
-      ->check(in_range(0, 1 << 30));
-  app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str()
-      ->check(in_range(0.0f, 1.0f));
+  app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str();
+  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str();
+  app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
   app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str()
       ->check(in_range(0, kMaxThreads));
   app.add_option("--ctx", a.ctx,
