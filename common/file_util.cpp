@@ -41,10 +41,23 @@ int open_for_read(const std::filesystem::path& path, const std::string& what, ui
   return fd;
 }
 
-std::string read_file(const std::filesystem::path& path) {
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat", path);
+  const auto too_large = [&] {
+    ::close(fd);
+    throw IoError(path.string() + ": larger than the " + std::to_string(max_bytes) +
+                  "-byte limit for a file read whole");
+  };
+  if (S_ISDIR(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+    ::close(fd);
+    throw IoError(path.string() + ": not a regular file (a directory or a device), cannot be read whole");
+  }
+  if (S_ISREG(st.st_mode) && uint64_t(st.st_size) > max_bytes) too_large();
   std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(size_t(st.st_size));
   char buf[1 << 16];
   for (;;) {
     ssize_t n = ::read(fd, buf, sizeof buf);
@@ -53,6 +66,7 @@ std::string read_file(const std::filesystem::path& path) {
       close_and_throw_errno(fd, "cannot read", path);
     }
     if (n == 0) break;
+    if (out.size() + size_t(n) > max_bytes) too_large();  // a pipe, or a file that grew
     out.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);

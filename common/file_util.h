@@ -10,8 +10,14 @@
 
 namespace moestream {
 
-// Reads the whole file; throws IoError naming the path and strerror on failure.
-std::string read_file(const std::filesystem::path& path);
+// Files read whole are at most this large unless the caller states another limit (1 GiB: the
+// largest tokenizer.json or text file moestream reads is far smaller).
+inline constexpr uint64_t kReadFileLimit = uint64_t(1) << 30;
+
+// Reads the whole file; throws IoError naming the path and strerror on failure, and IoError when
+// the path is a directory or a device (/dev/zero would be read until memory runs out) or holds
+// more than `max_bytes` (a pipe is read up to the limit, then refused).
+std::string read_file(const std::filesystem::path& path, uint64_t max_bytes = kReadFileLimit);
 
 // Writes `data` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the directory.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);

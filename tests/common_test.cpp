@@ -1,11 +1,15 @@
-// Tests of common/: atomic writes and the RAII temp dir.
+// Tests of common/: checked conversions, whole-file reads, atomic writes and the RAII temp dir.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
+#include <new>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/file_util.h"
 #include "common/thread_pool.h"
@@ -39,6 +43,90 @@ TEST(AtomicWrite, FailureLeavesOriginalUntouched) {
   write_file_atomic(d.path() / "f", "original");
   EXPECT_THROW(write_file_atomic(d.path() / "missing_dir" / "f", "x"), IoError);
   EXPECT_EQ(read_file(d.path() / "f"), "original");
+}
+
+// The ConfigError message of fn(); empty (and a test failure) when it throws none.
+template <class F>
+std::string config_error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError";
+  return {};
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Checked, RangeNamesTheOptionItsBoundsAndTheValue) {
+  EXPECT_EQ(check_range("--ctx", 0, 0, 10), 0);
+  EXPECT_EQ(check_range("--ctx", 10, 0, 10), 10);
+  const std::string msg = config_error_of([] { check_range("--ctx", -5, 0, 10); });
+  EXPECT_TRUE(has(msg, "--ctx") && has(msg, "[0, 10]") && has(msg, "-5")) << msg;
+  EXPECT_TRUE(has(config_error_of([] { check_range<uint64_t>("io_qd", 11, 1, 10); }), "io_qd"));
+}
+
+TEST(Checked, NanAndInfinityAreRefusedThoughEveryComparisonLetsNanThrough) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string msg = config_error_of([&] { check_range("--cache-tolerance", nan, 0.0f, 1000.0f); });
+  EXPECT_TRUE(has(msg, "--cache-tolerance") && has(msg, "nan")) << msg;
+  EXPECT_THROW(check_range("x", std::numeric_limits<double>::infinity(), 0.0, 1e300), ConfigError);
+  EXPECT_THROW(check_range("x", -std::numeric_limits<double>::infinity(), -1e300, 0.0), ConfigError);
+  EXPECT_FLOAT_EQ(check_range("x", 0.25f, 0.0f, 1.0f), 0.25f);
+}
+
+TEST(Checked, UnitConversionsRefuseToWrap) {
+  EXPECT_EQ(kib_to_bytes(3, "--max-read-kb"), 3u * 1024);
+  EXPECT_EQ(mib_to_bytes(5, "--host-cache-mb"), 5u << 20);
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(mib_to_bytes(max >> 20, "m"), (max >> 20) << 20);  // the largest that fits
+  // 2^64 - 1 MiB shifted would wrap to a small number and silently disable the host cache.
+  const std::string msg = config_error_of([&] { mib_to_bytes(max, "--host-cache-mb"); });
+  EXPECT_TRUE(has(msg, "--host-cache-mb") && has(msg, std::to_string(max))) << msg;
+  EXPECT_THROW(mib_to_bytes((max >> 20) + 1, "m"), ConfigError);
+  EXPECT_THROW(kib_to_bytes((max >> 10) + 1, "--coalesce-gap-kb"), ConfigError);
+}
+
+TEST(Checked, ProductsThatOverflowNameWhatTheySize) {
+  EXPECT_EQ(checked_product({2, 3, 7}, "x"), 42u);
+  EXPECT_EQ(checked_product({}, "x"), 1u);
+  const std::string msg = config_error_of([] { checked_product({uint64_t(1) << 40, uint64_t(1) << 30, 0}, "the KV cache"); });
+  EXPECT_TRUE(has(msg, "the KV cache") && has(msg, "overflows")) << msg;  // a later 0 does not hide it
+}
+
+TEST(Checked, AllocationFailureNamesWhatHowManyBytesAndTheSource) {
+  const std::string msg = config_error_of([] {
+    allocating("the KV cache", uint64_t(3) << 20, "--ctx 99", []() -> int { throw std::bad_alloc(); });
+  });
+  EXPECT_TRUE(has(msg, "the KV cache") && has(msg, "3145728 bytes") && has(msg, "--ctx 99")) << msg;
+  EXPECT_EQ(allocating("x", 1, "y", [] { return 7; }), 7);
+}
+
+TEST(ReadFile, DevicesAndDirectoriesAreRefusedNotReadUntilMemoryRunsOut) {
+  const std::string msg = [] {
+    try {
+      read_file("/dev/zero");
+    } catch (const IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no IoError");
+  }();
+  EXPECT_TRUE(has(msg, "/dev/zero") && has(msg, "not a regular file")) << msg;
+  TempDir d;
+  EXPECT_THROW(read_file(d.path()), IoError);
+}
+
+TEST(ReadFile, FilesOverTheLimitAreRefusedWithThePathAndTheLimit) {
+  TempDir d;
+  write_file_atomic(d.path() / "f", std::string(100, 'x'));
+  EXPECT_EQ(read_file(d.path() / "f", 100).size(), 100u);
+  try {
+    read_file(d.path() / "f", 99);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_TRUE(has(e.what(), (d.path() / "f").string()) && has(e.what(), "99-byte limit")) << e.what();
+  }
 }
 
 TEST(ReadFile, MissingFileNamesThePath) {

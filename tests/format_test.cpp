@@ -316,6 +316,72 @@ TEST(ModelConfig, BadValuesAreRejected) {
   EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
 }
 
+TEST(ModelConfig, PathsMustStayInsideTheModelDirectory) {
+  const nlohmann::json good = tiny_config(QuantType::kQ8).to_json();
+  auto expect_bad = [&](const char* obj, const char* key, const char* value) {
+    nlohmann::json j = good;
+    j[obj][key] = value;
+    std::string msg = test::error_message([&] { ModelConfig::from_json(j, "m/model.json"); });
+    EXPECT_NE(msg.find(std::string(obj) + "." + key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(value), std::string::npos) << msg;
+  };
+  expect_bad("dense", "file", "/etc/passwd");
+  expect_bad("dense", "file", "../x");
+  expect_bad("dense", "file", "a/../../x");
+  expect_bad("experts", "dir", "/tmp");
+  expect_bad("experts", "dir", "..");
+  expect_bad("tokenizer", "file", "../../tokenizer.json");
+  expect_bad("tokenizer", "config", "/etc/shadow");
+  nlohmann::json j = good;
+  j["dense"]["file"] = "";
+  EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+  j = good;
+  j["dense"]["file"] = "sub/dense.safetensors";  // a subdirectory stays inside
+  EXPECT_EQ(ModelConfig::from_json(j, "model.json").dense_file, "sub/dense.safetensors");
+}
+
+TEST(ModelConfig, TokenIdsMustBeInTheVocabulary) {
+  nlohmann::json good = tiny_config(QuantType::kQ8).to_json();
+  const int vocab = good["vocab_size"].get<int>();
+  for (const char* key : {"eos_token_id", "bos_token_id"}) {
+    for (long long id : {(long long)vocab, -1LL, 1LL << 40}) {
+      nlohmann::json j = good;
+      j[key] = id;
+      std::string msg = test::error_message([&] { ModelConfig::from_json(j, "m/model.json"); });
+      EXPECT_NE(msg.find(key), std::string::npos) << msg;
+      EXPECT_NE(msg.find("m/model.json"), std::string::npos) << msg;
+    }
+    nlohmann::json j = good;
+    j[key] = vocab - 1;
+    EXPECT_NO_THROW(ModelConfig::from_json(j, "model.json"));
+  }
+}
+
+TEST(ModelConfig, ShapesWhoseBuffersWouldOverflowAreRejected) {
+  const nlohmann::json good = tiny_config(QuantType::kQ8).to_json();
+  auto expect_bad = [&](std::initializer_list<std::pair<const char*, int>> fields, const char* named) {
+    nlohmann::json j = good;
+    for (const auto& [k, v] : fields) j[k] = v;
+    std::string msg = test::error_message([&] { ModelConfig::from_json(j, "model.json"); });
+    EXPECT_NE(msg.find(named), std::string::npos) << msg;
+  };
+  // Each field alone is within [1, 2^30]; their products are not.
+  expect_bad({{"vocab_size", 1 << 30}, {"hidden_size", 1 << 30}}, "vocab_size x hidden_size");
+  expect_bad({{"moe_intermediate_size", 1 << 25}, {"hidden_size", 1 << 20}}, "moe_intermediate_size x hidden_size");
+  expect_bad({{"n_layers", 1 << 30}, {"n_kv_heads", 1 << 10}, {"n_heads", 1 << 10}}, "n_layers x n_kv_heads x head_dim");
+  expect_bad({{"n_layers", 1 << 20}, {"n_experts", 1 << 22}, {"n_experts_per_tok", 1}}, "all experts");
+  nlohmann::json j = good;
+  j["rms_norm_eps"] = -1;
+  EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+}
+
+TEST(ModelConfig, ModelJsonThatIsNotARegularFileIsRefused) {
+  TempDir d;
+  fs::create_directory(d.path() / "model.json");
+  std::string msg = test::error_message([&] { ModelConfig::load(d.path()); });
+  EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+}
+
 TEST(ModelConfig, MissingOrInvalidFileNamesIt) {
   TempDir d;
   EXPECT_THROW(ModelConfig::load(d.path()), IoError);

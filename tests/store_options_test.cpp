@@ -138,6 +138,22 @@ TEST(StoreOptions, BadValuesNameTheOptionInEachSpelling) {
   EXPECT_NO_THROW(build_store_options(edge));
 }
 
+TEST(StoreOptions, LargestSizesConvertToBytesExactly) {
+  // The shared conversions (common/checked.h): the top of each range in bytes, never wrapped.
+  StoreConfig c;
+  c.host_cache_mb = kMaxHostCacheMb;
+  c.max_read_kb = kMaxReadKb;
+  c.coalesce_gap_kb = kMaxCoalesceGapKb;
+  const EngineExpertStoreOptions so = build_store_options(c, OptionSpelling::kCli, [](const std::string&) {});
+  EXPECT_EQ(so.host_cache_bytes, kMaxHostCacheMb << 20);
+  EXPECT_EQ(so.io.max_read_bytes, kMaxReadKb << 10);
+  EXPECT_EQ(so.io.coalesce_gap_bytes, kMaxCoalesceGapKb << 10);
+  // 2^64 - 1 MiB would wrap to a tiny cache if shifted: refused with the option's name.
+  c.host_cache_mb = ~uint64_t(0);
+  const std::string msg = config_error(c, OptionSpelling::kPython);
+  EXPECT_TRUE(contains(msg, "host_cache_mb") && contains(msg, "18446744073709551615")) << msg;
+}
+
 TEST(StoreOptions, HostCacheWithBufferedReadsWarnsOfDoubleCaching) {
   StoreConfig c;
   c.host_cache_mb = 4;

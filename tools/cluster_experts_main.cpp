@@ -22,6 +22,7 @@
 #include "loader/format/expert_map.h"
 #include "loader/format/routing_log.h"
 #include "loader/store/store_options.h"
+#include "tools/cli_range.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
@@ -163,20 +164,24 @@ int main(int argc, char** argv) {
                "synthetic stand-in with real routing)");
   app.add_flag("--json", a.json, "print a JSON summary on stdout");
   app.add_option("--io-profile", a.io_profile, "bench_io JSON to take per-op latency and bandwidth from");
-  app.add_option("--op-latency-us", a.op_latency_us, "per-read latency in us (overrides --io-profile; default 80)");
-  app.add_option("--bandwidth-gbps", a.bandwidth_gbps, "device bandwidth in GB/s (overrides --io-profile; default 3)");
+  app.add_option("--op-latency-us", a.op_latency_us, "per-read latency in us (overrides --io-profile; default 80)")
+      ->check(in_range(0.0, 1e9));
+  app.add_option("--bandwidth-gbps", a.bandwidth_gbps, "device bandwidth in GB/s (overrides --io-profile; default 3)")
+      ->check(in_range(0.0, 1e6));
   app.add_option("--neighbour-weight", a.neighbour_weight,
-                 "weight of pairs chosen by consecutive tokens in the co-activation counts")->capture_default_str();
+                 "weight of pairs chosen by consecutive tokens in the co-activation counts")->capture_default_str()
+      ->check(in_range(0.0, 1e6));
   app.add_option("--search-moves", a.search_moves,
                  "local search budget: candidate moves priced per layer (seriation; a count, not a "
                  "clock, so the order is the same on every machine)")->capture_default_str();
   app.add_option("--coalesce-gap-kb", a.reads.coalesce_gap_kb,
-                 "engine coalescing gap, 0 = no coalescing (as infer --coalesce-gap-kb)")->capture_default_str();
+                 "engine coalescing gap, 0 = no coalescing (as infer --coalesce-gap-kb)")->capture_default_str()
+      ->check(in_range(uint64_t(0), kMaxCoalesceGapKb));
   app.add_option("--max-read-kb", a.reads.max_read_kb, "engine largest read (as infer --max-read-kb)")->capture_default_str()
-      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+      ->check(in_range(kMinReadKb, kMaxReadKb));
   app.add_option("--direct-max-read-kb", a.reads.direct_max_read_kb,
                  "engine largest read with --io-direct (as infer --direct-max-read-kb)")->capture_default_str()
-      ->check(CLI::Range(uint64_t(4), uint64_t(1) << 30));
+      ->check(in_range(kMinReadKb, kMaxReadKb));
   app.add_flag("--io-direct", a.reads.io_direct,
                "price reads as the engine issues them with O_DIRECT (as infer --io-direct: block-aligned, "
                "capped by --direct-max-read-kb)");

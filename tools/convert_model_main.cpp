@@ -10,6 +10,8 @@
 
 #include "common/error.h"
 #include "runtime/convert/convert.h"
+#include "tools/cli_range.h"
+#include "tools/tool_main.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral) into a moestream model"};
@@ -22,10 +24,11 @@ int main(int argc, char** argv) {
   app.add_option("--dense-dtype", dense_dtype, "Dense weights dtype (default: f32 for f32 checkpoints, else bf16)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_flag("--force", force, "Replace OUT_DIR if it exists");
-  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")
+      ->check(moestream::in_range(0, moestream::kMaxThreads));
   app.add_flag("-q,--quiet", quiet, "No progress bar");
-  CLI11_PARSE(app, argc, argv);
-  try {
+  // run_tool: a bad flag exits 1 like every other tool, errors are one "convert_model: error:" line.
+  return moestream::run_tool("convert_model", app, argc, argv, [&] {
     moestream::ConvertOptions opts;
     opts.quant = moestream::parse_quant(quant);
     opts.dense_dtype = dense_dtype;
@@ -37,8 +40,5 @@ int main(int argc, char** argv) {
                  out_dir.c_str(), std::string(moestream::arch_name(c.arch)).c_str(), c.n_layers,
                  c.n_experts, std::string(moestream::quant_name(c.expert_quant)).c_str(), c.dense_dtype.c_str());
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nconvert_model: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "loader/store/store_options.h"
+#include "tools/cli_range.h"
 
 namespace moestream {
 
@@ -19,23 +20,23 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                "the filesystem refuses)");
   app.add_option("--host-cache-mb", a.store.host_cache_mb,
                  "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
-      ->capture_default_str()->check(CLI::Range(uint64_t(0), kMaxHostCacheMb));
+      ->capture_default_str()->check(in_range(uint64_t(0), kMaxHostCacheMb));
   app.add_option("--io-qd", a.store.io_qd, "reads in flight per io_uring ring")->capture_default_str()
-      ->check(CLI::Range(1u, kMaxIoQueueDepth));
+      ->check(in_range(1u, kMaxIoQueueDepth));
   app.add_option("--io-rings", a.store.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")
-      ->capture_default_str()->check(CLI::Range(0u, kMaxIoWorkers));
+      ->capture_default_str()->check(in_range(0u, kMaxIoWorkers));
   app.add_option("--io-threads", a.store.io_threads, "pread/mmap worker threads; 0 = cores, 4..16")
-      ->capture_default_str()->check(CLI::Range(0u, kMaxIoWorkers));
+      ->capture_default_str()->check(in_range(0u, kMaxIoWorkers));
   app.add_option("--coalesce-gap-kb", a.store.coalesce_gap_kb,
                  "merge reads of experts at most this far apart into one; 0 = no coalescing")
-      ->capture_default_str()->check(CLI::Range(uint64_t(0), kMaxCoalesceGapKb));
+      ->capture_default_str()->check(in_range(uint64_t(0), kMaxCoalesceGapKb));
   app.add_option("--max-read-kb", a.store.max_read_kb,
                  "largest single read; longer experts are split to keep more reads in flight")
-      ->capture_default_str()->check(CLI::Range(kMinReadKb, kMaxReadKb));
+      ->capture_default_str()->check(in_range(kMinReadKb, kMaxReadKb));
   app.add_option("--direct-max-read-kb", a.store.direct_max_read_kb,
                  "largest single read with --io-direct (whole experts read faster from a device "
                  "than 1 MiB pieces)")
-      ->capture_default_str()->check(CLI::Range(kMinReadKb, kMaxReadKb));
+      ->capture_default_str()->check(in_range(kMinReadKb, kMaxReadKb));
   app.add_flag("--cache-aware", a.cache_aware,
                "after the exact top-k, replace a selected expert that is not resident (GPU expert "
                "cache with --gpu, host cache or page cache) by the best resident unselected expert "
@@ -44,18 +45,18 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
   app.add_option("--cache-tolerance", a.cache_tolerance,
                  "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
                  "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
-      ->capture_default_str()->check(CLI::Range(0.0f, 1000.0f));
+      ->capture_default_str()->check(in_range(0.0f, kMaxCacheTolerance));
   app.add_flag("--gpu", a.gpu,
                "run the whole forward pass on the GPU (CUDA builds; an error, never a CPU "
                "fallback, without a GPU)");
   app.add_option("--gpu-cache-mb", a.gpu_cache_mb,
                  "GPU expert cache in MiB, with --gpu; 0 = the whole model's experts when they fit "
                  "in 80% of free VRAM, else 80% of free VRAM")
-      ->capture_default_str();
+      ->capture_default_str()->check(in_range(uint64_t(0), kMaxGpuCacheMb));
   app.add_option("--moe-lookahead", a.moe_lookahead,
                  "with --gpu: during layer L, apply layer L+1's router and prefetch its N most "
                  "likely experts into the GPU cache; 0 = off (never changes the output)")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 16));
+      ->capture_default_str()->check(in_range(0, 1 << 16));
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {

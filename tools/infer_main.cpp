@@ -20,6 +20,7 @@
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tools/cli_range.h"
 #include "tools/engine_cli.h"
 #include "tools/tool_main.h"
 
@@ -53,7 +54,14 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
     throw ConfigError(dir.string() + "/model.json: field tokenizer.file is null: the model ships "
                       "no tokenizer; use --prompt-ids and --print-ids");
   fs::path cfg_file = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
-  return Tokenizer::load(dir / cfg.tokenizer_file, cfg_file);
+  Tokenizer tok = Tokenizer::load(dir / cfg.tokenizer_file, cfg_file);
+  // The tokenizer's end token stops generation when model.json names none: it must be a row of
+  // the model's output, or generation would never stop on it.
+  if (!cfg.eos_token_id && tok.eos_id() && (*tok.eos_id() < 0 || *tok.eos_id() >= cfg.vocab_size))
+    throw ConfigError((cfg_file.empty() ? dir / cfg.tokenizer_file : cfg_file).string() + ": eos token id " +
+                      std::to_string(*tok.eos_id()) + " is outside the model's vocabulary [0, vocab_size=" +
+                      std::to_string(cfg.vocab_size) + ")");
+  return tok;
 }
 
 struct Args {
@@ -109,7 +117,7 @@ int run(const Args& a) {
   sp.top_k = a.top_k;
   sp.top_p = a.top_p;
   sp.seed = a.seed;
-  Sampler sampler(sp);  // validates the sampling options before the (slow) model load
+  Sampler sampler(sp);  // validates the sampling options (NaN included) before the (slow) model load
 
   std::vector<int> prompt;
   if (!a.prompt_ids.empty()) prompt = parse_ids(a.prompt_ids);
@@ -216,15 +224,19 @@ int main(int argc, char** argv) {
   app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
   app.add_option("-p,--prompt", a.prompt, "prompt text");
   app.add_option("--prompt-ids", a.prompt_ids, "prompt as comma-separated token ids (no tokenizer needed)");
-  app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str();
+  app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str()
+      ->check(in_range(0, kMaxContext));
   app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str();
   app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str();
   app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str();
-  app.add_option("--top-p", a.top_p, "nucleus sampling mass; 1 = off")->capture_default_str();
-  app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str();
+  app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str()
+      ->check(in_range(0, kMaxThreads));
   app.add_option("--ctx", a.ctx,
-                 "context length (KV cache); also the perplexity window (default min(model, 512))");
-  app.add_option("--stride", a.stride, "perplexity window stride (default ctx/2)");
+                 "context length (KV cache); also the perplexity window (default min(model, 512))")
+      ->check(in_range(0, kMaxContext));
+  app.add_option("--stride", a.stride, "perplexity window stride (default ctx/2)")
+      ->check(in_range(0, kMaxContext));
   app.add_flag("--timing", a.timing, "print per-phase times and tokens/s to stderr");
   app.add_option("--stats-json", a.stats_json, "write the timing figures as JSON to this file");
   app.add_option("--perplexity", a.perplexity_file, "report the perplexity of this text file");
@@ -244,6 +256,6 @@ int main(int argc, char** argv) {
   app.add_option("--batch", a.batch,
                  "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
                  "token by token like decode; 0 = default 64")
-      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+      ->capture_default_str()->check(in_range(0, 1 << 20));
   return run_tool("infer", app, argc, argv, [&] { return run(a); });
 }

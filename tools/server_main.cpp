@@ -15,6 +15,7 @@
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tools/cli_range.h"
 #include "tools/engine_cli.h"
 #include "tools/tool_main.h"
 
@@ -67,7 +68,7 @@ int run(Args& a) {
   ServerOptions opts = a.server;
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
   if (opts.model_id.empty()) opts.model_id = "moestream";
-  opts.max_body_bytes = size_t(a.max_body_kb) << 10;
+  opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
   opts.prefix_reuse = !a.no_prefix_reuse;
 
 
@@ -104,23 +105,25 @@ int main(int argc, char** argv) {
   app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
   app.add_option("--host", a.server.host, "address to bind; the default keeps it on this machine")->capture_default_str();
   app.add_option("--port", a.server.port, "TCP port; 0 = any free port (printed)")->capture_default_str()
-      ->check(CLI::Range(0, 65535));
+      ->check(in_range(0, 65535));
   app.add_option("--api-key", a.server.api_key, "require 'Authorization: Bearer KEY' (all but /health)");
   app.add_option("--model-id", a.server.model_id, "model name in /v1/models (default: the directory name)");
   app.add_option("--queue-size", a.server.queue_size, "requests that may wait behind the running one; more get 503")
-      ->capture_default_str()->check(CLI::Range(size_t(0), size_t(1024)));
+      ->capture_default_str()->check(in_range(size_t(0), size_t(1024)));
   app.add_option("--http-threads", a.server.http_threads, "HTTP connection threads; 0 = queue size + 4")
-      ->capture_default_str()->check(CLI::Range(0, 1024));
+      ->capture_default_str()->check(in_range(0, 1024));
   app.add_option("--max-waiting-connections", a.server.max_waiting_connections,
                  "accepted connections that may wait for an HTTP thread; more get 503 at once; 0 = 2 x threads")
-      ->capture_default_str()->check(CLI::Range(size_t(0), size_t(4096)));
+      ->capture_default_str()->check(in_range(size_t(0), size_t(4096)));
   app.add_option("--max-body-kb", a.max_body_kb, "largest request body; larger get 413")->capture_default_str()
-      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
+      ->check(in_range(uint64_t(1), uint64_t(1) << 20));
   app.add_option("--default-max-tokens", a.server.default_max_tokens, "max_tokens when a request gives none")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+      ->capture_default_str()->check(in_range(1, 1 << 20));
   app.add_flag("--no-prefix-reuse", a.no_prefix_reuse, "run every prompt from an empty KV cache (for comparison)");
-  app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str();
-  app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str()
+      ->check(in_range(0, kMaxThreads));
+  app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str()
+      ->check(in_range(0, kMaxContext));
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
   return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }

@@ -15,6 +15,7 @@
 #include "common/timing.h"
 #include "runtime/convert/model_shapes.h"
 #include "runtime/convert/synthetic_model.h"
+#include "tools/cli_range.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
@@ -139,18 +140,19 @@ int main(int argc, char** argv) {
   for (const std::string& n : known_shape_names()) names += (names.empty() ? "" : "|") + n;
   app.add_option("--shape", a.shape, names)->required();
   app.add_option("--layers", a.layers, "decoder layers to write (default: the model's; fewer fit a smaller disk)")
-      ->check(CLI::Range(1, 1000));
+      ->check(in_range(1, 1000));
   app.add_option("--quant", a.quant, "expert quantisation: q4 or q8")->capture_default_str();
   app.add_option("--seed", a.seed, "weight seed")->capture_default_str();
   app.add_option("--max-context", a.max_context,
                  "max_position_embeddings written to model.json (bounds infer's default KV cache)")
-      ->check(CLI::Range(1, 1 << 24));
-  app.add_option("-t,--threads", a.threads, "encoding threads; 0 = all cores")->capture_default_str();
+      ->check(in_range(1, kMaxContext));
+  app.add_option("-t,--threads", a.threads, "encoding threads; 0 = all cores")->capture_default_str()
+      ->check(in_range(0, kMaxThreads));
   app.add_flag("--force", a.force, "replace OUT_DIR when it exists");
   app.add_flag("-q,--quiet", a.quiet, "no progress line");
   // Tests only: divides hidden, expert width and vocab, keeping every count, so a CI test can
   // write a real shape's structure in a few MB.
-  app.add_option("--scale-down", a.scale_down, "")->group("")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--scale-down", a.scale_down, "")->group("")->check(in_range(1, 1 << 16));
   app.add_option("OUT_DIR", a.out, "model directory to write (via OUT_DIR.tmp.<pid> and a rename)")->required();
   return run_tool("synth_model", app, argc, argv, [&] { return run(a); });
 }

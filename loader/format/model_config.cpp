@@ -2,6 +2,10 @@
 // and naming the file and the key in each error.
 #include "loader/format/model_config.h"
 
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
 #include <nlohmann/json.hpp>
 
 #include "common/enum_names.h"
@@ -66,12 +70,52 @@ std::string get_opt_str(const json& j, const std::string& key, const std::string
   return it->get<std::string>();
 }
 
-std::optional<int> get_opt_int(const json& j, const std::string& key, const std::string& where) {
+// Optional token id: absent or null, else an integer in [0, vocab_size).
+std::optional<int> get_opt_token_id(const json& j, const std::string& key, const std::string& where, int vocab_size) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_number_integer()) bad(where, key, "must be an integer or null, got " + it->dump());
-  return it->get<int>();
+  const long long id = it->get<long long>();
+  if (id < 0 || id >= vocab_size)
+    bad(where, key, "is " + std::to_string(id) + ", outside the vocabulary [0, vocab_size=" +
+                        std::to_string(vocab_size) + ")");
+  return static_cast<int>(id);
 }
+
+// A file or directory named by model.json: relative to the model directory and inside it, so a
+// model cannot point its readers at /etc/passwd or ../elsewhere.
+std::string check_model_path(const std::string& value, const std::string& where, const std::string& key) {
+  if (value.empty()) bad(where, key, "is empty");
+  const std::filesystem::path p(value);
+  if (p.is_absolute()) bad(where, key, "is the absolute path '" + value + "': it must be relative to the model directory");
+  for (const std::filesystem::path& part : p)
+    if (part == "..") bad(where, key, "is '" + value + "': '..' would leave the model directory");
+  return value;
+}
+
+// Every buffer a model needs is a product of these fields; bounding the products (in elements)
+// keeps each byte size, times sizeof(float) and a context of up to 2^24 positions, far from
+// overflowing 64 bits, and refuses shapes no machine could hold.
+struct Factor {
+  const char* name;
+  int value;
+};
+void check_elements(const std::string& where, std::initializer_list<Factor> factors, int log2_limit,
+                    const char* what) {
+  uint64_t p = 1;
+  bool over = false;
+  std::string names, values;
+  for (const Factor& f : factors) {
+    names += (names.empty() ? "" : " x ") + std::string(f.name);
+    values += (values.empty() ? "" : " x ") + std::to_string(f.value);
+    over = over || __builtin_mul_overflow(p, uint64_t(f.value), &p) || p > (uint64_t(1) << log2_limit);
+  }
+  if (over)
+    throw FormatError(where + ": " + names + " = " + values + " exceeds 2^" + std::to_string(log2_limit) +
+                      " elements (" + what + ")");
+}
+
+constexpr uint64_t kModelJsonLimit = uint64_t(16) << 20;  // model.json is a few KiB
 
 double get_opt_num(const json& j, const std::string& key, const std::string& where, double dflt) {
   auto it = j.find(key);
@@ -187,7 +231,18 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   if (c.n_experts_per_tok > c.n_experts)
     bad(where, "n_experts_per_tok", "(" + std::to_string(c.n_experts_per_tok) +
                                         ") exceeds n_experts (" + std::to_string(c.n_experts) + ")");
-  if (!(c.rms_norm_eps > 0)) bad(where, "rms_norm_eps", "must be positive");
+  if (!(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps))) bad(where, "rms_norm_eps", "must be positive and finite");
+  check_elements(where, {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}}, 40, "the embedding");
+  check_elements(where, {{"n_heads", c.n_heads}, {"head_dim", c.head_dim}, {"hidden_size", c.hidden_size}}, 40,
+                 "the query projection");
+  check_elements(where, {{"n_experts", c.n_experts}, {"hidden_size", c.hidden_size}}, 40, "a router");
+  check_elements(where, {{"moe_intermediate_size", c.moe_intermediate_size}, {"hidden_size", c.hidden_size}}, 40,
+                 "one expert matrix");
+  check_elements(where, {{"n_layers", c.n_layers}, {"n_experts", c.n_experts},
+                         {"moe_intermediate_size", c.moe_intermediate_size}, {"hidden_size", c.hidden_size}},
+                 50, "all experts' matrices");
+  check_elements(where, {{"n_layers", c.n_layers}, {"n_kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim}}, 34,
+                 "the KV cache of one position");
 
   const std::string qk = get_str(j, "qk_norm", where);
   const std::optional<QkNorm> qk_norm = enum_from_name(kQkNormNames, qk);
@@ -196,7 +251,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
 
   const json& rope = get_obj(j, "rope", where);
   c.rope_theta = get_num(rope, "theta", where + " rope");
-  if (!(c.rope_theta > 0)) bad(where, "rope.theta", "must be positive");
+  if (!(c.rope_theta > 0 && std::isfinite(c.rope_theta))) bad(where, "rope.theta", "must be positive and finite");
   const json& sc = need(rope, "scaling", where + " rope");
   if (!sc.is_null()) {
     if (!sc.is_object()) bad(where, "rope.scaling", "must be an object or null");
@@ -206,7 +261,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     if (s.type != "linear" && s.type != "dynamic" && s.type != "yarn" && s.type != "llama3")
       bad(where, "rope.scaling.type", "is '" + s.type + "', expected linear, dynamic, yarn or llama3");
     s.factor = get_num(sc, "factor", w);
-    if (!(s.factor > 0)) bad(where, "rope.scaling.factor", "must be positive");
+    if (!(s.factor > 0 && std::isfinite(s.factor))) bad(where, "rope.scaling.factor", "must be positive and finite");
     s.original_max_position_embeddings = get_opt_num(sc, "original_max_position_embeddings", w, 0);
     s.beta_fast = get_opt_num(sc, "beta_fast", w, 32);
     s.beta_slow = get_opt_num(sc, "beta_slow", w, 1);
@@ -217,12 +272,12 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where);
 
   const json& dense = get_obj(j, "dense", where);
-  c.dense_file = get_str(dense, "file", where + " dense");
+  c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");
   c.dense_dtype = get_str(dense, "dtype", where + " dense");
   if (c.dense_dtype != "f32" && c.dense_dtype != "bf16")
     bad(where, "dense.dtype", "is '" + c.dense_dtype + "', expected f32 or bf16");
   const json& experts = get_obj(j, "experts", where);
-  c.experts_dir = get_str(experts, "dir", where + " experts");
+  c.experts_dir = check_model_path(get_str(experts, "dir", where + " experts"), where, "experts.dir");
   std::string q = get_str(experts, "quant", where + " experts");
   try {
     c.expert_quant = parse_quant(q);
@@ -234,15 +289,17 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     if (!tok->is_object()) bad(where, "tokenizer", "must be an object or null");
     c.tokenizer_file = get_opt_str(*tok, "file", where + " tokenizer");
     c.tokenizer_config_file = get_opt_str(*tok, "config", where + " tokenizer");
+    if (!c.tokenizer_file.empty()) check_model_path(c.tokenizer_file, where, "tokenizer.file");
+    if (!c.tokenizer_config_file.empty()) check_model_path(c.tokenizer_config_file, where, "tokenizer.config");
   }
-  c.bos_token_id = get_opt_int(j, "bos_token_id", where);
-  c.eos_token_id = get_opt_int(j, "eos_token_id", where);
+  c.bos_token_id = get_opt_token_id(j, "bos_token_id", where, c.vocab_size);
+  c.eos_token_id = get_opt_token_id(j, "eos_token_id", where, c.vocab_size);
   return c;
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
   std::filesystem::path p = dir / "model.json";
-  std::string text = read_file(p);
+  std::string text = read_file(p, kModelJsonLimit);
   json j;
   try {
     j = json::parse(text);

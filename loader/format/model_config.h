@@ -13,7 +13,9 @@
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
 //   tokenizer: { file: "tokenizer.json" | null, config: "tokenizer_config.json" | null }  (optional)
-//   bos_token_id, eos_token_id: int or null (optional)
+//   bos_token_id, eos_token_id: int in [0, vocab_size) or null (optional)
+// Paths (dense.file, experts.dir, tokenizer.*) are relative and stay inside the model directory;
+// products of sizes that make up a buffer are bounded (docs/format.md) so none can overflow.
 //   source: { ... } free-form provenance written by the converter (optional)
 //
 // dense.safetensors holds, by these names (W is [out, in]):

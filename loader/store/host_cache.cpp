@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "common/error.h"
@@ -21,7 +22,7 @@ HostCache::HostCache(uint64_t budget_bytes, uint64_t slot_bytes)
   if (bytes == 0) return;
   void* p = nullptr;
   if (::posix_memalign(&p, kAlign, bytes) != 0)
-    throw IoError("cannot allocate the " + std::to_string(bytes >> 20) + " MiB host expert cache");
+    throw std::bad_alloc();  // open_store_for names the size and the option that asked for it
   arena_ = static_cast<uint8_t*>(p);
 }
 

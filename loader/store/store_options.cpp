@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/checked.h"
 #include "common/error.h"
 
 namespace moestream {
@@ -16,9 +17,7 @@ struct Namer {
 
 template <class T>
 void check_range(const Namer& name, std::string_view field, T value, T lo, T hi) {
-  if (value < lo || value > hi)
-    throw ConfigError(name(field) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                      "], got " + std::to_string(value));
+  moestream::check_range(name(field), value, lo, hi);
 }
 
 }  // namespace
@@ -67,18 +66,22 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
   so.io.n_rings = c.io_rings;
   so.io.n_threads = c.io_threads;
   so.io.coalesce = c.coalesce_gap_kb > 0;
-  so.io.coalesce_gap_bytes = c.coalesce_gap_kb << 10;
-  so.io.max_read_bytes = c.max_read_kb << 10;
-  so.io.direct_max_read_bytes = c.direct_max_read_kb << 10;
+  so.io.coalesce_gap_bytes = kib_to_bytes(c.coalesce_gap_kb, name("coalesce_gap_kb"));
+  so.io.max_read_bytes = kib_to_bytes(c.max_read_kb, name("max_read_kb"));
+  so.io.direct_max_read_bytes = kib_to_bytes(c.direct_max_read_kb, name("direct_max_read_kb"));
   so.io.notice = notice;  // empty: the engine's own "moestream: <line>" on stderr
-  so.host_cache_bytes = c.host_cache_mb << 20;
+  so.host_cache_bytes = mib_to_bytes(c.host_cache_mb, name("host_cache_mb"));
   return so;
 }
 
 std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                                             const StoreConfig& c, OptionSpelling spelling,
                                             const StoreNoticeFn& notice) {
-  return open_expert_store(c.io, model_dir, cfg, build_store_options(c, spelling, notice));
+  const EngineExpertStoreOptions so = build_store_options(c, spelling, notice);
+  const std::string source = store_option_name("host_cache_mb", spelling) + " " + std::to_string(c.host_cache_mb) +
+                             " and the expert sizes of " + (model_dir / "model.json").string();
+  return allocating("the expert store's buffers and host cache", so.host_cache_bytes, source,
+                    [&] { return open_expert_store(c.io, model_dir, cfg, so); });
 }
 
 }  // namespace moestream

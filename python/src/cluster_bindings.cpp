@@ -13,6 +13,7 @@
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
 #include "cluster/repack.h"
+#include "common/checked.h"
 #include "common/error.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
@@ -50,6 +51,10 @@ py::object run_cluster(const fs::path& model, const py::object& routing, const s
                        double op_latency_us, double bandwidth_gbps, double neighbour_weight,
                        uint64_t search_moves, uint64_t coalesce_gap_kb, uint64_t max_read_kb,
                        uint64_t direct_max_read_kb, bool io_direct) {
+  // cluster_experts' bounds, in Python's spelling (the read options: build_store_options).
+  check_range("op_latency_us", op_latency_us, 0.0, 1e9);
+  check_range("bandwidth_gbps", bandwidth_gbps, 0.0, 1e6);
+  check_range("neighbour_weight", neighbour_weight, 0.0, 1e6);
   const std::vector<std::string> train_paths = paths_of(routing);
   const std::vector<std::string> eval_paths = evaluate ? paths_of(*evaluate) : std::vector<std::string>{};
   nlohmann::json js;
@@ -119,6 +124,8 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
                     bool shape_only, const std::optional<fs::path>& io_profile, double op_latency_us,
                     double bandwidth_gbps, uint64_t coalesce_gap_kb, uint64_t max_read_kb,
                     uint64_t direct_max_read_kb, bool io_direct) {
+  check_range("op_latency_us", op_latency_us, 0.0, 1e9);
+  check_range("bandwidth_gbps", bandwidth_gbps, 0.0, 1e6);
   const std::vector<std::string> paths = paths_of(routing);
   std::vector<std::vector<uint32_t>> slot_of;
   if (slots) {

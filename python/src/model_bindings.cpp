@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/routing_log.h"
@@ -71,8 +72,12 @@ class NoticeSink {
 class PyModel {
  public:
   PyModel(const fs::path& path, const PyModelOptions& o) : dir_(path) {
-    if (o.cache_tolerance < 0) throw ConfigError("cache_tolerance must be >= 0, got " + std::to_string(o.cache_tolerance));
-    if (o.threads < 0) throw ConfigError("threads must be >= 0, got " + std::to_string(o.threads));
+    // infer's bounds (common/checked.h), in Python's spelling, before the slow load.
+    check_range("cache_tolerance", o.cache_tolerance, 0.0f, kMaxCacheTolerance);
+    check_range("threads", o.threads, 0, kMaxThreads);
+    check_range("ctx", o.ctx, 0, kMaxContext);
+    check_range("batch", o.batch, 0, 1 << 20);
+    check_range("gpu_cache_mb", o.gpu_cache_mb, uint64_t(0), kMaxGpuCacheMb);
     if (o.collect_router_inputs && o.collect_routing.empty())
       throw ConfigError("collect_router_inputs needs collect_routing=PATH");
     ModelOptions mo;
@@ -98,6 +103,13 @@ class PyModel {
       if (!header_cfg.tokenizer_file.empty()) {
         fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
         tok_.emplace(Tokenizer::load(dir_ / header_cfg.tokenizer_file, cfg_file));
+        // As infer: the tokenizer's end token, used when model.json names none, must be in the vocabulary.
+        const std::optional<int32_t> eos = tok_->eos_id();
+        if (!header_cfg.eos_token_id && eos && (*eos < 0 || *eos >= header_cfg.vocab_size))
+          throw ConfigError((cfg_file.empty() ? dir_ / header_cfg.tokenizer_file : cfg_file).string() +
+                            ": eos token id " + std::to_string(*eos) +
+                            " is outside the model's vocabulary [0, vocab_size=" +
+                            std::to_string(header_cfg.vocab_size) + ")");
       }
       auto store = open_store_for(dir_, header_cfg, sc, OptionSpelling::kPython,
                                   [sink](const std::string& line) { sink->add(line); });

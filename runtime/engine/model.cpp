@@ -4,8 +4,10 @@
 #include "runtime/engine/model.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "loader/store/store_options.h"
@@ -76,10 +78,16 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
                                    std::unique_ptr<ExpertStore> store) {
   ModelConfig cfg = ModelConfig::load(dir);
   ModelOptions opts = opts_in;
+  // Front ends check these first in their own spelling (--ctx, ctx=); this catches other callers.
+  check_range("ModelOptions.n_threads", opts.n_threads, 0, kMaxThreads);
+  check_range("ModelOptions.max_context", opts.max_context, 0, kMaxContext);
+  // Any finite tolerance works here (tests use 1e6 for "substitute anything"); front ends cap it.
+  check_range("ModelOptions.cache_aware.tolerance", opts.cache_aware.tolerance, 0.0f,
+              std::numeric_limits<float>::max());
+  check_range("ModelOptions.gpu_cache_mb", uint64_t(opts.gpu_cache_mb), uint64_t(0), kMaxGpuCacheMb);
   if (opts.max_context <= 0) opts.max_context = std::min(cfg.max_position_embeddings, 4096);
   if (opts.max_context <= 0) opts.max_context = 4096;
-  if (opts.max_batch <= 0)
-    throw ConfigError("max_batch must be positive, got " + std::to_string(opts.max_batch));
+  check_range("ModelOptions.max_batch", opts.max_batch, 1, 1 << 20);
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
   check_gpu_options(opts);
   MOE_ASSERT(store != nullptr);

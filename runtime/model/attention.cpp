@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "runtime/model/rope.h"
 
@@ -16,13 +17,18 @@ Attention::Attention(const ModelConfig& cfg, int max_context, int max_batch)
   if (KV_ <= 0 || H_ % KV_ != 0)
     throw ConfigError("model.json: n_heads (" + std::to_string(H_) +
                       ") must be a multiple of n_kv_heads (" + std::to_string(KV_) + ")");
-  const size_t per_layer = size_t(KV_) * size_t(max_ctx_) * size_t(hd_);
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    // new float[] leaves pages untouched until a position is written: a long --ctx costs
-    // address space, not RAM, until used.
-    k_cache_.emplace_back(new float[per_layer]);
-    v_cache_.emplace_back(new float[per_layer]);
-  }
+  const std::string source = "the context length " + std::to_string(max_ctx_) +
+                             " (--ctx, ctx=) and model.json's n_layers x n_kv_heads x head_dim";
+  const size_t per_layer = checked_product({uint64_t(KV_), uint64_t(max_ctx_), uint64_t(hd_)}, "the KV cache of " + source);
+  const uint64_t total_bytes = checked_product({2, uint64_t(cfg.n_layers), per_layer, sizeof(float)}, "the KV cache of " + source);
+  allocating("the KV cache", total_bytes, source, [&] {
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      // new float[] leaves pages untouched until a position is written: a long --ctx costs
+      // address space, not RAM, until used.
+      k_cache_.emplace_back(new float[per_layer]);
+      v_cache_.emplace_back(new float[per_layer]);
+    }
+  });
   q_.resize(max_batch_, H_ * hd_);
   attn_.resize(max_batch_, H_ * hd_);
   k_.resize(max_batch_, KV_ * hd_);

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "loader/format/safetensors.h"
 
@@ -56,8 +57,12 @@ DenseWeights DenseWeights::load(const std::filesystem::path& path, const ModelCo
     f.check_shape(t.name, t.shape);
     LayerWeights* l = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
     float* dst = nullptr;
-    auto matrix = [&](RowMatrix& m) { m.resize(t.shape[0], t.shape[1]); dst = m.data(); };
-    auto vector = [&](Eigen::VectorXf& v) { v.resize(t.shape[0]); dst = v.data(); };
+    // Sized by the file's model.json: a failure names the tensor and the file, not just bad_alloc.
+    const auto sized = [&](auto&& resize) {
+      allocating("dense tensor '" + t.name + "'", uint64_t(t.elements()) * sizeof(float), path.string(), resize);
+    };
+    auto matrix = [&](RowMatrix& m) { sized([&] { m.resize(t.shape[0], t.shape[1]); }); dst = m.data(); };
+    auto vector = [&](Eigen::VectorXf& v) { sized([&] { v.resize(t.shape[0]); }); dst = v.data(); };
     switch (t.kind) {
       case DenseTensor::kEmbed: matrix(w.embed); break;
       case DenseTensor::kLmHead: matrix(w.lm_head); break;
