@@ -3,10 +3,12 @@
 #include "runtime/server/http_api.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <random>
 #include <thread>
@@ -82,6 +84,29 @@ struct ApiServer::Impl {
     routes();
   }
 
+  static bool has_body(const httplib::Request& req) {
+    return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) != 0 ||
+           req.has_header("Transfer-Encoding");
+  }
+
+  // Answers 503 (an overflow connection) or 401 (a wrong API key) when due; false when the request
+  // may go on.
+  bool refuse(const httplib::Request& req, httplib::Response& res) {
+    if (ConnectionQueue::overloaded()) {
+      // Every HTTP thread is busy and the connection backlog is full: this runs on the accept
+      // thread; answer at once and close the connection.
+      metrics.request_rejected();
+      send_error(res, ApiError(503, "server_overloaded",
+                               "the server is busy: all HTTP connections are in use; retry later"));
+      res.set_header("Connection", "close");
+      return true;
+    }
+    if (req.path == "/health" || authorized(req)) return false;
+    metrics.client_error();
+    send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
+    return true;
+  }
+
   bool authorized(const httplib::Request& req) const {
     if (opts.api_key.empty()) return true;
     const std::string want = "Bearer " + opts.api_key;
@@ -96,19 +121,11 @@ struct ApiServer::Impl {
     // An idle keep-alive connection holds a pool thread and delays shutdown by this much.
     http.set_keep_alive_timeout(1);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (ConnectionQueue::overloaded() && req.path != "/health") {
-        // Every HTTP thread is busy and the connection backlog is full: refuse at once (this
-        // runs on the accept thread) and close the connection.
-        metrics.request_rejected();
-        send_error(res, ApiError(503, "server_overloaded",
-                                 "the server is busy: all HTTP connections are in use; retry later"));
-        res.set_header("Connection", "close");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-      metrics.client_error();
-      send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
-      return httplib::Server::HandlerResponse::Handled;
+      // httplib runs this before it reads the body. An answer now would close the socket with the
+      // body unread, and the kernel then resets the connection: the client may see the reset, not
+      // our answer. Requests with a body are answered by their route once it is read (refuse()).
+      if (has_body(req) || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
     });
     // httplib answers 404 (no route) and 413 (body over the limit) itself; give them JSON bodies.
     http.set_error_handler(httplib::Server::HandlerWithResponse(
@@ -123,7 +140,7 @@ struct ApiServer::Impl {
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown";
+      std::string what = "unknown exception";
       try {
         std::rethrow_exception(ep);
       } catch (const std::exception& e) {
@@ -131,17 +148,20 @@ struct ApiServer::Impl {
       } catch (...) {
       }
       metrics.request_failed();
-      send_json(res, 500, ApiError(500, "internal_error", "internal error: " + what).body());
+      send_json(res, 500, internal_error("internal_error", what).body());
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"}});
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    // A GET with a body skipped refuse() before routing.
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (refuse(req, res)) return;
       json m{{"id", opts.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "moestream"},
              {"max_model_len", model.max_context()}};
       send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
     });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (refuse(req, res)) return;
       res.set_content(metrics.prometheus(queue.waiting(), queue.running(), queue.capacity()),
                       "text/plain; version=0.0.4");
     });
@@ -250,6 +270,7 @@ struct ApiServer::Impl {
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
+    if (refuse(req, res)) return;  // deferred by the pre-routing handler until the body was read
     std::shared_ptr<Job> job;
     CompletionRequest r;
     try {
@@ -355,6 +376,13 @@ ApiServer::~ApiServer() { stop(); }
 
 int ApiServer::bind() {
   auto& o = impl_->opts;
+  // httplib listens with a backlog of 5; while the accept thread answers an overflow connection,
+  // a burst beyond that would wait for SYN retransmits (seconds). Keep the socket to raise it.
+  int listen_fd = -1;
+  impl_->http.set_socket_options([&listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd = fd;
+  });
   int port = o.port;
   if (port == 0) {
     port = impl_->http.bind_to_any_port(o.host);
@@ -362,6 +390,10 @@ int ApiServer::bind() {
   } else if (!impl_->http.bind_to_port(o.host, port)) {
     throw IoError("cannot bind " + o.host + ":" + std::to_string(port) + " (in use, or not a local address)");
   }
+  // listen() again on a listening socket only changes its backlog (Linux); the kernel caps it at
+  // net.core.somaxconn.
+  if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  impl_->http.set_socket_options(httplib::default_socket_options);  // drop the captured reference
   return port;
 }
 
