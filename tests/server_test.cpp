@@ -10,10 +10,13 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <future>
+#include <mutex>
 #include <thread>
 
 #include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
+#include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/stop_matcher.h"
@@ -295,6 +298,36 @@ struct TcpPair {
   }
 };
 }  // namespace
+
+TEST(ConnectionQueue, OverflowRunsFlaggedOnItsOwnThreadsAndInlineOnlyWhenThatIsFullToo) {
+  // 1 HTTP thread + 1 waiting place, 1 overflow thread + 1 overflow place. While the first
+  // closures block, the caller (httplib's accept thread) must not: a slow overflow client used to
+  // stall accepting; only the fifth connection runs inline.
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  std::mutex mu;
+  std::vector<std::pair<int, bool>> ran;  // (connection, overloaded())
+  std::thread::id inline_thread;
+  ConnectionQueue q(1, 1, 1, 1);
+  for (int i = 0; i < 4; ++i)
+    q.enqueue([&, i] {
+      open.wait();
+      std::lock_guard<std::mutex> lock(mu);
+      ran.emplace_back(i, ConnectionQueue::overloaded());
+    });
+  q.enqueue([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ran.emplace_back(4, ConnectionQueue::overloaded());
+    inline_thread = std::this_thread::get_id();
+  });
+  EXPECT_EQ(inline_thread, std::this_thread::get_id());
+  EXPECT_FALSE(ConnectionQueue::overloaded());  // the caller's flag is reset after the inline run
+  gate.set_value();
+  q.shutdown();  // drains both FIFOs
+  std::sort(ran.begin(), ran.end());
+  const std::vector<std::pair<int, bool>> want = {{0, false}, {1, false}, {2, true}, {3, true}, {4, true}};
+  EXPECT_EQ(ran, want);
+}
 
 TEST(ClientConnection, FindsTheServerEndByItsAddressesNotTheClientEnd) {
   TcpPair p;

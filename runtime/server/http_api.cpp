@@ -93,8 +93,8 @@ struct ApiServer::Impl {
   // may go on.
   bool refuse(const httplib::Request& req, httplib::Response& res) {
     if (ConnectionQueue::overloaded()) {
-      // Every HTTP thread is busy and the connection backlog is full: this runs on the accept
-      // thread; answer at once and close the connection.
+      // Every HTTP thread is busy and the connection FIFO is full: this runs on an overflow
+      // thread (or the accept thread); answer at once and close the connection.
       metrics.request_rejected();
       send_error(res, ApiError(503, "server_overloaded",
                                "the server is busy: all HTTP connections are in use; retry later"));
@@ -376,8 +376,9 @@ ApiServer::~ApiServer() { stop(); }
 
 int ApiServer::bind() {
   auto& o = impl_->opts;
-  // httplib listens with a backlog of 5; while the accept thread answers an overflow connection,
-  // a burst beyond that would wait for SYN retransmits (seconds). Keep the socket to raise it.
+  // httplib listens with a backlog of 5; while the accept thread is busy (an overflow connection
+  // served inline), a burst beyond that would wait for SYN retransmits (seconds). Keep the socket
+  // to raise it.
   int listen_fd = -1;
   impl_->http.set_socket_options([&listen_fd](int fd) {
     httplib::default_socket_options(fd);

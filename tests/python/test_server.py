@@ -618,3 +618,26 @@ def test_overload_answers_503_to_every_complete_request_even_with_a_large_body()
     finally:
         s.stop()
     assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_slow_overflow_clients_do_not_stall_the_answers_to_others():
+    # 1 HTTP thread, 1 waiting place. Three half-sent requests take the thread, the place and an
+    # overflow thread (each is held up to httplib's 5 s read timeout); a complete request that
+    # comes next still gets its 503 at once, not after the holders time out.
+    s = Server("--http-threads", "1", "--max-waiting-connections", "1")
+    host, port = s.url[len("http://"):].rsplit(":", 1)
+    holders = []
+    try:
+        for _ in range(3):
+            h = socket.create_connection((host, int(port)), timeout=10)
+            h.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            holders.append(h)
+            time.sleep(0.2)  # taken from its FIFO before the next one comes
+        r = requests.post(s.url + "/v1/completions", data=json.dumps({"prompt": "x", "max_tokens": 1}),
+                          timeout=3)  # well inside the holders' 5 s
+        assert_json_error(r, 503, "server_overloaded")
+    finally:
+        for h in holders:
+            h.close()
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
