@@ -123,7 +123,13 @@ struct ApiServer::Impl {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       // httplib runs this before it reads the body. An answer now would close the socket with the
       // body unread, and the kernel then resets the connection: the client may see the reset, not
-      // our answer. Requests with a body are answered by their route once it is read (refuse()).
+      // our answer. Requests with a body are answered by their route once it is read (read_body(),
+      // then refuse()).
+      if (req.method == "PRI") {  // an HTTP/2 preface: httplib would read its body unbounded
+        metrics.client_error();
+        send_json(res, 400, ApiError(400, "unsupported_protocol", "this server speaks HTTP/1.1 only").body());
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (has_body(req) || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
     });
@@ -134,8 +140,10 @@ struct ApiServer::Impl {
       metrics.client_error();
       std::string code = "error", msg = "HTTP " + std::to_string(res.status);
       if (res.status == 404) code = "not_found", msg = "no such endpoint: " + req.method + " " + req.path;
-      if (res.status == 413)
-        code = "body_too_large", msg = "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) + " bytes";
+      if (res.status == 413) {
+        send_json(res, 413, body_too_large().body());
+        return httplib::Server::HandlerResponse::Handled;
+      }
       send_json(res, res.status, ApiError(res.status, code, msg).body());
       return httplib::Server::HandlerResponse::Handled;
     }));
@@ -165,12 +173,29 @@ struct ApiServer::Impl {
       res.set_content(metrics.prometheus(queue.waiting(), queue.running(), queue.capacity()),
                       "text/plain; version=0.0.4");
     });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, false);
+    // Bodies come through content readers: httplib bounds a Content-Length body by
+    // set_payload_max_length, but would read a chunked one whole, however large.
+    using Reader = httplib::ContentReader;
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, false);
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, true);
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, true);
     });
+    // Every other request with a body: read it (bounded, so that closing does not reset the
+    // connection), then 404.
+    auto not_found = [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (!read_body(req, res, reader, body) || refuse(req, res)) return;
+      metrics.client_error();
+      send_json(res, 404, ApiError(404, "not_found", "no such endpoint: " + req.method + " " + req.path).body());
+    };
+    http.Post(".*", not_found);
+    http.Put(".*", not_found);
+    http.Patch(".*", not_found);
+    http.Delete(".*", not_found);
   }
 
   // Request -> job parameters; throws ApiError for anything the client got wrong.
@@ -269,13 +294,44 @@ struct ApiServer::Impl {
     return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
   }
 
-  void handle(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
-    if (refuse(req, res)) return;  // deferred by the pre-routing handler until the body was read
+  ApiError body_too_large() const {
+    return ApiError(413, "body_too_large", "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) +
+                                               " bytes");
+  }
+
+  // Reads the whole body, at most opts.max_body_bytes; false when an error was answered.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body) {
+    if (req.is_multipart_form_data()) {  // httplib would need a multipart receiver
+      metrics.client_error();
+      send_json(res, 415, ApiError(415, "unsupported_media_type", "the request body must be JSON, not multipart "
+                                   "form data").body());
+      return false;
+    }
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+      if (n > opts.max_body_bytes - body.size()) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (ok) return true;
+    metrics.client_error();
+    if (too_large || res.status == 413) send_json(res, 413, body_too_large().body());
+    else send_json(res, 400, ApiError(400, "invalid_body", "the request body could not be read: cut off, or a "
+                                      "malformed chunked encoding").body());
+    return false;
+  }
+
+  // `body`: the request's, read by read_body.
+  void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
     std::shared_ptr<Job> job;
     CompletionRequest r;
     try {
       if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
-      r = parse_completion_request(req.body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
+      r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
       job = std::make_shared<Job>(job_params(r));
       if (!queue.submit(job)) {
         metrics.request_rejected();

@@ -279,6 +279,27 @@ def test_an_engine_failure_answers_500_with_an_error_id_and_no_server_path(tmp_p
     assert f"error {error_id} (engine_error)" in log and str(model) in log, log
 
 
+def test_a_chunked_body_is_held_to_the_same_limit(server):
+    # httplib bounds Content-Length bodies only: a chunked one used to be read whole (200 MB here).
+    def chunks(n, size):
+        yield b'{"prompt": "'
+        for _ in range(n):
+            yield b"x" * size
+        yield b'", "max_tokens": 1}'
+
+    r = requests.post(server.url + "/v1/completions", data=chunks(200, 1 << 20), timeout=30)
+    assert_json_error(r, 413, "body_too_large")
+    ok = requests.post(server.url + "/v1/completions", data=chunks(3, 10), timeout=30)
+    assert ok.status_code == 200, ok.text
+    r = requests.put(server.url + "/v1/anything", data=chunks(200, 1 << 20), timeout=30)
+    assert_json_error(r, 413, "body_too_large")
+    assert_json_error(server.post("/v1/nothing", {"a": 1}), 404, "not_found")
+    assert_json_error(requests.delete(server.url + "/v1/models", data="{}", timeout=30), 404, "not_found")
+    r = requests.post(server.url + "/v1/completions", files={"prompt": ("p", b"hi")}, timeout=30)
+    assert_json_error(r, 415, "unsupported_media_type")
+    assert server.get("/health").status_code == 200
+
+
 def test_unknown_endpoint_gets_404_json_and_server_survives_bad_input(server):
     assert_json_error(server.get("/v1/nothing"), 404, "not_found")
     assert server.get("/health").status_code == 200
