@@ -549,7 +549,7 @@ def test_a_non_streaming_client_that_disconnects_frees_the_engine_and_its_place(
 def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
     # 2 HTTP threads, 2 waiting connections. Two clients that send half a request hold both
     # threads (httplib waits up to its 5 s read timeout); of 10 more concurrent clients, 2 wait
-    # for a thread and 8 are answered 503 at once by the accept thread. Once the half-open
+    # for a thread and 8 are answered 503 at once by the overflow threads. Once the half-open
     # clients go away, both waiting clients get their 200.
     s = Server("--queue-size", "8", "--http-threads", "2", "--max-waiting-connections", "2")
     host, port = s.url[len("http://"):].rsplit(":", 1)
