@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <future>
 #include <mutex>
@@ -306,15 +307,33 @@ TEST(ConnectionQueue, OverflowRunsFlaggedOnItsOwnThreadsAndInlineOnlyWhenThatIsF
   std::promise<void> gate;
   std::shared_future<void> open = gate.get_future().share();
   std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
   std::vector<std::pair<int, bool>> ran;  // (connection, overloaded())
   std::thread::id inline_thread;
   ConnectionQueue q(1, 1, 1, 1);
-  for (int i = 0; i < 4; ++i)
-    q.enqueue([&, i] {
+  auto blocking = [&](int i) {
+    return [&, i] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++started;
+      }
+      cv.notify_all();
       open.wait();
       std::lock_guard<std::mutex> lock(mu);
       ran.emplace_back(i, ConnectionQueue::overloaded());
-    });
+    };
+  };
+  auto wait_started = [&](int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started == n; });
+  };
+  q.enqueue(blocking(0));
+  wait_started(1);         // on the HTTP thread
+  q.enqueue(blocking(1));  // waits for it
+  q.enqueue(blocking(2));
+  wait_started(2);         // on the overflow thread
+  q.enqueue(blocking(3));  // waits for that
   q.enqueue([&] {
     std::lock_guard<std::mutex> lock(mu);
     ran.emplace_back(4, ConnectionQueue::overloaded());

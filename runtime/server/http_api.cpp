@@ -435,10 +435,10 @@ int ApiServer::bind() {
   // httplib listens with a backlog of 5; while the accept thread is busy (an overflow connection
   // served inline), a burst beyond that would wait for SYN retransmits (seconds). Keep the socket
   // to raise it.
-  int listen_fd = -1;
-  impl_->http.set_socket_options([&listen_fd](int fd) {
+  auto listen_fd = std::make_shared<int>(-1);
+  impl_->http.set_socket_options([listen_fd](int fd) {
     httplib::default_socket_options(fd);
-    listen_fd = fd;
+    *listen_fd = fd;
   });
   int port = o.port;
   if (port == 0) {
@@ -449,8 +449,7 @@ int ApiServer::bind() {
   }
   // listen() again on a listening socket only changes its backlog (Linux); the kernel caps it at
   // net.core.somaxconn.
-  if (listen_fd >= 0) ::listen(listen_fd, 1024);
-  impl_->http.set_socket_options(httplib::default_socket_options);  // drop the captured reference
+  if (*listen_fd >= 0) ::listen(*listen_fd, 1024);
   return port;
 }
 
