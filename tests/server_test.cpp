@@ -9,11 +9,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <future>
+#include <mutex>
 #include <thread>
 
 #include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
+#include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/stop_matcher.h"
@@ -118,6 +122,66 @@ TEST(CompletionRequest, NamesTheBadFieldAndRejectsAnotherModelWith404) {
       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})",
       true, lim);
   EXPECT_EQ(r.messages[0]["content"], "ab");
+}
+
+namespace {
+// The ApiError parse_completion_request throws for `body` (status 0 when it accepts it).
+ApiError error_of(const std::string& body, bool chat) {
+  try {
+    parse_completion_request(body, chat, RequestLimits{"demo", 512});
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "", "accepted");
+}
+
+// `depth` nested arrays around `inner`, balanced (valid JSON): ~200 KB at 100000 levels.
+std::string nested(int depth, const std::string& inner = "") {
+  return std::string(size_t(depth), '[') + inner + std::string(size_t(depth), ']');
+}
+}  // namespace
+
+TEST(CompletionRequest, DeepNestingInAnyFieldGets400BeforeAnyRecursiveCode) {
+  // Each of these crashed the server with a stack overflow (copying or rendering the value).
+  const std::string deep = nested(100000);
+  const std::vector<std::pair<std::string, bool>> bodies = {
+      {R"({"prompt": )" + deep + "}", false},
+      {R"({"prompt": "x", "ignored_field": )" + deep + "}", false},
+      {R"({"messages": [{"role": "user", "content": )" + deep + "}]}", true},
+      {R"({"messages": [{"role": "user", "content": "x", "name": )" + deep + "}]}", true},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [)" + deep + "]}", true},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"k": )" + deep + "}}", true},
+      {std::string(200000, '{'), false},  // not even valid JSON: still refused by depth first
+  };
+  for (const auto& [body, chat] : bodies) {
+    const ApiError e = error_of(body, chat);
+    EXPECT_EQ(e.status(), 400) << body.substr(0, 80);
+    EXPECT_EQ(e.code(), "json_too_deep");
+    EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxRequestJsonDepth)), std::string::npos) << e.what();
+  }
+}
+
+TEST(CompletionRequest, DepthLimitCountsOnlyBracketsOutsideStrings) {
+  // The body object is level 1: a field may nest kMaxRequestJsonDepth - 1 more levels.
+  const int inner = kMaxRequestJsonDepth - 1;
+  EXPECT_EQ(error_of(R"({"prompt": "x", "extra": )" + nested(inner) + "}", false).status(), 0);
+  EXPECT_EQ(error_of(R"({"prompt": "x", "extra": )" + nested(inner + 1) + "}", false).code(), "json_too_deep");
+  // Brackets inside strings, after escaped quotes and backslashes, are text.
+  const std::string text = std::string(1000, '[') + R"(\\\" [[[ {{{ \\)";
+  EXPECT_EQ(error_of(R"({"prompt": ")" + text + R"("})", false).status(), 0);
+  EXPECT_EQ(error_of(R"({"prompt": "\\", "extra": )" + nested(inner + 1) + "}", false).code(), "json_too_deep");
+  EXPECT_NO_THROW(check_json_depth("]]]]" + nested(kMaxRequestJsonDepth)));  // stray closers do not bank depth
+  EXPECT_THROW(check_json_depth(nested(3), 2), ApiError);
+}
+
+TEST(ApiError, InternalErrorKeepsTheDetailOffTheClient) {
+  const ApiError e = internal_error("engine_error", "read of /srv/models/x/experts/layer_000.bin failed");
+  EXPECT_EQ(e.status(), 500);
+  EXPECT_EQ(e.code(), "engine_error");
+  const std::string client = e.body().dump();
+  EXPECT_EQ(client.find('/'), std::string::npos) << client;
+  EXPECT_NE(client.find("error id E"), std::string::npos) << client;
+  EXPECT_NE(internal_error("x", "y").what(), std::string(e.what()));  // a new id each time
 }
 
 namespace {
@@ -235,6 +299,54 @@ struct TcpPair {
   }
 };
 }  // namespace
+
+TEST(ConnectionQueue, OverflowRunsFlaggedOnItsOwnThreadsAndInlineOnlyWhenThatIsFullToo) {
+  // 1 HTTP thread + 1 waiting place, 1 overflow thread + 1 overflow place. While the first
+  // closures block, the caller (httplib's accept thread) must not: a slow overflow client used to
+  // stall accepting; only the fifth connection runs inline.
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
+  std::vector<std::pair<int, bool>> ran;  // (connection, overloaded())
+  std::thread::id inline_thread;
+  ConnectionQueue q(1, 1, 1, 1);
+  auto blocking = [&](int i) {
+    return [&, i] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++started;
+      }
+      cv.notify_all();
+      open.wait();
+      std::lock_guard<std::mutex> lock(mu);
+      ran.emplace_back(i, ConnectionQueue::overloaded());
+    };
+  };
+  auto wait_started = [&](int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started == n; });
+  };
+  q.enqueue(blocking(0));
+  wait_started(1);         // on the HTTP thread
+  q.enqueue(blocking(1));  // waits for it
+  q.enqueue(blocking(2));
+  wait_started(2);         // on the overflow thread
+  q.enqueue(blocking(3));  // waits for that
+  q.enqueue([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ran.emplace_back(4, ConnectionQueue::overloaded());
+    inline_thread = std::this_thread::get_id();
+  });
+  EXPECT_EQ(inline_thread, std::this_thread::get_id());
+  EXPECT_FALSE(ConnectionQueue::overloaded());  // the caller's flag is reset after the inline run
+  gate.set_value();
+  q.shutdown();  // drains both FIFOs
+  std::sort(ran.begin(), ran.end());
+  const std::vector<std::pair<int, bool>> want = {{0, false}, {1, false}, {2, true}, {3, true}, {4, true}};
+  EXPECT_EQ(ran, want);
+}
 
 TEST(ClientConnection, FindsTheServerEndByItsAddressesNotTheClientEnd) {
   TcpPair p;

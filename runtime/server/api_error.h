@@ -31,4 +31,9 @@ class ApiError : public Error {
   std::string code_, param_;
 };
 
+// A 500 whose detail (often an IoError naming a server path) stays on the server: logs
+// "moestream-server: error ID (code): detail" on stderr and returns an ApiError whose message
+// gives the client only the error id to quote.
+ApiError internal_error(const std::string& code, const std::string& detail);
+
 }  // namespace moestream

@@ -68,7 +68,29 @@ OJ parse_messages(const OJ& m) {
 }
 }  // namespace
 
+void check_json_depth(std::string_view body, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        throw ApiError(400, "json_too_deep", "request JSON nests arrays/objects deeper than the limit of " +
+                                                 std::to_string(max_depth) + " levels (at byte " +
+                                                 std::to_string(i) + ")");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;  // unbalanced brackets are left to the parser to report
+    }
+  }
+}
+
 CompletionRequest parse_completion_request(const std::string& body, bool chat, const RequestLimits& limits) {
+  check_json_depth(body);
   OJ j;
   try {
     j = OJ::parse(body);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,17 @@ struct CompletionRequest {
   std::vector<std::string> stop;
 };
 
+// Deepest nesting of arrays and objects a request body may have, in any field (ignored ones
+// included). Copying, comparing and dumping a JSON value recurse once per level, so an unbounded
+// depth could overflow the stack; real requests (messages, tool schemas) stay far below this.
+inline constexpr int kMaxRequestJsonDepth = 64;
+
+// Throws ApiError(400, "json_too_deep") when `body` opens more than `max_depth` arrays/objects at
+// once. A linear scan that skips strings; it runs before any (recursive) JSON code sees the body
+// and does not need the body to be valid JSON.
+void check_json_depth(std::string_view body, int max_depth = kMaxRequestJsonDepth);
+
+// Checks the depth first (check_json_depth), then parses.
 CompletionRequest parse_completion_request(const std::string& body, bool chat, const RequestLimits& limits);
 
 }  // namespace moestream

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 
 #include "runtime/server/stop_matcher.h"
 
@@ -96,8 +95,7 @@ void EngineSession::run(Job& job) {
     cached_.clear();
     model_.reset();
     metrics_.request_failed();
-    std::fprintf(stderr, "moestream-server: request failed in the engine: %s\n", e.what());
-    job.fail(ApiError(500, "engine_error", std::string("generation failed: ") + e.what()));
+    job.fail(internal_error("engine_error", std::string("generation failed: ") + e.what()));
   }
 }
 

@@ -3,10 +3,12 @@
 #include "runtime/server/http_api.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <random>
 #include <thread>
@@ -82,6 +84,29 @@ struct ApiServer::Impl {
     routes();
   }
 
+  static bool has_body(const httplib::Request& req) {
+    return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) != 0 ||
+           req.has_header("Transfer-Encoding");
+  }
+
+  // Answers 503 (an overflow connection) or 401 (a wrong API key) when due; false when the request
+  // may go on.
+  bool refuse(const httplib::Request& req, httplib::Response& res) {
+    if (ConnectionQueue::overloaded()) {
+      // Every HTTP thread is busy and the connection FIFO is full: this runs on an overflow
+      // thread (or the accept thread); answer at once and close the connection.
+      metrics.request_rejected();
+      send_error(res, ApiError(503, "server_overloaded",
+                               "the server is busy: all HTTP connections are in use; retry later"));
+      res.set_header("Connection", "close");
+      return true;
+    }
+    if (req.path == "/health" || authorized(req)) return false;
+    metrics.client_error();
+    send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
+    return true;
+  }
+
   bool authorized(const httplib::Request& req) const {
     if (opts.api_key.empty()) return true;
     const std::string want = "Bearer " + opts.api_key;
@@ -96,19 +121,17 @@ struct ApiServer::Impl {
     // An idle keep-alive connection holds a pool thread and delays shutdown by this much.
     http.set_keep_alive_timeout(1);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (ConnectionQueue::overloaded() && req.path != "/health") {
-        // Every HTTP thread is busy and the connection backlog is full: refuse at once (this
-        // runs on the accept thread) and close the connection.
-        metrics.request_rejected();
-        send_error(res, ApiError(503, "server_overloaded",
-                                 "the server is busy: all HTTP connections are in use; retry later"));
-        res.set_header("Connection", "close");
+      // httplib runs this before it reads the body. An answer now would close the socket with the
+      // body unread, and the kernel then resets the connection: the client may see the reset, not
+      // our answer. Requests with a body are answered by their route once it is read (read_body(),
+      // then refuse()).
+      if (req.method == "PRI") {  // an HTTP/2 preface: httplib would read its body unbounded
+        metrics.client_error();
+        send_json(res, 400, ApiError(400, "unsupported_protocol", "this server speaks HTTP/1.1 only").body());
         return httplib::Server::HandlerResponse::Handled;
       }
-      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-      metrics.client_error();
-      send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
-      return httplib::Server::HandlerResponse::Handled;
+      if (has_body(req) || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
     });
     // httplib answers 404 (no route) and 413 (body over the limit) itself; give them JSON bodies.
     http.set_error_handler(httplib::Server::HandlerWithResponse(
@@ -117,13 +140,15 @@ struct ApiServer::Impl {
       metrics.client_error();
       std::string code = "error", msg = "HTTP " + std::to_string(res.status);
       if (res.status == 404) code = "not_found", msg = "no such endpoint: " + req.method + " " + req.path;
-      if (res.status == 413)
-        code = "body_too_large", msg = "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) + " bytes";
+      if (res.status == 413) {
+        send_json(res, 413, body_too_large().body());
+        return httplib::Server::HandlerResponse::Handled;
+      }
       send_json(res, res.status, ApiError(res.status, code, msg).body());
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown";
+      std::string what = "unknown exception";
       try {
         std::rethrow_exception(ep);
       } catch (const std::exception& e) {
@@ -131,26 +156,46 @@ struct ApiServer::Impl {
       } catch (...) {
       }
       metrics.request_failed();
-      send_json(res, 500, ApiError(500, "internal_error", "internal error: " + what).body());
+      send_json(res, 500, internal_error("internal_error", what).body());
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"}});
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    // A GET with a body skipped refuse() before routing.
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (refuse(req, res)) return;
       json m{{"id", opts.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "moestream"},
              {"max_model_len", model.max_context()}};
       send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
     });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (refuse(req, res)) return;
       res.set_content(metrics.prometheus(queue.waiting(), queue.running(), queue.capacity()),
                       "text/plain; version=0.0.4");
     });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, false);
+    // Bodies come through content readers: httplib bounds a Content-Length body by
+    // set_payload_max_length, but would read a chunked one whole, however large.
+    using Reader = httplib::ContentReader;
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, false);
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(req, res, true);
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, true);
     });
+    // Every other request with a body: read it (bounded, so that closing does not reset the
+    // connection), then 404.
+    auto not_found = [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (!read_body(req, res, reader, body) || refuse(req, res)) return;
+      metrics.client_error();
+      send_json(res, 404, ApiError(404, "not_found", "no such endpoint: " + req.method + " " + req.path).body());
+    };
+    http.Post(".*", not_found);
+    http.Put(".*", not_found);
+    http.Patch(".*", not_found);
+    http.Delete(".*", not_found);
   }
 
   // Request -> job parameters; throws ApiError for anything the client got wrong.
@@ -249,12 +294,44 @@ struct ApiServer::Impl {
     return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
   }
 
-  void handle(const httplib::Request& req, httplib::Response& res, bool chat_endpoint) {
+  ApiError body_too_large() const {
+    return ApiError(413, "body_too_large", "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) +
+                                               " bytes");
+  }
+
+  // Reads the whole body, at most opts.max_body_bytes; false when an error was answered.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body) {
+    if (req.is_multipart_form_data()) {  // httplib would need a multipart receiver
+      metrics.client_error();
+      send_json(res, 415, ApiError(415, "unsupported_media_type", "the request body must be JSON, not multipart "
+                                   "form data").body());
+      return false;
+    }
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+      if (n > opts.max_body_bytes - body.size()) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (ok) return true;
+    metrics.client_error();
+    if (too_large || res.status == 413) send_json(res, 413, body_too_large().body());
+    else send_json(res, 400, ApiError(400, "invalid_body", "the request body could not be read: cut off, or a "
+                                      "malformed chunked encoding").body());
+    return false;
+  }
+
+  // `body`: the request's, read by read_body.
+  void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
     std::shared_ptr<Job> job;
     CompletionRequest r;
     try {
       if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
-      r = parse_completion_request(req.body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
+      r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
       job = std::make_shared<Job>(job_params(r));
       if (!queue.submit(job)) {
         metrics.request_rejected();
@@ -355,6 +432,14 @@ ApiServer::~ApiServer() { stop(); }
 
 int ApiServer::bind() {
   auto& o = impl_->opts;
+  // httplib listens with a backlog of 5; while the accept thread is busy (an overflow connection
+  // served inline), a burst beyond that would wait for SYN retransmits (seconds). Keep the socket
+  // to raise it.
+  auto listen_fd = std::make_shared<int>(-1);
+  impl_->http.set_socket_options([listen_fd](int fd) {
+    httplib::default_socket_options(fd);
+    *listen_fd = fd;
+  });
   int port = o.port;
   if (port == 0) {
     port = impl_->http.bind_to_any_port(o.host);
@@ -362,6 +447,9 @@ int ApiServer::bind() {
   } else if (!impl_->http.bind_to_port(o.host, port)) {
     throw IoError("cannot bind " + o.host + ":" + std::to_string(port) + " (in use, or not a local address)");
   }
+  // listen() again on a listening socket only changes its backlog (Linux); the kernel caps it at
+  // net.core.somaxconn.
+  if (*listen_fd >= 0) ::listen(*listen_fd, 1024);
   return port;
 }
 

@@ -23,7 +23,7 @@ struct ServerOptions {
   bool prefix_reuse = true;
   int http_threads = 0;             // 0 = queue_size + 4
   // Accepted connections that may wait for an HTTP thread; beyond threads + this, a connection
-  // is answered 503 (Retry-After) at once on the accept thread. 0 = 2 x http threads.
+  // is answered 503 (Retry-After) at once, once its request is read. 0 = 2 x http threads.
   size_t max_waiting_connections = 0;
 };
 

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -232,6 +233,73 @@ def test_body_over_the_limit_gets_413_json(server):
     assert_json_error(r, 413, "body_too_large")
 
 
+def test_deeply_nested_json_in_any_field_gets_400_and_the_server_stays_up():
+    # ~200 KB of balanced brackets: each of these killed the server (SIGSEGV, stack overflow).
+    deep = "[" * 100000 + "]" * 100000
+    user = '{"role": "user", "content": "x"}'
+    bodies = [
+        ("/v1/completions", '{"prompt": %s}' % deep),
+        ("/v1/completions", '{"prompt": "x", "unused": {"a": %s}}' % deep),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}' % deep),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x", "name": %s}]}' % deep),
+        ("/v1/chat/completions", '{"messages": [%s], "tools": [%s]}' % (user, deep)),
+        ("/v1/chat/completions", '{"messages": [%s], "chat_template_kwargs": {"k": %s}}' % (user, deep)),
+    ]
+    s = Server("--max-body-kb", "1024")
+    try:
+        for path, body in bodies:
+            assert_json_error(s.post(path, body), 400, "json_too_deep", "64")
+            assert s.get("/health").status_code == 200
+        ok = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "unused": [[[[1]]]]})
+        assert ok.status_code == 200, ok.text
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_an_engine_failure_answers_500_with_an_error_id_and_no_server_path(tmp_path):
+    # The expert files shrink under the running server: the read fails with an IoError naming the
+    # file. The client gets an error id only; the log line with that id has the path.
+    model = tmp_path / "model"
+    shutil.copytree(DEMO, model, ignore=shutil.ignore_patterns("heldout*", "figures", "routing"))
+    s = Server(model=model)
+    try:
+        for f in (model / "experts").iterdir():
+            os.truncate(f, 100)
+        r = s.post("/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+        err = assert_json_error(r, 500, "engine_error")
+        assert "/" not in r.text and str(tmp_path) not in r.text, r.text
+        error_id = err["message"].split("error id ")[1].split(")")[0]
+        stream = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "stream": True})
+        assert "engine_error" in stream.text and "/" not in stream.text.replace("data: ", ""), stream.text
+        assert s.get("/health").status_code == 200
+    finally:
+        s.stop()
+    log = s.proc.stderr.read()
+    assert f"error {error_id} (engine_error)" in log and str(model) in log, log
+
+
+def test_a_chunked_body_is_held_to_the_same_limit(server):
+    # httplib bounds Content-Length bodies only: a chunked one used to be read whole (200 MB here).
+    def chunks(n, size):
+        yield b'{"prompt": "'
+        for _ in range(n):
+            yield b"x" * size
+        yield b'", "max_tokens": 1}'
+
+    r = requests.post(server.url + "/v1/completions", data=chunks(200, 1 << 20), timeout=30)
+    assert_json_error(r, 413, "body_too_large")
+    ok = requests.post(server.url + "/v1/completions", data=chunks(3, 10), timeout=30)
+    assert ok.status_code == 200, ok.text
+    r = requests.put(server.url + "/v1/anything", data=chunks(200, 1 << 20), timeout=30)
+    assert_json_error(r, 413, "body_too_large")
+    assert_json_error(server.post("/v1/nothing", {"a": 1}), 404, "not_found")
+    assert_json_error(requests.delete(server.url + "/v1/models", data="{}", timeout=30), 404, "not_found")
+    r = requests.post(server.url + "/v1/completions", files={"prompt": ("p", b"hi")}, timeout=30)
+    assert_json_error(r, 415, "unsupported_media_type")
+    assert server.get("/health").status_code == 200
+
+
 def test_unknown_endpoint_gets_404_json_and_server_survives_bad_input(server):
     assert_json_error(server.get("/v1/nothing"), 404, "not_found")
     assert server.get("/health").status_code == 200
@@ -323,6 +391,9 @@ def test_api_key_is_required_except_for_health():
                           "invalid_api_key")
         assert_json_error(s.get("/v1/models"), 401, "invalid_api_key")
         assert_json_error(s.get("/metrics"), 401, "invalid_api_key")
+        # A body defers the check until it is read (no reset): it must still happen.
+        assert_json_error(s.get("/metrics", data="x" * 1000), 401, "invalid_api_key")
+        assert_json_error(s.get("/v1/models", data="x"), 401, "invalid_api_key")
         assert s.get("/health").status_code == 200
         ok = s.post("/v1/completions", body, headers={"Authorization": "Bearer sekrit"})
         assert ok.status_code == 200, ok.text
@@ -478,7 +549,7 @@ def test_a_non_streaming_client_that_disconnects_frees_the_engine_and_its_place(
 def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
     # 2 HTTP threads, 2 waiting connections. Two clients that send half a request hold both
     # threads (httplib waits up to its 5 s read timeout); of 10 more concurrent clients, 2 wait
-    # for a thread and 8 are answered 503 at once by the accept thread. Once the half-open
+    # for a thread and 8 are answered 503 at once by the overflow threads. Once the half-open
     # clients go away, both waiting clients get their 200.
     s = Server("--queue-size", "8", "--http-threads", "2", "--max-waiting-connections", "2")
     host, port = s.url[len("http://"):].rsplit(":", 1)
@@ -526,5 +597,68 @@ def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
         m = s.metrics()
         assert m["moestream_requests_rejected_total"] == 8
     finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_overload_answers_503_to_every_complete_request_even_with_a_large_body():
+    # One HTTP thread held by a half-sent request, one waiting place: nearly all of 60 concurrent
+    # clients with 1 MB bodies are overflow connections. The 503 used to be written before the
+    # body was read; closing a socket with unread data resets the connection, and some clients saw
+    # the reset instead of the answer. Every one must get its 503 (or, for the waiting one, a 400:
+    # the prompt is longer than the context).
+    s = Server("--queue-size", "1", "--http-threads", "1", "--max-waiting-connections", "1",
+               "--max-body-kb", "2048")
+    host, port = s.url[len("http://"):].rsplit(":", 1)
+    try:
+        holder = socket.create_connection((host, int(port)), timeout=10)
+        holder.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never end
+        time.sleep(0.3)
+        body = json.dumps({"prompt": "x" * (1 << 20), "max_tokens": 1})
+        results, lock = [], threading.Lock()
+
+        def client():
+            try:
+                r = requests.post(s.url + "/v1/completions", data=body, timeout=30)
+                out = (r.status_code, r.json()["error"]["code"])
+            except requests.RequestException as e:
+                out = ("error", repr(e))
+            with lock:
+                results.append(out)
+
+        threads = [threading.Thread(target=client) for _ in range(60)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        holder.close()
+        assert set(results) <= {(503, "server_overloaded"), (400, "context_length_exceeded")}, results
+        n503 = sum(r[0] == 503 for r in results)
+        assert len(results) == 60 and n503 >= 58, results
+        assert s.metrics()["moestream_requests_rejected_total"] == n503
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_slow_overflow_clients_do_not_stall_the_answers_to_others():
+    # 1 HTTP thread, 1 waiting place. Three half-sent requests take the thread, the place and an
+    # overflow thread (each is held up to httplib's 5 s read timeout); a complete request that
+    # comes next still gets its 503 at once, not after the holders time out.
+    s = Server("--http-threads", "1", "--max-waiting-connections", "1")
+    host, port = s.url[len("http://"):].rsplit(":", 1)
+    holders = []
+    try:
+        for _ in range(3):
+            h = socket.create_connection((host, int(port)), timeout=10)
+            h.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            holders.append(h)
+            time.sleep(0.2)  # taken from its FIFO before the next one comes
+        r = requests.post(s.url + "/v1/completions", data=json.dumps({"prompt": "x", "max_tokens": 1}),
+                          timeout=3)  # well inside the holders' 5 s
+        assert_json_error(r, 503, "server_overloaded")
+    finally:
+        for h in holders:
+            h.close()
         s.stop()
     assert s.proc.returncode == 0, s.proc.stderr.read()
