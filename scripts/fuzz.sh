@@ -3,8 +3,8 @@
 # corpus (docs/testing.md). FUZZ_SECONDS per target (default 60); FUZZ_TARGETS to pick some;
 # FUZZ_SEED for libFuzzer's -seed (default 1: CI runs are reproducible).
 # Inputs under tests/fuzz/known_crashes/<target>/ are crashes whose fix belongs to another change:
-# they are never in the corpus, and a crash with the same sanitizer SUMMARY line as one of them
-# is reported but not a failure (it is that bug again).
+# they are never in the corpus, and a crash with the same signature (summary() below) as one of
+# them is reported but not a failure (it is that bug again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-fuzz}
@@ -23,8 +23,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# The SUMMARY line of a crash log, without paths and addresses: what identifies the bug.
-summary() { grep -m1 '^SUMMARY:' "$1" | sed -E 's#/[^ ]*/##g; s#0x[0-9a-f]+##g' || true; }
+# What identifies a crash's bug: the error kind and the first frame in moestream's sources
+# (function and file, no line numbers, which shift). Any stack overflow in a target is one bug:
+# unbounded recursion, wherever the stack happens to run out.
+summary() {
+  local kind frame
+  kind=$(grep -m1 -oE '(Sanitizer|libFuzzer): [a-z-]+( [a-z-]+)?|runtime error: [a-z ]+' "$1" || true)
+  case "$kind" in *stack-overflow*) echo "$kind"; return ;; esac
+  frame=$(grep -m1 -oE ' in [^ ]+ [^ ]*/(common|loader|runtime|kernels|cluster|tools)/[^ :]+' "$1" |
+          sed -E 's# /[^ ]*/((common|loader|runtime|kernels|cluster|tools)/)# \1#' || true)
+  echo "$kind$frame"
+}
 known_summaries() {
   local t=$1 f
   for f in tests/fuzz/known_crashes/"$t"/*; do
