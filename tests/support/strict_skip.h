@@ -2,8 +2,11 @@
 // because something the suite should have (io_uring, a fixture, a built CLI, the real tokenizer
 // files) is missing fails instead, so CI cannot go green by testing nothing.
 //   MOESTREAM_SKIP_OR_FAIL() << "io_uring_queue_init fails here";
-// Skips that are expected on the CI machine class by design (no GPU, CPU features, kernel or
-// filesystem features outside the suite's control) keep plain GTEST_SKIP: that is the allow-list.
+// Skips that are expected on the CI machine class by design keep plain GTEST_SKIP; that is the
+// allow-list (docs/testing.md): no CUDA device (gpu_*_test), a GPU present (the no-device error
+// test), CPU features (quant_test: F16C, AVX2), kernel features (residency_test: cachestat(2)),
+// filesystem features (O_DIRECT refused or accepted by tmpfs, no /dev/shm: io_engine_test,
+// store_options_test), and the one case the fake CUDA runtime cannot model.
 #pragma once
 
 #include <cstdlib>
