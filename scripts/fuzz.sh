@@ -30,6 +30,7 @@ summary() {
   local kind frame
   kind=$(grep -m1 -oE '(Sanitizer|libFuzzer): [a-z-]+( [a-z-]+)?|runtime error: [a-z ]+' "$1" || true)
   case "$kind" in *stack-overflow*) echo "$kind"; return ;; esac
+  kind+=$(grep -m1 -oE " throwing an instance of '[^']+'" "$1" || true)  # an escaped exception
   frame=$(grep -m1 -oE ' in [^ ]+ [^ ]*/(common|loader|runtime|kernels|cluster|tools)/[^ :]+' "$1" |
           sed -E 's# /[^ ]*/((common|loader|runtime|kernels|cluster|tools)/)# \1#' || true)
   echo "$kind$frame"
