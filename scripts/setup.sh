@@ -9,6 +9,7 @@ APT_PACKAGES=(
   pybind11-dev nlohmann-json3-dev libpcre2-dev libxxhash-dev
   libcli11-dev libfmt-dev libcpp-httplib-dev python3-dev
   libutf8proc-dev
+  clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
 PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai)  # matplotlib: test_bindings runs python/examples
 

@@ -22,6 +22,7 @@
 #include "runtime/convert/hf_config.h"
 #include "kernels/cpu/quant.h"
 #include "loader/format/safetensors.h"
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -578,7 +579,7 @@ CliResult run_cli(const std::string& args) {
 
 TEST(ConvertCli, BadInputExitsNonZeroWithTheMessage) {
   if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "convert_model"))
-    GTEST_SKIP() << "convert_model not built in " << MOESTREAM_BIN_DIR;
+    MOESTREAM_SKIP_OR_FAIL() << "convert_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   TinyHf m = make_tiny(Arch::kQwen3Moe);
   m.tensors.erase("model.layers.0.mlp.gate.weight");
@@ -596,7 +597,7 @@ TEST(ConvertCli, BadInputExitsNonZeroWithTheMessage) {
 
 TEST(ConvertCli, ConvertsAndReportsWithProgress) {
   if (!fs::exists(fs::path(MOESTREAM_BIN_DIR) / "convert_model"))
-    GTEST_SKIP() << "convert_model not built in " << MOESTREAM_BIN_DIR;
+    MOESTREAM_SKIP_OR_FAIL() << "convert_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   save_tiny(d.path() / "hf", make_tiny(Arch::kOlmoe), DType::kBF16, true, 2);
   CliResult r = run_cli(d.path().string() + "/hf " + d.path().string() + "/out --quant q8");

@@ -28,6 +28,7 @@
 #include "tests/support/test_model.h"
 
 #include <nlohmann/json.hpp>
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -35,6 +36,14 @@ using namespace moestream;
 namespace {
 
 using test::Payloads;
+
+// The loops below cover the io_uring store where the kernel allows it; in strict mode (CI) a
+// kernel without io_uring is a failure rather than a silently shorter loop.
+bool uring_or_strict_failure() {
+  if (io_uring_available()) return true;
+  if (test::strict_mode()) ADD_FAILURE() << "strict mode: io_uring_queue_init fails here";
+  return false;
+}
 
 ModelConfig tiny_config(QuantType q) {
   return test::tiny_moe_config({.vocab = 50, .hidden = 96, .head_dim = 8, .quant = q});
@@ -69,7 +78,7 @@ TEST_F(EngineExpertStore, EveryBackendReturnsTheWrittenBytes) {
   write_layers(QuantType::kQ8, false);
   for (const char* io : {"uring", "pread", "mmap", "auto", "simple"}) {
     for (bool direct : {false, true}) {
-      if (std::string(io) == "uring" && !io_uring_available()) continue;
+      if (std::string(io) == "uring" && !uring_or_strict_failure()) continue;
       EngineExpertStoreOptions o;
       o.io.direct = direct;
       o.io.notice = [](const std::string&) {};
@@ -125,7 +134,7 @@ TEST_F(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
   uint32_t slot = m.physical(3);
   test::overwrite_bytes(f, h.slot_offset(slot) + 5, "\x5a");
   for (const char* io : {"pread", "uring"}) {
-    if (std::string(io) == "uring" && !io_uring_available()) continue;
+    if (std::string(io) == "uring" && !uring_or_strict_failure()) continue;
     auto store = open_expert_store(io, d.path(), c);
     std::vector<const uint8_t*> out;
     std::vector<int> ok{0, 1};
@@ -382,7 +391,7 @@ void expect_handed_out(ExpertStore& store, const Payloads& want, int layer, cons
 TEST_F(EngineExpertStore, ReadAheadGroupIsAdoptedByTheNextFetch) {
   write_layers(QuantType::kQ8, true);
   for (const char* io : {"uring", "pread", "mmap"}) {
-    if (std::string(io) == "uring" && !io_uring_available()) continue;
+    if (std::string(io) == "uring" && !uring_or_strict_failure()) continue;
     for (uint64_t slots : {0, 2, 16}) {
       SCOPED_TRACE(std::string(io) + " cache slots " + std::to_string(slots));
       EngineExpertStoreOptions o = cached(c, slots);
@@ -488,7 +497,7 @@ int run_cli(const std::string& args, std::string* out) {
 
 TEST(InferCli, IoFlagsGiveTheSameTokensAndStatsAccountForEveryExpert) {
   if (!test::have_tool("infer"))
-    GTEST_SKIP() << "infer not built in " << MOESTREAM_BIN_DIR;
+    MOESTREAM_SKIP_OR_FAIL() << "infer not built in " << MOESTREAM_BIN_DIR;
   TempDir d("expert_store_uring_test");
   const ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 96, .head_dim = 8});
   write_synthetic_model(d.path(), c, 31, 1);

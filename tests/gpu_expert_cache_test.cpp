@@ -251,9 +251,9 @@ TEST_F(GpuExpertCacheTest, PrefetchReturnsBeforeItsReadAndDemandWaitsForTheWorke
   o.prefetch_store = &gated;
   GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_, o);
   std::vector<int> predicted{6, 4};
-  const auto t0 = std::chrono::steady_clock::now();
-  cache.prefetch(1, predicted);  // the worker blocks in the store's begin_fetch
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  // The worker blocks in the store's begin_fetch until gated.open() below: a prefetch that
+  // waited for its read would never return, so getting past it is the check (no clock needed).
+  cache.prefetch(1, predicted);
   gated.wait_entered(1);  // begun reading: a demand now waits instead of taking it back
   EXPECT_EQ(cache.telemetry().prefetch_issued, 2u);
   EXPECT_EQ(cache.telemetry().prefetch_h2d_bytes, 0u);  // nothing read yet, so nothing copied

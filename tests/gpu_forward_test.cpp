@@ -28,6 +28,7 @@
 
 #include <cuda_runtime.h>
 #include <random>
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -528,7 +529,7 @@ TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
   REQUIRE_GPU();
   const auto& [name, quant] = GetParam();
   const fs::path src = kSource / "tests" / "fixtures" / name;
-  if (!fs::exists(src / "reference.json")) GTEST_SKIP() << "fixture " << src << " absent";
+  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
   TempDir tmp("gpu_forward_test");
   ConvertOptions co;

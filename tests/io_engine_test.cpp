@@ -21,6 +21,7 @@
 #include "common/file_util.h"
 #include "loader/io/io_engine.h"
 #include "tests/support/test_model.h"
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -96,7 +97,7 @@ class IoEngineTest : public testing::TestWithParam<Config> {
     if (GetParam().backend == IoBackend::kUring) {
       int err = 0;
       if (!io_uring_available(&err))
-        GTEST_SKIP() << "io_uring_queue_init fails here: " << std::strerror(err);
+        MOESTREAM_SKIP_OR_FAIL() << "io_uring_queue_init fails here: " << std::strerror(err);
     }
     path_ = dir_.path() / "data.bin";
     content_ = make_content(kFileBytes, 7);
@@ -554,13 +555,16 @@ TEST_P(IoFaultTest, TwoLanesRunTwoBatchesAtOnceAndOneLaneSerialises) {
     auto a_started = std::make_shared<std::atomic<bool>>(false);
     auto b_done = std::make_shared<std::atomic<bool>>(false);
     auto b_seen_by_a = std::make_shared<std::atomic<bool>>(false);
-    // Batch A's completion waits (up to 1 s, generous for a loaded machine) for batch B to
-    // complete: only possible when B runs while A is still in flight.
+    // Batch A's completion waits for batch B to complete: only possible when B runs while A is
+    // still in flight. With two lanes B must get through however loaded the machine is (the
+    // 60 s bound only turns a serialising bug into a failure instead of a hang); with one lane B
+    // cannot, so a short bound suffices and a slow machine cannot make the check pass wrongly.
+    const auto bound = std::chrono::milliseconds(lanes == 2 ? 60000 : 200);
     o.completion_hook = [=](const CompletionInfo& ci) -> int64_t {
       if (ci.offset == 0 && ci.attempt == 0) {
         a_started->store(true);
         auto t0 = std::chrono::steady_clock::now();
-        while (!b_done->load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1))
+        while (!b_done->load() && std::chrono::steady_clock::now() - t0 < bound)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         b_seen_by_a->store(b_done->load());
       }
@@ -606,7 +610,7 @@ TEST(IoEngineFallback, UringInitFailureFallsBackToPreadWithANotice) {
 }
 
 TEST(IoEngineFallback, RingThatRefusesSubmissionsFinishesItsReadsWithPread) {
-  if (!io_uring_available()) GTEST_SKIP() << "io_uring_queue_init fails here";
+  if (!io_uring_available()) MOESTREAM_SKIP_OR_FAIL() << "io_uring_queue_init fails here";
   TempDir d("io_fallback");
   std::string content = make_content(300000, 6);
   write_file_atomic(d.path() / "f", content);
@@ -635,7 +639,7 @@ TEST(IoEngineFallback, RingThatRefusesSubmissionsFinishesItsReadsWithPread) {
 // batch at once was committed to it while the other rings ran dry. Each ring now takes one read
 // at a time: while one ring is held up on its first read, the other reads the rest.
 TEST(IoEngineUring, RingHeldUpOnOneReadLeavesTheRestToTheOtherRing) {
-  if (!io_uring_available()) GTEST_SKIP() << "io_uring_queue_init fails here";
+  if (!io_uring_available()) MOESTREAM_SKIP_OR_FAIL() << "io_uring_queue_init fails here";
   TempDir d("io_uring_balance");
   std::string content = make_content(1 << 20, 8);
   write_file_atomic(d.path() / "f", content);  // just written: every read hits the page cache
@@ -676,7 +680,7 @@ TEST(IoEngineUring, RingHeldUpOnOneReadLeavesTheRestToTheOtherRing) {
 }
 
 TEST(IoEngineFallback, AutoPicksUringWhenItWorks) {
-  if (!io_uring_available()) GTEST_SKIP() << "io_uring_queue_init fails here";
+  if (!io_uring_available()) MOESTREAM_SKIP_OR_FAIL() << "io_uring_queue_init fails here";
   std::vector<std::string> notices;
   IoEngineOptions o;
   o.notice = [&](const std::string& s) { notices.push_back(s); };

@@ -16,6 +16,7 @@
 #include "runtime/convert/convert.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -58,7 +59,7 @@ TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
   const Case& c = GetParam();
   const fs::path src = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / c.fixture;
   if (!fs::exists(src / "reference.json") || !fs::exists(src / "config.json"))
-    GTEST_SKIP() << "fixture " << src << " absent (python/training/make_fixtures.py makes it)";
+    MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent (python/training/make_fixtures.py makes it)";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
 
   TempDir tmp("reference_test");

@@ -16,6 +16,7 @@
 #include "tests/support/test_model.h"
 
 #include <nlohmann/json.hpp>
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -179,7 +180,7 @@ std::vector<std::vector<uint16_t>> ids_of(const fs::path& log) {
 }  // namespace
 
 TEST(InferReplayCli, ReplayedRunRecordsTheLogsExpertsAndSaysReplayEverywhere) {
-  if (!test::have_tool("infer")) GTEST_SKIP() << "infer not built";
+  if (!test::have_tool("infer")) MOESTREAM_SKIP_OR_FAIL() << "infer not built";
   TempDir d;
   const ModelConfig c = tiny(3, 16, 4);
   write_synthetic_model(d.path() / "a", c, 21, 2);

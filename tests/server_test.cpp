@@ -21,6 +21,7 @@
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/stop_matcher.h"
+#include "tests/support/strict_skip.h"
 
 using namespace moestream;
 using namespace std::chrono_literals;
@@ -231,7 +232,7 @@ std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
 
 TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
   const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
-  if (!fs::exists(dir / "model.json")) GTEST_SKIP() << "demo model " << dir << " absent";
+  if (!fs::exists(dir / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model " << dir << " absent";
   auto model = Model::load(dir, ModelOptions{1, 512});
   Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
   const std::string base = "The operating system keeps a table of pages. ";
@@ -251,7 +252,7 @@ TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
 
 TEST(EngineSession, WithoutATokenizerTheJobGetsTheTokenIdsOfTheSameReply) {
   const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
-  if (!fs::exists(dir / "model.json")) GTEST_SKIP() << "demo model " << dir << " absent";
+  if (!fs::exists(dir / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model " << dir << " absent";
   auto model = Model::load(dir, ModelOptions{1, 512});
   Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
   const std::vector<int> prompt = ids_of(tok, "The operating system keeps a table of pages.");

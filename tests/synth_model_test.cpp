@@ -15,6 +15,7 @@
 #include "runtime/convert/model_shapes.h"
 #include "runtime/convert/synthetic_model.h"
 #include "tests/support/test_model.h"
+#include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -81,7 +82,7 @@ TEST(ModelShapes, ScaleDownKeepsEveryCount) {
 }
 
 TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
-  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   const fs::path out = d.path() / "q";
   const test::CliResult r = run_synth("--shape qwen3-30b-a3b --layers 2 --scale-down 16 -q --seed 5 " +
@@ -133,7 +134,7 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
 }
 
 TEST(SynthModelCli, SameSeedSameBytesOtherSeedOtherBytes) {
-  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   const std::string common = "--shape olmoe-1b-7b --layers 1 --scale-down 32 -q ";
   ASSERT_EQ(run_synth(common + "--seed 3 " + (d.path() / "a").string()).status, 0);
@@ -146,7 +147,7 @@ TEST(SynthModelCli, SameSeedSameBytesOtherSeedOtherBytes) {
 }
 
 TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
-  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   const fs::path out = d.path() / "m";
   fs::create_directories(out);
@@ -164,7 +165,7 @@ TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
 }
 
 TEST(SynthModelCli, BadArgumentsExitNonZeroWithTheReason) {
-  if (!have_cli()) GTEST_SKIP() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;
   test::CliResult r = run_synth("--shape gpt-moe " + (d.path() / "x").string());
   EXPECT_NE(r.status, 0);

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/support/strict_skip.h"
 
 namespace moestream {
 namespace {
@@ -127,7 +128,7 @@ TEST(TokenizerCorruption, TruncationIsAlwaysRejected) {
 TEST(TokenizerCorruption, RealFilesMutationsLoadOrFailWithTypedError) {
   fs::path shared = fs::path(MOESTREAM_SOURCE_DIR).parent_path() / "shared" / "tokenizers";
   fs::path llama = shared / "llama2" / "tokenizer.json";
-  if (!fs::exists(llama)) GTEST_SKIP() << llama << " absent: real tokenizer files not available";
+  if (!fs::exists(llama)) MOESTREAM_SKIP_OR_FAIL() << llama << " absent: real tokenizer files not available";
   TempDir dir("tok_corrupt_real");
   std::string s = read_file(llama);
   std::mt19937_64 rng(7);

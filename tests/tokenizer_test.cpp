@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "tests/support/strict_skip.h"
 
 namespace moestream {
 namespace {
@@ -268,7 +269,7 @@ fs::path shared_tokenizers() { return fs::path(MOESTREAM_SOURCE_DIR).parent_path
 
 TEST(RealTokenizers, Qwen3KnownIdsAndConfig) {
   fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
-  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  if (!fs::exists(tj)) MOESTREAM_SKIP_OR_FAIL() << tj << " absent: real tokenizer files not available";
   Tokenizer tok = Tokenizer::load(tj);
   EXPECT_EQ(tok.encode("Hello world"), (Ids{9707, 1879}));
   EXPECT_EQ(tok.encode("<|im_start|>user\n\xE4\xBD\xA0\xE5\xA5\xBD<|im_end|>"),
@@ -284,7 +285,7 @@ TEST(RealTokenizers, Qwen3KnownIdsAndConfig) {
 // reference's Unicode 9.0 NFC data, so it is not reordered before U+FE28; U+0F39 is older, so it is.
 TEST(RealTokenizers, Qwen3FollowsTheReferenceUnicodeVersions) {
   fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
-  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  if (!fs::exists(tj)) MOESTREAM_SKIP_OR_FAIL() << tj << " absent: real tokenizer files not available";
   Tokenizer tok = Tokenizer::load(tj);
   EXPECT_EQ(tok.encode(" \xE1\xA0\x8E>"), (Ids{86089, 254, 236, 29}));
   EXPECT_EQ(tok.encode("a\xF0\x93\x91\xA0" "a"), (Ids{64, 124373, 239, 254, 64}));
@@ -294,7 +295,7 @@ TEST(RealTokenizers, Qwen3FollowsTheReferenceUnicodeVersions) {
 
 TEST(RealTokenizers, ConcurrentEncodesMatchSequentialOnes) {
   fs::path tj = shared_tokenizers() / "qwen3" / "tokenizer.json";
-  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  if (!fs::exists(tj)) MOESTREAM_SKIP_OR_FAIL() << tj << " absent: real tokenizer files not available";
   Tokenizer tok = Tokenizer::load(tj);
   std::vector<std::string> texts;
   for (int i = 0; i < 64; ++i) {
@@ -322,7 +323,7 @@ TEST(RealTokenizers, ConcurrentEncodesMatchSequentialOnes) {
 
 TEST(RealTokenizers, Llama2KnownIdsAndConfig) {
   fs::path tj = shared_tokenizers() / "llama2" / "tokenizer.json";
-  if (!fs::exists(tj)) GTEST_SKIP() << tj << " absent: real tokenizer files not available";
+  if (!fs::exists(tj)) MOESTREAM_SKIP_OR_FAIL() << tj << " absent: real tokenizer files not available";
   Tokenizer tok = Tokenizer::load(tj);
   EXPECT_EQ(tok.encode("Hello world"), (Ids{1, 22557, 1526}));
   EXPECT_EQ(tok.encode("<s>Hello"), (Ids{1, 1, 22557}));
