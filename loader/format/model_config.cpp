@@ -303,7 +303,7 @@ ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw FormatError(p.string() + ": invalid JSON: " + e.what());
   }
   return from_json(j, p.string());

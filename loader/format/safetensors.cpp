@@ -125,7 +125,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   json j;
   try {
     j = json::parse(reinterpret_cast<const char*>(map_) + 8, reinterpret_cast<const char*>(map_) + data_start);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail(std::string("header is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) fail("header is not a JSON object");

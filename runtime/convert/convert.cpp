@@ -161,7 +161,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   nlohmann::json hf;
   try {
     hf = nlohmann::json::parse(read_file(config_path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw FormatError(config_path.string() + ": invalid JSON: " + e.what());
   }
   ModelConfig c = model_config_from_hf(hf, config_path.string());

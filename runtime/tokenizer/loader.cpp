@@ -25,6 +25,8 @@ Json parse_json_file(const fs::path& path) {
   } catch (const Json::parse_error& e) {
     throw FormatError(path.string() + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
                       e.what());
+  } catch (const Json::exception& e) {  // e.g. a number too large for any type
+    throw FormatError(path.string() + ": invalid JSON: " + e.what());
   }
 }
 
