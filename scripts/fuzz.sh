@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz, clang) and runs each on its seed corpus for a fixed
-# number of inputs (docs/testing.md): FUZZ_RUNS per target (default 300000, about 5 to 60 s each
+# number of inputs (docs/testing.md): FUZZ_RUNS per target (default 200000, about 3 to 115 s each
 # here) from libFuzzer's -seed FUZZ_SEED (default 1), so a run explores the same inputs on every
 # machine and a CI verdict does not depend on the machine's speed. FUZZ_SECONDS (default 120) is
 # only a ceiling per target; FUZZ_RUNS=-1 with FUZZ_SECONDS fuzzes by time instead (longer local
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-fuzz}
 secs=${FUZZ_SECONDS:-120}
-runs=${FUZZ_RUNS:-300000}
+runs=${FUZZ_RUNS:-200000}
 seed=${FUZZ_SEED:-1}
 jobs=${JOBS:-$(nproc)}
 args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1"
