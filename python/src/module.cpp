@@ -37,4 +37,5 @@ PYBIND11_MODULE(_moestream, m) {
   py_bindings::bind_model(m);
   py_bindings::bind_routing(m);
   py_bindings::bind_cluster(m);
+  py_bindings::bind_kernels(m);
 }

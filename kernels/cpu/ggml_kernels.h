@@ -1,0 +1,32 @@
+// Internal to kernels/cpu/ggml_*.cpp and their tests: each ggml type's kernels as a table entry.
+// Two families fill the table: ggml_legacy.cpp (plain types, the 32-element block types, IQ4_NL,
+// MXFP4) and ggml_kquants.cpp (the 256-element super-block types Q2_K..Q6_K, IQ4_XS), each with
+// its AVX2 file. ggml_quant.cpp dispatches and picks the AVX2 entry when the CPU has it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "loader/format/ggml_types.h"
+
+namespace moestream::detail {
+
+using GgmlDequantizeFn = void (*)(const uint8_t* src, size_t n, float* dst);
+using GgmlMatvecFn = void (*)(const uint8_t* w, size_t cols, const float* x, float* y,
+                              size_t row_begin, size_t row_end);
+using GgmlMatmulFn = void (*)(const uint8_t* w, size_t cols, const float* x, size_t n, float* y,
+                              size_t y_stride, size_t row_begin, size_t row_end);
+
+struct GgmlKernels {
+  GgmlDequantizeFn dequantize = nullptr;  // scalar, the bit-exact reference
+  GgmlMatvecFn matvec_scalar = nullptr;   // the reference product
+  GgmlMatmulFn matmul_scalar = nullptr;
+  GgmlMatvecFn matvec_avx2 = nullptr;     // null when the type has no AVX2 kernel (yet)
+  GgmlMatmulFn matmul_avx2 = nullptr;
+};
+
+// The kernels of t, or null when the family does not compute it.
+const GgmlKernels* ggml_legacy_kernels(GgmlType t);
+const GgmlKernels* ggml_kquant_kernels(GgmlType t);
+
+}  // namespace moestream::detail
