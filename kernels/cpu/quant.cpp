@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/half.h"
+#include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
 
 namespace moestream {
@@ -79,6 +81,8 @@ void quantize_row_q4(const float* src, size_t cols, uint8_t* dst) {
 }  // namespace
 
 void quantize_matrix(QuantType q, const float* src, size_t rows, size_t cols, uint8_t* dst) {
+  if (quant_ggml_type(q))
+    throw ConfigError("quantising to ggml type " + std::string(quant_name(q)) + " is not supported");
   switch (q) {
     case QuantType::kF32:
       std::memcpy(dst, src, rows * cols * 4);
@@ -103,6 +107,11 @@ void quantize_matrix(QuantType q, const float* src, size_t rows, size_t cols, ui
 }
 
 void dequantize_matrix(QuantType q, const uint8_t* src, size_t rows, size_t cols, float* dst) {
+  if (const auto g = quant_ggml_type(q)) {
+    const size_t row_bytes = quant_matrix_bytes(q, 1, cols);
+    for (size_t r = 0; r < rows; ++r) ggml_dequantize_row(*g, src + r * row_bytes, cols, dst + r * cols);
+    return;
+  }
   const size_t nb = n_blocks(cols);
   switch (q) {
     case QuantType::kF32:
@@ -246,6 +255,10 @@ void reserve_matvec_scratch(size_t max_cols) { matvec_scratch().fit(max_cols); }
 void quant_matvec(QuantType q, const uint8_t* w, size_t cols, const float* x, float* y,
                   size_t row_begin, size_t row_end) {
   if (row_begin >= row_end) return;
+  if (const auto g = quant_ggml_type(q)) {
+    ggml_matvec(*g, w, cols, x, y, row_begin, row_end);
+    return;
+  }
   detail::QuantizedActivations xa;
   if (q == QuantType::kQ8 || q == QuantType::kQ4) {
     MatvecScratch& s = matvec_scratch();

@@ -84,7 +84,18 @@ constexpr EnumName<QuantType> kQuantNames[] = {
     {QuantType::kF32, "f32"}, {QuantType::kBF16, "bf16"}, {QuantType::kQ8, "q8"}, {QuantType::kQ4, "q4"}};
 }  // namespace
 
-std::string_view quant_name(QuantType q) { return enum_name(kQuantNames, q, "unknown"); }
+std::optional<GgmlType> quant_ggml_type(QuantType q) {
+  const uint32_t v = static_cast<uint32_t>(q);
+  if (v < kGgmlQuantBase) return std::nullopt;
+  const auto info = ggml_type_info(v - kGgmlQuantBase);
+  if (!info) return std::nullopt;
+  return info->type;
+}
+
+std::string_view quant_name(QuantType q) {
+  if (const auto g = quant_ggml_type(q)) return ggml_type_name(*g);
+  return enum_name(kQuantNames, q, "unknown");
+}
 
 QuantType parse_quant(std::string_view name) {
   if (auto q = enum_from_name(kQuantNames, name)) return *q;
@@ -93,6 +104,14 @@ QuantType parse_quant(std::string_view name) {
 }
 
 size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols) {
+  if (const auto g = quant_ggml_type(q)) {
+    const auto row = ggml_row_bytes(*g, cols);
+    if (!row || (rows != 0 && *row > SIZE_MAX / rows))
+      throw ConfigError(std::to_string(rows) + " x " + std::to_string(cols) + " " +
+                        std::string(ggml_type_name(*g)) + " matrix: the row length is not a whole " +
+                        "number of blocks, or the size overflows");
+    return rows * size_t(*row);
+  }
   size_t nb = (cols + kQuantBlock - 1) / kQuantBlock;
   switch (q) {
     case QuantType::kF32: return rows * cols * 4;
@@ -105,11 +124,16 @@ size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols) {
 }
 
 ExpertLayout ExpertLayout::make(QuantType q, size_t hidden, size_t intermediate) {
+  return make(ExpertTypes::uniform(q), hidden, intermediate);
+}
+
+ExpertLayout ExpertLayout::make(const ExpertTypes& t, size_t hidden, size_t intermediate) {
   ExpertLayout l;
+  l.types = t;
   l.gate_offset = 0;
-  l.up_offset = align_up(quant_matrix_bytes(q, intermediate, hidden), kMatrixAlign);
-  l.down_offset = l.up_offset + align_up(quant_matrix_bytes(q, intermediate, hidden), kMatrixAlign);
-  l.bytes = l.down_offset + quant_matrix_bytes(q, hidden, intermediate);
+  l.up_offset = align_up(quant_matrix_bytes(t.gate, intermediate, hidden), kMatrixAlign);
+  l.down_offset = l.up_offset + align_up(quant_matrix_bytes(t.up, intermediate, hidden), kMatrixAlign);
+  l.bytes = l.down_offset + quant_matrix_bytes(t.down, hidden, intermediate);
   return l;
 }
 

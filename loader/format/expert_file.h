@@ -42,13 +42,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "loader/format/ggml_types.h"
+
 namespace moestream {
 
+// The encoding of a weight matrix. The four pack types are the ones an expert file (below) holds;
+// QuantType also names ggml's block types (loader/format/ggml_types.h), for weights computed in
+// place from GGUF files: kGgmlQuantBase + the ggml type id (ggml_quant(), quant_ggml_type()).
 enum class QuantType : uint32_t { kF32 = 0, kBF16 = 1, kQ8 = 2, kQ4 = 3 };
+inline constexpr uint32_t kGgmlQuantBase = 0x100;
+constexpr QuantType ggml_quant(GgmlType t) { return static_cast<QuantType>(kGgmlQuantBase + static_cast<uint32_t>(t)); }
+std::optional<GgmlType> quant_ggml_type(QuantType q);  // nullopt for the pack types
 
 inline constexpr char kExpertFileMagic[8] = {'M', 'O', 'E', 'X', 'P', 'R', 'T', '\0'};
 inline constexpr uint32_t kExpertFileVersion = 1;
@@ -56,17 +65,28 @@ inline constexpr size_t kExpertAlign = 4096;   // slot alignment: O_DIRECT and p
 inline constexpr size_t kMatrixAlign = 64;     // matrix alignment inside a slot: one cache line
 inline constexpr int kQuantBlock = 32;         // q8/q4 block length along a row
 
-std::string_view quant_name(QuantType q);      // "f32", "bf16", "q8", "q4"
-QuantType parse_quant(std::string_view name);  // throws ConfigError naming the bad value
+std::string_view quant_name(QuantType q);      // "f32", "bf16", "q8", "q4"; ggml's names ("Q4_K")
+QuantType parse_quant(std::string_view name);  // a pack type; throws ConfigError naming the bad value
 
-// Bytes of one R x C matrix in quant type q (see the layout above).
+// Bytes of one R x C matrix in quant type q (see the layout above; ggml types: R rows of
+// ggml_row_bytes, ConfigError when C is not a multiple of the type's block).
 size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols);
 
-// Where gate, up and down sit inside one expert's payload.
+// The encodings of an expert's three matrices: one type in a pack, possibly three in a GGUF
+// (and different from layer to layer).
+struct ExpertTypes {
+  QuantType gate = QuantType::kF32, up = QuantType::kF32, down = QuantType::kF32;
+  static ExpertTypes uniform(QuantType q) { return {q, q, q}; }
+  bool operator==(const ExpertTypes& o) const { return gate == o.gate && up == o.up && down == o.down; }
+};
+
+// Where gate, up and down sit inside one expert's payload, and their encodings.
 struct ExpertLayout {
   size_t gate_offset = 0, up_offset = 0, down_offset = 0;
   size_t bytes = 0;  // payload bytes (expert_bytes in the header)
+  ExpertTypes types;
   static ExpertLayout make(QuantType q, size_t hidden, size_t intermediate);
+  static ExpertLayout make(const ExpertTypes& types, size_t hidden, size_t intermediate);
 };
 
 struct ExpertFileHeader {

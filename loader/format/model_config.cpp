@@ -2,6 +2,7 @@
 // and naming the file and the key in each error.
 #include "loader/format/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include "common/enum_names.h"
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/format/gguf_model.h"
 
 namespace moestream {
 namespace {
@@ -137,6 +139,19 @@ Arch parse_arch(const std::string& s, const std::string& where) {
 }  // namespace
 
 std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
+
+ExpertLayout ModelConfig::expert_layout(int layer) const {
+  MOE_ASSERT(layer >= 0 && layer < n_layers, "layer out of range");
+  const ExpertTypes t = layer_expert_types.empty() ? ExpertTypes::uniform(expert_quant)
+                                                   : layer_expert_types[size_t(layer)];
+  return ExpertLayout::make(t, size_t(hidden_size), size_t(moe_intermediate_size));
+}
+
+size_t ModelConfig::max_expert_bytes() const {
+  size_t m = 0;
+  for (int l = 0; l < n_layers; ++l) m = std::max(m, expert_layout(l).bytes);
+  return m;
+}
 
 ModelConfig make_model_config(Arch arch, const ModelSizes& s, QkNorm qk_norm, QuantType expert_quant) {
   ModelConfig c;
@@ -298,6 +313,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
+  if (is_gguf_file(dir)) return GgufModel(dir).config();
   std::filesystem::path p = dir / "model.json";
   std::string text = read_file(p, kModelJsonLimit);
   json j;
@@ -310,6 +326,8 @@ ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
 }
 
 void ModelConfig::save(const std::filesystem::path& dir) const {
+  if (format == ModelFormat::kGguf)
+    throw ConfigError("a GGUF model has no model.json: convert it with convert_model to get a pack");
   write_file_atomic(dir / "model.json", to_json().dump(2) + "\n");
 }
 

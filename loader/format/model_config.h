@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -36,6 +37,9 @@
 namespace moestream {
 
 enum class Arch { kQwen3Moe, kOlmoe, kMixtral };
+// Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
+// GGUF file (or split set) run in place (loader/format/gguf_model.h).
+enum class ModelFormat { kPack, kGguf };
 enum class QkNorm { kNone, kPerHead, kFull };
 
 struct RopeScaling {
@@ -48,6 +52,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
+  ModelFormat format = ModelFormat::kPack;
   Arch arch = Arch::kQwen3Moe;
   int vocab_size = 0, hidden_size = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int moe_intermediate_size = 0, n_experts = 0, n_experts_per_tok = 0;
@@ -62,11 +67,19 @@ struct ModelConfig {
   std::string dense_dtype = "f32";
   std::string experts_dir = "experts";
   QuantType expert_quant = QuantType::kF32;
+  // Per layer, when the experts' types differ between layers or between gate, up and down (a
+  // GGUF's); empty: every layer's three matrices are expert_quant. Not part of model.json.
+  std::vector<ExpertTypes> layer_expert_types;
   std::string tokenizer_file;         // empty when the model ships none
   std::string tokenizer_config_file;  // empty when absent
   std::optional<int> bos_token_id, eos_token_id;
 
-  // Reads and validates `dir/model.json`; throws FormatError/ConfigError naming file and field.
+  // The encodings and byte layout of layer `layer`'s experts.
+  ExpertLayout expert_layout(int layer) const;
+  // The largest expert payload of any layer (host-cache slots, read buffers).
+  size_t max_expert_bytes() const;
+
+  // Reads and validates `dir/model.json`, or the GGUF when `dir` is a GGUF file (GgufModel); throws FormatError/ConfigError naming file and field.
   static ModelConfig load(const std::filesystem::path& dir);
   // Writes `dir/model.json` atomically.
   void save(const std::filesystem::path& dir) const;

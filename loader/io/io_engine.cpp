@@ -219,6 +219,7 @@ uint32_t IoEngine::add_file(const std::filesystem::path& path) {
 const std::string& IoEngine::file_path(uint32_t file) const { return impl_->files.at(file).path; }
 uint64_t IoEngine::file_size(uint32_t file) const { return impl_->files.at(file).size; }
 bool IoEngine::file_is_direct(uint32_t file) const { return impl_->files.at(file).direct; }
+uint32_t IoEngine::n_files() const { return uint32_t(impl_->files.size()); }
 
 size_t IoEngine::submit(std::span<ReadRequest> batch) { return submit(batch, RequestDoneFn{}); }
 

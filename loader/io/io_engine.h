@@ -127,6 +127,7 @@ class IoEngine {
   const std::string& file_path(uint32_t file) const;
   uint64_t file_size(uint32_t file) const;  // size at add_file time
   bool file_is_direct(uint32_t file) const;
+  uint32_t n_files() const;  // files added so far
 
   // Executes the batch and fills each request's result/error; never throws for I/O outcomes.
   // Returns the number of failed requests. Up to max_batches_in_flight calls from different

@@ -1,7 +1,8 @@
 // ExpertStore over the read engine: logical ids -> physical slots (.map) for the reads, host-cache
 // hits (keyed by logical id) at once, misses read by a background thread in one coalesced batch
 // and handed out as each one lands; a read-ahead reads the next fetch's misses into a second set
-// of buffers.
+// of buffers. An expert is one read in a pack (its slot) and three in a GGUF (its slices of the
+// layer's gate, up and down tensors), each placed at its matrix's offset in the payload.
 #include "loader/store/engine_expert_store.h"
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "loader/store/host_cache.h"
 #include "loader/io/residency.h"
 #include "loader/format/expert_layer_file.h"
+#include "loader/format/gguf_model.h"
 
 namespace moestream {
 namespace {
@@ -36,22 +38,29 @@ class EngineExpertStore final : public ExpertStore {
   EngineExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                     const EngineExpertStoreOptions& opts)
       : model_dir_(model_dir), cfg_(cfg), opts_(opts), engine_(two_lanes(opts.io)) {
-    layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
     // Reading whole 4 KiB pages keeps O_DIRECT reads in place, and when the file's slot stride
     // is the same, neighbouring slots read into neighbouring buffers form one contiguous read.
-    read_bytes_ = (layout_.bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      Layer L;
-      static_cast<ExpertLayerFile&>(L) = open_expert_layer_file(model_dir, cfg, l, opts.use_maps);
-      if (L.header.expert_stride < read_bytes_)
-        throw FormatError(L.path.string() + ": expert_stride " +
-                          std::to_string(L.header.expert_stride) + " is below the 4 KiB rounded " +
-                          "expert size " + std::to_string(read_bytes_));
-      L.file = engine_.add_file(L.path);
-      // Page-cache residency means something only for reads that go through the page cache.
-      if (!engine_.file_is_direct(L.file))
-        L.page_cache = std::make_unique<PageCacheResidency>(L.path);
-      layers_.push_back(std::move(L));
+    // Every buffer (scratch, host-cache slot) holds the largest expert of any layer.
+    read_bytes_ = (cfg.max_expert_bytes() + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    if (cfg.format == ModelFormat::kGguf) {
+      open_gguf(model_dir, cfg);
+    } else {
+      for (int l = 0; l < cfg.n_layers; ++l) {
+        Layer L;
+        static_cast<ExpertLayerFile&>(L) = open_expert_layer_file(model_dir, cfg, l, opts.use_maps);
+        if (L.header.expert_stride < read_bytes_)
+          throw FormatError(L.path.string() + ": expert_stride " +
+                            std::to_string(L.header.expert_stride) + " is below the 4 KiB rounded " +
+                            "expert size " + std::to_string(read_bytes_));
+        L.layout = cfg.expert_layout(l);
+        L.file = engine_.add_file(L.path);
+        // Page-cache residency means something only for reads that go through the page cache.
+        if (!engine_.file_is_direct(L.file))
+          L.page_cache = std::make_unique<PageCacheResidency>(L.path);
+        L.pieces.push_back(Piece{L.file, L.header.data_offset, L.header.expert_stride, read_bytes_, 0,
+                                 L.page_cache.get()});
+        layers_.push_back(std::move(L));
+      }
     }
     if (opts.host_cache_bytes > 0) {
       cache_ = std::make_unique<HostCache>(opts.host_cache_bytes, read_bytes_);
@@ -146,7 +155,7 @@ class EngineExpertStore final : public ExpertStore {
       const uint32_t slot = L.map.physical(e);
       if (cache_ && cache_->policy().slot_of(ExpertKey{layer, int(e)}) >= 0)
         out[e] = ExpertTier::kHostCache;
-      else if (L.page_cache && L.page_cache->sample(L.header.slot_offset(slot), layout_.bytes, 2).fully_resident())
+      else if (in_page_cache(L, slot))
         out[e] = ExpertTier::kPageCache;
       else
         out[e] = ExpertTier::kStorage;
@@ -157,8 +166,8 @@ class EngineExpertStore final : public ExpertStore {
     std::string s = "engine " + std::string(io_backend_name(engine_.backend()));
     const IoEngineOptions& o = engine_.options();
     size_t direct = 0;
-    for (const Layer& L : layers_) direct += engine_.file_is_direct(L.file);
-    s += direct == layers_.size() ? ", O_DIRECT" : direct ? ", O_DIRECT on some files" : ", buffered";
+    for (uint32_t f = 0; f < engine_.n_files(); ++f) direct += engine_.file_is_direct(f);
+    s += direct == engine_.n_files() ? ", O_DIRECT" : direct ? ", O_DIRECT on some files" : ", buffered";
     if (engine_.backend() == IoBackend::kUring)
       s += ", " + std::to_string(o.n_rings) + " rings x QD " + std::to_string(o.queue_depth);
     else
@@ -174,7 +183,8 @@ class EngineExpertStore final : public ExpertStore {
                     cache_->n_slots());
       s += buf;
     }
-    if (!opts_.store.verify_checksums) s += ", checksums off";
+    if (cfg_.format == ModelFormat::kGguf) s += ", GGUF (3 slices per expert, no checksums in the format)";
+    else if (!opts_.store.verify_checksums) s += ", checksums off";
     return s;
   }
 
@@ -193,16 +203,64 @@ class EngineExpertStore final : public ExpertStore {
   }
 
  private:
+  // One read of an expert: `length` bytes at offset + slot*stride of `file`, landing at
+  // dest_offset in the expert's payload. A pack expert is one piece, a GGUF expert three.
+  struct Piece {
+    uint32_t file = 0;
+    uint64_t offset = 0, stride = 0, length = 0, dest_offset = 0;
+    const PageCacheResidency* page_cache = nullptr;  // null for O_DIRECT files
+    uint64_t at(uint32_t slot) const { return offset + uint64_t{slot} * stride; }
+  };
+  // A layer's experts. A pack layer keeps its file header (checksums, map); a GGUF layer has an
+  // empty checksum table and an identity map.
   struct Layer : ExpertLayerFile {
     uint32_t file = 0;
-    std::unique_ptr<PageCacheResidency> page_cache;  // null for O_DIRECT files
+    std::unique_ptr<PageCacheResidency> page_cache;  // the pack file's; null for O_DIRECT files
+    ExpertLayout layout;
+    std::vector<Piece> pieces;
+    bool checksummed() const { return !header.slot_checksums.empty(); }
   };
+
+  // The layers of a GGUF: every shard goes into the engine once; a layer's experts are slices of
+  // its three expert tensors, possibly in different shards.
+  void open_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
+    const GgufModel g(path);
+    std::vector<uint32_t> files;
+    for (const auto& p : g.files().paths()) {
+      files.push_back(engine_.add_file(p));
+      gguf_page_cache_.push_back(engine_.file_is_direct(files.back()) ? nullptr
+                                                                      : std::make_unique<PageCacheResidency>(p));
+    }
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      Layer L;
+      L.path = g.files().paths().front();
+      L.header.n_experts = uint32_t(cfg.n_experts);
+      L.map = ExpertMap::identity(uint32_t(cfg.n_experts));
+      L.layout = cfg.expert_layout(l);
+      const GgufLayerExperts& x = g.experts()[size_t(l)];
+      const std::pair<const GgufExpertMatrix*, size_t> mats[] = {
+          {&x.gate, L.layout.gate_offset}, {&x.up, L.layout.up_offset}, {&x.down, L.layout.down_offset}};
+      for (const auto& [m, dest] : mats)
+        L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
+                                 gguf_page_cache_[m->shard].get()});
+      layers_.push_back(std::move(L));
+    }
+  }
+
+  // Whether every piece of the expert in `slot` is in the page cache (sampled).
+  static bool in_page_cache(const Layer& L, uint32_t slot) {
+    for (const Piece& p : L.pieces)
+      if (p.page_cache == nullptr || !p.page_cache->sample(p.at(slot), std::min(p.length, L.layout.bytes), 2).fully_resident())
+        return false;
+    return true;
+  }
   struct Item {
     uint32_t slot = 0;               // physical slot in the layer file
     int expert = 0;                  // logical id (the host cache's key)
     const uint8_t* data = nullptr;   // where the payload is (or lands)
     int64_t cache_slot = -1;         // host cache slot, or -1 (scratch buffer)
     size_t scratch = 0;
+    uint32_t pieces_left = 0;        // reads still to land
     bool ready = false;
   };
   // One fetch: the current one (handed out by next_ready) or the read-ahead next one. Two exist
@@ -311,21 +369,21 @@ class EngineExpertStore final : public ExpertStore {
         continue;
       }
       if (it.cache_slot < 0) it.data = scratch + it.scratch * read_bytes_;
-      const uint64_t off = L.header.slot_offset(it.slot);
-      if (L.page_cache && opts_.count_page_cache_hits &&
-          L.page_cache->sample(off, layout_.bytes, 2).fully_resident())
-        ++stats_.page_cache_hits;
-      ReadRequest r;
-      r.file = L.file;
-      r.offset = off;
-      r.length = read_bytes_;
-      r.dest = const_cast<uint8_t*>(it.data);
-      f.reqs.push_back(r);
-      f.req_item.push_back(uint32_t(k));
+      if (opts_.count_page_cache_hits && in_page_cache(L, it.slot)) ++stats_.page_cache_hits;
+      for (const Piece& p : L.pieces) {
+        ReadRequest r;
+        r.file = p.file;
+        r.offset = p.at(it.slot);
+        r.length = p.length;
+        r.dest = const_cast<uint8_t*>(it.data) + p.dest_offset;
+        f.reqs.push_back(r);
+        f.req_item.push_back(uint32_t(k));
+      }
+      it.pieces_left = uint32_t(L.pieces.size());
+      ++stats_.experts_read;
+      stats_.bytes_read += L.layout.bytes;
     }
     f.checksum.assign(f.reqs.size(), 0);
-    stats_.experts_read += f.reqs.size();
-    stats_.bytes_read += f.reqs.size() * layout_.bytes;
     if (f.reqs.empty()) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -345,15 +403,16 @@ class EngineExpertStore final : public ExpertStore {
     Item& it = f.items[k];
     const Layer& L = layers_[f.layer];
     if (q.result != ReadResult::kOk) {
-      std::string where = L.path.string() + " at offset " + std::to_string(q.offset) + " length " +
+      std::string where = engine_.file_path(q.file) + " at offset " + std::to_string(q.offset) + " length " +
                           std::to_string(q.length);
       if (q.result == ReadResult::kTruncated)
         throw IoError("truncated file: read of " + where + " hit end of file (file has " +
-                      std::to_string(engine_.file_size(L.file)) + " bytes at open)");
+                      std::to_string(engine_.file_size(q.file)) + " bytes at open)");
       throw IoError("read of " + where + " failed: " + std::strerror(q.error));
     }
-    if (opts_.store.verify_checksums && f.checksum[r] != L.header.slot_checksums[it.slot])
-      throw expert_checksum_error(L, it.slot, layout_.bytes, f.checksum[r]);
+    if (--it.pieces_left > 0) return;  // the expert's other slices are still in flight
+    if (opts_.store.verify_checksums && L.checksummed() && f.checksum[r] != L.header.slot_checksums[it.slot])
+      throw expert_checksum_error(L, it.slot, L.layout.bytes, f.checksum[r]);
     if (it.cache_slot >= 0) cache_verified_[size_t(it.cache_slot)] = true;
     it.ready = true;
     push_ready(f, k);
@@ -399,9 +458,10 @@ class EngineExpertStore final : public ExpertStore {
       engine_.submit(f.reqs, [this, fp](const ReadRequest& r, size_t index) {
         Fetch& f = *fp;
         double dt = 0;
-        if (opts_.store.verify_checksums && r.result == ReadResult::kOk) {
+        const Layer& L = layers_[size_t(f.layer)];
+        if (opts_.store.verify_checksums && L.checksummed() && r.result == ReadResult::kOk) {
           auto c0 = std::chrono::steady_clock::now();
-          f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), layout_.bytes);
+          f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), L.layout.bytes);
           dt = seconds_since(c0);
         }
         {
@@ -423,8 +483,8 @@ class EngineExpertStore final : public ExpertStore {
   ModelConfig cfg_;
   EngineExpertStoreOptions opts_;
   IoEngine engine_;
-  ExpertLayout layout_;
-  uint64_t read_bytes_ = 0;
+  uint64_t read_bytes_ = 0;  // one expert buffer: the largest payload, 4 KiB rounded
+  std::vector<std::unique_ptr<PageCacheResidency>> gguf_page_cache_;  // per GGUF shard
   std::vector<Layer> layers_;
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
@@ -454,7 +514,12 @@ std::unique_ptr<ExpertStore> open_expert_store(std::string_view io,
                                                const std::filesystem::path& model_dir,
                                                const ModelConfig& cfg,
                                                EngineExpertStoreOptions opts) {
-  if (io == "simple") return open_pread_expert_store(model_dir, cfg, opts.store);
+  if (io == "simple") {
+    if (cfg.format == ModelFormat::kGguf)
+      throw ConfigError("--io simple reads packed models only; a GGUF is read by the engine (--io auto, uring, "
+                        "pread or mmap)");
+    return open_pread_expert_store(model_dir, cfg, opts.store);
+  }
   IoBackend b;
   try {
     b = parse_io_backend(io);

@@ -91,7 +91,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
   check_gpu_options(opts);
   MOE_ASSERT(store != nullptr);
-  const std::filesystem::path dense_path = dir / cfg.dense_file;
+  if (opts.gpu && cfg.format == ModelFormat::kGguf)
+    throw ConfigError("--gpu: GGUF models run on the CPU path in this build (the CUDA kernels for ggml's "
+                      "block types are not written yet); drop --gpu or convert the model with convert_model");
+  // A GGUF is its own dense file.
+  const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
   return std::unique_ptr<Model>(
       new Model(std::make_unique<Impl>(std::move(cfg), opts, std::move(store), dense_path)));
 }
@@ -127,9 +131,9 @@ const ExpertStore& Model::expert_store() const { return *impl_->store; }
 size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
   const size_t dense = active_dense_bytes(c);
-  const size_t expert = ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
-                                           size_t(c.moe_intermediate_size)).bytes;
-  return dense + size_t(c.n_layers) * size_t(c.n_experts_per_tok) * expert;
+  size_t experts = 0;
+  for (int l = 0; l < c.n_layers; ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
+  return dense + experts;
 }
 
 void Model::forward(std::span<const int> tokens, std::span<float> logits, bool all_logits) {

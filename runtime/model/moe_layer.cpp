@@ -59,10 +59,9 @@ void route_token(const float* logits, int n_experts, int k, bool normalize, int*
 
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
-      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), quant_(cfg.expert_quant),
-      layout_(ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
-                                 size_t(cfg.moe_intermediate_size))),
+      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch),
       cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
+  for (int l = 0; l < cfg.n_layers; ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
   probs_.resize(size_t(E_));
   ids_.resize(size_t(max_batch_) * K_);
@@ -120,6 +119,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   std::sort(unique_ids_.begin(), unique_ids_.end());
   times.router_s += seconds_since(t0);
 
+  const ExpertLayout& lay = layouts_[size_t(layer)];
   const size_t gate_tasks = (size_t(F_) + kGateUpSlice - 1) / kGateUpSlice;
   const size_t down_tasks = (size_t(D_) + kDownSlice - 1) / kDownSlice;
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
@@ -167,15 +167,15 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
         const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
         float* g = act_.row(Eigen::Index(p)).data();
         float* u = up_.row(Eigen::Index(p)).data();
-        quant_matvec(quant_, e + layout_.gate_offset, size_t(D_), xt, g, r0, r1);
-        quant_matvec(quant_, e + layout_.up_offset, size_t(D_), xt, u, r0, r1);
+        quant_matvec(lay.types.gate, e + lay.gate_offset, size_t(D_), xt, g, r0, r1);
+        quant_matvec(lay.types.up, e + lay.up_offset, size_t(D_), xt, u, r0, r1);
         for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
       });
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
         const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
         const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
         const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
-        quant_matvec(quant_, e + layout_.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
+        quant_matvec(lay.types.down, e + lay.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
                      y_.row(slot_of_pair_[p]).data(), r0, r1);
       });
       times.expert_compute_s += seconds_since(t2);

@@ -47,8 +47,7 @@ class MoeLayer {
   const ModelConfig& cfg_;
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
-  QuantType quant_;
-  ExpertLayout layout_;
+  std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
   std::vector<float> probs_;  // [E]
   std::vector<int> ids_;      // [max_batch*K]

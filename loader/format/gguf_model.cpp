@@ -1,0 +1,263 @@
+// Implementation of loader/format/gguf_model.h: GGUF metadata and tensor shapes -> ModelConfig
+// (validated by the same rules as model.json), dense tensor names, expert slice placement.
+#include "loader/format/gguf_model.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+
+namespace moestream {
+namespace {
+
+using json = nlohmann::json;
+
+struct ArchTraits {
+  std::string_view gguf_name;
+  Arch arch;
+  bool norm_topk_prob;  // what the architecture's reference implementation does
+  bool qk_interleaved;  // llama.cpp's converter permuted Q/K rows for interleaved RoPE
+};
+
+// The MoE architectures this build runs from GGUF, by general.architecture.
+constexpr ArchTraits kArchs[] = {
+    {"qwen3moe", Arch::kQwen3Moe, true, false},
+    {"olmoe", Arch::kOlmoe, false, false},
+    {"llama", Arch::kMixtral, true, true},  // Mixtral: llama with expert tensors
+};
+
+[[noreturn]] void bad(const std::string& where, const std::string& what) {
+  throw FormatError(where + ": " + what);
+}
+
+int to_int(const std::string& where, const std::string& what, uint64_t v) {
+  if (v == 0 || v > uint64_t(INT32_MAX)) bad(where, what + " is " + std::to_string(v) + ", expected 1..2^31-1");
+  return int(v);
+}
+
+// The tensor `name`, which must have exactly `dims` (ne0 first).
+const GgufTensor& shaped(const GgufModelFiles& f, const std::string& where, const std::string& name,
+                         const std::vector<uint64_t>& dims) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (t == nullptr) bad(where, "tensor '" + name + "' is missing");
+  if (t->dims != dims) {
+    auto str = [](const std::vector<uint64_t>& d) {
+      std::string s = "[";
+      for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+      return s + "]";
+    };
+    bad(where, "tensor '" + name + "' has shape " + str(t->dims) + ", expected " + str(dims) + " (ne0 first)");
+  }
+  return *t;
+}
+
+// Checks that metadata `key`, when present, agrees with the size the tensors give.
+void agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want) {
+  if (const auto v = m.find_u64(key); v && *v != want)
+    bad(where, "metadata " + key + " = " + std::to_string(*v) + " contradicts the tensors (" +
+                   std::to_string(want) + ")");
+}
+
+GgufExpertMatrix expert_matrix(const GgufTensor& t, uint64_t n_experts) {
+  return GgufExpertMatrix{t.shard, t.offset, t.bytes / n_experts};
+}
+
+}  // namespace
+
+std::string gguf_dense_name(const std::string& n) {
+  if (n == "embed") return "token_embd.weight";
+  if (n == "final_norm") return "output_norm.weight";
+  if (n == "lm_head") return "output.weight";
+  static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
+      {"attn_norm", "attn_norm"}, {"wq", "attn_q"},          {"wk", "attn_k"},
+      {"wv", "attn_v"},           {"wo", "attn_output"},      {"q_norm", "attn_q_norm"},
+      {"k_norm", "attn_k_norm"},  {"ffn_norm", "ffn_norm"},   {"router", "ffn_gate_inp"}};
+  if (n.rfind("layers.", 0) == 0) {
+    const size_t dot = n.find('.', 7);
+    if (dot != std::string::npos) {
+      const std::string_view field = std::string_view(n).substr(dot + 1);
+      for (const auto& [ours, theirs] : kLayer)
+        if (field == ours) return "blk." + n.substr(7, dot - 7) + "." + std::string(theirs) + ".weight";
+    }
+  }
+  throw ConfigError("no GGUF name for dense tensor '" + n + "'");
+}
+
+bool is_gguf_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char magic[4] = {};
+  const ssize_t r = ::pread(fd, magic, 4, 0);
+  ::close(fd);
+  return r == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
+  const GgufMetadata& m = files_.metadata();
+  const std::string where = path.string();
+  const std::string& arch_s = m.get_string("general.architecture");
+  const ArchTraits* traits = nullptr;
+  for (const ArchTraits& a : kArchs)
+    if (a.gguf_name == arch_s) traits = &a;
+  if (traits == nullptr)
+    bad(where, "general.architecture '" + arch_s + "' is not supported (this build runs qwen3moe, "
+               "olmoe and llama with experts (Mixtral))");
+  const std::string a = arch_s + ".";
+  qk_interleaved_ = traits->qk_interleaved;
+
+  // Sizes from the tensors, which must exist whatever the metadata says.
+  const GgufTensor* gate0 = files_.find_tensor("blk.0.ffn_gate_exps.weight");
+  if (gate0 == nullptr) {
+    if (files_.find_tensor("blk.0.ffn_gate.0.weight") != nullptr)
+      bad(where, "experts are stored one tensor per expert (blk.N.ffn_gate.E.weight), an old GGUF "
+                 "layout; convert the model again with a current llama.cpp converter");
+    bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is missing: not a mixture-of-experts model");
+  }
+  if (gate0->dims.size() != 3) bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is not 3-dimensional");
+  const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
+  const GgufTensor& embd = files_.tensor("token_embd.weight");
+  if (embd.dims.size() != 2 || embd.dims[0] != D)
+    bad(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
+  const uint64_t V = embd.dims[1];
+  const uint64_t n_layers = m.get_u64(a + "block_count");
+  const uint64_t n_heads = m.get_u64(a + "attention.head_count");
+  const uint64_t n_kv = m.find_u64(a + "attention.head_count_kv").value_or(n_heads);
+  if (n_heads == 0) bad(where, a + "attention.head_count is 0");
+  const uint64_t head_dim = m.find_u64(a + "attention.key_length").value_or(D / n_heads);
+  if (const auto v = m.find_u64(a + "attention.value_length"); v && *v != head_dim)
+    bad(where, a + "attention.value_length (" + std::to_string(*v) + ") differs from key_length (" +
+                   std::to_string(head_dim) + "): not supported");
+  agree(m, where, a + "embedding_length", D);
+  agree(m, where, a + "expert_count", E);
+  if (arch_s == "qwen3moe") agree(m, where, a + "expert_feed_forward_length", F);
+  if (arch_s != "qwen3moe") agree(m, where, a + "feed_forward_length", F);
+  agree(m, where, a + "vocab_size", V);
+
+  // Everything model.json states, through model.json's validation (ranges, products, ids).
+  json j;
+  j["format"] = "moestream";
+  j["format_version"] = 1;
+  j["architecture"] = std::string(arch_name(traits->arch));
+  j["vocab_size"] = V;
+  j["hidden_size"] = D;
+  j["n_layers"] = n_layers;
+  j["n_heads"] = n_heads;
+  j["n_kv_heads"] = n_kv;
+  j["head_dim"] = head_dim;
+  j["moe_intermediate_size"] = F;
+  j["n_experts"] = E;
+  j["n_experts_per_tok"] = m.get_u64(a + "expert_used_count");
+  j["norm_topk_prob"] = m.find_bool(a + "expert_weights_norm").value_or(traits->norm_topk_prob);
+  j["rms_norm_eps"] = m.get_f64(a + "attention.layer_norm_rms_epsilon");
+  j["max_position_embeddings"] = m.get_u64(a + "context_length");
+  const GgufTensor* qn = files_.find_tensor("blk.0.attn_q_norm.weight");
+  j["qk_norm"] = qn == nullptr ? "none" : qn->dims.size() == 1 && qn->dims[0] == head_dim ? "per_head" : "full";
+  json rope;
+  rope["theta"] = m.find_f64(a + "rope.freq_base").value_or(10000.0);
+  rope["scaling"] = nullptr;
+  if (const std::string* st = m.find_string(a + "rope.scaling.type"); st && *st != "none") {
+    if (*st != "linear" && *st != "yarn")
+      bad(where, a + "rope.scaling.type '" + *st + "' is not supported (none, linear, yarn)");
+    json s;
+    s["type"] = *st;
+    s["factor"] = m.get_f64(a + "rope.scaling.factor");
+    if (const auto o = m.find_u64(a + "rope.scaling.original_context_length")) s["original_max_position_embeddings"] = *o;
+    rope["scaling"] = s;
+  }
+  j["rope"] = rope;
+  const bool tied = files_.find_tensor("output.weight") == nullptr;
+  j["tie_word_embeddings"] = tied;
+  // Placeholders model.json requires; the GGUF-specific fields are set after validation.
+  j["dense"] = {{"file", "dense.safetensors"}, {"dtype", "f32"}};
+  j["experts"] = {{"dir", "experts"}, {"quant", "f32"}};
+  if (const auto b = m.find_u64("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *b;
+  if (const auto e = m.find_u64("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *e;
+  try {
+    cfg_ = ModelConfig::from_json(j, where);
+  } catch (const Error& e) {
+    throw FormatError(std::string(e.what()) + " (values read from the GGUF metadata and tensors)");
+  }
+  cfg_.format = ModelFormat::kGguf;
+  cfg_.dense_file = path.filename().string();
+  cfg_.dense_dtype = "gguf";
+  cfg_.experts_dir.clear();
+
+  // Every dense tensor the engine reads, with its shape (ne0 = columns first).
+  const uint64_t qd = n_heads * head_dim, kvd = n_kv * head_dim;
+  shaped(files_, where, "output_norm.weight", {D});
+  if (!tied) shaped(files_, where, "output.weight", {D, V});
+  for (uint64_t l = 0; l < n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    shaped(files_, where, p + "attn_norm.weight", {D});
+    shaped(files_, where, p + "attn_q.weight", {D, qd});
+    shaped(files_, where, p + "attn_k.weight", {D, kvd});
+    shaped(files_, where, p + "attn_v.weight", {D, kvd});
+    shaped(files_, where, p + "attn_output.weight", {qd, D});
+    shaped(files_, where, p + "ffn_norm.weight", {D});
+    shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
+    if (cfg_.qk_norm != QkNorm::kNone) {
+      const uint64_t qn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : qd;
+      const uint64_t kn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : kvd;
+      shaped(files_, where, p + "attn_q_norm.weight", {qn_len});
+      shaped(files_, where, p + "attn_k_norm.weight", {kn_len});
+    }
+    const GgufTensor& g = shaped(files_, where, p + "ffn_gate_exps.weight", {D, F, E});
+    const GgufTensor& u = shaped(files_, where, p + "ffn_up_exps.weight", {D, F, E});
+    const GgufTensor& d = shaped(files_, where, p + "ffn_down_exps.weight", {F, D, E});
+    experts_.push_back({expert_matrix(g, E), expert_matrix(u, E), expert_matrix(d, E)});
+    // Whether the kernels compute these types is checked where they are linked (the forward pass).
+    cfg_.layer_expert_types.push_back(ExpertTypes{ggml_quant(g.type), ggml_quant(u.type), ggml_quant(d.type)});
+  }
+  cfg_.expert_quant = cfg_.layer_expert_types.front().gate;
+}
+
+const GgufTensor& GgufModel::dense_tensor(const std::string& our_name) const {
+  const std::string name = gguf_dense_name(our_name);
+  const GgufTensor* t = files_.find_tensor(name);
+  if (t == nullptr)
+    throw FormatError(files_.paths().front().string() + ": tensor '" + name + "' (" + our_name + ") is missing");
+  return *t;
+}
+
+std::vector<uint8_t> GgufModel::read_tensor(const GgufTensor& t) const {
+  const std::filesystem::path& p = files_.path_of(t);
+  uint64_t size = 0;
+  const int fd = open_for_read(p, "GGUF file", &size);
+  if (t.offset > size || t.bytes > size - t.offset) {
+    ::close(fd);
+    throw IoError(p.string() + ": tensor '" + t.name + "' ends past the end of the file (truncated since it was opened?)");
+  }
+  std::vector<uint8_t> out;
+  try {
+    out.resize(t.bytes);
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    throw IoError("out of memory reading tensor '" + t.name + "' (" + std::to_string(t.bytes) + " bytes) of " + p.string());
+  }
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, off_t(t.offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = r < 0 ? errno : 0;
+      ::close(fd);
+      throw IoError(p.string() + ": reading tensor '" + t.name + "' at offset " + std::to_string(t.offset + done) +
+                    (err ? ": " + std::string(std::strerror(err)) : ": unexpected end of file"));
+    }
+    done += size_t(r);
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace moestream
