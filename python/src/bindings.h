@@ -18,6 +18,7 @@ void bind_model(py::module_& m);     // Model, Tokenizer, generation, perplexity
 void bind_routing(py::module_& m);   // RoutingLog
 void bind_cluster(py::module_& m);   // cluster(), cost model
 void bind_kernels(py::module_& m);   // ggml block-type kernels, for tests
+void bind_gguf(py::module_& m);      // GGUF reader, for tests
 
 // A numpy array over `v`'s buffer without a copy: the vector moves into a capsule the array owns.
 template <typename T>

@@ -38,4 +38,5 @@ PYBIND11_MODULE(_moestream, m) {
   py_bindings::bind_routing(m);
   py_bindings::bind_cluster(m);
   py_bindings::bind_kernels(m);
+  py_bindings::bind_gguf(m);
 }
