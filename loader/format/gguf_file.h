@@ -82,7 +82,6 @@ class GgufFile {
 
  private:
   friend class GgufParser;
-  friend class GgufModelFiles;
   std::filesystem::path path_;
   uint32_t version_ = 0;
   uint64_t file_bytes_ = 0;
