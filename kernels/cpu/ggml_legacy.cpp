@@ -275,7 +275,7 @@ struct ActivationScratch {
     if (sum8.size() < blocks) sum8.resize(blocks);
     if (qs.size() < blocks * kBlock) qs.resize(blocks * kBlock);
     if (abs_qs.size() < blocks * kBlock) abs_qs.resize(blocks * kBlock);
-    if (pairs.size() < stride * kBlock) pairs.resize(stride * kBlock);  // quantize_activations' q4 layout: unused
+    if (pairs.size() < blocks * kBlock) pairs.resize(blocks * kBlock);
   }
 };
 
@@ -298,11 +298,11 @@ GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bo
     float* d = s.d.data() + i * stride;
     float* sum8 = s.sum8.data() + i * stride;
     quantize(x + i * cols, cols, d, s.qs.data() + i * stride * kBlock, s.abs_qs.data() + i * stride * kBlock, sum8,
-             s.pairs.data());
+             s.pairs.data() + i * stride * kBlock);
     std::fill(d + nb, d + stride, 0.0f);
     std::fill(sum8 + nb, sum8 + stride, 0.0f);
   }
-  return {nb, stride, s.d.data(), s.qs.data(), s.abs_qs.data(), s.sum8.data()};
+  return {nb, stride, s.d.data(), s.qs.data(), s.abs_qs.data(), s.sum8.data(), s.pairs.data()};
 }
 
 void ggml_legacy_reserve_scratch(size_t max_cols, size_t max_inputs) {

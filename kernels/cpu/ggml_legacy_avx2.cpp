@@ -24,11 +24,6 @@ constexpr size_t kPrefetchBytes = 2048;
 // matmul: rows per chunk so that the chunk stays in L2 while every input tile passes over it.
 constexpr size_t kChunkBytes = size_t{128} << 10;
 
-template <bool B>
-struct Full {
-  static constexpr bool value = B;
-};
-
 inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 inline float hsum(__m256 v) {
@@ -85,59 +80,96 @@ inline __m256i high_bits(const uint8_t* p) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-// A block type: size, 8 blocks' scales (and mins), and a block's 32 levels as bytes: signed
-// (kSigned) or unsigned 0..31 (the min types).
+// Two blocks' 16-byte nibble runs (at a and b) as unsigned bytes in the pair layout of
+// GgmlActivations::pairs: lo = [a 0..15 | b 0..15], hi = [a 16..31 | b 16..31].
+inline void nibble_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+  const __m256i raw = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  lo = _mm256_and_si256(raw, mask);
+  hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+}
+
+// The 5th bits (qh at a and b) in the same pair layout, as 0x10 per byte.
+inline void high_bit_pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+  uint32_t qa, qb;
+  std::memcpy(&qa, a, 4);
+  std::memcpy(&qb, b, 4);
+  const __m256i v = _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(qb)), _mm_set1_epi32(static_cast<int>(qa)));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL), five = _mm256_set1_epi8(0x10);
+  const __m256i lo_idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
+                                          1, 1, 1, 1, 1, 1);
+  const __m256i hi_idx = _mm256_add_epi8(lo_idx, _mm256_set1_epi8(2));
+  lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, lo_idx), bit), bit), five);
+  hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, hi_idx), bit), bit), five);
+}
+
+// How a type's block dot is formed (all give the exact int32 dot in 8 lanes; maddubs pair sums
+// must fit in int16):
+// - kPaired: unsigned levels u (0..31) against the input in the pair layout, two blocks per
+//   step (two maddubs added in int16: 2 * 2 * 31 * 127 < 2^15, then one madd). The value is
+//   d * u + c per element, c = the min (Q4_1, Q5_1) or -bias * d (Q4_0: -8d, Q5_0: -16d,
+//   MXFP4: -12d for levels shifted by +12); the c term is c * d_x * sum(x) per block, one FMA
+//   per 8 blocks. An odd last block goes alone against the natural layout.
+// - kSignedW: signed levels down to -128 (Q8_0): |w| unsigned, w's sign moved onto the input.
+// - kSignedX: signed levels in [-127, 127] (IQ4_NL): |x| (precomputed) unsigned, x's sign on w.
+enum class Dot { kPaired, kSignedW, kSignedX };
+
 struct Q4_0 {
   static constexpr size_t kBytes = 18;
-  static constexpr bool kMin = false, kSigned = true;
+  static constexpr Dot kDot = Dot::kPaired;
   template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t*, size_t) { return _mm256_setzero_ps(); }
-  static __m256i levels(const uint8_t* b) { return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)); }
+  template <bool kFull> static __m256 offsets(const uint8_t*, size_t, __m256 ws) {
+    return _mm256_mul_ps(ws, _mm256_set1_ps(-8.0f));
+  }
+  static void pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) { nibble_pair(a + 2, b + 2, lo, hi); }
+  static __m256i levels(const uint8_t* b) { return nibbles(b + 2); }
 };
 struct Q4_1 {
   static constexpr size_t kBytes = 20;
-  static constexpr bool kMin = true, kSigned = false;
+  static constexpr Dot kDot = Dot::kPaired;
   template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p + 2, kBytes, cnt); }
+  template <bool kFull> static __m256 offsets(const uint8_t* p, size_t cnt, __m256) {
+    return f16_scales<kFull>(p + 2, kBytes, cnt);
+  }
+  static void pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) { nibble_pair(a + 4, b + 4, lo, hi); }
   static __m256i levels(const uint8_t* b) { return nibbles(b + 4); }
 };
 struct Q5_0 {
   static constexpr size_t kBytes = 22;
-  static constexpr bool kMin = false, kSigned = true;
+  static constexpr Dot kDot = Dot::kPaired;
   template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t*, size_t) { return _mm256_setzero_ps(); }
-  static __m256i levels(const uint8_t* b) {
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), high_bits(b + 2)), _mm256_set1_epi8(16));
+  template <bool kFull> static __m256 offsets(const uint8_t*, size_t, __m256 ws) {
+    return _mm256_mul_ps(ws, _mm256_set1_ps(-16.0f));
   }
+  static void pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+    __m256i hl, hh;
+    nibble_pair(a + 6, b + 6, lo, hi);
+    high_bit_pair(a + 2, b + 2, hl, hh);
+    lo = _mm256_or_si256(lo, hl);
+    hi = _mm256_or_si256(hi, hh);
+  }
+  static __m256i levels(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 6), high_bits(b + 2)); }
 };
 struct Q5_1 {
   static constexpr size_t kBytes = 24;
-  static constexpr bool kMin = true, kSigned = false;
+  static constexpr Dot kDot = Dot::kPaired;
   template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p + 2, kBytes, cnt); }
-  static __m256i levels(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), high_bits(b + 4)); }
-};
-struct Q8_0 {
-  static constexpr size_t kBytes = 34;
-  static constexpr bool kMin = false, kSigned = true;
-  template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t*, size_t) { return _mm256_setzero_ps(); }
-  static __m256i levels(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
-};
-struct IQ4_NL {
-  static constexpr size_t kBytes = 18;
-  static constexpr bool kMin = false, kSigned = true;
-  template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
-  template <bool kFull> static __m256 mins(const uint8_t*, size_t) { return _mm256_setzero_ps(); }
-  static __m256i levels(const uint8_t* b) {
-    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
-    return _mm256_shuffle_epi8(table, nibbles(b + 2));
+  template <bool kFull> static __m256 offsets(const uint8_t* p, size_t cnt, __m256) {
+    return f16_scales<kFull>(p + 2, kBytes, cnt);
   }
+  static void pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+    __m256i hl, hh;
+    nibble_pair(a + 8, b + 8, lo, hi);
+    high_bit_pair(a + 4, b + 4, hl, hh);
+    lo = _mm256_or_si256(lo, hl);
+    hi = _mm256_or_si256(hi, hh);
+  }
+  static __m256i levels(const uint8_t* b) { return _mm256_or_si256(nibbles(b + 8), high_bits(b + 4)); }
 };
 struct MXFP4 {
   static constexpr size_t kBytes = 17;
-  static constexpr bool kMin = false, kSigned = true;
+  static constexpr Dot kDot = Dot::kPaired;
   // E8M0 byte e as 2^(e-128) (half the scale; the levels are doubled E2M1 values).
   template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) {
     uint64_t e = 0;
@@ -148,64 +180,134 @@ struct MXFP4 {
     const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, small));
   }
-  template <bool kFull> static __m256 mins(const uint8_t*, size_t) { return _mm256_setzero_ps(); }
+  template <bool kFull> static __m256 offsets(const uint8_t*, size_t, __m256 ws) {
+    return _mm256_mul_ps(ws, _mm256_set1_ps(-12.0f));
+  }
+  // Doubled E2M1 values + 12, so that they are unsigned (0..24).
+  static __m256i table() {
+    return _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24,
+                            12, 11, 10, 9, 8, 6, 4, 0);
+  }
+  static void pair(const uint8_t* a, const uint8_t* b, __m256i& lo, __m256i& hi) {
+    nibble_pair(a + 1, b + 1, lo, hi);
+    lo = _mm256_shuffle_epi8(table(), lo);
+    hi = _mm256_shuffle_epi8(table(), hi);
+  }
+  static __m256i levels(const uint8_t* b) { return _mm256_shuffle_epi8(table(), nibbles(b + 1)); }
+};
+struct Q8_0 {
+  static constexpr size_t kBytes = 34;
+  static constexpr Dot kDot = Dot::kSignedW;
+  template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
+  template <bool kFull> static __m256 offsets(const uint8_t*, size_t, __m256) { return _mm256_setzero_ps(); }
+  static void pair(const uint8_t*, const uint8_t*, __m256i&, __m256i&) {}
+  static __m256i levels(const uint8_t* b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
+};
+struct IQ4_NL {
+  static constexpr size_t kBytes = 18;
+  static constexpr Dot kDot = Dot::kSignedX;
+  template <bool kFull> static __m256 scales(const uint8_t* p, size_t cnt) { return f16_scales<kFull>(p, kBytes, cnt); }
+  template <bool kFull> static __m256 offsets(const uint8_t*, size_t, __m256) { return _mm256_setzero_ps(); }
+  static void pair(const uint8_t*, const uint8_t*, __m256i&, __m256i&) {}
   static __m256i levels(const uint8_t* b) {
-    const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    return _mm256_shuffle_epi8(table, nibbles(b + 1));
+    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_shuffle_epi8(table, nibbles(b + 2));
   }
 };
 
-// NR rows x NI inputs of a block type; out[r * NI + i]. Input i's blocks start at in[i].
-// Per block and pair: the exact int32 dot in 8 lanes (maddubs/madd; the signed types put |w| on
-// the unsigned side and w's sign on the input, |w| <= 128, |x| <= 127: pair sums fit in int16),
-// converted and FMA'd with d_w*d_x. The min term m*d_x*sum(x) goes to a second accumulator once
-// per 8 blocks. Tail blocks past nb run with zero scales (the activation padding is zero too).
+// NR rows x NI inputs of a block type; out[r * NI + i]. Input i's blocks start at in[i]. Per block
+// (or pair of blocks) and (row, input): the exact int32 dot in 8 lanes, converted and FMA'd with
+// d_w*d_x into that pair's accumulator; the paired types' c term goes to a second accumulator.
+// Blocks are taken 8 at a time so that their scales convert in one instruction; the last group
+// runs with zero scales past nb (the activation padding is zero too).
 template <class T, int NR, int NI>
 inline __attribute__((always_inline)) void block_tile(const uint8_t* const* rows, const GgmlActivations& a,
                                                       const size_t* in, float* out) {
+  // Plain loops over NR and NI with constant bounds, no lambdas: GCC then keeps acc in registers.
+  constexpr bool kPaired = T::kDot == Dot::kPaired;
   __m256 acc[NR][NI], macc[NR][NI];
+#pragma GCC unroll 16
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 16
     for (int i = 0; i < NI; ++i) acc[r][i] = macc[r][i] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
-  auto group = [&](size_t g, auto full) {
-    constexpr bool kFull = decltype(full)::value;
-    const size_t cnt = kFull ? 8 : a.nb - g;
-    alignas(32) float s[NR][NI][8];
+  alignas(32) float s[NR][NI][8];
+  alignas(32) float s2[NR][NI][4][8];  // kPaired: pair q's scales as [s(2q) x4, s(2q+1) x4]
+  for (size_t g = 0; g < a.nb; g += 8) {
+    const size_t cnt = min_size(8, a.nb - g);
+#pragma GCC unroll 16
     for (int r = 0; r < NR; ++r) {
       const uint8_t* p = rows[r] + g * T::kBytes;
       prefetch_span(p + kPrefetchBytes, 8 * T::kBytes);
-      const __m256 ws = T::template scales<kFull>(p, cnt);
-      const __m256 wm = T::template mins<kFull>(p, cnt);
+      const __m256 ws = cnt == 8 ? T::template scales<true>(p, 8) : T::template scales<false>(p, cnt);
+      __m256 wc = _mm256_setzero_ps();
+      if constexpr (kPaired) wc = cnt == 8 ? T::template offsets<true>(p, 8, ws) : T::template offsets<false>(p, cnt, ws);
+#pragma GCC unroll 16
       for (int i = 0; i < NI; ++i) {
         const __m256 xd = _mm256_loadu_ps(a.d + in[i] + g);
-        _mm256_store_ps(s[r][i], _mm256_mul_ps(ws, xd));
-        if constexpr (T::kMin) {
+        const __m256 sv = _mm256_mul_ps(ws, xd);
+        _mm256_store_ps(s[r][i], sv);
+        if constexpr (kPaired) {
           const __m256 xsum = _mm256_mul_ps(_mm256_loadu_ps(a.sum8 + in[i] + g), _mm256_set1_ps(0.125f));
-          macc[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(wm, xd), xsum, macc[r][i]);
+          macc[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(wc, xd), xsum, macc[r][i]);
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q)
+            _mm256_store_ps(s2[r][i][q], _mm256_permutevar8x32_ps(
+                                             sv, _mm256_setr_epi32(2 * q, 2 * q, 2 * q, 2 * q, 2 * q + 1, 2 * q + 1,
+                                                                   2 * q + 1, 2 * q + 1)));
         }
       }
     }
-    for (size_t k = 0; k < cnt; ++k) {
+    size_t k = 0;
+    if constexpr (kPaired) {
+      for (; k + 2 <= cnt; k += 2) {
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; ++r) {
+          __m256i lo, hi;
+          T::pair(rows[r] + (g + k) * T::kBytes, rows[r] + (g + k + 1) * T::kBytes, lo, hi);
+#pragma GCC unroll 16
+          for (int i = 0; i < NI; ++i) {
+            const int8_t* xp = a.pairs + (in[i] + g + k) * kBlock;
+            const __m256i p16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp))),
+                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32))));
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+            acc[r][i] = _mm256_fmadd_ps(_mm256_load_ps(s2[r][i][k / 2]), dot, acc[r][i]);
+          }
+        }
+      }
+    }
+    for (; k < cnt; ++k) {  // all blocks of the signed types; an odd last block of the paired ones
+#pragma GCC unroll 16
       for (int r = 0; r < NR; ++r) {
         const __m256i w = T::levels(rows[r] + (g + k) * T::kBytes);
-        const __m256i aw = T::kSigned ? _mm256_abs_epi8(w) : w;
+        const __m256i aw = T::kDot == Dot::kSignedW ? _mm256_abs_epi8(w) : w;
+#pragma GCC unroll 16
         for (int i = 0; i < NI; ++i) {
-          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + (in[i] + g + k) * kBlock));
-          const __m256i p16 = _mm256_maddubs_epi16(aw, T::kSigned ? _mm256_sign_epi8(xq, w) : xq);
+          const size_t xb = (in[i] + g + k) * kBlock;
+          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + xb));
+          __m256i p16;
+          if constexpr (T::kDot == Dot::kSignedW) {
+            p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, w));
+          } else if constexpr (T::kDot == Dot::kSignedX) {
+            p16 = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.abs_qs + xb)),
+                                       _mm256_sign_epi8(w, xq));
+          } else {
+            p16 = _mm256_maddubs_epi16(w, xq);
+          }
           const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
           acc[r][i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[r][i][k]), dot, acc[r][i]);
         }
       }
     }
-  };
-  size_t g = 0;
-  for (; g + 8 <= a.nb; g += 8) group(g, Full<true>{});
-  if (g < a.nb) group(g, Full<false>{});
+  }
+#pragma GCC unroll 16
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 16
     for (int i = 0; i < NI; ++i) {
       float v = hsum(acc[r][i]);
-      if constexpr (T::kMin) v += hsum(macc[r][i]);
+      if constexpr (kPaired) v += hsum(macc[r][i]);
       out[r * NI + i] = v;
     }
 }

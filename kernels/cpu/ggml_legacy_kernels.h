@@ -11,7 +11,9 @@ namespace moestream::detail {
 
 // n inputs of `cols` columns (a multiple of 32) rounded to int8 blocks of 32 by
 // quantize_activations (quant_kernels.h): per block d = amax/127 and qs in [-127, 127], abs_qs =
-// |qs|, sum8 = 8 * sum(qs). Input i's block b is at index i * stride + b (qs, abs_qs: times 32).
+// |qs|, sum8 = 8 * sum(qs), and pairs: blocks (2p, 2p+1) as 64 bytes [2p 0..15, 2p+1 0..15,
+// 2p 16..31, 2p+1 16..31] (one 32-byte load of two blocks' nibbles meets its inputs). Input i's
+// block b is at index i * stride + b (qs, abs_qs, pairs: times 32; pairs holds nb/2 pairs).
 // stride is nb rounded up to a multiple of 8 and d, sum8 are 0 in the padding, so kernels may read
 // scales 8 blocks at a time; the padding blocks' qs are never read.
 struct GgmlActivations {
@@ -21,6 +23,7 @@ struct GgmlActivations {
   const int8_t* qs = nullptr;
   const uint8_t* abs_qs = nullptr;
   const float* sum8 = nullptr;
+  const int8_t* pairs = nullptr;
 };
 
 // Rounds x (n rows of cols floats) into the calling thread's scratch, which grows only: after the
