@@ -17,6 +17,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/half.h"
@@ -126,7 +127,8 @@ Reference reference(GgmlType t, const std::vector<uint8_t>& w, size_t rows, size
     }
     ref.exact.push_back(ex);
     ref.rounded.push_back(rd);
-    ref.tol_order.push_back((double(nb) + 16) * 0x1p-23 * mag + 1e-30);
+    // The floor covers float32 subnormal results (MXFP4 with tiny exponents): one ulp per step.
+    ref.tol_order.push_back((double(nb) + 16) * (0x1p-23 * mag + 0x1p-148));
     ref.tol_act.push_back(act);
   }
   return ref;
@@ -222,6 +224,36 @@ TEST(GgmlLegacy, MatvecIsWithinToleranceOfFloat64) {
     }
   }
   if (!detail::avx2_usable()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU (or not compiled in): scalar only";
+}
+
+// Edge encodings: MXFP4 exponents across E8M0 (0 and 1 are float32 subnormals, the AVX2 kernel
+// builds them another way than the normal ones), and Q8_0 levels of -128 (no int8 negation).
+TEST(GgmlLegacy, ExtremeScalesAndLevels) {
+  std::mt19937 rng(13);
+  const size_t cols = 256, nb = cols / 32;
+  const uint8_t exponents[] = {0, 1, 2, 3, 100, 127, 128, 129, 200, 230};
+  std::vector<uint8_t> mx = random_matrix(GgmlType::kMXFP4, std::size(exponents), cols, rng);
+  for (size_t r = 0; r < std::size(exponents); ++r)
+    for (size_t b = 0; b < nb; ++b) mx[(r * nb + b) * 17] = exponents[r];
+  std::vector<uint8_t> q8 = random_matrix(GgmlType::kQ8_0, 3, cols, rng);
+  for (size_t b = 0; b < 3 * nb; b += 2) std::memset(&q8[b * 34 + 2], 0x80, 32);  // every other block all -128
+  const std::vector<float> x = random_input(cols, 1, rng);
+  for (const auto& [t, w, rows] : {std::tuple{GgmlType::kMXFP4, &mx, std::size(exponents)},
+                                   std::tuple{GgmlType::kQ8_0, &q8, size_t{3}}}) {
+    const detail::GgmlKernels& k = *detail::ggml_legacy_kernels(t);
+    const Reference ref = reference(t, *w, rows, cols, x.data());
+    std::vector<float> ys(rows), ya(rows);
+    k.matvec_scalar(w->data(), cols, x.data(), ys.data(), 0, rows);
+    const bool avx2 = k.matvec_avx2 != nullptr && detail::avx2_usable();
+    if (avx2) k.matvec_avx2(w->data(), cols, x.data(), ya.data(), 0, rows);
+    for (size_t r = 0; r < rows; ++r) {
+      ASSERT_TRUE(std::isfinite(ref.rounded[r]));
+      EXPECT_NEAR(ys[r], ref.rounded[r], ref.tol_order[r]) << name_of(t) << " row " << r << " scalar";
+      if (avx2) {
+        EXPECT_NEAR(ya[r], ref.rounded[r], ref.tol_order[r]) << name_of(t) << " row " << r << " avx2";
+      }
+    }
+  }
 }
 
 // The order tolerance must not be so loose that a wrong block passes: changing the levels of the
