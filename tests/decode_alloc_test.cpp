@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/file_util.h"
+#include "kernels/cpu/ggml_quant.h"
 #include "loader/store/expert_store.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
@@ -88,4 +89,28 @@ TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
   g_counting = false;
   delete v;
   EXPECT_GE(g_allocs.load(), 1);
+}
+
+// The ggml kernels (kernels/cpu/ggml_quant.h) round their inputs into per-thread scratch that
+// ggml_reserve_scratch sizes: after it, products of that size or smaller allocate nothing.
+TEST(DecodeAllocations, GgmlKernelsAllocateNothingAfterReserve) {
+  const size_t rows = 8, cols = 512, n = 5;
+  std::vector<float> x(n * cols, 0.5f), y(n * rows);
+  std::vector<std::pair<GgmlType, std::vector<uint8_t>>> mats;
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kBF16, GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                     GgmlType::kMXFP4}) {
+    if (!ggml_type_computable(t)) continue;
+    mats.emplace_back(t, std::vector<uint8_t>(*ggml_row_bytes(t, cols) * rows, 0x11));
+  }
+  ASSERT_FALSE(mats.empty());
+  ggml_reserve_scratch(cols, n);
+  g_allocs = 0;
+  g_counting = true;
+  for (auto& [t, w] : mats) {
+    ggml_matvec(t, w.data(), cols, x.data(), y.data(), 0, rows);
+    ggml_matmul(t, w.data(), cols, x.data(), n, y.data(), rows, 0, rows);
+    ggml_matvec(t, w.data(), cols / 2, x.data(), y.data(), 0, rows);  // narrower: the same scratch
+  }
+  g_counting = false;
+  EXPECT_EQ(g_allocs.load(), 0) << "heap allocations in ggml products after ggml_reserve_scratch";
 }

@@ -29,4 +29,8 @@ struct GgmlKernels {
 const GgmlKernels* ggml_legacy_kernels(GgmlType t);
 const GgmlKernels* ggml_kquant_kernels(GgmlType t);
 
+// Sizes the calling thread's scratch of the legacy family (its int8-rounded inputs) for up to
+// max_inputs inputs of max_cols columns.
+void ggml_legacy_reserve_scratch(size_t max_cols, size_t max_inputs);
+
 }  // namespace moestream::detail

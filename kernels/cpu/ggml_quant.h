@@ -32,4 +32,10 @@ void ggml_matvec(GgmlType t, const uint8_t* w, size_t cols, const float* x, floa
 void ggml_matmul(GgmlType t, const uint8_t* w, size_t cols, const float* x, size_t n, float* y,
                  size_t y_stride, size_t row_begin, size_t row_end);
 
+// Sizes the calling thread's kernel scratch (inputs rounded to int8) for up to max_inputs inputs
+// of max_cols columns, so later ggml_matvec/ggml_matmul calls on this thread allocate nothing.
+// Call it on every thread that will run them (ThreadPool::on_each_thread); without it the first
+// (or a wider) call on each thread allocates.
+void ggml_reserve_scratch(size_t max_cols, size_t max_inputs);
+
 }  // namespace moestream
