@@ -29,4 +29,7 @@ struct GgmlKernels {
 const GgmlKernels* ggml_legacy_kernels(GgmlType t);
 const GgmlKernels* ggml_kquant_kernels(GgmlType t);
 
+// Sizes the calling thread's scratch of the kquant family (see reserve_ggml_scratch).
+void ggml_kquant_reserve_scratch(size_t max_cols, size_t max_inputs);
+
 }  // namespace moestream::detail

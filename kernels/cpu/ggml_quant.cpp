@@ -42,4 +42,8 @@ void ggml_matmul(GgmlType t, const uint8_t* w, size_t cols, const float* x, size
   fn(w, cols, x, n, y, y_stride, row_begin, row_end);
 }
 
+void reserve_ggml_scratch(size_t max_cols, size_t max_inputs) {
+  detail::ggml_kquant_reserve_scratch(max_cols, max_inputs);
+}
+
 }  // namespace moestream

@@ -32,4 +32,9 @@ void ggml_matvec(GgmlType t, const uint8_t* w, size_t cols, const float* x, floa
 void ggml_matmul(GgmlType t, const uint8_t* w, size_t cols, const float* x, size_t n, float* y,
                  size_t y_stride, size_t row_begin, size_t row_end);
 
+// Sizes the calling thread's scratch (the rounded inputs) for products of up to max_cols columns
+// and max_inputs inputs, so later ggml_matvec/ggml_matmul calls on this thread allocate nothing.
+// Call it on every thread that will run them; without it the first call on each thread allocates.
+void reserve_ggml_scratch(size_t max_cols, size_t max_inputs);
+
 }  // namespace moestream
