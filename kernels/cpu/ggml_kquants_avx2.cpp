@@ -235,13 +235,18 @@ struct Iq4Xs {
   float d_;
   __m256i w[8], aw[8], sc[8];
   void load(const uint8_t* b) {
+    // Scale j: low 4 bits = bits 4j..4j+3 of the 4 bytes at 4, top 2 = bits 2j, 2j+1 of the u16 at 2.
     uint16_t sh;
+    uint32_t sl;
     std::memcpy(&sh, b + 2, 2);
-    alignas(16) int16_t s[8];
-    for (int j = 0; j < 8; ++j) {
-      s[j] = static_cast<int16_t>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((sh >> (2 * j)) & 3) << 4)) - 32);
-    }
-    const __m256i sb = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(s)));
+    std::memcpy(&sl, b + 4, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(sl)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xf));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(sh), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i s32 = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    const __m256i p = _mm256_packs_epi32(s32, s32);                    // [s0-3 s0-3 | s4-7 s4-7]
+    const __m256i sb = _mm256_permute4x64_epi64(p, 0x88);              // [s0-7 | s0-7]
     for (int j = 0; j < 8; ++j) sc[j] = word_of(sb, j);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
     for (int j = 0; j < 8; ++j) {
