@@ -21,7 +21,7 @@ TYPES = {
 }
 # Rounding an activation to a step s leaves an error uniform in [-s/2, s/2] (variance s^2/12), so
 # the product's error has the predicted deviation sqrt(sum w^2 s^2 / 12). The RMS of the errors
-# measured in units of it is ~1 for a correct kernel (0.8-1.25 here); a wrong one gives >> 1.
+# measured in units of it is ~1 for a correct kernel (0.6-1.25 here); a wrong one gives >> 1.
 RMS_RATIO_TOL = 1.6
 
 # f16 bit patterns at the edges: +-0, the smallest and largest subnormals, the smallest normal,
