@@ -32,5 +32,7 @@ const GgmlKernels* ggml_kquant_kernels(GgmlType t);
 // Sizes the calling thread's scratch of the legacy family (its int8-rounded inputs) for up to
 // max_inputs inputs of max_cols columns.
 void ggml_legacy_reserve_scratch(size_t max_cols, size_t max_inputs);
+// Sizes the calling thread's scratch of the kquant family (see ggml_reserve_scratch).
+void ggml_kquant_reserve_scratch(size_t max_cols, size_t max_inputs);
 
 }  // namespace moestream::detail

@@ -44,6 +44,7 @@ void ggml_matmul(GgmlType t, const uint8_t* w, size_t cols, const float* x, size
 
 void ggml_reserve_scratch(size_t max_cols, size_t max_inputs) {
   detail::ggml_legacy_reserve_scratch(max_cols, max_inputs);
+  detail::ggml_kquant_reserve_scratch(max_cols, max_inputs);
 }
 
 }  // namespace moestream

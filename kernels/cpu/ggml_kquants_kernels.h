@@ -1,0 +1,42 @@
+// Internal to kernels/cpu/ggml_kquants*.cpp and their tests: the int8 activation format the
+// K-quant (and IQ4_XS) products consume, and the row kernels behind the GgmlKernels entries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "loader/format/ggml_types.h"
+
+namespace moestream::detail {
+
+constexpr size_t kSuperBlock = 256;  // elements of a K-quant super-block
+constexpr size_t kSubBlock16 = 16;   // the granularity of the activation sums
+
+// n inputs of cols columns each rounded to int8 per super-block of 256: d = amax / 127 (float32),
+// q = nearbyint(x * (127 / amax)) clamped to [-127, 127] (|q| <= 127 keeps every maddubs pair sum
+// below 2^15), and bsums = the sums of q over each 16 columns (what the K-quant minimum and offset
+// terms multiply). Input i, super-block b: d[i*nb + b], qs + (i*nb + b)*256, bsums + (i*nb + b)*16.
+struct KActivations {
+  const float* d = nullptr;
+  const int8_t* qs = nullptr;
+  const int16_t* bsums = nullptr;
+  size_t nb = 0;  // super-blocks per input
+};
+
+// Rounds one input (cols a multiple of 256) into d[cols/256], qs[cols], bsums[cols/16].
+void kquant_round_activations(const float* x, size_t cols, float* d, int8_t* qs, int16_t* bsums);
+// The same, bit for bit, with AVX2; used when avx2_usable().
+void kquant_round_activations_avx2(const float* x, size_t cols, float* d, int8_t* qs, int16_t* bsums);
+
+// y[i * y_stride + r] = W[r] . x[i] for the n rounded inputs and r in [row_begin, row_end).
+// Per super-block the integer sums are exact; then acc += (dx*d)*isum - (dx*dmin)*msum in float.
+// The result for one input does not depend on n (matmul equals matvec input by input).
+void kquant_rows_scalar(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
+                        float* y, size_t y_stride, size_t row_begin, size_t row_end);
+void kquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
+                      float* y, size_t y_stride, size_t row_begin, size_t row_end);
+
+// The scalar dequantisation of one K-quant type (n a multiple of 256).
+void kquant_dequantize(GgmlType t, const uint8_t* src, size_t n, float* dst);
+
+}  // namespace moestream::detail
