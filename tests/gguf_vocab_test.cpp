@@ -427,6 +427,8 @@ TEST(GgufVocabErrors, ArraysMustAgree) {
   v = digits_vocab("gpt-2");
   v.tokens[5] = std::string(kGgufMaxTokenBytes + 1, 'x');
   expect_error<FormatError>(v, "tokenizer.ggml.tokens[5]: 1025 bytes exceed");
+  v.tokens[5] = "ok\xE4\xBD";  // a truncated character
+  expect_error<FormatError>(v, "tokenizer.ggml.tokens[5]: not valid UTF-8 at byte 2");
   GgufVocab s = spm_vocab();
   s.scores.reset();
   expect_error<FormatError>(s, "tokenizer.ggml.scores: missing");
@@ -467,6 +469,49 @@ TEST(GgufVocabErrors, SpecialIdsMustBeInRange) {
   GgufVocab s = spm_vocab();
   s.unk_id = 600;
   expect_error<FormatError>(s, "tokenizer.ggml.unknown_token_id");
+}
+
+// Hostile metadata: random damage to every field either builds a tokenizer that then encodes and
+// decodes without crashing, or fails with FormatError / ConfigError naming the file.
+TEST(GgufVocabErrors, RandomDamageIsRefusedOrHarmless) {
+  std::mt19937 rng(99);
+  int built = 0, refused = 0;
+  for (int round = 0; round < 3000; ++round) {
+    GgufVocab v = round % 2 ? spm_vocab() : digits_vocab("qwen2");
+    if (!v.token_types) v.token_types = std::vector<int32_t>(v.tokens.size(), kNormal);
+    if (!v.scores) v.scores = std::vector<float>(v.tokens.size(), 0.0f);
+    for (int d = 0, n = 1 + static_cast<int>(rng() % 4); d < n; ++d) {
+      size_t i = rng() % v.tokens.size();
+      switch (rng() % 9) {
+        case 0: v.tokens[i] = std::string(1, static_cast<char>(rng())); break;
+        case 1: v.tokens[i].clear(); break;
+        case 2: (*v.token_types)[i] = static_cast<int32_t>(rng() % 8); break;
+        case 3: (*v.scores)[i] = static_cast<float>(static_cast<int>(rng() % 7) - 3); break;
+        case 4: v.bos_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)) - 1; break;
+        case 5: v.eos_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)); v.add_eos = rng() % 2; break;
+        case 6: v.unk_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)); break;
+        case 7: v.tokens.push_back(v.tokens[i] + v.tokens[rng() % v.tokens.size()]); break;
+        default:
+          if (v.merges) (*v.merges)[rng() % v.merges->size()] = v.tokens[i] + " " + v.tokens[rng() % 300 % v.tokens.size()];
+      }
+    }
+    try {
+      Tokenizer t = Tokenizer::from_gguf(v);
+      for (const char* text : {"abc 1234 x", "</s><s> a", "\xE4\xB8\xAD\xF0\x9F\x98\x80 \n"}) {
+        Ids ids = t.encode(text);
+        for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < t.vocab_size()) << id;
+        (void)t.decode(ids);
+        (void)t.decode(ids, true);
+      }
+      ++built;
+    } catch (const Error& e) {
+      EXPECT_TRUE(dynamic_cast<const FormatError*>(&e) || dynamic_cast<const ConfigError*>(&e)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(v.source), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_GT(built, 300);
+  EXPECT_GT(refused, 300);
 }
 
 }  // namespace

@@ -109,6 +109,11 @@ void check_arrays(const GgufVocab& v, const Check& c, bool llama) {
       c.bad(at(kGgufKeyTokens, i), std::to_string(len) + " bytes exceed the limit of " +
                                        std::to_string(kGgufMaxTokenBytes));
     }
+    // Everything downstream (matching, merging, decoding) assumes UTF-8, as tokenizer.json's is.
+    size_t invalid = tok::find_invalid_utf8(v.tokens[i]);
+    if (invalid != std::string::npos) {
+      c.bad(at(kGgufKeyTokens, i), "not valid UTF-8 at byte " + std::to_string(invalid));
+    }
     total += len;
   }
   if (total > kGgufMaxTotalTokenBytes) {
@@ -219,7 +224,7 @@ void add_gpt2_merges(const GgufVocab& v, const Check& c, tok::BpeModel& model) {
 // llama (SentencePiece BPE): llama.cpp merges two adjacent symbols whenever their concatenation is
 // a token, highest token score first, leftmost among equals. That is BPE whose merges are every
 // split of a normal token into two tokens, ranked by the token's score (equal scores, equal rank).
-void add_score_merges(const GgufVocab& v, tok::BpeModel& model) {
+void add_score_merges(const GgufVocab& v, const Check& c, tok::BpeModel& model) {
   struct Candidate {
     int32_t left, right, merged;
     float score;
@@ -236,6 +241,10 @@ void add_score_merges(const GgufVocab& v, tok::BpeModel& model) {
       std::string_view left(t.data(), k), right(t.data() + k, t.size() - k);
       auto il = model.token_to_id(left), ir = model.token_to_id(right);
       if (il && ir) candidates.push_back(Candidate{*il, *ir, *merged, (*v.scores)[*merged]});
+      if (candidates.size() > kGgufMaxMerges) {
+        c.bad(kGgufKeyTokens, "its tokens split into more than " + std::to_string(kGgufMaxMerges) +
+                                  " pairs of tokens (merges)");
+      }
       k += utf8_len(static_cast<unsigned char>(t[k]));
     }
   }
@@ -306,7 +315,7 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   tok::JsonFields fields(c.source());
   const bool space_prefix = llama && v.add_space_prefix.value_or(true);
   if (llama) {
-    add_score_merges(v, *im->model);
+    add_score_merges(v, c, *im->model);
     // Spaces become U+2581 and, with add_space_prefix, every stretch of text that starts the
     // input or follows a special token gets one in front (llama.cpp's SentencePiece session).
     Json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMetaspace}};

@@ -40,13 +40,13 @@ inline constexpr const char* kGgufKeyAddEos = "tokenizer.ggml.add_eos_token";
 inline constexpr const char* kGgufKeyAddSpacePrefix = "tokenizer.ggml.add_space_prefix";
 inline constexpr const char* kGgufKeyChatTemplate = "tokenizer.chat_template";
 
-// Bounds that real vocabularies stay far below (the largest ship ~256k tokens of < 300 bytes);
-// beyond them the metadata is corrupt, and the SentencePiece merge derivation (quadratic in a
-// token's length) would take unbounded time.
+// Bounds that real vocabularies stay far below (the largest ship ~256k tokens of < 300 bytes,
+// a few MB in all, and < 1M merges); beyond them the metadata is corrupt, and the SentencePiece
+// merge derivation (quadratic in a token's length) and merge table would grow without bound.
 inline constexpr size_t kGgufMaxTokens = size_t{1} << 22;
 inline constexpr size_t kGgufMaxTokenBytes = 1024;
-inline constexpr size_t kGgufMaxTotalTokenBytes = size_t{64} << 20;
-inline constexpr size_t kGgufMaxMerges = size_t{1} << 23;
+inline constexpr size_t kGgufMaxTotalTokenBytes = size_t{32} << 20;
+inline constexpr size_t kGgufMaxMerges = size_t{1} << 22;  // given (gpt2) or derived (llama)
 
 // tokenizer.ggml.token_type values.
 enum class GgufTokenType : int32_t {
