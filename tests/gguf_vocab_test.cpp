@@ -481,12 +481,12 @@ TEST(GgufVocabErrors, RandomDamageIsRefusedOrHarmless) {
     if (!v.token_types) v.token_types = std::vector<int32_t>(v.tokens.size(), kNormal);
     if (!v.scores) v.scores = std::vector<float>(v.tokens.size(), 0.0f);
     for (int d = 0, n = 1 + static_cast<int>(rng() % 4); d < n; ++d) {
-      size_t i = rng() % v.tokens.size();
+      size_t i = rng() % v.tokens.size();  // case 7 makes tokens longer than the other arrays
       switch (rng() % 9) {
         case 0: v.tokens[i] = std::string(1, static_cast<char>(rng())); break;
         case 1: v.tokens[i].clear(); break;
-        case 2: (*v.token_types)[i] = static_cast<int32_t>(rng() % 8); break;
-        case 3: (*v.scores)[i] = static_cast<float>(static_cast<int>(rng() % 7) - 3); break;
+        case 2: (*v.token_types)[i % v.token_types->size()] = static_cast<int32_t>(rng() % 8); break;
+        case 3: (*v.scores)[i % v.scores->size()] = static_cast<float>(static_cast<int>(rng() % 7) - 3); break;
         case 4: v.bos_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)) - 1; break;
         case 5: v.eos_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)); v.add_eos = rng() % 2; break;
         case 6: v.unk_id = static_cast<int64_t>(rng() % (v.tokens.size() + 3)); break;

@@ -29,21 +29,33 @@ struct PreTokenizerSpec {
   bool add_bos = false;        // llama.cpp's add_bos_token default for these names
 };
 
+// Adjacent raw literals: each pattern is one string, cut at its alternatives for reading.
 constexpr const char* kGpt2Regex =
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re";
 constexpr const char* kLlama3Regex =
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)re"
+    R"re( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 constexpr const char* kQwen2Regex =
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)re"
+    R"re( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 constexpr const char* kGpt4oRegex =
-    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)re"
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)?|)re"
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*)re"
+    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)?|)re"
+    R"re(\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 constexpr const char* kTekkenRegex =
-    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|)re"
+    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|)re"
+    R"re(\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
 // DeepSeek-V3: digit triples, CJK ideograph and kana runs, then the word pattern.
-constexpr const char* kDeepseekV3Cjk = R"re([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)re";
+constexpr const char* kDeepseekV3Cjk =
+    R"re([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)re";
 constexpr const char* kDeepseekV3Words =
-    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
-constexpr const char* kDeepseekCoderCjk = R"re([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)re";
+    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|)re"
+    R"re([^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re";
+constexpr const char* kDeepseekCoderCjk =
+    R"re([\x{4E00}-\x{9FA5}\x{800}-\x{4E00}\x{AC00}-\x{D7FF}]+)re";
 
 const std::vector<PreTokenizerSpec>& pre_tokenizer_specs() {
   static const std::vector<PreTokenizerSpec> specs = {
@@ -100,7 +112,8 @@ void check_arrays(const GgufVocab& v, const Check& c, bool llama) {
   size_t n = v.tokens.size();
   if (n == 0) c.bad(kGgufKeyTokens, "empty vocabulary");
   if (n > kGgufMaxTokens) {
-    c.bad(kGgufKeyTokens, std::to_string(n) + " tokens exceed the limit of " + std::to_string(kGgufMaxTokens));
+    c.bad(kGgufKeyTokens,
+          std::to_string(n) + " tokens exceed the limit of " + std::to_string(kGgufMaxTokens));
   }
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -204,7 +217,9 @@ void add_gpt2_merges(const GgufVocab& v, const Check& c, tok::BpeModel& model) {
   for (size_t i = 0; i < merges.size(); ++i) {
     std::string_view s = merges[i];
     size_t sp = s.find(' ', 1);
-    if (sp == std::string_view::npos) c.bad(at(kGgufKeyMerges, i), "expected \"left right\", found " + quote(s));
+    if (sp == std::string_view::npos) {
+      c.bad(at(kGgufKeyMerges, i), "expected \"left right\", found " + quote(s));
+    }
     std::string_view a = s.substr(0, sp), b = s.substr(sp + 1);
     auto ia = model.token_to_id(a), ib = model.token_to_id(b);
     if (!ia) c.bad(at(kGgufKeyMerges, i), "token " + quote(a) + " is not in " + kGgufKeyTokens);
@@ -282,9 +297,10 @@ Tokenizer Tokenizer::from_gguf(const GgufVocab& v) {
   const PreTokenizerSpec* spec = llama ? nullptr : &find_pre(v, c);
 
   // llama.cpp's defaults for SentencePiece vocabularies: <unk> 0, <s> 1, </s> 2.
-  auto unk = special_id(v, c, kGgufKeyUnkId, v.unk_id, llama ? std::optional<int64_t>(0) : std::nullopt, true);
-  auto bos = special_id(v, c, kGgufKeyBosId, v.bos_id, llama ? std::optional<int64_t>(1) : std::nullopt, true);
-  auto eos = special_id(v, c, kGgufKeyEosId, v.eos_id, llama ? std::optional<int64_t>(2) : std::nullopt, true);
+  auto dflt = [&](int64_t id) { return llama ? std::optional<int64_t>(id) : std::nullopt; };
+  auto unk = special_id(v, c, kGgufKeyUnkId, v.unk_id, dflt(0), true);
+  auto bos = special_id(v, c, kGgufKeyBosId, v.bos_id, dflt(1), true);
+  auto eos = special_id(v, c, kGgufKeyEosId, v.eos_id, dflt(2), true);
   special_id(v, c, kGgufKeyPadId, v.pad_id, std::nullopt, false);
 
   auto im = std::make_unique<Impl>();
