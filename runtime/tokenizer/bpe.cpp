@@ -81,32 +81,7 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
   fuse_unk_ = f.bool_or(model, "fuse_unk", path, false);
   byte_fallback_ = f.bool_or(model, "byte_fallback", path, false);
   ignore_merges_ = f.bool_or(model, "ignore_merges", path, false);
-  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
-    char_ids_.assign(0x10000, -1);
-    for (const auto& [tok, id] : vocab_) {
-      size_t k = 0;
-      if (tok.empty()) continue;
-      char32_t cp = next_code_point(tok, k);
-      if (k == tok.size() && cp < char_ids_.size()) char_ids_[cp] = id;
-    }
-  }
-  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty() && !ignore_merges_ &&
-      vocab_.count(std::string(kMetaspaceToken)) != 0) {
-    split_before_metaspace_ = true;
-    for (const auto& [tok, id] : vocab_) {
-      for (size_t p = tok.find(kMetaspaceToken, 1); p != std::string::npos;
-           p = tok.find(kMetaspaceToken, p + 3)) {
-        if (p < 3 || tok.compare(p - 3, 3, kMetaspaceToken) != 0) split_before_metaspace_ = false;
-      }
-      if (!split_before_metaspace_) break;
-    }
-  }
-  byte_fallback_ids_.assign(256, -1);
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    if (auto id = token_to_id(name)) byte_fallback_ids_[b] = *id;
-  }
+  index_vocab();
 
   std::string mp = join_path(path, "merges");
   const Json* merges = f.find(model, "merges", path);
@@ -141,6 +116,52 @@ BpeModel::BpeModel(const Json& model, const JsonFields& f, const std::string& pa
     auto im = token_to_id(merged);
     if (!im) f.bad(ip, "merged token '" + merged + "' is not in the vocabulary");
     merges_.insert(*ia, *ib, static_cast<uint32_t>(i), *im);
+  }
+}
+
+BpeModel::BpeModel(std::vector<std::string> tokens, std::vector<bool> present,
+                   const Options& options)
+    : id_to_token_(std::move(tokens)), id_present_(std::move(present)) {
+  MOE_ASSERT(id_to_token_.size() == id_present_.size() &&
+                 id_to_token_.size() <= static_cast<size_t>(kMaxId) + 1,
+             "BpeModel: tokens and present differ in size or exceed the id range");
+  vocab_.reserve(id_to_token_.size());
+  for (size_t id = 0; id < id_to_token_.size(); ++id) {
+    if (id_present_[id]) vocab_[id_to_token_[id]] = static_cast<int32_t>(id);
+  }
+  unk_id_ = options.unk_id;
+  fuse_unk_ = options.fuse_unk;
+  byte_fallback_ = options.byte_fallback;
+  ignore_merges_ = options.ignore_merges;
+  index_vocab();
+}
+
+void BpeModel::index_vocab() {
+  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty()) {
+    char_ids_.assign(0x10000, -1);
+    for (const auto& [tok, id] : vocab_) {
+      size_t k = 0;
+      if (tok.empty()) continue;
+      char32_t cp = next_code_point(tok, k);
+      if (k == tok.size() && cp < char_ids_.size()) char_ids_[cp] = id;
+    }
+  }
+  if (continuing_subword_prefix_.empty() && end_of_word_suffix_.empty() && !ignore_merges_ &&
+      vocab_.count(std::string(kMetaspaceToken)) != 0) {
+    split_before_metaspace_ = true;
+    for (const auto& [tok, id] : vocab_) {
+      for (size_t p = tok.find(kMetaspaceToken, 1); p != std::string::npos;
+           p = tok.find(kMetaspaceToken, p + 3)) {
+        if (p < 3 || tok.compare(p - 3, 3, kMetaspaceToken) != 0) split_before_metaspace_ = false;
+      }
+      if (!split_before_metaspace_) break;
+    }
+  }
+  byte_fallback_ids_.assign(256, -1);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    if (auto id = token_to_id(name)) byte_fallback_ids_[b] = *id;
   }
 }
 

@@ -67,6 +67,23 @@ class BpeModel {
  public:
   // Reads tokenizer.json "model" (type BPE). `max_id` bounds accepted ids.
   BpeModel(const Json& model, const JsonFields& f, const std::string& path);
+
+  // The same model from plain data (a GGUF vocabulary): `tokens[id]` is the string of `id` where
+  // `present[id]`; a string held by several ids maps back to the last of them (llama.cpp's rule).
+  // Merges are added afterwards with reserve_merges() and add_merge().
+  struct Options {
+    std::optional<int32_t> unk_id;
+    bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
+  };
+  BpeModel(std::vector<std::string> tokens, std::vector<bool> present, const Options& options);
+  // Sizes the merge table for `n` merges; call once, before add_merge().
+  void reserve_merges(size_t n) { merges_.reserve(n); }
+  // (left, right) -> merged, lowest rank first; ranks may repeat (equal ranks merge leftmost
+  // first). Re-adding a pair overwrites it.
+  void add_merge(int32_t left, int32_t right, uint32_t rank, int32_t merged) {
+    merges_.insert(left, right, rank, merged);
+  }
+
   BpeModel(const BpeModel&) = delete;
   BpeModel& operator=(const BpeModel&) = delete;
 
@@ -95,6 +112,8 @@ class BpeModel {
     uint32_t len;  // bytes; 0 marks a symbol merged into its left neighbour
   };
   static std::vector<Symbol>& symbol_buffer();  // per-thread scratch
+  // Builds the lookup tables derived from the vocabulary (char_ids_, byte_fallback_ids_, ...).
+  void index_vocab();
   // tokenize() for one piece that is not split further.
   void tokenize_piece(std::string_view word, std::vector<int32_t>& out,
                       const std::unique_lock<std::mutex>& cache) const;

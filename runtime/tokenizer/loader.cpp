@@ -58,25 +58,7 @@ void load_added_tokens(const Json& root, const JsonFields& f, Tokenizer::Impl& i
     im.added_by_content[a.content] = a.id;
     im.added.push_back(std::move(a));
   }
-  // The reference lists special tokens before the others when building its matchers.
-  std::vector<const tok::AddedToken*> raw, normalized;
-  std::vector<std::string> raw_pat, norm_pat;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const auto& a : im.added) {
-      if (a.special != (pass == 0)) continue;
-      if (a.normalized) {
-        normalized.push_back(&a);
-        std::string out;
-        norm_pat.push_back(im.normalizer && im.normalizer->normalize(a.content, out) ? out
-                                                                                     : a.content);
-      } else {
-        raw.push_back(&a);
-        raw_pat.push_back(a.content);
-      }
-    }
-  }
-  im.raw_matcher.build(raw, raw_pat);
-  im.normalized_matcher.build(normalized, norm_pat);
+  im.build_added_matchers();
 }
 
 // bos_token / eos_token: a string, {"content": ...} or null.
@@ -189,6 +171,27 @@ std::unique_ptr<Tokenizer::Impl> load_tokenizer_json(const fs::path& path) {
 }
 
 }  // namespace
+
+// The reference lists special tokens before the others when building its matchers.
+void Tokenizer::Impl::build_added_matchers() {
+  std::vector<const tok::AddedToken*> raw, normalized;
+  std::vector<std::string> raw_pat, norm_pat;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& a : added) {
+      if (a.special != (pass == 0)) continue;
+      if (a.normalized) {
+        normalized.push_back(&a);
+        std::string out;
+        norm_pat.push_back(normalizer && normalizer->normalize(a.content, out) ? out : a.content);
+      } else {
+        raw.push_back(&a);
+        raw_pat.push_back(a.content);
+      }
+    }
+  }
+  raw_matcher.build(raw, raw_pat);
+  normalized_matcher.build(normalized, norm_pat);
+}
 
 Tokenizer Tokenizer::load(const fs::path& tokenizer_json, const fs::path& tokenizer_config) {
   std::unique_ptr<Impl> im;

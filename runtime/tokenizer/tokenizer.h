@@ -25,6 +25,8 @@
 
 namespace moestream {
 
+struct GgufVocab;  // runtime/tokenizer/gguf_vocab.h
+
 class Tokenizer {
  public:
   // Reads tokenizer.json (and tokenizer_config.json: bos/eos, add_bos/add_eos, chat template).
@@ -33,6 +35,11 @@ class Tokenizer {
   // component); each message names the file and the field.
   static Tokenizer load(const std::filesystem::path& tokenizer_json,
                         const std::filesystem::path& tokenizer_config = {});
+
+  // Builds the tokenizer that a GGUF file's tokenizer.ggml.* metadata describes, tokenizing as
+  // llama.cpp does for that model kind (see gguf_vocab.h). Throws FormatError (inconsistent or
+  // out-of-range metadata) or ConfigError (unsupported model or pre-tokenizer), naming the key.
+  static Tokenizer from_gguf(const GgufVocab& vocab);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

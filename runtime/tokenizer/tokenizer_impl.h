@@ -1,5 +1,6 @@
 // The state behind moestream::Tokenizer (pimpl): the pipeline read from tokenizer.json plus
-// what tokenizer_config.json adds. Shared by tokenizer.cpp (encode/decode) and loader.cpp.
+// what tokenizer_config.json adds, or built from GGUF metadata. Shared by tokenizer.cpp
+// (encode/decode), loader.cpp and gguf_vocab.cpp.
 #pragma once
 
 #include <memory>
@@ -42,6 +43,8 @@ struct Tokenizer::Impl {
     if (it != added_by_id.end()) return &added[it->second].content;
     return model->id_to_token(id);
   }
+  // Builds raw_matcher / normalized_matcher from `added` (which must not change afterwards).
+  void build_added_matchers();
   std::optional<int32_t> token_to_id(std::string_view token) const {
     auto it = added_by_content.find(token);
     if (it != added_by_content.end()) return it->second;
