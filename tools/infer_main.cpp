@@ -14,11 +14,13 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/routing_log.h"
+#include "loader/format/gguf_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/routing_replay.h"
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
+#include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tools/cli_range.h"
 #include "tools/engine_cli.h"
@@ -50,18 +52,11 @@ std::vector<int> parse_ids(const std::string& s) {
 }
 
 Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
-  if (cfg.tokenizer_file.empty())
+  std::optional<Tokenizer> tok = load_model_tokenizer(dir, cfg);
+  if (!tok)
     throw ConfigError(dir.string() + "/model.json: field tokenizer.file is null: the model ships "
                       "no tokenizer; use --prompt-ids and --print-ids");
-  fs::path cfg_file = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
-  Tokenizer tok = Tokenizer::load(dir / cfg.tokenizer_file, cfg_file);
-  // The tokenizer's end token stops generation when model.json names none: it must be a row of
-  // the model's output, or generation would never stop on it.
-  if (!cfg.eos_token_id && tok.eos_id() && (*tok.eos_id() < 0 || *tok.eos_id() >= cfg.vocab_size))
-    throw ConfigError((cfg_file.empty() ? dir / cfg.tokenizer_file : cfg_file).string() + ": eos token id " +
-                      std::to_string(*tok.eos_id()) + " is outside the model's vocabulary [0, vocab_size=" +
-                      std::to_string(cfg.vocab_size) + ")");
-  return tok;
+  return std::move(*tok);
 }
 
 struct Args {
@@ -101,7 +96,8 @@ void attach_routing_log(Model& model, RoutingLogWriter& log, bool inputs) {
 
 int run(const Args& a) {
   const fs::path dir = a.model;
-  if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(dir) && !is_gguf_file(dir))
+    throw IoError("model " + dir.string() + " is neither a packed model directory nor a GGUF file");
   ModelOptions mo;
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
@@ -221,7 +217,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"moestream infer: run a packed Mixture-of-Experts model on the CPU (or the GPU: --gpu)"};
   Args a;
-  app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
+  app.add_option("-m,--model", a.model, "packed model directory (convert_model output) or GGUF file (any shard of a split set)")->required();
   app.add_option("-p,--prompt", a.prompt, "prompt text");
   app.add_option("--prompt-ids", a.prompt_ids, "prompt as comma-separated token ids (no tokenizer needed)");
   app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str()

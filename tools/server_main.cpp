@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "common/error.h"
+#include "loader/format/gguf_model.h"
+#include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
@@ -43,21 +45,30 @@ int run(Args& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   const fs::path dir = a.model;
-  if (!fs::is_directory(dir)) throw IoError("model directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(dir) && !is_gguf_file(dir))
+    throw IoError("model " + dir.string() + " is neither a packed model directory nor a GGUF file");
   const ModelConfig cfg = ModelConfig::load(dir);
   // A model without a tokenizer (synth_model's) is still served: token-id prompts in, ids out.
   std::optional<Tokenizer> tok;
   std::optional<ChatPrompt> chat;
-  if (cfg.tokenizer_file.empty()) {
+  tok = load_model_tokenizer(dir, cfg);
+  if (!tok) {
     std::fprintf(stderr, "moestream-server: %s/model.json has no tokenizer: /v1/completions takes prompts as token-id "
                  "lists and answers choices[].token_ids; text prompts and chat answer 400\n", dir.c_str());
-  } else {
-    const fs::path tok_cfg = cfg.tokenizer_config_file.empty() ? fs::path() : dir / cfg.tokenizer_config_file;
-    tok.emplace(Tokenizer::load(dir / cfg.tokenizer_file, tok_cfg));
-    if (!tok_cfg.empty()) chat = ChatPrompt::load(tok_cfg);
-    if (!chat || !chat->has_template())
-      std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
+  } else if (cfg.format == ModelFormat::kGguf) {
+    // The template and its special tokens from the GGUF's metadata, as llama-server takes them.
+    const GgufModelFiles files(dir);
+    if (const std::string* t = files.metadata().find_string("tokenizer.chat_template")) {
+      nlohmann::ordered_json special = nlohmann::ordered_json::object();
+      if (tok->bos_id()) special["bos_token"] = tok->token_text(*tok->bos_id());
+      if (tok->eos_id()) special["eos_token"] = tok->token_text(*tok->eos_id());
+      chat.emplace(*t, std::move(special));
+    }
+  } else if (!cfg.tokenizer_config_file.empty()) {
+    chat = ChatPrompt::load(dir / cfg.tokenizer_config_file);
   }
+  if (tok && (!chat || !chat->has_template()))
+    std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
 
   ModelOptions mo;
   mo.n_threads = a.threads;
@@ -102,7 +113,7 @@ int run(Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"moestream-server: an OpenAI-compatible HTTP server over a packed MoE model"};
   Args a;
-  app.add_option("-m,--model", a.model, "packed model directory (convert_model output)")->required();
+  app.add_option("-m,--model", a.model, "packed model directory (convert_model output) or GGUF file (any shard of a split set)")->required();
   app.add_option("--host", a.server.host, "address to bind; the default keeps it on this machine")->capture_default_str();
   app.add_option("--port", a.server.port, "TCP port; 0 = any free port (printed)")->capture_default_str()
       ->check(in_range(0, 65535));

@@ -20,10 +20,12 @@
 #include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
 #include "loader/store/store_options.h"
+#include "loader/format/gguf_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
+#include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -98,19 +100,10 @@ class PyModel {
     auto sink = std::make_shared<NoticeSink>();
     {
       py::gil_scoped_release nogil;
-      if (!fs::is_directory(dir_)) throw IoError("model directory " + dir_.string() + " does not exist");
+      if (!fs::is_directory(dir_) && !is_gguf_file(dir_))
+        throw IoError("model " + dir_.string() + " is neither a packed model directory nor a GGUF file");
       const ModelConfig header_cfg = ModelConfig::load(dir_);
-      if (!header_cfg.tokenizer_file.empty()) {
-        fs::path cfg_file = header_cfg.tokenizer_config_file.empty() ? fs::path() : dir_ / header_cfg.tokenizer_config_file;
-        tok_.emplace(Tokenizer::load(dir_ / header_cfg.tokenizer_file, cfg_file));
-        // As infer: the tokenizer's end token, used when model.json names none, must be in the vocabulary.
-        const std::optional<int32_t> eos = tok_->eos_id();
-        if (!header_cfg.eos_token_id && eos && (*eos < 0 || *eos >= header_cfg.vocab_size))
-          throw ConfigError((cfg_file.empty() ? dir_ / header_cfg.tokenizer_file : cfg_file).string() +
-                            ": eos token id " + std::to_string(*eos) +
-                            " is outside the model's vocabulary [0, vocab_size=" +
-                            std::to_string(header_cfg.vocab_size) + ")");
-      }
+      tok_ = load_model_tokenizer(dir_, header_cfg);
       auto store = open_store_for(dir_, header_cfg, sc, OptionSpelling::kPython,
                                   [sink](const std::string& line) { sink->add(line); });
       model_ = Model::load(dir_, mo, std::move(store));

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,5 +75,12 @@ struct GgufVocab {
 
 // The tokenizer.ggml.pre names accepted for "gpt2" vocabularies.
 std::vector<std::string> gguf_pre_tokenizer_names();
+
+class GgufMetadata;
+class Tokenizer;
+// The tokenizer keys of a GGUF's metadata (FormatError naming the key for a wrong type).
+GgufVocab read_gguf_vocab(const GgufMetadata& metadata);
+// The tokenizer of a GGUF file or split set (any shard): read_gguf_vocab, then Tokenizer::from_gguf.
+Tokenizer load_gguf_tokenizer(const std::filesystem::path& gguf);
 
 }  // namespace moestream

@@ -1,0 +1,30 @@
+// Implementation of runtime/tokenizer/model_tokenizer.h.
+#include "runtime/tokenizer/model_tokenizer.h"
+
+#include <string>
+
+#include "common/error.h"
+#include "runtime/tokenizer/gguf_vocab.h"
+
+namespace moestream {
+
+std::optional<Tokenizer> load_model_tokenizer(const std::filesystem::path& model, const ModelConfig& cfg) {
+  std::optional<Tokenizer> tok;
+  std::filesystem::path source = model;
+  if (cfg.format == ModelFormat::kGguf) {
+    tok.emplace(load_gguf_tokenizer(model));
+  } else {
+    if (cfg.tokenizer_file.empty()) return std::nullopt;
+    const std::filesystem::path cfg_file =
+        cfg.tokenizer_config_file.empty() ? std::filesystem::path() : model / cfg.tokenizer_config_file;
+    tok.emplace(Tokenizer::load(model / cfg.tokenizer_file, cfg_file));
+    source = cfg_file.empty() ? model / cfg.tokenizer_file : cfg_file;
+  }
+  const std::optional<int32_t> eos = tok->eos_id();
+  if (!cfg.eos_token_id && eos && (*eos < 0 || *eos >= cfg.vocab_size))
+    throw ConfigError(source.string() + ": eos token id " + std::to_string(*eos) +
+                      " is outside the model's vocabulary [0, vocab_size=" + std::to_string(cfg.vocab_size) + ")");
+  return tok;
+}
+
+}  // namespace moestream
