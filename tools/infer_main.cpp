@@ -14,7 +14,6 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/routing_log.h"
-#include "loader/format/gguf_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/routing_replay.h"
@@ -96,8 +95,7 @@ void attach_routing_log(Model& model, RoutingLogWriter& log, bool inputs) {
 
 int run(const Args& a) {
   const fs::path dir = a.model;
-  if (!fs::is_directory(dir) && !is_gguf_file(dir))
-    throw IoError("model " + dir.string() + " is neither a packed model directory nor a GGUF file");
+  require_model_location(dir);
   ModelOptions mo;
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "loader/format/gguf_model.h"
+#include "loader/format/gguf_file.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
@@ -45,8 +45,7 @@ int run(Args& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   const fs::path dir = a.model;
-  if (!fs::is_directory(dir) && !is_gguf_file(dir))
-    throw IoError("model " + dir.string() + " is neither a packed model directory nor a GGUF file");
+  require_model_location(dir);
   const ModelConfig cfg = ModelConfig::load(dir);
   // A model without a tokenizer (synth_model's) is still served: token-id prompts in, ids out.
   std::optional<Tokenizer> tok;

@@ -140,6 +140,13 @@ Arch parse_arch(const std::string& s, const std::string& where) {
 
 std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
 
+void require_model_location(const std::filesystem::path& model) {
+  std::error_code ec;
+  if (!std::filesystem::exists(model, ec)) throw IoError("model " + model.string() + " does not exist");
+  if (!std::filesystem::is_directory(model, ec) && !is_gguf_file(model))
+    throw IoError("model " + model.string() + " is neither a packed model directory nor a GGUF file");
+}
+
 ExpertLayout ModelConfig::expert_layout(int layer) const {
   MOE_ASSERT(layer >= 0 && layer < n_layers, "layer out of range");
   const ExpertTypes t = layer_expert_types.empty() ? ExpertTypes::uniform(expert_quant)

@@ -87,7 +87,11 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& j, const std::string& where);
 };
 
-std::string_view arch_name(Arch a);  // "qwen3_moe", "olmoe", "mixtral"
+std::string_view arch_name(Arch a);
+
+// What every front end checks first of a -m argument: IoError "model X does not exist", or "... is
+// neither a packed model directory nor a GGUF file".
+void require_model_location(const std::filesystem::path& model);  // "qwen3_moe", "olmoe", "mixtral"
 
 // The sizes a model is made of, in ModelConfig's field order: what a known shape, a benchmark's
 // synthetic model or a test picks (all required by model.json, none has a usable default).

@@ -20,7 +20,6 @@
 #include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
 #include "loader/store/store_options.h"
-#include "loader/format/gguf_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/engine/run_stats.h"
@@ -100,8 +99,7 @@ class PyModel {
     auto sink = std::make_shared<NoticeSink>();
     {
       py::gil_scoped_release nogil;
-      if (!fs::is_directory(dir_) && !is_gguf_file(dir_))
-        throw IoError("model " + dir_.string() + " is neither a packed model directory nor a GGUF file");
+      require_model_location(dir_);
       const ModelConfig header_cfg = ModelConfig::load(dir_);
       tok_ = load_model_tokenizer(dir_, header_cfg);
       auto store = open_store_for(dir_, header_cfg, sc, OptionSpelling::kPython,
