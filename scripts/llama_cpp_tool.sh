@@ -40,7 +40,13 @@ print_env() {
            "$VENV/bin/python" "$SRC/convert_hf_to_gguf.py"; do
     [ -e "$f" ] || die "missing $f: run scripts/llama_cpp_tool.sh build"
   done
+  # The sdist has no git metadata; its changelog names the llama.cpp commit it vendors.
+  local commit
+  commit=$(sed -n "/^## \[$VERSION\]/,/^## \[/p" "$SRC/../../CHANGELOG.md" \
+    | grep -o 'llama.cpp@[0-9a-f]*' | head -n 1 || true)
   echo "LLAMA_CPP_VERSION=llama-cpp-python-$VERSION"
+  echo "LLAMA_CPP_COMMIT=${commit:-unknown}"
+  echo "LLAMA_CPP_SDIST_SHA256=$SDIST_SHA256"
   echo "LLAMA_CPP_SRC=$SRC"
   echo "LLAMA_CPP_PYTHON=$VENV/bin/python"
   echo "LLAMA_CPP_CONVERT=$SRC/convert_hf_to_gguf.py"

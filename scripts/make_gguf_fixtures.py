@@ -321,7 +321,8 @@ def main() -> None:
 
     env = tool_env()
     py = env["LLAMA_CPP_PYTHON"]
-    if Path(sys.executable).resolve() != Path(py).resolve() and os.environ.get("MGF_REEXEC") != "1":
+    # The tool's venv (its python is a symlink to the system one: compare the prefixes).
+    if Path(sys.prefix).resolve() != Path(py).parent.parent.resolve() and os.environ.get("MGF_REEXEC") != "1":
         os.environ["MGF_REEXEC"] = "1"
         os.execv(py, [py, __file__, *sys.argv[1:]])
     if not SHARED_TOKENIZERS.is_dir():
@@ -397,7 +398,7 @@ def main() -> None:
         types, meta = gguf_types(files)
         expected = {
             "fixture": name, "files": [f.name for f in files], "model": model,
-            "llama_cpp": env["LLAMA_CPP_VERSION"] + " (vendored llama.cpp)",
+            "llama_cpp": f"{env['LLAMA_CPP_VERSION']} ({env['LLAMA_CPP_COMMIT']})",
             "prompt": PROMPT, "settings": {
                 "threads": 1, "kv_cache": "f32", "flash_attn": False, "batch": "prompt as one batch, "
                 "then one token per batch", "greedy": "first index of the largest logit"},
@@ -416,7 +417,10 @@ def main() -> None:
             f"greedy {res['generated_ids']}")
 
     manifest = {
-        "llama_cpp": env["LLAMA_CPP_VERSION"],
+        "llama_cpp": {"version": env["LLAMA_CPP_VERSION"], "vendors": env["LLAMA_CPP_COMMIT"],
+                      "sdist_sha256": env["LLAMA_CPP_SDIST_SHA256"],
+                      "build": "scripts/llama_cpp_tool.sh: static libllama, CPU, GGML_NATIVE=OFF "
+                               "with AVX/AVX2/FMA/F16C, no OpenMP"},
         "prompt": PROMPT, "n_predict": N_PREDICT, "top_k": TOP_K, "n_full": N_FULL,
         "models": MODELS,
         "fixtures": [entries[n] for n, *_ in FIXTURES if n in entries]}
