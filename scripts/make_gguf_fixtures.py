@@ -146,18 +146,52 @@ def gpt2_tokenizer(dst: Path) -> None:
 
 
 def llama_tokenizer(dst: Path) -> None:
-    """Llama-2's SentencePiece-style BPE (Mixtral's algorithm: byte fallback, Metaspace) cut to its
-    first VOCAB tokens (<unk>, <s>, </s>, the 256 byte tokens, then merges) and the merges among them."""
+    """Llama-2's SentencePiece BPE (Mixtral's algorithm: byte fallback, a dummy-prefix space) cut to
+    VOCAB pieces: <unk>, <s>, </s>, the 256 byte pieces, then Llama-2's merges in their order with
+    the single characters they start from. Written twice, as real Mixtral checkpoints ship it: a
+    SentencePiece model (tokenizer.model, which the converter prefers, with score -rank for each
+    merge so that score order is merge order) and the same vocabulary as tokenizer.json."""
+    from sentencepiece import sentencepiece_model_pb2 as spm
     src = json.loads((SHARED_TOKENIZERS / "llama2" / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = {t: i for t, i in src["model"]["vocab"].items() if i < VOCAB}
-    merges = []
-    for m in src["model"]["merges"]:
+    pieces = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)]  # types: UNKNOWN, CONTROL
+    pieces += [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]  # BYTE
+    have = {p for p, _, _ in pieces}
+    chars, merges = [], []
+    for rank, m in enumerate(src["model"]["merges"]):
         a, b = m.split(" ") if isinstance(m, str) else m
-        if a in vocab and b in vocab and a + b in vocab:
-            merges.append(f"{a} {b}")
+        need = [x for x in dict.fromkeys((a, b)) if x not in have]
+        if any(len(x) != 1 for x in need) or a + b in have:
+            continue
+        if len(pieces) + len(chars) + len(need) + 1 > VOCAB:
+            break
+        for x in need:
+            chars.append(x)
+            have.add(x)
+        pieces.append((a + b, -float(rank), 1))  # NORMAL
+        have.add(a + b)
+        merges.append(f"{a} {b}")
+    # Single characters score below every merge (they are starting symbols, never merge results).
+    pieces += [(c, -1e6 - i, 1) for i, c in enumerate(chars)]
+    assert len(pieces) == VOCAB, len(pieces)
+
+    proto = spm.ModelProto()
+    for text, score, kind in pieces:
+        sp = proto.pieces.add()
+        sp.piece, sp.score, sp.type = text, score, kind
+    proto.trainer_spec.model_type = spm.TrainerSpec.BPE
+    proto.trainer_spec.vocab_size = VOCAB
+    proto.trainer_spec.byte_fallback = True
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 0, 1, 2
+    proto.trainer_spec.pad_id = -1
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.remove_extra_whitespaces = False
+    proto.normalizer_spec.escape_whitespaces = True
+    (dst / "tokenizer.model").write_bytes(proto.SerializeToString())
+
     tok = dict(src)
-    tok["model"] = dict(src["model"], vocab=vocab, merges=merges)
-    tok["added_tokens"] = [t for t in src["added_tokens"] if t["id"] < VOCAB]
+    tok["model"] = dict(src["model"], vocab={p: i for i, (p, _, _) in enumerate(pieces)}, merges=merges)
+    tok["added_tokens"] = [t for t in src["added_tokens"] if t["id"] < 3]
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
     (dst / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": True, "add_eos_token": False,
@@ -394,6 +428,13 @@ def main() -> None:
         # llama.cpp's outputs for the file (the first split names the set).
         rcmd = [oracle, "run", str(files[0]), str(prompt_file), str(N_PREDICT), str(TOP_K), str(N_FULL)]
         res = json.loads(run(rcmd))
+        # llama.cpp's tokenization of the prompt must be the Hugging Face tokenizer's, or the
+        # fixture would test a tokenizer disagreement instead of the model.
+        from tokenizers import Tokenizer
+        hf_ids = Tokenizer.from_file(str(hf_dirs[model] / "tokenizer.json")).encode(PROMPT).ids
+        if hf_ids != res["prompt_ids"]:
+            raise SystemExit(f"make_gguf_fixtures: {name}: llama.cpp tokenized the prompt as "
+                             f"{res['prompt_ids']}, the tokenizers library as {hf_ids}")
         commands.append(describe(rcmd, subst).replace(str(prompt_file), "prompt.txt"))
         types, meta = gguf_types(files)
         expected = {
