@@ -1,13 +1,10 @@
-// moestream-llama-oracle: a driver for libllama (the test tool built by scripts/llama_cpp_tool.sh),
-// used to make the GGUF fixtures and their expected outputs. Not part of the moestream build.
+// moestream-llama-oracle: runs a GGUF through libllama (the test tool built by
+// scripts/llama_cpp_tool.sh) for the expected outputs beside the GGUF fixtures. Not part of the
+// moestream build.
 //
 //   moestream-llama-oracle run MODEL.gguf PROMPT_FILE N_PREDICT TOP_K N_FULL
 //     prints, as JSON on stdout, the prompt ids, the greedy continuation and the logits of every
 //     position (top-k of each, plus the full rows of the first N_FULL positions).
-//   moestream-llama-oracle quantize IN.gguf OUT.gguf FTYPE PURE [REGEX=GGML_TYPE ...]
-//     llama.cpp's quantizer (llama_model_quantize) to llama_ftype FTYPE (a number); PURE 1 gives
-//     every quantizable tensor the ftype's type; each REGEX=GGML_TYPE (a number) overrides the type
-//     of the tensors whose names match, as llama-quantize's --tensor-type does.
 //
 // Determinism: one thread, f32 KV cache, no flash attention, the prompt as one batch and each
 // generated token as its own batch; greedy = the first index of the largest logit.
@@ -39,28 +36,6 @@ void print_float(float v) {
 }
 
 }  // namespace
-
-int quantize(int argc, char** argv) {
-  if (argc < 6) fail("usage: quantize IN.gguf OUT.gguf FTYPE PURE [REGEX=GGML_TYPE ...]");
-  llama_model_quantize_params qp = llama_model_quantize_default_params();
-  qp.nthread = 1;
-  qp.ftype = static_cast<llama_ftype>(std::atoi(argv[4]));
-  qp.pure = std::atoi(argv[5]) != 0;
-  std::vector<std::string> patterns;
-  std::vector<llama_model_tensor_override> overrides;
-  for (int i = 6; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.rfind('=');
-    if (eq == std::string::npos || eq == 0) fail("override must be REGEX=GGML_TYPE: " + a);
-    patterns.push_back(a.substr(0, eq));
-    overrides.push_back({nullptr, static_cast<ggml_type>(std::atoi(a.c_str() + eq + 1))});
-  }
-  for (size_t i = 0; i < overrides.size(); ++i) overrides[i].pattern = patterns[i].c_str();
-  overrides.push_back({nullptr, GGML_TYPE_COUNT});  // the list ends at a null pattern
-  if (overrides.size() > 1) qp.tt_overrides = overrides.data();
-  if (llama_model_quantize(argv[2], argv[3], &qp) != 0) fail(std::string("quantizing failed: ") + argv[2]);
-  return 0;
-}
 
 int run(int argc, char** argv) {
   if (argc != 7) fail("usage: run MODEL.gguf PROMPT_FILE N_PREDICT TOP_K N_FULL");
@@ -172,18 +147,12 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2) fail("usage: run ... | quantize ...");
+  if (argc < 2) fail("usage: run MODEL.gguf PROMPT_FILE N_PREDICT TOP_K N_FULL");
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
   const std::string cmd = argv[1];
-  int rc = 1;
-  if (cmd == "run") {
-    rc = run(argc, argv);
-  } else if (cmd == "quantize") {
-    rc = quantize(argc, argv);
-  } else {
-    fail("unknown command " + cmd);
-  }
+  if (cmd != "run") fail("unknown command " + cmd);
+  const int rc = run(argc, argv);
   llama_backend_free();
   return rc;
 }

@@ -45,19 +45,15 @@ MODELS = {
                          experts=4, top_k=2, expert_ff=32, seed=18004),
 }
 
-# llama_ftype values (llama.h) and ggml_type values (ggml.h): format facts.
-FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15,
-         "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4_MOE": 38}
-GGML_TYPE = {"Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-
-# (fixture name, model, how, argument). how: convert (outtype), split (outtype), quantize (ftype,
-# pure, overrides). The quantized files start from the model's F32 conversion.
+# (fixture name, model, how, argument). how: convert (the converter's outtype), split (the fixture
+# that llama-gguf-split cuts), quantize (llama-quantize's type name, --pure, --tensor-type
+# overrides). The quantized files start from the model's F32 conversion.
 FIXTURES = [
     ("qwen3moe-tiny-F32", "qwen3moe-tiny", "convert", "f32"),
     ("qwen3moe-tiny-F16", "qwen3moe-tiny", "convert", "f16"),
     ("qwen3moe-tiny-BF16", "qwen3moe-tiny", "convert", "bf16"),
     ("qwen3moe-tiny-Q8_0", "qwen3moe-tiny", "convert", "q8_0"),
-    ("qwen3moe-tiny-Q8_0-split", "qwen3moe-tiny", "split", "q8_0"),
+    ("qwen3moe-tiny-Q8_0-split", "qwen3moe-tiny", "split", "qwen3moe-tiny-Q8_0"),
     ("qwen3moe-tiny-Q4_0", "qwen3moe-tiny", "quantize", ("Q4_0", True, [])),
     ("qwen3moe-tiny-Q4_1", "qwen3moe-tiny", "quantize", ("Q4_1", True, [])),
     ("qwen3moe-tiny-Q5_0", "qwen3moe-tiny", "quantize", ("Q5_0", True, [])),
@@ -362,7 +358,8 @@ def main() -> None:
     if not SHARED_TOKENIZERS.is_dir():
         raise SystemExit(f"make_gguf_fixtures: {SHARED_TOKENIZERS} is missing (the real tokenizers)")
     oracle = env["LLAMA_CPP_ORACLE"]
-    subst = {"$LLAMA_CPP_ORACLE": oracle, "$LLAMA_CPP_CONVERT": env["LLAMA_CPP_CONVERT"],
+    subst = {"$LLAMA_CPP_ORACLE": oracle, "$LLAMA_CPP_QUANTIZE": env["LLAMA_CPP_QUANTIZE"],
+             "$LLAMA_CPP_GGUF_SPLIT": env["LLAMA_CPP_GGUF_SPLIT"],
              "$LLAMA_CPP_PYTHON": py, "$WORK": str(args.work), "$OUT": str(args.out),
              "scripts/make_gguf_fixtures.py": str(Path(__file__).resolve())}
     cenv = dict(os.environ, LLAMA_CPP_SRC=env["LLAMA_CPP_SRC"])
@@ -405,11 +402,16 @@ def main() -> None:
             commands.append(describe(convert(model, arg, out, []), subst))
             files = [out]
         elif how == "split":
-            prefix = args.out / f"{name}.gguf"
+            whole = args.out / f"{arg}.gguf"
+            if not whole.is_file():
+                raise SystemExit(f"make_gguf_fixtures: {name} is cut from {whole}: make it first")
             for old in args.out.glob(f"{name}-0*-of-0*.gguf"):
                 old.unlink()
-            commands.append(describe(convert(model, arg, prefix,
-                                             ["--split-max-tensors", str(SPLIT_MAX_TENSORS)]), subst))
+            cmd = [env["LLAMA_CPP_GGUF_SPLIT"], "--split", "--split-max-tensors",
+                   str(SPLIT_MAX_TENSORS), str(whole), str(args.out / name)]
+            run(cmd)
+            commands.append(f"(the {arg} fixture, as above)")
+            commands.append(describe(cmd, subst))
             files = sorted(args.out.glob(f"{name}-0*-of-0*.gguf"))
             if len(files) < 2:
                 raise SystemExit(f"make_gguf_fixtures: split of {name} gave {len(files)} file(s)")
@@ -418,12 +420,12 @@ def main() -> None:
             src, cmd0 = f32[model]
             commands.append(describe(cmd0, subst))
             out = args.out / f"{name}.gguf"
-            cmd = [oracle, "quantize", str(src), str(out), str(FTYPE[ftype]), "1" if pure else "0"]
-            cmd += [f"{rx}={GGML_TYPE[t]}" for rx, t in overrides]
+            cmd = [env["LLAMA_CPP_QUANTIZE"]] + (["--pure"] if pure else [])
+            for rx, t in overrides:
+                cmd += ["--tensor-type", f"{rx}={t.lower()}"]
+            cmd += [str(src), str(out), ftype, "1"]
             run(cmd)
-            commands.append(describe(cmd, subst) + f"   # ftype {ftype}" +
-                            (", pure" if pure else "") +
-                            "".join(f", {rx} -> {t}" for rx, t in overrides))
+            commands.append(describe(cmd, subst))
             files = [out]
         # llama.cpp's outputs for the file (the first split names the set).
         rcmd = [oracle, "run", str(files[0]), str(prompt_file), str(N_PREDICT), str(TOP_K), str(N_FULL)]
