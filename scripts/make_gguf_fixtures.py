@@ -437,7 +437,7 @@ def main() -> None:
         if hf_ids != res["prompt_ids"]:
             raise SystemExit(f"make_gguf_fixtures: {name}: llama.cpp tokenized the prompt as "
                              f"{res['prompt_ids']}, the tokenizers library as {hf_ids}")
-        commands.append(describe(rcmd, subst).replace(str(prompt_file), "prompt.txt"))
+        commands.append(describe(rcmd, subst))  # $WORK/prompt.txt holds the prompt
         types, meta = gguf_types(files)
         expected = {
             "fixture": name, "files": [f.name for f in files], "model": model,
