@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds llama.cpp as a TEST TOOL (the GGUF oracle, issue 18): its converter, llama-quantize,
+# llama-gguf-split and our small driver that dumps greedy tokens and logits.
+# Source: the llama-cpp-python source distribution on PyPI, which vendors llama.cpp. Everything
+# lives outside the repository, in
+#   ${MOESTREAM_CACHE:-$HOME/.cache/moestream}/llama.cpp-<version>/
+#     dl/      the sdist (sha256-checked)      src/    its unpacked tree
+#     venv/    Python for the converter (torch, transformers, the vendored gguf-py, safetensors)
+#     build/   CMake build of only the targets llama (libllama + ggml: 63 steps), llama-quantize
+#              and llama-gguf-split (llama.cpp's common library: 62 more); static, CPU
+#     bin/     moestream-llama-oracle (scripts/llama_oracle.cpp linked against libllama)
+# Idempotent: each step is skipped when its output exists. Nothing of llama.cpp enters the repo.
+#
+# Usage: scripts/llama_cpp_tool.sh [build|fetch|venv|llama|env]
+#   build (default)  do every missing step, then print the env lines
+#   fetch | venv | llama   one step (llama: the CMake build and the oracle; needs fetch)
+#   env              print shell assignments (LLAMA_CPP_*) for an existing build; fails if absent
+set -euo pipefail
+
+VERSION=0.3.36
+SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+TORCH_VERSION=2.15.0
+CACHE=${MOESTREAM_CACHE:-$HOME/.cache/moestream}
+ROOT=$CACHE/llama.cpp-$VERSION
+SRC=$ROOT/src/llama_cpp_python-$VERSION/vendor/llama.cpp
+VENV=$ROOT/venv
+BUILD=$ROOT/build
+BIN=$ROOT/bin
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+JOBS=${LLAMA_CPP_JOBS:-2}
+
+say() { echo "llama_cpp_tool: $*" >&2; }
+die() { echo "llama_cpp_tool: ERROR: $*" >&2; exit 1; }
+
+print_env() {
+  local f
+  for f in "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split" "$BIN/moestream-llama-oracle" \
+           "$VENV/bin/python" "$SRC/convert_hf_to_gguf.py"; do
+    [ -e "$f" ] || die "missing $f: run scripts/llama_cpp_tool.sh build"
+  done
+  # The sdist has no git metadata; its changelog names the llama.cpp commit it vendors.
+  local commit
+  commit=$(sed -n "/^## \[$VERSION\]/,/^## \[/p" "$SRC/../../CHANGELOG.md" \
+    | grep -o 'llama.cpp@[0-9a-f]*' | head -n 1 || true)
+  echo "LLAMA_CPP_VERSION=llama-cpp-python-$VERSION"
+  echo "LLAMA_CPP_COMMIT=${commit:-unknown}"
+  echo "LLAMA_CPP_SDIST_SHA256=$SDIST_SHA256"
+  echo "LLAMA_CPP_SRC=$SRC"
+  echo "LLAMA_CPP_PYTHON=$VENV/bin/python"
+  echo "LLAMA_CPP_CONVERT=$SRC/convert_hf_to_gguf.py"
+  echo "LLAMA_CPP_QUANTIZE=$BUILD/bin/llama-quantize"
+  echo "LLAMA_CPP_GGUF_SPLIT=$BUILD/bin/llama-gguf-split"
+  echo "LLAMA_CPP_ORACLE=$BIN/moestream-llama-oracle"
+}
+
+step_fetch() {
+  local tgz=$ROOT/dl/llama_cpp_python-$VERSION.tar.gz
+  if [ ! -f "$tgz" ]; then
+    say "downloading the llama-cpp-python $VERSION sdist from PyPI into $ROOT/dl"
+    mkdir -p "$ROOT/dl"
+    python3 -m pip download --no-binary :all: --no-deps --no-build-isolation \
+      "llama-cpp-python==$VERSION" -d "$ROOT/dl" >&2 \
+      || python3 -m pip download --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$ROOT/dl" >&2 \
+      || die "pip download of llama-cpp-python==$VERSION failed"
+  fi
+  echo "$SDIST_SHA256  $tgz" | sha256sum -c --quiet - >&2 || die "sha256 mismatch for $tgz"
+  if [ ! -f "$SRC/convert_hf_to_gguf.py" ]; then
+    say "unpacking into $ROOT/src"
+    rm -rf "$ROOT/src"; mkdir -p "$ROOT/src"
+    tar xzf "$tgz" -C "$ROOT/src" || die "cannot unpack $tgz"
+    [ -f "$SRC/convert_hf_to_gguf.py" ] || die "the sdist has no vendor/llama.cpp/convert_hf_to_gguf.py"
+  fi
+}
+
+step_venv() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, gguf, safetensors, tokenizers" 2>/dev/null; then
+    return
+  fi
+  say "creating the converter's venv in $VENV (torch $TORCH_VERSION, transformers; several GB)"
+  python3 -m venv "$VENV" || die "python3 -m venv failed"
+  # The converter imports torch. PyPI has only the CUDA build of torch for Linux, whose libtorch
+  # links the CUDA runtime libraries (libcudart, libcublas, libcudnn, ...): installed with
+  # --no-deps it fails to import (checked with 2.15.0), so it comes with its nvidia-* dependencies,
+  # used on the CPU only. transformers: the converter reads the tokenizer through AutoTokenizer.
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" >&2 || die "pip install torch==$TORCH_VERSION failed"
+  "$VENV/bin/pip" install -q numpy safetensors tokenizers transformers sentencepiece protobuf >&2 \
+    || die "pip install of the converter's dependencies failed"
+  # The converter must use the gguf-py it was released with, not the newest one on PyPI.
+  "$VENV/bin/pip" install -q --no-deps "$SRC/gguf-py" >&2 || die "pip install of vendored gguf-py failed"
+  "$VENV/bin/python" -c "import torch; torch.zeros(2) + 1" \
+    || die "torch installed in $VENV does not import"
+}
+
+step_build() {
+  local want=("$BUILD/src/libllama.a" "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split")
+  local f missing=0
+  for f in "${want[@]}"; do [ -e "$f" ] || missing=1; done
+  [ $missing -eq 0 ] && return
+  command -v cmake >/dev/null || die "cmake not found (scripts/setup.sh installs it)"
+  local launcher=()
+  if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
+  say "configuring llama.cpp in $BUILD (static, CPU only, AVX2/FMA/F16C fixed rather than -march=native)"
+  cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_OPENMP=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
+    "${launcher[@]}" >&2 || die "cmake configure failed"
+  say "building the targets llama llama-quantize llama-gguf-split with -j $JOBS"
+  local t0=$SECONDS
+  cmake --build "$BUILD" -j "$JOBS" --target llama llama-quantize llama-gguf-split >&2 \
+    || die "llama.cpp build failed"
+  say "built in $((SECONDS - t0)) s"
+  for f in "${want[@]}"; do [ -e "$f" ] || die "build finished but $f is missing"; done
+}
+
+step_oracle() {
+  local src=$REPO/scripts/llama_oracle.cpp out=$BIN/moestream-llama-oracle
+  if [ -x "$out" ] && [ "$out" -nt "$src" ]; then return; fi
+  say "compiling $out from scripts/llama_oracle.cpp against libllama"
+  mkdir -p "$BIN"
+  local libs=("$BUILD/src/libllama.a")
+  local l
+  for l in libggml.a libggml-cpu.a libggml-base.a; do
+    f=$(find "$BUILD/ggml" -name "$l" -print -quit)
+    [ -n "$f" ] || die "cannot find $l under $BUILD/ggml"
+    libs+=("$f")
+  done
+  g++ -std=c++17 -O2 -I"$SRC/include" -I"$SRC/ggml/include" "$src" "${libs[@]}" -lpthread -ldl -lm \
+    -o "$out" || die "compiling the oracle failed"
+}
+
+cmd=${1:-build}
+case "$cmd" in
+  build)
+    step_fetch; step_venv; step_build; step_oracle; print_env ;;
+  fetch) step_fetch ;;
+  venv) step_fetch; step_venv ;;
+  llama) step_fetch; step_build; step_oracle ;;
+  env) print_env ;;
+  *) die "unknown command '$cmd' (build|env)" ;;
+esac
