@@ -1,17 +1,20 @@
 // `cluster_experts`: orders each layer's experts on disk from routing logs so that experts chosen
 // together sit together, reports the modelled I/O cost, writes maps and optionally repacks; with
 // --bind-legacy-maps it only binds the version-1 maps of a model repacked before maps were bound.
+// On a GGUF it writes a new GGUF (--out) with each layer's experts permuted (cluster/gguf_repack.h).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cluster/cluster_inputs.h"
 #include "cluster/coactivation.h"
+#include "cluster/gguf_repack.h"
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
 #include "cluster/repack.h"
@@ -20,6 +23,7 @@
 #include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
+#include "loader/format/gguf_model.h"
 #include "loader/format/routing_log.h"
 #include "loader/store/store_options.h"
 #include "tools/cli_range.h"
@@ -33,7 +37,7 @@ namespace {
 
 struct Args {
   std::vector<std::string> routing, evaluate;
-  std::string model, method = "seriation", io_profile, maps_out;
+  std::string model, method = "seriation", io_profile, maps_out, out;
   bool repack = false, json = false, shape_only = false, bind_legacy = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
   uint64_t search_moves = kDefaultSearchMoves;
@@ -51,14 +55,27 @@ int run(const Args& a) {
     return 0;
   }
   if (a.routing.empty()) throw ConfigError("--routing is required (except with --bind-legacy-maps)");
-  const PackedLayout layout = read_packed_layout(dir, build_store_options(a.reads).io);
+  const bool gguf = is_gguf_file(dir);
+  if (gguf && (a.repack || !a.maps_out.empty()))
+    throw ConfigError(dir.string() + " is a GGUF: it is never rewritten in place and has no maps; give --out NEW.gguf "
+                      "to write a permuted copy");
+  if (!gguf && !a.out.empty())
+    throw ConfigError("--out writes a permuted GGUF and needs a .gguf --model; a packed model is repacked in place "
+                      "with --repack");
+  std::optional<GgufLayout> glayout;
+  if (gguf) glayout = read_gguf_layout(dir, build_store_options(a.reads).io);
+  const PackedLayout layout = gguf ? glayout->packed : read_packed_layout(dir, build_store_options(a.reads).io);
   const RoutingLogHeader& want = layout.want;
   const SlotGeometry& g = layout.geometry;
+  auto load_logs = [&](const std::vector<std::string>& paths, auto notice_fn) {
+    return gguf ? load_gguf_routing_logs(paths, *glayout, dir, a.shape_only, notice_fn)
+                : load_routing_logs(paths, want, dir, a.shape_only, notice_fn);
+  };
   const IoProfile prof = io_profile_of(a.io_profile, a.op_latency_us, a.bandwidth_gbps);
   const OrderMethod method = parse_order_method(a.method);
 
   auto notice = [](const std::string& line) { std::fprintf(stderr, "cluster_experts: %s\n", line.c_str()); };
-  const std::vector<RoutingLog> train = load_routing_logs(a.routing, want, dir, a.shape_only, notice);
+  const std::vector<RoutingLog> train = load_logs(a.routing, notice);
   CoactivationOptions co;
   co.neighbour_weight = a.neighbour_weight;
   const std::vector<LayerStats> stats = coactivation(train, co);
@@ -118,7 +135,7 @@ int run(const Args& a) {
     }
   };
   report("train", stats);
-  if (!a.evaluate.empty()) report("heldout", coactivation(load_routing_logs(a.evaluate, want, dir, a.shape_only, notice)));
+  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, notice)));
 
   std::vector<ExpertMap> maps;
   for (size_t l = 0; l < chosen.size(); ++l)
@@ -137,7 +154,21 @@ int run(const Args& a) {
     std::fprintf(stderr, "cluster_experts: %s/experts repacked in %s order, maps installed\n",
                  dir.string().c_str(), a.method.c_str());
   }
-  js["repacked"] = a.repack;
+  if (!a.out.empty()) {
+    std::vector<std::vector<uint32_t>> order;
+    for (const auto& s : chosen) order.push_back(order_of_slots(s));
+    GgufRepackOptions ro;
+    ro.progress = [](int l, int n) { std::fprintf(stderr, "cluster_experts: permuted the experts of layer %d/%d\n", l, n); };
+    const auto t0 = std::chrono::steady_clock::now();
+    const GgufRepackResult r = repack_gguf_experts(dir, a.out, order, ro);
+    const double s = seconds_since(t0);
+    std::fprintf(stderr, "cluster_experts: wrote %s (%llu bytes, %u expert tensors permuted, %u copied, %.2f s) in %s order\n",
+                 a.out.c_str(), (unsigned long long)r.bytes_written, r.tensors_permuted, r.tensors_copied, s,
+                 a.method.c_str());
+    js["out"] = {{"path", a.out}, {"bytes", r.bytes_written}, {"tensors_permuted", r.tensors_permuted},
+                 {"tensors_copied", r.tensors_copied}, {"seconds", s}};
+  }
+  js["repacked"] = a.repack || !a.out.empty();
   if (a.json) std::printf("%s\n", js.dump(2).c_str());
   return 0;
 }
@@ -149,10 +180,13 @@ int main(int argc, char** argv) {
   Args a;
   app.add_option("--routing", a.routing, "routing log(s) to learn the order from (infer --collect-routing)")
       ->expected(1, -1);
-  app.add_option("--model", a.model, "packed model directory")->required();
+  app.add_option("--model", a.model, "packed model directory, or a .gguf file")->required();
   app.add_option("--method", a.method, "identity, greedy (chain baseline) or seriation "
                  "(spectral + local search on the cost model)")->capture_default_str();
   app.add_flag("--repack", a.repack, "rewrite the layer files in the new physical order and install the maps");
+  app.add_option("--out", a.out, "GGUF model only: write a new GGUF here with each layer's experts (router rows "
+                 "and expert tensors) permuted into the computed order and the permutation recorded in its "
+                 "metadata (the source is never changed)");
   app.add_option("--maps-out", a.maps_out, "write the orders as DIR/experts/layer_NNN.map (for inspection; "
                  "each map is bound to the file a repack in its order writes, and refused next to any other)");
   app.add_flag("--bind-legacy-maps", a.bind_legacy,

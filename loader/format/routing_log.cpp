@@ -10,6 +10,8 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/format/gguf_file.h"
+#include "loader/format/gguf_model.h"
 
 namespace moestream {
 namespace {
@@ -66,6 +68,28 @@ std::string check_record(std::string_view b, uint64_t off, const RoutingLogHeade
 }  // namespace
 
 uint64_t model_identity_hash(const std::filesystem::path& model_dir) {
+  if (is_gguf_file(model_dir)) {
+    // A GGUF's identity is its first shard's bytes before the data section: header, metadata
+    // and tensor table (what model.json is to a pack), the same from any shard of a set.
+    const GgufModelFiles files(model_dir);
+    const GgufFile& f = files.shard(0);
+    uint64_t size = 0;
+    const int fd = open_for_read(f.path(), "GGUF file", &size);
+    std::string s(f.data_offset(), '\0');
+    uint64_t done = 0;
+    while (done < s.size()) {
+      const ssize_t r = ::pread(fd, s.data() + done, s.size() - done, off_t(done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) close_and_throw_errno(fd, "cannot read the header of", f.path());
+      if (r == 0) {
+        ::close(fd);
+        throw IoError(f.path().string() + ": file shrank while its header was read");
+      }
+      done += uint64_t(r);
+    }
+    ::close(fd);
+    return XXH64(s.data(), s.size(), 0);
+  }
   const std::string s = read_file(model_dir / "model.json");
   return XXH64(s.data(), s.size(), 0);
 }

@@ -8,6 +8,7 @@
 //   8       4     version (kRoutingLogVersion = 1)
 //   12      4     reserved, 0
 //   16      8     model_hash: XXH64 (seed 0) of the model directory's model.json bytes
+//                 (of a GGUF: of its first shard's bytes before the data section)
 //   24      4     n_layers
 //   28      4     n_experts (<= 65535: ids are stored as uint16)
 //   32      4     top_k (1..n_experts)
@@ -61,7 +62,8 @@ struct RoutingRecord {
   std::vector<float> router_input;  // hidden floats, or empty
 };
 
-// XXH64 of dir/model.json: the model identity a log is tied to.
+// XXH64 of dir/model.json (of a GGUF file or shard: of the first shard's header, metadata and
+// tensor table): the model identity a log is tied to.
 uint64_t model_identity_hash(const std::filesystem::path& model_dir);
 
 std::string encode_routing_header(const RoutingLogHeader& h);
