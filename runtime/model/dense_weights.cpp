@@ -91,11 +91,8 @@ size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& d
     } else if (is_matrix(t.kind) && pack) {
       q = pack_type(pack->info(t.name).dtype).value_or(QuantType::kF32);
     }
-    if (t.kind == DenseTensor::kEmbed) {
-      n += quant_matrix_bytes(q, cfg.tie_word_embeddings ? rows : 1, cols);  // one row, or all as lm_head
-    } else {
-      n += quant_matrix_bytes(q, rows, cols);
-    }
+    if (t.kind == DenseTensor::kEmbed) n += quant_matrix_bytes(q, 1, cols);  // the token's row
+    if (t.kind != DenseTensor::kEmbed || cfg.tie_word_embeddings) n += quant_matrix_bytes(q, rows, cols);
   }
   return n;
 }
