@@ -59,7 +59,8 @@ void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y
 void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y) {
   MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(y.cols()) == w.rows && y.rows() == x.rows());
   if (w.type == QuantType::kF32) {  // Eigen, as for f32 before: f32 packs and GGUFs give the same numbers
-    linear_f32(pool, x, ConstRowMap(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols)), y);
+    const ConstRowMap m(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols));
+    linear_f32(pool, x, m, y);
     return;
   }
   const std::optional<GgmlType> g = quant_ggml_type(w.type);

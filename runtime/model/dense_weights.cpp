@@ -177,17 +177,18 @@ DenseWeights load_gguf(const std::filesystem::path& path, const ModelConfig& cfg
     const bool shape_ok = t.shape.size() == 2 ? gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows
                                               : gt.dims.size() == 1 && gt.dims[0] == cols;
     if (!shape_ok)
-      throw FormatError(file.string() + ": tensor '" + gt.name + "' (" + t.name + ") has " + std::to_string(gt.dims.size()) +
-                        " dims " + std::to_string(gt.dims.empty() ? 0 : gt.dims[0]) + " x " +
-                        std::to_string(gt.rows()) + ", expected " + std::to_string(cols) + " x " + std::to_string(rows));
+      throw FormatError(file.string() + ": tensor '" + gt.name + "' (" + t.name + ") has " +
+                        std::to_string(gt.dims.size()) + " dims " + std::to_string(gt.dims.empty() ? 0 : gt.dims[0]) +
+                        " x " + std::to_string(gt.rows()) + ", expected " + std::to_string(cols) + " x " +
+                        std::to_string(rows));
     if (!ggml_type_computable(gt.type))
       throw ConfigError(file.string() + ": tensor '" + gt.name + "' has type " + std::string(ggml_type_name(gt.type)) +
                         ", which this build cannot compute");
     const QuantType q = compute_type(gt.type);
     const size_t bytes = quant_matrix_bytes(q, rows, cols);
     if (gt.bytes != bytes)
-      throw FormatError(file.string() + ": tensor '" + gt.name + "' holds " + std::to_string(gt.bytes) + " bytes, its " +
-                        std::string(ggml_type_name(gt.type)) + " shape needs " + std::to_string(bytes));
+      throw FormatError(file.string() + ": tensor '" + gt.name + "' holds " + std::to_string(gt.bytes) +
+                        " bytes, its " + std::string(ggml_type_name(gt.type)) + " shape needs " + std::to_string(bytes));
     MappedFile*& map = shard_maps.at(gt.shard);
     if (map == nullptr) {
       w.maps.push_back(std::make_unique<MappedFile>(file));
