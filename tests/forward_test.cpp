@@ -264,6 +264,46 @@ TEST_P(ForwardVsReference, LogitsMatchNaiveDoublePrecisionModel) {
 INSTANTIATE_TEST_SUITE_P(QkNormKinds, ForwardVsReference,
                          ::testing::Values(QkNorm::kPerHead, QkNorm::kFull, QkNorm::kNone));
 
+// bf16 dense matrices are computed as stored (ggml's BF16 kernel on float inputs): the same
+// reference within the same bound, the same logits at any thread count, prefill and decode
+// alike; the active bytes per token count the matrices at 2 bytes, norms and routers at 4.
+TEST(Forward, Bf16DenseComputedAsStoredMatchesReference) {
+  for (QkNorm qk : {QkNorm::kPerHead, QkNorm::kFull, QkNorm::kNone}) {
+    TempDir d("fwd");
+    ModelConfig cfg = tiny_config(qk);
+    cfg.dense_dtype = "bf16";
+    write_synthetic_model(d.path(), cfg, 43);
+    RefModel ref(d.path());
+    ModelOptions one, two;
+    one.n_threads = 1;
+    two.n_threads = 2;
+    auto m = Model::load(d.path(), two);
+    const std::vector<int> toks = test_tokens(11, cfg.vocab_size);
+    const std::vector<float> got = all_logits(*m, toks);
+    const auto want = ref.forward(toks);
+    double scale = 0, err = 0;
+    for (size_t t = 0; t < toks.size(); ++t)
+      for (int v = 0; v < cfg.vocab_size; ++v) {
+        scale = std::max(scale, std::fabs(want[t][size_t(v)]));
+        err = std::max(err, std::fabs(want[t][size_t(v)] - got[t * size_t(cfg.vocab_size) + size_t(v)]));
+      }
+    EXPECT_GT(scale, 0.5);
+    EXPECT_LE(err, 1e-5 * scale) << "max |dlogit| " << err << " of max |logit| " << scale;
+    EXPECT_EQ(all_logits(*Model::load(d.path(), one), toks), got);  // bitwise: fixed work slices
+
+    const size_t D = size_t(cfg.hidden_size);
+    size_t dense = 2 * D;  // the token's embedding row
+    for (const auto& [name, v] : ref.t) {
+      const bool matrix = name == "embed" || name == "lm_head" || name.ends_with(".wq") || name.ends_with(".wk") ||
+                          name.ends_with(".wv") || name.ends_with(".wo");
+      if (name != "embed" || cfg.tie_word_embeddings) dense += v.size() * (matrix ? 2 : 4);
+    }
+    size_t experts = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) experts += size_t(cfg.n_experts_per_tok) * cfg.expert_layout(l).bytes;
+    EXPECT_EQ(m->active_bytes_per_token(), dense + experts);
+  }
+}
+
 TEST(Forward, IncrementalDecodeMatchesOnePrefill) {
   TempDir d("fwd");
   ModelConfig cfg = tiny_config(QkNorm::kPerHead);

@@ -28,6 +28,7 @@ struct Model::Impl {
   uint64_t tokens_routed = 0;         // tokens through the layers since load: the override's clock
   ForwardTimes times;
   CacheAwareStats cache_aware_stats;
+  size_t dense_bytes_per_token = 0;   // active_dense_bytes of the pass in use, counted once
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
        const std::filesystem::path& dense_path)
@@ -47,6 +48,7 @@ struct Model::Impl {
     } else {
       pass = std::make_unique<CpuForward>(cfg, dense_path, *store, pool, o.max_context, o.max_batch);
     }
+    dense_bytes_per_token = active_dense_bytes(cfg, dense_path, o.gpu);  // after the pass checked the file
   }
 };
 
@@ -130,7 +132,7 @@ const ExpertStore& Model::expert_store() const { return *impl_->store; }
 
 size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
-  const size_t dense = active_dense_bytes(c);
+  const size_t dense = impl_->dense_bytes_per_token;
   size_t experts = 0;
   for (int l = 0; l < c.n_layers; ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
   return dense + experts;

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/timing.h"
+#include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/attention.h"
 #include "runtime/model/dense_ops.h"
@@ -43,8 +44,14 @@ struct CpuForward::Impl {
     sin.resize(cos.size());
     // Every pool thread sizes its matvec scratch now, so a decode step allocates nothing even
     // on a thread that first takes a task many steps in (as on a loaded machine).
-    const size_t widest = size_t(std::max(cfg.hidden_size, cfg.moe_intermediate_size));
-    pool.on_each_thread([widest] { reserve_matvec_scratch(widest); });
+    // The ggml kernels' scratch (dense matrices in a ggml type, GGUF experts) for up to max_batch
+    // inputs of any width a product takes: hidden, the attention output, the expert width.
+    const size_t widest = size_t(std::max({cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_heads * cfg.head_dim}));
+    const size_t inputs = size_t(max_batch);
+    pool.on_each_thread([widest, inputs] {
+      reserve_matvec_scratch(widest);
+      ggml_reserve_scratch(widest, inputs);
+    });
   }
 };
 
@@ -61,7 +68,10 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   MOE_ASSERT(T > 0 && T <= m.max_batch);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   auto t0 = std::chrono::steady_clock::now();
-  for (int t = 0; t < T; ++t) m.x.row(t) = m.w.embed.row(c.tokens[t]);
+  for (int t = 0; t < T; ++t) {
+    MOE_ASSERT(c.tokens[t] >= 0 && size_t(c.tokens[t]) < m.w.embed.rows, "token id outside the vocabulary");
+    m.w.embed.decode_row(size_t(c.tokens[t]), m.x.row(t).data());
+  }
   m.rope.fill(c.n_past, T, m.cos.data(), m.sin.data());
   times.other_s += seconds_since(t0);
 

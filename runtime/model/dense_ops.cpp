@@ -1,9 +1,12 @@
 // Implementation of runtime/model/dense_ops.h.
 #include "runtime/model/dense_ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
+#include "kernels/cpu/ggml_quant.h"
+#include "kernels/cpu/quant.h"
 
 namespace moestream {
 
@@ -11,6 +14,14 @@ namespace {
 // 64 output rows of a 2048-wide f32 matrix = 512 KiB per task: large enough to amortise the
 // task hand-off, small enough that a 2048-row projection yields 32 tasks to balance.
 constexpr Eigen::Index kLinearSlice = 64;
+// A typed matrix's slice: ~128 KiB of weights, a multiple of the kernels' 4-row tile, 16 to 4096
+// rows. For 2048-wide Q8_0 that is 60 rows, about the task count of the f32 slices (a 512-row
+// K/V projection still yields 9 tasks to balance).
+constexpr size_t kTypedSliceBytes = 128 * 1024;
+size_t typed_slice_rows(size_t row_bytes) {
+  const size_t r = row_bytes == 0 ? 4096 : kTypedSliceBytes / row_bytes;
+  return std::clamp<size_t>(r - r % 4, 16, 4096);
+}
 }  // namespace
 
 void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
@@ -20,7 +31,10 @@ void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
   ov = (xv * inv).cwiseProduct(wv);
 }
 
-void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y) {
+namespace {
+// W (a RowMatrix, or a map of a stored f32 matrix) times x through Eigen, in fixed row slices.
+template <class M>
+void linear_f32(ThreadPool& pool, const ConstRowMap& x, const M& w, RowMap& y) {
   MOE_ASSERT(x.cols() == w.cols() && y.cols() == w.rows() && y.rows() == x.rows());
   const Eigen::Index out = w.rows();
   const size_t n_slices = static_cast<size_t>((out + kLinearSlice - 1) / kLinearSlice);
@@ -37,6 +51,31 @@ void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y
       y.middleCols(r0, n).noalias() = x * w.middleRows(r0, n).transpose();
     });
   }
+}
+}  // namespace
+
+void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y) { linear_f32(pool, x, w, y); }
+
+void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y) {
+  MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(y.cols()) == w.rows && y.rows() == x.rows());
+  if (w.type == QuantType::kF32) {  // Eigen, as for f32 before: f32 packs and GGUFs give the same numbers
+    const ConstRowMap m(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols));
+    linear_f32(pool, x, m, y);
+    return;
+  }
+  const std::optional<GgmlType> g = quant_ggml_type(w.type);
+  MOE_ASSERT(g.has_value(), "dense matrices are f32 or a ggml type");
+  const size_t slice = typed_slice_rows(w.row_bytes());
+  const size_t n_slices = (w.rows + slice - 1) / slice;
+  const size_t T = size_t(x.rows());
+  pool.parallel_for(n_slices, [&](size_t s) {
+    const size_t r0 = s * slice, r1 = std::min(w.rows, r0 + slice);
+    if (T == 1) {
+      quant_matvec(w.type, w.data, w.cols, x.data(), y.data(), r0, r1);
+    } else {
+      ggml_matmul(*g, w.data, w.cols, x.data(), T, y.data(), size_t(y.cols()), r0, r1);
+    }
+  });
 }
 
 }  // namespace moestream

@@ -1,7 +1,10 @@
-// Implementation of runtime/model/dense_weights.h: the tensor list of an architecture, and the CPU load
-// that reads each tensor of dense.safetensors straight into its Eigen array, widened to float32.
+// Implementation of runtime/model/dense_weights.h: the tensor list of an architecture, and the CPU
+// load that maps dense.safetensors or the GGUF and points each matrix at its stored bytes (norms
+// and routers widened to float32).
 #include "runtime/model/dense_weights.h"
 
+#include <cstring>
+#include <optional>
 #include <string>
 
 #include "common/checked.h"
@@ -13,6 +16,10 @@
 
 namespace moestream {
 
+void DenseMatrix::decode_row(size_t r, float* dst) const {
+  MOE_ASSERT(r < rows);
+  dequantize_matrix(type, data + r * row_bytes(), 1, cols, dst);
+}
 size_t DenseTensorSpec::elements() const {
   size_t n = 1;
   for (int64_t d : shape) n *= size_t(d);
@@ -45,67 +52,157 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
   return s;
 }
 
-size_t active_dense_bytes(const ModelConfig& cfg) {
-  size_t n = size_t(cfg.hidden_size);  // the token's embedding row
-  for (const DenseTensorSpec& t : dense_tensor_specs(cfg))
-    if (t.kind != DenseTensor::kEmbed || cfg.tie_word_embeddings) n += t.elements();
-  return n * sizeof(float);
+namespace {
+
+bool is_matrix(DenseTensor k) {
+  return k == DenseTensor::kEmbed || k == DenseTensor::kLmHead || k == DenseTensor::kWq || k == DenseTensor::kWk ||
+         k == DenseTensor::kWv || k == DenseTensor::kWo;
+}
+
+// The type a pack's dense.safetensors tensor is computed in; nullopt for a dtype the CPU pass
+// does not compute in place (the caller names the tensor).
+std::optional<QuantType> pack_type(DType d) {
+  switch (d) {
+    case DType::kF32: return QuantType::kF32;
+    case DType::kBF16: return ggml_quant(GgmlType::kBF16);
+    case DType::kF16: return ggml_quant(GgmlType::kF16);
+    default: return std::nullopt;
+  }
+}
+
+// f32 is computed by Eigen; every other type through the ggml kernels.
+QuantType compute_type(GgmlType g) { return g == GgmlType::kF32 ? QuantType::kF32 : ggml_quant(g); }
+
+}  // namespace
+
+size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path, bool as_float32) {
+  std::optional<GgufModelFiles> gguf;
+  std::optional<SafetensorsFile> pack;
+  if (!as_float32) {
+    if (cfg.format == ModelFormat::kGguf) gguf.emplace(dense_path);
+    else pack.emplace(dense_path);
+  }
+  size_t n = 0;
+  for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
+    const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());
+    QuantType q = QuantType::kF32;
+    if (is_matrix(t.kind) && gguf) {
+      q = compute_type(gguf->tensor(gguf_dense_name(t.name)).type);
+    } else if (is_matrix(t.kind) && pack) {
+      q = pack_type(pack->info(t.name).dtype).value_or(QuantType::kF32);
+    }
+    if (t.kind == DenseTensor::kEmbed) n += quant_matrix_bytes(q, 1, cols);  // the token's row
+    if (t.kind != DenseTensor::kEmbed || cfg.tie_word_embeddings) n += quant_matrix_bytes(q, rows, cols);
+  }
+  return n;
 }
 
 namespace {
 
 // Llama's Q and K rows as llama.cpp's converter stores them: within each head, the two halves
 // that rotate-half RoPE pairs (i, i + hd/2) are interleaved as (2i, 2i + 1). Undone so the engine's
-// one RoPE applies: our row h*hd + half*hd/2 + i is the file's row h*hd + 2i + half.
-void deinterleave_qk_rows(RowMatrix& m, int head_dim) {
-  const Eigen::Index hd = head_dim, half = hd / 2;
-  RowMatrix head(hd, m.cols());
-  for (Eigen::Index h0 = 0; h0 + hd <= m.rows(); h0 += hd) {
-    for (Eigen::Index i = 0; i < half; ++i) {
-      head.row(i) = m.row(h0 + 2 * i);
-      head.row(half + i) = m.row(h0 + 2 * i + 1);
+// one RoPE applies: our row h*hd + half*hd/2 + i is the file's row h*hd + 2i + half. Whole rows
+// move (a block row is self-contained), into an owned copy in the stored type.
+DenseMatrix deinterleave_qk_rows(const DenseMatrix& m, int head_dim, DenseWeights& w, const std::string& what) {
+  const size_t hd = size_t(head_dim), half = hd / 2, rb = m.row_bytes();
+  uint8_t* dst = nullptr;
+  allocating(what + " (Q/K rows de-interleaved)", m.bytes(), "the GGUF", [&] {
+    w.owned.emplace_back(new uint8_t[m.bytes()]);
+    dst = w.owned.back().get();
+  });
+  std::memcpy(dst, m.data, m.bytes());  // rows past the last whole head (none in a valid model)
+  for (size_t h0 = 0; h0 + hd <= m.rows; h0 += hd)
+    for (size_t i = 0; i < half; ++i) {
+      std::memcpy(dst + (h0 + i) * rb, m.data + (h0 + 2 * i) * rb, rb);
+      std::memcpy(dst + (h0 + half + i) * rb, m.data + (h0 + 2 * i + 1) * rb, rb);
     }
-    m.middleRows(h0, hd) = head;
-  }
+  DenseMatrix out = m;
+  out.data = dst;
+  return out;
 }
 
-// The dense weights of a GGUF, each tensor decoded to float32 from its stored type.
+// Where each spec's value goes: a matrix, or a float32 vector/router to fill.
+struct Slot {
+  DenseMatrix* matrix = nullptr;
+  Eigen::VectorXf* vector = nullptr;
+  RowMatrix* router = nullptr;
+};
+
+Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
+  LayerWeights* l = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
+  switch (t.kind) {
+    case DenseTensor::kEmbed: return {&w.embed};
+    case DenseTensor::kLmHead: return {&w.lm_head};
+    case DenseTensor::kFinalNorm: return {nullptr, &w.final_norm};
+    case DenseTensor::kAttnNorm: return {nullptr, &l->attn_norm};
+    case DenseTensor::kWq: return {&l->wq};
+    case DenseTensor::kWk: return {&l->wk};
+    case DenseTensor::kWv: return {&l->wv};
+    case DenseTensor::kWo: return {&l->wo};
+    case DenseTensor::kQNorm: return {nullptr, &l->q_norm};
+    case DenseTensor::kKNorm: return {nullptr, &l->k_norm};
+    case DenseTensor::kFfnNorm: return {nullptr, &l->ffn_norm};
+    case DenseTensor::kRouter: return {nullptr, nullptr, &l->router};
+  }
+  MOE_ASSERT(false, "unknown dense tensor kind");
+  return {};
+}
+
+// Sizes a float32 vector or router for t (allocation failures name the tensor and the file).
+float* float_dst(const Slot& s, const DenseTensorSpec& t, const std::string& name, const std::filesystem::path& path) {
+  float* dst = nullptr;
+  allocating("dense tensor '" + name + "'", uint64_t(t.elements()) * sizeof(float), path.string(), [&] {
+    if (s.vector != nullptr) {
+      s.vector->resize(Eigen::Index(t.shape.back()));
+      dst = s.vector->data();
+    } else {
+      s.router->resize(Eigen::Index(t.shape[0]), Eigen::Index(t.shape[1]));
+      dst = s.router->data();
+    }
+  });
+  return dst;
+}
+
+// The dense weights of a GGUF: each shard holding one mapped once, matrices pointing into it.
 DenseWeights load_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
   const GgufModel g(path);
   DenseWeights w;
   w.layers.resize(static_cast<size_t>(cfg.n_layers));
+  std::vector<MappedFile*> shard_maps(g.files().shard_count(), nullptr);
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
     const GgufTensor& gt = g.dense_tensor(t.name);
-    LayerWeights* l = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
+    const std::filesystem::path& file = g.files().path_of(gt);
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
     const size_t cols = size_t(t.shape.back());
-    float* dst = nullptr;
-    const auto sized = [&](auto&& resize) {
-      allocating("dense tensor '" + gt.name + "'", uint64_t(t.elements()) * sizeof(float), path.string(), resize);
-    };
-    auto matrix = [&](RowMatrix& m) { sized([&] { m.resize(Eigen::Index(rows), Eigen::Index(cols)); }); dst = m.data(); };
-    auto vector = [&](Eigen::VectorXf& v) { sized([&] { v.resize(Eigen::Index(cols)); }); dst = v.data(); };
-    switch (t.kind) {
-      case DenseTensor::kEmbed: matrix(w.embed); break;
-      case DenseTensor::kLmHead: matrix(w.lm_head); break;
-      case DenseTensor::kFinalNorm: vector(w.final_norm); break;
-      case DenseTensor::kAttnNorm: vector(l->attn_norm); break;
-      case DenseTensor::kWq: matrix(l->wq); break;
-      case DenseTensor::kWk: matrix(l->wk); break;
-      case DenseTensor::kWv: matrix(l->wv); break;
-      case DenseTensor::kWo: matrix(l->wo); break;
-      case DenseTensor::kQNorm: vector(l->q_norm); break;
-      case DenseTensor::kKNorm: vector(l->k_norm); break;
-      case DenseTensor::kFfnNorm: vector(l->ffn_norm); break;
-      case DenseTensor::kRouter: matrix(l->router); break;
-    }
+    const bool shape_ok = t.shape.size() == 2 ? gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows
+                                              : gt.dims.size() == 1 && gt.dims[0] == cols;
+    if (!shape_ok)
+      throw FormatError(file.string() + ": tensor '" + gt.name + "' (" + t.name + ") has " +
+                        std::to_string(gt.dims.size()) + " dims " + std::to_string(gt.dims.empty() ? 0 : gt.dims[0]) +
+                        " x " + std::to_string(gt.rows()) + ", expected " + std::to_string(cols) + " x " +
+                        std::to_string(rows));
     if (!ggml_type_computable(gt.type))
-      throw ConfigError(path.string() + ": tensor '" + gt.name + "' has type " + std::string(ggml_type_name(gt.type)) +
+      throw ConfigError(file.string() + ": tensor '" + gt.name + "' has type " + std::string(ggml_type_name(gt.type)) +
                         ", which this build cannot compute");
-    const std::vector<uint8_t> bytes = g.read_tensor(gt);
-    dequantize_matrix(ggml_quant(gt.type), bytes.data(), rows, cols, dst);
-    if (g.qk_rows_interleaved() && (t.kind == DenseTensor::kWq || t.kind == DenseTensor::kWk))
-      deinterleave_qk_rows(t.kind == DenseTensor::kWq ? l->wq : l->wk, cfg.head_dim);
+    const QuantType q = compute_type(gt.type);
+    const size_t bytes = quant_matrix_bytes(q, rows, cols);
+    if (gt.bytes != bytes)
+      throw FormatError(file.string() + ": tensor '" + gt.name + "' holds " + std::to_string(gt.bytes) +
+                        " bytes, its " + std::string(ggml_type_name(gt.type)) + " shape needs " + std::to_string(bytes));
+    MappedFile*& map = shard_maps.at(gt.shard);
+    if (map == nullptr) {
+      w.maps.push_back(std::make_unique<MappedFile>(file));
+      map = w.maps.back().get();
+    }
+    const uint8_t* data = map->range(gt.offset, gt.bytes, "tensor '" + gt.name + "'");
+    const Slot s = slot_of(w, t);
+    if (s.matrix != nullptr) {
+      *s.matrix = DenseMatrix{q, rows, cols, data};
+      if (g.qk_rows_interleaved() && (t.kind == DenseTensor::kWq || t.kind == DenseTensor::kWk))
+        *s.matrix = deinterleave_qk_rows(*s.matrix, cfg.head_dim, w, "tensor '" + gt.name + "'");
+    } else {
+      dequantize_matrix(q, data, rows, cols, float_dst(s, t, gt.name, file));
+    }
   }
   return w;
 }
@@ -117,31 +214,27 @@ DenseWeights DenseWeights::load(const std::filesystem::path& path, const ModelCo
   SafetensorsFile f(path);
   DenseWeights w;
   w.layers.resize(static_cast<size_t>(cfg.n_layers));
+  const MappedFile* map = nullptr;
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
     f.check_shape(t.name, t.shape);
-    LayerWeights* l = t.layer >= 0 ? &w.layers[size_t(t.layer)] : nullptr;
-    float* dst = nullptr;
-    // Sized by the file's model.json: a failure names the tensor and the file, not just bad_alloc.
-    const auto sized = [&](auto&& resize) {
-      allocating("dense tensor '" + t.name + "'", uint64_t(t.elements()) * sizeof(float), path.string(), resize);
-    };
-    auto matrix = [&](RowMatrix& m) { sized([&] { m.resize(t.shape[0], t.shape[1]); }); dst = m.data(); };
-    auto vector = [&](Eigen::VectorXf& v) { sized([&] { v.resize(t.shape[0]); }); dst = v.data(); };
-    switch (t.kind) {
-      case DenseTensor::kEmbed: matrix(w.embed); break;
-      case DenseTensor::kLmHead: matrix(w.lm_head); break;
-      case DenseTensor::kFinalNorm: vector(w.final_norm); break;
-      case DenseTensor::kAttnNorm: vector(l->attn_norm); break;
-      case DenseTensor::kWq: matrix(l->wq); break;
-      case DenseTensor::kWk: matrix(l->wk); break;
-      case DenseTensor::kWv: matrix(l->wv); break;
-      case DenseTensor::kWo: matrix(l->wo); break;
-      case DenseTensor::kQNorm: vector(l->q_norm); break;
-      case DenseTensor::kKNorm: vector(l->k_norm); break;
-      case DenseTensor::kFfnNorm: vector(l->ffn_norm); break;
-      case DenseTensor::kRouter: matrix(l->router); break;
+    const Slot s = slot_of(w, t);
+    if (s.matrix == nullptr) {
+      f.read_float(t.name, 0, t.elements(), float_dst(s, t, t.name, path));
+      continue;
     }
-    f.read_float(t.name, 0, t.elements(), dst);
+    const TensorInfo& info = f.info(t.name);
+    const std::optional<QuantType> q = pack_type(info.dtype);
+    if (!q)
+      throw FormatError(path.string() + ": tensor '" + t.name + "' has dtype " + std::string(dtype_name(info.dtype)) +
+                        "; dense matrices must be F32, BF16 or F16");
+    if (map == nullptr) {
+      w.maps.push_back(std::make_unique<MappedFile>(path));
+      map = w.maps.back().get();
+    }
+    // SafetensorsFile checked bytes against the shape; the range check covers the file changing since.
+    *s.matrix = DenseMatrix{*q, size_t(t.shape[0]), size_t(t.shape[1]),
+                            map->range(info.offset, info.bytes, "tensor '" + t.name + "'")};
+    MOE_ASSERT(s.matrix->bytes() == info.bytes);
   }
   return w;
 }

@@ -1,22 +1,45 @@
-// The dense (non-expert) weights of a packed model held in RAM as float32 Eigen matrices:
-// embeddings, norms, attention projections, routers, lm_head (names in loader/format/model_config.h).
+// The dense (non-expert) weights of a model for the CPU pass: embeddings, norms, attention
+// projections, routers, lm_head (names in loader/format/model_config.h). The matrices stay in
+// their stored type (bf16 or f32 of a pack's dense.safetensors, a GGUF tensor's ggml type) and
+// are computed from it; their bytes are a read-only shared mapping of the file, except where a
+// transformation is needed (llama's Q/K row order), which gets an owned copy in the same type.
+// Norm vectors and routers are small and held as float32 (routing decisions from exact logits).
 #pragma once
 
 #include <Eigen/Core>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/mapped_file.h"
+#include "loader/format/expert_file.h"
 #include "loader/format/model_config.h"
 
 namespace moestream {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// A matrix as stored: `rows` rows of `cols` elements, row r at data + r * row_bytes(), each row
+// self-contained (a ggml block row). type is kF32 or a ggml type (ggml_quant(); a pack's bf16 is
+// ggml's BF16, the same encoding). data points into DenseWeights' storage.
+struct DenseMatrix {
+  QuantType type = QuantType::kF32;
+  size_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;
+
+  size_t row_bytes() const { return quant_matrix_bytes(type, 1, cols); }
+  size_t bytes() const { return quant_matrix_bytes(type, rows, cols); }
+  bool empty() const { return rows == 0; }
+  // Row r decoded to cols floats (the embedding lookup).
+  void decode_row(size_t r, float* dst) const;
+};
+
 struct LayerWeights {
   Eigen::VectorXf attn_norm, ffn_norm;
-  RowMatrix wq, wk, wv, wo;        // [out, in]
+  DenseMatrix wq, wk, wv, wo;      // [out, in]
   Eigen::VectorXf q_norm, k_norm;  // empty when the architecture has no QK-norm
   RowMatrix router;                // [n_experts, hidden]
 };
@@ -37,20 +60,27 @@ struct DenseTensorSpec {
 // layer's. The one list both the CPU load and the GPU upload read.
 std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg);
 
-// float32 bytes of dense weights one token reads: all of them but the embedding, of which one
-// row (plus the whole table when it doubles as lm_head).
-size_t active_dense_bytes(const ModelConfig& cfg);
+// Bytes of dense weights one token reads: all of them but the embedding, of which one row (plus
+// the whole table when it doubles as lm_head). Each matrix counts in the type it is computed in:
+// as stored in `dense_path` (dense.safetensors or the GGUF) for the CPU pass, float32 for the GPU
+// pass (`as_float32`, which widens them); norms and routers as float32 either way.
+size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path, bool as_float32 = false);
 
 struct DenseWeights {
-  RowMatrix embed;    // [vocab, hidden]
-  RowMatrix lm_head;  // [vocab, hidden]; empty when tied to embed
+  DenseMatrix embed;    // [vocab, hidden]
+  DenseMatrix lm_head;  // [vocab, hidden]; empty when tied to embed
   Eigen::VectorXf final_norm;
   std::vector<LayerWeights> layers;
 
-  const RowMatrix& output() const { return lm_head.size() ? lm_head : embed; }
-  // Loads `path` (dense.safetensors) and checks every tensor's presence and shape against cfg;
-  // FormatError names the file, the tensor, the expected and actual shape.
+  const DenseMatrix& output() const { return lm_head.empty() ? embed : lm_head; }
+  // Loads `path` (dense.safetensors, or the GGUF when cfg.format is kGguf) and checks every
+  // tensor's presence, shape and type against cfg; FormatError names the file, the tensor, the
+  // expected and actual shape; ConfigError a type this build cannot compute.
   static DenseWeights load(const std::filesystem::path& path, const ModelConfig& cfg);
+
+  // Where the matrices' bytes live: the mapped files, and owned copies of transformed tensors.
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
 };
 
 }  // namespace moestream
