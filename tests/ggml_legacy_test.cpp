@@ -102,14 +102,17 @@ Reference reference(GgmlType t, const std::vector<uint8_t>& w, size_t rows, size
   const bool blocks = info.block_elems > 1;
   const size_t nb = blocks ? cols / 32 : cols, row_bytes = *ggml_row_bytes(t, cols);
   std::vector<double> xr(x, x + cols), step(cols, 0.0);
-  if (blocks) {  // the kernels' rounding of x (quantize_activations, tested in quant_test)
+  if (blocks) {  // the kernels' rounding of x (quantize_activations, tested in quant_test), with
+                 // the block scale then rounded to float16 as llama.cpp's q8_0 activations carry it
     std::vector<float> d(nb), sum8(nb);
     std::vector<int8_t> q(cols), pairs(cols);
     std::vector<uint8_t> aq(cols);
     detail::quantize_activations(x, cols, d.data(), q.data(), aq.data(), sum8.data(), pairs.data());
     for (size_t c = 0; c < cols; ++c) {
-      xr[c] = double(q[c]) * d[c / 32];
-      step[c] = double(d[c / 32]) * 127 / 254;  // amax / 254
+      const float d16 = f16_to_f32(f32_to_f16(d[c / 32]));
+      xr[c] = double(q[c]) * d16;
+      // amax / 254 from the int8 rounding, plus 127 |d - d16| from the scale's
+      step[c] = double(d[c / 32]) * 127 / 254 + 127 * std::fabs(double(d[c / 32]) - double(d16));
     }
   }
   Reference ref;

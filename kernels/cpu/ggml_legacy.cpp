@@ -299,6 +299,9 @@ GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bo
     float* sum8 = s.sum8.data() + i * stride;
     quantize(x + i * cols, cols, d, s.qs.data() + i * stride * kBlock, s.abs_qs.data() + i * stride * kBlock, sum8,
              s.pairs.data() + i * stride * kBlock);
+    // Block scales as llama.cpp's q8_0 activations carry them: rounded to float16 (the quants are
+    // rounded with the float32 scale first, as there). The dot products then use the same x̂.
+    for (size_t b = 0; b < nb; ++b) d[b] = f16_to_f32(f32_to_f16(d[b]));
     std::fill(d + nb, d + stride, 0.0f);
     std::fill(sum8 + nb, sum8 + stride, 0.0f);
   }
