@@ -14,6 +14,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/ggml_kquants_kernels.h"
 
 namespace moestream::detail {
@@ -26,13 +27,6 @@ constexpr size_t kPrefetchBytes = 1024;
 // Rows of a matmul tile: a tile's weights (16 rows of 4096 Q6_K columns = 53 KiB) stay in L2
 // while each group of 4 inputs (4 KiB of int8 per 1024 columns) stays in L1.
 constexpr size_t kRowTile = 16;
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline float load_f16(const uint8_t* p) {
   uint16_t h;

@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
 
 namespace moestream::detail {
@@ -25,13 +26,6 @@ constexpr size_t kPrefetchBytes = 2048;
 constexpr size_t kChunkBytes = size_t{128} << 10;
 
 inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline int u16_at(const uint8_t* p) {
   uint16_t v;

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/quant_kernels.h"
 
 namespace moestream::detail {
@@ -17,13 +18,6 @@ namespace {
 // streamed (not cached) q4 at ~7.6 GB/s on the 2-core dev VM, this gets ~10.6 (bench_quant_matvec).
 // Prefetching past the matrix end is harmless (a hint, never a fault).
 constexpr size_t kPrefetchBytes = 2048;
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 8 partial sums (as float) of 32 u8*i8 products: maddubs -> 16 x i16, madd with 1 -> 8 x i32.
 // Pair sums stay below 2*127*127 < 2^15 (q8) and 2*15*127 (q4): no i16 saturation.
