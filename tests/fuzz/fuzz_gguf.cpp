@@ -1,7 +1,12 @@
 // libFuzzer target: GGUF files (GgufModelFiles opens and validates one file), then every value
-// and tensor read back through the public getters.
+// and tensor read back through the public getters, then what the engine builds from a GGUF: the
+// model (GgufModel: config from metadata and tensor shapes, expert placement) and the tokenizer
+// (tokenizer.ggml.* metadata).
 #include "common/error.h"
 #include "loader/format/gguf_file.h"
+#include "loader/format/gguf_model.h"
+#include "runtime/tokenizer/gguf_vocab.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -40,6 +45,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const moestream::GgufTensor& t : files.tensors()) {
       if (&files.tensor(t.name) != &t) __builtin_trap();
       if (t.offset + t.bytes > files.shard(t.shard).file_bytes()) __builtin_trap();
+    }
+    try {
+      const moestream::Tokenizer tok = moestream::Tokenizer::from_gguf(moestream::read_gguf_vocab(md));
+      (void)tok.encode("The cat sat on the mat. <|im_end|> 123", true);
+    } catch (const moestream::Error&) {
+    }
+    const moestream::GgufModel model(path);
+    const moestream::ModelConfig& cfg = model.config();
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const moestream::GgufExpertMatrix& g = model.experts()[size_t(l)].gate;
+      const uint64_t end = g.offset + g.expert_bytes * uint64_t(cfg.n_experts);
+      if (end > files.shard(g.shard).file_bytes()) __builtin_trap();
+      (void)cfg.expert_layout(l);
     }
   } catch (const moestream::Error&) {
   }
