@@ -67,6 +67,7 @@ struct ModelConfig {
   std::optional<int> bos_token_id, eos_token_id;
 
   // Reads and validates `dir/model.json`; throws FormatError/ConfigError naming file and field.
+  // Also checks the files it names with check_model_file (symlinks resolved).
   static ModelConfig load(const std::filesystem::path& dir);
   // Writes `dir/model.json` atomically.
   void save(const std::filesystem::path& dir) const;
@@ -85,6 +86,14 @@ struct ModelSizes {
 
 // A ModelConfig of `arch` with these sizes, QK-norm kind and expert quantisation; every other
 // field keeps ModelConfig's default. The one place that maps ModelSizes onto ModelConfig.
+// `model_dir / rel`, checked before anything opens it: after resolving symlinks it must lie inside
+// model_dir (a link in a model may not lead a reader to /etc, another model or /dev/zero) and,
+// when it exists, be a regular file (a directory when `directory`): a FIFO would block the reader
+// and a device would never end. A path that does not exist passes (its open reports it).
+// FormatError "<what>: ..." naming where it leads otherwise. Returns model_dir / rel.
+std::filesystem::path check_model_file(const std::filesystem::path& model_dir, const std::filesystem::path& rel,
+                                       const std::string& what, bool directory = false);
+
 ModelConfig make_model_config(Arch arch, const ModelSizes& sizes, QkNorm qk_norm, QuantType expert_quant);
 
 }  // namespace moestream
