@@ -67,7 +67,7 @@ std::string check_record(std::string_view b, uint64_t off, const RoutingLogHeade
 // Is b[off, end) what an append cut off before its record's tag and length were written?
 bool torn_start(std::string_view b, uint64_t off, const RoutingLogHeader& h) {
   const uint64_t left = b.size() - off;
-  if (left >= record_bytes(h, true)) return false;
+  if (left > record_bytes(h, true)) return false;  // at most one record's worth
   const std::string_view rest = b.substr(off);
   if (rest.find_first_not_of('\0') == std::string_view::npos) return true;
   return left < 8 && std::string_view(kRecordTag, 4).starts_with(rest.substr(0, std::min<uint64_t>(left, 4)));
@@ -158,7 +158,7 @@ RoutingLog read_routing_log(const std::filesystem::path& path) {
       // Only the last record may be bad: a crash mid-append. Anything after it means the bytes
       // in the middle of the file changed, which is corruption, not a crash.
       // Without a trustworthy length (a bad tag or length), only what an interrupted append
-      // leaves is a tail: shorter than the longest record and either a cut-off start of a record
+      // leaves is a tail: at most one record long and either a cut-off start of a record
       // (under 8 bytes, its tag so far right) or zeros (a file extended but never written). A
       // flipped tag or length before the last record would otherwise drop the records after it.
       const bool tail = len ? off + len >= b.size() : torn_start(b, off, h);
