@@ -3,7 +3,7 @@ offsets of every file of a packed model (model.json, dense.safetensors, each exp
 and its .map, tokenizer.json, tokenizer_config.json), each run through `infer`. Every run must
 exit, never by a signal; a refused input exits 1 with an error naming the file; an accepted one
 must print the clean run's tokens (hostile.verdict). The user's files must stay byte-identical.
-About 1,100 runs of infer on two threads."""
+About 850 runs of infer on two threads."""
 import json
 import pathlib
 import struct
@@ -71,7 +71,7 @@ def json_legal(clean, free):
 def test_expert_layer_files(model, tmp_path):
     base, _ = model
     failures = []
-    for layer in (0, 5):
+    for layer in (0, 5):  # layer 5: its header and cuts only (the same code reads every layer)
         rel = f"experts/layer_{layer:03d}.bin"
         data = (base / rel).read_bytes()
         n = struct.unpack_from("<I", data, 20)[0]
@@ -80,7 +80,9 @@ def test_expert_layer_files(model, tmp_path):
         offs = list(range(0, 64)) + hostile.spread(64, table_end, 16) + hostile.spread(table_end, data_off, 4)
         # Payloads: each expert's start, and spread over the slots (checksummed), padding included.
         offs += [data_off + s * stride for s in range(0, n, 4)] + hostile.spread(data_off, len(data), 24)
-        muts = list(hostile.flips(data, offs)) + list(hostile.byte_sets(data, range(8, 64, 4)))
+        if layer != 0:
+            offs = list(range(0, 64, 2))
+        muts = list(hostile.flips(data, offs)) + list(hostile.byte_sets(data, range(8, 64, 4 if layer == 0 else 16)))
         muts += list(hostile.truncations(data, [0, 1, 7, 8, 56, 63, 64, table_end - 1, data_off - 1,
                                                 data_off, data_off + 1, len(data) // 2, len(data) - 4096,
                                                 len(data) - 1]))
@@ -95,7 +97,7 @@ def test_expert_map_files(model, tmp_path):
     rel = "experts/layer_002.map"
     data = (base / rel).read_bytes()
     muts = list(hostile.flips(data, range(0, len(data), 2), bit_of=lambda i: (i * 3) % 8))
-    muts += list(hostile.byte_sets(data, range(0, len(data), 5)))
+    muts += list(hostile.byte_sets(data, range(0, len(data), 8)))
     muts += list(hostile.truncations(data, [0, 1, 8, 12, 16, len(data) - 16, len(data) - 8, len(data) - 1]))
     muts.append(("one byte appended", data + b"\0"))
     # Another layer's valid map in this place: bound to another file.
@@ -112,9 +114,9 @@ def test_dense_safetensors(model, tmp_path):
     end = 8 + hlen
     # The header: its length and every part of the JSON. The tensor data carries no checksum in
     # the format, so a flipped weight is a different model, not a detectable fault: not probed.
-    offs = list(range(0, 8)) + hostile.spread(8, end, 160)
+    offs = list(range(0, 8)) + hostile.spread(8, end, 110)
     muts = list(hostile.flips(data, offs))
-    muts += list(hostile.byte_sets(data, hostile.spread(8, end, 15), values=(0x00, ord('"'), ord("9"))))
+    muts += list(hostile.byte_sets(data, hostile.spread(8, end, 10), values=(0x00, ord('"'), ord("9"))))
     muts += list(hostile.truncations(data, [0, 4, 8, 9, end // 2, end - 1, end, end + 1, len(data) // 2,
                                             len(data) - 1]))
     muts.append(("header length + 1", struct.pack("<Q", hlen + 1) + data[8:]))
@@ -137,7 +139,7 @@ def test_model_json(model, tmp_path):
     base, _ = model
     rel = "model.json"
     data = (base / rel).read_bytes()
-    muts = list(hostile.flips(data, range(0, len(data), 5), bit_of=lambda i: (i * 5) % 8))
+    muts = list(hostile.flips(data, range(0, len(data), 6), bit_of=lambda i: (i * 5) % 8))
     muts += list(hostile.truncations(data, hostile.spread(0, len(data), 12) + [len(data) - 1]))
     muts.append(("NUL appended", data + b"\0"))
     muts.append(("second document appended", data + data))
@@ -164,7 +166,7 @@ def test_tokenizer_files(model, tmp_path):
     failures += probe(model, tmp_path / "t", rel, muts, ["tokenizer"], json_legal(data, free))
     rel = "tokenizer_config.json"
     data = (base / rel).read_bytes()
-    muts = list(hostile.flips(data, range(0, len(data), 12), bit_of=lambda i: (i * 3) % 8))
+    muts = list(hostile.flips(data, range(0, len(data), 16), bit_of=lambda i: (i * 3) % 8))
     muts += list(hostile.truncations(data, hostile.spread(0, len(data), 8)))
     free = ["chat_template", "clean_up_tokenization_spaces", "model_max_length", "errors",
             "tokenizer_class", "pad_token", "unk_token", "additional_special_tokens"]
