@@ -32,17 +32,36 @@ void close_and_throw_errno(int fd, const std::string& what, const std::filesyste
   throw_errno(what, path);
 }
 
+namespace {
+// open(2) of a FIFO blocks until a writer comes, possibly forever: open without blocking, then
+// restore blocking reads for what the caller does with the descriptor.
+int open_rdonly(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd >= 0) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) close_and_throw_errno(fd, "cannot open", path);
+  }
+  return fd;
+}
+}  // namespace
+
 int open_for_read(const std::filesystem::path& path, const std::string& what, uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open_rdonly(path);
   if (fd < 0) throw_errno("cannot open " + what, path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat", path);
+  // Sizes and offsets of these files are read from the file and checked against its size: only a
+  // regular file has one (a FIFO or device would report 0 or block).
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw IoError("cannot open " + what + " " + path.string() + ": not a regular file");
+  }
   *size = static_cast<uint64_t>(st.st_size);
   return fd;
 }
 
 std::string read_file(const std::filesystem::path& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open_rdonly(path);
   if (fd < 0) throw_errno("cannot open", path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat", path);

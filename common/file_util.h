@@ -16,7 +16,8 @@ inline constexpr uint64_t kReadFileLimit = uint64_t(1) << 30;
 
 // Reads the whole file; throws IoError naming the path and strerror on failure, and IoError when
 // the path is a directory or a device (/dev/zero would be read until memory runs out) or holds
-// more than `max_bytes` (a pipe is read up to the limit, then refused).
+// more than `max_bytes` (a pipe is read up to the limit, then refused). Opening a FIFO never
+// blocks: one without a writer reads as empty.
 std::string read_file(const std::filesystem::path& path, uint64_t max_bytes = kReadFileLimit);
 
 // Writes `data` to `path` atomically: `path.tmp.<pid>`, fsync, rename, fsync of the directory.
@@ -36,7 +37,8 @@ void fsync_path(const std::filesystem::path& path);
 [[noreturn]] void close_and_throw_errno(int fd, const std::string& what, const std::filesystem::path& path);
 
 // Opens `path` read-only (close-on-exec) and stores its size in *size; throws IoError
-// ("cannot open <what> <path>: ..." or "cannot stat <path>: ...").
+// ("cannot open <what> <path>: ..." or "cannot stat <path>: ...", or "...: not a regular file"
+// for a FIFO, socket or device, which is refused without blocking on it).
 int open_for_read(const std::filesystem::path& path, const std::string& what, uint64_t* size);
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -12,6 +14,8 @@
 #else
 #define MOE_CPU_RELAX() ((void)0)
 #endif
+
+#include "common/error.h"
 
 namespace moestream {
 
@@ -40,15 +44,26 @@ constexpr uint64_t kIndexMask = 0xffffffffull;
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  workers_.reserve(static_cast<size_t>(n_threads - 1));
-  for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  try {
+    workers_.reserve(static_cast<size_t>(n_threads - 1));
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::exception& e) {  // std::system_error (no more threads) or bad_alloc
+    // No destructor for a constructor that throws: join the started threads here (a joinable
+    // std::thread destroyed would terminate the process).
+    stop_and_join();
+    throw ConfigError("cannot start " + std::to_string(n_threads - 1) + " worker threads (" + e.what() +
+                      "); ask for fewer (--threads, threads=)");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() {
   stop_.store(true);
   generation_.fetch_add(1);
   generation_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::work_on(uint64_t g) {

@@ -17,7 +17,7 @@ namespace moestream {
 class ThreadPool {
  public:
   // n_threads counts the caller: n_threads - 1 workers are started. 0 means all cores.
-  explicit ThreadPool(int n_threads = 0);
+  explicit ThreadPool(int n_threads = 0);  // ConfigError when the threads cannot start
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -55,6 +55,7 @@ class ThreadPool {
   void run(size_t n_tasks, TaskFn fn, void* ctx);
   void run_on_each(void (*fn)(void*), void* ctx);
   void worker_loop();
+  void stop_and_join();
   void work_on(uint64_t generation);  // claims and runs tasks of that generation while any remain
 
   std::vector<std::thread> workers_;

@@ -2,6 +2,7 @@
 // never misread, corruption and another model's log rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -138,6 +139,25 @@ TEST_F(RoutingLog, CorruptRecordBeforeTheTailIsAnErrorNamingTheOffset) {
   flip_bits(p, kRoutingLogHeaderBytes + 30, 0x01);  // first record's ids
   const std::string msg = test::error_message<FormatError>([&] { read_routing_log(p); });
   EXPECT_NE(msg.find("offset 64"), std::string::npos) << msg;
+}
+
+TEST_F(RoutingLog, AFlippedTagOrLengthInTheLastRecordIsCorruptionButZerosAreATornTail) {
+  // An interrupted append leaves a prefix of a record, or zeros: never a wrong tag or length.
+  auto rs = write_log(p, 4);
+  const std::string full = read_file(p);
+  const size_t last = full.size() - (24 + 24 + (rs.back().router_input.empty() ? 0 : 32) + 8);
+  for (size_t at : {last, last + 4}) {
+    put_file(p, full);
+    flip_bits(p, at, 0x01);
+    const std::string msg = test::error_message<FormatError>([&] { read_routing_log(p); });
+    EXPECT_NE(msg.find("offset " + std::to_string(last)), std::string::npos) << msg;
+  }
+  std::string zeroed = full;
+  std::fill(zeroed.begin() + long(last), zeroed.end(), '\0');
+  put_file(p, zeroed);
+  const auto log = read_routing_log(p);
+  EXPECT_EQ(log.records.size(), 3u);
+  EXPECT_NE(log.warning.find("truncated tail"), std::string::npos);
 }
 
 TEST_F(RoutingLog, AppendingToALogOfAnotherModelIsRefused) {

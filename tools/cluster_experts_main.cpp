@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -207,7 +209,8 @@ int main(int argc, char** argv) {
       ->check(in_range(0.0, 1e6));
   app.add_option("--search-moves", a.search_moves,
                  "local search budget: candidate moves priced per layer (seriation; a count, not a "
-                 "clock, so the order is the same on every machine)")->capture_default_str();
+                 "clock, so the order is the same on every machine)")->capture_default_str()
+      ->check(in_range<uint64_t>(0, UINT64_MAX));
   app.add_option("--coalesce-gap-kb", a.reads.coalesce_gap_kb,
                  "engine coalescing gap, 0 = no coalescing (as infer --coalesce-gap-kb)")->capture_default_str()
       ->check(in_range(uint64_t(0), kMaxCoalesceGapKb));

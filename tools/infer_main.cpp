@@ -2,6 +2,8 @@
 // or computes perplexity of a text file; optional timing and a JSON stats file.
 #include <CLI/CLI.hpp>
 
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -220,9 +222,11 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", a.prompt_ids, "prompt as comma-separated token ids (no tokenizer needed)");
   app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str()
       ->check(in_range(0, kMaxContext));
-  app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str();
+  app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str()
+      ->check(in_range<uint64_t>(0, UINT64_MAX));
   app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str();
-  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str();
+  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str()
+      ->check(in_range<int>(0, INT_MAX));
   app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
   app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str()
       ->check(in_range(0, kMaxThreads));

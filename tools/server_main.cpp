@@ -99,7 +99,13 @@ int run(Args& a) {
       }
     }
   });
-  server.serve();
+  try {
+    server.serve();  // throws when its HTTP threads cannot start
+  } catch (...) {
+    done = true;
+    signals.join();  // a joinable std::thread destroyed would terminate the process
+    throw;
+  }
   done = true;
   signals.join();
   server.stop();

@@ -2,6 +2,8 @@
 // (runtime/convert/model_shapes.h) and seeded random weights, for streaming benchmarks at true scale.
 #include <CLI/CLI.hpp>
 
+#include <climits>
+#include <cstdint>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -142,7 +144,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", a.layers, "decoder layers to write (default: the model's; fewer fit a smaller disk)")
       ->check(in_range(1, 1000));
   app.add_option("--quant", a.quant, "expert quantisation: q4 or q8")->capture_default_str();
-  app.add_option("--seed", a.seed, "weight seed")->capture_default_str();
+  app.add_option("--seed", a.seed, "weight seed")->capture_default_str()->check(in_range<uint64_t>(0, UINT64_MAX));
   app.add_option("--max-context", a.max_context,
                  "max_position_embeddings written to model.json (bounds infer's default KV cache)")
       ->check(in_range(1, kMaxContext));

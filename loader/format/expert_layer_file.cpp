@@ -41,10 +41,13 @@ ExpertLayerFile open_expert_layer_file(const std::filesystem::path& model_dir, c
   const std::filesystem::path dir = model_dir / cfg.experts_dir;
   ExpertLayerFile f;
   f.path = dir / (std::string(name) + ".bin");
+  // Symlinks resolved, the layer file and its map stay inside the model directory.
+  const std::filesystem::path rel = std::filesystem::path(cfg.experts_dir) / name;
+  check_model_file(model_dir, rel.string() + ".bin", "expert layer file");
+  const std::filesystem::path map_path = check_model_file(model_dir, rel.string() + ".map", "expert map");
   f.header = read_expert_header(f.path);
   check_against_config(f, layer, cfg);
-  f.map = use_map ? load_bound_expert_map(dir / (std::string(name) + ".map"), f.header, f.path)
-                  : ExpertMap::identity(f.header.n_experts);
+  f.map = use_map ? load_bound_expert_map(map_path, f.header, f.path) : ExpertMap::identity(f.header.n_experts);
   return f;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -319,9 +320,30 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   return c;
 }
 
+std::filesystem::path check_model_file(const std::filesystem::path& model_dir, const std::filesystem::path& rel,
+                                       const std::string& what, bool directory) {
+  namespace fs = std::filesystem;
+  const fs::path path = model_dir / rel;
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(model_dir, ec);
+  fs::path real;
+  if (!ec) real = fs::weakly_canonical(path, ec);
+  if (ec) throw IoError(what + ": cannot resolve " + path.string() + ": " + ec.message());
+  if (std::mismatch(base.begin(), base.end(), real.begin(), real.end()).first != base.end())
+    throw FormatError(what + ": " + path.string() + " leads to " + real.string() +
+                      ", outside the model directory (through a symbolic link)");
+  const fs::file_status st = fs::status(path, ec);  // stat, never open: a FIFO would block
+  if (ec || st.type() == fs::file_type::not_found) return path;
+  if (directory ? st.type() != fs::file_type::directory : st.type() != fs::file_type::regular)
+    throw FormatError(what + ": " + path.string() + " is not a " + (directory ? "directory" : "regular file") +
+                      " (a FIFO, socket or device cannot be read as part of a model)");
+  return path;
+}
+
 ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
   if (is_gguf_file(dir)) return GgufModel(dir).config();
   std::filesystem::path p = dir / "model.json";
+  check_model_file(dir, "model.json", p.string());
   std::string text = read_file(p, kModelJsonLimit);
   json j;
   try {
@@ -329,7 +351,13 @@ ModelConfig ModelConfig::load(const std::filesystem::path& dir) {
   } catch (const json::exception& e) {
     throw FormatError(p.string() + ": invalid JSON: " + e.what());
   }
-  return from_json(j, p.string());
+  ModelConfig c = from_json(j, p.string());
+  const auto field = [&](const char* key) { return p.string() + ": field '" + key + "'"; };
+  check_model_file(dir, c.dense_file, field("dense.file"));
+  check_model_file(dir, c.experts_dir, field("experts.dir"), /*directory=*/true);
+  if (!c.tokenizer_file.empty()) check_model_file(dir, c.tokenizer_file, field("tokenizer.file"));
+  if (!c.tokenizer_config_file.empty()) check_model_file(dir, c.tokenizer_config_file, field("tokenizer.config"));
+  return c;
 }
 
 void ModelConfig::save(const std::filesystem::path& dir) const {

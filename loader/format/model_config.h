@@ -79,7 +79,9 @@ struct ModelConfig {
   // The largest expert payload of any layer (host-cache slots, read buffers).
   size_t max_expert_bytes() const;
 
-  // Reads and validates `dir/model.json`, or the GGUF when `dir` is a GGUF file (GgufModel); throws FormatError/ConfigError naming file and field.
+  // Reads and validates `dir/model.json`, or the GGUF when `dir` is a GGUF file (GgufModel);
+  // throws FormatError/ConfigError naming file and field. For a pack, also checks the files it
+  // names with check_model_file (symlinks resolved).
   static ModelConfig load(const std::filesystem::path& dir);
   // Writes `dir/model.json` atomically.
   void save(const std::filesystem::path& dir) const;
@@ -102,6 +104,14 @@ struct ModelSizes {
 
 // A ModelConfig of `arch` with these sizes, QK-norm kind and expert quantisation; every other
 // field keeps ModelConfig's default. The one place that maps ModelSizes onto ModelConfig.
+// `model_dir / rel`, checked before anything opens it: after resolving symlinks it must lie inside
+// model_dir (a link in a model may not lead a reader to /etc, another model or /dev/zero) and,
+// when it exists, be a regular file (a directory when `directory`): a FIFO would block the reader
+// and a device would never end. A path that does not exist passes (its open reports it).
+// FormatError "<what>: ..." naming where it leads otherwise. Returns model_dir / rel.
+std::filesystem::path check_model_file(const std::filesystem::path& model_dir, const std::filesystem::path& rel,
+                                       const std::string& what, bool directory = false);
+
 ModelConfig make_model_config(Arch arch, const ModelSizes& sizes, QkNorm qk_norm, QuantType expert_quant);
 
 }  // namespace moestream

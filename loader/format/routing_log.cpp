@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -63,6 +64,15 @@ std::string check_record(std::string_view b, uint64_t off, const RoutingLogHeade
   if (*len > left) return "record of " + std::to_string(*len) + " bytes runs past the end";
   if (XXH64(p, *len - 8, 0) != load_u64(p + *len - 8)) return "record checksum mismatch";
   return {};
+}
+
+// Is b[off, end) what an append cut off before its record's tag and length were written?
+bool torn_start(std::string_view b, uint64_t off, const RoutingLogHeader& h) {
+  const uint64_t left = b.size() - off;
+  if (left > record_bytes(h, true)) return false;  // at most one record's worth
+  const std::string_view rest = b.substr(off);
+  if (rest.find_first_not_of('\0') == std::string_view::npos) return true;
+  return left < 8 && std::string_view(kRecordTag, 4).starts_with(rest.substr(0, std::min<uint64_t>(left, 4)));
 }
 
 }  // namespace
@@ -171,8 +181,11 @@ RoutingLog read_routing_log(const std::filesystem::path& path) {
     if (!why.empty()) {
       // Only the last record may be bad: a crash mid-append. Anything after it means the bytes
       // in the middle of the file changed, which is corruption, not a crash.
-      // Without a trustworthy length, only a bad region shorter than the longest record is a tail.
-      const bool tail = len ? off + len >= b.size() : b.size() - off < record_bytes(h, true);
+      // Without a trustworthy length (a bad tag or length), only what an interrupted append
+      // leaves is a tail: at most one record long and either a cut-off start of a record
+      // (under 8 bytes, its tag so far right) or zeros (a file extended but never written). A
+      // flipped tag or length before the last record would otherwise drop the records after it.
+      const bool tail = len ? off + len >= b.size() : torn_start(b, off, h);
       if (!tail) throw FormatError(at(path, off) + ": corrupt routing record: " + why);
       log.truncated_bytes = b.size() - off;
       log.warning = at(path, off) + ": skipped a truncated tail of " +

@@ -2,23 +2,37 @@
 #include "loader/io/worker_pool.h"
 
 #include <algorithm>
+#include <exception>
+#include <string>
 
 #include "common/error.h"
 
 namespace moestream::io {
 
 WorkerPool::WorkerPool(unsigned n_workers) : n_workers_(std::max(1u, n_workers)) {
-  threads_.reserve(n_workers_ - 1);
-  for (unsigned w = 1; w < n_workers_; ++w) threads_.emplace_back([this, w] { loop(w); });
+  try {
+    threads_.reserve(n_workers_ - 1);
+    for (unsigned w = 1; w < n_workers_; ++w) threads_.emplace_back([this, w] { loop(w); });
+  } catch (const std::exception& e) {  // std::system_error (no more threads) or bad_alloc
+    // The destructor does not run for a constructor that throws: stop the threads started so
+    // far here (destroying joinable threads would terminate, and a condition variable with
+    // waiters would block its destruction).
+    stop_and_join();
+    throw ConfigError("the read engine: cannot start " + std::to_string(n_workers_ - 1) +
+                      " worker threads (" + e.what() + "); ask for fewer (--io-rings, --io-threads)");
+  }
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { stop_and_join(); }
+
+void WorkerPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   start_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 void WorkerPool::run(unsigned n_active, const std::function<void(unsigned)>& fn) {

@@ -13,7 +13,8 @@ namespace moestream::io {
 
 class WorkerPool {
  public:
-  explicit WorkerPool(unsigned n_workers);  // n_workers >= 1; worker 0 is the calling thread
+  // n_workers >= 1; worker 0 is the calling thread. ConfigError when the threads cannot start.
+  explicit WorkerPool(unsigned n_workers);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -26,6 +27,7 @@ class WorkerPool {
 
  private:
   void loop(unsigned w);
+  void stop_and_join();
 
   unsigned n_workers_;
   std::vector<std::thread> threads_;

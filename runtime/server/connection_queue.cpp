@@ -2,6 +2,11 @@
 // a few overflow threads over a second one; overflow is flagged by a thread-local.
 #include "runtime/server/connection_queue.h"
 
+#include <exception>
+#include <string>
+
+#include "common/error.h"
+
 namespace moestream {
 
 namespace {
@@ -12,9 +17,15 @@ ConnectionQueue::ConnectionQueue(size_t threads, size_t max_waiting, size_t over
                                  size_t max_overflow_waiting)
     : max_waiting_(max_waiting), max_overflow_waiting_(max_overflow_waiting), overflow_threads_(overflow_threads) {
   if (threads == 0) threads = 1;
-  threads_.reserve(threads + overflow_threads);
-  for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(waiting_, false); });
-  for (size_t i = 0; i < overflow_threads; ++i) threads_.emplace_back([this] { worker(overflow_, true); });
+  try {
+    threads_.reserve(threads + overflow_threads);
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { worker(waiting_, false); });
+    for (size_t i = 0; i < overflow_threads; ++i) threads_.emplace_back([this] { worker(overflow_, true); });
+  } catch (const std::exception& e) {  // std::system_error (no more threads) or bad_alloc
+    shutdown();  // no destructor for a throwing constructor: join what started
+    throw ConfigError("cannot start " + std::to_string(threads + overflow_threads) + " HTTP threads (" +
+                      e.what() + "); ask for fewer (--http-threads)");
+  }
 }
 
 ConnectionQueue::~ConnectionQueue() { shutdown(); }

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 
 import pytest
 
@@ -22,11 +23,16 @@ def demo():
 
 
 def linked_model(src, dst, edit_json=None):
-    """A model directory whose files link to src's, with model.json rewritten by edit_json(dict)."""
+    """A model directory whose files hard-link src's (a symbolic link leading out of the model
+    directory is refused), with model.json rewritten by edit_json(dict)."""
     dst.mkdir()
     for p in src.iterdir():
-        if p.name != "model.json":
-            (dst / p.name).symlink_to(p)
+        if p.name == "model.json":
+            continue
+        if p.is_dir():
+            shutil.copytree(p, dst / p.name, copy_function=os.link)
+        else:
+            os.link(p, dst / p.name)
     cfg = json.loads((src / "model.json").read_text())
     if edit_json:
         edit_json(cfg)
@@ -110,7 +116,8 @@ def test_device_as_model_json_is_refused_not_read_until_memory_runs_out(tool, de
     m = linked_model(demo, tmp_path / "m")
     (m / "model.json").unlink()
     (m / "model.json").symlink_to("/dev/zero")
-    assert_refused(tool("infer", "-m", m, "-p", "hi", "-n", 1), "model.json", "not a regular file")
+    assert_refused(tool("infer", "-m", m, "-p", "hi", "-n", 1), "model.json", "/dev/zero",
+                   "outside the model directory")
 
 
 # Python keywords: the same checks, in Python's spelling.
@@ -144,3 +151,72 @@ def test_python_refuses_escaping_paths_and_far_eos(ms, demo, tmp_path):
     far = tokenizer_with_far_eos(demo, tmp_path / "far")
     with pytest.raises(ms.ConfigError, match="9000"):
         ms.Model(far)
+
+
+# Symbolic links: model.json's files, the experts directory and each layer file and map must stay
+# inside the model directory once links are resolved, and be regular files: a link out (even to
+# an identical copy), to /dev/zero or to a FIFO is refused naming it, and a FIFO never blocks.
+LINKED = ["dense.safetensors", "tokenizer.json", "tokenizer_config.json", "experts",
+          "experts/layer_003.bin", "experts/layer_003.map", "model.json"]
+
+
+def run_infer(m, timeout=30):
+    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / "infer"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built")
+    return subprocess.run([str(exe), "-m", str(m), "-p", "hi", "-n", "1"], capture_output=True,
+                          text=True, timeout=timeout)  # a blocked open is a TimeoutExpired: a failure
+
+
+@pytest.mark.parametrize("target", ["copy", "/dev/zero", "fifo"])
+@pytest.mark.parametrize("rel", LINKED)
+def test_symlinks_out_of_the_model_directory_are_refused(demo, tmp_path, rel, target):
+    m = linked_model(demo, tmp_path / "m")
+    outside = tmp_path / "outside"
+    if target == "copy":
+        src = demo / rel
+        if src.is_dir():
+            shutil.copytree(src, outside)
+        elif src.exists():
+            shutil.copy(src, outside)
+        else:
+            outside.write_bytes(b"")
+    elif target == "fifo":
+        os.mkfifo(outside)
+    else:
+        outside = pathlib.Path(target)
+    victim = m / rel
+    if victim.is_dir():
+        shutil.rmtree(victim)
+    elif victim.exists():
+        victim.unlink()
+    victim.symlink_to(outside)
+    assert_refused(run_infer(m), rel.split("/")[-1], "outside the model directory")
+
+
+@pytest.mark.parametrize("rel", ["dense.safetensors", "tokenizer.json", "experts/layer_001.bin",
+                                 "experts/layer_001.map", "model.json"])
+def test_a_fifo_or_device_inside_the_model_directory_is_refused_without_blocking(demo, tmp_path, rel):
+    m = linked_model(demo, tmp_path / "m")
+    (m / rel).unlink(missing_ok=True)
+    os.mkfifo(m / rel)
+    assert_refused(run_infer(m), rel.split("/")[-1], "not a regular file")
+
+
+def test_symlinks_inside_the_model_directory_are_followed(demo, tmp_path):
+    m = linked_model(demo, tmp_path / "m")
+    (m / "weights").mkdir()
+    os.replace(m / "dense.safetensors", m / "weights" / "dense.safetensors")
+    (m / "dense.safetensors").symlink_to("weights/dense.safetensors")
+    os.replace(m / "experts", m / "weights" / "experts")
+    (m / "experts").symlink_to(m / "weights" / "experts")  # absolute, still inside
+    r, ref = run_infer(m), run_infer(demo)
+    assert r.returncode == 0 and r.stdout == ref.stdout, (r.stderr, ref.stderr)
+
+
+def test_python_refuses_a_symlink_out_of_the_model_directory(ms, demo, tmp_path):
+    m = linked_model(demo, tmp_path / "m")
+    (m / "tokenizer.json").unlink()
+    (m / "tokenizer.json").symlink_to(demo / "tokenizer.json")
+    with pytest.raises(ms.FormatError, match="outside the model directory"):
+        ms.Model(m)

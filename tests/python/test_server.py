@@ -355,8 +355,9 @@ def test_a_model_without_a_tokenizer_takes_and_answers_token_ids(server, tmp_pat
     cfg = json.loads((DEMO / "model.json").read_text())
     cfg["tokenizer"] = {"file": None, "config": None}
     (tmp_path / "model.json").write_text(json.dumps(cfg))
-    for name in (cfg["dense"]["file"], cfg["experts"]["dir"]):
-        (tmp_path / name).symlink_to(DEMO / name)
+    # Hard links: a symbolic link leading out of the model directory is refused.
+    os.link(DEMO / cfg["dense"]["file"], tmp_path / cfg["dense"]["file"])
+    shutil.copytree(DEMO / cfg["experts"]["dir"], tmp_path / cfg["experts"]["dir"], copy_function=os.link)
     tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
     ids = tok.encode("Once upon a time").ids
     want = server.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0,
