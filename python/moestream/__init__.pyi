@@ -35,9 +35,9 @@ class GenerationStream(Iterator[str | int]):
 class Model:
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str],  # a packed model directory, or a GGUF file (any shard of a split set)
         *,
-        io: str = "auto",  # auto | uring | pread | mmap | simple
+        io: str = "auto",  # auto | uring | pread | mmap | simple (simple: packs only)
         io_direct: bool = False,
         host_cache_mb: int = 0,  # without io_direct: a UserWarning (experts cached twice)
         cache_aware: bool = False,
