@@ -38,11 +38,6 @@ constexpr ArchTraits kArchs[] = {
   throw FormatError(where + ": " + what);
 }
 
-int to_int(const std::string& where, const std::string& what, uint64_t v) {
-  if (v == 0 || v > uint64_t(INT32_MAX)) bad(where, what + " is " + std::to_string(v) + ", expected 1..2^31-1");
-  return int(v);
-}
-
 // The tensor `name`, which must have exactly `dims` (ne0 first).
 const GgufTensor& shaped(const GgufModelFiles& f, const std::string& where, const std::string& name,
                          const std::vector<uint64_t>& dims) {
