@@ -5,7 +5,7 @@ engine (io_uring, O_DIRECT, host cache, clustered layout), each beside its I/O-b
 device bandwidth (bench_io, same run, same filesystem) / device bytes read per token.
 
 Routing is replayed (infer --replay-routing) from a real routing log, so the I/O pattern is real
-routing while the arithmetic runs on random weights. The memory cap is a cgroup v2 memory.max
+routing while the arithmetic runs on random weights. The memory cap is a cgroup memory limit (v2 or v1)
 (scripts/with_memory_cap.sh) where the machine allows it; otherwise the engine is capped by
 O_DIRECT + its host-cache budget and the buffered methods run uncapped (said in every output).
 
@@ -285,7 +285,7 @@ def main():
 
     held = (f"CUDA host memory {ram >> 20} MiB (dense weights and KV on the GPU, none on the host)"
             if gpu else f"dense/KV {ram >> 20} MiB")
-    cap_note = (f"cgroup v2 memory.max = budget + {held} + {args.slack_mb} MiB ({cap_text})"
+    cap_note = (f"cgroup memory limit = budget + {held} + {args.slack_mb} MiB ({cap_text})"
                 if capped else
                 f"no cgroup memory cap ({cap_text}): the engine is capped by O_DIRECT + a host cache "
                 f"of the budget; mmap and pread use the page cache uncapped (dropped before each run)")
@@ -297,7 +297,7 @@ def main():
         "model": {"dir": model, "shape": args.shape, "layers": cfg["n_layers"], "quant": args.quant,
                   "bytes": model_bytes, "expert_bytes": expert_bytes,
                   "dense_and_kv_ram_bytes": ram},
-        "cap": {"mode": "cgroup-v2" if capped else "o_direct-host-budget", "budget_mb": args.cap_mb,
+        "cap": {"mode": cap_text.split()[0] if capped else "o_direct-host-budget", "budget_mb": args.cap_mb,
                 "note": cap_note, "model_over_cap": model_bytes / (args.cap_mb << 20),
                 "memory_max_mb": mem_max_mb,
                 "model_over_memory_max": model_bytes / (mem_max_mb << 20) if mem_max_mb else None},

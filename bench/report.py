@@ -149,7 +149,7 @@ class Report:
     def render_decode(self, j, text, command, name, title, footer=None):
         runs = j["runs"] + j["sweep"]
         fig, ax = plt.subplots(figsize=(7, 3.8))
-        capped = j["cap"]["mode"] == "cgroup-v2"
+        capped = j["cap"]["mode"].startswith("cgroup")
         for method, style, color in (("engine", "o-", "C0"), ("mmap", "s--", "C1"), ("pread", "^:", "C2"),
                                      ("engine_buffered", "d-.", "C3")):
             pts = sorted((r["cap_mb"], r["tokens_per_s"]) for r in runs if r["method"] == method)

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Runs a command with its memory (page cache included) capped by a cgroup v2 memory.max, so a
-# model larger than the cap is honestly streamed; says plainly when the machine cannot cap.
+# Runs a command with its memory (page cache included) capped by a cgroup, so a model larger than
+# the cap is honestly streamed; says plainly when the machine cannot cap.
 #
-#   scripts/with_memory_cap.sh --check                 prints "cgroup-v2" (exit 0) or
-#                                                      "unavailable: REASON" (exit 3)
-#   scripts/with_memory_cap.sh LIMIT_MB -- CMD ARGS... runs CMD in a fresh cgroup with
-#                                                      memory.max = LIMIT_MB MiB, swap 0; exits
-#                                                      with CMD's status; 3 when no cap is possible
-# Needs root, a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified) with the memory
-# controller, and a writable hierarchy. Without one the caller falls back to O_DIRECT with a
-# host-cache budget (bench/decode.py does) and reports which it used. On exit it prints the peak
-# usage and the OOM-kill count to stderr and removes the cgroup.
+#   scripts/with_memory_cap.sh --check                 prints "cgroup-v2 (DIR)" or "cgroup-v1
+#                                                      (DIR)" (exit 0) or "unavailable: REASON"
+#                                                      (exit 3)
+#   scripts/with_memory_cap.sh LIMIT_MB -- CMD ARGS... runs CMD in a fresh cgroup capped at
+#                                                      LIMIT_MB MiB, swap 0; exits with CMD's
+#                                                      status; 3 when no cap is possible
+# Needs root and either a cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified) with the
+# memory controller (memory.max, memory.swap.max = 0) or a cgroup v1 memory hierarchy at
+# /sys/fs/cgroup/memory (memory.limit_in_bytes, memory.memsw.limit_in_bytes the same when swap
+# is accounted); both charge the page cache to the cgroup. v2 is preferred. Without either the
+# caller falls back to O_DIRECT with a host-cache budget (bench/decode.py does) and reports which
+# it used. On exit it prints the peak usage and the OOM-kill count to stderr and removes the cgroup.
 set -uo pipefail
 
 # Prints the cgroup2 directory to create children in, or "unavailable: reason" (returns 1).
@@ -34,9 +37,34 @@ find_root() {
   return 1
 }
 
+# Prints the cgroup v1 memory hierarchy to create children in, or "unavailable: reason".
+find_v1_root() {
+  local m=/sys/fs/cgroup/memory
+  if [[ "$(stat -f -c %T "$m" 2>/dev/null)" != cgroupfs || ! -e "$m/memory.limit_in_bytes" ]]; then
+    echo "unavailable: no cgroup v1 memory hierarchy at $m"
+    return 1
+  fi
+  if [[ $(id -u) -ne 0 || ! -w "$m" ]]; then
+    echo "unavailable: $m is not writable (needs root)"
+    return 1
+  fi
+  echo "$m"
+}
+
+# Sets $version and $root to the hierarchy to use, or prints why none can cap (returns 1).
+pick_hierarchy() {
+  local why2 why1
+  if root=$(find_root); then version=2; return 0; fi
+  why2=$root
+  if root=$(find_v1_root); then version=1; return 0; fi
+  why1=$root
+  echo "${why2}; ${why1#unavailable: }"
+  return 1
+}
+
 if [[ "${1:-}" == "--check" ]]; then
-  if root=$(find_root); then echo "cgroup-v2 ($root)"; exit 0; fi
-  echo "$root"
+  if why=$(pick_hierarchy) && pick_hierarchy >/dev/null; then echo "cgroup-v$version ($root)"; exit 0; fi
+  echo "$why"
   exit 3
 fi
 if [[ $# -lt 3 || "$2" != "--" || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
@@ -45,9 +73,31 @@ if [[ $# -lt 3 || "$2" != "--" || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
 fi
 limit_mb=$1
 shift 2
-if ! root=$(find_root); then
-  echo "with_memory_cap: $root" >&2
+if ! why=$(pick_hierarchy); then
+  echo "with_memory_cap: $why" >&2
   exit 3
+fi
+pick_hierarchy >/dev/null
+if [[ $version == 1 ]]; then
+  cg="$root/moestream-cap-$$"
+  mkdir "$cg" 2>/dev/null || { echo "with_memory_cap: unavailable: cannot create $cg" >&2; exit 3; }
+  cleanup_v1() {
+    local peak="" kills=""
+    [[ -r "$cg/memory.max_usage_in_bytes" ]] && peak=$(( $(cat "$cg/memory.max_usage_in_bytes") >> 20 ))
+    [[ -r "$cg/memory.oom_control" ]] && kills=$(awk '$1=="oom_kill"{print $2}' "$cg/memory.oom_control")
+    echo "with_memory_cap: cgroup-v1 memory.limit_in_bytes ${limit_mb} MiB, peak ${peak:-?} MiB, oom_kill ${kills:-?}" >&2
+    if [[ -r "$cg/cgroup.procs" ]]; then
+      while read -r p; do echo "$p" >"$root/cgroup.procs" 2>/dev/null; done <"$cg/cgroup.procs"
+    fi
+    rmdir "$cg" 2>/dev/null || echo "with_memory_cap: warning: could not remove $cg" >&2
+  }
+  trap cleanup_v1 EXIT
+  echo $(( limit_mb << 20 )) >"$cg/memory.limit_in_bytes" ||
+    { echo "with_memory_cap: cannot write $cg/memory.limit_in_bytes" >&2; exit 3; }
+  # memory+swap at the same limit: no swap (present only when the kernel accounts swap).
+  [[ -w "$cg/memory.memsw.limit_in_bytes" ]] && echo $(( limit_mb << 20 )) >"$cg/memory.memsw.limit_in_bytes"
+  bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' capped "$cg" "$@"
+  exit $?
 fi
 # Children of the root get the memory controller only through the root's subtree_control.
 if ! grep -qw memory "$root/cgroup.subtree_control"; then
