@@ -25,13 +25,14 @@ struct ArchTraits {
   Arch arch;
   bool norm_topk_prob;  // what the architecture's reference implementation does
   bool qk_interleaved;  // llama.cpp's converter permuted Q/K rows for interleaved RoPE
+  std::string_view expert_width_key;  // the metadata key that states F, after "{arch}."
 };
 
 // The MoE architectures this build runs from GGUF, by general.architecture.
 constexpr ArchTraits kArchs[] = {
-    {"qwen3moe", Arch::kQwen3Moe, true, false},
-    {"olmoe", Arch::kOlmoe, false, false},
-    {"llama", Arch::kMixtral, true, true},  // Mixtral: llama with expert tensors
+    {"qwen3moe", Arch::kQwen3Moe, true, false, "expert_feed_forward_length"},
+    {"olmoe", Arch::kOlmoe, false, false, "feed_forward_length"},
+    {"llama", Arch::kMixtral, true, true, "feed_forward_length"},  // Mixtral: llama with expert tensors
 };
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
@@ -134,8 +135,7 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
                    std::to_string(head_dim) + "): not supported");
   agree(m, where, a + "embedding_length", D);
   agree(m, where, a + "expert_count", E);
-  if (arch_s == "qwen3moe") agree(m, where, a + "expert_feed_forward_length", F);
-  if (arch_s != "qwen3moe") agree(m, where, a + "feed_forward_length", F);
+  agree(m, where, a + std::string(traits->expert_width_key), F);
   agree(m, where, a + "vocab_size", V);
 
   // Everything model.json states, through model.json's validation (ranges, products, ids).

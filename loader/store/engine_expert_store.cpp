@@ -53,12 +53,9 @@ class EngineExpertStore final : public ExpertStore {
                             std::to_string(L.header.expert_stride) + " is below the 4 KiB rounded " +
                             "expert size " + std::to_string(read_bytes_));
         L.layout = cfg.expert_layout(l);
-        L.file = engine_.add_file(L.path);
-        // Page-cache residency means something only for reads that go through the page cache.
-        if (!engine_.file_is_direct(L.file))
-          L.page_cache = std::make_unique<PageCacheResidency>(L.path);
-        L.pieces.push_back(Piece{L.file, L.header.data_offset, L.header.expert_stride, read_bytes_, 0,
-                                 L.page_cache.get()});
+        const uint32_t file = add_file(L.path);
+        L.pieces.push_back(Piece{file, L.header.data_offset, L.header.expert_stride, read_bytes_, 0,
+                                 page_caches_[file].get()});
         layers_.push_back(std::move(L));
       }
     }
@@ -214,8 +211,6 @@ class EngineExpertStore final : public ExpertStore {
   // A layer's experts. A pack layer keeps its file header (checksums, map); a GGUF layer has an
   // empty checksum table and an identity map.
   struct Layer : ExpertLayerFile {
-    uint32_t file = 0;
-    std::unique_ptr<PageCacheResidency> page_cache;  // the pack file's; null for O_DIRECT files
     ExpertLayout layout;
     std::vector<Piece> pieces;
     bool checksummed() const { return !header.slot_checksums.empty(); }
@@ -226,11 +221,7 @@ class EngineExpertStore final : public ExpertStore {
   void open_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
     const GgufModel g(path);
     std::vector<uint32_t> files;
-    for (const auto& p : g.files().paths()) {
-      files.push_back(engine_.add_file(p));
-      gguf_page_cache_.push_back(engine_.file_is_direct(files.back()) ? nullptr
-                                                                      : std::make_unique<PageCacheResidency>(p));
-    }
+    for (const auto& p : g.files().paths()) files.push_back(add_file(p));
     for (int l = 0; l < cfg.n_layers; ++l) {
       Layer L;
       L.path = g.files().paths().front();
@@ -242,9 +233,18 @@ class EngineExpertStore final : public ExpertStore {
           {&x.gate, L.layout.gate_offset}, {&x.up, L.layout.up_offset}, {&x.down, L.layout.down_offset}};
       for (const auto& [m, dest] : mats)
         L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
-                                 gguf_page_cache_[m->shard].get()});
+                                 page_caches_[files[m->shard]].get()});
       layers_.push_back(std::move(L));
     }
+  }
+
+  // Adds a file to the engine, with its page-cache residency probe (which means something only
+  // for reads that go through the page cache: none for O_DIRECT files). Returns its index.
+  uint32_t add_file(const std::filesystem::path& path) {
+    const uint32_t file = engine_.add_file(path);
+    page_caches_.resize(size_t(file) + 1);
+    if (!engine_.file_is_direct(file)) page_caches_[file] = std::make_unique<PageCacheResidency>(path);
+    return file;
   }
 
   // Whether every piece of the expert in `slot` is in the page cache (sampled).
@@ -484,7 +484,7 @@ class EngineExpertStore final : public ExpertStore {
   EngineExpertStoreOptions opts_;
   IoEngine engine_;
   uint64_t read_bytes_ = 0;  // one expert buffer: the largest payload, 4 KiB rounded
-  std::vector<std::unique_ptr<PageCacheResidency>> gguf_page_cache_;  // per GGUF shard
+  std::vector<std::unique_ptr<PageCacheResidency>> page_caches_;  // per engine file; null: O_DIRECT
   std::vector<Layer> layers_;
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
