@@ -66,6 +66,18 @@ void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, con
 // 16-byte aligned (device memory: not checked). max_rows_per_group only picks the token tile,
 // so any positive value gives the right result; empty groups are allowed.
 
+// One matrix W (rows x cols, stored in type q) times n_tokens activation rows: y [n_tokens, rows]
+// = x [n_tokens, cols] * W^T. The dense weights' path (attention, router, lm_head) in stored
+// precision; q: any type expert_gemm takes (pack q8/q4/bf16 and the ggml block types). The weight
+// rows are read once per tile of tokens, as in expert_gemm. x 16-byte aligned, w 16-byte aligned.
+void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
+                float* y, Stream s);
+// Rows ids[0..n) of a rows x cols matrix stored in type q, dequantised to f32 out [n, cols] (the
+// embedding lookup of a quantised table). kF32 and every type dense_gemm takes; ids must be in
+// range (checked on the host by the caller).
+void dequantize_rows(QuantType q, const uint8_t* w, int cols, const int* ids, int n, float* out,
+                     Stream s);
+
 // out[i] = src[idx[i]] row-wise: n rows of dim floats (token rows -> grouped expert rows).
 void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s);
 // MoE combine in a fixed order (deterministic, same order as the CPU): for token t,
