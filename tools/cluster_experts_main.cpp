@@ -5,28 +5,20 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "cluster/cluster_inputs.h"
-#include "cluster/coactivation.h"
-#include "cluster/gguf_repack.h"
-#include "cluster/io_cost_model.h"
+#include "cluster/cluster_plan.h"
 #include "cluster/ordering.h"
 #include "cluster/repack.h"
 #include "common/error.h"
 #include "common/file_util.h"
-#include "common/timing.h"
-#include "loader/format/expert_file.h"
-#include "loader/format/expert_map.h"
 #include "loader/format/gguf_model.h"
-#include "loader/format/routing_log.h"
 #include "loader/store/store_options.h"
 #include "tools/cli_range.h"
 #include "tools/tool_main.h"
@@ -64,114 +56,34 @@ int run(const Args& a) {
   if (!gguf && !a.out.empty())
     throw ConfigError("--out writes a permuted GGUF and needs a .gguf --model; a packed model is repacked in place "
                       "with --repack");
-  std::optional<GgufLayout> glayout;
-  if (gguf) glayout = read_gguf_layout(dir, build_store_options(a.reads).io);
-  const PackedLayout layout = gguf ? glayout->packed : read_packed_layout(dir, build_store_options(a.reads).io);
-  const RoutingLogHeader& want = layout.want;
-  const SlotGeometry& g = layout.geometry;
-  auto load_logs = [&](const std::vector<std::string>& paths, auto notice_fn) {
-    return gguf ? load_gguf_routing_logs(paths, *glayout, dir, a.shape_only, notice_fn)
-                : load_routing_logs(paths, want, dir, a.shape_only, notice_fn);
-  };
-  const IoProfile prof = io_profile_of(a.io_profile, a.op_latency_us, a.bandwidth_gbps);
-  const OrderMethod method = parse_order_method(a.method);
+  ClusterRequest req;
+  req.method = a.method;
+  req.profile = io_profile_of(a.io_profile, a.op_latency_us, a.bandwidth_gbps);
+  req.coactivation.neighbour_weight = a.neighbour_weight;
+  req.search_moves = a.search_moves;
+  req.maps_out = a.maps_out;
+  req.repack = a.repack;
+  req.gguf_out = a.out;
+  auto say = [](const std::string& line) { std::fprintf(stderr, "cluster_experts: %s\n", line.c_str()); };
+  req.progress = say;
+  const ClusterModel model = ClusterModel::read(dir, build_store_options(a.reads).io);
+  check_cluster_request(model, req);
+  const std::vector<RoutingLog> train = model.load_logs(a.routing, a.shape_only, say);
+  const std::vector<RoutingLog> heldout =
+      a.evaluate.empty() ? std::vector<RoutingLog>{} : model.load_logs(a.evaluate, a.shape_only, say);
+  const ClusterResult r = run_cluster(model, train, heldout, req);
 
-  auto notice = [](const std::string& line) { std::fprintf(stderr, "cluster_experts: %s\n", line.c_str()); };
-  const std::vector<RoutingLog> train = load_logs(a.routing, notice);
-  CoactivationOptions co;
-  co.neighbour_weight = a.neighbour_weight;
-  const std::vector<LayerStats> stats = coactivation(train, co);
-  std::fprintf(stderr, "cluster_experts: %zu tokens x %zu layers from %zu log(s); latency %.1f us/op, %.2f GB/s\n",
-               stats[0].token_sets.size(), stats.size(), train.size(), prof.op_latency_us, prof.bandwidth_gbps);
-
-  // Orders for the three methods (identity and greedy are cheap; the chosen one is what is written).
-  const std::vector<OrderMethod> methods = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
-  const char* names[] = {"identity", "greedy", "seriation"};
-  std::vector<std::vector<std::vector<uint32_t>>> slots(3);
-  LocalSearchOptions ls;
-  ls.max_moves = a.search_moves;
-  uint64_t moves_total = 0;
-  for (size_t m = 0; m < methods.size(); ++m) {
-    if (m == 2 && method != OrderMethod::kSeriation) {
-      slots[2] = slots[size_t(method)];
-      break;
-    }
-    for (size_t l = 0; l < stats.size(); ++l) {
-      using clock = std::chrono::steady_clock;
-      const auto t0 = clock::now();
-      auto shown = t0;
-      // A line every few seconds on long searches; the clock decides only what is printed.
-      ls.progress = [&](const SearchProgress& q) {
-        const auto now = clock::now();
-        if (now - shown < std::chrono::seconds(5)) return;
-        shown = now;
-        std::fprintf(stderr, "cluster_experts: layer %zu/%zu: %d passes, %llu/%llu moves\n", l + 1,
-                     stats.size(), q.passes, (unsigned long long)q.moves, (unsigned long long)q.max_moves);
-      };
-      SearchStats st;
-      slots[m].push_back(slots_of(order_layer(methods[m], stats[l], g, prof, ls, &st)));
-      moves_total += st.moves;
-      if (methods[m] == OrderMethod::kSeriation)
-        std::fprintf(stderr, "cluster_experts: layer %zu/%zu ordered (%s, %llu moves in %d passes, %s, %.1f s)\n",
-                     l + 1, stats.size(), names[m], (unsigned long long)st.moves, st.passes,
-                     st.converged ? "no move left that helps" : "stopped by the move budget",
-                     seconds_since(t0));
-    }
-  }
-  const auto& chosen = slots[2];
-
-  nlohmann::json js;
-  js["model"] = dir.string();
-  js["method"] = a.method;
-  js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
-  js["geometry"] = geometry_json(g);
-  js["search"] = {{"max_moves_per_layer", a.search_moves}, {"moves", moves_total}};
-  auto report = [&](const char* set, const std::vector<LayerStats>& st) {
+  for (const char* set : {"train", "heldout"}) {
+    if (!r.report.contains(set)) continue;
     std::fprintf(stderr, "%-9s %-10s %12s %14s %16s\n", set, "method", "ops/token", "KiB/token", "modelled us/tok");
-    for (int m = 0; m < 3; ++m) {
-      CostSummary c = model_cost(st, slots[size_t(m)], g, prof);
-      const char* name = m < 2 ? names[m] : a.method.c_str();
-      std::fprintf(stderr, "%-9s %-10s %12.3f %14.1f %16.1f\n", set, name, c.ops_per_token,
-                   c.bytes_per_token / 1024, c.modelled_us_per_token);
-      js[set][m < 2 ? std::string(names[m]) : "chosen"] = cost_json(c);
+    for (const char* m : {"identity", "greedy", "chosen"}) {
+      const nlohmann::json& c = r.report[set][m];
+      std::fprintf(stderr, "%-9s %-10s %12.3f %14.1f %16.1f\n", set,
+                   std::string(m) == "chosen" ? a.method.c_str() : m, c["read_ops_per_token"].get<double>(),
+                   c["bytes_per_token"].get<double>() / 1024, c["modelled_us_per_token"].get<double>());
     }
-  };
-  report("train", stats);
-  if (!a.evaluate.empty()) report("heldout", coactivation(load_logs(a.evaluate, notice)));
-
-  std::vector<ExpertMap> maps;
-  for (size_t l = 0; l < chosen.size(); ++l)
-    maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
-  if (!a.maps_out.empty()) {
-    // Bound to the files a repack in this order would write: never usable next to the current ones.
-    const std::vector<ExpertMap> bound = bind_for_repack(dir, maps);
-    fs::create_directories(fs::path(a.maps_out) / "experts");
-    for (size_t l = 0; l < bound.size(); ++l) write_expert_map(expert_map_path(a.maps_out, int(l)), bound[l]);
-    std::fprintf(stderr, "cluster_experts: wrote %zu maps under %s/experts\n", maps.size(), a.maps_out.c_str());
   }
-  if (a.repack) {
-    RepackOptions ro;
-    ro.progress = [](int l, int n) { std::fprintf(stderr, "cluster_experts: repacked layer %d/%d\n", l, n); };
-    repack_experts(dir, int(maps.size()), maps, ro);
-    std::fprintf(stderr, "cluster_experts: %s/experts repacked in %s order, maps installed\n",
-                 dir.string().c_str(), a.method.c_str());
-  }
-  if (!a.out.empty()) {
-    std::vector<std::vector<uint32_t>> order;
-    for (const auto& s : chosen) order.push_back(order_of_slots(s));
-    GgufRepackOptions ro;
-    ro.progress = [](int l, int n) { std::fprintf(stderr, "cluster_experts: permuted the experts of layer %d/%d\n", l, n); };
-    const auto t0 = std::chrono::steady_clock::now();
-    const GgufRepackResult r = repack_gguf_experts(dir, a.out, order, ro);
-    const double s = seconds_since(t0);
-    std::fprintf(stderr, "cluster_experts: wrote %s (%llu bytes, %u expert tensors permuted, %u copied, %.2f s) in %s order\n",
-                 a.out.c_str(), (unsigned long long)r.bytes_written, r.tensors_permuted, r.tensors_copied, s,
-                 a.method.c_str());
-    js["out"] = {{"path", a.out}, {"bytes", r.bytes_written}, {"tensors_permuted", r.tensors_permuted},
-                 {"tensors_copied", r.tensors_copied}, {"seconds", s}};
-  }
-  js["repacked"] = a.repack || !a.out.empty();
-  if (a.json) std::printf("%s\n", js.dump(2).c_str());
+  if (a.json) std::printf("%s\n", r.report.dump(2).c_str());
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cluster/cluster_inputs.h"
+#include "cluster/cluster_plan.h"
 #include "cluster/coactivation.h"
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
@@ -45,77 +46,44 @@ std::vector<std::string> paths_of(const py::object& routing) {
   return out;
 }
 
-py::object run_cluster(const fs::path& model, const py::object& routing, const std::string& method_name,
-                       const std::optional<py::object>& evaluate, const std::optional<fs::path>& maps_out,
-                       bool repack, bool shape_only, const std::optional<fs::path>& io_profile,
-                       double op_latency_us, double bandwidth_gbps, double neighbour_weight,
-                       uint64_t search_moves, uint64_t coalesce_gap_kb, uint64_t max_read_kb,
-                       uint64_t direct_max_read_kb, bool io_direct) {
+py::object run_cluster_py(const fs::path& model, const py::object& routing, const std::string& method_name,
+                          const std::optional<py::object>& evaluate, const std::optional<fs::path>& maps_out,
+                          bool repack, const std::optional<fs::path>& out, bool shape_only,
+                          const std::optional<fs::path>& io_profile, double op_latency_us, double bandwidth_gbps,
+                          double neighbour_weight, uint64_t search_moves, uint64_t coalesce_gap_kb,
+                          uint64_t max_read_kb, uint64_t direct_max_read_kb, bool io_direct) {
   // cluster_experts' bounds, in Python's spelling (the read options: build_store_options).
   check_range("op_latency_us", op_latency_us, 0.0, 1e9);
   check_range("bandwidth_gbps", bandwidth_gbps, 0.0, 1e6);
   check_range("neighbour_weight", neighbour_weight, 0.0, 1e6);
   const std::vector<std::string> train_paths = paths_of(routing);
   const std::vector<std::string> eval_paths = evaluate ? paths_of(*evaluate) : std::vector<std::string>{};
-  nlohmann::json js;
-  std::vector<uint32_t> flat;
-  size_t n_layers = 0, n_experts = 0;
+  ClusterResult r;
   {
     py::gil_scoped_release nogil;
-    const fs::path dir = model;
-    const OrderMethod method = parse_order_method(method_name);
-    const PackedLayout lay =
-        read_packed_layout(dir, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
-    const IoProfile prof = io_profile_of(io_profile.value_or(fs::path()), op_latency_us, bandwidth_gbps);
-    CoactivationOptions co;
-    co.neighbour_weight = neighbour_weight;
-    const std::vector<LayerStats> stats = coactivation(load_routing_logs(train_paths, lay.want, dir, shape_only), co);
-    LocalSearchOptions ls;
-    ls.max_moves = search_moves;
-    uint64_t moves = 0;
-    // identity and greedy as baselines, then the chosen method (as cluster_experts reports them).
-    const OrderMethod methods[] = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
-    std::vector<std::vector<std::vector<uint32_t>>> slots(3);
-    for (size_t m = 0; m < 3; ++m) {
-      if (m == 2 && method != OrderMethod::kSeriation) {
-        slots[2] = slots[size_t(method)];
-        break;
-      }
-      for (const LayerStats& s : stats) {
-        SearchStats st;
-        slots[m].push_back(slots_of(order_layer(methods[m], s, lay.geometry, prof, ls, &st)));
-        moves += st.moves;
-      }
-    }
-    js["model"] = dir.string();
-    js["method"] = method_name;
-    js["io_profile"] = {{"op_latency_us", prof.op_latency_us}, {"bandwidth_gbps", prof.bandwidth_gbps}};
-    js["geometry"] = geometry_json(lay.geometry);
-    js["search"] = {{"max_moves_per_layer", search_moves}, {"moves", moves}};
-    auto report = [&](const char* set, const std::vector<LayerStats>& st) {
-      const char* names[] = {"identity", "greedy", "chosen"};
-      for (size_t m = 0; m < 3; ++m) js[set][names[m]] = cost_json(model_cost(st, slots[m], lay.geometry, prof));
-    };
-    report("train", stats);
-    if (!eval_paths.empty()) report("heldout", coactivation(load_routing_logs(eval_paths, lay.want, dir, shape_only)));
-    const auto& chosen = slots[2];
-    std::vector<ExpertMap> maps;
-    for (size_t l = 0; l < chosen.size(); ++l)
-      maps.push_back(ExpertMap::from_slots(chosen[l], "computed order of layer " + std::to_string(l)));
-    if (maps_out) {
-      fs::create_directories(fs::path(*maps_out) / "experts");
-      const std::vector<ExpertMap> bound = bind_for_repack(dir, maps);  // refused next to the current files
-      for (size_t l = 0; l < bound.size(); ++l) write_expert_map(expert_map_path(*maps_out, int(l)), bound[l]);
-    }
-    if (repack) repack_experts(dir, int(maps.size()), maps);
-    js["repacked"] = repack;
-    n_layers = chosen.size();
-    n_experts = lay.want.n_experts;
-    for (const auto& layer : chosen) flat.insert(flat.end(), layer.begin(), layer.end());
+    ClusterRequest req;
+    req.method = method_name;
+    req.profile = io_profile_of(io_profile.value_or(fs::path()), op_latency_us, bandwidth_gbps);
+    req.coactivation.neighbour_weight = neighbour_weight;
+    req.search_moves = search_moves;
+    req.maps_out = maps_out.value_or(fs::path());
+    req.repack = repack;
+    req.gguf_out = out.value_or(fs::path());
+    const ClusterModel m =
+        ClusterModel::read(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
+    check_cluster_request(m, req);
+    const std::vector<RoutingLog> train = m.load_logs(train_paths, shape_only);
+    const std::vector<RoutingLog> heldout =
+        eval_paths.empty() ? std::vector<RoutingLog>{} : m.load_logs(eval_paths, shape_only);
+    r = run_cluster(m, train, heldout, req);
   }
-  py::dict out = json_to_python(js);
-  out["slots"] = to_numpy(std::move(flat), {py::ssize_t(n_layers), py::ssize_t(n_experts)});
-  return out;
+  const auto& chosen = r.slots[2];
+  const size_t n_layers = chosen.size(), n_experts = n_layers ? chosen[0].size() : 0;
+  std::vector<uint32_t> flat;
+  for (const auto& layer : chosen) flat.insert(flat.end(), layer.begin(), layer.end());
+  py::dict res = json_to_python(r.report);
+  res["slots"] = to_numpy(std::move(flat), {py::ssize_t(n_layers), py::ssize_t(n_experts)});
+  return res;
 }
 
 // Modelled cost of the logs under `slots` (logical -> physical per layer; the model's current
@@ -166,13 +134,14 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
 }  // namespace
 
 void bind_cluster(py::module_& m) {
-  m.def("cluster", &run_cluster, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("method") = "seriation",
-        py::arg("evaluate") = py::none(), py::arg("maps_out") = py::none(), py::arg("repack") = false,
-        py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
+  m.def("cluster", &run_cluster_py, py::arg("model"), py::arg("routing"), py::kw_only(),
+        py::arg("method") = "seriation", py::arg("evaluate") = py::none(), py::arg("maps_out") = py::none(),
+        py::arg("repack") = false, py::arg("out") = py::none(), py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
         py::arg("bandwidth_gbps") = 0.0, py::arg("neighbour_weight") = 0.0,
         py::arg("search_moves") = kDefaultSearchMoves, py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,
         py::arg("direct_max_read_kb") = 4096, py::arg("io_direct") = false,
-        "Orders each layer's experts from routing logs (cluster_experts); returns costs and slots.");
+        "Orders each layer's experts from routing logs (cluster_experts); returns costs and slots. "
+        "A packed model: maps_out and repack (in place). A GGUF: out writes a permuted copy.");
   m.def("cost", &run_cost, py::arg("model"), py::arg("routing"), py::kw_only(), py::arg("slots") = py::none(),
         py::arg("shape_only") = false, py::arg("io_profile") = py::none(), py::arg("op_latency_us") = 0.0,
         py::arg("bandwidth_gbps") = 0.0, py::arg("coalesce_gap_kb") = 64, py::arg("max_read_kb") = 1024,

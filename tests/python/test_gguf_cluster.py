@@ -183,3 +183,36 @@ def test_bad_input_is_refused_and_the_source_kept(tool, tmp_path):
     split_log = tmp_path / "split.log"
     greedy(tool, split, prompt, split_log)
     refused("--model", split, "--routing", split_log, "--out", tmp_path / "z.gguf", needle="split GGUF set")
+
+
+def test_python_cluster_on_a_gguf(tool, tmp_path):
+    """moestream.cluster() takes a GGUF as cluster_experts does: `out` writes the permuted copy
+    (the same file the CLI writes from the same log and method), in-place options are refused."""
+    moestream = pytest.importorskip("moestream")
+    src, prompt = fixture(tmp_path, "qwen3moe-tiny-Q8_0")
+    log = tmp_path / "routing.log"
+    want = greedy(tool, src, prompt, log)
+    before = src.read_bytes()
+    out = tmp_path / "py.gguf"
+    res = moestream.cluster(src, [log], out=out, evaluate=log)
+    assert res["repacked"] and res["out"]["bytes"] == out.stat().st_size
+    assert set(res["heldout"]) == {"identity", "greedy", "chosen"}
+    n_layers, n_experts = res["slots"].shape
+    assert n_experts > 1 and n_layers >= 1
+    perm = check_repack(src, out, src)
+    # slots[l][e] is expert e's position; the file records which expert sits at each position.
+    for layer in range(n_layers):
+        assert [perm[layer][int(p)] for p in res["slots"][layer]] == list(range(n_experts))
+    assert greedy(tool, out, prompt) == want
+    cli = tmp_path / "cli.gguf"
+    cluster(tool, src, [log], cli)
+    assert cli.read_bytes() == out.read_bytes()
+    assert src.read_bytes() == before
+    with pytest.raises(moestream.ConfigError, match="is a GGUF"):
+        moestream.cluster(src, [log], repack=True)
+    with pytest.raises(moestream.ConfigError, match="is a GGUF"):
+        moestream.cluster(src, [log], maps_out=tmp_path / "maps")
+    assert src.read_bytes() == before
+    with pytest.raises(moestream.ConfigError, match="needs a .gguf model"):
+        moestream.cluster(ROOT / "models" / "demo", [log], out=tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
