@@ -1,6 +1,9 @@
 // The CPU expert matvec's int8 activation rounding on the GPU (kernels/cuda/round_activations.h): one
 // warp per 32-wide block, lane i owns element i. Reference: kernels/cpu/quant.cpp quantize_activations.
+#include <cuda_fp16.h>
+
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -28,6 +31,42 @@ __global__ void round_activations_q8_kernel(float* __restrict__ x, int rows, int
   if (c < cols) row[c] = __fmul_rn(q, d);
 }
 
+// One warp per kBlock-wide block (kBlock / 32 elements a lane): the CPU's ggml activation rounding
+// (kernels/cpu/ggml_legacy.cpp ggml_round_activations for 32, ggml_kquants.cpp
+// kquant_round_activations for 256). cols is a whole number of blocks.
+template <int kBlock, bool kF16Scale>
+__global__ void round_activations_blocks_kernel(float* __restrict__ x, long long n_blocks) {
+  constexpr int kPer = kBlock / 32;
+  const long long blk = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (blk >= n_blocks) return;
+  const int lane = threadIdx.x & 31;
+  float* b = x + blk * kBlock;
+  float v[kPer];
+  float a = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    v[j] = b[lane + 32 * j];
+    a = fmaxf(a, fabsf(v[j]));  // fmaxf skips a NaN, as the CPU's max does
+  }
+  const float amax = warp_max(a);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  float d = __fdiv_rn(amax, 127.0f);
+  if (kF16Scale) d = __half2float(__float2half_rn(d));
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const float q = rintf(fminf(fmaxf(__fmul_rn(v[j], id), -127.0f), 127.0f));
+    b[lane + 32 * j] = __fmul_rn(q, d);
+  }
+}
+
+template <int kBlock, bool kF16Scale>
+void round_activations_blocks_cuda(float* x, long long n_blocks, cudaStream_t s) {
+  const long long blocks = (n_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  MOE_ASSERT(blocks < (1LL << 31), "round_activations_blocks_cuda: grid too large");
+  round_activations_blocks_kernel<kBlock, kF16Scale><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, n_blocks);
+  MOE_CUDA_CHECK_LAUNCH("round_activations_blocks_kernel");
+}
+
 // Launcher (file-local: the op below is its only caller).
 void round_activations_q8_cuda(float* x, int rows, int cols, cudaStream_t s) {
   MOE_ASSERT(x && rows > 0 && cols > 0, "round_activations_q8_cuda: bad arguments");
@@ -47,6 +86,38 @@ void round_activations_q8(float* x, int rows, int cols, Stream s) {
                 " cols=" + std::to_string(cols));
   if (!x) throw Error("gpu::round_activations_q8: null device pointer");
   round_activations_q8_cuda(x, rows, cols, s);
+}
+
+bool round_activations(QuantType q, float* x, int rows, int cols, Stream s) {
+  if (rows <= 0 || cols <= 0)
+    throw Error("gpu::round_activations: bad shape rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
+  if (!x) throw Error("gpu::round_activations: null device pointer");
+  if (q == QuantType::kQ8 || q == QuantType::kQ4) {
+    round_activations_q8_cuda(x, rows, cols, s);
+    return true;
+  }
+  const std::optional<GgmlType> t = quant_ggml_type(q);
+  if (!t) return false;  // f32, bf16: their kernels take float inputs
+  int block = 0;
+  switch (*t) {
+    case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0: case GgmlType::kIQ4_NL: case GgmlType::kMXFP4:
+      block = 32;
+      break;
+    case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: case GgmlType::kIQ4_XS:
+      block = 256;
+      break;
+    default:
+      return false;  // F32, F16, BF16: multiplied as floats on the CPU too
+  }
+  if (cols % block != 0)
+    throw ConfigError("gpu::round_activations: " + std::string(quant_name(q)) + " inputs of " + std::to_string(cols) +
+                      " columns are not whole " + std::to_string(block) + "-wide blocks");
+  const long long n_blocks = (long long)rows * (cols / block);
+  if (block == 32) round_activations_blocks_cuda<32, true>(x, n_blocks, s);
+  else round_activations_blocks_cuda<256, false>(x, n_blocks, s);
+  return true;
 }
 
 }  // namespace moestream::gpu
