@@ -184,7 +184,8 @@ constexpr double kRelTol = 1e-5;  // of sum |w * x|, per output
 
 // Worst |gpu - ref| / (kRelTol * sum|w*x|) over all outputs; fails (naming the first offender)
 // above 1, and prints the table line scripts/device_kernels.sh collects.
-void expect_gemm_close(const std::vector<float>& gpu, const Reference& ref, const std::string& what) {
+void expect_gemm_close(const std::vector<float>& gpu, const Reference& ref,
+                       const std::string& what) {
   ASSERT_EQ(gpu.size(), ref.y.size());
   double worst = 0, worst_rel = 0;
   for (size_t i = 0; i < gpu.size(); ++i) {

@@ -160,7 +160,8 @@ struct BtQ6_K : TwoBitCols {  // the same column runs as Q2_K/Q3_K
 
 // IQ4_XS (136 bytes): f16 d, 16-bit high scale bits (2 per 32 columns), 4 bytes of low scale
 // nibbles, 128 bytes of IQ4_NL code-book nibbles; 32-column sub-block sb is bytes sb*16..+15,
-// element j low, j+16 high, scale ((low | high << 4) - 32). Lane: sb = lane / 4, j = 4 * (lane % 4).
+// element j low, j+16 high, scale ((low | high << 4) - 32).
+// Lane: sb = lane / 4, j = 4 * (lane % 4).
 struct BtIQ4_XS {
   static constexpr int kBlockElems = 256;
   static constexpr int kLanes = 32;
@@ -177,7 +178,8 @@ struct BtIQ4_XS {
     const int ls = int(lo_bits | (((head >> (16 + 2 * sb)) & 3u) << 4)) - 32;
     const float dl = __fmul_rn(d, float(ls));
     const uint32_t q = ld_u32_aligned(blk + 8 + sb * 16 + j);
-    const uint32_t vlo = lut16x4(q & 0x0f0f0f0fu, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+    const uint32_t vlo =
+        lut16x4(q & 0x0f0f0f0fu, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
     const uint32_t vhi =
         lut16x4((q >> 4) & 0x0f0f0f0fu, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
 #pragma unroll
@@ -190,9 +192,10 @@ struct BtIQ4_XS {
 
 // Calls f(BT{}, gemm launch name, dequantize launch name) for the block type of t; false when t
 // is not one of this file's types.
-#define MOE_GGML_CASE(T)                                                                     \
-  case GgmlType::k##T:                                                                       \
-    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">", "launch of dequantize_rows_kernel<" #T ">"); \
+#define MOE_GGML_CASE(T)                                              \
+  case GgmlType::k##T:                                                \
+    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">",                \
+      "launch of dequantize_rows_kernel<" #T ">");                    \
     return true;
 template <class F>
 bool with_kquant_type(GgmlType t, F&& f) {

@@ -130,9 +130,10 @@ struct BtMXFP4 : LegacyCols {
 
 // Calls f(BT{}, gemm launch name, dequantize launch name) for the block type of t; false when t
 // is not one of this file's types.
-#define MOE_GGML_CASE(T)                                                                     \
-  case GgmlType::k##T:                                                                       \
-    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">", "launch of dequantize_rows_kernel<" #T ">"); \
+#define MOE_GGML_CASE(T)                                              \
+  case GgmlType::k##T:                                                \
+    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">",                \
+      "launch of dequantize_rows_kernel<" #T ">");                    \
     return true;
 template <class F>
 bool with_legacy_type(GgmlType t, F&& f) {

@@ -7,7 +7,8 @@
 // (32 lanes). A lane's 8 weights are two runs of 4 consecutive columns (BT::cols), so its
 // activations are two float4 loads. Weights round as the CPU reference (kernels/cpu/
 // ggml_{legacy,kquants}.cpp) does, each product and sum on its own (__fmul_rn, __fadd_rn: no
-// contraction into a fused multiply-add), so dequantize_rows equals ggml_dequantize_row bit for bit.
+// contraction into a fused multiply-add), so dequantize_rows equals ggml_dequantize_row bit for
+// bit.
 //
 // Alignment: matrices start 16-byte aligned (dense_gemm/dequantize_rows check it; expert payloads
 // and matrix offsets are 64-aligned), but a block of 18, 22, 34, 110, 210 or 17 bytes starts only
@@ -69,7 +70,9 @@ struct GgmlCodec {
   size_t row_bytes;
 
   __device__ GgmlCodec(const uint8_t* matrix, int cols)
-      : m(matrix), nb(cols / BT::kBlockElems), row_bytes(size_t(cols / BT::kBlockElems) * BT::kBytes) {}
+      : m(matrix),
+        nb(cols / BT::kBlockElems),
+        row_bytes(size_t(cols / BT::kBlockElems) * BT::kBytes) {}
   __device__ int steps() const { return (nb + kBlocksPerStep - 1) / kBlocksPerStep; }
   // Branch-free: a lane past the row decodes the row's last block and zeroes it.
   __device__ void load_w(int row, int st, int lane, float* w) const {
