@@ -10,13 +10,25 @@ namespace {
 // Byte i (0..3) of a word.
 __device__ __forceinline__ uint32_t byte_of(uint32_t v, int i) { return (v >> (8 * i)) & 0xffu; }
 
-// (d * scale) * q, the value of the types without a minimum.
-__device__ __forceinline__ float scaled(float d, int scale, int q) {
-  return __fmul_rn(__fmul_rn(d, float(scale)), float(q));
+// A lane's 8 weights from two words of per-byte levels (byte e of lo: column run 1, of hi: run
+// 2) minus `bias`: dl * q, or dl * q - ml for the types with a minimum, where dl = d * scale and
+// ml = dmin * min of each run's 16-column sub-block (+0 for the types without, so that
+// dl * q - (+0) is dl * q bit for bit, as the CPU computes it).
+__device__ __forceinline__ void kquant_values(uint32_t lo, uint32_t hi, float bias, float dl0,
+                                              float ml0, float dl1, float ml1, float* w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    w[e] = __fsub_rn(__fmul_rn(dl0, byte_minus(lo, e, bias)), ml0);
+    w[4 + e] = __fsub_rn(__fmul_rn(dl1, byte_minus(hi, e, bias)), ml1);
+  }
 }
-// (d * scale) * q - (dmin * min).
-__device__ __forceinline__ float scaled_min(float d, int scale, float dmin, int mn, int q) {
-  return __fsub_rn(scaled(d, scale, q), __fmul_rn(dmin, float(mn)));
+__device__ __forceinline__ void kquant_values(uint32_t lo, uint32_t hi, float bias, float dl0,
+                                              float dl1, float* w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    w[e] = __fmul_rn(dl0, byte_minus(lo, e, bias));
+    w[4 + e] = __fmul_rn(dl1, byte_minus(hi, e, bias));
+  }
 }
 
 // Q2_K and Q3_K: 128-column halves h; quant byte h*32 + j holds columns h*128 + s*32 + j for
@@ -43,13 +55,9 @@ struct BtQ2_K : TwoBitCols {
     const uint32_t q = ld_u32_aligned(blk + 16 + h * 32 + j);
     const int k = h * 8 + sp * 2 + (j >> 4);  // scale index of the first run; +4 for the second
     const uint32_t sm0 = __ldg(blk + k), sm1 = __ldg(blk + k + 4);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t byte = byte_of(q, e);
-      w[e] = scaled_min(d, int(sm0 & 0xf), dmin, int(sm0 >> 4), int((byte >> (2 * sp)) & 3));
-      w[4 + e] =
-          scaled_min(d, int(sm1 & 0xf), dmin, int(sm1 >> 4), int((byte >> (2 * sp + 4)) & 3));
-    }
+    kquant_values((q >> (2 * sp)) & 0x03030303u, (q >> (2 * sp + 4)) & 0x03030303u, 0.0f,
+                  __fmul_rn(d, float(sm0 & 0xf)), __fmul_rn(dmin, float(sm0 >> 4)),
+                  __fmul_rn(d, float(sm1 & 0xf)), __fmul_rn(dmin, float(sm1 >> 4)), w);
   }
 };
 
@@ -71,15 +79,11 @@ struct BtQ3_K : TwoBitCols {
     const uint32_t hm = ld_u32(blk + j), q = ld_u32(blk + 32 + h * 32 + j);
     const int k = h * 8 + sp * 2 + (j >> 4);
     const int sc0 = q3k_scale(blk + 96, k), sc1 = q3k_scale(blk + 96, k + 4);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t byte = byte_of(q, e), hbyte = byte_of(hm, e);
-      const int s0 = sp, s1 = sp + 2;
-      const int q0 = int((byte >> (2 * s0)) & 3) - (((hbyte >> (4 * h + s0)) & 1) ? 0 : 4);
-      const int q1 = int((byte >> (2 * s1)) & 3) - (((hbyte >> (4 * h + s1)) & 1) ? 0 : 4);
-      w[e] = scaled(d, sc0, q0);
-      w[4 + e] = scaled(d, sc1, q1);
-    }
+    // level = low + 4 * high bit - 4: the high bit is bit 2 of the byte, the bias 4.
+    const int s0 = 4 * h + sp, s1 = s0 + 2;
+    const uint32_t lo = ((q >> (2 * sp)) & 0x03030303u) | (((hm >> s0) & 0x01010101u) << 2);
+    const uint32_t hi = ((q >> (2 * sp + 4)) & 0x03030303u) | (((hm >> s1) & 0x01010101u) << 2);
+    kquant_values(lo, hi, 4.0f, __fmul_rn(d, float(sc0)), __fmul_rn(d, float(sc1)), w);
   }
 };
 
@@ -121,15 +125,14 @@ struct BtK4 : NibbleChunkCols {
     k4_scale_min(s0, s1, s2, 2 * c, sc0, mn0);
     k4_scale_min(s0, s1, s2, 2 * c + 1, sc1, mn1);
     const uint32_t q = ld_u32_aligned(blk + (kQ5 ? 48 : 16) + c * 32 + j);
-    const uint32_t qh = kQ5 ? ld_u32_aligned(blk + 16 + j) : 0u;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t byte = byte_of(q, e), hbyte = byte_of(qh, e);
-      const int q0 = int(byte & 0xf) | (kQ5 ? int((hbyte >> (2 * c)) & 1) << 4 : 0);
-      const int q1 = int(byte >> 4) | (kQ5 ? int((hbyte >> (2 * c + 1)) & 1) << 4 : 0);
-      w[e] = scaled_min(d, sc0, dmin, mn0, q0);
-      w[4 + e] = scaled_min(d, sc1, dmin, mn1, q1);
+    uint32_t lo = q & 0x0f0f0f0fu, hi = (q >> 4) & 0x0f0f0f0fu;
+    if constexpr (kQ5) {
+      const uint32_t qh = ld_u32_aligned(blk + 16 + j);
+      lo |= ((qh >> (2 * c)) & 0x01010101u) << 4;
+      hi |= ((qh >> (2 * c + 1)) & 0x01010101u) << 4;
     }
+    kquant_values(lo, hi, 0.0f, __fmul_rn(d, float(sc0)), __fmul_rn(dmin, float(mn0)),
+                  __fmul_rn(d, float(sc1)), __fmul_rn(dmin, float(mn1)), w);
   }
 };
 using BtQ4_K = BtK4<false>;
@@ -147,14 +150,9 @@ struct BtQ6_K : TwoBitCols {  // the same column runs as Q2_K/Q3_K
     const uint32_t ql = ld_u32(blk + h * 64 + tp * 32 + j), qh = ld_u32(blk + 128 + h * 32 + j);
     const int k = h * 8 + tp * 2 + (j >> 4);
     const int sc0 = int(int8_t(__ldg(blk + 192 + k))), sc1 = int(int8_t(__ldg(blk + 192 + k + 4)));
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t lbyte = byte_of(ql, e), hbyte = byte_of(qh, e);
-      const int q0 = int((lbyte & 0xf) | (((hbyte >> (2 * tp)) & 3) << 4)) - 32;
-      const int q1 = int((lbyte >> 4) | (((hbyte >> (2 * tp + 4)) & 3) << 4)) - 32;
-      w[e] = scaled(d, sc0, q0);
-      w[4 + e] = scaled(d, sc1, q1);
-    }
+    const uint32_t lo = (ql & 0x0f0f0f0fu) | (((qh >> (2 * tp)) & 0x03030303u) << 4);
+    const uint32_t hi = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (2 * tp + 4)) & 0x03030303u) << 4);
+    kquant_values(lo, hi, 32.0f, __fmul_rn(d, float(sc0)), __fmul_rn(d, float(sc1)), w);
   }
 };
 
@@ -182,11 +180,8 @@ struct BtIQ4_XS {
         lut16x4(q & 0x0f0f0f0fu, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
     const uint32_t vhi =
         lut16x4((q >> 4) & 0x0f0f0f0fu, 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      w[e] = __fmul_rn(dl, sbyte(vlo, e));
-      w[4 + e] = __fmul_rn(dl, sbyte(vhi, e));
-    }
+    // Code-book entries are int8: b -> b + 128, bias 128.
+    kquant_values(vlo ^ 0x80808080u, vhi ^ 0x80808080u, 128.0f, dl, dl, w);
   }
 };
 

@@ -16,15 +16,33 @@ struct LegacyCols {
   }
 };
 
-// Nibble k (0..3 low, 4..7 high) of the lane's quant word as an integer.
-__device__ __forceinline__ int nib(uint32_t q, int k) {
-  return int((q >> (k < 4 ? 8 * k : 8 * (k - 4) + 4)) & 0xfu);
+// The low and high nibbles of a quant word, one per byte.
+__device__ __forceinline__ uint32_t low_nibbles(uint32_t q) { return q & 0x0f0f0f0fu; }
+__device__ __forceinline__ uint32_t high_nibbles(uint32_t q) { return (q >> 4) & 0x0f0f0f0fu; }
+
+// Bits 0..3 of x to bit 4 of bytes 0..3 (the Q5 types' fifth bits of 4 consecutive elements;
+// the shifted copies of x do not overlap, so the product carries nothing).
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t x) {
+  return (((x & 0xfu) * 0x00204081u) & 0x01010101u) << 4;
 }
 
-// Bit 4 of element j (Q5 types): bit j of the block's 32-bit qh.
-__device__ __forceinline__ int bit4(uint32_t qh, int sub, int k) {
-  const int j = k < 4 ? 4 * sub + k : 16 + 4 * sub + (k - 4);
-  return int((qh >> j) & 1u) << 4;
+// w[e] = d * (byte e of lo - bias), w[4+e] = the same of hi.
+__device__ __forceinline__ void scale_bytes(uint32_t lo, uint32_t hi, float d, float bias,
+                                            float* w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    w[e] = __fmul_rn(d, byte_minus(lo, e, bias));
+    w[4 + e] = __fmul_rn(d, byte_minus(hi, e, bias));
+  }
+}
+// The types with a minimum: w = d * byte + m.
+__device__ __forceinline__ void scale_bytes_min(uint32_t lo, uint32_t hi, float d, float m,
+                                                float* w) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    w[e] = __fadd_rn(__fmul_rn(d, byte_minus(lo, e, 0.0f)), m);
+    w[4 + e] = __fadd_rn(__fmul_rn(d, byte_minus(hi, e, 0.0f)), m);
+  }
 }
 
 // Q4_0 (18 bytes): f16 d, 16 bytes of nibbles; x = d * (q - 8).
@@ -33,8 +51,7 @@ struct BtQ4_0 : LegacyCols {
   __device__ static void decode(const uint8_t* blk, int sub, float* w) {
     const float d = load_half(blk);
     const uint32_t q = ld_u32(blk + 2 + 4 * sub);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = __fmul_rn(d, float(nib(q, k) - 8));
+    scale_bytes(low_nibbles(q), high_nibbles(q), d, 8.0f, w);
   }
 };
 
@@ -45,8 +62,7 @@ struct BtQ4_1 : LegacyCols {
     const uint32_t dm = ld_u32_aligned(blk);
     const float d = half_bits(dm & 0xffffu), m = half_bits(dm >> 16);
     const uint32_t q = ld_u32_aligned(blk + 4 + 4 * sub);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = __fadd_rn(__fmul_rn(d, float(nib(q, k))), m);
+    scale_bytes_min(low_nibbles(q), high_nibbles(q), d, m, w);
   }
 };
 
@@ -57,8 +73,8 @@ struct BtQ5_0 : LegacyCols {
   __device__ static void decode(const uint8_t* blk, int sub, float* w) {
     const float d = load_half(blk);
     const uint32_t qh = ld_u32(blk + 2), q = ld_u32(blk + 6 + 4 * sub);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = __fmul_rn(d, float((nib(q, k) | bit4(qh, sub, k)) - 16));
+    scale_bytes(low_nibbles(q) | fifth_bits(qh >> (4 * sub)),
+                high_nibbles(q) | fifth_bits(qh >> (16 + 4 * sub)), d, 16.0f, w);
   }
 };
 
@@ -69,9 +85,8 @@ struct BtQ5_1 : LegacyCols {
     const uint32_t dm = ld_u32_aligned(blk);
     const float d = half_bits(dm & 0xffffu), m = half_bits(dm >> 16);
     const uint32_t qh = ld_u32_aligned(blk + 4), q = ld_u32_aligned(blk + 8 + 4 * sub);
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      w[k] = __fadd_rn(__fmul_rn(d, float(nib(q, k) | bit4(qh, sub, k))), m);
+    scale_bytes_min(low_nibbles(q) | fifth_bits(qh >> (4 * sub)),
+                    high_nibbles(q) | fifth_bits(qh >> (16 + 4 * sub)), d, m, w);
   }
 };
 
@@ -81,11 +96,7 @@ struct BtQ8_0 : LegacyCols {
   __device__ static void decode(const uint8_t* blk, int sub, float* w) {
     const float d = load_half(blk);
     const uint32_t lo = ld_u32(blk + 2 + 4 * sub), hi = ld_u32(blk + 18 + 4 * sub);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      w[e] = __fmul_rn(d, sbyte(lo, e));
-      w[4 + e] = __fmul_rn(d, sbyte(hi, e));
-    }
+    scale_bytes(lo ^ 0x80808080u, hi ^ 0x80808080u, d, 128.0f, w);  // int8 b -> b + 128
   }
 };
 
@@ -93,13 +104,9 @@ struct BtQ8_0 : LegacyCols {
 // constants: IQ4_NL's non-linear levels; MXFP4's E2M1 values doubled so that all are integers).
 __device__ __forceinline__ void book_decode(uint32_t q, float scale, uint32_t t0, uint32_t t1,
                                             uint32_t t2, uint32_t t3, float* w) {
-  const uint32_t lo = lut16x4(q & 0x0f0f0f0fu, t0, t1, t2, t3);
-  const uint32_t hi = lut16x4((q >> 4) & 0x0f0f0f0fu, t0, t1, t2, t3);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    w[e] = __fmul_rn(scale, sbyte(lo, e));
-    w[4 + e] = __fmul_rn(scale, sbyte(hi, e));
-  }
+  const uint32_t lo = lut16x4(low_nibbles(q), t0, t1, t2, t3);
+  const uint32_t hi = lut16x4(high_nibbles(q), t0, t1, t2, t3);
+  scale_bytes(lo ^ 0x80808080u, hi ^ 0x80808080u, scale, 128.0f, w);  // int8 b -> b + 128
 }
 
 // IQ4_NL (18 bytes): f16 d, 16 bytes of code-book nibbles
