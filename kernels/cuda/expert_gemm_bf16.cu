@@ -66,8 +66,8 @@ void dequantize_rows_bf16_cuda(const DequantArgs& a, cudaStream_t s) {
 
 void expert_gemm_bf16_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group,
                            cudaStream_t s) {
-  MOE_ASSERT(gemm_args_ok(a) && n_groups > 0 &&
-                 max_rows_per_group > 0 && a.matrix_offset % 2 == 0,
+  MOE_ASSERT(gemm_args_ok(a) && n_groups > 0 && max_rows_per_group > 0 &&
+                 a.matrix_offset % 2 == 0,
              "expert_gemm_bf16_cuda: bad arguments");
   if (a.cols % 4 == 0 && a.matrix_offset % 8 == 0)
     launch_expert_gemm<Bf16Codec<4>>(a, n_groups, max_rows_per_group,

@@ -71,8 +71,8 @@ void dequantize_rows_q4_cuda(const DequantArgs& a, cudaStream_t s) {
 }
 
 void expert_gemm_q4_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s) {
-  MOE_ASSERT(gemm_args_ok(a) && a.cols % 32 == 0 &&
-                 n_groups > 0 && max_rows_per_group > 0 && a.matrix_offset % 4 == 0,
+  MOE_ASSERT(gemm_args_ok(a) && a.cols % 32 == 0 && n_groups > 0 && max_rows_per_group > 0 &&
+                 a.matrix_offset % 4 == 0,
              "expert_gemm_q4_cuda: bad arguments");
   if ((a.cols / 32) % 2 == 0)
     launch_expert_gemm<Q4Codec<true>>(a, n_groups, max_rows_per_group,

@@ -29,7 +29,8 @@ __device__ __forceinline__ uint32_t ld_u32_aligned(const uint8_t* p) {
 }
 
 // 4 bytes at any address, little-endian. Reads only the aligned words that hold them (the second
-// word only when the bytes straddle two), so it never touches a word outside the matrix.
+// word only when the bytes straddle two): never a word that holds no byte of the matrix, so at
+// most 3 bytes past its end, inside the allocation's granularity (cudaMalloc: 256 bytes).
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const auto* w = reinterpret_cast<const unsigned int*>(a & ~uintptr_t{3});
