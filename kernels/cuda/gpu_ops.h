@@ -35,7 +35,8 @@ void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool n
 void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);
 
 // y[r] = sum_c W[r][c] * x[c] for r in [0, rows), W one matrix in the encoding of
-// loader/format/expert_file.h (q8, q4 or bf16; each row its own f16 scales then its quants).
+// loader/format/expert_file.h (q8, q4 or bf16; each row its own f16 scales then its quants), or
+// a ggml block type (through dense_gemm with one token: x 16-byte aligned).
 void expert_matvec(QuantType q, const uint8_t* w, int rows, int cols, const float* x, float* y,
                    Stream s);
 void expert_matvec_q8(const uint8_t* w, int rows, int cols, const float* x, float* y, Stream s);
@@ -54,7 +55,9 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
 // Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
 // rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the
 // matrix at byte offset matrix_offset inside expert payload w[g] (q8/q4/bf16 row encoding of
-// loader/format/expert_file.h, `rows` x `cols`) -> y rows [row_start[g], row_start[g+1]) of [n_rows, rows].
+// loader/format/expert_file.h, or a ggml block type: F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K,
+// IQ4_NL, IQ4_XS, MXFP4, rows of whole blocks; others are a ConfigError naming the type;
+// `rows` x `cols`) -> y rows [row_start[g], row_start[g+1]) of [n_rows, rows].
 // w and row_start are DEVICE arrays (n_groups and n_groups+1 entries); max_rows_per_group is a
 // host-side upper bound used for the launch grid. One launch for all groups.
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
