@@ -1,18 +1,92 @@
-// The grouped expert GEMM op: checks shapes and dispatches on the layer's quant type to the
-// per-encoding launchers (expert_gemm_{q8,q4,bf16}.cu over the tile loop of expert_gemm.cuh).
+// The weight-matrix ops over the tile loop of expert_gemm.cuh: the grouped expert GEMM, the dense
+// GEMM (one matrix, stored precision) and dequantize_rows. They check shapes and dispatch on the
+// matrix's QuantType to the per-encoding launchers: expert_gemm_{q8,q4,bf16}.cu for the pack
+// types, expert_gemm_ggml_*.cu for ggml's types.
+#include <algorithm>
 #include <string>
 
 #include "kernels/cuda/expert_gemm.cuh"
 #include "kernels/cuda/gpu_ops.h"
 
 namespace moestream::gpu {
+namespace {
+
+// q8/q4 rows are whole 32-wide blocks on the GPU: each lane's 16-byte activation load stays
+// inside the row.
+void check_pack_block_cols(QuantType q, int cols, const char* op, const std::string& shape) {
+  if (cols % kQuantBlock != 0)
+    throw ConfigError(std::string(op) + ": " + std::string(quant_name(q)) +
+                      " needs cols to be a multiple of " + std::to_string(kQuantBlock) + " (" +
+                      shape + ")");
+}
+
+[[noreturn]] void throw_no_kernel(QuantType q, const char* op) {
+  throw ConfigError(std::string(op) + ": quant type '" + std::string(quant_name(q)) +
+                    "' has no GPU kernel (f32, bf16, q8, q4 and the ggml types F32, F16, BF16, "
+                    "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, "
+                    "MXFP4 do)");
+}
+
+// A ggml type's rows are whole blocks: ConfigError naming the type otherwise.
+void check_ggml_cols(QuantType q, int cols, const char* op, const std::string& shape) {
+  const auto info = ggml_type_info(uint32_t(*quant_ggml_type(q)));
+  if (!info) throw_no_kernel(q, op);
+  if (uint32_t(cols) % info->block_elems != 0)
+    throw ConfigError(std::string(op) + ": " + std::string(quant_name(q)) +
+                      " needs cols to be a multiple of its block of " +
+                      std::to_string(info->block_elems) + " (" + shape + ")");
+}
+
+// ggml's types by family; BF16 rows are the pack's bf16 rows.
+bool ggml_gemm_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows, cudaStream_t s) {
+  if (t == GgmlType::kBF16) {
+    expert_gemm_bf16_cuda(a, n_groups, max_rows, s);
+    return true;
+  }
+  return gemm_plain_cuda(t, a, n_groups, max_rows, s);
+}
+
+bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s) {
+  if (t == GgmlType::kBF16) {
+    dequantize_rows_bf16_cuda(a, s);
+    return true;
+  }
+  return dequantize_rows_plain_cuda(t, a, s);
+}
+
+// Launches the GEMM of a, or throws ConfigError when q has no kernel.
+void gemm_dispatch(QuantType q, const GemmArgs& a, int n_groups, int max_rows, const char* op,
+                   const std::string& shape, cudaStream_t s) {
+  switch (q) {
+    case QuantType::kQ8:
+      check_pack_block_cols(q, a.cols, op, shape);
+      return expert_gemm_q8_cuda(a, n_groups, max_rows, s);
+    case QuantType::kQ4:
+      check_pack_block_cols(q, a.cols, op, shape);
+      return expert_gemm_q4_cuda(a, n_groups, max_rows, s);
+    case QuantType::kBF16: return expert_gemm_bf16_cuda(a, n_groups, max_rows, s);
+    case QuantType::kF32:  // the pack's f32 rows are ggml's F32 rows
+      if (!ggml_gemm_cuda(GgmlType::kF32, a, n_groups, max_rows, s)) throw_no_kernel(q, op);
+      return;
+  }
+  const auto t = quant_ggml_type(q);
+  if (!t) throw_no_kernel(q, op);
+  check_ggml_cols(q, a.cols, op, shape);
+  if (!ggml_gemm_cuda(*t, a, n_groups, max_rows, s)) throw_no_kernel(q, op);
+}
+
+std::string gemm_shape(int rows, int cols) {
+  return "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+}
+
+}  // namespace
 
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
                  Stream s) {
   const std::string shape = "n_groups=" + std::to_string(n_groups) +
-                            " max_rows_per_group=" + std::to_string(max_rows_per_group) +
-                            " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+                            " max_rows_per_group=" + std::to_string(max_rows_per_group) + " " +
+                            gemm_shape(rows, cols);
   if (n_groups <= 0 || n_groups > 65535 || max_rows_per_group <= 0 || rows <= 0 || cols <= 0)
     throw Error("gpu::expert_gemm: bad shape " + shape);
   if (!w || !row_start || !x || !y) throw Error("gpu::expert_gemm: null device pointer");
@@ -22,21 +96,51 @@ void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, con
     throw Error("gpu::expert_gemm: matrix_offset " + std::to_string(matrix_offset) +
                 " is not 16-byte aligned (loader/format/expert_file.h aligns matrices to 64)");
   const GemmArgs a{w, matrix_offset, row_start, rows, cols, x, y};
+  gemm_dispatch(q, a, n_groups, max_rows_per_group, "gpu::expert_gemm", shape, s);
+}
+
+void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
+                float* y, Stream s) {
+  const std::string shape = gemm_shape(rows, cols) + " n_tokens=" + std::to_string(n_tokens);
+  if (rows <= 0 || cols <= 0 || n_tokens <= 0) throw Error("gpu::dense_gemm: bad shape " + shape);
+  const int n_chunks = (n_tokens + kDenseTokenChunk - 1) / kDenseTokenChunk;
+  if (n_chunks > 65535) throw Error("gpu::dense_gemm: too many tokens for one launch: " + shape);
+  if (!w || !x || !y) throw Error("gpu::dense_gemm: null device pointer");
+  if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(y) % 4 != 0)
+    throw Error("gpu::dense_gemm: w and x must be 16-byte aligned and y 4-byte aligned");
+  GemmArgs a{nullptr, 0, nullptr, rows, cols, x, y};
+  a.matrix = w;
+  a.n_tokens = n_tokens;
+  a.dense_chunk = kDenseTokenChunk;
+  gemm_dispatch(q, a, n_chunks, std::min(n_tokens, kDenseTokenChunk), "gpu::dense_gemm", shape, s);
+}
+
+void dequantize_rows(QuantType q, const uint8_t* w, int cols, const int* ids, int n, float* out,
+                     Stream s) {
+  const std::string shape = "cols=" + std::to_string(cols) + " n=" + std::to_string(n);
+  if (cols <= 0 || n <= 0) throw Error("gpu::dequantize_rows: bad shape " + shape);
+  if (!w || !ids || !out) throw Error("gpu::dequantize_rows: null device pointer");
+  if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 4 != 0)
+    throw Error("gpu::dequantize_rows: w must be 16-byte aligned and out 4-byte aligned");
+  const DequantArgs a{w, cols, ids, n, out};
+  const char* op = "gpu::dequantize_rows";
   switch (q) {
     case QuantType::kQ8:
+      check_pack_block_cols(q, cols, op, shape);
+      return dequantize_rows_q8_cuda(a, s);
     case QuantType::kQ4:
-      // Whole 32-wide blocks per row keep every lane's 16-byte activation load inside the row.
-      if (cols % kQuantBlock != 0)
-        throw ConfigError("gpu::expert_gemm: " + std::string(quant_name(q)) +
-                          " needs cols to be a multiple of " + std::to_string(kQuantBlock) + " (" +
-                          shape + "); use expert_matvec for other widths");
-      if (q == QuantType::kQ8) return expert_gemm_q8_cuda(a, n_groups, max_rows_per_group, s);
-      return expert_gemm_q4_cuda(a, n_groups, max_rows_per_group, s);
-    case QuantType::kBF16: return expert_gemm_bf16_cuda(a, n_groups, max_rows_per_group, s);
-    case QuantType::kF32: break;
+      check_pack_block_cols(q, cols, op, shape);
+      return dequantize_rows_q4_cuda(a, s);
+    case QuantType::kBF16: return dequantize_rows_bf16_cuda(a, s);
+    case QuantType::kF32:
+      if (!ggml_dequantize_rows_cuda(GgmlType::kF32, a, s)) throw_no_kernel(q, op);
+      return;
   }
-  throw ConfigError("gpu::expert_gemm: quant type '" + std::string(quant_name(q)) +
-                    "' has no GPU kernel (q8, q4 and bf16 do)");
+  const auto t = quant_ggml_type(q);
+  if (!t) throw_no_kernel(q, op);
+  check_ggml_cols(q, cols, op, shape);
+  if (!ggml_dequantize_rows_cuda(*t, a, s)) throw_no_kernel(q, op);
 }
 
 }  // namespace moestream::gpu

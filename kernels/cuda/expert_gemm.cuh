@@ -1,5 +1,7 @@
-// Internal to kernels/: the grouped expert GEMM's tile loop, shared by the q8/q4/bf16 files, each
-// of which supplies a codec that dequantises a lane's slice of a weight row in registers.
+// Internal to kernels/: the grouped expert GEMM's tile loop, shared by the q8/q4/bf16 files and
+// the ggml block types' files, each of which supplies a codec that dequantises a lane's slice of a
+// weight row in registers. The same loop is the dense GEMM (one matrix, token chunks as groups)
+// and the codecs' store() gives dequantize_rows.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -11,12 +13,16 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
+#include "loader/format/ggml_types.h"
 
 namespace moestream::gpu {
 
 constexpr int kGemmWarps = 4;  // warps per block
 
-// Arguments of one launch (w and row_start are device arrays).
+// Arguments of one launch. Grouped (expert_gemm): w and row_start are device arrays, group g's
+// matrix is w[g] + matrix_offset. Dense (dense_gemm): w and row_start are nullptr, the one matrix
+// is `matrix` and group g is the token chunk [g * dense_chunk, min(n_tokens, (g+1) * dense_chunk)):
+// no device array to fill, and a long prompt still spreads over the grid.
 struct GemmArgs {
   const uint8_t* const* w;
   size_t matrix_offset;
@@ -24,7 +30,19 @@ struct GemmArgs {
   int rows, cols;
   const float* x;
   float* y;
+  const uint8_t* matrix = nullptr;
+  int n_tokens = 0;
+  int dense_chunk = 0;
 };
+
+// The launchers' common precondition: a matrix (or payload array and row starts) and a shape.
+inline bool gemm_args_ok(const GemmArgs& a) {
+  return (a.w ? a.row_start != nullptr : a.matrix != nullptr && a.dense_chunk > 0) && a.x &&
+         a.y && a.rows > 0 && a.cols > 0;
+}
+
+// Token rows of a dense GEMM per grid row (see GemmArgs).
+constexpr int kDenseTokenChunk = 64;
 
 // Weight loads go through the read-only path (__ldg): payloads never change during a kernel.
 __device__ __forceinline__ float load_half(const uint8_t* p) {  // p 2-byte aligned
@@ -44,7 +62,9 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p, bool aligned4) {
 // and step and multiplying them into MT accumulators per row, so each weight load serves MT
 // tokens. Token tiles after the first re-read the block's rows from L1/L2, not HBM.
 // Codec: kElems; Codec(const uint8_t* matrix, int cols); steps(); load_w(row, step, lane, w[]);
-// load_x(const float* xrow, step, lane, x[]) (zeros where the lane's slice is past the row).
+// load_x(const float* xrow, step, lane, x[]) (zeros where the lane's slice is past the row);
+// store(float* out_row, step, lane, w[]) writes the lane's weights where load_x reads (none past
+// the row).
 template <class Codec, int MT, int RW>
 __global__ void __launch_bounds__(kGemmWarps * 32) expert_gemm_kernel(GemmArgs a) {
   constexpr int E = Codec::kElems;
@@ -52,9 +72,11 @@ __global__ void __launch_bounds__(kGemmWarps * 32) expert_gemm_kernel(GemmArgs a
   const int g = blockIdx.y;
   const int row_base = (blockIdx.x * kGemmWarps + warp) * RW;
   if (row_base >= a.rows) return;
-  const int t_begin = a.row_start[g], t_end = a.row_start[g + 1];
+  const bool grouped = a.row_start != nullptr;
+  const int t_begin = grouped ? a.row_start[g] : g * a.dense_chunk;
+  const int t_end = grouped ? a.row_start[g + 1] : min(a.n_tokens, t_begin + a.dense_chunk);
   if (t_begin >= t_end) return;  // an expert no token chose
-  const Codec codec(a.w[g] + a.matrix_offset, a.cols);
+  const Codec codec(grouped ? a.w[g] + a.matrix_offset : a.matrix, a.cols);
   const int n_steps = codec.steps();
   int row[RW];
 #pragma unroll
@@ -99,7 +121,8 @@ __global__ void __launch_bounds__(kGemmWarps * 32) expert_gemm_kernel(GemmArgs a
 }
 
 // Launch with the token tile chosen from the largest group: 1 for decode (groups of one row),
-// up to 8 for prefill. Rows per warp: 2 at MT 1 (more blocks for a single-row decode), else 4.
+// up to 8 for prefill. Rows per warp: 2 at MT 1 (more blocks for a single-row decode), else 4;
+// 1 for a dense decode (one group), whose grid would otherwise leave most SMs idle.
 template <class Codec>
 void launch_expert_gemm(const GemmArgs& a, int n_groups, int max_rows_per_group, const char* name,
                         cudaStream_t s) {
@@ -109,7 +132,9 @@ void launch_expert_gemm(const GemmArgs& a, int n_groups, int max_rows_per_group,
     const dim3 grid(unsigned((a.rows + rows_per_block - 1) / rows_per_block), unsigned(n_groups));
     expert_gemm_kernel<Codec, MT, RW><<<grid, kGemmWarps * 32, 0, s>>>(a);
   };
-  if (max_rows_per_group <= 1)
+  if (max_rows_per_group <= 1 && n_groups == 1)
+    launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
+  else if (max_rows_per_group <= 1)
     launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 2>{});
   else if (max_rows_per_group <= 2)
     launch(std::integral_constant<int, 2>{}, std::integral_constant<int, 4>{});
@@ -121,10 +146,50 @@ void launch_expert_gemm(const GemmArgs& a, int n_groups, int max_rows_per_group,
   if (e != cudaSuccess) throw_cuda(e, name, __FILE__, __LINE__);
 }
 
-// Launchers (preconditions asserted; the op wrapper in expert_gemm.cu checks shapes).
+// dequantize_rows: one warp per output row, walking the codec's steps and storing what load_w
+// decodes where load_x would read the matching activations (Codec::store). The codecs round as
+// the CPU reference does (no fused multiply-add), so the rows are bit-identical to it.
+struct DequantArgs {
+  const uint8_t* w;
+  int cols;
+  const int* ids;
+  int n;
+  float* out;
+};
+
+template <class Codec>
+__global__ void __launch_bounds__(kGemmWarps * 32) dequantize_rows_kernel(DequantArgs a) {
+  const int i = blockIdx.x * kGemmWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (i >= a.n) return;
+  const Codec codec(a.w, a.cols);
+  const int row = a.ids[i];
+  float* out = a.out + size_t(i) * a.cols;
+  for (int st = 0; st < codec.steps(); ++st) {
+    float wv[Codec::kElems];
+    codec.load_w(row, st, lane, wv);
+    codec.store(out, st, lane, wv);
+  }
+}
+
+template <class Codec>
+void launch_dequantize_rows(const DequantArgs& a, const char* name, cudaStream_t s) {
+  const unsigned blocks = unsigned((a.n + kGemmWarps - 1) / kGemmWarps);
+  dequantize_rows_kernel<Codec><<<blocks, kGemmWarps * 32, 0, s>>>(a);
+  const cudaError_t e = cudaPeekAtLastError();
+  if (e != cudaSuccess) throw_cuda(e, name, __FILE__, __LINE__);
+}
+
+// Launchers (preconditions asserted; the op wrappers in expert_gemm.cu check shapes).
 void expert_gemm_q8_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s);
 void expert_gemm_q4_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s);
 void expert_gemm_bf16_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group,
                            cudaStream_t s);
+void dequantize_rows_q8_cuda(const DequantArgs& a, cudaStream_t s);
+void dequantize_rows_q4_cuda(const DequantArgs& a, cudaStream_t s);
+void dequantize_rows_bf16_cuda(const DequantArgs& a, cudaStream_t s);
+// ggml's types by family, each false for a type outside it: expert_gemm_plain.cu (F32, F16).
+bool gemm_plain_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
+                     cudaStream_t s);
+bool dequantize_rows_plain_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s);
 
 }  // namespace moestream::gpu

@@ -44,13 +44,29 @@ struct Bf16Codec {
       x[0] = valid ? v : 0.f;
     }
   }
+  __device__ void store(float* out, int st, int lane, const float* w) const {
+    const int c = (st * 32 + lane) * V;
+    if (c >= cols) return;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[c + e] = w[e];
+  }
 };
 
 }  // namespace
 
+void dequantize_rows_bf16_cuda(const DequantArgs& a, cudaStream_t s) {
+  MOE_ASSERT(a.w && a.ids && a.out && a.n > 0 && a.cols > 0 &&
+                 reinterpret_cast<uintptr_t>(a.w) % 2 == 0,
+             "dequantize_rows_bf16_cuda: bad arguments");
+  if (a.cols % 4 == 0 && reinterpret_cast<uintptr_t>(a.w) % 8 == 0)
+    launch_dequantize_rows<Bf16Codec<4>>(a, "launch of dequantize_rows_kernel<bf16x4>", s);
+  else
+    launch_dequantize_rows<Bf16Codec<1>>(a, "launch of dequantize_rows_kernel<bf16>", s);
+}
+
 void expert_gemm_bf16_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group,
                            cudaStream_t s) {
-  MOE_ASSERT(a.w && a.row_start && a.x && a.y && a.rows > 0 && a.cols > 0 && n_groups > 0 &&
+  MOE_ASSERT(gemm_args_ok(a) && n_groups > 0 &&
                  max_rows_per_group > 0 && a.matrix_offset % 2 == 0,
              "expert_gemm_bf16_cuda: bad arguments");
   if (a.cols % 4 == 0 && a.matrix_offset % 8 == 0)

@@ -40,12 +40,27 @@ struct Q8Codec {
     x[2] = valid ? v.z : 0.f;
     x[3] = valid ? v.w : 0.f;
   }
+  __device__ void store(float* out, int st, int lane, const float* w) const {
+    const int quad = st * 32 + lane;
+    if ((quad >> 3) >= nb) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[quad * 4 + e] = w[e];
+  }
 };
 
 }  // namespace
 
+void dequantize_rows_q8_cuda(const DequantArgs& a, cudaStream_t s) {
+  MOE_ASSERT(a.w && a.ids && a.out && a.n > 0 && a.cols > 0 && a.cols % 32 == 0,
+             "dequantize_rows_q8_cuda: bad arguments");
+  if ((a.cols / 32) % 2 == 0 && reinterpret_cast<uintptr_t>(a.w) % 4 == 0)
+    launch_dequantize_rows<Q8Codec<true>>(a, "launch of dequantize_rows_kernel<q8>", s);
+  else
+    launch_dequantize_rows<Q8Codec<false>>(a, "launch of dequantize_rows_kernel<q8, 2-byte>", s);
+}
+
 void expert_gemm_q8_cuda(const GemmArgs& a, int n_groups, int max_rows_per_group, cudaStream_t s) {
-  MOE_ASSERT(a.w && a.row_start && a.x && a.y && a.rows > 0 && a.cols > 0 && a.cols % 32 == 0 &&
+  MOE_ASSERT(gemm_args_ok(a) && a.cols % 32 == 0 &&
                  n_groups > 0 && max_rows_per_group > 0 && a.matrix_offset % 4 == 0,
              "expert_gemm_q8_cuda: bad arguments");
   if ((a.cols / 32) % 2 == 0)
