@@ -136,14 +136,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
-  for (int l = 0; l < c.n_layers; ++l) {
-    layouts.push_back(c.expert_layout(l));
-    const ExpertTypes& t = layouts.back().types;
-    // A pack's f32 experts; a GGUF's F32 is a ggml type, which the ggml kernels take.
-    if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
-      throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
-                        "--quant q8, q4 or bf16");
-  }
+  // Whether the kernels take each layer's types is checked by warm_up(), naming the tensor.
+  for (int l = 0; l < c.n_layers; ++l) layouts.push_back(c.expert_layout(l));
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
     throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
                       std::to_string(B));
