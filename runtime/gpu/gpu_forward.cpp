@@ -35,7 +35,7 @@ constexpr int kMaxExpertsPerAcquire = 16;
 constexpr double kAutoBudgetShare = 0.8;
 
 // Pack q8/q4: their kernels take inputs already rounded to int8 per 32-block (round_activations_q8),
-// as the CPU's quant_matvec rounds them; the ggml types' kernels round their inputs themselves.
+// as the CPU's quant_matvec rounds them. The other types' kernels take float32 inputs as they are.
 bool pack_int_type(QuantType q) { return q == QuantType::kQ8 || q == QuantType::kQ4; }
 
 void cublas_check(cublasStatus_t st, const char* what) {
@@ -606,7 +606,7 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
   // q8/q4 experts see their input rounded to int8 per 32-block, as the CPU's quant_matvec does:
   // both backends then compute the same function (llama.cpp's GPU matvec quantises likewise).
-  // A pack's three matrices share one type; a GGUF's are ggml types, which round for themselves.
+  // A pack's three matrices share one type; a GGUF's are ggml types, computed from float inputs.
   const ExpertLayout& lay = layouts[size_t(layer)];
   if (pack_int_type(lay.types.gate) || pack_int_type(lay.types.up))
     gpu::round_activations_q8(xg, n_rows, D, stream);
