@@ -1,5 +1,6 @@
-// Micro-benchmark of the CUDA tier's bandwidth-bound kernels: decode attention and the grouped
-// expert GEMM, as GB/s of the bytes they must read, against a measured device-to-device copy.
+// Micro-benchmark of the CUDA tier's bandwidth-bound kernels: decode attention, the grouped
+// expert GEMM (pack and ggml types) and the dense GEMM, as GB/s of the bytes they must read,
+// against a measured device-to-device copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +44,21 @@ float* random_device_floats(size_t n, uint32_t seed, float scale = 1.0f) {
     CHECK(cudaMemcpy(d + off, h.data(), m * sizeof(float), cudaMemcpyHostToDevice));
   }
   return d;
+}
+
+// rows x cols of type qt: the pack types quantise N(0, 0.05) floats; ggml's block types are
+// random bytes (the kernels' speed does not depend on the values).
+void fill_matrix(moestream::QuantType qt, int rows, int cols, std::mt19937& rng, uint8_t* dst) {
+  using namespace moestream;
+  if (quant_ggml_type(qt)) {
+    const size_t n = quant_matrix_bytes(qt, size_t(rows), size_t(cols));
+    for (size_t i = 0; i < n; ++i) dst[i] = uint8_t(rng());
+    return;
+  }
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> wf(size_t(rows) * cols);
+  for (float& f : wf) f = dist(rng);
+  quantize_matrix(qt, wf.data(), size_t(rows), size_t(cols), dst);
 }
 
 // Median over `reps` batches of `per_batch` calls of fn(i), in microseconds per call (CUDA events).
@@ -166,7 +182,15 @@ int main() {
     int rows, cols;
   };
   const int k_active = 8, n_experts = 64;
-  for (QuantType qt : {QuantType::kQ8, QuantType::kQ4, QuantType::kBF16}) {
+  const QuantType gemm_types[] = {QuantType::kQ8,
+                                  QuantType::kQ4,
+                                  QuantType::kBF16,
+                                  ggml_quant(GgmlType::kQ8_0),
+                                  ggml_quant(GgmlType::kQ4_K),
+                                  ggml_quant(GgmlType::kQ6_K),
+                                  ggml_quant(GgmlType::kQ2_K),
+                                  ggml_quant(GgmlType::kMXFP4)};
+  for (QuantType qt : gemm_types) {
     for (const GemmCase gc : {GemmCase{"gate 768x2048", 768, 2048},
                               GemmCase{"down 2048x768", 2048, 768}}) {
       const size_t mbytes = quant_matrix_bytes(qt, gc.rows, gc.cols);
@@ -174,12 +198,8 @@ int main() {
       std::vector<uint8_t> h(stride * n_experts);
       {
         std::mt19937 rng(7);
-        std::normal_distribution<float> dist(0.0f, 0.05f);
-        std::vector<float> wf(size_t(gc.rows) * gc.cols);
-        for (int e = 0; e < n_experts; ++e) {
-          for (float& f : wf) f = dist(rng);
-          quantize_matrix(qt, wf.data(), gc.rows, gc.cols, h.data() + stride * e);
-        }
+        for (int e = 0; e < n_experts; ++e)
+          fill_matrix(qt, gc.rows, gc.cols, rng, h.data() + stride * e);
       }
       auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
       CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
@@ -223,6 +243,45 @@ int main() {
       }
       CHECK(cudaFree(dptrs));
       CHECK(cudaFree(w));
+    }
+  }
+
+  // Dense GEMM (attention and output projections in stored precision) at Qwen3-30B-A3B's shapes:
+  // q_proj [4096 x 2048] at 1 and 64 tokens, lm_head [151936 x 2048] at 1 token. Several copies
+  // of q_proj are cycled so decode reads come from HBM, not L2.
+  struct DenseCase {
+    const char* name;
+    int rows, cols, n_tokens, copies;
+  };
+  for (QuantType qt : {QuantType::kBF16, ggml_quant(GgmlType::kBF16), ggml_quant(GgmlType::kQ8_0),
+                       ggml_quant(GgmlType::kQ4_K), ggml_quant(GgmlType::kQ6_K)}) {
+    for (const DenseCase dc : {DenseCase{"q_proj 4096x2048", 4096, 2048, 1, 16},
+                               DenseCase{"q_proj 4096x2048", 4096, 2048, 64, 16},
+                               DenseCase{"lm_head 151936x2048", 151936, 2048, 1, 1}}) {
+      const size_t mbytes = quant_matrix_bytes(qt, size_t(dc.rows), size_t(dc.cols));
+      const size_t stride = (mbytes + 255) / 256 * 256;
+      std::vector<uint8_t> h(stride * dc.copies);
+      std::mt19937 rng(11);
+      for (int c = 0; c < dc.copies; ++c)
+        fill_matrix(qt, dc.rows, dc.cols, rng, h.data() + stride * c);
+      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
+      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      float* x = random_device_floats(size_t(dc.n_tokens) * dc.cols, 12);
+      auto* y = static_cast<float*>(device_alloc(size_t(dc.n_tokens) * dc.rows * sizeof(float)));
+      const double us = time_us(
+          [&](int i) {
+            gpu::dense_gemm(qt, w + stride * size_t(i % dc.copies), dc.rows, dc.cols, x,
+                            dc.n_tokens, y, nullptr);
+          },
+          dc.copies > 1 ? 50 : 10, 7);
+      const double bytes = double(mbytes) + 4.0 * dc.n_tokens * (dc.cols + dc.rows);
+      row(std::string("dense_gemm ") + std::string(quant_name(qt)) + " " + dc.name + " x " +
+              std::to_string(dc.n_tokens) + " tokens (" +
+              std::to_string(int(2.0 * dc.n_tokens * dc.rows * dc.cols / us / 1e3)) + " GFLOP/s)",
+          us, bytes, copy_gbs);
+      CHECK(cudaFree(w));
+      CHECK(cudaFree(x));
+      CHECK(cudaFree(y));
     }
   }
   return 0;

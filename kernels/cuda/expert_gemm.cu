@@ -22,19 +22,34 @@ void check_pack_block_cols(QuantType q, int cols, const char* op, const std::str
 
 [[noreturn]] void throw_no_kernel(QuantType q, const char* op) {
   throw ConfigError(std::string(op) + ": quant type '" + std::string(quant_name(q)) +
-                    "' has no GPU kernel (f32, bf16, q8, q4 and the ggml types F32, F16, BF16, "
+                    "' has no GPU kernel here (bf16, q8, q4 and the ggml types F32, F16, BF16, "
                     "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, "
                     "MXFP4 do)");
 }
 
-// A ggml type's rows are whole blocks: ConfigError naming the type otherwise.
-void check_ggml_cols(QuantType q, int cols, const char* op, const std::string& shape) {
-  const auto info = ggml_type_info(uint32_t(*quant_ggml_type(q)));
+bool ggml_type_has_kernel(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
+    case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: case GgmlType::kIQ4_NL: case GgmlType::kIQ4_XS: case GgmlType::kMXFP4:
+      return true;
+    default: return false;
+  }
+}
+
+// The ggml type of q when it has a kernel here and cols are whole blocks; ConfigError naming the
+// type otherwise.
+GgmlType checked_ggml_type(QuantType q, int cols, const char* op, const std::string& shape) {
+  const auto t = quant_ggml_type(q);
+  if (!t || !ggml_type_has_kernel(*t)) throw_no_kernel(q, op);
+  const auto info = ggml_type_info(uint32_t(*t));
   if (!info) throw_no_kernel(q, op);
   if (uint32_t(cols) % info->block_elems != 0)
     throw ConfigError(std::string(op) + ": " + std::string(quant_name(q)) +
                       " needs cols to be a multiple of its block of " +
                       std::to_string(info->block_elems) + " (" + shape + ")");
+  return *t;
 }
 
 // ggml's types by family; BF16 rows are the pack's bf16 rows.
@@ -43,7 +58,9 @@ bool ggml_gemm_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows, c
     expert_gemm_bf16_cuda(a, n_groups, max_rows, s);
     return true;
   }
-  return gemm_plain_cuda(t, a, n_groups, max_rows, s);
+  return gemm_plain_cuda(t, a, n_groups, max_rows, s) ||
+         gemm_ggml_legacy_cuda(t, a, n_groups, max_rows, s) ||
+         gemm_ggml_kquant_cuda(t, a, n_groups, max_rows, s);
 }
 
 bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s) {
@@ -51,7 +68,8 @@ bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s)
     dequantize_rows_bf16_cuda(a, s);
     return true;
   }
-  return dequantize_rows_plain_cuda(t, a, s);
+  return dequantize_rows_plain_cuda(t, a, s) || dequantize_rows_ggml_legacy_cuda(t, a, s) ||
+         dequantize_rows_ggml_kquant_cuda(t, a, s);
 }
 
 // Launches the GEMM of a, or throws ConfigError when q has no kernel.
@@ -65,14 +83,10 @@ void gemm_dispatch(QuantType q, const GemmArgs& a, int n_groups, int max_rows, c
       check_pack_block_cols(q, a.cols, op, shape);
       return expert_gemm_q4_cuda(a, n_groups, max_rows, s);
     case QuantType::kBF16: return expert_gemm_bf16_cuda(a, n_groups, max_rows, s);
-    case QuantType::kF32:  // the pack's f32 rows are ggml's F32 rows
-      if (!ggml_gemm_cuda(GgmlType::kF32, a, n_groups, max_rows, s)) throw_no_kernel(q, op);
-      return;
+    case QuantType::kF32: throw_no_kernel(q, op);  // f32 experts: convert (ggml F32 has one)
   }
-  const auto t = quant_ggml_type(q);
-  if (!t) throw_no_kernel(q, op);
-  check_ggml_cols(q, a.cols, op, shape);
-  if (!ggml_gemm_cuda(*t, a, n_groups, max_rows, s)) throw_no_kernel(q, op);
+  const GgmlType t = checked_ggml_type(q, a.cols, op, shape);
+  if (!ggml_gemm_cuda(t, a, n_groups, max_rows, s)) throw_no_kernel(q, op);
 }
 
 std::string gemm_shape(int rows, int cols) {
@@ -137,10 +151,8 @@ void dequantize_rows(QuantType q, const uint8_t* w, int cols, const int* ids, in
       if (!ggml_dequantize_rows_cuda(GgmlType::kF32, a, s)) throw_no_kernel(q, op);
       return;
   }
-  const auto t = quant_ggml_type(q);
-  if (!t) throw_no_kernel(q, op);
-  check_ggml_cols(q, cols, op, shape);
-  if (!ggml_dequantize_rows_cuda(*t, a, s)) throw_no_kernel(q, op);
+  const GgmlType t = checked_ggml_type(q, cols, op, shape);
+  if (!ggml_dequantize_rows_cuda(t, a, s)) throw_no_kernel(q, op);
 }
 
 }  // namespace moestream::gpu
