@@ -136,8 +136,16 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
-  // Whether the kernels take each layer's types is checked by warm_up(), naming the tensor.
-  for (int l = 0; l < c.n_layers; ++l) layouts.push_back(c.expert_layout(l));
+  // Whether the kernels take each layer's types is checked by warm_up(), naming the tensor; a
+  // pack's f32 experts (a GGUF's F32 is a ggml type, which has kernels) are refused before the
+  // slow load, with the way out.
+  for (int l = 0; l < c.n_layers; ++l) {
+    layouts.push_back(c.expert_layout(l));
+    const ExpertTypes& t = layouts.back().types;
+    if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
+      throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
+                        "--quant q8, q4 or bf16");
+  }
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
     throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
                       std::to_string(B));

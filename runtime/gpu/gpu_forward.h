@@ -66,8 +66,8 @@ class GpuForward : public ForwardPass {
   // cache under the budget rule: opts.cache_mb when given, else the whole model's experts when
   // they fit in 80% of the free VRAM, else 80% of the free VRAM. Runs every dense and expert
   // matrix once (warm-up). Throws ConfigError when no GPU is usable (in a build without CUDA:
-  // always, with gpu_unavailable_reason()), for a type the CUDA kernels do not compute (naming
-  // the tensor) or a budget below one expert; Error on CUDA failures. `cfg` and `store` are not owned and outlive the pass.
+  // always, with gpu_unavailable_reason()), for a pack's f32 experts, a type the CUDA kernels do
+  // not compute (naming the tensor) or a budget below one expert; Error on CUDA failures. `cfg` and `store` are not owned and outlive the pass.
   static std::unique_ptr<GpuForward> create(const ModelConfig& cfg,
                                             const std::filesystem::path& dense_path,
                                             ExpertStore& store, const GpuForwardOptions& opts);
