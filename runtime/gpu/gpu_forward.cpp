@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
+#include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
 
@@ -136,9 +137,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
-  // Whether the kernels take each layer's types is checked by warm_up(), naming the tensor; a
-  // pack's f32 experts (a GGUF's F32 is a ggml type, which has kernels) are refused before the
-  // slow load, with the way out.
+  // warm_up() checks that the kernels take each layer's types; a pack's f32 experts (not a GGUF's
+  // ggml F32) have none and are refused before the slow load, with the way out.
   for (int l = 0; l < c.n_layers; ++l) {
     layouts.push_back(c.expert_layout(l));
     const ExpertTypes& t = layouts.back().types;
@@ -220,13 +220,15 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   MOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   info_.free_bytes_before_cache = free_b;
   for (const ExpertLayout& lay : layouts) info_.expert_bytes_total += size_t(E) * lay.bytes;
+  size_t slot_total = 0;  // the cache's slots for every expert (payloads rounded up to 16 bytes)
+  for (const ExpertLayout& lay : layouts) slot_total += size_t(E) * gpu_slot_bytes(lay.bytes);
   const size_t share = size_t(double(free_b) * kAutoBudgetShare);
   if (opts.cache_mb > 0) {
     info_.cache_bytes = opts.cache_mb << 20;
     info_.cache_rule = "--gpu-cache-mb; " + mib(info_.expert_bytes_total) + " of experts, " +
                        mib(free_b) + " free";
-  } else if (info_.expert_bytes_total <= share) {
-    info_.cache_bytes = info_.expert_bytes_total;
+  } else if (slot_total <= share) {
+    info_.cache_bytes = slot_total;
     info_.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
   } else {
     info_.cache_bytes = share;
