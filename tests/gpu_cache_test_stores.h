@@ -29,16 +29,29 @@ inline size_t expert_bytes(const ModelConfig& c) {
   return ExpertLayout::make(c.expert_quant, size_t(c.hidden_size), size_t(c.moe_intermediate_size)).bytes;
 }
 
-// Every expert a distinct pseudo-random payload; experts are handed out in reverse order of the
-// request so the cache must use next_ready's index, not arrival order.
+// small_config with a GGUF-like mix: each layer's gate/up/down in its own ggml types, so the three
+// layers' experts have three sizes (none a multiple of another's).
+inline ModelConfig mixed_config() {
+  ModelConfig c = small_config();
+  const auto q = [](GgmlType t) { return ggml_quant(t); };
+  c.layer_expert_types = {{q(GgmlType::kQ8_0), q(GgmlType::kQ8_0), q(GgmlType::kQ8_0)},
+                          {q(GgmlType::kQ4_0), q(GgmlType::kQ5_1), q(GgmlType::kQ4_0)},
+                          {q(GgmlType::kQ4_1), q(GgmlType::kQ8_0), q(GgmlType::kQ5_0)}};
+  c.expert_quant = c.layer_expert_types.front().gate;
+  return c;
+}
+
+// Every expert a distinct pseudo-random payload of its layer's size (ModelConfig::expert_layout);
+// experts are handed out in reverse order of the request so the cache must use next_ready's
+// index, not arrival order.
 class FakeStore : public ExpertStore {
  public:
-  explicit FakeStore(const ModelConfig& c) : n_experts_(c.n_experts), bytes_(expert_bytes(c)) {
+  explicit FakeStore(const ModelConfig& c) : n_experts_(c.n_experts) {
     std::mt19937_64 rng(12345);
     data_.resize(size_t(c.n_layers) * size_t(c.n_experts));
-    for (auto& d : data_) {
-      d.resize(bytes_);
-      for (auto& b : d) b = uint8_t(rng());
+    for (size_t i = 0; i < data_.size(); ++i) {
+      data_[i].resize(c.expert_layout(int(i / size_t(c.n_experts))).bytes);
+      for (auto& b : data_[i]) b = uint8_t(rng());
     }
   }
   const std::vector<uint8_t>& payload(int layer, int e) const {
@@ -77,7 +90,6 @@ class FakeStore : public ExpertStore {
  private:
   size_t since_wait_ = 0;
   int n_experts_;
-  size_t bytes_;
   std::vector<std::vector<uint8_t>> data_;
   std::vector<const uint8_t*> pending_;
   size_t next_ = 0;

@@ -672,6 +672,89 @@ TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
   EXPECT_TRUE(matches(d[1], 0, 5));
 }
 
+// A GGUF's layers may hold experts of different sizes (mixed quantisations): one size class
+// each, all drawing on one byte budget. Under a budget of a few experts, demand, prefill and
+// predictions over the three layers evict across classes; every handed-out pointer holds its
+// expert's bytes, aligned for the kernels, and the device never holds more slot memory than the
+// budget.
+TEST(GpuExpertCacheMixed, ExpertsOfSeveralSizesShareOneBudget) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = mixed_config();
+  std::vector<size_t> sizes;
+  for (int l = 0; l < cfg.n_layers; ++l) sizes.push_back(cfg.expert_layout(l).bytes);
+  ASSERT_NE(sizes[0], sizes[1]);
+  ASSERT_NE(sizes[1], sizes[2]);
+  FakeStore store(cfg);
+  GatedStore pf_store(cfg, true);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const size_t max_bytes = cfg.max_expert_bytes();
+  const size_t budget = 7 * max_bytes;
+  {
+    GpuExpertCacheOptions o;
+    o.prefetch_store = &pf_store;
+    o.chunk_bytes = 2 * max_bytes;  // several chunks per class
+    o.staging_bytes = 5 * max_bytes;
+    o.prefetch_staging_bytes = 3 * max_bytes;
+    GpuExpertCache cache(cfg, store, budget, stream, o);
+    for (int l = 0; l < cfg.n_layers; ++l) EXPECT_EQ(cache.expert_bytes(l), sizes[size_t(l)]);
+    auto matches = [&](const uint8_t* dev, int layer, int e) -> ::testing::AssertionResult {
+      if (!dev) return ::testing::AssertionFailure() << "null pointer for " << layer << "/" << e;
+      if (reinterpret_cast<uintptr_t>(dev) % 16 != 0)
+        return ::testing::AssertionFailure() << "layer " << layer << " expert " << e << " not 16-byte aligned";
+      std::vector<uint8_t> host(sizes[size_t(layer)]);
+      if (cudaMemcpy(host.data(), dev, host.size(), cudaMemcpyDeviceToHost) != cudaSuccess)
+        return ::testing::AssertionFailure() << "cudaMemcpy failed";
+      if (host != store.payload(layer, e))
+        return ::testing::AssertionFailure() << "device bytes differ for layer " << layer << " expert " << e
+                                             << " (" << host.size() << " bytes)";
+      return ::testing::AssertionSuccess();
+    };
+    std::mt19937 rng(11);
+    for (int it = 0; it < 500; ++it) {
+      const int layer = int(rng() % 3);
+      const int op = int(rng() % 5);
+      if (op == 4) {
+        std::vector<int> ids(1 + rng() % 4);
+        for (int& id : ids) id = int(rng() % 16);
+        cache.prefetch(layer, ids);
+        continue;
+      }
+      const bool prefill = op == 3;
+      std::vector<int> ids(1 + rng() % 4);
+      for (int& id : ids) id = int(rng() % 16);
+      std::vector<const uint8_t*> dev(ids.size());
+      cache.acquire(layer, ids, prefill ? CacheFill::kPrefill : CacheFill::kDemand, dev);
+      CUDA_OK(cudaStreamSynchronize(stream));
+      for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(matches(dev[i], layer, ids[i])) << "step " << it;
+      cache.kernels_enqueued();
+      if (rng() % 2 == 0) cache.end_step();
+      if (it % 50 == 49) {
+        CUDA_OK(cudaDeviceSynchronize());
+        size_t resident = 0;
+        for (int l = 0; l < 3; ++l)
+          for (int e = 0; e < 16; ++e)
+            if (const uint8_t* p = cache.resident_payload(l, e)) {
+              ASSERT_TRUE(matches(p, l, e));
+              resident += sizes[size_t(l)];
+            }
+        EXPECT_LE(resident, budget) << "residents of all classes exceed the one budget";
+      }
+    }
+    const GpuCacheTelemetry t = cache.telemetry();
+    EXPECT_GT(t.policy.evictions, 0u);
+    EXPECT_GT(t.policy.demand_hits, 0u);
+    EXPECT_GT(t.prefetch_issued, 0u);
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuExpertCacheMixed, BudgetBelowTheLargestExpertIsConfigError) {
+  const ModelConfig cfg = mixed_config();
+  FakeStore store(cfg);
+  EXPECT_THROW(GpuExpertCache(cfg, store, cfg.max_expert_bytes() - 1, nullptr), ConfigError);
+}
+
 TEST_F(GpuExpertCacheTest, OutOfRangeDemandIsConfigError) {
   SKIP_WITHOUT_GPU();
   GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_);

@@ -40,15 +40,15 @@ struct Model::Impl {
       go.max_batch = o.max_batch;
       go.cache_mb = o.gpu_cache_mb;
       go.moe_lookahead = o.moe_lookahead;
-      // Streamed from the file to the GPU: no float32 copy on the host (5.9 GB for a
-      // Qwen3-30B-A3B), so the host memory goes to the expert caches.
+      // Copied from the mapped file to the GPU in their stored types: no float32 copy on the
+      // host or the device, so the memory goes to the expert caches.
       std::unique_ptr<GpuForward> g = GpuForward::create(cfg, dense_path, *store, go);
       gpu = g.get();
       pass = std::move(g);
     } else {
       pass = std::make_unique<CpuForward>(cfg, dense_path, *store, pool, o.max_context, o.max_batch);
     }
-    dense_bytes_per_token = active_dense_bytes(cfg, dense_path, o.gpu);  // after the pass checked the file
+    dense_bytes_per_token = active_dense_bytes(cfg, dense_path);  // after the pass checked the file
   }
 };
 
@@ -93,9 +93,6 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
   check_gpu_options(opts);
   MOE_ASSERT(store != nullptr);
-  if (opts.gpu && cfg.format == ModelFormat::kGguf)
-    throw ConfigError("--gpu: GGUF models run on the CPU path in this build (the CUDA kernels for ggml's "
-                      "block types are not written yet); drop --gpu or convert the model with convert_model");
   // A GGUF is its own dense file.
   const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
   return std::unique_ptr<Model>(

@@ -85,8 +85,8 @@ class Model {
   void reset_cache_aware_stats();
   ExpertStoreStats expert_stats() const;
   const ExpertStore& expert_store() const;  // e.g. to ask residency() or describe()
-  // Bytes of weights read per decoded token: dense f32 weights (one embedding row, not the table,
-  // unless tied) plus top-k experts per layer in their packed size.
+  // Bytes of weights read per decoded token: dense weights as stored (one embedding row, not the
+  // table, unless tied) plus top-k experts per layer in their stored size.
   size_t active_bytes_per_token() const;
   // The GPU backend (ModelOptions::gpu): what it holds (nullptr without it), and its expert-cache
   // and look-ahead counters since the last reset (zeros without it).

@@ -13,6 +13,13 @@ namespace moestream {
 
 inline constexpr size_t kGpuCacheMiB = size_t{1} << 20;
 
+// Every expert slot (and scratch entry) starts at a multiple of this from its chunk's start:
+// the expert kernels need 16-byte aligned weights (gpu_ops.h), whatever a payload's size.
+inline constexpr size_t kGpuSlotAlign = 16;
+inline size_t gpu_slot_bytes(size_t payload_bytes) {
+  return (payload_bytes + kGpuSlotAlign - 1) / kGpuSlotAlign * kGpuSlotAlign;
+}
+
 inline std::string gpu_cache_mib(size_t bytes) { return std::to_string(bytes / kGpuCacheMiB) + " MiB"; }
 
 // True when the event completed; false while pending; throws on a device fault.

@@ -53,16 +53,21 @@ void GpuExpertCache::Impl::init() {
   if (cfg.n_layers <= 0 || cfg.n_experts <= 0)
     throw ConfigError("gpu cache: model has " + std::to_string(cfg.n_layers) + " layers and " +
                       std::to_string(cfg.n_experts) + " experts");
-  const size_t bytes =
-      ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size)).bytes;
-  layer_bytes.assign(size_t(cfg.n_layers), bytes);
+  // A GGUF's expert types may differ from layer to layer: each payload size is a size class of
+  // the policy, all drawing on the one budget. Slots are rounded up to kGpuSlotAlign so that every
+  // slot of a chunk starts aligned for the kernels (packs' and GGUF's payloads already are).
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    layer_bytes.push_back(cfg.expert_layout(l).bytes);
+    layer_slot_bytes.push_back(gpu_slot_bytes(layer_bytes.back()));
+  }
   const size_t max_bytes = *std::max_element(layer_bytes.begin(), layer_bytes.end());
-  if (budget < max_bytes)
+  const size_t max_slot = *std::max_element(layer_slot_bytes.begin(), layer_slot_bytes.end());
+  if (budget < max_slot)
     throw ConfigError("gpu cache: budget of " + std::to_string(budget) +
-                      " bytes holds no expert (one expert is " + std::to_string(max_bytes) +
+                      " bytes holds no expert (the largest is " + std::to_string(max_slot) +
                       " bytes); raise --gpu-cache-mb");
   if (opts.chunk_bytes == 0) throw ConfigError("gpu cache: chunk_bytes must be > 0");
-  policy.emplace(budget, cfg.n_experts, layer_bytes);
+  policy.emplace(budget, cfg.n_experts, layer_slot_bytes);
   std::vector<size_t> class_bytes;
   for (int cls = 0; cls < policy->n_classes(); ++cls) class_bytes.push_back(policy->class_slot_bytes(cls));
   arena.emplace(budget, opts.chunk_bytes, std::move(class_bytes));
@@ -161,7 +166,7 @@ void GpuExpertCache::Impl::flush() {
   add_stats(policy_base, policy->stats());
   add_stats(policy_base, policy_offset, -1);
   policy_offset = CacheStats{};
-  policy.emplace(budget, cfg.n_experts, layer_bytes);
+  policy.emplace(budget, cfg.n_experts, layer_slot_bytes);
 }
 
 void GpuExpertCache::Impl::close_kernel_group() {

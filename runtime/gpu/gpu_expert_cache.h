@@ -51,8 +51,10 @@ struct GpuExpertCacheOptions {
 class GpuExpertCache {
  public:
   // Installs a slot pool for every expert size class at construction (so a prefetch can never
-  // silently no-op), pinned host staging, a copy stream and events. budget_bytes must fit at
-  // least one expert of the largest class: ConfigError otherwise.
+  // silently no-op), pinned host staging, a copy stream and events. A size class is one payload
+  // size (cfg.expert_layout(l).bytes, rounded up to 16 bytes): layers of a GGUF whose expert
+  // types differ get pools of different sizes, all under the one byte budget. budget_bytes must
+  // fit at least one expert of the largest class: ConfigError otherwise.
   GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_t budget_bytes,
                  gpu::Stream compute);
   GpuExpertCache(const ModelConfig& cfg, ExpertStore& store, size_t budget_bytes,
@@ -110,7 +112,7 @@ class GpuExpertCache {
   void reset_telemetry();
   size_t budget_bytes() const;
 
-  // Payload bytes of one expert of every layer (all layers share the model's quant today).
+  // Payload bytes of one expert of `layer` (ModelConfig::expert_layout: a GGUF's differ by layer).
   size_t expert_bytes(int layer) const;
   // Device pointer of (layer, expert) when resident with its bytes in place, else nullptr (a
   // prediction whose copy has not completed or that was cancelled counts as absent; tests).

@@ -201,12 +201,13 @@ void GpuExpertCache::Impl::begin_acquire(int layer, std::span<const int> ids, Ca
       }
     }
     if (!to_scratch.empty()) {
-      uint8_t* scratch = ensure_scratch(to_scratch.size() * b);
+      const size_t stride = layer_slot_bytes[size_t(layer)];  // aligned as a slot is
+      uint8_t* scratch = ensure_scratch(to_scratch.size() * stride);
       for (size_t k = 0; k < to_scratch.size(); ++k) {
         const size_t u = to_scratch[k];
-        dev[u] = scratch + k * b;
+        dev[u] = scratch + k * stride;
         miss_ids.push_back(uniq[u]);
-        cs.push_back(GpuCopy{scratch + k * b, nullptr, b, -1});
+        cs.push_back(GpuCopy{scratch + k * stride, nullptr, b, -1});
       }
       current_scratch = true;
       tel.scratch_uses += to_scratch.size();

@@ -64,7 +64,8 @@ struct GpuExpertCache::Impl {
   cudaStream_t compute;
   cudaStream_t copy = nullptr;
   GpuExpertCacheOptions opts;
-  std::vector<size_t> layer_bytes;
+  std::vector<size_t> layer_bytes;       // payload bytes of one expert, by layer
+  std::vector<size_t> layer_slot_bytes;  // its slot: gpu_slot_bytes(payload), the policy's class
   std::optional<LfruPolicy> policy;
   CacheStats policy_base;    // policy stats from before the last flush, since the last reset
   CacheStats policy_offset;  // the live policy's stats at the last reset_telemetry()

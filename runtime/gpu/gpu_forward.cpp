@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
+#include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
 
@@ -34,6 +35,10 @@ constexpr int kMaxExpertsPerAcquire = 16;
 // cache's staging/scratch buffers, cuBLAS workspaces and other processes.
 constexpr double kAutoBudgetShare = 0.8;
 
+// Pack q8/q4: their kernels take inputs already rounded to int8 per 32-block (round_activations_q8),
+// as the CPU's quant_matvec rounds them. The other types' kernels take float32 inputs as they are.
+bool pack_int_type(QuantType q) { return q == QuantType::kQ8 || q == QuantType::kQ4; }
+
 void cublas_check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
     throw Error(std::string("cuBLAS ") + what + " failed: " + cublasGetStatusString(st));
@@ -45,28 +50,6 @@ std::string mib(size_t bytes) {
   return buf;
 }
 
-// Pinned host memory (async copies need it to stay asynchronous).
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t bytes) {
-    if (bytes > 0) MOE_CUDA_CHECK(cudaMallocHost(&p_, bytes));
-  }
-  ~PinnedBuffer() {
-    if (p_) cudaFreeHost(p_);
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
-
 // The CUDA implementation of GpuForward (the class is in this file only).
 struct CudaForward final : GpuForward {
   const ModelConfig& cfg;
@@ -76,7 +59,7 @@ struct CudaForward final : GpuForward {
   int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
   bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
   float eps, scale;
-  ExpertLayout layout;
+  std::vector<ExpertLayout> layouts;  // by layer: a GGUF's expert types may differ per layer and matrix
   Rope rope;
   GpuForwardInfo info_;
 
@@ -89,7 +72,7 @@ struct CudaForward final : GpuForward {
         *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
         *attn_pad = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
         *sin_d = nullptr, *xg = nullptr, *gate = nullptr, *up = nullptr, *swi = nullptr,
-        *y = nullptr, *logits = nullptr;
+        *y = nullptr, *logits = nullptr, *proj = nullptr;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -124,8 +107,12 @@ struct CudaForward final : GpuForward {
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);
   ~CudaForward() override;
-  void linear(const float* xin, const float* W, int T, int in, int out, float* yout,
-              float beta = 0.0f);
+  void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
+  void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
+                  float beta = 0.0f);
+  void embed(int T);
+  void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
+                     const float* xin, float* yout);
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
   GpuForwardStats stats() const override { return GpuForwardStats{cache->telemetry(), la_stats}; }
@@ -146,15 +133,19 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
-      layout(ExpertLayout::make(c.expert_quant, size_t(c.hidden_size),
-                                size_t(c.moe_intermediate_size))),
       rope(c), cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
-  if (c.expert_quant == QuantType::kF32)
-    throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
-                      "--quant q8, q4 or bf16");
+  // warm_up() checks that the kernels take each layer's types; a pack's f32 experts (not a GGUF's
+  // ggml F32) have none and are refused before the slow load, with the way out.
+  for (int l = 0; l < c.n_layers; ++l) {
+    layouts.push_back(c.expert_layout(l));
+    const ExpertTypes& t = layouts.back().types;
+    if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
+      throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
+                        "--quant q8, q4 or bf16");
+  }
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
     throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
                       std::to_string(B));
@@ -184,9 +175,9 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p};
+                             b * H * hd_p, b * H * hd_p, b * D};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
-                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad};
+                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -228,14 +219,16 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   size_t free_b = 0, total_b = 0;
   MOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   info_.free_bytes_before_cache = free_b;
-  info_.expert_bytes_total = size_t(cfg.n_layers) * size_t(E) * layout.bytes;
+  for (const ExpertLayout& lay : layouts) info_.expert_bytes_total += size_t(E) * lay.bytes;
+  size_t slot_total = 0;  // the cache's slots for every expert (payloads rounded up to 16 bytes)
+  for (const ExpertLayout& lay : layouts) slot_total += size_t(E) * gpu_slot_bytes(lay.bytes);
   const size_t share = size_t(double(free_b) * kAutoBudgetShare);
   if (opts.cache_mb > 0) {
     info_.cache_bytes = opts.cache_mb << 20;
     info_.cache_rule = "--gpu-cache-mb; " + mib(info_.expert_bytes_total) + " of experts, " +
                        mib(free_b) + " free";
-  } else if (info_.expert_bytes_total <= share) {
-    info_.cache_bytes = info_.expert_bytes_total;
+  } else if (slot_total <= share) {
+    info_.cache_bytes = slot_total;
     info_.cache_rule = "the whole model's experts fit in 80% of the " + mib(free_b) + " free";
   } else {
     info_.cache_bytes = share;
@@ -255,13 +248,15 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
 }
 
 // Every kernel and cuBLAS shape of a forward pass once, on scratch data, so that lazy module
-// loading and cuBLAS's first-call setup happen at load, not inside the first measured prompt.
+// loading and cuBLAS's first-call setup happen at load, not inside the first measured prompt;
+// every dense matrix and every layer's expert matrices run once in their stored type, so a type
+// the CUDA kernels do not compute is a ConfigError at load naming the tensor.
 // Touches no expert-cache state; the KV rows it writes are rewritten before any forward reads them.
 void CudaForward::warm_up() {
   MOE_CUDA_CHECK(cudaMemsetAsync(act.get(), 0, act.bytes(), stream));
   MOE_CUDA_CHECK(cudaMemsetAsync(in_dev.get(), 0, in_dev.bytes(), stream));
   MOE_CUDA_CHECK(cudaMemsetAsync(plan_dev.get(), 0, plan_dev.bytes(), stream));
-  DeviceBuffer expert(layout.bytes);  // one zero expert: the matmul kernels' weights
+  DeviceBuffer expert(cfg.max_expert_bytes());  // one zero expert: the matmul kernels' weights
   MOE_CUDA_CHECK(cudaMemsetAsync(expert.get(), 0, expert.bytes(), stream));
   auto** ptr_h = ptr_host.as<const uint8_t*>();
   ptr_h[0] = expert.as<const uint8_t>();
@@ -272,16 +267,36 @@ void CudaForward::warm_up() {
   MOE_CUDA_CHECK(cudaMemcpyAsync(ptr_dev.get(), ptr_h, sizeof(const uint8_t*), cudaMemcpyHostToDevice, stream));
   MOE_CUDA_CHECK(cudaMemcpyAsync(plan_dev.as<int>() + 2 * pairs, plan_h + 2 * pairs, 2 * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  const GpuLayerWeights& lw = w.layers[0];
+  // A kernel's ConfigError (a type it does not take) names the tensor it was for.
+  auto named = [](const std::string& what, QuantType q, auto&& launch) {
+    try {
+      launch();
+    } catch (const ConfigError& e) {
+      throw ConfigError("--gpu: " + what + " (" + std::string(quant_name(q)) + "): " + e.what());
+    }
+  };
   int* ids_d = route_dev.as<int>();
   for (int T : {1, B}) {
-    gpu::embed_rows(w.embed, in_dev.as<int>(), T, D, x, stream);
+    named("the embedding table", w.embed.type, [&] { embed(T); });
+    named("lm_head", w.lm_head.type, [&] { linear(h, w.lm_head, T, logits); });
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const GpuLayerWeights& lw = w.layers[size_t(l)];
+      const std::string p = "layer " + std::to_string(l) + " ";
+      named(p + "wq", lw.wq.type, [&] { linear(h, lw.wq, T, qraw); });
+      named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
+      named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
+      named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
+      const ExpertLayout& lay = layouts[size_t(l)];
+      named(p + "experts' gate", lay.types.gate,
+            [&] { expert_matmul(lay.types.gate, lay.gate_offset, 0, 1, 1, F, D, xg, gate); });
+      named(p + "experts' up", lay.types.up,
+            [&] { expert_matmul(lay.types.up, lay.up_offset, 0, 1, 1, F, D, xg, up); });
+      named(p + "experts' down", lay.types.down,
+            [&] { expert_matmul(lay.types.down, lay.down_offset, 0, 1, 1, D, F, swi, y); });
+    }
+    const GpuLayerWeights& lw = w.layers[0];
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-    linear(h, lw.wq, T, D, H * hd, qraw);
-    linear(h, lw.wk, T, D, KV * hd, kraw);
-    linear(attn, lw.wo, T, H * hd, D, x, 1.0f);
-    linear(h, lw.router, T, D, E, rlog);
-    linear(h, w.lm_head, T, D, V, logits);
+    linear_f32(h, lw.router, T, D, E, rlog);
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
     gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
                    padded ? attn_pad : attn, stream);
@@ -290,20 +305,33 @@ void CudaForward::warm_up() {
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
     gpu::gather_rows(h, plan_dev.as<int>(), T, D, xg, stream);
     gpu::round_activations_q8(xg, T, D, stream);
-    for (auto [rows, cols, off, xin, yout] :
-         {std::tuple{F, D, layout.gate_offset, xg, gate}, std::tuple{D, F, layout.down_offset, swi, y}}) {
-      if (cfg.expert_quant == QuantType::kBF16 || cols % kQuantBlock == 0)
-        gpu::expert_gemm(cfg.expert_quant, ptr_dev.as<const uint8_t*>(), off,
-                         plan_dev.as<int>() + 2 * pairs, 1, 1, rows, cols, xin, yout, stream);
-      else
-        gpu::expert_matvec(cfg.expert_quant, expert.as<const uint8_t>() + off, rows, cols, xin, yout, stream);
-    }
     gpu::swiglu(gate, up, size_t(T) * F, swi, stream);
     gpu::moe_combine(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T, K, D,
                      tmp, stream);
     gpu::add_inplace(x, tmp, size_t(T) * D, stream);
   }
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// One expert matrix (type q, at `offset` in each payload, rows x cols) for the groups [g0, g1)
+// of the current plan (payload pointers in ptr_host/ptr_dev, row_start in plan_host/plan_dev):
+// one grouped launch; pack q8/q4 rows whose width is not a whole number of 32-blocks (the demo's
+// F = 80, the fixtures' odd sizes) take the per-row matvec instead. max_rows picks the GEMM's
+// token tile. A ggml type's rows are whole blocks by construction.
+void CudaForward::expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows,
+                                int cols, const float* xin, float* yout) {
+  const size_t pairs = size_t(B) * size_t(K);
+  const int* row_start = plan_host.as<int>() + 2 * pairs;
+  if (!pack_int_type(q) || cols % kQuantBlock == 0) {
+    gpu::expert_gemm(q, ptr_dev.as<const uint8_t*>() + g0, offset, plan_dev.as<int>() + 2 * pairs + g0,
+                     g1 - g0, max_rows, rows, cols, xin, yout, stream);
+    return;
+  }
+  auto** ptr_h = ptr_host.as<const uint8_t*>();
+  for (int g = g0; g < g1; ++g)
+    for (int r = row_start[g]; r < row_start[g + 1]; ++r)
+      gpu::expert_matvec(q, ptr_h[g] + offset, rows, cols, xin + size_t(r) * cols,
+                         yout + size_t(r) * rows, stream);
 }
 
 CudaForward::~CudaForward() {
@@ -313,10 +341,10 @@ CudaForward::~CudaForward() {
   if (stream) cudaStreamDestroy(stream);
 }
 
-// y[T, out] = x[T, in] W^T + beta*y, W row-major [out, in]: in cuBLAS's column-major terms
-// W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
-void CudaForward::linear(const float* xin, const float* W, int T, int in, int out, float* yout,
-                         float beta) {
+// y[T, out] = x[T, in] W^T + beta*y, W row-major float32 [out, in]: in cuBLAS's column-major
+// terms W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
+void CudaForward::linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
+                             float beta) {
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
@@ -325,6 +353,26 @@ void CudaForward::linear(const float* xin, const float* W, int T, int in, int ou
     cublas_check(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, W, in, xin, in,
                              &beta, yout, out),
                  "sgemm");
+}
+
+// y[T, rows] = x[T, cols] W^T (+ y when accumulating: the residual add) with W in its stored
+// type: float32 through cuBLAS as before, every other type through the stored-type GEMM.
+void CudaForward::linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate) {
+  if (W.type == QuantType::kF32) {
+    linear_f32(xin, W.f32(), T, W.cols, W.rows, yout, accumulate ? 1.0f : 0.0f);
+    return;
+  }
+  float* dst = accumulate ? proj : yout;
+  gpu::dense_gemm(W.type, W.data, W.rows, W.cols, xin, T, dst, stream);
+  if (accumulate) gpu::add_inplace(yout, proj, size_t(T) * size_t(W.rows), stream);
+}
+
+// x[T, D] = the embedding rows of the chunk's tokens (ids in in_dev, checked by Model::forward).
+void CudaForward::embed(int T) {
+  if (w.embed.type == QuantType::kF32)
+    gpu::embed_rows(w.embed.f32(), in_dev.as<int>(), T, D, x, stream);
+  else
+    gpu::dequantize_rows(w.embed.type, w.embed.data, D, in_dev.as<int>(), T, x, stream);
 }
 
 void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
@@ -350,7 +398,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   MOE_CUDA_CHECK(cudaMemcpyAsync(in_dev.get(), tok_h, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   MOE_CUDA_CHECK(cudaMemcpyAsync(cos_d, cos_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
   MOE_CUDA_CHECK(cudaMemcpyAsync(sin_d, sin_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
-  gpu::embed_rows(w.embed, in_dev.as<int>(), T, D, x, stream);
+  embed(T);
   times.other_s += seconds_since(t0);
 
   const bool decode = T == 1;
@@ -368,9 +416,9 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     float* k_dst = padded ? k_tok : k_new;
     float* v_dst = padded ? v_tok : v_new;
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-    linear(h, lw.wq, T, D, H * hd, qk_norm ? qraw : q);
-    linear(h, lw.wk, T, D, KV * hd, qk_norm ? kraw : k_dst);
-    linear(h, lw.wv, T, D, KV * hd, v_dst);
+    linear(h, lw.wq, T, qk_norm ? qraw : q);
+    linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
+    linear(h, lw.wv, T, v_dst);
     if (cfg.qk_norm == QkNorm::kPerHead) {
       gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
       gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
@@ -392,14 +440,14 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
       gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream);
       MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
     }
-    linear(attn, lw.wo, T, H * hd, D, x, 1.0f);  // beta = 1: the residual add
+    linear(attn, lw.wo, T, x, true);  // the residual add
     times.attention_s += seconds_since(ta);
 
     // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
     // normalised row: both top-k lists come back in the layer's one D2H.
     auto tr = std::chrono::steady_clock::now();
     gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
-    linear(h, lw.router, T, D, E, rlog);
+    linear_f32(h, lw.router, T, D, E, rlog);
     int* ids_d = route_dev.as<int>();
     float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
     int* la_ids_d = ids_d + 2 * pairs;
@@ -407,7 +455,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
     const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
     if (lookahead) {
-      linear(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
+      linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
       gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
     }
     const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
@@ -472,7 +520,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     const int first = all_logits ? 0 : T - 1;
     const int rows = T - first;
     gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
-    linear(h, w.lm_head, rows, D, V, logits);
+    linear(h, w.lm_head, rows, logits);
     MOE_CUDA_CHECK(cudaMemcpyAsync(logits_out, logits, size_t(rows) * V * 4,
                                    cudaMemcpyDeviceToHost, stream));
   }
@@ -568,13 +616,12 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
   // q8/q4 experts see their input rounded to int8 per 32-block, as the CPU's quant_matvec does:
   // both backends then compute the same function (llama.cpp's GPU matvec quantises likewise).
-  const bool round_x = cfg.expert_quant == QuantType::kQ8 || cfg.expert_quant == QuantType::kQ4;
-  if (round_x) gpu::round_activations_q8(xg, n_rows, D, stream);
+  // A pack's three matrices share one type; a GGUF's are ggml types, computed from float inputs.
+  const ExpertLayout& lay = layouts[size_t(layer)];
+  if (pack_int_type(lay.types.gate) || pack_int_type(lay.types.up))
+    gpu::round_activations_q8(xg, n_rows, D, stream);
   times.router_s += seconds_since(t0);
 
-  auto* const* ptr_d = ptr_dev.as<const uint8_t*>();
-  const int* row_start_d = plan_d + 2 * pairs;
-  const QuantType qt = cfg.expert_quant;
   auto upload_ptrs = [&](int g0, int g1) {
     MOE_CUDA_CHECK(cudaMemcpyAsync(ptr_dev.as<const uint8_t*>() + g0, ptr_h + g0,
                                    size_t(g1 - g0) * sizeof(const uint8_t*),
@@ -588,27 +635,14 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   // Expert kernels of groups [g0, g1); max_rows picks the GEMM's token tile (the acquire's).
   auto launch = [&](int g0, int g1, int max_rows) {
     if (g0 == g1) return;
-    const int n = g1 - g0;
     const int r0 = row_start[g0], r1 = row_start[g1];
-    // One grouped launch per matrix; q8/q4 rows whose width is not a whole number of 32-blocks
-    // (the demo's F = 80, the fixtures' odd sizes) take the per-row matvec instead.
-    auto matmul = [&](size_t offset, int rows, int cols, const float* xin, float* yout) {
-      if (qt == QuantType::kBF16 || cols % kQuantBlock == 0) {
-        gpu::expert_gemm(qt, ptr_d + g0, offset, row_start_d + g0, n, max_rows, rows, cols, xin,
-                         yout, stream);
-        return;
-      }
-      for (int g = g0; g < g1; ++g)
-        for (int r = row_start[g]; r < row_start[g + 1]; ++r)
-          gpu::expert_matvec(qt, ptr_h[g] + offset, rows, cols, xin + size_t(r) * cols,
-                             yout + size_t(r) * rows, stream);
-    };
-    matmul(layout.gate_offset, F, D, xg, gate);
-    matmul(layout.up_offset, F, D, xg, up);
+    // Each matrix in its own type (a GGUF's gate, up and down may differ).
+    expert_matmul(lay.types.gate, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
+    expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, xg, up);
     gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
                 swi + size_t(r0) * F, stream);
-    if (round_x) gpu::round_activations_q8(swi + size_t(r0) * F, r1 - r0, F, stream);
-    matmul(layout.down_offset, D, F, swi, y);
+    if (pack_int_type(lay.types.down)) gpu::round_activations_q8(swi + size_t(r0) * F, r1 - r0, F, stream);
+    expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
   };
   if (split) {
     auto tc = std::chrono::steady_clock::now();

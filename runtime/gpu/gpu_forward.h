@@ -1,5 +1,6 @@
-// The whole decoder forward pass on one GPU (`infer --gpu`): dense weights and the KV cache in
-// VRAM, cuBLAS projections, our kernels, experts through the GpuExpertCache. Plain C++ header;
+// The whole decoder forward pass on one GPU (`infer --gpu`), of a pack or a GGUF: dense weights
+// in their stored types and the KV cache in VRAM, f32 projections through cuBLAS, every other
+// type and the rest through our kernels, experts through the GpuExpertCache. Plain C++ header;
 // gpu_forward.cpp implements it with CUDA, gpu_unavailable.cpp says why a build cannot.
 #pragma once
 
@@ -47,10 +48,10 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b);
 // What the GPU backend holds, for the startup line and --stats-json.
 struct GpuForwardInfo {
   std::string device;            // e.g. "NVIDIA H200"
-  size_t dense_bytes = 0;        // f32 dense weights on the device
+  size_t dense_bytes = 0;        // dense weights on the device, matrices as stored
   size_t kv_bytes = 0;           // KV cache
   size_t scratch_bytes = 0;      // activations
-  size_t expert_bytes_total = 0; // all experts of the model, packed
+  size_t expert_bytes_total = 0; // all experts of the model, as stored
   size_t free_bytes_before_cache = 0;
   size_t cache_bytes = 0;        // GPU expert cache budget in effect
   std::string cache_rule;        // how the budget was chosen
@@ -60,12 +61,13 @@ struct GpuForwardInfo {
 
 class GpuForward : public ForwardPass {
  public:
-  // Uploads the dense weights (streamed from dense_path, dense.safetensors), allocates the KV
-  // cache and scratch, then the expert cache under the budget rule: opts.cache_mb when given,
-  // else the whole model's experts when they fit in 80% of the free VRAM, else 80% of the free
-  // VRAM. Throws ConfigError when no GPU is usable (in a build without CUDA: always, with
-  // gpu_unavailable_reason()), for f32 experts (no GPU kernel) or a budget below one expert;
-  // Error on CUDA failures. `cfg` and `store` are not owned and outlive the pass.
+  // Uploads the dense weights (dense_path: dense.safetensors or the GGUF, loaded as the CPU pass
+  // loads it, copied in their stored types), allocates the KV cache and scratch, then the expert
+  // cache under the budget rule: opts.cache_mb when given, else the whole model's experts when
+  // they fit in 80% of the free VRAM, else 80% of the free VRAM. Runs every dense and expert
+  // matrix once (warm-up). Throws ConfigError when no GPU is usable (in a build without CUDA:
+  // always, with gpu_unavailable_reason()), for a pack's f32 experts, a type the CUDA kernels do
+  // not compute (naming the tensor) or a budget below one expert; Error on CUDA failures. `cfg` and `store` are not owned and outlive the pass.
   static std::unique_ptr<GpuForward> create(const ModelConfig& cfg,
                                             const std::filesystem::path& dense_path,
                                             ExpertStore& store, const GpuForwardOptions& opts);

@@ -1,17 +1,19 @@
-// Implementation of runtime/gpu/gpu_weights.h: checks and sizes every tensor first, allocates
-// once, then streams each tensor from the file through one 64 MiB host buffer.
+// Implementation of runtime/gpu/gpu_weights.h: the CPU pass's DenseWeights (mapped, checked)
+// sized once, one device allocation, then each tensor copied in pieces.
 #include "runtime/gpu/gpu_weights.h"
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/model/dense_weights.h"
-#include "loader/format/safetensors.h"
 
 namespace moestream {
 
@@ -34,56 +36,106 @@ DeviceBuffer::~DeviceBuffer() {
   if (p_) cudaFree(p_);
 }
 
+PinnedBuffer::PinnedBuffer(size_t bytes) {
+  if (bytes > 0) MOE_CUDA_CHECK(cudaMallocHost(&p_, bytes));
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+namespace {
+
+constexpr size_t kAlign = 256;                // every tensor starts 256-byte aligned
+constexpr size_t kPiece = size_t(64) << 20;   // bytes per host-to-device copy
+size_t padded(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// One tensor of the host weights: its bytes and where its device pointer goes.
+struct Upload {
+  const uint8_t* src = nullptr;
+  size_t bytes = 0;
+  GpuMatrix* matrix = nullptr;  // a matrix in its stored type, or
+  const float** vec = nullptr;  // a float32 norm or router
+};
+
+// Drops [p, p + n) from this process's page tables when it lies in one of `host`'s read-only
+// file mappings: the pages stay in the page cache, but a load of a large model does not hold
+// every dense page mapped at once. Owned copies (de-interleaved Q/K) are never touched.
+void unmap_copied(const DenseWeights& host, const uint8_t* p, size_t n) {
+  for (const auto& m : host.maps) {
+    if (m->size() == 0) continue;
+    const uint8_t* base = m->range(0, m->size(), "mapping");
+    if (p < base || p + n > base + m->size()) continue;
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (uintptr_t(p) + page - 1) / page * page, b = (uintptr_t(p) + n) / page * page;
+    if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);  // advisory: failure is harmless
+    return;
+  }
+}
+
+GpuMatrix shape_of(const DenseMatrix& m, const std::string& name) {
+  if (m.rows > size_t(INT_MAX) || m.cols > size_t(INT_MAX))
+    throw ConfigError("dense tensor '" + name + "': " + std::to_string(m.rows) + " x " + std::to_string(m.cols) +
+                      " is too large for the GPU pass");
+  return GpuMatrix{m.type, nullptr, int(m.rows), int(m.cols)};
+}
+
+}  // namespace
+
 GpuDenseWeights GpuDenseWeights::load(const ModelConfig& cfg, const std::filesystem::path& path) {
-  const SafetensorsFile f(path);
-  const std::vector<DenseTensorSpec> specs = dense_tensor_specs(cfg);
-  auto padded = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned tensors
-  size_t total = 0;
-  for (const DenseTensorSpec& t : specs) {
-    f.check_shape(t.name, t.shape);  // every shape before the first byte moves
-    total += padded(t.elements());
-  }
+  const DenseWeights host = DenseWeights::load(path, cfg);
+  return upload(cfg, host);
+}
+
+GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeights& host) {
+  MOE_ASSERT(host.layers.size() == size_t(cfg.n_layers), "dense weights of another model");
   GpuDenseWeights g;
-  g.memory = DeviceBuffer(total * sizeof(float));
   g.layers.resize(size_t(cfg.n_layers));
-  constexpr size_t kPiece = size_t(16) << 20;  // floats per copy: 64 MiB of host memory
-  std::vector<float> host(std::min(kPiece, total));
-  float* dst = g.memory.as<float>();
-  for (const DenseTensorSpec& t : specs) {
-    const size_t n = t.elements();
-    for (size_t first = 0; first < n; first += kPiece) {
-      const size_t count = std::min(kPiece, n - first);
-      f.read_float(t.name, first, count, host.data());
-      MOE_CUDA_CHECK(cudaMemcpy(dst + first, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-      f.release(t.name, first, count);  // the file's pages stay cached, not mapped by us
-    }
-    GpuLayerWeights* l = t.layer >= 0 ? &g.layers[size_t(t.layer)] : nullptr;
-    const float*& slot = [&]() -> const float*& {
-      switch (t.kind) {
-        case DenseTensor::kEmbed: return g.embed;
-        case DenseTensor::kLmHead: return g.lm_head;
-        case DenseTensor::kFinalNorm: return g.final_norm;
-        case DenseTensor::kAttnNorm: return l->attn_norm;
-        case DenseTensor::kWq: return l->wq;
-        case DenseTensor::kWk: return l->wk;
-        case DenseTensor::kWv: return l->wv;
-        case DenseTensor::kWo: return l->wo;
-        case DenseTensor::kQNorm: return l->q_norm;
-        case DenseTensor::kKNorm: return l->k_norm;
-        case DenseTensor::kFfnNorm: return l->ffn_norm;
-        case DenseTensor::kRouter: return l->router;
-      }
-      MOE_ASSERT(false, "unknown dense tensor kind");
-      return g.embed;
-    }();
-    slot = dst;
-    dst += padded(n);
+  std::vector<Upload> ups;
+  auto matrix = [&](const DenseMatrix& m, GpuMatrix& dst, const std::string& name) {
+    dst = shape_of(m, name);
+    ups.push_back({m.data, m.bytes(), &dst, nullptr});
+  };
+  auto vec = [&](const float* data, size_t n, const float*& dst) {
+    ups.push_back({reinterpret_cast<const uint8_t*>(data), n * sizeof(float), nullptr, &dst});
+  };
+  matrix(host.embed, g.embed, "embed");
+  if (!host.lm_head.empty()) matrix(host.lm_head, g.lm_head, "lm_head");
+  vec(host.final_norm.data(), size_t(host.final_norm.size()), g.final_norm);
+  for (size_t l = 0; l < host.layers.size(); ++l) {
+    const LayerWeights& h = host.layers[l];
+    GpuLayerWeights& d = g.layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    vec(h.attn_norm.data(), size_t(h.attn_norm.size()), d.attn_norm);
+    matrix(h.wq, d.wq, p + "wq");
+    matrix(h.wk, d.wk, p + "wk");
+    matrix(h.wv, d.wv, p + "wv");
+    matrix(h.wo, d.wo, p + "wo");
+    if (h.q_norm.size() > 0) vec(h.q_norm.data(), size_t(h.q_norm.size()), d.q_norm);
+    if (h.k_norm.size() > 0) vec(h.k_norm.data(), size_t(h.k_norm.size()), d.k_norm);
+    vec(h.ffn_norm.data(), size_t(h.ffn_norm.size()), d.ffn_norm);
+    vec(h.router.data(), size_t(h.router.size()), d.router);
   }
-  if (g.lm_head == nullptr) g.lm_head = g.embed;  // tie_word_embeddings
+  size_t total = 0;
+  for (const Upload& u : ups) total += padded(u.bytes);
+  g.memory = DeviceBuffer(total);
+  uint8_t* dst = g.memory.as<uint8_t>();
+  for (const Upload& u : ups) {
+    for (size_t first = 0; first < u.bytes; first += kPiece) {
+      const size_t n = std::min(kPiece, u.bytes - first);
+      MOE_CUDA_CHECK(cudaMemcpy(dst + first, u.src + first, n, cudaMemcpyHostToDevice));
+      unmap_copied(host, u.src + first, n);
+    }
+    if (u.matrix != nullptr) u.matrix->data = dst;
+    else *u.vec = reinterpret_cast<const float*>(dst);
+    dst += padded(u.bytes);
+  }
+  if (g.lm_head.data == nullptr) g.lm_head = g.embed;  // tie_word_embeddings
   const bool qk = cfg.qk_norm != QkNorm::kNone;
   for (const GpuLayerWeights& d : g.layers)
-    MOE_ASSERT(d.wq && d.wk && d.wv && d.wo && d.router && d.attn_norm && d.ffn_norm &&
-               (!qk || (d.q_norm && d.k_norm)), "dense weights missing a tensor after load");
+    MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.router && d.attn_norm && d.ffn_norm &&
+                   (!qk || (d.q_norm && d.k_norm)),
+               "dense weights missing a tensor after upload");
   return g;
 }
 

@@ -1,15 +1,20 @@
-// Device memory for the GPU forward pass: an owning device buffer, and the dense weights of a
-// model streamed once from dense.safetensors to the GPU as float32. Plain C++ header.
+// Memory for the GPU forward pass: owning device and pinned host buffers, and the dense weights
+// of a model on the GPU in their stored precision (the matrices the CPU pass computes from,
+// runtime/model/dense_weights.h). Plain C++ header.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <utility>
 #include <vector>
 
+#include "loader/format/expert_file.h"
 #include "loader/format/model_config.h"
 
 namespace moestream {
+
+struct DenseWeights;
 
 // One cudaMalloc, freed on destruction. Throws Error naming the size and the free memory when
 // the allocation fails.
@@ -34,26 +39,57 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Device pointers of one layer's dense tensors (q_norm/k_norm null without QK-norm).
+// Pinned host memory (async copies need it to stay asynchronous); Error when it cannot be had.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// A dense matrix on the device as stored: `rows` rows of `cols` elements in `type` (kF32, or a
+// ggml type: a pack's bf16/f16 is ggml's BF16/F16), row r at data + r * row bytes.
+struct GpuMatrix {
+  QuantType type = QuantType::kF32;
+  const uint8_t* data = nullptr;  // device, 256-byte aligned
+  int rows = 0, cols = 0;
+  const float* f32() const { return reinterpret_cast<const float*>(data); }  // type kF32 only
+};
+
+// Device pointers of one layer's dense tensors (q_norm/k_norm null without QK-norm). Norms and
+// the router are float32, as on the CPU (routing decisions from exact logits).
 struct GpuLayerWeights {
   const float *attn_norm = nullptr, *ffn_norm = nullptr;
-  const float *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+  GpuMatrix wq, wk, wv, wo;
   const float *q_norm = nullptr, *k_norm = nullptr;
   const float* router = nullptr;
 };
 
 struct GpuDenseWeights {
   DeviceBuffer memory;  // every tensor, 256-byte aligned, in one allocation
-  const float* embed = nullptr;
-  const float* lm_head = nullptr;  // the embedding table when tied
+  GpuMatrix embed;
+  GpuMatrix lm_head;  // the embedding table when tied
   const float* final_norm = nullptr;
   std::vector<GpuLayerWeights> layers;
 
   size_t bytes() const { return memory.bytes(); }
-  // Reads every tensor of runtime/model/dense_weights.h's list from `path` (shapes checked: FormatError
-  // naming the tensor) and copies it to the device in 64 MiB pieces, synchronously, at load: the
-  // host holds one piece at a time, never a float32 copy of the model.
+  // Loads `path` as the CPU pass does (DenseWeights::load: dense.safetensors or the GGUF, every
+  // tensor's shape and type checked, llama's Q/K rows de-interleaved) and uploads it.
   static GpuDenseWeights load(const ModelConfig& cfg, const std::filesystem::path& path);
+  // Copies every tensor of `host` to the device in 64 MiB pieces, synchronously: matrices in
+  // their stored bytes (the host holds no float32 copy of any), norms and routers as float32.
+  // Pieces read from a file mapping are dropped from this process's mapping once copied.
+  static GpuDenseWeights upload(const ModelConfig& cfg, const DenseWeights& host);
 };
 
 }  // namespace moestream

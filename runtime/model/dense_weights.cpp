@@ -75,13 +75,11 @@ QuantType compute_type(GgmlType g) { return g == GgmlType::kF32 ? QuantType::kF3
 
 }  // namespace
 
-size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path, bool as_float32) {
+size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path) {
   std::optional<GgufModelFiles> gguf;
   std::optional<SafetensorsFile> pack;
-  if (!as_float32) {
-    if (cfg.format == ModelFormat::kGguf) gguf.emplace(dense_path);
-    else pack.emplace(dense_path);
-  }
+  if (cfg.format == ModelFormat::kGguf) gguf.emplace(dense_path);
+  else pack.emplace(dense_path);
   size_t n = 0;
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());

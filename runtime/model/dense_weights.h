@@ -61,10 +61,10 @@ struct DenseTensorSpec {
 std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg);
 
 // Bytes of dense weights one token reads: all of them but the embedding, of which one row (plus
-// the whole table when it doubles as lm_head). Each matrix counts in the type it is computed in:
-// as stored in `dense_path` (dense.safetensors or the GGUF) for the CPU pass, float32 for the GPU
-// pass (`as_float32`, which widens them); norms and routers as float32 either way.
-size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path, bool as_float32 = false);
+// the whole table when it doubles as lm_head). Each matrix counts as stored in `dense_path`
+// (dense.safetensors or the GGUF), the type both passes compute it in; norms and routers as
+// float32.
+size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path);
 
 struct DenseWeights {
   DenseMatrix embed;    // [vocab, hidden]

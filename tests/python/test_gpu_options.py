@@ -58,3 +58,22 @@ def test_infer_refuses_gpu_flags_it_cannot_honour(demo):
     r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--gpu-cache-mb", "8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--gpu-cache-mb needs --gpu" in r.stderr, r.stderr
+
+
+def test_gguf_with_gpu_runs_or_names_the_reason():
+    # A GGUF on the GPU (issue 18): the same logits as the CPU pass on the same file, within the
+    # float types' tolerance of tests/gpu_forward_test.cpp (BF16: summation order only).
+    gguf = ROOT / "tests" / "fixtures" / "gguf" / "qwen3moe-tiny-BF16.gguf"
+    if not gguf.exists():
+        pytest.skip(f"{gguf} absent")
+    try:
+        g = moestream.Model(gguf, gpu=True, threads=2)
+    except moestream.ConfigError as e:  # no CUDA in this build, or no usable device
+        assert "CUDA" in str(e), str(e)
+        return
+    c = moestream.Model(gguf, threads=2)
+    ids = list(c.tokenizer.encode("The cat sat on the mat. It was", True))
+    lg, lc = g.logits(ids), c.logits(ids)
+    rel = float(abs(lg - lc).max() / abs(lc).max())
+    assert rel <= 1e-3, f"GPU vs CPU logits on {gguf.name}: relative difference {rel:.3g}"
+    assert "gpu" in g.stats()
