@@ -43,7 +43,7 @@ class GpuStagingRingTest : public ::testing::Test {
     return host == p;
   }
   GpuCopy to(size_t pos, const std::vector<uint8_t>& p, int slot = -1) {
-    return GpuCopy{dev_ + pos * kBytes, p.data(), kBytes, slot};
+    return GpuCopy{dev_ + pos * kBytes, p.data(), kBytes, slot, 0, dev_};
   }
 
   GpuEventPool events_;
@@ -149,7 +149,7 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   GpuStagingRing ring(8 * b, copy_, events_, true);
   const std::vector<int> ids{9, 2, 14, 5, 7};
   std::vector<GpuCopy> cs;
-  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i)});
+  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
   GpuCacheTelemetry tel;
   std::vector<uint64_t> seq_of(ids.size(), 0);
   const uint64_t last = ring.read_and_upload(store, 1, ids, cs, tel, [&](const GpuCopy& c) {

@@ -88,29 +88,33 @@ void round_activations_q8(float* x, int rows, int cols, Stream s) {
   round_activations_q8_cuda(x, rows, cols, s);
 }
 
+ActivationRounding activation_rounding(QuantType q) {
+  if (q == QuantType::kQ8 || q == QuantType::kQ4) return ActivationRounding::kPackQ8;
+  const std::optional<GgmlType> t = quant_ggml_type(q);
+  if (!t) return ActivationRounding::kNone;  // f32, bf16: their kernels take float inputs
+  switch (*t) {
+    case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0: case GgmlType::kIQ4_NL: case GgmlType::kMXFP4:
+      return ActivationRounding::kBlock32F16;
+    case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: case GgmlType::kIQ4_XS:
+      return ActivationRounding::kBlock256;
+    default:
+      return ActivationRounding::kNone;  // F32, F16, BF16: multiplied as floats on the CPU too
+  }
+}
+
 bool round_activations(QuantType q, float* x, int rows, int cols, Stream s) {
   if (rows <= 0 || cols <= 0)
     throw Error("gpu::round_activations: bad shape rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
   if (!x) throw Error("gpu::round_activations: null device pointer");
-  if (q == QuantType::kQ8 || q == QuantType::kQ4) {
+  const ActivationRounding r = activation_rounding(q);
+  if (r == ActivationRounding::kNone) return false;
+  if (r == ActivationRounding::kPackQ8) {
     round_activations_q8_cuda(x, rows, cols, s);
     return true;
   }
-  const std::optional<GgmlType> t = quant_ggml_type(q);
-  if (!t) return false;  // f32, bf16: their kernels take float inputs
-  int block = 0;
-  switch (*t) {
-    case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
-    case GgmlType::kQ8_0: case GgmlType::kIQ4_NL: case GgmlType::kMXFP4:
-      block = 32;
-      break;
-    case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: case GgmlType::kIQ4_XS:
-      block = 256;
-      break;
-    default:
-      return false;  // F32, F16, BF16: multiplied as floats on the CPU too
-  }
+  const int block = r == ActivationRounding::kBlock32F16 ? 32 : 256;
   if (cols % block != 0)
     throw ConfigError("gpu::round_activations: " + std::string(quant_name(q)) + " inputs of " + std::to_string(cols) +
                       " columns are not whole " + std::to_string(block) + "-wide blocks");

@@ -22,4 +22,9 @@ void round_activations_q8(float* x, int rows, int cols, Stream s);
 // (ggml types only; a pack's last block may be short).
 bool round_activations(QuantType q, float* x, int rows, int cols, Stream s);
 
+// Which rounding round_activations applies for q: inputs of two matrices whose types share a
+// class can share one rounded copy.
+enum class ActivationRounding { kNone, kPackQ8, kBlock32F16, kBlock256 };
+ActivationRounding activation_rounding(QuantType q);
+
 }  // namespace moestream::gpu

@@ -168,7 +168,7 @@ void GpuExpertCache::Impl::begin_acquire(int layer, std::span<const int> ids, Ca
           if (m.job && worker->steal(*m.job)) {  // still queued: read it here, the worker won't
             ++refills;
             miss_ids.push_back(uniq[u]);
-            cs.push_back(GpuCopy{slot_dev(r.slot), nullptr, b, r.slot});
+            cs.push_back(slot_copy(r.slot, b));
           } else if (m.job) {  // its prediction is being read or copied: never read twice
             predicted.push_back(m.job);
             predicted_u.push_back(u);
@@ -176,7 +176,7 @@ void GpuExpertCache::Impl::begin_acquire(int layer, std::span<const int> ids, Ca
             m.valid = true;
             ++refills;
             miss_ids.push_back(uniq[u]);
-            cs.push_back(GpuCopy{slot_dev(r.slot), nullptr, b, r.slot});
+            cs.push_back(slot_copy(r.slot, b));
           } else {
             now[u] = 1;
             if (m.fill_seq > ring->completed_seq())  // a demand copy may still be in flight
@@ -191,7 +191,7 @@ void GpuExpertCache::Impl::begin_acquire(int layer, std::span<const int> ids, Ca
           slots[size_t(r.slot)].valid = true;
           dev[u] = slot_dev(r.slot);
           miss_ids.push_back(uniq[u]);
-          cs.push_back(GpuCopy{slot_dev(r.slot), nullptr, b, r.slot});
+          cs.push_back(slot_copy(r.slot, b));
           break;
         case CacheOutcome::kNoRoom:
           to_scratch.push_back(u);
@@ -207,7 +207,7 @@ void GpuExpertCache::Impl::begin_acquire(int layer, std::span<const int> ids, Ca
         const size_t u = to_scratch[k];
         dev[u] = scratch + k * stride;
         miss_ids.push_back(uniq[u]);
-        cs.push_back(GpuCopy{scratch + k * stride, nullptr, b, -1});
+        cs.push_back(GpuCopy{scratch + k * stride, nullptr, b, -1, 0, scratch});
       }
       current_scratch = true;
       tel.scratch_uses += to_scratch.size();

@@ -94,6 +94,10 @@ struct GpuExpertCache::Impl {
   // Collects finished copies and kernels without blocking: staging and pins are released.
   void poll();
   uint8_t* slot_dev(int slot) const { return arena->slot_ptr(slot); }
+  // The staging copy of `bytes` into `slot`'s device memory.
+  GpuCopy slot_copy(int slot, size_t bytes) const {
+    return GpuCopy{slot_dev(slot), nullptr, bytes, slot, 0, arena->slot_region(slot)};
+  }
   void assign_slot(int slot, int cls);   // memory for a slot the policy just created
   void release_slot(int slot);           // the policy gave the slot up
   void release_job(Job& j);              // under the worker's lock: j no longer holds its slot

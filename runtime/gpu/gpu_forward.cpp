@@ -1,6 +1,7 @@
 // Implementation of runtime/gpu/gpu_forward.h: one CUDA stream carries the whole pass; the host
 // syncs once per layer to read the router's top-k ids (the expert cache needs them on the host).
 #include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_forward_impl.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -35,96 +36,15 @@ constexpr int kMaxExpertsPerAcquire = 16;
 // cache's staging/scratch buffers, cuBLAS workspaces and other processes.
 constexpr double kAutoBudgetShare = 0.8;
 
-// Pack q8/q4: their kernels take inputs already rounded to int8 per 32-block (round_activations_q8),
-// as the CPU's quant_matvec rounds them. The other types' kernels take float32 inputs as they are.
-bool pack_int_type(QuantType q) { return q == QuantType::kQ8 || q == QuantType::kQ4; }
-
-void cublas_check(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuBLAS ") + what + " failed: " + cublasGetStatusString(st));
-}
-
 std::string mib(size_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(1 << 20));
   return buf;
 }
 
-// The CUDA implementation of GpuForward (the class is in this file only).
-struct CudaForward final : GpuForward {
-  const ModelConfig& cfg;
-  GpuForwardOptions opts;
-  ExpertStore& store;
-  int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
-  int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
-  bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
-  float eps, scale;
-  std::vector<ExpertLayout> layouts;  // by layer: a GGUF's expert types may differ per layer and matrix
-  Rope rope;
-  GpuForwardInfo info_;
+}  // namespace
 
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  GpuDenseWeights w;
-  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd_p]
-  DeviceBuffer act;
-  float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
-        *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
-        *attn_pad = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
-        *sin_d = nullptr, *xg = nullptr, *gate = nullptr, *up = nullptr, *swi = nullptr,
-        *y = nullptr, *logits = nullptr, *proj = nullptr;
-  // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
-  // look-ahead ids [N] | look-ahead weights [N].
-  DeviceBuffer route_dev;
-  PinnedBuffer route_host;
-  // Inputs of a chunk: tokens [B] | cos [B*half] | sin [B*half] (one H2D).
-  DeviceBuffer in_dev;
-  PinnedBuffer in_host;
-  // MoE plan of a layer: gather_idx [B*K] | pair_row [B*K] | row_start [B*K+1], then the expert
-  // payload pointers [B*K] (uploaded per acquire).
-  DeviceBuffer plan_dev, ptr_dev;
-  PinnedBuffer plan_host, ptr_host;
-  std::unique_ptr<ExpertStore> prefetch_store;  // the cache's prefetch worker reads through it
-  std::unique_ptr<GpuExpertCache> cache;
-
-  // Host-side routing and planning scratch (sized once: the decode step allocates nothing).
-  std::vector<int> unique_ids, count_of_expert, first_row_of_expert;
-  std::vector<uint8_t> ready;               // begin_acquire's flags, by unique_ids position
-  std::vector<int> order_ids;               // unique_ids, ready experts first
-  std::vector<const uint8_t*> order_ptrs;   // their payload pointers
-  std::vector<float> router_inputs;
-  std::vector<int> predicted;  // look-ahead ids made during layer predicted_layer - 1
-  int predicted_layer = -1;
-  std::vector<uint8_t> in_prediction;  // [E]
-  GpuLookaheadStats la_stats;
-  // Cache-aware routing: the router's logits [B*E] on the host, the layer's residency, the step
-  // the CPU pass runs too.
-  PinnedBuffer logits_host;
-  std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
-  std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
-  CacheAwareRouter cache_aware_router;
-
-  CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
-              const GpuForwardOptions& o);
-  ~CudaForward() override;
-  void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
-  void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
-                  float beta = 0.0f);
-  void embed(int T);
-  void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
-                     const float* xin, float* yout);
-  void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
-                     CacheAwareStats& cache_aware) override;
-  GpuForwardStats stats() const override { return GpuForwardStats{cache->telemetry(), la_stats}; }
-  void reset_stats() override {
-    cache->reset_telemetry();
-    la_stats = {};
-  }
-  const GpuForwardInfo& info() const override { return info_; }
-  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
-  void moe(int layer, int T, bool lookahead, ForwardTimes& times);
-  void warm_up();
-};
+namespace detail {
 
 CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path,
                          ExpertStore& s, const GpuForwardOptions& o)
@@ -145,6 +65,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
       throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
                         "--quant q8, q4 or bf16");
+    gate_up_round_apart |= gpu::activation_rounding(t.gate) != gpu::activation_rounding(t.up);
   }
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
     throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
@@ -175,9 +96,10 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p, b * D};
+                             b * H * hd_p, b * H * hd_p, b * D, b * std::max(D, H * hd),
+                             gate_up_round_apart ? pairs * D : 0};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
-                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj};
+                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj, &xr, &xg_up};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -245,134 +167,6 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   }
   cache = std::make_unique<GpuExpertCache>(cfg, store, info_.cache_bytes, stream, co);
   warm_up();
-}
-
-// Every kernel and cuBLAS shape of a forward pass once, on scratch data, so that lazy module
-// loading and cuBLAS's first-call setup happen at load, not inside the first measured prompt;
-// every dense matrix and every layer's expert matrices run once in their stored type, so a type
-// the CUDA kernels do not compute is a ConfigError at load naming the tensor.
-// Touches no expert-cache state; the KV rows it writes are rewritten before any forward reads them.
-void CudaForward::warm_up() {
-  MOE_CUDA_CHECK(cudaMemsetAsync(act.get(), 0, act.bytes(), stream));
-  MOE_CUDA_CHECK(cudaMemsetAsync(in_dev.get(), 0, in_dev.bytes(), stream));
-  MOE_CUDA_CHECK(cudaMemsetAsync(plan_dev.get(), 0, plan_dev.bytes(), stream));
-  DeviceBuffer expert(cfg.max_expert_bytes());  // one zero expert: the matmul kernels' weights
-  MOE_CUDA_CHECK(cudaMemsetAsync(expert.get(), 0, expert.bytes(), stream));
-  auto** ptr_h = ptr_host.as<const uint8_t*>();
-  ptr_h[0] = expert.as<const uint8_t>();
-  int* plan_h = plan_host.as<int>();
-  const size_t pairs = size_t(B) * size_t(K);
-  plan_h[2 * pairs] = 0;      // row_start of one group of one row
-  plan_h[2 * pairs + 1] = 1;
-  MOE_CUDA_CHECK(cudaMemcpyAsync(ptr_dev.get(), ptr_h, sizeof(const uint8_t*), cudaMemcpyHostToDevice, stream));
-  MOE_CUDA_CHECK(cudaMemcpyAsync(plan_dev.as<int>() + 2 * pairs, plan_h + 2 * pairs, 2 * sizeof(int),
-                                 cudaMemcpyHostToDevice, stream));
-  // A kernel's ConfigError (a type it does not take) names the tensor it was for.
-  auto named = [](const std::string& what, QuantType q, auto&& launch) {
-    try {
-      launch();
-    } catch (const ConfigError& e) {
-      throw ConfigError("--gpu: " + what + " (" + std::string(quant_name(q)) + "): " + e.what());
-    }
-  };
-  int* ids_d = route_dev.as<int>();
-  for (int T : {1, B}) {
-    named("the embedding table", w.embed.type, [&] { embed(T); });
-    named("lm_head", w.lm_head.type, [&] { linear(h, w.lm_head, T, logits); });
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      const GpuLayerWeights& lw = w.layers[size_t(l)];
-      const std::string p = "layer " + std::to_string(l) + " ";
-      named(p + "wq", lw.wq.type, [&] { linear(h, lw.wq, T, qraw); });
-      named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
-      named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
-      named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
-      const ExpertLayout& lay = layouts[size_t(l)];
-      named(p + "experts' gate", lay.types.gate,
-            [&] { expert_matmul(lay.types.gate, lay.gate_offset, 0, 1, 1, F, D, xg, gate); });
-      named(p + "experts' up", lay.types.up,
-            [&] { expert_matmul(lay.types.up, lay.up_offset, 0, 1, 1, F, D, xg, up); });
-      named(p + "experts' down", lay.types.down,
-            [&] { expert_matmul(lay.types.down, lay.down_offset, 0, 1, 1, D, F, swi, y); });
-    }
-    const GpuLayerWeights& lw = w.layers[0];
-    gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-    linear_f32(h, lw.router, T, D, E, rlog);
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
-                   padded ? attn_pad : attn, stream);
-    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
-    if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
-                                reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
-    gpu::gather_rows(h, plan_dev.as<int>(), T, D, xg, stream);
-    gpu::round_activations_q8(xg, T, D, stream);
-    gpu::swiglu(gate, up, size_t(T) * F, swi, stream);
-    gpu::moe_combine(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T, K, D,
-                     tmp, stream);
-    gpu::add_inplace(x, tmp, size_t(T) * D, stream);
-  }
-  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-}
-
-// One expert matrix (type q, at `offset` in each payload, rows x cols) for the groups [g0, g1)
-// of the current plan (payload pointers in ptr_host/ptr_dev, row_start in plan_host/plan_dev):
-// one grouped launch; pack q8/q4 rows whose width is not a whole number of 32-blocks (the demo's
-// F = 80, the fixtures' odd sizes) take the per-row matvec instead. max_rows picks the GEMM's
-// token tile. A ggml type's rows are whole blocks by construction.
-void CudaForward::expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows,
-                                int cols, const float* xin, float* yout) {
-  const size_t pairs = size_t(B) * size_t(K);
-  const int* row_start = plan_host.as<int>() + 2 * pairs;
-  if (!pack_int_type(q) || cols % kQuantBlock == 0) {
-    gpu::expert_gemm(q, ptr_dev.as<const uint8_t*>() + g0, offset, plan_dev.as<int>() + 2 * pairs + g0,
-                     g1 - g0, max_rows, rows, cols, xin, yout, stream);
-    return;
-  }
-  auto** ptr_h = ptr_host.as<const uint8_t*>();
-  for (int g = g0; g < g1; ++g)
-    for (int r = row_start[g]; r < row_start[g + 1]; ++r)
-      gpu::expert_matvec(q, ptr_h[g] + offset, rows, cols, xin + size_t(r) * cols,
-                         yout + size_t(r) * rows, stream);
-}
-
-CudaForward::~CudaForward() {
-  cache.reset();  // its events and copies reference the stream
-  if (stream) cudaStreamSynchronize(stream);
-  if (blas) cublasDestroy(blas);
-  if (stream) cudaStreamDestroy(stream);
-}
-
-// y[T, out] = x[T, in] W^T + beta*y, W row-major float32 [out, in]: in cuBLAS's column-major
-// terms W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
-void CudaForward::linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
-                             float beta) {
-  const float alpha = 1.0f;
-  if (T == 1)
-    cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
-                 "sgemv");
-  else
-    cublas_check(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, &alpha, W, in, xin, in,
-                             &beta, yout, out),
-                 "sgemm");
-}
-
-// y[T, rows] = x[T, cols] W^T (+ y when accumulating: the residual add) with W in its stored
-// type: float32 through cuBLAS as before, every other type through the stored-type GEMM.
-void CudaForward::linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate) {
-  if (W.type == QuantType::kF32) {
-    linear_f32(xin, W.f32(), T, W.cols, W.rows, yout, accumulate ? 1.0f : 0.0f);
-    return;
-  }
-  float* dst = accumulate ? proj : yout;
-  gpu::dense_gemm(W.type, W.data, W.rows, W.cols, xin, T, dst, stream);
-  if (accumulate) gpu::add_inplace(yout, proj, size_t(T) * size_t(W.rows), stream);
-}
-
-// x[T, D] = the embedding rows of the chunk's tokens (ids in in_dev, checked by Model::forward).
-void CudaForward::embed(int T) {
-  if (w.embed.type == QuantType::kF32)
-    gpu::embed_rows(w.embed.f32(), in_dev.as<int>(), T, D, x, stream);
-  else
-    gpu::dequantize_rows(w.embed.type, w.embed.data, D, in_dev.as<int>(), T, x, stream);
 }
 
 void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
@@ -614,12 +408,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
                                  (2 * pairs + unique_ids.size() + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
   gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
-  // q8/q4 experts see their input rounded to int8 per 32-block, as the CPU's quant_matvec does:
-  // both backends then compute the same function (llama.cpp's GPU matvec quantises likewise).
-  // A pack's three matrices share one type; a GGUF's are ggml types, computed from float inputs.
   const ExpertLayout& lay = layouts[size_t(layer)];
-  if (pack_int_type(lay.types.gate) || pack_int_type(lay.types.up))
-    gpu::round_activations_q8(xg, n_rows, D, stream);
+  const float* x_up = round_expert_inputs(lay, n_rows);
   times.router_s += seconds_since(t0);
 
   auto upload_ptrs = [&](int g0, int g1) {
@@ -638,10 +428,10 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     const int r0 = row_start[g0], r1 = row_start[g1];
     // Each matrix in its own type (a GGUF's gate, up and down may differ).
     expert_matmul(lay.types.gate, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
-    expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, xg, up);
+    expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
     gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
                 swi + size_t(r0) * F, stream);
-    if (pack_int_type(lay.types.down)) gpu::round_activations_q8(swi + size_t(r0) * F, r1 - r0, F, stream);
+    gpu::round_activations(lay.types.down, swi + size_t(r0) * F, r1 - r0, F, stream);
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
   };
   if (split) {
@@ -681,7 +471,7 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   times.expert_compute_s += seconds_since(tc);
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string gpu_unavailable_reason() {
   const char* why = "";
@@ -692,7 +482,7 @@ std::string gpu_unavailable_reason() {
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
                                                const std::filesystem::path& dense_path,
                                                ExpertStore& store, const GpuForwardOptions& opts) {
-  return std::make_unique<CudaForward>(cfg, dense_path, store, opts);
+  return std::make_unique<detail::CudaForward>(cfg, dense_path, store, opts);
 }
 
 }  // namespace moestream

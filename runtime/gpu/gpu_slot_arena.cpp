@@ -118,6 +118,13 @@ uint8_t* GpuSlotArena::slot_ptr(int slot) const {
   return size_t(slot) < slots_.size() ? slots_[size_t(slot)].dev : nullptr;
 }
 
+const uint8_t* GpuSlotArena::slot_region(int slot) const {
+  if (size_t(slot) >= slots_.size()) return nullptr;
+  const SlotMem& m = slots_[size_t(slot)];
+  if (m.cls < 0 || m.chunk < 0) return nullptr;
+  return pools_[size_t(m.cls)][size_t(m.chunk)].dev;
+}
+
 uint8_t* GpuSlotArena::scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return scratch_;
   if (scratch_) {

@@ -39,6 +39,8 @@ class GpuSlotArena {
   void free_completed(uint64_t completed_seq);
   // Device pointer of an assigned slot; nullptr when the slot has no memory.
   uint8_t* slot_ptr(int slot) const;
+  // Start of the chunk (device allocation) holding `slot`, nullptr for an unknown slot.
+  const uint8_t* slot_region(int slot) const;
 
   // The scratch area: at least `bytes`, reallocated when larger (the caller has made sure no
   // copy or kernel uses the old one). DeviceOom when cudaMalloc fails (the old one is gone).

@@ -108,7 +108,8 @@ uint64_t GpuStagingRing::upload(std::vector<GpuCopy>& cs, uint64_t& h2d_copies,
     for (size_t k = i; k < j; ++k) {
       std::memcpy(staging_ + off, cs[k].src, cs[k].bytes);
       // Adjacent on the device and (by construction) in staging: one copy.
-      if (!dst.empty() && static_cast<uint8_t*>(dst.back()) + sizes.back() == cs[k].dst) {
+      if (!dst.empty() && cs[k].region && cs[k].region == cs[k - 1].region &&
+          static_cast<uint8_t*>(dst.back()) + sizes.back() == cs[k].dst) {
         sizes.back() += cs[k].bytes;
       } else {
         dst.push_back(cs[k].dst);

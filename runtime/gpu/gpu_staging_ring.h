@@ -28,6 +28,10 @@ struct GpuCopy {
   size_t bytes;
   int slot;            // policy slot, -1 for scratch
   uint64_t seq = 0;    // set by GpuStagingRing::upload: the batch that copies it
+  // Start of the device allocation dst lies in: device-adjacent copies merge only inside one
+  // allocation (one copy may not span two cudaMalloc blocks, even when they happen to abut).
+  // nullptr: never merged.
+  const uint8_t* region = nullptr;
 };
 
 class GpuStagingRing {

@@ -1,0 +1,106 @@
+// Internal to runtime/gpu/gpu_forward*.cpp: the CUDA implementation of GpuForward
+// (runtime/gpu/gpu_forward.h). gpu_forward.cpp holds its setup and the forward pass,
+// gpu_forward_ops.cpp its matrix products (dense weights and experts in their stored types, inputs
+// rounded as the CPU rounds them) and the load-time warm-up.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "runtime/gpu/gpu_cache_common.h"
+#include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_weights.h"
+#include "runtime/model/rope.h"
+
+namespace moestream::detail {
+
+// Throws Error naming the cuBLAS call when st is not success.
+void cublas_check(cublasStatus_t st, const char* what);
+
+// The CUDA implementation of GpuForward.
+struct CudaForward final : GpuForward {
+  const ModelConfig& cfg;
+  GpuForwardOptions opts;
+  ExpertStore& store;
+  int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
+  int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
+  bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
+  float eps, scale;
+  std::vector<ExpertLayout> layouts;  // by layer: a GGUF's expert types may differ per layer and matrix
+  Rope rope;
+  GpuForwardInfo info_;
+
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  GpuDenseWeights w;
+  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd_p]
+  DeviceBuffer act;
+  float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
+        *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
+        *attn_pad = nullptr, *rlog = nullptr, *la_log = nullptr, *cos_d = nullptr,
+        *sin_d = nullptr, *xg = nullptr, *gate = nullptr, *up = nullptr, *swi = nullptr,
+        *y = nullptr, *logits = nullptr, *proj = nullptr;
+  // Inputs rounded as the CPU's kernels round them (kernels/cuda/round_activations.h): xr for a
+  // dense matrix of a rounded type; xg_up for up when its rounding differs from gate's (a mixed
+  // GGUF; unallocated otherwise).
+  float *xr = nullptr, *xg_up = nullptr;
+  bool gate_up_round_apart = false;
+  // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
+  // look-ahead ids [N] | look-ahead weights [N].
+  DeviceBuffer route_dev;
+  PinnedBuffer route_host;
+  // Inputs of a chunk: tokens [B] | cos [B*half] | sin [B*half] (one H2D).
+  DeviceBuffer in_dev;
+  PinnedBuffer in_host;
+  // MoE plan of a layer: gather_idx [B*K] | pair_row [B*K] | row_start [B*K+1], then the expert
+  // payload pointers [B*K] (uploaded per acquire).
+  DeviceBuffer plan_dev, ptr_dev;
+  PinnedBuffer plan_host, ptr_host;
+  std::unique_ptr<ExpertStore> prefetch_store;  // the cache's prefetch worker reads through it
+  std::unique_ptr<GpuExpertCache> cache;
+
+  // Host-side routing and planning scratch (sized once: the decode step allocates nothing).
+  std::vector<int> unique_ids, count_of_expert, first_row_of_expert;
+  std::vector<uint8_t> ready;               // begin_acquire's flags, by unique_ids position
+  std::vector<int> order_ids;               // unique_ids, ready experts first
+  std::vector<const uint8_t*> order_ptrs;   // their payload pointers
+  std::vector<float> router_inputs;
+  std::vector<int> predicted;  // look-ahead ids made during layer predicted_layer - 1
+  int predicted_layer = -1;
+  std::vector<uint8_t> in_prediction;  // [E]
+  GpuLookaheadStats la_stats;
+  // Cache-aware routing: the router's logits [B*E] on the host, the layer's residency, the step
+  // the CPU pass runs too.
+  PinnedBuffer logits_host;
+  std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
+  std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
+  CacheAwareRouter cache_aware_router;
+
+  CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
+              const GpuForwardOptions& o);
+  ~CudaForward() override;
+  void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
+  void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
+                  float beta = 0.0f);
+  void embed(int T);
+  const float* round_expert_inputs(const ExpertLayout& lay, int n_rows);
+  void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
+                     const float* xin, float* yout);
+  void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override;
+  GpuForwardStats stats() const override { return GpuForwardStats{cache->telemetry(), la_stats}; }
+  void reset_stats() override {
+    cache->reset_telemetry();
+    la_stats = {};
+  }
+  const GpuForwardInfo& info() const override { return info_; }
+  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
+  void moe(int layer, int T, bool lookahead, ForwardTimes& times);
+  void warm_up();
+};
+
+}  // namespace moestream::detail
