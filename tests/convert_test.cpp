@@ -397,7 +397,7 @@ TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
     ModelConfig r = ModelConfig::load(d.path() / "out");
     EXPECT_EQ(r.to_json(), c.to_json());
     EXPECT_EQ(r.arch, arch);
-    EXPECT_EQ(r.dense_dtype, "f32");  // f32 checkpoint -> f32 dense by default
+    EXPECT_EQ(r.dense_dtype, "bf16");  // bf16 by default, an f32 checkpoint too (issue 18)
     EXPECT_EQ(r.tokenizer_file, "tokenizer.json");
     EXPECT_TRUE(fs::exists(d.path() / "out" / "tokenizer.json"));
     EXPECT_TRUE(no_temp_left(d.path()));

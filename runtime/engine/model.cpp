@@ -95,7 +95,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   MOE_ASSERT(store != nullptr);
   if (opts.gpu && cfg.format == ModelFormat::kGguf)
     throw ConfigError("--gpu: GGUF models run on the CPU path in this build (the CUDA kernels for ggml's "
-                      "block types are not written yet); drop --gpu or convert the model with convert_model");
+                      "block types are not written yet); drop --gpu");
+  if (opts.gpu && cfg.needs_typed_format())
+    throw ConfigError("--gpu: this pack holds ggml block types (converted from a GGUF, or a dense.gguf) and runs on "
+                      "the CPU path in this build; drop --gpu");
   // A GGUF is its own dense file.
   const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
   return std::unique_ptr<Model>(
