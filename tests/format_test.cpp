@@ -106,7 +106,7 @@ ExpertFileHeader typed_header() {
   h.hidden = 64;
   h.intermediate = 96;
   h.expert_bytes = ExpertLayout::make(t, h.hidden, h.intermediate).bytes;
-  h.expert_stride = 3 * 4096;  // wider than the expert: another layer's experts are larger
+  h.expert_stride = 8 * 4096;  // wider than the expert (22272 bytes): another layer's are larger
   h.data_offset = expert_data_offset(h.version, h.n_experts);
   for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums.push_back(0xfeedface12345678ULL * (i + 3));
   return h;

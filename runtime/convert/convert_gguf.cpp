@@ -89,6 +89,7 @@ void pread_exact(int fd, uint8_t* dst, uint64_t n, uint64_t off, const fs::path&
 void check_output_is_not_source(const fs::path& out_dir, const GgufModelFiles& files) {
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(out_dir, ec);
+  if (ec || out.empty()) throw IoError("cannot resolve the output path " + out_dir.string() + ": " + ec.message());
   for (const fs::path& p : files.paths()) {
     const fs::path src = fs::weakly_canonical(p, ec);
     if (!ec && std::mismatch(out.begin(), out.end(), src.begin(), src.end()).first == out.end())

@@ -131,6 +131,9 @@ def test_cluster_experts_on_a_converted_pack_keeps_the_tokens(tool, packs, tmp_p
     assert r.returncode == 0, r.stderr
     maps = sorted((pack / "experts").glob("layer_*.map"))
     assert maps, "the repack wrote no maps"
+    files = sorted((pack / "experts").glob("layer_*.bin"))
+    assert any(f.read_bytes() != (packs[name] / "experts" / f.name).read_bytes() for f in files), \
+        "no layer was permuted"
     assert greedy_ids(tool, pack, prompt) == before
 
 
