@@ -16,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "kernels/cpu/ggml_quant.h"
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
@@ -140,8 +141,18 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   const std::vector<std::string> names = dense_names(c);
   std::vector<const GgufTensor*> src_tensors;
   std::vector<GgufTensorSpec> specs;
+  // A pack this build could not run is refused now, naming the tensor (as infer would at load).
+  auto computable = [&](const GgufTensor& t) {
+    if (!ggml_type_computable(t.type))
+      throw ConfigError(files.path_of(t).string() + ": tensor '" + t.name + "' has type " +
+                        std::string(ggml_type_name(t.type)) + ", which this build cannot compute");
+  };
+  for (int l = 0; l < c.n_layers; ++l)
+    for (const char* p : {"gate", "up", "down"})
+      computable(files.tensor("blk." + std::to_string(l) + ".ffn_" + p + "_exps.weight"));
   for (const std::string& n : names) {
     const GgufTensor& t = g.dense_tensor(n);
+    computable(t);
     src_tensors.push_back(&t);
     specs.push_back({n, t.type, t.dims});
   }
