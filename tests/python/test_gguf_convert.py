@@ -338,3 +338,21 @@ def test_dense_quant_logits_and_tokens_within_tolerance(tool, dense_packs, q):
     assert np.mean(got.argmax(axis=1) == ref.argmax(axis=1)) >= 0.75
     ids = greedy_ids(tool, dense_packs[q], prompt, n=8)
     assert len(ids.split(",")) == 8
+
+
+def test_server_chat_uses_the_template_kept_in_dense_gguf(packs):
+    pytest.importorskip("requests")
+    from test_server import Server  # the suite's server harness
+
+    answers = []
+    for model in (FIXTURES / "qwen3moe-tiny-Q8_0.gguf", packs["qwen3moe-tiny-Q8_0"]):
+        s = Server(model=model)
+        try:
+            r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "The cat sat"}],
+                                                "max_tokens": 6, "temperature": 0})
+            assert r.status_code == 200, r.text
+            answers.append((r.json()["choices"][0]["message"]["content"], r.json()["usage"]))
+        finally:
+            s.stop()
+    assert answers[0] == answers[1]
+    assert answers[0][1]["prompt_tokens"] > 5  # the template's markup was rendered around the message
