@@ -25,14 +25,14 @@ int main(int argc, char** argv) {
                  "split set; block types are kept as stored)")
       ->required();
   app.add_option("OUT_DIR", out_dir, "Packed model directory to create")->required();
-  app.add_option("--quant", quant, "Expert encoding (Hugging Face sources)")
+  app.add_option("--quant", quant, "Expert encoding of a Hugging Face source (default q4)")
       ->check(CLI::IsMember({"q4", "q8", "bf16", "f32"}));
   // --dense-dtype: the flag's earlier name, still accepted.
   app.add_option("--dense-quant,--dense-dtype", dense_quant,
                  "Dense weights of a Hugging Face source: bf16 (default), q8 (ggml Q8_0 in dense.gguf) or f32")
       ->check(CLI::IsMember({"bf16", "q8", "f32"}));
   app.add_flag("--force", force, "Replace OUT_DIR if it exists");
-  app.add_option("-t,--threads", threads, "Experts quantised in parallel (default: all cores)")
+  app.add_option("-t,--threads", threads, "Experts quantised in parallel, Hugging Face sources (default: all cores)")
       ->check(moestream::in_range(0, moestream::kMaxThreads));
   app.add_flag("-q,--quiet", quiet, "No progress bar");
   // run_tool: a bad flag exits 1 like every other tool, errors are one "convert_model: error:" line.
