@@ -1,6 +1,8 @@
 // Implementation of cluster/cluster_inputs.h.
 #include "cluster/cluster_inputs.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -20,8 +22,11 @@ PackedLayout read_packed_layout(const fs::path& dir, const IoEngineOptions& read
   PackedLayout out;
   for (int l = 0; l < int(headers.size()); ++l) {
     const ExpertFileHeader& h = headers[size_t(l)];
-    if (h.n_experts != h0.n_experts || h.expert_bytes != h0.expert_bytes || h.expert_stride != h0.expert_stride)
-      throw FormatError(expert_file_path(dir, l).string() + ": expert count or size differs from layer 0");
+    // Expert sizes may differ between layers (a pack converted from a mixed GGUF); the slot stride,
+    // which sets the read geometry, may not.
+    if (h.n_experts != h0.n_experts || h.expert_stride != h0.expert_stride)
+      throw FormatError(expert_file_path(dir, l).string() + ": expert count or slot stride differs from layer 0");
+    out.geometry.expert_bytes = std::max<uint64_t>(out.geometry.expert_bytes, h.expert_bytes);
     // A bad map, or one not bound to its file, is an error here.
     out.maps.push_back(load_bound_expert_map(expert_map_path(dir, l), h, expert_file_path(dir, l)));
   }
@@ -29,7 +34,6 @@ PackedLayout read_packed_layout(const fs::path& dir, const IoEngineOptions& read
   out.want.n_layers = uint32_t(headers.size());
   out.want.n_experts = h0.n_experts;
   out.geometry.data_offset = h0.data_offset;
-  out.geometry.expert_bytes = h0.expert_bytes;
   out.geometry.expert_stride = h0.expert_stride;
   out.geometry = read_by(out.geometry, reads);
   return out;

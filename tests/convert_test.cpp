@@ -16,7 +16,9 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/expert_file.h"
+#include "loader/format/gguf_file.h"
 #include "runtime/convert/convert.h"
+#include "runtime/engine/model.h"
 #include "loader/store/expert_store.h"
 #include "common/half.h"
 #include "runtime/convert/hf_config.h"
@@ -397,7 +399,7 @@ TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
     ModelConfig r = ModelConfig::load(d.path() / "out");
     EXPECT_EQ(r.to_json(), c.to_json());
     EXPECT_EQ(r.arch, arch);
-    EXPECT_EQ(r.dense_dtype, "f32");  // f32 checkpoint -> f32 dense by default
+    EXPECT_EQ(r.dense_dtype, "bf16");  // bf16 by default, an f32 checkpoint too (issue 18)
     EXPECT_EQ(r.tokenizer_file, "tokenizer.json");
     EXPECT_TRUE(fs::exists(d.path() / "out" / "tokenizer.json"));
     EXPECT_TRUE(no_temp_left(d.path()));
@@ -604,4 +606,51 @@ TEST(ConvertCli, ConvertsAndReportsWithProgress) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("100%"), std::string::npos) << r.output;
   EXPECT_EQ(ModelConfig::load(d.path() / "out").expert_quant, QuantType::kQ8);
+}
+
+// --dense-quant q8 where some rows are whole Q8_0 blocks and some are not: Qwen3's tiny model has
+// D = 37 (embed, lm_head, wq, wk, wv fall back to BF16, the encoding of bf16's dense.safetensors)
+// and H*hd = 32 (wo in Q8_0). Logits against the bf16 pack: only wo differs, by Q8_0's rounding
+// (relative error <= 1/254 of a block's largest weight), so within 2% of the largest logit.
+TEST(Convert, DenseQ8UsesQ8_0WhereRowsAreWholeBlocksAndBf16Elsewhere) {
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe, 3);
+  save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
+  const ModelConfig q8 = convert_model(d.path() / "hf", d.path() / "q8", quiet(QuantType::kQ8, "q8"));
+  const ModelConfig bf = convert_model(d.path() / "hf", d.path() / "bf", quiet(QuantType::kQ8, "bf16"));
+  EXPECT_EQ(q8.dense_dtype, "gguf");
+  EXPECT_EQ(q8.dense_file, "dense.gguf");
+  EXPECT_EQ(q8.to_json()["format_version"], 2);
+  EXPECT_EQ(bf.to_json()["format_version"], 1);
+  EXPECT_FALSE(fs::exists(d.path() / "q8" / "dense.safetensors"));
+  const GgufFile g(d.path() / "q8" / "dense.gguf");
+  EXPECT_EQ(g.tensor("embed").type, GgmlType::kBF16);
+  EXPECT_EQ(g.tensor("layers.2.wq").type, GgmlType::kBF16);
+  EXPECT_EQ(g.tensor("layers.1.wo").type, GgmlType::kQ8_0);
+  EXPECT_EQ(g.tensor("layers.1.router").type, GgmlType::kF32);
+  EXPECT_EQ(g.tensor("layers.0.q_norm").type, GgmlType::kF32);
+  EXPECT_EQ(g.tensor("embed").dims, (std::vector<uint64_t>{uint64_t(m.D), uint64_t(m.V)}));
+
+  ModelOptions mo;
+  mo.n_threads = 2;
+  const std::vector<int> prompt = {3, 17, 40, 5, 22};
+  std::vector<float> a(prompt.size() * size_t(m.V)), b(a.size());
+  Model::load(d.path() / "q8", mo)->forward(prompt, a, true);
+  Model::load(d.path() / "bf", mo)->forward(prompt, b, true);
+  float diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  EXPECT_GT(diff, 0.0f);  // wo really is Q8_0
+  EXPECT_LE(diff, 0.02f * scale);
+}
+
+TEST(Convert, DenseQuantOtherThanBf16Q8F32IsRefused) {
+  TempDir d;
+  save_tiny(d.path() / "hf", make_tiny(Arch::kOlmoe), DType::kF32, false, 1);
+  EXPECT_THROW(convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ8, "q4")), ConfigError);
+  const std::string msg = message_of([&] { convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ8, "q4")); });
+  EXPECT_NE(msg.find("'q4'"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d.path() / "out"));
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <fstream>
 #include <tuple>
 
@@ -78,7 +79,7 @@ TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
     size_t width;
   };
   const Case cases[] = {
-      {"magic", 0, 0x58, 1},          {"version", 8, 2, 4},
+      {"magic", 0, 0x58, 1},          {"version", 8, 3, 4},
       {"quant", 12, 9, 4},            {"n_experts", 20, 0, 4},
       {"hidden", 24, 0, 4},           {"intermediate", 28, 1u << 30, 4},
       {"expert_bytes", 32, 12345, 8}, {"expert_stride", 40, 4095, 8},
@@ -93,6 +94,106 @@ TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
     EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
     EXPECT_NE(msg.find("dir/layer_003.bin"), std::string::npos) << msg;
   }
+}
+
+// Version 2 (a pack converted from a GGUF): a ggml type per matrix.
+ExpertFileHeader typed_header() {
+  ExpertFileHeader h;
+  const ExpertTypes t{ggml_quant(GgmlType::kQ8_0), ggml_quant(GgmlType::kQ4_0), ggml_quant(GgmlType::kF16)};
+  h.set_types(t);
+  h.layer = 1;
+  h.n_experts = 3;
+  h.hidden = 64;
+  h.intermediate = 96;
+  h.expert_bytes = ExpertLayout::make(t, h.hidden, h.intermediate).bytes;
+  h.expert_stride = 8 * 4096;  // wider than the expert (22272 bytes): another layer's are larger
+  h.data_offset = expert_data_offset(h.version, h.n_experts);
+  for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums.push_back(0xfeedface12345678ULL * (i + 3));
+  return h;
+}
+
+TEST(ExpertFile, UniformPackTypesStayVersion1AndGgmlTypesNeedVersion2) {
+  ExpertFileHeader h;
+  h.set_types(ExpertTypes::uniform(QuantType::kQ4));
+  EXPECT_EQ(h.version, kExpertFileVersion);
+  EXPECT_EQ(h.table_offset(), 64u);
+  h.set_types(ExpertTypes{QuantType::kQ8, QuantType::kQ4, QuantType::kQ8});
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  h.set_types(ExpertTypes::uniform(ggml_quant(GgmlType::kQ8_0)));
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  EXPECT_EQ(h.table_offset(), 80u);
+}
+
+TEST(ExpertFile, TypedHeaderRoundTrips) {
+  const ExpertFileHeader h = typed_header();
+  const std::string bytes = encode_expert_header(h);
+  ASSERT_EQ(bytes.size(), h.data_offset);
+  const ExpertFileHeader d = decode_expert_header(bytes, h.file_bytes(), "x.bin");
+  EXPECT_EQ(d.version, kExpertFileVersionTyped);
+  EXPECT_TRUE(d.types() == h.types());
+  EXPECT_EQ(d.expert_bytes, h.expert_bytes);
+  EXPECT_EQ(d.expert_stride, h.expert_stride);
+  EXPECT_EQ(d.slot_checksums, h.slot_checksums);
+}
+
+TEST(ExpertFile, EveryCorruptedTypedFieldIsRejectedByName) {
+  const ExpertFileHeader h = typed_header();
+  const std::string good = encode_expert_header(h);
+  struct Case {
+    const char* field;
+    size_t offset;
+    uint64_t value;
+    size_t width;
+  };
+  const Case cases[] = {
+      {"version", 8, 7, 4},
+      {"quant", 12, 0x100 + 4, 4},            // a retired ggml id
+      {"up_quant", 64, 0x100 + 99, 4},        // an unknown ggml id
+      {"down_quant", 68, 17, 4},              // neither a pack type nor a ggml one
+      {"reserved", 72, 1, 8},
+      {"expert_bytes", 68, 0x100 + 8, 4},     // down Q8_0 instead of F16: another size
+      {"quant", 64, 0x100 + 12, 4},           // up Q4_K: 64 columns are not whole 256-blocks
+      {"header_checksum", 80, 1, 8},          // a slot checksum, now at 80
+      {"data_offset", 48, 4096 * 2, 8},
+  };
+  for (const Case& c : cases) {
+    std::string bad = good;
+    std::memcpy(bad.data() + c.offset, &c.value, c.width);
+    const std::string msg =
+        test::error_message([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_001.bin"); });
+    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
+    EXPECT_NE(msg.find("dir/layer_001.bin"), std::string::npos) << msg;
+  }
+  // A version-1 header may not name a ggml type.
+  std::string v1 = encode_expert_header(sample_header());
+  const uint32_t q = 0x100 + 8;
+  std::memcpy(v1.data() + 12, &q, 4);
+  const std::string msg = test::error_message([&] { decode_expert_header(v1, sample_header().file_bytes(), "f"); });
+  EXPECT_NE(msg.find("'quant'"), std::string::npos) << msg;
+  // Too short for version 2's 80 bytes.
+  EXPECT_THROW(decode_expert_header(good.substr(0, 70), h.file_bytes(), "f"), FormatError);
+}
+
+TEST(ExpertFileWriter, TypedFileWithAWiderStrideReadsBack) {
+  TempDir d;
+  const ExpertTypes t{ggml_quant(GgmlType::kQ8_0), ggml_quant(GgmlType::kQ4_0), ggml_quant(GgmlType::kF16)};
+  const ExpertLayout lay = ExpertLayout::make(t, 64, 96);
+  const fs::path p = d.path() / "layer_000.bin";
+  {
+    ExpertFileWriter w(p, t, 0, 2, 64, 96, 5 * 4096 + 1);
+    std::vector<uint8_t> payload(lay.bytes);
+    for (uint32_t e = 0; e < 2; ++e) {
+      for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 7 + e);
+      w.write_expert(e, payload.data());
+    }
+    w.finish();
+  }
+  const ExpertFileHeader h = read_expert_header(p);
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  EXPECT_TRUE(h.types() == t);
+  EXPECT_EQ(h.expert_stride, 6u * 4096u);
+  EXPECT_EQ(h.data_offset, 4096u);
+  EXPECT_EQ(fs::file_size(p), h.file_bytes());
 }
 
 TEST(ExpertFile, WrongFileSizeIsRejected) {
@@ -310,10 +411,65 @@ TEST(ModelConfig, BadValuesAreRejected) {
   expect_bad("n_kv_heads", 3);
   expect_bad("n_experts_per_tok", 7);
   expect_bad("qk_norm", "sometimes");
-  expect_bad("format_version", 2);
+  expect_bad("format_version", 3);
   nlohmann::json j = good;
   j["experts"]["quant"] = "q3";
   EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+}
+
+TEST(ModelConfig, GgmlTypesPerLayerMakeVersion2AndRoundTrip) {
+  ModelConfig c = test::tiny_moe_config({.vocab = 50, .hidden = 64, .head_dim = 8, .intermediate = 96, .experts = 6});
+  EXPECT_EQ(c.to_json()["format_version"], 1);  // pack types only: what older builds read
+  c.layer_expert_types = {
+      {ggml_quant(GgmlType::kQ8_0), ggml_quant(GgmlType::kQ4_0), ggml_quant(GgmlType::kF16)},
+      {ggml_quant(GgmlType::kQ5_0), ggml_quant(GgmlType::kQ5_0), ggml_quant(GgmlType::kQ8_0)}};
+  c.expert_quant = c.layer_expert_types[0].gate;
+  c.dense_file = "dense.gguf";
+  c.dense_dtype = "gguf";
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["experts"]["quant"], "Q8_0");
+  EXPECT_EQ(j["experts"]["layer_types"][1][2], "Q8_0");
+  const ModelConfig r = ModelConfig::from_json(j, "model.json");
+  EXPECT_EQ(r.to_json(), j);
+  ASSERT_EQ(r.layer_expert_types.size(), 2u);
+  EXPECT_TRUE(r.expert_layout(1).types == c.layer_expert_types[1]);
+  EXPECT_EQ(r.max_expert_bytes(), c.max_expert_bytes());
+}
+
+TEST(ModelConfig, BadVersion2FieldsAreNamed) {
+  ModelConfig c = test::tiny_moe_config({.vocab = 50, .hidden = 64, .head_dim = 8, .intermediate = 96, .experts = 6});
+  c.layer_expert_types.assign(2, ExpertTypes::uniform(ggml_quant(GgmlType::kQ8_0)));
+  c.expert_quant = ggml_quant(GgmlType::kQ8_0);
+  c.dense_dtype = "gguf";
+  c.dense_file = "dense.gguf";
+  const nlohmann::json good = c.to_json();
+  auto expect_bad = [&](const std::string& field, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    const std::string msg = test::error_message([&] { ModelConfig::from_json(j, "dir/model.json"); });
+    EXPECT_NE(msg.find("'" + field), std::string::npos) << field << ": " << msg;
+    EXPECT_NE(msg.find("dir/model.json"), std::string::npos) << msg;
+  };
+  expect_bad("experts.layer_types", [](auto& j) { j["experts"]["layer_types"].erase(1); });
+  expect_bad("experts.layer_types[1]", [](auto& j) { j["experts"]["layer_types"][1][0] = "Q9_9"; });
+  expect_bad("experts.layer_types[0]", [](auto& j) { j["experts"]["layer_types"][0] = {"Q8_0", "Q8_0"}; });
+  expect_bad("experts.layer_types[1]", [](auto& j) { j["experts"]["layer_types"][1][2] = "Q4_K"; });  // 96 % 256
+  expect_bad("experts.quant", [](auto& j) { j["experts"]["quant"] = "Q4_0"; });  // disagrees with layer 0
+  expect_bad("experts.quant", [](auto& j) { j["experts"].erase("layer_types"); j["experts"]["quant"] = "IQ4_XS"; });
+  expect_bad("experts.layer_types", [](auto& j) {  // version 1 knows no per-layer types
+    j["format_version"] = 1;
+    j["dense"] = {{"file", "dense.safetensors"}, {"dtype", "bf16"}};
+    j["experts"]["quant"] = "q8";
+  });
+  expect_bad("dense.dtype", [](auto& j) {
+    j["experts"].erase("layer_types");
+    j["experts"]["quant"] = "q8";
+    j["format_version"] = 1;
+  });
+  expect_bad("dense.dtype", [](auto& j) { j["dense"]["dtype"] = "q8"; });
+  expect_bad("dense.file", [](auto& j) { j["dense"]["file"] = "dense-00001-of-00002.gguf"; });
+  expect_bad("format_version", [](auto& j) { j["format_version"] = 3; });
 }
 
 TEST(ModelConfig, PathsMustStayInsideTheModelDirectory) {

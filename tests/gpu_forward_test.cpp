@@ -538,6 +538,7 @@ TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
   TempDir tmp("gpu_forward_test");
   ConvertOptions co;
   co.quant = quant;
+  co.dense_dtype = "f32";  // as before bf16 became the default
   co.progress = false;
   convert_model(src, tmp.path() / "packed", co);
   ModelOptions mo;

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "loader/format/gguf_file.h"
+#include "loader/format/gguf_model.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
@@ -54,9 +55,10 @@ int run(Args& a) {
   if (!tok) {
     std::fprintf(stderr, "moestream-server: %s/model.json has no tokenizer: /v1/completions takes prompts as token-id "
                  "lists and answers choices[].token_ids; text prompts and chat answer 400\n", dir.c_str());
-  } else if (cfg.format == ModelFormat::kGguf) {
-    // The template and its special tokens from the GGUF's metadata, as llama-server takes them.
-    const GgufModelFiles files(dir);
+  } else if (cfg.format == ModelFormat::kGguf || is_gguf_file(dir / cfg.tokenizer_file)) {
+    // The template and its special tokens from the GGUF's metadata (a pack's dense.gguf keeps a
+    // converted GGUF's), as llama-server takes them.
+    const GgufModelFiles files(cfg.format == ModelFormat::kGguf ? dir : dir / cfg.tokenizer_file);
     if (const std::string* t = files.metadata().find_string("tokenizer.chat_template")) {
       nlohmann::ordered_json special = nlohmann::ordered_json::object();
       if (tok->bos_id()) special["bos_token"] = tok->token_text(*tok->bos_id());

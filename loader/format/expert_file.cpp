@@ -17,7 +17,8 @@
 namespace moestream {
 namespace {
 
-constexpr size_t kFixedHeaderBytes = 64;
+constexpr size_t kFixedHeaderBytes = 64;       // version 1; also where version 2's extra fields start
+constexpr size_t kFixedHeaderBytesTyped = 80;  // version 2
 constexpr size_t kChecksumFieldOffset = 56;
 // Sanity bounds: far above any published MoE (Qwen3-235B: 128 experts, D 4096, F 1536) but low
 // enough that no size computed from them can overflow 64 bits.
@@ -38,12 +39,17 @@ T get(std::string_view in, size_t off) {
   return v;
 }
 
-uint64_t header_checksum(std::string_view bytes, uint32_t n_experts) {
+uint64_t fixed_bytes(uint32_t version) {
+  return version == kExpertFileVersion ? kFixedHeaderBytes : kFixedHeaderBytesTyped;
+}
+
+// Covers everything but the checksum field itself: [0, 56) and [64, table end).
+uint64_t header_checksum(std::string_view bytes, uint32_t version, uint32_t n_experts) {
   XXH64_state_t* st = XXH64_createState();
   MOE_ASSERT(st != nullptr, "XXH64_createState");
   XXH64_reset(st, 0);
   XXH64_update(st, bytes.data(), kChecksumFieldOffset);
-  XXH64_update(st, bytes.data() + kFixedHeaderBytes, size_t{8} * n_experts);
+  XXH64_update(st, bytes.data() + kFixedHeaderBytes, fixed_bytes(version) - kFixedHeaderBytes + size_t{8} * n_experts);
   uint64_t h = XXH64_digest(st);
   XXH64_freeState(st);
   return h;
@@ -97,6 +103,27 @@ std::string_view quant_name(QuantType q) {
   return enum_name(kQuantNames, q, "unknown");
 }
 
+QuantType parse_stored_quant(std::string_view name) {
+  if (auto q = enum_from_name(kQuantNames, name)) return *q;
+  if (const auto g = ggml_type_info_by_name(name)) return ggml_quant(g->type);
+  throw ConfigError("unknown quant type '" + std::string(name) + "' (expected " + enum_name_list(kQuantNames) +
+                    " or a ggml type name such as Q4_K)");
+}
+
+void ExpertFileHeader::set_types(const ExpertTypes& t) {
+  const bool uniform_pack = is_pack_quant(t.gate) && t.up == t.gate && t.down == t.gate;
+  version = uniform_pack ? kExpertFileVersion : kExpertFileVersionTyped;
+  quant = t.gate;
+  up_quant = t.up;
+  down_quant = t.down;
+}
+
+uint64_t ExpertFileHeader::table_offset() const { return fixed_bytes(version); }
+
+uint64_t expert_data_offset(uint32_t version, uint32_t n_experts) {
+  return align_up(fixed_bytes(version) + 8 * uint64_t{n_experts}, kExpertAlign);
+}
+
 QuantType parse_quant(std::string_view name) {
   if (auto q = enum_from_name(kQuantNames, name)) return *q;
   throw ConfigError("unknown quant type '" + std::string(name) + "' (expected " + enum_name_list(kQuantNames) +
@@ -139,8 +166,10 @@ ExpertLayout ExpertLayout::make(const ExpertTypes& t, size_t hidden, size_t inte
 
 std::string encode_expert_header(const ExpertFileHeader& h) {
   MOE_ASSERT(h.slot_checksums.size() == h.n_experts, "one checksum per slot");
-  MOE_ASSERT(h.data_offset == align_up(kFixedHeaderBytes + 8 * uint64_t{h.n_experts}, kExpertAlign),
-             "data_offset must be align_up(64 + 8*n_experts, 4096)");
+  MOE_ASSERT(h.version == kExpertFileVersion || h.version == kExpertFileVersionTyped, "expert file version");
+  MOE_ASSERT(h.data_offset == expert_data_offset(h.version, h.n_experts),
+             "data_offset must be align_up(table offset + 8*n_experts, 4096)");
+  MOE_ASSERT(h.version == kExpertFileVersionTyped || is_pack_quant(h.quant), "a ggml type needs version 2");
   std::string out(h.data_offset, '\0');
   std::memcpy(out.data(), kExpertFileMagic, 8);
   put<uint32_t>(out, 8, h.version);
@@ -152,8 +181,13 @@ std::string encode_expert_header(const ExpertFileHeader& h) {
   put<uint64_t>(out, 32, h.expert_bytes);
   put<uint64_t>(out, 40, h.expert_stride);
   put<uint64_t>(out, 48, h.data_offset);
-  for (uint32_t i = 0; i < h.n_experts; ++i) put<uint64_t>(out, kFixedHeaderBytes + 8 * i, h.slot_checksums[i]);
-  put<uint64_t>(out, kChecksumFieldOffset, header_checksum(out, h.n_experts));
+  if (h.version == kExpertFileVersionTyped) {
+    put<uint32_t>(out, 64, static_cast<uint32_t>(h.up_quant));
+    put<uint32_t>(out, 68, static_cast<uint32_t>(h.down_quant));
+  }
+  const uint64_t table = h.table_offset();
+  for (uint32_t i = 0; i < h.n_experts; ++i) put<uint64_t>(out, table + 8 * i, h.slot_checksums[i]);
+  put<uint64_t>(out, kChecksumFieldOffset, header_checksum(out, h.version, h.n_experts));
   return out;
 }
 
@@ -166,13 +200,30 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
     bad_field(path, "magic", 0, "expected \"MOEXPRT\\0\", this is not a moestream expert file");
   ExpertFileHeader h;
   h.version = get<uint32_t>(bytes, 8);
-  if (h.version != kExpertFileVersion)
-    bad_field(path, "version", 8, "expected " + std::to_string(kExpertFileVersion) + ", got " +
-                                      std::to_string(h.version));
-  uint32_t q = get<uint32_t>(bytes, 12);
-  if (q > static_cast<uint32_t>(QuantType::kQ4))
-    bad_field(path, "quant", 12, "expected 0..3, got " + std::to_string(q));
-  h.quant = static_cast<QuantType>(q);
+  if (h.version != kExpertFileVersion && h.version != kExpertFileVersionTyped)
+    bad_field(path, "version", 8, "expected " + std::to_string(kExpertFileVersion) + " or " +
+                                      std::to_string(kExpertFileVersionTyped) + ", got " + std::to_string(h.version));
+  if (h.version == kExpertFileVersionTyped && (bytes.size() < kFixedHeaderBytesTyped || file_size < kFixedHeaderBytesTyped))
+    throw FormatError(path.string() + ": expert file is " + std::to_string(file_size) +
+                      " bytes, shorter than its 80-byte version-2 header (truncated)");
+  // A type must be one this build knows; whether the kernels compute it is the forward pass's check.
+  auto type_at = [&](const char* field, size_t off) {
+    const uint32_t v = get<uint32_t>(bytes, off);
+    const QuantType q = static_cast<QuantType>(v);
+    if (h.version == kExpertFileVersion) {
+      if (!is_pack_quant(q)) bad_field(path, field, off, "expected 0..3, got " + std::to_string(v));
+    } else if (!is_pack_quant(q) && !quant_ggml_type(q)) {
+      bad_field(path, field, off, "expected 0..3 or 256 + a known ggml type id, got " + std::to_string(v));
+    }
+    return q;
+  };
+  h.quant = type_at("quant", 12);
+  h.up_quant = h.down_quant = h.quant;
+  if (h.version == kExpertFileVersionTyped) {
+    h.up_quant = type_at("up_quant", 64);
+    h.down_quant = type_at("down_quant", 68);
+    if (get<uint64_t>(bytes, 72) != 0) bad_field(path, "reserved", 72, "expected 0");
+  }
   h.layer = get<uint32_t>(bytes, 16);
   h.n_experts = get<uint32_t>(bytes, 20);
   if (h.n_experts == 0 || h.n_experts > kMaxExperts)
@@ -187,10 +238,20 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
     bad_field(path, "intermediate", 28, "expected 1.." + std::to_string(kMaxDim) + ", got " +
                                             std::to_string(h.intermediate));
   h.expert_bytes = get<uint64_t>(bytes, 32);
-  uint64_t want_bytes = ExpertLayout::make(h.quant, h.hidden, h.intermediate).bytes;
+  const ExpertTypes types = h.types();
+  uint64_t want_bytes = 0;
+  try {
+    want_bytes = ExpertLayout::make(types, h.hidden, h.intermediate).bytes;
+  } catch (const ConfigError& e) {
+    bad_field(path, "quant", 12, std::string("the types do not fit the sizes: ") + e.what());
+  }
+  const std::string type_names = types.gate == types.up && types.up == types.down
+                                     ? std::string(quant_name(types.gate))
+                                     : std::string(quant_name(types.gate)) + "/" + std::string(quant_name(types.up)) +
+                                           "/" + std::string(quant_name(types.down));
   if (h.expert_bytes != want_bytes)
     bad_field(path, "expert_bytes", 32, "expected " + std::to_string(want_bytes) + " for quant " +
-                                            std::string(quant_name(h.quant)) + " D=" +
+                                            type_names + " D=" +
                                             std::to_string(h.hidden) + " F=" +
                                             std::to_string(h.intermediate) + ", got " +
                                             std::to_string(h.expert_bytes));
@@ -201,7 +262,8 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
                                              std::to_string(h.expert_bytes) + ", got " +
                                              std::to_string(h.expert_stride));
   h.data_offset = get<uint64_t>(bytes, 48);
-  uint64_t table_end = kFixedHeaderBytes + 8 * uint64_t{h.n_experts};
+  const uint64_t table = h.table_offset();
+  uint64_t table_end = table + 8 * uint64_t{h.n_experts};
   if (h.data_offset != align_up(table_end, kExpertAlign))
     bad_field(path, "data_offset", 48, "expected " + std::to_string(align_up(table_end, kExpertAlign)) +
                                            ", got " + std::to_string(h.data_offset));
@@ -210,7 +272,7 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
                       " bytes for " + std::to_string(h.n_experts) + " slot checksums, got " +
                       std::to_string(bytes.size()) + " (truncated)");
   uint64_t stored = get<uint64_t>(bytes, kChecksumFieldOffset);
-  uint64_t actual = header_checksum(bytes, h.n_experts);
+  uint64_t actual = header_checksum(bytes, h.version, h.n_experts);
   if (stored != actual) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "stored %016llx, computed %016llx (header corrupted)",
@@ -218,7 +280,7 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
     bad_field(path, "header_checksum", kChecksumFieldOffset, buf);
   }
   h.slot_checksums.resize(h.n_experts);
-  for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums[i] = get<uint64_t>(bytes, kFixedHeaderBytes + 8 * i);
+  for (uint32_t i = 0; i < h.n_experts; ++i) h.slot_checksums[i] = get<uint64_t>(bytes, table + 8 * i);
   // Bounds above make this product fit: 2^16 slots * < 2^41 bytes.
   uint64_t want_size = h.file_bytes();
   if (file_size != want_size)
@@ -234,10 +296,11 @@ ExpertFileHeader read_expert_header(const std::filesystem::path& path) {
   std::string bytes(std::min<uint64_t>(file_size, kFixedHeaderBytes), '\0');
   pread_exact(fd, bytes.data(), bytes.size(), 0, path);
   if (bytes.size() == kFixedHeaderBytes) {
-    // Read the checksum table too when n_experts is plausible; decode reports it otherwise.
+    // Read the checksum table too when version and n_experts are plausible; decode reports it otherwise.
+    const uint32_t version = get<uint32_t>(bytes, 8);
     uint32_t n = get<uint32_t>(bytes, 20);
-    if (n > 0 && n <= kMaxExperts) {
-      uint64_t table_end = kFixedHeaderBytes + 8 * uint64_t{n};
+    if (n > 0 && n <= kMaxExperts && (version == kExpertFileVersion || version == kExpertFileVersionTyped)) {
+      uint64_t table_end = fixed_bytes(version) + 8 * uint64_t{n};
       bytes.resize(std::min(file_size, table_end));
       pread_exact(fd, bytes.data() + kFixedHeaderBytes, bytes.size() - kFixedHeaderBytes,
                   kFixedHeaderBytes, path);

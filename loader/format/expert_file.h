@@ -4,8 +4,8 @@
 // File layout (all integers little-endian):
 //   offset  size        field
 //   0       8           magic "MOEXPRT\0"
-//   8       4           version (kExpertFileVersion = 1)
-//   12      4           quant type (QuantType: 0 f32, 1 bf16, 2 q8, 3 q4)
+//   8       4           version: 1, or 2 when the matrices have ggml types or differ (below)
+//   12      4           quant type (QuantType: 0 f32, 1 bf16, 2 q8, 3 q4); in version 2 gate's type
 //   16      4           layer index
 //   20      4           n_experts
 //   24      4           hidden size D (model width)
@@ -13,13 +13,16 @@
 //   32      8           expert_bytes: payload bytes of one expert (ExpertLayout::bytes)
 //   40      8           expert_stride: bytes between slots, a multiple of 4096, >= expert_bytes
 //   48      8           data_offset: start of slot 0, a multiple of 4096
-//   56      8           header checksum: XXH64 (seed 0) of bytes [0, 56) followed by the table
-//   64      8*n_experts per-slot XXH64 (seed 0) of the expert_bytes payload held in that slot
-//   ...     zero padding up to data_offset = align_up(64 + 8*n_experts, 4096)
+//   56      8           header checksum: XXH64 (seed 0) of bytes [0, 56) followed by [64, T + 8*n_experts)
+//   T       8*n_experts per-slot XXH64 (seed 0) of the expert_bytes payload held in that slot,
+//                       at T = 64 in version 1 and T = 80 in version 2, which adds:
+//     64    4           up's type, 68: down's type (QuantType: a pack type or kGgmlQuantBase + ggml id)
+//     72    8           reserved, zero
+//   ...     zero padding up to data_offset = align_up(T + 8*n_experts, 4096)
 //   data_offset + s*expert_stride: the expert in physical slot s, zero padded to the stride.
 // The file is exactly data_offset + n_experts*expert_stride bytes. Without a `.map` file,
 // physical slot s holds logical expert s. A `.map` (expert_map.h) is bound to the file by
-// slot_table_hash: XXH64 (seed 0) over bytes [64, 64 + 8*n_experts), the per-slot checksum table
+// slot_table_hash: XXH64 (seed 0) over bytes [T, T + 8*n_experts), the per-slot checksum table
 // as stored. It changes whenever a different payload sits in some slot, so a map written for
 // another order (or another layer or model) is refused instead of reading the wrong experts.
 //
@@ -35,6 +38,10 @@
 //         byte j of a block holds element j in its low nibble and element j+16 in its high
 //         nibble; x = (nibble - 8) * d, with d = m / -8 where m is the block's element of
 //         largest magnitude (sign kept). 4.5 bits per weight.
+//   ggml types (version 2, from a GGUF): R rows of ggml_row_bytes(type, C), ggml's block layout
+//   (loader/format/ggml_types.h), C a whole number of the type's blocks.
+//   Version 1 is written whenever all three matrices have the same pack type, so such files stay
+//   readable by older builds; every reader takes both versions.
 //   Each row is self-contained so that a row range [r0, r1) is one contiguous byte range
 //   (threads, partial reads) and a matvec needs no total row count.
 #pragma once
@@ -60,13 +67,19 @@ constexpr QuantType ggml_quant(GgmlType t) { return static_cast<QuantType>(kGgml
 std::optional<GgmlType> quant_ggml_type(QuantType q);  // nullopt for the pack types
 
 inline constexpr char kExpertFileMagic[8] = {'M', 'O', 'E', 'X', 'P', 'R', 'T', '\0'};
-inline constexpr uint32_t kExpertFileVersion = 1;
+inline constexpr uint32_t kExpertFileVersion = 1;       // one pack type for all three matrices
+inline constexpr uint32_t kExpertFileVersionTyped = 2;  // a type per matrix, ggml types allowed
 inline constexpr size_t kExpertAlign = 4096;   // slot alignment: O_DIRECT and page granularity
 inline constexpr size_t kMatrixAlign = 64;     // matrix alignment inside a slot: one cache line
 inline constexpr int kQuantBlock = 32;         // q8/q4 block length along a row
 
 std::string_view quant_name(QuantType q);      // "f32", "bf16", "q8", "q4"; ggml's names ("Q4_K")
 QuantType parse_quant(std::string_view name);  // a pack type; throws ConfigError naming the bad value
+// A pack type ("q4") or a ggml type by ggml's name ("Q4_K"): what model.json's per-layer types
+// hold. ConfigError naming the bad value.
+QuantType parse_stored_quant(std::string_view name);
+// True for the four types of version-1 expert files (and model.json version 1).
+constexpr bool is_pack_quant(QuantType q) { return static_cast<uint32_t>(q) <= static_cast<uint32_t>(QuantType::kQ4); }
 
 // Bytes of one R x C matrix in quant type q (see the layout above; ggml types: R rows of
 // ggml_row_bytes, ConfigError when C is not a multiple of the type's block).
@@ -91,7 +104,7 @@ struct ExpertLayout {
 
 struct ExpertFileHeader {
   uint32_t version = kExpertFileVersion;
-  QuantType quant = QuantType::kF32;
+  QuantType quant = QuantType::kF32;  // version 1: all three matrices; version 2: gate
   uint32_t layer = 0;
   uint32_t n_experts = 0;
   uint32_t hidden = 0;
@@ -100,15 +113,26 @@ struct ExpertFileHeader {
   uint64_t expert_stride = 0;
   uint64_t data_offset = 0;
   std::vector<uint64_t> slot_checksums;  // indexed by physical slot
+  QuantType up_quant = QuantType::kF32, down_quant = QuantType::kF32;  // version 2 only
 
+  ExpertTypes types() const {
+    return version == kExpertFileVersion ? ExpertTypes::uniform(quant) : ExpertTypes{quant, up_quant, down_quant};
+  }
+  // Sets the matrices' types and the version they need (1 when one pack type covers all three).
+  void set_types(const ExpertTypes& t);
+  // Start of the slot checksum table: 64 (version 1) or 80 (version 2).
+  uint64_t table_offset() const;
   uint64_t slot_offset(uint32_t slot) const { return data_offset + uint64_t{slot} * expert_stride; }
   uint64_t file_bytes() const { return data_offset + uint64_t{n_experts} * expert_stride; }
 };
 
+// The data_offset a header of this version and expert count must have.
+uint64_t expert_data_offset(uint32_t version, uint32_t n_experts);
+
 // Serialises the header page(s): exactly data_offset bytes, checksum filled in.
 std::string encode_expert_header(const ExpertFileHeader& h);
 
-// Parses and validates a header read from `path` of `file_size` bytes: magic, version, quant,
+// Parses and validates a header read from `path` of `file_size` bytes: magic, version, types,
 // sizes consistent with ExpertLayout, alignment, header checksum, file size. Throws FormatError
 // naming the path and the field.
 ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size,

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -15,17 +16,22 @@ namespace moestream {
 
 ExpertFileWriter::ExpertFileWriter(std::filesystem::path path, QuantType quant, uint32_t layer,
                                    uint32_t n_experts, uint32_t hidden, uint32_t intermediate)
+    : ExpertFileWriter(std::move(path), ExpertTypes::uniform(quant), layer, n_experts, hidden, intermediate) {}
+
+ExpertFileWriter::ExpertFileWriter(std::filesystem::path path, const ExpertTypes& types, uint32_t layer,
+                                   uint32_t n_experts, uint32_t hidden, uint32_t intermediate, uint64_t min_stride)
     : path_(std::move(path)) {
   MOE_ASSERT(n_experts > 0 && hidden > 0 && intermediate > 0, "empty expert file");
-  layout_ = ExpertLayout::make(quant, hidden, intermediate);
-  header_.quant = quant;
+  layout_ = ExpertLayout::make(types, hidden, intermediate);
+  header_.set_types(types);
   header_.layer = layer;
   header_.n_experts = n_experts;
   header_.hidden = hidden;
   header_.intermediate = intermediate;
   header_.expert_bytes = layout_.bytes;
-  header_.expert_stride = (layout_.bytes + kExpertAlign - 1) / kExpertAlign * kExpertAlign;
-  header_.data_offset = (64 + 8 * uint64_t{n_experts} + kExpertAlign - 1) / kExpertAlign * kExpertAlign;
+  const uint64_t stride_bytes = std::max<uint64_t>(layout_.bytes, min_stride);
+  header_.expert_stride = (stride_bytes + kExpertAlign - 1) / kExpertAlign * kExpertAlign;
+  header_.data_offset = expert_data_offset(header_.version, n_experts);
   header_.slot_checksums.assign(n_experts, 0);
   written_.assign(n_experts, false);
   tmp_ = path_;

@@ -14,6 +14,11 @@ class ExpertFileWriter {
   // Creates `path.tmp.<pid>` sized for n_experts slots; throws IoError naming the path.
   ExpertFileWriter(std::filesystem::path path, QuantType quant, uint32_t layer, uint32_t n_experts,
                    uint32_t hidden, uint32_t intermediate);
+  // A type per matrix (a version-2 file unless one pack type covers all three). `min_stride`: a
+  // slot stride of at least this many bytes (rounded up to 4096), for a pack whose layers have
+  // experts of several sizes: the engine reads every slot with one buffer size, the largest.
+  ExpertFileWriter(std::filesystem::path path, const ExpertTypes& types, uint32_t layer, uint32_t n_experts,
+                   uint32_t hidden, uint32_t intermediate, uint64_t min_stride = 0);
   ~ExpertFileWriter();  // removes the temp file unless finish() succeeded
   ExpertFileWriter(const ExpertFileWriter&) = delete;
   ExpertFileWriter& operator=(const ExpertFileWriter&) = delete;

@@ -21,8 +21,13 @@ void check_against_config(const ExpertLayerFile& f, int layer, const ModelConfig
                       " but model.json says " + want);
   };
   const ExpertFileHeader& h = f.header;
-  if (h.quant != cfg.expert_quant)
-    mismatch("quant", std::string(quant_name(h.quant)), std::string(quant_name(cfg.expert_quant)));
+  const ExpertTypes want = cfg.expert_layout(layer).types, got = h.types();
+  const auto names = [](const ExpertTypes& t) {
+    return std::string(quant_name(t.gate)) + "/" + std::string(quant_name(t.up)) + "/" + std::string(quant_name(t.down));
+  };
+  if (got.gate != want.gate)
+    mismatch("quant", std::string(quant_name(got.gate)), std::string(quant_name(want.gate)));
+  if (!(got == want)) mismatch("quant (gate/up/down)", names(got), names(want));
   if (h.layer != static_cast<uint32_t>(layer)) mismatch("layer", std::to_string(h.layer), std::to_string(layer));
   if (h.n_experts != static_cast<uint32_t>(cfg.n_experts))
     mismatch("n_experts", std::to_string(h.n_experts), std::to_string(cfg.n_experts));

@@ -20,7 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 1;       // pack types only: what builds before ggml types read
+constexpr int kFormatVersionTyped = 2;  // adds experts.layer_types, ggml types, dense.dtype "gguf"
 
 [[noreturn]] void bad(const std::string& where, const std::string& key, const std::string& what) {
   throw FormatError(where + ": field '" + key + "' " + what);
@@ -179,9 +180,13 @@ ModelConfig make_model_config(Arch arch, const ModelSizes& s, QkNorm qk_norm, Qu
   return c;
 }
 
+bool ModelConfig::needs_typed_format() const {
+  return dense_dtype == "gguf" || !layer_expert_types.empty() || !is_pack_quant(expert_quant);
+}
+
 nlohmann::json ModelConfig::to_json() const {
   json j = {{"format", "moestream"},
-            {"format_version", kFormatVersion},
+            {"format_version", needs_typed_format() ? kFormatVersionTyped : kFormatVersion},
             {"architecture", std::string(arch_name(arch))},
             {"vocab_size", vocab_size},
             {"hidden_size", hidden_size},
@@ -219,6 +224,12 @@ nlohmann::json ModelConfig::to_json() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
+  if (!layer_expert_types.empty()) {
+    json types = json::array();
+    for (const ExpertTypes& t : layer_expert_types)
+      types.push_back({std::string(quant_name(t.gate)), std::string(quant_name(t.up)), std::string(quant_name(t.down))});
+    j["experts"]["layer_types"] = types;
+  }
   j["tokenizer"] = {
       {"file", tokenizer_file.empty() ? json(nullptr) : json(tokenizer_file)},
       {"config", tokenizer_config_file.empty() ? json(nullptr) : json(tokenizer_config_file)}};
@@ -231,9 +242,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   if (!j.is_object()) throw FormatError(where + ": expected a JSON object at top level");
   if (get_str(j, "format", where) != "moestream") bad(where, "format", "must be \"moestream\"");
   int version = get_int(j, "format_version", where, 0);
-  if (version != kFormatVersion)
+  if (version != kFormatVersion && version != kFormatVersionTyped)
     bad(where, "format_version", "is " + std::to_string(version) + ", this build reads " +
-                                     std::to_string(kFormatVersion));
+                                     std::to_string(kFormatVersion) + " and " + std::to_string(kFormatVersionTyped));
+  const bool typed = version == kFormatVersionTyped;
   ModelConfig c;
   c.arch = parse_arch(get_str(j, "architecture", where), where);
   c.vocab_size = get_int(j, "vocab_size", where, 1);
@@ -297,15 +309,50 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   const json& dense = get_obj(j, "dense", where);
   c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");
   c.dense_dtype = get_str(dense, "dtype", where + " dense");
-  if (c.dense_dtype != "f32" && c.dense_dtype != "bf16")
-    bad(where, "dense.dtype", "is '" + c.dense_dtype + "', expected f32 or bf16");
+  if (c.dense_dtype != "f32" && c.dense_dtype != "bf16" && !(typed && c.dense_dtype == "gguf"))
+    bad(where, "dense.dtype", "is '" + c.dense_dtype + "', expected f32 or bf16" +
+                                  std::string(typed ? " or gguf" : " (gguf needs format_version 2)"));
+  if (c.dense_dtype == "gguf" && parse_gguf_split_name(c.dense_file))
+    bad(where, "dense.file", "is '" + c.dense_file + "': a pack's dense.gguf is one file, not a split set");
   const json& experts = get_obj(j, "experts", where);
   c.experts_dir = check_model_path(get_str(experts, "dir", where + " experts"), where, "experts.dir");
   std::string q = get_str(experts, "quant", where + " experts");
   try {
-    c.expert_quant = parse_quant(q);
+    c.expert_quant = typed ? parse_stored_quant(q) : parse_quant(q);
   } catch (const ConfigError& e) {
     bad(where, "experts.quant", e.what());
+  }
+  if (auto lt = experts.find("layer_types"); lt != experts.end()) {
+    if (!typed) bad(where, "experts.layer_types", "needs format_version 2");
+    if (!lt->is_array() || lt->size() != size_t(c.n_layers))
+      bad(where, "experts.layer_types", "must be an array of n_layers (" + std::to_string(c.n_layers) +
+                                            ") [gate, up, down] type triples");
+    for (size_t l = 0; l < lt->size(); ++l) {
+      const json& e = (*lt)[l];
+      const std::string key = "experts.layer_types[" + std::to_string(l) + "]";
+      if (!e.is_array() || e.size() != 3 || !e[0].is_string() || !e[1].is_string() || !e[2].is_string())
+        bad(where, key, "must be three type names [gate, up, down], got " + e.dump());
+      try {
+        c.layer_expert_types.push_back({parse_stored_quant(e[0].get<std::string>()),
+                                        parse_stored_quant(e[1].get<std::string>()),
+                                        parse_stored_quant(e[2].get<std::string>())});
+      } catch (const ConfigError& err) {
+        bad(where, key, err.what());
+      }
+    }
+    if (c.layer_expert_types.front().gate != c.expert_quant)
+      bad(where, "experts.quant", "is '" + q + "' but experts.layer_types[0] starts with '" +
+                                      std::string(quant_name(c.layer_expert_types.front().gate)) + "'");
+  }
+  // Every layer's matrices must be whole blocks of their types (ggml types have blocks of up to 256).
+  for (int l = 0; l < c.n_layers; ++l) {
+    try {
+      (void)c.expert_layout(l);
+    } catch (const ConfigError& err) {
+      bad(where, c.layer_expert_types.empty() ? "experts.quant" : "experts.layer_types[" + std::to_string(l) + "]",
+          std::string("does not fit hidden_size and moe_intermediate_size: ") + err.what());
+    }
+    if (c.layer_expert_types.empty()) break;  // one type for all layers: one check
   }
   auto tok = j.find("tokenizer");
   if (tok != j.end() && !tok->is_null()) {

@@ -2,7 +2,7 @@
 // Written by convert_model (from a Hugging Face config.json), read by every runtime component.
 //
 // model.json (keys, all required unless marked optional):
-//   format: "moestream", format_version: 1
+//   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
 //   architecture: "qwen3_moe" | "olmoe" | "mixtral"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
@@ -11,7 +11,10 @@
 //   rope: { theta: number, scaling: null | { type: "linear"|"dynamic"|"yarn"|"llama3", factor, ... } }
 //   tie_word_embeddings (bool)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
+//          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
+//          version 2 also: quant a ggml type name ("Q4_K"), and optional layer_types: one
+//          [gate, up, down] triple of type names per layer (layer 0's gate equal to quant)
 //   tokenizer: { file: "tokenizer.json" | null, config: "tokenizer_config.json" | null }  (optional)
 //   bos_token_id, eos_token_id: int in [0, vocab_size) or null (optional)
 // Paths (dense.file, experts.dir, tokenizer.*) are relative and stay inside the model directory;
@@ -23,6 +26,10 @@
 //   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
 //   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
 //   layers.N.ffn_norm [D]; layers.N.router [E, D]
+// dense.gguf (dense.dtype "gguf") holds the same tensors by the same names as GGUF tensors (ne0
+// first: a [rows, cols] matrix is ne = [cols, rows]), each in its ggml type, Q/K rows in the
+// engine's order; its metadata may carry the tokenizer (tokenizer.ggml.*, tokenizer.chat_template),
+// which model.json then names as tokenizer.file.
 #pragma once
 
 #include <filesystem>
@@ -68,7 +75,8 @@ struct ModelConfig {
   std::string experts_dir = "experts";
   QuantType expert_quant = QuantType::kF32;
   // Per layer, when the experts' types differ between layers or between gate, up and down (a
-  // GGUF's); empty: every layer's three matrices are expert_quant. Not part of model.json.
+  // GGUF's, or a pack converted from one: model.json's experts.layer_types); empty: every layer's
+  // three matrices are expert_quant.
   std::vector<ExpertTypes> layer_expert_types;
   std::string tokenizer_file;         // empty when the model ships none
   std::string tokenizer_config_file;  // empty when absent
@@ -86,6 +94,8 @@ struct ModelConfig {
   // Writes `dir/model.json` atomically.
   void save(const std::filesystem::path& dir) const;
   nlohmann::json to_json() const;
+  // True when model.json must say format_version 2 (ggml types, per-layer types, a GGUF dense file).
+  bool needs_typed_format() const;
   static ModelConfig from_json(const nlohmann::json& j, const std::string& where);
 };
 

@@ -26,9 +26,9 @@ class PreadExpertStore final : public ExpertStore {
   PreadExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                    const ExpertStoreOptions& opts)
       : model_dir_(model_dir), cfg_(cfg), opts_(opts) {
-    layout_ = ExpertLayout::make(cfg.expert_quant, cfg.hidden_size, cfg.moe_intermediate_size);
-    // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment.
-    buf_stride_ = (layout_.bytes + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
+    // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment; each
+    // holds the largest expert (a pack converted from a mixed GGUF has several sizes).
+    buf_stride_ = (cfg.max_expert_bytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
     for (int l = 0; l < cfg.n_layers; ++l) {
       Layer layer;
       static_cast<ExpertLayerFile&>(layer) = open_expert_layer_file(model_dir, cfg, l);
@@ -37,6 +37,7 @@ class PreadExpertStore final : public ExpertStore {
         close_all();
         throw_errno("cannot open expert file", layer.path);
       }
+      layer.expert_bytes = cfg.expert_layout(l).bytes;
       layers_.push_back(std::move(layer));
     }
   }
@@ -50,6 +51,7 @@ class PreadExpertStore final : public ExpertStore {
   void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     const Layer& L = layers_[layer];
+    const size_t expert_bytes = L.expert_bytes;
     auto t0 = std::chrono::steady_clock::now();
     uint8_t* const buf = buf_.reserve(ids.size(), buf_stride_, kMatrixAlign);
     out.resize(ids.size());
@@ -59,18 +61,18 @@ class PreadExpertStore final : public ExpertStore {
       uint8_t* dst = buf + i * buf_stride_;
       const uint32_t slot = L.map.physical(static_cast<uint32_t>(id));
       const uint64_t off = L.header.slot_offset(slot);
-      read_exact(L, dst, layout_.bytes, off);
+      read_exact(L, dst, expert_bytes, off);
       if (opts_.verify_checksums) {
         auto c0 = std::chrono::steady_clock::now();
-        uint64_t got = expert_checksum(dst, layout_.bytes);
+        uint64_t got = expert_checksum(dst, expert_bytes);
         stats_.checksum_seconds += seconds_since(c0);
         uint64_t want = L.header.slot_checksums[slot];
         if (got != want)
-          throw expert_checksum_error(L, slot, layout_.bytes, got);
+          throw expert_checksum_error(L, slot, expert_bytes, got);
       }
       out[i] = dst;
-      stats_.bytes_read += layout_.bytes;
-      stats_.bytes_transferred += layout_.bytes;
+      stats_.bytes_read += expert_bytes;
+      stats_.bytes_transferred += expert_bytes;
     }
     // One synchronous pread per expert, no coalescing; all of the time is waited for.
     const double waited = seconds_since(t0);
@@ -88,6 +90,7 @@ class PreadExpertStore final : public ExpertStore {
  private:
   struct Layer : ExpertLayerFile {
     int fd = -1;
+    size_t expert_bytes = 0;  // this layer's payload (ExpertLayout::bytes)
   };
 
   static void read_exact(const Layer& L, uint8_t* dst, size_t n, uint64_t off) {
@@ -117,7 +120,6 @@ class PreadExpertStore final : public ExpertStore {
   std::filesystem::path model_dir_;  // for reopen()
   ModelConfig cfg_;
   ExpertStoreOptions opts_;
-  ExpertLayout layout_;
   size_t buf_stride_ = 0;
   std::vector<Layer> layers_;
   ExpertBuffer buf_;

@@ -17,6 +17,10 @@
 #include "common/thread_pool.h"
 #include "common/file_util.h"
 #include "loader/format/expert_file_writer.h"
+#include "loader/format/gguf_model.h"
+#include "loader/format/gguf_writer.h"
+#include "runtime/convert/convert_output.h"
+#include "runtime/convert/dense_gguf.h"
 #include "runtime/convert/hf_checkpoint.h"
 #include "runtime/convert/hf_config.h"
 #include "kernels/cpu/quant.h"
@@ -26,42 +30,6 @@ namespace moestream {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A one-line progress bar on stderr, redrawn at most every 100 ms.
-class ProgressBar {
- public:
-  ProgressBar(bool enabled, uint64_t total) : enabled_(enabled), total_(total ? total : 1) {}
-  void update(uint64_t done, const std::string& label) {
-    if (!enabled_) return;
-    auto now = std::chrono::steady_clock::now();
-    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    constexpr int kWidth = 30;
-    int fill = static_cast<int>(kWidth * done / total_);
-    std::fprintf(stderr, "\rconvert [%s%s] %3d%% %-28s", std::string(fill, '#').c_str(),
-                 std::string(kWidth - fill, '.').c_str(), static_cast<int>(100 * done / total_),
-                 label.c_str());
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (enabled_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  bool enabled_;
-  uint64_t total_;
-  std::chrono::steady_clock::time_point last_{};
-};
-
-// Removes the temp output directory unless the conversion completed.
-struct TempOutput {
-  fs::path path;
-  bool keep = false;
-  ~TempOutput() {
-    std::error_code ec;
-    if (!keep) fs::remove_all(path, ec);
-  }
-};
 
 std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
@@ -120,6 +88,7 @@ void reject_unsupported_tensors(const HfCheckpoint& ck) {
 struct DenseTensor {
   std::string out, in;
   std::vector<int64_t> shape;
+  bool router = false;  // a matrix kept in float (routing decisions on exact logits)
 };
 
 std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig& c) {
@@ -143,7 +112,7 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {KV * hd}});
     }
     t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
-    t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}});
+    t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}, true});
   }
   return t;
 }
@@ -157,6 +126,7 @@ void copy_if_present(const fs::path& from, const fs::path& to, std::string& fiel
 }  // namespace
 
 ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const ConvertOptions& opts) {
+  if (is_gguf_file(hf_dir)) return convert_gguf_model(hf_dir, out_dir, opts);
   const fs::path config_path = hf_dir / "config.json";
   nlohmann::json hf;
   try {
@@ -171,9 +141,12 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   HfCheckpoint ck(hf_dir);
   reject_unsupported_tensors(ck);
   const DType src_dtype = ck.main_dtype();
-  c.dense_dtype = !opts.dense_dtype.empty() ? opts.dense_dtype : (src_dtype == DType::kF32 ? "f32" : "bf16");
-  if (c.dense_dtype != "f32" && c.dense_dtype != "bf16")
-    throw ConfigError("dense dtype '" + c.dense_dtype + "' (expected f32 or bf16)");
+  const std::string dense_quant = opts.dense_dtype.empty() ? "bf16" : opts.dense_dtype;
+  if (dense_quant != "f32" && dense_quant != "bf16" && dense_quant != "q8")
+    throw ConfigError("dense quant '" + dense_quant + "' (expected bf16, q8 or f32)");
+  // q8 needs ggml's block type: the dense file becomes a dense.gguf (model.json version 2).
+  c.dense_dtype = dense_quant == "q8" ? "gguf" : dense_quant;
+  if (dense_quant == "q8") c.dense_file = kDenseGgufFile;
   c.expert_quant = opts.quant;
 
   // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
@@ -196,13 +169,29 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
     sources.push_back(s);
   }
 
-  TempOutput tmp{fs::path(out_dir.string() + ".tmp." + std::to_string(::getpid()))};
-  fs::remove_all(tmp.path);
-  fs::create_directories(tmp.path / c.experts_dir);
+  TempOutput tmp(make_temp_output(out_dir, c.experts_dir));
   ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_layers) * c.n_experts);
   uint64_t done = 0;
 
-  {
+  if (dense_quant == "q8") {
+    std::vector<GgufTensorSpec> specs;
+    for (const DenseTensor& t : dense) {
+      const uint64_t cols = uint64_t(t.shape.back()), rows = t.shape.size() == 2 ? uint64_t(t.shape[0]) : 1;
+      specs.push_back({t.out, dense_q8_type(t.shape.size() == 2 && !t.router, cols),
+                       t.shape.size() == 2 ? std::vector<uint64_t>{cols, rows} : std::vector<uint64_t>{cols}});
+    }
+    GgufWriter w(tmp.path / c.dense_file, dense_gguf_metadata(nullptr), specs);
+    for (size_t i = 0; i < dense.size(); ++i) {
+      const DenseTensor& t = dense[i];
+      std::vector<float> v = ck.read(t.in, t.shape);
+      ck.file(t.in).release(t.in, 0, v.size());
+      const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
+      const std::vector<uint8_t> bytes = encode_dense_matrix(specs[i].type, v.data(), rows, size_t(t.shape.back()));
+      w.write(bytes.data(), bytes.size());
+      bar.update(++done, "dense " + t.out);
+    }
+    w.commit();
+  } else {
     SafetensorsWriter w(tmp.path / c.dense_file);
     const DType dt = c.dense_dtype == "f32" ? DType::kF32 : DType::kBF16;
     for (const DenseTensor& t : dense) w.declare(t.out, dt, t.shape);
@@ -278,10 +267,25 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
                   {"shards", ck.n_shards()},
                   {"converter", "convert_model"}};
   write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");
-  fsync_path(tmp.path / c.experts_dir);
-  fsync_path(tmp.path);
+  publish_output(tmp, out_dir, c.experts_dir);
+  bar.finish();
+  return c;
+}
 
-  // Publish: the new directory appears whole or not at all.
+}  // namespace moestream
+
+namespace moestream {
+
+fs::path make_temp_output(const fs::path& out_dir, const std::string& experts_dir) {
+  const fs::path tmp(out_dir.string() + ".tmp." + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp / experts_dir);
+  return tmp;
+}
+
+void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string& experts_dir) {
+  fsync_path(tmp.path / experts_dir);
+  fsync_path(tmp.path);
   fs::path old;
   if (fs::exists(out_dir)) {
     old = fs::path(out_dir.string() + ".old." + std::to_string(::getpid()));
@@ -290,10 +294,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   fs::rename(tmp.path, out_dir);
   tmp.keep = true;
   if (!old.empty()) fs::remove_all(old);
-  fs::path parent = fs::absolute(out_dir).parent_path();
-  fsync_path(parent);
-  bar.finish();
-  return c;
+  fsync_path(fs::absolute(out_dir).parent_path());
 }
 
 }  // namespace moestream

@@ -78,14 +78,15 @@ QuantType compute_type(GgmlType g) { return g == GgmlType::kF32 ? QuantType::kF3
 size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path) {
   std::optional<GgufModelFiles> gguf;
   std::optional<SafetensorsFile> pack;
-  if (cfg.format == ModelFormat::kGguf) gguf.emplace(dense_path);
+  const bool pack_gguf = cfg.format == ModelFormat::kPack && cfg.dense_dtype == "gguf";
+  if (cfg.format == ModelFormat::kGguf || pack_gguf) gguf.emplace(dense_path);
   else pack.emplace(dense_path);
   size_t n = 0;
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());
     QuantType q = QuantType::kF32;
     if (is_matrix(t.kind) && gguf) {
-      q = compute_type(gguf->tensor(gguf_dense_name(t.name)).type);
+      q = compute_type(gguf->tensor(pack_gguf ? t.name : gguf_dense_name(t.name)).type);
     } else if (is_matrix(t.kind) && pack) {
       q = pack_type(pack->info(t.name).dtype).value_or(QuantType::kF32);
     }
@@ -161,15 +162,15 @@ float* float_dst(const Slot& s, const DenseTensorSpec& t, const std::string& nam
   return dst;
 }
 
-// The dense weights of a GGUF: each shard holding one mapped once, matrices pointing into it.
-DenseWeights load_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
-  const GgufModel g(path);
+// The dense weights of a GGUF model (tensors by GGUF names, `model` set) or of a pack's dense.gguf
+// (by our names, rows in our order): each shard holding one mapped once, matrices pointing into it.
+DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, const ModelConfig& cfg) {
   DenseWeights w;
   w.layers.resize(static_cast<size_t>(cfg.n_layers));
-  std::vector<MappedFile*> shard_maps(g.files().shard_count(), nullptr);
+  std::vector<MappedFile*> shard_maps(files.shard_count(), nullptr);
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
-    const GgufTensor& gt = g.dense_tensor(t.name);
-    const std::filesystem::path& file = g.files().path_of(gt);
+    const GgufTensor& gt = model != nullptr ? model->dense_tensor(t.name) : files.tensor(t.name);
+    const std::filesystem::path& file = files.path_of(gt);
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
     const size_t cols = size_t(t.shape.back());
     const bool shape_ok = t.shape.size() == 2 ? gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows
@@ -196,7 +197,7 @@ DenseWeights load_gguf(const std::filesystem::path& path, const ModelConfig& cfg
     const Slot s = slot_of(w, t);
     if (s.matrix != nullptr) {
       *s.matrix = DenseMatrix{q, rows, cols, data};
-      if (g.qk_rows_interleaved() && (t.kind == DenseTensor::kWq || t.kind == DenseTensor::kWk))
+      if (model != nullptr && model->qk_rows_interleaved() && (t.kind == DenseTensor::kWq || t.kind == DenseTensor::kWk))
         *s.matrix = deinterleave_qk_rows(*s.matrix, cfg.head_dim, w, "tensor '" + gt.name + "'");
     } else {
       dequantize_matrix(q, data, rows, cols, float_dst(s, t, gt.name, file));
@@ -208,7 +209,11 @@ DenseWeights load_gguf(const std::filesystem::path& path, const ModelConfig& cfg
 }  // namespace
 
 DenseWeights DenseWeights::load(const std::filesystem::path& path, const ModelConfig& cfg) {
-  if (cfg.format == ModelFormat::kGguf) return load_gguf(path, cfg);
+  if (cfg.format == ModelFormat::kGguf) {
+    const GgufModel g(path);
+    return load_gguf(g.files(), &g, cfg);
+  }
+  if (cfg.dense_dtype == "gguf") return load_gguf(GgufModelFiles(path), nullptr, cfg);
   SafetensorsFile f(path);
   DenseWeights w;
   w.layers.resize(static_cast<size_t>(cfg.n_layers));

@@ -1,6 +1,7 @@
 // The dense (non-expert) weights of a model for the CPU pass: embeddings, norms, attention
 // projections, routers, lm_head (names in loader/format/model_config.h). The matrices stay in
-// their stored type (bf16 or f32 of a pack's dense.safetensors, a GGUF tensor's ggml type) and
+// their stored type (bf16 or f32 of a pack's dense.safetensors, a ggml type of its dense.gguf or
+// of a GGUF tensor) and
 // are computed from it; their bytes are a read-only shared mapping of the file, except where a
 // transformation is needed (llama's Q/K row order), which gets an owned copy in the same type.
 // Norm vectors and routers are small and held as float32 (routing decisions from exact logits).
@@ -73,7 +74,8 @@ struct DenseWeights {
   std::vector<LayerWeights> layers;
 
   const DenseMatrix& output() const { return lm_head.empty() ? embed : lm_head; }
-  // Loads `path` (dense.safetensors, or the GGUF when cfg.format is kGguf) and checks every
+  // Loads `path` (dense.safetensors; a pack's dense.gguf when cfg.dense_dtype is "gguf", tensors
+  // by our names; the GGUF when cfg.format is kGguf) and checks every
   // tensor's presence, shape and type against cfg; FormatError names the file, the tensor, the
   // expected and actual shape; ConfigError a type this build cannot compute.
   static DenseWeights load(const std::filesystem::path& path, const ModelConfig& cfg);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "loader/format/gguf_model.h"
 #include "runtime/tokenizer/gguf_vocab.h"
 
 namespace moestream {
@@ -13,6 +14,10 @@ std::optional<Tokenizer> load_model_tokenizer(const std::filesystem::path& model
   std::filesystem::path source = model;
   if (cfg.format == ModelFormat::kGguf) {
     tok.emplace(load_gguf_tokenizer(model));
+  } else if (!cfg.tokenizer_file.empty() && is_gguf_file(model / cfg.tokenizer_file)) {
+    // A pack converted from a GGUF keeps the GGUF's tokenizer metadata in its dense.gguf.
+    source = model / cfg.tokenizer_file;
+    tok.emplace(load_gguf_tokenizer(source));
   } else {
     if (cfg.tokenizer_file.empty()) return std::nullopt;
     const std::filesystem::path cfg_file =

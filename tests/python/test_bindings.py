@@ -52,7 +52,7 @@ def olmoe_f32(run, tmp_path_factory):
     if not (FIXTURE / "reference.json").exists():
         pytest.skip(f"fixture {FIXTURE} absent")
     out = tmp_path_factory.mktemp("bind_olmoe") / "olmoe_f32"
-    run("convert_model", "-q", FIXTURE, out, "--quant", "f32")
+    run("convert_model", "-q", FIXTURE, out, "--quant", "f32", "--dense-quant", "f32")
     return out
 
 

@@ -31,7 +31,7 @@ def packed(tmp_path_factory):
     if not (FIXTURE / "reference.json").exists():
         pytest.skip(f"fixture {FIXTURE} absent")
     out = tmp_path_factory.mktemp("infer") / "olmoe_f32"
-    r = subprocess.run([str(_exe("convert_model")), "-q", str(FIXTURE), str(out), "--quant", "f32"],
+    r = subprocess.run([str(_exe("convert_model")), "-q", str(FIXTURE), str(out), "--quant", "f32", "--dense-quant", "f32"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return out
