@@ -189,9 +189,9 @@ COVERED = "docs smoke, not run here (another test runs it)"
 
 @dataclass
 class Case:
-    run: Optional[Callable] = None
-    skip: Optional[str] = None
-    why: str = ""
+    run: Optional[Callable] = None  # the smoke run, a function of a Smoke
+    skip: Optional[str] = None      # or why it is not run here
+    why: str = ""                   # what the run covers, or the skip's reason
 
 
 CASES = {}
@@ -471,6 +471,9 @@ def _gguf_oracle(s):
     assert r.stdout.count("| qwen3moe") == 2, r.stdout
 
 
+skipped("bench/gguf_llama.py", LLAMA, "moestream against llama.cpp on a Qwen3-30B-A3B-shaped GGUF")
+
+
 # --- scripts ---
 
 @case("scripts/with_memory_cap.sh")
@@ -609,3 +612,14 @@ def test_documented_command_runs(key, tmp_path):
     c.run(Smoke(tmp_path))
     # Not an assertion (no wall-clock checks in tests): printed with -rA or on failure.
     print(f"{key}: {time.monotonic() - t0:.1f} s")
+
+
+if __name__ == "__main__":  # prints the table: each command, what its case does, where the docs name it
+    where = {}
+    for rel, n, _, key in all_documented_commands():
+        where.setdefault(key, []).append(f"{rel}:{n}")
+    for key in sorted(set(CASES) | set(where)):
+        c = CASES.get(key)
+        what = "NO CASE" if c is None else (c.skip if c.skip else "run: " + " ".join(c.why.split()))
+        places = where.get(key, ["(not in the docs)"])
+        print(f"{key}\n    {what}\n    {', '.join(places[:6])}{' ...' if len(places) > 6 else ''}")
