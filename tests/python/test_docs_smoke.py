@@ -538,6 +538,8 @@ def _readme_python(s):
     (work / "models").symlink_to(ROOT / "models")
     (work / "example.py").write_text(block.group(1), encoding="utf-8")
     s.run([sys.executable, "example.py"], cwd=work, timeout=300)
+    # README's check of the CMake build's package (PYTHONPATH as scripts/test.sh sets it)
+    s.run([sys.executable, "-c", "import moestream; print(moestream.__file__)"], cwd=work)
 
 
 skipped("python/examples/routing_analysis.py", COVERED,
