@@ -28,7 +28,17 @@ void Progress::update(uint64_t done, uint64_t total, const std::string& detail) 
   const bool last = done >= total;
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_).count();
-  if (shown_ && !last && since < (terminal_ ? options_.redraw_s : options_.line_s)) return;
+  const bool brief = options_.brief && !terminal_;
+  if (!started_) {
+    started_ = true;
+    if (brief) {  // the interval counts from the start; nothing shown yet
+      last_ = now;
+      return;
+    }
+  } else {
+    const double every = terminal_ ? options_.redraw_s : options_.line_s;
+    if (last ? brief && !shown_ : since < every) return;
+  }
   last_ = now;
   const uint64_t whole = std::max<uint64_t>(total, 1);
   const uint64_t part = last ? whole : done;

@@ -71,6 +71,23 @@ TEST(Progress, DisabledPrintsNothingAndAZeroTotalIsComplete) {
   std::fclose(f);
 }
 
+TEST(Progress, BriefIntoAFileAShortJobPrintsNothingALongOneItsLinesAndTheLast) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    Progress p("job", true, f, {.redraw_s = 0.1, .line_s = 3600, .brief = true});
+    for (uint64_t i = 1; i <= 10; ++i) p.update(i, 10);
+  }
+  EXPECT_EQ(read_all(f), "");
+  {
+    Progress p("job", true, f, {.redraw_s = 0, .line_s = 0, .brief = true});
+    for (uint64_t i = 1; i <= 4; ++i) p.update(i, 4);  // the first only starts the clock
+  }
+  const std::string out = read_all(f);
+  std::fclose(f);
+  EXPECT_EQ(out, "job: 50%\njob: 75%\njob: 100%\n");
+}
+
 TEST(Progress, OnATerminalOneLineIsRedrawnAndEndedByANewline) {
   const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
   if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0)
