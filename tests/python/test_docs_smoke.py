@@ -227,6 +227,15 @@ def _infer(s):
     assert json.loads((s.tmp / "stats.json").read_text())
 
 
+@case("bin/infer --gpu")
+def _infer_gpu(s):
+    """docs/gpu.md's GPU pass on the demo model, with look-ahead; needs a GPU."""
+    if not _gpu_present():
+        pytest.skip("needs a CUDA GPU (none here; scripts/device_gpu.sh runs the GPU suite on the device machine)")
+    s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0, "--gpu")
+    s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0, "--gpu", "--gpu-cache-mb", 8, "--moe-lookahead", 2)
+
+
 @case("bin/convert_model")
 def _convert(s):
     """A Hugging Face checkpoint (the qwen3_moe fixture) to a packed model, then infer on it."""
