@@ -27,7 +27,12 @@ else
   # head first: `tail | head` dies of SIGPIPE under pipefail once head has its bytes
   head -c $((200000 + TRAIN_BYTES)) $MODEL/heldout.txt | tail -c +200001 > "$WORK/train.txt"
 fi
-cp $MODEL/heldout_head.txt "$WORK/heldout.txt"
+# HELDOUT_BYTES (default: all of heldout_head.txt) shortens the evaluation trace for quick runs.
+if [[ -n "${HELDOUT_BYTES:-}" ]]; then
+  head -c "$HELDOUT_BYTES" $MODEL/heldout_head.txt > "$WORK/heldout.txt"
+else
+  cp $MODEL/heldout_head.txt "$WORK/heldout.txt"
+fi
 for s in train heldout; do
   if [[ ! -s "$WORK/$s.bin" ]]; then
     "$BIN/infer" -m $MODEL --perplexity "$WORK/$s.txt" --ctx 512 --stride 512 \

@@ -74,13 +74,13 @@ def cap_mode():
     return r.returncode == 0, r.stdout.strip()
 
 
-def io_bandwidth(bin_dir, work, expert_bytes, top_k, size_mb):
+def io_bandwidth(bin_dir, work, expert_bytes, top_k, size_mb, seconds):
     """Device bandwidth for expert-sized reads: bench_io's 'limit' rows (64 experts in flight,
     O_DIRECT) on a file in the same directory as the model, best engine."""
     out = os.path.join(work, "bench_io.json")
     run([os.path.join(bin_dir, "bench_io"), "--file", os.path.join(work, "bench_io.bin"),
          "--size-mb", str(size_mb), "--expert-bytes", str(expert_bytes), "--top-k", str(top_k),
-         "--no-page-cache", "--seconds", "0.5", "--blocks", "1M", "--json", out],
+         "--no-page-cache", "--seconds", str(seconds), "--blocks", "1M", "--json", out],
         stdout=subprocess.DEVNULL)
     j = json.load(open(out))
     rows = [c for c in j.get("expert", []) if c.get("cache") == "device"]
@@ -91,12 +91,16 @@ def io_bandwidth(bin_dir, work, expert_bytes, top_k, size_mb):
 
 def ensure_model(args):
     name = f"{args.shape}_L{args.layers or 'all'}_{args.quant}"
+    if args.scale_down > 1:
+        name += f"_s{args.scale_down}"
     model = os.path.join(args.work, name)
     if not os.path.exists(os.path.join(model, "model.json")):
         cmd = [os.path.join(args.bin, "synth_model"), "--shape", args.shape, "--quant", args.quant,
                "--max-context", "4096", "-q", model]
         if args.layers:
             cmd[3:3] = ["--layers", str(args.layers)]
+        if args.scale_down > 1:
+            cmd[3:3] = ["--scale-down", str(args.scale_down)]
         run(cmd)
     return model
 
@@ -196,6 +200,8 @@ def main():
     ap.add_argument("--shape", default="olmoe-1b-7b")
     ap.add_argument("--layers", type=int, default=0, help="0 = the shape's")
     ap.add_argument("--quant", default="q4")
+    ap.add_argument("--scale-down", type=int, default=1,
+                    help="divide the shape's widths by this (synth_model --scale-down): a quick run, not a figure")
     ap.add_argument("--cap-mb", type=int, default=1024, help="expert memory budget (MiB)")
     ap.add_argument("--memory-max-mb", type=int, default=0,
                     help="instead of --cap-mb: the whole process's cap (MiB); the expert budget is "
@@ -212,6 +218,7 @@ def main():
     ap.add_argument("--train-bytes", type=int, default=60000, help="demo text for the train trace")
     ap.add_argument("--cluster-tokens", type=int, default=256, help="replayed tokens to cluster from")
     ap.add_argument("--io-bench-mb", type=int, default=2048)
+    ap.add_argument("--io-bench-seconds", type=float, default=0.5, help="bench_io's time per cell")
     ap.add_argument("--slack-mb", type=int, default=384, help="memory.max headroom beyond dense + KV + budget")
     ap.add_argument("--infer-args", default="", help="extra infer flags for every decode run, as one argument: --infer-args=--gpu")
     ap.add_argument("--gpu-host-mb", type=int, default=1024,
@@ -233,7 +240,7 @@ def main():
     with open(expert_files[0], "rb") as f:
         expert_bytes = int.from_bytes(f.read(40)[32:40], "little")
     bw, bw_engine, io_json = io_bandwidth(args.bin, args.work, expert_bytes, cfg["n_experts_per_tok"],
-                                          args.io_bench_mb)
+                                          args.io_bench_mb, args.io_bench_seconds)
     log(f"device bandwidth {bw / 1e9:.2f} GB/s ({bw_engine}, expert-sized O_DIRECT reads)")
     train, held = args.trace_train, args.trace_heldout
     if not train or not held:

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "loader/format/routing_log.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
@@ -199,7 +200,11 @@ int run(const Args& a) {
     for (int32_t id : tok->encode(text, true)) ids.push_back(id);
     const int ctx = a.ctx > 0 ? a.ctx : std::min(model->max_context(), 512);
     const int stride = a.stride > 0 ? a.stride : std::max(1, ctx / 2);
-    ppl = perplexity(*model, ids, ctx, stride);
+    // A bar on a terminal; into a pipe a line every few seconds, and nothing for a short run.
+    Progress progress("perplexity", true, stderr, {.brief = true});
+    ppl = perplexity(*model, ids, ctx, stride, [&](size_t done, size_t total) {
+      progress.update(done, total, std::to_string(done) + "/" + std::to_string(total) + " tokens");
+    });
     std::printf("perplexity %.4f over %zu tokens of %s (ctx %d, stride %d)\n", ppl->perplexity,
                 ppl->n_scored, a.perplexity_file.c_str(), ctx, stride);
   }

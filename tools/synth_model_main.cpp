@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/progress.h"
 #include "common/timing.h"
 #include "runtime/convert/model_shapes.h"
 #include "runtime/convert/synthetic_model.h"
@@ -91,23 +92,23 @@ int run(const Args& a) {
   const fs::path tmp = parent / (out.filename().string() + ".tmp." + std::to_string(::getpid()));
   fs::remove_all(tmp);
   const auto t0 = std::chrono::steady_clock::now();
-  auto last = t0 - std::chrono::seconds(1);
   try {
-    write_synthetic_model(tmp, cfg, a.seed, a.threads, [&](uint64_t done, uint64_t all) {
-      const auto now = std::chrono::steady_clock::now();
-      if (a.quiet || (now - last < std::chrono::milliseconds(500) && done < all)) return;
-      last = now;
-      const double s = std::chrono::duration<double>(now - t0).count();
-      std::fprintf(stderr, "\rsynth_model: %.2f / %.2f GB (%3.0f%%), %.0f MB/s   ", gb(done), gb(all),
-                   all ? 100.0 * double(done) / double(all) : 100.0, s > 0 ? double(done) / s / 1e6 : 0.0);
-      std::fflush(stderr);
-    });
+    // A bar on a terminal, a line every few seconds into a log (common/progress.h).
+    Progress progress("synth_model", !a.quiet);
+    const auto show = [&](uint64_t done, uint64_t all) {
+      const double s = seconds_since(t0);
+      char detail[96];
+      std::snprintf(detail, sizeof detail, "%.2f / %.2f GB, %.0f MB/s", gb(done), gb(all),
+                    s > 0 ? double(done) / s / 1e6 : 0.0);
+      progress.update(done, all, detail);
+    };
+    write_synthetic_model(tmp, cfg, a.seed, a.threads, show);
+    show(total, total);  // the last line, whatever the last callback reported
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);  // never leave a half-written model behind
     throw;
   }
-  if (!a.quiet) std::fputc('\n', stderr);
   fsync_dir(tmp);
   fsync_dir(tmp / cfg.experts_dir);
   if (fs::exists(out)) {

@@ -3,39 +3,26 @@
 // publication of the finished directory.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <system_error>
 
+#include "common/progress.h"
+
 namespace moestream {
 
-// A one-line progress bar on stderr, redrawn at most every 100 ms.
+// The conversion's progress on stderr: a bar on a terminal, sparse lines in a log (common/progress.h).
 class ProgressBar {
  public:
-  ProgressBar(bool enabled, uint64_t total) : enabled_(enabled), total_(total ? total : 1) {}
-  void update(uint64_t done, const std::string& label) {
-    if (!enabled_) return;
-    auto now = std::chrono::steady_clock::now();
-    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    constexpr int kWidth = 30;
-    int fill = static_cast<int>(kWidth * done / total_);
-    std::fprintf(stderr, "\rconvert [%s%s] %3d%% %-28s", std::string(fill, '#').c_str(),
-                 std::string(kWidth - fill, '.').c_str(), static_cast<int>(100 * done / total_),
-                 label.c_str());
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (enabled_) std::fprintf(stderr, "\n");
-  }
+  ProgressBar(bool enabled, uint64_t total) : progress_("convert", enabled), total_(total) {}
+  void update(uint64_t done, const std::string& label) { progress_.update(done, total_, label); }
+  void finish() { progress_.update(total_, total_, "done"); }  // no-op when the last item showed
 
  private:
-  bool enabled_;
+  Progress progress_;
   uint64_t total_;
-  std::chrono::steady_clock::time_point last_{};
 };
 
 // Removes the temp output directory unless the conversion completed.

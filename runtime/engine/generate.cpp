@@ -59,7 +59,8 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   return st;
 }
 
-PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride) {
+PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride,
+                            const std::function<void(size_t done, size_t total)>& progress) {
   if (tokens.size() < 2) throw ConfigError("perplexity needs at least 2 tokens of text");
   if (ctx < 2 || ctx > model.max_context())
     throw ConfigError("--ctx for perplexity must be in [2, " + std::to_string(model.max_context()) +
@@ -100,6 +101,7 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
       }
     }
     prev_end = end;
+    if (progress) progress(prev_end, N);
   }
   r.seconds = seconds_since(t0);
   r.times = model.times();

@@ -57,6 +57,8 @@ struct PerplexityResult {
 // of context (except in the first window). With stride == ctx the windows are disjoint and the
 // first token of each window is not scored. Throws ConfigError when
 // stride is not in [1, ctx], ctx exceeds the model's context, or fewer than 2 tokens are given.
-PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride);
+// `progress` (optional) is called after each window with (tokens covered so far, all tokens).
+PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride,
+                            const std::function<void(size_t done, size_t total)>& progress = {});
 
 }  // namespace moestream
