@@ -54,7 +54,8 @@ __global__ void round_activations_blocks_kernel(float* __restrict__ x, long long
   if (kF16Scale) d = __half2float(__float2half_rn(d));
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const float q = rintf(fminf(fmaxf(__fmul_rn(v[j], id), -127.0f), 127.0f));
+    // + 0: a rounded -0 becomes +0, as the CPU's int8 zero converts (bit-identical inputs).
+    const float q = __fadd_rn(rintf(fminf(fmaxf(__fmul_rn(v[j], id), -127.0f), 127.0f)), 0.0f);
     b[lane + 32 * j] = __fmul_rn(q, d);
   }
 }
