@@ -261,7 +261,7 @@ def timed(cmd: list, cap_mb: int | None, name: str) -> dict:
         err = "(no output)"
     cap_line = next((l for l in err.splitlines() if l.startswith("with_memory_cap:")), "")
     return {"rc": os.waitstatus_to_exitcode(status), "out": out, "err": err, "wall_s": wall,
-            "maxrss_bytes": ru.ru_maxrss << 10, "peak_anon_bytes": peak["RssAnon"] << 10,
+            "maxrss_bytes": ru.ru_maxrss << 10, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_anon_bytes": peak["RssAnon"] << 10,
             "peak_file_bytes": peak["RssFile"] << 10, "load": load, "cap_line": cap_line}
 
 
@@ -337,6 +337,7 @@ def interleaved(args, model: Path, cells: list[tuple[str, str]], cap_mb: int | N
         out[c] = {"engine": c[0], "mode": c[1], "tok_s": statistics.median(ok) if len(ok) == len(rs) else None,
                   "rounds": [r["tok_s"] for r in rs], "failures": [r["rc"] for r in rs if not r["tok_s"]],
                   "maxrss_bytes": max(r["maxrss_bytes"] for r in rs),
+                  "cpu_s": statistics.median(r["cpu_s"] for r in rs),
                   "peak_anon_bytes": max(r["peak_anon_bytes"] for r in rs),
                   "peak_file_bytes": max(r["peak_file_bytes"] for r in rs),
                   "loads": [r["load"] for r in rs], "cap_lines": [r["cap_line"] for r in rs if r["cap_line"]],
@@ -367,7 +368,7 @@ def with_compare(args, modes: str) -> list[tuple[str, str]]:
     cells = [("moestream", m) for m in modes.split(",")]
     if args.compare_bin:
         cells += [("before", m) for m in modes.split(",")]
-    return cells + [("llama.cpp", "mmap")]
+    return cells + ([] if args.skip_llama else [("llama.cpp", "mmap")])
 
 
 def main() -> None:
@@ -394,6 +395,8 @@ def main() -> None:
     ap.add_argument("--tokenizers", help="directory with qwen3/tokenizer.json (default: ../shared/tokenizers)")
     ap.add_argument("--keep-intermediate", action="store_true", help="keep the checkpoint and BF16 GGUF")
     ap.add_argument("--build-only", action="store_true", help="make the models and stop")
+    ap.add_argument("--skip-llama", action="store_true", help="moestream only (with --compare-bin: "
+                    "a before/after measurement)")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args()
     args.types = [t for t in args.types.split(",") if t]
@@ -453,13 +456,13 @@ def report(args, results: dict) -> None:
         print(f"{t}: {m['file'] / 1e9:.2f} GB file, dense as stored {m['dense'] / 1e9:.3f} GB, "
               f"expert types {','.join(m['expert_types'])}, largest expert {m['expert_bytes'] / 1e6:.2f} MB")
     print(f"{'type':7} {'setting':14} {'engine':10} {'mode':32} {'tok/s':>7} {'rounds':>20} {'x llama':>8} "
-          f"{'peak RSS':>9} {'anon':>9} {'load':>11}")
+          f"{'peak RSS':>9} {'anon':>9} {'CPU s':>6} {'load':>11}")
     goals = results["goals"]
     for s in results["settings"]:
         if "skipped" in s:
             print(f"{s['type']:7} cap: skipped ({s['skipped']})")
             continue
-        llama = next(c for c in s["cells"] if c["engine"] == "llama.cpp")
+        llama = next((c for c in s["cells"] if c["engine"] == "llama.cpp"), {"tok_s": None})
         for c in s["cells"]:
             ratio = (c["tok_s"] / llama["tok_s"]) if c["tok_s"] and llama["tok_s"] else None
             c["ratio"] = ratio
@@ -470,18 +473,24 @@ def report(args, results: dict) -> None:
             print(f"{s['type']:7} {s['setting']:14} {c['engine']:10} {mode:32} "
                   + (f"{c['tok_s']:>7.2f}" if c["tok_s"] else f"{'failed':>7}")
                   + f" {rounds:>20} " + (f"{ratio:>7.2f}x" if ratio and c['engine'] != 'llama.cpp' else f"{'':>8}")
-                  + f" {mib(c['maxrss_bytes']):>9} {mib(c['peak_anon_bytes']):>9} {loads:>11}")
+                  + f" {mib(c['maxrss_bytes']):>9} {mib(c['peak_anon_bytes']):>9} {c['cpu_s']:>6.1f} {loads:>11}")
         ms = [c for c in s["cells"] if c["engine"] == "moestream" and c["tok_s"]]
-        if s["setting"] == "page cache":
+        if args.skip_llama:
+            pass
+        elif s["setting"] == "page cache":
             d = next((c for c in ms if c["mode"] == "default"), None)
             if d:
                 goals.append({"type": s["type"], "goal": "page cache, default mode >= 1.0x llama.cpp",
                               "value": d["ratio"], "met": bool(d["ratio"] and d["ratio"] >= 1.0)})
         else:
             best = max(ms, key=lambda c: c["tok_s"], default=None)
+            # llama.cpp failing in every round (OOM-killed under the cap) while moestream runs
+            # meets the goal without a ratio; the table shows the failures.
+            llama_failed = bool(llama.get("failures")) and len(llama["failures"]) == len(llama["rounds"])
             goals.append({"type": s["type"], "goal": f"{s['setting']}, best mode >= 3x llama.cpp",
                           "value": best["ratio"] if best else None, "mode": best["mode"] if best else None,
-                          "met": bool(best and best["ratio"] and best["ratio"] >= 3.0)})
+                          "note": "llama.cpp failed in every round" if llama_failed and best else "",
+                          "met": bool(best and ((best["ratio"] and best["ratio"] >= 3.0) or llama_failed))})
         for c in s["cells"]:
             if c["engine"] != "moestream":  # the goals are this build's
                 continue
@@ -497,7 +506,8 @@ def report(args, results: dict) -> None:
                           "met_held": held <= b["bound"] and not c["failures"]})
     print("tok/s: decode (tokens after the first), median of the rounds; x llama: over llama.cpp's median, "
           "same setting; peak RSS: the process's VmHWM (mapped file pages included); anon: sampled "
-          "peak anonymous RSS; load: 1-minute load average before the runs")
+          "peak anonymous RSS; CPU s: user + system seconds of the whole run (load, prefill, decode; "
+          "median); load: 1-minute load average before the runs")
     for g in goals:
         if "bound" in g:
             b = g["bound"]
@@ -508,6 +518,7 @@ def report(args, results: dict) -> None:
         else:
             v = f"{g['value']:.2f}x" if g["value"] else "no figure"
             print(f"goal {g['type']} {g['goal']}: {v}" + (f" ({g['mode']})" if g.get("mode") else "")
+                  + (f", {g['note']}" if g.get("note") else "")
                   + (": met" if g["met"] else ": NOT met"))
 
 
