@@ -15,7 +15,7 @@ round; a shared machine's load drifts) and keeps each engine's median tok/s. Bot
 same prompt, token count (--ignore-eos), thread count and greedy sampling.
 
   scripts/llama_cpp_tool.sh build
-  python3 bench/gguf_llama.py                      # 6 layers, 2 threads, 32 tokens, 3 rounds
+  python3 bench/gguf_llama.py                      # 6 layers, 2 threads, 16 tokens, 3 rounds
   python3 bench/gguf_llama.py --threads 16 --rounds 5 --json out.json   # the device machine
 """
 from __future__ import annotations
@@ -376,7 +376,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6, help="decoder layers (Qwen3-30B-A3B has 48)")
     ap.add_argument("--types", default=",".join(TYPES), help="GGUF types to make and run")
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (16 on the device)")
-    ap.add_argument("--tokens", type=int, default=32, help="greedy decode tokens per run")
+    ap.add_argument("--tokens", type=int, default=16, help="greedy decode tokens per run")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per setting (median kept)")
     ap.add_argument("--settings", default="warm,cap", help="warm (page cache), cap (memory cap of "
                     "--cap-fraction of the file)")
