@@ -105,7 +105,8 @@ class EngineExpertStore final : public ExpertStore {
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
     if (Fetch* p = std::exchange(next_, nullptr)) {
-      if (p->layer == layer && std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
+      if (p->layer == layer && p->matrices == matrices &&
+          std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
         release(*cur_);  // the fetch whose payloads were valid until now
         cur_ = p;
         ++stats_.fetches_read_ahead;
@@ -244,7 +245,11 @@ class EngineExpertStore final : public ExpertStore {
     maps_.resize(size_t(file) + 1);
     if (!engine_.file_is_direct(file)) {
       page_caches_[file] = std::make_unique<PageCacheResidency>(path);
-      maps_[file] = std::make_unique<MappedFile>(path);
+      try {
+        maps_[file] = std::make_unique<MappedFile>(path);
+      } catch (const IoError&) {
+        // A file that cannot be mapped is still read (and copied) as before.
+      }
     }
     return file;
   }
