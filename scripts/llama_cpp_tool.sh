@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds llama.cpp as a TEST TOOL (the GGUF oracle, issue 18): its converter, llama-quantize,
-# llama-gguf-split and our small driver that dumps greedy tokens and logits.
+# llama-gguf-split, llama-completion and our small driver that dumps greedy tokens and logits.
 # Source: the llama-cpp-python source distribution on PyPI, which vendors llama.cpp. Everything
 # lives outside the repository, in
 #   ${MOESTREAM_CACHE:-$HOME/.cache/moestream}/llama.cpp-<version>/
 #     dl/      the sdist (sha256-checked)      src/    its unpacked tree
 #     venv/    Python for the converter (torch, transformers, the vendored gguf-py, safetensors)
-#     build/   CMake build of only the targets llama (libllama + ggml: 63 steps), llama-quantize
-#              and llama-gguf-split (llama.cpp's common library: 62 more); static, CPU
+#     build/   CMake build of only the targets llama (libllama + ggml: 63 steps), llama-quantize,
+#              llama-gguf-split (llama.cpp's common library: 62 more) and llama-completion (its
+#              CLI that prints decode timings, for bench/gguf_llama.py); static, CPU
 #     bin/     moestream-llama-oracle (scripts/llama_oracle.cpp linked against libllama)
 # Idempotent: each step is skipped when its output exists. Nothing of llama.cpp enters the repo.
 #
@@ -34,7 +35,8 @@ die() { echo "llama_cpp_tool: ERROR: $*" >&2; exit 1; }
 
 print_env() {
   local f
-  for f in "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split" "$BIN/moestream-llama-oracle" \
+  for f in "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split" "$BUILD/bin/llama-completion" \
+           "$BIN/moestream-llama-oracle" \
            "$VENV/bin/python" "$SRC/convert_hf_to_gguf.py"; do
     [ -e "$f" ] || die "missing $f: run scripts/llama_cpp_tool.sh build"
   done
@@ -50,6 +52,7 @@ print_env() {
   echo "LLAMA_CPP_CONVERT=$SRC/convert_hf_to_gguf.py"
   echo "LLAMA_CPP_QUANTIZE=$BUILD/bin/llama-quantize"
   echo "LLAMA_CPP_GGUF_SPLIT=$BUILD/bin/llama-gguf-split"
+  echo "LLAMA_CPP_COMPLETION=$BUILD/bin/llama-completion"
   echo "LLAMA_CPP_ORACLE=$BIN/moestream-llama-oracle"
 }
 
@@ -92,7 +95,8 @@ step_venv() {
 }
 
 step_build() {
-  local want=("$BUILD/src/libllama.a" "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split")
+  local want=("$BUILD/src/libllama.a" "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split"
+              "$BUILD/bin/llama-completion")
   local f missing=0
   for f in "${want[@]}"; do [ -e "$f" ] || missing=1; done
   [ $missing -eq 0 ] && return
@@ -107,9 +111,9 @@ step_build() {
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
     "${launcher[@]}" >&2 || die "cmake configure failed"
-  say "building the targets llama llama-quantize llama-gguf-split with -j $JOBS"
+  say "building the targets llama llama-quantize llama-gguf-split llama-completion with -j $JOBS"
   local t0=$SECONDS
-  cmake --build "$BUILD" -j "$JOBS" --target llama llama-quantize llama-gguf-split >&2 \
+  cmake --build "$BUILD" -j "$JOBS" --target llama llama-quantize llama-gguf-split llama-completion >&2 \
     || die "llama.cpp build failed"
   say "built in $((SECONDS - t0)) s"
   for f in "${want[@]}"; do [ -e "$f" ] || die "build finished but $f is missing"; done

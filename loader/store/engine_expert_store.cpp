@@ -3,6 +3,8 @@
 // and handed out as each one lands; a read-ahead reads the next fetch's misses into a second set
 // of buffers. An expert is one read in a pack (its slot) and three in a GGUF (its slices of the
 // layer's gate, up and down tensors), each placed at its matrix's offset in the payload.
+// A caller that takes experts as matrices (begin_fetch_matrices) gets those already in the page
+// cache as pages of a read-only mapping instead: nothing is read, copied or re-verified.
 #include "loader/store/engine_expert_store.h"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/mapped_file.h"
 #include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
@@ -94,12 +97,16 @@ class EngineExpertStore final : public ExpertStore {
     while (next_ready(&i, &p, true)) out[i] = p;
   }
 
-  void begin_fetch(int layer, std::span<const int> ids) override {
+  void begin_fetch(int layer, std::span<const int> ids) override { begin(layer, ids, false); }
+  void begin_fetch_matrices(int layer, std::span<const int> ids) override { begin(layer, ids, true); }
+
+  void begin(int layer, std::span<const int> ids, bool matrices) {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
     if (Fetch* p = std::exchange(next_, nullptr)) {
-      if (p->layer == layer && std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
+      if (p->layer == layer && p->matrices == matrices &&
+          std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
         release(*cur_);  // the fetch whose payloads were valid until now
         cur_ = p;
         ++stats_.fetches_read_ahead;
@@ -108,7 +115,7 @@ class EngineExpertStore final : public ExpertStore {
       release(*p);  // a read-ahead nobody asked for
     }
     release(*cur_);
-    start(*cur_, layer, ids);
+    start(*cur_, layer, ids, matrices);
   }
 
   void read_ahead(int layer, std::span<const int> ids) override {
@@ -116,31 +123,22 @@ class EngineExpertStore final : public ExpertStore {
     if (ids.empty()) return;
     if (Fetch* p = std::exchange(next_, nullptr)) release(*p);
     Fetch& f = cur_ == &fetches_[0] ? fetches_[1] : fetches_[0];
-    start(f, layer, ids);
+    start(f, layer, ids, cur_->matrices);  // read ahead for the same kind of caller
     next_ = &f;
   }
 
   bool next_ready(size_t* index, const uint8_t** payload, bool wait) override {
-    Fetch& f = *cur_;
-    while (f.ready_head == f.ready.size()) {
-      if (f.handed >= f.ids.size()) return false;
-      size_t r;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (f.landed_head == f.landed.size()) {
-          if (!wait) return false;
-          auto t0 = std::chrono::steady_clock::now();
-          cv_.wait(lock, [&] { return f.landed_head < f.landed.size(); });
-          stats_.io_wait_seconds += seconds_since(t0);
-        }
-        r = f.landed[f.landed_head++];
-      }
-      land(f, r);
-    }
-    const size_t pos = f.ready[f.ready_head++];
-    *index = pos;
-    *payload = f.items[f.position_item[pos]].data;
-    ++f.handed;
+    const Item* it = nullptr;
+    if (!next_item(index, &it, wait)) return false;
+    MOE_ASSERT(!it->mapped, "an expert handed out in place needs next_ready_matrices");
+    *payload = it->data;
+    return true;
+  }
+
+  bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& layout, bool wait) override {
+    const Item* it = nullptr;
+    if (!next_item(index, &it, wait)) return false;
+    *m = it->mapped ? it->in_place : ExpertMatrices::of_payload(it->data, layout);
     return true;
   }
 
@@ -240,11 +238,44 @@ class EngineExpertStore final : public ExpertStore {
 
   // Adds a file to the engine, with its page-cache residency probe (which means something only
   // for reads that go through the page cache: none for O_DIRECT files). Returns its index.
+  // Buffered files are also mapped (read-only, shared) for experts computed in place.
   uint32_t add_file(const std::filesystem::path& path) {
     const uint32_t file = engine_.add_file(path);
     page_caches_.resize(size_t(file) + 1);
-    if (!engine_.file_is_direct(file)) page_caches_[file] = std::make_unique<PageCacheResidency>(path);
+    maps_.resize(size_t(file) + 1);
+    if (!engine_.file_is_direct(file)) {
+      page_caches_[file] = std::make_unique<PageCacheResidency>(path);
+      try {
+        maps_[file] = std::make_unique<MappedFile>(path);
+      } catch (const IoError&) {
+        // A file that cannot be mapped is still read (and copied) as before.
+      }
+    }
     return file;
+  }
+
+  // Whether the experts of L may be handed out as mapped pages: every piece's file is buffered
+  // (mapped), and no checksum is due (checksums verify what comes from the device, and a
+  // mapped page may come from it unseen; a GGUF has none).
+  bool in_place_allowed(const Layer& L) const {
+    if (L.checksummed() && opts_.store.verify_checksums) return false;
+    for (const Piece& p : L.pieces)
+      if (!maps_[p.file]) return false;
+    return true;
+  }
+
+  // The matrices of the expert in `slot` in the mapped files (FormatError when a slice lies
+  // outside its file: offsets come from the file). A pack's expert is one piece at the layout's
+  // offsets, a GGUF's three pieces in gate, up, down order.
+  ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot) const {
+    const auto at = [&](const Piece& p, uint64_t n) {
+      return maps_[p.file]->range(p.at(slot), n, "expert slot " + std::to_string(slot) + " of layer " +
+                                                     std::to_string(layer));
+    };
+    if (L.pieces.size() == 1) return ExpertMatrices::of_payload(at(L.pieces[0], L.layout.bytes), L.layout);
+    MOE_ASSERT(L.pieces.size() == 3, "a GGUF expert is three slices");
+    return {at(L.pieces[0], L.pieces[0].length), at(L.pieces[1], L.pieces[1].length),
+            at(L.pieces[2], L.pieces[2].length)};
   }
 
   // Whether every piece of the expert in `slot` is in the page cache (sampled).
@@ -262,11 +293,14 @@ class EngineExpertStore final : public ExpertStore {
     size_t scratch = 0;
     uint32_t pieces_left = 0;        // reads still to land
     bool ready = false;
+    bool mapped = false;             // handed out in place: in_place, not data
+    ExpertMatrices in_place;
   };
   // One fetch: the current one (handed out by next_ready) or the read-ahead next one. Two exist
   // so that a read-ahead can read into its own buffers while the current payloads are in use.
   struct Fetch {
     int layer = 0;
+    bool matrices = false;                 // begin_fetch_matrices: resident experts in place
     std::vector<int> ids;                  // as asked (a read-ahead is adopted on an exact match)
     std::vector<Item> items;
     std::vector<uint32_t> position_item;   // ids position -> item
@@ -284,6 +318,31 @@ class EngineExpertStore final : public ExpertStore {
     bool busy = false;           // its batch is queued or in flight
   };
 
+  // The next ready expert of the current fetch (its position in ids and its item).
+  bool next_item(size_t* index, const Item** item, bool wait) {
+    Fetch& f = *cur_;
+    while (f.ready_head == f.ready.size()) {
+      if (f.handed >= f.ids.size()) return false;
+      size_t r;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (f.landed_head == f.landed.size()) {
+          if (!wait) return false;
+          auto t0 = std::chrono::steady_clock::now();
+          cv_.wait(lock, [&] { return f.landed_head < f.landed.size(); });
+          stats_.io_wait_seconds += seconds_since(t0);
+        }
+        r = f.landed[f.landed_head++];
+      }
+      land(f, r);
+    }
+    const size_t pos = f.ready[f.ready_head++];
+    *index = pos;
+    *item = &f.items[f.position_item[pos]];
+    ++f.handed;
+    return true;
+  }
+
   static IoEngineOptions two_lanes(IoEngineOptions o) {
     o.max_batches_in_flight = std::max(2u, o.max_batches_in_flight);
     return o;
@@ -297,15 +356,19 @@ class EngineExpertStore final : public ExpertStore {
 
   // Sets up fetch `f` (idle) for `ids`: host-cache hits ready at once, misses planned into cache
   // slots or scratch, then their batch queued on the I/O thread.
-  void start(Fetch& f, int layer, std::span<const int> ids) {
+  void start(Fetch& f, int layer, std::span<const int> ids, bool matrices) {
     const Layer& L = layers_[layer];
     f.layer = layer;
+    f.matrices = matrices;
     f.ids.assign(ids.begin(), ids.end());
     // Unique physical slots in file order, so neighbours in the file read as one extent.
     f.items.clear();
     for (int id : ids) {
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
-      f.items.push_back(Item{L.map.physical(static_cast<uint32_t>(id)), id});
+      Item it;
+      it.slot = L.map.physical(static_cast<uint32_t>(id));
+      it.expert = id;
+      f.items.push_back(it);
     }
     std::sort(f.items.begin(), f.items.end(), [](const Item& a, const Item& b) { return a.slot < b.slot; });
     f.items.erase(std::unique(f.items.begin(), f.items.end(),
@@ -342,6 +405,21 @@ class EngineExpertStore final : public ExpertStore {
         f.pinned.push_back(cs);
         ++stats_.host_cache_hits;
       }
+    // Then, for a caller of matrices, what the page cache holds stays where it is. With the mmap
+    // backend everything does: a page fault reads what is missing, as that backend's copy would.
+    if (matrices && in_place_allowed(L)) {
+      const bool fault_in = engine_.backend() == IoBackend::kMmap;
+      for (size_t k = 0; k < f.items.size(); ++k) {
+        Item& it = f.items[k];
+        if (it.ready || reread[k]) continue;
+        const bool resident = in_page_cache(L, it.slot);
+        if (!resident && !fault_in) continue;
+        it.in_place = mapped_matrices(L, layer, it.slot);
+        it.mapped = it.ready = true;
+        ++stats_.experts_in_place;
+        stats_.page_cache_hits += resident && opts_.count_page_cache_hits;
+      }
+    }
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {
       Item& it = f.items[k];
@@ -485,6 +563,7 @@ class EngineExpertStore final : public ExpertStore {
   IoEngine engine_;
   uint64_t read_bytes_ = 0;  // one expert buffer: the largest payload, 4 KiB rounded
   std::vector<std::unique_ptr<PageCacheResidency>> page_caches_;  // per engine file; null: O_DIRECT
+  std::vector<std::unique_ptr<MappedFile>> maps_;                  // per engine file; null: O_DIRECT
   std::vector<Layer> layers_;
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum

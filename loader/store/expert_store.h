@@ -22,6 +22,18 @@ enum class ExpertTier : uint8_t {
   kHostCache,  // in the store's own host cache (O_DIRECT mode): a fetch does no I/O at all
 };
 
+// An expert's three matrices where they can be read: inside one payload (at its ExpertLayout's
+// offsets) or, when a store computes in place, in the file's mapped pages (a GGUF expert's three
+// slices lie in three tensors).
+struct ExpertMatrices {
+  const uint8_t* gate = nullptr;
+  const uint8_t* up = nullptr;
+  const uint8_t* down = nullptr;
+  static ExpertMatrices of_payload(const uint8_t* p, const ExpertLayout& lay) {
+    return {p + lay.gate_offset, p + lay.up_offset, p + lay.down_offset};
+  }
+};
+
 struct ExpertStoreStats {
   uint64_t fetch_calls = 0;     // fetch() / begin_fetch() calls
   uint64_t experts_requested = 0;
@@ -38,6 +50,7 @@ struct ExpertStoreStats {
   double io_wait_seconds = 0;        // time the caller blocked for experts: I/O not hidden
   double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
   uint64_t fetches_read_ahead = 0;   // begin_fetch() calls whose reads a read_ahead() had started
+  uint64_t experts_in_place = 0;     // handed out as mapped pages of the file, neither read nor copied
 };
 
 class ExpertStore {
@@ -66,6 +79,21 @@ class ExpertStore {
     if (sync_next_ >= sync_payloads_.size()) return false;
     *index = sync_next_;
     *payload = sync_payloads_[sync_next_++];
+    return true;
+  }
+
+  // The form of begin_fetch/next_ready for a caller that only reads the three matrices (the CPU
+  // forward pass): a store may then leave an expert whose pages are already in host memory
+  // where it is (a read-only mapping of the file) instead of copying it into a payload. Same
+  // rules as begin_fetch/next_ready (validity until the next fetch, errors, read-ahead
+  // adoption); `layout` is the layer's. The default copies: begin_fetch, then next_ready's
+  // payload at the layout's offsets.
+  virtual void begin_fetch_matrices(int layer, std::span<const int> ids) { begin_fetch(layer, ids); }
+  virtual bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& layout,
+                                   bool wait = true) {
+    const uint8_t* p = nullptr;
+    if (!next_ready(index, &p, wait)) return false;
+    *m = ExpertMatrices::of_payload(p, layout);
     return true;
   }
 

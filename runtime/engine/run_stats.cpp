@@ -146,7 +146,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"bytes_transferred", e.bytes_transferred},
                     {"io_wait_not_hidden_s", e.io_wait_seconds},
                     {"checksum_s", e.checksum_seconds},
-                    {"fetches_read_ahead", e.fetches_read_ahead}};
+                    {"fetches_read_ahead", e.fetches_read_ahead},
+                    {"experts_in_place", e.experts_in_place}};
     // Decode alone (the store's counters minus those at the end of prefill).
     const ExpertStoreStats& p = gen->experts_after_prefill;
     const double n = gen->decode.tokens > 0 ? gen->decode.tokens : 1;
@@ -183,6 +184,7 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
     s += "experts: " + std::to_string(e.experts_requested) + " requested, " +
          std::to_string(e.host_cache_hits) + " host-cache hits, " + std::to_string(e.experts_read) +
          " read (" + std::to_string(e.page_cache_hits) + " found in the page cache), " +
+         std::to_string(e.experts_in_place) + " computed in place, " +
          fmt("%.1f MiB, I/O %.3f s\n", double(e.bytes_read) / (1 << 20), e.io_seconds);
     s += "  read ops " + std::to_string(e.read_ops_requested) + " before coalescing, " +
          std::to_string(e.read_ops_issued) + " after; " +

@@ -125,7 +125,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
-    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    // As matrices: experts already in host memory are computed where they are, not copied.
+    store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
     // A long prefill needs more than one group: the next group's reads start now (read-ahead)
     // and land while this one computes (the store keeps this group's payloads valid meanwhile).
     if (c0 + n < unique_ids_.size())
@@ -133,7 +134,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
                                                     std::min(kMaxExpertsPerFetch,
                                                              unique_ids_.size() - c0 - n)));
     times.expert_io_s += seconds_since(t1);
-    payloads_.assign(n, nullptr);
+    payloads_.assign(n, ExpertMatrices{});
     // Hit/miss overlap: compute every expert that is ready (resident ones at once) while the
     // rest are still loading, then the next group as it lands. Each (expert, token) pair writes
     // its own row of y_, so the grouping never changes the result.
@@ -141,8 +142,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
       t1 = std::chrono::steady_clock::now();
       ready_.clear();
       size_t i = 0;
-      const uint8_t* p = nullptr;
-      for (bool wait = true; store_.next_ready(&i, &p, wait); wait = false) {
+      ExpertMatrices p;
+      for (bool wait = true; store_.next_ready_matrices(&i, &p, lay, wait); wait = false) {
         payloads_[i] = p;
         ready_.push_back(int(i));
       }
@@ -163,19 +164,19 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
       pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
         const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
         const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
-        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
+        const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
         const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
         float* g = act_.row(Eigen::Index(p)).data();
         float* u = up_.row(Eigen::Index(p)).data();
-        quant_matvec(lay.types.gate, e + lay.gate_offset, size_t(D_), xt, g, r0, r1);
-        quant_matvec(lay.types.up, e + lay.up_offset, size_t(D_), xt, u, r0, r1);
+        quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
+        quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
         for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
       });
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
         const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
         const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
-        const uint8_t* e = payloads_[size_t(expert_of_pair_[p])];
-        quant_matvec(lay.types.down, e + lay.down_offset, size_t(F_), act_.row(Eigen::Index(p)).data(),
+        quant_matvec(lay.types.down, payloads_[size_t(expert_of_pair_[p])].down, size_t(F_),
+                     act_.row(Eigen::Index(p)).data(),
                      y_.row(slot_of_pair_[p]).data(), r0, r1);
       });
       times.expert_compute_s += seconds_since(t2);

@@ -54,7 +54,7 @@ class MoeLayer {
   std::vector<float> weights_;
   // Per fetch chunk: unique experts, their payloads, and (expert, token-slot) pairs.
   std::vector<int> unique_ids_, expert_of_pair_, slot_of_pair_;
-  std::vector<const uint8_t*> payloads_;  // by position in the fetch chunk
+  std::vector<ExpertMatrices> payloads_;  // by position in the fetch chunk (in place or copied)
   std::vector<int> ready_;                 // chunk positions that landed together
   std::vector<std::vector<int>> slots_of_expert_;  // indexed by expert id
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair

@@ -1,0 +1,186 @@
+// Tests of the in-place path of loader/store/engine_expert_store.h (begin_fetch_matrices /
+// next_ready_matrices): experts of files without due checksums that sit in the page cache are
+// handed out as the file's mapped pages, neither read nor copied; checksummed packs are still read
+// and verified (a corrupt page is caught); O_DIRECT files are not mapped; the bytes handed out are
+// always the expert's, for packs and GGUF files.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/expert_map.h"
+#include "loader/store/engine_expert_store.h"
+#include "tests/support/strict_skip.h"
+#include "tests/support/test_model.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+const fs::path kGguf = fs::path(MOESTREAM_SOURCE_DIR) / "tests/fixtures/gguf/qwen3moe-tiny-Q8_0.gguf";
+
+void warm(const fs::path& f) { (void)read_file(f); }
+
+// Asks the kernel to drop f's pages; false when they stay (some sandboxes ignore the advice).
+bool drop(const fs::path& f) {
+  const int fd = ::open(f.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  const bool ok = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Fetches `ids` of `layer` as matrices and returns each as one payload (gate, up, down at the
+// layout's offsets), by position in ids.
+std::vector<std::vector<uint8_t>> fetch_matrices(ExpertStore& s, const ModelConfig& c, int layer,
+                                                 const std::vector<int>& ids) {
+  const ExpertLayout lay = c.expert_layout(layer);
+  std::vector<std::vector<uint8_t>> got(ids.size());
+  s.begin_fetch_matrices(layer, ids);
+  size_t i = 0, n = 0;
+  ExpertMatrices m;
+  while (s.next_ready_matrices(&i, &m, lay, true)) {
+    EXPECT_TRUE(got[i].empty()) << "position " << i << " handed out twice";
+    got[i].resize(lay.bytes);
+    std::memcpy(got[i].data() + lay.gate_offset, m.gate, lay.up_offset - lay.gate_offset);
+    std::memcpy(got[i].data() + lay.up_offset, m.up, lay.down_offset - lay.up_offset);
+    std::memcpy(got[i].data() + lay.down_offset, m.down, lay.bytes - lay.down_offset);
+    ++n;
+  }
+  EXPECT_EQ(n, ids.size());
+  return got;
+}
+
+class InPlace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    c = test::tiny_moe_config({.vocab = 50, .hidden = 96, .head_dim = 8, .quant = QuantType::kQ8});
+    want = test::write_layer_files(d.path(), c, 17, /*permute=*/true);
+  }
+  EngineExpertStoreOptions opts(bool verify, const char* backend = "pread") const {
+    EngineExpertStoreOptions o;
+    o.store.verify_checksums = verify;
+    o.io.backend = parse_io_backend(backend);
+    o.io.notice = [](const std::string&) {};
+    return o;
+  }
+  void expect_payloads(const std::vector<std::vector<uint8_t>>& got, int layer, const std::vector<int>& ids) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(got[i], want[size_t(layer)][size_t(ids[i])]) << "layer " << layer << " expert " << ids[i];
+  }
+  TempDir d{"expert_store_in_place_test"};
+  ModelConfig c;
+  test::Payloads want;
+};
+
+TEST_F(InPlace, ResidentExpertsOfAnUncheckedPackAreNeitherReadNorCopied) {
+  warm(expert_file_path(d.path(), 1));
+  auto s = open_engine_expert_store(d.path(), c, opts(false));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(1, tiers);
+  if (tiers[2] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  const std::vector<int> ids{2, 5, 2, 7};  // a duplicate shares one expert
+  expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
+  const ExpertStoreStats st = s->stats();
+  EXPECT_EQ(st.experts_in_place, 3u);
+  EXPECT_EQ(st.experts_read, 0u);
+  EXPECT_EQ(st.bytes_read, 0u);
+  // The copying form of the same store still reads into its buffers.
+  std::vector<const uint8_t*> out;
+  const std::vector<int> five{5};
+  s->fetch(1, five, out);
+  EXPECT_EQ(std::memcmp(out[0], want[1][5].data(), want[1][5].size()), 0);
+  EXPECT_EQ(s->stats().experts_read, 1u);
+}
+
+TEST_F(InPlace, ChecksummedPackIsReadAndVerifiedAndACorruptPageIsCaught) {
+  warm(expert_file_path(d.path(), 0));
+  {
+    auto s = open_engine_expert_store(d.path(), c, opts(true));
+    const std::vector<int> ids{0, 3};
+    expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);
+    EXPECT_EQ(s->stats().experts_in_place, 0u);
+    EXPECT_EQ(s->stats().experts_read, 2u);
+  }
+  const fs::path f = expert_file_path(d.path(), 0);
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
+  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
+  warm(f);  // the corrupt byte is in the page cache: still verified, never computed in place
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  const std::string msg = test::error_message([&] { fetch_matrices(*s, c, 0, {1, 3}); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+}
+
+TEST_F(InPlace, EvictedExpertsAreReadAndTheMmapBackendFaultsThemIn) {
+  const fs::path f = expert_file_path(d.path(), 1);
+  const std::vector<int> ids{0, 1, 6};
+  {
+    auto s = open_engine_expert_store(d.path(), c, opts(false));
+    std::vector<ExpertTier> tiers(size_t(c.n_experts));
+    if (!drop(f) || (s->residency(1, tiers), tiers[0] != ExpertTier::kStorage || tiers[6] != ExpertTier::kStorage))
+      GTEST_SKIP() << "the page cache cannot be dropped here";
+    expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
+    EXPECT_EQ(s->stats().experts_read, 3u);
+    EXPECT_EQ(s->stats().experts_in_place, 0u);
+  }
+  ASSERT_TRUE(drop(f));
+  auto s = open_engine_expert_store(d.path(), c, opts(false, "mmap"));
+  expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
+  EXPECT_EQ(s->stats().experts_in_place, 3u);
+  EXPECT_EQ(s->stats().experts_read, 0u);
+}
+
+TEST_F(InPlace, ODirectFilesAreNotMapped) {
+  EngineExpertStoreOptions o = opts(false);
+  o.io.direct = true;
+  auto s = open_engine_expert_store(d.path(), c, o);
+  if (s->describe().find("O_DIRECT") == std::string::npos) GTEST_SKIP() << "O_DIRECT refused here";
+  warm(expert_file_path(d.path(), 0));
+  const std::vector<int> ids{4, 2};
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);
+  EXPECT_EQ(s->stats().experts_in_place, 0u);
+  EXPECT_EQ(s->stats().experts_read, 2u);
+}
+
+TEST(InPlaceGguf, ExpertSlicesInPlaceEqualTheCopiedPayload) {
+  if (!fs::exists(kGguf)) MOESTREAM_SKIP_OR_FAIL() << kGguf << " absent";
+  TempDir d{"expert_store_in_place_gguf"};
+  const fs::path g = d.path() / "m.gguf";
+  fs::copy_file(kGguf, g);
+  warm(g);
+  const ModelConfig c = ModelConfig::load(g);
+  EngineExpertStoreOptions o;
+  o.io.backend = IoBackend::kPread;
+  auto copying = open_engine_expert_store(g, c, o);
+  auto in_place = open_engine_expert_store(g, c, o);
+  std::vector<int> ids(size_t(c.n_experts));
+  for (int e = 0; e < c.n_experts; ++e) ids[size_t(e)] = c.n_experts - 1 - e;
+  for (int l = 0; l < c.n_layers; ++l) {
+    std::vector<const uint8_t*> out;
+    copying->fetch(l, ids, out);
+    const auto got = fetch_matrices(*in_place, c, l, ids);
+    const size_t bytes = c.expert_layout(l).bytes;
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].data(), out[i], bytes), 0) << "layer " << l << " expert " << ids[i];
+  }
+  const ExpertStoreStats st = in_place->stats();
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  in_place->residency(0, tiers);
+  if (tiers[0] == ExpertTier::kPageCache) {
+    EXPECT_EQ(st.experts_in_place, uint64_t(c.n_layers) * uint64_t(c.n_experts));
+    EXPECT_EQ(st.experts_read, 0u);
+  }
+  EXPECT_EQ(copying->stats().experts_in_place, 0u);
+}
+
+}  // namespace
