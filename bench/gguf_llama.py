@@ -139,7 +139,15 @@ def find_tokenizers(arg: str | None) -> Path:
                      "(--tokenizers DIR with qwen3/tokenizer.json)")
 
 
+ENV_KEYS = ("LLAMA_CPP_VERSION", "LLAMA_CPP_COMMIT", "LLAMA_CPP_SRC", "LLAMA_CPP_PYTHON", "LLAMA_CPP_QUANTIZE",
+            "LLAMA_CPP_COMPLETION")
+
+
 def tool_env() -> dict[str, str]:
+    # A llama.cpp built elsewhere (scripts/device_gguf_bench.sh on the device machine) names itself
+    # through these variables; else scripts/llama_cpp_tool.sh's build is used.
+    if all(os.environ.get(k) for k in ENV_KEYS):
+        return {k: os.environ[k] for k in ENV_KEYS}
     r = subprocess.run(["bash", str(TOOL), "env"], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"gguf_llama: llama.cpp is not built: run scripts/llama_cpp_tool.sh build\n{r.stderr}")

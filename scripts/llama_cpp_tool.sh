@@ -12,9 +12,11 @@
 #     bin/     moestream-llama-oracle (scripts/llama_oracle.cpp linked against libllama)
 # Idempotent: each step is skipped when its output exists. Nothing of llama.cpp enters the repo.
 #
-# Usage: scripts/llama_cpp_tool.sh [build|fetch|venv|llama|env]
+# Usage: scripts/llama_cpp_tool.sh [build|fetch|venv|llama|env|device-src]
 #   build (default)  do every missing step, then print the env lines
 #   fetch | venv | llama   one step (llama: the CMake build and the oracle; needs fetch)
+#   device-src       pack the trimmed source and the Qwen3 tokenizer into .llama/ for the device
+#                    machine (scripts/device_gguf_bench.sh; needs build)
 #   env              print shell assignments (LLAMA_CPP_*) for an existing build; fails if absent
 set -euo pipefail
 
@@ -136,6 +138,32 @@ step_oracle() {
 }
 
 cmd=${1:-build}
+# The vendored tree without docs, models, tests, examples, the web UI and every ggml backend but
+# CPU and CUDA (about 4.5 MB of xz) in $REPO/.llama/, with its version, commit and the Qwen3
+# tokenizer bench/gguf_llama.py needs: what scripts/device_gguf_bench.sh builds from on the device
+# machine, which has no network and takes at most 64 MiB of carried files (carry .llama).
+step_device_src() {
+  local out=$REPO/.llama tok=${MOESTREAM_TOKENIZERS:-$REPO/../shared/tokenizers}
+  mkdir -p "$out"
+  if [ ! -f "$out/llama.cpp-src.tar.xz" ]; then
+    say "packing the trimmed llama.cpp source into $out/llama.cpp-src.tar.xz"
+    local ex=() b
+    for b in docs models media benches tests examples tools/ui 'tools/server/public*'; do ex+=(--exclude="llama.cpp/$b"); done
+    for b in et metal hexagon sycl vulkan opencl cann hip musa openvino rpc virtgpu webgpu zdnn zendnn; do
+      ex+=(--exclude="llama.cpp/ggml/src/ggml-$b")
+    done
+    tar -C "$SRC/.." -cJf "$out/llama.cpp-src.tar.xz.tmp" "${ex[@]}" --exclude='.git*' llama.cpp \
+      || die "cannot pack $SRC"
+    mv "$out/llama.cpp-src.tar.xz.tmp" "$out/llama.cpp-src.tar.xz"
+  fi
+  print_env | sed -n 's/^LLAMA_CPP_VERSION=//p' >"$out/VERSION"
+  print_env | sed -n 's/^LLAMA_CPP_COMMIT=//p' >"$out/COMMIT"
+  [ -f "$tok/qwen3/tokenizer.json" ] || die "no $tok/qwen3/tokenizer.json (MOESTREAM_TOKENIZERS=DIR)"
+  mkdir -p "$out/tokenizers/qwen3"
+  cp "$tok"/qwen3/* "$out/tokenizers/qwen3/"
+  say "$out: $(du -sh "$out" | cut -f1) (carry .llama; then scripts/device_gguf_bench.sh there)"
+}
+
 case "$cmd" in
   build)
     step_fetch; step_venv; step_build; step_oracle; print_env ;;
@@ -143,5 +171,6 @@ case "$cmd" in
   venv) step_fetch; step_venv ;;
   llama) step_fetch; step_build; step_oracle ;;
   env) print_env ;;
-  *) die "unknown command '$cmd' (build|env)" ;;
+  device-src) step_fetch; step_device_src ;;
+  *) die "unknown command '$cmd' (build|fetch|venv|llama|env|device-src)" ;;
 esac
