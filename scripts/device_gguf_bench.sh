@@ -4,7 +4,7 @@
 # .llama/llama.cpp-src.tar.xz, and the Qwen3 tokenizer in .llama/tokenizers/qwen3 (carry .llama
 # and .deps). Builds moestream's CPU targets (scripts/device_build.sh) and llama.cpp's
 # llama-completion and llama-quantize (CPU, native), then runs the benchmark with the arguments
-# given (e.g. --threads 16). Models are cached in .llama/models (kept between calls on a warm
+# given (e.g. --threads 16). Models are cached in /tmp/llama-models (kept between calls on a warm
 # machine). The converter runs on the machine's own Python (torch, transformers) with the vendored
 # gguf-py.
 set -euo pipefail
@@ -25,6 +25,11 @@ if [ ! -x "$BLD/bin/llama-completion" ] || [ ! -x "$BLD/bin/llama-quantize" ]; t
     { tail -30 /tmp/llama-build.log >&2; exit 1; }
   echo "device_gguf_bench: llama.cpp built in $((SECONDS - t0)) s" >&2
 fi
+# The tokenizer travels compressed (the carry limit); bench/gguf_llama.py reads it from here.
+TOK=/tmp/llama-tokenizers
+if [ ! -f "$TOK/qwen3/tokenizer.json" ]; then
+  mkdir -p "$TOK/qwen3" && cp "$L"/tokenizers/qwen3/* "$TOK/qwen3/" && xz -d -f "$TOK/qwen3/tokenizer.json.xz"
+fi
 [ -x build-device/bin/infer ] || bash scripts/device_build.sh infer >/tmp/moestream-build.log 2>&1 ||
   { tail -30 /tmp/moestream-build.log >&2; exit 1; }
 # bench/gguf_llama.py takes llama.cpp's paths from these instead of scripts/llama_cpp_tool.sh env.
@@ -32,4 +37,4 @@ export LLAMA_CPP_VERSION=$(cat "$L/VERSION" 2>/dev/null || echo unknown) LLAMA_C
 export LLAMA_CPP_SRC=$SRC LLAMA_CPP_PYTHON=$(command -v python3) LLAMA_CPP_CONVERT=$SRC/convert_hf_to_gguf.py
 export LLAMA_CPP_QUANTIZE=$BLD/bin/llama-quantize LLAMA_CPP_COMPLETION=$BLD/bin/llama-completion
 export PYTHONPATH=$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}
-exec python3 bench/gguf_llama.py --bin build-device/bin --cache "$L/models" --tokenizers "$L/tokenizers" "$@"
+exec python3 bench/gguf_llama.py --bin build-device/bin --cache /tmp/llama-models --tokenizers "$TOK" "$@"

@@ -140,7 +140,7 @@ step_oracle() {
 cmd=${1:-build}
 # The vendored tree without docs, models, tests, examples, the web UI and every ggml backend but
 # CPU and CUDA (about 4.5 MB of xz) in $REPO/.llama/, with its version, commit and the Qwen3
-# tokenizer bench/gguf_llama.py needs: what scripts/device_gguf_bench.sh builds from on the device
+# tokenizer bench/gguf_llama.py needs (1.4 MB of xz): what scripts/device_gguf_bench.sh builds from on the device
 # machine, which has no network and takes at most 64 MiB of carried files (carry .llama).
 step_device_src() {
   local out=$REPO/.llama tok=${MOESTREAM_TOKENIZERS:-$REPO/../shared/tokenizers}
@@ -159,8 +159,9 @@ step_device_src() {
   print_env | sed -n 's/^LLAMA_CPP_VERSION=//p' >"$out/VERSION"
   print_env | sed -n 's/^LLAMA_CPP_COMMIT=//p' >"$out/COMMIT"
   [ -f "$tok/qwen3/tokenizer.json" ] || die "no $tok/qwen3/tokenizer.json (MOESTREAM_TOKENIZERS=DIR)"
-  mkdir -p "$out/tokenizers/qwen3"
-  cp "$tok"/qwen3/* "$out/tokenizers/qwen3/"
+  # xz: the tokenizer is 11 MB as JSON and the carried files' limit is tight.
+  rm -rf "$out/tokenizers" && mkdir -p "$out/tokenizers/qwen3"
+  cp "$tok"/qwen3/* "$out/tokenizers/qwen3/" && xz -9 "$out/tokenizers/qwen3/tokenizer.json"
   say "$out: $(du -sh "$out" | cut -f1) (carry .llama; then scripts/device_gguf_bench.sh there)"
 }
 
