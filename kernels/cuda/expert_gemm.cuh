@@ -57,6 +57,39 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p, bool aligned4) {
   return uint32_t(__ldg(h)) | (uint32_t(__ldg(h + 1)) << 16);
 }
 
+// A lane's activations: the float4 at p (x[0..3]) or zeros when !valid (p is then any in-row
+// address: the load stays inside the row, the values are dropped).
+__device__ __forceinline__ void load_x4(const float* p, bool valid, float* x) {
+  const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+  x[0] = valid ? v.x : 0.f;
+  x[1] = valid ? v.y : 0.f;
+  x[2] = valid ? v.z : 0.f;
+  x[3] = valid ? v.w : 0.f;
+}
+
+// load_x and store of the codecs whose lane takes V consecutive columns per step (the plain float
+// types and bf16): column (step * 32 + lane) * V, V = 4 or 1.
+template <int V>
+struct ConsecutiveColumns {
+  int cols;
+  __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
+    const int c = (st * 32 + lane) * V;
+    const bool valid = c < cols;
+    if constexpr (V == 4) {
+      load_x4(xrow + (valid ? c : 0), valid, x);
+    } else {
+      const float v = __ldg(xrow + (valid ? c : 0));
+      x[0] = valid ? v : 0.f;
+    }
+  }
+  __device__ void store(float* out, int st, int lane, const float* w) const {
+    const int c = (st * 32 + lane) * V;
+    if (c >= cols) return;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[c + e] = w[e];
+  }
+};
+
 // Block (row tile, group g): each warp owns RW weight rows; for each tile of MT of the group's
 // token rows it walks the columns once, every lane dequantising Codec::kElems weights per row
 // and step and multiplying them into MT accumulators per row, so each weight load serves MT

@@ -20,13 +20,13 @@ struct F16Elem {
 };
 
 template <class T, int V>
-struct PlainCodec {
+struct PlainCodec : ConsecutiveColumns<V> {
   static constexpr int kElems = V;
+  using ConsecutiveColumns<V>::cols;
   const typename T::Raw* m;
-  int cols;
 
   __device__ PlainCodec(const uint8_t* matrix, int c)
-      : m(reinterpret_cast<const typename T::Raw*>(matrix)), cols(c) {}
+      : ConsecutiveColumns<V>{c}, m(reinterpret_cast<const typename T::Raw*>(matrix)) {}
   __device__ int steps() const { return (cols + 32 * V - 1) / (32 * V); }
   // Branch-free: a lane past the row reads the row's first weights and zeroes them.
   __device__ void load_w(int row, int st, int lane, float* w) const {
@@ -42,26 +42,6 @@ struct PlainCodec {
     } else {
       w[0] = valid ? T::cvt(__ldg(r)) : 0.f;
     }
-  }
-  __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
-    const int c = (st * 32 + lane) * V;
-    const bool valid = c < cols;
-    if constexpr (V == 4) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(xrow + (valid ? c : 0)));
-      x[0] = valid ? v.x : 0.f;
-      x[1] = valid ? v.y : 0.f;
-      x[2] = valid ? v.z : 0.f;
-      x[3] = valid ? v.w : 0.f;
-    } else {
-      const float v = __ldg(xrow + (valid ? c : 0));
-      x[0] = valid ? v : 0.f;
-    }
-  }
-  __device__ void store(float* out, int st, int lane, const float* w) const {
-    const int c = (st * 32 + lane) * V;
-    if (c >= cols) return;
-#pragma unroll
-    for (int e = 0; e < V; ++e) out[c + e] = w[e];
   }
 };
 

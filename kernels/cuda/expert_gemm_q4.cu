@@ -36,16 +36,8 @@ struct Q4Codec {
     const int b = st * 8 + (lane >> 2), j = (lane & 3) * 4;
     const bool valid = b < nb;
     const float* xb = xrow + (valid ? b : nb - 1) * 32 + j;
-    const float4 lo = __ldg(reinterpret_cast<const float4*>(xb));
-    const float4 hi = __ldg(reinterpret_cast<const float4*>(xb + 16));
-    x[0] = valid ? lo.x : 0.f;
-    x[1] = valid ? lo.y : 0.f;
-    x[2] = valid ? lo.z : 0.f;
-    x[3] = valid ? lo.w : 0.f;
-    x[4] = valid ? hi.x : 0.f;
-    x[5] = valid ? hi.y : 0.f;
-    x[6] = valid ? hi.z : 0.f;
-    x[7] = valid ? hi.w : 0.f;
+    load_x4(xb, valid, x);
+    load_x4(xb + 16, valid, x + 4);
   }
   __device__ void store(float* out, int st, int lane, const float* w) const {
     const int b = st * 8 + (lane >> 2), j = (lane & 3) * 4;

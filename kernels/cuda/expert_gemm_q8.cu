@@ -34,11 +34,7 @@ struct Q8Codec {
   __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
     const int quad = st * 32 + lane;
     const bool valid = (quad >> 3) < nb;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(xrow) + (valid ? quad : nb * 8 - 1));
-    x[0] = valid ? v.x : 0.f;
-    x[1] = valid ? v.y : 0.f;
-    x[2] = valid ? v.z : 0.f;
-    x[3] = valid ? v.w : 0.f;
+    load_x4(xrow + size_t(valid ? quad : nb * 8 - 1) * 4, valid, x);
   }
   __device__ void store(float* out, int st, int lane, const float* w) const {
     const int quad = st * 32 + lane;

@@ -97,16 +97,8 @@ struct GgmlCodec {
     int c0, c1;
     BT::cols(lane % BT::kLanes, c0, c1);
     const float* xb = xrow + size_t(valid ? b : nb - 1) * BT::kBlockElems;
-    const float4 lo = __ldg(reinterpret_cast<const float4*>(xb + c0));
-    const float4 hi = __ldg(reinterpret_cast<const float4*>(xb + c1));
-    x[0] = valid ? lo.x : 0.f;
-    x[1] = valid ? lo.y : 0.f;
-    x[2] = valid ? lo.z : 0.f;
-    x[3] = valid ? lo.w : 0.f;
-    x[4] = valid ? hi.x : 0.f;
-    x[5] = valid ? hi.y : 0.f;
-    x[6] = valid ? hi.z : 0.f;
-    x[7] = valid ? hi.w : 0.f;
+    load_x4(xb + c0, valid, x);
+    load_x4(xb + c1, valid, x + 4);
   }
   __device__ void store(float* out, int st, int lane, const float* w) const {
     const int b = st * kBlocksPerStep + lane / BT::kLanes;
