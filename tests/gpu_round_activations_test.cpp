@@ -69,7 +69,7 @@ TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
   for (GgmlType t : rounded) {
     const QuantType q = ggml_quant(t);
     ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(gpu::round_activations(q, dev, kRows, kCols, nullptr)) << quant_name(q);
+    ASSERT_TRUE(gpu::round_activations(q, dev, dev, kRows, kCols, nullptr)) << quant_name(q);
     std::vector<float> got(x.size());
     ASSERT_EQ(cudaMemcpy(got.data(), dev, x.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
     const std::vector<float> want = cpu_rounded(t, x);
@@ -85,9 +85,9 @@ TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
   }
   // Float types are multiplied as floats on both backends: nothing to do, nothing launched.
   for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16})
-    EXPECT_FALSE(gpu::round_activations(ggml_quant(t), dev, kRows, kCols, nullptr));
-  EXPECT_FALSE(gpu::round_activations(QuantType::kBF16, dev, kRows, kCols, nullptr));
-  EXPECT_THROW(gpu::round_activations(ggml_quant(GgmlType::kQ4_K), dev, kRows, 512 + 32, nullptr), ConfigError);
+    EXPECT_FALSE(gpu::round_activations(ggml_quant(t), dev, dev, kRows, kCols, nullptr));
+  EXPECT_FALSE(gpu::round_activations(QuantType::kBF16, dev, dev, kRows, kCols, nullptr));
+  EXPECT_THROW(gpu::round_activations(ggml_quant(GgmlType::kQ4_K), dev, dev, kRows, 512 + 32, nullptr), ConfigError);
   cudaFree(dev);
 }
 

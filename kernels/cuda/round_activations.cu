@@ -15,32 +15,34 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__global__ void round_activations_q8_kernel(float* __restrict__ x, int rows, int cols, int nb) {
+// x and out may be the same array (each element is read before it is written, by the same lane).
+__global__ void round_activations_q8_kernel(const float* x, float* out, int rows, int cols, int nb) {
   const long long blk = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (blk >= (long long)rows * nb) return;  // whole warps exit together
   const int lane = threadIdx.x & 31;
   const int r = int(blk / nb), b = int(blk % nb);
   const int c = b * 32 + lane;
-  float* row = x + size_t(r) * cols;
+  const float* row = x + size_t(r) * cols;
   const float v = c < cols ? row[c] : 0.0f;  // past the row: the CPU's zero padding
   const float amax = warp_max(fabsf(v));
   // IEEE division and rint (ties to even), as std::nearbyint on the CPU: bit-identical rounding.
   const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
   const float d = __fdiv_rn(amax, 127.0f);
   const float q = fminf(fmaxf(rintf(__fmul_rn(v, id)), -127.0f), 127.0f);
-  if (c < cols) row[c] = __fmul_rn(q, d);
+  if (c < cols) out[size_t(r) * cols + c] = __fmul_rn(q, d);
 }
 
 // One warp per kBlock-wide block (kBlock / 32 elements a lane): the CPU's ggml activation rounding
 // (kernels/cpu/ggml_legacy.cpp ggml_round_activations for 32, ggml_kquants.cpp
 // kquant_round_activations for 256). cols is a whole number of blocks.
 template <int kBlock, bool kF16Scale>
-__global__ void round_activations_blocks_kernel(float* __restrict__ x, long long n_blocks) {
+__global__ void round_activations_blocks_kernel(const float* x, float* out, long long n_blocks) {
   constexpr int kPer = kBlock / 32;
   const long long blk = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (blk >= n_blocks) return;
   const int lane = threadIdx.x & 31;
-  float* b = x + blk * kBlock;
+  const float* b = x + blk * kBlock;
+  float* o = out + blk * kBlock;
   float v[kPer];
   float a = 0.0f;
 #pragma unroll
@@ -56,26 +58,26 @@ __global__ void round_activations_blocks_kernel(float* __restrict__ x, long long
   for (int j = 0; j < kPer; ++j) {
     // + 0: a rounded -0 becomes +0, as the CPU's int8 zero converts (bit-identical inputs).
     const float q = __fadd_rn(rintf(fminf(fmaxf(__fmul_rn(v[j], id), -127.0f), 127.0f)), 0.0f);
-    b[lane + 32 * j] = __fmul_rn(q, d);
+    o[lane + 32 * j] = __fmul_rn(q, d);
   }
 }
 
 template <int kBlock, bool kF16Scale>
-void round_activations_blocks_cuda(float* x, long long n_blocks, cudaStream_t s) {
+void round_activations_blocks_cuda(const float* x, float* out, long long n_blocks, cudaStream_t s) {
   const long long blocks = (n_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
   MOE_ASSERT(blocks < (1LL << 31), "round_activations_blocks_cuda: grid too large");
-  round_activations_blocks_kernel<kBlock, kF16Scale><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, n_blocks);
+  round_activations_blocks_kernel<kBlock, kF16Scale><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, out, n_blocks);
   MOE_CUDA_CHECK_LAUNCH("round_activations_blocks_kernel");
 }
 
 // Launcher (file-local: the op below is its only caller).
-void round_activations_q8_cuda(float* x, int rows, int cols, cudaStream_t s) {
-  MOE_ASSERT(x && rows > 0 && cols > 0, "round_activations_q8_cuda: bad arguments");
+void round_activations_q8_cuda(const float* x, float* out, int rows, int cols, cudaStream_t s) {
+  MOE_ASSERT(x && out && rows > 0 && cols > 0, "round_activations_q8_cuda: bad arguments");
   const int nb = (cols + 31) / 32;
   const long long warps = (long long)rows * nb;
   const long long blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   MOE_ASSERT(blocks < (1LL << 31), "round_activations_q8_cuda: grid too large");
-  round_activations_q8_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, rows, cols, nb);
+  round_activations_q8_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, out, rows, cols, nb);
   MOE_CUDA_CHECK_LAUNCH("round_activations_q8_kernel");
 }
 
@@ -86,7 +88,7 @@ void round_activations_q8(float* x, int rows, int cols, Stream s) {
     throw Error("gpu::round_activations_q8: bad shape rows=" + std::to_string(rows) +
                 " cols=" + std::to_string(cols));
   if (!x) throw Error("gpu::round_activations_q8: null device pointer");
-  round_activations_q8_cuda(x, rows, cols, s);
+  round_activations_q8_cuda(x, x, rows, cols, s);
 }
 
 ActivationRounding activation_rounding(QuantType q) {
@@ -105,14 +107,14 @@ ActivationRounding activation_rounding(QuantType q) {
   }
 }
 
-bool round_activations(QuantType q, float* x, int rows, int cols, Stream s) {
+bool round_activations(QuantType q, const float* x, float* out, int rows, int cols, Stream s) {
   if (rows <= 0 || cols <= 0)
     throw Error("gpu::round_activations: bad shape rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
-  if (!x) throw Error("gpu::round_activations: null device pointer");
+  if (!x || !out) throw Error("gpu::round_activations: null device pointer");
   const ActivationRounding r = activation_rounding(q);
   if (r == ActivationRounding::kNone) return false;
   if (r == ActivationRounding::kPackQ8) {
-    round_activations_q8_cuda(x, rows, cols, s);
+    round_activations_q8_cuda(x, out, rows, cols, s);
     return true;
   }
   const int block = r == ActivationRounding::kBlock32F16 ? 32 : 256;
@@ -120,8 +122,8 @@ bool round_activations(QuantType q, float* x, int rows, int cols, Stream s) {
     throw ConfigError("gpu::round_activations: " + std::string(quant_name(q)) + " inputs of " + std::to_string(cols) +
                       " columns are not whole " + std::to_string(block) + "-wide blocks");
   const long long n_blocks = (long long)rows * (cols / block);
-  if (block == 32) round_activations_blocks_cuda<32, true>(x, n_blocks, s);
-  else round_activations_blocks_cuda<256, false>(x, n_blocks, s);
+  if (block == 32) round_activations_blocks_cuda<32, true>(x, out, n_blocks, s);
+  else round_activations_blocks_cuda<256, false>(x, out, n_blocks, s);
   return true;
 }
 

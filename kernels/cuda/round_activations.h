@@ -11,16 +11,17 @@ namespace moestream::gpu {
 // exact arithmetic of kernels/cpu/quant.cpp quantize_activations (a block of zeros stays zero).
 void round_activations_q8(float* x, int rows, int cols, Stream s);
 
-// In place, the rounding the CPU's kernel for a matrix of type q applies to its input (so both
+// out = x rounded as the CPU's kernel for a matrix of type q rounds its input (so both
 // backends compute the same function, and the GPU gives llama.cpp's tokens where the CPU does):
 //   pack q8/q4: round_activations_q8;
 //   ggml Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4: 32-wide blocks as above, then the block scale
 //     rounded to float16 before it multiplies the int8 values (llama.cpp's q8_0 activations);
 //   ggml Q2_K..Q6_K, IQ4_XS: 256-wide blocks, float32 scale amax/127 (llama.cpp's q8_K);
 //   f32, bf16 and ggml F32/F16/BF16: inputs stay as they are (returns false, nothing launched).
-// Returns true when it rounded. ConfigError when cols is not a whole number of the type's blocks
+// out may be x (in place). Returns true when it rounded; when it returns false nothing was written
+// to out. ConfigError when cols is not a whole number of the type's blocks
 // (ggml types only; a pack's last block may be short).
-bool round_activations(QuantType q, float* x, int rows, int cols, Stream s);
+bool round_activations(QuantType q, const float* x, float* out, int rows, int cols, Stream s);
 
 // Which rounding round_activations applies for q: inputs of two matrices whose types share a
 // class can share one rounded copy.

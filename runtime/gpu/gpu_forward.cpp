@@ -431,7 +431,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
     gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
                 swi + size_t(r0) * F, stream);
-    gpu::round_activations(lay.types.down, swi + size_t(r0) * F, r1 - r0, F, stream);
+    float* s0 = swi + size_t(r0) * F;
+    gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
   };
   if (split) {

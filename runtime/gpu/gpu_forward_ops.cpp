@@ -95,16 +95,17 @@ void CudaForward::warm_up() {
 // The gathered expert inputs xg [n_rows, D] rounded as the CPU's kernels round them for gate's
 // type, in place (q8/q4 packs: int8 per 32-block as quant_matvec; ggml types: q8_0 or q8_K as
 // llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
-// input: xg again, or a copy rounded for up's type when that rounds differently.
+// input: xg again, or xg_up when up's type rounds differently (rounded for it out of place, or a
+// plain copy when up takes floats, since gate's rounding overwrites xg).
 const float* CudaForward::round_expert_inputs(const ExpertLayout& lay, int n_rows) {
   const float* x_up = xg;
   if (gpu::activation_rounding(lay.types.up) != gpu::activation_rounding(lay.types.gate)) {
-    MOE_CUDA_CHECK(cudaMemcpyAsync(xg_up, xg, size_t(n_rows) * size_t(D) * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, stream));
-    gpu::round_activations(lay.types.up, xg_up, n_rows, D, stream);
+    if (!gpu::round_activations(lay.types.up, xg, xg_up, n_rows, D, stream))
+      MOE_CUDA_CHECK(cudaMemcpyAsync(xg_up, xg, size_t(n_rows) * size_t(D) * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream));
     x_up = xg_up;
   }
-  gpu::round_activations(lay.types.gate, xg, n_rows, D, stream);
+  gpu::round_activations(lay.types.gate, xg, xg, n_rows, D, stream);
   return x_up;
 }
 
@@ -158,14 +159,9 @@ void CudaForward::linear(const float* xin, const GpuMatrix& W, int T, float* you
     return;
   }
   float* dst = accumulate ? proj : yout;
-  if (gpu::activation_rounding(W.type) != gpu::ActivationRounding::kNone) {
-    // The CPU rounds this matrix's input as its type's kernel needs; xin stays as it is for the
-    // layer's other matrices.
-    MOE_CUDA_CHECK(cudaMemcpyAsync(xr, xin, size_t(T) * size_t(W.cols) * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, stream));
-    gpu::round_activations(W.type, xr, T, W.cols, stream);
-    xin = xr;
-  }
+  // The CPU rounds this matrix's input as its type's kernel needs: a rounded copy in xr, so xin
+  // stays as it is for the layer's other matrices.
+  if (gpu::round_activations(W.type, xin, xr, T, W.cols, stream)) xin = xr;
   gpu::dense_gemm(W.type, W.data, W.rows, W.cols, xin, T, dst, stream);
   if (accumulate) gpu::add_inplace(yout, proj, size_t(T) * size_t(W.rows), stream);
 }

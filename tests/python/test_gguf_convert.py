@@ -324,7 +324,8 @@ def test_dense_quant_files_and_sizes(dense_packs):
 
 # Largest |logit - f32's| over a position, relative to its largest |f32 logit|: bf16 rounds every
 # dense weight to 8 mantissa bits (relative error 2^-9), Q8_0 to 1/254 of its block's largest
-# magnitude; measured worst over this test's 8 positions: 0.87% (bf16) and 1.95% (q8), top-1 all equal.
+# magnitude; measured worst over this test's 8 positions: 0.87% (bf16) and 1.95% (q8), top-1 all equal
+# (printed with pytest -s).
 DENSE_TOL = {"bf16": 0.02, "q8": 0.04}
 
 
@@ -334,8 +335,10 @@ def test_dense_quant_logits_and_tokens_within_tolerance(tool, dense_packs, q):
     ref = moestream.Model(dense_packs["f32"], threads=2).logits(prompt)
     got = moestream.Model(dense_packs[q], threads=2).logits(prompt)
     rel = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
+    top1 = np.mean(got.argmax(axis=1) == ref.argmax(axis=1))
+    print(f"[ dense-quant {q} vs f32 ] worst relative |dlogit| {rel.max():.2%}, top-1 equal {top1:.0%}")
     assert rel.max() <= DENSE_TOL[q], rel
-    assert np.mean(got.argmax(axis=1) == ref.argmax(axis=1)) >= 0.75
+    assert top1 >= 0.75
     ids = greedy_ids(tool, dense_packs[q], prompt, n=8)
     assert len(ids.split(",")) == 8
 
