@@ -82,6 +82,13 @@ void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t s) {
   MOE_CUDA_CHECK_LAUNCH("add_inplace_kernel");
 }
 
+// The launcher (used only here, so declared here rather than in cuda_check.cuh).
+void gated_add_cuda(float* y, const float* x, const float* gate, int n_tokens, int dim, cudaStream_t s) {
+  MOE_ASSERT(y && x && gate && n_tokens > 0 && dim > 0, "gated_add_cuda: bad arguments");
+  gated_add_kernel<<<std::min(unsigned(n_tokens), kMaxBlocks), kThreads, 0, s>>>(y, x, gate, n_tokens, dim);
+  MOE_CUDA_CHECK_LAUNCH("gated_add_kernel");
+}
+
 void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s) {
   if (n <= 0 || dim <= 0) throw Error("gpu::gather_rows: bad shape " + rows_shape(n, dim));
   if (!src || !idx || !out) throw Error("gpu::gather_rows: null device pointer");
@@ -106,8 +113,7 @@ void add_inplace(float* y, const float* x, size_t n, Stream s) {
 void gated_add(float* y, const float* x, const float* gate, int n_tokens, int dim, Stream s) {
   if (n_tokens <= 0 || dim <= 0) throw Error("gpu::gated_add: bad shape " + rows_shape(n_tokens, dim));
   if (!y || !x || !gate) throw Error("gpu::gated_add: null device pointer");
-  gated_add_kernel<<<std::min(unsigned(n_tokens), kMaxBlocks), kThreads, 0, s>>>(y, x, gate, n_tokens, dim);
-  MOE_CUDA_CHECK_LAUNCH("gated_add_kernel");
+  gated_add_cuda(y, x, gate, n_tokens, dim, s);
 }
 
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s) {
