@@ -1,6 +1,6 @@
 // Tests of the converter and what it reads: safetensors reader/writer, HF config mapping, and
 // convert_model on tiny HF checkpoints written here in every layout (per-expert and fused 3-D;
-// bf16 and f32; single file and sharded with index.json) for all three architectures.
+// bf16 and f32; single file and sharded with index.json) for every architecture.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -22,6 +22,7 @@
 #include "loader/store/expert_store.h"
 #include "common/half.h"
 #include "runtime/convert/hf_config.h"
+#include "runtime/model/dense_weights.h"
 #include "kernels/cpu/quant.h"
 #include "loader/format/safetensors.h"
 #include "tests/support/strict_skip.h"
@@ -59,8 +60,9 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
   TinyHf m;
   m.arch = arch;
   m.L = 3, m.E = 8, m.V = 53, m.H = 4, m.KV = 2, m.F = 21;
-  m.D = arch == Arch::kQwen3Moe ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
-  m.hd = arch == Arch::kQwen3Moe ? 8 : m.D / m.H;
+  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+  m.D = given_hd ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
+  m.hd = given_hd ? 8 : m.D / m.H;
   std::mt19937 rng(seed);
   std::normal_distribution<float> g(0.0f, 0.5f);
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
@@ -100,6 +102,14 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
                            {"sliding_window", nullptr}});
       moe = "block_sparse_moe.";
       break;
+    case Arch::kQwen2Moe:  // as released Qwen1.5-MoE configs: no qkv_bias key (true by default)
+      m.config.update(json{{"architectures", json::array({"Qwen2MoeForCausalLM"})}, {"model_type", "qwen2_moe"},
+                           {"head_dim", m.hd}, {"moe_intermediate_size", m.F}, {"intermediate_size", 64},
+                           {"shared_expert_intermediate_size", 26}, {"num_experts", m.E},
+                           {"norm_topk_prob", false}, {"rope_theta", 1000000.0}, {"decoder_sparse_step", 1},
+                           {"mlp_only_layers", json::array()}, {"use_sliding_window", false},
+                           {"sliding_window", 32768}, {"max_window_layers", 21}});
+      break;
   }
   add("model.embed_tokens.weight", {m.V, m.D});
   add("model.norm.weight", {m.D});
@@ -120,6 +130,15 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
       add(p + "self_attn.k_norm.weight", {m.KV * m.hd});
     }
     add(p + moe + "gate.weight", {m.E, m.D});
+    if (arch == Arch::kQwen2Moe) {
+      add(p + "self_attn.q_proj.bias", {m.H * m.hd});
+      add(p + "self_attn.k_proj.bias", {m.KV * m.hd});
+      add(p + "self_attn.v_proj.bias", {m.KV * m.hd});
+      add(p + "mlp.shared_expert.gate_proj.weight", {26, m.D});
+      add(p + "mlp.shared_expert.up_proj.weight", {26, m.D});
+      add(p + "mlp.shared_expert.down_proj.weight", {m.D, 26});
+      add(p + "mlp.shared_expert_gate.weight", {1, m.D});
+    }
     for (int e = 0; e < m.E; ++e) {
       std::string x = p + moe + "experts." + std::to_string(e) + ".";
       if (arch == Arch::kMixtral) {
@@ -318,6 +337,44 @@ TEST(HfConfig, MapsEachArchitecture) {
   EXPECT_EQ(x.qk_norm, QkNorm::kNone);
 }
 
+TEST(HfConfig, MapsQwen2MoeBiasesAndSharedExpert) {
+  json hf = make_tiny(Arch::kQwen2Moe).config;
+  ModelConfig c = model_config_from_hf(hf, "c");
+  EXPECT_EQ(c.arch, Arch::kQwen2Moe);
+  EXPECT_TRUE(c.qkv_bias);  // transformers' default: released configs do not name it
+  EXPECT_EQ(c.shared_expert_intermediate_size, 26);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.head_dim, 8);
+  hf["qkv_bias"] = false;
+  hf["layer_types"] = json::array({"full_attention", "full_attention", "full_attention"});
+  EXPECT_FALSE(model_config_from_hf(hf, "c").qkv_bias);
+  // model.json keeps both; other architectures' model.json gains neither key.
+  EXPECT_EQ(ModelConfig::from_json(c.to_json(), "m").shared_expert_intermediate_size, 26);
+  EXPECT_TRUE(ModelConfig::from_json(c.to_json(), "m").qkv_bias);
+  const json q3 = model_config_from_hf(make_tiny(Arch::kQwen3Moe).config, "c").to_json();
+  EXPECT_FALSE(q3.contains("qkv_bias"));
+  EXPECT_FALSE(q3.contains("shared_expert_intermediate_size"));
+  // Dense MLP layers, sliding windows and a missing shared-expert width are refused by name.
+  const std::pair<const char*, json> refused[] = {
+      {"mlp_only_layers", json::array({0})},
+      {"decoder_sparse_step", 2},
+      {"use_sliding_window", true},
+      {"layer_types", json::array({"sliding_attention", "full_attention", "full_attention"})},
+      {"n_shared_experts", 2}};
+  for (const auto& [key, value] : refused) {
+    json bad = make_tiny(Arch::kQwen2Moe).config;
+    bad[key] = value;
+    std::string msg = message_of([&] { model_config_from_hf(bad, "hf/config.json"); });
+    EXPECT_NE(msg.find(key), std::string::npos) << key << ": " << msg;
+    EXPECT_NE(msg.find("hf/config.json"), std::string::npos) << msg;
+  }
+  json missing = make_tiny(Arch::kQwen2Moe).config;
+  missing.erase("shared_expert_intermediate_size");
+  std::string msg = message_of([&] { model_config_from_hf(missing, "c"); });
+  EXPECT_NE(msg.find("shared_expert_intermediate_size"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, ReadsRopeParametersOfTransformersV5) {
   json c = make_tiny(Arch::kQwen3Moe).config;
   c.erase("rope_theta");
@@ -391,7 +448,7 @@ TEST(HfConfig, UnsupportedArchitectureIsNamed) {
 // ---- convert_model ----
 
 TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
-  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral}) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral, Arch::kQwen2Moe}) {
     TempDir d;
     TinyHf m = make_tiny(arch);
     save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
@@ -425,11 +482,50 @@ TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
     std::string router = arch == Arch::kMixtral ? "model.layers.1.block_sparse_moe.gate.weight"
                                                 : "model.layers.1.mlp.gate.weight";
     EXPECT_EQ(dense.to_float("layers.1.router"), m.tensors.at(router).data);
-    EXPECT_EQ(dense.contains("layers.0.q_norm"), arch != Arch::kMixtral);
+    EXPECT_EQ(dense.contains("layers.0.q_norm"), arch == Arch::kQwen3Moe || arch == Arch::kOlmoe);
     if (arch == Arch::kOlmoe) {
       EXPECT_EQ(dense.info("layers.0.k_norm").shape, (std::vector<int64_t>{18}));
     }
   }
+}
+
+TEST(Convert, Qwen2MoeBiasesAndSharedExpertGoToTheDenseFile) {
+  for (const char* dense_dtype : {"f32", "q8"}) {
+    TempDir d;
+    TinyHf m = make_tiny(Arch::kQwen2Moe);
+    save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
+    convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ8, dense_dtype));
+    const ModelConfig r = ModelConfig::load(d.path() / "out");
+    EXPECT_EQ(r.arch, Arch::kQwen2Moe);
+    EXPECT_TRUE(r.qkv_bias);
+    EXPECT_EQ(r.shared_expert_intermediate_size, 26);
+    // The CPU pass loads every tensor (shapes checked) and holds the gate and biases in float.
+    const DenseWeights w = DenseWeights::load(d.path() / "out" / r.dense_file, r);
+    const LayerWeights& l1 = w.layers[1];
+    const auto& bq = m.tensors.at("model.layers.1.self_attn.q_proj.bias").data;
+    ASSERT_EQ(size_t(l1.bq.size()), bq.size());
+    for (size_t i = 0; i < bq.size(); ++i) EXPECT_EQ(l1.bq[Eigen::Index(i)], bq[i]) << i;
+    const auto& sg = m.tensors.at("model.layers.1.mlp.shared_expert_gate.weight").data;
+    ASSERT_EQ(l1.shared_expert_gate.rows(), 1);
+    for (size_t i = 0; i < sg.size(); ++i) EXPECT_EQ(l1.shared_expert_gate(0, Eigen::Index(i)), sg[i]) << i;
+    EXPECT_EQ(l1.shared_gate.rows, 26u);
+    EXPECT_EQ(l1.shared_down.cols, 26u);
+    EXPECT_EQ(l1.bk.size(), 16);
+    if (std::string(dense_dtype) == "f32") {
+      SafetensorsFile dense(d.path() / "out" / "dense.safetensors");
+      EXPECT_EQ(dense.to_float("layers.2.shared_down"),
+                m.tensors.at("model.layers.2.mlp.shared_expert.down_proj.weight").data);
+      EXPECT_EQ(dense.to_float("layers.0.bv"), m.tensors.at("model.layers.0.self_attn.v_proj.bias").data);
+    }
+  }
+  // A shared expert in an architecture without one is refused, naming the tensor.
+  TempDir d;
+  TinyHf m = make_tiny(Arch::kQwen3Moe);
+  m.tensors["model.layers.0.mlp.shared_expert_gate.weight"] = Tensor{{1, m.D}, std::vector<float>(size_t(m.D), 1.0f)};
+  save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
+  std::string msg = message_of([&] { convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)); });
+  EXPECT_NE(msg.find("shared_expert_gate"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d.path() / "out"));
 }
 
 TEST(Convert, EveryLayoutDtypeAndShardingGivesIdenticalExperts) {

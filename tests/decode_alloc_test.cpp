@@ -81,13 +81,19 @@ long warm_decode_allocations(Model& m, int warm_up = 4) {
 }
 
 // A pack's decode, with its dense matrices in f32 (Eigen) and in bf16 (computed as stored by
-// the ggml BF16 kernel).
+// the ggml BF16 kernel), and a Qwen2-MoE one (QKV biases, a shared expert wider than the rest).
 TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
-  for (const char* dense : {"f32", "bf16"}) {
+  for (const std::string dense : {"f32", "bf16", "bf16+shared"}) {
     TempDir d("alloc");
     ModelConfig c = test::tiny_moe_config({.vocab = 301, .hidden = 96, .head_dim = 24, .intermediate = 70,
                                            .experts = 16, .top_k = 4, .quant = QuantType::kQ4});
-    c.dense_dtype = dense;
+    c.dense_dtype = dense.substr(0, dense.find('+'));
+    if (dense == "bf16+shared") {
+      c.arch = Arch::kQwen2Moe;
+      c.qk_norm = QkNorm::kNone;
+      c.qkv_bias = true;
+      c.shared_expert_intermediate_size = 150;
+    }
     write_synthetic_model(d.path(), c, 77);
     ModelOptions o;
     o.n_threads = 2;

@@ -446,6 +446,24 @@ TEST(GpuKernels, AddInplaceAddsTheResidual) {
   expect_exact(dy.download(), ref, "add_inplace");  // one float add per element, as the CPU
 }
 
+TEST(GpuKernels, GatedAddScalesEachRowBySigmoidOfItsGate) {
+  SKIP_WITHOUT_GPU();
+  const int n_tokens = 11, dim = 133;  // odd: partial blocks
+  auto y = random_floats(size_t(n_tokens) * dim, 77), x = random_floats(size_t(n_tokens) * dim, 78);
+  auto g = random_floats(size_t(n_tokens), 79, 4.0f);  // gates from well below to well above 0
+  std::vector<float> ref(y.size());
+  for (int t = 0; t < n_tokens; ++t) {
+    const float s = 1.0f / (1.0f + std::exp(-g[size_t(t)]));  // the CPU's sigmoid (moe_layer.cpp)
+    for (int d = 0; d < dim; ++d) ref[size_t(t) * dim + d] = y[size_t(t) * dim + d] + s * x[size_t(t) * dim + d];
+  }
+  DeviceVec<float> dy(y), dx(x), dg(g);
+  gpu::gated_add(dy.get(), dx.get(), dg.get(), n_tokens, dim, nullptr);
+  // expf may differ from std::exp by an ulp or two, and FMA contraction: 1e-6 rel + 1e-6 abs.
+  expect_close(dy.download(), ref, 1e-6f, 1e-6f, "gated_add");
+  EXPECT_THROW(gpu::gated_add(dy.get(), dx.get(), nullptr, n_tokens, dim, nullptr), Error);
+  EXPECT_THROW(gpu::gated_add(dy.get(), dx.get(), dg.get(), 0, dim, nullptr), Error);
+}
+
 TEST(GpuKernels, NewOpsRejectBadShapes) {
   SKIP_WITHOUT_GPU();
   DeviceVec<float> d(4096);

@@ -57,6 +57,27 @@ TEST(ModelShapes, ExpertBytesMatchTheReleasedModelsSizes) {
   EXPECT_GT(synthetic_dense_bytes(o), uint64_t(2) * 50304 * 2048 * 2);
 }
 
+TEST(ModelShapes, Qwen2_57bHasItsSharedExpertAndBiases) {
+  // Qwen2-57B-A14B: 28 layers x 64 experts of 3 x 2560 x 3584, plus a 20480-wide shared expert
+  // per layer held with the dense weights (bf16).
+  const ModelConfig q = known_shape("qwen2-57b-a14b");
+  EXPECT_EQ(q.arch, Arch::kQwen2Moe);
+  EXPECT_EQ(q.n_experts, 64);
+  EXPECT_EQ(q.n_experts_per_tok, 8);
+  EXPECT_EQ(q.shared_expert_intermediate_size, 20480);
+  EXPECT_TRUE(q.qkv_bias);
+  EXPECT_FALSE(q.norm_topk_prob);
+  EXPECT_EQ(q.qk_norm, QkNorm::kNone);
+  const double shared_bytes = 28.0 * 3 * 20480 * 3584 * 2;
+  EXPECT_GT(double(synthetic_dense_bytes(q)), shared_bytes + 2.0 * 151936 * 3584 * 2);
+  const double expert_weights = 28.0 * 64 * 3 * 2560 * 3584;
+  EXPECT_NEAR(double(synthetic_model_bytes(q) - synthetic_dense_bytes(q)), expert_weights * 4.5 / 8,
+              expert_weights * 0.01);
+  const ModelConfig s = scaled_down(q, 32);
+  EXPECT_EQ(s.shared_expert_intermediate_size, 640);
+  EXPECT_EQ(s.moe_intermediate_size, 80);
+}
+
 TEST(ModelShapes, UnknownNameListsTheKnownOnes) {
   try {
     known_shape("llama-moe");
@@ -124,6 +145,31 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
   std::vector<float> logits(size_t(cfg.vocab_size));
   const std::vector<int> prompt = {1, 17, 300};
   model->forward(prompt, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
+TEST(SynthModelCli, Qwen2MoeShapeLoadsAndRuns) {
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "q2";
+  const test::CliResult r = run_synth("--shape qwen2-57b-a14b --layers 2 --scale-down 32 -q --seed 7 " +
+                                      out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_EQ(cfg.arch, Arch::kQwen2Moe);
+  EXPECT_EQ(cfg.shared_expert_intermediate_size, 640);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 8;
+  auto model = Model::load(out, mo);  // every bias and shared-expert tensor present, shapes checked
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  model->forward(std::vector<int>{3, 99}, logits);
   float lo = logits[0], hi = logits[0];
   for (float v : logits) {
     ASSERT_TRUE(std::isfinite(v));

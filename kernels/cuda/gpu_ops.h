@@ -89,6 +89,9 @@ void moe_combine(const float* y, const int* pair_row, const float* weights, int 
                  int dim, float* out, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
+// y[t] += sigmoid(gate[t]) * x[t] for n_tokens rows of dim floats (Qwen2-MoE's gated shared
+// expert; the sigmoid in float32 as the CPU's 1 / (1 + exp(-g))).
+void gated_add(float* y, const float* x, const float* gate, int n_tokens, int dim, Stream s);
 // out[i] = table[ids[i]] row-wise (embedding lookup); ids must be in [0, n_table_rows) (checked
 // on the host before the call by the caller).
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s);

@@ -1,5 +1,5 @@
 // Row glue of the GPU forward pass: gather (token rows -> grouped expert rows, embedding lookup),
-// the MoE combine in the CPU's fixed top-k order, and the residual add.
+// the MoE combine in the CPU's fixed top-k order, the residual add and the gated shared-expert add.
 #include <algorithm>
 #include <string>
 
@@ -44,6 +44,15 @@ __global__ void add_inplace_kernel(float* __restrict__ y, const float* __restric
     y[i] += x[i];
 }
 
+// One block (grid-stride) per token row; the row's gate is read once per thread.
+__global__ void gated_add_kernel(float* __restrict__ y, const float* __restrict__ x,
+                                 const float* __restrict__ gate, int n_tokens, int dim) {
+  for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
+    const float g = 1.0f / (1.0f + expf(-gate[t]));
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) y[size_t(t) * dim + d] += g * x[size_t(t) * dim + d];
+  }
+}
+
 std::string rows_shape(int n, int dim) {
   return "n=" + std::to_string(n) + " dim=" + std::to_string(dim);
 }
@@ -73,6 +82,13 @@ void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t s) {
   MOE_CUDA_CHECK_LAUNCH("add_inplace_kernel");
 }
 
+// The launcher (used only here, so declared here rather than in cuda_check.cuh).
+void gated_add_cuda(float* y, const float* x, const float* gate, int n_tokens, int dim, cudaStream_t s) {
+  MOE_ASSERT(y && x && gate && n_tokens > 0 && dim > 0, "gated_add_cuda: bad arguments");
+  gated_add_kernel<<<std::min(unsigned(n_tokens), kMaxBlocks), kThreads, 0, s>>>(y, x, gate, n_tokens, dim);
+  MOE_CUDA_CHECK_LAUNCH("gated_add_kernel");
+}
+
 void gather_rows(const float* src, const int* idx, int n, int dim, float* out, Stream s) {
   if (n <= 0 || dim <= 0) throw Error("gpu::gather_rows: bad shape " + rows_shape(n, dim));
   if (!src || !idx || !out) throw Error("gpu::gather_rows: null device pointer");
@@ -92,6 +108,12 @@ void add_inplace(float* y, const float* x, size_t n, Stream s) {
   if (n == 0) throw Error("gpu::add_inplace: empty input (n=0)");
   if (!y || !x) throw Error("gpu::add_inplace: null device pointer");
   add_inplace_cuda(y, x, n, s);
+}
+
+void gated_add(float* y, const float* x, const float* gate, int n_tokens, int dim, Stream s) {
+  if (n_tokens <= 0 || dim <= 0) throw Error("gpu::gated_add: bad shape " + rows_shape(n_tokens, dim));
+  if (!y || !x || !gate) throw Error("gpu::gated_add: null device pointer");
+  gated_add_cuda(y, x, gate, n_tokens, dim, s);
 }
 
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s) {

@@ -129,7 +129,8 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 }
 
 constexpr EnumName<Arch> kArchNames[] = {
-    {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"}};
+    {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
+    {Arch::kQwen2Moe, "qwen2_moe"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 
@@ -222,6 +223,9 @@ nlohmann::json ModelConfig::to_json() const {
   }
   j["rope"] = rope;
   j["tie_word_embeddings"] = tie_word_embeddings;
+  // Written only when used: the model.json of every other model stays as it was.
+  if (qkv_bias) j["qkv_bias"] = true;
+  if (shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
   if (!layer_expert_types.empty()) {
@@ -305,6 +309,13 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     c.rope_scaling = s;
   }
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where);
+  if (j.contains("qkv_bias")) c.qkv_bias = get_bool(j, "qkv_bias", where);
+  if (j.contains("shared_expert_intermediate_size")) {
+    c.shared_expert_intermediate_size = get_int(j, "shared_expert_intermediate_size", where, 0);
+    check_elements(where, {{"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
+                           {"hidden_size", c.hidden_size}, {"n_layers", c.n_layers}},
+                   44, "the shared experts' matrices");
+  }
 
   const json& dense = get_obj(j, "dense", where);
   c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");

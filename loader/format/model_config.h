@@ -3,13 +3,16 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
 //   qk_norm: "none" | "per_head" (Qwen3: RMSNorm over head_dim) | "full" (OLMoE: over all heads)
 //   rope: { theta: number, scaling: null | { type: "linear"|"dynamic"|"yarn"|"llama3", factor, ... } }
 //   tie_word_embeddings (bool)
+//   qkv_bias (bool, optional, default false): Q, K and V projections add a bias (Qwen2-MoE)
+//   shared_expert_intermediate_size (int >= 0, optional, default 0 = none): a dense SwiGLU
+//     expert every token runs, scaled by sigmoid(shared_expert_gate . x) (Qwen2-MoE)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
@@ -43,7 +46,7 @@
 
 namespace moestream {
 
-enum class Arch { kQwen3Moe, kOlmoe, kMixtral };
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
 enum class ModelFormat { kPack, kGguf };
@@ -70,6 +73,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   std::optional<RopeScaling> rope_scaling;
   bool tie_word_embeddings = false;
+  bool qkv_bias = false;
+  int shared_expert_intermediate_size = 0;  // 0: no shared expert
   std::string dense_file = "dense.safetensors";
   std::string dense_dtype = "f32";
   std::string experts_dir = "experts";
@@ -82,6 +87,7 @@ struct ModelConfig {
   std::string tokenizer_config_file;  // empty when absent
   std::optional<int> bos_token_id, eos_token_id;
 
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // The encodings and byte layout of layer `layer`'s experts.
   ExpertLayout expert_layout(int layer) const;
   // The largest expert payload of any layer (host-cache slots, read buffers).

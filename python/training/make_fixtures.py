@@ -1,4 +1,4 @@
-# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral) with transformers
+# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -6,14 +6,18 @@ For every fixture: config.json, model.safetensors (float32) and reference.json =
   {"prompts": [[ids]], "logits": [prompt][position][vocab], "greedy": [prompt][32 ids],
    "greedy_min_margin": [prompt] smallest top1-top2 logit gap met while generating,
    "transformers_version", "torch_version", ...}.
-qwen3_moe, olmoe and mixtral are saved in the per-expert tensor layout of published checkpoints
+qwen3_moe, olmoe, mixtral and qwen2_moe are saved in the per-expert tensor layout of published checkpoints
 (converted here from the fused 3-D tensors that transformers 5 holds in memory, and checked
 against transformers' own reverse conversion and by reloading), with config.json keys in the
 published style too (rope_theta, num_experts); qwen3_moe_fused, with the
 config.json that transformers 5 writes (rope_parameters, num_local_experts), is saved by
 save_pretrained(save_original_format=False), i.e. the fused layout
 `mlp.experts.gate_up_proj [E, 2F, D]` (gate rows first) and `mlp.experts.down_proj [E, D, F]`.
+qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
+config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
+defaults: biases on, every layer full attention).
 Run on a machine with torch + transformers >= 5 (the device machine): python3 make_fixtures.py
+(--only NAME ... remakes some fixtures and leaves the others as they are).
 """
 import argparse
 import json
@@ -28,7 +32,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -60,11 +64,20 @@ def fixture_specs():
         num_key_value_heads=2, head_dim=14, num_local_experts=8, num_experts_per_tok=2,
         sliding_window=None, router_jitter_noise=0.0,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    # Qwen2-MoE: QKV biases, a shared expert (of its own width) behind a sigmoid gate, raw top-k
+    # probabilities; head_dim given so the hidden size can be odd.
+    qwen2 = Qwen2MoeConfig(
+        vocab_size=331, hidden_size=47, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, moe_intermediate_size=27, num_experts=8,
+        num_experts_per_tok=3, shared_expert_intermediate_size=41, norm_topk_prob=False,
+        decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
         "mixtral": (MixtralForCausalLM, mixtral, 1003, "per_expert"),
         "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
+        "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
     }
 
 
@@ -78,7 +91,9 @@ def randomise(model, seed):
     """
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        if p.dim() == 1:  # RMSNorm weights
+        if name.endswith(".bias"):  # Q/K/V biases: centred at 0, as large as the projections
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        elif p.dim() == 1:  # RMSNorm weights
             p.copy_(torch.rand(p.shape, generator=g) + 0.5)
         else:
             fan_in = p.shape[-1]
@@ -137,6 +152,9 @@ def published_style_config(path, arch):
     if arch != "mixtral" and "num_local_experts" in cfg:
         cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+    if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
+        cfg.pop("qkv_bias")
+        cfg.pop("layer_types")
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -251,11 +269,18 @@ def write_fixture(name, cls, config, seed, layout, out_root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/fixtures")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="make only these fixtures")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # one thread: reductions in a fixed order
-    for name, (cls, config, seed, layout) in fixture_specs().items():
+    specs = fixture_specs()
+    unknown = set(args.only or ()) - set(specs)
+    if unknown:
+        ap.error(f"unknown fixture(s) {sorted(unknown)}; known: {sorted(specs)}")
+    for name, (cls, config, seed, layout) in specs.items():
+        if args.only and name not in args.only:
+            continue
         write_fixture(name, cls, config, seed, layout, args.out)
 
 

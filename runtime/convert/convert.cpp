@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <cstdio>
 
@@ -73,23 +74,25 @@ std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   return p + "mlp.gate.weight";
 }
 
-// Biases and shared experts would change the maths; the config check catches most, this
-// catches checkpoints whose config does not say so.
-void reject_unsupported_tensors(const HfCheckpoint& ck) {
-  for (const std::string& n : ck.names()) {
-    if (n.rfind("model.layers.", 0) != 0) continue;
-    if (n.find("shared_expert") != std::string::npos)
-      throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream");
-    if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
-      throw ConfigError("tensor '" + n + "': biases are not supported by moestream");
-  }
-}
-
 struct DenseTensor {
   std::string out, in;
   std::vector<int64_t> shape;
   bool router = false;  // a matrix kept in float (routing decisions on exact logits)
 };
+
+// Biases and shared experts change the maths: the config check catches most, this catches
+// checkpoints whose config does not say so. Those the model reads (`dense`) are expected.
+void reject_unsupported_tensors(const HfCheckpoint& ck, const std::vector<DenseTensor>& dense) {
+  std::set<std::string> read;
+  for (const DenseTensor& t : dense) read.insert(t.in);
+  for (const std::string& n : ck.names()) {
+    if (n.rfind("model.layers.", 0) != 0 || read.count(n)) continue;
+    if (n.find("shared_expert") != std::string::npos)
+      throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream for this architecture");
+    if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
+      throw ConfigError("tensor '" + n + "': biases are not supported by moestream (but Qwen2-MoE's Q/K/V ones)");
+  }
+}
 
 std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig& c) {
   const int64_t V = c.vocab_size, D = c.hidden_size, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim;
@@ -104,6 +107,11 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
     t.push_back({o + "wk", p + "self_attn.k_proj.weight", {KV * hd, D}});
     t.push_back({o + "wv", p + "self_attn.v_proj.weight", {KV * hd, D}});
     t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * hd}});
+    if (c.qkv_bias) {
+      t.push_back({o + "bq", p + "self_attn.q_proj.bias", {H * hd}});
+      t.push_back({o + "bk", p + "self_attn.k_proj.bias", {KV * hd}});
+      t.push_back({o + "bv", p + "self_attn.v_proj.bias", {KV * hd}});
+    }
     if (c.qk_norm == QkNorm::kPerHead) {
       t.push_back({o + "q_norm", p + "self_attn.q_norm.weight", {hd}});
       t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {hd}});
@@ -113,6 +121,14 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
     }
     t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
     t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}, true});
+    if (c.has_shared_expert()) {
+      const int64_t fs = c.shared_expert_intermediate_size;
+      t.push_back({o + "shared_gate", p + "mlp.shared_expert.gate_proj.weight", {fs, D}});
+      t.push_back({o + "shared_up", p + "mlp.shared_expert.up_proj.weight", {fs, D}});
+      t.push_back({o + "shared_down", p + "mlp.shared_expert.down_proj.weight", {D, fs}});
+      // One row: kept in float as the router (a gate from exact logits).
+      t.push_back({o + "shared_expert_gate", p + "mlp.shared_expert_gate.weight", {1, D}, true});
+    }
   }
   return t;
 }
@@ -139,7 +155,6 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
     throw ConfigError("output directory " + out_dir.string() + " already exists (pass --force to replace it)");
 
   HfCheckpoint ck(hf_dir);
-  reject_unsupported_tensors(ck);
   const DType src_dtype = ck.main_dtype();
   const std::string dense_quant = opts.dense_dtype.empty() ? "bf16" : opts.dense_dtype;
   if (dense_quant != "f32" && dense_quant != "bf16" && dense_quant != "q8")
@@ -151,6 +166,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
 
   // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
   std::vector<DenseTensor> dense = dense_tensors(ck, c);
+  reject_unsupported_tensors(ck, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;

@@ -1,5 +1,6 @@
 // Implementation of runtime/convert/hf_config.h. Field names and defaults follow transformers'
-// Qwen3MoeConfig, OlmoeConfig and MixtralConfig (v4.5x and v5, including `rope_parameters`).
+// Qwen3MoeConfig, OlmoeConfig, MixtralConfig and Qwen2MoeConfig (v4.5x and v5, including
+// `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
 #include <initializer_list>
@@ -74,8 +75,10 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "Qwen3MoeForCausalLM" || name == "qwen3_moe") return Arch::kQwen3Moe;
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Arch::kOlmoe;
   if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
+  if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Arch::kQwen2Moe;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
-                    "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM)");
+                    "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
+                    "Qwen2MoeForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -121,6 +124,8 @@ MoeKeys moe_keys(Arch a) {
   switch (a) {
     case Arch::kQwen3Moe:
       return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kPerHead};
+    case Arch::kQwen2Moe:
+      return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kOlmoe:
       return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
     case Arch::kMixtral:
@@ -148,9 +153,11 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     unsupported(where, "hidden_act", act->dump());
   if (opt_bool(hf, "attention_bias", where, false)) unsupported(where, "attention_bias", "true");
   if (opt_bool(hf, "mlp_bias", where, false)) unsupported(where, "mlp_bias", "true");
-  // Shared experts (Qwen2-MoE, DeepSeek) add a dense expert to every token.
+  // Shared experts add a dense expert to every token: Qwen2-MoE's gated one is implemented,
+  // DeepSeek's are not.
   for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
-    if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0))
+    if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0) &&
+                                      !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size"))
       unsupported(where, k, "(shared experts)");
 
   const MoeKeys k = moe_keys(c.arch);
@@ -164,11 +171,24 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   read_rope(hf, c, k.rope_theta, where);
   switch (c.arch) {
     case Arch::kQwen3Moe:
+    case Arch::kQwen2Moe:
+      // Both place a dense MLP instead of the MoE block on these layers; every released
+      // Qwen1.5-MoE / Qwen2-MoE / Qwen3-MoE model has none.
       if (opt_int(hf, "decoder_sparse_step", where, 1) != 1)
         unsupported(where, "decoder_sparse_step", "!= 1 (dense MLP layers)");
       if (const json* m = find(hf, "mlp_only_layers"); m && !(m->is_array() && m->empty()))
         unsupported(where, "mlp_only_layers", m->dump() + " (dense MLP layers)");
       if (opt_bool(hf, "use_sliding_window", where, false)) unsupported(where, "use_sliding_window", "true");
+      if (const json* lt = find(hf, "layer_types")) {  // transformers 5 spells the window per layer
+        if (!lt->is_array()) throw FormatError(where + ": 'layer_types' must be an array");
+        for (const json& t : *lt)
+          if (t != "full_attention") unsupported(where, "layer_types", t.dump() + " (sliding-window attention)");
+      }
+      if (c.arch == Arch::kQwen2Moe) {
+        // Released Qwen2-MoE configs predate the key: transformers' default is true.
+        c.qkv_bias = opt_bool(hf, "qkv_bias", where, true);
+        c.shared_expert_intermediate_size = req_int(hf, "shared_expert_intermediate_size", where);
+      }
       break;
     case Arch::kOlmoe:
       if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());

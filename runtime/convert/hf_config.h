@@ -1,6 +1,7 @@
-// Maps a Hugging Face `config.json` (Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM)
-// to a ModelConfig, rejecting every setting that would change the maths and that the runtime does
-// not implement (shared experts, dense MLP layers, sliding window in use, biases, clip_qkv, ...).
+// Maps a Hugging Face `config.json` (Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM,
+// Qwen2MoeForCausalLM) to a ModelConfig, rejecting every setting that would change the maths and
+// that the runtime does not implement (dense MLP layers, sliding window in use, biases other than
+// Qwen2-MoE's QKV ones, shared experts other than Qwen2-MoE's gated one, clip_qkv, ...).
 #pragma once
 
 #include <string>

@@ -1,6 +1,6 @@
 // Implementation of runtime/convert/model_shapes.h. Values checked against each model's config.json on
 // the Hugging Face hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x7B-v0.1,
-// allenai/OLMoE-1B-7B-0924).
+// allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B).
 #include "runtime/convert/model_shapes.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@ struct Shape {
   bool norm_topk_prob;
   double rms_norm_eps, rope_theta;
   QkNorm qk_norm;
+  int shared_expert_width = 0;  // Qwen2-MoE's gated shared expert (with QKV biases); 0: none
 };
 
 // Mixtral's router takes the softmax over the top-k logits, which equals renormalised top-k
@@ -32,6 +33,8 @@ constexpr Shape kShapes[] = {
      1e6, QkNorm::kNone},
     {"olmoe-1b-7b", Arch::kOlmoe, {50304, 2048, 16, 16, 16, 128, 1024, 64, 8, 4096}, false, 1e-5, 1e4,
      QkNorm::kFull},
+    {"qwen2-57b-a14b", Arch::kQwen2Moe, {151936, 3584, 28, 28, 4, 128, 2560, 64, 8, 131072}, false, 1e-6,
+     1e6, QkNorm::kNone, 20480},
 };
 
 }  // namespace
@@ -51,6 +54,8 @@ ModelConfig known_shape(std::string_view name) {
     c.rope_theta = s.rope_theta;
     c.tie_word_embeddings = false;
     c.dense_dtype = "bf16";
+    c.shared_expert_intermediate_size = s.shared_expert_width;
+    c.qkv_bias = s.shared_expert_width > 0;
     return c;
   }
   std::string known;
@@ -63,6 +68,7 @@ ModelConfig scaled_down(ModelConfig cfg, int factor) {
   auto shrink = [factor](int v) { return std::max(32, v / factor); };
   cfg.hidden_size = shrink(cfg.hidden_size);
   cfg.moe_intermediate_size = shrink(cfg.moe_intermediate_size);
+  if (cfg.has_shared_expert()) cfg.shared_expert_intermediate_size = shrink(cfg.shared_expert_intermediate_size);
   cfg.vocab_size = shrink(cfg.vocab_size);
   return cfg;
 }

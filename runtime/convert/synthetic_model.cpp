@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loader/format/expert_file_writer.h"
@@ -69,6 +70,9 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
     mat(p + "wk", kvd, D);
     mat(p + "wv", kvd, D);
     mat(p + "wo", D, qd);
+    if (cfg.qkv_bias)  // small, centred at 0: a bias shifts, it does not scale
+      for (auto [b, n] : {std::pair{"bq", qd}, std::pair{"bk", kvd}, std::pair{"bv", kvd}})
+        tensors.push_back({p + b, {int64_t(n)}, 0.0f, 0.5f});
     if (cfg.qk_norm == QkNorm::kPerHead) {
       norm(p + "q_norm", hd);
       norm(p + "k_norm", hd);
@@ -78,6 +82,13 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
     }
     norm(p + "ffn_norm", D);
     mat(p + "router", E, D, 2.0f);  // spread router logits so top-k choices are not near ties
+    if (cfg.has_shared_expert()) {
+      const size_t fs = size_t(cfg.shared_expert_intermediate_size);
+      mat(p + "shared_gate", fs, D);
+      mat(p + "shared_up", fs, D);
+      mat(p + "shared_down", D, fs);
+      mat(p + "shared_expert_gate", 1, D);
+    }
   }
   return tensors;
 }

@@ -53,7 +53,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
-      rope(c), cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
+      rope(c), Fs(c.shared_expert_intermediate_size),
+      cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -96,10 +97,12 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p, b * D, b * std::max(D, H * hd),
-                             gate_up_round_apart ? pairs * D : 0};
+                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs}),
+                             gate_up_round_apart ? pairs * D : 0, b * Fs, b * Fs, b * Fs, Fs > 0 ? b * D : 0,
+                             Fs > 0 ? b : 0};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
-                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj, &xr, &xg_up};
+                   &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj, &xr, &xg_up,
+                   &sh_gate, &sh_up, &sh_act, &sh_y, &sh_logit};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -109,6 +112,11 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     p += (n_floats[i] + 63) / 64 * 64;
   }
   info_.scratch_bytes = act.bytes();
+  if (cfg.qkv_bias) {
+    const std::vector<float> ones_h(b, 1.0f);
+    ones = DeviceBuffer(b * sizeof(float));
+    MOE_CUDA_CHECK(cudaMemcpy(ones.get(), ones_h.data(), b * sizeof(float), cudaMemcpyHostToDevice));
+  }
   if (padded) MOE_CUDA_CHECK(cudaMemset(act.get(), 0, act.bytes()));  // q_pad's pad columns
 
   const size_t route_bytes = (2 * pairs + 2 * size_t(std::max(N, 1))) * 4;
@@ -213,6 +221,11 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     linear(h, lw.wq, T, qk_norm ? qraw : q);
     linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
     linear(h, lw.wv, T, v_dst);
+    if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
+      add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
+      add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
+      add_bias(lw.bv, T, KV * hd, v_dst);
+    }
     if (cfg.qk_norm == QkNorm::kPerHead) {
       gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
       gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
@@ -305,7 +318,14 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
       predicted_layer = l + 1;
       la_stats.predicted += uint64_t(N);
     }
+    // The shared expert's kernels go on the stream now: they run while moe() reads the misses.
+    if (Fs > 0) {
+      const auto ts = std::chrono::steady_clock::now();
+      shared_expert(lw, T);
+      times.expert_compute_s += seconds_since(ts);
+    }
     moe(l, T, lookahead, times);
+    if (Fs > 0) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
   }
   if (decode) cache->end_step();
 
@@ -470,6 +490,21 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
   gpu::add_inplace(x, tmp, size_t(T) * D, stream);
   times.expert_compute_s += seconds_since(tc);
+}
+
+// y[T, n] += bias[n] on every row: a rank-1 product ones[T] x bias[n] accumulated by cuBLAS.
+void CudaForward::add_bias(const float* bias, int T, int n, float* yout) {
+  linear_f32(ones.as<float>(), bias, T, 1, n, yout, 1.0f);
+}
+
+// Qwen2-MoE's shared expert on the normalised rows h: sh_y = down(silu(gate h) * up h) and its
+// gate logit sh_logit = shared_expert_gate . h (the sigmoid is applied by gated_add).
+void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
+  linear(h, lw.shared_gate, T, sh_gate);
+  linear(h, lw.shared_up, T, sh_up);
+  gpu::swiglu(sh_gate, sh_up, size_t(T) * Fs, sh_act, stream);
+  linear(sh_act, lw.shared_down, T, sh_y);
+  linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
 }
 
 }  // namespace detail

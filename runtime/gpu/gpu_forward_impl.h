@@ -49,6 +49,11 @@ struct CudaForward final : GpuForward {
   // GGUF; unallocated otherwise).
   float *xr = nullptr, *xg_up = nullptr;
   bool gate_up_round_apart = false;
+  // Qwen2-MoE: the shared expert's gate/up/SwiGLU rows [B, Fs], its output [B, D] and gate logit
+  // [B] (unallocated without one); `ones` [B] (all 1) adds the QKV biases through cuBLAS.
+  int Fs = 0;
+  float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
+  DeviceBuffer ones;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -100,6 +105,8 @@ struct CudaForward final : GpuForward {
   const GpuForwardInfo& info() const override { return info_; }
   bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
+  void add_bias(const float* bias, int T, int n, float* yout);
+  void shared_expert(const GpuLayerWeights& lw, int T);
   void warm_up();
 };
 

@@ -65,6 +65,11 @@ void CudaForward::warm_up() {
       named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
       named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
       named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
+      if (cfg.qkv_bias) add_bias(lw.bq, T, H * hd, qraw);
+      if (Fs > 0) {
+        named(p + "shared expert", lw.shared_gate.type, [&] { shared_expert(lw, T); });
+        gpu::gated_add(x, sh_y, sh_logit, T, D, stream);
+      }
       const ExpertLayout& lay = layouts[size_t(l)];
       named(p + "experts' gate", lay.types.gate,
             [&] { expert_matmul(lay.types.gate, lay.gate_offset, 0, 1, 1, F, D, xg, gate); });

@@ -115,6 +115,17 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     if (h.k_norm.size() > 0) vec(h.k_norm.data(), size_t(h.k_norm.size()), d.k_norm);
     vec(h.ffn_norm.data(), size_t(h.ffn_norm.size()), d.ffn_norm);
     vec(h.router.data(), size_t(h.router.size()), d.router);
+    if (h.bq.size() > 0) {
+      vec(h.bq.data(), size_t(h.bq.size()), d.bq);
+      vec(h.bk.data(), size_t(h.bk.size()), d.bk);
+      vec(h.bv.data(), size_t(h.bv.size()), d.bv);
+    }
+    if (!h.shared_gate.empty()) {
+      matrix(h.shared_gate, d.shared_gate, p + "shared_gate");
+      matrix(h.shared_up, d.shared_up, p + "shared_up");
+      matrix(h.shared_down, d.shared_down, p + "shared_down");
+      vec(h.shared_expert_gate.data(), size_t(h.shared_expert_gate.size()), d.shared_expert_gate);
+    }
   }
   size_t total = 0;
   for (const Upload& u : ups) total += padded(u.bytes);
@@ -134,7 +145,9 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
   const bool qk = cfg.qk_norm != QkNorm::kNone;
   for (const GpuLayerWeights& d : g.layers)
     MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.router && d.attn_norm && d.ffn_norm &&
-                   (!qk || (d.q_norm && d.k_norm)),
+                   (!qk || (d.q_norm && d.k_norm)) && (!cfg.qkv_bias || (d.bq && d.bk && d.bv)) &&
+                   (!cfg.has_shared_expert() || (d.shared_gate.data && d.shared_up.data &&
+                                                 d.shared_down.data && d.shared_expert_gate)),
                "dense weights missing a tensor after upload");
   return g;
 }

@@ -73,6 +73,9 @@ struct GpuLayerWeights {
   GpuMatrix wq, wk, wv, wo;
   const float *q_norm = nullptr, *k_norm = nullptr;
   const float* router = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // null without qkv_bias
+  GpuMatrix shared_gate, shared_up, shared_down;            // empty without a shared expert
+  const float* shared_expert_gate = nullptr;                // [1, D] float32, as the router
 };
 
 struct GpuDenseWeights {

@@ -48,6 +48,11 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
   linear(pool, xm, w.wq, q);
   linear(pool, xm, w.wk, k);
   linear(pool, xm, w.wv, v);
+  if (w.bq.size() > 0) {  // Qwen2-MoE's projection biases, before QK-norm and RoPE as in transformers
+    q.rowwise() += w.bq.transpose();
+    k.rowwise() += w.bk.transpose();
+    v.rowwise() += w.bv.transpose();
+  }
 
   const int half = hd_ / 2;
   float* kc = k_cache_[static_cast<size_t>(layer)].get();

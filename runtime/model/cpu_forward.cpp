@@ -45,8 +45,9 @@ struct CpuForward::Impl {
     // Every pool thread sizes its matvec scratch now, so a decode step allocates nothing even
     // on a thread that first takes a task many steps in (as on a loaded machine).
     // The ggml kernels' scratch (dense matrices in a ggml type, GGUF experts) for up to max_batch
-    // inputs of any width a product takes: hidden, the attention output, the expert width.
-    const size_t widest = size_t(std::max({cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_heads * cfg.head_dim}));
+    // inputs of any width a product takes: hidden, the attention output, the expert widths.
+    const size_t widest = size_t(std::max({cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_heads * cfg.head_dim,
+                                           cfg.shared_expert_intermediate_size}));
     const size_t inputs = size_t(max_batch);
     pool.on_each_thread([widest, inputs] {
       reserve_matvec_scratch(widest);

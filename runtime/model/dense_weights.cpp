@@ -39,6 +39,11 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
     s.push_back({p + "wk", {kvd, D}, K::kWk, i});
     s.push_back({p + "wv", {kvd, D}, K::kWv, i});
     s.push_back({p + "wo", {D, qd}, K::kWo, i});
+    if (cfg.qkv_bias) {
+      s.push_back({p + "bq", {qd}, K::kBq, i});
+      s.push_back({p + "bk", {kvd}, K::kBk, i});
+      s.push_back({p + "bv", {kvd}, K::kBv, i});
+    }
     if (cfg.qk_norm == QkNorm::kPerHead) {
       s.push_back({p + "q_norm", {hd}, K::kQNorm, i});
       s.push_back({p + "k_norm", {hd}, K::kKNorm, i});
@@ -48,6 +53,13 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
     }
     s.push_back({p + "ffn_norm", {D}, K::kFfnNorm, i});
     s.push_back({p + "router", {cfg.n_experts, D}, K::kRouter, i});
+    if (cfg.has_shared_expert()) {
+      const int64_t fs = cfg.shared_expert_intermediate_size;
+      s.push_back({p + "shared_gate", {fs, D}, K::kSharedGate, i});
+      s.push_back({p + "shared_up", {fs, D}, K::kSharedUp, i});
+      s.push_back({p + "shared_down", {D, fs}, K::kSharedDown, i});
+      s.push_back({p + "shared_expert_gate", {1, D}, K::kSharedExpertGate, i});
+    }
   }
   return s;
 }
@@ -56,7 +68,8 @@ namespace {
 
 bool is_matrix(DenseTensor k) {
   return k == DenseTensor::kEmbed || k == DenseTensor::kLmHead || k == DenseTensor::kWq || k == DenseTensor::kWk ||
-         k == DenseTensor::kWv || k == DenseTensor::kWo;
+         k == DenseTensor::kWv || k == DenseTensor::kWo || k == DenseTensor::kSharedGate ||
+         k == DenseTensor::kSharedUp || k == DenseTensor::kSharedDown;
 }
 
 // The type a pack's dense.safetensors tensor is computed in; nullopt for a dtype the CPU pass
@@ -142,6 +155,13 @@ Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
     case DenseTensor::kKNorm: return {nullptr, &l->k_norm};
     case DenseTensor::kFfnNorm: return {nullptr, &l->ffn_norm};
     case DenseTensor::kRouter: return {nullptr, nullptr, &l->router};
+    case DenseTensor::kBq: return {nullptr, &l->bq};
+    case DenseTensor::kBk: return {nullptr, &l->bk};
+    case DenseTensor::kBv: return {nullptr, &l->bv};
+    case DenseTensor::kSharedGate: return {&l->shared_gate};
+    case DenseTensor::kSharedUp: return {&l->shared_up};
+    case DenseTensor::kSharedDown: return {&l->shared_down};
+    case DenseTensor::kSharedExpertGate: return {nullptr, nullptr, &l->shared_expert_gate};
   }
   MOE_ASSERT(false, "unknown dense tensor kind");
   return {};

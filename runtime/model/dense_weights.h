@@ -43,10 +43,18 @@ struct LayerWeights {
   DenseMatrix wq, wk, wv, wo;      // [out, in]
   Eigen::VectorXf q_norm, k_norm;  // empty when the architecture has no QK-norm
   RowMatrix router;                // [n_experts, hidden]
+  Eigen::VectorXf bq, bk, bv;      // empty without qkv_bias
+  // The shared expert (empty without one): SwiGLU matrices in their stored type, and its gate
+  // [1, hidden] in float32 as the router.
+  DenseMatrix shared_gate, shared_up, shared_down;
+  RowMatrix shared_expert_gate;
 };
 
 // Which field of DenseWeights / LayerWeights a dense tensor fills.
-enum class DenseTensor { kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter };
+enum class DenseTensor {
+  kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
+  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate
+};
 
 // One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.
 struct DenseTensorSpec {

@@ -78,6 +78,26 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   y_.resize(Eigen::Index(max_pairs), D_);
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
+  if (cfg.has_shared_expert()) {
+    shared_act_.resize(max_batch_, cfg.shared_expert_intermediate_size);
+    shared_up_.resize(max_batch_, cfg.shared_expert_intermediate_size);
+    shared_y_.resize(max_batch_, D_);
+    shared_logit_.resize(max_batch_, 1);
+  }
+}
+
+void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T) {
+  const int Fs = cfg_.shared_expert_intermediate_size;
+  MOE_ASSERT(!w.shared_gate.empty() && w.shared_expert_gate.rows() == 1, "shared expert weights missing");
+  const ConstRowMap xm(x, T, D_);
+  RowMap act(shared_act_.data(), T, Fs), up(shared_up_.data(), T, Fs), y(shared_y_.data(), T, D_);
+  RowMap logit(shared_logit_.data(), T, 1);
+  linear(pool, xm, w.shared_gate, act);
+  linear(pool, xm, w.shared_up, up);
+  act.array() = act.array() / (1.0f + (-act.array()).exp()) * up.array();
+  linear(pool, ConstRowMap(act.data(), T, Fs), w.shared_down, y);
+  linear(pool, xm, w.shared_expert_gate, logit);
+  for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
 }
 
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
@@ -134,6 +154,13 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
                                                     std::min(kMaxExpertsPerFetch,
                                                              unique_ids_.size() - c0 - n)));
     times.expert_io_s += seconds_since(t1);
+    // The shared expert's weights are dense (in RAM): computed while the first group's reads
+    // are in flight.
+    if (c0 == 0 && cfg_.has_shared_expert()) {
+      const auto ts = std::chrono::steady_clock::now();
+      shared_expert(pool, w, x, T);
+      times.expert_compute_s += seconds_since(ts);
+    }
     payloads_.assign(n, ExpertMatrices{});
     // Hit/miss overlap: compute every expert that is ready (resident ones at once) while the
     // rest are still loading, then the next group as it lands. Each (expert, token) pair writes
@@ -190,6 +217,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     om.row(t).setZero();
     for (int j = 0; j < K_; ++j)
       om.row(t) += weights_[size_t(t) * K_ + j] * y_.row(t * K_ + j);
+    if (cfg_.has_shared_expert()) om.row(t) += shared_y_.row(t);  // after the routed sum, as transformers
   }
   times.expert_compute_s += seconds_since(t3);
 }

@@ -1,5 +1,6 @@
 // The sparse MLP of one decoder layer: router (softmax, top-k, optional renormalisation), the
-// selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum.
+// selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum, plus
+// the gated shared expert (Qwen2-MoE) from the dense weights when the model has one.
 #pragma once
 
 #include <vector>
@@ -60,6 +61,11 @@ class MoeLayer {
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
   RowMatrix up_;   // [max_batch*K, F]
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
+  // The shared expert: sigmoid(shared_expert_gate . x) * down(silu(gate x) * up x) into shared_y_.
+  void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T);
+  RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
+  RowMatrix shared_y_;                // [max_batch, D]
+  RowMatrix shared_logit_;            // [max_batch, 1]
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;

@@ -206,7 +206,7 @@ def safetensors_names(path):
     return header
 
 
-@pytest.mark.parametrize("name,layout", [("qwen3_moe", "qwen"), ("olmoe", "qwen"),
+@pytest.mark.parametrize("name,layout", [("qwen3_moe", "qwen"), ("olmoe", "qwen"), ("qwen2_moe", "qwen"),
                                          ("mixtral", "mixtral"), ("qwen3_moe_fused", "fused")])
 def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     d = FIXTURES / name
