@@ -130,13 +130,52 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
-    {Arch::kQwen2Moe, "qwen2_moe"}};
+    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kDeepseekV3, "deepseek_v3"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 
 Arch parse_arch(const std::string& s, const std::string& where) {
   if (auto a = enum_from_name(kArchNames, s)) return *a;
   throw ConfigError(where + ": field 'architecture' is '" + s + "', expected " + enum_name_list(kArchNames));
+}
+
+// DeepSeek-V3's MLA sizes: required for deepseek_v3, refused elsewhere (a pack that names them
+// for another architecture was not written by us).
+void read_mla(const json& j, const std::string& where, ModelConfig& c) {
+  const bool mla = c.arch == Arch::kDeepseekV3;
+  auto it = j.find("mla");
+  if (!mla) {
+    if (it != j.end()) bad(where, "mla", "is only valid for architecture deepseek_v3");
+    return;
+  }
+  const json& m = get_obj(j, "mla", where);
+  const std::string w = where + " mla";
+  c.q_lora_rank = get_int(m, "q_lora_rank", w, 0);
+  c.kv_lora_rank = get_int(m, "kv_lora_rank", w, 1);
+  c.qk_nope_head_dim = get_int(m, "qk_nope_head_dim", w, 1);
+  c.qk_rope_head_dim = get_int(m, "qk_rope_head_dim", w, 2);
+  c.v_head_dim = get_int(m, "v_head_dim", w, 1);
+  // Bounded so their sums (below and in every buffer size) stay far from int's range.
+  for (const auto& [key, v] : {std::pair{"mla.q_lora_rank", c.q_lora_rank}, {"mla.kv_lora_rank", c.kv_lora_rank},
+                               {"mla.qk_nope_head_dim", c.qk_nope_head_dim}, {"mla.qk_rope_head_dim", c.qk_rope_head_dim},
+                               {"mla.v_head_dim", c.v_head_dim}})
+    if (v > (1 << 20)) bad(where, key, "is " + std::to_string(v) + ", over 2^20");
+  if (c.qk_rope_head_dim % 2 != 0) bad(where, "mla.qk_rope_head_dim", "must be even (RoPE rotates pairs)");
+  if (c.head_dim != c.qk_nope_head_dim + c.qk_rope_head_dim)
+    bad(where, "head_dim", "(" + std::to_string(c.head_dim) + ") must be mla.qk_nope_head_dim + mla.qk_rope_head_dim (" +
+                               std::to_string(c.qk_nope_head_dim + c.qk_rope_head_dim) + ")");
+  if (c.n_kv_heads != c.n_heads) bad(where, "n_kv_heads", "must equal n_heads for MLA");
+  check_elements(where, {{"n_heads", c.n_heads}, {"qk_nope_head_dim + v_head_dim", c.qk_nope_head_dim + c.v_head_dim},
+                         {"kv_lora_rank", c.kv_lora_rank}}, 40, "wkv_b");
+  check_elements(where, {{"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim},
+                         {"hidden_size", c.hidden_size}}, 40, "wkv_a");
+  check_elements(where, {{"n_layers", c.n_layers}, {"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim}},
+                 34, "the latent KV cache of one position");
+  check_elements(where, {{"n_heads", c.n_heads}, {"head_dim", c.head_dim},
+                         {"q_lora_rank", std::max(c.q_lora_rank, 1)}}, 40, "wq_b");
+  check_elements(where, {{"q_lora_rank", std::max(c.q_lora_rank, 1)}, {"hidden_size", c.hidden_size}}, 40, "wq_a");
+  check_elements(where, {{"n_heads", c.n_heads}, {"v_head_dim", c.v_head_dim}, {"hidden_size", c.hidden_size}}, 40,
+                 "wo");
 }
 
 }  // namespace
@@ -212,6 +251,8 @@ nlohmann::json ModelConfig::to_json() const {
     if (s.type == "yarn") {
       js["beta_fast"] = s.beta_fast;
       js["beta_slow"] = s.beta_slow;
+      if (s.mscale != 0) js["mscale"] = s.mscale;  // DeepSeek's: written only when set
+      if (s.mscale_all_dim != 0) js["mscale_all_dim"] = s.mscale_all_dim;
     }
     if (s.type == "llama3") {
       js["low_freq_factor"] = s.low_freq_factor;
@@ -226,6 +267,9 @@ nlohmann::json ModelConfig::to_json() const {
   // Written only when used: the model.json of every other model stays as it was.
   if (qkv_bias) j["qkv_bias"] = true;
   if (shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  if (has_mla())  // DeepSeek-V3
+    j["mla"] = {{"q_lora_rank", q_lora_rank}, {"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
+                {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}};
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
   if (!layer_expert_types.empty()) {
@@ -306,6 +350,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     s.beta_slow = get_opt_num(sc, "beta_slow", w, 1);
     s.low_freq_factor = get_opt_num(sc, "low_freq_factor", w, 1);
     s.high_freq_factor = get_opt_num(sc, "high_freq_factor", w, 4);
+    s.mscale = get_opt_num(sc, "mscale", w, 0);
+    s.mscale_all_dim = get_opt_num(sc, "mscale_all_dim", w, 0);
+    if (!(std::isfinite(s.mscale) && std::isfinite(s.mscale_all_dim) && s.mscale >= 0 && s.mscale_all_dim >= 0))
+      bad(where, "rope.scaling.mscale", "and mscale_all_dim must be finite and >= 0");
     c.rope_scaling = s;
   }
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where);
@@ -316,6 +364,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
                            {"hidden_size", c.hidden_size}, {"n_layers", c.n_layers}},
                    44, "the shared experts' matrices");
   }
+
+  read_mla(j, where, c);
 
   const json& dense = get_obj(j, "dense", where);
   c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");

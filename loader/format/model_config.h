@@ -3,7 +3,7 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "deepseek_v3"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
@@ -13,6 +13,9 @@
 //   qkv_bias (bool, optional, default false): Q, K and V projections add a bias (Qwen2-MoE)
 //   shared_expert_intermediate_size (int >= 0, optional, default 0 = none): a dense SwiGLU
 //     expert every token runs, scaled by sigmoid(shared_expert_gate . x) (Qwen2-MoE)
+//   mla (deepseek_v3 only, required there): { q_lora_rank (int >= 0, 0 = plain wq), kv_lora_rank,
+//     qk_nope_head_dim, qk_rope_head_dim, v_head_dim (positive) }, head_dim = qk_nope + qk_rope;
+//     rope.scaling (yarn) may carry mscale and mscale_all_dim (docs/format.md)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
@@ -29,6 +32,12 @@
 //   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
 //   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
 //   layers.N.ffn_norm [D]; layers.N.router [E, D]
+// MLA layers (deepseek_v3) hold, instead of wq/wk/wv (r = qk_rope_head_dim, n = qk_nope_head_dim,
+// v = v_head_dim, C = kv_lora_rank, Q = q_lora_rank): layers.N.wq_a [Q, D], layers.N.q_a_norm [Q],
+//   layers.N.wq_b [H*(n+r), Q] (or layers.N.wq [H*(n+r), D] when Q = 0), layers.N.wkv_a [C+r, D],
+//   layers.N.kv_a_norm [C], layers.N.wkv_b [H*(n+v), C], layers.N.wo [D, H*v]. Each head's query
+//   rows are n no-RoPE then r RoPE rows, wkv_a's C latent then r RoPE rows, wkv_b's per head n key
+//   then v value rows; RoPE rows in rotate-half order (the converter de-interleaves DeepSeek's).
 // dense.gguf (dense.dtype "gguf") holds the same tensors by the same names as GGUF tensors (ne0
 // first: a [rows, cols] matrix is ne = [cols, rows]), each in its ggml type, Q/K rows in the
 // engine's order; its metadata may carry the tokenizer (tokenizer.ggml.*, tokenizer.chat_template),
@@ -46,7 +55,9 @@
 
 namespace moestream {
 
-enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe };
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe,
+  kDeepseekV3,  // DeepSeek-V2/V3, Kimi K2: multi-head latent attention (MLA)
+};
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
 enum class ModelFormat { kPack, kGguf };
@@ -59,6 +70,10 @@ struct RopeScaling {
   double original_max_position_embeddings = 0;
   double beta_fast = 32, beta_slow = 1;          // yarn
   double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  // yarn, DeepSeek: cos/sin scale mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+  // both are set (else 0.1 ln(factor) + 1), and MLA's softmax scale times
+  // mscale(factor, mscale_all_dim)^2; 0 = absent. mscale(s, m) = 0.1 m ln(s) + 1 for s > 1.
+  double mscale = 0, mscale_all_dim = 0;
 };
 
 struct ModelConfig {
@@ -75,6 +90,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;
   int shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // DeepSeek-V2/V3 multi-head latent attention (kDeepseekV3); kv_lora_rank 0: standard attention.
+  // head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim.
+  int q_lora_rank = 0;  // 0: a plain query projection wq
+  int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   std::string dense_file = "dense.safetensors";
   std::string dense_dtype = "f32";
   std::string experts_dir = "experts";
@@ -88,6 +107,7 @@ struct ModelConfig {
   std::optional<int> bos_token_id, eos_token_id;
 
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  bool has_mla() const { return kv_lora_rank > 0; }
   // The encodings and byte layout of layer `layer`'s experts.
   ExpertLayout expert_layout(int layer) const;
   // The largest expert payload of any layer (host-cache slots, read buffers).

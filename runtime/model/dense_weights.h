@@ -48,12 +48,16 @@ struct LayerWeights {
   // [1, hidden] in float32 as the router.
   DenseMatrix shared_gate, shared_up, shared_down;
   RowMatrix shared_expert_gate;
+  // DeepSeek-V3 MLA (empty otherwise; wq is the plain query projection when q_lora_rank is 0).
+  DenseMatrix wq_a, wq_b, wkv_a, wkv_b;
+  Eigen::VectorXf q_a_norm, kv_a_norm;
 };
 
 // Which field of DenseWeights / LayerWeights a dense tensor fills.
 enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
-  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate
+  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kWqA, kWqB, kWkvA, kWkvB, kQANorm, kKvANorm,  // DeepSeek-V3 MLA
 };
 
 // One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.
