@@ -266,6 +266,35 @@ def write_fixture(name, cls, config, seed, layout, out_root):
         raise RuntimeError(f"{dest}: {size} bytes, over the 1.5 MB fixture budget")
 
 
+def write_fp8_fixture(out_root):
+    """tests/fixtures/fp8/model.safetensors: FP8 (float8_e4m3fn) matrices with 128x128 block scales
+    in the layout of DeepSeek-V3's FP8 releases (`X.weight` F8_E4M3, `X.weight_scale_inv` F32),
+    and torch's own dequantisation of each as `X.reference` (F32), for the converter's FP8 path.
+    `odd.weight` [130, 260] has partial blocks on both edges and random bytes (NaN codes
+    replaced by 0); `codes.weight` [1, 256] holds every code once, NaNs included, scales 1.
+    """
+    g = torch.Generator().manual_seed(2001)
+    raw = torch.randint(0, 256, (130, 260), generator=g, dtype=torch.uint8)
+    raw[(raw == 0x7F) | (raw == 0xFF)] = 0
+    odd = raw.view(torch.float8_e4m3fn)
+    scale = torch.rand((2, 3), generator=g) * 0.01 + 1e-4
+    full = scale.repeat_interleave(128, 0)[:130].repeat_interleave(128, 1)[:, :260]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(1, 256).view(torch.float8_e4m3fn)
+    tensors = {
+        "odd.weight": odd, "odd.weight_scale_inv": scale, "odd.reference": odd.to(torch.float32) * full,
+        "codes.weight": codes, "codes.weight_scale_inv": torch.ones((1, 2)),
+        "codes.reference": codes.to(torch.float32),
+    }
+    dest = out_root / "fp8"
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"),
+              metadata={"format": "pt", "torch_version": torch.__version__})
+    print(f"fp8              {(dest / 'model.safetensors').stat().st_size / 1e6:.2f} MB")
+
+
+EXTRA_FIXTURES = {"fp8": write_fp8_fixture}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/fixtures")
@@ -275,13 +304,16 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # one thread: reductions in a fixed order
     specs = fixture_specs()
-    unknown = set(args.only or ()) - set(specs)
+    unknown = set(args.only or ()) - set(specs) - set(EXTRA_FIXTURES)
     if unknown:
-        ap.error(f"unknown fixture(s) {sorted(unknown)}; known: {sorted(specs)}")
+        ap.error(f"unknown fixture(s) {sorted(unknown)}; known: {sorted(specs) + sorted(EXTRA_FIXTURES)}")
     for name, (cls, config, seed, layout) in specs.items():
         if args.only and name not in args.only:
             continue
         write_fixture(name, cls, config, seed, layout, args.out)
+    for name, write in EXTRA_FIXTURES.items():
+        if not args.only or name in args.only:
+            write(args.out)
 
 
 if __name__ == "__main__":

@@ -76,9 +76,11 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Arch::kOlmoe;
   if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Arch::kQwen2Moe;
+  // Kimi K2 ships DeepSeek-V3's architecture (its model_type "kimi_k2" comes second).
+  if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM)");
+                    "Qwen2MoeForCausalLM, DeepseekV3ForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -98,7 +100,7 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
     unsupported(where, "rope_scaling.type", "'" + type + "'");
   static const std::set<std::string> kKnown = {
       "type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-      "low_freq_factor", "high_freq_factor", "rope_theta"};
+      "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim"};
   for (auto& [k, v] : sc->items())
     if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
@@ -109,6 +111,12 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   s.beta_slow = opt_num(*sc, "beta_slow", where, 1);
   s.low_freq_factor = opt_num(*sc, "low_freq_factor", where, 1);
   s.high_freq_factor = opt_num(*sc, "high_freq_factor", where, 4);
+  if (type == "yarn") {  // DeepSeek's magnitude scales (rope.h, mla_attention.h)
+    s.mscale = opt_num(*sc, "mscale", where, 0);
+    s.mscale_all_dim = opt_num(*sc, "mscale_all_dim", where, 0);
+  } else if (find(*sc, "mscale") || find(*sc, "mscale_all_dim")) {
+    unsupported(where, "rope_scaling.mscale", "with type '" + type + "'");
+  }
   c.rope_scaling = s;
 }
 
@@ -128,10 +136,24 @@ MoeKeys moe_keys(Arch a) {
       return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kOlmoe:
       return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
+    case Arch::kDeepseekV3:
+      return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kMixtral:
       break;
   }
   return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 1e6, QkNorm::kNone};
+}
+
+// DeepSeek-V3's multi-head latent attention sizes; q_lora_rank null means a plain q_proj.
+void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
+  c.q_lora_rank = opt_int(hf, "q_lora_rank", where, 0);
+  c.kv_lora_rank = req_int(hf, "kv_lora_rank", where);
+  c.qk_nope_head_dim = req_int(hf, "qk_nope_head_dim", where);
+  c.qk_rope_head_dim = req_int(hf, "qk_rope_head_dim", where);
+  c.v_head_dim = req_int(hf, "v_head_dim", where);
+  if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
+  c.n_kv_heads = c.n_heads;  // every head reads the one latent
+  if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
 }
 
 }  // namespace
@@ -193,6 +215,9 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     case Arch::kOlmoe:
       if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());
       break;
+    case Arch::kDeepseekV3:
+      read_mla_fields(hf, c, where);
+      break;
     case Arch::kMixtral:
       // A window at least as long as the context never masks anything.
       if (const json* w = find(hf, "sliding_window");
@@ -202,6 +227,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   }
   const int default_head_dim = c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
+  // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).
+  if (c.has_mla()) c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
   if (c.n_heads % c.n_kv_heads != 0)
     throw ConfigError(where + ": num_key_value_heads " + std::to_string(c.n_kv_heads) +
                       " does not divide num_attention_heads " + std::to_string(c.n_heads));
