@@ -628,7 +628,7 @@ TEST(Convert, UnsupportedArchitectureAndBiasesAreRejected) {
   TempDir d;
   TinyHf m = make_tiny(Arch::kQwen3Moe);
   json cfg = m.config;
-  cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+  cfg["architectures"] = {"ArcticForCausalLM"};
   save_hf(d.path() / "hf", cfg, m.tensors, DType::kF32, 1);
   EXPECT_THROW(convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)), ConfigError);
   m.tensors["model.layers.0.self_attn.q_proj.bias"] = Tensor{{32}, std::vector<float>(32, 1.0f)};

@@ -75,35 +75,39 @@ std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   return p + "mlp.gate.weight";
 }
 
+// GLM-4.5's multi-token-prediction layers (num_nextn_predict_layers) follow the last decoder
+// layer, model.layers.{n_layers}...: only speculative decoding uses them, so they are not converted.
+bool is_mtp_layer_tensor(const std::string& name, int n_layers) {
+  const size_t start = std::string("model.layers.").size(), dot = name.find('.', start);
+  if (dot == std::string::npos || dot == start || dot - start > 6) return false;
+  int layer = 0;
+  for (size_t i = start; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return layer >= n_layers;
+}
+
 struct DenseTensor {
   std::string out, in;
   std::vector<int64_t> shape;
   bool router = false;  // a matrix kept in float (routing decisions on exact logits)
+  bool f32 = false;     // stored float32 whatever the dense dtype (the sigmoid router's bias:
+                        // bf16 would move its selections)
   // DeepSeek-V3: rows in groups of rope_group whose last rope_rows rows (the RoPE part) are
-  // de-interleaved (mla_dense.h); 0 = as stored.
+  // de-interleaved (read_dense); 0 = as stored.
   int64_t rope_group = 0, rope_rows = 0;
 };
 
 // Biases and shared experts change the maths: the config check catches most, this catches
 // checkpoints whose config does not say so. Those the model reads (`dense`) are expected.
-// model.layers.N.* with N >= n_layers: DeepSeek-V3 checkpoints append their next-token-prediction
-// module as layer 61, which inference does not run (transformers ignores it too).
-bool beyond_last_layer(const std::string& name, int n_layers) {
-  const size_t start = std::string("model.layers.").size();
-  const size_t dot = name.find('.', start);
-  if (dot == std::string::npos || dot == start || dot - start > 9) return false;
-  for (size_t i = start; i < dot; ++i)
-    if (name[i] < '0' || name[i] > '9') return false;
-  return std::stoi(name.substr(start, dot - start)) >= n_layers;
-}
-
-void reject_unsupported_tensors(const HfCheckpoint& ck, const std::vector<DenseTensor>& dense, int n_layers) {
+void reject_unsupported_tensors(const HfCheckpoint& ck, const ModelConfig& c, const std::vector<DenseTensor>& dense) {
   std::set<std::string> read;
   for (const DenseTensor& t : dense) read.insert(t.in);
   for (const std::string& n : ck.names()) {
     if (n.rfind("model.layers.", 0) != 0 || read.count(n)) continue;
-    if (HfCheckpoint::is_fp8_scale(n)) continue;  // read with its FP8 weight
-    if (beyond_last_layer(n, n_layers)) continue;  // DeepSeek-V3's multi-token-prediction layer
+    if (HfCheckpoint::is_fp8_scale(n)) continue;  // read with its FP8 weight (DeepSeek-V3)
+    if ((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3) && is_mtp_layer_tensor(n, c.n_layers)) continue;
     if (n.find("shared_expert") != std::string::npos)
       throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream for this architecture");
     if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
@@ -121,11 +125,11 @@ void append_mla_tensors(const ModelConfig& c, const std::string& p, const std::s
   if (c.q_lora_rank > 0) {
     t.push_back({o + "wq_a", p + "self_attn.q_a_proj.weight", {c.q_lora_rank, D}});
     t.push_back({o + "q_a_norm", p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}});
-    t.push_back({o + "wq_b", p + "self_attn.q_b_proj.weight", {H * qk, c.q_lora_rank}, false, qk, rr});
+    t.push_back({o + "wq_b", p + "self_attn.q_b_proj.weight", {H * qk, c.q_lora_rank}, false, false, qk, rr});
   } else {
-    t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * qk, D}, false, qk, rr});
+    t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * qk, D}, false, false, qk, rr});
   }
-  t.push_back({o + "wkv_a", p + "self_attn.kv_a_proj_with_mqa.weight", {C + r, D}, false, C + r, rr});
+  t.push_back({o + "wkv_a", p + "self_attn.kv_a_proj_with_mqa.weight", {C + r, D}, false, false, C + r, rr});
   t.push_back({o + "kv_a_norm", p + "self_attn.kv_a_layernorm.weight", {C}});
   t.push_back({o + "wkv_b", p + "self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), C}});
   t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * c.v_head_dim}});
@@ -180,8 +184,22 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {KV * hd}});
     }
     t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
+    if (!c.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's first layers: a dense MLP
+      const int64_t I = c.intermediate_size;
+      t.push_back({o + "mlp_gate", p + "mlp.gate_proj.weight", {I, D}});
+      t.push_back({o + "mlp_up", p + "mlp.up_proj.weight", {I, D}});
+      t.push_back({o + "mlp_down", p + "mlp.down_proj.weight", {D, I}});
+      continue;
+    }
     t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}, true});
-    if (c.has_shared_expert()) {
+    if (c.router_scoring == RouterScoring::kSigmoid)  // float, as the router
+      t.push_back({o + "router_bias", p + "mlp.gate.e_score_correction_bias", {c.n_experts}, true, true});
+    if (c.has_shared_expert() && !c.shared_expert_gated) {  // GLM-4.5: n_shared_experts, no gate
+      const int64_t fs = c.shared_expert_intermediate_size;
+      t.push_back({o + "shared_gate", p + "mlp.shared_experts.gate_proj.weight", {fs, D}});
+      t.push_back({o + "shared_up", p + "mlp.shared_experts.up_proj.weight", {fs, D}});
+      t.push_back({o + "shared_down", p + "mlp.shared_experts.down_proj.weight", {D, fs}});
+    } else if (c.has_shared_expert()) {
       const int64_t fs = c.shared_expert_intermediate_size;
       t.push_back({o + "shared_gate", p + "mlp.shared_expert.gate_proj.weight", {fs, D}});
       t.push_back({o + "shared_up", p + "mlp.shared_expert.up_proj.weight", {fs, D}});
@@ -250,12 +268,13 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object())
     ck.set_fp8_block(fp8_block_size(*q, config_path.string()));
   std::vector<DenseTensor> dense = dense_tensors(ck, c, rope_interleave);
-  reject_unsupported_tensors(ck, dense, c.n_layers);
+  reject_unsupported_tensors(ck, c, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;
-  for (int l = 0; l < c.n_layers; ++l) {
-    ExpertSource s = find_experts(ck, c, l);
+  // Expert files number the MoE layers (model_config.h): file m holds decoder layer first_k + m.
+  for (int l = 0; l < c.n_moe_layers(); ++l) {
+    ExpertSource s = find_experts(ck, c, l + c.first_k_dense_replace);
     if (s.fused) {
       ck.file(s.gate).check_shape(s.gate, {E, 2 * F, D});
       ck.file(s.down).check_shape(s.down, {E, D, F});
@@ -270,7 +289,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   }
 
   TempOutput tmp(make_temp_output(out_dir, c.experts_dir));
-  ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_layers) * c.n_experts);
+  ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_moe_layers()) * c.n_experts);
   uint64_t done = 0;
 
   if (dense_quant == "q8") {
@@ -293,7 +312,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   } else {
     SafetensorsWriter w(tmp.path / c.dense_file);
     const DType dt = c.dense_dtype == "f32" ? DType::kF32 : DType::kBF16;
-    for (const DenseTensor& t : dense) w.declare(t.out, dt, t.shape);
+    for (const DenseTensor& t : dense) w.declare(t.out, t.f32 ? DType::kF32 : dt, t.shape);
     w.set_metadata("format", "moestream-dense");
     for (const DenseTensor& t : dense) {
       std::vector<float> v = read_dense(ck, t);
@@ -307,8 +326,8 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
   ThreadPool pool(n_workers);  // the project's compute pool, shared by every layer
-  for (int l = 0; l < c.n_layers; ++l) {
-    const ExpertSource& s = sources[l];
+  for (int l = 0; l < c.n_moe_layers(); ++l) {
+    const ExpertSource& s = sources[size_t(l)];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
     // One task per pool thread; each takes experts in turn and holds one expert's floats and
     // payload, never a layer. The writer is not thread-safe: writes and progress go under the
@@ -343,7 +362,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
           std::lock_guard<std::mutex> lock(mu);
           if (failed) return;
           w.write_expert(static_cast<uint32_t>(e), payload.data());
-          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
                                  std::to_string(e + 1) + "/" + std::to_string(E));
         } catch (...) {
           failed = true;

@@ -3,6 +3,7 @@
 // `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
+#include <cstdint>
 #include <initializer_list>
 #include <set>
 
@@ -44,6 +45,15 @@ int opt_int(const json& j, const std::string& key, const std::string& where, int
   return find(j, key) ? req_int(j, key, where) : dflt;
 }
 
+// A count that may be 0 (n_shared_experts, first_k_dense_replace).
+int opt_count(const json& j, const std::string& key, const std::string& where, int dflt) {
+  const json* v = find(j, key);
+  if (!v) return dflt;
+  if (!v->is_number_integer() || v->get<long long>() < 0 || v->get<long long>() > 4096)
+    throw FormatError(where + ": field '" + key + "' must be an integer in [0, 4096], got " + v->dump());
+  return v->get<int>();
+}
+
 double opt_num(const json& j, const std::string& key, const std::string& where, double dflt) {
   const json* v = find(j, key);
   if (!v) return dflt;
@@ -76,11 +86,12 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Arch::kOlmoe;
   if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Arch::kQwen2Moe;
+  if (name == "Glm4MoeForCausalLM" || name == "glm4_moe") return Arch::kGlm4Moe;
   // Kimi K2 ships DeepSeek-V3's architecture (its model_type "kimi_k2" comes second).
   if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM, DeepseekV3ForCausalLM)");
+                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -111,11 +122,11 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   s.beta_slow = opt_num(*sc, "beta_slow", where, 1);
   s.low_freq_factor = opt_num(*sc, "low_freq_factor", where, 1);
   s.high_freq_factor = opt_num(*sc, "high_freq_factor", where, 4);
-  if (type == "yarn") {  // DeepSeek's magnitude scales (rope.h, mla_attention.h)
+  if (type == "yarn" && c.arch == Arch::kDeepseekV3) {  // its magnitude scales (rope.h, mla_attention.h)
     s.mscale = opt_num(*sc, "mscale", where, 0);
     s.mscale_all_dim = opt_num(*sc, "mscale_all_dim", where, 0);
   } else if (find(*sc, "mscale") || find(*sc, "mscale_all_dim")) {
-    unsupported(where, "rope_scaling.mscale", "with type '" + type + "'");
+    unsupported(where, "rope_scaling.mscale", "(changes RoPE; read for DeepSeek-V3's yarn only)");
   }
   c.rope_scaling = s;
 }
@@ -136,12 +147,64 @@ MoeKeys moe_keys(Arch a) {
       return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kOlmoe:
       return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
+    case Arch::kGlm4Moe:
+      return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kNone};
     case Arch::kDeepseekV3:
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kMixtral:
       break;
   }
   return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 1e6, QkNorm::kNone};
+}
+
+// Glm4MoeForCausalLM (GLM-4.5, 4.5-Air, 4.6), after the fields every architecture shares:
+// grouped sigmoid routing, ungated shared experts, dense first layers, partial rotary, QK-norm
+// and Q/K/V biases as the config says. The MTP layers (num_nextn_predict_layers) sit after the
+// last decoder layer; the converter skips their weights (decoding does not use them).
+// The MoE fields GLM-4.5 and DeepSeek-V3 share (grouped sigmoid routing, ungated shared experts,
+// dense first layers), with the defaults of each architecture's transformers config.
+struct GroupedMoeDefaults {
+  int n_group, topk_group;
+  double routed_scaling_factor;
+  int first_k_dense_replace;
+};
+void read_grouped_sigmoid_moe(const json& hf, ModelConfig& c, const std::string& where, GroupedMoeDefaults d) {
+  c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, true);
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = opt_int(hf, "n_group", where, d.n_group);
+  c.topk_group = opt_int(hf, "topk_group", where, d.topk_group);
+  c.routed_scaling_factor = opt_num(hf, "routed_scaling_factor", where, d.routed_scaling_factor);
+  if (!(c.routed_scaling_factor > 0)) throw FormatError(where + ": 'routed_scaling_factor' must be positive");
+  if (c.n_experts % c.n_group != 0 || c.topk_group > c.n_group || (c.n_group > 1 && c.n_experts / c.n_group < 2))
+    throw ConfigError(where + ": n_group " + std::to_string(c.n_group) + " / topk_group " +
+                      std::to_string(c.topk_group) + " do not split " + std::to_string(c.n_experts) +
+                      " experts into groups of at least 2");
+  if (c.topk_group * (c.n_experts / c.n_group) < c.n_experts_per_tok)
+    throw ConfigError(where + ": topk_group groups hold fewer experts than num_experts_per_tok");
+  const int64_t shared = int64_t(opt_count(hf, "n_shared_experts", where, 1)) * c.moe_intermediate_size;
+  if (shared > (int64_t(1) << 30)) throw FormatError(where + ": n_shared_experts x moe_intermediate_size exceeds 2^30");
+  c.shared_expert_intermediate_size = int(shared);
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, d.first_k_dense_replace);
+  if (c.first_k_dense_replace >= c.n_layers)
+    throw ConfigError(where + ": first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
+                      " leaves no MoE layer of " + std::to_string(c.n_layers));
+  if (c.first_k_dense_replace > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+}
+
+void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
+  c.qkv_bias = opt_bool(hf, "attention_bias", where, false);
+  if (opt_bool(hf, "use_qk_norm", where, false)) c.qk_norm = QkNorm::kPerHead;
+  read_grouped_sigmoid_moe(hf, c, where, {1, 1, 1.0, 1});
+  // transformers 5 keeps partial_rotary_factor in rope_parameters, 4.5x at the top level.
+  double factor = opt_num(hf, "partial_rotary_factor", where, 0.5);
+  if (const json* rp = find(hf, "rope_parameters"); rp && rp->is_object())
+    factor = opt_num(*rp, "partial_rotary_factor", where, factor);
+  if (!(factor > 0 && factor <= 1)) throw FormatError(where + ": 'partial_rotary_factor' must be in (0, 1]");
+  c.rotary_dim = int(c.head_dim * factor);  // int(), as transformers
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    throw ConfigError(where + ": partial_rotary_factor " + std::to_string(factor) + " x head_dim " +
+                      std::to_string(c.head_dim) + " is not an even rotary width");
 }
 
 // DeepSeek-V3's multi-head latent attention sizes; q_lora_rank null means a plain q_proj.
@@ -154,6 +217,10 @@ void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
   if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
+  // DeepSeek-V3's router; V2's softmax / greedy top-k variants are not implemented.
+  if (const json* f = find(hf, "scoring_func"); f && *f != "sigmoid") unsupported(where, "scoring_func", f->dump());
+  if (const json* m = find(hf, "topk_method"); m && *m != "noaux_tc") unsupported(where, "topk_method", m->dump());
+  read_grouped_sigmoid_moe(hf, c, where, {8, 4, 2.5, 3});  // DeepseekV3Config's defaults
 }
 
 }  // namespace
@@ -173,13 +240,16 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.eos_token_id = opt_token(hf, "eos_token_id");
   if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
     unsupported(where, "hidden_act", act->dump());
-  if (opt_bool(hf, "attention_bias", where, false)) unsupported(where, "attention_bias", "true");
+  if (c.arch != Arch::kGlm4Moe && opt_bool(hf, "attention_bias", where, false))
+    unsupported(where, "attention_bias", "true");
   if (opt_bool(hf, "mlp_bias", where, false)) unsupported(where, "mlp_bias", "true");
   // Shared experts add a dense expert to every token: Qwen2-MoE's gated one is implemented,
   // DeepSeek's are not.
   for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
     if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0) &&
-                                      !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size"))
+                                      !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size") &&
+                                      !((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3) &&
+                                        std::string(k) == "n_shared_experts"))
       unsupported(where, k, "(shared experts)");
 
   const MoeKeys k = moe_keys(c.arch);
@@ -215,6 +285,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     case Arch::kOlmoe:
       if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());
       break;
+    case Arch::kGlm4Moe:
+      break;  // after head_dim, below
     case Arch::kDeepseekV3:
       read_mla_fields(hf, c, where);
       break;
@@ -227,6 +299,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   }
   const int default_head_dim = c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
+  if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
   // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).
   if (c.has_mla()) c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
   if (c.n_heads % c.n_kv_heads != 0)

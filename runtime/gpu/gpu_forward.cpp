@@ -55,6 +55,13 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
       rope(c), Fs(c.shared_expert_intermediate_size),
       cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
+  // GLM-4.5 / DeepSeek-V3's pieces run on the CPU pass only for now: refused before any device
+  // work, naming what is missing.
+  if (c.router_scoring == RouterScoring::kSigmoid || c.first_k_dense_replace > 0 || !c.shared_expert_gated ||
+      c.rope_dim() != c.head_dim)
+    throw ConfigError("--gpu: " + std::string(arch_name(c.arch)) +
+                      " (grouped sigmoid routing, dense first layers, an ungated shared expert or partial "
+                      "rotary) runs on the CPU pass only in this build; run without --gpu");
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");

@@ -47,7 +47,11 @@ struct LayerWeights {
   // The shared expert (empty without one): SwiGLU matrices in their stored type, and its gate
   // [1, hidden] in float32 as the router.
   DenseMatrix shared_gate, shared_up, shared_down;
-  RowMatrix shared_expert_gate;
+  RowMatrix shared_expert_gate;      // empty when the shared expert is ungated (GLM-4.5)
+  // GLM-4.5 / DeepSeek-V3: the sigmoid router's correction bias [n_experts] (selection only), and
+  // the dense SwiGLU MLP of a layer below first_k_dense_replace (router empty then).
+  Eigen::VectorXf router_bias;
+  DenseMatrix mlp_gate, mlp_up, mlp_down;
   // DeepSeek-V3 MLA (empty otherwise; wq is the plain query projection when q_lora_rank is 0).
   DenseMatrix wq_a, wq_b, wkv_a, wkv_b;
   Eigen::VectorXf q_a_norm, kv_a_norm;
@@ -57,6 +61,7 @@ struct LayerWeights {
 enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
   kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kRouterBias, kMlpGate, kMlpUp, kMlpDown,  // GLM-4.5 / DeepSeek-V3
   kWqA, kWqB, kWkvA, kWkvB, kQANorm, kKvANorm,  // DeepSeek-V3 MLA
 };
 

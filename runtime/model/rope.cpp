@@ -11,8 +11,8 @@
 namespace moestream {
 
 namespace {
-// MLA rotates only the qk_rope_head_dim part of each head.
-int rope_dim(const ModelConfig& cfg) { return cfg.has_mla() ? cfg.qk_rope_head_dim : cfg.head_dim; }
+// MLA rotates only its qk_rope_head_dim RoPE part; other models rope_dim() of each head.
+int rotated_dim(const ModelConfig& cfg) { return cfg.has_mla() ? cfg.qk_rope_head_dim : cfg.rope_dim(); }
 }  // namespace
 
 double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
@@ -25,10 +25,11 @@ std::vector<float> Rope::default_inv_freq(double base, int dim) {
 }
 
 Rope::Rope(const ModelConfig& cfg)
-    : dim_(rope_dim(cfg)), half_dim_(rope_dim(cfg) / 2), theta_(cfg.rope_theta),
+    : dim_(rotated_dim(cfg)), half_dim_(rotated_dim(cfg) / 2), theta_(cfg.rope_theta),
       max_pos_(cfg.max_position_embeddings) {
   if (dim_ <= 0 || dim_ % 2 != 0)
-    throw ConfigError("model.json: head_dim must be even for RoPE, got " + std::to_string(dim_));
+    throw ConfigError("model.json: the rotary width (head_dim or rotary_dim) must be even for RoPE, got " +
+                      std::to_string(dim_));
   inv_freq_ = default_inv_freq(theta_, dim_);
   if (!cfg.rope_scaling) return;
   const RopeScaling& s = *cfg.rope_scaling;
