@@ -1,4 +1,5 @@
-# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5) with transformers
+# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5,
+# DeepSeek-V3) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -13,6 +14,9 @@ published style too (rope_theta, num_experts); qwen3_moe_fused, with the
 config.json that transformers 5 writes (rope_parameters, num_local_experts), is saved by
 save_pretrained(save_original_format=False), i.e. the fused layout
 `mlp.experts.gate_up_proj [E, 2F, D]` (gate rows first) and `mlp.experts.down_proj [E, D, F]`.
+deepseek_v3 (DeepSeek-V3 / Kimi K2's architecture) adds multi-head latent attention with a q LoRA,
+interleaved RoPE pairs and YaRN mscale, a dense first layer, grouped sigmoid routing with a random
+correction bias, and a shared expert; its config.json is in the published style (rope_scaling).
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
@@ -36,9 +40,9 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (Glm4MoeConfig, Glm4MoeForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig,
-                          OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
+                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -88,6 +92,20 @@ def fixture_specs():
         num_nextn_predict_layers=1,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         **common)
+    # DeepSeek-V3: MLA (q LoRA, interleaved RoPE pairs, YaRN with mscale != mscale_all_dim so both
+    # the cos/sin factor and the softmax scale move), a dense first layer, grouped sigmoid routing
+    # with a correction bias (randomise) and a scaling factor, one shared expert.
+    deepseek = DeepseekV3Config(
+        vocab_size=353, hidden_size=53, intermediate_size=72, num_attention_heads=3,
+        num_key_value_heads=3, q_lora_rank=24, kv_lora_rank=20, qk_nope_head_dim=10,
+        qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=19, n_routed_experts=16,
+        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_interleave=True, attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.9, "mscale_all_dim": 0.7},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -95,6 +113,7 @@ def fixture_specs():
         "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
         "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
         "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
+        "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
     }
 
 
@@ -171,7 +190,7 @@ def published_style_config(path, arch):
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope["rope_theta"]
     cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
-    if arch != "mixtral" and "num_local_experts" in cfg:
+    if arch not in ("mixtral", "deepseek_v3") and "num_local_experts" in cfg:
         cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
     if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
@@ -228,8 +247,12 @@ def write_fixture(name, cls, config, seed, layout, out_root):
     arch = config.model_type
     attn = model.model.layers[0].self_attn
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if attn.q_proj.weight.shape[0] != config.num_attention_heads * hd:
-        raise RuntimeError(f"{name}: q_proj has {attn.q_proj.weight.shape[0]} rows, expected "
+    if arch == "deepseek_v3":  # MLA: q_b_proj's heads are qk_nope + qk_rope wide
+        hd, attn = config.qk_nope_head_dim + config.qk_rope_head_dim, attn.q_b_proj
+    else:
+        attn = attn.q_proj
+    if attn.weight.shape[0] != config.num_attention_heads * hd:
+        raise RuntimeError(f"{name}: the query projection has {attn.weight.shape[0]} rows, expected "
                            f"{config.num_attention_heads} heads x {hd}")
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, config.vocab_size, size=n).tolist() for n in PROMPT_LENGTHS]

@@ -208,7 +208,7 @@ def safetensors_names(path):
 
 @pytest.mark.parametrize("name,layout", [("qwen3_moe", "qwen"), ("olmoe", "qwen"), ("qwen2_moe", "qwen"),
                                          ("mixtral", "mixtral"), ("qwen3_moe_fused", "fused"),
-                                         ("glm4_moe", "glm")])
+                                         ("glm4_moe", "glm"), ("deepseek_v3", "glm")])
 def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     d = FIXTURES / name
     cfg = json.loads((d / "config.json").read_text())
@@ -245,3 +245,24 @@ def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
         assert all(len(row) == V for row in logits)
         assert int(np.argmax(logits[-1])) == greedy[0]  # the first greedy token is the argmax
     assert sum(p.stat().st_size for p in d.iterdir()) < 1_500_000
+
+
+def test_deepseek_v3_fixture_has_mla_weights_and_yarn_mscale():
+    d = FIXTURES / "deepseek_v3"
+    cfg = json.loads((d / "config.json").read_text())
+    H, D = cfg["num_attention_heads"], cfg["hidden_size"]
+    n, r, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    C, Q = cfg["kv_lora_rank"], cfg["q_lora_rank"]
+    header = safetensors_names(d / "model.safetensors")
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}.self_attn"
+        assert header[f"{p}.q_a_proj.weight"]["shape"] == [Q, D]
+        assert header[f"{p}.q_b_proj.weight"]["shape"] == [H * (n + r), Q]
+        assert header[f"{p}.kv_a_proj_with_mqa.weight"]["shape"] == [C + r, D]
+        assert header[f"{p}.kv_b_proj.weight"]["shape"] == [H * (n + v), C]
+        assert header[f"{p}.o_proj.weight"]["shape"] == [D, H * v]
+        assert f"{p}.k_proj.weight" not in header
+    rs = cfg["rope_scaling"]
+    # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
+    assert rs["rope_type"] == "yarn" and rs["mscale"] != rs["mscale_all_dim"]
+    assert cfg["rope_interleave"] is True
