@@ -17,6 +17,9 @@ save_pretrained(save_original_format=False), i.e. the fused layout
 deepseek_v3 (DeepSeek-V3 / Kimi K2's architecture) adds multi-head latent attention with a q LoRA,
 interleaved RoPE pairs and YaRN mscale, a dense first layer, grouped sigmoid routing with a random
 correction bias, and a shared expert; its config.json is in the published style (rope_scaling).
+deepseek_v3_fp8 is the same architecture saved as DeepSeek-V3's FP8 releases are: linear weights in
+float8_e4m3fn with `weight_scale_inv` block scales (16 x 16 blocks, powers of two) and a
+quantization_config; the reference runs on the dequantised weights.
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
@@ -32,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -114,7 +118,58 @@ def fixture_specs():
         "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
         "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
         "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
+        "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),
     }
+
+
+# Blocks of the FP8 fixture: 16 x 16 so that every matrix of the tiny model has several, partial
+# ones on its edges included (DeepSeek-V3's releases use 128 x 128).
+FP8_BLOCK = (16, 16)
+
+
+def fp8_block_quantize(w, block):
+    """(fp8 [R, C], scales [ceil(R/br), ceil(C/bc)] f32, dequantised f32): w = fp8 * scale per block.
+
+    Scales are powers of two (2^ceil(log2(amax / 448)), 448 the largest e4m3 value), so each
+    dequantised value is exactly a bf16 value too and a bf16 pack stays lossless.
+    """
+    rows, cols = w.shape
+    br, bc = block
+    nr, nc = -(-rows // br), -(-cols // bc)
+    s = torch.ones(nr, nc)
+    for i in range(nr):
+        for j in range(nc):
+            amax = float(w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].abs().max())
+            if amax > 0:
+                s[i, j] = 2.0 ** math.ceil(math.log2(amax / 448.0))
+    full = s.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+    q = (w / full).to(torch.float8_e4m3fn)
+    return q, s, q.to(torch.float32) * full
+
+
+@torch.no_grad()
+def to_fp8_checkpoint(model, sd, block):
+    """DeepSeek-V3's FP8 release layout of sd (per-expert names): every linear layer's weight but
+    the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv` block scales. The
+    in-memory model is set to the dequantised values, so the reference is what the file holds."""
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in sd.items():
+        if v.dim() != 2 or not k.endswith(("_proj.weight", "_proj_with_mqa.weight")):
+            out[k] = v
+            continue
+        q, s, deq = fp8_block_quantize(v, block)
+        out[k], out[k + "_scale_inv"] = q, s
+        m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", k)
+        if m is None:
+            params[k].copy_(deq)
+        elif m.group(3) == "down":
+            params[m.group(1) + ".down_proj"][int(m.group(2))].copy_(deq)
+        else:  # gate_up_proj [E, 2F, D]: gate rows first
+            gu = params[m.group(1) + ".gate_up_proj"]
+            f = gu.shape[1] // 2
+            (gu[int(m.group(2)), :f] if m.group(3) == "gate" else gu[int(m.group(2)), f:]).copy_(deq)
+    return out
 
 
 @torch.no_grad()
@@ -287,15 +342,35 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                 sd[mtp + "enorm.weight"] = torch.ones(d)
                 sd[mtp + "self_attn.q_proj.bias"] = torch.randn(config.num_attention_heads * config.head_dim,
                                                                 generator=g)
+            if layout == "per_expert_fp8":
+                sd = to_fp8_checkpoint(model, sd, FP8_BLOCK)
+                cfg = json.loads((tmp / "config.json").read_text())
+                cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                              "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
+                (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
             save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for extra in ("generation_config.json",):
             (tmp / extra).unlink(missing_ok=True)
 
         logits, greedy, margins = reference(model, prompts)
-        # Reloading the written files must reproduce the logits: the layout is loadable.
-        reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager").eval()
+        if layout == "per_expert_fp8":
+            # transformers loads FP8 checkpoints on GPUs only: check instead that the file's FP8
+            # weights times their scales are the weights the reference ran with.
+            written, want = load_file(str(tmp / "model.safetensors")), per_expert_state_dict(model, arch)
+            for k, v in want.items():
+                got = written[k].to(torch.float32)
+                if written[k].dtype == torch.float8_e4m3fn:
+                    sc = written[k + "_scale_inv"]
+                    got = got * sc.repeat_interleave(FP8_BLOCK[0], 0)[:v.shape[0]].repeat_interleave(
+                        FP8_BLOCK[1], 1)[:, :v.shape[1]]
+                if not torch.equal(got, v):
+                    raise RuntimeError(f"{name}: FP8 tensor {k} does not dequantise to the model's")
+            reloaded = None
+        else:
+            # Reloading the written files must reproduce the logits: the layout is loadable.
+            reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager").eval()
         with torch.no_grad():
-            for ids, ref in zip(prompts, logits):
+            for ids, ref in zip(prompts, logits if reloaded is not None else []):
                 got = reloaded(torch.tensor([ids])).logits[0].numpy()
                 if not np.array_equal(got, ref):
                     raise RuntimeError(f"{name}: reloaded model differs by "

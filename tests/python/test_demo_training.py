@@ -266,3 +266,22 @@ def test_deepseek_v3_fixture_has_mla_weights_and_yarn_mscale():
     # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
     assert rs["rope_type"] == "yarn" and rs["mscale"] != rs["mscale_all_dim"]
     assert cfg["rope_interleave"] is True
+
+
+def test_deepseek_v3_fp8_fixture_is_in_the_fp8_release_layout():
+    d = FIXTURES / "deepseek_v3_fp8"
+    cfg = json.loads((d / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert q["quant_method"] == "fp8" and q["fmt"] == "e4m3"
+    br, bc = q["weight_block_size"]
+    header = safetensors_names(d / "model.safetensors")
+    fp8 = [k for k, v in header.items() if v["dtype"] == "F8_E4M3"]
+    assert len(fp8) > 100  # attention, dense MLP, shared and routed experts
+    for k in fp8:
+        rows, cols = header[k]["shape"]
+        assert header[k + "_scale_inv"]["shape"] == [-(-rows // br), -(-cols // bc)]
+        assert header[k + "_scale_inv"]["dtype"] == "F32"
+    # Embedding, lm_head, norms and the router stay float, as in DeepSeek-V3's release.
+    for k in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight"):
+        assert header[k]["dtype"] == "F32"
+    assert sum(p.stat().st_size for p in d.iterdir()) < 1_500_000
