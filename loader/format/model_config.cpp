@@ -130,7 +130,8 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
-    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kDeepseekV3, "deepseek_v3"}};
+    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kDeepseekV3, "deepseek_v3"},
+    {Arch::kDeepseekV2, "deepseek_v2"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 constexpr EnumName<RouterScoring> kScoringNames[] = {
@@ -186,13 +187,13 @@ Arch parse_arch(const std::string& s, const std::string& where) {
   throw ConfigError(where + ": field 'architecture' is '" + s + "', expected " + enum_name_list(kArchNames));
 }
 
-// DeepSeek-V3's MLA sizes: required for deepseek_v3, refused elsewhere (a pack that names them
-// for another architecture was not written by us).
+// DeepSeek-V2/V3's MLA sizes: required for deepseek_v3/_v2, refused elsewhere (a pack that names
+// them for another architecture was not written by us).
 void read_mla(const json& j, const std::string& where, ModelConfig& c) {
-  const bool mla = c.arch == Arch::kDeepseekV3;
+  const bool mla = c.arch == Arch::kDeepseekV3 || c.arch == Arch::kDeepseekV2;
   auto it = j.find("mla");
   if (!mla) {
-    if (it != j.end()) bad(where, "mla", "is only valid for architecture deepseek_v3");
+    if (it != j.end()) bad(where, "mla", "is only valid for architectures deepseek_v3 and deepseek_v2");
     return;
   }
   const json& m = get_obj(j, "mla", where);

@@ -3,7 +3,8 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3" |
+//     "deepseek_v2"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
@@ -28,7 +29,7 @@
 //     first_k_dense_replace + m (experts.layer_types has one entry per MoE layer)
 //   rotary_dim (even int in [2, head_dim], default head_dim): RoPE turns the first rotary_dim
 //     dims of each head (rotate-half within them), the rest pass (GLM's partial_rotary_factor)
-//   mla (deepseek_v3 only, required there): { q_lora_rank (int >= 0, 0 = plain wq), kv_lora_rank,
+//   mla (deepseek_v3 and deepseek_v2 only, required there): { q_lora_rank (int >= 0, 0 = plain wq), kv_lora_rank,
 //     qk_nope_head_dim, qk_rope_head_dim, v_head_dim (positive) }, head_dim = qk_nope + qk_rope;
 //     rope.scaling (yarn) may carry mscale and mscale_all_dim (docs/format.md)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
@@ -75,6 +76,7 @@ namespace moestream {
 
 enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe,
   kDeepseekV3,  // DeepSeek-V3, Kimi K2: multi-head latent attention (MLA)
+  kDeepseekV2,  // DeepSeek-V2(-Lite): MLA with a softmax router
 };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).

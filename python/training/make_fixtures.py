@@ -19,7 +19,8 @@ interleaved RoPE pairs and YaRN mscale, a dense first layer, grouped sigmoid rou
 correction bias, and a shared expert; its config.json is in the published style (rope_scaling).
 deepseek_v3_fp8 is the same architecture saved as DeepSeek-V3's FP8 releases are: linear weights in
 float8_e4m3fn with `weight_scale_inv` block scales (16 x 16 blocks, powers of two) and a
-quantization_config; the reference runs on the dequantised weights.
+quantization_config; the reference runs on the dequantised weights. deepseek_v2 is DeepSeek-V2-Lite's
+form: MLA with a plain q_proj, complex (interleaved) RoPE, a softmax router, two shared experts.
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
                           MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
                           Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -110,6 +111,20 @@ def fixture_specs():
                          "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
                          "mscale": 0.9, "mscale_all_dim": 0.7},
         **common)
+    # DeepSeek-V2-Lite's form: MLA without q LoRA (a plain q_proj), complex (interleaved) RoPE with
+    # YaRN mscale = mscale_all_dim, softmax top-k without renormalisation, two ungated shared
+    # experts, a dense first layer.
+    deepseek2 = DeepseekV2Config(
+        vocab_size=337, hidden_size=48, intermediate_size=70, num_attention_heads=3,
+        num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=12,
+        qk_rope_head_dim=6, v_head_dim=10, moe_intermediate_size=21, n_routed_experts=12,
+        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
+        routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False, n_group=1, topk_group=1,
+        attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.707, "mscale_all_dim": 0.707},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -119,6 +134,7 @@ def fixture_specs():
         "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
         "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
         "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),
+        "deepseek_v2": (DeepseekV2ForCausalLM, deepseek2, 1009, "per_expert"),
     }
 
 
@@ -245,7 +261,7 @@ def published_style_config(path, arch):
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope["rope_theta"]
     cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
-    if arch not in ("mixtral", "deepseek_v3") and "num_local_experts" in cfg:
+    if arch not in ("mixtral", "deepseek_v3", "deepseek_v2") and "num_local_experts" in cfg:
         cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
     if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
@@ -302,8 +318,9 @@ def write_fixture(name, cls, config, seed, layout, out_root):
     arch = config.model_type
     attn = model.model.layers[0].self_attn
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if arch == "deepseek_v3":  # MLA: q_b_proj's heads are qk_nope + qk_rope wide
-        hd, attn = config.qk_nope_head_dim + config.qk_rope_head_dim, attn.q_b_proj
+    if arch in ("deepseek_v3", "deepseek_v2"):  # MLA: query heads are qk_nope + qk_rope wide
+        hd = config.qk_nope_head_dim + config.qk_rope_head_dim
+        attn = attn.q_b_proj if config.q_lora_rank else attn.q_proj
     else:
         attn = attn.q_proj
     if attn.weight.shape[0] != config.num_attention_heads * hd:

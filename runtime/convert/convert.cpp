@@ -264,7 +264,9 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
 
   // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
   // DeepSeek-V3: RoPE pairs interleaved (transformers' default true) and FP8 block sizes.
-  const bool rope_interleave = c.has_mla() && hf.value("rope_interleave", true);
+  // DeepSeek-V2 always rotates interleaved pairs (complex RoPE); V3 as rope_interleave says.
+  const bool rope_interleave =
+      c.has_mla() && (c.arch == Arch::kDeepseekV2 || hf.value("rope_interleave", true));
   if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object())
     ck.set_fp8_block(fp8_block_size(*q, config_path.string()));
   std::vector<DenseTensor> dense = dense_tensors(ck, c, rope_interleave);

@@ -89,9 +89,10 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "Glm4MoeForCausalLM" || name == "glm4_moe") return Arch::kGlm4Moe;
   // Kimi K2 ships DeepSeek-V3's architecture (its model_type "kimi_k2" comes second).
   if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
+  if (name == "DeepseekV2ForCausalLM" || name == "deepseek_v2") return Arch::kDeepseekV2;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM)");
+                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -122,11 +123,11 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   s.beta_slow = opt_num(*sc, "beta_slow", where, 1);
   s.low_freq_factor = opt_num(*sc, "low_freq_factor", where, 1);
   s.high_freq_factor = opt_num(*sc, "high_freq_factor", where, 4);
-  if (type == "yarn" && c.arch == Arch::kDeepseekV3) {  // its magnitude scales (rope.h, mla_attention.h)
+  if (type == "yarn" && (c.arch == Arch::kDeepseekV3 || c.arch == Arch::kDeepseekV2)) {  // its magnitude scales (rope.h, mla_attention.h)
     s.mscale = opt_num(*sc, "mscale", where, 0);
     s.mscale_all_dim = opt_num(*sc, "mscale_all_dim", where, 0);
   } else if (find(*sc, "mscale") || find(*sc, "mscale_all_dim")) {
-    unsupported(where, "rope_scaling.mscale", "(changes RoPE; read for DeepSeek-V3's yarn only)");
+    unsupported(where, "rope_scaling.mscale", "(changes RoPE; read for DeepSeek-V2/V3's yarn only)");
   }
   c.rope_scaling = s;
 }
@@ -150,6 +151,7 @@ MoeKeys moe_keys(Arch a) {
     case Arch::kGlm4Moe:
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kNone};
     case Arch::kDeepseekV3:
+    case Arch::kDeepseekV2:
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kMixtral:
       break;
@@ -207,7 +209,32 @@ void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
                       std::to_string(c.head_dim) + " is not an even rotary width");
 }
 
-// DeepSeek-V3's multi-head latent attention sizes; q_lora_rank null means a plain q_proj.
+// DeepSeek-V2(-Lite)'s MoE as transformers' DeepseekV2 computes it: softmax over all experts, the
+// top-k probabilities as they are (norm_topk_prob is not read there), ungated shared experts, dense
+// first layers. Its group-limited variant (DeepSeek-V2's group max) and a routed_scaling_factor
+// other than 1 are refused: the runtime groups sigmoid scores only.
+void read_deepseek_v2_moe(const json& hf, ModelConfig& c, const std::string& where) {
+  if (const json* f = find(hf, "scoring_func"); f && *f != "softmax") unsupported(where, "scoring_func", f->dump());
+  const json* m = find(hf, "topk_method");
+  const int n_group = opt_int(hf, "n_group", where, 1);
+  if (m && *m != "greedy" && !(*m == "group_limited_greedy" && n_group == 1))
+    unsupported(where, "topk_method", m->dump() + " with n_group " + std::to_string(n_group));
+  if (const double s = opt_num(hf, "routed_scaling_factor", where, 1.0); s != 1.0)
+    unsupported(where, "routed_scaling_factor", std::to_string(s) + " (DeepSeek-V2)");
+  c.norm_topk_prob = false;
+  c.router_scoring = RouterScoring::kSoftmax;
+  const int64_t shared = int64_t(opt_count(hf, "n_shared_experts", where, 2)) * c.moe_intermediate_size;
+  if (shared > (int64_t(1) << 30)) throw FormatError(where + ": n_shared_experts x moe_intermediate_size exceeds 2^30");
+  c.shared_expert_intermediate_size = int(shared);
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, 0);
+  if (c.first_k_dense_replace >= c.n_layers)
+    throw ConfigError(where + ": first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
+                      " leaves no MoE layer of " + std::to_string(c.n_layers));
+  if (c.first_k_dense_replace > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+}
+
+// DeepSeek-V2/V3's multi-head latent attention sizes; q_lora_rank null means a plain q_proj.
 void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   c.q_lora_rank = opt_int(hf, "q_lora_rank", where, 0);
   c.kv_lora_rank = req_int(hf, "kv_lora_rank", where);
@@ -217,7 +244,11 @@ void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
   if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
-  // DeepSeek-V3's router; V2's softmax / greedy top-k variants are not implemented.
+  if (c.arch == Arch::kDeepseekV2) {
+    read_deepseek_v2_moe(hf, c, where);
+    return;
+  }
+  // DeepSeek-V3's router: sigmoid scores, bias-corrected grouped top-k.
   if (const json* f = find(hf, "scoring_func"); f && *f != "sigmoid") unsupported(where, "scoring_func", f->dump());
   if (const json* m = find(hf, "topk_method"); m && *m != "noaux_tc") unsupported(where, "topk_method", m->dump());
   read_grouped_sigmoid_moe(hf, c, where, {8, 4, 2.5, 3});  // DeepseekV3Config's defaults
@@ -248,7 +279,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
     if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0) &&
                                       !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size") &&
-                                      !((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3) &&
+                                      !((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3 ||
+                                         c.arch == Arch::kDeepseekV2) &&
                                         std::string(k) == "n_shared_experts"))
       unsupported(where, k, "(shared experts)");
 
@@ -288,6 +320,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     case Arch::kGlm4Moe:
       break;  // after head_dim, below
     case Arch::kDeepseekV3:
+    case Arch::kDeepseekV2:
       read_mla_fields(hf, c, where);
       break;
     case Arch::kMixtral:

@@ -247,8 +247,9 @@ def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     assert sum(p.stat().st_size for p in d.iterdir()) < 1_500_000
 
 
-def test_deepseek_v3_fixture_has_mla_weights_and_yarn_mscale():
-    d = FIXTURES / "deepseek_v3"
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_fixture_has_mla_weights_and_yarn_mscale(name):
+    d = FIXTURES / name
     cfg = json.loads((d / "config.json").read_text())
     H, D = cfg["num_attention_heads"], cfg["hidden_size"]
     n, r, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
@@ -256,16 +257,24 @@ def test_deepseek_v3_fixture_has_mla_weights_and_yarn_mscale():
     header = safetensors_names(d / "model.safetensors")
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}.self_attn"
-        assert header[f"{p}.q_a_proj.weight"]["shape"] == [Q, D]
-        assert header[f"{p}.q_b_proj.weight"]["shape"] == [H * (n + r), Q]
+        if Q:  # DeepSeek-V3: q LoRA
+            assert header[f"{p}.q_a_proj.weight"]["shape"] == [Q, D]
+            assert header[f"{p}.q_b_proj.weight"]["shape"] == [H * (n + r), Q]
+        else:  # DeepSeek-V2-Lite: a plain q_proj
+            assert header[f"{p}.q_proj.weight"]["shape"] == [H * (n + r), D]
         assert header[f"{p}.kv_a_proj_with_mqa.weight"]["shape"] == [C + r, D]
         assert header[f"{p}.kv_b_proj.weight"]["shape"] == [H * (n + v), C]
         assert header[f"{p}.o_proj.weight"]["shape"] == [D, H * v]
         assert f"{p}.k_proj.weight" not in header
     rs = cfg["rope_scaling"]
-    # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
-    assert rs["rope_type"] == "yarn" and rs["mscale"] != rs["mscale_all_dim"]
-    assert cfg["rope_interleave"] is True
+    assert rs["rope_type"] == "yarn" and rs["mscale_all_dim"] != 1  # the softmax scale moves
+    if name == "deepseek_v3":
+        # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
+        assert rs["mscale"] != rs["mscale_all_dim"] and cfg["rope_interleave"] is True
+    else:  # DeepSeek-V2: a softmax router without a correction bias, two ungated shared experts
+        assert cfg["topk_method"] == "greedy" and cfg["n_shared_experts"] == 2
+        assert not any(k.endswith("e_score_correction_bias") for k in header)
+        assert "model.layers.1.mlp.shared_experts.gate_proj.weight" in header
 
 
 def test_deepseek_v3_fp8_fixture_is_in_the_fp8_release_layout():
