@@ -8,6 +8,8 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "common/file_util.h"
+#include "loader/format/safetensors.h"
 #include "runtime/convert/fp8_weights.h"
 #include "runtime/convert/hf_checkpoint.h"
 
@@ -65,6 +67,37 @@ TEST(Fp8Weights, WrongBlockSizeIsAFormatError) {
     FAIL() << "expected a FormatError";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("odd.weight_scale_inv"), std::string::npos) << e.what();
+  }
+}
+
+// A checkpoint of one FP8 matrix [2, 3] whose scale tensor is `scale` (absent when empty).
+std::filesystem::path write_fp8_checkpoint(const TempDir& d, const std::vector<float>& scale) {
+  SafetensorsWriter w(d.path() / "model.safetensors");
+  w.declare("w.weight", DType::kF8E4M3, {2, 3});
+  if (!scale.empty()) w.declare("w.weight_scale_inv", DType::kF32, {1, 1});
+  const uint8_t bytes[6] = {0x38, 0x40, 0xb8, 0x00, 0x7e, 0x01};  // 1, 2, -1, 0, 448, 2^-9
+  w.write_raw("w.weight", bytes, sizeof bytes);
+  if (!scale.empty()) w.write("w.weight_scale_inv", scale.data(), scale.size());
+  w.finish();
+  return d.path();
+}
+
+TEST(Fp8Weights, ScalesThatAreMissingOrNotFiniteAreFormatErrors) {
+  {
+    TempDir d("fp8");
+    HfCheckpoint ck(write_fp8_checkpoint(d, {0.5f}));
+    const std::vector<float> v = ck.read("w.weight", {2, 3});
+    EXPECT_EQ(v, (std::vector<float>{0.5f, 1.0f, -0.5f, 0.0f, 224.0f, std::ldexp(1.0f, -10)}));
+  }
+  for (const std::vector<float>& scale : {std::vector<float>{}, std::vector<float>{NAN}}) {
+    TempDir d("fp8");
+    HfCheckpoint ck(write_fp8_checkpoint(d, scale));
+    try {
+      (void)ck.read("w.weight", {2, 3});
+      FAIL() << "expected a FormatError";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("w.weight_scale_inv"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include "runtime/convert/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -106,6 +107,9 @@ void HfCheckpoint::read_float(const std::string& name, uint64_t first, uint64_t 
   // The scales are tiny (one float per 16384 weights): read whole each time.
   std::vector<float> scale(size_t(sshape[0] * sshape[1]));
   file(sname).read_float(sname, 0, scale.size(), scale.data());
+  for (size_t i = 0; i < scale.size(); ++i)
+    if (!std::isfinite(scale[i]))  // a corrupt scale would spread NaN through every later layer
+      throw FormatError(where + ": its scale " + std::to_string(i) + " in '" + sname + "' is not finite");
   dequantize_fp8_rows(f.raw(name).data(), size_t(cols), scale.data(), size_t(sshape[1]), fp8_block_,
                       size_t(first / cols), size_t(count / cols), dst);
 }
