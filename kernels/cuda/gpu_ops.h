@@ -89,6 +89,16 @@ void moe_combine(const float* y, const int* pair_row, const float* weights, int 
                  int dim, float* out, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
+// The MoE plan of one decode token from its top-k `ids` [k] (device), as CudaForward::moe lays
+// it out for an all-hit token: groups in ascending id, one row each (gather_idx [k] all 0,
+// pair_row [k], row_start [k+1]), ptrs[g] = table[id] (`table` [n_experts]: a layer's payload
+// pointers, nullptr where not resident). *miss = 1 when an expert is absent from the table, an id
+// is out of range or repeated (its pointer is then `fallback`, a valid payload), else 0. Also
+// copies x [dim] to x_snap (the residual before the MoE, from which the host can redo the layer).
+void moe_plan_decode(const int* ids, int k, const uint8_t* const* table, int n_experts,
+                     const uint8_t* fallback, int* gather_idx, int* pair_row, int* row_start,
+                     const uint8_t** ptrs, int* miss, const float* x, float* x_snap, int dim,
+                     Stream s);
 // y[t] += sigmoid(gate[t]) * x[t] for n_tokens rows of dim floats (Qwen2-MoE's gated shared
 // expert; the sigmoid in float32 as the CPU's 1 / (1 + exp(-g))).
 void gated_add(float* y, const float* x, const float* gate, int n_tokens, int dim, Stream s);
