@@ -527,7 +527,7 @@ TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
   EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
-// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe) packed with bf16 and q8
+// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe) packed with bf16 and q8
 // experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
 class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
 
@@ -581,7 +581,9 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("mixtral"), QuantType::kQ8},
                       std::pair{std::string("qwen3_moe_fused"), QuantType::kQ8},
                       std::pair{std::string("qwen2_moe"), QuantType::kBF16},
-                      std::pair{std::string("qwen2_moe"), QuantType::kQ8}),
+                      std::pair{std::string("qwen2_moe"), QuantType::kQ8},
+                      std::pair{std::string("glm4_moe"), QuantType::kBF16},
+                      std::pair{std::string("glm4_moe"), QuantType::kQ8}),
     [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
 
 // ---- GGUF on the GPU (issue 18: GPU tier, dense weights in their stored types) --------------

@@ -123,6 +123,33 @@ TEST(GpuKernels, RopeNeoxMatchesCpuRopeApply) {
   expect_close(dx.download(), ref, 1e-6f, 1e-6f, "rope_neox");
 }
 
+TEST(GpuKernels, PartialRopeRotatesOnlyTheFirstDimsOfEachHead) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig cfg;
+  cfg.head_dim = 38;
+  cfg.rotary_dim = 18;  // GLM's partial rotary: 9 pairs of 38 dims, odd half
+  cfg.rope_theta = 1e4;
+  cfg.max_position_embeddings = 4096;
+  Rope rope(cfg);
+  const int n_tokens = 5, n_heads = 3, half = rope.half_dim(), hd = cfg.head_dim;
+  ASSERT_EQ(half, 9);
+  std::vector<float> cos(size_t(n_tokens) * half), sin(cos.size());
+  rope.fill(321, n_tokens, cos.data(), sin.data());
+  auto x = random_floats(size_t(n_tokens) * n_heads * hd, 5);
+  std::vector<float> ref = x;
+  for (int t = 0; t < n_tokens; ++t)
+    for (int h = 0; h < n_heads; ++h)
+      Rope::apply(ref.data() + (size_t(t) * n_heads + h) * hd, cos.data() + size_t(t) * half,
+                  sin.data() + size_t(t) * half, half);
+  DeviceVec<float> dx(x), dc(cos), ds(sin);
+  gpu::rope_neox_partial(dx.get(), n_tokens, n_heads, half, hd, dc.get(), ds.get(), nullptr);
+  const std::vector<float> got = dx.download();
+  expect_close(got, ref, 1e-6f, 1e-6f, "rope_neox_partial");
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (int(i % size_t(hd)) >= 2 * half) EXPECT_EQ(got[i], x[i]) << "pass-through dim " << i;  // bitwise
+  }
+}
+
 TEST(GpuKernels, RouterTopkMatchesRouteToken) {
   SKIP_WITHOUT_GPU();
   const int n_tokens = 9, n_experts = 97, k = 7;

@@ -24,6 +24,10 @@ void rms_norm(const float* x, const float* w, int rows, int n, float eps, float*
 // (i, i + half_dim). cos/sin are [n_tokens, half_dim] tables as runtime/model/rope.h Rope::fill makes.
 void rope_neox(float* x, int n_tokens, int n_heads, int half_dim, const float* cos,
                const float* sin, Stream s);
+// The same on heads of head_dim >= 2*half_dim floats: only the first 2*half_dim dims of each head
+// rotate, the rest pass (GLM-4.5's partial rotary, runtime/model/attention.cpp).
+void rope_neox_partial(float* x, int n_tokens, int n_heads, int half_dim, int head_dim, const float* cos,
+                       const float* sin, Stream s);
 
 // Router of n_tokens tokens: softmax over n_experts logits, the k largest probabilities (ties:
 // lower id first), renormalised to sum 1 when `normalize` (norm_topk_prob). ids/weights get

@@ -133,7 +133,7 @@ size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
   const size_t dense = impl_->dense_bytes_per_token;
   size_t experts = 0;
-  for (int l = 0; l < c.n_layers; ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
+  for (int l = 0; l < c.n_moe_layers(); ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
   return dense + experts;
 }
 

@@ -49,18 +49,23 @@ namespace detail {
 CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path,
                          ExpertStore& s, const GpuForwardOptions& o)
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
-      hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
+      hd(c.head_dim), half(c.rope_dim() / 2), E(c.n_experts), K(c.n_experts_per_tok),
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
       rope(c), Fs(c.shared_expert_intermediate_size),
       cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
+  I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
+  host_routing = c.router_scoring == RouterScoring::kSigmoid;
+  router_params = RouterParams::of(c);
+  route_scratch.resize(router_params.scratch_floats());
+  if (host_routing) cache_aware_router.set_grouped(router_params);
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
   // warm_up() checks that the kernels take each layer's types; a pack's f32 experts (not a GGUF's
   // ggml F32) have none and are refused before the slow load, with the way out.
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.n_moe_layers(); ++l) {  // by MoE layer index (model_config.h)
     layouts.push_back(c.expert_layout(l));
     const ExpertTypes& t = layouts.back().types;
     if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
@@ -97,12 +102,12 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs}),
+                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs, I}),
                              gate_up_round_apart ? pairs * D : 0, b * Fs, b * Fs, b * Fs, Fs > 0 ? b * D : 0,
-                             Fs > 0 ? b : 0};
+                             Fs > 0 ? b : 0, b * I, b * I, b * I};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
                    &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj, &xr, &xg_up,
-                   &sh_gate, &sh_up, &sh_act, &sh_y, &sh_logit};
+                   &sh_gate, &sh_up, &sh_act, &sh_y, &sh_logit, &mlp_g, &mlp_u, &mlp_a};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -261,8 +266,13 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
     gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
     gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_dst, stream);
   }
-  gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-  gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
+  if (2 * half == hd) {
+    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
+  } else {  // GLM's partial rotary: the first 2*half dims of each head
+    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
+    gpu::rope_neox_partial(k_dst, T, KV, half, hd, cos_d, sin_d, stream);
+  }
   if (!padded) {
     gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
   } else {
@@ -292,6 +302,14 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   const bool substitute = override == nullptr && routing.cache_aware.enabled;
   const size_t pairs = size_t(B) * size_t(K);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
+  if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
+    const auto tm = std::chrono::steady_clock::now();
+    gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
+    dense_mlp(lw, T);
+    times.expert_compute_s += seconds_since(tm);
+    return;
+  }
+  const int moe_l = cfg.moe_layer_index(l);  // experts, cache, logs and overrides number MoE layers
   // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
   // normalised row: both top-k lists come back in the layer's one D2H.
   auto tr = std::chrono::steady_clock::now();
@@ -301,40 +319,57 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
-  gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+  if (!host_routing) gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
   const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
     gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
   }
+  // The look-ahead's ranking is by raw logits (softmax top-N) for every router: a prediction
+  // changes what is prefetched, never the output.
+  if (host_routing && lookahead)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>() + 2 * pairs, la_ids_d, size_t(N) * 4,
+                                   cudaMemcpyDeviceToHost, stream));
   const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
-  MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
-                                 cudaMemcpyDeviceToHost, stream));
-  if (substitute)
+  if (!host_routing)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
+                                   cudaMemcpyDeviceToHost, stream));
+  if (substitute || host_routing)
     MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
+  // Weights the host wrote go back to the device once, after every host step of the layer.
+  bool upload_weights = false;
+  if (host_routing) {  // grouped sigmoid routing (routing.h), as the CPU pass
+    const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();
+    for (int t = 0; t < T; ++t)
+      route(router_params, logits_host.as<const float>() + size_t(t) * E, bias, ids_h + size_t(t) * K,
+            wts_h + size_t(t) * K, route_scratch);
+    upload_weights = true;
+  }
   if (override != nullptr) {  // replayed routing: the weights go back to the device
-    (*override)(l, ordinal, T, ids_h, wts_h);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
+    (*override)(moe_l, ordinal, T, ids_h, wts_h);
+    upload_weights = true;
   }
   for (int i = 0; i < T * K; ++i)
     if (ids_h[i] < 0 || ids_h[i] >= E)
-      throw FormatError("layer " + std::to_string(l) + ": expert id " + std::to_string(ids_h[i]) +
+      throw FormatError("layer " + std::to_string(l) + " (MoE layer " + std::to_string(moe_l) + "): expert id " + std::to_string(ids_h[i]) +
                         " outside [0, " + std::to_string(E) + ") from the " +
                         (override ? "routing override" : "router"));
   // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
-  if (substitute && apply_cache_aware(l, T, routing.cache_aware.tolerance, ca_stats))
+  if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware.tolerance, ca_stats,
+                                      lw.router_bias.empty() ? nullptr : lw.router_bias.data()))
+    upload_weights = true;
+  if (upload_weights)
     MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
                                    cudaMemcpyHostToDevice, stream));
   if (on_routing) {
     router_inputs.resize(size_t(T) * D);
     MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
                               cudaMemcpyDeviceToHost));
-    RoutingEvent ev{l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
+    RoutingEvent ev{moe_l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
     on_routing(ev);
   }
   times.router_s += seconds_since(tr);
@@ -366,8 +401,9 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
     shared_expert(lw, T);
     times.expert_compute_s += seconds_since(ts);
   }
-  moe(l, T, lookahead, times);
-  if (Fs > 0) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
+  moe(moe_l, T, lookahead, times);
+  if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
+  if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(T) * D, stream);  // GLM-4.5: ungated
 }
 
 // Cache-aware routing of layer `layer`: the exact top-k in route_host against what the GPU cache
@@ -376,7 +412,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
 // chunk sees one snapshot, as on the CPU). A look-ahead prediction counts as resident only once
 // its copy completed, so with --moe-lookahead the substitutions may vary from run to run.
 // Returns whether any slot changed (the weights in route_host then need uploading).
-bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats) {
+bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias) {
   store.residency(layer, std::span<ExpertTier>(tiers));
   for (int e = 0; e < E; ++e)
     resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage ||
@@ -384,7 +420,7 @@ bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwar
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + size_t(B) * size_t(K));
   return cache_aware_router.apply(resident, logits_host.as<const float>(), T, tolerance, ids_h,
-                                  wts_h, stats) > 0;
+                                  wts_h, stats, bias) > 0;
 }
 
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts
@@ -537,7 +573,15 @@ void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
   linear(h, lw.shared_up, T, sh_up);
   gpu::swiglu(sh_gate, sh_up, size_t(T) * Fs, sh_act, stream);
   linear(sh_act, lw.shared_down, T, sh_y);
-  linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+  if (cfg.shared_expert_gated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+}
+
+// A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.
+void CudaForward::dense_mlp(const GpuLayerWeights& lw, int T) {
+  linear(h, lw.mlp_gate, T, mlp_g);
+  linear(h, lw.mlp_up, T, mlp_u);
+  gpu::swiglu(mlp_g, mlp_u, size_t(T) * I, mlp_a, stream);
+  linear(mlp_a, lw.mlp_down, T, x, true);
 }
 
 }  // namespace detail

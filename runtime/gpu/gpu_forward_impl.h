@@ -15,6 +15,7 @@
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/routing.h"
 
 namespace moestream::detail {
 
@@ -27,6 +28,7 @@ struct CudaForward final : GpuForward {
   GpuForwardOptions opts;
   ExpertStore& store;
   int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
+                                             // half: RoPE pairs per head (rotary_dim / 2)
   int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
   bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
   float eps, scale;
@@ -54,6 +56,14 @@ struct CudaForward final : GpuForward {
   int Fs = 0;
   float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
   DeviceBuffer ones;
+  // GLM-4.5 / DeepSeek-V3: a dense first layer's gate/up/SwiGLU rows [B, I] (unallocated without
+  // one); the grouped sigmoid router runs on the host from the logits copied back (host_routing),
+  // with the CPU pass's routing.h, so both passes select alike.
+  int I = 0;
+  float *mlp_g = nullptr, *mlp_u = nullptr, *mlp_a = nullptr;
+  bool host_routing = false;
+  RouterParams router_params;
+  std::vector<float> route_scratch;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -119,7 +129,7 @@ struct CudaForward final : GpuForward {
     resident_stats = {};
   }
   const GpuForwardInfo& info() const override { return info_; }
-  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
+  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
   void attention_layer(int l, int T, int n_past, ForwardTimes& times);
   void moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l, ForwardTimes& times,
@@ -131,6 +141,7 @@ struct CudaForward final : GpuForward {
   int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);
   void shared_expert(const GpuLayerWeights& lw, int T);
+  void dense_mlp(const GpuLayerWeights& lw, int T);
   void warm_up();
 };
 

@@ -6,7 +6,9 @@
 // restores the residual saved before that layer's MoE and finishes the token from there through
 // the synced path (moe_layer), which reads the miss. The step is tried only after a decode step
 // that read nothing, and only where every choice is the router's own (no override, no
-// cache-aware substitution, no routing log, no look-ahead).
+// cache-aware substitution, no routing log, no look-ahead) and made on the device (softmax
+// top-k; grouped sigmoid routing runs on the host). Dense layers (first_k_dense_replace) run
+// their MLP; experts, the table and the cache are numbered by MoE layer.
 #include <algorithm>
 #include <chrono>
 
@@ -19,14 +21,16 @@
 namespace moestream::detail {
 
 void CudaForward::init_resident() {
-  resident_capable = opts.resident_decode && N == 0;
+  resident_capable = opts.resident_decode && N == 0 && !host_routing;
   for (const ExpertLayout& lay : layouts) resident_capable = resident_capable && expert_gemm_takes(lay);
   if (!resident_capable) return;
   const size_t L = size_t(cfg.n_layers);
-  table_dev = DeviceBuffer(L * size_t(E) * sizeof(const uint8_t*));
+  table_dev = DeviceBuffer(size_t(cfg.n_moe_layers()) * size_t(E) * sizeof(const uint8_t*));
   table_host = PinnedBuffer(table_dev.bytes());
   resident_dev = DeviceBuffer((2 * L * size_t(K) + L) * sizeof(int));
   resident_host = PinnedBuffer(resident_dev.bytes());
+  // A dense layer never writes its flag: zero from the start.
+  MOE_CUDA_CHECK(cudaMemset(resident_dev.get(), 0, resident_dev.bytes()));
   snapshot = DeviceBuffer(L * size_t(D) * sizeof(float));
   fallback_expert = DeviceBuffer(cfg.max_expert_bytes());
   MOE_CUDA_CHECK(cudaMemset(fallback_expert.get(), 0, fallback_expert.bytes()));
@@ -46,8 +50,8 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
   auto t0 = std::chrono::steady_clock::now();
   auto** table_h = table_host.as<const uint8_t*>();
   if (table_stale) {  // what the cache holds now, with its bytes in place
-    for (int l = 0; l < L; ++l)
-      for (int e = 0; e < E; ++e) table_h[size_t(l) * E + e] = cache->resident_payload(l, e);
+    for (int m = 0; m < cfg.n_moe_layers(); ++m)
+      for (int e = 0; e < E; ++e) table_h[size_t(m) * E + e] = cache->resident_payload(m, e);
     MOE_CUDA_CHECK(cudaMemcpyAsync(table_dev.get(), table_h, table_dev.bytes(),
                                    cudaMemcpyHostToDevice, stream));
     table_stale = false;
@@ -62,13 +66,20 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     attention_layer(l, 1, c.n_past, times);
     auto tm = std::chrono::steady_clock::now();
     const GpuLayerWeights& lw = w.layers[size_t(l)];
-    const ExpertLayout& lay = layouts[size_t(l)];
+    if (!cfg.is_moe_layer(l)) {
+      gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
+      dense_mlp(lw, 1);
+      times.expert_compute_s += seconds_since(tm);
+      continue;
+    }
+    const int m = cfg.moe_layer_index(l);
+    const ExpertLayout& lay = layouts[size_t(m)];
     int* ids_l = ids_d + size_t(l) * K;
     float* wts_l = wts_d + size_t(l) * K;
     gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
     linear_f32(h, lw.router, 1, D, E, rlog);
     gpu::router_topk(rlog, 1, E, K, cfg.norm_topk_prob, ids_l, wts_l, stream);
-    gpu::moe_plan_decode(ids_l, K, table_d + size_t(l) * E, E, fallback_expert.as<const uint8_t>(),
+    gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
                          plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
                          missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
     if (Fs > 0) shared_expert(lw, 1);
@@ -82,7 +93,8 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
     gpu::moe_combine(y, plan + pairs, wts_l, 1, K, D, tmp, stream);
     gpu::add_inplace(x, tmp, size_t(D), stream);
-    if (Fs > 0) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
+    if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
+    if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
     times.expert_compute_s += seconds_since(tm);
   }
   auto tl = std::chrono::steady_clock::now();
@@ -101,9 +113,10 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
   // recency); nothing is read, nothing waits.
   auto** ptr_h = ptr_host.as<const uint8_t*>();
   for (int l = 0; l < l0; ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
     unique_ids.assign(ids_h + size_t(l) * K, ids_h + size_t(l + 1) * K);
     std::sort(unique_ids.begin(), unique_ids.end());
-    cache->acquire(l, unique_ids, CacheFill::kDemand, std::span<const uint8_t*>(ptr_h, size_t(K)));
+    cache->acquire(cfg.moe_layer_index(l), unique_ids, CacheFill::kDemand, std::span<const uint8_t*>(ptr_h, size_t(K)));
     cache->kernels_enqueued();
   }
   if (l0 < L) {

@@ -26,6 +26,7 @@ class Attention {
   int D_, H_, KV_, hd_, max_ctx_, max_batch_;
   QkNorm qk_norm_;
   float eps_;
+  int rot_half_;  // RoPE pairs per head: rotary_dim / 2 (head_dim / 2 but for GLM's partial rotary)
   // Per layer: [KV][max_ctx][hd] so one head's keys are contiguous for the score GEMV.
   std::vector<std::unique_ptr<float[]>> k_cache_, v_cache_;
   RowMatrix q_, k_, v_, attn_;  // [max_batch, H*hd] / [max_batch, KV*hd] scratch

@@ -47,13 +47,18 @@ struct LayerWeights {
   // The shared expert (empty without one): SwiGLU matrices in their stored type, and its gate
   // [1, hidden] in float32 as the router.
   DenseMatrix shared_gate, shared_up, shared_down;
-  RowMatrix shared_expert_gate;
+  RowMatrix shared_expert_gate;      // empty when the shared expert is ungated (GLM-4.5)
+  // GLM-4.5 / DeepSeek-V3: the sigmoid router's correction bias [n_experts] (selection only), and
+  // the dense SwiGLU MLP of a layer below first_k_dense_replace (router empty then).
+  Eigen::VectorXf router_bias;
+  DenseMatrix mlp_gate, mlp_up, mlp_down;
 };
 
 // Which field of DenseWeights / LayerWeights a dense tensor fills.
 enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
-  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate
+  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kRouterBias, kMlpGate, kMlpUp, kMlpDown  // GLM-4.5 / DeepSeek-V3
 };
 
 // One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.
