@@ -34,6 +34,14 @@ void rope_neox_partial(float* x, int n_tokens, int n_heads, int half_dim, int he
 // n_tokens*k entries, token-major, as runtime/model/moe_layer.h route_token.
 void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
                  int* ids, float* weights, Stream s);
+// The grouped sigmoid router (GLM-4.5, DeepSeek-V3) of n_tokens tokens, as
+// runtime/model/routing.h route_sigmoid_grouped: sigmoid scores, `bias` [n_experts] (device, may
+// be null) added for selection only, the topk_group best of n_group groups (by the sum of each
+// group's two best), the k best experts in them (ties: lower id), weights the chosen unbiased
+// scores, normalised when `normalize`, times `scaling`. ids/weights n_tokens*k, token-major.
+void router_grouped(const float* logits, const float* bias, int n_tokens, int n_experts, int k,
+                    int n_group, int topk_group, bool normalize, float scaling, int* ids,
+                    float* weights, Stream s);
 
 // out[i] = silu(gate[i]) * up[i] for n elements (the expert's fused SwiGLU).
 void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);

@@ -56,10 +56,9 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       rope(c), Fs(c.shared_expert_intermediate_size),
       cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
   I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
-  host_routing = c.router_scoring == RouterScoring::kSigmoid;
+  sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
   router_params = RouterParams::of(c);
-  route_scratch.resize(router_params.scratch_floats());
-  if (host_routing) cache_aware_router.set_grouped(router_params);
+  if (sigmoid_routing) cache_aware_router.set_grouped(router_params);
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -319,7 +318,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
-  if (!host_routing) gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+  route_on_device(lw, T, ids_d, wts_d);
   const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
@@ -327,14 +326,10 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   }
   // The look-ahead's ranking is by raw logits (softmax top-N) for every router: a prediction
   // changes what is prefetched, never the output.
-  if (host_routing && lookahead)
-    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>() + 2 * pairs, la_ids_d, size_t(N) * 4,
-                                   cudaMemcpyDeviceToHost, stream));
   const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
-  if (!host_routing)
-    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
-                                   cudaMemcpyDeviceToHost, stream));
-  if (substitute || host_routing)
+  MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
+                                 cudaMemcpyDeviceToHost, stream));
+  if (substitute)
     MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -342,13 +337,6 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
   // Weights the host wrote go back to the device once, after every host step of the layer.
   bool upload_weights = false;
-  if (host_routing) {  // grouped sigmoid routing (routing.h), as the CPU pass
-    const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();
-    for (int t = 0; t < T; ++t)
-      route(router_params, logits_host.as<const float>() + size_t(t) * E, bias, ids_h + size_t(t) * K,
-            wts_h + size_t(t) * K, route_scratch);
-    upload_weights = true;
-  }
   if (override != nullptr) {  // replayed routing: the weights go back to the device
     (*override)(moe_l, ordinal, T, ids_h, wts_h);
     upload_weights = true;
@@ -574,6 +562,17 @@ void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
   gpu::swiglu(sh_gate, sh_up, size_t(T) * Fs, sh_act, stream);
   linear(sh_act, lw.shared_down, T, sh_y);
   if (cfg.shared_expert_gated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+}
+
+// The layer's router on the device: softmax top-k, or the grouped sigmoid router with the
+// layer's correction bias (GLM-4.5, DeepSeek-V3), from the logits in rlog.
+void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d) {
+  if (sigmoid_routing)
+    gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
+                        router_params.topk_group, router_params.normalize, router_params.scaling,
+                        ids_d, wts_d, stream);
+  else
+    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
 }
 
 // A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.

@@ -57,13 +57,12 @@ struct CudaForward final : GpuForward {
   float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
   DeviceBuffer ones;
   // GLM-4.5 / DeepSeek-V3: a dense first layer's gate/up/SwiGLU rows [B, I] (unallocated without
-  // one); the grouped sigmoid router runs on the host from the logits copied back (host_routing),
-  // with the CPU pass's routing.h, so both passes select alike.
+  // one); the grouped sigmoid router (gpu::router_grouped, the device twin of routing.h) instead
+  // of the softmax top-k; router_params serve cache-aware substitution on the host.
   int I = 0;
   float *mlp_g = nullptr, *mlp_u = nullptr, *mlp_a = nullptr;
-  bool host_routing = false;
+  bool sigmoid_routing = false;
   RouterParams router_params;
-  std::vector<float> route_scratch;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -142,6 +141,7 @@ struct CudaForward final : GpuForward {
   void add_bias(const float* bias, int T, int n, float* yout);
   void shared_expert(const GpuLayerWeights& lw, int T);
   void dense_mlp(const GpuLayerWeights& lw, int T);
+  void route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
   void warm_up();
 };
 

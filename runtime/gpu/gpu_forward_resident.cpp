@@ -6,8 +6,7 @@
 // restores the residual saved before that layer's MoE and finishes the token from there through
 // the synced path (moe_layer), which reads the miss. The step is tried only after a decode step
 // that read nothing, and only where every choice is the router's own (no override, no
-// cache-aware substitution, no routing log, no look-ahead) and made on the device (softmax
-// top-k; grouped sigmoid routing runs on the host). Dense layers (first_k_dense_replace) run
+// cache-aware substitution, no routing log, no look-ahead). Dense layers (first_k_dense_replace) run
 // their MLP; experts, the table and the cache are numbered by MoE layer.
 #include <algorithm>
 #include <chrono>
@@ -21,7 +20,7 @@
 namespace moestream::detail {
 
 void CudaForward::init_resident() {
-  resident_capable = opts.resident_decode && N == 0 && !host_routing;
+  resident_capable = opts.resident_decode && N == 0;
   for (const ExpertLayout& lay : layouts) resident_capable = resident_capable && expert_gemm_takes(lay);
   if (!resident_capable) return;
   const size_t L = size_t(cfg.n_layers);
@@ -78,7 +77,7 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     float* wts_l = wts_d + size_t(l) * K;
     gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
     linear_f32(h, lw.router, 1, D, E, rlog);
-    gpu::router_topk(rlog, 1, E, K, cfg.norm_topk_prob, ids_l, wts_l, stream);
+    route_on_device(lw, 1, ids_l, wts_l);
     gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
                          plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
                          missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
