@@ -139,6 +139,13 @@ void CudaForward::expert_matmul(QuantType q, size_t offset, int g0, int g1, int 
                          yout + size_t(r) * rows, stream);
 }
 
+// Whether every matrix of `lay` goes through the grouped GEMM, which reads the payload pointers
+// from the device (not the per-row matvec fallback, which reads them on the host).
+bool CudaForward::expert_gemm_takes(const ExpertLayout& lay) const {
+  auto gemm = [](QuantType q, int cols) { return !pack_int_type(q) || cols % kQuantBlock == 0; };
+  return gemm(lay.types.gate, D) && gemm(lay.types.up, D) && gemm(lay.types.down, F);
+}
+
 CudaForward::~CudaForward() {
   cache.reset();  // its events and copies reference the stream
   if (stream) cudaStreamSynchronize(stream);

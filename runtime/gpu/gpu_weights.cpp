@@ -116,6 +116,7 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     vec(h.ffn_norm.data(), size_t(h.ffn_norm.size()), d.ffn_norm);
     if (h.router.size() > 0) vec(h.router.data(), size_t(h.router.size()), d.router);
     d.router_bias.assign(h.router_bias.data(), h.router_bias.data() + h.router_bias.size());
+    if (h.router_bias.size() > 0) vec(h.router_bias.data(), size_t(h.router_bias.size()), d.router_bias_dev);
     if (!h.mlp_gate.empty()) {  // a dense first layer (GLM-4.5 / DeepSeek-V3)
       matrix(h.mlp_gate, d.mlp_gate, p + "mlp_gate");
       matrix(h.mlp_up, d.mlp_up, p + "mlp_up");

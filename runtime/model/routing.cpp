@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "runtime/model/cache_aware_router.h"
 #include "runtime/model/moe_layer.h"
 
 namespace moestream {
@@ -16,7 +17,7 @@ namespace {
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Fills choice[E] (biased scores) and kept[n_group] (1: the group competes). scratch layout:
-// [choice E][unused E][group score G][kept G].
+// [choice E][E floats: substitute_resident_grouped's candidate flags][group score G][kept G].
 struct GroupedChoice {
   float* choice;
   float* kept;
@@ -113,27 +114,16 @@ int substitute_resident_grouped(const RouterParams& p, const float* logits, cons
                                 std::span<const uint8_t> resident, float tolerance, int* ids,
                                 std::span<float> scratch) {
   MOE_ASSERT(resident.size() == size_t(p.n_experts), "resident must hold n_experts flags");
-  const int k = p.k;
-  if (k <= 0 || !(tolerance > 0)) return 0;
+  if (p.k <= 0 || !(tolerance > 0)) return 0;
   const GroupedChoice gc = grouped_choice(p, logits, bias, scratch);
+  // The softmax rule on the biased choice values, with an expert of a dropped group counted as
+  // not resident: it can then never come in, and a selected expert is in a kept group anyway.
+  // The flags go in the scratch's second E floats (byte access to them is allowed).
   const int per = p.n_experts / p.n_group;
-  const float range = gc.choice[ids[0]] - gc.choice[ids[k - 1]];
-  const float allowance = k == 1 ? tolerance : tolerance * range;
-  int changed = 0;
-  for (int j = k - 1; j >= 0; --j) {  // weakest first: it has the most to gain and least to lose
-    const int s = ids[j];
-    if (resident[size_t(s)]) continue;
-    int best = -1;
-    for (int c = 0; c < p.n_experts; ++c) {
-      if (gc.kept[c / per] == 0 || !resident[size_t(c)] || std::find(ids, ids + k, c) != ids + k) continue;
-      if (best < 0 || gc.choice[c] > gc.choice[best]) best = c;  // strict: ties keep the lower id
-    }
-    if (best >= 0 && gc.choice[s] - gc.choice[best] <= allowance) {
-      ids[j] = best;
-      ++changed;
-    }
-  }
-  return changed;
+  auto* candidate = reinterpret_cast<uint8_t*>(scratch.data() + p.n_experts);
+  for (int e = 0; e < p.n_experts; ++e) candidate[e] = gc.kept[e / per] != 0 && resident[size_t(e)];
+  return substitute_resident(gc.choice, p.n_experts, p.k,
+                             std::span<const uint8_t>(candidate, size_t(p.n_experts)), tolerance, ids);
 }
 
 }  // namespace moestream
