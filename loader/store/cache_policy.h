@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace moestream {
@@ -96,6 +97,13 @@ class CachePolicy {
 
   // One decode step has passed (policies that age by steps use it; others ignore it).
   virtual void advance_step() = 0;
+  // What the engine knows of this step's coming demand: the look-ahead's guess of `layer`'s
+  // experts (a later router applied to the current layer's hidden state), best first. Valid until
+  // the next advance_step(); a later hint for the same layer replaces it. Policies that use
+  // foresight (ForesightPolicy) override it; the others ignore it.
+  virtual void hint(int layer, std::span<const int> experts_best_first) {
+    (void)layer, (void)experts_best_first;
+  }
   // The key's current heat, in uses (a policy's own measure: aged count or decayed frequency).
   virtual double heat(ExpertKey key) const = 0;
   virtual const CacheStats& stats() const = 0;
