@@ -13,6 +13,7 @@
 #include "cluster/cache_hints.h"
 #include "cluster/cache_sim.h"
 #include "common/error.h"
+#include "loader/format/expert_prior.h"
 #include "loader/format/routing_log.h"
 #include "loader/format/safetensors.h"
 #include "loader/store/foresight_policy.h"
@@ -28,6 +29,7 @@ struct ForesightArgs {
   std::vector<double> oracle_noise;
   ForesightPolicyOptions options;
   std::vector<double> sweep_exponent, sweep_half_life;
+  std::vector<double> prior;  // by key: share of its layer's demand in other traces
 };
 
 // The routers of a packed model (dense.safetensors, layers.L.router: n_experts x hidden).
@@ -40,9 +42,20 @@ std::vector<std::vector<float>> load_routers(const std::string& dir, const Routi
   return routers;
 }
 
+// The prior file's shares as the policy takes them; its shape must be the trace's.
+std::vector<double> prior_shares(const std::string& path, const RoutingLogHeader& h) {
+  const ExpertPrior p = read_expert_prior(path);
+  if (p.n_layers != h.n_layers || p.n_experts != h.n_experts)
+    throw ConfigError("--prior " + path + ": " + std::to_string(p.n_layers) + " x " +
+                      std::to_string(p.n_experts) + " experts, the trace has " +
+                      std::to_string(h.n_layers) + " x " + std::to_string(h.n_experts));
+  return std::vector<double>(p.share.begin(), p.share.end());
+}
+
 double foresight_hit(const CacheTrace& t, int cap, const ForesightPolicyOptions& o,
-                     const CacheHints* hints) {
+                     const CacheHints* hints, const std::vector<double>& prior = {}) {
   ForesightPolicy p(uint32_t(cap), t.n_layers, t.n_experts, o);
+  if (!prior.empty()) p.set_prior(prior);
   return 100 * (hints ? simulate_policy_with_hints(t, p, *hints) : simulate_policy(t, p)).hit_rate();
 }
 
@@ -57,10 +70,10 @@ void foresight_table(const RoutingLog& log, const CacheTrace& t, bool all_phases
   std::vector<CacheHints> oracles;
   for (double n : a.oracle_noise) oracles.push_back(make_oracle_hints(t, a.depth, n, 23));
   std::printf("\nforesight policy (loader/store/foresight_policy.h, half-life %g, exponent %g, "
-              "admission %s)%s\n\n| capacity (experts) | %% of expert bytes | LRU | LFRU | LFRU + adm "
+              "admission %s%s)%s\n\n| capacity (experts) | %% of expert bytes | LRU | LFRU | LFRU + adm "
               "| host LFU | static top-C | Foresight, history only |",
               a.options.heat_half_life_steps, a.options.distance_exponent,
-              a.options.admission ? "on" : "off",
+              a.options.admission ? "on" : "off", a.prior.empty() ? "" : ", with the prior",
               look ? (", look-ahead depth " + std::to_string(a.depth) + " width " + std::to_string(a.width)).c_str() : "");
   if (look) std::printf(" Foresight + look-ahead |");
   for (double n : a.oracle_noise) std::printf(" UPPER BOUND: true next ids, noise %g |", n);
@@ -76,13 +89,13 @@ void foresight_table(const RoutingLog& log, const CacheTrace& t, bool all_phases
                 100 * simulate_lru(t, cap).hit_rate(), 100 * simulate_lfru(t, cap).hit_rate(),
                 100 * simulate_lfru(t, cap, adm).hit_rate(), 100 * simulate_lfu(t, cap).hit_rate(),
                 100 * simulate_static_top(t, cap).hit_rate());
-    double best = foresight_hit(t, cap, a.options, nullptr);
+    double best = foresight_hit(t, cap, a.options, nullptr, a.prior);
     std::printf(" %.2f |", best);
     if (look) {
-      best = foresight_hit(t, cap, a.options, &*look);
+      best = foresight_hit(t, cap, a.options, &*look, a.prior);
       std::printf(" %.2f |", best);
     }
-    for (const CacheHints& o : oracles) std::printf(" %.2f |", foresight_hit(t, cap, a.options, &o));
+    for (const CacheHints& o : oracles) std::printf(" %.2f |", foresight_hit(t, cap, a.options, &o, a.prior));
     const double opt = 100 * simulate_belady(t, cap).hit_rate();
     worst = std::max(worst, opt - best);
     std::printf(" %.2f | %.2f | %.2f |\n", opt, 100 * simulate_belady(t, cap, true).hit_rate(), opt - best);
@@ -97,7 +110,7 @@ void foresight_table(const RoutingLog& log, const CacheTrace& t, bool all_phases
       o.distance_exponent = e, o.heat_half_life_steps = hl;
       std::printf("sweep exponent %g half-life %g:", e, hl);
       for (int cap : caps)
-        if (cap <= total) std::printf(" %d:%.2f", cap, foresight_hit(t, cap, o, look ? &*look : nullptr));
+        if (cap <= total) std::printf(" %d:%.2f", cap, foresight_hit(t, cap, o, look ? &*look : nullptr, a.prior));
       std::printf("\n");
     }
 }
@@ -148,6 +161,10 @@ int main(int argc, char** argv) {
   app.add_flag("!--foresight-no-admission", fa.options.admission, "foresight without admission");
   app.add_option("--sweep-foresight-exponent", fa.sweep_exponent, "tuning: foresight hit rates at these exponents");
   app.add_option("--sweep-foresight-half-life", fa.sweep_half_life, "tuning: and these half-lives");
+  std::string prior_path;
+  app.add_option("--prior", prior_path,
+                 "expert prior learned from routing logs of OTHER text (cluster_experts "
+                 "--prior-out): seeds the foresight policy");
   bool foresight_only = false;
   app.add_flag("--foresight-only", foresight_only, "print only the foresight table");
   CLI11_PARSE(app, argc, argv);
@@ -162,6 +179,7 @@ int main(int argc, char** argv) {
     caps.insert(caps.end(), experts.begin(), experts.end());
     std::printf("trace: %s, %zu %s, %zu accesses (%d layers x %d experts, top-%d)\n",
                 log_path.c_str(), t.n_steps(), all_phases ? "tokens" : "decode steps", t.keys.size(), t.n_layers, t.n_experts, top_k);
+    if (!prior_path.empty()) fa.prior = prior_shares(prior_path, log.header);
     if (foresight_only) {
       foresight_table(log, t, all_phases, caps, fa);
       return 0;

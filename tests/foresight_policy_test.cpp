@@ -3,6 +3,7 @@
 // cluster/cache_hints.h (guesses replayed beside a trace).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <set>
 #include <vector>
@@ -134,6 +135,10 @@ TEST(Foresight, HostileKeysGuessesAndOptionsThrow) {
   EXPECT_THROW(p.hint(1, std::vector<int>{4}), ConfigError);
   EXPECT_THROW(p.hint(1, std::vector<int>{-1}), ConfigError);
   p.hint(0, std::vector<int>{0, 0, 1});  // before any visit: ignored; duplicates are harmless
+  EXPECT_THROW(p.set_prior(std::vector<double>(7, 0.25)), ConfigError);
+  EXPECT_THROW(p.set_prior(std::vector<double>{0.5, 0.5, 0, std::nan(""), 1, 0, 0, 0}), ConfigError);
+  EXPECT_THROW(p.set_prior(std::vector<double>{0.5, 0.5, 0, -1, 1, 0, 0, 0}), ConfigError);
+  p.set_prior(std::vector<double>{0.5, 0.5, 0, 0, 1, 0, 0, 0});
   EXPECT_THROW(ForesightPolicy(0, 1, 1), ConfigError);
   EXPECT_THROW(ForesightPolicy(1, 0, 1), ConfigError);
   EXPECT_THROW(ForesightPolicy(1, 1, 0), ConfigError);

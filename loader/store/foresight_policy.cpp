@@ -60,11 +60,34 @@ ForesightPolicy::ForesightPolicy(uint32_t n_slots, int n_layers, int n_experts,
   heat_.assign(n_keys, 0);
   heat_step_.assign(n_keys, 0);
   used_now_.assign(n_keys, 0);
+  prior_cell_.assign(n_keys, 0);
   hint_step_.assign(kMaxHintDepth, std::vector<int64_t>(size_t(n_layers), -1));
   hint_rank_.assign(kMaxHintDepth, std::vector<uint8_t>(n_keys, kNotGuessed));
   hinted_.assign(size_t(kMaxHintDepth) * kRankCells * kHistoryCells, Cell{});
   hinted_coarse_.assign(size_t(kMaxHintDepth) * kRankCells, Cell{});
   decay_per_step_ = std::exp2(-1.0 / options.heat_half_life_steps);
+}
+
+void ForesightPolicy::set_prior(std::span<const double> use_share) {
+  if (use_share.size() != prior_cell_.size())
+    throw ConfigError("foresight cache policy: a prior of " + std::to_string(use_share.size()) +
+                      " experts for " + std::to_string(n_layers_) + " layers x " +
+                      std::to_string(n_experts_) + " experts");
+  for (double x : use_share)
+    if (!std::isfinite(x) || x < 0)
+      throw ConfigError("foresight cache policy: a prior share is negative or not finite");
+  // Rank within the layer: the top 1/8 of its experts, the next 1/8, the next 1/4, the rest.
+  std::vector<int> order(static_cast<size_t>(n_experts_), 0);
+  for (int l = 0; l < n_layers_; ++l) {
+    const double* share = use_share.data() + size_t(l) * size_t(n_experts_);
+    for (int e = 0; e < n_experts_; ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return share[a] > share[b]; });
+    for (int r = 0; r < n_experts_; ++r) {
+      const int q = 8 * r / n_experts_;  // eighths
+      prior_cell_[size_t(l) * size_t(n_experts_) + size_t(order[size_t(r)])] =
+          uint8_t(q == 0 ? 0 : q == 1 ? 1 : q <= 3 ? 2 : 3);
+    }
+  }
 }
 
 int ForesightPolicy::key_of(ExpertKey k) const {
@@ -87,7 +110,7 @@ double ForesightPolicy::heat_at(int key, int64_t step) const {
 
 int ForesightPolicy::history_cell(int key, int64_t at_step, int64_t last_use) const {
   const int a = last_use < 0 ? kAgeCells - 1 : age_cell(at_step - last_use);
-  return a * kHeatCells + heat_cell(heat_at(key, at_step));
+  return (a * kHeatCells + heat_cell(heat_at(key, at_step))) * kPriorCells + prior_cell_[size_t(key)];
 }
 
 double ForesightPolicy::probability(int key, int& distance, double* then) const {
@@ -99,7 +122,7 @@ double ForesightPolicy::probability(int key, int& distance, double* then) const 
   const int64_t last = used_now_[size_t(key)] ? visit_step_ : last_use_[size_t(key)];
   // A cell with little data leans on its heat's cell over all ages, that one on the mean.
   const double p_all = history_all_.p(kPriorReuse);
-  auto p_of = [&](int cell) { return history_[size_t(cell)].p(by_heat_[size_t(cell % kHeatCells)].p(p_all)); };
+  auto p_of = [&](int cell) { return history_[size_t(cell)].p(by_heat_[size_t(cell % (kHeatCells * kPriorCells))].p(p_all)); };
   // Were it not used at that visit: its chance at the one after (history one step older).
   if (then) *then = p_of(history_cell(key, at + 1, last));
   const int h = history_cell(key, at, last);
@@ -141,11 +164,12 @@ void ForesightPolicy::finish_visit() {
     // Features as they were before the visit: last use and heat without this visit's use.
     const int a = last_use_[size_t(key)] < 0 ? kAgeCells - 1 : age_cell(t - last_use_[size_t(key)]);
     const double hv = heat_[size_t(key)] * std::pow(decay_per_step_, double(t - heat_step_[size_t(key)]));
-    const int h = a * kHeatCells + heat_cell(hv);
+    const int h = (a * kHeatCells + heat_cell(hv)) * kPriorCells + prior_cell_[size_t(key)];
     const double y = used_now_[size_t(key)] ? 1 : 0;
     history_[size_t(h)].uses += y, history_[size_t(h)].visits += 1;
     history_all_.uses += y, history_all_.visits += 1;
-    by_heat_[size_t(h % kHeatCells)].uses += y, by_heat_[size_t(h % kHeatCells)].visits += 1;
+    Cell& coarse = by_heat_[size_t(h % (kHeatCells * kPriorCells))];
+    coarse.uses += y, coarse.visits += 1;
     for (int j = 0; j < kMaxHintDepth; ++j) {
       if (hint_step_[size_t(j)][size_t(l)] != t) continue;
       const size_t rc = size_t(j) * kRankCells + hint_rank_[size_t(j)][size_t(key)];

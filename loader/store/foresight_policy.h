@@ -45,8 +45,8 @@ struct ForesightPolicyOptions {
 class ForesightPolicy final : public CachePolicy {
  public:
   static constexpr int kMaxHintDepth = 8;  // guesses further ahead than this are ignored
-  static constexpr int kAgeCells = 5, kHeatCells = 6, kRankCells = 7;
-  static constexpr int kHistoryCells = kAgeCells * kHeatCells;
+  static constexpr int kAgeCells = 5, kHeatCells = 6, kRankCells = 7, kPriorCells = 4;
+  static constexpr int kHistoryCells = kAgeCells * kHeatCells * kPriorCells;
 
   ForesightPolicy(uint32_t n_slots, int n_layers, int n_experts, ForesightPolicyOptions options = {});
 
@@ -63,6 +63,10 @@ class ForesightPolicy final : public CachePolicy {
   double heat(ExpertKey key) const override;
   const CacheStats& stats() const override { return stats_; }
 
+  // Priors learned from other traces: each expert's share of its layer's demand, by key (layer *
+  // n_experts + expert). Its rank in its layer (top 1/8, next 1/8, next 1/4, rest) becomes one
+  // more feature of the history cell. ConfigError on a wrong size or a negative/NaN share.
+  void set_prior(std::span<const double> use_share);
   // The learned probability that `key` is used at its layer's next visit, and its value (above).
   double reuse_probability(ExpertKey key) const;
   double value(ExpertKey key) const;
@@ -97,12 +101,13 @@ class ForesightPolicy final : public CachePolicy {
   std::vector<double> heat_;          // by key: heat as of heat_step_
   std::vector<int64_t> heat_step_;
   std::vector<uint8_t> used_now_;     // by key: demanded in the visit in progress
+  std::vector<uint8_t> prior_cell_;   // by key: its rank cell in the prior (0 without one)
   std::vector<int> visit_keys_;       // keys demanded in the visit in progress
   // Guesses: per distance j-1, the step each layer was guessed at and each key's rank cell.
   std::vector<std::vector<int64_t>> hint_step_;
   std::vector<std::vector<uint8_t>> hint_rank_;
   std::array<Cell, kHistoryCells> history_{};
-  std::array<Cell, kHeatCells> by_heat_{};
+  std::array<Cell, kHeatCells * kPriorCells> by_heat_{};
   Cell history_all_;
   std::vector<Cell> hinted_;        // [(j-1) * kRankCells + rank] * kHistoryCells + history
   std::vector<Cell> hinted_coarse_; // (j-1) * kRankCells + rank
