@@ -25,7 +25,7 @@ namespace {
 
 struct ForesightArgs {
   std::string model;  // packed model dir: its routers make the look-ahead's guesses
-  int depth = 7, width = 8, self_width = 0;
+  int depth = 1, width = 8, self_width = 16;  // tuned on traces other than the reported ones
   std::vector<double> oracle_noise;
   ForesightPolicyOptions options;
   std::vector<double> sweep_exponent, sweep_half_life;

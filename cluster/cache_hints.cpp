@@ -120,6 +120,14 @@ CacheSimResult simulate_policy_with_hints(const CacheTrace& t, CachePolicy& poli
   std::vector<int> pinned;
   for (size_t g = 0; g < t.n_groups(); ++g) {
     if (t.step_begins[g] && g > 0) policy.advance_step();
+    // The engine routes layer L and guesses from its router input before L's experts are acquired.
+    const int from = t.keys[t.group_begin[g]] / t.n_experts;
+    for (uint32_t q = hints.group_begin[g]; q < hints.group_begin[g + 1]; ++q) {
+      const int* ids = hints.experts.data() + size_t(q) * size_t(hints.width);
+      size_t n = 0;
+      while (n < size_t(hints.width) && ids[n] >= 0) ++n;  // -1 pads a narrower guess
+      policy.hint(from, hints.layer[q], std::span<const int>(ids, n));
+    }
     for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
       const int key = t.keys[i];
       const CacheAccess a =
@@ -130,12 +138,6 @@ CacheSimResult simulate_policy_with_hints(const CacheTrace& t, CachePolicy& poli
         policy.pin(a.slot);
         pinned.push_back(a.slot);
       }
-    }
-    for (uint32_t q = hints.group_begin[g]; q < hints.group_begin[g + 1]; ++q) {
-      const int* ids = hints.experts.data() + size_t(q) * size_t(hints.width);
-      size_t n = 0;
-      while (n < size_t(hints.width) && ids[n] >= 0) ++n;  // -1 pads a narrower guess
-      policy.hint(hints.layer[q], std::span<const int>(ids, n));
     }
     for (int s : pinned) policy.unpin(s);
     pinned.clear();

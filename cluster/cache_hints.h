@@ -35,8 +35,8 @@ CacheHints make_lookahead_hints(const RoutingLog& log, bool decode_only,
 // expert with probability `noise`.
 CacheHints make_oracle_hints(const CacheTrace& t, int depth, double noise, uint64_t seed);
 
-// Replays like simulate_policy, and hands the policy each group's guesses after the group's
-// accesses (CachePolicy::hint), while the group is still pinned.
+// Replays like simulate_policy, and hands the policy each group's guesses (CachePolicy::hint,
+// from the group's layer) before the group's accesses, as the engine knows them then.
 CacheSimResult simulate_policy_with_hints(const CacheTrace& t, CachePolicy& policy,
                                           const CacheHints& hints);
 

@@ -26,7 +26,7 @@ void run_layer(ForesightPolicy& p, int layer, const std::vector<int>& ids,
     const CacheAccess a = p.access(ExpertKey{layer, e}, CacheFill::kDemand);
     if (a.slot >= 0) p.pin(a.slot), pinned.push_back(a.slot);
   }
-  if (!guess_next_step.empty()) p.hint(layer, guess_next_step);
+  if (!guess_next_step.empty()) p.hint(layer, layer, guess_next_step);
   for (int s : pinned) p.unpin(s);
 }
 
@@ -110,7 +110,7 @@ TEST(Foresight, RightGuessesOutweighHistory) {
   ForesightPolicy p(8, 2, 4);
   for (int s = 0; s < 60; ++s) {
     run_layer(p, 0, {3});
-    p.hint(1, std::vector<int>{pick[size_t(s)]});
+    p.hint(0, 1, std::vector<int>{pick[size_t(s)]});
     run_layer(p, 1, {pick[size_t(s)]}, {pick[size_t(s) + 1]});
     p.advance_step();
   }
@@ -120,7 +120,7 @@ TEST(Foresight, RightGuessesOutweighHistory) {
   EXPECT_GT(p.value({1, next}), p.value({1, other}));
   // The freshest guess wins: made one layer ahead, it overrides the one from the step before.
   run_layer(p, 0, {3});
-  p.hint(1, std::vector<int>{other});
+  p.hint(0, 1, std::vector<int>{other});
   EXPECT_GT(p.reuse_probability({1, other}), 0.9);
   EXPECT_LT(p.reuse_probability({1, next}), 0.1);
 }
@@ -131,10 +131,12 @@ TEST(Foresight, HostileKeysGuessesAndOptionsThrow) {
   EXPECT_THROW(p.access({0, 4}, CacheFill::kDemand), ConfigError);
   EXPECT_THROW(p.access({-1, 0}, CacheFill::kDemand), ConfigError);
   EXPECT_THROW(p.slot_of({0, -1}), ConfigError);
-  EXPECT_THROW(p.hint(2, std::vector<int>{0}), ConfigError);
-  EXPECT_THROW(p.hint(1, std::vector<int>{4}), ConfigError);
-  EXPECT_THROW(p.hint(1, std::vector<int>{-1}), ConfigError);
-  p.hint(0, std::vector<int>{0, 0, 1});  // before any visit: ignored; duplicates are harmless
+  EXPECT_THROW(p.hint(0, 2, std::vector<int>{0}), ConfigError);
+  EXPECT_THROW(p.hint(2, 1, std::vector<int>{0}), ConfigError);
+  EXPECT_THROW(p.hint(-1, 1, std::vector<int>{0}), ConfigError);
+  EXPECT_THROW(p.hint(0, 1, std::vector<int>{4}), ConfigError);
+  EXPECT_THROW(p.hint(0, 1, std::vector<int>{-1}), ConfigError);
+  p.hint(0, 1, std::vector<int>{0, 0, 1});  // duplicates are harmless
   EXPECT_THROW(p.set_prior(std::vector<double>(7, 0.25)), ConfigError);
   EXPECT_THROW(p.set_prior(std::vector<double>{0.5, 0.5, 0, std::nan(""), 1, 0, 0, 0}), ConfigError);
   EXPECT_THROW(p.set_prior(std::vector<double>{0.5, 0.5, 0, -1, 1, 0, 0, 0}), ConfigError);
@@ -218,14 +220,14 @@ TEST(CacheHints, LookaheadRanksALaterRoutersScores) {
   EXPECT_THROW(make_lookahead_hints(log, true, routers, 1, 2), ConfigError);
 }
 
-// Delegates to an LfuPolicy and records the guesses it is handed, with the layer last demanded.
+// Delegates to an LfuPolicy and records the guesses it is handed and how many accesses preceded.
 class RecordingPolicy final : public CachePolicy {
  public:
   LfuPolicy inner{8};
-  int last_layer = -1;
-  std::vector<std::vector<int>> seen;  // {layer demanded last, guessed layer, ids...}
+  int accesses = 0;
+  std::vector<std::vector<int>> seen;  // {accesses before, from layer, guessed layer, ids...}
   int lookup(ExpertKey k, CacheFill f) override {
-    if (f == CacheFill::kDemand) last_layer = k.layer;
+    accesses += f == CacheFill::kDemand;
     return inner.lookup(k, f);
   }
   int slot_of(ExpertKey k) const override { return inner.slot_of(k); }
@@ -235,8 +237,8 @@ class RecordingPolicy final : public CachePolicy {
   void pin(int s) override { inner.pin(s); }
   void unpin(int s) override { inner.unpin(s); }
   void advance_step() override {}
-  void hint(int layer, std::span<const int> ids) override {
-    std::vector<int> r{last_layer, layer};
+  void hint(int from, int layer, std::span<const int> ids) override {
+    std::vector<int> r{accesses, from, layer};
     r.insert(r.end(), ids.begin(), ids.end());
     seen.push_back(r);
   }
@@ -244,7 +246,7 @@ class RecordingPolicy final : public CachePolicy {
   const CacheStats& stats() const override { return inner.stats(); }
 };
 
-TEST(CacheHints, ReplayHandsEachGroupsGuessesToThePolicyAfterItsAccesses) {
+TEST(CacheHints, ReplayHandsEachGroupsGuessesToThePolicyBeforeItsAccesses) {
   const CacheTrace t = two_layer_trace({{0, 1, 2, 3}, {1, 2, 0, 3}});
   const CacheHints h = make_oracle_hints(t, 1, 0.0, 3);
   RecordingPolicy p;
@@ -252,7 +254,8 @@ TEST(CacheHints, ReplayHandsEachGroupsGuessesToThePolicyAfterItsAccesses) {
   EXPECT_EQ(r.accesses, 8u);
   // Step 0 layer 0: its next step {1, 2} and layer 1 {2, 3}; step 0 layer 1: its next step
   // {0, 3}; step 1 layer 0: layer 1 {0, 3}; step 1 layer 1: nothing.
-  const std::vector<std::vector<int>> want{{0, 0, 1, 2}, {0, 1, 2, 3}, {1, 1, 0, 3}, {0, 1, 0, 3}};
+  const std::vector<std::vector<int>> want{
+      {0, 0, 0, 1, 2}, {0, 0, 1, 2, 3}, {2, 1, 1, 0, 3}, {4, 0, 1, 0, 3}};
   EXPECT_EQ(p.seen, want);
   CacheHints wrong = h;
   wrong.group_begin.pop_back();

@@ -61,8 +61,8 @@ ForesightPolicy::ForesightPolicy(uint32_t n_slots, int n_layers, int n_experts,
   heat_step_.assign(n_keys, 0);
   used_now_.assign(n_keys, 0);
   prior_cell_.assign(n_keys, 0);
-  hint_step_.assign(kMaxHintDepth, std::vector<int64_t>(size_t(n_layers), -1));
-  hint_rank_.assign(kMaxHintDepth, std::vector<uint8_t>(n_keys, kNotGuessed));
+  hint_step_.assign(2 * kMaxHintDepth, std::vector<int64_t>(size_t(n_layers), -1));
+  hint_rank_.assign(2 * kMaxHintDepth, std::vector<uint8_t>(n_keys, kNotGuessed));
   hinted_.assign(size_t(kMaxHintDepth) * kRankCells * kHistoryCells, Cell{});
   hinted_coarse_.assign(size_t(kMaxHintDepth) * kRankCells, Cell{});
   decay_per_step_ = std::exp2(-1.0 / options.heat_half_life_steps);
@@ -128,8 +128,9 @@ double ForesightPolicy::probability(int key, int& distance, double* then) const 
   const int h = history_cell(key, at, last);
   const double p_hist = p_of(h);
   for (int j = 0; j < kMaxHintDepth; ++j) {  // the freshest guess: smallest distance first
-    if (hint_step_[size_t(j)][size_t(l)] != at) continue;
-    const size_t rc = size_t(j) * kRankCells + hint_rank_[size_t(j)][size_t(key)];
+    const size_t hs = hint_slot(j, at);
+    if (hint_step_[hs][size_t(l)] != at) continue;
+    const size_t rc = size_t(j) * kRankCells + hint_rank_[hs][size_t(key)];
     return hinted_[rc * kHistoryCells + size_t(h)].p(hinted_coarse_[rc].p(p_hist));
   }
   return p_hist;
@@ -171,8 +172,9 @@ void ForesightPolicy::finish_visit() {
     Cell& coarse = by_heat_[size_t(h % (kHeatCells * kPriorCells))];
     coarse.uses += y, coarse.visits += 1;
     for (int j = 0; j < kMaxHintDepth; ++j) {
-      if (hint_step_[size_t(j)][size_t(l)] != t) continue;
-      const size_t rc = size_t(j) * kRankCells + hint_rank_[size_t(j)][size_t(key)];
+      const size_t hs = hint_slot(j, t);
+      if (hint_step_[hs][size_t(l)] != t) continue;
+      const size_t rc = size_t(j) * kRankCells + hint_rank_[hs][size_t(key)];
       hinted_coarse_[rc].uses += y, hinted_coarse_[rc].visits += 1;
       hinted_[rc * kHistoryCells + size_t(h)].uses += y, hinted_[rc * kHistoryCells + size_t(h)].visits += 1;
     }
@@ -200,29 +202,28 @@ void ForesightPolicy::advance_step() {
   ++step_;
 }
 
-void ForesightPolicy::hint(int layer, std::span<const int> experts_best_first) {
-  if (layer < 0 || layer >= n_layers_)
+void ForesightPolicy::hint(int from_layer, int layer, std::span<const int> experts_best_first) {
+  if (layer < 0 || layer >= n_layers_ || from_layer < 0 || from_layer >= n_layers_)
     throw ConfigError("foresight cache policy: guess for layer " + std::to_string(layer) +
-                      " outside " + std::to_string(n_layers_) + " layers");
+                      " from layer " + std::to_string(from_layer) + " outside " +
+                      std::to_string(n_layers_) + " layers");
   for (int e : experts_best_first)
     if (e < 0 || e >= n_experts_)
       throw ConfigError("foresight cache policy: guessed expert " + std::to_string(e) +
                         " of layer " + std::to_string(layer) + " outside " +
                         std::to_string(n_experts_) + " experts");
-  if (cur_layer_ < 0) return;  // no layer visited this step: nothing to guess from
-  // A guess of the current layer's next step ends its visit: learn from it before the guess
-  // for its next visit replaces the one for this visit.
-  if (layer == cur_layer_) finish_visit();
+  begin_demand(from_layer);  // the engine is at from_layer: its visit has begun
   // The guess is for the layer's next visit: later this step, or the next step's.
-  const bool this_step = layer > cur_layer_;
-  const int j = this_step ? layer - cur_layer_ : n_layers_ - cur_layer_ + layer;
-  const size_t jb = size_t(std::min(j, kMaxHintDepth) - 1);
-  auto& ranks = hint_rank_[jb];
+  const bool this_step = layer > from_layer;
+  const int j = this_step ? layer - from_layer : n_layers_ - from_layer + layer;
+  const int64_t target = this_step ? step_ : step_ + 1;
+  const size_t hs = hint_slot(std::min(j, kMaxHintDepth) - 1, target);
+  auto& ranks = hint_rank_[hs];
   std::fill(ranks.begin() + ptrdiff_t(layer) * n_experts_, ranks.begin() + ptrdiff_t(layer + 1) * n_experts_,
             kNotGuessed);
   for (size_t r = experts_best_first.size(); r-- > 0;)  // a duplicate keeps its best rank
     ranks[size_t(layer) * size_t(n_experts_) + size_t(experts_best_first[r])] = rank_cell(r);
-  hint_step_[jb][size_t(layer)] = this_step ? step_ : step_ + 1;
+  hint_step_[hs][size_t(layer)] = target;
 }
 
 int ForesightPolicy::coldest() const {

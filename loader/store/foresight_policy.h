@@ -58,8 +58,8 @@ class ForesightPolicy final : public CachePolicy {
   void pin(int slot) override;
   void unpin(int slot) override;
   void advance_step() override;
-  // Remembers the guess for this step; a layer not after the current one is ignored (no future).
-  void hint(int layer, std::span<const int> experts_best_first) override;
+  // Remembers the guess; a `from_layer` other than the layer being visited starts its visit.
+  void hint(int from_layer, int layer, std::span<const int> experts_best_first) override;
   double heat(ExpertKey key) const override;
   const CacheStats& stats() const override { return stats_; }
 
@@ -103,9 +103,12 @@ class ForesightPolicy final : public CachePolicy {
   std::vector<uint8_t> used_now_;     // by key: demanded in the visit in progress
   std::vector<uint8_t> prior_cell_;   // by key: its rank cell in the prior (0 without one)
   std::vector<int> visit_keys_;       // keys demanded in the visit in progress
-  // Guesses: per distance j-1, the step each layer was guessed at and each key's rank cell.
+  // Guesses: per distance j-1 and parity of the target step (a guess of the next step must not
+  // replace one of this step before this step's visit taught the tables), the step each layer's
+  // guess is for and each key's rank cell.
   std::vector<std::vector<int64_t>> hint_step_;
   std::vector<std::vector<uint8_t>> hint_rank_;
+  size_t hint_slot(int j, int64_t target) const { return size_t(j) * 2 + size_t(target & 1); }
   std::array<Cell, kHistoryCells> history_{};
   std::array<Cell, kHeatCells * kPriorCells> by_heat_{};
   Cell history_all_;
