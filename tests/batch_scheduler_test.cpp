@@ -44,7 +44,7 @@ struct Output {
   std::vector<int> ids;
   std::string finish;  // finish_reason, or the error's message
   int completion_tokens = 0;
-  bool operator==(const Output&) const = default;
+  int reused = 0;  // prompt_tokens_reused
 };
 
 Output drain(Job& job) {
@@ -58,6 +58,7 @@ Output drain(Job& job) {
   if (auto r = job.result()) {
     o.finish = r->finish_reason;
     o.completion_tokens = r->completion_tokens;
+    o.reused = r->prompt_tokens_reused;
   } else if (auto e = job.error()) {
     o.finish = "error: " + e->body().dump();
   }
@@ -144,6 +145,39 @@ TEST(BatchScheduler, RequestsTogetherGetWhatEachGetsAlone) {
   const std::vector<Output> ids = together(*model, {jobs[0], jobs[3]}, nullptr, true);
   EXPECT_EQ(tok.decode(std::vector<int32_t>(ids[0].ids.begin(), ids[0].ids.end()), true), ref_all[0].text);
   EXPECT_EQ(tok.decode(std::vector<int32_t>(ids[1].ids.begin(), ids[1].ids.end()), true), ref_all[3].text);
+}
+
+// Prefix reuse per slot: a prompt extending an earlier request's takes that request's slot and runs
+// only the rest; the reply is the one EngineSession gives with its own prefix reuse.
+TEST(BatchScheduler, AFollowUpReusesItsSlotsPrefix) {
+  if (!fs::exists(demo_dir() / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model absent";
+  const Tokenizer tok = Tokenizer::load(demo_dir() / "tokenizer.json");
+  const std::vector<int> first = ids_of(tok, "The operating system keeps a table of pages.");
+  std::vector<int> follow = first;
+  for (int id : ids_of(tok, " Each page maps to a frame")) follow.push_back(id);
+  const std::vector<JobParams> jobs = {job(ids_of(tok, "Once upon a time"), 6), job(first, 6), job(follow, 6)};
+  auto ref_model = load(kChunk);
+  ServerMetrics m0;
+  EngineSession session(*ref_model, nullptr, m0, true);
+  std::vector<Output> ref;
+  for (const JobParams& p : {jobs[1], jobs[2]}) {
+    Job j(p);
+    session.run(j);
+    ref.push_back(drain(j));
+  }
+  auto model = load(kMaxBatch);
+  ServerMetrics metrics;
+  BatchScheduler sched(*model, nullptr, metrics, 4, kParallel, true);
+  std::vector<Output> got;
+  for (const JobParams& p : jobs) {  // one after another: the slots' caches are known
+    auto j = std::make_shared<Job>(p);
+    ASSERT_TRUE(sched.submit(j));
+    got.push_back(drain(*j));
+  }
+  EXPECT_EQ(got[1].ids, ref[0].ids);
+  EXPECT_EQ(got[2].ids, ref[1].ids);
+  EXPECT_EQ(got[2].reused, ref[1].reused);
+  EXPECT_GE(got[2].reused, int(first.size()));  // the first prompt and some of its reply
 }
 
 TEST(BatchScheduler, ACancelledOrFailingRequestNeverChangesAnothersOutput) {

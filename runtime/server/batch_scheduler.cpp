@@ -137,7 +137,8 @@ void BatchScheduler::start(std::shared_ptr<Job> job) {
     const auto& c = cached_[size_t(s)];
     if (prefix_reuse_)
       while (lcp < std::min(c.size(), prompt.size()) && c[lcp] == prompt[lcp]) ++lcp;
-    if (slot < 0 || lcp > best) slot = s, best = lcp;
+    // Ties go to the slot with the least cached: another conversation's prefix stays longest.
+    if (slot < 0 || lcp > best || (lcp == best && c.size() < cached_[size_t(slot)].size())) slot = s, best = lcp;
   }
   MOE_ASSERT(slot >= 0, "no free slot for a joining request");
   try {

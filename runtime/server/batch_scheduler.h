@@ -28,7 +28,7 @@ class BatchScheduler final : public JobRunner {
   // capacity: jobs that may wait while all `parallel` slots run. The model needs max_sequences >=
   // parallel and max_batch >= parallel (ConfigError otherwise). tok may be null (token ids out).
   // prefix_reuse: a request takes the free slot whose KV cache shares the longest prefix with its
-  // prompt and runs only the rest.
+  // prompt (ties: the one holding the fewest tokens) and runs only the rest.
   BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics& metrics, size_t capacity,
                  int parallel, bool prefix_reuse);
   ~BatchScheduler() override;  // shutdown()
