@@ -77,6 +77,7 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   act_.resize(Eigen::Index(max_pairs), F_);
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
+  range_x_.resize(max_batch_, D_);
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
@@ -111,6 +112,30 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
   for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
 }
 
+// Batches: compute(x rows, n) per range of `splits`, writing rows 0..n of dst (dst_cols wide),
+// which then move to the range's rows. So each range's product reads its rows from the start of
+// an aligned buffer and writes the first rows, as its sequence alone does (Eigen's reductions
+// peel by alignment: the bits depend on where the rows start). Ranges run last first: a range's
+// rows 0..n never cover a later range's placed rows. No splits: one call over all T rows.
+template <class Compute>
+void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
+                         Compute&& compute) {
+  if (splits.empty()) return compute(x, T);
+  MOE_ASSERT(splits.size() >= 2 && splits.front() == 0 && splits.back() == T, "bad batch row splits");
+  for (size_t i = splits.size() - 1; i-- > 0;) {
+    const int r0 = splits[i], n = splits[i + 1] - r0;
+    MOE_ASSERT(n > 0, "empty batch row range");
+    if (r0 == 0) {
+      compute(x, n);
+      continue;
+    }
+    std::copy(x + size_t(r0) * D_, x + size_t(r0 + n) * D_, range_x_.data());
+    compute(range_x_.data(), n);
+    const size_t w = size_t(dst_cols);
+    std::copy_backward(dst, dst + size_t(n) * w, dst + size_t(r0 + n) * w);
+  }
+}
+
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
 // until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
 void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
@@ -128,7 +153,9 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   check_moe_weights(cfg_, w);
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
-  linear(pool, ConstRowMap(x, T, D_), w.router, logits);
+  per_range(routing.row_splits, x, T, logits_.data(), E_, [&](const float* xr, int n) {
+    linear(pool, ConstRowMap(xr, n, D_), w.router, RowMap(logits_.data(), n, E_));
+  });
   for (auto& s : slots_of_expert_) s.clear();
   unique_ids_.clear();
   for (int t = 0; t < T; ++t) {
@@ -171,7 +198,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // are in flight.
     if (c0 == 0 && cfg_.has_shared_expert()) {
       const auto ts = std::chrono::steady_clock::now();
-      shared_expert(pool, w, x, T);
+      per_range(routing.row_splits, x, T, shared_y_.data(), D_,
+                [&](const float* xr, int n) { shared_expert(pool, w, xr, n); });
       times.expert_compute_s += seconds_since(ts);
     }
     payloads_.assign(n, ExpertMatrices{});

@@ -4,6 +4,7 @@
 // model has one. GLM-4.5 / DeepSeek-V3 route through the grouped sigmoid router (routing.h).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "runtime/model/cache_aware_router.h"
@@ -31,6 +32,10 @@ struct MoeRouting {
   uint64_t ordinal = 0;              // tokens routed before the chunk (RoutingOverrideFn)
   CacheAwareOptions cache_aware;     // without an override: substitute resident experts
   CacheAwareStats* stats = nullptr;  // cache-aware counters are added here (enabled: required)
+  // Batches (runtime/model/cpu_batch.h): row boundaries of the sequences, 0 first and T last;
+  // the dense products (router, shared expert) run per range so each sequence gets the numbers
+  // of its run alone. Empty: one range. Experts are fetched once for all rows either way.
+  std::span<const int> row_splits;
 };
 
 class MoeLayer {
@@ -71,6 +76,11 @@ class MoeLayer {
   RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
   RowMatrix shared_y_;                // [max_batch, D]
   RowMatrix shared_logit_;            // [max_batch, 1]
+  // Batches: a product per row range (MoeRouting::row_splits), see moe_layer.cpp.
+  template <class Compute>
+  void per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
+                 Compute&& compute);
+  RowMatrix range_x_;  // [max_batch, D]: a later range's rows, copied to an aligned start
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;
