@@ -3,16 +3,27 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "gpt_oss"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
 //   qk_norm: "none" | "per_head" (Qwen3: RMSNorm over head_dim) | "full" (OLMoE: over all heads)
 //   rope: { theta: number, scaling: null | { type: "linear"|"dynamic"|"yarn"|"llama3", factor, ... } }
+//          (yarn: optional truncate, default true: floor/ceil the correction range; gpt-oss false)
 //   tie_word_embeddings (bool)
 //   qkv_bias (bool, optional, default false): Q, K and V projections add a bias (Qwen2-MoE)
 //   shared_expert_intermediate_size (int >= 0, optional, default 0 = none): a dense SwiGLU
 //     expert every token runs, scaled by sigmoid(shared_expert_gate . x) (Qwen2-MoE)
+//   gpt-oss (all optional, written only when used; defaults change nothing):
+//   attention_sinks (bool): a learned logit per head (layers.N.sinks [H]) joins each softmax's
+//     denominator; o_bias (bool): the output projection adds layers.N.bo [D];
+//   sliding_window (int >= 0) and layer_types (n_layers x "sliding_attention"|"full_attention"):
+//     a sliding layer's query sees only the last sliding_window positions (itself included);
+//   router_bias (bool): layers.N.router_bias [E] joins the router logits; router_softmax_topk
+//     (bool): softmax over the k selected logits instead of over all experts;
+//   swiglu: { limit, alpha } (limit > 0): gate = min(gate, limit), up = clamp(up, +-limit),
+//     act = (up + 1) * gate * sigmoid(alpha * gate); experts.bias (bool, format_version 2):
+//     each expert payload ends with f32 gate/up/down biases (expert_file.h)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
@@ -28,7 +39,8 @@
 //   embed [V, D]; final_norm [D]; lm_head [V, D] (absent when tie_word_embeddings)
 //   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
 //   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
-//   layers.N.ffn_norm [D]; layers.N.router [E, D]
+//   layers.N.ffn_norm [D]; layers.N.router [E, D]; optional by the flags above: layers.N.bq/bk/bv,
+//   layers.N.bo [D], layers.N.sinks [H], layers.N.router_bias [E]
 // dense.gguf (dense.dtype "gguf") holds the same tensors by the same names as GGUF tensors (ne0
 // first: a [rows, cols] matrix is ne = [cols, rows]), each in its ggml type, Q/K rows in the
 // engine's order; its metadata may carry the tokenizer (tokenizer.ggml.*, tokenizer.chat_template),
@@ -46,7 +58,7 @@
 
 namespace moestream {
 
-enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe };
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGptOss };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
 enum class ModelFormat { kPack, kGguf };
@@ -58,6 +70,7 @@ struct RopeScaling {
   // yarn / llama3 parameters, when present in the source config
   double original_max_position_embeddings = 0;
   double beta_fast = 32, beta_slow = 1;          // yarn
+  bool truncate = true;  // yarn: floor/ceil the correction range (transformers' default; gpt-oss: false)
   double low_freq_factor = 1, high_freq_factor = 4;  // llama3
 };
 
@@ -75,6 +88,16 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;
   int shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // gpt-oss (model.json keys above); the defaults are every other architecture's maths.
+  bool attention_sinks = false;
+  bool o_bias = false;
+  int sliding_window = 0;            // 0: no sliding layers
+  std::vector<bool> sliding_layers;  // per layer, true = sliding_attention; empty: all full
+  bool router_bias = false;
+  bool router_softmax_topk = false;
+  bool expert_bias = false;
+  double swiglu_limit = 0;  // 0: plain SwiGLU
+  double swiglu_alpha = 1.702;
   std::string dense_file = "dense.safetensors";
   std::string dense_dtype = "f32";
   std::string experts_dir = "experts";
@@ -88,6 +111,10 @@ struct ModelConfig {
   std::optional<int> bos_token_id, eos_token_id;
 
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  // The keys a query at a sliding layer may see (0: all, a full-attention layer).
+  int window_of(int layer) const {
+    return sliding_window > 0 && !sliding_layers.empty() && sliding_layers[size_t(layer)] ? sliding_window : 0;
+  }
   // The encodings and byte layout of layer `layer`'s experts.
   ExpertLayout expert_layout(int layer) const;
   // The largest expert payload of any layer (host-cache slots, read buffers).

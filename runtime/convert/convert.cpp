@@ -20,6 +20,7 @@
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
+#include "runtime/convert/convert_gpt_oss.h"
 #include "runtime/convert/convert_output.h"
 #include "runtime/convert/dense_gguf.h"
 #include "runtime/convert/hf_checkpoint.h"
@@ -71,6 +72,7 @@ std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   const std::string p = layer_prefix(l);
   if (c.arch == Arch::kMixtral && ck.contains(p + "block_sparse_moe.gate.weight"))
     return p + "block_sparse_moe.gate.weight";
+  if (c.arch == Arch::kGptOss) return p + "mlp.router.weight";
   return p + "mlp.gate.weight";
 }
 
@@ -129,6 +131,9 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       // One row: kept in float as the router (a gate from exact logits).
       t.push_back({o + "shared_expert_gate", p + "mlp.shared_expert_gate.weight", {1, D}, true});
     }
+    if (c.o_bias) t.push_back({o + "bo", p + "self_attn.o_proj.bias", {D}});  // gpt-oss
+    if (c.attention_sinks) t.push_back({o + "sinks", p + "self_attn.sinks", {H}});
+    if (c.router_bias) t.push_back({o + "router_bias", p + "mlp.router.bias", {c.n_experts}});
   }
   return t;
 }
@@ -170,7 +175,10 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;
-  for (int l = 0; l < c.n_layers; ++l) {
+  const bool gpt_oss = c.arch == Arch::kGptOss;
+  const bool mxfp4 = gpt_oss && check_gpt_oss_experts(ck, c);
+  if (mxfp4) c.expert_quant = ggml_quant(GgmlType::kMXFP4);  // kept as stored, never requantised
+  for (int l = 0; l < c.n_layers && !gpt_oss; ++l) {
     ExpertSource s = find_experts(ck, c, l);
     if (s.fused) {
       ck.file(s.gate).check_shape(s.gate, {E, 2 * F, D});
@@ -225,7 +233,15 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
   ThreadPool pool(n_workers);  // the project's compute pool, shared by every layer
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.n_layers && gpt_oss; ++l) {
+    ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_layout(l).types, l, E, D, F);
+    write_gpt_oss_layer(ck, c, mxfp4, l, w, pool, [&](int64_t e) {
+      bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+                             std::to_string(e + 1) + "/" + std::to_string(E));
+    });
+    w.finish();
+  }
+  for (int l = 0; l < c.n_layers && !gpt_oss; ++l) {
     const ExpertSource& s = sources[l];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
     // One task per pool thread; each takes experts in turn and holds one expert's floats and
@@ -279,7 +295,8 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   mj["source"] = {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
                   {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},
                   {"dtype", std::string(dtype_name(src_dtype))},
-                  {"expert_layout", sources.empty() || !sources[0].fused ? "per_expert" : "fused"},
+                  {"expert_layout", mxfp4 ? "mxfp4" : gpt_oss || (!sources.empty() && sources[0].fused) ? "fused"
+                                                                                                    : "per_expert"},
                   {"shards", ck.n_shards()},
                   {"converter", "convert_model"}};
   write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");

@@ -518,6 +518,13 @@ std::string gpu_unavailable_reason() {
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
                                                const std::filesystem::path& dense_path,
                                                ExpertStore& store, const GpuForwardOptions& opts) {
+  // gpt-oss's sinks, sliding windows, biases and clamped SwiGLU have no GPU kernels yet: refused
+  // before anything loads rather than computed wrong.
+  if (cfg.attention_sinks || cfg.sliding_window > 0 || cfg.o_bias || cfg.router_bias || cfg.router_softmax_topk ||
+      cfg.expert_bias || cfg.swiglu_limit > 0)
+    throw ConfigError("--gpu: " + std::string(arch_name(cfg.arch)) +
+                      " (attention sinks, sliding windows, router/expert biases, clamped SwiGLU) runs on the "
+                      "CPU path only for now; drop --gpu");
   return std::make_unique<detail::CudaForward>(cfg, dense_path, store, opts);
 }
 

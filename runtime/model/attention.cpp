@@ -2,6 +2,7 @@
 // so the step allocates nothing.
 #include "runtime/model/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/checked.h"
@@ -34,6 +35,7 @@ Attention::Attention(const ModelConfig& cfg, int max_context, int max_batch)
   k_.resize(max_batch_, KV_ * hd_);
   v_.resize(max_batch_, KV_ * hd_);
   scores_.resize(H_, max_ctx_);
+  for (int l = 0; l < cfg.n_layers; ++l) window_.push_back(cfg.window_of(l));
 }
 
 size_t Attention::cache_bytes() const {
@@ -87,25 +89,33 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
   const int group = H_ / KV_;
   RowMap attn(attn_.data(), T, H_ * hd_);
+  const int window = window_[size_t(layer)];
+  const bool sinks = w.sinks.size() > 0;
   pool.parallel_for(static_cast<size_t>(H_), [&](size_t hi) {
     const int h = static_cast<int>(hi), g = h / group;
     ConstRowMap K(kc + size_t(g) * max_ctx_ * hd_, max_ctx_, hd_);
     ConstRowMap V(vc + size_t(g) * max_ctx_ * hd_, max_ctx_, hd_);
     auto s_row = scores_.row(h);
     for (int t = 0; t < T; ++t) {
-      const int len = n_past + t + 1;  // causal: keys up to this token's own position
+      const int end = n_past + t + 1;  // causal: keys up to this token's own position
+      // A sliding layer: the last `window` positions, this one included (transformers' mask).
+      const int first = window > 0 ? std::max(0, end - window) : 0;
+      const int len = end - first;
       auto s = s_row.head(len);
       auto qh = q.row(t).segment(Eigen::Index(h) * hd_, hd_);
-      s.transpose().noalias() = K.topRows(len) * qh.transpose();
+      s.transpose().noalias() = K.middleRows(first, len) * qh.transpose();
       s *= scale;
-      const float m = s.maxCoeff();
+      // gpt-oss's sink: one more logit in the softmax that attends to nothing.
+      const float sink = sinks ? w.sinks[h] : 0.0f;
+      const float m = sinks ? std::max(s.maxCoeff(), sink) : s.maxCoeff();
       s = (s.array() - m).exp();
-      s /= s.sum();
-      attn.row(t).segment(Eigen::Index(h) * hd_, hd_).noalias() = s * V.topRows(len);
+      s /= s.sum() + (sinks ? std::exp(sink - m) : 0.0f);
+      attn.row(t).segment(Eigen::Index(h) * hd_, hd_).noalias() = s * V.middleRows(first, len);
     }
   });
   RowMap om(out, T, D_);
   linear(pool, ConstRowMap(attn_.data(), T, H_ * hd_), w.wo, om);
+  if (w.bo.size() > 0) om.rowwise() += w.bo.transpose();
 }
 
 }  // namespace moestream

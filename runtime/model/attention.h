@@ -1,5 +1,7 @@
 // Causal self-attention of one decoder layer with grouped-query heads, QK-norm (per head or over
 // all heads), RoPE and a float32 KV cache sized for the model's context at construction.
+// gpt-oss: a sliding layer's queries see the last `window` positions only (masked: the cache
+// still holds every position), a per-head sink logit joins each softmax, wo adds a bias.
 #pragma once
 
 #include <memory>
@@ -26,6 +28,7 @@ class Attention {
   int D_, H_, KV_, hd_, max_ctx_, max_batch_;
   QkNorm qk_norm_;
   float eps_;
+  std::vector<int> window_;  // per layer: keys a query sees (0: all)
   // Per layer: [KV][max_ctx][hd] so one head's keys are contiguous for the score GEMV.
   std::vector<std::unique_ptr<float[]>> k_cache_, v_cache_;
   RowMatrix q_, k_, v_, attn_;  // [max_batch, H*hd] / [max_batch, KV*hd] scratch

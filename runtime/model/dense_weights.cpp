@@ -60,6 +60,9 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
       s.push_back({p + "shared_down", {D, fs}, K::kSharedDown, i});
       s.push_back({p + "shared_expert_gate", {1, D}, K::kSharedExpertGate, i});
     }
+    if (cfg.o_bias) s.push_back({p + "bo", {D}, K::kBo, i});
+    if (cfg.attention_sinks) s.push_back({p + "sinks", {cfg.n_heads}, K::kSinks, i});
+    if (cfg.router_bias) s.push_back({p + "router_bias", {cfg.n_experts}, K::kRouterBias, i});
   }
   return s;
 }
@@ -162,6 +165,9 @@ Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
     case DenseTensor::kSharedUp: return {&l->shared_up};
     case DenseTensor::kSharedDown: return {&l->shared_down};
     case DenseTensor::kSharedExpertGate: return {nullptr, nullptr, &l->shared_expert_gate};
+    case DenseTensor::kBo: return {nullptr, &l->bo};
+    case DenseTensor::kSinks: return {nullptr, &l->sinks};
+    case DenseTensor::kRouterBias: return {nullptr, &l->router_bias};
   }
   MOE_ASSERT(false, "unknown dense tensor kind");
   return {};

@@ -48,12 +48,16 @@ struct LayerWeights {
   // [1, hidden] in float32 as the router.
   DenseMatrix shared_gate, shared_up, shared_down;
   RowMatrix shared_expert_gate;
+  // gpt-oss (empty otherwise): the output projection's bias [D], the per-head sink logits [H],
+  // the router's bias [E].
+  Eigen::VectorXf bo, sinks, router_bias;
 };
 
 // Which field of DenseWeights / LayerWeights a dense tensor fills.
 enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
-  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate
+  kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kBo, kSinks, kRouterBias  // gpt-oss
 };
 
 // One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.
