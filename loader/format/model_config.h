@@ -113,7 +113,8 @@ struct ModelConfig {
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // The keys a query at a sliding layer may see (0: all, a full-attention layer).
   int window_of(int layer) const {
-    return sliding_window > 0 && !sliding_layers.empty() && sliding_layers[size_t(layer)] ? sliding_window : 0;
+    return sliding_window > 0 && size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)] ? sliding_window
+                                                                                                   : 0;
   }
   // The encodings and byte layout of layer `layer`'s experts.
   ExpertLayout expert_layout(int layer) const;

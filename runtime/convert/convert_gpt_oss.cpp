@@ -1,7 +1,9 @@
 // Implementation of runtime/convert/convert_gpt_oss.h.
 #include "runtime/convert/convert_gpt_oss.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -44,6 +46,27 @@ void mxfp4_block_to_ggml(uint8_t scale, const uint8_t* hf_block, uint8_t* ggml_b
   const auto nib = [&](int k) { return (hf_block[k >> 1] >> (4 * (k & 1))) & 0xF; };
   ggml_block[0] = scale;
   for (int j = 0; j < 16; ++j) ggml_block[1 + j] = uint8_t(nib(j) | (nib(j + 16) << 4));
+}
+
+void encode_mxfp4_matrix(const float* src, size_t rows, size_t cols, uint8_t* dst) {
+  static constexpr float kLevels[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  MOE_ASSERT(cols % 32 == 0, "MXFP4 rows are whole 32-element blocks");
+  for (size_t b = 0; b < rows * cols / 32; ++b, src += 32, dst += 17) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(src[j]));
+    const int e = amax > 0 ? std::clamp(int(std::ceil(std::log2(amax / 6.0f))), -127, 127) : -127;
+    const float inv = std::ldexp(1.0f, -e);
+    uint8_t code[32];
+    for (int j = 0; j < 32; ++j) {
+      const float y = std::fabs(src[j]) * inv;
+      int best = 0;
+      for (int k = 1; k < 8; ++k)
+        if (std::fabs(y - kLevels[k]) < std::fabs(y - kLevels[best])) best = k;
+      code[j] = uint8_t(best | (src[j] < 0 && best > 0 ? 8 : 0));
+    }
+    dst[0] = uint8_t(e + 127);
+    for (int j = 0; j < 16; ++j) dst[1 + j] = uint8_t(code[j] | (code[j + 16] << 4));
+  }
 }
 
 bool check_gpt_oss_experts(const HfCheckpoint& ck, const ModelConfig& c) {

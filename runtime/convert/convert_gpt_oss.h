@@ -36,4 +36,9 @@ void write_gpt_oss_layer(const HfCheckpoint& ck, const ModelConfig& c, bool mxfp
 // low and j+16 high).
 void mxfp4_block_to_ggml(uint8_t scale, const uint8_t* hf_block, uint8_t* ggml_block);
 
+// Encodes a row-major R x C float matrix (C a multiple of 32) as ggml MXFP4 rows: per block the
+// smallest power-of-two scale that brings its largest magnitude within 6, each element the nearest
+// E2M1 level. For synthetic models of gpt-oss's shape (real ones keep their stored blocks).
+void encode_mxfp4_matrix(const float* src, size_t rows, size_t cols, uint8_t* dst);
+
 }  // namespace moestream
