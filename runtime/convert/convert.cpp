@@ -144,6 +144,26 @@ void copy_if_present(const fs::path& from, const fs::path& to, std::string& fiel
   field = to.filename().string();
 }
 
+// Newer checkpoints (gpt-oss) ship their chat template as chat_template.jinja beside a
+// tokenizer_config.json without one: it joins the copied config, where the tokenizer loader reads it.
+void merge_chat_template_file(const fs::path& hf_dir, const fs::path& out, std::string& config_field) {
+  const fs::path jinja = hf_dir / "chat_template.jinja";
+  if (!fs::is_regular_file(jinja)) return;
+  nlohmann::json cfg = nlohmann::json::object();
+  if (!config_field.empty()) {
+    try {
+      cfg = nlohmann::json::parse(read_file(out / config_field));
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError((hf_dir / config_field).string() + ": invalid JSON: " + e.what());
+    }
+    if (!cfg.is_object()) throw FormatError((hf_dir / config_field).string() + ": expected a JSON object");
+    if (cfg.contains("chat_template")) return;  // the config's own template wins, as in transformers
+  }
+  cfg["chat_template"] = read_file(jinja);
+  write_file_atomic(out / "tokenizer_config.json", cfg.dump(2) + "\n");
+  config_field = "tokenizer_config.json";
+}
+
 }  // namespace
 
 ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const ConvertOptions& opts) {
@@ -291,6 +311,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
 
   copy_if_present(hf_dir / "tokenizer.json", tmp.path / "tokenizer.json", c.tokenizer_file);
   copy_if_present(hf_dir / "tokenizer_config.json", tmp.path / "tokenizer_config.json", c.tokenizer_config_file);
+  merge_chat_template_file(hf_dir, tmp.path, c.tokenizer_config_file);
   nlohmann::json mj = c.to_json();
   mj["source"] = {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
                   {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},

@@ -1,0 +1,228 @@
+// gpt-oss's pieces one by one (the fixtures check them together against transformers in
+// reference_test): config.json mapping, model.json keys and their validation, the expert files'
+// bias section, the router and activation maths, the MXFP4 block reordering, and the converter's
+// chat_template.jinja merge.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/format/expert_file.h"
+#include "loader/format/model_config.h"
+#include "runtime/convert/convert.h"
+#include "runtime/convert/convert_gpt_oss.h"
+#include "runtime/convert/hf_config.h"
+#include "runtime/model/moe_layer.h"
+#include "tests/support/strict_skip.h"
+#include "tests/support/test_model.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kFixture = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / "gpt_oss";
+
+json fixture_config() {
+  if (!fs::exists(kFixture / "config.json")) return json();
+  return json::parse(read_file(kFixture / "config.json"));
+}
+
+}  // namespace
+
+TEST(GptOssConfig, MapsEveryPieceOfTheMaths) {
+  const json hf = fixture_config();
+  if (hf.is_null()) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
+  const ModelConfig c = model_config_from_hf(hf, "c");
+  EXPECT_EQ(c.arch, Arch::kGptOss);
+  EXPECT_TRUE(c.attention_sinks && c.o_bias && c.qkv_bias && c.router_bias && c.router_softmax_topk && c.expert_bias);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  EXPECT_EQ(c.sliding_window, 6);
+  EXPECT_EQ(c.window_of(0), 6);
+  EXPECT_EQ(c.window_of(1), 0);
+  EXPECT_EQ(c.window_of(2), 6);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 1.25);
+  EXPECT_DOUBLE_EQ(c.swiglu_alpha, 1.702);
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "yarn");
+  EXPECT_FALSE(c.rope_scaling->truncate);
+  EXPECT_EQ(c.moe_intermediate_size, 32);
+
+  // Without layer_types, transformers' default: even layers slide.
+  json no_types = hf;
+  no_types.erase("layer_types");
+  const ModelConfig d = model_config_from_hf(no_types, "c");
+  EXPECT_EQ(d.sliding_layers, (std::vector<bool>{true, false, true}));
+
+  json bad = hf;
+  bad["layer_types"][1] = "chunked_attention";
+  EXPECT_NE(test::error_message([&] { model_config_from_hf(bad, "hf/config.json"); }).find("layer_types"),
+            std::string::npos);
+  bad = hf;
+  bad["attention_bias"] = false;
+  EXPECT_NE(test::error_message([&] { model_config_from_hf(bad, "hf/config.json"); }).find("attention_bias"),
+            std::string::npos);
+  bad = hf;
+  bad["layer_types"] = json::array({"full_attention"});
+  EXPECT_THROW(model_config_from_hf(bad, "c"), FormatError);
+}
+
+TEST(GptOssConfig, ModelJsonKeysRoundTripAndAreValidated) {
+  const json hf = fixture_config();
+  if (hf.is_null()) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
+  ModelConfig c = model_config_from_hf(hf, "c");
+  c.expert_quant = QuantType::kBF16;
+  const json j = c.to_json();
+  EXPECT_EQ(j["format_version"], 2);  // experts.bias needs a reader that knows the bias section
+  EXPECT_EQ(j["experts"]["bias"], true);
+  EXPECT_EQ(j["rope"]["scaling"]["truncate"], false);
+  const ModelConfig r = ModelConfig::from_json(j, "model.json");
+  EXPECT_EQ(r.sliding_layers, c.sliding_layers);
+  EXPECT_EQ(r.sliding_window, 6);
+  EXPECT_TRUE(r.attention_sinks && r.o_bias && r.router_bias && r.router_softmax_topk && r.expert_bias);
+  EXPECT_DOUBLE_EQ(r.swiglu_limit, 1.25);
+  EXPECT_FALSE(r.rope_scaling->truncate);
+  EXPECT_TRUE(r.expert_layout(0).types.bias);
+
+  struct Bad {
+    const char* key;
+    std::function<void(json&)> edit;
+  };
+  const Bad cases[] = {
+      {"layer_types", [](json& m) { m["layer_types"].erase(0); }},
+      {"layer_types", [](json& m) { m["layer_types"][0] = "sliding"; }},
+      {"layer_types", [](json& m) { m.erase("layer_types"); }},
+      {"swiglu.limit", [](json& m) { m["swiglu"]["limit"] = 0; }},
+      {"swiglu", [](json& m) { m["swiglu"] = 7; }},
+      {"experts.bias", [](json& m) { m["format_version"] = 1; m["experts"]["quant"] = "bf16"; }},
+      {"attention_sinks", [](json& m) { m["attention_sinks"] = "yes"; }},
+  };
+  for (const Bad& b : cases) {
+    json m = j;
+    b.edit(m);
+    const std::string msg = test::error_message([&] { ModelConfig::from_json(m, "dir/model.json"); });
+    EXPECT_NE(msg.find(b.key), std::string::npos) << b.key << ": " << msg;
+    EXPECT_NE(msg.find("dir/model.json"), std::string::npos) << msg;
+  }
+  // Every other architecture's model.json is as before: none of the new keys.
+  ModelConfig q = make_model_config(Arch::kQwen3Moe, {100, 64, 2, 4, 2, 16, 32, 8, 2, 64}, QkNorm::kPerHead,
+                                    QuantType::kQ4);
+  const json qj = q.to_json();
+  for (const char* k : {"attention_sinks", "o_bias", "sliding_window", "layer_types", "router_bias",
+                        "router_softmax_topk", "swiglu"})
+    EXPECT_FALSE(qj.contains(k)) << k;
+  EXPECT_FALSE(qj["experts"].contains("bias"));
+  EXPECT_EQ(qj["format_version"], 1);
+}
+
+TEST(GptOssExperts, BiasSectionFollowsDownAndTheHeaderCarriesIt) {
+  const ExpertTypes t{ggml_quant(GgmlType::kMXFP4), ggml_quant(GgmlType::kMXFP4), ggml_quant(GgmlType::kMXFP4), true};
+  const ExpertLayout lay = ExpertLayout::make(t, 64, 32);
+  const size_t gate = 32 * (64 / 32 * 17), down = 64 * (32 / 32 * 17);
+  EXPECT_EQ(lay.up_offset, (gate + 63) / 64 * 64);
+  EXPECT_EQ(lay.bias_offset, (lay.down_offset + down + 63) / 64 * 64);
+  EXPECT_EQ(lay.bytes, lay.bias_offset + (2 * 32 + 64) * 4);
+  ExpertTypes plain = t;
+  plain.bias = false;
+  EXPECT_EQ(ExpertLayout::make(plain, 64, 32).bytes, lay.down_offset + down);
+  EXPECT_FALSE(t == plain);  // a pack with biases never passes for one without
+
+  ExpertFileHeader h;
+  h.set_types(t);
+  h.n_experts = 3;
+  h.hidden = 64;
+  h.intermediate = 32;
+  h.expert_bytes = lay.bytes;
+  h.expert_stride = 4096;
+  h.data_offset = expert_data_offset(h.version, 3);
+  h.slot_checksums = {1, 2, 3};
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  const std::string bytes = encode_expert_header(h);
+  const ExpertFileHeader back = decode_expert_header(bytes, h.file_bytes(), "l.bin");
+  EXPECT_TRUE(back.bias);
+  EXPECT_TRUE(back.types() == t);
+  // Even with pack types, biases need the version-2 header (version 1 has no flags).
+  ExpertFileHeader p;
+  p.set_types({QuantType::kBF16, QuantType::kBF16, QuantType::kBF16, true});
+  EXPECT_EQ(p.version, kExpertFileVersionTyped);
+}
+
+TEST(GptOssMaths, TopKSoftmaxRouterAndClampedSwiglu) {
+  const float logits[5] = {0.5f, 2.0f, -1.0f, 1.0f, 2.0f};
+  int ids[3];
+  float w[3];
+  route_token_topk_softmax(logits, 5, 3, ids, w);
+  EXPECT_EQ(ids[0], 1);  // tie with 4: the lower id first
+  EXPECT_EQ(ids[1], 4);
+  EXPECT_EQ(ids[2], 3);
+  const float z = 2 * std::exp(0.0f) + std::exp(-1.0f);
+  EXPECT_FLOAT_EQ(w[0], 1 / z);
+  EXPECT_FLOAT_EQ(w[2], std::exp(-1.0f) / z);
+
+  // transformers: gate = clamp(max=L), up = clamp(-L, L), (up + 1) * gate * sigmoid(alpha * gate)
+  float gate[4] = {10.0f, -3.0f, 0.5f, 2.0f};
+  const float up[4] = {0.25f, 9.0f, -9.0f, 1.0f};
+  clamped_swiglu(gate, up, 4, 1.5f, 1.702f);
+  const auto ref = [](float g, float u) {
+    g = std::min(g, 1.5f);
+    u = std::clamp(u, -1.5f, 1.5f);
+    return (u + 1) * g / (1 + std::exp(-1.702f * g));
+  };
+  EXPECT_FLOAT_EQ(gate[0], ref(10.0f, 0.25f));
+  EXPECT_FLOAT_EQ(gate[1], ref(-3.0f, 9.0f));
+  EXPECT_FLOAT_EQ(gate[2], ref(0.5f, -9.0f));
+  EXPECT_FLOAT_EQ(gate[3], ref(2.0f, 1.0f));
+}
+
+TEST(GptOssMxfp4, BlocksAreReorderedNotRequantised) {
+  // The checkpoint's byte j: element 2j low, 2j+1 high. ggml's byte j: element j low, j+16 high.
+  uint8_t hf[16];
+  for (int j = 0; j < 16; ++j) hf[j] = uint8_t(((2 * j) & 0xF) | (((2 * j + 1) & 0xF) << 4));  // element k = k mod 16
+  uint8_t g[17];
+  mxfp4_block_to_ggml(131, hf, g);
+  EXPECT_EQ(g[0], 131);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(g[1 + j] & 0xF, j & 0xF) << j;          // element j
+    EXPECT_EQ(g[1 + j] >> 4, (j + 16) & 0xF) << j;    // element j + 16
+  }
+  // The synthetic encoder: the smallest power-of-two scale that brings the amax within 6.
+  std::vector<float> v(32);
+  for (int j = 0; j < 32; ++j) v[size_t(j)] = (j % 2 ? -1.0f : 1.0f) * 0.25f * float(j % 8 == 7 ? 12 : j % 7);
+  std::vector<uint8_t> enc(17);
+  encode_mxfp4_matrix(v.data(), 1, 32, enc.data());
+  EXPECT_EQ(enc[0], 127 - 1);  // amax 3 = 6 * 2^-1
+}
+
+TEST(GptOssConvert, ChatTemplateJinjaJoinsTheTokenizerConfig) {
+  if (!fs::exists(kFixture / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
+  TempDir d("gpt_oss_test");
+  const fs::path src = d.path() / "src";
+  fs::create_directories(src);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kFixture / f, src / f);
+  write_file_atomic(src / "chat_template.jinja", "{{ messages[0]['content'] }}<|end|>");
+  ConvertOptions co;
+  co.progress = false;
+  co.quant = QuantType::kBF16;
+  const ModelConfig c = convert_model(src, d.path() / "a", co);
+  ASSERT_EQ(c.tokenizer_config_file, "tokenizer_config.json");
+  json tc = json::parse(read_file(d.path() / "a" / "tokenizer_config.json"));
+  EXPECT_EQ(tc["chat_template"], "{{ messages[0]['content'] }}<|end|>");
+  // A tokenizer_config.json with its own template keeps it.
+  write_file_atomic(src / "tokenizer_config.json", R"({"chat_template": "own", "model_max_length": 8})");
+  convert_model(src, d.path() / "b", co);
+  tc = json::parse(read_file(d.path() / "b" / "tokenizer_config.json"));
+  EXPECT_EQ(tc["chat_template"], "own");
+  EXPECT_EQ(tc["model_max_length"], 8);
+  const ModelConfig loaded = ModelConfig::load(d.path() / "b");
+  EXPECT_EQ(loaded.arch, Arch::kGptOss);
+  EXPECT_EQ(loaded.expert_quant, QuantType::kBF16);
+  EXPECT_TRUE(read_expert_header(expert_file_path(d.path() / "b", 0)).bias);
+}
