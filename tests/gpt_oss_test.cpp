@@ -4,7 +4,9 @@
 // chat_template.jinja merge.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "runtime/convert/convert.h"
 #include "runtime/convert/convert_gpt_oss.h"
 #include "runtime/convert/hf_config.h"
+#include "runtime/engine/model.h"
 #include "runtime/model/moe_layer.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
@@ -225,4 +228,60 @@ TEST(GptOssConvert, ChatTemplateJinjaJoinsTheTokenizerConfig) {
   EXPECT_EQ(loaded.arch, Arch::kGptOss);
   EXPECT_EQ(loaded.expert_quant, QuantType::kBF16);
   EXPECT_TRUE(read_expert_header(expert_file_path(d.path() / "b", 0)).bias);
+
+  // model.json that forgets the biases the layer files carry is refused at load, naming it.
+  json mj = json::parse(read_file(d.path() / "b" / "model.json"));
+  mj["experts"].erase("bias");
+  write_file_atomic(d.path() / "b" / "model.json", mj.dump());
+  ModelOptions mo;
+  mo.n_threads = 1;
+  const std::string msg = test::error_message([&] { Model::load(d.path() / "b", mo); });
+  EXPECT_NE(msg.find("flags (expert biases)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
+}
+
+// A sliding layer's KV cache is a ring of window + max_batch - 1 positions: with max_batch 2 the
+// fixture's window of 6 wraps it many times over a prompt and 32 greedy tokens, and the logits
+// (prefill in chunks of 2) and greedy tokens are still transformers'.
+TEST(GptOssForward, SlidingRingCacheKeepsTheReferenceResults) {
+  if (!fs::exists(kFixture / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
+  const json ref = json::parse(read_file(kFixture / "reference.json"));
+  TempDir d("gpt_oss_ring");
+  ConvertOptions co;
+  co.progress = false;
+  co.quant = QuantType::kF32;
+  co.dense_dtype = "f32";
+  convert_model(kFixture, d.path() / "p", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_batch = 2;
+  mo.max_context = 256;
+  auto model = Model::load(d.path() / "p", mo);
+  const size_t V = size_t(model->config().vocab_size);
+  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
+    std::vector<float> got(prompt.size() * V);
+    model->reset();
+    model->forward(prompt, got, true);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      const std::vector<float> w = ref["logits"][p][t].get<std::vector<float>>();
+      double scale = 0, err = 0;
+      for (size_t v = 0; v < V; ++v) {
+        scale = std::max(scale, double(std::fabs(w[v])));
+        err = std::max(err, double(std::fabs(w[v] - got[t * V + v])));
+      }
+      EXPECT_LE(err, 1e-3 * scale) << "prompt " << p << " position " << t;
+    }
+    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
+    std::vector<int> ids;
+    std::vector<float> last(V);
+    model->reset();
+    model->forward(prompt, last);
+    for (size_t i = 0; i < want.size(); ++i) {
+      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
+      ids.push_back(next);
+      if (i + 1 < want.size()) model->forward(std::span<const int>(&next, 1), last);
+    }
+    EXPECT_EQ(ids, want) << "prompt " << p;
+  }
 }

@@ -112,7 +112,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     p += (n_floats[i] + 63) / 64 * 64;
   }
   info_.scratch_bytes = act.bytes();
-  if (cfg.qkv_bias) {
+  if (cfg.qkv_bias || cfg.o_bias || cfg.router_bias) {
     const std::vector<float> ones_h(b, 1.0f);
     ones = DeviceBuffer(b * sizeof(float));
     MOE_CUDA_CHECK(cudaMemcpy(ones.get(), ones_h.data(), b * sizeof(float), cudaMemcpyHostToDevice));
@@ -188,6 +188,9 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   const uint64_t ordinal = c.ordinal;
   // Substitution needs the router's logits on the host: copied back only when it is on.
   const bool substitute = override == nullptr && routing.cache_aware.enabled;
+  if (substitute && cfg.router_softmax_topk)  // as the CPU pass
+    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
+                      "softmax over the selected top-k (gpt-oss)");
   MOE_ASSERT(T > 0 && T <= B && n_past + T <= opts.max_context);
   auto t0 = std::chrono::steady_clock::now();
   const size_t b = size_t(B);
@@ -235,8 +238,9 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     }
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
     gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
+    const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
     if (!padded) {
-      gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
+      gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window);
     } else {
       // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
       // head_dim; released models have 64 or 128).
@@ -244,10 +248,11 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
       MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
       MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
       MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-      gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream);
+      gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window);
       MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
     }
     linear(attn, lw.wo, T, x, true);  // the residual add
+    if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
     times.attention_s += seconds_since(ta);
 
     // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
@@ -255,14 +260,19 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
     auto tr = std::chrono::steady_clock::now();
     gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
     linear_f32(h, lw.router, T, D, E, rlog);
+    if (lw.router_bias != nullptr) add_bias(lw.router_bias, T, E, rlog);
     int* ids_d = route_dev.as<int>();
     float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
     int* la_ids_d = ids_d + 2 * pairs;
     float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
-    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+    if (cfg.router_softmax_topk)
+      gpu::router_topk_softmax(rlog, T, E, K, ids_d, wts_d, stream);
+    else
+      gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
     const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
     if (lookahead) {
       linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
+      if (const float* rb = w.layers[size_t(l) + 1].router_bias) add_bias(rb, 1, E, la_log);
       gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
     }
     const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
@@ -449,11 +459,23 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     // Each matrix in its own type (a GGUF's gate, up and down may differ).
     expert_matmul(lay.types.gate, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
     expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
-    gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
-                swi + size_t(r0) * F, stream);
+    const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
+    const int* row_start_d = plan_dev.as<int>() + 2 * pairs;
+    if (lay.types.bias) {  // gpt-oss: each expert's gate and up biases, from its payload
+      gpu::expert_bias_add(gate, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset, stream);
+      gpu::expert_bias_add(up, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
+    }
+    if (cfg.swiglu_limit > 0)
+      gpu::swiglu_clamped(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                          float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi + size_t(r0) * F, stream);
+    else
+      gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                  swi + size_t(r0) * F, stream);
     float* s0 = swi + size_t(r0) * F;
     gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
+    if (lay.types.bias)
+      gpu::expert_bias_add(y, D, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
   };
   if (split) {
     auto tc = std::chrono::steady_clock::now();
@@ -518,13 +540,6 @@ std::string gpu_unavailable_reason() {
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
                                                const std::filesystem::path& dense_path,
                                                ExpertStore& store, const GpuForwardOptions& opts) {
-  // gpt-oss's sinks, sliding windows, biases and clamped SwiGLU have no GPU kernels yet: refused
-  // before anything loads rather than computed wrong.
-  if (cfg.attention_sinks || cfg.sliding_window > 0 || cfg.o_bias || cfg.router_bias || cfg.router_softmax_topk ||
-      cfg.expert_bias || cfg.swiglu_limit > 0)
-    throw ConfigError("--gpu: " + std::string(arch_name(cfg.arch)) +
-                      " (attention sinks, sliding windows, router/expert biases, clamped SwiGLU) runs on the "
-                      "CPU path only for now; drop --gpu");
   return std::make_unique<detail::CudaForward>(cfg, dense_path, store, opts);
 }
 

@@ -126,6 +126,9 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
       matrix(h.shared_down, d.shared_down, p + "shared_down");
       vec(h.shared_expert_gate.data(), size_t(h.shared_expert_gate.size()), d.shared_expert_gate);
     }
+    if (h.bo.size() > 0) vec(h.bo.data(), size_t(h.bo.size()), d.bo);
+    if (h.sinks.size() > 0) vec(h.sinks.data(), size_t(h.sinks.size()), d.sinks);
+    if (h.router_bias.size() > 0) vec(h.router_bias.data(), size_t(h.router_bias.size()), d.router_bias);
   }
   size_t total = 0;
   for (const Upload& u : ups) total += padded(u.bytes);
@@ -147,7 +150,8 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.router && d.attn_norm && d.ffn_norm &&
                    (!qk || (d.q_norm && d.k_norm)) && (!cfg.qkv_bias || (d.bq && d.bk && d.bv)) &&
                    (!cfg.has_shared_expert() || (d.shared_gate.data && d.shared_up.data &&
-                                                 d.shared_down.data && d.shared_expert_gate)),
+                                                 d.shared_down.data && d.shared_expert_gate)) &&
+                   (!cfg.o_bias || d.bo) && (!cfg.attention_sinks || d.sinks) && (!cfg.router_bias || d.router_bias),
                "dense weights missing a tensor after upload");
   return g;
 }

@@ -76,6 +76,8 @@ struct GpuLayerWeights {
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // null without qkv_bias
   GpuMatrix shared_gate, shared_up, shared_down;            // empty without a shared expert
   const float* shared_expert_gate = nullptr;                // [1, D] float32, as the router
+  // gpt-oss (null otherwise): wo's bias [D], per-head sink logits [H], the router's bias [E].
+  const float *bo = nullptr, *sinks = nullptr, *router_bias = nullptr;
 };
 
 struct GpuDenseWeights {
