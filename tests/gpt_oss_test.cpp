@@ -20,6 +20,7 @@
 #include "runtime/convert/convert.h"
 #include "runtime/convert/convert_gpt_oss.h"
 #include "runtime/convert/hf_config.h"
+#include "runtime/convert/model_shapes.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/moe_layer.h"
 #include "tests/support/strict_skip.h"
@@ -76,6 +77,54 @@ TEST(GptOssConfig, MapsEveryPieceOfTheMaths) {
   bad = hf;
   bad["layer_types"] = json::array({"full_attention"});
   EXPECT_THROW(model_config_from_hf(bad, "c"), FormatError);
+}
+
+// config.json in the style of the released openai/gpt-oss-20b (transformers 4.55: rope_scaling and
+// rope_theta, quantization_config, training-only keys) maps to what synth_model's shape says.
+TEST(GptOssConfig, ReleasedConfigMapsToTheKnownShape) {
+  json lt = json::array();
+  for (int l = 0; l < 24; ++l) lt.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  const json hf = {
+      {"architectures", {"GptOssForCausalLM"}}, {"attention_bias", true}, {"attention_dropout", 0.0},
+      {"eos_token_id", 200002}, {"experts_per_token", 4}, {"head_dim", 64}, {"hidden_act", "silu"},
+      {"hidden_size", 2880}, {"initial_context_length", 4096}, {"initializer_range", 0.02},
+      {"intermediate_size", 2880}, {"layer_types", lt}, {"max_position_embeddings", 131072},
+      {"model_type", "gpt_oss"}, {"num_attention_heads", 64}, {"num_experts_per_tok", 4},
+      {"num_hidden_layers", 24}, {"num_key_value_heads", 8}, {"num_local_experts", 32},
+      {"output_router_logits", false}, {"pad_token_id", 199999},
+      {"quantization_config", {{"modules_to_not_convert", {"model.layers.*.self_attn"}}, {"quant_method", "mxfp4"}}},
+      {"rms_norm_eps", 1e-05},
+      {"rope_scaling", {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"factor", 32.0},
+                        {"original_max_position_embeddings", 4096}, {"rope_type", "yarn"}, {"truncate", false}}},
+      {"rope_theta", 150000}, {"router_aux_loss_coef", 0.9}, {"sliding_window", 128}, {"swiglu_limit", 7.0},
+      {"tie_word_embeddings", false}, {"use_cache", true}, {"vocab_size", 201088}};
+  const ModelConfig c = model_config_from_hf(hf, "config.json");
+  const ModelConfig k = known_shape("gpt-oss-20b");
+  EXPECT_EQ(c.arch, k.arch);
+  EXPECT_EQ(c.vocab_size, k.vocab_size);
+  EXPECT_EQ(c.hidden_size, k.hidden_size);
+  EXPECT_EQ(c.n_layers, k.n_layers);
+  EXPECT_EQ(c.n_heads, k.n_heads);
+  EXPECT_EQ(c.n_kv_heads, k.n_kv_heads);
+  EXPECT_EQ(c.head_dim, k.head_dim);
+  EXPECT_EQ(c.moe_intermediate_size, k.moe_intermediate_size);
+  EXPECT_EQ(c.n_experts, k.n_experts);
+  EXPECT_EQ(c.n_experts_per_tok, k.n_experts_per_tok);
+  EXPECT_EQ(c.max_position_embeddings, k.max_position_embeddings);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, k.rms_norm_eps);
+  EXPECT_DOUBLE_EQ(c.rope_theta, k.rope_theta);
+  EXPECT_EQ(c.sliding_window, k.sliding_window);
+  EXPECT_EQ(c.sliding_layers, k.sliding_layers);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, k.swiglu_limit);
+  EXPECT_DOUBLE_EQ(c.swiglu_alpha, k.swiglu_alpha);
+  ASSERT_TRUE(c.rope_scaling && k.rope_scaling);
+  EXPECT_DOUBLE_EQ(c.rope_scaling->factor, k.rope_scaling->factor);
+  EXPECT_DOUBLE_EQ(c.rope_scaling->original_max_position_embeddings, k.rope_scaling->original_max_position_embeddings);
+  EXPECT_EQ(c.rope_scaling->truncate, k.rope_scaling->truncate);
+  EXPECT_EQ(c.eos_token_id, 200002);
+  EXPECT_TRUE(c.attention_sinks == k.attention_sinks && c.o_bias == k.o_bias && c.qkv_bias == k.qkv_bias &&
+              c.router_bias == k.router_bias && c.router_softmax_topk == k.router_softmax_topk &&
+              c.expert_bias == k.expert_bias && c.norm_topk_prob == k.norm_topk_prob);
 }
 
 TEST(GptOssConfig, ModelJsonKeysRoundTripAndAreValidated) {
