@@ -31,7 +31,7 @@ class Attention {
   float eps_;
   std::vector<int> window_;    // per layer: keys a query sees (0: all)
   std::vector<int> capacity_;  // per layer: positions its cache holds (max_ctx, or a sliding ring)
-  // Per layer: [KV][max_ctx][hd] so one head's keys are contiguous for the score GEMV.
+  // Per layer: [KV][capacity][hd] so one head's keys are contiguous for the score GEMV.
   std::vector<std::unique_ptr<float[]>> k_cache_, v_cache_;
   RowMatrix q_, k_, v_, attn_;  // [max_batch, H*hd] / [max_batch, KV*hd] scratch
   RowMatrix scores_;            // [H, max_ctx]: one row per head task
