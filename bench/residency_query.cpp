@@ -35,14 +35,14 @@ int main(int argc, char** argv) {
       std::vector<int> ids(size_t(cfg.n_experts_per_tok));
       std::iota(ids.begin(), ids.end(), 0);
       std::vector<const uint8_t*> out;
-      for (int l = 0; l < cfg.n_layers; ++l) store->fetch(l, ids, out);
+      for (int l = 0; l < cfg.n_moe_layers(); ++l) store->fetch(l, ids, out);
       std::vector<ExpertTier> tiers(size_t(cfg.n_experts));
       size_t counts[3] = {0, 0, 0};
       auto t0 = std::chrono::steady_clock::now();
       for (int r = 0; r < reps; ++r)
-        for (int l = 0; l < cfg.n_layers; ++l) store->residency(l, tiers);
+        for (int l = 0; l < cfg.n_moe_layers(); ++l) store->residency(l, tiers);
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                        (double(reps) * cfg.n_layers);
+                        (double(reps) * cfg.n_moe_layers());
       for (ExpertTier t : tiers) ++counts[size_t(t)];
       std::printf("%-45s: %8.1f us per layer query of %d experts (%.2f us per expert); last layer: "
                   "%zu host cache, %zu page cache, %zu storage\n",

@@ -243,6 +243,43 @@ TEST_F(CacheAwareModel, ToleranceZeroGivesTheSameTokensAsCacheAwareOff) {
   EXPECT_GT(differing, 0);
 }
 
+// GLM-4.5's grouped sigmoid router (docs/cache_aware.md): tolerance 0 keeps every token of every
+// run; a wide tolerance substitutes (inside the kept groups) and changes some.
+TEST(CacheAwareGlm, ToleranceZeroGivesTheSameTokensAsCacheAwareOff) {
+  TempDir dir("cacheaware_glm");
+  ModelConfig c = small_config();
+  c.arch = Arch::kGlm4Moe;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.routed_scaling_factor = 2.5;
+  c.shared_expert_intermediate_size = 32;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = 1;
+  c.intermediate_size = 40;
+  write_synthetic_model(dir.path(), c, 99, 2);
+  auto off = load_model(dir.path(), {false, 0.0f});
+  auto zero = load_model(dir.path(), {true, 0.0f});
+  auto wide = load_model(dir.path(), {true, 0.5f});
+  std::mt19937 rng(6);
+  int differing = 0;
+  uint64_t wide_subs = 0;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int> prompt(size_t(1 + rng() % 20));
+    for (int& t : prompt) t = int(rng() % 61);
+    const uint64_t seed = rng();
+    const GenRun a = run(*off, prompt, seed, 24), b = run(*zero, prompt, seed, 24);
+    EXPECT_EQ(a.tokens, b.tokens) << "prompt " << i << " seed " << seed;
+    EXPECT_EQ(b.stats.decode.routing.substitutions, 0u);
+    EXPECT_GT(b.stats.decode.routing.routings, 0u);
+    const GenRun w = run(*wide, prompt, seed, 24);
+    wide_subs += w.stats.decode.routing.substitutions + w.stats.prefill.routing.substitutions;
+    differing += w.tokens != a.tokens;
+  }
+  EXPECT_GT(wide_subs, 0u);
+  EXPECT_GT(differing, 0);
+}
+
 TEST_F(CacheAwareModel, NothingResidentMeansNothingSubstituted) {
   // O_DIRECT and no host cache: every expert is on storage at every step.
   auto off = load_model(dir_.path(), {false, 0.0f}, false);

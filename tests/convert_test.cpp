@@ -375,6 +375,82 @@ TEST(HfConfig, MapsQwen2MoeBiasesAndSharedExpert) {
   EXPECT_NE(msg.find("shared_expert_intermediate_size"), std::string::npos) << msg;
 }
 
+TEST(HfConfig, MapsGlm4MoeRoutingSharedExpertDenseLayersAndPartialRotary) {
+  const fs::path fixture = fs::path(MOESTREAM_SOURCE_DIR) / "tests/fixtures/glm4_moe/config.json";
+  if (!fs::exists(fixture)) MOESTREAM_SKIP_OR_FAIL() << fixture << " absent (python/training/make_fixtures.py)";
+  const json hf = json::parse(read_file(fixture));
+  const ModelConfig c = model_config_from_hf(hf, "c");
+  EXPECT_EQ(c.arch, Arch::kGlm4Moe);
+  EXPECT_EQ(c.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.n_experts, 16);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 23);  // n_shared_experts x moe_intermediate_size
+  EXPECT_FALSE(c.shared_expert_gated);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.intermediate_size, 61);
+  EXPECT_EQ(c.rope_dim(), 8);  // partial_rotary_factor 0.5 of head_dim 16
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.qk_norm, QkNorm::kPerHead);
+  // transformers 5 keeps partial_rotary_factor in rope_parameters; 0 shared experts is none.
+  json v5 = hf;
+  v5.erase("partial_rotary_factor");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}};
+  v5["n_shared_experts"] = 0;
+  v5["use_qk_norm"] = false;
+  const ModelConfig c5 = model_config_from_hf(v5, "c");
+  EXPECT_EQ(c5.rope_dim(), 4);
+  EXPECT_FALSE(c5.has_shared_expert());
+  EXPECT_EQ(c5.qk_norm, QkNorm::kNone);
+  const std::pair<const char*, json> refused[] = {
+      {"n_group", 3}, {"topk_group", 5}, {"first_k_dense_replace", 3}, {"partial_rotary_factor", 0.1}};
+  for (const auto& [key, value] : refused) {
+    json bad = hf;
+    bad[key] = value;
+    std::string msg = message_of([&] { model_config_from_hf(bad, "hf/config.json"); });
+    EXPECT_NE(msg.find("hf/config.json"), std::string::npos) << key << ": " << msg;
+  }
+}
+
+TEST(Convert, Glm4MoeSkipsTheMtpLayerAndKeepsTheRouterBiasFloat) {
+  const fs::path fixture = fs::path(MOESTREAM_SOURCE_DIR) / "tests/fixtures/glm4_moe";
+  if (!fs::exists(fixture)) MOESTREAM_SKIP_OR_FAIL() << fixture << " absent (python/training/make_fixtures.py)";
+  TempDir d;
+  ConvertOptions opts;
+  opts.quant = QuantType::kBF16;
+  opts.dense_dtype = "bf16";
+  const ModelConfig c = convert_model(fixture, d.path() / "out", opts);
+  EXPECT_EQ(c.n_moe_layers(), 2);
+  EXPECT_TRUE(fs::exists(expert_file_path(d.path() / "out", 1)));
+  EXPECT_FALSE(fs::exists(expert_file_path(d.path() / "out", 2)));
+  const SafetensorsFile dense(d.path() / "out" / "dense.safetensors");
+  EXPECT_EQ(dense.info("layers.1.router_bias").dtype, DType::kF32);
+  EXPECT_EQ(dense.info("layers.1.wq").dtype, DType::kBF16);
+  EXPECT_TRUE(dense.contains("layers.0.mlp_gate"));
+  EXPECT_FALSE(dense.contains("layers.0.router"));
+  EXPECT_FALSE(dense.contains("layers.3.wq"));  // the MTP layer is not converted
+  // An MoE layer's bias the model does not read is refused, naming the tensor.
+  TempDir bad;
+  for (const char* f : {"config.json"}) fs::copy_file(fixture / f, bad.path() / f);
+  {
+    const SafetensorsFile src(fixture / "model.safetensors");
+    SafetensorsWriter w(bad.path() / "model.safetensors");
+    for (const std::string& n : src.names()) w.declare(n, DType::kF32, src.info(n).shape);
+    w.declare("model.layers.1.self_attn.o_proj.bias", DType::kF32, {53});
+    for (const std::string& n : src.names()) {
+      std::vector<float> v(src.info(n).numel());
+      src.read_float(n, 0, v.size(), v.data());
+      w.write(n, v.data(), v.size());
+    }
+    std::vector<float> z(53, 0.0f);
+    w.write("model.layers.1.self_attn.o_proj.bias", z.data(), z.size());
+    w.finish();
+  }
+  std::string msg = message_of([&] { convert_model(bad.path(), d.path() / "out2", opts); });
+  EXPECT_NE(msg.find("o_proj.bias"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, ReadsRopeParametersOfTransformersV5) {
   json c = make_tiny(Arch::kQwen3Moe).config;
   c.erase("rope_theta");

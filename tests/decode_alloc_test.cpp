@@ -81,9 +81,10 @@ long warm_decode_allocations(Model& m, int warm_up = 4) {
 }
 
 // A pack's decode, with its dense matrices in f32 (Eigen) and in bf16 (computed as stored by
-// the ggml BF16 kernel), and a Qwen2-MoE one (QKV biases, a shared expert wider than the rest).
+// the ggml BF16 kernel), a Qwen2-MoE one (QKV biases, a shared expert wider than the rest) and a
+// GLM-4.5 one (grouped sigmoid routing, an ungated shared expert, a dense first layer).
 TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
-  for (const std::string dense : {"f32", "bf16", "bf16+shared"}) {
+  for (const std::string dense : {"f32", "bf16", "bf16+shared", "bf16+glm"}) {
     TempDir d("alloc");
     ModelConfig c = test::tiny_moe_config({.vocab = 301, .hidden = 96, .head_dim = 24, .intermediate = 70,
                                            .experts = 16, .top_k = 4, .quant = QuantType::kQ4});
@@ -93,6 +94,19 @@ TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
       c.qk_norm = QkNorm::kNone;
       c.qkv_bias = true;
       c.shared_expert_intermediate_size = 150;
+    }
+    if (dense == "bf16+glm") {  // grouped sigmoid routing, a dense first layer, partial rotary
+      c.arch = Arch::kGlm4Moe;
+      c.qkv_bias = true;
+      c.router_scoring = RouterScoring::kSigmoid;
+      c.n_group = 4;
+      c.topk_group = 2;
+      c.routed_scaling_factor = 2.5;
+      c.shared_expert_intermediate_size = 70;
+      c.shared_expert_gated = false;
+      c.first_k_dense_replace = 1;
+      c.intermediate_size = 130;
+      c.rotary_dim = 12;
     }
     write_synthetic_model(d.path(), c, 77);
     ModelOptions o;

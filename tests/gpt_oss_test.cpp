@@ -156,6 +156,9 @@ TEST(GptOssConfig, ModelJsonKeysRoundTripAndAreValidated) {
       {"swiglu", [](json& m) { m["swiglu"] = 7; }},
       {"experts.bias", [](json& m) { m["format_version"] = 1; m["experts"]["quant"] = "bf16"; }},
       {"attention_sinks", [](json& m) { m["attention_sinks"] = "yes"; }},
+      // layers.N.router_bias is GLM-4.5's selection-only bias under sigmoid scoring: never both.
+      {"router_bias", [](json& m) { m["router_scoring"] = "sigmoid"; }},
+      {"router_softmax_topk", [](json& m) { m["router_scoring"] = "sigmoid"; m.erase("router_bias"); }},
   };
   for (const Bad& b : cases) {
     json m = j;

@@ -21,6 +21,7 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
 #include "runtime/convert/convert.h"
+#include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/gpu/gpu_expert_cache.h"
@@ -33,6 +34,7 @@
 #include <cuda_runtime.h>
 #include <random>
 #include "tests/support/strict_skip.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -525,7 +527,7 @@ TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
   EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
-// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, gpt_oss) packed with bf16 and q8
+// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss) packed with bf16 and q8
 // experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
 class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
 
@@ -580,6 +582,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("qwen3_moe_fused"), QuantType::kQ8},
                       std::pair{std::string("qwen2_moe"), QuantType::kBF16},
                       std::pair{std::string("qwen2_moe"), QuantType::kQ8},
+                      std::pair{std::string("glm4_moe"), QuantType::kBF16},
+                      std::pair{std::string("glm4_moe"), QuantType::kQ8},
                       // gpt-oss: sinks, sliding windows, biases, clamped SwiGLU, top-k softmax
                       // router; the MXFP4 fixture converts to MXFP4 whatever the quant.
                       std::pair{std::string("gpt_oss"), QuantType::kBF16},
@@ -820,4 +824,90 @@ TEST(GpuGguf, MixedTypeExpertsThroughASmallGpuCacheHoldTheGgufStoresBytes) {
     EXPECT_GT(cache.telemetry().policy.evictions, 0u) << "the budget never filled: the test is too easy";
   }
   cudaStreamDestroy(s);
+}
+
+// Resident decode (docs/gpu.md): decode steps whose experts were all in VRAM last step run every
+// layer without a host sync; a layer that then misses is finished through the synced path.
+namespace {
+
+// A q8 pack whose expert matrices all take the grouped GEMM (widths multiples of 32; the demo's
+// expert width of 80 takes the per-row matvec, which reads its pointers on the host): 3 layers,
+// 16 experts, top-4, about 105 KiB per expert.
+class GpuResident : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    write_synthetic_model(dir_.path(),
+                          test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32,
+                                                 .intermediate = 256, .experts = 16, .top_k = 4,
+                                                 .max_positions = 256}),
+                          7, 2);
+  }
+  std::unique_ptr<Model> load(size_t cache_mb, bool sync_layers) {
+    ModelOptions mo;
+    mo.n_threads = 2;
+    mo.max_context = 256;
+    mo.gpu = true;
+    mo.gpu_cache_mb = cache_mb;
+    mo.gpu_sync_layers = sync_layers;
+    return Model::load(dir_.path(), mo);
+  }
+  // Greedy decode on both models, logits compared bit for bit at every step.
+  void decode_both(Model& a, Model& b, int steps) {
+    const size_t V = size_t(a.config().vocab_size);
+    const std::vector<int> prompt = prompt_ids(5, int(V));
+    std::vector<float> la(V), lb(V);
+    a.forward(prompt, la);
+    b.forward(prompt, lb);
+    ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "prefill";
+    for (int i = 0; i < steps; ++i) {
+      const int tok = Sampler::argmax(la);
+      a.forward(std::span<const int>(&tok, 1), la);
+      b.forward(std::span<const int>(&tok, 1), lb);
+      ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "decode step " << i;
+    }
+  }
+  TempDir dir_{"gpu_resident"};
+};
+
+}  // namespace
+
+TEST_F(GpuResident, WholeModelCacheDecodesWithoutPerLayerSyncAndTheSameBits) {
+  auto resident = load(0, false);  // automatic budget: every expert fits
+  auto synced = load(0, true);
+  decode_both(*resident, *synced, 48);
+  const GpuForwardStats r = resident->gpu_stats(), s = synced->gpu_stats();
+  std::printf("whole-model cache: %llu resident steps, %llu redone; demand misses %llu\n",
+              (unsigned long long)r.resident.steps, (unsigned long long)r.resident.redone,
+              (unsigned long long)r.cache.policy.demand_misses);
+  EXPECT_EQ(s.resident.steps, 0u);
+  EXPECT_GT(r.resident.steps, 24u);  // every step after the first all-hit one
+  // The cache saw the same accesses in the same order: the same hits and misses.
+  EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
+  EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
+}
+
+TEST_F(GpuResident, AMissInAResidentStepIsFinishedThroughTheSyncedPath) {
+  // 3 MiB holds about 60% of the 48 experts: some steps find everything, and some of the steps
+  // tried resident after them miss in a layer (redone from there).
+  auto resident = load(3, false);
+  auto synced = load(3, true);
+  decode_both(*resident, *synced, 96);
+  const GpuForwardStats r = resident->gpu_stats(), s = synced->gpu_stats();
+  std::printf("60%% cache: %llu resident steps, %llu redone; demand hits %llu, misses %llu\n",
+              (unsigned long long)r.resident.steps, (unsigned long long)r.resident.redone,
+              (unsigned long long)r.cache.policy.demand_hits,
+              (unsigned long long)r.cache.policy.demand_misses);
+  EXPECT_GT(r.resident.redone, 0u);
+  EXPECT_GT(r.resident.steps, r.resident.redone);
+  EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
+  EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
+  EXPECT_EQ(r.cache.policy.evictions, s.cache.policy.evictions);
+}
+
+TEST(GpuForwardOptions, SyncLayersWithoutGpuIsRefused) {
+  ModelOptions mo;
+  mo.gpu_sync_layers = true;
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-sync-layers needs --gpu"),
+            std::string::npos);
 }

@@ -19,6 +19,7 @@
 #include "runtime/model/moe_layer.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/routing.h"
 
 namespace moestream {
 namespace {
@@ -124,6 +125,33 @@ TEST(GpuKernels, RopeNeoxMatchesCpuRopeApply) {
   expect_close(dx.download(), ref, 1e-6f, 1e-6f, "rope_neox");
 }
 
+TEST(GpuKernels, PartialRopeRotatesOnlyTheFirstDimsOfEachHead) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig cfg;
+  cfg.head_dim = 38;
+  cfg.rotary_dim = 18;  // GLM's partial rotary: 9 pairs of 38 dims, odd half
+  cfg.rope_theta = 1e4;
+  cfg.max_position_embeddings = 4096;
+  Rope rope(cfg);
+  const int n_tokens = 5, n_heads = 3, half = rope.half_dim(), hd = cfg.head_dim;
+  ASSERT_EQ(half, 9);
+  std::vector<float> cos(size_t(n_tokens) * half), sin(cos.size());
+  rope.fill(321, n_tokens, cos.data(), sin.data());
+  auto x = random_floats(size_t(n_tokens) * n_heads * hd, 5);
+  std::vector<float> ref = x;
+  for (int t = 0; t < n_tokens; ++t)
+    for (int h = 0; h < n_heads; ++h)
+      Rope::apply(ref.data() + (size_t(t) * n_heads + h) * hd, cos.data() + size_t(t) * half,
+                  sin.data() + size_t(t) * half, half);
+  DeviceVec<float> dx(x), dc(cos), ds(sin);
+  gpu::rope_neox_partial(dx.get(), n_tokens, n_heads, half, hd, dc.get(), ds.get(), nullptr);
+  const std::vector<float> got = dx.download();
+  expect_close(got, ref, 1e-6f, 1e-6f, "rope_neox_partial");
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (int(i % size_t(hd)) >= 2 * half) EXPECT_EQ(got[i], x[i]) << "pass-through dim " << i;  // bitwise
+  }
+}
+
 TEST(GpuKernels, RouterTopkMatchesRouteToken) {
   SKIP_WITHOUT_GPU();
   const int n_tokens = 9, n_experts = 97, k = 7;
@@ -152,6 +180,42 @@ TEST(GpuKernels, RouterTopkBreaksTiesTowardLowerId) {
   DeviceVec<int> di(k);
   gpu::router_topk(dl.get(), 1, n_experts, k, false, di.get(), dw.get(), nullptr);
   EXPECT_EQ(di.download(), (std::vector<int>{66, 0, 1, 2}));
+}
+
+// Against routing.h: DeepSeek-V3's grouping (8 groups, 4 kept, top-8 of 256) and GLM's (one
+// group), with a correction bias large enough to change the selection, and the scaling.
+TEST(GpuKernels, RouterGroupedMatchesTheCpuRouter) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int experts, k, groups, keep; bool normalize; float scaling; };
+  for (const Case c : {Case{256, 8, 8, 4, true, 2.5f}, Case{128, 8, 1, 1, true, 1.0f},
+                       Case{64, 6, 4, 2, false, 1.5f}}) {
+    const int n_tokens = 11;
+    RouterParams p;
+    p.scoring = RouterScoring::kSigmoid;
+    p.n_experts = c.experts;
+    p.k = c.k;
+    p.normalize = c.normalize;
+    p.n_group = c.groups;
+    p.topk_group = c.keep;
+    p.scaling = c.scaling;
+    auto logits = random_floats(size_t(n_tokens) * c.experts, 5, 2.0f);
+    auto bias = random_floats(size_t(c.experts), 6, 0.3f);
+    std::vector<int> ref_ids(size_t(n_tokens) * c.k);
+    std::vector<float> ref_w(ref_ids.size()), scratch(p.scratch_floats());
+    for (int t = 0; t < n_tokens; ++t)
+      route_sigmoid_grouped(p, logits.data() + size_t(t) * c.experts, bias.data(),
+                            ref_ids.data() + size_t(t) * c.k, ref_w.data() + size_t(t) * c.k, scratch);
+    DeviceVec<float> dl(logits), db(bias), dw(ref_w.size());
+    DeviceVec<int> di(ref_ids.size());
+    gpu::router_grouped(dl.get(), db.get(), n_tokens, c.experts, c.k, c.groups, c.keep, c.normalize,
+                        c.scaling, di.get(), dw.get(), nullptr);
+    EXPECT_EQ(di.download(), ref_ids) << c.experts << " experts, " << c.groups << " groups";
+    expect_close(dw.download(), ref_w, 1e-7f, 1e-5f, "router_grouped");  // expf vs std::exp
+  }
+  DeviceVec<float> d(std::vector<float>(8, 0.f));
+  DeviceVec<int> di(8);
+  EXPECT_THROW(gpu::router_grouped(d.get(), nullptr, 1, 8, 2, 3, 1, true, 1.f, di.get(), d.get(), nullptr),
+               Error);  // 8 experts do not split into 3 groups
 }
 
 TEST(GpuKernels, SwigluMatchesCpu) {

@@ -212,6 +212,57 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
   EXPECT_GT(hi - lo, 1e-3f);
 }
 
+TEST(ModelShapes, Glm45AirHasItsDenseFirstLayerSharedExpertAndGroupedRouter) {
+  // GLM-4.5-Air: 46 layers, layer 0 a dense MLP of 10944; 45 MoE layers x 128 experts of
+  // 3 x 1408 x 4096 (q4), one ungated 1408-wide shared expert per MoE layer in the dense file.
+  const ModelConfig g = known_shape("glm-4.5-air");
+  EXPECT_EQ(g.arch, Arch::kGlm4Moe);
+  EXPECT_EQ(g.n_layers, 46);
+  EXPECT_EQ(g.n_moe_layers(), 45);
+  EXPECT_EQ(g.n_heads, 96);
+  EXPECT_EQ(g.n_kv_heads, 8);
+  EXPECT_EQ(g.head_dim, 128);
+  EXPECT_EQ(g.rope_dim(), 64);
+  EXPECT_EQ(g.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_FALSE(g.shared_expert_gated);
+  EXPECT_EQ(g.shared_expert_intermediate_size, 1408);
+  EXPECT_EQ(g.intermediate_size, 10944);
+  EXPECT_TRUE(g.qkv_bias);
+  const double expert_weights = 45.0 * 128 * 3 * 1408 * 4096;
+  EXPECT_NEAR(double(synthetic_model_bytes(g) - synthetic_dense_bytes(g)), expert_weights * 4.5 / 8,
+              expert_weights * 0.01);
+  const double dense_mlp = 3.0 * 10944 * 4096 * 2, shared = 45.0 * 3 * 1408 * 4096 * 2;
+  EXPECT_GT(double(synthetic_dense_bytes(g)), dense_mlp + shared + 2.0 * 151552 * 4096 * 2);
+}
+
+TEST(SynthModelCli, Glm45AirShapeLoadsAndRunsAndNeedsAnMoeLayer) {
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "glm";
+  const test::CliResult one = run_synth("--shape glm-4.5-air --layers 1 --scale-down 32 -q " + out.string());
+  EXPECT_NE(one.status, 0);
+  EXPECT_NE(one.output.find("--layers 1"), std::string::npos) << one.output;
+  const test::CliResult r = run_synth("--shape glm-4.5-air --layers 3 --scale-down 32 -q --seed 7 " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_EQ(cfg.n_moe_layers(), 2);
+  EXPECT_TRUE(fs::exists(expert_file_path(out, 1)));
+  EXPECT_FALSE(fs::exists(expert_file_path(out, 2)));  // expert files number MoE layers only
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 8;
+  auto model = Model::load(out, mo);  // dense MLP, router bias and shared expert present, shapes checked
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  model->forward(std::vector<int>{3, 99}, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
 TEST(SynthModelCli, Qwen2MoeShapeLoadsAndRuns) {
   if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;

@@ -57,6 +57,10 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "with --gpu: during layer L, apply layer L+1's router and prefetch its N most "
                  "likely experts into the GPU cache; 0 = off (never changes the output)")
       ->capture_default_str()->check(in_range(0, 1 << 16));
+  app.add_flag("--gpu-sync-layers", a.gpu_sync_layers,
+               "with --gpu: read every layer's routing on the host, also when the last decode "
+               "step found all its experts in VRAM (by default such steps run with one sync per "
+               "token); the same tokens, for comparison");
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
@@ -66,6 +70,7 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.gpu = a.gpu;
   mo.gpu_cache_mb = size_t(a.gpu_cache_mb);
   mo.moe_lookahead = a.moe_lookahead;
+  mo.gpu_sync_layers = a.gpu_sync_layers;
   check_gpu_options(mo);  // before the store opens and the weights load
 }
 

@@ -144,7 +144,7 @@ int run(const Args& a) {
   }
   std::optional<RoutingLogWriter> routing;
   if (!a.collect_routing.empty()) {
-    RoutingLogHeader rh{model_identity_hash(dir), uint32_t(cfg.n_layers), uint32_t(cfg.n_experts),
+    RoutingLogHeader rh{model_identity_hash(dir), uint32_t(cfg.n_moe_layers()), uint32_t(cfg.n_experts),
                         uint32_t(cfg.n_experts_per_tok), uint32_t(cfg.hidden_size)};
     routing.emplace(a.collect_routing, rh);
     if (!routing->warning().empty()) std::fprintf(stderr, "infer: warning: %s\n", routing->warning().c_str());

@@ -55,6 +55,10 @@ int run(const Args& a) {
   ModelConfig cfg = known_shape(a.shape);
   const int real_layers = cfg.n_layers;
   if (a.layers > 0) set_layer_count(cfg, a.layers);
+  if (cfg.first_k_dense_replace >= cfg.n_layers)  // GLM-4.5-Air's layer 0 has no experts
+    throw ConfigError("--layers " + std::to_string(cfg.n_layers) + ": " + a.shape + "'s first " +
+                      std::to_string(cfg.first_k_dense_replace) + " layer(s) are dense; ask for at least " +
+                      std::to_string(cfg.first_k_dense_replace + 1));
   if (!a.quant.empty()) {
     cfg.expert_quant = parse_stored_quant(a.quant);
     if (cfg.expert_quant != QuantType::kQ4 && cfg.expert_quant != QuantType::kQ8 &&
@@ -71,7 +75,7 @@ int run(const Args& a) {
   fs::create_directories(parent);
 
   const uint64_t total = synthetic_model_bytes(cfg), dense = synthetic_dense_bytes(cfg);
-  const uint64_t per_layer = cfg.n_layers > 0 ? (total - dense) / uint64_t(cfg.n_layers) : 0;
+  const uint64_t per_layer = cfg.n_moe_layers() > 0 ? (total - dense) / uint64_t(cfg.n_moe_layers()) : 0;
   const uint64_t avail = fs::space(parent).available;
   if (total + kSlackBytes > avail) {
     // What would fit: the dense file grows with layers too, so count it per layer.
@@ -129,7 +133,7 @@ int run(const Args& a) {
               "expert_bytes %llu\nexpert_bytes_per_token %llu\ntotal_bytes %llu\nseconds %.1f\n",
               out.c_str(), a.shape.c_str(), cfg.n_layers, std::string(quant_name(cfg.expert_quant)).c_str(),
               (unsigned long long)dense, (unsigned long long)per_layer, (unsigned long long)expert_bytes,
-              (unsigned long long)(expert_bytes * uint64_t(cfg.n_experts_per_tok) * uint64_t(cfg.n_layers)),
+              (unsigned long long)(expert_bytes * uint64_t(cfg.n_experts_per_tok) * uint64_t(cfg.n_moe_layers())),
               (unsigned long long)total, s);
   return 0;
 }

@@ -41,6 +41,8 @@ void rms_norm_cuda(const float* x, const float* w, int rows, int n, float eps, f
                    cudaStream_t s);
 void rope_neox_cuda(float* x, int n_tokens, int n_heads, int half_dim, const float* cos,
                     const float* sin, cudaStream_t s);
+void rope_neox_partial_cuda(float* x, int n_tokens, int n_heads, int half_dim, int head_dim, const float* cos,
+                            const float* sin, cudaStream_t s);
 void router_topk_cuda(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
                       int* ids, float* weights, cudaStream_t s);
 void swiglu_cuda(const float* gate, const float* up, size_t n, float* out, cudaStream_t s);

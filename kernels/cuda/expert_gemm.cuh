@@ -57,6 +57,18 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p, bool aligned4) {
   return uint32_t(__ldg(h)) | (uint32_t(__ldg(h + 1)) << 16);
 }
 
+// Byte k of v minus `bias`, as a float, exactly, without the int-to-float converter (16 per SM
+// and clock on Hopper: 8 conversions per lane and step would bound decode below the memory
+// rate): the float 2^23 + byte, assembled by one byte permute, minus 2^23 + bias.
+__device__ __forceinline__ float byte_minus(uint32_t v, int k, float bias) {
+  return __fsub_rn(__uint_as_float(__byte_perm(v, 0x4Bu, 0x4550u | uint32_t(k))),
+                   8388608.0f + bias);
+}
+// Signed byte k of v as a float (the sign flip maps int8 b to the unsigned byte b + 128).
+__device__ __forceinline__ float sbyte(uint32_t v, int k) {
+  return byte_minus(v ^ 0x80808080u, k, 128.0f);
+}
+
 // A lane's activations: the float4 at p (x[0..3]) or zeros when !valid (p is then any in-row
 // address: the load stays inside the row, the values are dropped).
 __device__ __forceinline__ void load_x4(const float* p, bool valid, float* x) {

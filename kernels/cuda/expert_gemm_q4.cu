@@ -26,10 +26,12 @@ struct Q4Codec {
     const float d_raw = load_half(r + 2 * bc);  // unconditional: no branch around loads
     const float d = valid ? d_raw : 0.f;
     const uint32_t q = load_u32(r + 2 * size_t(nb) + size_t(bc) * 16 + j, kAligned);
+    // Nibbles as bytes, to floats by byte_minus (no int-to-float converter): the same values.
+    const uint32_t lo = q & 0x0f0f0f0fu, hi = (q >> 4) & 0x0f0f0f0fu;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      w[e] = float(int((q >> (8 * e)) & 0xfu) - 8) * d;
-      w[4 + e] = float(int((q >> (8 * e + 4)) & 0xfu) - 8) * d;
+      w[e] = byte_minus(lo, e, 8.0f) * d;
+      w[4 + e] = byte_minus(hi, e, 8.0f) * d;
     }
   }
   __device__ void load_x(const float* xrow, int st, int lane, float* x) const {

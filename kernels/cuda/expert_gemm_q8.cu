@@ -29,7 +29,7 @@ struct Q8Codec {
     const float d = valid ? d_raw : 0.f;
     const uint32_t q = load_u32(r + 2 * size_t(nb) + size_t(qc) * 4, kAligned);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = d * float(int8_t(uint8_t(q >> (8 * e))));
+    for (int e = 0; e < 4; ++e) w[e] = d * sbyte(q, e);  // no int-to-float converter: same values
   }
   __device__ void load_x(const float* xrow, int st, int lane, float* x) const {
     const int quad = st * 32 + lane;

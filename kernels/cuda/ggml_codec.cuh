@@ -43,18 +43,6 @@ __device__ __forceinline__ float half_bits(uint32_t h) {
   return __half2float(__half(__half_raw{static_cast<unsigned short>(h)}));
 }
 
-// Byte k of v minus `bias`, as a float, exactly, without the int-to-float converter (16 per SM
-// and clock on Hopper: 8 conversions per lane and step would bound decode below the memory
-// rate): the float 2^23 + byte, assembled by one byte permute, minus 2^23 + bias.
-__device__ __forceinline__ float byte_minus(uint32_t v, int k, float bias) {
-  return __fsub_rn(__uint_as_float(__byte_perm(v, 0x4Bu, 0x4550u | uint32_t(k))),
-                   8388608.0f + bias);
-}
-// Signed byte k of v as a float (the sign flip maps int8 b to the unsigned byte b + 128).
-__device__ __forceinline__ float sbyte(uint32_t v, int k) {
-  return byte_minus(v ^ 0x80808080u, k, 128.0f);
-}
-
 // Four 16-entry int8 code-book lookups at once: v holds an index 0..15 in each byte; t0..t3 the
 // table's 16 bytes (t0 entries 0-3, ..., t3 entries 12-15). Returns the 4 entries as bytes.
 __device__ __forceinline__ uint32_t lut16x4(uint32_t v, uint32_t t0, uint32_t t1, uint32_t t2,

@@ -24,12 +24,24 @@ void rms_norm(const float* x, const float* w, int rows, int n, float eps, float*
 // (i, i + half_dim). cos/sin are [n_tokens, half_dim] tables as runtime/model/rope.h Rope::fill makes.
 void rope_neox(float* x, int n_tokens, int n_heads, int half_dim, const float* cos,
                const float* sin, Stream s);
+// The same on heads of head_dim >= 2*half_dim floats: only the first 2*half_dim dims of each head
+// rotate, the rest pass (GLM-4.5's partial rotary, runtime/model/attention.cpp).
+void rope_neox_partial(float* x, int n_tokens, int n_heads, int half_dim, int head_dim, const float* cos,
+                       const float* sin, Stream s);
 
 // Router of n_tokens tokens: softmax over n_experts logits, the k largest probabilities (ties:
 // lower id first), renormalised to sum 1 when `normalize` (norm_topk_prob). ids/weights get
 // n_tokens*k entries, token-major, as runtime/model/moe_layer.h route_token.
 void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
                  int* ids, float* weights, Stream s);
+// The grouped sigmoid router (GLM-4.5, DeepSeek-V3) of n_tokens tokens, as
+// runtime/model/routing.h route_sigmoid_grouped: sigmoid scores, `bias` [n_experts] (device, may
+// be null) added for selection only, the topk_group best of n_group groups (by the sum of each
+// group's two best), the k best experts in them (ties: lower id), weights the chosen unbiased
+// scores, normalised when `normalize`, times `scaling`. ids/weights n_tokens*k, token-major.
+void router_grouped(const float* logits, const float* bias, int n_tokens, int n_experts, int k,
+                    int n_group, int topk_group, bool normalize, float scaling, int* ids,
+                    float* weights, Stream s);
 
 // out[i] = silu(gate[i]) * up[i] for n elements (the expert's fused SwiGLU).
 void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);
@@ -93,6 +105,16 @@ void moe_combine(const float* y, const int* pair_row, const float* weights, int 
                  int dim, float* out, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
+// The MoE plan of one decode token from its top-k `ids` [k] (device), as CudaForward::moe lays
+// it out for an all-hit token: groups in ascending id, one row each (gather_idx [k] all 0,
+// pair_row [k], row_start [k+1]), ptrs[g] = table[id] (`table` [n_experts]: a layer's payload
+// pointers, nullptr where not resident). *miss = 1 when an expert is absent from the table, an id
+// is out of range or repeated (its pointer is then `fallback`, a valid payload), else 0. Also
+// copies x [dim] to x_snap (the residual before the MoE, from which the host can redo the layer).
+void moe_plan_decode(const int* ids, int k, const uint8_t* const* table, int n_experts,
+                     const uint8_t* fallback, int* gather_idx, int* pair_row, int* row_start,
+                     const uint8_t** ptrs, int* miss, const float* x, float* x_snap, int dim,
+                     Stream s);
 // y[t] += sigmoid(gate[t]) * x[t] for n_tokens rows of dim floats (Qwen2-MoE's gated shared
 // expert; the sigmoid in float32 as the CPU's 1 / (1 + exp(-g))).
 void gated_add(float* y, const float* x, const float* gate, int n_tokens, int dim, Stream s);

@@ -23,14 +23,16 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int* __r
 }
 
 // out[t] = sum_{j<k} weights[t*k+j] * y[pair_row[t*k+j]], summed from zero in j order as
-// runtime/model/moe_layer.cpp does, so the result does not depend on the grouping of y.
+// runtime/model/moe_layer.cpp does, so the result does not depend on the grouping of y. Grid x
+// strides tokens, grid y splits a row (a decode token's one row would leave one block
+// latency-bound).
 __global__ void moe_combine_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
                                    const float* __restrict__ weights, int n_tokens, int k, int dim,
                                    float* __restrict__ out) {
   for (int t = blockIdx.x; t < n_tokens; t += gridDim.x) {
     const int* pr = pair_row + size_t(t) * k;
     const float* wt = weights + size_t(t) * k;
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < dim; d += gridDim.y * blockDim.x) {
       float acc = 0.f;
       for (int j = 0; j < k; ++j) acc += wt[j] * y[size_t(pr[j]) * dim + d];
       out[size_t(t) * dim + d] = acc;
@@ -70,7 +72,10 @@ void moe_combine_cuda(const float* y, const int* pair_row, const float* weights,
                       int k, int dim, float* out, cudaStream_t s) {
   MOE_ASSERT(y && pair_row && weights && out && n_tokens > 0 && k > 0 && dim > 0,
              "moe_combine_cuda: bad arguments");
-  moe_combine_kernel<<<std::min(unsigned(n_tokens), kMaxBlocks), kThreads, 0, s>>>(
+  // Row splits only while the grid is small: a prefill chunk has blocks enough.
+  const unsigned splits = n_tokens >= 32 ? 1u : unsigned((dim + kThreads - 1) / kThreads);
+  const dim3 grid(std::min(unsigned(n_tokens), kMaxBlocks), std::min(splits, 64u));
+  moe_combine_kernel<<<grid, kThreads, 0, s>>>(
       y, pair_row, weights, n_tokens, k, dim, out);
   MOE_CUDA_CHECK_LAUNCH("moe_combine_kernel");
 }

@@ -130,9 +130,56 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
-    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGptOss, "gpt_oss"}};
+    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kGptOss, "gpt_oss"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
+constexpr EnumName<RouterScoring> kScoringNames[] = {
+    {RouterScoring::kSoftmax, "softmax"}, {RouterScoring::kSigmoid, "sigmoid"}};
+
+// GLM-4.5 / DeepSeek-V3 keys (model_config.h), each optional with the default of other models.
+void read_glm_fields(const json& j, const std::string& where, ModelConfig& c) {
+  if (j.contains("router_scoring")) {
+    const std::string s = get_str(j, "router_scoring", where);
+    const std::optional<RouterScoring> r = enum_from_name(kScoringNames, s);
+    if (!r) bad(where, "router_scoring", "is '" + s + "', expected " + enum_name_list(kScoringNames));
+    c.router_scoring = *r;
+  }
+  if (j.contains("n_group")) c.n_group = get_int(j, "n_group", where, 1);
+  if (j.contains("topk_group")) c.topk_group = get_int(j, "topk_group", where, 1);
+  if (c.n_experts % c.n_group != 0)
+    bad(where, "n_group", "(" + std::to_string(c.n_group) + ") must divide n_experts (" + std::to_string(c.n_experts) + ")");
+  if (c.topk_group > c.n_group)
+    bad(where, "topk_group", "(" + std::to_string(c.topk_group) + ") exceeds n_group (" + std::to_string(c.n_group) + ")");
+  if (c.n_group > 1 && c.n_experts / c.n_group < 2)
+    bad(where, "n_group", "leaves fewer than 2 experts per group (a group scores its two best)");
+  if (c.n_group > 1 && c.router_scoring != RouterScoring::kSigmoid)
+    bad(where, "n_group", "is " + std::to_string(c.n_group) + ": groups need router_scoring \"sigmoid\"");
+  if (int64_t(c.topk_group) * (c.n_experts / c.n_group) < c.n_experts_per_tok)
+    bad(where, "topk_group", "x experts per group is fewer than n_experts_per_tok");
+  c.routed_scaling_factor = get_opt_num(j, "routed_scaling_factor", where, 1.0);
+  if (!(c.routed_scaling_factor > 0 && std::isfinite(c.routed_scaling_factor)))
+    bad(where, "routed_scaling_factor", "must be positive and finite");
+  if (j.contains("shared_expert_gated")) c.shared_expert_gated = get_bool(j, "shared_expert_gated", where);
+  if (j.contains("first_k_dense_replace")) {
+    c.first_k_dense_replace = get_int(j, "first_k_dense_replace", where, 0);
+    if (c.first_k_dense_replace >= c.n_layers)
+      bad(where, "first_k_dense_replace", "(" + std::to_string(c.first_k_dense_replace) +
+                                              ") must leave at least one MoE layer of n_layers (" +
+                                              std::to_string(c.n_layers) + ")");
+  }
+  if (c.first_k_dense_replace > 0) {
+    c.intermediate_size = get_int(j, "intermediate_size", where, 1);
+    check_elements(where, {{"intermediate_size", c.intermediate_size}, {"hidden_size", c.hidden_size},
+                           {"first_k_dense_replace", c.first_k_dense_replace}},
+                   44, "the dense MLPs' matrices");
+  }
+  if (j.contains("rotary_dim")) {
+    c.rotary_dim = get_int(j, "rotary_dim", where, 2);
+    if (c.rotary_dim > c.head_dim || c.rotary_dim % 2 != 0)
+      bad(where, "rotary_dim", "(" + std::to_string(c.rotary_dim) + ") must be even and at most head_dim (" +
+                                   std::to_string(c.head_dim) + ")");
+  }
+}
 
 Arch parse_arch(const std::string& s, const std::string& where) {
   if (auto a = enum_from_name(kArchNames, s)) return *a;
@@ -182,6 +229,9 @@ void gpt_oss_from_json(const json& j, const std::string& where, ModelConfig& c) 
     if (!(c.swiglu_limit > 0 && std::isfinite(c.swiglu_limit))) bad(where, "swiglu.limit", "must be positive and finite");
     if (!std::isfinite(c.swiglu_alpha)) bad(where, "swiglu.alpha", "must be finite");
   }
+  // Both read layers.N.router_bias, with different meanings (a logit bias; a selection-only bias).
+  if ((c.router_bias || c.router_softmax_topk) && c.router_scoring != RouterScoring::kSoftmax)
+    bad(where, c.router_bias ? "router_bias" : "router_softmax_topk", "cannot be combined with router_scoring \"sigmoid\"");
 }
 
 }  // namespace
@@ -196,7 +246,7 @@ void require_model_location(const std::filesystem::path& model) {
 }
 
 ExpertLayout ModelConfig::expert_layout(int layer) const {
-  MOE_ASSERT(layer >= 0 && layer < n_layers, "layer out of range");
+  MOE_ASSERT(layer >= 0 && layer < n_moe_layers(), "MoE layer out of range");
   ExpertTypes t = layer_expert_types.empty() ? ExpertTypes::uniform(expert_quant)
                                              : layer_expert_types[size_t(layer)];
   t.bias = expert_bias;
@@ -205,7 +255,7 @@ ExpertLayout ModelConfig::expert_layout(int layer) const {
 
 size_t ModelConfig::max_expert_bytes() const {
   size_t m = 0;
-  for (int l = 0; l < n_layers; ++l) m = std::max(m, expert_layout(l).bytes);
+  for (int l = 0; l < n_moe_layers(); ++l) m = std::max(m, expert_layout(l).bytes);
   return m;
 }
 
@@ -274,6 +324,19 @@ nlohmann::json ModelConfig::to_json() const {
   if (qkv_bias) j["qkv_bias"] = true;
   if (shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   gpt_oss_to_json(*this, j);
+  // GLM-4.5 / DeepSeek-V3: written only when they differ from the defaults.
+  if (router_scoring != RouterScoring::kSoftmax) {
+    j["router_scoring"] = std::string(enum_name(kScoringNames, router_scoring, "softmax"));
+    j["n_group"] = n_group;
+    j["topk_group"] = topk_group;
+  }
+  if (routed_scaling_factor != 1.0) j["routed_scaling_factor"] = routed_scaling_factor;
+  if (shared_expert_intermediate_size > 0 && !shared_expert_gated) j["shared_expert_gated"] = false;
+  if (first_k_dense_replace > 0) {
+    j["first_k_dense_replace"] = first_k_dense_replace;
+    j["intermediate_size"] = intermediate_size;
+  }
+  if (rotary_dim > 0 && rotary_dim != head_dim) j["rotary_dim"] = rotary_dim;
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
   if (expert_bias) j["experts"]["bias"] = true;
@@ -366,6 +429,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
                            {"hidden_size", c.hidden_size}, {"n_layers", c.n_layers}},
                    44, "the shared experts' matrices");
   }
+  read_glm_fields(j, where, c);
 
   gpt_oss_from_json(j, where, c);
 
@@ -391,9 +455,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   }
   if (auto lt = experts.find("layer_types"); lt != experts.end()) {
     if (!typed) bad(where, "experts.layer_types", "needs format_version 2");
-    if (!lt->is_array() || lt->size() != size_t(c.n_layers))
-      bad(where, "experts.layer_types", "must be an array of n_layers (" + std::to_string(c.n_layers) +
-                                            ") [gate, up, down] type triples");
+    if (!lt->is_array() || lt->size() != size_t(c.n_moe_layers()))
+      bad(where, "experts.layer_types", "must be an array of one [gate, up, down] type triple per MoE layer (" +
+                                            std::to_string(c.n_moe_layers()) + ")");
     for (size_t l = 0; l < lt->size(); ++l) {
       const json& e = (*lt)[l];
       const std::string key = "experts.layer_types[" + std::to_string(l) + "]";
@@ -412,7 +476,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
                                       std::string(quant_name(c.layer_expert_types.front().gate)) + "'");
   }
   // Every layer's matrices must be whole blocks of their types (ggml types have blocks of up to 256).
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.n_moe_layers(); ++l) {
     try {
       (void)c.expert_layout(l);
     } catch (const ConfigError& err) {

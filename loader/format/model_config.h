@@ -3,7 +3,7 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "gpt_oss"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "gpt_oss"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
@@ -24,6 +24,21 @@
 //   swiglu: { limit, alpha } (limit > 0): gate = min(gate, limit), up = clamp(up, +-limit),
 //     act = (up + 1) * gate * sigmoid(alpha * gate); experts.bias (bool, format_version 2):
 //     each expert payload ends with f32 gate/up/down biases (expert_file.h)
+//   GLM-4.5 / DeepSeek-V3 (all optional; absent: the values that leave other models unchanged):
+//   router_scoring: "softmax" (default) | "sigmoid": sigmoid scores, selection on scores plus
+//     layers.N.router_bias (e_score_correction_bias, selection only), group-limited top-k
+//   n_group (int >= 1, default 1), topk_group (int in [1, n_group], default 1): experts split into
+//     n_group equal groups; a group scores the sum of its two best biased scores; the topk_group
+//     best groups' experts compete for the top-k (sigmoid scoring only)
+//   routed_scaling_factor (number > 0, default 1): multiplies the routed experts' weights
+//   shared_expert_gated (bool, default true): false = the shared expert is added unscaled
+//     (GLM-4.5, DeepSeek-V3: n_shared_experts x moe_intermediate_size, no shared_expert_gate)
+//   first_k_dense_replace (int in [0, n_layers), default 0): layers below it have a dense SwiGLU
+//     MLP of intermediate_size (int, required then) instead of experts. Expert files, maps,
+//     routing logs and caches number only the MoE layers: MoE layer m is decoder layer
+//     first_k_dense_replace + m (experts.layer_types has one entry per MoE layer)
+//   rotary_dim (even int in [2, head_dim], default head_dim): RoPE turns the first rotary_dim
+//     dims of each head (rotate-half within them), the rest pass (GLM's partial_rotary_factor)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
@@ -40,7 +55,10 @@
 //   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
 //   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
 //   layers.N.ffn_norm [D]; layers.N.router [E, D]; optional by the flags above: layers.N.bq/bk/bv,
-//   layers.N.bo [D], layers.N.sinks [H], layers.N.router_bias [E]
+//   layers.N.bo [D], layers.N.sinks [H], layers.N.router_bias [E] (gpt-oss router_bias)
+//   sigmoid routing: layers.N.router_bias [E] (float32, as the router)
+//   dense-MLP layers (N < first_k_dense_replace): layers.N.mlp_gate [I, D], layers.N.mlp_up [I, D],
+//   layers.N.mlp_down [D, I] instead of router, router_bias and shared expert (I = intermediate_size)
 // dense.gguf (dense.dtype "gguf") holds the same tensors by the same names as GGUF tensors (ne0
 // first: a [rows, cols] matrix is ne = [cols, rows]), each in its ggml type, Q/K rows in the
 // engine's order; its metadata may carry the tokenizer (tokenizer.ggml.*, tokenizer.chat_template),
@@ -58,11 +76,13 @@
 
 namespace moestream {
 
-enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGptOss };
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe, kGptOss };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
 enum class ModelFormat { kPack, kGguf };
 enum class QkNorm { kNone, kPerHead, kFull };
+// How router logits become scores (GLM-4.5 / DeepSeek-V3 use sigmoid with group-limited top-k).
+enum class RouterScoring { kSoftmax, kSigmoid };
 
 struct RopeScaling {
   std::string type;  // "linear", "dynamic", "yarn", "llama3"
@@ -109,6 +129,15 @@ struct ModelConfig {
   std::string tokenizer_file;         // empty when the model ships none
   std::string tokenizer_config_file;  // empty when absent
   std::optional<int> bos_token_id, eos_token_id;
+  // GLM-4.5 / DeepSeek-V3 (model.json keys above): grouped sigmoid routing, an ungated shared
+  // expert, dense first layers, partial rotary.
+  RouterScoring router_scoring = RouterScoring::kSoftmax;
+  int n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool shared_expert_gated = true;
+  int first_k_dense_replace = 0;
+  int intermediate_size = 0;  // the dense MLP's width (first_k_dense_replace > 0)
+  int rotary_dim = 0;         // 0: head_dim
 
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // The keys a query at a sliding layer may see (0: all, a full-attention layer).
@@ -116,7 +145,13 @@ struct ModelConfig {
     return sliding_window > 0 && size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)] ? sliding_window
                                                                                                    : 0;
   }
-  // The encodings and byte layout of layer `layer`'s experts.
+  // Layers with experts: decoder layers first_k_dense_replace.. n_layers-1, numbered 0.. by every
+  // expert consumer (files, maps, stores, caches, routing logs).
+  int n_moe_layers() const { return n_layers - first_k_dense_replace; }
+  bool is_moe_layer(int layer) const { return layer >= first_k_dense_replace; }
+  int moe_layer_index(int layer) const { return layer - first_k_dense_replace; }
+  int rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  // The encodings and byte layout of MoE layer `layer`'s experts (an MoE layer index).
   ExpertLayout expert_layout(int layer) const;
   // The largest expert payload of any layer (host-cache slots, read buffers).
   size_t max_expert_bytes() const;

@@ -48,7 +48,7 @@ class EngineExpertStore final : public ExpertStore {
     if (cfg.format == ModelFormat::kGguf) {
       open_gguf(model_dir, cfg);
     } else {
-      for (int l = 0; l < cfg.n_layers; ++l) {
+      for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers only (model_config.h)
         Layer L;
         static_cast<ExpertLayerFile&>(L) = open_expert_layer_file(model_dir, cfg, l, opts.use_maps);
         if (L.header.expert_stride < read_bytes_)

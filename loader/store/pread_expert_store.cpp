@@ -29,7 +29,7 @@ class PreadExpertStore final : public ExpertStore {
     // Buffers are 64-byte aligned so the matrices inside keep their kMatrixAlign alignment; each
     // holds the largest expert (a pack converted from a mixed GGUF has several sizes).
     buf_stride_ = (cfg.max_expert_bytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign;
-    for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers only (model_config.h)
       Layer layer;
       static_cast<ExpertLayerFile&>(layer) = open_expert_layer_file(model_dir, cfg, l);
       layer.fd = ::open(layer.path.c_str(), O_RDONLY | O_CLOEXEC);

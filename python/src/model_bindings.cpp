@@ -119,7 +119,7 @@ class PyModel {
   // Appends every layer's routing to a log, one request per prompt or window (as infer does).
   void attach_routing(const fs::path& path, bool inputs) {
     const ModelConfig& cfg = model_->config();
-    RoutingLogHeader rh{model_identity_hash(dir_), uint32_t(cfg.n_layers), uint32_t(cfg.n_experts),
+    RoutingLogHeader rh{model_identity_hash(dir_), uint32_t(cfg.n_moe_layers()), uint32_t(cfg.n_experts),
                         uint32_t(cfg.n_experts_per_tok), uint32_t(cfg.hidden_size)};
     routing_.emplace(path, rh);
     RoutingLogWriter* log = &*routing_;

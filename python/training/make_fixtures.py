@@ -1,4 +1,4 @@
-# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, gpt-oss) with transformers
+# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5, gpt-oss) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -16,6 +16,11 @@ save_pretrained(save_original_format=False), i.e. the fused layout
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
+glm4_moe (GLM-4.5) adds the grouped sigmoid router with a random (non-zero) e_score_correction_bias
+and routed_scaling_factor, an ungated shared expert, a dense first layer, partial rotary, QK-norm
+and Q/K/V biases; its config.json is in the published GLM-4.5 style (partial_rotary_factor,
+rope_theta and num_nextn_predict_layers at the top level) and its checkpoint carries a stand-in
+MTP layer (model.layers.3.*, as GLM-4.5's layer 46/92) that transformers and the converter skip.
 gpt_oss (eager attention, f32) has attention sinks, sliding (window 6) and full layers, YaRN RoPE
 with truncate false, biases everywhere, the clamped SwiGLU (limit 1.25, so the clamp matters) and
 the top-k softmax router, saved as transformers writes it (`gate_up_proj [E, D, 2F]`, gate/up
@@ -40,7 +45,8 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig,
+from transformers import (Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, OlmoeConfig,
                           OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
 
@@ -91,12 +97,23 @@ def fixture_specs():
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "truncate": False, "original_max_position_embeddings": 64,
                          "rope_theta": 150000.0}, **common)
+    # GLM-4.5: 16 experts in 4 groups, 2 groups kept, top-4; one dense first layer; partial rotary
+    # (8 of 16 dims); QK-norm and Q/K/V biases; a scaled, renormalised sigmoid router.
+    glm = Glm4MoeConfig(
+        vocab_size=353, hidden_size=53, intermediate_size=61, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, moe_intermediate_size=23, n_routed_experts=16,
+        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+        num_nextn_predict_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
         "mixtral": (MixtralForCausalLM, mixtral, 1003, "per_expert"),
         "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
         "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
+        "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
         "gpt_oss": (GptOssForCausalLM, gpt_oss, 1006, "gpt_oss"),
         "gpt_oss_mxfp4": (GptOssForCausalLM, gpt_oss, 1006, "mxfp4"),
     }
@@ -128,6 +145,11 @@ def randomise(model, seed):
         # Exactly representable in bf16 (stored as f32): a bf16 pack is then lossless and must
         # reproduce the f32 reference logits and greedy tokens as closely as an f32 pack.
         p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    # The sigmoid router's correction bias is a buffer, zero after init: random values, of the
+    # size of the score differences, so that it moves selections (GLM-4.5, DeepSeek-V3).
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.copy_((torch.randn(b.shape, generator=g) * 0.3).to(torch.bfloat16).to(torch.float32))
 
 
 def per_expert_state_dict(model, arch):
@@ -179,6 +201,13 @@ def published_style_config(path, arch):
     if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
         cfg.pop("qkv_bias")
         cfg.pop("layer_types")
+    if arch == "glm4_moe":  # GLM-4.5's config.json: these at the top level, under these names
+        cfg["partial_rotary_factor"] = rope["partial_rotary_factor"]
+        cfg["rope_scaling"] = None
+        if "num_mtp_layers" in cfg:
+            cfg["num_nextn_predict_layers"] = cfg.pop("num_mtp_layers")
+        if "num_local_experts" in cfg:
+            cfg["n_routed_experts"] = cfg.pop("num_local_experts")
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -312,6 +341,14 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                     raise RuntimeError(f"{name}: tensor {k} differs from save_pretrained")
             model.config.save_pretrained(tmp)
             published_style_config(tmp / "config.json", arch)
+            if arch == "glm4_moe":  # a stand-in MTP layer after the last decoder layer
+                g = torch.Generator().manual_seed(seed + 1)
+                mtp = f"model.layers.{config.num_hidden_layers}."
+                d = config.hidden_size
+                sd[mtp + "eh_proj.weight"] = torch.randn(d, 2 * d, generator=g)
+                sd[mtp + "enorm.weight"] = torch.ones(d)
+                sd[mtp + "self_attn.q_proj.bias"] = torch.randn(config.num_attention_heads * config.head_dim,
+                                                                generator=g)
             save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for extra in ("generation_config.json",):
             (tmp / extra).unlink(missing_ok=True)

@@ -76,19 +76,35 @@ std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   return p + "mlp.gate.weight";
 }
 
+// GLM-4.5's multi-token-prediction layers (num_nextn_predict_layers) follow the last decoder
+// layer, model.layers.{n_layers}...: only speculative decoding uses them, so they are not converted.
+bool is_mtp_layer_tensor(const std::string& name, int n_layers) {
+  const size_t start = std::string("model.layers.").size(), dot = name.find('.', start);
+  if (dot == std::string::npos || dot == start || dot - start > 6) return false;
+  int layer = 0;
+  for (size_t i = start; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  return layer >= n_layers;
+}
+
 struct DenseTensor {
   std::string out, in;
   std::vector<int64_t> shape;
   bool router = false;  // a matrix kept in float (routing decisions on exact logits)
+  bool f32 = false;     // stored float32 whatever the dense dtype (the sigmoid router's bias:
+                        // bf16 would move its selections)
 };
 
 // Biases and shared experts change the maths: the config check catches most, this catches
 // checkpoints whose config does not say so. Those the model reads (`dense`) are expected.
-void reject_unsupported_tensors(const HfCheckpoint& ck, const std::vector<DenseTensor>& dense) {
+void reject_unsupported_tensors(const HfCheckpoint& ck, const ModelConfig& c, const std::vector<DenseTensor>& dense) {
   std::set<std::string> read;
   for (const DenseTensor& t : dense) read.insert(t.in);
   for (const std::string& n : ck.names()) {
     if (n.rfind("model.layers.", 0) != 0 || read.count(n)) continue;
+    if (c.arch == Arch::kGlm4Moe && is_mtp_layer_tensor(n, c.n_layers)) continue;
     if (n.find("shared_expert") != std::string::npos)
       throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream for this architecture");
     if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
@@ -121,9 +137,25 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       t.push_back({o + "q_norm", p + "self_attn.q_norm.weight", {H * hd}});
       t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {KV * hd}});
     }
+    if (c.o_bias) t.push_back({o + "bo", p + "self_attn.o_proj.bias", {D}});  // gpt-oss
+    if (c.attention_sinks) t.push_back({o + "sinks", p + "self_attn.sinks", {H}});
     t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
+    if (!c.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's first layers: a dense MLP
+      const int64_t I = c.intermediate_size;
+      t.push_back({o + "mlp_gate", p + "mlp.gate_proj.weight", {I, D}});
+      t.push_back({o + "mlp_up", p + "mlp.up_proj.weight", {I, D}});
+      t.push_back({o + "mlp_down", p + "mlp.down_proj.weight", {D, I}});
+      continue;
+    }
     t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}, true});
-    if (c.has_shared_expert()) {
+    if (c.router_scoring == RouterScoring::kSigmoid)  // float, as the router
+      t.push_back({o + "router_bias", p + "mlp.gate.e_score_correction_bias", {c.n_experts}, true, true});
+    if (c.has_shared_expert() && !c.shared_expert_gated) {  // GLM-4.5: n_shared_experts, no gate
+      const int64_t fs = c.shared_expert_intermediate_size;
+      t.push_back({o + "shared_gate", p + "mlp.shared_experts.gate_proj.weight", {fs, D}});
+      t.push_back({o + "shared_up", p + "mlp.shared_experts.up_proj.weight", {fs, D}});
+      t.push_back({o + "shared_down", p + "mlp.shared_experts.down_proj.weight", {D, fs}});
+    } else if (c.has_shared_expert()) {
       const int64_t fs = c.shared_expert_intermediate_size;
       t.push_back({o + "shared_gate", p + "mlp.shared_expert.gate_proj.weight", {fs, D}});
       t.push_back({o + "shared_up", p + "mlp.shared_expert.up_proj.weight", {fs, D}});
@@ -131,8 +163,6 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       // One row: kept in float as the router (a gate from exact logits).
       t.push_back({o + "shared_expert_gate", p + "mlp.shared_expert_gate.weight", {1, D}, true});
     }
-    if (c.o_bias) t.push_back({o + "bo", p + "self_attn.o_proj.bias", {D}});  // gpt-oss
-    if (c.attention_sinks) t.push_back({o + "sinks", p + "self_attn.sinks", {H}});
     if (c.router_bias) t.push_back({o + "router_bias", p + "mlp.router.bias", {c.n_experts}});
   }
   return t;
@@ -191,15 +221,16 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
 
   // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
   std::vector<DenseTensor> dense = dense_tensors(ck, c);
-  reject_unsupported_tensors(ck, dense);
+  reject_unsupported_tensors(ck, c, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;
   const bool gpt_oss = c.arch == Arch::kGptOss;
   const bool mxfp4 = gpt_oss && check_gpt_oss_experts(ck, c);
   if (mxfp4) c.expert_quant = ggml_quant(GgmlType::kMXFP4);  // kept as stored, never requantised
-  for (int l = 0; l < c.n_layers && !gpt_oss; ++l) {
-    ExpertSource s = find_experts(ck, c, l);
+  // Expert files number the MoE layers (model_config.h): file m holds decoder layer first_k + m.
+  for (int l = 0; l < c.n_moe_layers() && !gpt_oss; ++l) {
+    ExpertSource s = find_experts(ck, c, l + c.first_k_dense_replace);
     if (s.fused) {
       ck.file(s.gate).check_shape(s.gate, {E, 2 * F, D});
       ck.file(s.down).check_shape(s.down, {E, D, F});
@@ -214,7 +245,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   }
 
   TempOutput tmp(make_temp_output(out_dir, c.experts_dir));
-  ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_layers) * c.n_experts);
+  ProgressBar bar(opts.progress, dense.size() + uint64_t(c.n_moe_layers()) * c.n_experts);
   uint64_t done = 0;
 
   if (dense_quant == "q8") {
@@ -238,7 +269,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   } else {
     SafetensorsWriter w(tmp.path / c.dense_file);
     const DType dt = c.dense_dtype == "f32" ? DType::kF32 : DType::kBF16;
-    for (const DenseTensor& t : dense) w.declare(t.out, dt, t.shape);
+    for (const DenseTensor& t : dense) w.declare(t.out, t.f32 ? DType::kF32 : dt, t.shape);
     w.set_metadata("format", "moestream-dense");
     for (const DenseTensor& t : dense) {
       std::vector<float> v = ck.read(t.in, t.shape);
@@ -253,16 +284,17 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
   ThreadPool pool(n_workers);  // the project's compute pool, shared by every layer
-  for (int l = 0; l < c.n_layers && gpt_oss; ++l) {
-    ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_layout(l).types, l, E, D, F);
+  for (int m = 0; m < c.n_moe_layers() && gpt_oss; ++m) {
+    const int l = m + c.first_k_dense_replace;  // the checkpoint's decoder layer
+    ExpertFileWriter w(expert_file_path(tmp.path, m), c.expert_layout(m).types, m, E, D, F);
     write_gpt_oss_layer(ck, c, mxfp4, l, w, pool, [&](int64_t e) {
-      bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+      bar.update(++done, "layer " + std::to_string(m + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
                              std::to_string(e + 1) + "/" + std::to_string(E));
     });
     w.finish();
   }
-  for (int l = 0; l < c.n_layers && !gpt_oss; ++l) {
-    const ExpertSource& s = sources[l];
+  for (int l = 0; l < c.n_moe_layers() && !gpt_oss; ++l) {
+    const ExpertSource& s = sources[size_t(l)];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
     // One task per pool thread; each takes experts in turn and holds one expert's floats and
     // payload, never a layer. The writer is not thread-safe: writes and progress go under the
@@ -298,7 +330,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
           std::lock_guard<std::mutex> lock(mu);
           if (failed) return;
           w.write_expert(static_cast<uint32_t>(e), payload.data());
-          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+          bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
                                  std::to_string(e + 1) + "/" + std::to_string(E));
         } catch (...) {
           failed = true;

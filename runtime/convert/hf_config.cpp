@@ -3,6 +3,7 @@
 // `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
+#include <cstdint>
 #include <initializer_list>
 #include <set>
 
@@ -44,6 +45,15 @@ int opt_int(const json& j, const std::string& key, const std::string& where, int
   return find(j, key) ? req_int(j, key, where) : dflt;
 }
 
+// A count that may be 0 (n_shared_experts, first_k_dense_replace).
+int opt_count(const json& j, const std::string& key, const std::string& where, int dflt) {
+  const json* v = find(j, key);
+  if (!v) return dflt;
+  if (!v->is_number_integer() || v->get<long long>() < 0 || v->get<long long>() > 4096)
+    throw FormatError(where + ": field '" + key + "' must be an integer in [0, 4096], got " + v->dump());
+  return v->get<int>();
+}
+
 double opt_num(const json& j, const std::string& key, const std::string& where, double dflt) {
   const json* v = find(j, key);
   if (!v) return dflt;
@@ -76,10 +86,11 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "OlmoeForCausalLM" || name == "olmoe") return Arch::kOlmoe;
   if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Arch::kQwen2Moe;
+  if (name == "Glm4MoeForCausalLM" || name == "glm4_moe") return Arch::kGlm4Moe;
   if (name == "GptOssForCausalLM" || name == "gpt_oss") return Arch::kGptOss;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM, GptOssForCausalLM)");
+                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -130,12 +141,53 @@ MoeKeys moe_keys(Arch a) {
       return {"moe_intermediate_size", "num_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kOlmoe:
       return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
+    case Arch::kGlm4Moe:
+      return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kNone};
     case Arch::kGptOss:
       return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 150000.0, QkNorm::kNone};
     case Arch::kMixtral:
       break;
   }
   return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 1e6, QkNorm::kNone};
+}
+
+// Glm4MoeForCausalLM (GLM-4.5, 4.5-Air, 4.6), after the fields every architecture shares:
+// grouped sigmoid routing, ungated shared experts, dense first layers, partial rotary, QK-norm
+// and Q/K/V biases as the config says. The MTP layers (num_nextn_predict_layers) sit after the
+// last decoder layer; the converter skips their weights (decoding does not use them).
+void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
+  c.qkv_bias = opt_bool(hf, "attention_bias", where, false);
+  if (opt_bool(hf, "use_qk_norm", where, false)) c.qk_norm = QkNorm::kPerHead;
+  c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, true);
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = opt_int(hf, "n_group", where, 1);
+  c.topk_group = opt_int(hf, "topk_group", where, 1);
+  c.routed_scaling_factor = opt_num(hf, "routed_scaling_factor", where, 1.0);
+  if (!(c.routed_scaling_factor > 0)) throw FormatError(where + ": 'routed_scaling_factor' must be positive");
+  if (c.n_experts % c.n_group != 0 || c.topk_group > c.n_group || (c.n_group > 1 && c.n_experts / c.n_group < 2))
+    throw ConfigError(where + ": n_group " + std::to_string(c.n_group) + " / topk_group " +
+                      std::to_string(c.topk_group) + " do not split " + std::to_string(c.n_experts) +
+                      " experts into groups of at least 2");
+  if (c.topk_group * (c.n_experts / c.n_group) < c.n_experts_per_tok)
+    throw ConfigError(where + ": topk_group groups hold fewer experts than num_experts_per_tok");
+  const int64_t shared = int64_t(opt_count(hf, "n_shared_experts", where, 1)) * c.moe_intermediate_size;
+  if (shared > (int64_t(1) << 30)) throw FormatError(where + ": n_shared_experts x moe_intermediate_size exceeds 2^30");
+  c.shared_expert_intermediate_size = int(shared);
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, 1);
+  if (c.first_k_dense_replace >= c.n_layers)
+    throw ConfigError(where + ": first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
+                      " leaves no MoE layer of " + std::to_string(c.n_layers));
+  if (c.first_k_dense_replace > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+  // transformers 5 keeps partial_rotary_factor in rope_parameters, 4.5x at the top level.
+  double factor = opt_num(hf, "partial_rotary_factor", where, 0.5);
+  if (const json* rp = find(hf, "rope_parameters"); rp && rp->is_object())
+    factor = opt_num(*rp, "partial_rotary_factor", where, factor);
+  if (!(factor > 0 && factor <= 1)) throw FormatError(where + ": 'partial_rotary_factor' must be in (0, 1]");
+  c.rotary_dim = int(c.head_dim * factor);  // int(), as transformers
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    throw ConfigError(where + ": partial_rotary_factor " + std::to_string(factor) + " x head_dim " +
+                      std::to_string(c.head_dim) + " is not an even rotary width");
 }
 
 // GptOssConfig: biases everywhere, sinks, alternating sliding windows, the clamped SwiGLU and a
@@ -181,14 +233,15 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.eos_token_id = opt_token(hf, "eos_token_id");
   if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
     unsupported(where, "hidden_act", act->dump());
-  if (c.arch != Arch::kGptOss && opt_bool(hf, "attention_bias", where, false))
+  if (c.arch != Arch::kGlm4Moe && c.arch != Arch::kGptOss && opt_bool(hf, "attention_bias", where, false))
     unsupported(where, "attention_bias", "true");
   if (opt_bool(hf, "mlp_bias", where, false)) unsupported(where, "mlp_bias", "true");
   // Shared experts add a dense expert to every token: Qwen2-MoE's gated one is implemented,
   // DeepSeek's are not.
   for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
     if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0) &&
-                                      !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size"))
+                                      !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size") &&
+                                      !(c.arch == Arch::kGlm4Moe && std::string(k) == "n_shared_experts"))
       unsupported(where, k, "(shared experts)");
 
   const MoeKeys k = moe_keys(c.arch);
@@ -227,6 +280,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
     case Arch::kGptOss:
       read_gpt_oss(hf, c, where);
       break;
+    case Arch::kGlm4Moe:
+      break;  // after head_dim, below
     case Arch::kMixtral:
       // A window at least as long as the context never masks anything.
       if (const json* w = find(hf, "sliding_window");
@@ -236,6 +291,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   }
   const int default_head_dim = c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
+  if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
   if (c.n_heads % c.n_kv_heads != 0)
     throw ConfigError(where + ": num_key_value_heads " + std::to_string(c.n_kv_heads) +
                       " does not divide num_attention_heads " + std::to_string(c.n_heads));

@@ -1,6 +1,7 @@
 // Implementation of runtime/convert/model_shapes.h. Values checked against each model's config.json on
 // the Hugging Face hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x7B-v0.1,
-// allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, openai/gpt-oss-120b, openai/gpt-oss-20b).
+// allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, zai-org/GLM-4.5-Air, openai/gpt-oss-120b,
+// openai/gpt-oss-20b).
 #include "runtime/convert/model_shapes.h"
 
 #include <algorithm>
@@ -21,6 +22,26 @@ struct Shape {
   QkNorm qk_norm;
   int shared_expert_width = 0;  // Qwen2-MoE's gated shared expert (with QKV biases); 0: none
 };
+
+// GLM-4.5-Air (zai-org/GLM-4.5-Air config.json): sigmoid routing over one group, 1 ungated shared
+// expert of the expert width, layer 0 a dense MLP of 10944, Q/K/V biases, no QK-norm, RoPE on
+// half of each head (partial_rotary_factor 0.5), routed_scaling_factor 1. Its MTP layer is not
+// part of the decoder and not written.
+ModelConfig glm45_air() {
+  ModelConfig c = make_model_config(Arch::kGlm4Moe, {151552, 4096, 46, 96, 8, 128, 1408, 128, 8, 131072},
+                                    QkNorm::kNone, QuantType::kQ4);
+  c.norm_topk_prob = true;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 1e6;
+  c.qkv_bias = true;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.shared_expert_intermediate_size = 1408;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = 1;
+  c.intermediate_size = 10944;
+  c.rotary_dim = 64;
+  return c;
+}
 
 // Mixtral's router takes the softmax over the top-k logits, which equals renormalised top-k
 // probabilities: norm_topk_prob true. OLMoE keeps the raw top-k probabilities.
@@ -65,10 +86,17 @@ void gpt_oss_defaults(ModelConfig& c) {
 std::vector<std::string> known_shape_names() {
   std::vector<std::string> names;
   for (const Shape& s : kShapes) names.emplace_back(s.name);
+  names.emplace_back("glm-4.5-air");
   return names;
 }
 
 ModelConfig known_shape(std::string_view name) {
+  if (name == "glm-4.5-air") {
+    ModelConfig c = glm45_air();
+    c.tie_word_embeddings = false;
+    c.dense_dtype = "bf16";
+    return c;
+  }
   for (const Shape& s : kShapes) {
     if (name != s.name) continue;
     ModelConfig c = make_model_config(s.arch, s.sizes, s.qk_norm, QuantType::kQ4);
@@ -83,7 +111,7 @@ ModelConfig known_shape(std::string_view name) {
     return c;
   }
   std::string known;
-  for (const Shape& s : kShapes) known += std::string(known.empty() ? "" : ", ") + s.name;
+  for (const std::string& s : known_shape_names()) known += std::string(known.empty() ? "" : ", ") + s;
   throw ConfigError("unknown model shape '" + std::string(name) + "' (known: " + known + ")");
 }
 
@@ -93,6 +121,7 @@ ModelConfig scaled_down(ModelConfig cfg, int factor) {
   cfg.hidden_size = shrink(cfg.hidden_size);
   cfg.moe_intermediate_size = shrink(cfg.moe_intermediate_size);
   if (cfg.has_shared_expert()) cfg.shared_expert_intermediate_size = shrink(cfg.shared_expert_intermediate_size);
+  if (cfg.first_k_dense_replace > 0) cfg.intermediate_size = shrink(cfg.intermediate_size);
   cfg.vocab_size = shrink(cfg.vocab_size);
   if (!is_pack_quant(cfg.expert_quant)) {  // ggml blocks (MXFP4): whole 32-element blocks per row
     cfg.hidden_size = cfg.hidden_size / 32 * 32;

@@ -11,14 +11,16 @@
 namespace moestream {
 
 // Names accepted by known_shape(): "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b",
-// "olmoe-1b-7b", "qwen2-57b-a14b", "gpt-oss-120b", "gpt-oss-20b".
+// "olmoe-1b-7b", "qwen2-57b-a14b", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b".
 std::vector<std::string> known_shape_names();
 
 // The shape's ModelConfig, values from the model's Hugging Face config.json (vocab, hidden,
 // layers, heads, kv heads, head_dim, moe_intermediate_size, experts, top-k, norm_topk_prob,
 // rms_norm_eps, rope_theta, max_position_embeddings, QK-norm kind, Qwen2-MoE's shared expert
-// width and QKV biases; gpt-oss's sinks, windows, biases, YaRN and clamped SwiGLU), dense weights
-// bf16, experts q4 (gpt-oss: MXFP4, as released), no tokenizer and no bos/eos id (random weights: an eos would end a benchmark early).
+// width and QKV biases; GLM-4.5-Air's routing, shared expert, dense first layer and partial
+// rotary; gpt-oss's sinks, windows, biases, YaRN and clamped SwiGLU), dense weights bf16, experts
+// q4 (gpt-oss: MXFP4, as released), no tokenizer and no bos/eos id (random weights: an eos would
+// end a benchmark early).
 // Throws ConfigError listing the known names for any other name.
 ModelConfig known_shape(std::string_view name);
 

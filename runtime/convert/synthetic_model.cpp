@@ -82,19 +82,28 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
       norm(p + "q_norm", qd);
       norm(p + "k_norm", kvd);
     }
+    // gpt-oss: biases small and centred at 0; sinks of the scores' size
+    if (cfg.o_bias) tensors.push_back({p + "bo", {int64_t(D)}, 0.0f, 0.5f});
+    if (cfg.attention_sinks) tensors.push_back({p + "sinks", {int64_t(cfg.n_heads)}, 0.0f, 1.0f});
     norm(p + "ffn_norm", D);
+    if (l < cfg.first_k_dense_replace) {  // GLM-4.5 / DeepSeek-V3: a dense MLP, no experts
+      const size_t I = size_t(cfg.intermediate_size);
+      mat(p + "mlp_gate", I, D);
+      mat(p + "mlp_up", I, D);
+      mat(p + "mlp_down", D, I);
+      continue;
+    }
     mat(p + "router", E, D, 2.0f);  // spread router logits so top-k choices are not near ties
+    if (cfg.router_scoring == RouterScoring::kSigmoid)  // correction bias: small, centred at 0
+      tensors.push_back({p + "router_bias", {int64_t(E)}, 0.0f, 0.05f});
     if (cfg.has_shared_expert()) {
       const size_t fs = size_t(cfg.shared_expert_intermediate_size);
       mat(p + "shared_gate", fs, D);
       mat(p + "shared_up", fs, D);
       mat(p + "shared_down", D, fs);
-      mat(p + "shared_expert_gate", 1, D);
+      if (cfg.shared_expert_gated) mat(p + "shared_expert_gate", 1, D);
     }
-    // gpt-oss: biases small and centred at 0; sinks of the scores' size
-    if (cfg.o_bias) tensors.push_back({p + "bo", {int64_t(D)}, 0.0f, 0.5f});
-    if (cfg.attention_sinks) tensors.push_back({p + "sinks", {int64_t(cfg.n_heads)}, 0.0f, 1.0f});
-    if (cfg.router_bias) tensors.push_back({p + "router_bias", {int64_t(E)}, 0.0f, 0.5f});
+    if (cfg.router_bias) tensors.push_back({p + "router_bias", {int64_t(E)}, 0.0f, 0.5f});  // gpt-oss
   }
   return tensors;
 }
@@ -125,7 +134,7 @@ uint64_t synthetic_dense_bytes(const ModelConfig& cfg) {
 }
 
 uint64_t synthetic_model_bytes(const ModelConfig& cfg) {
-  return synthetic_dense_bytes(cfg) + uint64_t(cfg.n_layers) * expert_file_bytes(cfg);
+  return synthetic_dense_bytes(cfg) + uint64_t(cfg.n_moe_layers()) * expert_file_bytes(cfg);
 }
 
 void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& cfg, uint64_t seed,
@@ -163,7 +172,7 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
   const size_t kBatch = std::clamp<size_t>((size_t(1) << 30) / per_expert_ram, 1, 16);
   std::vector<uint8_t> payloads(kBatch * layout.bytes);
   std::vector<std::vector<float>> scratch(kBatch, std::vector<float>(F * D));
-  for (int l = 0; l < cfg.n_layers; ++l) {
+  for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // expert files number MoE layers (model_config.h)
     ExpertFileWriter writer(expert_file_path(dir, l), layout.types, uint32_t(l), uint32_t(E),
                             uint32_t(D), uint32_t(F));
     for (size_t e0 = 0; e0 < E; e0 += kBatch) {

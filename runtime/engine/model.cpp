@@ -40,6 +40,7 @@ struct Model::Impl {
       go.max_batch = o.max_batch;
       go.cache_mb = o.gpu_cache_mb;
       go.moe_lookahead = o.moe_lookahead;
+      go.resident_decode = !o.gpu_sync_layers;
       // Copied from the mapped file to the GPU in their stored types: no float32 copy on the
       // host or the device, so the memory goes to the expert caches.
       std::unique_ptr<GpuForward> g = GpuForward::create(cfg, dense_path, *store, go);
@@ -59,6 +60,7 @@ void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
     throw ConfigError(n.moe_lookahead + n.assign + std::to_string(o.moe_lookahead) +
                       " prefetches into the GPU expert cache: it needs " + n.gpu);
   if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError(n.gpu_cache_mb + " needs " + n.gpu);
+  if (o.gpu_sync_layers && !o.gpu) throw ConfigError(n.gpu_sync_layers + " needs " + n.gpu);
   if (o.gpu) {
     const std::string why = gpu_unavailable_reason();
     if (!why.empty()) throw ConfigError(n.gpu + ": " + why);
@@ -131,7 +133,7 @@ size_t Model::active_bytes_per_token() const {
   const auto& c = impl_->cfg;
   const size_t dense = impl_->dense_bytes_per_token;
   size_t experts = 0;
-  for (int l = 0; l < c.n_layers; ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
+  for (int l = 0; l < c.n_moe_layers(); ++l) experts += size_t(c.n_experts_per_tok) * c.expert_layout(l).bytes;
   return dense + experts;
 }
 

@@ -30,11 +30,13 @@ struct ModelOptions {
   bool gpu = false;
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
   int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L; > 0 needs gpu
+  bool gpu_sync_layers = false;  // GpuForwardOptions::resident_decode off (comparisons)
 };
 
 // How a front end spells the GPU options, for its error messages (defaults: infer's flags).
 struct GpuOptionNames {
   std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
+  std::string gpu_sync_layers = "--gpu-sync-layers";
   std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
 };
 // Throws ConfigError for GPU options that cannot work: a negative look-ahead, look-ahead or a

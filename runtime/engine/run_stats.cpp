@@ -57,7 +57,9 @@ nlohmann::json gpu_json(const GpuForwardStats& g) {
           {"h2d_bytes", g.cache.h2d_bytes},
           {"h2d_copies", g.cache.h2d_copies},
           {"demand_wait_s", g.cache.demand_wait_s},
-          {"alloc_retries", g.cache.alloc_retries}};
+          {"alloc_retries", g.cache.alloc_retries},
+          {"resident_steps", g.resident.steps},
+          {"resident_redone", g.resident.redone}};
 }
 
 nlohmann::json phase_json(const PhaseStats& p, bool gpu) {
@@ -112,6 +114,9 @@ std::string gpu_text(const GpuForwardStats& g) {
                                                       g.cache.prefetch_wait_s) +
          fmt("%.4f", g.lookahead.recall()) + " (" + std::to_string(g.lookahead.demanded_predicted) +
          " of " + std::to_string(g.lookahead.demanded) + " demanded experts predicted)\n";
+  if (g.resident.steps > 0)
+    s += "  resident decode: " + std::to_string(g.resident.steps) + " steps without a per-layer sync, " +
+         std::to_string(g.resident.redone) + " finished through the synced path (an expert missed)\n";
   return s;
 }
 

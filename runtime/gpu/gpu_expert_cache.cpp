@@ -56,7 +56,7 @@ void GpuExpertCache::Impl::init() {
   // A GGUF's expert types may differ from layer to layer: each payload size is a size class of
   // the policy, all drawing on the one budget. Slots are rounded up to kGpuSlotAlign so that every
   // slot of a chunk starts aligned for the kernels (packs' and GGUF's payloads already are).
-  for (int l = 0; l < cfg.n_layers; ++l) {
+  for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers only (model_config.h)
     layer_bytes.push_back(cfg.expert_layout(l).bytes);
     layer_slot_bytes.push_back(gpu_slot_bytes(layer_bytes.back()));
   }
@@ -191,9 +191,9 @@ void GpuExpertCache::Impl::require_idle(const char* what) const {
 }
 
 void GpuExpertCache::Impl::check_layer(int layer, const char* what) const {
-  if (layer < 0 || layer >= cfg.n_layers)
-    throw ConfigError(std::string("gpu cache: ") + what + " of layer " + std::to_string(layer) +
-                      " outside 0.." + std::to_string(cfg.n_layers - 1));
+  if (layer < 0 || layer >= cfg.n_moe_layers())
+    throw ConfigError(std::string("gpu cache: ") + what + " of MoE layer " + std::to_string(layer) +
+                      " outside 0.." + std::to_string(cfg.n_moe_layers() - 1));
 }
 
 void GpuExpertCache::Impl::require_worker() const {

@@ -49,18 +49,22 @@ namespace detail {
 CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path,
                          ExpertStore& s, const GpuForwardOptions& o)
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
-      hd(c.head_dim), half(c.head_dim / 2), E(c.n_experts), K(c.n_experts_per_tok),
+      hd(c.head_dim), half(c.rope_dim() / 2), E(c.n_experts), K(c.n_experts_per_tok),
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
       rope(c), Fs(c.shared_expert_intermediate_size),
       cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
+  I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
+  sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
+  router_params = RouterParams::of(c);
+  if (sigmoid_routing) cache_aware_router.set_grouped(router_params);
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
   // warm_up() checks that the kernels take each layer's types; a pack's f32 experts (not a GGUF's
   // ggml F32) have none and are refused before the slow load, with the way out.
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.n_moe_layers(); ++l) {  // by MoE layer index (model_config.h)
     layouts.push_back(c.expert_layout(l));
     const ExpertTypes& t = layouts.back().types;
     if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
@@ -97,12 +101,12 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs}),
+                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs, I}),
                              gate_up_round_apart ? pairs * D : 0, b * Fs, b * Fs, b * Fs, Fs > 0 ? b * D : 0,
-                             Fs > 0 ? b : 0};
+                             Fs > 0 ? b : 0, b * I, b * I, b * I};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
                    &y, &logits, &k_tok, &v_tok, &q_pad, &attn_pad, &proj, &xr, &xg_up,
-                   &sh_gate, &sh_up, &sh_act, &sh_y, &sh_logit};
+                   &sh_gate, &sh_up, &sh_act, &sh_y, &sh_logit, &mlp_g, &mlp_u, &mlp_a};
   size_t total = 0;
   for (size_t n : n_floats) total += (n + 63) / 64 * 64;  // 256-byte aligned arrays
   act = DeviceBuffer(total * sizeof(float));
@@ -174,6 +178,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     co.prefetch_store = prefetch_store.get();
   }
   cache = std::make_unique<GpuExpertCache>(cfg, store, info_.cache_bytes, stream, co);
+  init_resident();
   warm_up();
 }
 
@@ -181,16 +186,6 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
                                 ForwardTimes& times, CacheAwareStats& ca_stats) {
   const int* tokens = c.tokens;
   const int T = c.n_tokens, n_past = c.n_past;
-  float* logits_out = c.logits;
-  const bool all_logits = c.all_logits, prefill = c.prefill;
-  const RoutingCallback& on_routing = routing.on_routing;
-  const RoutingOverrideFn* override = routing.override ? &routing.override : nullptr;
-  const uint64_t ordinal = c.ordinal;
-  // Substitution needs the router's logits on the host: copied back only when it is on.
-  const bool substitute = override == nullptr && routing.cache_aware.enabled;
-  if (substitute && cfg.router_softmax_topk)  // as the CPU pass
-    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
-                      "softmax over the selected top-k (gpt-oss)");
   MOE_ASSERT(T > 0 && T <= B && n_past + T <= opts.max_context);
   auto t0 = std::chrono::steady_clock::now();
   const size_t b = size_t(B);
@@ -207,149 +202,202 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   times.other_s += seconds_since(t0);
 
   const bool decode = T == 1;
-  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
-  const size_t pairs = b * size_t(K);
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const GpuLayerWeights& lw = w.layers[size_t(l)];
-    auto ta = std::chrono::steady_clock::now();
-    float* kc = kv.as<float>() + size_t(2 * l) * kv_layer;
-    float* vc = kc + kv_layer;
-    float* k_new = kc + size_t(n_past) * KV * hd_p;  // position-major: the chunk's rows are contiguous
-    float* v_new = vc + size_t(n_past) * KV * hd_p;
-    // Unpadded heads go straight into the cache; padded ones are built contiguous, then copied.
-    float* k_dst = padded ? k_tok : k_new;
-    float* v_dst = padded ? v_tok : v_new;
-    gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-    linear(h, lw.wq, T, qk_norm ? qraw : q);
-    linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
-    linear(h, lw.wv, T, v_dst);
-    if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
-      add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
-      add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
-      add_bias(lw.bv, T, KV * hd, v_dst);
-    }
-    if (cfg.qk_norm == QkNorm::kPerHead) {
-      gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-      gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
-    } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
-      gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-      gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_dst, stream);
-    }
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
-    const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
-    if (!padded) {
-      gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window);
-    } else {
-      // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
-      // head_dim; released models have 64 or 128).
-      const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
-      MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
-      MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
-      MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-      gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window);
-      MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    }
-    linear(attn, lw.wo, T, x, true);  // the residual add
-    if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
-    times.attention_s += seconds_since(ta);
-
-    // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
-    // normalised row: both top-k lists come back in the layer's one D2H.
-    auto tr = std::chrono::steady_clock::now();
-    gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
-    linear_f32(h, lw.router, T, D, E, rlog);
-    if (lw.router_bias != nullptr) add_bias(lw.router_bias, T, E, rlog);
-    int* ids_d = route_dev.as<int>();
-    float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
-    int* la_ids_d = ids_d + 2 * pairs;
-    float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
-    if (cfg.router_softmax_topk)
-      gpu::router_topk_softmax(rlog, T, E, K, ids_d, wts_d, stream);
-    else
-      gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
-    const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
-    if (lookahead) {
-      linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
-      if (const float* rb = w.layers[size_t(l) + 1].router_bias) add_bias(rb, 1, E, la_log);
-      gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
-    }
-    const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
-    MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
-                                   cudaMemcpyDeviceToHost, stream));
-    if (substitute)
-      MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream));
-    MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    int* ids_h = route_host.as<int>();
-    float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
-    if (override != nullptr) {  // replayed routing: the weights go back to the device
-      (*override)(l, ordinal, T, ids_h, wts_h);
-      MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
-                                     cudaMemcpyHostToDevice, stream));
-    }
-    for (int i = 0; i < T * K; ++i)
-      if (ids_h[i] < 0 || ids_h[i] >= E)
-        throw FormatError("layer " + std::to_string(l) + ": expert id " + std::to_string(ids_h[i]) +
-                          " outside [0, " + std::to_string(E) + ") from the " +
-                          (override ? "routing override" : "router"));
-    // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
-    if (substitute && apply_cache_aware(l, T, routing.cache_aware.tolerance, ca_stats))
-      MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
-                                     cudaMemcpyHostToDevice, stream));
-    if (on_routing) {
-      router_inputs.resize(size_t(T) * D);
-      MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
-                                cudaMemcpyDeviceToHost));
-      RoutingEvent ev{l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
-      on_routing(ev);
-    }
-    times.router_s += seconds_since(tr);
-
-    // Recall of the prediction made during layer l-1: share of this token's experts it named.
-    if (decode && predicted_layer == l) {
-      ++la_stats.layers;
-      la_stats.demanded += uint64_t(K);
-      for (int j = 0; j < K; ++j) la_stats.demanded_predicted += in_prediction[size_t(ids_h[j])];
-      predicted_layer = -1;
-    }
-    // Look-ahead ids of layer l+1 came with this layer's ids; moe() hands them to the cache's
-    // worker in this layer's acquire (after its own placements, before its reads), so their
-    // reads and copies overlap this layer's demand reads, its expert kernels and the next
-    // layer's attention.
-    if (lookahead) {
-      const int* la_ids = ids_h + 2 * pairs;
-      for (int e : predicted)
-        if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
-      predicted.assign(la_ids, la_ids + N);
-      for (int e : predicted)
-        if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
-      predicted_layer = l + 1;
-      la_stats.predicted += uint64_t(N);
-    }
-    // The shared expert's kernels go on the stream now: they run while moe() reads the misses.
-    if (Fs > 0) {
-      const auto ts = std::chrono::steady_clock::now();
-      shared_expert(lw, T);
-      times.expert_compute_s += seconds_since(ts);
-    }
-    moe(l, T, lookahead, times);
-    if (Fs > 0) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
+  int first = 0;             // the first layer the synced loop runs
+  bool skip_attention = false;  // ... from its MoE on (a resident step met a miss there)
+  step_misses = 0;
+  if (resident_step_allowed(c, routing)) {
+    first = resident_step(c, times);
+    if (first == cfg.n_layers) return;  // all hits: logits are in place
+    skip_attention = true;
   }
+  for (int l = first; l < cfg.n_layers; ++l) {
+    if (!(skip_attention && l == first)) attention_layer(l, T, n_past, times);
+    moe_layer(c, routing, l, times, ca_stats);
+  }
+  // The next decode step tries the resident path when this one read nothing.
+  resident_next = decode && step_misses == 0;
   if (decode) cache->end_step();
 
   auto tl = std::chrono::steady_clock::now();
-  if (logits_out != nullptr) {
-    const int first = all_logits ? 0 : T - 1;
-    const int rows = T - first;
-    gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
-    linear(h, w.lm_head, rows, logits);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(logits_out, logits, size_t(rows) * V * 4,
-                                   cudaMemcpyDeviceToHost, stream));
-  }
+  enqueue_logits(c);
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   times.other_s += seconds_since(tl);
+}
+
+// Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits (enqueued).
+void CudaForward::enqueue_logits(const ForwardChunk& c) {
+  if (c.logits == nullptr) return;
+  const int first = c.all_logits ? 0 : c.n_tokens - 1;
+  const int rows = c.n_tokens - first;
+  gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
+  linear(h, w.lm_head, rows, logits);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
+                                 stream));
+}
+
+// Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
+// KV rows appended, attention, o_proj added to the residual x.
+void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {
+  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
+  const GpuLayerWeights& lw = w.layers[size_t(l)];
+  auto ta = std::chrono::steady_clock::now();
+  float* kc = kv.as<float>() + size_t(2 * l) * kv_layer;
+  float* vc = kc + kv_layer;
+  float* k_new = kc + size_t(n_past) * KV * hd_p;  // position-major: the chunk's rows are contiguous
+  float* v_new = vc + size_t(n_past) * KV * hd_p;
+  // Unpadded heads go straight into the cache; padded ones are built contiguous, then copied.
+  float* k_dst = padded ? k_tok : k_new;
+  float* v_dst = padded ? v_tok : v_new;
+  gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
+  linear(h, lw.wq, T, qk_norm ? qraw : q);
+  linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
+  linear(h, lw.wv, T, v_dst);
+  if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
+    add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
+    add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
+    add_bias(lw.bv, T, KV * hd, v_dst);
+  }
+  if (cfg.qk_norm == QkNorm::kPerHead) {
+    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
+  } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
+    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_dst, stream);
+  }
+  if (2 * half == hd) {
+    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
+  } else {  // GLM's partial rotary: the first 2*half dims of each head
+    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
+    gpu::rope_neox_partial(k_dst, T, KV, half, hd, cos_d, sin_d, stream);
+  }
+  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
+  if (!padded) {
+    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window);
+  } else {
+    // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
+    // head_dim; released models have 64 or 128).
+    const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window);
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+  }
+  linear(attn, lw.wo, T, x, true);  // the residual add
+  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
+  times.attention_s += seconds_since(ta);
+}
+
+// Layer l's sparse MLP through the host: the router's top-k comes back (one sync), the override,
+// cache-aware substitution and on_routing see it, the expert cache acquires the experts, then
+// the expert kernels, the shared expert and the residual add.
+void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l,
+                            ForwardTimes& times, CacheAwareStats& ca_stats) {
+  const int T = c.n_tokens, n_past = c.n_past;
+  const bool decode = T == 1, prefill = c.prefill;
+  const RoutingCallback& on_routing = routing.on_routing;
+  const RoutingOverrideFn* override = routing.override ? &routing.override : nullptr;
+  const uint64_t ordinal = c.ordinal;
+  const bool substitute = override == nullptr && routing.cache_aware.enabled;
+  if (substitute && cfg.router_softmax_topk)  // as the CPU pass
+    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
+                      "softmax over the selected top-k (gpt-oss)");
+  const size_t pairs = size_t(B) * size_t(K);
+  const GpuLayerWeights& lw = w.layers[size_t(l)];
+  if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
+    const auto tm = std::chrono::steady_clock::now();
+    gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
+    dense_mlp(lw, T);
+    times.expert_compute_s += seconds_since(tm);
+    return;
+  }
+  const int moe_l = cfg.moe_layer_index(l);  // experts, cache, logs and overrides number MoE layers
+  // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
+  // normalised row: both top-k lists come back in the layer's one D2H.
+  auto tr = std::chrono::steady_clock::now();
+  gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
+  linear_f32(h, lw.router, T, D, E, rlog);
+  int* ids_d = route_dev.as<int>();
+  float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
+  int* la_ids_d = ids_d + 2 * pairs;
+  float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
+  route_on_device(lw, T, ids_d, wts_d);
+  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
+  if (lookahead) {
+    linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
+    if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
+    gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
+  }
+  // The look-ahead's ranking is by logits (softmax top-N; gpt-oss's logit bias added) for every
+  // router: a prediction changes what is prefetched, never the output.
+  const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
+  MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
+                                 cudaMemcpyDeviceToHost, stream));
+  if (substitute)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int* ids_h = route_host.as<int>();
+  float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
+  // Weights the host wrote go back to the device once, after every host step of the layer.
+  bool upload_weights = false;
+  if (override != nullptr) {  // replayed routing: the weights go back to the device
+    (*override)(moe_l, ordinal, T, ids_h, wts_h);
+    upload_weights = true;
+  }
+  for (int i = 0; i < T * K; ++i)
+    if (ids_h[i] < 0 || ids_h[i] >= E)
+      throw FormatError("layer " + std::to_string(l) + " (MoE layer " + std::to_string(moe_l) + "): expert id " + std::to_string(ids_h[i]) +
+                        " outside [0, " + std::to_string(E) + ") from the " +
+                        (override ? "routing override" : "router"));
+  // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
+  if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware.tolerance, ca_stats,
+                                      sigmoid_routing ? lw.router_bias.data() : nullptr))
+    upload_weights = true;
+  if (upload_weights)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+  if (on_routing) {
+    router_inputs.resize(size_t(T) * D);
+    MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
+                              cudaMemcpyDeviceToHost));
+    RoutingEvent ev{moe_l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
+    on_routing(ev);
+  }
+  times.router_s += seconds_since(tr);
+
+  // Recall of the prediction made during layer l-1: share of this token's experts it named.
+  if (decode && predicted_layer == l) {
+    ++la_stats.layers;
+    la_stats.demanded += uint64_t(K);
+    for (int j = 0; j < K; ++j) la_stats.demanded_predicted += in_prediction[size_t(ids_h[j])];
+    predicted_layer = -1;
+  }
+  // Look-ahead ids of layer l+1 came with this layer's ids; moe() hands them to the cache's
+  // worker in this layer's acquire (after its own placements, before its reads), so their
+  // reads and copies overlap this layer's demand reads, its expert kernels and the next
+  // layer's attention.
+  if (lookahead) {
+    const int* la_ids = ids_h + 2 * pairs;
+    for (int e : predicted)
+      if (e >= 0 && e < E) in_prediction[size_t(e)] = 0;
+    predicted.assign(la_ids, la_ids + N);
+    for (int e : predicted)
+      if (e >= 0 && e < E) in_prediction[size_t(e)] = 1;
+    predicted_layer = l + 1;
+    la_stats.predicted += uint64_t(N);
+  }
+  // The shared expert's kernels go on the stream now: they run while moe() reads the misses.
+  if (Fs > 0) {
+    const auto ts = std::chrono::steady_clock::now();
+    shared_expert(lw, T);
+    times.expert_compute_s += seconds_since(ts);
+  }
+  moe(moe_l, T, lookahead, times);
+  if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
+  if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(T) * D, stream);  // GLM-4.5: ungated
 }
 
 // Cache-aware routing of layer `layer`: the exact top-k in route_host against what the GPU cache
@@ -358,7 +406,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
 // chunk sees one snapshot, as on the CPU). A look-ahead prediction counts as resident only once
 // its copy completed, so with --moe-lookahead the substitutions may vary from run to run.
 // Returns whether any slot changed (the weights in route_host then need uploading).
-bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats) {
+bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias) {
   store.residency(layer, std::span<ExpertTier>(tiers));
   for (int e = 0; e < E; ++e)
     resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage ||
@@ -366,7 +414,7 @@ bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwar
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + size_t(B) * size_t(K));
   return cache_aware_router.apply(resident, logits_host.as<const float>(), T, tolerance, ids_h,
-                                  wts_h, stats) > 0;
+                                  wts_h, stats, bias) > 0;
 }
 
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts
@@ -432,6 +480,11 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     pair_row[i] = r;
   }
   for (int e : unique_ids) count_of_expert[size_t(e)] = 0;
+  // An acquire that read or placed an expert changes what the resident table must say.
+  if (!split || n_ready < n_groups) {
+    ++step_misses;
+    table_stale = true;
+  }
   int* plan_d = plan_dev.as<int>();
   // gather_idx and pair_row of n_rows each, row_start of n_groups + 1; one copy of the block.
   MOE_CUDA_CHECK(cudaMemcpyAsync(plan_d, plan_host.as<int>(),
@@ -526,7 +579,30 @@ void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
   linear(h, lw.shared_up, T, sh_up);
   gpu::swiglu(sh_gate, sh_up, size_t(T) * Fs, sh_act, stream);
   linear(sh_act, lw.shared_down, T, sh_y);
-  linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+  if (cfg.shared_expert_gated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+}
+
+// The layer's router on the device: softmax top-k, the grouped sigmoid router with the layer's
+// correction bias (GLM-4.5, DeepSeek-V3), or gpt-oss's softmax over the top-k of the logits plus
+// their bias (added into rlog, which cache-aware routing would copy back), from the logits in rlog.
+void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d) {
+  if (cfg.router_bias) add_bias(lw.router_bias_dev, T, E, rlog);  // gpt-oss
+  if (cfg.router_softmax_topk)
+    gpu::router_topk_softmax(rlog, T, E, K, ids_d, wts_d, stream);
+  else if (sigmoid_routing)
+    gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
+                        router_params.topk_group, router_params.normalize, router_params.scaling,
+                        ids_d, wts_d, stream);
+  else
+    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+}
+
+// A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.
+void CudaForward::dense_mlp(const GpuLayerWeights& lw, int T) {
+  linear(h, lw.mlp_gate, T, mlp_g);
+  linear(h, lw.mlp_up, T, mlp_u);
+  gpu::swiglu(mlp_g, mlp_u, size_t(T) * I, mlp_a, stream);
+  linear(mlp_a, lw.mlp_down, T, x, true);
 }
 
 }  // namespace detail

@@ -26,6 +26,10 @@ struct GpuForwardOptions {
   int max_batch = 64;         // tokens per forward chunk
   size_t cache_mb = 0;        // GPU expert cache budget in MiB; 0 = auto (see budget rule below)
   int moe_lookahead = 0;      // experts of layer L+1 predicted and prefetched during layer L
+  // Decode steps whose experts were all resident last step run with no host sync per layer
+  // (docs/gpu.md "Resident decode"); false: every layer syncs (the path before issue 19; for
+  // comparison). Both give the same bits.
+  bool resident_decode = true;
 };
 
 // Look-ahead accuracy, decode only: at layer L+1, how many of the demanded experts (distinct
@@ -38,9 +42,18 @@ struct GpuLookaheadStats {
   double recall() const { return demanded > 0 ? double(demanded_predicted) / double(demanded) : 0; }
 };
 
+// Decode steps run as one device-side sequence (no host sync per layer; docs/gpu.md "Resident
+// decode"): how many were tried, and how many met an expert not resident and were finished
+// through the synced path from that layer on.
+struct GpuResidentStats {
+  uint64_t steps = 0;
+  uint64_t redone = 0;
+};
+
 struct GpuForwardStats {
   GpuCacheTelemetry cache;
   GpuLookaheadStats lookahead;
+  GpuResidentStats resident;
 };
 // a - b field by field (counters since a snapshot); used for the decode share of a run.
 GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b);

@@ -15,6 +15,7 @@
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/routing.h"
 
 namespace moestream::detail {
 
@@ -27,6 +28,7 @@ struct CudaForward final : GpuForward {
   GpuForwardOptions opts;
   ExpertStore& store;
   int D, H, KV, hd, half, E, K, F, V, N, B;  // N: look-ahead width, B: max tokens per chunk
+                                             // half: RoPE pairs per head (rotary_dim / 2)
   int hd_p;      // head_dim rounded up to 4 (the attention kernel's float4 loads)
   bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
   float eps, scale;
@@ -54,6 +56,13 @@ struct CudaForward final : GpuForward {
   int Fs = 0;
   float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
   DeviceBuffer ones;
+  // GLM-4.5 / DeepSeek-V3: a dense first layer's gate/up/SwiGLU rows [B, I] (unallocated without
+  // one); the grouped sigmoid router (gpu::router_grouped, the device twin of routing.h) instead
+  // of the softmax top-k; router_params serve cache-aware substitution on the host.
+  int I = 0;
+  float *mlp_g = nullptr, *mlp_u = nullptr, *mlp_a = nullptr;
+  bool sigmoid_routing = false;
+  RouterParams router_params;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -84,6 +93,19 @@ struct CudaForward final : GpuForward {
   std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
   std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
   CacheAwareRouter cache_aware_router;
+  // Resident decode (gpu_forward_resident.cpp, docs/gpu.md): a decode step whose experts were
+  // all resident last step runs every layer without a host sync, reading this table.
+  bool resident_capable = false;  // every expert matrix takes the grouped GEMM (device pointers)
+  bool resident_next = false;     // the last decode step read no expert: try this one resident
+  bool table_stale = true;        // the cache may have changed since table_dev was written
+  int step_misses = 0;            // acquires of the current step that had to read an expert
+  DeviceBuffer table_dev;         // [n_layers][E] payload pointers, nullptr = not resident
+  PinnedBuffer table_host;
+  DeviceBuffer resident_dev;      // per layer: ids [L*K] | weights [L*K] | missed [L]
+  PinnedBuffer resident_host;
+  DeviceBuffer snapshot;          // [L][D]: x before each layer's MoE (a redo starts from it)
+  DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
+  GpuResidentStats resident_stats;
 
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);
@@ -97,16 +119,29 @@ struct CudaForward final : GpuForward {
                      const float* xin, float* yout);
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
-  GpuForwardStats stats() const override { return GpuForwardStats{cache->telemetry(), la_stats}; }
+  GpuForwardStats stats() const override {
+    return GpuForwardStats{cache->telemetry(), la_stats, resident_stats};
+  }
   void reset_stats() override {
     cache->reset_telemetry();
     la_stats = {};
+    resident_stats = {};
   }
   const GpuForwardInfo& info() const override { return info_; }
-  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats);
+  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
+  void attention_layer(int l, int T, int n_past, ForwardTimes& times);
+  void moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l, ForwardTimes& times,
+                 CacheAwareStats& ca_stats);
+  void enqueue_logits(const ForwardChunk& c);
+  bool expert_gemm_takes(const ExpertLayout& lay) const;
+  void init_resident();
+  bool resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const;
+  int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);
   void shared_expert(const GpuLayerWeights& lw, int T);
+  void dense_mlp(const GpuLayerWeights& lw, int T);
+  void route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
   void warm_up();
 };
 

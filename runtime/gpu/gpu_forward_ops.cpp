@@ -66,11 +66,15 @@ void CudaForward::warm_up() {
       named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
       named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
       if (cfg.qkv_bias) add_bias(lw.bq, T, H * hd, qraw);
+      if (!cfg.is_moe_layer(l)) {  // a dense first layer: its MLP, no experts
+        named(p + "dense MLP", lw.mlp_gate.type, [&] { dense_mlp(lw, T); });
+        continue;
+      }
       if (Fs > 0) {
         named(p + "shared expert", lw.shared_gate.type, [&] { shared_expert(lw, T); });
-        gpu::gated_add(x, sh_y, sh_logit, T, D, stream);
+        if (cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);
       }
-      const ExpertLayout& lay = layouts[size_t(l)];
+      const ExpertLayout& lay = layouts[size_t(cfg.moe_layer_index(l))];
       named(p + "experts' gate", lay.types.gate,
             [&] { expert_matmul(lay.types.gate, lay.gate_offset, 0, 1, 1, F, D, xg, gate); });
       named(p + "experts' up", lay.types.up,
@@ -80,7 +84,7 @@ void CudaForward::warm_up() {
     }
     const GpuLayerWeights& lw = w.layers[0];
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-    linear_f32(h, lw.router, T, D, E, rlog);
+    linear_f32(h, w.layers[size_t(cfg.first_k_dense_replace)].router, T, D, E, rlog);  // the first MoE layer's
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
     gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
                    padded ? attn_pad : attn, stream);
@@ -133,6 +137,13 @@ void CudaForward::expert_matmul(QuantType q, size_t offset, int g0, int g1, int 
     for (int r = row_start[g]; r < row_start[g + 1]; ++r)
       gpu::expert_matvec(q, ptr_h[g] + offset, rows, cols, xin + size_t(r) * cols,
                          yout + size_t(r) * rows, stream);
+}
+
+// Whether every matrix of `lay` goes through the grouped GEMM, which reads the payload pointers
+// from the device (not the per-row matvec fallback, which reads them on the host).
+bool CudaForward::expert_gemm_takes(const ExpertLayout& lay) const {
+  auto gemm = [](QuantType q, int cols) { return !pack_int_type(q) || cols % kQuantBlock == 0; };
+  return gemm(lay.types.gate, D) && gemm(lay.types.up, D) && gemm(lay.types.down, F);
 }
 
 CudaForward::~CudaForward() {

@@ -54,6 +54,8 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   d.lookahead.predicted = a.lookahead.predicted - b.lookahead.predicted;
   d.lookahead.demanded = a.lookahead.demanded - b.lookahead.demanded;
   d.lookahead.demanded_predicted = a.lookahead.demanded_predicted - b.lookahead.demanded_predicted;
+  d.resident.steps = a.resident.steps - b.resident.steps;
+  d.resident.redone = a.resident.redone - b.resident.redone;
   return d;
 }
 

@@ -114,7 +114,14 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     if (h.q_norm.size() > 0) vec(h.q_norm.data(), size_t(h.q_norm.size()), d.q_norm);
     if (h.k_norm.size() > 0) vec(h.k_norm.data(), size_t(h.k_norm.size()), d.k_norm);
     vec(h.ffn_norm.data(), size_t(h.ffn_norm.size()), d.ffn_norm);
-    vec(h.router.data(), size_t(h.router.size()), d.router);
+    if (h.router.size() > 0) vec(h.router.data(), size_t(h.router.size()), d.router);
+    d.router_bias.assign(h.router_bias.data(), h.router_bias.data() + h.router_bias.size());
+    if (h.router_bias.size() > 0) vec(h.router_bias.data(), size_t(h.router_bias.size()), d.router_bias_dev);
+    if (!h.mlp_gate.empty()) {  // a dense first layer (GLM-4.5 / DeepSeek-V3)
+      matrix(h.mlp_gate, d.mlp_gate, p + "mlp_gate");
+      matrix(h.mlp_up, d.mlp_up, p + "mlp_up");
+      matrix(h.mlp_down, d.mlp_down, p + "mlp_down");
+    }
     if (h.bq.size() > 0) {
       vec(h.bq.data(), size_t(h.bq.size()), d.bq);
       vec(h.bk.data(), size_t(h.bk.size()), d.bk);
@@ -124,11 +131,11 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
       matrix(h.shared_gate, d.shared_gate, p + "shared_gate");
       matrix(h.shared_up, d.shared_up, p + "shared_up");
       matrix(h.shared_down, d.shared_down, p + "shared_down");
-      vec(h.shared_expert_gate.data(), size_t(h.shared_expert_gate.size()), d.shared_expert_gate);
+      if (h.shared_expert_gate.size() > 0)  // ungated (GLM-4.5): none
+        vec(h.shared_expert_gate.data(), size_t(h.shared_expert_gate.size()), d.shared_expert_gate);
     }
     if (h.bo.size() > 0) vec(h.bo.data(), size_t(h.bo.size()), d.bo);
     if (h.sinks.size() > 0) vec(h.sinks.data(), size_t(h.sinks.size()), d.sinks);
-    if (h.router_bias.size() > 0) vec(h.router_bias.data(), size_t(h.router_bias.size()), d.router_bias);
   }
   size_t total = 0;
   for (const Upload& u : ups) total += padded(u.bytes);
@@ -146,13 +153,20 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
   }
   if (g.lm_head.data == nullptr) g.lm_head = g.embed;  // tie_word_embeddings
   const bool qk = cfg.qk_norm != QkNorm::kNone;
-  for (const GpuLayerWeights& d : g.layers)
-    MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.router && d.attn_norm && d.ffn_norm &&
+  for (size_t l = 0; l < g.layers.size(); ++l) {
+    const GpuLayerWeights& d = g.layers[l];
+    const bool moe = cfg.is_moe_layer(int(l));
+    MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.attn_norm && d.ffn_norm &&
                    (!qk || (d.q_norm && d.k_norm)) && (!cfg.qkv_bias || (d.bq && d.bk && d.bv)) &&
-                   (!cfg.has_shared_expert() || (d.shared_gate.data && d.shared_up.data &&
-                                                 d.shared_down.data && d.shared_expert_gate)) &&
-                   (!cfg.o_bias || d.bo) && (!cfg.attention_sinks || d.sinks) && (!cfg.router_bias || d.router_bias),
+                   (moe ? d.router != nullptr : (d.mlp_gate.data && d.mlp_up.data && d.mlp_down.data)) &&
+                   (!moe || (cfg.router_scoring != RouterScoring::kSigmoid && !cfg.router_bias) ||
+                    (d.router_bias.size() == size_t(cfg.n_experts) && d.router_bias_dev)) &&
+                   (!moe || !cfg.has_shared_expert() ||
+                    (d.shared_gate.data && d.shared_up.data && d.shared_down.data &&
+                     (!cfg.shared_expert_gated || d.shared_expert_gate))) &&
+                   (!cfg.o_bias || d.bo) && (!cfg.attention_sinks || d.sinks),
                "dense weights missing a tensor after upload");
+  }
   return g;
 }
 

@@ -14,7 +14,7 @@ namespace moestream {
 Attention::Attention(const ModelConfig& cfg, int max_context, int max_batch)
     : D_(cfg.hidden_size), H_(cfg.n_heads), KV_(cfg.n_kv_heads), hd_(cfg.head_dim),
       max_ctx_(max_context), max_batch_(max_batch), qk_norm_(cfg.qk_norm),
-      eps_(static_cast<float>(cfg.rms_norm_eps)) {
+      eps_(static_cast<float>(cfg.rms_norm_eps)), rot_half_(cfg.rope_dim() / 2) {
   if (KV_ <= 0 || H_ % KV_ != 0)
     throw ConfigError("model.json: n_heads (" + std::to_string(H_) +
                       ") must be a multiple of n_kv_heads (" + std::to_string(KV_) + ")");
@@ -65,7 +65,7 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
     v.rowwise() += w.bv.transpose();
   }
 
-  const int half = hd_ / 2;
+  const int half = rot_half_;  // the cos/sin tables' stride; dims past 2*half pass unrotated
   const int cap = capacity_[size_t(layer)];
   float* kc = k_cache_[static_cast<size_t>(layer)].get();
   float* vc = v_cache_[static_cast<size_t>(layer)].get();

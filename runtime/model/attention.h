@@ -29,6 +29,7 @@ class Attention {
   int D_, H_, KV_, hd_, max_ctx_, max_batch_;
   QkNorm qk_norm_;
   float eps_;
+  int rot_half_;  // RoPE pairs per head: rotary_dim / 2 (head_dim / 2 but for GLM's partial rotary)
   std::vector<int> window_;    // per layer: keys a query sees (0: all)
   std::vector<int> capacity_;  // per layer: positions its cache holds (max_ctx, or a sliding ring)
   // Per layer: [KV][capacity][hd] so one head's keys are contiguous for the score GEMV.

@@ -66,8 +66,16 @@ CacheAwareRouter::CacheAwareRouter(int n_experts, int top_k, bool normalize)
   MOE_ASSERT(top_k > 0 && top_k <= n_experts);
 }
 
+void CacheAwareRouter::set_grouped(const RouterParams& p) {
+  MOE_ASSERT(p.n_experts == E_ && p.k == K_ && p.scoring == RouterScoring::kSigmoid);
+  grouped_ = true;
+  params_ = p;
+  grouped_scratch_.assign(p.scratch_floats(), 0.0f);
+}
+
 int CacheAwareRouter::apply(std::span<const uint8_t> resident, const float* logits, int T,
-                            float tolerance, int* ids_all, float* weights, CacheAwareStats& st) {
+                            float tolerance, int* ids_all, float* weights, CacheAwareStats& st,
+                            const float* bias) {
   MOE_ASSERT(resident.size() == size_t(E_), "resident must hold n_experts flags");
   std::fill(seen_before_.begin(), seen_before_.end(), 0);
   std::fill(seen_after_.begin(), seen_after_.end(), 0);
@@ -77,8 +85,11 @@ int CacheAwareRouter::apply(std::span<const uint8_t> resident, const float* logi
     int* ids = ids_all + size_t(t) * K_;
     const float* row = logits + size_t(t) * E_;
     std::copy(ids, ids + K_, exact_ids_.begin());
-    const int changed = substitute_resident(row, E_, K_, resident, tolerance, ids);
-    if (changed > 0)
+    const int changed = grouped_ ? substitute_resident_grouped(params_, row, bias, resident, tolerance, ids, grouped_scratch_)
+                                 : substitute_resident(row, E_, K_, resident, tolerance, ids);
+    if (changed > 0 && grouped_)
+      sigmoid_routing_weights(params_, row, ids, weights + size_t(t) * K_);
+    else if (changed > 0)
       routing_weights(row, E_, ids, K_, normalize_, weights + size_t(t) * K_, probs_.data());
     total += changed;
     st.routings += 1;

@@ -6,6 +6,8 @@
 #include <span>
 #include <vector>
 
+#include "runtime/model/routing.h"
+
 namespace moestream {
 
 // The tolerance applies to raw router LOGITS (before softmax): a resident expert c may replace a
@@ -57,8 +59,12 @@ class CacheAwareRouter {
   // are asked for. logits: [T, n_experts] raw router logits; ids, weights: [T, top_k] exact
   // top-k, token-major, rewritten in place. An expert chosen by an earlier token of the chunk
   // does not count as resident: only the tiers decide. Returns the number of slots changed.
+  // bias: the sigmoid router's correction bias [n_experts] (set_grouped), else null.
   int apply(std::span<const uint8_t> resident, const float* logits, int T, float tolerance,
-            int* ids, float* weights, CacheAwareStats& stats);
+            int* ids, float* weights, CacheAwareStats& stats, const float* bias = nullptr);
+  // GLM-4.5 / DeepSeek-V3: substitute with substitute_resident_grouped (routing.h) and weigh with
+  // sigmoid_routing_weights instead of the softmax rule.
+  void set_grouped(const RouterParams& p);
 
  private:
   int E_, K_;
@@ -66,6 +72,9 @@ class CacheAwareRouter {
   std::vector<float> probs_;                       // [E]
   std::vector<int> exact_ids_;                     // [K]: one token's exact top-k
   std::vector<uint8_t> seen_before_, seen_after_;  // [E]: distinct experts of the chunk
+  bool grouped_ = false;
+  RouterParams params_;
+  std::vector<float> grouped_scratch_;
 };
 
 }  // namespace moestream

@@ -31,6 +31,7 @@ struct CpuForward::Impl {
   MoeLayer moe;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;          // [max_batch, D]
+  RowMatrix mlp_act, mlp_up;    // [max_batch, intermediate_size]: dense-MLP layers (GLM-4.5)
   std::vector<float> cos, sin;  // [max_batch, head_dim/2]
 
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
@@ -42,17 +43,32 @@ struct CpuForward::Impl {
     tmp.resize(max_batch, cfg.hidden_size);
     cos.resize(size_t(max_batch) * size_t(rope.half_dim()));
     sin.resize(cos.size());
+    if (cfg.first_k_dense_replace > 0) {
+      mlp_act.resize(max_batch, cfg.intermediate_size);
+      mlp_up.resize(max_batch, cfg.intermediate_size);
+    }
     // Every pool thread sizes its matvec scratch now, so a decode step allocates nothing even
     // on a thread that first takes a task many steps in (as on a loaded machine).
     // The ggml kernels' scratch (dense matrices in a ggml type, GGUF experts) for up to max_batch
     // inputs of any width a product takes: hidden, the attention output, the expert widths.
     const size_t widest = size_t(std::max({cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_heads * cfg.head_dim,
-                                           cfg.shared_expert_intermediate_size}));
+                                           cfg.shared_expert_intermediate_size, cfg.intermediate_size}));
     const size_t inputs = size_t(max_batch);
     pool.on_each_thread([widest, inputs] {
       reserve_matvec_scratch(widest);
       ggml_reserve_scratch(widest, inputs);
     });
+  }
+
+  // The dense SwiGLU MLP of a layer below first_k_dense_replace: h -> tmp.
+  void dense_mlp(const LayerWeights& lw, int T) {
+    const int I = cfg.intermediate_size, D = cfg.hidden_size;
+    const ConstRowMap hm(h.data(), T, D);
+    RowMap act(mlp_act.data(), T, I), up(mlp_up.data(), T, I);
+    linear(pool, hm, lw.mlp_gate, act);
+    linear(pool, hm, lw.mlp_up, up);
+    act.array() = act.array() / (1.0f + (-act.array()).exp()) * up.array();
+    linear(pool, ConstRowMap(act.data(), T, I), lw.mlp_down, RowMap(tmp.data(), T, D));
   }
 };
 
@@ -91,10 +107,17 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     auto tm = std::chrono::steady_clock::now();
     for (int t = 0; t < T; ++t)
       rms_norm(m.x.row(t).data(), lw.ffn_norm.data(), D, eps, m.h.row(t).data());
+    if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's first layers: no experts, no routing
+      m.dense_mlp(lw, T);
+      m.x.topRows(T) += m.tmp.topRows(T);
+      times.expert_compute_s += seconds_since(tm);
+      continue;
+    }
+    const int moe_l = cfg.moe_layer_index(l);  // experts, logs and overrides number MoE layers
     PhaseTimes before = m.moe_times;
-    m.moe.forward(m.pool, l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
+    m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
     if (routing.on_routing) {
-      RoutingEvent ev{l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,
+      RoutingEvent ev{moe_l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,
                       m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data()};
       routing.on_routing(ev);
     }

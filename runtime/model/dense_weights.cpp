@@ -51,18 +51,28 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
       s.push_back({p + "q_norm", {qd}, K::kQNorm, i});
       s.push_back({p + "k_norm", {kvd}, K::kKNorm, i});
     }
+    if (cfg.o_bias) s.push_back({p + "bo", {D}, K::kBo, i});  // gpt-oss
+    if (cfg.attention_sinks) s.push_back({p + "sinks", {cfg.n_heads}, K::kSinks, i});
     s.push_back({p + "ffn_norm", {D}, K::kFfnNorm, i});
+    if (!cfg.is_moe_layer(i)) {  // a dense MLP instead of router and experts
+      const int64_t I = cfg.intermediate_size;
+      s.push_back({p + "mlp_gate", {I, D}, K::kMlpGate, i});
+      s.push_back({p + "mlp_up", {I, D}, K::kMlpUp, i});
+      s.push_back({p + "mlp_down", {D, I}, K::kMlpDown, i});
+      continue;
+    }
     s.push_back({p + "router", {cfg.n_experts, D}, K::kRouter, i});
+    // One tensor, two meanings: the sigmoid router's correction bias, or gpt-oss's logit bias
+    // (model.json refuses both at once).
+    if (cfg.router_scoring == RouterScoring::kSigmoid || cfg.router_bias)
+      s.push_back({p + "router_bias", {cfg.n_experts}, K::kRouterBias, i});
     if (cfg.has_shared_expert()) {
       const int64_t fs = cfg.shared_expert_intermediate_size;
       s.push_back({p + "shared_gate", {fs, D}, K::kSharedGate, i});
       s.push_back({p + "shared_up", {fs, D}, K::kSharedUp, i});
       s.push_back({p + "shared_down", {D, fs}, K::kSharedDown, i});
-      s.push_back({p + "shared_expert_gate", {1, D}, K::kSharedExpertGate, i});
+      if (cfg.shared_expert_gated) s.push_back({p + "shared_expert_gate", {1, D}, K::kSharedExpertGate, i});
     }
-    if (cfg.o_bias) s.push_back({p + "bo", {D}, K::kBo, i});
-    if (cfg.attention_sinks) s.push_back({p + "sinks", {cfg.n_heads}, K::kSinks, i});
-    if (cfg.router_bias) s.push_back({p + "router_bias", {cfg.n_experts}, K::kRouterBias, i});
   }
   return s;
 }
@@ -72,7 +82,8 @@ namespace {
 bool is_matrix(DenseTensor k) {
   return k == DenseTensor::kEmbed || k == DenseTensor::kLmHead || k == DenseTensor::kWq || k == DenseTensor::kWk ||
          k == DenseTensor::kWv || k == DenseTensor::kWo || k == DenseTensor::kSharedGate ||
-         k == DenseTensor::kSharedUp || k == DenseTensor::kSharedDown;
+         k == DenseTensor::kSharedUp || k == DenseTensor::kSharedDown || k == DenseTensor::kMlpGate ||
+         k == DenseTensor::kMlpUp || k == DenseTensor::kMlpDown;
 }
 
 // The type a pack's dense.safetensors tensor is computed in; nullopt for a dtype the CPU pass
@@ -168,6 +179,9 @@ Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
     case DenseTensor::kBo: return {nullptr, &l->bo};
     case DenseTensor::kSinks: return {nullptr, &l->sinks};
     case DenseTensor::kRouterBias: return {nullptr, &l->router_bias};
+    case DenseTensor::kMlpGate: return {&l->mlp_gate};
+    case DenseTensor::kMlpUp: return {&l->mlp_up};
+    case DenseTensor::kMlpDown: return {&l->mlp_down};
   }
   MOE_ASSERT(false, "unknown dense tensor kind");
   return {};

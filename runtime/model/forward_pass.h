@@ -22,7 +22,7 @@ struct ForwardTimes {
 
 // One layer's routing decisions for a chunk of tokens, for routing logs (--collect-routing).
 struct RoutingEvent {
-  int layer = 0;
+  int layer = 0;         // the MoE layer index (ModelConfig::moe_layer_index; dense-MLP layers do not route)
   int position = 0;      // position of the chunk's first token in the sequence
   int n_tokens = 0;
   int top_k = 0, hidden = 0;

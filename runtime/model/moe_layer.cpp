@@ -82,12 +82,13 @@ void route_token_topk_softmax(const float* logits, int n_experts, int k, int* id
 
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
-      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch),
+      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
       swiglu_limit_(static_cast<float>(cfg.swiglu_limit)), swiglu_alpha_(static_cast<float>(cfg.swiglu_alpha)),
       cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
-  for (int l = 0; l < cfg.n_layers; ++l) layouts_.push_back(cfg.expert_layout(l));
+  if (router_.scoring == RouterScoring::kSigmoid) cache_aware_.set_grouped(router_);
+  for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
-  probs_.resize(size_t(E_));
+  probs_.resize(router_.scratch_floats());
   ids_.resize(size_t(max_batch_) * K_);
   weights_.resize(size_t(max_batch_) * K_);
   const size_t max_pairs = size_t(max_batch_) * K_;
@@ -110,9 +111,19 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   }
 }
 
+// Every layer's weights were checked against the config at load; this catches a caller mixing
+// models or a dense-MLP layer reaching the MoE.
+static void check_moe_weights(const ModelConfig& cfg, const LayerWeights& w) {
+  MOE_ASSERT(w.router.rows() == cfg.n_experts, "MoE layer without its router");
+  MOE_ASSERT(cfg.router_scoring != RouterScoring::kSigmoid || w.router_bias.size() == cfg.n_experts,
+             "sigmoid router without its correction bias");
+  MOE_ASSERT(!cfg.router_bias || w.router_bias.size() == cfg.n_experts, "router without its bias (gpt-oss)");
+}
+
 void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T) {
   const int Fs = cfg_.shared_expert_intermediate_size;
-  MOE_ASSERT(!w.shared_gate.empty() && w.shared_expert_gate.rows() == 1, "shared expert weights missing");
+  MOE_ASSERT(!w.shared_gate.empty() && (!cfg_.shared_expert_gated || w.shared_expert_gate.rows() == 1),
+             "shared expert weights missing");
   const ConstRowMap xm(x, T, D_);
   RowMap act(shared_act_.data(), T, Fs), up(shared_up_.data(), T, Fs), y(shared_y_.data(), T, D_);
   RowMap logit(shared_logit_.data(), T, 1);
@@ -120,13 +131,15 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
   linear(pool, xm, w.shared_up, up);
   act.array() = act.array() / (1.0f + (-act.array()).exp()) * up.array();
   linear(pool, ConstRowMap(act.data(), T, Fs), w.shared_down, y);
+  if (!cfg_.shared_expert_gated) return;  // GLM-4.5 / DeepSeek-V3: added as is
   linear(pool, xm, w.shared_expert_gate, logit);
   for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
 }
 
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
 // until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
-void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T, const MoeRouting& r) {
+void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
+                                 const MoeRouting& r) {
   MOE_ASSERT(r.stats != nullptr, "cache-aware routing needs its counters");
   if (cfg_.router_softmax_topk)
     throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
@@ -134,16 +147,20 @@ void MoeLayer::apply_cache_aware(int layer, const RowMap& logits, int T, const M
   store_.residency(layer, std::span<ExpertTier>(tiers_));
   for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
   cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
-                     weights_.data(), *r.stats);
+                     weights_.data(), *r.stats,
+                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr);
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
                        float* out, PhaseTimes& times, const MoeRouting& routing) {
-  MOE_ASSERT(T > 0 && T <= max_batch_);
+  MOE_ASSERT(T > 0 && T <= max_batch_ && layer >= 0 && layer < int(layouts_.size()));
+  check_moe_weights(cfg_, w);
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
   linear(pool, ConstRowMap(x, T, D_), w.router, logits);
-  if (w.router_bias.size() > 0) logits.rowwise() += w.router_bias.transpose();  // gpt-oss
+  if (cfg_.router_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
+  // The sigmoid router's correction bias: selection only (routing.h).
+  const float* selection_bias = router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
   for (auto& s : slots_of_expert_) s.clear();
   unique_ids_.clear();
   for (int t = 0; t < T; ++t) {
@@ -151,13 +168,12 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     if (cfg_.router_softmax_topk)
       route_token_topk_softmax(logits.row(t).data(), E_, K_, ids, weights_.data() + size_t(t) * K_);
     else
-      route_token(logits.row(t).data(), E_, K_, cfg_.norm_topk_prob, ids,
-                  weights_.data() + size_t(t) * K_, probs_.data());
+      route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
   if (routing.override && *routing.override)
     (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
   else if (routing.cache_aware.enabled)
-    apply_cache_aware(layer, logits, T, routing);
+    apply_cache_aware(layer, w, logits, T, routing);
   for (int t = 0; t < T; ++t) {
     const int* ids = ids_.data() + size_t(t) * K_;
     for (int j = 0; j < K_; ++j) {

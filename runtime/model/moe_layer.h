@@ -1,6 +1,7 @@
 // The sparse MLP of one decoder layer: router (softmax, top-k, optional renormalisation), the
 // selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum, plus
-// the gated shared expert (Qwen2-MoE) from the dense weights when the model has one.
+// the shared expert (Qwen2-MoE's gated one, GLM-4.5's ungated one) from the dense weights when the
+// model has one. GLM-4.5 / DeepSeek-V3 route through the grouped sigmoid router (routing.h).
 #pragma once
 
 #include <vector>
@@ -9,6 +10,7 @@
 #include "runtime/model/dense_ops.h"
 #include "loader/store/expert_store.h"
 #include "loader/format/model_config.h"
+#include "runtime/model/routing.h"
 #include "runtime/model/routing_override.h"
 
 namespace moestream {
@@ -42,7 +44,8 @@ class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
 
-  // x: T normalised rows [T, D]; writes out [T, D]. Experts as `routing` says.
+  // x: T normalised rows [T, D]; writes out [T, D]. Experts as `routing` says. `layer` is the MoE
+  // layer index (ModelConfig::moe_layer_index), w the decoder layer's weights.
   void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
                float* out, PhaseTimes& times, const MoeRouting& routing);
 
@@ -55,10 +58,11 @@ class MoeLayer {
   const ModelConfig& cfg_;
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
+  RouterParams router_;  // softmax or grouped sigmoid, scaling
   float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
   std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
-  std::vector<float> probs_;  // [E]
+  std::vector<float> probs_;  // router scratch: RouterParams::scratch_floats()
   std::vector<int> ids_;      // [max_batch*K]
   std::vector<float> weights_;
   // Per fetch chunk: unique experts, their payloads, and (expert, token-slot) pairs.
@@ -69,13 +73,14 @@ class MoeLayer {
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
   RowMatrix up_;   // [max_batch*K, F]
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
-  // The shared expert: sigmoid(shared_expert_gate . x) * down(silu(gate x) * up x) into shared_y_.
+  // The shared expert: down(silu(gate x) * up x) into shared_y_, times sigmoid(shared_expert_gate . x)
+  // when gated.
   void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T);
   RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
   RowMatrix shared_y_;                // [max_batch, D]
   RowMatrix shared_logit_;            // [max_batch, 1]
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
-  void apply_cache_aware(int layer, const RowMap& logits, int T, const MoeRouting& routing);
+  void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;
   std::vector<ExpertTier> tiers_;       // [E]
   std::vector<uint8_t> resident_now_;   // [E]: not on storage at the chunk's start

@@ -18,10 +18,11 @@ std::vector<float> Rope::default_inv_freq(double base, int dim) {
 }
 
 Rope::Rope(const ModelConfig& cfg)
-    : dim_(cfg.head_dim), half_dim_(cfg.head_dim / 2), theta_(cfg.rope_theta),
+    : dim_(cfg.rope_dim()), half_dim_(cfg.rope_dim() / 2), theta_(cfg.rope_theta),
       max_pos_(cfg.max_position_embeddings) {
   if (dim_ <= 0 || dim_ % 2 != 0)
-    throw ConfigError("model.json: head_dim must be even for RoPE, got " + std::to_string(dim_));
+    throw ConfigError("model.json: the rotary width (head_dim or rotary_dim) must be even for RoPE, got " +
+                      std::to_string(dim_));
   inv_freq_ = default_inv_freq(theta_, dim_);
   if (!cfg.rope_scaling) return;
   const RopeScaling& s = *cfg.rope_scaling;

@@ -11,7 +11,7 @@
 namespace moestream {
 
 RoutingReplay::RoutingReplay(const RoutingLog& log, const ModelConfig& cfg, std::string source)
-    : L_(cfg.n_layers), K_(cfg.n_experts_per_tok) {
+    : L_(cfg.n_moe_layers()), K_(cfg.n_experts_per_tok) {
   const RoutingLogHeader& h = log.header;
   const int L_log = int(h.n_layers), k_log = int(h.top_k), E = cfg.n_experts;
   if (L_log <= 0 || k_log <= 0) throw ConfigError(source + ": routing log has no layers or top_k 0");

@@ -208,18 +208,27 @@ def safetensors_names(path):
 
 @pytest.mark.parametrize("name,layout", [("qwen3_moe", "qwen"), ("olmoe", "qwen"), ("qwen2_moe", "qwen"),
                                          ("gpt_oss", "gpt_oss"), ("gpt_oss_mxfp4", "mxfp4"),
-                                         ("mixtral", "mixtral"), ("qwen3_moe_fused", "fused")])
+                                         ("mixtral", "mixtral"), ("qwen3_moe_fused", "fused"),
+                                         ("glm4_moe", "glm")])
 def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     d = FIXTURES / name
     cfg = json.loads((d / "config.json").read_text())
-    E = cfg.get("num_experts", cfg.get("num_local_experts"))
+    E = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("n_routed_experts")))
     L, V = cfg["num_hidden_layers"], cfg["vocab_size"]
     assert L >= 3 and E >= 8 and cfg["num_experts_per_tok"] >= 2
     header = safetensors_names(d / "model.safetensors")
     assert all(v["dtype"] == ("U8" if k.endswith(("_blocks", "_scales")) else "F32") for k, v in header.items())
+    first_moe = cfg.get("first_k_dense_replace", 0) if layout == "glm" else 0
     for l in range(L):
         p = f"model.layers.{l}"
-        if layout == "qwen":
+        if l < first_moe:  # GLM-4.5's dense first layers: an MLP, no experts
+            assert f"{p}.mlp.gate_proj.weight" in header and f"{p}.mlp.experts.0.up_proj.weight" not in header
+        elif layout == "glm":  # experts as Qwen's, a router bias that is not zero, ungated shared experts
+            assert all(f"{p}.mlp.experts.{e}.{w}_proj.weight" in header
+                       for e in range(E) for w in ("gate", "up", "down"))
+            assert header[f"{p}.mlp.gate.e_score_correction_bias"]["shape"] == [E]
+            assert f"{p}.mlp.shared_experts.gate_proj.weight" in header
+        elif layout == "qwen":
             assert all(f"{p}.mlp.experts.{e}.{w}_proj.weight" in header
                        for e in range(E) for w in ("gate", "up", "down"))
         elif layout == "mixtral":

@@ -234,6 +234,7 @@ def _infer_gpu(s):
         pytest.skip("needs a CUDA GPU (none here; scripts/device_gpu.sh runs the GPU suite on the device machine)")
     s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0, "--gpu")
     s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0, "--gpu", "--gpu-cache-mb", 8, "--moe-lookahead", 2)
+    s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0, "--gpu", "--gpu-sync-layers")
 
 
 @case("bin/convert_model")
@@ -526,7 +527,7 @@ skipped("scripts/test.sh", CI_JOB, "the test job itself (this test runs inside i
 skipped(".ci/run", CI_JOB, "CI's entry point: runs scripts/test.sh (this job) and the others")
 skipped("scripts/sanitize.sh", CI_JOB, "the asan and tsan jobs of .ci/run")
 skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
-for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "io_bench", "io_hot", "kernels",
+for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_resident", "io_bench", "io_hot", "kernels",
               "same_tokens"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the GPU device machine (docs/gpu.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")

@@ -1,0 +1,136 @@
+// Resident decode (issue 19; docs/gpu.md "Resident decode"): a decode step whose experts are
+// all in VRAM runs every layer with no host synchronisation. The router's top-k stays on the
+// device; moe_plan_decode turns it into the expert GEMMs' plan and payload pointers through a
+// device table of the GPU cache's resident experts, so the host enqueues the whole token (every
+// layer, lm_head) and waits once. A layer whose expert the table lacks is flagged; the host then
+// restores the residual saved before that layer's MoE and finishes the token from there through
+// the synced path (moe_layer), which reads the miss. The step is tried only after a decode step
+// that read nothing, and only where every choice is the router's own (no override, no
+// cache-aware substitution, no routing log, no look-ahead). Dense layers (first_k_dense_replace) run
+// their MLP; experts, the table and the cache are numbered by MoE layer.
+#include <algorithm>
+#include <chrono>
+
+#include "common/timing.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/round_activations.h"
+#include "runtime/gpu/gpu_forward_impl.h"
+
+namespace moestream::detail {
+
+void CudaForward::init_resident() {
+  resident_capable = opts.resident_decode && N == 0;
+  // gpt-oss's router (logit bias, top-k softmax), expert biases and clamped SwiGLU are not in the
+  // resident step's kernels: its decode takes the synced path (moe_layer) every step.
+  resident_capable = resident_capable && !cfg.expert_bias && cfg.swiglu_limit <= 0 && !cfg.router_softmax_topk &&
+                     !cfg.router_bias;
+  for (const ExpertLayout& lay : layouts) resident_capable = resident_capable && expert_gemm_takes(lay);
+  if (!resident_capable) return;
+  const size_t L = size_t(cfg.n_layers);
+  table_dev = DeviceBuffer(size_t(cfg.n_moe_layers()) * size_t(E) * sizeof(const uint8_t*));
+  table_host = PinnedBuffer(table_dev.bytes());
+  resident_dev = DeviceBuffer((2 * L * size_t(K) + L) * sizeof(int));
+  resident_host = PinnedBuffer(resident_dev.bytes());
+  // A dense layer never writes its flag: zero from the start.
+  MOE_CUDA_CHECK(cudaMemset(resident_dev.get(), 0, resident_dev.bytes()));
+  snapshot = DeviceBuffer(L * size_t(D) * sizeof(float));
+  fallback_expert = DeviceBuffer(cfg.max_expert_bytes());
+  MOE_CUDA_CHECK(cudaMemset(fallback_expert.get(), 0, fallback_expert.bytes()));
+}
+
+bool CudaForward::resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const {
+  return resident_capable && resident_next && c.n_tokens == 1 && !routing.on_routing &&
+         !routing.override && !routing.cache_aware.enabled;
+}
+
+// Runs the decode token c through every layer and lm_head on the device, then syncs once.
+// Returns n_layers when every expert was resident (logits written, step ended), else the first
+// layer that missed one, with x restored to that layer's residual before its MoE.
+int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
+  const int L = cfg.n_layers;
+  const size_t pairs = size_t(B) * size_t(K);
+  auto t0 = std::chrono::steady_clock::now();
+  auto** table_h = table_host.as<const uint8_t*>();
+  if (table_stale) {  // what the cache holds now, with its bytes in place
+    for (int m = 0; m < cfg.n_moe_layers(); ++m)
+      for (int e = 0; e < E; ++e) table_h[size_t(m) * E + e] = cache->resident_payload(m, e);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(table_dev.get(), table_h, table_dev.bytes(),
+                                   cudaMemcpyHostToDevice, stream));
+    table_stale = false;
+  }
+  int* ids_d = resident_dev.as<int>();
+  float* wts_d = reinterpret_cast<float*>(ids_d + size_t(L) * K);
+  int* missed_d = ids_d + 2 * size_t(L) * K;
+  int* plan = plan_dev.as<int>();
+  auto* const* table_d = table_dev.as<const uint8_t* const>();
+  times.router_s += seconds_since(t0);
+  for (int l = 0; l < L; ++l) {
+    attention_layer(l, 1, c.n_past, times);
+    auto tm = std::chrono::steady_clock::now();
+    const GpuLayerWeights& lw = w.layers[size_t(l)];
+    if (!cfg.is_moe_layer(l)) {
+      gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
+      dense_mlp(lw, 1);
+      times.expert_compute_s += seconds_since(tm);
+      continue;
+    }
+    const int m = cfg.moe_layer_index(l);
+    const ExpertLayout& lay = layouts[size_t(m)];
+    int* ids_l = ids_d + size_t(l) * K;
+    float* wts_l = wts_d + size_t(l) * K;
+    gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
+    linear_f32(h, lw.router, 1, D, E, rlog);
+    route_on_device(lw, 1, ids_l, wts_l);
+    gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
+                         plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
+                         missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
+    if (Fs > 0) shared_expert(lw, 1);
+    // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
+    gpu::gather_rows(h, plan, K, D, xg, stream);
+    const float* x_up = round_expert_inputs(lay, K);
+    expert_matmul(lay.types.gate, lay.gate_offset, 0, K, 1, F, D, xg, gate);
+    expert_matmul(lay.types.up, lay.up_offset, 0, K, 1, F, D, x_up, up);
+    gpu::swiglu(gate, up, size_t(K) * F, swi, stream);
+    gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
+    expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
+    gpu::moe_combine(y, plan + pairs, wts_l, 1, K, D, tmp, stream);
+    gpu::add_inplace(x, tmp, size_t(D), stream);
+    if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
+    if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
+    times.expert_compute_s += seconds_since(tm);
+  }
+  auto tl = std::chrono::steady_clock::now();
+  enqueue_logits(c);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(resident_host.as<void>(), resident_dev.get(), resident_dev.bytes(),
+                                 cudaMemcpyDeviceToHost, stream));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  times.other_s += seconds_since(tl);
+
+  auto ta = std::chrono::steady_clock::now();
+  ++resident_stats.steps;
+  const int* ids_h = resident_host.as<int>();
+  const int* missed_h = ids_h + 2 * size_t(L) * K;
+  const int l0 = int(std::find(missed_h, missed_h + L, 1) - missed_h);
+  // The cache's policy and telemetry see the layers before l0 as the hits they were (heat,
+  // recency); nothing is read, nothing waits.
+  auto** ptr_h = ptr_host.as<const uint8_t*>();
+  for (int l = 0; l < l0; ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
+    unique_ids.assign(ids_h + size_t(l) * K, ids_h + size_t(l + 1) * K);
+    std::sort(unique_ids.begin(), unique_ids.end());
+    cache->acquire(cfg.moe_layer_index(l), unique_ids, CacheFill::kDemand, std::span<const uint8_t*>(ptr_h, size_t(K)));
+    cache->kernels_enqueued();
+  }
+  if (l0 < L) {
+    ++resident_stats.redone;
+    MOE_CUDA_CHECK(cudaMemcpyAsync(x, snapshot.as<float>() + size_t(l0) * D, size_t(D) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream));
+  } else {
+    cache->end_step();
+  }
+  times.expert_io_s += seconds_since(ta);
+  return l0;
+}
+
+}  // namespace moestream::detail
