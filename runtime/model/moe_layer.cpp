@@ -57,9 +57,33 @@ void route_token(const float* logits, int n_experts, int k, bool normalize, int*
   }
 }
 
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+    gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights) {
+  for (int j = 0; j < k; ++j) {  // selection as route_token: ties go to the lower id
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    ids[j] = best;
+  }
+  const float m = logits[ids[0]];  // the largest
+  float sum = 0;
+  for (int j = 0; j < k; ++j) sum += weights[j] = std::exp(logits[ids[j]] - m);
+  for (int j = 0; j < k; ++j) weights[j] /= sum;
+}
+
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
       E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
+      swiglu_limit_(static_cast<float>(cfg.swiglu_limit)), swiglu_alpha_(static_cast<float>(cfg.swiglu_alpha)),
       cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
   if (router_.scoring == RouterScoring::kSigmoid) cache_aware_.set_grouped(router_);
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
@@ -94,6 +118,7 @@ static void check_moe_weights(const ModelConfig& cfg, const LayerWeights& w) {
   MOE_ASSERT(w.router.rows() == cfg.n_experts, "MoE layer without its router");
   MOE_ASSERT(cfg.router_scoring != RouterScoring::kSigmoid || w.router_bias.size() == cfg.n_experts,
              "sigmoid router without its correction bias");
+  MOE_ASSERT(!cfg.router_bias || w.router_bias.size() == cfg.n_experts, "router without its bias (gpt-oss)");
 }
 
 void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T) {
@@ -141,10 +166,14 @@ void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, flo
 void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
                                  const MoeRouting& r) {
   MOE_ASSERT(r.stats != nullptr, "cache-aware routing needs its counters");
+  if (cfg_.router_softmax_topk)
+    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
+                      "softmax over the selected top-k (gpt-oss)");
   store_.residency(layer, std::span<ExpertTier>(tiers_));
   for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
   cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
-                     weights_.data(), *r.stats, w.router_bias.size() > 0 ? w.router_bias.data() : nullptr);
+                     weights_.data(), *r.stats,
+                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr);
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
@@ -156,12 +185,17 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   per_range(routing.row_splits, x, T, logits_.data(), E_, [&](const float* xr, int n) {
     linear(pool, ConstRowMap(xr, n, D_), w.router, RowMap(logits_.data(), n, E_));
   });
+  if (cfg_.router_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
+  // The sigmoid router's correction bias: selection only (routing.h).
+  const float* selection_bias = router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
   for (auto& s : slots_of_expert_) s.clear();
   unique_ids_.clear();
   for (int t = 0; t < T; ++t) {
     int* ids = ids_.data() + size_t(t) * K_;
-    route(router_, logits.row(t).data(), w.router_bias.size() > 0 ? w.router_bias.data() : nullptr, ids,
-          weights_.data() + size_t(t) * K_, probs_);
+    if (cfg_.router_softmax_topk)
+      route_token_topk_softmax(logits.row(t).data(), E_, K_, ids, weights_.data() + size_t(t) * K_);
+    else
+      route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
   if (routing.override && *routing.override)
     (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
@@ -238,14 +272,24 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
         float* u = up_.row(Eigen::Index(p)).data();
         quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
         quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
-        for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+        if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
+          for (size_t r = r0; r < r1; ++r) {
+            g[r] += e.bias[r];
+            u[r] += e.bias[size_t(F_) + r];
+          }
+        if (swiglu_limit_ > 0)
+          clamped_swiglu(g + r0, u + r0, r1 - r0, swiglu_limit_, swiglu_alpha_);
+        else
+          for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
       });
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
         const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
         const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
-        quant_matvec(lay.types.down, payloads_[size_t(expert_of_pair_[p])].down, size_t(F_),
-                     act_.row(Eigen::Index(p)).data(),
-                     y_.row(slot_of_pair_[p]).data(), r0, r1);
+        const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
+        float* y = y_.row(slot_of_pair_[p]).data();
+        quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), y, r0, r1);
+        if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
+          for (size_t r = r0; r < r1; ++r) y[r] += e.bias[2 * size_t(F_) + r];
       });
       times.expert_compute_s += seconds_since(t2);
     }

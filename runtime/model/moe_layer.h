@@ -26,6 +26,13 @@ struct PhaseTimes {
 void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
                  float* weights, float* probs_scratch);
 
+// gpt-oss's router: the k largest logits (ties: lower id first), weights = softmax over those k.
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights);
+
+// gpt-oss's clamped SwiGLU, in place into gate[0, n): g = min(gate, limit), u = clamp(up, +-limit),
+// gate = (u + 1) * g * sigmoid(alpha * g) (transformers' GptOssExperts._apply_gate).
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha);
+
 // How one forward() picks its experts after the router (CpuForward fills it per chunk).
 struct MoeRouting {
   const RoutingOverrideFn* override = nullptr;  // set and non-empty: replaces the router
@@ -57,6 +64,7 @@ class MoeLayer {
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
   RouterParams router_;  // softmax or grouped sigmoid, scaling
+  float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
   std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
   std::vector<float> probs_;  // router scratch: RouterParams::scratch_floats()
