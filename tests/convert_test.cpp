@@ -883,4 +883,16 @@ TEST(HfConfig, DeepseekMlaConfigsAndTheirRefusals) {
   json j = c3.to_json();
   j["architecture"] = "qwen3_moe";
   EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+  // Nor one asking MLA for gpt-oss's attention pieces, which MlaAttention does not have.
+  for (const auto& [key, value] : {std::pair<const char*, json>{"attention_sinks", true}, {"o_bias", true}}) {
+    json g = c3.to_json();
+    g[key] = value;
+    std::string msg = "<accepted>";
+    try {
+      ModelConfig::from_json(g, "model.json");
+    } catch (const FormatError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("mla"), std::string::npos) << key << ": " << msg;
+  }
 }

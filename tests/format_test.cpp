@@ -150,7 +150,9 @@ TEST(ExpertFile, EveryCorruptedTypedFieldIsRejectedByName) {
       {"quant", 12, 0x100 + 4, 4},            // a retired ggml id
       {"up_quant", 64, 0x100 + 99, 4},        // an unknown ggml id
       {"down_quant", 68, 17, 4},              // neither a pack type nor a ggml one
-      {"reserved", 72, 1, 8},
+      {"flags", 72, 2, 4},                    // an undefined flag bit
+      {"expert_bytes", 72, 1, 4},             // the bias flag: the payload would be longer
+      {"reserved", 76, 1, 4},
       {"expert_bytes", 68, 0x100 + 8, 4},     // down Q8_0 instead of F16: another size
       {"quant", 64, 0x100 + 12, 4},           // up Q4_K: 64 columns are not whole 256-blocks
       {"header_checksum", 80, 1, 8},          // a slot checksum, now at 80

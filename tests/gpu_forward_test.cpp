@@ -527,7 +527,7 @@ TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
   EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
-// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe) packed with bf16 and q8
+// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss) packed with bf16 and q8
 // experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
 class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
 
@@ -583,8 +583,47 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("qwen2_moe"), QuantType::kBF16},
                       std::pair{std::string("qwen2_moe"), QuantType::kQ8},
                       std::pair{std::string("glm4_moe"), QuantType::kBF16},
-                      std::pair{std::string("glm4_moe"), QuantType::kQ8}),
+                      std::pair{std::string("glm4_moe"), QuantType::kQ8},
+                      // gpt-oss: sinks, sliding windows, biases, clamped SwiGLU, top-k softmax
+                      // router; the MXFP4 fixture converts to MXFP4 whatever the quant.
+                      std::pair{std::string("gpt_oss"), QuantType::kBF16},
+                      std::pair{std::string("gpt_oss"), QuantType::kQ8},
+                      std::pair{std::string("gpt_oss_mxfp4"), ggml_quant(GgmlType::kMXFP4)}),
     [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
+
+// gpt-oss's decode path on the GPU (one query row, the window sliding past old keys, sinks in the
+// split merge): the 32 greedy tokens of each reference prompt, as transformers generated them.
+TEST(GpuGptOss, GreedyTokensMatchTransformers) {
+  REQUIRE_GPU();
+  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
+  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+  TempDir tmp("gpu_gpt_oss");
+  ConvertOptions co;
+  co.quant = QuantType::kBF16;
+  co.dense_dtype = "f32";
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.gpu = true;
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  const size_t V = size_t(gpu->config().vocab_size);
+  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
+    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
+    std::vector<float> last(V);
+    std::vector<int> got;
+    gpu->reset();
+    gpu->forward(prompt, last);
+    for (size_t i = 0; i < want.size(); ++i) {
+      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
+      got.push_back(next);
+      if (i + 1 < want.size()) gpu->forward(std::span<const int>(&next, 1), last);
+    }
+    EXPECT_EQ(got, want) << "prompt " << p;
+  }
+}
 
 // DeepSeek-V3's MLA has no GPU kernels yet: --gpu is a ConfigError naming it, before any device work.
 TEST(GpuForward, DeepseekV3MlaIsRefusedNamingIt) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -563,6 +564,119 @@ TEST(GpuKernels, OpWrappersRejectBadShapes) {
                                   d.get(), d.get(), nullptr),
                ConfigError);
   EXPECT_THROW(gpu::swiglu(nullptr, d.get(), 4, d.get(), nullptr), Error);
+}
+
+
+// ---- gpt-oss ---------------------------------------------------------------------------------
+
+TEST(GpuKernels, RouterTopkSoftmaxMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const int n_tokens = 9, n_experts = 128, k = 4;
+  auto logits = random_floats(size_t(n_tokens) * n_experts, 81, 2.0f);
+  logits[5] = logits[6] = 9.0f;  // a tie at the top: the lower id first
+  std::vector<int> ref_ids(size_t(n_tokens) * k);
+  std::vector<float> ref_w(ref_ids.size());
+  for (int t = 0; t < n_tokens; ++t)
+    route_token_topk_softmax(logits.data() + size_t(t) * n_experts, n_experts, k, ref_ids.data() + size_t(t) * k,
+                             ref_w.data() + size_t(t) * k);
+  DeviceVec<float> dl(logits), dw(ref_w.size());
+  DeviceVec<int> di(ref_ids.size());
+  gpu::router_topk_softmax(dl.get(), n_tokens, n_experts, k, di.get(), dw.get(), nullptr);
+  EXPECT_EQ(di.download(), ref_ids);
+  expect_close(dw.download(), ref_w, 1e-7f, 1e-5f, "router_topk_softmax");  // expf: <= 2 ulp per term
+  EXPECT_THROW(gpu::router_topk_softmax(dl.get(), 1, n_experts, 65, di.get(), dw.get(), nullptr), Error);
+}
+
+TEST(GpuKernels, SwigluClampedMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 4001;
+  auto g = random_floats(n, 82, 6.0f), u = random_floats(n, 83, 6.0f);  // beyond the limit both ways
+  std::vector<float> ref = g;
+  clamped_swiglu(ref.data(), u.data(), n, 7.0f, 1.702f);
+  DeviceVec<float> dg(g), du(u), dout(n);
+  gpu::swiglu_clamped(dg.get(), du.get(), n, 7.0f, 1.702f, dout.get(), nullptr);
+  expect_close(dout.download(), ref, 1e-6f, 1e-5f, "swiglu_clamped");
+}
+
+TEST(GpuKernels, ExpertBiasAddAddsEachGroupsOwnBias) {
+  SKIP_WITHOUT_GPU();
+  const int dim = 37;
+  const std::vector<int> row_start = {0, 3, 3, 7, 8};  // an empty group too
+  const size_t offset = 64;
+  std::vector<float> y = random_floats(8 * dim, 84);
+  std::vector<std::vector<float>> payload(4);
+  std::vector<const uint8_t*> ptrs;
+  std::vector<std::unique_ptr<DeviceVec<float>>> dev;
+  for (int g = 0; g < 4; ++g) {
+    payload[size_t(g)] = random_floats(offset / 4 + dim, 85 + g);
+    dev.push_back(std::make_unique<DeviceVec<float>>(payload[size_t(g)]));
+    ptrs.push_back(reinterpret_cast<const uint8_t*>(dev.back()->get()));
+  }
+  std::vector<float> ref = y;
+  for (int g = 1; g < 4; ++g)  // groups [1, 4): rows [3, 8)
+    for (int r = row_start[size_t(g)]; r < row_start[size_t(g) + 1]; ++r)
+      for (int c = 0; c < dim; ++c) ref[size_t(r) * dim + c] += payload[size_t(g)][offset / 4 + size_t(c)];
+  DeviceVec<float> dy(y);
+  DeviceVec<int> drs(row_start);
+  DeviceVec<const uint8_t*> dp(ptrs);
+  gpu::expert_bias_add(dy.get(), dim, drs.get(), 1, 4, 3, 8, dp.get(), offset, nullptr);
+  expect_exact(dy.download(), ref, "expert_bias_add");
+}
+
+// attention_reference with gpt-oss's sink logits (one per head, in the denominator) and a window.
+std::vector<float> attention_reference_sinks(const std::vector<float>& q, const std::vector<float>& k,
+                                             const std::vector<float>& v, int n_q, int pos0, int n_heads, int n_kv,
+                                             int hd, float scale, const std::vector<float>& sinks, int window) {
+  const int group = n_heads / n_kv;
+  std::vector<float> out(size_t(n_q) * n_heads * hd);
+  std::vector<double> s(size_t(pos0 + n_q));
+  for (int t = 0; t < n_q; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const int g = h / group, end = pos0 + t + 1, first = window > 0 ? std::max(0, end - window) : 0;
+      const float* qh = q.data() + (size_t(t) * n_heads + h) * hd;
+      double mx = sinks[size_t(h)];
+      for (int j = first; j < end; ++j) {
+        const float* kj = k.data() + (size_t(j) * n_kv + g) * hd;
+        double dot = 0;
+        for (int d = 0; d < hd; ++d) dot += double(qh[d]) * kj[d];
+        s[size_t(j)] = dot * scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      double sum = std::exp(sinks[size_t(h)] - mx);
+      for (int j = first; j < end; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+      for (int d = 0; d < hd; ++d) {
+        double o = 0;
+        for (int j = first; j < end; ++j) o += s[size_t(j)] * v[(size_t(j) * n_kv + g) * hd + d];
+        out[(size_t(t) * n_heads + h) * hd + d] = float(o / sum);
+      }
+    }
+  return out;
+}
+
+TEST(GpuKernels, AttentionWithSinksAndWindowMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int n_q, pos0, n_heads, n_kv, hd, window;
+  };
+  // gpt-oss's heads (64/8 x 64) at decode (split merge) and prefill, windows shorter and longer
+  // than the context, and a window of 0 (a full layer with sinks).
+  for (const Shape& c : {Shape{1, 999, 64, 8, 64, 128}, Shape{1, 3000, 64, 8, 64, 0}, Shape{17, 200, 16, 2, 64, 6},
+                         Shape{9, 0, 4, 2, 16, 6}, Shape{1, 5, 8, 8, 64, 128}}) {
+    const int max_ctx = c.pos0 + c.n_q + 11;
+    auto q = random_floats(size_t(c.n_q) * c.n_heads * c.hd, 90 + c.pos0, 2.0f);
+    auto k = random_floats(size_t(max_ctx) * c.n_kv * c.hd, 91 + c.pos0);
+    auto v = random_floats(k.size(), 92 + c.pos0);
+    for (size_t i = size_t(c.pos0 + c.n_q) * c.n_kv * c.hd; i < k.size(); ++i) k[i] = v[i] = NAN;
+    auto sinks = random_floats(size_t(c.n_heads), 93, 3.0f);
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    auto ref = attention_reference_sinks(q, k, v, c.n_q, c.pos0, c.n_heads, c.n_kv, c.hd, scale, sinks, c.window);
+    DeviceVec<float> dq(q), dk(k), dv(v), ds(sinks), dout(ref.size());
+    gpu::attention(dq.get(), dk.get(), dv.get(), c.n_q, c.pos0, c.n_heads, c.n_kv, c.hd, scale, dout.get(), nullptr,
+                   ds.get(), c.window);
+    const std::string name = "attention sinks window=" + std::to_string(c.window) + " n_q=" + std::to_string(c.n_q) +
+                             " ctx=" + std::to_string(c.pos0 + c.n_q);
+    expect_close(dout.download(), ref, 1e-5f, 2e-4f, name.c_str());
+  }
 }
 
 }  // namespace

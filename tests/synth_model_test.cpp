@@ -78,6 +78,64 @@ TEST(ModelShapes, Qwen2_57bHasItsSharedExpertAndBiases) {
   EXPECT_EQ(s.moe_intermediate_size, 80);
 }
 
+TEST(ModelShapes, GptOssShapesAreMxfp4WithItsWholeMaths) {
+  // gpt-oss-120b: 36 layers x 128 experts of 3 x 2880 x 2880 MXFP4 weights (17 bytes per 32) plus
+  // each expert's f32 biases (2 x 2880 + 2880): ~61 GB, the released checkpoint's size.
+  const ModelConfig b = known_shape("gpt-oss-120b");
+  EXPECT_EQ(b.arch, Arch::kGptOss);
+  EXPECT_EQ(b.n_layers, 36);
+  EXPECT_EQ(b.n_experts, 128);
+  EXPECT_EQ(b.n_experts_per_tok, 4);
+  EXPECT_EQ(b.n_heads, 64);
+  EXPECT_EQ(b.n_kv_heads, 8);
+  EXPECT_EQ(b.head_dim, 64);
+  EXPECT_EQ(b.vocab_size, 201088);
+  EXPECT_EQ(b.expert_quant, ggml_quant(GgmlType::kMXFP4));
+  EXPECT_TRUE(b.expert_bias && b.router_bias && b.router_softmax_topk && b.attention_sinks && b.o_bias && b.qkv_bias);
+  EXPECT_EQ(b.sliding_window, 128);
+  ASSERT_EQ(b.sliding_layers.size(), 36u);
+  EXPECT_EQ(b.window_of(0), 128);
+  EXPECT_EQ(b.window_of(1), 0);
+  ASSERT_TRUE(b.rope_scaling.has_value());
+  EXPECT_FALSE(b.rope_scaling->truncate);
+  EXPECT_EQ(b.swiglu_limit, 7.0);
+  const double weights = 36.0 * 128 * 3 * 2880 * 2880;
+  EXPECT_NEAR(double(synthetic_model_bytes(b) - synthetic_dense_bytes(b)), weights * 17 / 32, weights * 0.01);
+  const ModelConfig s = known_shape("gpt-oss-20b");
+  EXPECT_EQ(s.n_layers, 24);
+  EXPECT_EQ(s.n_experts, 32);
+  EXPECT_EQ(s.sliding_layers.size(), 24u);
+  const ModelConfig small = scaled_down(s, 16);  // 2880 / 16 = 180: whole MXFP4 blocks
+  EXPECT_EQ(small.hidden_size, 160);
+  EXPECT_EQ(small.moe_intermediate_size, 160);
+}
+
+TEST(SynthModelCli, GptOssShapeLoadsAndRuns) {
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "g";
+  const test::CliResult r = run_synth("--shape gpt-oss-20b --layers 3 --scale-down 32 -q --seed 9 " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_EQ(cfg.arch, Arch::kGptOss);
+  EXPECT_EQ(cfg.expert_quant, ggml_quant(GgmlType::kMXFP4));
+  ASSERT_EQ(cfg.sliding_layers.size(), 3u);  // one layer type per written layer
+  EXPECT_TRUE(read_expert_header(expert_file_path(out, 0)).bias);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 8;
+  auto model = Model::load(out, mo);  // sinks, biases, router bias present with their shapes
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  model->forward(std::vector<int>{3, 99, 5}, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
 TEST(ModelShapes, UnknownNameListsTheKnownOnes) {
   try {
     known_shape("llama-moe");

@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "loader/format/gguf_model.h"
 #include "loader/store/store_options.h"
+#include "loader/format/expert_prior.h"
 #include "tools/cli_range.h"
 #include "tools/tool_main.h"
 
@@ -31,6 +32,7 @@ namespace {
 
 struct Args {
   std::vector<std::string> routing, evaluate;
+  std::string prior_out;
   std::string model, method = "seriation", io_profile, maps_out, out;
   bool repack = false, json = false, shape_only = false, bind_legacy = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
@@ -69,6 +71,10 @@ int run(const Args& a) {
   const ClusterModel model = ClusterModel::read(dir, build_store_options(a.reads).io);
   check_cluster_request(model, req);
   const std::vector<RoutingLog> train = model.load_logs(a.routing, a.shape_only, say);
+  if (!a.prior_out.empty()) {  // the foresight cache policy's prior (loader/format/expert_prior.h)
+    write_expert_prior(a.prior_out, expert_prior_from_logs(train));
+    say("wrote the expert prior " + a.prior_out);
+  }
   const std::vector<RoutingLog> heldout =
       a.evaluate.empty() ? std::vector<RoutingLog>{} : model.load_logs(a.evaluate, a.shape_only, say);
   const ClusterResult r = run_cluster(model, train, heldout, req);
@@ -106,6 +112,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bind-legacy-maps", a.bind_legacy,
                "only bind the version-1 maps of a model repacked by an earlier moestream to its layer files "
                "(vouching that experts/ was not changed since that repack); needs no --routing");
+  app.add_option("--prior-out", a.prior_out,
+                 "also write each expert's share of its layer's demand in the --routing logs here "
+                 "(an expert prior for the foresight cache policy, docs/format.md)");
   app.add_option("--evaluate", a.evaluate, "held-out routing log(s) to report the cost on")->expected(1, -1);
   app.add_flag("--shape-only", a.shape_only,
                "accept logs of another model with the same layers and experts (e.g. to lay out a "

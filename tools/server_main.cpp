@@ -2,6 +2,7 @@
 // default); the engine, expert store and KV cache stay warm across requests.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -75,6 +76,13 @@ int run(Args& a) {
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
   apply_engine_options(a.engine, mo);
+  if (a.server.parallel > 1 && mo.gpu)
+    throw ConfigError("--parallel " + std::to_string(a.server.parallel) +
+                      " batches requests on the CPU pass; the GPU pass (--gpu) runs one at a time for now");
+  mo.max_sequences = std::max(mo.max_sequences, a.server.parallel);
+  if (a.server.parallel > mo.max_batch)
+    throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " exceeds the " +
+                      std::to_string(mo.max_batch) + " tokens of one step");
   auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;
@@ -86,8 +94,9 @@ int run(Args& a) {
 
   ApiServer server(opts, *model, tok ? &*tok : nullptr, std::move(chat));
   const int port = server.bind();
-  std::printf("moestream-server: listening on http://%s:%d (model %s, context %d, queue %zu)\n",
-              opts.host.c_str(), port, opts.model_id.c_str(), model->max_context(), opts.queue_size);
+  std::printf("moestream-server: listening on http://%s:%d (model %s, context %d, queue %zu, parallel %d)\n",
+              opts.host.c_str(), port, opts.model_id.c_str(), model->max_context(), opts.queue_size,
+              opts.parallel);
   std::fflush(stdout);
   std::atomic<bool> done{false};
   std::thread signals([&] {
@@ -128,7 +137,10 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", a.server.model_id, "model name in /v1/models (default: the directory name)");
   app.add_option("--queue-size", a.server.queue_size, "requests that may wait behind the running one; more get 503")
       ->capture_default_str()->check(in_range(size_t(0), size_t(1024)));
-  app.add_option("--http-threads", a.server.http_threads, "HTTP connection threads; 0 = queue size + 4")
+  app.add_option("--parallel", a.server.parallel,
+                 "requests run at once in one batch (continuous batching, CPU pass); 1 = one at a time")
+      ->capture_default_str()->check(in_range(1, 64));
+  app.add_option("--http-threads", a.server.http_threads, "HTTP connection threads; 0 = queue size + parallel + 3")
       ->capture_default_str()->check(in_range(0, 1024));
   app.add_option("--max-waiting-connections", a.server.max_waiting_connections,
                  "accepted connections that may wait for an HTTP thread; more get 503 at once; 0 = 2 x threads")

@@ -27,7 +27,7 @@ using namespace moestream;
 namespace {
 
 struct Args {
-  std::string shape, out, quant = "q4";
+  std::string shape, out, quant;  // empty: the shape's own (q4; gpt-oss: MXFP4, as released)
   int layers = 0, max_context = 0, threads = 0, scale_down = 1;
   uint64_t seed = 1;
   bool force = false, quiet = false;
@@ -54,14 +54,17 @@ void fsync_dir(const fs::path& dir) {
 int run(const Args& a) {
   ModelConfig cfg = known_shape(a.shape);
   const int real_layers = cfg.n_layers;
-  if (a.layers > 0) cfg.n_layers = a.layers;
+  if (a.layers > 0) set_layer_count(cfg, a.layers);
   if (cfg.first_k_dense_replace >= cfg.n_layers)  // GLM-4.5-Air's layer 0 has no experts
     throw ConfigError("--layers " + std::to_string(cfg.n_layers) + ": " + a.shape + "'s first " +
                       std::to_string(cfg.first_k_dense_replace) + " layer(s) are dense; ask for at least " +
                       std::to_string(cfg.first_k_dense_replace + 1));
-  cfg.expert_quant = parse_quant(a.quant);
-  if (cfg.expert_quant != QuantType::kQ4 && cfg.expert_quant != QuantType::kQ8)
-    throw ConfigError("--quant must be q4 or q8, got " + a.quant);
+  if (!a.quant.empty()) {
+    cfg.expert_quant = parse_stored_quant(a.quant);
+    if (cfg.expert_quant != QuantType::kQ4 && cfg.expert_quant != QuantType::kQ8 &&
+        !(cfg.arch == Arch::kGptOss && cfg.expert_quant == ggml_quant(GgmlType::kMXFP4)))
+      throw ConfigError("--quant must be q4 or q8 (or MXFP4 for gpt-oss), got " + a.quant);
+  }
   if (a.max_context > 0) cfg.max_position_embeddings = a.max_context;
   cfg = scaled_down(cfg, a.scale_down);
 
@@ -125,8 +128,7 @@ int run(const Args& a) {
   }
   fsync_dir(parent);
   const double s = seconds_since(t0);
-  const uint64_t expert_bytes =
-      ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size)).bytes;
+  const uint64_t expert_bytes = cfg.expert_layout(0).bytes;
   std::printf("model %s\nshape %s\nlayers %d\nquant %s\ndense_bytes %llu\nexpert_file_bytes %llu\n"
               "expert_bytes %llu\nexpert_bytes_per_token %llu\ntotal_bytes %llu\nseconds %.1f\n",
               out.c_str(), a.shape.c_str(), cfg.n_layers, std::string(quant_name(cfg.expert_quant)).c_str(),
@@ -148,7 +150,7 @@ int main(int argc, char** argv) {
   app.add_option("--shape", a.shape, names)->required();
   app.add_option("--layers", a.layers, "decoder layers to write (default: the model's; fewer fit a smaller disk)")
       ->check(in_range(1, 1000));
-  app.add_option("--quant", a.quant, "expert quantisation: q4 or q8")->capture_default_str();
+  app.add_option("--quant", a.quant, "expert quantisation: q4 or q8 (default q4; gpt-oss: MXFP4, as released)");
   app.add_option("--seed", a.seed, "weight seed")->capture_default_str()->check(in_range<uint64_t>(0, UINT64_MAX));
   app.add_option("--max-context", a.max_context,
                  "max_position_embeddings written to model.json (bounds infer's default KV cache)")

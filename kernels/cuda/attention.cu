@@ -1,5 +1,6 @@
 // Causal grouped-query attention over one layer's float32 KV cache, flash-decoding style: the
 // context is split across blocks (each keeps an online softmax), then a second kernel merges.
+// gpt-oss: per-head sink logits join the final normalisation, a sliding window masks old keys.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -34,7 +35,24 @@ struct AttnArgs {
   float* out;       // final output (n_splits == 1)
   float* part_acc;  // [n_splits][n_q * n_heads][hd] unnormalised partial outputs
   float* part_ml;   // [n_splits][n_q * n_heads][2]: running max and sum of exponentials
+  const float* sinks;  // [n_heads] or null
+  int window;          // keys a query sees (0: all)
+  int key0;            // first key any row sees (window: pos0 + 1 - window); splits start here
 };
+
+// The final normalisation with an optional sink logit: o / (sum + e^(sink - mx)), formed against
+// the larger of mx and the sink as the CPU does (no overflow when the sink dominates).
+__device__ __forceinline__ float4 normalise_with_sink(float4 o, float mx, float sum, const float* sinks, int h) {
+  float scale_o = 1.0f;
+  if (sinks != nullptr) {
+    const float sink = sinks[h];
+    const float m2 = fmaxf(mx, sink);
+    scale_o = expf(mx - m2);
+    sum = sum * scale_o + expf(sink - m2);
+  }
+  const float inv = scale_o / sum;
+  return make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+}
 
 // Block (row tile, kv head g, split): RB query rows (token-major over the group's heads) against
 // keys [split * keys_per_split, ...) up to the last row's causal limit. NK float4s per lane cover
@@ -61,11 +79,12 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
   const int g = blockIdx.y, row0 = blockIdx.x * RB, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  int limit[RB];  // keys [0, limit) are visible to row r (0: a padding row)
+  int limit[RB], first[RB];  // keys [first, limit) are visible to row r (limit 0: a padding row)
 #pragma unroll
   for (int r = 0; r < RB; ++r) {
     const int row = row0 + r;
     limit[r] = row < a.n_rows ? a.pos0 + row / a.group + 1 : 0;
+    first[r] = a.window > 0 ? max(0, limit[r] - a.window) : 0;
   }
   const int last_row = min(row0 + RB, a.n_rows) - 1;
   const int k_block_end = a.pos0 + last_row / a.group + 1;
@@ -81,7 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
   }
   __syncthreads();
 
-  const int k_begin = split * a.keys_per_split;
+  const int k_begin = a.key0 + split * a.keys_per_split;
   const int k_end = min(k_begin + a.keys_per_split, k_block_end);
   const size_t key_stride = size_t(a.n_kv) * hd;  // floats between positions
   const float* kbase = a.k + size_t(g) * hd;
@@ -133,7 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
         s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if (l8 == 0) sc[r * kTile + jj] = (jj < n_tile && j < limit[r]) ? s * a.scale : -INFINITY;
+        if (l8 == 0)
+          sc[r * kTile + jj] = (jj < n_tile && j < limit[r] && j >= first[r]) ? s * a.scale : -INFINITY;
       }
     }
     __syncwarp();
@@ -219,10 +239,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
     }
     const int t = row / a.group, h = g * a.group + row % a.group;
     const size_t orow = size_t(t) * a.n_heads + h;
-    if (a.n_splits == 1) {
-      const float inv = 1.0f / sum;  // sum >= 1: key 0 is visible to every row
-      reinterpret_cast<float4*>(a.out + orow * hd)[d4] =
-          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    if (a.n_splits == 1) {  // sum >= 1: the row's own key is visible to it
+      reinterpret_cast<float4*>(a.out + orow * hd)[d4] = normalise_with_sink(o, mx, sum, a.sinks, h);
     } else {
       const size_t prow = size_t(split) * a.n_q * a.n_heads + orow;
       reinterpret_cast<float4*>(a.part_acc + prow * hd)[d4] = o;
@@ -239,7 +257,8 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
 // float4s of the head, and the warps' sums are added in warp order (deterministic).
 __global__ void __launch_bounds__(kWarps * 32)
     attention_merge_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                           int n_splits, int n_out_rows, int hd, float* __restrict__ out) {
+                           int n_splits, int n_out_rows, int hd, float* __restrict__ out,
+                           const float* __restrict__ sinks, int n_heads) {
   __shared__ float e_s[kMaxSplits];
   __shared__ float red[kWarps];
   __shared__ float4 acc_s[kWarps][kMaxHeadDim / 4];
@@ -285,7 +304,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     acc_s[warp][d4] = o;
   }
   __syncthreads();
-  const float inv = 1.0f / sum;
   for (int d4 = threadIdx.x; d4 < hd4; d4 += blockDim.x) {
     float4 o = acc_s[0][d4];
     for (int w = 1; w < kWarps; ++w) {
@@ -294,8 +312,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       o.z += acc_s[w][d4].z;
       o.w += acc_s[w][d4].w;
     }
-    reinterpret_cast<float4*>(out + orow * hd)[d4] =
-        make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    reinterpret_cast<float4*>(out + orow * hd)[d4] = normalise_with_sink(o, mx, sum, sinks, int(orow % n_heads));
   }
 }
 
@@ -330,7 +347,7 @@ int sm_count() {
 
 void attention_cuda(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                     int n_heads, int n_kv_heads, int head_dim, float scale, float* out,
-                    cudaStream_t s) {
+                    cudaStream_t s, const float* sinks, int window) {
   MOE_ASSERT(q && k_cache && v_cache && out && n_q > 0 && pos0 >= 0 && n_kv_heads > 0 &&
                  n_heads % n_kv_heads == 0 && head_dim % 4 == 0 && head_dim <= kMaxHeadDim,
              "attention_cuda: bad arguments");
@@ -347,6 +364,8 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   a.scale = scale;
   a.n_rows = n_q * a.group;
   a.out = out;
+  a.sinks = sinks;
+  a.window = window;
 
   const int nk = head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
   // Rows per block: the whole GQA group of a decode token (K/V read once per KV head), capped
@@ -356,7 +375,9 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   const int row_tiles = (a.n_rows + rb - 1) / rb;
 
   // Split the keys so that the grid fills the GPU, each warp getting at least one tile.
-  const long long n_keys = (long long)pos0 + n_q;
+  // A sliding layer's keys before the first row's window are never read.
+  a.key0 = window > 0 ? std::max(0, pos0 + 1 - window) : 0;
+  const long long n_keys = (long long)pos0 + n_q - a.key0;
   const long long tiles = (n_keys + kTile - 1) / kTile;
   const long long base = (long long)row_tiles * n_kv_heads;
   long long splits = (kBlocksPerSm * (long long)sm_count() + base - 1) / base;
@@ -402,14 +423,15 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   }
   if (splits > 1) {
     attention_merge_kernel<<<unsigned(n_out_rows), kWarps * 32, 0, s>>>(
-        a.part_acc, a.part_ml, a.n_splits, int(n_out_rows), head_dim, out);
+        a.part_acc, a.part_ml, a.n_splits, int(n_out_rows), head_dim, out, sinks, n_heads);
     MOE_CUDA_CHECK_LAUNCH("attention_merge_kernel");
     MOE_CUDA_CHECK(cudaFreeAsync(a.part_acc, s));
   }
 }
 
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
-               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s) {
+               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
+               const float* sinks, int window) {
   const std::string shape = "n_q=" + std::to_string(n_q) + " pos0=" + std::to_string(pos0) +
                             " n_heads=" + std::to_string(n_heads) +
                             " n_kv_heads=" + std::to_string(n_kv_heads) +
@@ -429,7 +451,8 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
                         static_cast<const void*>(v_cache), static_cast<const void*>(out)})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       throw Error("gpu::attention: device pointers must be 16-byte aligned (float4 loads)");
-  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s);
+  if (window < 0) throw Error("gpu::attention: negative window " + std::to_string(window));
+  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s, sinks, window);
 }
 
 }  // namespace moestream::gpu

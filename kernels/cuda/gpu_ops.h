@@ -61,8 +61,12 @@ void expert_matvec_bf16(const uint8_t* w, int rows, int cols, const float* x, fl
 // reads kv head h / (n_heads / n_kv_heads); out: [n_q, n_heads, head_dim]. Softmax in f32 with
 // scale applied to q·k. n_q == 1 is the decode case and must be fast (split the context across
 // blocks; contexts up to 40k positions).
+// gpt-oss: `sinks` (device, [n_heads], or null) adds exp(sinks[h]) to each softmax's denominator
+// (a logit attended to with value zero); `window` > 0 limits a query at position p to keys
+// [p - window + 1, p] (a sliding layer; 0: all earlier keys).
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
-               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s);
+               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
+               const float* sinks = nullptr, int window = 0);
 
 // Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
 // rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the
@@ -117,5 +121,17 @@ void gated_add(float* y, const float* x, const float* gate, int n_tokens, int di
 // out[i] = table[ids[i]] row-wise (embedding lookup); ids must be in [0, n_table_rows) (checked
 // on the host before the call by the caller).
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s);
+
+// gpt-oss (kernels/cuda/gpt_oss.cu). Router: the k largest logits (ties: lower id first), weights
+// the softmax over those k (runtime/model/moe_layer.h route_token_topk_softmax); k <= 64.
+void router_topk_softmax(const float* logits, int n_tokens, int n_experts, int k, int* ids, float* weights,
+                         Stream s);
+// out[i] = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+void swiglu_clamped(const float* gate, const float* up, size_t n, float limit, float alpha, float* out, Stream s);
+// Grouped expert rows: for each row r in [r0, r1) of y [*, dim], its group g in [g0, g1) by the
+// DEVICE array row_start, y[r] += the float32 vector at payloads[g] + bias_offset (the expert
+// payload's bias section, loader/format/expert_file.h).
+void expert_bias_add(float* y, int dim, const int* row_start, int g0, int g1, int r0, int r1,
+                     const uint8_t* const* payloads, size_t bias_offset, Stream s);
 
 }  // namespace moestream::gpu

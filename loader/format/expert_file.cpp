@@ -20,6 +20,7 @@ namespace {
 constexpr size_t kFixedHeaderBytes = 64;       // version 1; also where version 2's extra fields start
 constexpr size_t kFixedHeaderBytesTyped = 80;  // version 2
 constexpr size_t kChecksumFieldOffset = 56;
+constexpr uint32_t kFlagBias = 1;              // version-2 flags bit 0: f32 expert biases after down
 // Sanity bounds: far above any published MoE (Qwen3-235B: 128 experts, D 4096, F 1536) but low
 // enough that no size computed from them can overflow 64 bits.
 constexpr uint32_t kMaxExperts = 1u << 16;
@@ -111,8 +112,9 @@ QuantType parse_stored_quant(std::string_view name) {
 }
 
 void ExpertFileHeader::set_types(const ExpertTypes& t) {
-  const bool uniform_pack = is_pack_quant(t.gate) && t.up == t.gate && t.down == t.gate;
+  const bool uniform_pack = is_pack_quant(t.gate) && t.up == t.gate && t.down == t.gate && !t.bias;
   version = uniform_pack ? kExpertFileVersion : kExpertFileVersionTyped;
+  bias = t.bias;
   quant = t.gate;
   up_quant = t.up;
   down_quant = t.down;
@@ -161,6 +163,10 @@ ExpertLayout ExpertLayout::make(const ExpertTypes& t, size_t hidden, size_t inte
   l.up_offset = align_up(quant_matrix_bytes(t.gate, intermediate, hidden), kMatrixAlign);
   l.down_offset = l.up_offset + align_up(quant_matrix_bytes(t.up, intermediate, hidden), kMatrixAlign);
   l.bytes = l.down_offset + quant_matrix_bytes(t.down, hidden, intermediate);
+  if (t.bias) {  // gpt-oss: the biases travel with the expert they belong to
+    l.bias_offset = align_up(l.bytes, kMatrixAlign);
+    l.bytes = l.bias_offset + (2 * intermediate + hidden) * sizeof(float);
+  }
   return l;
 }
 
@@ -184,6 +190,7 @@ std::string encode_expert_header(const ExpertFileHeader& h) {
   if (h.version == kExpertFileVersionTyped) {
     put<uint32_t>(out, 64, static_cast<uint32_t>(h.up_quant));
     put<uint32_t>(out, 68, static_cast<uint32_t>(h.down_quant));
+    put<uint32_t>(out, 72, h.bias ? kFlagBias : 0u);
   }
   const uint64_t table = h.table_offset();
   for (uint32_t i = 0; i < h.n_experts; ++i) put<uint64_t>(out, table + 8 * i, h.slot_checksums[i]);
@@ -222,7 +229,11 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
   if (h.version == kExpertFileVersionTyped) {
     h.up_quant = type_at("up_quant", 64);
     h.down_quant = type_at("down_quant", 68);
-    if (get<uint64_t>(bytes, 72) != 0) bad_field(path, "reserved", 72, "expected 0");
+    const uint32_t flags = get<uint32_t>(bytes, 72);
+    if ((flags & ~kFlagBias) != 0)
+      bad_field(path, "flags", 72, "has unknown bits set: " + std::to_string(flags) + " (only bit 0, biases, is defined)");
+    h.bias = (flags & kFlagBias) != 0;
+    if (get<uint32_t>(bytes, 76) != 0) bad_field(path, "reserved", 76, "expected 0");
   }
   h.layer = get<uint32_t>(bytes, 16);
   h.n_experts = get<uint32_t>(bytes, 20);

@@ -17,7 +17,8 @@
 //   T       8*n_experts per-slot XXH64 (seed 0) of the expert_bytes payload held in that slot,
 //                       at T = 64 in version 1 and T = 80 in version 2, which adds:
 //     64    4           up's type, 68: down's type (QuantType: a pack type or kGgmlQuantBase + ggml id)
-//     72    8           reserved, zero
+//     72    4           flags: bit 0 = the payload ends with an f32 bias section (below); others zero
+//     76    4           reserved, zero
 //   ...     zero padding up to data_offset = align_up(T + 8*n_experts, 4096)
 //   data_offset + s*expert_stride: the expert in physical slot s, zero padded to the stride.
 // The file is exactly data_offset + n_experts*expert_stride bytes. Without a `.map` file,
@@ -28,6 +29,8 @@
 //
 // One expert's payload is three matrices back to back, each starting 64-byte aligned:
 //   gate [F x D], up [F x D], down [D x F]   (rows x cols, row-major; rows are outputs)
+// and, with header flag bit 0 (gpt-oss's expert biases; version 2 only), a bias section, 64-byte
+// aligned after down: float32 gate_bias [F], up_bias [F], down_bias [D].
 // A matrix of R rows and C columns is encoded by quant type as:
 //   f32:  R*C float32
 //   bf16: R*C bfloat16 (upper 16 bits of the float32)
@@ -89,13 +92,17 @@ size_t quant_matrix_bytes(QuantType q, size_t rows, size_t cols);
 // (and different from layer to layer).
 struct ExpertTypes {
   QuantType gate = QuantType::kF32, up = QuantType::kF32, down = QuantType::kF32;
+  bool bias = false;  // gpt-oss: the payload ends with f32 gate/up/down biases (header flag bit 0)
   static ExpertTypes uniform(QuantType q) { return {q, q, q}; }
-  bool operator==(const ExpertTypes& o) const { return gate == o.gate && up == o.up && down == o.down; }
+  bool operator==(const ExpertTypes& o) const {
+    return gate == o.gate && up == o.up && down == o.down && bias == o.bias;
+  }
 };
 
 // Where gate, up and down sit inside one expert's payload, and their encodings.
 struct ExpertLayout {
   size_t gate_offset = 0, up_offset = 0, down_offset = 0;
+  size_t bias_offset = 0;  // types.bias: f32 gate_bias [F], up_bias [F], down_bias [D]; else 0
   size_t bytes = 0;  // payload bytes (expert_bytes in the header)
   ExpertTypes types;
   static ExpertLayout make(QuantType q, size_t hidden, size_t intermediate);
@@ -114,11 +121,14 @@ struct ExpertFileHeader {
   uint64_t data_offset = 0;
   std::vector<uint64_t> slot_checksums;  // indexed by physical slot
   QuantType up_quant = QuantType::kF32, down_quant = QuantType::kF32;  // version 2 only
+  bool bias = false;  // version 2 only: flags bit 0
 
   ExpertTypes types() const {
-    return version == kExpertFileVersion ? ExpertTypes::uniform(quant) : ExpertTypes{quant, up_quant, down_quant};
+    return version == kExpertFileVersion ? ExpertTypes::uniform(quant)
+                                         : ExpertTypes{quant, up_quant, down_quant, bias};
   }
-  // Sets the matrices' types and the version they need (1 when one pack type covers all three).
+  // Sets the matrices' types and the version they need (1 when one pack type covers all three
+  // and there are no biases).
   void set_types(const ExpertTypes& t);
   // Start of the slot checksum table: 64 (version 1) or 80 (version 2).
   uint64_t table_offset() const;

@@ -27,6 +27,8 @@ void check_against_config(const ExpertLayerFile& f, int layer, const ModelConfig
   };
   if (got.gate != want.gate)
     mismatch("quant", std::string(quant_name(got.gate)), std::string(quant_name(want.gate)));
+  if (got.bias != want.bias)  // gpt-oss's bias section: the payload size and the maths differ
+    mismatch("flags (expert biases)", got.bias ? "set" : "clear", want.bias ? "experts.bias true" : "no expert biases");
   if (!(got == want)) mismatch("quant (gate/up/down)", names(got), names(want));
   if (h.layer != static_cast<uint32_t>(layer)) mismatch("layer", std::to_string(h.layer), std::to_string(layer));
   if (h.n_experts != static_cast<uint32_t>(cfg.n_experts))

@@ -131,7 +131,7 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
     {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kDeepseekV3, "deepseek_v3"},
-    {Arch::kDeepseekV2, "deepseek_v2"}};
+    {Arch::kDeepseekV2, "deepseek_v2"}, {Arch::kGptOss, "gpt_oss"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 constexpr EnumName<RouterScoring> kScoringNames[] = {
@@ -226,6 +226,54 @@ void read_mla(const json& j, const std::string& where, ModelConfig& c) {
                  "wo");
 }
 
+// gpt-oss's keys (model_config.h), written only when set so other models' model.json stay as they were.
+void gpt_oss_to_json(const ModelConfig& c, json& j) {
+  if (c.attention_sinks) j["attention_sinks"] = true;
+  if (c.o_bias) j["o_bias"] = true;
+  if (c.sliding_window > 0) {
+    j["sliding_window"] = c.sliding_window;
+    json lt = json::array();
+    for (bool s : c.sliding_layers) lt.push_back(s ? "sliding_attention" : "full_attention");
+    j["layer_types"] = lt;
+  }
+  if (c.router_bias) j["router_bias"] = true;
+  if (c.router_softmax_topk) j["router_softmax_topk"] = true;
+  if (c.swiglu_limit > 0) j["swiglu"] = {{"limit", c.swiglu_limit}, {"alpha", c.swiglu_alpha}};
+}
+
+void gpt_oss_from_json(const json& j, const std::string& where, ModelConfig& c) {
+  const auto opt_bool = [&](const char* key, bool& dst) {
+    if (j.contains(key)) dst = get_bool(j, key, where);
+  };
+  opt_bool("attention_sinks", c.attention_sinks);
+  opt_bool("o_bias", c.o_bias);
+  opt_bool("router_bias", c.router_bias);
+  opt_bool("router_softmax_topk", c.router_softmax_topk);
+  if (j.contains("sliding_window")) c.sliding_window = get_int(j, "sliding_window", where, 0);
+  if (auto lt = j.find("layer_types"); lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array() || lt->size() != size_t(c.n_layers))
+      bad(where, "layer_types", "must be an array of n_layers (" + std::to_string(c.n_layers) +
+                                    ") \"sliding_attention\" / \"full_attention\" strings");
+    for (const json& t : *lt) {
+      if (t != "sliding_attention" && t != "full_attention")
+        bad(where, "layer_types", "holds " + t.dump() + ", expected \"sliding_attention\" or \"full_attention\"");
+      c.sliding_layers.push_back(t == "sliding_attention");
+    }
+  }
+  if (c.sliding_window > 0 && c.sliding_layers.empty())
+    bad(where, "layer_types", "is missing: sliding_window needs to know which layers slide");
+  if (auto sw = j.find("swiglu"); sw != j.end() && !sw->is_null()) {
+    if (!sw->is_object()) bad(where, "swiglu", "must be an object {limit, alpha}");
+    c.swiglu_limit = get_num(*sw, "limit", where + " swiglu");
+    c.swiglu_alpha = get_num(*sw, "alpha", where + " swiglu");
+    if (!(c.swiglu_limit > 0 && std::isfinite(c.swiglu_limit))) bad(where, "swiglu.limit", "must be positive and finite");
+    if (!std::isfinite(c.swiglu_alpha)) bad(where, "swiglu.alpha", "must be finite");
+  }
+  // Both read layers.N.router_bias, with different meanings (a logit bias; a selection-only bias).
+  if ((c.router_bias || c.router_softmax_topk) && c.router_scoring != RouterScoring::kSoftmax)
+    bad(where, c.router_bias ? "router_bias" : "router_softmax_topk", "cannot be combined with router_scoring \"sigmoid\"");
+}
+
 }  // namespace
 
 std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
@@ -239,8 +287,9 @@ void require_model_location(const std::filesystem::path& model) {
 
 ExpertLayout ModelConfig::expert_layout(int layer) const {
   MOE_ASSERT(layer >= 0 && layer < n_moe_layers(), "MoE layer out of range");
-  const ExpertTypes t = layer_expert_types.empty() ? ExpertTypes::uniform(expert_quant)
-                                                   : layer_expert_types[size_t(layer)];
+  ExpertTypes t = layer_expert_types.empty() ? ExpertTypes::uniform(expert_quant)
+                                             : layer_expert_types[size_t(layer)];
+  t.bias = expert_bias;
   return ExpertLayout::make(t, size_t(hidden_size), size_t(moe_intermediate_size));
 }
 
@@ -269,7 +318,7 @@ ModelConfig make_model_config(Arch arch, const ModelSizes& s, QkNorm qk_norm, Qu
 }
 
 bool ModelConfig::needs_typed_format() const {
-  return dense_dtype == "gguf" || !layer_expert_types.empty() || !is_pack_quant(expert_quant);
+  return dense_dtype == "gguf" || !layer_expert_types.empty() || !is_pack_quant(expert_quant) || expert_bias;
 }
 
 nlohmann::json ModelConfig::to_json() const {
@@ -301,6 +350,7 @@ nlohmann::json ModelConfig::to_json() const {
       js["beta_slow"] = s.beta_slow;
       if (s.mscale != 0) js["mscale"] = s.mscale;  // DeepSeek's: written only when set
       if (s.mscale_all_dim != 0) js["mscale_all_dim"] = s.mscale_all_dim;
+      if (!s.truncate) js["truncate"] = false;
     }
     if (s.type == "llama3") {
       js["low_freq_factor"] = s.low_freq_factor;
@@ -315,6 +365,7 @@ nlohmann::json ModelConfig::to_json() const {
   // Written only when used: the model.json of every other model stays as it was.
   if (qkv_bias) j["qkv_bias"] = true;
   if (shared_expert_intermediate_size > 0) j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  gpt_oss_to_json(*this, j);
   // GLM-4.5 / DeepSeek-V3: written only when they differ from the defaults.
   if (router_scoring != RouterScoring::kSoftmax) {
     j["router_scoring"] = std::string(enum_name(kScoringNames, router_scoring, "softmax"));
@@ -333,6 +384,7 @@ nlohmann::json ModelConfig::to_json() const {
                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}};
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
+  if (expert_bias) j["experts"]["bias"] = true;
   if (!layer_expert_types.empty()) {
     json types = json::array();
     for (const ExpertTypes& t : layer_expert_types)
@@ -415,6 +467,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     s.mscale_all_dim = get_opt_num(sc, "mscale_all_dim", w, 0);
     if (!(std::isfinite(s.mscale) && std::isfinite(s.mscale_all_dim) && s.mscale >= 0 && s.mscale_all_dim >= 0))
       bad(where, "rope.scaling.mscale", "and mscale_all_dim must be finite and >= 0");
+    if (sc.contains("truncate")) s.truncate = get_bool(sc, "truncate", w);
     c.rope_scaling = s;
   }
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", where);
@@ -428,6 +481,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   read_glm_fields(j, where, c);
 
   read_mla(j, where, c);
+  gpt_oss_from_json(j, where, c);
+  // MLA's attention (mla_attention.h) has no sinks, output bias or window.
+  if (c.has_mla() && (c.attention_sinks || c.o_bias || c.sliding_window > 0))
+    bad(where, "mla", "cannot be combined with attention_sinks, o_bias or sliding_window (gpt-oss attention)");
 
   const json& dense = get_obj(j, "dense", where);
   c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");
@@ -439,6 +496,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     bad(where, "dense.file", "is '" + c.dense_file + "': a pack's dense.gguf is one file, not a split set");
   const json& experts = get_obj(j, "experts", where);
   c.experts_dir = check_model_path(get_str(experts, "dir", where + " experts"), where, "experts.dir");
+  if (experts.contains("bias")) {
+    c.expert_bias = get_bool(experts, "bias", where + " experts");
+    if (c.expert_bias && !typed) bad(where, "experts.bias", "needs format_version 2");
+  }
   std::string q = get_str(experts, "quant", where + " experts");
   try {
     c.expert_quant = typed ? parse_stored_quant(q) : parse_quant(q);

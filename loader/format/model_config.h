@@ -4,16 +4,27 @@
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
 //   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3" |
-//     "deepseek_v2"
+//     "deepseek_v2" | "gpt_oss"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
 //   qk_norm: "none" | "per_head" (Qwen3: RMSNorm over head_dim) | "full" (OLMoE: over all heads)
 //   rope: { theta: number, scaling: null | { type: "linear"|"dynamic"|"yarn"|"llama3", factor, ... } }
+//          (yarn: optional truncate, default true: floor/ceil the correction range; gpt-oss false)
 //   tie_word_embeddings (bool)
 //   qkv_bias (bool, optional, default false): Q, K and V projections add a bias (Qwen2-MoE)
 //   shared_expert_intermediate_size (int >= 0, optional, default 0 = none): a dense SwiGLU
 //     expert every token runs, scaled by sigmoid(shared_expert_gate . x) (Qwen2-MoE)
+//   gpt-oss (all optional, written only when used; defaults change nothing):
+//   attention_sinks (bool): a learned logit per head (layers.N.sinks [H]) joins each softmax's
+//     denominator; o_bias (bool): the output projection adds layers.N.bo [D];
+//   sliding_window (int >= 0) and layer_types (n_layers x "sliding_attention"|"full_attention"):
+//     a sliding layer's query sees only the last sliding_window positions (itself included);
+//   router_bias (bool): layers.N.router_bias [E] joins the router logits; router_softmax_topk
+//     (bool): softmax over the k selected logits instead of over all experts;
+//   swiglu: { limit, alpha } (limit > 0): gate = min(gate, limit), up = clamp(up, +-limit),
+//     act = (up + 1) * gate * sigmoid(alpha * gate); experts.bias (bool, format_version 2):
+//     each expert payload ends with f32 gate/up/down biases (expert_file.h)
 //   GLM-4.5 / DeepSeek-V3 (all optional; absent: the values that leave other models unchanged):
 //   router_scoring: "softmax" (default) | "sigmoid": sigmoid scores, selection on scores plus
 //     layers.N.router_bias (e_score_correction_bias, selection only), group-limited top-k
@@ -47,7 +58,8 @@
 //   embed [V, D]; final_norm [D]; lm_head [V, D] (absent when tie_word_embeddings)
 //   layers.N.attn_norm [D]; layers.N.wq [H*hd, D]; layers.N.wk [KV*hd, D]; layers.N.wv [KV*hd, D];
 //   layers.N.wo [D, H*hd]; layers.N.q_norm, layers.N.k_norm ([hd] per_head, [H*hd]/[KV*hd] full);
-//   layers.N.ffn_norm [D]; layers.N.router [E, D]
+//   layers.N.ffn_norm [D]; layers.N.router [E, D]; optional by the flags above: layers.N.bq/bk/bv,
+//   layers.N.bo [D], layers.N.sinks [H], layers.N.router_bias [E] (gpt-oss router_bias)
 //   sigmoid routing: layers.N.router_bias [E] (float32, as the router)
 //   dense-MLP layers (N < first_k_dense_replace): layers.N.mlp_gate [I, D], layers.N.mlp_up [I, D],
 //   layers.N.mlp_down [D, I] instead of router, router_bias and shared expert (I = intermediate_size)
@@ -77,6 +89,7 @@ namespace moestream {
 enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe,
   kDeepseekV3,  // DeepSeek-V3, Kimi K2: multi-head latent attention (MLA)
   kDeepseekV2,  // DeepSeek-V2(-Lite): MLA with a softmax router
+  kGptOss,
 };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
@@ -91,6 +104,7 @@ struct RopeScaling {
   // yarn / llama3 parameters, when present in the source config
   double original_max_position_embeddings = 0;
   double beta_fast = 32, beta_slow = 1;          // yarn
+  bool truncate = true;  // yarn: floor/ceil the correction range (transformers' default; gpt-oss: false)
   double low_freq_factor = 1, high_freq_factor = 4;  // llama3
   // yarn, DeepSeek: cos/sin scale mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
   // both are set (else 0.1 ln(factor) + 1), and MLA's softmax scale times
@@ -116,6 +130,16 @@ struct ModelConfig {
   // head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim.
   int q_lora_rank = 0;  // 0: a plain query projection wq
   int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  // gpt-oss (model.json keys above); the defaults are every other architecture's maths.
+  bool attention_sinks = false;
+  bool o_bias = false;
+  int sliding_window = 0;            // 0: no sliding layers
+  std::vector<bool> sliding_layers;  // per layer, true = sliding_attention; empty: all full
+  bool router_bias = false;
+  bool router_softmax_topk = false;
+  bool expert_bias = false;
+  double swiglu_limit = 0;  // 0: plain SwiGLU
+  double swiglu_alpha = 1.702;
   std::string dense_file = "dense.safetensors";
   std::string dense_dtype = "f32";
   std::string experts_dir = "experts";
@@ -139,6 +163,11 @@ struct ModelConfig {
 
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   bool has_mla() const { return kv_lora_rank > 0; }
+  // The keys a query at a sliding layer may see (0: all, a full-attention layer).
+  int window_of(int layer) const {
+    return sliding_window > 0 && size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)] ? sliding_window
+                                                                                                   : 0;
+  }
   // Layers with experts: decoder layers first_k_dense_replace.. n_layers-1, numbered 0.. by every
   // expert consumer (files, maps, stores, caches, routing logs).
   int n_moe_layers() const { return n_layers - first_k_dense_replace; }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace moestream {
@@ -96,6 +97,14 @@ class CachePolicy {
 
   // One decode step has passed (policies that age by steps use it; others ignore it).
   virtual void advance_step() = 0;
+  // What the engine knows of the coming demand: while processing layer `from_layer` (its
+  // router's input), its guess of `layer`'s experts at that layer's next visit (later this step
+  // for a later layer: the look-ahead; the next step for this or an earlier layer: e.g. its own
+  // router's scores ranked), best first. A later guess for the same visit replaces it. Policies
+  // that use foresight (ForesightPolicy) override it; the others ignore it.
+  virtual void hint(int from_layer, int layer, std::span<const int> experts_best_first) {
+    (void)from_layer, (void)layer, (void)experts_best_first;
+  }
   // The key's current heat, in uses (a policy's own measure: aged count or decayed frequency).
   virtual double heat(ExpertKey key) const = 0;
   virtual const CacheStats& stats() const = 0;

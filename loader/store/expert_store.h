@@ -29,8 +29,11 @@ struct ExpertMatrices {
   const uint8_t* gate = nullptr;
   const uint8_t* up = nullptr;
   const uint8_t* down = nullptr;
+  // gpt-oss: f32 gate_bias [F], up_bias [F], down_bias [D] (ExpertLayout::bias_offset); else null.
+  const float* bias = nullptr;
   static ExpertMatrices of_payload(const uint8_t* p, const ExpertLayout& lay) {
-    return {p + lay.gate_offset, p + lay.up_offset, p + lay.down_offset};
+    return {p + lay.gate_offset, p + lay.up_offset, p + lay.down_offset,
+            lay.types.bias ? reinterpret_cast<const float*>(p + lay.bias_offset) : nullptr};
   }
 };
 

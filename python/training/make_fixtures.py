@@ -1,5 +1,5 @@
 # Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5,
-# DeepSeek-V3) with transformers
+# DeepSeek-V3, gpt-oss) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -29,6 +29,15 @@ and routed_scaling_factor, an ungated shared expert, a dense first layer, partia
 and Q/K/V biases; its config.json is in the published GLM-4.5 style (partial_rotary_factor,
 rope_theta and num_nextn_predict_layers at the top level) and its checkpoint carries a stand-in
 MTP layer (model.layers.3.*, as GLM-4.5's layer 46/92) that transformers and the converter skip.
+gpt_oss (eager attention, f32) has attention sinks, sliding (window 6) and full layers, YaRN RoPE
+with truncate false, biases everywhere, the clamped SwiGLU (limit 1.25, so the clamp matters) and
+the top-k softmax router, saved as transformers writes it (`gate_up_proj [E, D, 2F]`, gate/up
+columns interleaved). gpt_oss_mxfp4 is the same model with its experts quantised to MXFP4 and
+saved in the released checkpoints' layout (`*_blocks` [E, rows, cols/32, 16], `*_scales`
+[E, rows, cols/32], uint8, config.json with quantization_config mxfp4); its reference logits come
+from the model holding transformers' own dequantisation of those blocks
+(integrations.mxfp4.convert_moe_packed_tensors), saved too as mxfp4_dequantized.safetensors
+(`layers.N.gate_up_proj` [E, D, 2F], `layers.N.down_proj` [E, F, D], f32) for bit-exact checks.
 Run on a machine with torch + transformers >= 5 (the device machine): python3 make_fixtures.py
 (--only NAME ... remakes some fixtures and leaves the others as they are).
 """
@@ -45,9 +54,10 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM,
-                          MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -87,6 +97,15 @@ def fixture_specs():
         num_experts_per_tok=3, shared_expert_intermediate_size=41, norm_topk_prob=False,
         decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    # gpt-oss: widths multiples of 32 (MXFP4 blocks); a window shorter than every prompt + greedy run.
+    gpt_oss = GptOssConfig(
+        vocab_size=307, hidden_size=64, intermediate_size=32, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+        sliding_window=6, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        swiglu_limit=1.25, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 64,
+                         "rope_theta": 150000.0}, **common)
     # GLM-4.5: 16 experts in 4 groups, 2 groups kept, top-4; one dense first layer; partial rotary
     # (8 of 16 dims); QK-norm and Q/K/V biases; a scaled, renormalised sigmoid router.
     glm = Glm4MoeConfig(
@@ -135,6 +154,8 @@ def fixture_specs():
         "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
         "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),
         "deepseek_v2": (DeepseekV2ForCausalLM, deepseek2, 1009, "per_expert"),
+        "gpt_oss": (GptOssForCausalLM, gpt_oss, 1006, "gpt_oss"),
+        "gpt_oss_mxfp4": (GptOssForCausalLM, gpt_oss, 1006, "mxfp4"),
     }
 
 
@@ -198,14 +219,17 @@ def randomise(model, seed):
     """
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        if name.endswith(".bias"):  # Q/K/V biases: centred at 0, as large as the projections
+        if name.endswith(".bias") or name.endswith("_bias"):  # biases: centred at 0, as large as the projections
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        elif name.endswith(".sinks"):  # gpt-oss's per-head sink logits, of the scores' size
+            p.copy_(torch.randn(p.shape, generator=g))
         elif p.dim() == 1:  # RMSNorm weights
             p.copy_(torch.rand(p.shape, generator=g) + 0.5)
         else:
-            fan_in = p.shape[-1]
+            # gpt-oss's experts are stored as x @ W ([E, in, out]): the fan-in is the middle dim.
+            fan_in = p.shape[-2] if name.endswith(("experts.gate_up_proj", "experts.down_proj")) else p.shape[-1]
             scale = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(fan_in)
-            if name.endswith("mlp.gate.weight"):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 scale *= 3.0  # a router with clear preferences: no near-ties in top-k
             p.copy_(torch.randn(p.shape, generator=g) * scale)
         # Exactly representable in bf16 (stored as f32): a bf16 pack is then lossless and must
@@ -277,6 +301,46 @@ def published_style_config(path, arch):
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+FP4_LEVELS = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_quantize(w):
+    """w [..., rows, cols] -> (blocks uint8 [..., rows, cols/32, 16], scales uint8 [..., rows, cols/32]) in
+    the released gpt-oss layout: byte j of a block holds element 2j (low nibble) and 2j+1 (high);
+    scale = 2^(byte - 127), the smallest power of two that brings the block's amax within 6."""
+    *prefix, rows, cols = w.shape
+    x = w.reshape(*prefix, rows, cols // 32, 32).to(torch.float64)
+    amax = x.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -120)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    y = x / torch.pow(2.0, e)
+    mag = (y.abs().unsqueeze(-1) - FP4_LEVELS.to(torch.float64)).abs().argmin(-1)  # nearest level
+    code = (mag | ((y < 0) & (mag > 0)).to(torch.int64) << 3).to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    scales = (e.squeeze(-1) + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()
+
+
+@torch.no_grad()
+def mxfp4_experts(model):
+    """Quantises every layer's experts to MXFP4 in place (transformers' dequantisation of the blocks
+    becomes the weights); returns the checkpoint's expert tensors and the dequantised ones."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    packed, dequantized = {}, {}
+    for l, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        p = f"model.layers.{l}.mlp.experts"
+        for proj in ("gate_up_proj", "down_proj"):
+            w = getattr(ex, proj)  # [E, in, out]: the blocks hold rows = outputs
+            blocks, scales = mxfp4_quantize(w.transpose(1, 2).contiguous())
+            deq = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            if deq.shape != w.shape:
+                raise RuntimeError(f"{p}.{proj}: dequantised shape {tuple(deq.shape)} != {tuple(w.shape)}")
+            w.copy_(deq)
+            packed[f"{p}.{proj}_blocks"], packed[f"{p}.{proj}_scales"] = blocks, scales
+            dequantized[f"layers.{l}.{proj}"] = deq.contiguous()
+    return packed, dequantized
+
+
 @torch.no_grad()
 def reference(model, prompts):
     logits_all, greedy_all, margins = [], [], []
@@ -313,6 +377,7 @@ def f32_list(a):
 def write_fixture(name, cls, config, seed, layout, out_root):
     torch.manual_seed(seed)
     config._experts_implementation = "eager"
+    config._attn_implementation = "eager"
     model = cls(config).eval().to(torch.float32)
     randomise(model, seed)
     arch = config.model_type
@@ -331,7 +396,27 @@ def write_fixture(name, cls, config, seed, layout, out_root):
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_root))
     try:
-        if layout == "fused":
+        mxfp4_reload = None
+        if layout == "gpt_oss":
+            model.save_pretrained(tmp, safe_serialization=True)
+            keys = load_file(str(tmp / "model.safetensors")).keys()
+            if not any(k.endswith("mlp.experts.gate_up_proj") for k in keys):
+                raise RuntimeError(f"{name}: save_pretrained did not write gate_up_proj")
+        elif layout == "mxfp4":
+            packed, dequantized = mxfp4_experts(model)
+            sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
+                  if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+            sd.update(packed)
+            model.config.save_pretrained(tmp)
+            cfg = json.loads((tmp / "config.json").read_text())
+            cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_file(dequantized, str(tmp / "mxfp4_dequantized.safetensors"), metadata={"format": "pt"})
+            from transformers import Mxfp4Config
+            mxfp4_reload = Mxfp4Config(dequantize=True)
+        elif layout == "fused":
             model.save_pretrained(tmp, save_original_format=False, safe_serialization=True)
             keys = load_file(str(tmp / "model.safetensors")).keys()
             if not any(k.endswith("mlp.experts.gate_up_proj") for k in keys):
@@ -385,7 +470,9 @@ def write_fixture(name, cls, config, seed, layout, out_root):
             reloaded = None
         else:
             # Reloading the written files must reproduce the logits: the layout is loadable.
-            reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager").eval()
+            extra_args = {"quantization_config": mxfp4_reload} if mxfp4_reload else {}
+            reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager",
+                                           **extra_args).eval()
         with torch.no_grad():
             for ids, ref in zip(prompts, logits if reloaded is not None else []):
                 got = reloaded(torch.tensor([ids])).logits[0].numpy()
@@ -414,8 +501,8 @@ def write_fixture(name, cls, config, seed, layout, out_root):
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{name:16s} {n_params:7d} params  {size / 1e6:.2f} MB  greedy margin "
           f"{min(margins):.3g}  max|logit| {ref['max_abs_logit']:.2f}")
-    if size > 1_500_000:
-        raise RuntimeError(f"{dest}: {size} bytes, over the 1.5 MB fixture budget")
+    if size > 1_800_000:
+        raise RuntimeError(f"{dest}: {size} bytes, over the 1.8 MB fixture budget")
 
 
 def write_fp8_fixture(out_root):

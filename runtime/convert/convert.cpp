@@ -21,6 +21,7 @@
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
+#include "runtime/convert/convert_gpt_oss.h"
 #include "runtime/convert/convert_output.h"
 #include "runtime/convert/dense_gguf.h"
 #include "runtime/convert/hf_checkpoint.h"
@@ -72,6 +73,7 @@ std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   const std::string p = layer_prefix(l);
   if (c.arch == Arch::kMixtral && ck.contains(p + "block_sparse_moe.gate.weight"))
     return p + "block_sparse_moe.gate.weight";
+  if (c.arch == Arch::kGptOss) return p + "mlp.router.weight";
   return p + "mlp.gate.weight";
 }
 
@@ -183,6 +185,8 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       t.push_back({o + "q_norm", p + "self_attn.q_norm.weight", {H * hd}});
       t.push_back({o + "k_norm", p + "self_attn.k_norm.weight", {KV * hd}});
     }
+    if (c.o_bias) t.push_back({o + "bo", p + "self_attn.o_proj.bias", {D}});  // gpt-oss
+    if (c.attention_sinks) t.push_back({o + "sinks", p + "self_attn.sinks", {H}});
     t.push_back({o + "ffn_norm", p + "post_attention_layernorm.weight", {D}});
     if (!c.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's first layers: a dense MLP
       const int64_t I = c.intermediate_size;
@@ -207,6 +211,7 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
       // One row: kept in float as the router (a gate from exact logits).
       t.push_back({o + "shared_expert_gate", p + "mlp.shared_expert_gate.weight", {1, D}, true});
     }
+    if (c.router_bias) t.push_back({o + "router_bias", p + "mlp.router.bias", {c.n_experts}});
   }
   return t;
 }
@@ -235,6 +240,26 @@ void copy_if_present(const fs::path& from, const fs::path& to, std::string& fiel
   if (!fs::exists(from)) return;
   write_file_atomic(to, read_file(from));
   field = to.filename().string();
+}
+
+// Newer checkpoints (gpt-oss) ship their chat template as chat_template.jinja beside a
+// tokenizer_config.json without one: it joins the copied config, where the tokenizer loader reads it.
+void merge_chat_template_file(const fs::path& hf_dir, const fs::path& out, std::string& config_field) {
+  const fs::path jinja = hf_dir / "chat_template.jinja";
+  if (!fs::is_regular_file(jinja)) return;
+  nlohmann::json cfg = nlohmann::json::object();
+  if (!config_field.empty()) {
+    try {
+      cfg = nlohmann::json::parse(read_file(out / config_field));
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError((hf_dir / config_field).string() + ": invalid JSON: " + e.what());
+    }
+    if (!cfg.is_object()) throw FormatError((hf_dir / config_field).string() + ": expected a JSON object");
+    if (cfg.contains("chat_template")) return;  // the config's own template wins, as in transformers
+  }
+  cfg["chat_template"] = read_file(jinja);
+  write_file_atomic(out / "tokenizer_config.json", cfg.dump(2) + "\n");
+  config_field = "tokenizer_config.json";
 }
 
 }  // namespace
@@ -267,15 +292,21 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   // DeepSeek-V2 always rotates interleaved pairs (complex RoPE); V3 as rope_interleave says.
   const bool rope_interleave =
       c.has_mla() && (c.arch == Arch::kDeepseekV2 || hf.value("rope_interleave", true));
-  if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object())
+  // gpt-oss's released MXFP4 experts (quant_method "mxfp4") are read from their *_blocks tensors
+  // (convert_gpt_oss.h); any other method is FP8's or refused there.
+  if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object() &&
+      !(c.arch == Arch::kGptOss && q->value("quant_method", std::string()) == "mxfp4"))
     ck.set_fp8_block(fp8_block_size(*q, config_path.string()));
   std::vector<DenseTensor> dense = dense_tensors(ck, c, rope_interleave);
   reject_unsupported_tensors(ck, c, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size, E = c.n_experts;
+  const bool gpt_oss = c.arch == Arch::kGptOss;
+  const bool mxfp4 = gpt_oss && check_gpt_oss_experts(ck, c);
+  if (mxfp4) c.expert_quant = ggml_quant(GgmlType::kMXFP4);  // kept as stored, never requantised
   // Expert files number the MoE layers (model_config.h): file m holds decoder layer first_k + m.
-  for (int l = 0; l < c.n_moe_layers(); ++l) {
+  for (int l = 0; l < c.n_moe_layers() && !gpt_oss; ++l) {
     ExpertSource s = find_experts(ck, c, l + c.first_k_dense_replace);
     if (s.fused) {
       ck.file(s.gate).check_shape(s.gate, {E, 2 * F, D});
@@ -328,7 +359,16 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const int n_workers = static_cast<int>(std::min<int64_t>(opts.threads > 0 ? opts.threads : hw, E));
   ThreadPool pool(n_workers);  // the project's compute pool, shared by every layer
-  for (int l = 0; l < c.n_moe_layers(); ++l) {
+  for (int m = 0; m < c.n_moe_layers() && gpt_oss; ++m) {
+    const int l = m + c.first_k_dense_replace;  // the checkpoint's decoder layer
+    ExpertFileWriter w(expert_file_path(tmp.path, m), c.expert_layout(m).types, m, E, D, F);
+    write_gpt_oss_layer(ck, c, mxfp4, l, w, pool, [&](int64_t e) {
+      bar.update(++done, "layer " + std::to_string(m + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
+                             std::to_string(e + 1) + "/" + std::to_string(E));
+    });
+    w.finish();
+  }
+  for (int l = 0; l < c.n_moe_layers() && !gpt_oss; ++l) {
     const ExpertSource& s = sources[size_t(l)];
     ExpertFileWriter w(expert_file_path(tmp.path, l), c.expert_quant, l, E, D, F);
     // One task per pool thread; each takes experts in turn and holds one expert's floats and
@@ -377,11 +417,13 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
 
   copy_if_present(hf_dir / "tokenizer.json", tmp.path / "tokenizer.json", c.tokenizer_file);
   copy_if_present(hf_dir / "tokenizer_config.json", tmp.path / "tokenizer_config.json", c.tokenizer_config_file);
+  merge_chat_template_file(hf_dir, tmp.path, c.tokenizer_config_file);
   nlohmann::json mj = c.to_json();
   mj["source"] = {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
                   {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},
                   {"dtype", std::string(dtype_name(src_dtype))},
-                  {"expert_layout", sources.empty() || !sources[0].fused ? "per_expert" : "fused"},
+                  {"expert_layout", mxfp4 ? "mxfp4" : gpt_oss || (!sources.empty() && sources[0].fused) ? "fused"
+                                                                                                    : "per_expert"},
                   {"shards", ck.n_shards()},
                   {"converter", "convert_model"}};
   write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");

@@ -1,5 +1,5 @@
 // Implementation of runtime/convert/hf_config.h. Field names and defaults follow transformers'
-// Qwen3MoeConfig, OlmoeConfig, MixtralConfig and Qwen2MoeConfig (v4.5x and v5, including
+// Qwen3MoeConfig, OlmoeConfig, MixtralConfig, Qwen2MoeConfig and GptOssConfig (v4.5x and v5, including
 // `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
@@ -90,9 +90,11 @@ Arch detect_arch(const json& hf, const std::string& where) {
   // Kimi K2 ships DeepSeek-V3's architecture (its model_type "kimi_k2" comes second).
   if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
   if (name == "DeepseekV2ForCausalLM" || name == "deepseek_v2") return Arch::kDeepseekV2;
+  if (name == "GptOssForCausalLM" || name == "gpt_oss") return Arch::kGptOss;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)");
+                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, "
+                    "GptOssForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -112,7 +114,8 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
     unsupported(where, "rope_scaling.type", "'" + type + "'");
   static const std::set<std::string> kKnown = {
       "type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-      "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim"};
+      "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim",
+      "truncate"};
   for (auto& [k, v] : sc->items())
     if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
@@ -129,6 +132,7 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   } else if (find(*sc, "mscale") || find(*sc, "mscale_all_dim")) {
     unsupported(where, "rope_scaling.mscale", "(changes RoPE; read for DeepSeek-V2/V3's yarn only)");
   }
+  s.truncate = opt_bool(*sc, "truncate", where, true);
   c.rope_scaling = s;
 }
 
@@ -153,6 +157,8 @@ MoeKeys moe_keys(Arch a) {
     case Arch::kDeepseekV3:
     case Arch::kDeepseekV2:
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
+    case Arch::kGptOss:
+      return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 150000.0, QkNorm::kNone};
     case Arch::kMixtral:
       break;
   }
@@ -254,6 +260,32 @@ void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   read_grouped_sigmoid_moe(hf, c, where, {8, 4, 2.5, 3});  // DeepseekV3Config's defaults
 }
 
+// GptOssConfig: biases everywhere, sinks, alternating sliding windows, the clamped SwiGLU and a
+// softmax over the selected router logits (transformers' modeling_gpt_oss.py).
+void read_gpt_oss(const json& hf, ModelConfig& c, const std::string& where) {
+  c.norm_topk_prob = false;  // the top-k softmax already sums to 1
+  c.router_softmax_topk = true;
+  c.router_bias = true;
+  c.expert_bias = true;
+  c.attention_sinks = true;
+  if (!opt_bool(hf, "attention_bias", where, true)) unsupported(where, "attention_bias", "false (gpt-oss)");
+  c.qkv_bias = c.o_bias = true;
+  c.swiglu_limit = opt_num(hf, "swiglu_limit", where, 7.0);
+  c.swiglu_alpha = opt_num(hf, "swiglu_alpha", where, 1.702);
+  if (!(c.swiglu_limit > 0)) unsupported(where, "swiglu_limit", std::to_string(c.swiglu_limit) + " (<= 0)");
+  c.sliding_window = opt_int(hf, "sliding_window", where, 128);
+  if (const json* lt = find(hf, "layer_types")) {
+    if (!lt->is_array() || lt->size() != size_t(c.n_layers))
+      throw FormatError(where + ": 'layer_types' must be an array of num_hidden_layers strings");
+    for (const json& t : *lt) {
+      if (t != "sliding_attention" && t != "full_attention") unsupported(where, "layer_types", t.dump());
+      c.sliding_layers.push_back(t == "sliding_attention");
+    }
+  } else {  // transformers' default: even layers slide, odd ones see everything
+    for (int l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back(l % 2 == 0);
+  }
+}
+
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
@@ -271,7 +303,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.eos_token_id = opt_token(hf, "eos_token_id");
   if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
     unsupported(where, "hidden_act", act->dump());
-  if (c.arch != Arch::kGlm4Moe && opt_bool(hf, "attention_bias", where, false))
+  if (c.arch != Arch::kGlm4Moe && c.arch != Arch::kGptOss && opt_bool(hf, "attention_bias", where, false))
     unsupported(where, "attention_bias", "true");
   if (opt_bool(hf, "mlp_bias", where, false)) unsupported(where, "mlp_bias", "true");
   // Shared experts add a dense expert to every token: Qwen2-MoE's gated one is implemented,
@@ -316,6 +348,9 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
       break;
     case Arch::kOlmoe:
       if (const json* v = find(hf, "clip_qkv")) unsupported(where, "clip_qkv", v->dump());
+      break;
+    case Arch::kGptOss:
+      read_gpt_oss(hf, c, where);
       break;
     case Arch::kGlm4Moe:
       break;  // after head_dim, below

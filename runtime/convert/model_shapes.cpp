@@ -1,7 +1,7 @@
 // Implementation of runtime/convert/model_shapes.h. Values checked against each model's config.json on
 // the Hugging Face hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x7B-v0.1,
 // allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, zai-org/GLM-4.5-Air, deepseek-ai/DeepSeek-V3,
-// moonshotai/Kimi-K2-Instruct).
+// moonshotai/Kimi-K2-Instruct, openai/gpt-oss-120b, openai/gpt-oss-20b).
 #include "runtime/convert/model_shapes.h"
 
 #include <algorithm>
@@ -94,7 +94,30 @@ constexpr Shape kShapes[] = {
      QkNorm::kFull},
     {"qwen2-57b-a14b", Arch::kQwen2Moe, {151936, 3584, 28, 28, 4, 128, 2560, 64, 8, 131072}, false, 1e-6,
      1e6, QkNorm::kNone, 20480},
+    // gpt-oss: the rest of its maths (gpt_oss_defaults) is the same for both sizes.
+    {"gpt-oss-120b", Arch::kGptOss, {201088, 2880, 36, 64, 8, 64, 2880, 128, 4, 131072}, false, 1e-5, 150000,
+     QkNorm::kNone},
+    {"gpt-oss-20b", Arch::kGptOss, {201088, 2880, 24, 64, 8, 64, 2880, 32, 4, 131072}, false, 1e-5, 150000,
+     QkNorm::kNone},
 };
+
+// Both released gpt-oss configs: biases everywhere, sinks, a 128-position window on even layers,
+// YaRN x32 from 4096 positions (truncate false), the clamped SwiGLU, MXFP4 experts.
+void gpt_oss_defaults(ModelConfig& c) {
+  c.qkv_bias = c.o_bias = c.attention_sinks = true;
+  c.router_bias = c.router_softmax_topk = c.expert_bias = true;
+  c.swiglu_limit = 7.0;
+  c.swiglu_alpha = 1.702;
+  c.sliding_window = 128;
+  set_layer_count(c, c.n_layers);
+  RopeScaling y;
+  y.type = "yarn";
+  y.factor = 32;
+  y.original_max_position_embeddings = 4096;
+  y.truncate = false;
+  c.rope_scaling = y;
+  c.expert_quant = ggml_quant(GgmlType::kMXFP4);
+}
 
 }  // namespace
 
@@ -130,6 +153,7 @@ ModelConfig known_shape(std::string_view name) {
     c.dense_dtype = "bf16";
     c.shared_expert_intermediate_size = s.shared_expert_width;
     c.qkv_bias = s.shared_expert_width > 0;
+    if (s.arch == Arch::kGptOss) gpt_oss_defaults(c);
     return c;
   }
   std::string known;
@@ -149,7 +173,18 @@ ModelConfig scaled_down(ModelConfig cfg, int factor) {
     cfg.kv_lora_rank = shrink(cfg.kv_lora_rank);
   }
   cfg.vocab_size = shrink(cfg.vocab_size);
+  if (!is_pack_quant(cfg.expert_quant)) {  // ggml blocks (MXFP4): whole 32-element blocks per row
+    cfg.hidden_size = cfg.hidden_size / 32 * 32;
+    cfg.moe_intermediate_size = cfg.moe_intermediate_size / 32 * 32;
+  }
   return cfg;
+}
+
+void set_layer_count(ModelConfig& cfg, int layers) {
+  cfg.n_layers = layers;
+  if (cfg.sliding_window <= 0) return;
+  cfg.sliding_layers.clear();
+  for (int l = 0; l < layers; ++l) cfg.sliding_layers.push_back(l % 2 == 0);  // gpt-oss's pattern
 }
 
 }  // namespace moestream

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "loader/format/expert_file_writer.h"
+#include "runtime/convert/convert_gpt_oss.h"
 #include "kernels/cpu/quant.h"
 #include "loader/format/safetensors.h"
 #include "common/thread_pool.h"
@@ -96,6 +98,9 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
       norm(p + "q_norm", qd);
       norm(p + "k_norm", kvd);
     }
+    // gpt-oss: biases small and centred at 0; sinks of the scores' size
+    if (cfg.o_bias) tensors.push_back({p + "bo", {int64_t(D)}, 0.0f, 0.5f});
+    if (cfg.attention_sinks) tensors.push_back({p + "sinks", {int64_t(cfg.n_heads)}, 0.0f, 1.0f});
     norm(p + "ffn_norm", D);
     if (l < cfg.first_k_dense_replace) {  // GLM-4.5 / DeepSeek-V3: a dense MLP, no experts
       const size_t I = size_t(cfg.intermediate_size);
@@ -114,6 +119,7 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
       mat(p + "shared_down", D, fs);
       if (cfg.shared_expert_gated) mat(p + "shared_expert_gate", 1, D);
     }
+    if (cfg.router_bias) tensors.push_back({p + "router_bias", {int64_t(E)}, 0.0f, 0.5f});  // gpt-oss
   }
   return tensors;
 }
@@ -121,11 +127,18 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
 DType dense_dtype_of(const ModelConfig& cfg) { return cfg.dense_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
 
 uint64_t expert_file_bytes(const ModelConfig& cfg) {
-  const ExpertLayout layout = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
-                                                 size_t(cfg.moe_intermediate_size));
+  const ExpertLayout layout = cfg.expert_layout(0);
   auto align = [](uint64_t v) { return (v + kExpertAlign - 1) / kExpertAlign * kExpertAlign; };
   const uint64_t E = uint64_t(cfg.n_experts);
-  return align(64 + 8 * E) + E * align(layout.bytes);
+  ExpertFileHeader h;
+  h.set_types(layout.types);
+  return expert_data_offset(h.version, uint32_t(E)) + E * align(layout.bytes);
+}
+
+// An expert matrix in the pack's type: MXFP4 (gpt-oss) by our encoder, the pack types by quant.h.
+void encode_matrix(QuantType q, const float* m, size_t rows, size_t cols, uint8_t* out) {
+  if (q == ggml_quant(GgmlType::kMXFP4)) encode_mxfp4_matrix(m, rows, cols, out);
+  else quantize_matrix(q, m, rows, cols, out);
 }
 
 }  // namespace
@@ -167,7 +180,7 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
   if (progress) progress(done, total);
 
   ThreadPool pool(n_threads);
-  const ExpertLayout layout = ExpertLayout::make(cfg.expert_quant, D, F);
+  const ExpertLayout layout = cfg.expert_layout(0);
   const uint64_t stride = (layout.bytes + kExpertAlign - 1) / kExpertAlign * kExpertAlign;
   // Experts are encoded a batch at a time so memory stays at kBatch payloads plus floats: up to
   // 16, within 1 GiB of scratch (a Mixtral expert's floats alone are 235 MB), at least one.
@@ -176,7 +189,7 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
   std::vector<uint8_t> payloads(kBatch * layout.bytes);
   std::vector<std::vector<float>> scratch(kBatch, std::vector<float>(F * D));
   for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // expert files number MoE layers (model_config.h)
-    ExpertFileWriter writer(expert_file_path(dir, l), cfg.expert_quant, uint32_t(l), uint32_t(E),
+    ExpertFileWriter writer(expert_file_path(dir, l), layout.types, uint32_t(l), uint32_t(E),
                             uint32_t(D), uint32_t(F));
     for (size_t e0 = 0; e0 < E; e0 += kBatch) {
       const size_t n = std::min(kBatch, E - e0);
@@ -186,11 +199,15 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
         float* m = scratch[i].data();
         const uint64_t stream = (uint64_t(l + 1) << 40) ^ (uint64_t(e0 + i) << 8);
         fill_uniform(m, F * D, seed, stream | 1, 0.0f, half_width_for(D));
-        quantize_matrix(cfg.expert_quant, m, F, D, out + layout.gate_offset);
+        encode_matrix(cfg.expert_quant, m, F, D, out + layout.gate_offset);
         fill_uniform(m, F * D, seed, stream | 2, 0.0f, half_width_for(D));
-        quantize_matrix(cfg.expert_quant, m, F, D, out + layout.up_offset);
+        encode_matrix(cfg.expert_quant, m, F, D, out + layout.up_offset);
         fill_uniform(m, D * F, seed, stream | 3, 0.0f, half_width_for(F));
-        quantize_matrix(cfg.expert_quant, m, D, F, out + layout.down_offset);
+        encode_matrix(cfg.expert_quant, m, D, F, out + layout.down_offset);
+        if (layout.types.bias) {  // gpt-oss: f32 gate/up/down biases, small and centred at 0
+          fill_uniform(m, 2 * F + D, seed, stream | 4, 0.0f, 0.5f);
+          std::memcpy(out + layout.bias_offset, m, (2 * F + D) * sizeof(float));
+        }
       });
       for (size_t i = 0; i < n; ++i) writer.write_expert(uint32_t(e0 + i), payloads.data() + i * layout.bytes);
       done += n * stride;

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "loader/store/store_options.h"
+#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 #include "runtime/model/cpu_forward.h"
 #include "runtime/model/dense_weights.h"
 
@@ -29,10 +30,13 @@ struct Model::Impl {
   ForwardTimes times;
   CacheAwareStats cache_aware_stats;
   size_t dense_bytes_per_token = 0;   // active_dense_bytes of the pass in use, counted once
+  SequenceSlots slots;                // forward_batch's sequences
+  std::vector<BatchEntry> batch_entries;
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
        const std::filesystem::path& dense_path)
-      : cfg(std::move(c)), opts(o), store(std::move(s)), pool(o.n_threads) {
+      : cfg(std::move(c)), opts(o), store(std::move(s)), pool(o.n_threads),
+        slots(o.max_sequences, o.max_context, o.max_batch, cfg.vocab_size) {
     routing.cache_aware = o.cache_aware;
     if (o.gpu) {
       GpuForwardOptions go;
@@ -93,6 +97,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   if (opts.max_context <= 0) opts.max_context = 4096;
   check_range("ModelOptions.max_batch", opts.max_batch, 1, 1 << 20);
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
+  check_range("ModelOptions.max_sequences", opts.max_sequences, 1, kMaxBatchSlots);
   check_gpu_options(opts);
   MOE_ASSERT(store != nullptr);
   // A GGUF is its own dense file.
@@ -167,6 +172,27 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     m.tokens_routed += uint64_t(T);
     m.n_past += T;
   }
+}
+
+int Model::max_sequences() const { return impl_->slots.max_sequences(); }
+int Model::max_batch() const { return impl_->opts.max_batch; }
+int Model::create_sequence() { return impl_->slots.create(); }
+void Model::free_sequence(int sequence) { impl_->slots.free(sequence); }
+int Model::sequence_n_past(int sequence) const { return impl_->slots.n_past(sequence); }
+void Model::truncate_sequence(int sequence, int n_tokens) { impl_->slots.truncate(sequence, n_tokens); }
+
+void Model::forward_batch(std::span<const SequenceInput> batch) {
+  Impl& m = *impl_;
+  if (m.gpu)
+    throw ConfigError("forward_batch: batches of sequences run on the CPU pass; the GPU pass (--gpu) "
+                      "runs one sequence at a time");
+  if (m.routing.override)
+    throw ConfigError("forward_batch: a routing override (replay) runs one sequence at a time; "
+                      "clear it or use forward()");
+  const ForwardBatch b = m.slots.plan(batch, m.batch_entries);
+  m.pass->forward_batch(b, m.routing, m.times, m.cache_aware_stats);
+  m.tokens_routed += uint64_t(b.n_tokens());
+  m.slots.advance(batch);
 }
 
 }  // namespace moestream

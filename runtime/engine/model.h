@@ -16,6 +16,7 @@
 #include "loader/format/model_config.h"
 #include "runtime/model/forward_pass.h"  // ForwardTimes, RoutingEvent, RoutingCallback
 #include "runtime/model/routing_override.h"
+#include "runtime/engine/sequence_slots.h"  // SequenceInput
 
 namespace moestream {
 
@@ -31,6 +32,9 @@ struct ModelOptions {
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
   int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L; > 0 needs gpu
   bool gpu_sync_layers = false;  // GpuForwardOptions::resident_decode off (comparisons)
+  // Batches (create_sequence, forward_batch): sequence slots, each with its own KV cache of
+  // max_context positions, allocated on the slot's first use (address space until written).
+  int max_sequences = 8;
 };
 
 // How a front end spells the GPU options, for its error messages (defaults: infer's flags).
@@ -75,6 +79,21 @@ class Model {
   // RoutingReplay; cache-aware substitution is skipped while it is set. Both backends.
   void set_routing_override(RoutingOverrideFn fn);
   bool routing_overridden() const;
+
+  // Batches of sequences (continuous batching; the CPU pass: ConfigError with --gpu). Sequences
+  // are separate from forward()'s, each with its own KV slot and position. forward_batch runs one
+  // step: every entry's tokens (a decode token, or a prefill chunk) at its sequence's position,
+  // all in one pass whose tokens sum to at most max_batch; each layer fetches the union of the
+  // experts its tokens select once. Each sequence's logits equal those of the same chunks run
+  // alone through forward() (bitwise). ConfigError on an unknown or repeated sequence, empty
+  // input, a full context, or a routing override (replays are per sequence).
+  int max_sequences() const;
+  int max_batch() const;  // tokens per forward_batch step (ModelOptions::max_batch, <= context)
+  int create_sequence();            // a free slot, reused after free_sequence()
+  void free_sequence(int sequence);
+  int sequence_n_past(int sequence) const;
+  void truncate_sequence(int sequence, int n_tokens);  // keeps a prefix, as truncate()
+  void forward_batch(std::span<const SequenceInput> batch);
 
   const ForwardTimes& times() const;
   void reset_times();

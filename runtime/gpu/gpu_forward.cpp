@@ -116,7 +116,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     p += (n_floats[i] + 63) / 64 * 64;
   }
   info_.scratch_bytes = act.bytes();
-  if (cfg.qkv_bias) {
+  if (cfg.qkv_bias || cfg.o_bias || cfg.router_bias) {
     const std::vector<float> ones_h(b, 1.0f);
     ones = DeviceBuffer(b * sizeof(float));
     MOE_CUDA_CHECK(cudaMemcpy(ones.get(), ones_h.data(), b * sizeof(float), cudaMemcpyHostToDevice));
@@ -272,8 +272,9 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
     gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
     gpu::rope_neox_partial(k_dst, T, KV, half, hd, cos_d, sin_d, stream);
   }
+  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
   if (!padded) {
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream);
+    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window);
   } else {
     // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
     // head_dim; released models have 64 or 128).
@@ -281,10 +282,11 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream);
+    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window);
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
   }
   linear(attn, lw.wo, T, x, true);  // the residual add
+  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
   times.attention_s += seconds_since(ta);
 }
 
@@ -299,6 +301,9 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   const RoutingOverrideFn* override = routing.override ? &routing.override : nullptr;
   const uint64_t ordinal = c.ordinal;
   const bool substitute = override == nullptr && routing.cache_aware.enabled;
+  if (substitute && cfg.router_softmax_topk)  // as the CPU pass
+    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
+                      "softmax over the selected top-k (gpt-oss)");
   const size_t pairs = size_t(B) * size_t(K);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
   if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
@@ -322,10 +327,11 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
+    if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
     gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
   }
-  // The look-ahead's ranking is by raw logits (softmax top-N) for every router: a prediction
-  // changes what is prefetched, never the output.
+  // The look-ahead's ranking is by logits (softmax top-N; gpt-oss's logit bias added) for every
+  // router: a prediction changes what is prefetched, never the output.
   const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
   MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
                                  cudaMemcpyDeviceToHost, stream));
@@ -348,7 +354,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
                         (override ? "routing override" : "router"));
   // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
   if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware.tolerance, ca_stats,
-                                      lw.router_bias.empty() ? nullptr : lw.router_bias.data()))
+                                      sigmoid_routing ? lw.router_bias.data() : nullptr))
     upload_weights = true;
   if (upload_weights)
     MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
@@ -506,11 +512,23 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     // Each matrix in its own type (a GGUF's gate, up and down may differ).
     expert_matmul(lay.types.gate, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
     expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
-    gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
-                swi + size_t(r0) * F, stream);
+    const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
+    const int* row_start_d = plan_dev.as<int>() + 2 * pairs;
+    if (lay.types.bias) {  // gpt-oss: each expert's gate and up biases, from its payload
+      gpu::expert_bias_add(gate, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset, stream);
+      gpu::expert_bias_add(up, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
+    }
+    if (cfg.swiglu_limit > 0)
+      gpu::swiglu_clamped(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                          float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi + size_t(r0) * F, stream);
+    else
+      gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                  swi + size_t(r0) * F, stream);
     float* s0 = swi + size_t(r0) * F;
     gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
+    if (lay.types.bias)
+      gpu::expert_bias_add(y, D, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
   };
   if (split) {
     auto tc = std::chrono::steady_clock::now();
@@ -564,10 +582,14 @@ void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
   if (cfg.shared_expert_gated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
 }
 
-// The layer's router on the device: softmax top-k, or the grouped sigmoid router with the
-// layer's correction bias (GLM-4.5, DeepSeek-V3), from the logits in rlog.
+// The layer's router on the device: softmax top-k, the grouped sigmoid router with the layer's
+// correction bias (GLM-4.5, DeepSeek-V3), or gpt-oss's softmax over the top-k of the logits plus
+// their bias (added into rlog, which cache-aware routing would copy back), from the logits in rlog.
 void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d) {
-  if (sigmoid_routing)
+  if (cfg.router_bias) add_bias(lw.router_bias_dev, T, E, rlog);  // gpt-oss
+  if (cfg.router_softmax_topk)
+    gpu::router_topk_softmax(rlog, T, E, K, ids_d, wts_d, stream);
+  else if (sigmoid_routing)
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);

@@ -21,6 +21,10 @@ namespace moestream::detail {
 
 void CudaForward::init_resident() {
   resident_capable = opts.resident_decode && N == 0;
+  // gpt-oss's router (logit bias, top-k softmax), expert biases and clamped SwiGLU are not in the
+  // resident step's kernels: its decode takes the synced path (moe_layer) every step.
+  resident_capable = resident_capable && !cfg.expert_bias && cfg.swiglu_limit <= 0 && !cfg.router_softmax_topk &&
+                     !cfg.router_bias;
   for (const ExpertLayout& lay : layouts) resident_capable = resident_capable && expert_gemm_takes(lay);
   if (!resident_capable) return;
   const size_t L = size_t(cfg.n_layers);

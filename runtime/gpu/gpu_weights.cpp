@@ -134,6 +134,8 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
       if (h.shared_expert_gate.size() > 0)  // ungated (GLM-4.5): none
         vec(h.shared_expert_gate.data(), size_t(h.shared_expert_gate.size()), d.shared_expert_gate);
     }
+    if (h.bo.size() > 0) vec(h.bo.data(), size_t(h.bo.size()), d.bo);
+    if (h.sinks.size() > 0) vec(h.sinks.data(), size_t(h.sinks.size()), d.sinks);
   }
   size_t total = 0;
   for (const Upload& u : ups) total += padded(u.bytes);
@@ -157,11 +159,12 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.attn_norm && d.ffn_norm &&
                    (!qk || (d.q_norm && d.k_norm)) && (!cfg.qkv_bias || (d.bq && d.bk && d.bv)) &&
                    (moe ? d.router != nullptr : (d.mlp_gate.data && d.mlp_up.data && d.mlp_down.data)) &&
-                   (!moe || cfg.router_scoring != RouterScoring::kSigmoid ||
-                    d.router_bias.size() == size_t(cfg.n_experts)) &&
+                   (!moe || (cfg.router_scoring != RouterScoring::kSigmoid && !cfg.router_bias) ||
+                    (d.router_bias.size() == size_t(cfg.n_experts) && d.router_bias_dev)) &&
                    (!moe || !cfg.has_shared_expert() ||
                     (d.shared_gate.data && d.shared_up.data && d.shared_down.data &&
-                     (!cfg.shared_expert_gated || d.shared_expert_gate))),
+                     (!cfg.shared_expert_gated || d.shared_expert_gate))) &&
+                   (!cfg.o_bias || d.bo) && (!cfg.attention_sinks || d.sinks),
                "dense weights missing a tensor after upload");
   }
   return g;

@@ -76,11 +76,14 @@ struct GpuLayerWeights {
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // null without qkv_bias
   GpuMatrix shared_gate, shared_up, shared_down;            // empty without a shared expert
   const float* shared_expert_gate = nullptr;                // [1, D] float32, as the router
-  // GLM-4.5 / DeepSeek-V3: the sigmoid router's correction bias on the device (the router) and
-  // on the host (cache-aware substitution), and a dense first layer's MLP (router null then).
+  // The router's bias [E] on the device (the router) and on the host (cache-aware substitution):
+  // GLM-4.5 / DeepSeek-V3's sigmoid correction bias, or gpt-oss's logit bias (router_bias). A dense
+  // first layer's MLP (GLM-4.5 / DeepSeek-V3; router null then).
   const float* router_bias_dev = nullptr;
   std::vector<float> router_bias;
   GpuMatrix mlp_gate, mlp_up, mlp_down;
+  // gpt-oss (null otherwise): wo's bias [D], per-head sink logits [H].
+  const float *bo = nullptr, *sinks = nullptr;
 };
 
 struct GpuDenseWeights {

@@ -1,5 +1,8 @@
 // Causal self-attention of one decoder layer with grouped-query heads, QK-norm (per head or over
 // all heads), RoPE and a float32 KV cache sized for the model's context at construction.
+// gpt-oss: a sliding layer's queries see the last `window` positions only, and its cache keeps
+// only window + max_batch - 1 positions (a ring); a per-head sink logit joins each softmax, wo
+// adds a bias.
 #pragma once
 
 #include <memory>
@@ -27,7 +30,9 @@ class Attention {
   QkNorm qk_norm_;
   float eps_;
   int rot_half_;  // RoPE pairs per head: rotary_dim / 2 (head_dim / 2 but for GLM's partial rotary)
-  // Per layer: [KV][max_ctx][hd] so one head's keys are contiguous for the score GEMV.
+  std::vector<int> window_;    // per layer: keys a query sees (0: all)
+  std::vector<int> capacity_;  // per layer: positions its cache holds (max_ctx, or a sliding ring)
+  // Per layer: [KV][capacity][hd] so one head's keys are contiguous for the score GEMV.
   std::vector<std::unique_ptr<float[]>> k_cache_, v_cache_;
   RowMatrix q_, k_, v_, attn_;  // [max_batch, H*hd] / [max_batch, KV*hd] scratch
   RowMatrix scores_;            // [H, max_ctx]: one row per head task

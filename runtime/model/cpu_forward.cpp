@@ -11,6 +11,7 @@
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/attention.h"
+#include "runtime/model/cpu_batch.h"
 #include "runtime/model/mla_attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
@@ -35,11 +36,13 @@ struct CpuForward::Impl {
   RowMatrix x, h, tmp;          // [max_batch, D]
   RowMatrix mlp_act, mlp_up;    // [max_batch, intermediate_size]: dense-MLP layers (GLM-4.5)
   std::vector<float> cos, sin;  // [max_batch, head_dim/2]
+  int max_context;
+  std::unique_ptr<CpuBatchPass> batch;  // forward_batch's slots and scratch, made on first use
 
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
        ThreadPool& p, int max_context, int max_batch_)
       : cfg(c), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
-        moe(c, store, max_batch_) {
+        moe(c, store, max_batch_), max_context(max_context) {
     if (cfg.has_mla()) mla = std::make_unique<MlaAttention>(cfg, max_context, max_batch);
     else attention = std::make_unique<Attention>(cfg, max_context, max_batch);
     x.resize(max_batch, cfg.hidden_size);
@@ -82,6 +85,14 @@ CpuForward::CpuForward(const ModelConfig& cfg, const std::filesystem::path& dens
     : impl_(std::make_unique<Impl>(cfg, dense_path, store, pool, max_context, max_batch)) {}
 CpuForward::~CpuForward() = default;
 
+void CpuForward::forward_batch(const ForwardBatch& batch, const RoutingControl& routing,
+                               ForwardTimes& times, CacheAwareStats& cache_aware) {
+  Impl& m = *impl_;
+  if (!m.batch)
+    m.batch = std::make_unique<CpuBatchPass>(m.cfg, m.w, m.rope, m.moe, m.pool, m.max_context, m.max_batch);
+  m.batch->forward(batch, routing, times, cache_aware);
+}
+
 void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
                                ForwardTimes& times, CacheAwareStats& cache_aware) {
   Impl& m = *impl_;
@@ -98,7 +109,7 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   times.other_s += seconds_since(t0);
 
   const MoeRouting mr{routing.override ? &routing.override : nullptr, c.ordinal,
-                      routing.cache_aware, &cache_aware};
+                      routing.cache_aware, &cache_aware, {}};
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = m.w.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();

@@ -26,6 +26,10 @@ class CpuForward final : public ForwardPass {
   // Cache-aware residency: the store's tiers (any but kStorage).
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
+  // Batches of sequences, each in its own KV slot (runtime/model/cpu_batch.h); the slots are
+  // separate from forward_chunk's sequence.
+  void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override;
 
  private:
   struct Impl;

@@ -75,6 +75,8 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
       s.push_back({p + "q_norm", {qd}, K::kQNorm, i});
       s.push_back({p + "k_norm", {kvd}, K::kKNorm, i});
     }
+    if (cfg.o_bias) s.push_back({p + "bo", {D}, K::kBo, i});  // gpt-oss
+    if (cfg.attention_sinks) s.push_back({p + "sinks", {cfg.n_heads}, K::kSinks, i});
     s.push_back({p + "ffn_norm", {D}, K::kFfnNorm, i});
     if (!cfg.is_moe_layer(i)) {  // a dense MLP instead of router and experts
       const int64_t I = cfg.intermediate_size;
@@ -84,7 +86,9 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
       continue;
     }
     s.push_back({p + "router", {cfg.n_experts, D}, K::kRouter, i});
-    if (cfg.router_scoring == RouterScoring::kSigmoid)
+    // One tensor, two meanings: the sigmoid router's correction bias, or gpt-oss's logit bias
+    // (model.json refuses both at once).
+    if (cfg.router_scoring == RouterScoring::kSigmoid || cfg.router_bias)
       s.push_back({p + "router_bias", {cfg.n_experts}, K::kRouterBias, i});
     if (cfg.has_shared_expert()) {
       const int64_t fs = cfg.shared_expert_intermediate_size;
@@ -197,6 +201,8 @@ Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
     case DenseTensor::kSharedUp: return {&l->shared_up};
     case DenseTensor::kSharedDown: return {&l->shared_down};
     case DenseTensor::kSharedExpertGate: return {nullptr, nullptr, &l->shared_expert_gate};
+    case DenseTensor::kBo: return {nullptr, &l->bo};
+    case DenseTensor::kSinks: return {nullptr, &l->sinks};
     case DenseTensor::kRouterBias: return {nullptr, &l->router_bias};
     case DenseTensor::kMlpGate: return {&l->mlp_gate};
     case DenseTensor::kMlpUp: return {&l->mlp_up};

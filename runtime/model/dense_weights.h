@@ -48,20 +48,25 @@ struct LayerWeights {
   // [1, hidden] in float32 as the router.
   DenseMatrix shared_gate, shared_up, shared_down;
   RowMatrix shared_expert_gate;      // empty when the shared expert is ungated (GLM-4.5)
-  // GLM-4.5 / DeepSeek-V3: the sigmoid router's correction bias [n_experts] (selection only), and
-  // the dense SwiGLU MLP of a layer below first_k_dense_replace (router empty then).
+  // The router's bias [n_experts] (empty otherwise): GLM-4.5 / DeepSeek-V3's sigmoid correction
+  // bias (selection only), or gpt-oss's bias added to the logits (router_bias).
   Eigen::VectorXf router_bias;
+  // GLM-4.5 / DeepSeek-V3: the dense SwiGLU MLP of a layer below first_k_dense_replace (router
+  // empty then).
   DenseMatrix mlp_gate, mlp_up, mlp_down;
   // DeepSeek-V3 MLA (empty otherwise; wq is the plain query projection when q_lora_rank is 0).
   DenseMatrix wq_a, wq_b, wkv_a, wkv_b;
   Eigen::VectorXf q_a_norm, kv_a_norm;
+  // gpt-oss (empty otherwise): the output projection's bias [D], the per-head sink logits [H].
+  Eigen::VectorXf bo, sinks;
 };
 
 // Which field of DenseWeights / LayerWeights a dense tensor fills.
 enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
   kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
-  kRouterBias, kMlpGate, kMlpUp, kMlpDown,  // GLM-4.5 / DeepSeek-V3
+  kRouterBias, kMlpGate, kMlpUp, kMlpDown,  // GLM-4.5 / DeepSeek-V3 (kRouterBias: gpt-oss too)
+  kBo, kSinks,                              // gpt-oss
   kWqA, kWqB, kWkvA, kWkvB, kQANorm, kKvANorm,  // DeepSeek-V3 MLA
 };
 

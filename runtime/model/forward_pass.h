@@ -30,6 +30,9 @@ struct RoutingEvent {
   const int* ids = nullptr;             // [n_tokens, top_k] logical ids, best first
   const float* weights = nullptr;       // [n_tokens, top_k]
   const float* router_inputs = nullptr; // [n_tokens, hidden]: the normalised rows the router saw
+  // Batches (ForwardPass::forward_batch): the sequence slot these tokens belong to; -1 for the
+  // single sequence of forward_chunk. Keeps traces of concurrent sequences separable.
+  int sequence = -1;
 };
 using RoutingCallback = std::function<void(const RoutingEvent&)>;
 
@@ -53,6 +56,22 @@ struct RoutingControl {
   CacheAwareOptions cache_aware;  // residency: the tiers the pass reads experts through
 };
 
+// Batches of sequences (continuous batching): one step carries tokens of several sequences, each
+// at its own position in its own KV slot. `chunk.ordinal` is unused (overrides refuse batches).
+struct BatchEntry {
+  int slot = 0;        // the sequence's KV slot, in [0, the pass's slot count)
+  ForwardChunk chunk;  // its tokens, position, logits and prefill flag
+};
+struct ForwardBatch {
+  const BatchEntry* entries = nullptr;
+  int n_entries = 0;  // distinct slots; their tokens sum to at most max_batch
+  int n_tokens() const {
+    int n = 0;
+    for (int i = 0; i < n_entries; ++i) n += entries[i].chunk.n_tokens;
+    return n;
+  }
+};
+
 class ForwardPass {
  public:
   virtual ~ForwardPass() = default;
@@ -60,6 +79,11 @@ class ForwardPass {
   // phase to `times` and cache-aware counters to `cache_aware`.
   virtual void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing,
                              ForwardTimes& times, CacheAwareStats& cache_aware) = 0;
+  // Runs one step of several sequences (runtime/model/cpu_batch.h), each entry appending its KV
+  // rows to its slot's cache, independent of forward_chunk's sequence. The default refuses
+  // (ConfigError): passes that run one sequence at a time (the GPU's, for now).
+  virtual void forward_batch(const ForwardBatch& batch, const RoutingControl& routing,
+                             ForwardTimes& times, CacheAwareStats& cache_aware);
 };
 
 }  // namespace moestream

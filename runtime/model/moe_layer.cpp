@@ -57,9 +57,33 @@ void route_token(const float* logits, int n_experts, int k, bool normalize, int*
   }
 }
 
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+    gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights) {
+  for (int j = 0; j < k; ++j) {  // selection as route_token: ties go to the lower id
+    int best = -1;
+    for (int e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    ids[j] = best;
+  }
+  const float m = logits[ids[0]];  // the largest
+  float sum = 0;
+  for (int j = 0; j < k; ++j) sum += weights[j] = std::exp(logits[ids[j]] - m);
+  for (int j = 0; j < k; ++j) weights[j] /= sum;
+}
+
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
       E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
+      swiglu_limit_(static_cast<float>(cfg.swiglu_limit)), swiglu_alpha_(static_cast<float>(cfg.swiglu_alpha)),
       cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
   if (router_.scoring == RouterScoring::kSigmoid) cache_aware_.set_grouped(router_);
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
@@ -77,6 +101,7 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   act_.resize(Eigen::Index(max_pairs), F_);
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
+  range_x_.resize(max_batch_, D_);
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
@@ -93,6 +118,7 @@ static void check_moe_weights(const ModelConfig& cfg, const LayerWeights& w) {
   MOE_ASSERT(w.router.rows() == cfg.n_experts, "MoE layer without its router");
   MOE_ASSERT(cfg.router_scoring != RouterScoring::kSigmoid || w.router_bias.size() == cfg.n_experts,
              "sigmoid router without its correction bias");
+  MOE_ASSERT(!cfg.router_bias || w.router_bias.size() == cfg.n_experts, "router without its bias (gpt-oss)");
 }
 
 void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T) {
@@ -111,15 +137,43 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
   for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
 }
 
+// Batches: compute(x rows, n) per range of `splits`, writing rows 0..n of dst (dst_cols wide),
+// which then move to the range's rows. So each range's product reads its rows from the start of
+// an aligned buffer and writes the first rows, as its sequence alone does (Eigen's reductions
+// peel by alignment: the bits depend on where the rows start). Ranges run last first: a range's
+// rows 0..n never cover a later range's placed rows. No splits: one call over all T rows.
+template <class Compute>
+void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
+                         Compute&& compute) {
+  if (splits.empty()) return compute(x, T);
+  MOE_ASSERT(splits.size() >= 2 && splits.front() == 0 && splits.back() == T, "bad batch row splits");
+  for (size_t i = splits.size() - 1; i-- > 0;) {
+    const int r0 = splits[i], n = splits[i + 1] - r0;
+    MOE_ASSERT(n > 0, "empty batch row range");
+    if (r0 == 0) {
+      compute(x, n);
+      continue;
+    }
+    std::copy(x + size_t(r0) * D_, x + size_t(r0 + n) * D_, range_x_.data());
+    compute(range_x_.data(), n);
+    const size_t w = size_t(dst_cols);
+    std::copy_backward(dst, dst + size_t(n) * w, dst + size_t(r0 + n) * w);
+  }
+}
+
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
 // until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
 void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
                                  const MoeRouting& r) {
   MOE_ASSERT(r.stats != nullptr, "cache-aware routing needs its counters");
+  if (cfg_.router_softmax_topk)
+    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
+                      "softmax over the selected top-k (gpt-oss)");
   store_.residency(layer, std::span<ExpertTier>(tiers_));
   for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
   cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
-                     weights_.data(), *r.stats, w.router_bias.size() > 0 ? w.router_bias.data() : nullptr);
+                     weights_.data(), *r.stats,
+                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr);
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
@@ -128,13 +182,20 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   check_moe_weights(cfg_, w);
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
-  linear(pool, ConstRowMap(x, T, D_), w.router, logits);
+  per_range(routing.row_splits, x, T, logits_.data(), E_, [&](const float* xr, int n) {
+    linear(pool, ConstRowMap(xr, n, D_), w.router, RowMap(logits_.data(), n, E_));
+  });
+  if (cfg_.router_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
+  // The sigmoid router's correction bias: selection only (routing.h).
+  const float* selection_bias = router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
   for (auto& s : slots_of_expert_) s.clear();
   unique_ids_.clear();
   for (int t = 0; t < T; ++t) {
     int* ids = ids_.data() + size_t(t) * K_;
-    route(router_, logits.row(t).data(), w.router_bias.size() > 0 ? w.router_bias.data() : nullptr, ids,
-          weights_.data() + size_t(t) * K_, probs_);
+    if (cfg_.router_softmax_topk)
+      route_token_topk_softmax(logits.row(t).data(), E_, K_, ids, weights_.data() + size_t(t) * K_);
+    else
+      route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
   if (routing.override && *routing.override)
     (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
@@ -171,7 +232,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // are in flight.
     if (c0 == 0 && cfg_.has_shared_expert()) {
       const auto ts = std::chrono::steady_clock::now();
-      shared_expert(pool, w, x, T);
+      per_range(routing.row_splits, x, T, shared_y_.data(), D_,
+                [&](const float* xr, int n) { shared_expert(pool, w, xr, n); });
       times.expert_compute_s += seconds_since(ts);
     }
     payloads_.assign(n, ExpertMatrices{});
@@ -210,14 +272,24 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
         float* u = up_.row(Eigen::Index(p)).data();
         quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
         quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
-        for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+        if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
+          for (size_t r = r0; r < r1; ++r) {
+            g[r] += e.bias[r];
+            u[r] += e.bias[size_t(F_) + r];
+          }
+        if (swiglu_limit_ > 0)
+          clamped_swiglu(g + r0, u + r0, r1 - r0, swiglu_limit_, swiglu_alpha_);
+        else
+          for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
       });
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
         const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
         const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
-        quant_matvec(lay.types.down, payloads_[size_t(expert_of_pair_[p])].down, size_t(F_),
-                     act_.row(Eigen::Index(p)).data(),
-                     y_.row(slot_of_pair_[p]).data(), r0, r1);
+        const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
+        float* y = y_.row(slot_of_pair_[p]).data();
+        quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), y, r0, r1);
+        if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
+          for (size_t r = r0; r < r1; ++r) y[r] += e.bias[2 * size_t(F_) + r];
       });
       times.expert_compute_s += seconds_since(t2);
     }

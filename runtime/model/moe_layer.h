@@ -4,6 +4,7 @@
 // model has one. GLM-4.5 / DeepSeek-V3 route through the grouped sigmoid router (routing.h).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "runtime/model/cache_aware_router.h"
@@ -25,12 +26,23 @@ struct PhaseTimes {
 void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
                  float* weights, float* probs_scratch);
 
+// gpt-oss's router: the k largest logits (ties: lower id first), weights = softmax over those k.
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights);
+
+// gpt-oss's clamped SwiGLU, in place into gate[0, n): g = min(gate, limit), u = clamp(up, +-limit),
+// gate = (u + 1) * g * sigmoid(alpha * g) (transformers' GptOssExperts._apply_gate).
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha);
+
 // How one forward() picks its experts after the router (CpuForward fills it per chunk).
 struct MoeRouting {
   const RoutingOverrideFn* override = nullptr;  // set and non-empty: replaces the router
   uint64_t ordinal = 0;              // tokens routed before the chunk (RoutingOverrideFn)
   CacheAwareOptions cache_aware;     // without an override: substitute resident experts
   CacheAwareStats* stats = nullptr;  // cache-aware counters are added here (enabled: required)
+  // Batches (runtime/model/cpu_batch.h): row boundaries of the sequences, 0 first and T last;
+  // the dense products (router, shared expert) run per range so each sequence gets the numbers
+  // of its run alone. Empty: one range. Experts are fetched once for all rows either way.
+  std::span<const int> row_splits;
 };
 
 class MoeLayer {
@@ -52,6 +64,7 @@ class MoeLayer {
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
   RouterParams router_;  // softmax or grouped sigmoid, scaling
+  float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
   std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
   std::vector<float> probs_;  // router scratch: RouterParams::scratch_floats()
@@ -71,6 +84,11 @@ class MoeLayer {
   RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
   RowMatrix shared_y_;                // [max_batch, D]
   RowMatrix shared_logit_;            // [max_batch, 1]
+  // Batches: a product per row range (MoeRouting::row_splits), see moe_layer.cpp.
+  template <class Compute>
+  void per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
+                 Compute&& compute);
+  RowMatrix range_x_;  // [max_batch, D]: a later range's rows, copied to an aligned start
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;

@@ -48,8 +48,14 @@ Rope::Rope(const ModelConfig& cfg)
     auto correction_dim = [&](double rotations) {
       return (dim_ * std::log(orig / (rotations * 2 * std::numbers::pi))) / (2 * std::log(theta_));
     };
-    double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
-    double high = std::min(std::ceil(correction_dim(s.beta_slow)), double(dim_ - 1));
+    // gpt-oss sets truncate false: the correction range keeps its fractional ends.
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim_ - 1));
     if (low == high) high += 0.001;
     for (int i = 0; i < half_dim_; ++i) {
       double pos_freq = std::pow(theta_, (2.0 * i) / dim_);

@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 #include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
+#include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
@@ -69,7 +71,7 @@ struct ApiServer::Impl {
   std::optional<ChatPrompt> chat;
   ServerMetrics metrics;
   EngineSession session;
-  JobQueue queue;
+  std::unique_ptr<JobRunner> queue;  // JobQueue over session, or a BatchScheduler (--parallel)
   httplib::Server http;
   std::vector<int> eos_ids;
   const std::time_t started = std::time(nullptr);
@@ -79,8 +81,12 @@ struct ApiServer::Impl {
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
-        queue(opts.queue_size, [this](Job& j) { session.run(j); }, [this](const Job&) { metrics.request_cancelled_waiting(); }),
         eos_ids(stop_ids(m, t)) {
+    if (opts.parallel > 1)
+      queue = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
+    else
+      queue = std::make_unique<JobQueue>(opts.queue_size, [this](Job& j) { session.run(j); },
+                                         [this](const Job&) { metrics.request_cancelled_waiting(); });
     routes();
   }
 
@@ -114,7 +120,7 @@ struct ApiServer::Impl {
   }
 
   void routes() {
-    const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + 4;
+    const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + std::max(1, opts.parallel) + 3;
     const size_t waiting = opts.max_waiting_connections > 0 ? opts.max_waiting_connections : 2 * size_t(threads);
     http.new_task_queue = [threads, waiting] { return new ConnectionQueue(size_t(threads), waiting); };
     http.set_payload_max_length(opts.max_body_bytes);
@@ -170,7 +176,7 @@ struct ApiServer::Impl {
     });
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (refuse(req, res)) return;
-      res.set_content(metrics.prometheus(queue.waiting(), queue.running(), queue.capacity()),
+      res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()),
                       "text/plain; version=0.0.4");
     });
     // Bodies come through content readers: httplib bounds a Content-Length body by
@@ -333,9 +339,9 @@ struct ApiServer::Impl {
       if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
       r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
       job = std::make_shared<Job>(job_params(r));
-      if (!queue.submit(job)) {
+      if (!queue->submit(job)) {
         metrics.request_rejected();
-        throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue.capacity()) +
+        throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue->capacity()) +
                                               " requests are already waiting; retry later");
       }
     } catch (const ApiError& e) {
@@ -359,7 +365,7 @@ struct ApiServer::Impl {
         if (!client.alive()) {
           // The worker stops after the current token (counted there as cancelled); a waiting job
           // gives back its place at once. Nobody reads an answer: return without waiting.
-          queue.cancel(job);
+          queue->cancel(job);
           // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
           send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
           res.set_header("Connection", "close");
@@ -419,7 +425,7 @@ struct ApiServer::Impl {
           return true;
         },
         [this, job](bool) {
-          queue.cancel(job);  // after the end a no-op; on a disconnect it frees the slot
+          queue->cancel(job);  // after the end a no-op; on a disconnect it frees the slot
           open_streams--;
         });
   }
@@ -457,7 +463,7 @@ void ApiServer::serve() { impl_->http.listen_after_bind(); }
 
 void ApiServer::stop() {
   if (impl_->stopping.exchange(true)) return;
-  impl_->queue.shutdown();  // waiting jobs get 503; the running one finishes
+  impl_->queue->shutdown();  // waiting jobs get 503; the running one finishes
   // httplib cuts chunked responses once stopped: let the streams of finished jobs drain first
   // (bounded, in case a client stops reading).
   for (int i = 0; i < 500 && impl_->open_streams > 0; ++i)

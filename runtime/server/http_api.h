@@ -21,10 +21,13 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;
   int default_max_tokens = 256;
   bool prefix_reuse = true;
-  int http_threads = 0;             // 0 = queue_size + 4
+  int http_threads = 0;             // 0 = queue_size + parallel + 3
   // Accepted connections that may wait for an HTTP thread; beyond threads + this, a connection
   // is answered 503 (Retry-After) at once, once its request is read. 0 = 2 x http threads.
   size_t max_waiting_connections = 0;
+  // Requests run at once (continuous batching, runtime/server/batch_scheduler.h); 1 = one at a
+  // time through EngineSession, as before.
+  int parallel = 1;
 };
 
 class ApiServer {

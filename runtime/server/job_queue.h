@@ -10,27 +10,28 @@
 #include <thread>
 
 #include "runtime/server/job.h"
+#include "runtime/server/job_runner.h"
 
 namespace moestream {
 
-class JobQueue {
+class JobQueue final : public JobRunner {
  public:
   // capacity: jobs that may wait behind the running one. run() is called on the worker thread
   // and must finish the job (Job::finish or Job::fail). dropped() (optional) is told of each job
   // cancelled while it waited, which the queue finishes as "cancelled" without running it.
   JobQueue(size_t capacity, std::function<void(Job&)> run, std::function<void(const Job&)> dropped = {});
-  ~JobQueue();  // shutdown()
+  ~JobQueue() override;  // shutdown()
 
   // False when the queue is full or shutting down.
-  bool submit(std::shared_ptr<Job> job);
+  bool submit(std::shared_ptr<Job> job) override;
   // The job's client left: a waiting job leaves the queue now (finished "cancelled", reported to
   // dropped()); a running one is marked and stops after its current token.
-  void cancel(const std::shared_ptr<Job>& job);
-  size_t waiting() const;
-  bool running() const;
-  size_t capacity() const { return capacity_; }
+  void cancel(const std::shared_ptr<Job>& job) override;
+  size_t waiting() const override;
+  bool running() const override;
+  size_t capacity() const override { return capacity_; }
   // Refuses new jobs, fails the waiting ones with 503, lets the running one finish, joins.
-  void shutdown();
+  void shutdown() override;
 
  private:
   void loop();

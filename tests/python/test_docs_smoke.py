@@ -248,11 +248,16 @@ def _convert(s):
 
 @case("bin/cluster_experts")
 def _cluster_experts(s):
-    """--repack of a packed copy from a routing log, and --out of a GGUF (README's two forms)."""
+    """--repack of a packed copy from a routing log (with --prior-out, docs/format.md), and --out of
+    a GGUF (README's two forms); cache_sim --prior reads the prior back."""
     log = s.routing_log()
     model = s.copy_demo("demo_repacked")
-    r = s.run([s.exe("cluster_experts"), "--routing", log, "--model", model, "--repack"], quiet_ok=True)
+    prior = s.tmp / "demo.prior"
+    r = s.run([s.exe("cluster_experts"), "--routing", log, "--model", model, "--repack", "--prior-out", prior],
+              quiet_ok=True)
     assert "maps installed" in r.stderr
+    assert prior.stat().st_size == 48 + 4 * 8 * 32
+    s.run([s.exe("cache_sim"), "--routing", log, "--experts", 16, "--all-phases", "--foresight-only", "--prior", prior])
     s.infer("-m", model, "-p", PROMPT, "-n", 2, "--temp", 0)
     glog = s.tmp / "gguf_routing.bin"
     s.infer("-m", GGUF, "-p", "Hello there", "-n", 4, "--temp", 0, "--collect-routing", glog, free_text=True)

@@ -1,0 +1,47 @@
+// The sequences of Model's batch API (Model::create_sequence, forward_batch): which slots are in
+// use, each one's position, and the checks that turn a caller's batch into a ForwardBatch.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "runtime/model/forward_pass.h"
+
+namespace moestream {
+
+// One sequence's part of a batch step (Model::forward_batch).
+struct SequenceInput {
+  int sequence = -1;            // a live id from Model::create_sequence()
+  std::span<const int> tokens;  // appended at the sequence's position (at least one)
+  // The last token's logits (vocab_size floats) or, with all_logits, every token's; empty = none.
+  std::span<float> logits;
+  bool all_logits = false;
+};
+
+class SequenceSlots {
+ public:
+  SequenceSlots(int max_sequences, int max_context, int max_batch, int vocab_size);
+
+  int max_sequences() const { return int(n_past_.size()); }
+  int live() const;
+  // The lowest free slot (a freed slot is reused, KV memory included); ConfigError when all are in use.
+  int create();
+  void free(int seq);
+  int n_past(int seq) const;
+  void truncate(int seq, int n_tokens);  // keeps the first n_tokens (prefix reuse)
+
+  // Checks `batch` (non-empty, live distinct sequences, tokens in the vocabulary, room in the
+  // context and in max_batch, logits buffers large enough) and fills `entries` for the pass.
+  // Throws ConfigError naming the sequence and the problem; nothing changes on error.
+  ForwardBatch plan(std::span<const SequenceInput> batch, std::vector<BatchEntry>& entries) const;
+  // After the pass ran `batch`: each sequence's position moves past its tokens.
+  void advance(std::span<const SequenceInput> batch);
+
+ private:
+  void check_live(int seq, const char* what) const;
+  std::vector<int> n_past_;   // by slot
+  std::vector<bool> in_use_;  // by slot
+  int max_context_, max_batch_, vocab_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,74 @@
+// The engine side of `moestream-server --parallel N`: continuous batching. Up to N requests run
+// at once, each in its own sequence slot of the Model (Model::forward_batch); a request joins the
+// running batch between steps and leaves it when done, cancelled or failed. Every step carries one
+// decode token per decoding request, then prefill chunks of joining ones. Sampling, stop ids, stop
+// strings, streaming and cancellation stay per request, as in EngineSession.
+//
+// A prompt is prefilled in chunks of prefill_chunk() tokens from its reused prefix on, whatever
+// else runs, so at temperature 0 a request gets the tokens (and logits, bitwise) of its run with
+// nothing beside it: a cancelled or failing request never changes another's output.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine/model.h"
+#include "runtime/server/job_runner.h"
+#include "runtime/server/server_metrics.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace moestream {
+
+class BatchScheduler final : public JobRunner {
+ public:
+  // capacity: jobs that may wait while all `parallel` slots run. The model needs max_sequences >=
+  // parallel and max_batch >= parallel (ConfigError otherwise). tok may be null (token ids out).
+  // prefix_reuse: a request takes the free slot whose KV cache shares the longest prefix with its
+  // prompt (ties: the one holding the fewest tokens) and runs only the rest.
+  BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics& metrics, size_t capacity,
+                 int parallel, bool prefix_reuse);
+  ~BatchScheduler() override;  // shutdown()
+
+  bool submit(std::shared_ptr<Job> job) override;
+  void cancel(const std::shared_ptr<Job>& job) override;
+  size_t waiting() const override;
+  bool running() const override;
+  size_t capacity() const override { return capacity_; }
+  void shutdown() override;
+
+  int parallel() const { return parallel_; }
+  // max_batch - (parallel - 1): a chunk always fits beside every other slot's decode token.
+  int prefill_chunk() const { return chunk_; }
+
+ private:
+  struct Active;  // one running request (batch_scheduler.cpp)
+  void loop();
+  void start(std::shared_ptr<Job> job);  // into a free slot (worker thread)
+  bool step();                           // one forward_batch; false when nothing ran
+  void finish(int slot, const char* reason);
+  void fail(int slot, const std::string& why);
+  void release(int slot);
+
+  Model& model_;
+  const Tokenizer* tok_;
+  ServerMetrics& metrics_;
+  const size_t capacity_;
+  const int parallel_;
+  const bool prefix_reuse_;
+  int chunk_ = 1;
+  std::vector<int> seqs_;                        // the model's sequence per slot, held for good
+  std::vector<std::vector<int>> cached_;         // per slot: tokens whose KV rows are in it
+  std::vector<std::unique_ptr<Active>> active_;  // per slot; null = free (worker thread only)
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> jobs_;  // waiting
+  int n_active_ = 0;                       // slots in use, under mu_
+  bool stopping_ = false;
+  std::thread worker_;  // last: starts once the rest is built
+};
+
+}  // namespace moestream

@@ -1,0 +1,381 @@
+// Tests of batched forward passes (Model::create_sequence / forward_batch, runtime/model/cpu_batch.h):
+// each sequence's logits in a batch equal, bitwise, those of the same chunks run alone through
+// Model::forward; sequences join and leave between steps and reuse freed slots; bad batches give
+// clear errors; a step reads the union of its sequences' experts once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "loader/store/store_options.h"
+#include "runtime/convert/synthetic_model.h"
+#include "runtime/engine/model.h"
+#include "tests/support/test_model.h"
+
+namespace fs = std::filesystem;
+using namespace moestream;
+
+namespace {
+
+constexpr int kChunk = 8;  // prefill chunk: the solo model's max_batch, the batch driver's chunk
+
+// Small models of each MoE shape the batch pass must keep per sequence: f32 dense weights (Eigen),
+// bf16 with Qwen2-MoE's gated shared expert and QKV bias (ggml kernels), GLM-4.5's grouped sigmoid
+// routing with an ungated shared expert and a dense first layer; DeepSeek-V3's MLA (latent KV slots).
+ModelConfig shape(const std::string& kind) {
+  ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 45, .layers = 3, .head_dim = 14,
+                                         .intermediate = 37, .top_k = 3, .max_positions = 256});
+  if (kind == "bf16+shared") {
+    c.dense_dtype = "bf16";
+    c.arch = Arch::kQwen2Moe;
+    c.qk_norm = QkNorm::kNone;
+    c.qkv_bias = true;
+    c.shared_expert_intermediate_size = 50;
+  }
+  if (kind == "bf16+glm") {
+    c.dense_dtype = "bf16";
+    c.arch = Arch::kGlm4Moe;
+    c.qkv_bias = true;
+    c.router_scoring = RouterScoring::kSigmoid;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.routed_scaling_factor = 2.5;
+    c.shared_expert_intermediate_size = 40;
+    c.shared_expert_gated = false;
+    c.first_k_dense_replace = 1;
+    c.intermediate_size = 60;
+    c.rotary_dim = 10;
+  }
+  if (kind == "bf16+mla") {  // DeepSeek-V3: MLA's latent cache per slot (q LoRA, YaRN mscale)
+    c.dense_dtype = "bf16";
+    c.arch = Arch::kDeepseekV3;
+    c.qk_norm = QkNorm::kNone;
+    c.n_kv_heads = c.n_heads;
+    c.q_lora_rank = 20;
+    c.kv_lora_rank = 18;
+    c.qk_nope_head_dim = 8;
+    c.qk_rope_head_dim = 6;  // head_dim 14 = nope + rope
+    c.v_head_dim = 10;
+    c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
+                                 .mscale = 1, .mscale_all_dim = 1};
+    c.router_scoring = RouterScoring::kSigmoid;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.routed_scaling_factor = 2.5;
+    c.shared_expert_intermediate_size = 40;
+    c.shared_expert_gated = false;
+    c.first_k_dense_replace = 1;
+    c.intermediate_size = 60;
+  }
+  return c;
+}
+
+std::unique_ptr<Model> load(const fs::path& dir, int max_batch, int max_context = 0, int threads = 2) {
+  ModelOptions o;
+  o.n_threads = threads;
+  o.max_batch = max_batch;
+  o.max_context = max_context;
+  o.max_sequences = 4;
+  StoreConfig sc;
+  sc.io = "pread";  // every miss is a counted read (no host cache, nothing in place)
+  return Model::load(dir, o, open_store_for(dir, ModelConfig::load(dir), sc));
+}
+
+int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab) {
+  std::vector<int> t(static_cast<size_t>(n));
+  for (int& x : t) x = int(rng() % unsigned(vocab));
+  return t;
+}
+
+// A greedy request: its prompt, the step it joins at, and the logits of every forward it ran.
+struct Request {
+  std::vector<int> prompt;
+  int join_step = 0;
+  int n_new = 0;
+  std::vector<std::vector<float>> logits;  // one per call that produced logits
+};
+
+// The request alone: prompt through forward() (chunks of the model's max_batch), then greedy decode.
+void run_alone(Model& m, Request& r) {
+  const size_t V = size_t(m.config().vocab_size);
+  m.reset();
+  std::vector<float> l(V);
+  m.forward(r.prompt, l);
+  r.logits.push_back(l);
+  for (int i = 0; i < r.n_new; ++i) {
+    const int tok = argmax(l);
+    m.forward(std::span<const int>(&tok, 1), l);
+    r.logits.push_back(l);
+  }
+}
+
+// All requests through forward_batch: each joins at its step, prefills kChunk tokens per step
+// beside the others' decode tokens, decodes greedily, and leaves (freeing its slot) when done.
+void run_batched(Model& m, std::vector<Request>& rs) {
+  const size_t V = size_t(m.config().vocab_size);
+  struct Live { int seq = -1; size_t fed = 0; int token = -1; std::vector<float> l; bool done = false; };
+  std::vector<Live> live(rs.size());
+  for (int step = 0;; ++step) {
+    std::vector<SequenceInput> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      Request& r = rs[i];
+      Live& s = live[i];
+      if (s.done || step < r.join_step) continue;
+      if (s.seq < 0) s.seq = m.create_sequence();
+      s.l.assign(V, 0.0f);
+      SequenceInput in;
+      in.sequence = s.seq;
+      if (s.fed < r.prompt.size()) {
+        const size_t n = std::min(r.prompt.size() - s.fed, size_t(kChunk));
+        in.tokens = std::span<const int>(r.prompt.data() + s.fed, n);
+        s.fed += n;
+        if (s.fed == r.prompt.size()) in.logits = s.l;  // only the prompt's last chunk predicts
+      } else {
+        in.tokens = std::span<const int>(&s.token, 1);
+        in.logits = s.l;
+      }
+      batch.push_back(in);
+      who.push_back(i);
+    }
+    if (batch.empty()) {
+      if (std::all_of(live.begin(), live.end(), [](const Live& s) { return s.done; })) return;
+      continue;
+    }
+    m.forward_batch(batch);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Request& r = rs[who[b]];
+      Live& s = live[who[b]];
+      if (batch[b].logits.empty()) continue;
+      r.logits.push_back(s.l);
+      s.token = argmax(s.l);
+      if (int(r.logits.size()) == r.n_new + 1) {
+        m.free_sequence(s.seq);
+        s.done = true;
+      }
+    }
+  }
+}
+
+class BatchForward : public ::testing::TestWithParam<std::string> {};
+
+// Four requests of different prompt lengths (one longer than a chunk) join at different steps;
+// the fourth joins after the first left, in its freed slot. Every logit of every step is bitwise
+// that of the request run alone.
+TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
+  TempDir d("batch_fwd");
+  const ModelConfig c = shape(GetParam());
+  write_synthetic_model(d.path(), c, 41, 2);
+  auto solo = load(d.path(), kChunk);
+  auto batched = load(d.path(), 4 * kChunk);
+  std::mt19937 rng(7);
+  std::vector<Request> rs = {{random_tokens(rng, 5, c.vocab_size), 0, 6, {}},
+                             {random_tokens(rng, 19, c.vocab_size), 1, 5, {}},
+                             {random_tokens(rng, 1, c.vocab_size), 1, 7, {}},
+                             {random_tokens(rng, 9, c.vocab_size), 8, 4, {}}};
+  std::vector<Request> alone = rs;
+  for (Request& r : alone) run_alone(*solo, r);
+  run_batched(*batched, rs);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;
+    for (size_t s = 0; s < rs[i].logits.size(); ++s) {
+      const auto& a = rs[i].logits[s];
+      const auto& b = alone[i].logits[s];
+      float worst = 0;
+      for (size_t v = 0; v < a.size(); ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "request " << i << " step " << s << ": max |diff| " << worst;
+    }
+  }
+  // Three slots at most were live at once: request 3 reused request 0's.
+  EXPECT_EQ(batched->n_past(), 0);  // forward()'s own sequence is untouched by batches
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+shared", "bf16+glm", "bf16+mla"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '+', '_');
+                           return s;
+                         });
+
+// The demo model (bf16 dense, q8 experts, 32 experts top-4): four greedy requests, batched with
+// joins and leaves, give the logits of their runs alone, and the batch reads fewer expert bytes
+// in all than the four runs alone (each step reads the union of its sequences' experts).
+TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
+  const fs::path demo = fs::path(MOESTREAM_SOURCE_DIR) / "models/demo";
+  auto solo = load(demo, kChunk, 256);
+  auto batched = load(demo, 4 * kChunk, 256);
+  const int V = solo->config().vocab_size;
+  std::mt19937 rng(13);
+  std::vector<Request> rs = {{random_tokens(rng, 12, V), 0, 8, {}},
+                             {random_tokens(rng, 3, V), 0, 10, {}},
+                             {random_tokens(rng, 20, V), 2, 6, {}},
+                             {random_tokens(rng, 5, V), 9, 6, {}}};
+  std::vector<Request> alone = rs;
+  const uint64_t solo0 = solo->expert_stats().bytes_read;
+  for (Request& r : alone) run_alone(*solo, r);
+  const uint64_t solo_bytes = solo->expert_stats().bytes_read - solo0;
+  const uint64_t batch0 = batched->expert_stats().bytes_read;
+  run_batched(*batched, rs);
+  const uint64_t batch_bytes = batched->expert_stats().bytes_read - batch0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size());
+    for (size_t s = 0; s < rs[i].logits.size(); ++s)
+      EXPECT_TRUE(rs[i].logits[s] == alone[i].logits[s]) << "request " << i << " step " << s;
+  }
+  std::printf("demo, 4 requests: the batch read %llu expert bytes, the runs alone %llu\n",
+              static_cast<unsigned long long>(batch_bytes), static_cast<unsigned long long>(solo_bytes));
+  EXPECT_GT(batch_bytes, 0u);
+  EXPECT_LT(batch_bytes, solo_bytes);  // concurrent decode steps share experts
+}
+
+// The thread count never changes a batch's numbers (fixed row slices, as the single pass).
+TEST(BatchForwardThreads, OneAndThreeThreadsGiveTheSameLogits) {
+  TempDir d("batch_thr");
+  const ModelConfig c = shape("f32");
+  write_synthetic_model(d.path(), c, 43, 2);
+  std::vector<std::vector<Request>> runs;
+  for (int threads : {1, 3}) {
+    auto m = load(d.path(), 4 * kChunk, 0, threads);
+    std::mt19937 rng(9);
+    std::vector<Request> rs = {{random_tokens(rng, 6, c.vocab_size), 0, 4, {}},
+                               {random_tokens(rng, 3, c.vocab_size), 2, 4, {}}};
+    run_batched(*m, rs);
+    runs.push_back(rs);
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i].logits, runs[1][i].logits) << i;
+}
+
+// A decode step of three sequences reads each selected expert once: experts_read is the union of
+// their choices per layer (seen through the routing callback, tagged with each sequence), which is
+// at most the sum of the three sequences' reads when each steps alone.
+TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
+  TempDir d("batch_io");
+  ModelConfig c = shape("f32");
+  c.n_experts = 6;  // three sequences x top-3 of 6 experts: overlaps are certain
+  write_synthetic_model(d.path(), c, 45, 2);
+  std::mt19937 rng(11);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(random_tokens(rng, 4 + i, c.vocab_size));
+  const size_t V = size_t(c.vocab_size);
+  const int next[3] = {5, 17, 60};
+
+  auto m = load(d.path(), 4 * kChunk);
+  std::vector<int> seqs;
+  std::vector<float> l(V);
+  for (auto& p : prompts) {
+    seqs.push_back(m->create_sequence());
+    const SequenceInput in{seqs.back(), p, l, false};
+    m->forward_batch(std::span<const SequenceInput>(&in, 1));
+  }
+  std::vector<std::set<int>> union_of(size_t(c.n_moe_layers()));
+  std::set<int> seen_seqs;
+  m->set_routing_callback([&](const RoutingEvent& ev) {
+    EXPECT_FALSE(ev.prefill);
+    EXPECT_EQ(ev.n_tokens, 1);
+    seen_seqs.insert(ev.sequence);
+    for (int j = 0; j < ev.top_k; ++j) union_of[size_t(ev.layer)].insert(ev.ids[j]);
+  });
+  std::vector<std::vector<float>> out(3, std::vector<float>(V));
+  std::vector<SequenceInput> step;
+  for (int i = 0; i < 3; ++i) step.push_back({seqs[size_t(i)], std::span<const int>(&next[i], 1), out[size_t(i)], false});
+  const ExpertStoreStats before = m->expert_stats();
+  m->forward_batch(step);
+  const ExpertStoreStats after = m->expert_stats();
+  size_t union_experts = 0;
+  for (const auto& u : union_of) union_experts += u.size();
+  EXPECT_EQ(seen_seqs, std::set<int>(seqs.begin(), seqs.end()));
+  EXPECT_EQ(after.experts_read - before.experts_read, union_experts);
+  const uint64_t batch_bytes = after.bytes_read - before.bytes_read;
+
+  // The same three steps one sequence at a time (a second model in the same state).
+  auto alone = load(d.path(), 4 * kChunk);
+  uint64_t solo_bytes = 0;
+  for (int i = 0; i < 3; ++i) {
+    const int s = alone->create_sequence();
+    const SequenceInput pre{s, prompts[size_t(i)], l, false};
+    alone->forward_batch(std::span<const SequenceInput>(&pre, 1));
+    const ExpertStoreStats b0 = alone->expert_stats();
+    const SequenceInput in{s, std::span<const int>(&next[i], 1), l, false};
+    alone->forward_batch(std::span<const SequenceInput>(&in, 1));
+    solo_bytes += alone->expert_stats().bytes_read - b0.bytes_read;
+    EXPECT_EQ(l, out[size_t(i)]) << "sequence " << i;
+  }
+  EXPECT_LE(batch_bytes, solo_bytes);
+  EXPECT_GT(batch_bytes, 0u);
+  EXPECT_LT(union_experts, size_t(3 * c.n_experts_per_tok * c.n_moe_layers()));  // overlaps happened
+}
+
+// Bad batches name the problem, and nothing moves on error.
+TEST(BatchForwardErrors, BadBatchesGiveClearErrors) {
+  TempDir d("batch_err");
+  const ModelConfig c = shape("f32");
+  write_synthetic_model(d.path(), c, 47, 2);
+  auto m = load(d.path(), 4 * kChunk, 12);
+  const size_t V = size_t(c.vocab_size);
+  std::vector<float> l(V);
+  const std::vector<int> ten(10, 3), three(3, 4), one(1, 2);
+  auto run = [&](std::vector<SequenceInput> b) {
+    return test::error_message<ConfigError>([&] { m->forward_batch(b); });
+  };
+  EXPECT_NE(run({}).find("empty batch"), std::string::npos);
+  EXPECT_NE(run({{0, one, l, false}}).find("sequence 0 is not a live sequence"), std::string::npos);
+  const int a = m->create_sequence(), b = m->create_sequence();
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 1);
+  EXPECT_NE(run({{a, {}, l, false}}).find("has no tokens"), std::string::npos);
+  EXPECT_NE(run({{a, one, l, false}, {a, one, l, false}}).find("appears twice"), std::string::npos);
+  const std::vector<int> bad = {1, 97};
+  EXPECT_NE(run({{a, bad, l, false}}).find("token id 97 outside the vocabulary"), std::string::npos);
+  EXPECT_NE(run({{a, three, std::span<float>(l.data(), 5), false}}).find("logits buffer too small"),
+            std::string::npos);
+  m->forward_batch(std::vector<SequenceInput>{{a, ten, l, false}});
+  // Position past the context: 10 + 3 > 12, in a batch with a valid entry that must not run.
+  const std::string full = run({{b, one, l, false}, {a, three, l, false}});
+  EXPECT_NE(full.find("sequence 0: context full: 10 + 3 tokens exceed the context of 12"), std::string::npos) << full;
+  EXPECT_EQ(m->sequence_n_past(a), 10);
+  EXPECT_EQ(m->sequence_n_past(b), 0);
+  m->free_sequence(a);
+  EXPECT_NE(run({{a, one, l, false}}).find("not a live sequence"), std::string::npos);
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->free_sequence(a); }).find("free_sequence: sequence 0"),
+            std::string::npos);
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->sequence_n_past(9); }).find("not a live"), std::string::npos);
+  // max_sequences = 4: the fifth live sequence is refused; a freed one comes back first, at 0.
+  EXPECT_EQ(m->create_sequence(), 0);
+  EXPECT_EQ(m->sequence_n_past(0), 0);
+  m->create_sequence();
+  m->create_sequence();
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->create_sequence(); }).find("all 4 sequence slots are in use"),
+            std::string::npos);
+  // Over max_batch (12 here: clamped to the context) in one step.
+  const std::vector<int> seven(7, 1);
+  EXPECT_NE(run({{0, seven, {}, false}, {1, seven, {}, false}}).find("exceed max_batch"), std::string::npos);
+  // Routing overrides are per sequence.
+  m->set_routing_override([](int, uint64_t, int, int*, float*) {});
+  EXPECT_NE(run({{0, one, l, false}}).find("routing override"), std::string::npos);
+  m->set_routing_override({});
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->truncate_sequence(0, 1); }).find("outside [0, n_past=0]"),
+            std::string::npos);
+}
+
+// A pass without batches (the GPU's, for now) refuses them by name.
+TEST(BatchForwardErrors, PassesWithoutBatchesRefuseThem) {
+  struct OneSequence final : ForwardPass {
+    void forward_chunk(const ForwardChunk&, const RoutingControl&, ForwardTimes&, CacheAwareStats&) override {}
+  } pass;
+  ForwardTimes t;
+  CacheAwareStats s;
+  const std::string msg = test::error_message<ConfigError>([&] { pass.forward_batch({}, {}, t, s); });
+  EXPECT_NE(msg.find("need the CPU pass (not --gpu)"), std::string::npos) << msg;
+}
+
+}  // namespace
