@@ -55,18 +55,37 @@ def model_files(model):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith("layer_"))
 
 
+def kv_bytes_per_token(cfg):
+    """float32 KV cache bytes one position holds over all layers: per-head keys and values, or
+    with MLA (DeepSeek-V2/V3, Kimi K2) the latent and the shared RoPE key (docs/mla.md)."""
+    mla = cfg.get("mla")
+    if mla:
+        return cfg["n_layers"] * (mla["kv_lora_rank"] + mla["qk_rope_head_dim"]) * 4
+    return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 4
+
+
+def attention_weights_per_layer(cfg):
+    """Elements of one layer's attention projections (MLA's low-rank ones when the model has them)."""
+    D, H, hd = cfg["hidden_size"], cfg["n_heads"], cfg["head_dim"]
+    mla = cfg.get("mla")
+    if not mla:
+        return 2 * H * hd * D + 2 * cfg["n_kv_heads"] * hd * D
+    Q, C, r = mla["q_lora_rank"], mla["kv_lora_rank"], mla["qk_rope_head_dim"]
+    n, v = mla["qk_nope_head_dim"], mla["v_head_dim"]
+    q = (D * Q + Q * H * (n + r)) if Q else H * (n + r) * D
+    return q + (C + r) * D + H * (n + v) * C + D * H * v
+
+
 def dense_ram_bytes(cfg, ctx, gpu_host_mb=None):
     """RAM the model holds besides experts: f32 dense weights and the KV cache on the CPU path;
     on the GPU path (gpu_host_mb given) the dense weights stream to the GPU (no host copy) and KV
     lives there, leaving the CUDA context and pinned staging: gpu_host_mb."""
     if gpu_host_mb is not None:
         return gpu_host_mb << 20
-    V, D, hd = cfg["vocab_size"], cfg["hidden_size"], cfg["head_dim"]
-    qd, kvd = cfg["n_heads"] * hd, cfg["n_kv_heads"] * hd
-    per_layer = 2 * qd * D + 2 * kvd * D + cfg["n_experts"] * D + 4 * D
+    V, D = cfg["vocab_size"], cfg["hidden_size"]
+    per_layer = attention_weights_per_layer(cfg) + cfg["n_experts"] * D + 4 * D
     dense = (V * D * (1 if cfg["tie_word_embeddings"] else 2) + per_layer * cfg["n_layers"]) * 4
-    kv = 2 * cfg["n_layers"] * ctx * kvd * 4
-    return dense + kv
+    return dense + ctx * kv_bytes_per_token(cfg)
 
 
 def cap_mode():
@@ -303,7 +322,7 @@ def main():
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "model": {"dir": model, "shape": args.shape, "layers": cfg["n_layers"], "quant": args.quant,
                   "bytes": model_bytes, "expert_bytes": expert_bytes,
-                  "dense_and_kv_ram_bytes": ram},
+                  "dense_and_kv_ram_bytes": ram, "kv_bytes_per_token": kv_bytes_per_token(cfg)},
         "cap": {"mode": cap_text.split()[0] if capped else "o_direct-host-budget", "budget_mb": args.cap_mb,
                 "note": cap_note, "model_over_cap": model_bytes / (args.cap_mb << 20),
                 "memory_max_mb": mem_max_mb,
@@ -323,6 +342,8 @@ def main():
           f"{model_bytes / 1e9:.2f} GB = {result['cap']['model_over_cap']:.1f}x the {args.cap_mb} MiB budget"
           + (f", {result['cap']['model_over_memory_max']:.1f}x the {mem_max_mb} MiB memory.max" if mem_max_mb else ""))
     print(f"memory cap: {cap_note}")
+    print(f"KV cache: {kv_bytes_per_token(cfg)} bytes per token (float32, all layers"
+          + (", MLA latent + RoPE key)" if cfg.get("mla") else ", per-head K and V)"))
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")
     print(f"{'method':15} {'budget MiB':>10} {'tok/s':>7} {'rounds':>17} {'dev MB/tok':>10} "

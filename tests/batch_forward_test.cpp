@@ -28,7 +28,7 @@ constexpr int kChunk = 8;  // prefill chunk: the solo model's max_batch, the bat
 
 // Small models of each MoE shape the batch pass must keep per sequence: f32 dense weights (Eigen),
 // bf16 with Qwen2-MoE's gated shared expert and QKV bias (ggml kernels), GLM-4.5's grouped sigmoid
-// routing with an ungated shared expert and a dense first layer.
+// routing with an ungated shared expert and a dense first layer; DeepSeek-V3's MLA (latent KV slots).
 ModelConfig shape(const std::string& kind) {
   ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 45, .layers = 3, .head_dim = 14,
                                          .intermediate = 37, .top_k = 3, .max_positions = 256});
@@ -52,6 +52,27 @@ ModelConfig shape(const std::string& kind) {
     c.first_k_dense_replace = 1;
     c.intermediate_size = 60;
     c.rotary_dim = 10;
+  }
+  if (kind == "bf16+mla") {  // DeepSeek-V3: MLA's latent cache per slot (q LoRA, YaRN mscale)
+    c.dense_dtype = "bf16";
+    c.arch = Arch::kDeepseekV3;
+    c.qk_norm = QkNorm::kNone;
+    c.n_kv_heads = c.n_heads;
+    c.q_lora_rank = 20;
+    c.kv_lora_rank = 18;
+    c.qk_nope_head_dim = 8;
+    c.qk_rope_head_dim = 6;  // head_dim 14 = nope + rope
+    c.v_head_dim = 10;
+    c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
+                                 .mscale = 1, .mscale_all_dim = 1};
+    c.router_scoring = RouterScoring::kSigmoid;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.routed_scaling_factor = 2.5;
+    c.shared_expert_intermediate_size = 40;
+    c.shared_expert_gated = false;
+    c.first_k_dense_replace = 1;
+    c.intermediate_size = 60;
   }
   return c;
 }
@@ -179,7 +200,7 @@ TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   EXPECT_EQ(batched->n_past(), 0);  // forward()'s own sequence is untouched by batches
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+shared", "bf16+glm"),
+INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+shared", "bf16+glm", "bf16+mla"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '+', '_');

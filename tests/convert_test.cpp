@@ -704,7 +704,7 @@ TEST(Convert, UnsupportedArchitectureAndBiasesAreRejected) {
   TempDir d;
   TinyHf m = make_tiny(Arch::kQwen3Moe);
   json cfg = m.config;
-  cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+  cfg["architectures"] = {"ArcticForCausalLM"};
   save_hf(d.path() / "hf", cfg, m.tensors, DType::kF32, 1);
   EXPECT_THROW(convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ4)), ConfigError);
   m.tensors["model.layers.0.self_attn.q_proj.bias"] = Tensor{{32}, std::vector<float>(32, 1.0f)};
@@ -825,4 +825,74 @@ TEST(Convert, DenseQuantOtherThanBf16Q8F32IsRefused) {
   const std::string msg = message_of([&] { convert_model(d.path() / "hf", d.path() / "out", quiet(QuantType::kQ8, "q4")); });
   EXPECT_NE(msg.find("'q4'"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(d.path() / "out"));
+}
+
+// DeepSeek-V2/V3 configs (the fixtures' own config.json): MLA sizes, head_dim as q/k head width
+// (transformers saves the RoPE part there), routing per version; what the runtime does not
+// implement is refused naming the key.
+TEST(HfConfig, DeepseekMlaConfigsAndTheirRefusals) {
+  const fs::path fx = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures";
+  const json v3 = json::parse(read_file(fx / "deepseek_v3" / "config.json"));
+  const json v2 = json::parse(read_file(fx / "deepseek_v2" / "config.json"));
+  const ModelConfig c3 = model_config_from_hf(v3, "v3");
+  EXPECT_EQ(c3.arch, Arch::kDeepseekV3);
+  EXPECT_EQ(c3.head_dim, v3["qk_nope_head_dim"].get<int>() + v3["qk_rope_head_dim"].get<int>());
+  EXPECT_EQ(c3.kv_lora_rank, v3["kv_lora_rank"].get<int>());
+  EXPECT_EQ(c3.q_lora_rank, v3["q_lora_rank"].get<int>());
+  EXPECT_EQ(c3.n_kv_heads, c3.n_heads);
+  EXPECT_EQ(c3.router_scoring, RouterScoring::kSigmoid);
+  ASSERT_TRUE(c3.rope_scaling.has_value());
+  EXPECT_EQ(c3.rope_scaling->mscale, 0.9);
+  EXPECT_EQ(c3.rope_scaling->mscale_all_dim, 0.7);
+  const ModelConfig c2 = model_config_from_hf(v2, "v2");
+  EXPECT_EQ(c2.arch, Arch::kDeepseekV2);
+  EXPECT_EQ(c2.q_lora_rank, 0);  // null: a plain q_proj
+  EXPECT_EQ(c2.router_scoring, RouterScoring::kSoftmax);
+  EXPECT_EQ(c2.shared_expert_intermediate_size, 2 * c2.moe_intermediate_size);
+  EXPECT_FALSE(c2.shared_expert_gated);
+  // model.json round trip keeps the MLA block.
+  const ModelConfig back = ModelConfig::from_json(c3.to_json(), "model.json");
+  EXPECT_EQ(back.kv_lora_rank, c3.kv_lora_rank);
+  EXPECT_EQ(back.rope_scaling->mscale_all_dim, 0.7);
+
+  struct Case {
+    const json* base;
+    const char* key;
+    json value;
+  };
+  const Case cases[] = {
+      {&v3, "scoring_func", "softmax"},
+      {&v3, "topk_method", "greedy"},
+      {&v2, "topk_method", "group_limited_greedy"},  // with n_group 4 below
+      {&v2, "routed_scaling_factor", 16.0},
+      {&v2, "scoring_func", "sigmoid"},
+  };
+  for (const Case& c : cases) {
+    json cfg = *c.base;
+    cfg[c.key] = c.value;
+    if (std::string(c.key) == "topk_method" && c.base == &v2) cfg["n_group"] = 4;
+    std::string msg = "<accepted>";
+    try {
+      model_config_from_hf(cfg, "hf/config.json");
+    } catch (const ConfigError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(c.key), std::string::npos) << c.key << ": " << msg;
+  }
+  // A model.json naming MLA sizes for another architecture was not written by us.
+  json j = c3.to_json();
+  j["architecture"] = "qwen3_moe";
+  EXPECT_THROW(ModelConfig::from_json(j, "model.json"), FormatError);
+  // Nor one asking MLA for gpt-oss's attention pieces, which MlaAttention does not have.
+  for (const auto& [key, value] : {std::pair<const char*, json>{"attention_sinks", true}, {"o_bias", true}}) {
+    json g = c3.to_json();
+    g[key] = value;
+    std::string msg = "<accepted>";
+    try {
+      ModelConfig::from_json(g, "model.json");
+    } catch (const FormatError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("mla"), std::string::npos) << key << ": " << msg;
+  }
 }

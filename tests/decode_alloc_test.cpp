@@ -82,9 +82,10 @@ long warm_decode_allocations(Model& m, int warm_up = 4) {
 
 // A pack's decode, with its dense matrices in f32 (Eigen) and in bf16 (computed as stored by
 // the ggml BF16 kernel), a Qwen2-MoE one (QKV biases, a shared expert wider than the rest) and a
-// GLM-4.5 one (grouped sigmoid routing, an ungated shared expert, a dense first layer).
+// GLM-4.5 one (grouped sigmoid routing, an ungated shared expert, a dense first layer) and a
+// DeepSeek-V3 one (the same with MLA attention).
 TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
-  for (const std::string dense : {"f32", "bf16", "bf16+shared", "bf16+glm"}) {
+  for (const std::string dense : {"f32", "bf16", "bf16+shared", "bf16+glm", "bf16+mla"}) {
     TempDir d("alloc");
     ModelConfig c = test::tiny_moe_config({.vocab = 301, .hidden = 96, .head_dim = 24, .intermediate = 70,
                                            .experts = 16, .top_k = 4, .quant = QuantType::kQ4});
@@ -107,6 +108,26 @@ TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
       c.first_k_dense_replace = 1;
       c.intermediate_size = 130;
       c.rotary_dim = 12;
+    }
+    if (dense == "bf16+mla") {  // DeepSeek-V3: MLA (q LoRA, YaRN mscale), grouped sigmoid routing,
+      c.arch = Arch::kDeepseekV3;  // an ungated shared expert, a dense first layer
+      c.qk_norm = QkNorm::kNone;
+      c.n_kv_heads = c.n_heads;
+      c.q_lora_rank = 40;
+      c.kv_lora_rank = 36;
+      c.qk_nope_head_dim = 16;
+      c.qk_rope_head_dim = 8;
+      c.v_head_dim = 20;
+      c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
+                                   .mscale = 1, .mscale_all_dim = 1};
+      c.router_scoring = RouterScoring::kSigmoid;
+      c.n_group = 4;
+      c.topk_group = 2;
+      c.routed_scaling_factor = 2.5;
+      c.shared_expert_intermediate_size = 70;
+      c.shared_expert_gated = false;
+      c.first_k_dense_replace = 1;
+      c.intermediate_size = 90;
     }
     write_synthetic_model(d.path(), c, 77);
     ModelOptions o;

@@ -625,6 +625,27 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   }
 }
 
+// DeepSeek-V3's MLA has no GPU kernels yet: --gpu is a ConfigError naming it, before any device work.
+TEST(GpuForward, DeepseekV3MlaIsRefusedNamingIt) {
+  REQUIRE_GPU();  // without a device, check_gpu_options refuses --gpu first
+  const fs::path src = kSource / "tests" / "fixtures" / "deepseek_v3";
+  if (!fs::exists(src / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  TempDir tmp("gpu_forward_test");
+  ConvertOptions co;
+  co.quant = QuantType::kQ8;
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.gpu = true;
+  try {
+    (void)Model::load(tmp.path() / "packed", mo);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
+  }
+}
+
 // ---- GGUF on the GPU (issue 18: GPU tier, dense weights in their stored types) --------------
 
 namespace {

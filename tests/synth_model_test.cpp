@@ -263,6 +263,59 @@ TEST(SynthModelCli, Glm45AirShapeLoadsAndRunsAndNeedsAnMoeLayer) {
   EXPECT_GT(hi - lo, 1e-3f);
 }
 
+TEST(ModelShapes, DeepseekV3AndKimiK2AreTheirReleasedSizes) {
+  // DeepSeek-V3: 671B parameters without its MTP module (DeepSeek's figure); Kimi K2: "1T" (Moonshot's
+  // round figure; 1.026T counted from its config). MoE layers x experts x 3 x 2048 x 7168
+  // routed, the rest (MLA, dense first layers, shared experts, embeddings) in the bf16 dense file.
+  struct Want {
+    const char* name;
+    int heads, experts, dense_layers, vocab;
+    double total_params, rel_tol;
+  };
+  for (const Want& w : {Want{"deepseek-v3", 128, 256, 3, 129280, 671.0e9, 0.005},
+                      Want{"kimi-k2", 64, 384, 1, 163840, 1.0e12, 0.03}}) {
+    const ModelConfig c = known_shape(w.name);
+    EXPECT_EQ(c.arch, Arch::kDeepseekV3) << w.name;
+    EXPECT_TRUE(c.has_mla());
+    EXPECT_EQ(c.n_layers, 61);
+    EXPECT_EQ(c.n_heads, w.heads);
+    EXPECT_EQ(c.n_experts, w.experts);
+    EXPECT_EQ(c.n_moe_layers(), 61 - w.dense_layers);
+    EXPECT_EQ(c.vocab_size, w.vocab);
+    EXPECT_EQ(c.head_dim, c.qk_nope_head_dim + c.qk_rope_head_dim);
+    EXPECT_EQ(c.kv_lora_rank + c.qk_rope_head_dim, 576);  // the latent cache row
+    const double expert_weights = double(c.n_moe_layers()) * c.n_experts * 3 * 2048 * 7168;
+    EXPECT_NEAR(double(synthetic_model_bytes(c) - synthetic_dense_bytes(c)), expert_weights * 4.5 / 8,
+                expert_weights * 0.01);
+    const double params = double(synthetic_dense_bytes(c)) / 2 + expert_weights;  // bf16 dense
+    EXPECT_NEAR(params, w.total_params, w.total_params * w.rel_tol) << w.name;
+  }
+}
+
+TEST(SynthModelCli, DeepseekV3ShapeLoadsAndRuns) {
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  const fs::path out = d.path() / "ds";
+  const test::CliResult r = run_synth("--shape deepseek-v3 --layers 4 --scale-down 32 -q --seed 7 " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_TRUE(cfg.has_mla());
+  EXPECT_EQ(cfg.n_moe_layers(), 1);  // layers 0-2 dense
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 8;
+  auto model = Model::load(out, mo);  // every MLA tensor present with its shape
+  std::vector<float> logits(size_t(cfg.vocab_size));
+  model->forward(std::vector<int>{3, 99, 7}, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
 TEST(SynthModelCli, Qwen2MoeShapeLoadsAndRuns) {
   if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
   TempDir d;

@@ -16,7 +16,7 @@
 #include "tools/tool_main.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5, gpt-oss) or a GGUF into a moestream model"};
+  CLI::App app{"Convert a Hugging Face MoE checkpoint (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5, DeepSeek-V3 incl. its FP8 release, Kimi K2, DeepSeek-V2-Lite, gpt-oss) or a GGUF into a moestream model"};
   std::string hf_dir, out_dir, quant = "q4", dense_quant;
   bool force = false, quiet = false;
   int threads = 0;

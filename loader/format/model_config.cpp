@@ -130,7 +130,8 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
-    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kGptOss, "gpt_oss"}};
+    {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kDeepseekV3, "deepseek_v3"},
+    {Arch::kDeepseekV2, "deepseek_v2"}, {Arch::kGptOss, "gpt_oss"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 constexpr EnumName<RouterScoring> kScoringNames[] = {
@@ -184,6 +185,45 @@ void read_glm_fields(const json& j, const std::string& where, ModelConfig& c) {
 Arch parse_arch(const std::string& s, const std::string& where) {
   if (auto a = enum_from_name(kArchNames, s)) return *a;
   throw ConfigError(where + ": field 'architecture' is '" + s + "', expected " + enum_name_list(kArchNames));
+}
+
+// DeepSeek-V2/V3's MLA sizes: required for deepseek_v3/_v2, refused elsewhere (a pack that names
+// them for another architecture was not written by us).
+void read_mla(const json& j, const std::string& where, ModelConfig& c) {
+  const bool mla = c.arch == Arch::kDeepseekV3 || c.arch == Arch::kDeepseekV2;
+  auto it = j.find("mla");
+  if (!mla) {
+    if (it != j.end()) bad(where, "mla", "is only valid for architectures deepseek_v3 and deepseek_v2");
+    return;
+  }
+  const json& m = get_obj(j, "mla", where);
+  const std::string w = where + " mla";
+  c.q_lora_rank = get_int(m, "q_lora_rank", w, 0);
+  c.kv_lora_rank = get_int(m, "kv_lora_rank", w, 1);
+  c.qk_nope_head_dim = get_int(m, "qk_nope_head_dim", w, 1);
+  c.qk_rope_head_dim = get_int(m, "qk_rope_head_dim", w, 2);
+  c.v_head_dim = get_int(m, "v_head_dim", w, 1);
+  // Bounded so their sums (below and in every buffer size) stay far from int's range.
+  for (const auto& [key, v] : {std::pair{"mla.q_lora_rank", c.q_lora_rank}, {"mla.kv_lora_rank", c.kv_lora_rank},
+                               {"mla.qk_nope_head_dim", c.qk_nope_head_dim}, {"mla.qk_rope_head_dim", c.qk_rope_head_dim},
+                               {"mla.v_head_dim", c.v_head_dim}})
+    if (v > (1 << 20)) bad(where, key, "is " + std::to_string(v) + ", over 2^20");
+  if (c.qk_rope_head_dim % 2 != 0) bad(where, "mla.qk_rope_head_dim", "must be even (RoPE rotates pairs)");
+  if (c.head_dim != c.qk_nope_head_dim + c.qk_rope_head_dim)
+    bad(where, "head_dim", "(" + std::to_string(c.head_dim) + ") must be mla.qk_nope_head_dim + mla.qk_rope_head_dim (" +
+                               std::to_string(c.qk_nope_head_dim + c.qk_rope_head_dim) + ")");
+  if (c.n_kv_heads != c.n_heads) bad(where, "n_kv_heads", "must equal n_heads for MLA");
+  check_elements(where, {{"n_heads", c.n_heads}, {"qk_nope_head_dim + v_head_dim", c.qk_nope_head_dim + c.v_head_dim},
+                         {"kv_lora_rank", c.kv_lora_rank}}, 40, "wkv_b");
+  check_elements(where, {{"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim},
+                         {"hidden_size", c.hidden_size}}, 40, "wkv_a");
+  check_elements(where, {{"n_layers", c.n_layers}, {"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim}},
+                 34, "the latent KV cache of one position");
+  check_elements(where, {{"n_heads", c.n_heads}, {"head_dim", c.head_dim},
+                         {"q_lora_rank", std::max(c.q_lora_rank, 1)}}, 40, "wq_b");
+  check_elements(where, {{"q_lora_rank", std::max(c.q_lora_rank, 1)}, {"hidden_size", c.hidden_size}}, 40, "wq_a");
+  check_elements(where, {{"n_heads", c.n_heads}, {"v_head_dim", c.v_head_dim}, {"hidden_size", c.hidden_size}}, 40,
+                 "wo");
 }
 
 // gpt-oss's keys (model_config.h), written only when set so other models' model.json stay as they were.
@@ -308,6 +348,8 @@ nlohmann::json ModelConfig::to_json() const {
     if (s.type == "yarn") {
       js["beta_fast"] = s.beta_fast;
       js["beta_slow"] = s.beta_slow;
+      if (s.mscale != 0) js["mscale"] = s.mscale;  // DeepSeek's: written only when set
+      if (s.mscale_all_dim != 0) js["mscale_all_dim"] = s.mscale_all_dim;
       if (!s.truncate) js["truncate"] = false;
     }
     if (s.type == "llama3") {
@@ -337,6 +379,9 @@ nlohmann::json ModelConfig::to_json() const {
     j["intermediate_size"] = intermediate_size;
   }
   if (rotary_dim > 0 && rotary_dim != head_dim) j["rotary_dim"] = rotary_dim;
+  if (has_mla())  // DeepSeek-V3
+    j["mla"] = {{"q_lora_rank", q_lora_rank}, {"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
+                {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}};
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
   if (expert_bias) j["experts"]["bias"] = true;
@@ -418,6 +463,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
     s.beta_slow = get_opt_num(sc, "beta_slow", w, 1);
     s.low_freq_factor = get_opt_num(sc, "low_freq_factor", w, 1);
     s.high_freq_factor = get_opt_num(sc, "high_freq_factor", w, 4);
+    s.mscale = get_opt_num(sc, "mscale", w, 0);
+    s.mscale_all_dim = get_opt_num(sc, "mscale_all_dim", w, 0);
+    if (!(std::isfinite(s.mscale) && std::isfinite(s.mscale_all_dim) && s.mscale >= 0 && s.mscale_all_dim >= 0))
+      bad(where, "rope.scaling.mscale", "and mscale_all_dim must be finite and >= 0");
     if (sc.contains("truncate")) s.truncate = get_bool(sc, "truncate", w);
     c.rope_scaling = s;
   }
@@ -431,7 +480,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   }
   read_glm_fields(j, where, c);
 
+  read_mla(j, where, c);
   gpt_oss_from_json(j, where, c);
+  // MLA's attention (mla_attention.h) has no sinks, output bias or window.
+  if (c.has_mla() && (c.attention_sinks || c.o_bias || c.sliding_window > 0))
+    bad(where, "mla", "cannot be combined with attention_sinks, o_bias or sliding_window (gpt-oss attention)");
 
   const json& dense = get_obj(j, "dense", where);
   c.dense_file = check_model_path(get_str(dense, "file", where + " dense"), where, "dense.file");

@@ -3,7 +3,8 @@
 //
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
-//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "gpt_oss"
+//   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3" |
+//     "deepseek_v2" | "gpt_oss"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
@@ -39,6 +40,9 @@
 //     first_k_dense_replace + m (experts.layer_types has one entry per MoE layer)
 //   rotary_dim (even int in [2, head_dim], default head_dim): RoPE turns the first rotary_dim
 //     dims of each head (rotate-half within them), the rest pass (GLM's partial_rotary_factor)
+//   mla (deepseek_v3 and deepseek_v2 only, required there): { q_lora_rank (int >= 0, 0 = plain wq), kv_lora_rank,
+//     qk_nope_head_dim, qk_rope_head_dim, v_head_dim (positive) }, head_dim = qk_nope + qk_rope;
+//     rope.scaling (yarn) may carry mscale and mscale_all_dim (docs/format.md)
 //   dense: { file: "dense.safetensors", dtype: "f32"|"bf16" }
 //          version 2 also: { file: "dense.gguf", dtype: "gguf" } (each tensor in its ggml type)
 //   experts: { dir: "experts", quant: "f32"|"bf16"|"q8"|"q4" }
@@ -59,6 +63,12 @@
 //   sigmoid routing: layers.N.router_bias [E] (float32, as the router)
 //   dense-MLP layers (N < first_k_dense_replace): layers.N.mlp_gate [I, D], layers.N.mlp_up [I, D],
 //   layers.N.mlp_down [D, I] instead of router, router_bias and shared expert (I = intermediate_size)
+// MLA layers (deepseek_v3) hold, instead of wq/wk/wv (r = qk_rope_head_dim, n = qk_nope_head_dim,
+// v = v_head_dim, C = kv_lora_rank, Q = q_lora_rank): layers.N.wq_a [Q, D], layers.N.q_a_norm [Q],
+//   layers.N.wq_b [H*(n+r), Q] (or layers.N.wq [H*(n+r), D] when Q = 0), layers.N.wkv_a [C+r, D],
+//   layers.N.kv_a_norm [C], layers.N.wkv_b [H*(n+v), C], layers.N.wo [D, H*v]. Each head's query
+//   rows are n no-RoPE then r RoPE rows, wkv_a's C latent then r RoPE rows, wkv_b's per head n key
+//   then v value rows; RoPE rows in rotate-half order (the converter de-interleaves DeepSeek's).
 // dense.gguf (dense.dtype "gguf") holds the same tensors by the same names as GGUF tensors (ne0
 // first: a [rows, cols] matrix is ne = [cols, rows]), each in its ggml type, Q/K rows in the
 // engine's order; its metadata may carry the tokenizer (tokenizer.ggml.*, tokenizer.chat_template),
@@ -76,7 +86,11 @@
 
 namespace moestream {
 
-enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe, kGptOss };
+enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe,
+  kDeepseekV3,  // DeepSeek-V3, Kimi K2: multi-head latent attention (MLA)
+  kDeepseekV2,  // DeepSeek-V2(-Lite): MLA with a softmax router
+  kGptOss,
+};
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).
 enum class ModelFormat { kPack, kGguf };
@@ -92,6 +106,10 @@ struct RopeScaling {
   double beta_fast = 32, beta_slow = 1;          // yarn
   bool truncate = true;  // yarn: floor/ceil the correction range (transformers' default; gpt-oss: false)
   double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  // yarn, DeepSeek: cos/sin scale mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+  // both are set (else 0.1 ln(factor) + 1), and MLA's softmax scale times
+  // mscale(factor, mscale_all_dim)^2; 0 = absent. mscale(s, m) = 0.1 m ln(s) + 1 for s > 1.
+  double mscale = 0, mscale_all_dim = 0;
 };
 
 struct ModelConfig {
@@ -108,6 +126,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;
   int shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // DeepSeek-V2/V3 multi-head latent attention (kDeepseekV3); kv_lora_rank 0: standard attention.
+  // head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim.
+  int q_lora_rank = 0;  // 0: a plain query projection wq
+  int kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   // gpt-oss (model.json keys above); the defaults are every other architecture's maths.
   bool attention_sinks = false;
   bool o_bias = false;
@@ -140,6 +162,7 @@ struct ModelConfig {
   int rotary_dim = 0;         // 0: head_dim
 
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  bool has_mla() const { return kv_lora_rank > 0; }
   // The keys a query at a sliding layer may see (0: all, a full-attention layer).
   int window_of(int layer) const {
     return sliding_window > 0 && size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)] ? sliding_window

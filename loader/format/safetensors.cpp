@@ -27,7 +27,7 @@ bool parse_dtype(const std::string& s, DType& d) {
   static const std::pair<const char*, DType> kTable[] = {
       {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"F64", DType::kF64},
       {"I64", DType::kI64}, {"I32", DType::kI32}, {"I16", DType::kI16},   {"I8", DType::kI8},
-      {"U8", DType::kU8},   {"BOOL", DType::kBool}};
+      {"U8", DType::kU8},   {"BOOL", DType::kBool}, {"F8_E4M3", DType::kF8E4M3}};
   for (auto& [name, v] : kTable)
     if (s == name) {
       d = v;
@@ -76,6 +76,7 @@ std::string_view dtype_name(DType d) {
     case DType::kI8: return "I8";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -85,7 +86,7 @@ size_t dtype_bytes(DType d) {
     case DType::kF64: case DType::kI64: return 8;
     case DType::kF32: case DType::kI32: return 4;
     case DType::kF16: case DType::kBF16: case DType::kI16: return 2;
-    case DType::kI8: case DType::kU8: case DType::kBool: return 1;
+    case DType::kI8: case DType::kU8: case DType::kBool: case DType::kF8E4M3: return 1;
   }
   return 0;
 }

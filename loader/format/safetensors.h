@@ -23,7 +23,9 @@
 
 namespace moestream {
 
-enum class DType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+enum class DType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool,
+  kF8E4M3,  // float8_e4m3fn of DeepSeek-V3's FP8 checkpoints: raw bytes only (runtime/convert/fp8_weights.h scales them)
+};
 
 std::string_view dtype_name(DType d);  // safetensors spelling: "F32", "BF16", ...
 size_t dtype_bytes(DType d);

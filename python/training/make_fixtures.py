@@ -1,4 +1,5 @@
-# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5, gpt-oss) with transformers
+# Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5,
+# DeepSeek-V3, gpt-oss) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -13,6 +14,13 @@ published style too (rope_theta, num_experts); qwen3_moe_fused, with the
 config.json that transformers 5 writes (rope_parameters, num_local_experts), is saved by
 save_pretrained(save_original_format=False), i.e. the fused layout
 `mlp.experts.gate_up_proj [E, 2F, D]` (gate rows first) and `mlp.experts.down_proj [E, D, F]`.
+deepseek_v3 (DeepSeek-V3 / Kimi K2's architecture) adds multi-head latent attention with a q LoRA,
+interleaved RoPE pairs and YaRN mscale, a dense first layer, grouped sigmoid routing with a random
+correction bias, and a shared expert; its config.json is in the published style (rope_scaling).
+deepseek_v3_fp8 is the same architecture saved as DeepSeek-V3's FP8 releases are: linear weights in
+float8_e4m3fn with `weight_scale_inv` block scales (16 x 16 blocks, powers of two) and a
+quantization_config; the reference runs on the dequantised weights. deepseek_v2 is DeepSeek-V2-Lite's
+form: MLA with a plain q_proj, complex (interleaved) RoPE, a softmax router, two shared experts.
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
@@ -37,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,10 +54,10 @@ import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, OlmoeConfig,
-                          OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -107,6 +116,34 @@ def fixture_specs():
         num_nextn_predict_layers=1,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         **common)
+    # DeepSeek-V3: MLA (q LoRA, interleaved RoPE pairs, YaRN with mscale != mscale_all_dim so both
+    # the cos/sin factor and the softmax scale move), a dense first layer, grouped sigmoid routing
+    # with a correction bias (randomise) and a scaling factor, one shared expert.
+    deepseek = DeepseekV3Config(
+        vocab_size=353, hidden_size=53, intermediate_size=72, num_attention_heads=3,
+        num_key_value_heads=3, q_lora_rank=24, kv_lora_rank=20, qk_nope_head_dim=10,
+        qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=19, n_routed_experts=16,
+        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_interleave=True, attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.9, "mscale_all_dim": 0.7},
+        **common)
+    # DeepSeek-V2-Lite's form: MLA without q LoRA (a plain q_proj), complex (interleaved) RoPE with
+    # YaRN mscale = mscale_all_dim, softmax top-k without renormalisation, two ungated shared
+    # experts, a dense first layer.
+    deepseek2 = DeepseekV2Config(
+        vocab_size=337, hidden_size=48, intermediate_size=70, num_attention_heads=3,
+        num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=12,
+        qk_rope_head_dim=6, v_head_dim=10, moe_intermediate_size=21, n_routed_experts=12,
+        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
+        routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False, n_group=1, topk_group=1,
+        attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.707, "mscale_all_dim": 0.707},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -114,9 +151,62 @@ def fixture_specs():
         "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
         "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
         "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
+        "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
+        "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),
+        "deepseek_v2": (DeepseekV2ForCausalLM, deepseek2, 1009, "per_expert"),
         "gpt_oss": (GptOssForCausalLM, gpt_oss, 1006, "gpt_oss"),
         "gpt_oss_mxfp4": (GptOssForCausalLM, gpt_oss, 1006, "mxfp4"),
     }
+
+
+# Blocks of the FP8 fixture: 16 x 16 so that every matrix of the tiny model has several, partial
+# ones on its edges included (DeepSeek-V3's releases use 128 x 128).
+FP8_BLOCK = (16, 16)
+
+
+def fp8_block_quantize(w, block):
+    """(fp8 [R, C], scales [ceil(R/br), ceil(C/bc)] f32, dequantised f32): w = fp8 * scale per block.
+
+    Scales are powers of two (2^ceil(log2(amax / 448)), 448 the largest e4m3 value), so each
+    dequantised value is exactly a bf16 value too and a bf16 pack stays lossless.
+    """
+    rows, cols = w.shape
+    br, bc = block
+    nr, nc = -(-rows // br), -(-cols // bc)
+    s = torch.ones(nr, nc)
+    for i in range(nr):
+        for j in range(nc):
+            amax = float(w[i * br:(i + 1) * br, j * bc:(j + 1) * bc].abs().max())
+            if amax > 0:
+                s[i, j] = 2.0 ** math.ceil(math.log2(amax / 448.0))
+    full = s.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+    q = (w / full).to(torch.float8_e4m3fn)
+    return q, s, q.to(torch.float32) * full
+
+
+@torch.no_grad()
+def to_fp8_checkpoint(model, sd, block):
+    """DeepSeek-V3's FP8 release layout of sd (per-expert names): every linear layer's weight but
+    the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv` block scales. The
+    in-memory model is set to the dequantised values, so the reference is what the file holds."""
+    params = dict(model.named_parameters())
+    out = {}
+    for k, v in sd.items():
+        if v.dim() != 2 or not k.endswith(("_proj.weight", "_proj_with_mqa.weight")):
+            out[k] = v
+            continue
+        q, s, deq = fp8_block_quantize(v, block)
+        out[k], out[k + "_scale_inv"] = q, s
+        m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", k)
+        if m is None:
+            params[k].copy_(deq)
+        elif m.group(3) == "down":
+            params[m.group(1) + ".down_proj"][int(m.group(2))].copy_(deq)
+        else:  # gate_up_proj [E, 2F, D]: gate rows first
+            gu = params[m.group(1) + ".gate_up_proj"]
+            f = gu.shape[1] // 2
+            (gu[int(m.group(2)), :f] if m.group(3) == "gate" else gu[int(m.group(2)), f:]).copy_(deq)
+    return out
 
 
 @torch.no_grad()
@@ -195,7 +285,7 @@ def published_style_config(path, arch):
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope["rope_theta"]
     cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
-    if arch != "mixtral" and "num_local_experts" in cfg:
+    if arch not in ("mixtral", "deepseek_v3", "deepseek_v2") and "num_local_experts" in cfg:
         cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
     if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
@@ -293,8 +383,13 @@ def write_fixture(name, cls, config, seed, layout, out_root):
     arch = config.model_type
     attn = model.model.layers[0].self_attn
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if attn.q_proj.weight.shape[0] != config.num_attention_heads * hd:
-        raise RuntimeError(f"{name}: q_proj has {attn.q_proj.weight.shape[0]} rows, expected "
+    if arch in ("deepseek_v3", "deepseek_v2"):  # MLA: query heads are qk_nope + qk_rope wide
+        hd = config.qk_nope_head_dim + config.qk_rope_head_dim
+        attn = attn.q_b_proj if config.q_lora_rank else attn.q_proj
+    else:
+        attn = attn.q_proj
+    if attn.weight.shape[0] != config.num_attention_heads * hd:
+        raise RuntimeError(f"{name}: the query projection has {attn.weight.shape[0]} rows, expected "
                            f"{config.num_attention_heads} heads x {hd}")
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, config.vocab_size, size=n).tolist() for n in PROMPT_LENGTHS]
@@ -349,17 +444,37 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                 sd[mtp + "enorm.weight"] = torch.ones(d)
                 sd[mtp + "self_attn.q_proj.bias"] = torch.randn(config.num_attention_heads * config.head_dim,
                                                                 generator=g)
+            if layout == "per_expert_fp8":
+                sd = to_fp8_checkpoint(model, sd, FP8_BLOCK)
+                cfg = json.loads((tmp / "config.json").read_text())
+                cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                              "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
+                (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
             save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for extra in ("generation_config.json",):
             (tmp / extra).unlink(missing_ok=True)
 
         logits, greedy, margins = reference(model, prompts)
-        # Reloading the written files must reproduce the logits: the layout is loadable.
-        extra_args = {"quantization_config": mxfp4_reload} if mxfp4_reload else {}
-        reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager",
-                                       **extra_args).eval()
+        if layout == "per_expert_fp8":
+            # transformers loads FP8 checkpoints on GPUs only: check instead that the file's FP8
+            # weights times their scales are the weights the reference ran with.
+            written, want = load_file(str(tmp / "model.safetensors")), per_expert_state_dict(model, arch)
+            for k, v in want.items():
+                got = written[k].to(torch.float32)
+                if written[k].dtype == torch.float8_e4m3fn:
+                    sc = written[k + "_scale_inv"]
+                    got = got * sc.repeat_interleave(FP8_BLOCK[0], 0)[:v.shape[0]].repeat_interleave(
+                        FP8_BLOCK[1], 1)[:, :v.shape[1]]
+                if not torch.equal(got, v):
+                    raise RuntimeError(f"{name}: FP8 tensor {k} does not dequantise to the model's")
+            reloaded = None
+        else:
+            # Reloading the written files must reproduce the logits: the layout is loadable.
+            extra_args = {"quantization_config": mxfp4_reload} if mxfp4_reload else {}
+            reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager",
+                                           **extra_args).eval()
         with torch.no_grad():
-            for ids, ref in zip(prompts, logits):
+            for ids, ref in zip(prompts, logits if reloaded is not None else []):
                 got = reloaded(torch.tensor([ids])).logits[0].numpy()
                 if not np.array_equal(got, ref):
                     raise RuntimeError(f"{name}: reloaded model differs by "
@@ -390,6 +505,35 @@ def write_fixture(name, cls, config, seed, layout, out_root):
         raise RuntimeError(f"{dest}: {size} bytes, over the 1.8 MB fixture budget")
 
 
+def write_fp8_fixture(out_root):
+    """tests/fixtures/fp8/model.safetensors: FP8 (float8_e4m3fn) matrices with 128x128 block scales
+    in the layout of DeepSeek-V3's FP8 releases (`X.weight` F8_E4M3, `X.weight_scale_inv` F32),
+    and torch's own dequantisation of each as `X.reference` (F32), for the converter's FP8 path.
+    `odd.weight` [130, 260] has partial blocks on both edges and random bytes (NaN codes
+    replaced by 0); `codes.weight` [1, 256] holds every code once, NaNs included, scales 1.
+    """
+    g = torch.Generator().manual_seed(2001)
+    raw = torch.randint(0, 256, (130, 260), generator=g, dtype=torch.uint8)
+    raw[(raw == 0x7F) | (raw == 0xFF)] = 0
+    odd = raw.view(torch.float8_e4m3fn)
+    scale = torch.rand((2, 3), generator=g) * 0.01 + 1e-4
+    full = scale.repeat_interleave(128, 0)[:130].repeat_interleave(128, 1)[:, :260]
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(1, 256).view(torch.float8_e4m3fn)
+    tensors = {
+        "odd.weight": odd, "odd.weight_scale_inv": scale, "odd.reference": odd.to(torch.float32) * full,
+        "codes.weight": codes, "codes.weight_scale_inv": torch.ones((1, 2)),
+        "codes.reference": codes.to(torch.float32),
+    }
+    dest = out_root / "fp8"
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"),
+              metadata={"format": "pt", "torch_version": torch.__version__})
+    print(f"fp8              {(dest / 'model.safetensors').stat().st_size / 1e6:.2f} MB")
+
+
+EXTRA_FIXTURES = {"fp8": write_fp8_fixture}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "tests/fixtures")
@@ -399,13 +543,16 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # one thread: reductions in a fixed order
     specs = fixture_specs()
-    unknown = set(args.only or ()) - set(specs)
+    unknown = set(args.only or ()) - set(specs) - set(EXTRA_FIXTURES)
     if unknown:
-        ap.error(f"unknown fixture(s) {sorted(unknown)}; known: {sorted(specs)}")
+        ap.error(f"unknown fixture(s) {sorted(unknown)}; known: {sorted(specs) + sorted(EXTRA_FIXTURES)}")
     for name, (cls, config, seed, layout) in specs.items():
         if args.only and name not in args.only:
             continue
         write_fixture(name, cls, config, seed, layout, args.out)
+    for name, write in EXTRA_FIXTURES.items():
+        if not args.only or name in args.only:
+            write(args.out)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -95,6 +96,9 @@ struct DenseTensor {
   bool router = false;  // a matrix kept in float (routing decisions on exact logits)
   bool f32 = false;     // stored float32 whatever the dense dtype (the sigmoid router's bias:
                         // bf16 would move its selections)
+  // DeepSeek-V3: rows in groups of rope_group whose last rope_rows rows (the RoPE part) are
+  // de-interleaved (read_dense); 0 = as stored.
+  int64_t rope_group = 0, rope_rows = 0;
 };
 
 // Biases and shared experts change the maths: the config check catches most, this catches
@@ -104,7 +108,8 @@ void reject_unsupported_tensors(const HfCheckpoint& ck, const ModelConfig& c, co
   for (const DenseTensor& t : dense) read.insert(t.in);
   for (const std::string& n : ck.names()) {
     if (n.rfind("model.layers.", 0) != 0 || read.count(n)) continue;
-    if (c.arch == Arch::kGlm4Moe && is_mtp_layer_tensor(n, c.n_layers)) continue;
+    if (HfCheckpoint::is_fp8_scale(n)) continue;  // read with its FP8 weight (DeepSeek-V3)
+    if ((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3) && is_mtp_layer_tensor(n, c.n_layers)) continue;
     if (n.find("shared_expert") != std::string::npos)
       throw ConfigError("tensor '" + n + "': shared experts are not supported by moestream for this architecture");
     if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
@@ -112,7 +117,46 @@ void reject_unsupported_tensors(const HfCheckpoint& ck, const ModelConfig& c, co
   }
 }
 
-std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig& c) {
+// DeepSeek-V3's MLA projections (names in loader/format/model_config.h). With rope_interleave
+// (transformers' default for DeepSeek-V3) the RoPE rows pair (2i, 2i+1); they are stored
+// de-interleaved so the engine's rotate-half RoPE applies.
+void append_mla_tensors(const ModelConfig& c, const std::string& p, const std::string& o, bool rope_interleave,
+                        std::vector<DenseTensor>& t) {
+  const int64_t D = c.hidden_size, H = c.n_heads, C = c.kv_lora_rank, r = c.qk_rope_head_dim;
+  const int64_t qk = c.qk_nope_head_dim + r, rr = rope_interleave ? r : 0;
+  if (c.q_lora_rank > 0) {
+    t.push_back({o + "wq_a", p + "self_attn.q_a_proj.weight", {c.q_lora_rank, D}});
+    t.push_back({o + "q_a_norm", p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}});
+    t.push_back({o + "wq_b", p + "self_attn.q_b_proj.weight", {H * qk, c.q_lora_rank}, false, false, qk, rr});
+  } else {
+    t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * qk, D}, false, false, qk, rr});
+  }
+  t.push_back({o + "wkv_a", p + "self_attn.kv_a_proj_with_mqa.weight", {C + r, D}, false, false, C + r, rr});
+  t.push_back({o + "kv_a_norm", p + "self_attn.kv_a_layernorm.weight", {C}});
+  t.push_back({o + "wkv_b", p + "self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), C}});
+  t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * c.v_head_dim}});
+}
+
+// Reads a dense tensor as float32 (FP8 dequantised) with its RoPE rows de-interleaved when asked.
+std::vector<float> read_dense(const HfCheckpoint& ck, const DenseTensor& t) {
+  std::vector<float> v = ck.read(t.in, t.shape);
+  ck.release(t.in, 0, v.size());
+  if (t.rope_rows > 0) {
+    const size_t cols = size_t(t.shape.back()), g = size_t(t.rope_group), r = size_t(t.rope_rows);
+    std::vector<float> tmp(r * cols);
+    for (size_t base = g - r; base + r <= size_t(t.shape[0]); base += g) {
+      float* rows = v.data() + base * cols;
+      for (size_t i = 0; i < r / 2; ++i) {
+        std::copy_n(rows + (2 * i) * cols, cols, tmp.data() + i * cols);
+        std::copy_n(rows + (2 * i + 1) * cols, cols, tmp.data() + (r / 2 + i) * cols);
+      }
+      std::copy(tmp.begin(), tmp.end(), rows);
+    }
+  }
+  return v;
+}
+
+std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig& c, bool rope_interleave) {
   const int64_t V = c.vocab_size, D = c.hidden_size, H = c.n_heads, KV = c.n_kv_heads, hd = c.head_dim;
   std::vector<DenseTensor> t;
   t.push_back({"embed", "model.embed_tokens.weight", {V, D}});
@@ -121,10 +165,14 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = layer_prefix(l), o = "layers." + std::to_string(l) + ".";
     t.push_back({o + "attn_norm", p + "input_layernorm.weight", {D}});
-    t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * hd, D}});
-    t.push_back({o + "wk", p + "self_attn.k_proj.weight", {KV * hd, D}});
-    t.push_back({o + "wv", p + "self_attn.v_proj.weight", {KV * hd, D}});
-    t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * hd}});
+    if (c.has_mla()) {
+      append_mla_tensors(c, p, o, rope_interleave, t);
+    } else {
+      t.push_back({o + "wq", p + "self_attn.q_proj.weight", {H * hd, D}});
+      t.push_back({o + "wk", p + "self_attn.k_proj.weight", {KV * hd, D}});
+      t.push_back({o + "wv", p + "self_attn.v_proj.weight", {KV * hd, D}});
+      t.push_back({o + "wo", p + "self_attn.o_proj.weight", {D, H * hd}});
+    }
     if (c.qkv_bias) {
       t.push_back({o + "bq", p + "self_attn.q_proj.bias", {H * hd}});
       t.push_back({o + "bk", p + "self_attn.k_proj.bias", {KV * hd}});
@@ -166,6 +214,26 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
     if (c.router_bias) t.push_back({o + "router_bias", p + "mlp.router.bias", {c.n_experts}});
   }
   return t;
+}
+
+// quantization_config of an FP8 checkpoint: {quant_method: "fp8", fmt: "e4m3", weight_block_size:
+// [rows, cols]}; other methods are not read.
+Fp8BlockSize fp8_block_size(const nlohmann::json& q, const std::string& where) {
+  const std::string method = q.value("quant_method", std::string());
+  if (method != "fp8")
+    throw ConfigError(where + ": quantization_config.quant_method '" + method + "' is not supported (only fp8)");
+  if (q.value("fmt", std::string("e4m3")) != "e4m3")
+    throw ConfigError(where + ": quantization_config.fmt '" + q.value("fmt", std::string()) + "' is not supported (only e4m3)");
+  Fp8BlockSize b;
+  if (const auto bs = q.find("weight_block_size"); bs != q.end() && !bs->is_null()) {
+    if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() || !(*bs)[1].is_number_integer() ||
+        (*bs)[0].get<long long>() <= 0 || (*bs)[1].get<long long>() <= 0 || (*bs)[0].get<long long>() > (1 << 20) ||
+        (*bs)[1].get<long long>() > (1 << 20))
+      throw FormatError(where + ": quantization_config.weight_block_size must be two positive integers, got " + bs->dump());
+    b.rows = (*bs)[0].get<int>();
+    b.cols = (*bs)[1].get<int>();
+  }
+  return b;
 }
 
 void copy_if_present(const fs::path& from, const fs::path& to, std::string& field) {
@@ -220,7 +288,16 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   c.expert_quant = opts.quant;
 
   // Resolve every name and shape before writing anything, so a bad checkpoint fails fast.
-  std::vector<DenseTensor> dense = dense_tensors(ck, c);
+  // DeepSeek-V3: RoPE pairs interleaved (transformers' default true) and FP8 block sizes.
+  // DeepSeek-V2 always rotates interleaved pairs (complex RoPE); V3 as rope_interleave says.
+  const bool rope_interleave =
+      c.has_mla() && (c.arch == Arch::kDeepseekV2 || hf.value("rope_interleave", true));
+  // gpt-oss's released MXFP4 experts (quant_method "mxfp4") are read from their *_blocks tensors
+  // (convert_gpt_oss.h); any other method is FP8's or refused there.
+  if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object() &&
+      !(c.arch == Arch::kGptOss && q->value("quant_method", std::string()) == "mxfp4"))
+    ck.set_fp8_block(fp8_block_size(*q, config_path.string()));
+  std::vector<DenseTensor> dense = dense_tensors(ck, c, rope_interleave);
   reject_unsupported_tensors(ck, c, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);
   std::vector<ExpertSource> sources;
@@ -258,8 +335,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
     GgufWriter w(tmp.path / c.dense_file, dense_gguf_metadata(nullptr), specs);
     for (size_t i = 0; i < dense.size(); ++i) {
       const DenseTensor& t = dense[i];
-      std::vector<float> v = ck.read(t.in, t.shape);
-      ck.file(t.in).release(t.in, 0, v.size());
+      std::vector<float> v = read_dense(ck, t);
       const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
       const std::vector<uint8_t> bytes = encode_dense_matrix(specs[i].type, v.data(), rows, size_t(t.shape.back()));
       w.write(bytes.data(), bytes.size());
@@ -272,8 +348,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
     for (const DenseTensor& t : dense) w.declare(t.out, t.f32 ? DType::kF32 : dt, t.shape);
     w.set_metadata("format", "moestream-dense");
     for (const DenseTensor& t : dense) {
-      std::vector<float> v = ck.read(t.in, t.shape);
-      ck.file(t.in).release(t.in, 0, v.size());
+      std::vector<float> v = read_dense(ck, t);
       w.write(t.out, v.data(), v.size());
       bar.update(++done, "dense " + t.out);
     }
@@ -309,9 +384,8 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
         try {
           // Each source range is released from our mapping once read (see SafetensorsFile::release).
           auto take = [&](const std::string& name, uint64_t first, uint64_t n, float* dst) {
-            const SafetensorsFile& f = ck.file(name);
-            f.read_float(name, first, n, dst);
-            f.release(name, first, n);
+            ck.read_float(name, first, n, dst);  // FP8 experts dequantised here, one at a time
+            ck.release(name, first, n);
           };
           if (s.fused) {
             // gate_up_proj[e] is [2F, D]: rows [0, F) gate, [F, 2F) up (transformers' Concatenate(dim=1)).

@@ -3,6 +3,7 @@
 #include "runtime/convert/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -71,7 +72,50 @@ const SafetensorsFile& HfCheckpoint::file(const std::string& name) const {
 }
 
 std::vector<float> HfCheckpoint::read(const std::string& name, const std::vector<int64_t>& shape) const {
-  return file(name).to_float_checked(name, shape);
+  const SafetensorsFile& f = file(name);
+  f.check_shape(name, shape);
+  std::vector<float> out(f.info(name).numel());
+  read_float(name, 0, out.size(), out.data());
+  return out;
+}
+
+bool HfCheckpoint::is_fp8_scale(const std::string& name) {
+  static const std::string kSuffix = "_scale_inv";
+  return name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
+
+void HfCheckpoint::read_float(const std::string& name, uint64_t first, uint64_t count, float* dst) const {
+  const SafetensorsFile& f = file(name);
+  const TensorInfo& t = f.info(name);
+  if (t.dtype != DType::kF8E4M3) {
+    f.read_float(name, first, count, dst);
+    return;
+  }
+  const std::string where = f.path().string() + ": FP8 tensor '" + name + "'";
+  if (t.shape.size() != 2) throw FormatError(where + " has " + std::to_string(t.shape.size()) + " dims, expected a matrix");
+  const uint64_t rows = uint64_t(t.shape[0]), cols = uint64_t(t.shape[1]);
+  MOE_ASSERT(cols > 0 && first % cols == 0 && count % cols == 0 && first + count <= rows * cols,
+             "FP8 reads are whole rows of " + name);
+  const std::string sname = fp8_scale_name(name);
+  if (!contains(sname)) throw FormatError(where + " has no block scales '" + sname + "'");
+  const uint64_t br = uint64_t(fp8_block_.rows), bc = uint64_t(fp8_block_.cols);
+  const std::vector<int64_t> sshape{int64_t((rows + br - 1) / br), int64_t((cols + bc - 1) / bc)};
+  if (file(sname).info(sname).shape != sshape)
+    throw FormatError(where + ": its scales '" + sname + "' are not [" + std::to_string(sshape[0]) + ", " +
+                      std::to_string(sshape[1]) + "] (" + std::to_string(rows) + " x " + std::to_string(cols) +
+                      " in blocks of " + std::to_string(br) + " x " + std::to_string(bc) + ")");
+  // The scales are tiny (one float per 16384 weights): read whole each time.
+  std::vector<float> scale(size_t(sshape[0] * sshape[1]));
+  file(sname).read_float(sname, 0, scale.size(), scale.data());
+  for (size_t i = 0; i < scale.size(); ++i)
+    if (!std::isfinite(scale[i]))  // a corrupt scale would spread NaN through every later layer
+      throw FormatError(where + ": its scale " + std::to_string(i) + " in '" + sname + "' is not finite");
+  dequantize_fp8_rows(f.raw(name).data(), size_t(cols), scale.data(), size_t(sshape[1]), fp8_block_,
+                      size_t(first / cols), size_t(count / cols), dst);
+}
+
+void HfCheckpoint::release(const std::string& name, uint64_t first, uint64_t count) const {
+  file(name).release(name, first, count);  // element size from the tensor's dtype: 1 byte for FP8
 }
 
 std::vector<std::string> HfCheckpoint::names() const {

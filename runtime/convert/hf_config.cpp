@@ -87,10 +87,14 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "MixtralForCausalLM" || name == "mixtral") return Arch::kMixtral;
   if (name == "Qwen2MoeForCausalLM" || name == "qwen2_moe") return Arch::kQwen2Moe;
   if (name == "Glm4MoeForCausalLM" || name == "glm4_moe") return Arch::kGlm4Moe;
+  // Kimi K2 ships DeepSeek-V3's architecture (its model_type "kimi_k2" comes second).
+  if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
+  if (name == "DeepseekV2ForCausalLM" || name == "deepseek_v2") return Arch::kDeepseekV2;
   if (name == "GptOssForCausalLM" || name == "gpt_oss") return Arch::kGptOss;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
-                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM)");
+                    "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, "
+                    "GptOssForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -110,7 +114,8 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
     unsupported(where, "rope_scaling.type", "'" + type + "'");
   static const std::set<std::string> kKnown = {
       "type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-      "low_freq_factor", "high_freq_factor", "rope_theta", "truncate"};
+      "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim",
+      "truncate"};
   for (auto& [k, v] : sc->items())
     if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
@@ -121,6 +126,12 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
   s.beta_slow = opt_num(*sc, "beta_slow", where, 1);
   s.low_freq_factor = opt_num(*sc, "low_freq_factor", where, 1);
   s.high_freq_factor = opt_num(*sc, "high_freq_factor", where, 4);
+  if (type == "yarn" && (c.arch == Arch::kDeepseekV3 || c.arch == Arch::kDeepseekV2)) {  // its magnitude scales (rope.h, mla_attention.h)
+    s.mscale = opt_num(*sc, "mscale", where, 0);
+    s.mscale_all_dim = opt_num(*sc, "mscale_all_dim", where, 0);
+  } else if (find(*sc, "mscale") || find(*sc, "mscale_all_dim")) {
+    unsupported(where, "rope_scaling.mscale", "(changes RoPE; read for DeepSeek-V2/V3's yarn only)");
+  }
   s.truncate = opt_bool(*sc, "truncate", where, true);
   c.rope_scaling = s;
 }
@@ -143,6 +154,9 @@ MoeKeys moe_keys(Arch a) {
       return {"intermediate_size", "num_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kFull};
     case Arch::kGlm4Moe:
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-5, 10000.0, QkNorm::kNone};
+    case Arch::kDeepseekV3:
+    case Arch::kDeepseekV2:
+      return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kGptOss:
       return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 150000.0, QkNorm::kNone};
     case Arch::kMixtral:
@@ -155,14 +169,19 @@ MoeKeys moe_keys(Arch a) {
 // grouped sigmoid routing, ungated shared experts, dense first layers, partial rotary, QK-norm
 // and Q/K/V biases as the config says. The MTP layers (num_nextn_predict_layers) sit after the
 // last decoder layer; the converter skips their weights (decoding does not use them).
-void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
-  c.qkv_bias = opt_bool(hf, "attention_bias", where, false);
-  if (opt_bool(hf, "use_qk_norm", where, false)) c.qk_norm = QkNorm::kPerHead;
+// The MoE fields GLM-4.5 and DeepSeek-V3 share (grouped sigmoid routing, ungated shared experts,
+// dense first layers), with the defaults of each architecture's transformers config.
+struct GroupedMoeDefaults {
+  int n_group, topk_group;
+  double routed_scaling_factor;
+  int first_k_dense_replace;
+};
+void read_grouped_sigmoid_moe(const json& hf, ModelConfig& c, const std::string& where, GroupedMoeDefaults d) {
   c.norm_topk_prob = opt_bool(hf, "norm_topk_prob", where, true);
   c.router_scoring = RouterScoring::kSigmoid;
-  c.n_group = opt_int(hf, "n_group", where, 1);
-  c.topk_group = opt_int(hf, "topk_group", where, 1);
-  c.routed_scaling_factor = opt_num(hf, "routed_scaling_factor", where, 1.0);
+  c.n_group = opt_int(hf, "n_group", where, d.n_group);
+  c.topk_group = opt_int(hf, "topk_group", where, d.topk_group);
+  c.routed_scaling_factor = opt_num(hf, "routed_scaling_factor", where, d.routed_scaling_factor);
   if (!(c.routed_scaling_factor > 0)) throw FormatError(where + ": 'routed_scaling_factor' must be positive");
   if (c.n_experts % c.n_group != 0 || c.topk_group > c.n_group || (c.n_group > 1 && c.n_experts / c.n_group < 2))
     throw ConfigError(where + ": n_group " + std::to_string(c.n_group) + " / topk_group " +
@@ -174,11 +193,17 @@ void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
   if (shared > (int64_t(1) << 30)) throw FormatError(where + ": n_shared_experts x moe_intermediate_size exceeds 2^30");
   c.shared_expert_intermediate_size = int(shared);
   c.shared_expert_gated = false;
-  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, 1);
+  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, d.first_k_dense_replace);
   if (c.first_k_dense_replace >= c.n_layers)
     throw ConfigError(where + ": first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
                       " leaves no MoE layer of " + std::to_string(c.n_layers));
   if (c.first_k_dense_replace > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+}
+
+void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
+  c.qkv_bias = opt_bool(hf, "attention_bias", where, false);
+  if (opt_bool(hf, "use_qk_norm", where, false)) c.qk_norm = QkNorm::kPerHead;
+  read_grouped_sigmoid_moe(hf, c, where, {1, 1, 1.0, 1});
   // transformers 5 keeps partial_rotary_factor in rope_parameters, 4.5x at the top level.
   double factor = opt_num(hf, "partial_rotary_factor", where, 0.5);
   if (const json* rp = find(hf, "rope_parameters"); rp && rp->is_object())
@@ -188,6 +213,51 @@ void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
   if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
     throw ConfigError(where + ": partial_rotary_factor " + std::to_string(factor) + " x head_dim " +
                       std::to_string(c.head_dim) + " is not an even rotary width");
+}
+
+// DeepSeek-V2(-Lite)'s MoE as transformers' DeepseekV2 computes it: softmax over all experts, the
+// top-k probabilities as they are (norm_topk_prob is not read there), ungated shared experts, dense
+// first layers. Its group-limited variant (DeepSeek-V2's group max) and a routed_scaling_factor
+// other than 1 are refused: the runtime groups sigmoid scores only.
+void read_deepseek_v2_moe(const json& hf, ModelConfig& c, const std::string& where) {
+  if (const json* f = find(hf, "scoring_func"); f && *f != "softmax") unsupported(where, "scoring_func", f->dump());
+  const json* m = find(hf, "topk_method");
+  const int n_group = opt_int(hf, "n_group", where, 1);
+  if (m && *m != "greedy" && !(*m == "group_limited_greedy" && n_group == 1))
+    unsupported(where, "topk_method", m->dump() + " with n_group " + std::to_string(n_group));
+  if (const double s = opt_num(hf, "routed_scaling_factor", where, 1.0); s != 1.0)
+    unsupported(where, "routed_scaling_factor", std::to_string(s) + " (DeepSeek-V2)");
+  c.norm_topk_prob = false;
+  c.router_scoring = RouterScoring::kSoftmax;
+  const int64_t shared = int64_t(opt_count(hf, "n_shared_experts", where, 2)) * c.moe_intermediate_size;
+  if (shared > (int64_t(1) << 30)) throw FormatError(where + ": n_shared_experts x moe_intermediate_size exceeds 2^30");
+  c.shared_expert_intermediate_size = int(shared);
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = opt_count(hf, "first_k_dense_replace", where, 0);
+  if (c.first_k_dense_replace >= c.n_layers)
+    throw ConfigError(where + ": first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
+                      " leaves no MoE layer of " + std::to_string(c.n_layers));
+  if (c.first_k_dense_replace > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+}
+
+// DeepSeek-V2/V3's multi-head latent attention sizes; q_lora_rank null means a plain q_proj.
+void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
+  c.q_lora_rank = opt_int(hf, "q_lora_rank", where, 0);
+  c.kv_lora_rank = req_int(hf, "kv_lora_rank", where);
+  c.qk_nope_head_dim = req_int(hf, "qk_nope_head_dim", where);
+  c.qk_rope_head_dim = req_int(hf, "qk_rope_head_dim", where);
+  c.v_head_dim = req_int(hf, "v_head_dim", where);
+  if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
+  c.n_kv_heads = c.n_heads;  // every head reads the one latent
+  if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
+  if (c.arch == Arch::kDeepseekV2) {
+    read_deepseek_v2_moe(hf, c, where);
+    return;
+  }
+  // DeepSeek-V3's router: sigmoid scores, bias-corrected grouped top-k.
+  if (const json* f = find(hf, "scoring_func"); f && *f != "sigmoid") unsupported(where, "scoring_func", f->dump());
+  if (const json* m = find(hf, "topk_method"); m && *m != "noaux_tc") unsupported(where, "topk_method", m->dump());
+  read_grouped_sigmoid_moe(hf, c, where, {8, 4, 2.5, 3});  // DeepseekV3Config's defaults
 }
 
 // GptOssConfig: biases everywhere, sinks, alternating sliding windows, the clamped SwiGLU and a
@@ -241,7 +311,9 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   for (const char* k : {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
     if (const json* v = find(hf, k); v && !(v->is_number() && v->get<double>() == 0) &&
                                       !(c.arch == Arch::kQwen2Moe && std::string(k) == "shared_expert_intermediate_size") &&
-                                      !(c.arch == Arch::kGlm4Moe && std::string(k) == "n_shared_experts"))
+                                      !((c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3 ||
+                                         c.arch == Arch::kDeepseekV2) &&
+                                        std::string(k) == "n_shared_experts"))
       unsupported(where, k, "(shared experts)");
 
   const MoeKeys k = moe_keys(c.arch);
@@ -282,6 +354,10 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
       break;
     case Arch::kGlm4Moe:
       break;  // after head_dim, below
+    case Arch::kDeepseekV3:
+    case Arch::kDeepseekV2:
+      read_mla_fields(hf, c, where);
+      break;
     case Arch::kMixtral:
       // A window at least as long as the context never masks anything.
       if (const json* w = find(hf, "sliding_window");
@@ -292,6 +368,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   const int default_head_dim = c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
   if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
+  // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).
+  if (c.has_mla()) c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
   if (c.n_heads % c.n_kv_heads != 0)
     throw ConfigError(where + ": num_key_value_heads " + std::to_string(c.n_kv_heads) +
                       " does not divide num_attention_heads " + std::to_string(c.n_heads));

@@ -1,7 +1,7 @@
 // Implementation of runtime/convert/model_shapes.h. Values checked against each model's config.json on
 // the Hugging Face hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x7B-v0.1,
-// allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, zai-org/GLM-4.5-Air, openai/gpt-oss-120b,
-// openai/gpt-oss-20b).
+// allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, zai-org/GLM-4.5-Air, deepseek-ai/DeepSeek-V3,
+// moonshotai/Kimi-K2-Instruct, openai/gpt-oss-120b, openai/gpt-oss-20b).
 #include "runtime/convert/model_shapes.h"
 
 #include <algorithm>
@@ -40,6 +40,44 @@ ModelConfig glm45_air() {
   c.first_k_dense_replace = 1;
   c.intermediate_size = 10944;
   c.rotary_dim = 64;
+  return c;
+}
+
+// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json) and Kimi K2 (moonshotai/Kimi-K2-Instruct, the
+// same architecture): MLA with q LoRA 1536, latent 512, heads of 128 no-RoPE + 64 RoPE dims and
+// 128-wide values, YaRN (mscale 1 = mscale_all_dim 1: the softmax scale grows, cos/sin do not);
+// sigmoid routing with a correction bias, 1 ungated shared expert of the expert width, dense
+// first layers of 18432. Their MTP layer is not part of the decoder and not written.
+ModelConfig deepseek_v3_family(bool kimi) {
+  // heads = kv heads (every head reads the latent); head_dim = qk_nope + qk_rope.
+  const ModelSizes sizes = kimi ? ModelSizes{163840, 7168, 61, 64, 64, 192, 2048, 384, 8, 131072}
+                                : ModelSizes{129280, 7168, 61, 128, 128, 192, 2048, 256, 8, 163840};
+  ModelConfig c = make_model_config(Arch::kDeepseekV3, sizes, QkNorm::kNone, QuantType::kQ4);
+  c.norm_topk_prob = true;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = kimi ? 50000 : 10000;
+  RopeScaling y;
+  y.type = "yarn";
+  y.factor = kimi ? 32 : 40;
+  y.original_max_position_embeddings = 4096;
+  y.beta_fast = kimi ? 1 : 32;
+  y.beta_slow = 1;
+  y.mscale = 1;
+  y.mscale_all_dim = 1;
+  c.rope_scaling = y;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = kimi ? 1 : 8;
+  c.topk_group = kimi ? 1 : 4;
+  c.routed_scaling_factor = kimi ? 2.827 : 2.5;
+  c.shared_expert_intermediate_size = 2048;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = kimi ? 1 : 3;
+  c.intermediate_size = 18432;
   return c;
 }
 
@@ -87,12 +125,20 @@ std::vector<std::string> known_shape_names() {
   std::vector<std::string> names;
   for (const Shape& s : kShapes) names.emplace_back(s.name);
   names.emplace_back("glm-4.5-air");
+  names.emplace_back("deepseek-v3");
+  names.emplace_back("kimi-k2");
   return names;
 }
 
 ModelConfig known_shape(std::string_view name) {
   if (name == "glm-4.5-air") {
     ModelConfig c = glm45_air();
+    c.tie_word_embeddings = false;
+    c.dense_dtype = "bf16";
+    return c;
+  }
+  if (name == "deepseek-v3" || name == "kimi-k2") {
+    ModelConfig c = deepseek_v3_family(name == "kimi-k2");
     c.tie_word_embeddings = false;
     c.dense_dtype = "bf16";
     return c;
@@ -122,6 +168,10 @@ ModelConfig scaled_down(ModelConfig cfg, int factor) {
   cfg.moe_intermediate_size = shrink(cfg.moe_intermediate_size);
   if (cfg.has_shared_expert()) cfg.shared_expert_intermediate_size = shrink(cfg.shared_expert_intermediate_size);
   if (cfg.first_k_dense_replace > 0) cfg.intermediate_size = shrink(cfg.intermediate_size);
+  if (cfg.has_mla()) {  // DeepSeek-V3: the LoRA ranks are widths too; head sizes stay
+    if (cfg.q_lora_rank > 0) cfg.q_lora_rank = shrink(cfg.q_lora_rank);
+    cfg.kv_lora_rank = shrink(cfg.kv_lora_rank);
+  }
   cfg.vocab_size = shrink(cfg.vocab_size);
   if (!is_pack_quant(cfg.expert_quant)) {  // ggml blocks (MXFP4): whole 32-element blocks per row
     cfg.hidden_size = cfg.hidden_size / 32 * 32;

@@ -11,7 +11,8 @@
 namespace moestream {
 
 // Names accepted by known_shape(): "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b",
-// "olmoe-1b-7b", "qwen2-57b-a14b", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b".
+// "olmoe-1b-7b", "qwen2-57b-a14b", "glm-4.5-air", "deepseek-v3", "kimi-k2", "gpt-oss-120b",
+// "gpt-oss-20b".
 std::vector<std::string> known_shape_names();
 
 // The shape's ModelConfig, values from the model's Hugging Face config.json (vocab, hidden,

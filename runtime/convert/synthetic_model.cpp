@@ -68,10 +68,26 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
   for (int l = 0; l < cfg.n_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     norm(p + "attn_norm", D);
-    mat(p + "wq", qd, D);
-    mat(p + "wk", kvd, D);
-    mat(p + "wv", kvd, D);
-    mat(p + "wo", D, qd);
+    if (cfg.has_mla()) {  // DeepSeek-V3's MLA projections (model_config.h)
+      const size_t H = size_t(cfg.n_heads), C = size_t(cfg.kv_lora_rank), r = size_t(cfg.qk_rope_head_dim);
+      const size_t Q = size_t(cfg.q_lora_rank), qk = size_t(cfg.qk_nope_head_dim) + r;
+      if (Q > 0) {
+        mat(p + "wq_a", Q, D);
+        norm(p + "q_a_norm", Q);
+        mat(p + "wq_b", H * qk, Q);
+      } else {
+        mat(p + "wq", H * qk, D);
+      }
+      mat(p + "wkv_a", C + r, D);
+      norm(p + "kv_a_norm", C);
+      mat(p + "wkv_b", H * (size_t(cfg.qk_nope_head_dim) + size_t(cfg.v_head_dim)), C);
+      mat(p + "wo", D, H * size_t(cfg.v_head_dim));
+    } else {
+      mat(p + "wq", qd, D);
+      mat(p + "wk", kvd, D);
+      mat(p + "wv", kvd, D);
+      mat(p + "wo", D, qd);
+    }
     if (cfg.qkv_bias)  // small, centred at 0: a bias shifts, it does not scale
       for (auto [b, n] : {std::pair{"bq", qd}, std::pair{"bk", kvd}, std::pair{"bv", kvd}})
         tensors.push_back({p + b, {int64_t(n)}, 0.0f, 0.5f});

@@ -616,6 +616,9 @@ std::string gpu_unavailable_reason() {
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
                                                const std::filesystem::path& dense_path,
                                                ExpertStore& store, const GpuForwardOptions& opts) {
+  if (cfg.has_mla())  // DeepSeek-V3: the GPU pass has standard attention kernels only
+    throw ConfigError("--gpu: " + std::string(arch_name(cfg.arch)) +
+                      "'s multi-head latent attention (MLA) runs on the CPU path only; drop --gpu");
   return std::make_unique<detail::CudaForward>(cfg, dense_path, store, opts);
 }
 

@@ -37,12 +37,13 @@ CpuBatchPass::CpuBatchPass(const ModelConfig& cfg, const DenseWeights& w, const 
 
 CpuBatchPass::~CpuBatchPass() = default;
 
-Attention& CpuBatchPass::slot(int s) {
+CpuBatchPass::Slot& CpuBatchPass::slot(int s) {
   MOE_ASSERT(s >= 0 && s < kMaxBatchSlots, "batch slot out of range");
   if (size_t(s) >= slots_.size()) slots_.resize(size_t(s) + 1);
-  auto& a = slots_[size_t(s)];
-  if (!a) a = std::make_unique<Attention>(cfg_, max_context_, max_batch_);
-  return *a;
+  Slot& a = slots_[size_t(s)];
+  if (cfg_.has_mla() && !a.mla) a.mla = std::make_unique<MlaAttention>(cfg_, max_context_, max_batch_);
+  if (!cfg_.has_mla() && !a.attention) a.attention = std::make_unique<Attention>(cfg_, max_context_, max_batch_);
+  return a;
 }
 
 // CpuForward's dense SwiGLU MLP (layers below first_k_dense_replace) over T rows: in_ -> out_.
@@ -94,9 +95,13 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
       const ForwardChunk& c = b.entries[i].chunk;
       const int r0 = splits_[size_t(i)];
       in_.topRows(c.n_tokens) = h_.middleRows(r0, c.n_tokens);
-      slot(b.entries[i].slot).forward(pool_, l, lw, in_.data(), c.n_tokens, c.n_past,
-                                      cos_.data() + size_t(r0) * half, sin_.data() + size_t(r0) * half,
-                                      out_.data());
+      const float* cos = cos_.data() + size_t(r0) * half;
+      const float* sin = sin_.data() + size_t(r0) * half;
+      Slot& s = slot(b.entries[i].slot);
+      if (s.mla)
+        s.mla->forward(pool_, l, lw, in_.data(), c.n_tokens, c.n_past, cos, sin, out_.data());
+      else
+        s.attention->forward(pool_, l, lw, in_.data(), c.n_tokens, c.n_past, cos, sin, out_.data());
       tmp_.middleRows(r0, c.n_tokens) = out_.topRows(c.n_tokens);
     }
     x_.topRows(T) += tmp_.topRows(T);

@@ -16,6 +16,7 @@
 #include "runtime/model/attention.h"
 #include "runtime/model/dense_weights.h"
 #include "runtime/model/forward_pass.h"
+#include "runtime/model/mla_attention.h"
 #include "runtime/model/moe_layer.h"
 #include "runtime/model/rope.h"
 
@@ -40,7 +41,12 @@ class CpuBatchPass {
   int slots_allocated() const { return int(slots_.size()); }
 
  private:
-  Attention& slot(int s);
+  // A sequence's KV cache: standard attention's, or MLA's latent one (DeepSeek-V2/V3).
+  struct Slot {
+    std::unique_ptr<Attention> attention;
+    std::unique_ptr<MlaAttention> mla;
+  };
+  Slot& slot(int s);
   void dense_mlp(const LayerWeights& lw, int T);  // in_ -> out_
 
   const ModelConfig& cfg_;
@@ -49,7 +55,7 @@ class CpuBatchPass {
   MoeLayer& moe_;
   ThreadPool& pool_;
   int max_context_, max_batch_;
-  std::vector<std::unique_ptr<Attention>> slots_;  // by slot id; null until first used
+  std::vector<Slot> slots_;  // by slot id; empty until first used
   PhaseTimes moe_times_;
   RowMatrix x_, h_, tmp_;          // [max_batch, D]
   // [max_batch, D]: one sequence's rows at an aligned start, in and out of its dense products,

@@ -12,6 +12,7 @@
 #include "kernels/cpu/quant.h"
 #include "runtime/model/attention.h"
 #include "runtime/model/cpu_batch.h"
+#include "runtime/model/mla_attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
 #include "runtime/model/moe_layer.h"
@@ -28,7 +29,8 @@ struct CpuForward::Impl {
   int max_batch;
   DenseWeights w;
   Rope rope;
-  Attention attention;
+  std::unique_ptr<Attention> attention;  // one of the two: standard, or MLA (DeepSeek-V3)
+  std::unique_ptr<MlaAttention> mla;
   MoeLayer moe;
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;          // [max_batch, D]
@@ -40,7 +42,9 @@ struct CpuForward::Impl {
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
        ThreadPool& p, int max_context, int max_batch_)
       : cfg(c), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
-        attention(c, max_context, max_batch_), moe(c, store, max_batch_), max_context(max_context) {
+        moe(c, store, max_batch_), max_context(max_context) {
+    if (cfg.has_mla()) mla = std::make_unique<MlaAttention>(cfg, max_context, max_batch);
+    else attention = std::make_unique<Attention>(cfg, max_context, max_batch);
     x.resize(max_batch, cfg.hidden_size);
     h.resize(max_batch, cfg.hidden_size);
     tmp.resize(max_batch, cfg.hidden_size);
@@ -55,7 +59,8 @@ struct CpuForward::Impl {
     // The ggml kernels' scratch (dense matrices in a ggml type, GGUF experts) for up to max_batch
     // inputs of any width a product takes: hidden, the attention output, the expert widths.
     const size_t widest = size_t(std::max({cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_heads * cfg.head_dim,
-                                           cfg.shared_expert_intermediate_size, cfg.intermediate_size}));
+                                           cfg.shared_expert_intermediate_size, cfg.intermediate_size,
+                                           cfg.q_lora_rank, cfg.kv_lora_rank, cfg.n_heads * cfg.v_head_dim}));
     const size_t inputs = size_t(max_batch);
     pool.on_each_thread([widest, inputs] {
       reserve_matvec_scratch(widest);
@@ -110,8 +115,8 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     auto ta = std::chrono::steady_clock::now();
     for (int t = 0; t < T; ++t)
       rms_norm(m.x.row(t).data(), lw.attn_norm.data(), D, eps, m.h.row(t).data());
-    m.attention.forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(),
-                        m.tmp.data());
+    if (m.mla) m.mla->forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(), m.tmp.data());
+    else m.attention->forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(), m.tmp.data());
     m.x.topRows(T) += m.tmp.topRows(T);
     times.attention_s += seconds_since(ta);
 

@@ -26,6 +26,26 @@ size_t DenseTensorSpec::elements() const {
   return n;
 }
 
+namespace {
+// DeepSeek-V3's MLA projections of layer i (names and shapes in loader/format/model_config.h).
+void append_mla_specs(const ModelConfig& cfg, const std::string& p, int i, std::vector<DenseTensorSpec>& s) {
+  using K = DenseTensor;
+  const int64_t D = cfg.hidden_size, H = cfg.n_heads, C = cfg.kv_lora_rank, r = cfg.qk_rope_head_dim;
+  const int64_t qd = H * (cfg.qk_nope_head_dim + r);
+  if (cfg.q_lora_rank > 0) {
+    s.push_back({p + "wq_a", {cfg.q_lora_rank, D}, K::kWqA, i});
+    s.push_back({p + "q_a_norm", {cfg.q_lora_rank}, K::kQANorm, i});
+    s.push_back({p + "wq_b", {qd, cfg.q_lora_rank}, K::kWqB, i});
+  } else {
+    s.push_back({p + "wq", {qd, D}, K::kWq, i});
+  }
+  s.push_back({p + "wkv_a", {C + r, D}, K::kWkvA, i});
+  s.push_back({p + "kv_a_norm", {C}, K::kKvANorm, i});
+  s.push_back({p + "wkv_b", {H * (cfg.qk_nope_head_dim + cfg.v_head_dim), C}, K::kWkvB, i});
+  s.push_back({p + "wo", {D, H * cfg.v_head_dim}, K::kWo, i});
+}
+}  // namespace
+
 std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
   const int64_t V = cfg.vocab_size, D = cfg.hidden_size, hd = cfg.head_dim;
   const int64_t qd = int64_t{cfg.n_heads} * hd, kvd = int64_t{cfg.n_kv_heads} * hd;
@@ -35,10 +55,14 @@ std::vector<DenseTensorSpec> dense_tensor_specs(const ModelConfig& cfg) {
   for (int i = 0; i < cfg.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     s.push_back({p + "attn_norm", {D}, K::kAttnNorm, i});
-    s.push_back({p + "wq", {qd, D}, K::kWq, i});
-    s.push_back({p + "wk", {kvd, D}, K::kWk, i});
-    s.push_back({p + "wv", {kvd, D}, K::kWv, i});
-    s.push_back({p + "wo", {D, qd}, K::kWo, i});
+    if (cfg.has_mla()) {
+      append_mla_specs(cfg, p, i, s);
+    } else {
+      s.push_back({p + "wq", {qd, D}, K::kWq, i});
+      s.push_back({p + "wk", {kvd, D}, K::kWk, i});
+      s.push_back({p + "wv", {kvd, D}, K::kWv, i});
+      s.push_back({p + "wo", {D, qd}, K::kWo, i});
+    }
     if (cfg.qkv_bias) {
       s.push_back({p + "bq", {qd}, K::kBq, i});
       s.push_back({p + "bk", {kvd}, K::kBk, i});
@@ -83,7 +107,8 @@ bool is_matrix(DenseTensor k) {
   return k == DenseTensor::kEmbed || k == DenseTensor::kLmHead || k == DenseTensor::kWq || k == DenseTensor::kWk ||
          k == DenseTensor::kWv || k == DenseTensor::kWo || k == DenseTensor::kSharedGate ||
          k == DenseTensor::kSharedUp || k == DenseTensor::kSharedDown || k == DenseTensor::kMlpGate ||
-         k == DenseTensor::kMlpUp || k == DenseTensor::kMlpDown;
+         k == DenseTensor::kMlpUp || k == DenseTensor::kMlpDown || k == DenseTensor::kWqA ||
+         k == DenseTensor::kWqB || k == DenseTensor::kWkvA || k == DenseTensor::kWkvB;
 }
 
 // The type a pack's dense.safetensors tensor is computed in; nullopt for a dtype the CPU pass
@@ -182,6 +207,12 @@ Slot slot_of(DenseWeights& w, const DenseTensorSpec& t) {
     case DenseTensor::kMlpGate: return {&l->mlp_gate};
     case DenseTensor::kMlpUp: return {&l->mlp_up};
     case DenseTensor::kMlpDown: return {&l->mlp_down};
+    case DenseTensor::kWqA: return {&l->wq_a};
+    case DenseTensor::kWqB: return {&l->wq_b};
+    case DenseTensor::kWkvA: return {&l->wkv_a};
+    case DenseTensor::kWkvB: return {&l->wkv_b};
+    case DenseTensor::kQANorm: return {nullptr, &l->q_a_norm};
+    case DenseTensor::kKvANorm: return {nullptr, &l->kv_a_norm};
   }
   MOE_ASSERT(false, "unknown dense tensor kind");
   return {};

@@ -54,6 +54,9 @@ struct LayerWeights {
   // GLM-4.5 / DeepSeek-V3: the dense SwiGLU MLP of a layer below first_k_dense_replace (router
   // empty then).
   DenseMatrix mlp_gate, mlp_up, mlp_down;
+  // DeepSeek-V3 MLA (empty otherwise; wq is the plain query projection when q_lora_rank is 0).
+  DenseMatrix wq_a, wq_b, wkv_a, wkv_b;
+  Eigen::VectorXf q_a_norm, kv_a_norm;
   // gpt-oss (empty otherwise): the output projection's bias [D], the per-head sink logits [H].
   Eigen::VectorXf bo, sinks;
 };
@@ -63,7 +66,8 @@ enum class DenseTensor {
   kEmbed, kLmHead, kFinalNorm, kAttnNorm, kWq, kWk, kWv, kWo, kQNorm, kKNorm, kFfnNorm, kRouter,
   kBq, kBk, kBv, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
   kRouterBias, kMlpGate, kMlpUp, kMlpDown,  // GLM-4.5 / DeepSeek-V3 (kRouterBias: gpt-oss too)
-  kBo, kSinks                               // gpt-oss
+  kBo, kSinks,                              // gpt-oss
+  kWqA, kWqB, kWkvA, kWkvB, kQANorm, kKvANorm,  // DeepSeek-V3 MLA
 };
 
 // One dense tensor a model calls for: its name in dense.safetensors, its shape, its field.

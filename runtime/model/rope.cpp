@@ -10,6 +10,13 @@
 
 namespace moestream {
 
+namespace {
+// MLA rotates only its qk_rope_head_dim RoPE part; other models rope_dim() of each head.
+int rotated_dim(const ModelConfig& cfg) { return cfg.has_mla() ? cfg.qk_rope_head_dim : cfg.rope_dim(); }
+}  // namespace
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
 std::vector<float> Rope::default_inv_freq(double base, int dim) {
   std::vector<float> f(static_cast<size_t>(dim / 2));
   for (int i = 0; i < dim / 2; ++i)
@@ -18,7 +25,7 @@ std::vector<float> Rope::default_inv_freq(double base, int dim) {
 }
 
 Rope::Rope(const ModelConfig& cfg)
-    : dim_(cfg.rope_dim()), half_dim_(cfg.rope_dim() / 2), theta_(cfg.rope_theta),
+    : dim_(rotated_dim(cfg)), half_dim_(rotated_dim(cfg) / 2), theta_(cfg.rope_theta),
       max_pos_(cfg.max_position_embeddings) {
   if (dim_ <= 0 || dim_ % 2 != 0)
     throw ConfigError("model.json: the rotary width (head_dim or rotary_dim) must be even for RoPE, got " +
@@ -36,6 +43,8 @@ Rope::Rope(const ModelConfig& cfg)
     const double orig = s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings
                                                                : double(max_pos_);
     attention_factor_ = factor <= 1 ? 1.0f : static_cast<float>(0.1 * std::log(factor) + 1.0);
+    if (s.mscale != 0 && s.mscale_all_dim != 0)  // DeepSeek's ratio (transformers' yarn)
+      attention_factor_ = static_cast<float>(yarn_mscale(factor, s.mscale) / yarn_mscale(factor, s.mscale_all_dim));
     auto correction_dim = [&](double rotations) {
       return (dim_ * std::log(orig / (rotations * 2 * std::numbers::pi))) / (2 * std::log(theta_));
     };

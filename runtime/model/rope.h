@@ -8,8 +8,12 @@
 
 namespace moestream {
 
+// YaRN's magnitude scale 0.1 * mscale * ln(scale) + 1 (1 for scale <= 1), as DeepSeek defines it.
+double yarn_mscale(double scale, double mscale);
+
 class Rope {
  public:
+  // Over head_dim, or MLA's qk_rope_head_dim.
   explicit Rope(const ModelConfig& cfg);
 
   int half_dim() const { return half_dim_; }

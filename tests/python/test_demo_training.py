@@ -209,7 +209,7 @@ def safetensors_names(path):
 @pytest.mark.parametrize("name,layout", [("qwen3_moe", "qwen"), ("olmoe", "qwen"), ("qwen2_moe", "qwen"),
                                          ("gpt_oss", "gpt_oss"), ("gpt_oss_mxfp4", "mxfp4"),
                                          ("mixtral", "mixtral"), ("qwen3_moe_fused", "fused"),
-                                         ("glm4_moe", "glm")])
+                                         ("glm4_moe", "glm"), ("deepseek_v3", "glm")])
 def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     d = FIXTURES / name
     cfg = json.loads((d / "config.json").read_text())
@@ -256,3 +256,52 @@ def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
         assert all(len(row) == V for row in logits)
         assert int(np.argmax(logits[-1])) == greedy[0]  # the first greedy token is the argmax
     assert sum(p.stat().st_size for p in d.iterdir()) < 1_800_000
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_fixture_has_mla_weights_and_yarn_mscale(name):
+    d = FIXTURES / name
+    cfg = json.loads((d / "config.json").read_text())
+    H, D = cfg["num_attention_heads"], cfg["hidden_size"]
+    n, r, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    C, Q = cfg["kv_lora_rank"], cfg["q_lora_rank"]
+    header = safetensors_names(d / "model.safetensors")
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}.self_attn"
+        if Q:  # DeepSeek-V3: q LoRA
+            assert header[f"{p}.q_a_proj.weight"]["shape"] == [Q, D]
+            assert header[f"{p}.q_b_proj.weight"]["shape"] == [H * (n + r), Q]
+        else:  # DeepSeek-V2-Lite: a plain q_proj
+            assert header[f"{p}.q_proj.weight"]["shape"] == [H * (n + r), D]
+        assert header[f"{p}.kv_a_proj_with_mqa.weight"]["shape"] == [C + r, D]
+        assert header[f"{p}.kv_b_proj.weight"]["shape"] == [H * (n + v), C]
+        assert header[f"{p}.o_proj.weight"]["shape"] == [D, H * v]
+        assert f"{p}.k_proj.weight" not in header
+    rs = cfg["rope_scaling"]
+    assert rs["rope_type"] == "yarn" and rs["mscale_all_dim"] != 1  # the softmax scale moves
+    if name == "deepseek_v3":
+        # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
+        assert rs["mscale"] != rs["mscale_all_dim"] and cfg["rope_interleave"] is True
+    else:  # DeepSeek-V2: a softmax router without a correction bias, two ungated shared experts
+        assert cfg["topk_method"] == "greedy" and cfg["n_shared_experts"] == 2
+        assert not any(k.endswith("e_score_correction_bias") for k in header)
+        assert "model.layers.1.mlp.shared_experts.gate_proj.weight" in header
+
+
+def test_deepseek_v3_fp8_fixture_is_in_the_fp8_release_layout():
+    d = FIXTURES / "deepseek_v3_fp8"
+    cfg = json.loads((d / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert q["quant_method"] == "fp8" and q["fmt"] == "e4m3"
+    br, bc = q["weight_block_size"]
+    header = safetensors_names(d / "model.safetensors")
+    fp8 = [k for k, v in header.items() if v["dtype"] == "F8_E4M3"]
+    assert len(fp8) > 100  # attention, dense MLP, shared and routed experts
+    for k in fp8:
+        rows, cols = header[k]["shape"]
+        assert header[k + "_scale_inv"]["shape"] == [-(-rows // br), -(-cols // bc)]
+        assert header[k + "_scale_inv"]["dtype"] == "F32"
+    # Embedding, lm_head, norms and the router stay float, as in DeepSeek-V3's release.
+    for k in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight"):
+        assert header[k]["dtype"] == "F32"
+    assert sum(p.stat().st_size for p in d.iterdir()) < 1_500_000
