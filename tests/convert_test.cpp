@@ -110,6 +110,8 @@ TinyHf make_tiny(Arch arch, uint32_t seed = 1) {
                            {"mlp_only_layers", json::array()}, {"use_sliding_window", false},
                            {"sliding_window", 32768}, {"max_window_layers", 21}});
       break;
+    default:  // the other architectures have checkpoints of their own (their fixtures and tests)
+      throw std::invalid_argument("hf_model: no synthetic checkpoint for " + std::string(arch_name(arch)));
   }
   add("model.embed_tokens.weight", {m.V, m.D});
   add("model.norm.weight", {m.D});
