@@ -116,10 +116,7 @@ CacheSimResult simulate_policy_with_hints(const CacheTrace& t, CachePolicy& poli
   if (hints.group_begin.size() != t.group_begin.size())
     throw ConfigError("cache_sim: the guesses cover " + std::to_string(hints.group_begin.size()) +
                       " groups, the trace has " + std::to_string(t.group_begin.size()));
-  CacheSimResult r;
-  std::vector<int> pinned;
-  for (size_t g = 0; g < t.n_groups(); ++g) {
-    if (t.step_begins[g] && g > 0) policy.advance_step();
+  return simulate_policy(t, policy, [&](size_t g) {
     // The engine routes layer L and guesses from its router input before L's experts are acquired.
     const int from = t.keys[t.group_begin[g]] / t.n_experts;
     for (uint32_t q = hints.group_begin[g]; q < hints.group_begin[g + 1]; ++q) {
@@ -128,21 +125,7 @@ CacheSimResult simulate_policy_with_hints(const CacheTrace& t, CachePolicy& poli
       while (n < size_t(hints.width) && ids[n] >= 0) ++n;  // -1 pads a narrower guess
       policy.hint(from, hints.layer[q], std::span<const int>(ids, n));
     }
-    for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
-      const int key = t.keys[i];
-      const CacheAccess a =
-          policy.access(ExpertKey{key / t.n_experts, key % t.n_experts}, CacheFill::kDemand);
-      ++r.accesses;
-      r.hits += a.outcome == CacheOutcome::kHit;
-      if (a.slot >= 0) {
-        policy.pin(a.slot);
-        pinned.push_back(a.slot);
-      }
-    }
-    for (int s : pinned) policy.unpin(s);
-    pinned.clear();
-  }
-  return r;
+  });
 }
 
 }  // namespace moestream

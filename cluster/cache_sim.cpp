@@ -79,11 +79,13 @@ CacheSimResult simulate_lru(const CacheTrace& t, int capacity) {
   return r;
 }
 
-CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy) {
+CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy,
+                               const std::function<void(size_t group)>& before_group) {
   CacheSimResult r;
   std::vector<int> pinned;
   for (size_t g = 0; g < t.n_groups(); ++g) {
     if (t.step_begins[g] && g > 0) policy.advance_step();
+    if (before_group) before_group(g);
     for (uint32_t i = t.group_begin[g]; i < t.group_begin[g + 1]; ++i) {
       const int key = t.keys[i];
       const CacheAccess a =

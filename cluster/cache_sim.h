@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "loader/format/routing_log.h"
@@ -44,8 +45,11 @@ CacheSimResult simulate_belady(const CacheTrace& t, int capacity, bool bypass = 
 // Any CachePolicy as the caches drive it: each access a demand access() (lookup, insert on a
 // miss), the current group's slots pinned until the group is done, one advance_step() per decode
 // step. A miss refused a slot (admission) is served uncached: a miss, the residents stay. The
-// policy's capacity must hold the widest group (the wrappers below check).
-CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy);
+// policy's capacity must hold the widest group (the wrappers below check). before_group (optional)
+// is called with each group's index after the step is advanced and before its accesses (what the
+// engine tells the policy at that point: simulate_policy_with_hints).
+CacheSimResult simulate_policy(const CacheTrace& t, CachePolicy& policy,
+                               const std::function<void(size_t group)>& before_group = {});
 // The GPU cache's policy (loader/store/lfru_policy.h: LFRU, decaying demand heat, optional demand
 // admission) with room for `capacity` experts.
 CacheSimResult simulate_lfru(const CacheTrace& t, int capacity, LfruPolicyOptions options = {});
