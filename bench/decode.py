@@ -64,6 +64,14 @@ def kv_bytes_per_token(cfg):
     return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 4
 
 
+def mha_kv_bytes_per_token(cfg):
+    """What per-head keys and values would take for an MLA model: H x (nope + rope) keys and
+    H x v values per layer (docs/mla.md compares the two)."""
+    mla = cfg["mla"]
+    per_head = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] + mla["v_head_dim"]
+    return cfg["n_layers"] * cfg["n_heads"] * per_head * 4
+
+
 def attention_weights_per_layer(cfg):
     """Elements of one layer's attention projections (MLA's low-rank ones when the model has them)."""
     D, H, hd = cfg["hidden_size"], cfg["n_heads"], cfg["head_dim"]
@@ -343,7 +351,8 @@ def main():
           + (f", {result['cap']['model_over_memory_max']:.1f}x the {mem_max_mb} MiB memory.max" if mem_max_mb else ""))
     print(f"memory cap: {cap_note}")
     print(f"KV cache: {kv_bytes_per_token(cfg)} bytes per token (float32, all layers"
-          + (", MLA latent + RoPE key)" if cfg.get("mla") else ", per-head K and V)"))
+          + (", MLA latent + RoPE key)" if cfg.get("mla") else ", per-head K and V)")
+          + (f"; standard attention would keep {mha_kv_bytes_per_token(cfg)}" if cfg.get("mla") else ""))
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")
     print(f"{'method':15} {'budget MiB':>10} {'tok/s':>7} {'rounds':>17} {'dev MB/tok':>10} "
