@@ -605,8 +605,13 @@ void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, 
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);
-  else
+  else {
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+    // DeepSeek-V2: routed_scaling_factor on the softmax router's weights, one float product each
+    // as routing.cpp's route() (1 for every other softmax model: nothing launched).
+    if (router_params.scaling != 1.0f)
+      cublas_check(cublasSscal(blas, T * K, &router_params.scaling, wts_d, 1), "sscal (routed_scaling_factor)");
+  }
 }
 
 // A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.
