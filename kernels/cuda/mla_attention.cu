@@ -24,6 +24,9 @@ constexpr int kTok = 8;  // tokens per block of the wkv_b kernels: each weight l
 constexpr int kTargetBlocks = 1024;
 constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 64;  // below this a split's launch costs more than its keys
+// Value rows per block of mla_value_out: a decode token of 128 heads x 128 rows gets 1,024 blocks
+// instead of one per head (128 blocks of 4 warps leave most of the device's load slots idle).
+constexpr int kValueRows = 16;
 
 // One element of a stored wkv_b row.
 struct F32W {
@@ -212,8 +215,8 @@ __global__ void mla_merge_kernel(const float* __restrict__ partial, int n_rows, 
   }
 }
 
-// Block (head h, token tile): warps take the head's value rows k = warp, warp + 4, ...; lanes
-// stride the row (coalesced) against the tile's latents in shared memory.
+// Block (head h, token tile, row slice): warps take the slice's value rows k = k0 + warp,
+// k0 + warp + 4, ...; lanes stride the row (coalesced) against the tile's latents in shared memory.
 template <class W>
 __global__ void mla_value_out_kernel(const float* __restrict__ ctx, const uint8_t* __restrict__ w, int T, int H,
                                      int n, int v, int C, float* __restrict__ o) {
@@ -226,7 +229,8 @@ __global__ void mla_value_out_kernel(const float* __restrict__ ctx, const uint8_
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const size_t row_bytes = size_t(C) * W::kBytes;
-  for (int k = warp; k < v; k += kWarps) {
+  const int k_end = min(v, int(blockIdx.z + 1) * kValueRows);
+  for (int k = int(blockIdx.z) * kValueRows + warp; k < k_end; k += kWarps) {
     const uint8_t* wr = w + (size_t(h) * size_t(n + v) + size_t(n + k)) * row_bytes;
     float acc[kTok];
 #pragma unroll
@@ -327,10 +331,10 @@ void mla_attention(const float* q_abs, const float* cache, int T, int pos0, int 
 void mla_value_out(const float* ctx, QuantType wt, const uint8_t* wkv_b, int T, int H, int n, int v, int C,
                    float* o, Stream s) {
   check_shape("mla_value_out", T > 0 && H > 0 && n > 0 && v > 0 && C > 0 && C <= kMlaMaxLatent && H <= 65535 &&
-                                   (T + kTok - 1) / kTok <= 65535,
+                                   (T + kTok - 1) / kTok <= 65535 && (v + kValueRows - 1) / kValueRows <= 65535,
               dims(T, H, n, 0, v, C));
   if (!ctx || !wkv_b || !o) throw Error("gpu::mla_value_out: null device pointer");
-  const dim3 grid(unsigned(H), unsigned((T + kTok - 1) / kTok));
+  const dim3 grid(unsigned(H), unsigned((T + kTok - 1) / kTok), unsigned((v + kValueRows - 1) / kValueRows));
   const size_t smem = size_t(kTok) * size_t(C) * sizeof(float);  // 32 KiB at C = 1024
   with_weight_type(wt, "mla_value_out", [&](auto w) {
     using W = decltype(w);
