@@ -13,6 +13,7 @@
 
 #include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_mla.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
@@ -106,6 +107,9 @@ struct CudaForward final : GpuForward {
   DeviceBuffer snapshot;          // [L][D]: x before each layer's MoE (a redo starts from it)
   DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
   GpuResidentStats resident_stats;
+  // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
+  // (gpu_mla.h); null for every other architecture.
+  std::unique_ptr<GpuMla> mla;
 
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);
