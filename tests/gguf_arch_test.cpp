@@ -359,6 +359,13 @@ TEST(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.0.post_attention_norm.weight"); };
   expect(oss, r, "blk.0.post_attention_norm.weight' is missing");
 
+  r.tensor = [](GgufTensorSpec& s) {
+    if (s.name == "blk.0.ffn_gate_exps.weight") s.name = "blk.0.ffn_gate_up_exps.weight";
+    return true;
+  };
+  expect(oss, r, "'blk.0.ffn_gate_up_exps.weight' holds gate and up fused");
+  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.ffn_gate_exps.weight"); };
+  expect(ds, r, "tensor 'blk.1.ffn_gate_exps.weight' is missing");
   r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.2.attn_k_b.weight"); };
   expect(ds, r, "tensor 'blk.2.attn_k_b.weight' is missing");
   r.tensor = [](GgufTensorSpec& s) {

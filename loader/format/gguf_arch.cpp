@@ -40,6 +40,14 @@ const GgufTensor& gguf_arch_shaped(const GgufModelFiles& f, const std::string& w
   return *t;
 }
 
+void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where, int layer) {
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  if (f.find_tensor(p + "ffn_gate_up_exps.weight") != nullptr)
+    gguf_arch_error(where, "tensor '" + p + "ffn_gate_up_exps.weight' holds gate and up fused, which this build does "
+                           "not read (it needs ffn_gate_exps and ffn_up_exps, as llama.cpp's converter writes them)");
+  gguf_arch_error(where, "tensor '" + p + "ffn_gate_exps.weight' is missing");
+}
+
 void gguf_arch_agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want) {
   if (const auto v = m.find_u64(key); v && *v != want)
     gguf_arch_error(where, "metadata " + key + " = " + std::to_string(*v) + " contradicts the tensors (" +

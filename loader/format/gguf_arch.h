@@ -36,6 +36,9 @@ void read_gguf_deepseek2(const GgufModelFiles& files, const std::string& where, 
 // The tensor `name`, which must have exactly `dims` (ne0 first); FormatError naming it otherwise.
 const GgufTensor& gguf_arch_shaped(const GgufModelFiles& f, const std::string& where, const std::string& name,
                                    const std::vector<uint64_t>& dims);
+// FormatError for a layer without blk.N.ffn_gate_exps.weight, naming the fused gate_up form
+// (ffn_gate_up_exps, which this build does not read) when that is what the file holds.
+[[noreturn]] void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where, int layer);
 // FormatError when metadata `key` is present and differs from `want` (what the tensors say).
 void gguf_arch_agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want);
 // FormatError naming `key` when present: a setting this build does not compute.

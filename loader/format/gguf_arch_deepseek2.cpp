@@ -31,7 +31,7 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
                                " leaves no MoE layer of " + std::to_string(c.n_layers));
   const std::string first_moe = "blk." + std::to_string(c.first_k_dense_replace) + ".ffn_gate_exps.weight";
   const GgufTensor* gate0 = f.find_tensor(first_moe);
-  if (gate0 == nullptr) gguf_arch_error(where, "tensor '" + first_moe + "' is missing");
+  if (gate0 == nullptr) gguf_arch_missing_experts(f, where, c.first_k_dense_replace);
   if (gate0->dims.size() != 3) gguf_arch_error(where, "tensor '" + first_moe + "' is not 3-dimensional");
   const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
   const GgufTensor& embd = f.tensor("token_embd.weight");

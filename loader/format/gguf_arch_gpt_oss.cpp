@@ -41,7 +41,7 @@ void read_gguf_gpt_oss(const GgufModelFiles& f, const std::string& where, GgufAr
   const GgufMetadata& m = f.metadata();
   const std::string a = "gpt-oss.";
   const GgufTensor* gate0 = f.find_tensor("blk.0.ffn_gate_exps.weight");
-  if (gate0 == nullptr) gguf_arch_error(where, "tensor 'blk.0.ffn_gate_exps.weight' is missing");
+  if (gate0 == nullptr) gguf_arch_missing_experts(f, where, 0);
   if (gate0->dims.size() != 3) gguf_arch_error(where, "tensor 'blk.0.ffn_gate_exps.weight' is not 3-dimensional");
   const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
   const GgufTensor& embd = f.tensor("token_embd.weight");
