@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/format/gguf_arch.h"
 
 namespace moestream {
 namespace {
@@ -102,12 +103,24 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   const GgufMetadata& m = files_.metadata();
   const std::string where = path.string();
   const std::string& arch_s = m.get_string("general.architecture");
+  // gpt-oss and deepseek2: their own readers (gguf_arch.h).
+  if (GgufArchModel r; read_gguf_arch(files_, where, arch_s, r)) {
+    cfg_ = std::move(r.cfg);
+    experts_ = std::move(r.experts);
+    names_ = std::move(r.names);
+    derived_ = std::move(r.derived);
+    cfg_.format = ModelFormat::kGguf;
+    cfg_.dense_file = path.filename().string();
+    cfg_.dense_dtype = "gguf";
+    cfg_.experts_dir.clear();
+    return;
+  }
   const ArchTraits* traits = nullptr;
   for (const ArchTraits& a : kArchs)
     if (a.gguf_name == arch_s) traits = &a;
   if (traits == nullptr)
     bad(where, "general.architecture '" + arch_s + "' is not supported (this build runs qwen3moe, "
-               "olmoe and llama with experts (Mixtral))");
+               "olmoe, llama with experts (Mixtral), gpt-oss and deepseek2)");
   const std::string a = arch_s + ".";
   qk_interleaved_ = traits->qk_interleaved;
 
@@ -209,7 +222,7 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     const GgufTensor& g = shaped(files_, where, p + "ffn_gate_exps.weight", {D, F, E});
     const GgufTensor& u = shaped(files_, where, p + "ffn_up_exps.weight", {D, F, E});
     const GgufTensor& d = shaped(files_, where, p + "ffn_down_exps.weight", {F, D, E});
-    experts_.push_back({expert_matrix(g, E), expert_matrix(u, E), expert_matrix(d, E)});
+    experts_.push_back({expert_matrix(g, E), expert_matrix(u, E), expert_matrix(d, E), false, {}, {}, {}});
     // Whether the kernels compute these types is checked where they are linked (the forward pass).
     cfg_.layer_expert_types.push_back(ExpertTypes{ggml_quant(g.type), ggml_quant(u.type), ggml_quant(d.type)});
   }
@@ -217,6 +230,13 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
 }
 
 const GgufTensor& GgufModel::dense_tensor(const std::string& our_name) const {
+  if (!names_.empty()) {  // an architecture reader's names (gguf_arch.h)
+    const auto it = names_.find(our_name);
+    if (it == names_.end())
+      throw FormatError(files_.paths().front().string() + ": no GGUF tensor holds '" + our_name + "'" +
+                        (derived_.count(our_name) ? " as stored (it is derived from others)" : ""));
+    return files_.tensor(it->second);
+  }
   const std::string name = gguf_dense_name(our_name);
   const GgufTensor* t = files_.find_tensor(name);
   if (t == nullptr)
