@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/gguf_repack.h"
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/gguf_model.h"
@@ -418,4 +419,53 @@ TEST(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
   r = Rewrite{};
   r.meta["gpt-oss.attention.sliding_window"] = std::nullopt;
   expect(oss, r, "gpt-oss.attention.sliding_window");
+}
+
+// cluster_experts on a GGUF permutes the expert ids themselves (cluster/gguf_repack.h): with the
+// leading dense layers skipped, the router rows, correction bias and expert biases moved with
+// the experts, the repacked file must compute what the original does. DeepSeek's grouped routing
+// takes runs of consecutive ids as groups, so orders stay inside groups (one that crosses is
+// refused); gpt-oss has no groups and takes any order.
+TEST(GgufArchRepack, PermutedExpertsComputeTheSameLogits) {
+  TempDir tmp("gguf_arch_test");
+  for (const char* name : {"deepseek_v3-F32", "gpt_oss-F32"}) {
+    const fs::path src = fixture(name);
+    if (!fs::exists(src)) MOESTREAM_SKIP_OR_FAIL() << src << " absent";
+    const cluster::GgufLayout layout = cluster::read_gguf_layout(src, IoEngineOptions{});
+    const GgufModel g(src);
+    const uint32_t L = uint32_t(g.config().n_moe_layers()), E = uint32_t(g.config().n_experts);
+    ASSERT_EQ(layout.packed.want.n_layers, L) << name << ": routing logs number MoE layers";
+    ASSERT_EQ(layout.routing_groups, uint32_t(g.config().n_group));
+    std::vector<std::vector<uint32_t>> slots(L, std::vector<uint32_t>(E));
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t e = 0; e < E; ++e) slots[l][e] = (E - 1 - e + 3 * l) % E;  // crosses every group
+    std::vector<std::vector<uint32_t>> order;
+    for (auto& s : slots) {
+      if (layout.routing_groups > 1) {
+        EXPECT_THROW(cluster::repack_gguf_experts(src, tmp.path() / "bad.gguf", {cluster::order_of_slots(s)}), ConfigError);
+        s = cluster::slots_within_groups(s, layout.routing_groups);
+      }
+      order.push_back(cluster::order_of_slots(s));
+    }
+    if (layout.routing_groups > 1) {
+      std::vector<std::vector<uint32_t>> crossing;
+      for (uint32_t l = 0; l < L; ++l) {
+        std::vector<uint32_t> o(E);
+        for (uint32_t i = 0; i < E; ++i) o[i] = (i + E / layout.routing_groups) % E;
+        crossing.push_back(o);
+      }
+      EXPECT_THROW(cluster::repack_gguf_experts(src, tmp.path() / "bad.gguf", crossing), ConfigError) << name;
+      EXPECT_FALSE(fs::exists(tmp.path() / "bad.gguf"));
+    }
+    const fs::path out = tmp.path() / (std::string(name) + ".gguf");
+    cluster::repack_gguf_experts(src, out, order);
+    const json m = manifest();
+    const auto it = std::find_if(m["fixtures"].begin(), m["fixtures"].end(), [&](const json& e) { return e["name"] == name; });
+    ASSERT_NE(it, m["fixtures"].end());
+    ModelOptions mo;
+    mo.n_threads = 2;
+    auto model = Model::load(out, mo);
+    check_against_reference(*model, json::parse(read_file(kRoot / (*it)["reference"].get<std::string>())),
+                            tolerance_for(name), std::string(name) + " (repacked)");
+  }
 }
