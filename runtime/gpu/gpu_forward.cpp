@@ -324,7 +324,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
   route_on_device(lw, T, ids_d, wts_d);
-  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
+  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers && !batch_step;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
     if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
@@ -434,10 +434,13 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   for (int i = 0; i < T * K; ++i)
     if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
   std::sort(unique_ids.begin(), unique_ids.end());
-  const CacheFill kind = T > 1 ? CacheFill::kPrefill : CacheFill::kDemand;
+  const CacheFill kind = T > 1 && !batch_demand ? CacheFill::kPrefill : CacheFill::kDemand;
   const int n_groups = int(unique_ids.size());
   auto** ptr_h = ptr_host.as<const uint8_t*>();
   const bool split = n_groups <= kMaxExpertsPerAcquire;
+  if (!split && batch_step)  // a batch's union: resident experts' acquires first (gpu_forward_batch.cpp)
+    std::stable_partition(unique_ids.begin(), unique_ids.end(),
+                          [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
   int n_ready = 0;
   if (split) {
     auto ti = std::chrono::steady_clock::now();
