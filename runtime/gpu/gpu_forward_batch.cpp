@@ -133,7 +133,7 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
     for (int j = 0; j < i; ++j) MOE_ASSERT(b.entries[j].slot != b.entries[i].slot, "slot twice in a batch");
     batch_splits.push_back(batch_splits.back() + c.n_tokens);
     MOE_ASSERT(batch_splits.back() <= B, "batch larger than max_batch");
-    any_decode |= !c.prefill && c.n_tokens == 1;
+    any_decode |= c.n_tokens == 1;  // as forward_chunk: one token is a demand (and ends a step)
   }
   const int T = batch_splits.back();
   auto t0 = std::chrono::steady_clock::now();
