@@ -32,6 +32,10 @@ namespace {
 // prefill chunk routes to most of a layer's experts and the budget is full (the CPU path
 // fetches 16 at a time for the same reason). Decode (top-k <= 8) is always one acquire.
 constexpr int kMaxExpertsPerAcquire = 16;
+// A batch step's union (gpu_forward_batch.cpp) takes up to this many experts per acquire, so the
+// misses of a decode step of several sequences are one read batch behind the hits' kernels;
+// only where the cache holds four times as many experts (its scratch then stays rare and small).
+constexpr int kMaxBatchExpertsPerAcquire = 64;
 // Share of free VRAM the automatic expert-cache budget may take: the rest is headroom for the
 // cache's staging/scratch buffers, cuBLAS workspaces and other processes.
 constexpr double kAutoBudgetShare = 0.8;
@@ -336,7 +340,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
   route_on_device(lw, T, ids_d, wts_d);
-  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
+  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers && !batch_step;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
     if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
@@ -446,10 +450,17 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   for (int i = 0; i < T * K; ++i)
     if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
   std::sort(unique_ids.begin(), unique_ids.end());
-  const CacheFill kind = T > 1 ? CacheFill::kPrefill : CacheFill::kDemand;
+  const CacheFill kind = T > 1 && !batch_demand ? CacheFill::kPrefill : CacheFill::kDemand;
   const int n_groups = int(unique_ids.size());
   auto** ptr_h = ptr_host.as<const uint8_t*>();
-  const bool split = n_groups <= kMaxExpertsPerAcquire;
+  int per_acquire = kMaxExpertsPerAcquire;
+  if (batch_step)
+    per_acquire = int(std::clamp<size_t>(info_.cache_bytes / (4 * std::max<size_t>(1, cfg.max_expert_bytes())),
+                                         size_t(kMaxExpertsPerAcquire), size_t(kMaxBatchExpertsPerAcquire)));
+  const bool split = n_groups <= per_acquire;
+  if (!split && batch_step)  // a batch's union: resident experts' acquires first (gpu_forward_batch.cpp)
+    std::stable_partition(unique_ids.begin(), unique_ids.end(),
+                          [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
   int n_ready = 0;
   if (split) {
     auto ti = std::chrono::steady_clock::now();
@@ -556,8 +567,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     cache->kernels_enqueued();
     times.expert_compute_s += seconds_since(tc);
   } else {
-    for (int g0 = 0; g0 < n_groups; g0 += kMaxExpertsPerAcquire) {
-      const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
+    for (int g0 = 0; g0 < n_groups; g0 += per_acquire) {
+      const int g1 = std::min(n_groups, g0 + per_acquire);
       auto ti = std::chrono::steady_clock::now();
       const std::span<const int> group(unique_ids.data() + g0, size_t(g1 - g0));
       const std::span<const uint8_t*> group_ptrs(ptr_h + g0, size_t(g1 - g0));

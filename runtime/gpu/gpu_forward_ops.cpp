@@ -161,6 +161,7 @@ CudaForward::~CudaForward() {
 // terms W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
 void CudaForward::linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                              float beta) {
+  if (split_rows != nullptr && linear_f32_per_sequence(xin, W, T, in, out, yout, beta)) return;  // batches
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),
