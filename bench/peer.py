@@ -233,13 +233,18 @@ def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, 
 
 def interleaved(a, name: str, cells: list[tuple[str, str]], threads: int, prompt: str, tokens: int,
                 cap_mb=None) -> list[dict]:
-    """Rounds over the cells; before each run both files are read into the page cache (warm) or
-    dropped from it (under the cap: pages cached earlier are charged to another cgroup)."""
+    """Rounds over the cells; before each run the engine's file is read into the page cache (warm),
+    or both files are dropped from it (under the cap: pages cached earlier are charged to another
+    cgroup and would be free hits)."""
     runs = {c: [] for c in cells}
     for rnd in range(a.rounds):
         for c in round_order(cells, rnd):
-            for f in files_of(a.gguf) + files_of(a.pack):
-                drop_file_cache(f) if cap_mb else warm_file(f)
+            if cap_mb:
+                for f in files_of(a.gguf) + files_of(a.pack):
+                    drop_file_cache(f)
+            else:
+                for f in files_of(a.pack if c[0] == "moestream" else a.gguf):
+                    warm_file(f)
             r = run_cell(a, c[0], c[1], threads, prompt, tokens, cap_mb)
             log(f"{name} round {rnd + 1}/{a.rounds} {c[0]} {c[1]}: "
                 + (f"{r['tok_s']:.2f} tok/s decode, {r['prefill_tok_s']:.2f} prefill" if r["tok_s"]
@@ -304,7 +309,8 @@ def main() -> None:
     ap.add_argument("--bin", type=Path, default=REPO / "build" / "bin", help="infer and convert_model")
     ap.add_argument("--cache", type=Path, default=gl.CACHE, help="where the models are kept")
     ap.add_argument("--tokenizers", help="directory with qwen3/tokenizer.json")
-    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--models-only", action="store_true", help="make the GGUF and the pack, then stop")
+    ap.add_argument("--json", help="write every figure here (rewritten after every row)")
     ap.add_argument("--markdown", help="write the table here too")
     a = ap.parse_args()
     a.rows = [r for r in a.rows.split(",") if r]
@@ -321,6 +327,9 @@ def main() -> None:
     a.gguf = gl.ensure_models(a, a.env)["Q8_0"]
     a.pack = ensure_pack(a, a.gguf)
     info = gl.gguf_bytes(a.gguf)
+    if a.models_only:
+        print(f"{a.gguf} ({info['file'] / 1e9:.2f} GB)\n{a.pack}")
+        return
     a.work = Path(tempfile.mkdtemp(prefix="peer."))
     top = a.thread_list[-1]
     has_gpu, gpu_text = gpu_present()
@@ -342,15 +351,41 @@ def main() -> None:
            "llama_cpp": f"{a.env['LLAMA_CPP_VERSION']} ({a.env['LLAMA_CPP_COMMIT']}), llama-completion, mmap",
            "model": {"shape": "Qwen3-30B-A3B", "layers": a.layers, "gguf": str(a.gguf), "gguf_bytes": info["file"],
                      "pack": str(a.pack), "pack_bytes": pack_bytes, "expert_bytes": info["experts"],
-                     "dense_bytes": info["dense"], "types": "Q8_0 (experts and dense, both files)"},
+                     "dense_bytes": info["dense"], "types": "Q8_0 as llama-quantize wrote it, the same blocks in both files"},
            "memory_cap": cap_text, "tokens": a.tokens, "rounds": a.rounds, "prefill_tokens": a.prefill_tokens,
            "gpu_cache_mb": a.gpu_cache_mb, "cap_mb": cap_mb, "settings": {}, "rows": [], "skipped": []}
+    head = (f"bench/peer: Qwen3-30B-A3B shapes, {a.layers} layers, Q8_0 GGUF {info['file'] / 1e9:.2f} GB and "
+            f"its pack; {a.tokens} greedy tokens; CPU rows' threads {','.join(map(str, a.thread_list))}, "
+            f"other rows {top}; medians of {a.rounds} interleaved rounds; {res['date']}\n"
+            f"llama.cpp: {res['llama_cpp']}; GPU: {gpu_text}; memory cap: {cap_text}; GPU cache "
+            f"{a.gpu_cache_mb} MiB; cap {cap_mb} MiB, host cache of --io-direct {a.host_cache_mb} MiB "
+            f"(CPU) / {a.host_cache_mb_gpu} MiB (--gpu)")
+
+    def emit(final: bool) -> None:
+        # Rewritten after every row: a run cut off by a time limit keeps the rows it finished.
+        text = head + "\n\n" + markdown(res["rows"], res["skipped"]) + "\n"
+        if final:
+            print(text, end="")
+        if a.markdown:
+            Path(a.markdown).write_text(text)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+
+    run_rows(a, res, has_gpu, gpu_text, cap, cap_mb, emit)
+    shutil.rmtree(a.work, ignore_errors=True)
+    emit(final=True)
+
+
+def run_rows(a, res: dict, has_gpu: bool, gpu_text: str, cap, cap_mb: int, emit) -> None:
+    top = a.thread_list[-1]
     short, long_ = gl.PROMPT, long_prompt(a.prefill_tokens)
     S, rows, skipped = res["settings"], res["rows"], res["skipped"]
+    cap_text = cap.stdout.strip()
     if "cpu" in a.rows:
         for t in a.thread_list:
             S[f"cpu{t}"] = interleaved(a, f"cpu {t}", [("moestream", "cpu"), ("llama.cpp", "l-cpu")], t, short, a.tokens)
             rows.append(compare("cpu", f"warm CPU decode, {t} threads", *split(S[f"cpu{t}"])))
+            emit(False)
     for row, label in (("resident", "warm GPU decode, every expert resident"),
                        ("gpu25", f"GPU decode, {a.gpu_cache_fraction:.0%} VRAM cache ({a.gpu_cache_mb} MiB) "
                                  "over the page cache")):
@@ -365,6 +400,7 @@ def main() -> None:
         S[row] = interleaved(a, row, cells, top, long_, a.tokens)
         if row in a.rows:
             rows.append(compare(row, label, *split(S[row])))
+            emit(False)
     if "cap" in a.rows:
         label = f"decode under a memory cap of {a.cap_fraction:.0%} of the GGUF ({cap_mb} MiB)"
         if cap.returncode != 0:
@@ -375,6 +411,7 @@ def main() -> None:
             cells = [("moestream", m) for m in ms] + [("llama.cpp", m) for m in ll]
             S["cap"] = interleaved(a, "cap", cells, top, short, a.tokens, cap_mb)
             rows.append(compare("cap", label, *split(S["cap"])))
+            emit(False)
     if "prefill" in a.rows:
         if not has_gpu:
             S["prefill"] = interleaved(a, "prefill", [("moestream", "cpu"), ("llama.cpp", "l-cpu")], top, long_, 2)
@@ -384,17 +421,6 @@ def main() -> None:
             log(f"WARNING: the engines tokenized the prompt to different lengths: {n}")
         label = f"prefill tok/s, {'/'.join(map(str, n)) or a.prefill_tokens}-token prompt"
         rows.append(compare("prefill", label, *split(cells), key="prefill_tok_s"))
-    shutil.rmtree(a.work, ignore_errors=True)
-    table = markdown(rows, skipped)
-    head = (f"bench/peer: Qwen3-30B-A3B shapes, {a.layers} layers, Q8_0 GGUF {info['file'] / 1e9:.2f} GB and "
-            f"its pack; {a.tokens} greedy tokens; CPU rows' threads {','.join(map(str, a.thread_list))}, "
-            f"other rows {top}; medians of {a.rounds} interleaved rounds; {res['date']}\n"
-            f"llama.cpp: {res['llama_cpp']}; GPU: {gpu_text}; memory cap: {cap_text}")
-    print(head + "\n\n" + table)
-    if a.markdown:
-        Path(a.markdown).write_text(head + "\n\n" + table + "\n")
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
 
 
 def split(cells: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -9,11 +9,15 @@
 #                                             moestream's infer and convert_model (CUDA) in
 #                                             build-device-gpu; resumable: a build cut off by the
 #                                             command's time limit goes on at the next call
-#   bash scripts/device_peer.sh run [ARGS]    builds what is missing, then bench/peer.py ARGS
-#                                             (default: 6 layers, threads 2,16, 32 tokens, 3 rounds)
-#                                             with the models in /tmp/llama-models; the table and
-#                                             JSON go to $OUT (peer.md, peer.json, peer.log)
-# Both keep their outputs in /tmp between calls on a warm machine.
+#   bash scripts/device_peer.sh model [ARGS]  also makes the model in both formats (the bf16
+#                                             checkpoint, llama.cpp's converter and quantizer, then
+#                                             convert_model) in /tmp/llama-models, and stops
+#   bash scripts/device_peer.sh run [ARGS]    does what is missing of those, then bench/peer.py
+#                                             ARGS (default: 6 layers, threads 2,16, 32 tokens, 3
+#                                             rounds); the table and JSON go to $OUT (peer.md,
+#                                             peer.json, peer.log), rewritten after every row
+# Each keeps its outputs in /tmp between calls on a warm machine, so the three steps fit the
+# device tool's 600 s per command; pass model the same --layers/--seed as run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/moestream_out}
@@ -22,6 +26,11 @@ mkdir -p "$O"
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
 [ -f "$L/llama.cpp-src.tar.xz" ] || { echo "device_peer: no $L/llama.cpp-src.tar.xz (run scripts/llama_cpp_tool.sh device-src here and carry .llama)" >&2; exit 1; }
+case "$cmd" in build|model|run) ;; *) echo "device_peer: unknown command '$cmd' (build|model|run)" >&2; exit 1 ;; esac
+# CMake finds nvcc on PATH or through CUDACXX.
+if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
 SRC=/tmp/llama-src/llama.cpp
 BLD=/tmp/llama-build-cuda
 
@@ -58,7 +67,6 @@ build_moestream() {
 build_moestream
 build_llama
 [ "$cmd" = build ] && { echo "device_peer: built" >&2; exit 0; }
-[ "$cmd" = run ] || { echo "device_peer: unknown command '$cmd' (build|run)" >&2; exit 1; }
 
 # The tokenizer travels compressed (the carry limit); the model's checkpoint takes it from here.
 TOK=/tmp/llama-tokenizers
@@ -70,5 +78,7 @@ export LLAMA_CPP_VERSION=$(cat "$L/VERSION" 2>/dev/null || echo unknown) LLAMA_C
 export LLAMA_CPP_SRC=$SRC LLAMA_CPP_PYTHON=$(command -v python3) LLAMA_CPP_CONVERT=$SRC/convert_hf_to_gguf.py
 export LLAMA_CPP_QUANTIZE=$BLD/bin/llama-quantize LLAMA_CPP_COMPLETION=$BLD/bin/llama-completion
 export PYTHONPATH=$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}
-python3 bench/peer.py --bin build-device-gpu/bin --cache /tmp/llama-models --tokenizers "$TOK" \
-  --json "$O/peer.json" --markdown "$O/peer.md" "$@" 2>"$O/peer.log" || { tail -40 "$O/peer.log" >&2; exit 1; }
+extra=(--json "$O/peer.json" --markdown "$O/peer.md")
+[ "$cmd" = model ] && extra=(--models-only)
+python3 bench/peer.py --bin build-device-gpu/bin --cache /tmp/llama-models --tokenizers "$TOK" "${extra[@]}" "$@" \
+  2>"$O/peer.log" || { tail -40 "$O/peer.log" >&2; exit 1; }
