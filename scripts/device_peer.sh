@@ -34,12 +34,15 @@ fi
 SRC=/tmp/llama-src/llama.cpp
 BLD=/tmp/llama-build-cuda
 
+# The source (also the converter and gguf-py the model step needs); scripts/device_gguf_bench.sh
+# unpacks the same file to the same place.
+if [ ! -f "$SRC/convert_hf_to_gguf.py" ]; then
+  rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src
+  tar -xJf "$L/llama.cpp-src.tar.xz" -C /tmp/llama-src
+fi
+
 build_llama() {
   [ -x "$BLD/bin/llama-completion" ] && [ -x "$BLD/bin/llama-quantize" ] && return 0
-  if [ ! -f "$SRC/CMakeLists.txt" ]; then
-    rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src
-    tar -xJf "$L/llama.cpp-src.tar.xz" -C /tmp/llama-src
-  fi
   local t0=$SECONDS
   if [ ! -f "$BLD/build.ninja" ]; then
     # One GPU: no NCCL. Flash attention kernels stay in (llama.cpp's default build).
