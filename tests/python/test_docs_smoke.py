@@ -487,6 +487,7 @@ def _gguf_oracle(s):
 
 
 skipped("bench/gguf_llama.py", LLAMA, "moestream against llama.cpp on a Qwen3-30B-A3B-shaped GGUF")
+skipped("bench/peer.py", LLAMA, "moestream against llama.cpp on the same Qwen3-30B-A3B-shaped weights (issue 19)")
 
 
 # --- scripts ---
@@ -535,6 +536,7 @@ skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
 for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_resident", "io_bench", "io_hot", "kernels",
               "same_tokens"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the GPU device machine (docs/gpu.md)")
+skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,
