@@ -320,27 +320,30 @@ def main():
     if a.llama_server and not a.llama_model:
         sys.exit("--llama-server needs --llama-model (a GGUF of the same model)")
 
-    per = {("moestream", n): [] for n in streams}
-    if a.llama_server:
-        per.update({("llama-server", n): [] for n in streams})
+    engines = ("moestream", "llama-server") if a.llama_server else ("moestream",)
+    per = {(e, n): [] for e in engines for n in streams}
     for rnd in range(1, a.rounds + 1):
         for n in round_order(streams, rnd):
-            for engine in (("moestream", "llama-server") if a.llama_server else ("moestream",)):
+            for engine in engines:
                 row = cell(a, n, rnd, llama=engine == "llama-server")
                 per[(engine, n)].append(row)
-                print(f"bench_streams: round {rnd} {engine} {n} streams: {row['agg_tok_s']:.2f} tok/s, "
-                      f"{row['bytes_per_token'] / 1e6:.2f} MB/token", file=sys.stderr, flush=True)
+                print(f"bench_streams: round {rnd} {engine} {n} streams: " + json.dumps(row), file=sys.stderr, flush=True)
+        report(a, per, engines, streams, rnd)  # after every round: a cut-short run keeps its tables
 
+
+def report(a, per, engines, streams, rounds_done):
     print(f"## moestream-server, concurrent streams ({a.model}; server args '{a.server_args}'; "
-          f"{a.max_tokens} tokens per stream, warm-up {a.warmup_tokens}; medians of {a.rounds} interleaved rounds)\n")
+          f"{a.max_tokens} tokens per stream, warm-up {a.warmup_tokens}; medians of {rounds_done} interleaved "
+          f"round{'s' if rounds_done > 1 else ''})\n")
     result = {}
-    for engine in ("moestream", "llama-server") if a.llama_server else ("moestream",):
+    for engine in engines:
         rows = with_ratios({n: medians(per[(engine, n)]) for n in streams})
         result[engine] = rows
         print(f"### {engine}\n")
         print_table(rows, [f"{ph}_s" for ph in PHASES] if engine == "moestream" else ())
+    sys.stdout.flush()
     if a.json:
-        pathlib.Path(a.json).write_text(json.dumps({"args": vars(a), "medians": result,
+        pathlib.Path(a.json).write_text(json.dumps({"args": vars(a), "rounds_done": rounds_done, "medians": result,
                                                     "rounds": {f"{e}/{n}": v for (e, n), v in per.items()}},
                                                    indent=1))
 
