@@ -473,6 +473,17 @@ def _bench_server(s):
     assert "|" in r.stdout
 
 
+@case("bench/server/bench_streams.py")
+def _bench_streams(s):
+    """1 and 2 concurrent streams (--parallel 1 and 2), one round of 2 tokens, the JSON written."""
+    out = s.tmp / "streams.json"
+    r = s.run([sys.executable, "bench/server/bench_streams.py", "--exe", s.exe("moestream-server"),
+               "--streams", "1,2", "--rounds", 1, "--max-tokens", 2, "--warmup-tokens", 1,
+               "--server-args", "-t 1", "--json", out], timeout=300)
+    rows = json.loads(out.read_text())["medians"]["moestream"]
+    assert [r["streams"] for r in rows] == [1, 2] and "| streams |" in r.stdout
+
+
 @case("bench/gguf_oracle.py")
 def _gguf_oracle(s):
     """Against the committed llama.cpp outputs of two fixtures (Q8_0, mixed k-quants): no llama.cpp."""
