@@ -161,6 +161,24 @@ void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, flo
   }
 }
 
+// The look-ahead's rule, as the GPU's (gpu_forward.cpp): layer L+1's router on layer L's normalised
+// input, ranked by logit (gpt-oss's logit bias added) for every router kind, the N best (ties: the
+// lower id), whatever the routing of layer L+1 then does. Only reads are affected, never a value.
+void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& r) {
+  const LayerWeights& next = *r.lookahead_next;
+  MOE_ASSERT(next.router.rows() == cfg_.n_experts && r.lookahead <= E_, "look-ahead without the next router");
+  if (la_ids_.empty()) {
+    la_logits_.resize(1, E_);
+    la_ids_.resize(size_t(E_));
+    la_weights_.resize(size_t(E_));
+  }
+  RowMap logits(la_logits_.data(), 1, E_);
+  linear(pool, ConstRowMap(x, 1, D_), next.router, logits);
+  if (cfg_.router_bias) logits.row(0) += next.router_bias.transpose();
+  route_token_topk_softmax(la_logits_.data(), E_, r.lookahead, la_ids_.data(), la_weights_.data());
+  store_.prefetch_predicted(r.lookahead_layer, std::span<const int>(la_ids_.data(), size_t(r.lookahead)));
+}
+
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
 // until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
 void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
@@ -221,6 +239,9 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     auto t1 = std::chrono::steady_clock::now();
     // As matrices: experts already in host memory are computed where they are, not copied.
     store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    // Decode: the next layer's likely experts start loading while this layer's load and compute.
+    if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr)
+      predict_next(pool, x, routing);
     // A long prefill needs more than one group: the next group's reads start now (read-ahead)
     // and land while this one computes (the store keeps this group's payloads valid meanwhile).
     if (c0 + n < unique_ids_.size())
