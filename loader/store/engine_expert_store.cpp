@@ -75,6 +75,7 @@ class EngineExpertStore final : public ExpertStore {
     }
     // Two I/O threads on an engine of two lanes: a read-ahead's batch runs beside the current
     // one instead of queueing behind its tail.
+    cur_->in_use = true;  // the current fetch, empty until the first begin (never a guess's buffer)
     for (std::thread& t : io_threads_) t = std::thread([this] { io_loop(false); });
   }
 
@@ -119,7 +120,7 @@ class EngineExpertStore final : public ExpertStore {
     // discarded, as is one whose batch has not started yet (it would only queue behind).
     Fetch* pred = std::exchange(pred_, nullptr);
     if (pred != nullptr && pred->layer == layer) count_recall(*pred, ids, stats_);
-    if (pred != nullptr && (pred->layer != layer || cancel_if_queued(*pred))) {
+    if (pred != nullptr && (cancel_if_queued(*pred) || pred->layer != layer)) {
       release(*pred);
       pred = nullptr;
     }
