@@ -52,7 +52,7 @@ struct Model::Impl {
       pass = std::move(g);
     } else {
       auto cpu = std::make_unique<CpuForward>(cfg, dense_path, *store, pool, o.max_context, o.max_batch);
-      cpu->set_moe_lookahead(o.moe_lookahead);  // the store reads the predicted experts ahead
+      cpu->set_moe_lookahead(o.moe_lookahead, o.moe_lookahead_replayed);  // the store reads them ahead
       pass = std::move(cpu);
     }
     dense_bytes_per_token = active_dense_bytes(cfg, dense_path);  // after the pass checked the file

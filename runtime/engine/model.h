@@ -32,6 +32,9 @@ struct ModelOptions {
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
   int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L (GPU cache, or the store's host tiers on the CPU)
   bool gpu_sync_layers = false;  // GpuForwardOptions::resident_decode off (comparisons)
+  // CPU look-ahead (issue 19): with a routing override (a replay), predict layer L+1 from the
+  // override rather than its router: a perfect predictor, for benchmarks' upper bound.
+  bool moe_lookahead_replayed = false;
   // Batches (create_sequence, forward_batch): sequence slots, each with its own KV cache of
   // max_context positions, allocated on the slot's first use (address space until written).
   int max_sequences = 8;

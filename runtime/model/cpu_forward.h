@@ -33,8 +33,9 @@ class CpuForward final : public ForwardPass {
 
   // Look-ahead (issue 19, --moe-lookahead N): during each decode step's layer L, predict layer
   // L+1's N most likely experts and have the store read them ahead (MoeRouting::lookahead).
-  // 0 = off. ConfigError outside [0, n_experts]. Never changes the output.
-  void set_moe_lookahead(int n);
+  // 0 = off. ConfigError outside [0, n_experts]. Never changes the output. `from_override`:
+  // with a routing override, predict from it (MoeRouting::lookahead_from_override).
+  void set_moe_lookahead(int n, bool from_override = false);
 
  private:
   struct Impl;

@@ -176,6 +176,15 @@ void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& 
   linear(pool, ConstRowMap(x, 1, D_), next.router, logits);
   if (cfg_.router_bias) logits.row(0) += next.router_bias.transpose();
   route_token_topk_softmax(la_logits_.data(), E_, r.lookahead, la_ids_.data(), la_weights_.data());
+  if (r.lookahead_from_override && r.override != nullptr && *r.override) {
+    la_exact_.assign(size_t(K_), 0);
+    (*r.override)(r.lookahead_layer, r.ordinal, 1, la_exact_.data(), la_weights_.data());
+    for (int j = 0; j < r.lookahead; ++j) la_exact_.push_back(la_ids_[size_t(j)]);
+    size_t n = 0;  // distinct ids, the override's first, up to the width
+    for (size_t i = 0; i < la_exact_.size() && n < size_t(r.lookahead); ++i)
+      if (std::find(la_ids_.begin(), la_ids_.begin() + ptrdiff_t(n), la_exact_[i]) == la_ids_.begin() + ptrdiff_t(n))
+        la_ids_[n++] = la_exact_[i];
+  }
   store_.prefetch_predicted(r.lookahead_layer, std::span<const int>(la_ids_.data(), size_t(r.lookahead)));
 }
 

@@ -50,6 +50,9 @@ struct MoeRouting {
   const LayerWeights* lookahead_next = nullptr;
   int lookahead_layer = -1;
   int lookahead = 0;
+  // Benchmarks with a replayed routing (override): predict from the override of the next layer
+  // (its ids first, then the router's ranking up to `lookahead`): a perfect predictor.
+  bool lookahead_from_override = false;
 };
 
 class MoeLayer {
@@ -106,6 +109,7 @@ class MoeLayer {
   RowMatrix la_logits_;                   // [1, E]
   std::vector<int> la_ids_;               // [E]
   std::vector<float> la_weights_;         // [E] (unused: the ranking is by logit)
+  std::vector<int> la_exact_;             // [K + E]: lookahead_from_override's ids, then the ranking
 };
 
 }  // namespace moestream
