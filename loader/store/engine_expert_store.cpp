@@ -221,6 +221,8 @@ class EngineExpertStore final : public ExpertStore {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return idle(); });
       s = stats_;
+      s.experts_read += s.lookahead_read;
+      s.bytes_read += lookahead_bytes_;
     }
     const IoEngineStats e = engine_.stats();
     s.read_ops_requested = e.requests;
@@ -621,11 +623,9 @@ class EngineExpertStore final : public ExpertStore {
       Fetch& f = *jobs.front();
       jobs.pop_front();
       f.submitted = true;
-      if (f.prediction) {
-        const Layer& L = layers_[size_t(f.layer)];
+      if (f.prediction) {  // added to experts_read and bytes_read by stats()
         stats_.lookahead_read += f.items.size();
-        stats_.experts_read += f.items.size();
-        stats_.bytes_read += f.items.size() * L.layout.bytes;
+        lookahead_bytes_ += f.items.size() * layers_[size_t(f.layer)].layout.bytes;
       }
       lock.unlock();
       auto t0 = std::chrono::steady_clock::now();
@@ -679,7 +679,8 @@ class EngineExpertStore final : public ExpertStore {
   std::deque<Fetch*> jobs_;
   std::deque<Fetch*> pred_jobs_;  // look-aheads, for pred_thread_ (started on the first one)
   bool stop_ = false;
-  ExpertStoreStats stats_;  // io_seconds and checksum_seconds are written under mu_
+  uint64_t lookahead_bytes_ = 0;  // bytes the look-ahead's thread read
+  ExpertStoreStats stats_;  // io_seconds, checksum_seconds and lookahead_read are written under mu_
   std::thread io_threads_[2];
   std::thread pred_thread_;
 };
