@@ -194,6 +194,25 @@ TEST_P(Lookahead, AGuessNotStartedWhenItsLayerComesIsCancelled) {
   EXPECT_EQ(st.experts_read, 2u);                  // 5 by the first guess, 6 by the demand
 }
 
+TEST_P(Lookahead, AGuessNeverEvictsWhatTheCurrentFetchHandsOut) {
+  EngineExpertStoreOptions o;
+  o.io.backend = IoBackend::kPread;
+  o.io.direct = true;
+  o.io.notice = [](const std::string&) {};
+  o.host_cache_bytes = 2 * test::expert_slot_bytes(c);  // room for the current fetch only
+  auto s = open_engine_expert_store(d.path(), c, o);
+  if (!direct(*s)) GTEST_SKIP() << "O_DIRECT refused on this filesystem";
+  std::vector<const uint8_t*> out;
+  const std::vector<int> cur{0, 1};
+  s->fetch(0, cur, out);  // both in the two cache slots, pinned while handed out
+  s->prefetch_predicted(1, std::vector<int>{2, 3});
+  ASSERT_EQ(s->stats().lookahead_read, 2u);  // read into the guess's scratch, not the slots
+  for (size_t i = 0; i < cur.size(); ++i)
+    EXPECT_EQ(std::memcmp(out[i], want[0][size_t(cur[i])].data(), want[0][size_t(cur[i])].size()), 0);
+  expect_fetch(*s, 1, {3, 2});
+  EXPECT_EQ(s->stats().lookahead_used, 2u);
+}
+
 TEST_P(Lookahead, ACorruptGuessIsStillCaught) {
   const fs::path f = expert_file_path(d.path(), 1);
   test::overwrite_bytes(f, slot_offset(1, 3) + 9, "\x77");

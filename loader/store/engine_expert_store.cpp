@@ -73,8 +73,8 @@ class EngineExpertStore final : public ExpertStore {
       cache_ = std::make_unique<HostCache>(opts.host_cache_bytes, read_bytes_);
       cache_verified_.assign(cache_->n_slots(), false);
     }
-    // Two I/O threads on an engine of two lanes: a read-ahead's batch runs beside the current
-    // one instead of queueing behind its tail.
+    // Two I/O threads (a read-ahead's batch runs beside the current one instead of queueing
+    // behind its tail) and, from the first guess on, the look-ahead's: three engine lanes.
     cur_->in_use = true;  // the current fetch, empty until the first begin (never a guess's buffer)
     for (std::thread& t : io_threads_) t = std::thread([this] { io_loop(false); });
   }
@@ -154,7 +154,8 @@ class EngineExpertStore final : public ExpertStore {
     stats_.lookahead_predicted += ids.size();
     const Layer& L = layers_[layer];
     // Read only what no host tier holds and no fetch of this store is reading already.
-    std::vector<int> want;
+    std::vector<int>& want = want_;
+    want.clear();
     for (int id : ids) {
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
       if (std::find(want.begin(), want.end(), id) != want.end()) continue;
@@ -680,6 +681,7 @@ class EngineExpertStore final : public ExpertStore {
   std::deque<Fetch*> pred_jobs_;  // look-aheads, for pred_thread_ (started on the first one)
   bool stop_ = false;
   uint64_t lookahead_bytes_ = 0;  // bytes the look-ahead's thread read
+  std::vector<int> want_;         // prefetch_predicted's experts to read (caller's thread)
   ExpertStoreStats stats_;  // io_seconds, checksum_seconds and lookahead_read are written under mu_
   std::thread io_threads_[2];
   std::thread pred_thread_;

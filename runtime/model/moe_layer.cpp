@@ -249,8 +249,13 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // As matrices: experts already in host memory are computed where they are, not copied.
     store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
     // Decode: the next layer's likely experts start loading while this layer's load and compute.
-    if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr)
+    if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr) {
+      const auto tp = std::chrono::steady_clock::now();
       predict_next(pool, x, routing);
+      const double dt = seconds_since(tp);
+      times.router_s += dt;  // the next router's product: router time, not I/O wait
+      times.expert_io_s -= dt;
+    }
     // A long prefill needs more than one group: the next group's reads start now (read-ahead)
     // and land while this one computes (the store keeps this group's payloads valid meanwhile).
     if (c0 + n < unique_ids_.size())
