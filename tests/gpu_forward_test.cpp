@@ -625,6 +625,68 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   }
 }
 
+// A sliding layer keeps a ring of window + max_batch - 1 positions on the device, as on the CPU
+// (issue 21): with max_batch 4 the fixture's window of 6 lives in 9 rows, which a 12-token prompt
+// (chunks of 4), 40 decode steps and a rewind of 3 tokens re-prefilled as one chunk all wrap. The
+// logits stay within the fixture tolerance of the CPU path's at every step.
+TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
+  REQUIRE_GPU();
+  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
+  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+  TempDir tmp("gpu_gpt_oss_ring");
+  ConvertOptions co;
+  co.quant = QuantType::kBF16;
+  co.dense_dtype = "f32";
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 256;
+  mo.max_batch = 4;
+  auto cpu = Model::load(tmp.path() / "packed", mo);
+  mo.gpu = true;
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  const ModelConfig& c = gpu->config();
+  ASSERT_EQ(c.sliding_window, 6);
+  // The device holds 9 rows for each sliding layer, 256 for each full one.
+  size_t rows = 0;
+  for (int l = 0; l < c.n_layers; ++l) rows += c.window_of(l) > 0 ? 6 + 4 - 1 : 256;
+  EXPECT_EQ(gpu->gpu_info()->kv_bytes, 2 * rows * size_t(c.n_kv_heads) * size_t((c.head_dim + 3) / 4 * 4) * 4);
+  const size_t V = size_t(c.vocab_size);
+  const double tol = fixture_tolerance(QuantType::kBF16);
+  const std::vector<int> prompt = ref["prompts"][2].get<std::vector<int>>();
+  std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
+  cpu->forward(prompt, lc, true);
+  gpu->forward(prompt, lg, true);
+  EXPECT_LE(rel_max_diff(lc, lg, V), tol) << "prefill";
+  std::vector<float> last_c(lc.end() - ptrdiff_t(V), lc.end()), last_g(lg.end() - ptrdiff_t(V), lg.end());
+  std::vector<int> generated;
+  for (int i = 0; i < 40; ++i) {  // both fed the CPU's greedy token: one sequence for both
+    const int tok = Sampler::argmax(last_c);
+    generated.push_back(tok);
+    cpu->forward(std::span<const int>(&tok, 1), last_c);
+    gpu->forward(std::span<const int>(&tok, 1), last_g);
+    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " at position " << cpu->n_past() - 1;
+  }
+  // Rewind 3 tokens (within max_batch: the ring still holds the window before them) and run
+  // other tokens there as one chunk, then decode on.
+  cpu->truncate(cpu->n_past() - 3);
+  gpu->truncate(gpu->n_past() - 3);
+  const std::vector<int> other = {7, 300, 42};
+  std::vector<float> rc(3 * V), rg(3 * V);
+  cpu->forward(other, rc, true);
+  gpu->forward(other, rg, true);
+  EXPECT_LE(rel_max_diff(rc, rg, V), tol) << "the chunk after the rewind";
+  last_c.assign(rc.end() - ptrdiff_t(V), rc.end());
+  for (int i = 0; i < 10; ++i) {
+    const int tok = Sampler::argmax(last_c);
+    cpu->forward(std::span<const int>(&tok, 1), last_c);
+    gpu->forward(std::span<const int>(&tok, 1), last_g);
+    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " after the rewind";
+  }
+}
+
 // DeepSeek-V3's MLA has no GPU kernels yet: --gpu is a ConfigError naming it, before any device work.
 TEST(GpuForward, DeepseekV3MlaIsRefusedNamingIt) {
   REQUIRE_GPU();  // without a device, check_gpu_options refuses --gpu first
@@ -858,11 +920,11 @@ class GpuResident : public ::testing::Test {
  protected:
   void SetUp() override {
     REQUIRE_GPU();
-    write_synthetic_model(dir_.path(),
-                          test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32,
-                                                 .intermediate = 256, .experts = 16, .top_k = 4,
-                                                 .max_positions = 256}),
-                          7, 2);
+    write_synthetic_model(dir_.path(), config(), 7, 2);
+  }
+  virtual ModelConfig config() const {
+    return test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32, .intermediate = 256,
+                                  .experts = 16, .top_k = 4, .max_positions = 256});
   }
   std::unique_ptr<Model> load(size_t cache_mb, bool sync_layers) {
     ModelOptions mo;
@@ -924,6 +986,79 @@ TEST_F(GpuResident, AMissInAResidentStepIsFinishedThroughTheSyncedPath) {
   EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
   EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
   EXPECT_EQ(r.cache.policy.evictions, s.cache.policy.evictions);
+}
+
+// gpt-oss decodes resident too (issue 19): its router's logit bias and softmax over the top-k on
+// the device, the experts' biases from their payloads and the clamped SwiGLU in the resident step,
+// and a sliding layer's ring KV. The same shapes as above with gpt-oss's maths (window 8).
+class GpuResidentGptOss : public GpuResident {
+ protected:
+  ModelConfig config() const override {
+    ModelConfig c = GpuResident::config();
+    c.arch = Arch::kGptOss;
+    c.qk_norm = QkNorm::kNone;
+    c.qkv_bias = c.o_bias = c.attention_sinks = true;
+    c.router_bias = c.router_softmax_topk = c.expert_bias = true;
+    c.norm_topk_prob = false;
+    c.swiglu_limit = 7.0;
+    c.swiglu_alpha = 1.702;
+    c.sliding_window = 8;
+    c.sliding_layers = {true, false, true};
+    return c;
+  }
+};
+
+TEST_F(GpuResidentGptOss, WholeModelCacheDecodesWithoutPerLayerSyncAndTheSameBits) {
+  auto resident = load(0, false);
+  auto synced = load(0, true);
+  ASSERT_TRUE(resident->config().expert_bias && resident->config().router_softmax_topk);
+  decode_both(*resident, *synced, 48);  // past the window: the ring wraps
+  const GpuForwardStats r = resident->gpu_stats(), s = synced->gpu_stats();
+  std::printf("gpt-oss whole-model cache: %llu resident steps, %llu redone\n",
+              (unsigned long long)r.resident.steps, (unsigned long long)r.resident.redone);
+  EXPECT_EQ(s.resident.steps, 0u);
+  EXPECT_GT(r.resident.steps, 24u);
+  EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
+  EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
+}
+
+TEST_F(GpuResidentGptOss, AMissInAResidentStepIsFinishedThroughTheSyncedPath) {
+  auto resident = load(3, false);  // about 60% of the 48 experts (each with its bias section)
+  auto synced = load(3, true);
+  decode_both(*resident, *synced, 96);
+  const GpuForwardStats r = resident->gpu_stats(), s = synced->gpu_stats();
+  std::printf("gpt-oss 60%% cache: %llu resident steps, %llu redone; demand hits %llu, misses %llu\n",
+              (unsigned long long)r.resident.steps, (unsigned long long)r.resident.redone,
+              (unsigned long long)r.cache.policy.demand_hits,
+              (unsigned long long)r.cache.policy.demand_misses);
+  EXPECT_GT(r.resident.redone, 0u);
+  EXPECT_GT(r.resident.steps, r.resident.redone);
+  EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
+  EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
+  EXPECT_EQ(r.cache.policy.evictions, s.cache.policy.evictions);
+}
+
+// The transformers-made gpt_oss fixture (bf16 experts) decodes resident with the bits of the
+// synced path.
+TEST_F(GpuResidentGptOss, TheGptOssFixtureDecodesResidentWithTheSyncedBits) {
+  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
+  if (!fs::exists(src / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  ConvertOptions co;
+  co.quant = QuantType::kBF16;
+  co.progress = false;
+  convert_model(src, dir_.path() / "fixture", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 256;
+  mo.gpu = true;
+  auto resident = Model::load(dir_.path() / "fixture", mo);
+  mo.gpu_sync_layers = true;
+  auto synced = Model::load(dir_.path() / "fixture", mo);
+  decode_both(*resident, *synced, 40);
+  const GpuForwardStats r = resident->gpu_stats(), s = synced->gpu_stats();
+  EXPECT_GT(r.resident.steps, 20u);
+  EXPECT_EQ(r.cache.policy.demand_hits, s.cache.policy.demand_hits);
+  EXPECT_EQ(r.cache.policy.demand_misses, s.cache.policy.demand_misses);
 }
 
 TEST(GpuForwardOptions, SyncLayersWithoutGpuIsRefused) {

@@ -64,9 +64,12 @@ void expert_matvec_bf16(const uint8_t* w, int rows, int cols, const float* x, fl
 // gpt-oss: `sinks` (device, [n_heads], or null) adds exp(sinks[h]) to each softmax's denominator
 // (a logit attended to with value zero); `window` > 0 limits a query at position p to keys
 // [p - window + 1, p] (a sliding layer; 0: all earlier keys).
+// Bounded sliding-window cache (gpt-oss): `ring` > 0 says k_cache/v_cache hold `ring` rows and
+// position p sits in row p % ring; it needs window > 0 and ring >= window + n_q - 1 (every key
+// the chunk reads still there; Error otherwise). 0: row p is position p.
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
-               const float* sinks = nullptr, int window = 0);
+               const float* sinks = nullptr, int window = 0, int ring = 0);
 
 // Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
 // rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the
