@@ -219,6 +219,44 @@ TEST(GpuKernels, RouterGroupedMatchesTheCpuRouter) {
                Error);  // 8 experts do not split into 3 groups
 }
 
+// Against routing.h route_softmax_grouped: DeepSeek-V2's grouping (160 experts in 8 groups, 3
+// kept, top-6, scaling 16), the fixture's (12 in 4, 2 kept, top-3, 2.5), odd group sizes with
+// renormalisation, and one group (the plain softmax top-k, scaled).
+TEST(GpuKernels, RouterGroupedSoftmaxMatchesTheCpuRouter) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int experts, k, groups, keep; bool normalize; float scaling; };
+  for (const Case c : {Case{160, 6, 8, 3, false, 16.0f}, Case{12, 3, 4, 2, false, 2.5f},
+                       Case{63, 5, 7, 2, true, 1.0f}, Case{64, 6, 1, 1, false, 2.0f}}) {
+    const int n_tokens = 13;
+    RouterParams p;
+    p.scoring = RouterScoring::kSoftmax;
+    p.n_experts = c.experts;
+    p.k = c.k;
+    p.normalize = c.normalize;
+    p.n_group = c.groups;
+    p.topk_group = c.keep;
+    p.scaling = c.scaling;
+    auto logits = random_floats(size_t(n_tokens) * c.experts, 7, 3.0f);
+    std::vector<int> ref_ids(size_t(n_tokens) * c.k);
+    std::vector<float> ref_w(ref_ids.size()), scratch(p.scratch_floats());
+    for (int t = 0; t < n_tokens; ++t)
+      route_softmax_grouped(p, logits.data() + size_t(t) * c.experts, ref_ids.data() + size_t(t) * c.k,
+                            ref_w.data() + size_t(t) * c.k, scratch);
+    DeviceVec<float> dl(logits), dw(ref_w.size());
+    DeviceVec<int> di(ref_ids.size());
+    gpu::router_grouped_softmax(dl.get(), n_tokens, c.experts, c.k, c.groups, c.keep, c.normalize, c.scaling,
+                                di.get(), dw.get(), nullptr);
+    EXPECT_EQ(di.download(), ref_ids) << c.experts << " experts, " << c.groups << " groups";
+    expect_close(dw.download(), ref_w, 1e-7f, 1e-5f, "router_grouped_softmax");  // warp vs sequential sum
+  }
+  DeviceVec<float> d(std::vector<float>(12, 0.f));
+  DeviceVec<int> di(12);
+  EXPECT_THROW(gpu::router_grouped_softmax(d.get(), 1, 12, 3, 5, 1, false, 1.f, di.get(), d.get(), nullptr),
+               Error);  // 12 experts do not split into 5 groups
+  EXPECT_THROW(gpu::router_grouped_softmax(d.get(), 1, 12, 4, 4, 1, false, 1.f, di.get(), d.get(), nullptr),
+               Error);  // one kept group of 3 cannot hold 4
+}
+
 TEST(GpuKernels, SwigluMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const size_t n = 3 * 1000 + 7;

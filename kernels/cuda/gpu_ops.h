@@ -42,6 +42,13 @@ void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool n
 void router_grouped(const float* logits, const float* bias, int n_tokens, int n_experts, int k,
                     int n_group, int topk_group, bool normalize, float scaling, int* ids,
                     float* weights, Stream s);
+// DeepSeek-V2's group-limited greedy router (kernels/cuda/router_grouped_softmax.cu), as
+// runtime/model/routing.h route_softmax_grouped: softmax over all experts, the topk_group of
+// n_group groups with the best maximum probability (ties: lower group), the k best probabilities
+// in them (ties: lower id), weights those probabilities (normalised when `normalize`) times
+// `scaling`. n_group 1: router_topk, then the scaling. ids/weights n_tokens*k, token-major.
+void router_grouped_softmax(const float* logits, int n_tokens, int n_experts, int k, int n_group,
+                            int topk_group, bool normalize, float scaling, int* ids, float* weights, Stream s);
 
 // out[i] = silu(gate[i]) * up[i] for n elements (the expert's fused SwiGLU).
 void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);

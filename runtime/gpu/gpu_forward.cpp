@@ -58,7 +58,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
   sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
   router_params = RouterParams::of(c);
-  if (sigmoid_routing) cache_aware_router.set_grouped(router_params);
+  if (grouped_cache_aware(router_params)) cache_aware_router.set_grouped(router_params);
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -590,6 +590,9 @@ void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, 
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);
+  else if (router_params.n_group > 1 || router_params.scaling != 1.0f)  // DeepSeek-V2 (issue 20)
+    gpu::router_grouped_softmax(rlog, T, E, K, router_params.n_group, router_params.topk_group,
+                                router_params.normalize, router_params.scaling, ids_d, wts_d, stream);
   else
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
 }
