@@ -865,14 +865,12 @@ TEST(HfConfig, DeepseekMlaConfigsAndTheirRefusals) {
   const Case cases[] = {
       {&v3, "scoring_func", "softmax"},
       {&v3, "topk_method", "greedy"},
-      {&v2, "topk_method", "group_limited_greedy"},  // with n_group 4 below
-      {&v2, "routed_scaling_factor", 16.0},
+      {&v2, "topk_method", "noaux_tc"},
       {&v2, "scoring_func", "sigmoid"},
   };
   for (const Case& c : cases) {
     json cfg = *c.base;
     cfg[c.key] = c.value;
-    if (std::string(c.key) == "topk_method" && c.base == &v2) cfg["n_group"] = 4;
     std::string msg = "<accepted>";
     try {
       model_config_from_hf(cfg, "hf/config.json");
@@ -881,6 +879,40 @@ TEST(HfConfig, DeepseekMlaConfigsAndTheirRefusals) {
     }
     EXPECT_NE(msg.find(c.key), std::string::npos) << c.key << ": " << msg;
   }
+  // DeepSeek-V2's group_limited_greedy (issue 20): groups, kept groups and the scaling are read
+  // and survive model.json; groups that do not split the experts or hold k are refused.
+  json g2 = v2;
+  g2["topk_method"] = "group_limited_greedy";
+  g2["n_group"] = 4;
+  g2["topk_group"] = 2;
+  g2["routed_scaling_factor"] = 16.0;
+  const ModelConfig cg = model_config_from_hf(g2, "v2");
+  EXPECT_EQ(cg.router_scoring, RouterScoring::kSoftmax);
+  EXPECT_EQ(cg.n_group, 4);
+  EXPECT_EQ(cg.topk_group, 2);
+  EXPECT_EQ(cg.routed_scaling_factor, 16.0);
+  EXPECT_FALSE(cg.norm_topk_prob);
+  const ModelConfig cg_back = ModelConfig::from_json(cg.to_json(), "model.json");
+  EXPECT_EQ(cg_back.n_group, 4);
+  EXPECT_EQ(cg_back.topk_group, 2);
+  EXPECT_EQ(cg_back.routed_scaling_factor, 16.0);
+  // "greedy" ignores the groups (transformers does), but not the scaling.
+  json greedy = g2;
+  greedy["topk_method"] = "greedy";
+  EXPECT_EQ(model_config_from_hf(greedy, "v2").n_group, 1);
+  EXPECT_EQ(model_config_from_hf(greedy, "v2").routed_scaling_factor, 16.0);
+  for (const auto& [ng, tg] : {std::pair{5, 2}, std::pair{4, 5}, std::pair{12, 1}}) {
+    json bad = g2;
+    bad["n_group"] = ng;
+    bad["topk_group"] = tg;
+    const std::string msg = message_of([&] { model_config_from_hf(bad, "hf/config.json"); });
+    EXPECT_NE(msg.find("group_limited_greedy"), std::string::npos) << ng << "/" << tg << ": " << msg;
+  }
+  // A model.json asking groups of gpt-oss's top-k softmax router was not written by us.
+  json gj = cg.to_json();
+  gj["router_softmax_topk"] = true;
+  EXPECT_THROW(ModelConfig::from_json(gj, "model.json"), FormatError);
+
   // A model.json naming MLA sizes for another architecture was not written by us.
   json j = c3.to_json();
   j["architecture"] = "qwen3_moe";

@@ -337,3 +337,58 @@ TEST(GptOssForward, SlidingRingCacheKeepsTheReferenceResults) {
     EXPECT_EQ(ids, want) << "prompt " << p;
   }
 }
+
+// A rewind (truncate, prefix reuse) on sliding rings of window + max_batch - 1 positions: going
+// back at most max_batch tokens keeps the prefix and the logits of a fresh run; going back further
+// would read positions the ring overwrote, so nothing is kept (n_past() 0) and the caller re-runs
+// the prefix. The batch API's sequences follow the same rule.
+TEST(GptOssForward, ARewindPastTheRingKeepsNothingAndOneWithinItKeepsTheFreshLogits) {
+  if (!fs::exists(kFixture / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
+  TempDir d("gpt_oss_rewind");
+  ConvertOptions co;
+  co.progress = false;
+  co.quant = QuantType::kF32;
+  co.dense_dtype = "f32";
+  convert_model(kFixture, d.path() / "p", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_batch = 2;  // rings of 6 + 2 - 1 = 7 positions
+  mo.max_context = 64;
+  auto model = Model::load(d.path() / "p", mo);
+  auto fresh = Model::load(d.path() / "p", mo);
+  const size_t V = size_t(model->config().vocab_size);
+  std::vector<int> seq;
+  for (int i = 0; i < 22; ++i) seq.push_back(int((37 * i + 11) % int(V)));
+  std::vector<float> all(seq.size() * V), last(V);
+  model->forward(seq, last);
+  // Within the bound: back 2 tokens, the same 2 again: the fresh run's logits.
+  model->truncate(20);
+  EXPECT_EQ(model->n_past(), 20);
+  std::vector<float> tail(2 * V);
+  model->forward(std::span<const int>(seq).subspan(20), tail, true);
+  fresh->forward(seq, all, true);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < 2 * V; ++i) {
+    worst = std::max(worst, double(std::fabs(tail[i] - all[20 * V + i])));
+    scale = std::max(scale, double(std::fabs(all[20 * V + i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale);
+  // Past it: back 10 tokens, whose window the ring overwrote: nothing kept, a re-run from 0 works.
+  model->truncate(12);
+  EXPECT_EQ(model->n_past(), 0);
+  model->forward(std::span<const int>(seq).first(12), last);
+  // Back to the start is always fine; the bound is per sequence in the batch API too.
+  model->truncate(0);
+  EXPECT_EQ(model->n_past(), 0);
+  const int s = model->create_sequence();
+  std::vector<SequenceInput> step(1);
+  step[0].sequence = s;
+  for (int i = 0; i < 22; i += 2) {
+    step[0].tokens = std::span<const int>(seq).subspan(size_t(i), 2);
+    model->forward_batch(step);
+  }
+  model->truncate_sequence(s, 21);
+  EXPECT_EQ(model->sequence_n_past(s), 21);
+  model->truncate_sequence(s, 12);
+  EXPECT_EQ(model->sequence_n_past(s), 0);
+}

@@ -627,6 +627,68 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   }
 }
 
+// A sliding layer keeps a ring of window + max_batch - 1 positions on the device, as on the CPU
+// (issue 21): with max_batch 4 the fixture's window of 6 lives in 9 rows, which a 12-token prompt
+// (chunks of 4), 40 decode steps and a rewind of 3 tokens re-prefilled as one chunk all wrap. The
+// logits stay within the fixture tolerance of the CPU path's at every step.
+TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
+  REQUIRE_GPU();
+  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
+  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+  TempDir tmp("gpu_gpt_oss_ring");
+  ConvertOptions co;
+  co.quant = QuantType::kBF16;
+  co.dense_dtype = "f32";
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = 256;
+  mo.max_batch = 4;
+  auto cpu = Model::load(tmp.path() / "packed", mo);
+  mo.gpu = true;
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  const ModelConfig& c = gpu->config();
+  ASSERT_EQ(c.sliding_window, 6);
+  // The device holds 9 rows for each sliding layer, 256 for each full one.
+  size_t rows = 0;
+  for (int l = 0; l < c.n_layers; ++l) rows += c.window_of(l) > 0 ? 6 + 4 - 1 : 256;
+  EXPECT_EQ(gpu->gpu_info()->kv_bytes, 2 * rows * size_t(c.n_kv_heads) * size_t((c.head_dim + 3) / 4 * 4) * 4);
+  const size_t V = size_t(c.vocab_size);
+  const double tol = fixture_tolerance(QuantType::kBF16);
+  const std::vector<int> prompt = ref["prompts"][2].get<std::vector<int>>();
+  std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
+  cpu->forward(prompt, lc, true);
+  gpu->forward(prompt, lg, true);
+  EXPECT_LE(rel_max_diff(lc, lg, V), tol) << "prefill";
+  std::vector<float> last_c(lc.end() - ptrdiff_t(V), lc.end()), last_g(lg.end() - ptrdiff_t(V), lg.end());
+  std::vector<int> generated;
+  for (int i = 0; i < 40; ++i) {  // both fed the CPU's greedy token: one sequence for both
+    const int tok = Sampler::argmax(last_c);
+    generated.push_back(tok);
+    cpu->forward(std::span<const int>(&tok, 1), last_c);
+    gpu->forward(std::span<const int>(&tok, 1), last_g);
+    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " at position " << cpu->n_past() - 1;
+  }
+  // Rewind 3 tokens (within max_batch: the ring still holds the window before them) and run
+  // other tokens there as one chunk, then decode on.
+  cpu->truncate(cpu->n_past() - 3);
+  gpu->truncate(gpu->n_past() - 3);
+  const std::vector<int> other = {7, 300, 42};
+  std::vector<float> rc(3 * V), rg(3 * V);
+  cpu->forward(other, rc, true);
+  gpu->forward(other, rg, true);
+  EXPECT_LE(rel_max_diff(rc, rg, V), tol) << "the chunk after the rewind";
+  last_c.assign(rc.end() - ptrdiff_t(V), rc.end());
+  for (int i = 0; i < 10; ++i) {
+    const int tok = Sampler::argmax(last_c);
+    cpu->forward(std::span<const int>(&tok, 1), last_c);
+    gpu->forward(std::span<const int>(&tok, 1), last_g);
+    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " after the rewind";
+  }
+}
+
 // ---- DeepSeek-V2/V3 (MLA) on the GPU -------------------------------------------------------
 
 // Multi-head latent attention on the GPU (runtime/gpu/gpu_mla.h) against the CPU pass on each

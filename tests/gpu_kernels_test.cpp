@@ -7,6 +7,7 @@
 #include <memory>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,6 +217,44 @@ TEST(GpuKernels, RouterGroupedMatchesTheCpuRouter) {
   DeviceVec<int> di(8);
   EXPECT_THROW(gpu::router_grouped(d.get(), nullptr, 1, 8, 2, 3, 1, true, 1.f, di.get(), d.get(), nullptr),
                Error);  // 8 experts do not split into 3 groups
+}
+
+// Against routing.h route_softmax_grouped: DeepSeek-V2's grouping (160 experts in 8 groups, 3
+// kept, top-6, scaling 16), the fixture's (12 in 4, 2 kept, top-3, 2.5), odd group sizes with
+// renormalisation, and one group (the plain softmax top-k, scaled).
+TEST(GpuKernels, RouterGroupedSoftmaxMatchesTheCpuRouter) {
+  SKIP_WITHOUT_GPU();
+  struct Case { int experts, k, groups, keep; bool normalize; float scaling; };
+  for (const Case c : {Case{160, 6, 8, 3, false, 16.0f}, Case{12, 3, 4, 2, false, 2.5f},
+                       Case{63, 5, 7, 2, true, 1.0f}, Case{64, 6, 1, 1, false, 2.0f}}) {
+    const int n_tokens = 13;
+    RouterParams p;
+    p.scoring = RouterScoring::kSoftmax;
+    p.n_experts = c.experts;
+    p.k = c.k;
+    p.normalize = c.normalize;
+    p.n_group = c.groups;
+    p.topk_group = c.keep;
+    p.scaling = c.scaling;
+    auto logits = random_floats(size_t(n_tokens) * c.experts, 7, 3.0f);
+    std::vector<int> ref_ids(size_t(n_tokens) * c.k);
+    std::vector<float> ref_w(ref_ids.size()), scratch(p.scratch_floats());
+    for (int t = 0; t < n_tokens; ++t)
+      route_softmax_grouped(p, logits.data() + size_t(t) * c.experts, ref_ids.data() + size_t(t) * c.k,
+                            ref_w.data() + size_t(t) * c.k, scratch);
+    DeviceVec<float> dl(logits), dw(ref_w.size());
+    DeviceVec<int> di(ref_ids.size());
+    gpu::router_grouped_softmax(dl.get(), n_tokens, c.experts, c.k, c.groups, c.keep, c.normalize, c.scaling,
+                                di.get(), dw.get(), nullptr);
+    EXPECT_EQ(di.download(), ref_ids) << c.experts << " experts, " << c.groups << " groups";
+    expect_close(dw.download(), ref_w, 1e-7f, 1e-5f, "router_grouped_softmax");  // warp vs sequential sum
+  }
+  DeviceVec<float> d(std::vector<float>(12, 0.f));
+  DeviceVec<int> di(12);
+  EXPECT_THROW(gpu::router_grouped_softmax(d.get(), 1, 12, 3, 5, 1, false, 1.f, di.get(), d.get(), nullptr),
+               Error);  // 12 experts do not split into 5 groups
+  EXPECT_THROW(gpu::router_grouped_softmax(d.get(), 1, 12, 4, 4, 1, false, 1.f, di.get(), d.get(), nullptr),
+               Error);  // one kept group of 3 cannot hold 4
 }
 
 TEST(GpuKernels, SwigluMatchesCpu) {
@@ -677,6 +716,48 @@ TEST(GpuKernels, AttentionWithSinksAndWindowMatchesReference) {
                              " ctx=" + std::to_string(c.pos0 + c.n_q);
     expect_close(dout.download(), ref, 1e-5f, 2e-4f, name.c_str());
   }
+}
+
+// A sliding layer's ring cache (position p in row p % ring, rows of positions the chunk cannot
+// see left NaN) gives the bits of the full cache: only the key addresses change, not the order.
+TEST(GpuKernels, AttentionOnARingCacheEqualsTheFullCacheBitForBit) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int n_q, pos0, n_heads, n_kv, hd, window, extra;  // ring = window + n_q - 1 + extra
+  };
+  for (const Shape& c : {Shape{1, 999, 64, 8, 64, 128, 63}, Shape{1, 130, 64, 8, 64, 128, 0},
+                         Shape{17, 200, 16, 2, 64, 6, 0}, Shape{5, 23, 4, 2, 16, 6, 3}, Shape{9, 0, 4, 2, 16, 6, 1},
+                         Shape{3, 4000, 8, 8, 128, 128, 61}}) {
+    const int end = c.pos0 + c.n_q, ring = c.window + c.n_q - 1 + c.extra;
+    const size_t row = size_t(c.n_kv) * c.hd;
+    auto q = random_floats(size_t(c.n_q) * c.n_heads * c.hd, 94 + c.pos0, 2.0f);
+    auto k = random_floats(size_t(end) * row, 95 + c.pos0);
+    auto v = random_floats(k.size(), 96 + c.pos0);
+    auto sinks = random_floats(size_t(c.n_heads), 97, 3.0f);
+    std::vector<float> kr(size_t(ring) * row, NAN), vr(kr.size(), NAN);
+    for (int p = std::max(0, end - ring); p < end; ++p) {
+      std::copy_n(k.begin() + ptrdiff_t(size_t(p) * row), row, kr.begin() + ptrdiff_t(size_t(p % ring) * row));
+      std::copy_n(v.begin() + ptrdiff_t(size_t(p) * row), row, vr.begin() + ptrdiff_t(size_t(p % ring) * row));
+    }
+    for (int p = 0; p < end - c.window - c.n_q + 1; ++p)  // keys no query sees: never read in the full cache
+      std::fill_n(k.begin() + ptrdiff_t(size_t(p) * row), row, NAN);
+    const float scale = 1.0f / std::sqrt(float(c.hd));
+    const size_t n_out = size_t(c.n_q) * c.n_heads * c.hd;
+    DeviceVec<float> dq(q), dk(k), dv(v), dkr(kr), dvr(vr), ds(sinks), dfull(n_out), dring(n_out);
+    gpu::attention(dq.get(), dk.get(), dv.get(), c.n_q, c.pos0, c.n_heads, c.n_kv, c.hd, scale, dfull.get(), nullptr,
+                   ds.get(), c.window);
+    gpu::attention(dq.get(), dkr.get(), dvr.get(), c.n_q, c.pos0, c.n_heads, c.n_kv, c.hd, scale, dring.get(), nullptr,
+                   ds.get(), c.window, ring);
+    const std::vector<float> full = dfull.download(), got = dring.download();
+    for (float f : full) ASSERT_TRUE(std::isfinite(f)) << "the full cache read a key outside the window";
+    ASSERT_EQ(std::memcmp(full.data(), got.data(), full.size() * 4), 0)
+        << "ring " << ring << " n_q " << c.n_q << " pos0 " << c.pos0;
+  }
+  // A ring too short for the chunk's keys is refused.
+  DeviceVec<float> d(size_t(4) * 64 * 8);
+  const float* f = d.get();
+  EXPECT_THROW(gpu::attention(f, f, f, 4, 20, 4, 4, 64, 0.1f, d.get(), nullptr, nullptr, 6, 8), Error);
+  EXPECT_THROW(gpu::attention(f, f, f, 1, 20, 4, 4, 64, 0.1f, d.get(), nullptr, nullptr, 0, 8), Error);
 }
 
 }  // namespace

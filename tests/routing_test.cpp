@@ -1,4 +1,5 @@
-// Tests of runtime/model/routing.h: the grouped sigmoid router of GLM-4.5 / DeepSeek-V3 against an
+// Tests of runtime/model/routing.h: the grouped sigmoid router of GLM-4.5 / DeepSeek-V3 (and
+// DeepSeek-V2's group-limited greedy softmax router) against an
 // independent sort-based reference on random inputs, hand-built cases for group masking, the bias
 // (selection only), ties, scaling; its cache-aware substitution; the model.json fields it reads.
 #include <gtest/gtest.h>
@@ -197,6 +198,127 @@ TEST(GroupedCacheAware, RouterRecomputesSigmoidWeightsAndToleranceZeroIsBitwiseI
     std::vector<float> want(4);
     sigmoid_routing_weights(p, logits.data() + t * 16, ids.data() + t * 4, want.data());
     for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(w[size_t(t) * 4 + j], want[size_t(j)]);
+  }
+}
+
+// DeepSeek-V2's group-limited greedy router (issue 20) against a sort-based definition written from
+// transformers' DeepseekV2TopkRouter: softmax (double), group score = the group's best probability,
+// the topk_group best groups (stable: lower group first), the k best probabilities among them.
+RouterParams softmax_grouped(int E, int k, int G, int topk_group, bool normalize = false, float scaling = 1.0f) {
+  RouterParams p = grouped(E, k, G, topk_group, normalize, scaling);
+  p.scoring = RouterScoring::kSoftmax;
+  return p;
+}
+
+Routed softmax_grouped_reference(const RouterParams& p, const std::vector<float>& logits) {
+  const int E = p.n_experts, G = p.n_group, per = E / G;
+  const double m = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> pr(static_cast<size_t>(E));
+  double z = 0;
+  for (int e = 0; e < E; ++e) z += pr[size_t(e)] = std::exp(double(logits[size_t(e)]) - m);
+  for (double& v : pr) v /= z;
+  std::vector<double> gs(static_cast<size_t>(G), 0.0);
+  for (int e = 0; e < E; ++e) gs[size_t(e / per)] = std::max(gs[size_t(e / per)], pr[size_t(e)]);
+  std::vector<int> gi(static_cast<size_t>(G));
+  std::iota(gi.begin(), gi.end(), 0);
+  std::stable_sort(gi.begin(), gi.end(), [&](int a, int b) { return gs[size_t(a)] > gs[size_t(b)]; });
+  std::vector<int> cand;
+  for (int e = 0; e < E; ++e)
+    if (std::find(gi.begin(), gi.begin() + p.topk_group, e / per) != gi.begin() + p.topk_group) cand.push_back(e);
+  std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return pr[size_t(a)] > pr[size_t(b)]; });
+  Routed r;
+  r.ids.assign(cand.begin(), cand.begin() + p.k);
+  double sum = 0;
+  for (int id : r.ids) sum += pr[size_t(id)];
+  for (int id : r.ids) r.weights.push_back(float(pr[size_t(id)] / (p.normalize ? sum : 1.0) * p.scaling));
+  return r;
+}
+
+TEST(GroupLimitedGreedyRouter, MatchesTheSortedDefinitionOnRandomInputs) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  const int shapes[][4] = {{12, 3, 4, 2}, {160, 6, 8, 3}, {24, 4, 8, 3}, {30, 5, 3, 2}, {16, 2, 1, 1}, {9, 3, 3, 1}};
+  for (const auto& sh : shapes) {
+    const RouterParams p = softmax_grouped(sh[0], sh[1], sh[2], sh[3], sh[0] % 3 == 0, 16.0f);
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<float> logits(size_t(p.n_experts));
+      for (float& x : logits) x = 3.0f * n01(rng);
+      const Routed got = run(p, logits, {}), want = softmax_grouped_reference(p, logits);
+      ASSERT_EQ(got.ids, want.ids) << "E=" << p.n_experts << " trial " << trial;
+      for (int j = 0; j < p.k; ++j)
+        EXPECT_NEAR(got.weights[size_t(j)], want.weights[size_t(j)], 1e-6f * 16.0f) << "E=" << p.n_experts;
+    }
+  }
+}
+
+TEST(GroupLimitedGreedyRouter, AGroupScoresItsBestProbabilityNotItsTwoBest) {
+  // Groups of 2: (0,1) has two good experts, (2,3) one excellent and one poor, (4,5) poor. One
+  // group kept: the sigmoid router's two-best sum would keep (0,1); the group maximum keeps (2,3).
+  const std::vector<float> logits = {2.0f, 2.0f, 2.5f, -6.0f, -1.0f, -1.0f};
+  const Routed r = run(softmax_grouped(6, 2, 3, 1), logits, {});
+  EXPECT_EQ(r.ids, (std::vector<int>{2, 3}));  // the kept group's experts, even the poor one
+  // Two groups kept: (2,3) and (0,1); top-2 over them.
+  EXPECT_EQ(run(softmax_grouped(6, 2, 3, 2), logits, {}).ids, (std::vector<int>{2, 0}));
+}
+
+TEST(GroupLimitedGreedyRouter, WeightsAreTheProbabilitiesOverAllExpertsScaled) {
+  const std::vector<float> logits = {0.3f, -1.0f, 2.0f, 0.7f, -0.2f, 1.1f};
+  const Routed r = run(softmax_grouped(6, 2, 3, 2, false, 2.5f), logits, {});
+  double z = 0;
+  for (float l : logits) z += std::exp(double(l));
+  ASSERT_EQ(r.ids, (std::vector<int>{2, 5}));
+  EXPECT_NEAR(r.weights[0], 2.5 * std::exp(2.0) / z, 1e-6);  // not renormalised over the top-k
+  EXPECT_NEAR(r.weights[1], 2.5 * std::exp(1.1) / z, 1e-6);
+  const Routed n = run(softmax_grouped(6, 2, 3, 2, true, 2.5f), logits, {});
+  EXPECT_NEAR(n.weights[0] + n.weights[1], 2.5f, 1e-5f);  // norm_topk_prob
+  // Ties: the lower group, then the lower id.
+  EXPECT_EQ(run(softmax_grouped(8, 3, 4, 2), std::vector<float>(8, 0.5f), {}).ids, (std::vector<int>{0, 1, 2}));
+}
+
+// Cache-aware routing for it (docs/cache_aware.md): near-tied on the logits as the plain softmax
+// router's, candidates only from the kept groups; weights recomputed as the router's; tolerance 0
+// changes no bit.
+TEST(GroupLimitedGreedyCacheAware, SubstitutesInsideTheKeptGroupsAndReweighs) {
+  const std::vector<float> logits = {3.0f, 1.0f, 0.9f, 0.0f, 2.95f, -5.0f, -5.0f, -5.0f};
+  const RouterParams p = softmax_grouped(8, 2, 4, 2, false, 2.0f);
+  std::vector<float> scratch(p.scratch_floats());
+  const Routed r = run(p, logits, {});
+  ASSERT_EQ(r.ids, (std::vector<int>{0, 4}));  // groups (0,1) and (4,5) kept
+  std::vector<int> ids = r.ids;
+  // Expert 2 (dropped group (2,3)) is resident and within tolerance of 4: never a candidate.
+  EXPECT_EQ(substitute_resident_grouped(p, logits.data(), nullptr, flags(8, {0, 2}), 100.0f, ids.data(), scratch), 0);
+  // Expert 1 (kept group) resident: logit gap 1.95 <= 1.0 * (3.0 - 2.95)? no; with tolerance 40 yes.
+  EXPECT_EQ(substitute_resident_grouped(p, logits.data(), nullptr, flags(8, {0, 1}), 1.0f, ids.data(), scratch), 0);
+  EXPECT_EQ(substitute_resident_grouped(p, logits.data(), nullptr, flags(8, {0, 1}), 40.0f, ids.data(), scratch), 1);
+  EXPECT_EQ(ids, (std::vector<int>{0, 1}));
+
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  const RouterParams q = softmax_grouped(16, 3, 4, 2, false, 16.0f);
+  const int T = 9;
+  std::vector<float> lg(size_t(T) * 16);
+  for (float& x : lg) x = 2.0f * n01(rng);
+  std::vector<int> all(size_t(T) * 3);
+  std::vector<float> w(all.size()), sc(q.scratch_floats());
+  for (int t = 0; t < T; ++t) route(q, lg.data() + t * 16, nullptr, all.data() + t * 3, w.data() + t * 3, sc);
+  const std::vector<int> ids0 = all;
+  const std::vector<float> w0 = w;
+  ASSERT_TRUE(grouped_cache_aware(q));
+  CacheAwareRouter car(16, 3, false);
+  car.set_grouped(q);
+  const auto resident = flags(16, {1, 4, 9, 13, 14});
+  CacheAwareStats st;
+  EXPECT_EQ(car.apply(resident, lg.data(), T, 0.0f, all.data(), w.data(), st), 0);
+  EXPECT_EQ(all, ids0);
+  EXPECT_EQ(0, std::memcmp(w.data(), w0.data(), w.size() * sizeof(float)));
+  EXPECT_GT(car.apply(resident, lg.data(), T, 10.0f, all.data(), w.data(), st), 0);
+  for (int t = 0; t < T; ++t) {
+    double z = 0;
+    for (int e = 0; e < 16; ++e) z += std::exp(double(lg[size_t(t) * 16 + e]));
+    for (int j = 0; j < 3; ++j) {
+      const int id = all[size_t(t) * 3 + j];
+      EXPECT_NEAR(w[size_t(t) * 3 + j], 16.0 * std::exp(double(lg[size_t(t) * 16 + id])) / z, 1e-4);
+    }
   }
 }
 

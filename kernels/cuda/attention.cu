@@ -1,6 +1,7 @@
 // Causal grouped-query attention over one layer's float32 KV cache, flash-decoding style: the
 // context is split across blocks (each keeps an online softmax), then a second kernel merges.
-// gpt-oss: per-head sink logits join the final normalisation, a sliding window masks old keys.
+// gpt-oss: per-head sink logits join the final normalisation, a sliding window masks old keys, and
+// a sliding layer's cache may be a ring (key position p in row p % ring).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -38,7 +39,11 @@ struct AttnArgs {
   const float* sinks;  // [n_heads] or null
   int window;          // keys a query sees (0: all)
   int key0;            // first key any row sees (window: pos0 + 1 - window); splits start here
+  int ring;            // rows of a ring cache (position p in row p % ring); 0: row p is position p
 };
+
+// The cache row of key position j.
+__device__ __forceinline__ int cache_row(int j, int ring) { return ring > 0 ? j % ring : j; }
 
 // The final normalisation with an optional sink logit: o / (sum + e^(sink - mx)), formed against
 // the larger of mx and the sink as the CPU does (no overflow when the sink dominates).
@@ -132,7 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
       float part[RB];
 #pragma unroll
       for (int r = 0; r < RB; ++r) part[r] = 0.f;
-      const float4* kr = reinterpret_cast<const float4*>(kbase + size_t(jc) * key_stride);
+      const float4* kr = reinterpret_cast<const float4*>(kbase + size_t(cache_row(jc, a.ring)) * key_stride);
 #pragma unroll
       for (int i = 0; i < NK; ++i) {
         const int d4 = l8 + 8 * i;
@@ -182,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32, (RB >= 16 || NK > 4) ? 1 : 3)
     // P V: lanes over dimensions, a probability broadcast from shared memory per (row, key).
 #pragma unroll 8
     for (int jj = 0; jj < n_tile; ++jj) {
-      const float4* vr = reinterpret_cast<const float4*>(vbase + size_t(t0 + jj) * key_stride);
+      const float4* vr = reinterpret_cast<const float4*>(vbase + size_t(cache_row(t0 + jj, a.ring)) * key_stride);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int d4 = lane + 32 * i;
@@ -347,7 +352,7 @@ int sm_count() {
 
 void attention_cuda(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                     int n_heads, int n_kv_heads, int head_dim, float scale, float* out,
-                    cudaStream_t s, const float* sinks, int window) {
+                    cudaStream_t s, const float* sinks, int window, int ring) {
   MOE_ASSERT(q && k_cache && v_cache && out && n_q > 0 && pos0 >= 0 && n_kv_heads > 0 &&
                  n_heads % n_kv_heads == 0 && head_dim % 4 == 0 && head_dim <= kMaxHeadDim,
              "attention_cuda: bad arguments");
@@ -366,6 +371,7 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   a.out = out;
   a.sinks = sinks;
   a.window = window;
+  a.ring = ring;
 
   const int nk = head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
   // Rows per block: the whole GQA group of a decode token (K/V read once per KV head), capped
@@ -431,7 +437,7 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
 
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
-               const float* sinks, int window) {
+               const float* sinks, int window, int ring) {
   const std::string shape = "n_q=" + std::to_string(n_q) + " pos0=" + std::to_string(pos0) +
                             " n_heads=" + std::to_string(n_heads) +
                             " n_kv_heads=" + std::to_string(n_kv_heads) +
@@ -452,7 +458,11 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       throw Error("gpu::attention: device pointers must be 16-byte aligned (float4 loads)");
   if (window < 0) throw Error("gpu::attention: negative window " + std::to_string(window));
-  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s, sinks, window);
+  // A ring must hold every key the chunk reads: the first query's window and the chunk's own keys.
+  if (ring < 0 || (ring > 0 && (window == 0 || (long long)ring < (long long)window + n_q - 1)))
+    throw Error("gpu::attention: a ring of " + std::to_string(ring) + " rows cannot hold window " +
+                std::to_string(window) + " + the chunk's " + std::to_string(n_q) + " keys - 1 (" + shape + ")");
+  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s, sinks, window, ring);
 }
 
 }  // namespace moestream::gpu

@@ -42,6 +42,13 @@ void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool n
 void router_grouped(const float* logits, const float* bias, int n_tokens, int n_experts, int k,
                     int n_group, int topk_group, bool normalize, float scaling, int* ids,
                     float* weights, Stream s);
+// DeepSeek-V2's group-limited greedy router (kernels/cuda/router_grouped_softmax.cu), as
+// runtime/model/routing.h route_softmax_grouped: softmax over all experts, the topk_group of
+// n_group groups with the best maximum probability (ties: lower group), the k best probabilities
+// in them (ties: lower id), weights those probabilities (normalised when `normalize`) times
+// `scaling`. n_group 1: router_topk, then the scaling. ids/weights n_tokens*k, token-major.
+void router_grouped_softmax(const float* logits, int n_tokens, int n_experts, int k, int n_group,
+                            int topk_group, bool normalize, float scaling, int* ids, float* weights, Stream s);
 
 // out[i] = silu(gate[i]) * up[i] for n elements (the expert's fused SwiGLU).
 void swiglu(const float* gate, const float* up, size_t n, float* out, Stream s);
@@ -64,9 +71,12 @@ void expert_matvec_bf16(const uint8_t* w, int rows, int cols, const float* x, fl
 // gpt-oss: `sinks` (device, [n_heads], or null) adds exp(sinks[h]) to each softmax's denominator
 // (a logit attended to with value zero); `window` > 0 limits a query at position p to keys
 // [p - window + 1, p] (a sliding layer; 0: all earlier keys).
+// Bounded sliding-window cache (gpt-oss): `ring` > 0 says k_cache/v_cache hold `ring` rows and
+// position p sits in row p % ring; it needs window > 0 and ring >= window + n_q - 1 (every key
+// the chunk reads still there; Error otherwise). 0: row p is position p.
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
-               const float* sinks = nullptr, int window = 0);
+               const float* sinks = nullptr, int window = 0, int ring = 0);
 
 // Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
 // rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the

@@ -151,10 +151,10 @@ void read_glm_fields(const json& j, const std::string& where, ModelConfig& c) {
     bad(where, "n_group", "(" + std::to_string(c.n_group) + ") must divide n_experts (" + std::to_string(c.n_experts) + ")");
   if (c.topk_group > c.n_group)
     bad(where, "topk_group", "(" + std::to_string(c.topk_group) + ") exceeds n_group (" + std::to_string(c.n_group) + ")");
-  if (c.n_group > 1 && c.n_experts / c.n_group < 2)
+  if (c.n_group > 1 && c.router_scoring == RouterScoring::kSigmoid && c.n_experts / c.n_group < 2)
     bad(where, "n_group", "leaves fewer than 2 experts per group (a group scores its two best)");
-  if (c.n_group > 1 && c.router_scoring != RouterScoring::kSigmoid)
-    bad(where, "n_group", "is " + std::to_string(c.n_group) + ": groups need router_scoring \"sigmoid\"");
+  // Softmax scoring with groups is DeepSeek-V2's group_limited_greedy (a group scores its best
+  // probability); gpt-oss's router has none (gpt_oss_from_json).
   if (int64_t(c.topk_group) * (c.n_experts / c.n_group) < c.n_experts_per_tok)
     bad(where, "topk_group", "x experts per group is fewer than n_experts_per_tok");
   c.routed_scaling_factor = get_opt_num(j, "routed_scaling_factor", where, 1.0);
@@ -272,6 +272,8 @@ void gpt_oss_from_json(const json& j, const std::string& where, ModelConfig& c) 
   // Both read layers.N.router_bias, with different meanings (a logit bias; a selection-only bias).
   if ((c.router_bias || c.router_softmax_topk) && c.router_scoring != RouterScoring::kSoftmax)
     bad(where, c.router_bias ? "router_bias" : "router_softmax_topk", "cannot be combined with router_scoring \"sigmoid\"");
+  if (c.router_softmax_topk && c.n_group > 1)
+    bad(where, "n_group", "is " + std::to_string(c.n_group) + ": router_softmax_topk has no groups");
 }
 
 }  // namespace
@@ -369,6 +371,10 @@ nlohmann::json ModelConfig::to_json() const {
   // GLM-4.5 / DeepSeek-V3: written only when they differ from the defaults.
   if (router_scoring != RouterScoring::kSoftmax) {
     j["router_scoring"] = std::string(enum_name(kScoringNames, router_scoring, "softmax"));
+    j["n_group"] = n_group;
+    j["topk_group"] = topk_group;
+  }
+  if (router_scoring == RouterScoring::kSoftmax && n_group > 1) {  // DeepSeek-V2's group_limited_greedy
     j["n_group"] = n_group;
     j["topk_group"] = topk_group;
   }

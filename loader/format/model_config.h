@@ -30,7 +30,8 @@
 //     layers.N.router_bias (e_score_correction_bias, selection only), group-limited top-k
 //   n_group (int >= 1, default 1), topk_group (int in [1, n_group], default 1): experts split into
 //     n_group equal groups; a group scores the sum of its two best biased scores; the topk_group
-//     best groups' experts compete for the top-k (sigmoid scoring only)
+//     best groups' experts compete for the top-k. With router_scoring "softmax" (DeepSeek-V2's
+//     group_limited_greedy): a group scores its best softmax probability (not with router_softmax_topk)
 //   routed_scaling_factor (number > 0, default 1): multiplies the routed experts' weights
 //   shared_expert_gated (bool, default true): false = the shared expert is added unscaled
 //     (GLM-4.5, DeepSeek-V3: n_shared_experts x moe_intermediate_size, no shared_expert_gate)

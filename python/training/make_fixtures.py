@@ -20,7 +20,9 @@ correction bias, and a shared expert; its config.json is in the published style 
 deepseek_v3_fp8 is the same architecture saved as DeepSeek-V3's FP8 releases are: linear weights in
 float8_e4m3fn with `weight_scale_inv` block scales (16 x 16 blocks, powers of two) and a
 quantization_config; the reference runs on the dequantised weights. deepseek_v2 is DeepSeek-V2-Lite's
-form: MLA with a plain q_proj, complex (interleaved) RoPE, a softmax router, two shared experts.
+form: MLA with a plain q_proj, complex (interleaved) RoPE, a softmax router, two shared experts;
+deepseek_v2_grouped the same with DeepSeek-V2's group-limited greedy router (topk_method
+group_limited_greedy, 4 groups scored by their best probability, 2 kept, routed_scaling_factor 2.5).
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
@@ -144,6 +146,20 @@ def fixture_specs():
                          "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
                          "mscale": 0.707, "mscale_all_dim": 0.707},
         **common)
+    # DeepSeek-V2's group-limited greedy router (issue 20): softmax over all experts, each group
+    # scored by its best probability, the 2 best of 4 groups kept, top-3 inside them, the
+    # probabilities times routed_scaling_factor (not renormalised); otherwise deepseek_v2's form.
+    deepseek2_grouped = DeepseekV2Config(
+        vocab_size=337, hidden_size=48, intermediate_size=70, num_attention_heads=3,
+        num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=12,
+        qk_rope_head_dim=6, v_head_dim=10, moe_intermediate_size=21, n_routed_experts=12,
+        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, topk_method="group_limited_greedy", norm_topk_prob=False, n_group=4,
+        topk_group=2, attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.707, "mscale_all_dim": 0.707},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -154,6 +170,7 @@ def fixture_specs():
         "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
         "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),
         "deepseek_v2": (DeepseekV2ForCausalLM, deepseek2, 1009, "per_expert"),
+        "deepseek_v2_grouped": (DeepseekV2ForCausalLM, deepseek2_grouped, 1010, "per_expert"),
         "gpt_oss": (GptOssForCausalLM, gpt_oss, 1006, "gpt_oss"),
         "gpt_oss_mxfp4": (GptOssForCausalLM, gpt_oss, 1006, "mxfp4"),
     }
@@ -471,8 +488,9 @@ def write_fixture(name, cls, config, seed, layout, out_root):
         else:
             # Reloading the written files must reproduce the logits: the layout is loadable.
             extra_args = {"quantization_config": mxfp4_reload} if mxfp4_reload else {}
+            # Eager attention, as the reference ran (sdpa sums in another order: ~1e-6 apart).
             reloaded = cls.from_pretrained(tmp, dtype=torch.float32, experts_implementation="eager",
-                                           **extra_args).eval()
+                                           attn_implementation="eager", **extra_args).eval()
         with torch.no_grad():
             for ids, ref in zip(prompts, logits if reloaded is not None else []):
                 got = reloaded(torch.tensor([ids])).logits[0].numpy()

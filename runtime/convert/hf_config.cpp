@@ -3,6 +3,7 @@
 // `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <set>
@@ -215,18 +216,34 @@ void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
                       std::to_string(c.head_dim) + " is not an even rotary width");
 }
 
+// DeepSeek-V2's group_limited_greedy (issue 20): n_group groups (null or absent: 1) of which
+// topk_group (null or absent: 1) compete; the groups must split the experts evenly and hold k.
+void read_group_limited_greedy(const json& hf, ModelConfig& c, const std::string& where) {
+  c.n_group = opt_int(hf, "n_group", where, 1);
+  c.topk_group = opt_int(hf, "topk_group", where, 1);
+  if (c.n_experts % c.n_group != 0 || c.topk_group > c.n_group)
+    throw ConfigError(where + ": topk_method group_limited_greedy with n_group " + std::to_string(c.n_group) +
+                      " / topk_group " + std::to_string(c.topk_group) + " does not split " +
+                      std::to_string(c.n_experts) + " experts into groups");
+  if (int64_t(c.topk_group) * (c.n_experts / c.n_group) < c.n_experts_per_tok)
+    throw ConfigError(where + ": topk_method group_limited_greedy: topk_group " + std::to_string(c.topk_group) + " groups of " +
+                      std::to_string(c.n_experts / c.n_group) + " experts hold fewer than num_experts_per_tok " +
+                      std::to_string(c.n_experts_per_tok));
+}
+
 // DeepSeek-V2(-Lite)'s MoE as transformers' DeepseekV2 computes it: softmax over all experts, the
 // top-k probabilities as they are (norm_topk_prob is not read there), ungated shared experts, dense
-// first layers. Its group-limited variant (DeepSeek-V2's group max) and a routed_scaling_factor
-// other than 1 are refused: the runtime groups sigmoid scores only.
+// first layers. topk_method "group_limited_greedy" (DeepSeek-V2 236B) keeps the topk_group groups
+// of best maximum probability (routing.h route_softmax_grouped); routed_scaling_factor multiplies
+// the weights with either method.
 void read_deepseek_v2_moe(const json& hf, ModelConfig& c, const std::string& where) {
   if (const json* f = find(hf, "scoring_func"); f && *f != "softmax") unsupported(where, "scoring_func", f->dump());
   const json* m = find(hf, "topk_method");
-  const int n_group = opt_int(hf, "n_group", where, 1);
-  if (m && *m != "greedy" && !(*m == "group_limited_greedy" && n_group == 1))
-    unsupported(where, "topk_method", m->dump() + " with n_group " + std::to_string(n_group));
-  if (const double s = opt_num(hf, "routed_scaling_factor", where, 1.0); s != 1.0)
-    unsupported(where, "routed_scaling_factor", std::to_string(s) + " (DeepSeek-V2)");
+  if (m && *m != "greedy" && *m != "group_limited_greedy") unsupported(where, "topk_method", m->dump());
+  if (m && *m == "group_limited_greedy") read_group_limited_greedy(hf, c, where);
+  c.routed_scaling_factor = opt_num(hf, "routed_scaling_factor", where, 1.0);
+  if (!(c.routed_scaling_factor > 0 && std::isfinite(c.routed_scaling_factor)))
+    throw FormatError(where + ": 'routed_scaling_factor' must be positive and finite");
   c.norm_topk_prob = false;
   c.router_scoring = RouterScoring::kSoftmax;
   const int64_t shared = int64_t(opt_count(hf, "n_shared_experts", where, 2)) * c.moe_intermediate_size;

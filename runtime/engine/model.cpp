@@ -31,6 +31,7 @@ struct Model::Impl {
   CacheAwareStats cache_aware_stats;
   size_t dense_bytes_per_token = 0;   // active_dense_bytes of the pass in use, counted once
   SequenceSlots slots;                // forward_batch's sequences
+  SlidingKvHorizon horizon;           // how far forward()'s sequence may rewind (sliding rings)
   std::vector<BatchEntry> batch_entries;
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
@@ -38,6 +39,8 @@ struct Model::Impl {
       : cfg(std::move(c)), opts(o), store(std::move(s)), pool(o.n_threads),
         slots(o.max_sequences, o.max_context, o.max_batch, cfg.vocab_size) {
     routing.cache_aware = o.cache_aware;
+    horizon = SlidingKvHorizon(cfg, o.max_context, o.max_batch);  // both passes keep these rings
+    slots.set_horizon(horizon);
     if (o.gpu) {
       GpuForwardOptions go;
       go.max_context = o.max_context;
@@ -109,11 +112,17 @@ const ModelConfig& Model::config() const { return impl_->cfg; }
 int Model::n_threads() const { return impl_->pool.size(); }
 int Model::max_context() const { return impl_->opts.max_context; }
 int Model::n_past() const { return impl_->n_past; }
-void Model::reset() { impl_->n_past = 0; }
+void Model::reset() {
+  impl_->n_past = 0;
+  impl_->horizon.truncated(0);
+}
 void Model::truncate(int n_tokens) {
   if (n_tokens < 0 || n_tokens > impl_->n_past)
     throw ConfigError("Model::truncate: " + std::to_string(n_tokens) + " is outside [0, n_past=" +
                       std::to_string(impl_->n_past) + "]");
+  // A sliding ring that lost the window before n_tokens keeps nothing (n_past() says).
+  n_tokens = impl_->horizon.keepable(n_tokens);
+  impl_->horizon.truncated(n_tokens);
   impl_->n_past = n_tokens;  // later forward() calls overwrite the KV rows past n_tokens
 }
 void Model::set_routing_callback(RoutingCallback cb) { impl_->routing.on_routing = std::move(cb); }
@@ -169,6 +178,7 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     c.ordinal = m.tokens_routed;
     m.pass->forward_chunk(c, m.routing, m.times, m.cache_aware_stats);
     m.tokens_routed += uint64_t(T);
+    m.horizon.wrote(m.n_past, T);
     m.n_past += T;
   }
 }

@@ -74,7 +74,9 @@ class Model {
   // Empties the KV cache.
   void reset();
   // Keeps the first n_tokens of the KV cache (0 <= n_tokens <= n_past()), so a caller can reuse
-  // a common prefix; ConfigError otherwise.
+  // a common prefix; ConfigError otherwise. With sliding-window layers (gpt-oss), whose KV is a
+  // ring of window + max_batch - 1 positions, a rewind whose window was overwritten since keeps
+  // nothing: callers read n_past() after it.
   void truncate(int n_tokens);
   // Called after every layer's routing (empty = none); observing never changes the output.
   void set_routing_callback(RoutingCallback cb);

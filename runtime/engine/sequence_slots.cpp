@@ -22,6 +22,7 @@ int SequenceSlots::create() {
     if (!in_use_[s]) {
       in_use_[s] = true;
       n_past_[s] = 0;
+      if (!horizons_.empty()) horizons_[s].truncated(0);
       return int(s);
     }
   throw ConfigError("all " + std::to_string(in_use_.size()) +
@@ -50,6 +51,10 @@ void SequenceSlots::truncate(int seq, int n_tokens) {
   if (n_tokens < 0 || n_tokens > n_past_[size_t(seq)])
     throw ConfigError("truncate_sequence: " + std::to_string(n_tokens) + " is outside [0, n_past=" +
                       std::to_string(n_past_[size_t(seq)]) + "] of sequence " + std::to_string(seq));
+  if (!horizons_.empty()) {  // a sliding ring that lost the window before n_tokens: start over
+    n_tokens = horizons_[size_t(seq)].keepable(n_tokens);
+    horizons_[size_t(seq)].truncated(n_tokens);
+  }
   n_past_[size_t(seq)] = n_tokens;  // later steps overwrite the KV rows past n_tokens
 }
 
@@ -95,7 +100,10 @@ ForwardBatch SequenceSlots::plan(std::span<const SequenceInput> batch, std::vect
 }
 
 void SequenceSlots::advance(std::span<const SequenceInput> batch) {
-  for (const SequenceInput& in : batch) n_past_[size_t(in.sequence)] += int(in.tokens.size());
+  for (const SequenceInput& in : batch) {
+    if (!horizons_.empty()) horizons_[size_t(in.sequence)].wrote(n_past_[size_t(in.sequence)], int(in.tokens.size()));
+    n_past_[size_t(in.sequence)] += int(in.tokens.size());
+  }
 }
 
 }  // namespace moestream

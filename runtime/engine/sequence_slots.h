@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/engine/sliding_kv_horizon.h"
 #include "runtime/model/forward_pass.h"
 
 namespace moestream {
@@ -28,7 +29,11 @@ class SequenceSlots {
   int create();
   void free(int seq);
   int n_past(int seq) const;
-  void truncate(int seq, int n_tokens);  // keeps the first n_tokens (prefix reuse)
+  // Keeps the first n_tokens (prefix reuse), or none where a sliding-window ring no longer holds
+  // the window before them (SlidingKvHorizon; n_past(seq) says what was kept).
+  void truncate(int seq, int n_tokens);
+  // Every slot's rewind bound (gpt-oss's sliding rings); without it, any rewind keeps its prefix.
+  void set_horizon(const SlidingKvHorizon& h) { horizons_.assign(n_past_.size(), h); }
 
   // Checks `batch` (non-empty, live distinct sequences, tokens in the vocabulary, room in the
   // context and in max_batch, logits buffers large enough) and fills `entries` for the pass.
@@ -41,6 +46,7 @@ class SequenceSlots {
   void check_live(int seq, const char* what) const;
   std::vector<int> n_past_;   // by slot
   std::vector<bool> in_use_;  // by slot
+  std::vector<SlidingKvHorizon> horizons_;  // by slot; empty: no sliding ring
   int max_context_, max_batch_, vocab_;
 };
 

@@ -62,7 +62,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
   sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
   router_params = RouterParams::of(c);
-  if (sigmoid_routing) cache_aware_router.set_grouped(router_params);
+  if (grouped_cache_aware(router_params)) cache_aware_router.set_grouped(router_params);
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -99,10 +99,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     mla = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
     info_.kv_bytes = mla->cache_bytes();
   } else {
-    const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
-    kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
-    info_.kv_bytes = kv.bytes();
-    if (padded) MOE_CUDA_CHECK(cudaMemset(kv.get(), 0, kv.bytes()));  // pad columns stay zero
+    init_kv();
   }
 
   // Activations, one allocation carved into arrays.
@@ -255,16 +252,17 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
     return;
   }
   const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
   auto ta = std::chrono::steady_clock::now();
-  float* kc = kv.as<float>() + size_t(2 * l) * kv_layer;
-  float* vc = kc + kv_layer;
-  float* k_new = kc + size_t(n_past) * KV * hd_p;  // position-major: the chunk's rows are contiguous
-  float* v_new = vc + size_t(n_past) * KV * hd_p;
-  // Unpadded heads go straight into the cache; padded ones are built contiguous, then copied.
-  float* k_dst = padded ? k_tok : k_new;
-  float* v_dst = padded ? v_tok : v_new;
+  float* kc = kv_keys(l);
+  float* vc = kv_values(l);
+  // A sliding layer's ring (gpt-oss): position p in row p % ring; 0 where rows are positions.
+  const int ring = kv_rows[size_t(l)] < opts.max_context ? kv_rows[size_t(l)] : 0;
+  // Unpadded heads of a full layer go straight into the cache (position-major: the chunk's rows
+  // are contiguous); padded heads and a ring's are built contiguous, then copied (append_kv).
+  const bool staged = padded || ring > 0;
+  float* k_dst = staged ? k_tok : kc + size_t(n_past) * KV * hd_p;
+  float* v_dst = staged ? v_tok : vc + size_t(n_past) * KV * hd_p;
   gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
   linear(h, lw.wq, T, qk_norm ? qraw : q);
   linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
@@ -289,16 +287,15 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
     gpu::rope_neox_partial(k_dst, T, KV, half, hd, cos_d, sin_d, stream);
   }
   const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
+  if (staged) append_kv(l, T, n_past, k_dst, v_dst);
   if (!padded) {
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window);
+    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window, ring);
   } else {
     // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
     // head_dim; released models have 64 or 128).
     const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_dst, w_b, w_b, size_t(T) * KV, cudaMemcpyDeviceToDevice, stream));
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window);
+    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window, ring);
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
   }
   linear(attn, lw.wo, T, x, true);  // the residual add
@@ -616,13 +613,11 @@ void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, 
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);
-  else {
+  else if (router_params.n_group > 1 || router_params.scaling != 1.0f)  // DeepSeek-V2 (issue 20)
+    gpu::router_grouped_softmax(rlog, T, E, K, router_params.n_group, router_params.topk_group,
+                                router_params.normalize, router_params.scaling, ids_d, wts_d, stream);
+  else
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
-    // DeepSeek-V2: routed_scaling_factor on the softmax router's weights, one float product each
-    // as routing.cpp's route() (1 for every other softmax model: nothing launched).
-    if (router_params.scaling != 1.0f)
-      cublas_check(cublasSscal(blas, T * K, &router_params.scaling, wts_d, 1), "sscal (routed_scaling_factor)");
-  }
 }
 
 // A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.

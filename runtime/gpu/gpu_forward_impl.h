@@ -40,7 +40,7 @@ struct CudaForward final : GpuForward {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   GpuDenseWeights w;
-  DeviceBuffer kv;  // [n_layers][2][max_ctx][KV][hd_p]
+  DeviceBuffer kv;  // per layer: K then V, [kv_rows[l]][KV][hd_p] each (gpu_forward_kv.cpp)
   DeviceBuffer act;
   float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
         *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
@@ -110,6 +110,14 @@ struct CudaForward final : GpuForward {
   // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
   // (gpu_mla.h); null for every other architecture.
   std::unique_ptr<GpuMla> mla;
+  // Bounded sliding-window KV (issue 21, gpu_forward_kv.cpp): rows a layer's cache keeps
+  // (max_context, or a ring of window + B - 1 for a sliding layer) and its offset in kv (floats).
+  std::vector<int> kv_rows;
+  std::vector<size_t> kv_offset;
+  void init_kv();
+  float* kv_keys(int l);
+  float* kv_values(int l);
+  void append_kv(int l, int T, int n_past, const float* k_src, const float* v_src);
 
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);

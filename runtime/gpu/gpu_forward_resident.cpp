@@ -7,7 +7,9 @@
 // the synced path (moe_layer), which reads the miss. The step is tried only after a decode step
 // that read nothing, and only where every choice is the router's own (no override, no
 // cache-aware substitution, no routing log, no look-ahead). Dense layers (first_k_dense_replace) run
-// their MLP; experts, the table and the cache are numbered by MoE layer.
+// their MLP; experts, the table and the cache are numbered by MoE layer. gpt-oss: the router's
+// logit bias and softmax over the top-k (route_on_device), the experts' biases from their payloads
+// and the clamped SwiGLU, as moe() launches them.
 #include <algorithm>
 #include <chrono>
 
@@ -21,10 +23,6 @@ namespace moestream::detail {
 
 void CudaForward::init_resident() {
   resident_capable = opts.resident_decode && N == 0;
-  // gpt-oss's router (logit bias, top-k softmax), expert biases and clamped SwiGLU are not in the
-  // resident step's kernels: its decode takes the synced path (moe_layer) every step.
-  resident_capable = resident_capable && !cfg.expert_bias && cfg.swiglu_limit <= 0 && !cfg.router_softmax_topk &&
-                     !cfg.router_bias;
   for (const ExpertLayout& lay : layouts) resident_capable = resident_capable && expert_gemm_takes(lay);
   if (!resident_capable) return;
   const size_t L = size_t(cfg.n_layers);
@@ -91,9 +89,20 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     const float* x_up = round_expert_inputs(lay, K);
     expert_matmul(lay.types.gate, lay.gate_offset, 0, K, 1, F, D, xg, gate);
     expert_matmul(lay.types.up, lay.up_offset, 0, K, 1, F, D, x_up, up);
-    gpu::swiglu(gate, up, size_t(K) * F, swi, stream);
+    const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
+    const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
+    if (lay.types.bias) {  // gpt-oss
+      gpu::expert_bias_add(gate, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset, stream);
+      gpu::expert_bias_add(up, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
+    }
+    if (cfg.swiglu_limit > 0)
+      gpu::swiglu_clamped(gate, up, size_t(K) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi, stream);
+    else
+      gpu::swiglu(gate, up, size_t(K) * F, swi, stream);
     gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
     expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
+    if (lay.types.bias)
+      gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
     gpu::moe_combine(y, plan + pairs, wts_l, 1, K, D, tmp, stream);
     gpu::add_inplace(x, tmp, size_t(D), stream);
     if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);

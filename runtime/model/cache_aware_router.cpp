@@ -67,7 +67,7 @@ CacheAwareRouter::CacheAwareRouter(int n_experts, int top_k, bool normalize)
 }
 
 void CacheAwareRouter::set_grouped(const RouterParams& p) {
-  MOE_ASSERT(p.n_experts == E_ && p.k == K_ && p.scoring == RouterScoring::kSigmoid);
+  MOE_ASSERT(p.n_experts == E_ && p.k == K_ && grouped_cache_aware(p));
   grouped_ = true;
   params_ = p;
   grouped_scratch_.assign(p.scratch_floats(), 0.0f);
@@ -88,7 +88,7 @@ int CacheAwareRouter::apply(std::span<const uint8_t> resident, const float* logi
     const int changed = grouped_ ? substitute_resident_grouped(params_, row, bias, resident, tolerance, ids, grouped_scratch_)
                                  : substitute_resident(row, E_, K_, resident, tolerance, ids);
     if (changed > 0 && grouped_)
-      sigmoid_routing_weights(params_, row, ids, weights + size_t(t) * K_);
+      grouped_routing_weights(params_, row, ids, weights + size_t(t) * K_, grouped_scratch_);
     else if (changed > 0)
       routing_weights(row, E_, ids, K_, normalize_, weights + size_t(t) * K_, probs_.data());
     total += changed;

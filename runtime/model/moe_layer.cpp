@@ -85,7 +85,7 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
       E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
       swiglu_limit_(static_cast<float>(cfg.swiglu_limit)), swiglu_alpha_(static_cast<float>(cfg.swiglu_alpha)),
       cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
-  if (router_.scoring == RouterScoring::kSigmoid) cache_aware_.set_grouped(router_);
+  if (grouped_cache_aware(router_)) cache_aware_.set_grouped(router_);  // DeepSeek-V2's softmax groups too
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
   probs_.resize(router_.scratch_floats());

@@ -32,8 +32,17 @@ struct RouterParams {
 void route_sigmoid_grouped(const RouterParams& p, const float* logits, const float* bias, int* ids,
                            float* weights, std::span<float> scratch);
 
-// Either router, as p.scoring says (softmax: route_token, then the scaling). bias may be null for
-// softmax scoring.
+// DeepSeek-V2's group-limited greedy router (topk_method "group_limited_greedy", issue 20), of one
+// token, as transformers' DeepseekV2TopkRouter: probs = softmax(logits) over all experts (as
+// route_token computes it); a group's score is its best probability; the topk_group best groups
+// are kept (ties: lower group) and the k best probabilities among their experts selected (ids
+// best first; ties: lower id); weights = those probabilities, divided by their sum when
+// normalize, times scaling. With n_group 1 it is route_token, then the scaling.
+void route_softmax_grouped(const RouterParams& p, const float* logits, int* ids, float* weights,
+                           std::span<float> scratch);
+
+// Either router, as p.scoring says (softmax: route_token, then the scaling; route_softmax_grouped
+// when n_group > 1). bias may be null for softmax scoring.
 void route(const RouterParams& p, const float* logits, const float* bias, int* ids, float* weights,
            std::span<float> scratch);
 
@@ -41,12 +50,27 @@ void route(const RouterParams& p, const float* logits, const float* bias, int* i
 // them after a substitution): unbiased sigmoid scores, normalised, scaled.
 void sigmoid_routing_weights(const RouterParams& p, const float* logits, const int* ids, float* weights);
 
+// Whether cache-aware routing takes the grouped rule below (substitute_resident_grouped, and
+// grouped_routing_weights for the weights): the sigmoid router, and the softmax router with
+// groups or a scaling factor (DeepSeek-V2).
+inline bool grouped_cache_aware(const RouterParams& p) {
+  return p.scoring == RouterScoring::kSigmoid || p.n_group > 1 || p.scaling != 1.0f;
+}
+// The weights grouped_cache_aware routers give a selection ids[0..k): sigmoid_routing_weights, or
+// for softmax scoring the selected probabilities (normalised when p.normalize) times p.scaling.
+// scratch as route().
+void grouped_routing_weights(const RouterParams& p, const float* logits, const int* ids, float* weights,
+                             std::span<float> scratch);
+
 // Cache-aware substitution for the grouped sigmoid router (docs/cache_aware.md). Near-tied is
 // measured on the biased selection values (choice = sigmoid(logit) + bias), the quantity the
 // router ranks, and only inside the groups the router kept: a resident, unselected expert c of a
 // kept group may replace a selected non-resident s when choice[s] - choice[c] <= tolerance *
 // (choice[top1] - choice[topk]) (tolerance itself when k = 1). Weakest slot first, best candidate
 // first, ties to the lower id; a replaced slot keeps its position. tolerance <= 0 changes nothing.
+// Softmax scoring (DeepSeek-V2, grouped_cache_aware): the same rule inside the kept groups (by
+// their best probability, as route_softmax_grouped keeps them), near-tied measured on the raw
+// logits as the plain softmax router's (ranking the logits is ranking the probabilities).
 // Returns the slots changed. scratch as route().
 int substitute_resident_grouped(const RouterParams& p, const float* logits, const float* bias,
                                 std::span<const uint8_t> resident, float tolerance, int* ids,

@@ -155,8 +155,9 @@ void BatchScheduler::start(std::shared_ptr<Job> job) {
       if (id < 0 || id >= model_.config().vocab_size)
         throw ConfigError("token id " + std::to_string(id) + " outside the vocabulary");
     // The last prompt token always runs: its logits choose the first new token.
-    const size_t lcp = std::min(best, prompt.size() - 1);
+    size_t lcp = std::min(best, prompt.size() - 1);
     model_.truncate_sequence(seqs_[size_t(slot)], int(lcp));
+    lcp = size_t(model_.sequence_n_past(seqs_[size_t(slot)]));  // less where a sliding ring lost its window
     cached_[size_t(slot)].resize(lcp);
     a->fed = lcp;
     a->r.prompt_tokens_reused = int(lcp);

@@ -36,6 +36,7 @@ int EngineSession::prefill(const std::vector<int>& prompt) {
     lcp = std::min(lcp, prompt.size() - 1);
   }
   model_.truncate(int(lcp));
+  lcp = size_t(model_.n_past());  // less where a sliding-window ring lost the prefix's window
   cached_.resize(lcp);
   model_.forward(std::span<const int>(prompt).subspan(lcp), logits_);
   cached_ = prompt;

@@ -258,7 +258,7 @@ def test_fixture_holds_its_layout_and_a_complete_reference(name, layout):
     assert sum(p.stat().st_size for p in d.iterdir()) < 1_800_000
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "deepseek_v2_grouped"])
 def test_deepseek_fixture_has_mla_weights_and_yarn_mscale(name):
     d = FIXTURES / name
     cfg = json.loads((d / "config.json").read_text())
@@ -283,7 +283,12 @@ def test_deepseek_fixture_has_mla_weights_and_yarn_mscale(name):
         # Both YaRN magnitude scales set and different: the cos/sin factor is their ratio, not 1.
         assert rs["mscale"] != rs["mscale_all_dim"] and cfg["rope_interleave"] is True
     else:  # DeepSeek-V2: a softmax router without a correction bias, two ungated shared experts
-        assert cfg["topk_method"] == "greedy" and cfg["n_shared_experts"] == 2
+        if name == "deepseek_v2_grouped":  # group-limited greedy: groups that really limit, scaled
+            assert cfg["topk_method"] == "group_limited_greedy" and cfg["routed_scaling_factor"] != 1
+            assert 1 < cfg["topk_group"] < cfg["n_group"] and cfg["n_routed_experts"] % cfg["n_group"] == 0
+        else:
+            assert cfg["topk_method"] == "greedy"
+        assert cfg["n_shared_experts"] == 2
         assert not any(k.endswith("e_score_correction_bias") for k in header)
         assert "model.layers.1.mlp.shared_experts.gate_proj.weight" in header
 
