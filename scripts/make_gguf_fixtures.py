@@ -10,6 +10,7 @@ with that tool's Python (torch, transformers, the vendored gguf-py).
 
     scripts/llama_cpp_tool.sh build
     scripts/make_gguf_fixtures.py [--out tests/fixtures/gguf] [--work DIR]
+    scripts/make_gguf_fixtures.py --hf-reference   # tests/fixtures/gguf_hf (qwen2moe, glm4moe)
 """
 from __future__ import annotations
 
@@ -96,15 +97,16 @@ def tool_env() -> dict[str, str]:
 
 # ---------------------------------------------------------------- tokenizers (cut from real ones)
 
-def qwen_tokenizer(dst: Path) -> None:
-    """Qwen3's byte-level BPE cut to its first VOCAB-3 tokens (the 256 byte symbols come first) and
-    the merges among them, plus three of its special tokens."""
+def qwen_tokenizer(dst: Path, vocab_size: int = VOCAB,
+                   specials: tuple = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")) -> None:
+    """Qwen3's byte-level BPE cut to its first vocab_size - len(specials) tokens (the 256 byte
+    symbols come first) and the merges among them, plus the special tokens (three of Qwen3's by
+    default)."""
     src = json.loads((SHARED_TOKENIZERS / "qwen3" / "tokenizer.json").read_text(encoding="utf-8"))
-    keep = VOCAB - 3
+    keep = vocab_size - len(specials)
     vocab = {t: i for t, i in src["model"]["vocab"].items() if i < keep}
     merges = [m for m in src["model"]["merges"]
               if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = dict(src)
     tok["model"] = dict(src["model"], vocab=vocab, merges=merges)
     tok["added_tokens"] = [dict(id=keep + j, content=s, single_word=False, lstrip=False, rstrip=False,
@@ -113,7 +115,7 @@ def qwen_tokenizer(dst: Path) -> None:
     cfg = json.loads((SHARED_TOKENIZERS / "qwen3" / "tokenizer_config.json").read_text(encoding="utf-8"))
     (dst / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "bos_token": None,
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+        "eos_token": specials[-1], "pad_token": specials[0], "unk_token": None,
         "model_max_length": 256, "chat_template": cfg["chat_template"]}, indent=1), encoding="utf-8")
 
 
@@ -338,6 +340,64 @@ def sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+# ---------------------------------------------------------------- GGUFs of the transformers fixtures
+
+# Issues 20/21: the Hugging Face fixtures of python/training/make_fixtures.py (tests/fixtures/<dir>,
+# with transformers' reference logits) converted by llama.cpp's converter, for architectures whose
+# tiny shapes llama.cpp itself cannot run (qwen2moe assumes heads x head_dim = hidden), so the
+# oracle is transformers, not llama.cpp. (fixture, source dir, converter outtype, pre-tokenizer,
+# special tokens of the cut Qwen3 tokenizer: GLM's converter looks four of its own up by name.)
+# Quantized types do not apply: hidden sizes 47 and 53 are no multiple of any block size, and
+# llama.cpp falls back to F16 for such rows.
+HF_REFERENCE_FIXTURES = [
+    ("qwen2moe-F32", "qwen2_moe", "f32", "qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
+    ("qwen2moe-BF16", "qwen2_moe", "bf16", "qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
+    ("glm4moe-F32", "glm4_moe", "f32", "glm4", ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")),
+    ("glm4moe-BF16", "glm4_moe", "bf16", "glm4", ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")),
+]
+
+
+def make_hf_reference_fixtures(out: Path, work: Path, py: str, cenv: dict, env: dict, only: set) -> None:
+    """Writes out/<fixture>.gguf and out/manifest.json for HF_REFERENCE_FIXTURES."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if (only and manifest_path.exists()) else {}
+    entries = {e["name"]: e for e in manifest.get("fixtures", [])}
+    subst = {"$LLAMA_CPP_PYTHON": py, "$WORK": str(work), "$OUT": str(out),
+             "scripts/make_gguf_fixtures.py": str(Path(__file__).resolve())}
+    for name, src_dir, outtype, pre, specials in HF_REFERENCE_FIXTURES:
+        if only and name not in only:
+            continue
+        src = REPO / "tests" / "fixtures" / src_dir
+        hf = work / "hf-reference" / src_dir
+        shutil.rmtree(hf, ignore_errors=True)
+        hf.mkdir(parents=True)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(src / f, hf / f)
+        vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+        qwen_tokenizer(hf, vocab, specials)
+        dst = out / f"{name}.gguf"
+        cmd = [py, str(Path(__file__).resolve()), "--convert-driver", pre, str(hf),
+               "--outtype", outtype, "--outfile", str(dst), "--model-name", src_dir]
+        run(cmd, cenv)
+        types, meta = gguf_types([dst])
+        experts = {k: v for k, v in types.items() if "_exps" in k}
+        entries[name] = {
+            "name": name, "source": f"tests/fixtures/{src_dir}", "architecture": meta.get("general.architecture"),
+            "files": [dst.name], "sha256": {dst.name: sha256(dst)}, "bytes": dst.stat().st_size,
+            "file_type": meta.get("general.file_type"), "expert_types": sorted(set(experts.values())),
+            "tensor_types": types,
+            "commands": [f"$LLAMA_CPP_PYTHON scripts/make_gguf_fixtures.py --hf-reference (copies "
+                         f"tests/fixtures/{src_dir} to $WORK/hf-reference/{src_dir}, adds a Qwen3 "
+                         f"tokenizer cut to {vocab} tokens)", describe(cmd, subst)]}
+        log(f"{name}: {entries[name]['bytes']} bytes, expert types {entries[name]['expert_types']}")
+    manifest = {
+        "llama_cpp": {"version": env["LLAMA_CPP_VERSION"], "vendors": env["LLAMA_CPP_COMMIT"]},
+        "reference": "transformers' logits and greedy tokens in each source fixture's reference.json",
+        "fixtures": [entries[n] for n, *_ in HF_REFERENCE_FIXTURES if n in entries]}
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 def main() -> None:
     global SHARED_TOKENIZERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -346,6 +406,9 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     ap.add_argument("--tokenizers", type=Path, default=SHARED_TOKENIZERS,
                     help="the real tokenizers (default: ../shared/tokenizers beside the clone)")
+    ap.add_argument("--hf-reference", action="store_true",
+                    help="make the GGUFs of the transformers fixtures instead (HF_REFERENCE_FIXTURES, "
+                         "into tests/fixtures/gguf_hf unless --out)")
     args = ap.parse_args()
     SHARED_TOKENIZERS = args.tokenizers
 
@@ -364,6 +427,10 @@ def main() -> None:
              "scripts/make_gguf_fixtures.py": str(Path(__file__).resolve())}
     cenv = dict(os.environ, LLAMA_CPP_SRC=env["LLAMA_CPP_SRC"])
     only = set(filter(None, args.only.split(",")))
+    if args.hf_reference:
+        out = args.out if "--out" in sys.argv else REPO / "tests" / "fixtures" / "gguf_hf"
+        make_hf_reference_fixtures(out, args.work, py, cenv, env, only)
+        return
 
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "loader/format/gguf_arch_qwen2_glm4.h"
 
 namespace moestream {
 namespace {
@@ -33,6 +34,9 @@ constexpr ArchTraits kArchs[] = {
     {"qwen3moe", Arch::kQwen3Moe, true, false, "expert_feed_forward_length"},
     {"olmoe", Arch::kOlmoe, false, false, "feed_forward_length"},
     {"llama", Arch::kMixtral, true, true, "feed_forward_length"},  // Mixtral: llama with expert tensors
+    // Issues 20/21 (gguf_arch_qwen2_glm4.h reads what they add).
+    {"qwen2moe", Arch::kQwen2Moe, false, false, "expert_feed_forward_length"},
+    {"glm4moe", Arch::kGlm4Moe, false, false, "expert_feed_forward_length"},
 };
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
@@ -107,25 +111,37 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     if (a.gguf_name == arch_s) traits = &a;
   if (traits == nullptr)
     bad(where, "general.architecture '" + arch_s + "' is not supported (this build runs qwen3moe, "
-               "olmoe and llama with experts (Mixtral))");
+               "olmoe, llama with experts (Mixtral), qwen2moe and glm4moe)");
   const std::string a = arch_s + ".";
   qk_interleaved_ = traits->qk_interleaved;
 
+  // Decoder layers: block_count less the MTP blocks after them (GLM-4.5's nextn layers, unused
+  // by decoding), the first `lead` of them with a dense MLP instead of experts.
+  const uint64_t n_blocks = m.get_u64(a + "block_count");
+  const uint64_t n_nextn = m.find_u64(a + "nextn_predict_layers").value_or(0);
+  if (n_nextn >= n_blocks)
+    bad(where, a + "nextn_predict_layers (" + std::to_string(n_nextn) + ") leaves none of " + std::to_string(n_blocks) +
+                   " blocks");
+  const uint64_t n_layers = n_blocks - n_nextn;
+  const uint64_t lead = m.find_u64(a + "leading_dense_block_count").value_or(0);
+  if (lead >= n_layers)
+    bad(where, a + "leading_dense_block_count (" + std::to_string(lead) + ") leaves no MoE layer of " +
+                   std::to_string(n_layers));
   // Sizes from the tensors, which must exist whatever the metadata says.
-  const GgufTensor* gate0 = files_.find_tensor("blk.0.ffn_gate_exps.weight");
+  const std::string gate0_name = "blk." + std::to_string(lead) + ".ffn_gate_exps.weight";
+  const GgufTensor* gate0 = files_.find_tensor(gate0_name);
   if (gate0 == nullptr) {
-    if (files_.find_tensor("blk.0.ffn_gate.0.weight") != nullptr)
+    if (files_.find_tensor("blk." + std::to_string(lead) + ".ffn_gate.0.weight") != nullptr)
       bad(where, "experts are stored one tensor per expert (blk.N.ffn_gate.E.weight), an old GGUF "
                  "layout; convert the model again with a current llama.cpp converter");
-    bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is missing: not a mixture-of-experts model");
+    bad(where, "tensor '" + gate0_name + "' is missing: not a mixture-of-experts model");
   }
-  if (gate0->dims.size() != 3) bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is not 3-dimensional");
+  if (gate0->dims.size() != 3) bad(where, "tensor '" + gate0_name + "' is not 3-dimensional");
   const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
   const GgufTensor& embd = files_.tensor("token_embd.weight");
   if (embd.dims.size() != 2 || embd.dims[0] != D)
     bad(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
   const uint64_t V = embd.dims[1];
-  const uint64_t n_layers = m.get_u64(a + "block_count");
   const uint64_t n_heads = m.get_u64(a + "attention.head_count");
   const uint64_t n_kv = m.find_u64(a + "attention.head_count_kv").value_or(n_heads);
   if (n_heads == 0) bad(where, a + "attention.head_count is 0");
@@ -177,6 +193,11 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   j["experts"] = {{"dir", "experts"}, {"quant", "f32"}};
   if (const auto b = m.find_u64("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *b;
   if (const auto e = m.find_u64("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *e;
+  if (lead > 0) {
+    j["first_k_dense_replace"] = lead;
+    j["intermediate_size"] = m.get_u64(a + "feed_forward_length");  // the dense MLP's width
+  }
+  gguf_arch_config(traits->arch, files_, where, a, j);
   try {
     cfg_ = ModelConfig::from_json(j, where);
   } catch (const Error& e) {
@@ -198,7 +219,8 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     shaped(files_, where, p + "attn_k.weight", {D, kvd});
     shaped(files_, where, p + "attn_v.weight", {D, kvd});
     shaped(files_, where, p + "attn_output.weight", {qd, D});
-    shaped(files_, where, p + "ffn_norm.weight", {D});
+    shaped(files_, where, gguf_dense_name(cfg_.arch, "layers." + std::to_string(l) + ".ffn_norm"), {D});
+    if (!cfg_.is_moe_layer(int(l))) continue;  // its dense MLP: gguf_check_extra_tensors
     shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
     if (cfg_.qk_norm != QkNorm::kNone) {
       const uint64_t qn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : qd;
@@ -214,10 +236,11 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     cfg_.layer_expert_types.push_back(ExpertTypes{ggml_quant(g.type), ggml_quant(u.type), ggml_quant(d.type)});
   }
   cfg_.expert_quant = cfg_.layer_expert_types.front().gate;
+  gguf_check_extra_tensors(files_, where, cfg_);
 }
 
 const GgufTensor& GgufModel::dense_tensor(const std::string& our_name) const {
-  const std::string name = gguf_dense_name(our_name);
+  const std::string name = gguf_dense_name(cfg_.arch, our_name);
   const GgufTensor* t = files_.find_tensor(name);
   if (t == nullptr)
     throw FormatError(files_.paths().front().string() + ": tensor '" + name + "' (" + our_name + ") is missing");

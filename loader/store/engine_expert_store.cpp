@@ -220,7 +220,7 @@ class EngineExpertStore final : public ExpertStore {
     const GgufModel g(path);
     std::vector<uint32_t> files;
     for (const auto& p : g.files().paths()) files.push_back(add_file(p));
-    for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers (GLM-4.5's dense first layers have none)
       Layer L;
       L.path = g.files().paths().front();
       L.header.n_experts = uint32_t(cfg.n_experts);

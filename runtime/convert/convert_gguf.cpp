@@ -41,7 +41,19 @@ std::vector<std::string> dense_names(const ModelConfig& c) {
       n.push_back(p + "k_norm");
     }
     n.push_back(p + "ffn_norm");
+    // Issues 20/21 (qwen2moe, glm4moe): biases, dense-MLP layers, correction bias, shared experts.
+    if (c.qkv_bias)
+      for (const char* f : {"bq", "bk", "bv"}) n.push_back(p + f);
+    if (!c.is_moe_layer(l)) {
+      for (const char* f : {"mlp_gate", "mlp_up", "mlp_down"}) n.push_back(p + f);
+      continue;
+    }
     n.push_back(p + "router");
+    if (c.router_scoring == RouterScoring::kSigmoid) n.push_back(p + "router_bias");
+    if (c.has_shared_expert()) {
+      for (const char* f : {"shared_gate", "shared_up", "shared_down"}) n.push_back(p + f);
+      if (c.shared_expert_gated) n.push_back(p + "shared_expert_gate");
+    }
   }
   return n;
 }
@@ -122,8 +134,9 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   const uint64_t D = uint64_t(c.hidden_size), F = uint64_t(c.moe_intermediate_size);
   const uint32_t E = uint32_t(c.n_experts);
 
-  // Every slice must be exactly the matrix its type gives before anything is written.
-  for (int l = 0; l < c.n_layers; ++l) {
+  // Every slice must be exactly the matrix its type gives before anything is written. Experts are
+  // numbered by MoE layer (l); the GGUF names decoder layers (blk.<l + first_k_dense_replace>).
+  for (int l = 0; l < c.n_moe_layers(); ++l) {
     const ExpertLayout lay = c.expert_layout(l);
     const GgufLayerExperts& x = g.experts()[size_t(l)];
     const struct {
@@ -134,7 +147,8 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
              {"ffn_down_exps", x.down.expert_bytes, quant_matrix_bytes(lay.types.down, D, F)}};
     for (const auto& s : m)
       if (s.got != s.want)
-        throw FormatError(src.string() + ": tensor 'blk." + std::to_string(l) + "." + s.name + ".weight' holds " +
+        throw FormatError(src.string() + ": tensor 'blk." + std::to_string(l + c.first_k_dense_replace) + "." + s.name +
+                          ".weight' holds " +
                           std::to_string(s.got) + " bytes per expert, its type and shape need " + std::to_string(s.want));
   }
 
@@ -147,7 +161,7 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
       throw ConfigError(files.path_of(t).string() + ": tensor '" + t.name + "' has type " +
                         std::string(ggml_type_name(t.type)) + ", which this build cannot compute");
   };
-  for (int l = 0; l < c.n_layers; ++l)
+  for (int l = c.first_k_dense_replace; l < c.n_layers; ++l)
     for (const char* p : {"gate", "up", "down"})
       computable(files.tensor("blk." + std::to_string(l) + ".ffn_" + p + "_exps.weight"));
   for (const std::string& n : names) {
@@ -158,7 +172,7 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   }
 
   TempOutput tmp(make_temp_output(out_dir, c.experts_dir));
-  ProgressBar bar(opts.progress, names.size() + uint64_t(c.n_layers) * E);
+  ProgressBar bar(opts.progress, names.size() + uint64_t(c.n_moe_layers()) * E);
   uint64_t done = 0;
   {
     GgufWriterOptions wo;
@@ -181,7 +195,7 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   }
   // Every layer's slots as wide as the largest expert: the engine reads one buffer size.
   const uint64_t stride = c.max_expert_bytes();
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.n_moe_layers(); ++l) {
     const ExpertLayout lay = c.expert_layout(l);
     const GgufLayerExperts& x = g.experts()[size_t(l)];
     ExpertFileWriter w(expert_file_path(tmp.path, l), lay.types, uint32_t(l), E, uint32_t(D), uint32_t(F), stride);
@@ -193,7 +207,7 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
         pread_exact(fds.fds.at(m->shard), payload.data() + off, m->expert_bytes, m->offset + uint64_t(e) * m->expert_bytes,
                     files.paths().at(m->shard));
       w.write_expert(e, payload.data());
-      bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_layers) + " expert " +
+      bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
                              std::to_string(e + 1) + "/" + std::to_string(E));
     }
     w.finish();

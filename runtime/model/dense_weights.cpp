@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
+#include "loader/format/gguf_arch_qwen2_glm4.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/safetensors.h"
 
@@ -138,7 +139,7 @@ size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& d
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());
     QuantType q = QuantType::kF32;
     if (is_matrix(t.kind) && gguf) {
-      q = compute_type(gguf->tensor(pack_gguf ? t.name : gguf_dense_name(t.name)).type);
+      q = compute_type(gguf->tensor(pack_gguf ? t.name : gguf_dense_name(cfg.arch, t.name)).type);
     } else if (is_matrix(t.kind) && pack) {
       q = pack_type(pack->info(t.name).dtype).value_or(QuantType::kF32);
     }
@@ -244,7 +245,9 @@ DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, cons
     const std::filesystem::path& file = files.path_of(gt);
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
     const size_t cols = size_t(t.shape.back());
-    const bool shape_ok = t.shape.size() == 2 ? gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows
+    // A one-row matrix may be stored 1-D (Qwen2-MoE's shared-expert gate: llama.cpp asks for [D]).
+    const bool shape_ok = t.shape.size() == 2 ? (gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows) ||
+                                                    (rows == 1 && gt.dims.size() == 1 && gt.dims[0] == cols)
                                               : gt.dims.size() == 1 && gt.dims[0] == cols;
     if (!shape_ok)
       throw FormatError(file.string() + ": tensor '" + gt.name + "' (" + t.name + ") has " +
