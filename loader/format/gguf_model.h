@@ -2,8 +2,8 @@
 // metadata and tensor shapes describe, the GGUF name of each dense tensor, and where every
 // layer's experts lie inside the three stacked expert tensors.
 //
-// Architectures (general.architecture): "qwen3moe" (Qwen3-MoE), "olmoe" (OLMoE) and "llama" with
-// experts (Mixtral). Sizes come from the tensors (ffn_gate_exps is [D, F, E] with ne0 first) and
+// Architectures (general.architecture): "qwen3moe" (Qwen3-MoE), "olmoe" (OLMoE), "llama" with
+// experts (Mixtral), "qwen2moe" and "glm4moe" (what those two add: gguf_arch_qwen2_glm4.h). Sizes come from the tensors (ffn_gate_exps is [D, F, E] with ne0 first) and
 // must agree with the metadata that states them. An expert e of a layer is three slices:
 // rows [e*F, (e+1)*F) of ffn_gate_exps and ffn_up_exps and rows [e*D, (e+1)*D) of ffn_down_exps,
 // each contiguous in its tensor; their types may differ (mixed quantisations).
@@ -39,6 +39,7 @@ class GgufModel {
 
   const GgufModelFiles& files() const { return files_; }
   const ModelConfig& config() const { return cfg_; }
+  // One per MoE layer (decoder layers first_k_dense_replace.. n_layers-1).
   const std::vector<GgufLayerExperts>& experts() const { return experts_; }
   // Q and K rows are stored in the interleaved-RoPE order llama.cpp's converter writes for
   // "llama"; the loader puts them back in the rotate-half order the engine computes.
