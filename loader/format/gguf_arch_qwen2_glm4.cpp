@@ -78,8 +78,6 @@ void glm4moe_config(const GgufModelFiles& f, const std::string& where, const std
   j["n_group"] = count_of(where, a + "expert_group_count", m.find_u64(a + "expert_group_count").value_or(1));
   j["topk_group"] =
       count_of(where, a + "expert_group_used_count", m.find_u64(a + "expert_group_used_count").value_or(1));
-  // llama.cpp reads 0 (or no key) as "no scaling".
-  if (const auto s = m.find_f64(a + "expert_weights_scale"); s && *s != 0) j["routed_scaling_factor"] = *s;
   // Absent: llama.cpp's default, no renormalisation (its converter always writes the key).
   j["norm_topk_prob"] = m.find_bool(a + "expert_weights_norm").value_or(false);
   const uint64_t n_shared = m.find_u64(a + "expert_shared_count").value_or(0);
@@ -132,6 +130,9 @@ void gguf_arch_config(Arch arch, const GgufModelFiles& files, const std::string&
   if (arch != Arch::kQwen2Moe && arch != Arch::kGlm4Moe) return;
   // Attention biases: present on every layer or on none (checked per layer afterwards).
   if (files.find_tensor("blk.0.attn_q.bias") != nullptr) j["qkv_bias"] = true;
+  // The routed experts' weight scale; llama.cpp reads 0 (or no key) as "no scaling".
+  if (const auto s = files.metadata().find_f64(a + "expert_weights_scale"); s && *s != 0)
+    j["routed_scaling_factor"] = *s;
   if (arch == Arch::kQwen2Moe) qwen2moe_config(files, where, a, j);
   else glm4moe_config(files, where, a, j);
 }

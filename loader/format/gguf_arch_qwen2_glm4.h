@@ -3,7 +3,8 @@
 // beyond the fields every MoE GGUF shares (read in gguf_model.cpp), and their tensor names.
 //
 // Facts of llama.cpp's converter these rely on (no Q/K row permutation for either: both use
-// rotate-half RoPE already):
+// rotate-half RoPE already). Both: blk.N.attn_{q,k,v}.bias when the model has biases;
+// {arch}.expert_weights_scale (0 or absent: none) scales the routed experts.
 //   qwen2moe  {arch}.expert_shared_feed_forward_length = the shared expert's width;
 //             blk.N.attn_{q,k,v}.bias; blk.N.ffn_{gate,up,down}_shexp.weight and the shared
 //             expert's sigmoid gate blk.N.ffn_gate_inp_shexp.weight ([D] or [D, 1], ne0 first);
@@ -14,8 +15,8 @@
 //             {arch}.expert_shared_count ungated shared experts of the routed width;
 //             {arch}.expert_gating_func 2 (sigmoid; absent means sigmoid) with the selection-only
 //             correction bias blk.N.exp_probs_b.bias; {arch}.expert_group_count /
-//             expert_group_used_count (n_group, topk_group); {arch}.expert_weights_scale (routed
-//             scaling) and expert_weights_norm; {arch}.rope.dimension_count (partial rotary);
+//             expert_group_used_count (n_group, topk_group); {arch}.expert_weights_norm;
+//             {arch}.rope.dimension_count (partial rotary);
 //             the post-attention norm is blk.N.post_attention_norm.weight; attention biases and
 //             per-head QK-norm when present.
 #pragma once
