@@ -41,6 +41,9 @@ struct Case {
   bool converted;      // run the pack convert_model makes of it, else the GGUF in place
 };
 
+// Readable names in gtest output instead of the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.gguf << (c.converted ? " (pack)" : " (in place)"); }
+
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   std::string n = i.param.gguf + (i.param.converted ? "_pack" : "_in_place");
   std::replace(n.begin(), n.end(), '-', '_');

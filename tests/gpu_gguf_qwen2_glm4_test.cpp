@@ -48,6 +48,8 @@ struct Case {
   std::string gguf, source;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.gguf; }  // not the struct's bytes
+
 class GpuGgufQwen2Glm4 : public ::testing::TestWithParam<Case> {};
 
 }  // namespace

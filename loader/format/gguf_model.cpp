@@ -220,14 +220,14 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     shaped(files_, where, p + "attn_v.weight", {D, kvd});
     shaped(files_, where, p + "attn_output.weight", {qd, D});
     shaped(files_, where, gguf_dense_name(cfg_.arch, "layers." + std::to_string(l) + ".ffn_norm"), {D});
-    if (!cfg_.is_moe_layer(int(l))) continue;  // its dense MLP: gguf_check_extra_tensors
-    shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
+    if (cfg_.is_moe_layer(int(l))) shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
     if (cfg_.qk_norm != QkNorm::kNone) {
       const uint64_t qn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : qd;
       const uint64_t kn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : kvd;
       shaped(files_, where, p + "attn_q_norm.weight", {qn_len});
       shaped(files_, where, p + "attn_k_norm.weight", {kn_len});
     }
+    if (!cfg_.is_moe_layer(int(l))) continue;  // its dense MLP: gguf_check_extra_tensors
     const GgufTensor& g = shaped(files_, where, p + "ffn_gate_exps.weight", {D, F, E});
     const GgufTensor& u = shaped(files_, where, p + "ffn_up_exps.weight", {D, F, E});
     const GgufTensor& d = shaped(files_, where, p + "ffn_down_exps.weight", {F, D, E});
