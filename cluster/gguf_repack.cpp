@@ -98,6 +98,11 @@ std::vector<uint32_t> order_of_slots(const std::vector<uint32_t>& slots) {
 GgufLayout read_gguf_layout(const fs::path& path, const IoEngineOptions& reads) {
   const GgufModel model(path);
   const ModelConfig& cfg = model.config();
+  // Routing logs number MoE layers, the GGUF's tensors decoder layers (and an MTP block may hold
+  // experts too): not mapped here yet (glm4moe, issue 20).
+  if (cfg.first_k_dense_replace > 0)
+    throw ConfigError(path.string() + ": clustering a GGUF whose first " + std::to_string(cfg.first_k_dense_replace) +
+                      " layer(s) are dense is not supported; convert it to a pack (convert_model) and cluster that");
   const uint32_t L = uint32_t(cfg.n_layers), E = uint32_t(cfg.n_experts);
   GgufLayout out;
   out.packed.want.model_hash = model_identity_hash(path);

@@ -54,3 +54,26 @@ def test_infer_in_place_and_on_the_converted_pack_gives_transformers_greedy_toke
                      "--temp", 0, "--ignore-eos", "--print-ids", "-t", 2)
             assert r.returncode == 0, r.stderr
             assert [int(t) for t in r.stdout.strip().splitlines()[-1].split(",")] == want, model
+
+
+def test_cluster_experts_repacks_qwen2moe_and_refuses_glm4moe_by_name(tool, tmp_path):
+    """qwen2moe's experts permute in the GGUF (its shared expert is not expert-indexed) and the
+    permuted copy decodes the same tokens; glm4moe's dense first layer is refused, naming the way
+    (a pack)."""
+    ids = "5,17,200,31,44,90,120,7"
+    run = ["--prompt-ids", ids, "-n", 24, "--temp", 0, "--ignore-eos", "--print-ids", "-t", 2]
+    for name in ("qwen2moe-F32", "glm4moe-F32"):
+        gguf = FIXTURES / f"{name}.gguf"
+        log = tmp_path / f"{name}.log"
+        r = tool("infer", "-m", gguf, *run, "--collect-routing", log)
+        assert r.returncode == 0, r.stderr
+        tokens = r.stdout.strip().splitlines()[-1]
+        out = tmp_path / f"{name}-clustered.gguf"
+        r = tool("cluster_experts", "--model", gguf, "--routing", log, "--out", out)
+        if name.startswith("glm4moe"):
+            assert r.returncode != 0 and "dense is not supported" in r.stderr and "convert_model" in r.stderr
+            continue
+        assert r.returncode == 0, r.stderr
+        r = tool("infer", "-m", out, *run)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().splitlines()[-1] == tokens
