@@ -64,27 +64,22 @@ def kv_bytes_per_token(cfg):
     return 2 * cfg["n_layers"] * cfg["n_kv_heads"] * cfg["head_dim"] * 4
 
 
-def attention_weights_per_layer(cfg):
-    """Elements of one layer's attention projections (MLA's low-rank ones when the model has them)."""
-    D, H, hd = cfg["hidden_size"], cfg["n_heads"], cfg["head_dim"]
-    mla = cfg.get("mla")
-    if not mla:
-        return 2 * H * hd * D + 2 * cfg["n_kv_heads"] * hd * D
-    Q, C, r = mla["q_lora_rank"], mla["kv_lora_rank"], mla["qk_rope_head_dim"]
-    n, v = mla["qk_nope_head_dim"], mla["v_head_dim"]
-    q = (D * Q + Q * H * (n + r)) if Q else H * (n + r) * D
-    return q + (C + r) * D + H * (n + v) * C + D * H * v
+def mha_kv_bytes_per_token(cfg):
+    """What per-head keys and values would take for an MLA model: H x (nope + rope) keys and
+    H x v values per layer (docs/mla.md compares the two)."""
+    mla = cfg["mla"]
+    per_head = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] + mla["v_head_dim"]
+    return cfg["n_layers"] * cfg["n_heads"] * per_head * 4
 
 
-def dense_ram_bytes(cfg, ctx, gpu_host_mb=None):
-    """RAM the model holds besides experts: f32 dense weights and the KV cache on the CPU path;
-    on the GPU path (gpu_host_mb given) the dense weights stream to the GPU (no host copy) and KV
-    lives there, leaving the CUDA context and pinned staging: gpu_host_mb."""
+def dense_ram_bytes(cfg, model, ctx, gpu_host_mb=None):
+    """RAM the model holds besides experts. The CPU path computes from the dense file's mapped
+    pages in their stored type (runtime/model/dense_weights.h: bf16, f32 or ggml), so its size,
+    plus the float32 KV cache; on the GPU path (gpu_host_mb given) the dense weights stream to the
+    GPU and KV lives there, leaving the CUDA context and pinned staging: gpu_host_mb."""
     if gpu_host_mb is not None:
         return gpu_host_mb << 20
-    V, D = cfg["vocab_size"], cfg["hidden_size"]
-    per_layer = attention_weights_per_layer(cfg) + cfg["n_experts"] * D + 4 * D
-    dense = (V * D * (1 if cfg["tie_word_embeddings"] else 2) + per_layer * cfg["n_layers"]) * 4
+    dense = os.path.getsize(os.path.join(model, cfg["dense"]["file"]))
     return dense + ctx * kv_bytes_per_token(cfg)
 
 
@@ -267,7 +262,7 @@ def main():
         train, held = train or dt, held or dh
     cluster = ensure_clustered(args, model, train, os.path.join(args.work, "bench_io.json"))
     gpu = "--gpu" in shlex.split(args.infer_args)
-    ram = dense_ram_bytes(cfg, args.tokens + 8, args.gpu_host_mb if gpu else None)
+    ram = dense_ram_bytes(cfg, model, args.tokens + 8, args.gpu_host_mb if gpu else None)
     if args.memory_max_mb:
         args.cap_mb = args.memory_max_mb - (ram >> 20) - args.slack_mb
         if args.cap_mb < 64:
@@ -343,7 +338,8 @@ def main():
           + (f", {result['cap']['model_over_memory_max']:.1f}x the {mem_max_mb} MiB memory.max" if mem_max_mb else ""))
     print(f"memory cap: {cap_note}")
     print(f"KV cache: {kv_bytes_per_token(cfg)} bytes per token (float32, all layers"
-          + (", MLA latent + RoPE key)" if cfg.get("mla") else ", per-head K and V)"))
+          + (", MLA latent + RoPE key)" if cfg.get("mla") else ", per-head K and V)")
+          + (f"; standard attention would keep {mha_kv_bytes_per_token(cfg)}" if cfg.get("mla") else ""))
     print(f"routing: {result['routing']}")
     print(f"device bandwidth: {bw / 1e9:.2f} GB/s (bench_io {bw_engine}, same filesystem)")
     print(f"{'method':15} {'budget MiB':>10} {'tok/s':>7} {'rounds':>17} {'dev MB/tok':>10} "

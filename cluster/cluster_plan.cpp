@@ -87,7 +87,10 @@ ClusterResult run_cluster(const ClusterModel& model, const std::vector<RoutingLo
                    (unsigned long long)q.moves, (unsigned long long)q.max_moves));
       };
       SearchStats st;
-      r.slots[m].push_back(slots_of(order_layer(methods[m], r.train[l], g, req.profile, ls, &st)));
+      std::vector<uint32_t> slots = slots_of(order_layer(methods[m], r.train[l], g, req.profile, ls, &st));
+      // A GGUF's ids are its positions: grouped routing needs each expert to stay in its group.
+      if (model.gguf && model.gguf->routing_groups > 1) slots = slots_within_groups(slots, model.gguf->routing_groups);
+      r.slots[m].push_back(std::move(slots));
       r.moves += st.moves;
       if (methods[m] == OrderMethod::kSeriation)
         say(format("layer %zu/%zu ordered (seriation, %llu moves in %d passes, %s, %.1f s)", l + 1, n_layers,

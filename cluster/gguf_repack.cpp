@@ -88,6 +88,20 @@ void copy_range(int fd, const fs::path& src, uint64_t off, uint64_t n, std::vect
 
 }  // namespace
 
+std::vector<uint32_t> slots_within_groups(const std::vector<uint32_t>& slots, uint32_t groups) {
+  const uint32_t E = uint32_t(slots.size()), size = groups ? E / groups : 0;
+  if (groups == 0 || size * groups != E) throw ConfigError("routing groups: " + std::to_string(E) + " experts in " +
+                                                           std::to_string(groups) + " groups");
+  std::vector<uint32_t> out(E);
+  std::vector<uint32_t> members(size);
+  for (uint32_t g = 0; g < groups; ++g) {
+    for (uint32_t i = 0; i < size; ++i) members[i] = g * size + i;
+    std::sort(members.begin(), members.end(), [&](uint32_t a, uint32_t b) { return slots[a] < slots[b]; });
+    for (uint32_t i = 0; i < size; ++i) out[members[i]] = g * size + i;
+  }
+  return out;
+}
+
 std::vector<uint32_t> order_of_slots(const std::vector<uint32_t>& slots) {
   if (!is_permutation(slots, uint32_t(slots.size()))) throw ConfigError("expert slots are not a permutation");
   std::vector<uint32_t> order(slots.size());
@@ -98,12 +112,9 @@ std::vector<uint32_t> order_of_slots(const std::vector<uint32_t>& slots) {
 GgufLayout read_gguf_layout(const fs::path& path, const IoEngineOptions& reads) {
   const GgufModel model(path);
   const ModelConfig& cfg = model.config();
-  // Routing logs number MoE layers, the GGUF's tensors decoder layers (and an MTP block may hold
-  // experts too): not mapped here yet (glm4moe, issue 20).
-  if (cfg.first_k_dense_replace > 0)
-    throw ConfigError(path.string() + ": clustering a GGUF whose first " + std::to_string(cfg.first_k_dense_replace) +
-                      " layer(s) are dense is not supported; convert it to a pack (convert_model) and cluster that");
-  const uint32_t L = uint32_t(cfg.n_layers), E = uint32_t(cfg.n_experts);
+  // Routing logs, maps and the recorded permutation number MoE layers (leading dense layers of
+  // GLM-4.5 or DeepSeek have no experts).
+  const uint32_t L = uint32_t(cfg.n_moe_layers()), E = uint32_t(cfg.n_experts);
   GgufLayout out;
   out.packed.want.model_hash = model_identity_hash(path);
   out.packed.want.n_layers = L;
@@ -117,6 +128,7 @@ GgufLayout read_gguf_layout(const fs::path& path, const IoEngineOptions& reads) 
   const GgufMetadata& md = model.files().metadata();
   out.permutation = recorded_permutation(md, L, E, path.string());
   if (md.find(kGgufPermutationSourceKey) != nullptr) out.source_hash = md.get_u64(kGgufPermutationSourceKey);
+  out.routing_groups = uint32_t(std::max(cfg.n_group, 1));
   return out;
 }
 
@@ -163,13 +175,28 @@ GgufRepackResult repack_gguf_experts(const fs::path& src, const fs::path& out,
                       " shards) is not repacked: merge it into one file first (llama-gguf-split --merge)");
   const GgufFile& f = model.files().shard(0);
   const std::string name = f.path().string();
-  const uint32_t L = uint32_t(model.config().n_layers), E = uint32_t(model.config().n_experts);
+  // Orders are per MoE layer; blk.N holds MoE layer N - first_dense.
+  const ModelConfig& cfg = model.config();
+  const uint32_t L = uint32_t(cfg.n_moe_layers()), E = uint32_t(cfg.n_experts);
+  const int64_t first_dense = cfg.n_layers - cfg.n_moe_layers();
   if (order.size() != L)
-    throw ConfigError("GGUF repack: " + std::to_string(order.size()) + " layer orders for " + std::to_string(L) + " layers");
+    throw ConfigError("GGUF repack: " + std::to_string(order.size()) + " layer orders for " + std::to_string(L) +
+                      " MoE layers");
   for (uint32_t l = 0; l < L; ++l)
     if (!is_permutation(order[l], E))
       throw ConfigError("GGUF repack: the order of layer " + std::to_string(l) + " is not a permutation of " +
                         std::to_string(E) + " experts");
+  // A GGUF's expert ids are its positions, and grouped routing (DeepSeek-V3's n_group) takes
+  // groups as runs of consecutive ids: an expert moved to another group would route differently.
+  const uint32_t group = E / uint32_t(std::max(cfg.n_group, 1));
+  for (uint32_t l = 0; l < L && cfg.n_group > 1; ++l)
+    for (uint32_t i = 0; i < E; ++i)
+      if (order[l][i] / group != i / group)
+        throw ConfigError("GGUF repack: the order of MoE layer " + std::to_string(l) + " moves expert " +
+                          std::to_string(order[l][i]) + " into routing group " + std::to_string(i / group) + " of " +
+                          std::to_string(cfg.n_group) + " (groups of " + std::to_string(group) +
+                          " consecutive experts); a GGUF keeps each expert in its group. Convert it to a pack "
+                          "(convert_model), whose .map files reorder the bytes and keep the ids");
 
   // Which tensors move, and each one's expert slice.
   std::vector<int64_t> layer_of(f.tensors().size(), -1);
@@ -177,10 +204,14 @@ GgufRepackResult repack_gguf_experts(const fs::path& src, const fs::path& out,
   std::vector<uint32_t> left(L, 0);  // expert tensors of each layer not yet written
   for (size_t i = 0; i < f.tensors().size(); ++i) {
     const GgufTensor& t = f.tensors()[i];
-    const int64_t l = expert_tensor_layer(t.name);
-    if (l < 0) continue;
+    const int64_t blk = expert_tensor_layer(t.name);
+    if (blk < 0) continue;
     const std::string what = name + ": tensor '" + t.name + "'";
-    if (uint64_t(l) >= L) throw FormatError(what + ": layer " + std::to_string(l) + " of a " + std::to_string(L) + "-layer model");
+    if (blk < first_dense || blk >= cfg.n_layers)
+      throw FormatError(what + ": expert-indexed, but block " + std::to_string(blk) + " is not one of the " +
+                        std::to_string(L) + " MoE layers (blocks " + std::to_string(first_dense) + ".." +
+                        std::to_string(cfg.n_layers - 1) + ")");
+    const int64_t l = blk - first_dense;
     if (t.dims.back() != E)
       throw FormatError(what + ": its last dim " + std::to_string(t.dims.back()) + " is not the " + std::to_string(E) +
                         " experts, so it cannot be permuted");
@@ -194,7 +225,8 @@ GgufRepackResult repack_gguf_experts(const fs::path& src, const fs::path& out,
   }
   for (uint32_t l = 0; l < L; ++l)
     if (left[l] < 4)  // the router and three expert matrices at least (GgufModel found them)
-      throw FormatError(name + ": layer " + std::to_string(l) + " has " + std::to_string(left[l]) + " expert-indexed tensors");
+      throw FormatError(name + ": MoE layer " + std::to_string(l) + " (block " + std::to_string(l + first_dense) +
+                        ") has " + std::to_string(left[l]) + " expert-indexed tensors");
 
   // Metadata: the source's, the moestream permutation keys replaced by the composed ones.
   const GgufMetadata& smd = f.metadata();

@@ -8,7 +8,7 @@
 // blk.N.exp_probs_b.bias. Every other tensor and all metadata are copied unchanged, except the
 // moestream keys below, which record the permutation (docs/format.md#gguf):
 //   moestream.expert_permutation.source_hash  u64: model_identity_hash of the original model
-//   moestream.expert_permutation.N            array of u32 [n_experts], one per layer N:
+//   moestream.expert_permutation.N            array of u32 [n_experts], one per MoE layer N
 //                                             position i of this file holds original expert perm[i]
 // A second repack composes them (perm stays relative to the original), and a routing log recorded
 // on the original maps onto this file (an original id o is position i where perm[i] == o).
@@ -27,7 +27,7 @@
 
 namespace moestream::cluster {
 
-inline constexpr char kGgufPermutationKey[] = "moestream.expert_permutation.";  // + layer number
+inline constexpr char kGgufPermutationKey[] = "moestream.expert_permutation.";  // + MoE layer number
 inline constexpr char kGgufPermutationSourceKey[] = "moestream.expert_permutation.source_hash";
 
 struct GgufLayout {
@@ -35,6 +35,9 @@ struct GgufLayout {
   // [layer][position] = original expert id there (identity when the file was never repacked).
   std::vector<std::vector<uint32_t>> permutation;
   std::optional<uint64_t> source_hash;  // the original's identity, when this file is a repack
+  // n_group of grouped routing (DeepSeek-V3): groups are runs of consecutive ids, which in a GGUF
+  // are positions, so an order may only move experts inside their group.
+  uint32_t routing_groups = 1;
 };
 
 // Reads the GGUF at `path` (GgufModel: a supported architecture, else FormatError) and its
@@ -74,5 +77,9 @@ GgufRepackResult repack_gguf_experts(const std::filesystem::path& src, const std
 // The output positions of `slots` (logical -> physical, as slots_of gives): order[p] = e where
 // slots[e] == p.
 std::vector<uint32_t> order_of_slots(const std::vector<uint32_t>& slots);
+
+// `slots` (slot of each expert) made group-preserving for `groups` equal runs of consecutive ids:
+// each group's experts take its own slots, in the order `slots` gives them.
+std::vector<uint32_t> slots_within_groups(const std::vector<uint32_t>& slots, uint32_t groups);
 
 }  // namespace moestream::cluster

@@ -10,7 +10,7 @@ with that tool's Python (torch, transformers, the vendored gguf-py).
 
     scripts/llama_cpp_tool.sh build
     scripts/make_gguf_fixtures.py [--out tests/fixtures/gguf] [--work DIR]
-    scripts/make_gguf_fixtures.py --hf-reference   # tests/fixtures/gguf_hf (qwen2moe, glm4moe)
+    scripts/make_gguf_fixtures.py --from-hf-fixtures   # tests/fixtures/gguf_hf (see below)
 """
 from __future__ import annotations
 
@@ -340,64 +340,6 @@ def sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-# ---------------------------------------------------------------- GGUFs of the transformers fixtures
-
-# Issues 20/21: the Hugging Face fixtures of python/training/make_fixtures.py (tests/fixtures/<dir>,
-# with transformers' reference logits) converted by llama.cpp's converter, for architectures whose
-# tiny shapes llama.cpp itself cannot run (qwen2moe assumes heads x head_dim = hidden), so the
-# oracle is transformers, not llama.cpp. (fixture, source dir, converter outtype, pre-tokenizer,
-# special tokens of the cut Qwen3 tokenizer: GLM's converter looks four of its own up by name.)
-# Quantized types do not apply: hidden sizes 47 and 53 are no multiple of any block size, and
-# llama.cpp falls back to F16 for such rows.
-HF_REFERENCE_FIXTURES = [
-    ("qwen2moe-F32", "qwen2_moe", "f32", "qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
-    ("qwen2moe-BF16", "qwen2_moe", "bf16", "qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>")),
-    ("glm4moe-F32", "glm4_moe", "f32", "glm4", ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")),
-    ("glm4moe-BF16", "glm4_moe", "bf16", "glm4", ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")),
-]
-
-
-def make_hf_reference_fixtures(out: Path, work: Path, py: str, cenv: dict, env: dict, only: set) -> None:
-    """Writes out/<fixture>.gguf and out/manifest.json for HF_REFERENCE_FIXTURES."""
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if (only and manifest_path.exists()) else {}
-    entries = {e["name"]: e for e in manifest.get("fixtures", [])}
-    subst = {"$LLAMA_CPP_PYTHON": py, "$WORK": str(work), "$OUT": str(out),
-             "scripts/make_gguf_fixtures.py": str(Path(__file__).resolve())}
-    for name, src_dir, outtype, pre, specials in HF_REFERENCE_FIXTURES:
-        if only and name not in only:
-            continue
-        src = REPO / "tests" / "fixtures" / src_dir
-        hf = work / "hf-reference" / src_dir
-        shutil.rmtree(hf, ignore_errors=True)
-        hf.mkdir(parents=True)
-        for f in ("config.json", "model.safetensors"):
-            shutil.copy(src / f, hf / f)
-        vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-        qwen_tokenizer(hf, vocab, specials)
-        dst = out / f"{name}.gguf"
-        cmd = [py, str(Path(__file__).resolve()), "--convert-driver", pre, str(hf),
-               "--outtype", outtype, "--outfile", str(dst), "--model-name", src_dir]
-        run(cmd, cenv)
-        types, meta = gguf_types([dst])
-        experts = {k: v for k, v in types.items() if "_exps" in k}
-        entries[name] = {
-            "name": name, "source": f"tests/fixtures/{src_dir}", "architecture": meta.get("general.architecture"),
-            "files": [dst.name], "sha256": {dst.name: sha256(dst)}, "bytes": dst.stat().st_size,
-            "file_type": meta.get("general.file_type"), "expert_types": sorted(set(experts.values())),
-            "tensor_types": types,
-            "commands": [f"$LLAMA_CPP_PYTHON scripts/make_gguf_fixtures.py --hf-reference (copies "
-                         f"tests/fixtures/{src_dir} to $WORK/hf-reference/{src_dir}, adds a Qwen3 "
-                         f"tokenizer cut to {vocab} tokens)", describe(cmd, subst)]}
-        log(f"{name}: {entries[name]['bytes']} bytes, expert types {entries[name]['expert_types']}")
-    manifest = {
-        "llama_cpp": {"version": env["LLAMA_CPP_VERSION"], "vendors": env["LLAMA_CPP_COMMIT"]},
-        "reference": "transformers' logits and greedy tokens in each source fixture's reference.json",
-        "fixtures": [entries[n] for n, *_ in HF_REFERENCE_FIXTURES if n in entries]}
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-
-
 def main() -> None:
     global SHARED_TOKENIZERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -406,9 +348,6 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     ap.add_argument("--tokenizers", type=Path, default=SHARED_TOKENIZERS,
                     help="the real tokenizers (default: ../shared/tokenizers beside the clone)")
-    ap.add_argument("--hf-reference", action="store_true",
-                    help="make the GGUFs of the transformers fixtures instead (HF_REFERENCE_FIXTURES, "
-                         "into tests/fixtures/gguf_hf unless --out)")
     args = ap.parse_args()
     SHARED_TOKENIZERS = args.tokenizers
 
@@ -427,10 +366,6 @@ def main() -> None:
              "scripts/make_gguf_fixtures.py": str(Path(__file__).resolve())}
     cenv = dict(os.environ, LLAMA_CPP_SRC=env["LLAMA_CPP_SRC"])
     only = set(filter(None, args.only.split(",")))
-    if args.hf_reference:
-        out = args.out if "--out" in sys.argv else REPO / "tests" / "fixtures" / "gguf_hf"
-        make_hf_reference_fixtures(out, args.work, py, cenv, env, only)
-        return
 
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -539,8 +474,168 @@ def main() -> None:
     log(f"{len(manifest['fixtures'])} fixtures, {total} bytes of GGUF")
 
 
+# ---------------------------------------------------------------- GGUFs of the transformers fixtures
+# (issues 20 and 21: gpt-oss, deepseek2, qwen2moe and glm4moe from GGUF). The Hugging Face fixtures of
+# tests/fixtures/<name>/ (python/training/make_fixtures.py) converted by llama.cpp's converter into
+# tests/fixtures/gguf_hf/, checked against transformers' reference logits (not llama.cpp's): the
+# engine must compute from the GGUF what transformers computes from the checkpoint.
+#
+#   scripts/make_gguf_fixtures.py --from-hf-fixtures [--out tests/fixtures/gguf_hf] [--only NAME,...]
+
+# What the GGUF cannot say about a fixture, and how the source is adapted so that it can:
+#   gpt-oss: llama.cpp fixes the clamped SwiGLU's limit at 7.0 (gpt-oss's value); the fixture's is
+#     1.25 (so that the clamp matters) and is written as gpt-oss.swiglu_clamp_exp, which moestream
+#     reads (llama.cpp's key for other architectures' expert clamp).
+#   deepseek2: a GGUF holds YaRN's mscale_all_dim only (rope.scaling.yarn_log_multiplier) and means
+#     mscale = mscale_all_dim, as in every released DeepSeek; deepseek_v3's fixture has 0.9 / 0.7,
+#     so its GGUF is made from the config with mscale 0.7 and compared with logits transformers
+#     computes for that config (written beside it). The published configs' scoring_func is added
+#     (transformers 5 does not save it), which the converter turns into expert_gating_func.
+#   qwen2moe, glm4moe: as converted. Their tiny shapes (hidden 47 and 53) fit no ggml block, so no
+#     quantised file (llama.cpp falls back to F16 for such rows); llama.cpp cannot run the qwen2moe
+#     file itself (it assumes heads x head_dim = hidden), which is why the oracle is transformers.
+# The tokenizer each source gets (the converter needs one; the tests feed token ids): None is
+# GPT-2's BPE cut to HF_TOKENIZER_TOKENS; a tuple is Qwen3's byte-level BPE cut to the model's
+# vocabulary with those special tokens (GLM's converter looks four of its own up by name).
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")
+HF_GGUF_FIXTURES = [
+    # (fixture, HF fixture dir, outtype, pre-tokenizer, config overrides, converter extras, tokenizer)
+    ("gpt_oss-F32", "gpt_oss", "f32", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
+    ("gpt_oss-BF16", "gpt_oss", "bf16", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
+    ("gpt_oss-Q8_0", "gpt_oss", "q8_0", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
+    # The released layout: MXFP4 expert blocks, which the converter repacks as ggml MXFP4.
+    ("gpt_oss_mxfp4-MXFP4", "gpt_oss_mxfp4", "f32", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
+    ("deepseek_v3-F32", "deepseek_v3", "f32", "deepseek-v3",
+     {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_scaling.mscale": 0.7}, {}),
+    ("deepseek_v3-BF16", "deepseek_v3", "bf16", "deepseek-v3",
+     {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_scaling.mscale": 0.7}, {}),
+    ("deepseek_v2-F32", "deepseek_v2", "f32", "deepseek-v3", {"scoring_func": "softmax"}, {}),
+    ("qwen2moe-F32", "qwen2_moe", "f32", "qwen2", {}, {}, QWEN_SPECIALS),
+    ("qwen2moe-BF16", "qwen2_moe", "bf16", "qwen2", {}, {}, QWEN_SPECIALS),
+    ("glm4moe-F32", "glm4_moe", "f32", "glm4", {}, {}, GLM_SPECIALS),
+    ("glm4moe-BF16", "glm4_moe", "bf16", "glm4", {}, {}, GLM_SPECIALS),
+]
+HF_TOKENIZER_TOKENS = 300  # GPT-2's BPE cut below every fixture's vocabulary; the converter pads
+
+
+def convert_driver_hf(argv: list[str]) -> None:
+    """llama.cpp's converter in this process with tokenizer.ggml.pre forced to argv[0] and the
+    GGUF writer calls of argv[1] (JSON {method: per-layer value}) added to the metadata."""
+    pre, extras, args = argv[0], json.loads(argv[1]), argv[2:]
+    sys.path.insert(0, os.environ["LLAMA_CPP_SRC"])
+    import conversion.base as base
+    import convert_hf_to_gguf
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+    plain = base.TextModel.set_gguf_parameters
+
+    def with_extras(self):
+        plain(self)
+        for method, value in extras.items():
+            getattr(self.gguf_writer, method)([value] * self.block_count)
+    base.TextModel.set_gguf_parameters = with_extras
+    sys.argv = ["convert_hf_to_gguf.py", *args]
+    convert_hf_to_gguf.main()
+
+
+def hf_source(src: Path, dst: Path, overrides: dict, specials: tuple | None = None) -> None:
+    """The HF fixture with its config adapted (dotted keys reach into objects) and a tokenizer
+    (HF_GGUF_FIXTURES' last column)."""
+    global VOCAB
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    for key, value in overrides.items():
+        obj, *path = key.split(".")
+        if path:
+            cfg[obj][path[0]] = value
+        else:
+            cfg[obj] = value
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    if specials is not None:
+        qwen_tokenizer(dst, cfg["vocab_size"], specials)
+        return
+    saved, VOCAB = VOCAB, HF_TOKENIZER_TOKENS + 1
+    try:
+        gpt2_tokenizer(dst)
+    finally:
+        VOCAB = saved
+
+
+def hf_reference(model_dir: Path, prompts: list) -> dict:
+    """transformers' logits and greedy tokens for the prompts (make_fixtures.reference)."""
+    sys.path.insert(0, str(REPO / "python" / "training"))
+    import torch
+    import transformers
+    from make_fixtures import f32_list, reference
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="eager",
+        experts_implementation="eager").eval()
+    logits, greedy, margins = reference(model, prompts)
+    return {"prompts": prompts, "logits": [f32_list(l) for l in logits], "greedy": greedy,
+            "greedy_min_margin": margins, "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__}
+
+
+def main_from_hf(argv: list[str]) -> None:
+    global SHARED_TOKENIZERS
+    ap = argparse.ArgumentParser(prog="make_gguf_fixtures.py --from-hf-fixtures")
+    ap.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "gguf_hf")
+    ap.add_argument("--work", type=Path, default=CACHE / "gguf-hf-fixtures-work")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--tokenizers", type=Path, default=SHARED_TOKENIZERS,
+                    help="the real tokenizers (default: ../shared/tokenizers beside the clone)")
+    args = ap.parse_args(argv)
+    SHARED_TOKENIZERS = args.tokenizers
+    env = tool_env()
+    py = env["LLAMA_CPP_PYTHON"]
+    if Path(sys.prefix).resolve() != Path(py).parent.parent.resolve() and os.environ.get("MGF_REEXEC") != "1":
+        os.environ["MGF_REEXEC"] = "1"
+        os.execv(py, [py, __file__, "--from-hf-fixtures", *argv])
+    cenv = dict(os.environ, LLAMA_CPP_SRC=env["LLAMA_CPP_SRC"])
+    only = set(filter(None, args.only.split(",")))
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    manifest_path = args.out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    entries = {e["name"]: e for e in manifest.get("fixtures", [])}
+    fixtures_root = REPO / "tests" / "fixtures"
+    for name, hf_name, outtype, pre, overrides, extras, *tokenizer in HF_GGUF_FIXTURES:
+        if only and name not in only:
+            continue
+        src = args.work / "hf" / name
+        hf_source(fixtures_root / hf_name, src, overrides, *tokenizer)
+        out = args.out / f"{name}.gguf"
+        cmd = [py, str(Path(__file__).resolve()), "--convert-driver-hf", pre, json.dumps(extras), str(src),
+               "--outtype", outtype, "--outfile", str(out), "--model-name", hf_name]
+        run(cmd, cenv)
+        ref = f"../{hf_name}/reference.json"
+        if overrides.get("rope_scaling.mscale") is not None:  # a config transformers must run again
+            ref = f"{name.split('-')[0]}.reference.json"
+            prompts = json.loads((fixtures_root / hf_name / "reference.json").read_text())["prompts"]
+            data = dict(hf_reference(src, prompts), architecture=json.loads((src / "config.json").read_text())[
+                "architectures"][0], config_overrides=overrides)
+            (args.out / ref).write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        types, meta = gguf_types([out])
+        entries[name] = {
+            "name": name, "source": f"tests/fixtures/{hf_name}", "outtype": outtype, "reference": ref,
+            "architecture": meta.get("general.architecture"), "file": out.name, "sha256": sha256(out),
+            "bytes": out.stat().st_size, "config_overrides": overrides, "metadata_added": extras,
+            "tensor_types": types,
+            "command": f"$LLAMA_CPP_PYTHON scripts/make_gguf_fixtures.py --from-hf-fixtures --only {name}"}
+        log(f"{name}: {out.stat().st_size} bytes, reference {ref}")
+    manifest = {"llama_cpp": f"{env['LLAMA_CPP_VERSION']} ({env['LLAMA_CPP_COMMIT']})",
+                "fixtures": [entries[n] for n, *_ in HF_GGUF_FIXTURES if n in entries]}
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--convert-driver":
         convert_driver(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--convert-driver-hf":
+        convert_driver_hf(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--from-hf-fixtures":
+        main_from_hf(sys.argv[2:])
     else:
         main()

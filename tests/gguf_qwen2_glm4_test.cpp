@@ -1,10 +1,9 @@
-// GGUF input for qwen2moe and glm4moe (issues 20, 21; loader/format/gguf_arch_qwen2_glm4.h).
-// The files of tests/fixtures/gguf_hf are the transformers fixtures tests/fixtures/{qwen2_moe,
-// glm4_moe} converted by llama.cpp's converter (scripts/make_gguf_fixtures.py --hf-reference), so
-// transformers' logits and greedy tokens in each reference.json are the oracle: each GGUF run in
-// place and converted to a pack must match them. Then: the config read from the metadata equals
-// the one read from config.json, and missing, misshapen or unsupported tensors and keys are refused
-// naming what is wrong.
+// GGUF input for qwen2moe and glm4moe (issues 20, 21; loader/format/gguf_arch_qwen2_glm4.cpp).
+// Their files in tests/fixtures/gguf_hf run against transformers with the other architectures'
+// (gguf_arch_test's GgufArchReference, from the manifest). Here: the config read from the metadata
+// equals the one read from config.json, missing, misshapen or unsupported tensors and keys are
+// refused naming what is wrong, and the optional layouts (no MTP block, a 1-D shared-expert gate)
+// load.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include "runtime/convert/hf_config.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/gguf_rewrite.h"
 #include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
@@ -35,176 +35,40 @@ namespace {
 
 const fs::path kFixtures = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures";
 
-struct Case {
-  std::string gguf;    // tests/fixtures/gguf_hf/<gguf>.gguf
-  std::string source;  // tests/fixtures/<source>: config.json and reference.json
-  bool converted;      // run the pack convert_model makes of it, else the GGUF in place
-};
-
-// Readable names in gtest output instead of the struct's bytes.
-void PrintTo(const Case& c, std::ostream* os) { *os << c.gguf << (c.converted ? " (pack)" : " (in place)"); }
-
-std::string case_name(const ::testing::TestParamInfo<Case>& i) {
-  std::string n = i.param.gguf + (i.param.converted ? "_pack" : "_in_place");
-  std::replace(n.begin(), n.end(), '-', '_');
-  return n;
-}
-
-// The worst position's max |dlogit| / max |logit|, for F32 and BF16 alike: make_fixtures.py draws
-// weights that bf16 holds exactly, and the BF16 kernels multiply float activations (measured
-// below 1e-6 for all eight cases).
-constexpr double kRelTol = 1e-3;
-// A greedy step where our chosen token and transformers' are this close (relative to the largest
-// |logit|) in our logits is a near-tie: either may win, and the sequences part there.
-constexpr double kNearTie = 0.02;
-
-class GgufReferenceTest : public ::testing::TestWithParam<Case> {};
-
-}  // namespace
-
-TEST_P(GgufReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
-  const Case& c = GetParam();
-  const fs::path gguf = kFixtures / "gguf_hf" / (c.gguf + ".gguf");
-  const fs::path src = kFixtures / c.source;
-  if (!fs::exists(gguf) || !fs::exists(src / "reference.json"))
-    MOESTREAM_SKIP_OR_FAIL() << gguf << " or " << src / "reference.json"
-                             << " absent (scripts/make_gguf_fixtures.py --hf-reference makes it)";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gguf_qwen2_glm4");
-  fs::path model_path = gguf;
-  if (c.converted) {
-    ConvertOptions co;
-    co.progress = false;
-    convert_model(gguf, tmp.path() / "pack", co);
-    model_path = tmp.path() / "pack";
-  }
-  ModelOptions mo;
-  mo.n_threads = 2;
-  auto model = Model::load(model_path, mo);
-  ASSERT_EQ(model->config().format, c.converted ? ModelFormat::kPack : ModelFormat::kGguf);
-  const size_t V = size_t(model->config().vocab_size);
-  const double tol = kRelTol;
-
-  double worst = 0;
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    std::vector<float> got(prompt.size() * V);
-    model->reset();
-    model->forward(prompt, got, true);
-    for (size_t t = 0; t < prompt.size(); ++t) {
-      const std::vector<float> w = ref["logits"][p][t].get<std::vector<float>>();
-      ASSERT_EQ(w.size(), V);
-      double scale = 0, err = 0;
-      for (size_t v = 0; v < V; ++v) {
-        scale = std::max(scale, double(std::fabs(w[v])));
-        err = std::max(err, double(std::fabs(w[v] - got[t * V + v])));
-      }
-      worst = std::max(worst, err / scale);
-      EXPECT_LE(err, tol * scale) << "prompt " << p << " position " << t << ": max |dlogit| " << err
-                                  << ", max |logit| " << scale;
-    }
-
-    // Greedy decoding through the KV cache, token by token as transformers generated them.
-    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<float> last(V);
-    model->reset();
-    model->forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = Sampler::argmax(last);
-      if (next != want[i]) {
-        const double scale = std::fabs(*std::max_element(last.begin(), last.end(), [](float a, float b) {
-          return std::fabs(a) < std::fabs(b);
-        }));
-        const double gap = double(last[size_t(next)]) - double(last[size_t(want[i])]);
-        EXPECT_LE(gap, kNearTie * scale) << "prompt " << p << " greedy token " << i << ": ours " << next
-                                         << ", transformers' " << want[i] << " (not a near-tie: gap " << gap << ")";
-        break;  // the sequences part at a near-tie
-      }
-      if (i + 1 < want.size()) model->forward(std::span<const int>(&next, 1), last);
-    }
-  }
-  std::printf("[ measured ] %s %s: worst rel logit err %.3g\n", c.gguf.c_str(), c.converted ? "pack" : "in place", worst);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GgufReferenceTest,
-    ::testing::Values(Case{"qwen2moe-F32", "qwen2_moe", false}, Case{"qwen2moe-F32", "qwen2_moe", true},
-                      Case{"qwen2moe-BF16", "qwen2_moe", false}, Case{"qwen2moe-BF16", "qwen2_moe", true},
-                      Case{"glm4moe-F32", "glm4_moe", false}, Case{"glm4moe-F32", "glm4_moe", true},
-                      Case{"glm4moe-BF16", "glm4_moe", false}, Case{"glm4moe-BF16", "glm4_moe", true}),
-    case_name);
-
-namespace {
-
 class GgufQwen2Glm4 : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* f : {"qwen2moe-F32.gguf", "glm4moe-F32.gguf"})
       if (!fs::exists(kFixtures / "gguf_hf" / f))
-        MOESTREAM_SKIP_OR_FAIL() << "fixture " << f << " absent (scripts/make_gguf_fixtures.py --hf-reference)";
+        MOESTREAM_SKIP_OR_FAIL() << "fixture " << f << " absent (scripts/make_gguf_fixtures.py --from-hf-fixtures)";
   }
 
-  // A copy of fixture `name` written by our GgufWriter, with `edit` applied to its metadata and
-  // tensor list first; a tensor an edit gave another element count gets zero bytes of its size.
-  struct Tensor {
-    GgufTensorSpec spec;
-    const GgufTensor* source;
-  };
-  fs::path rewrite(const std::string& name, const std::function<void(GgufMetadata&, std::vector<Tensor>&)>& edit) {
-    const GgufModelFiles src(kFixtures / "gguf_hf" / (name + ".gguf"));
-    GgufMetadata md("rewritten");
-    for (const GgufKv& kv : src.metadata().entries()) md.add(kv.key, kv.value);
-    std::vector<Tensor> ts;
-    for (const GgufTensor& t : src.tensors()) ts.push_back({{t.name, t.type, t.dims}, &t});
-    edit(md, ts);
-    std::vector<GgufTensorSpec> specs;
-    for (const Tensor& t : ts) specs.push_back(t.spec);
+  // A copy of fixture `name` with `r` applied.
+  fs::path rewrite(const std::string& name, const test::GgufRewrite& r) {
     const fs::path out = dir_.path() / (name + "-edited.gguf");
-    GgufWriter w(out, md, specs);
-    const std::string all = read_file(src.paths().front());  // one file: the fixtures are not split
-    for (const Tensor& t : ts) {
-      uint64_t n = 1;
-      for (uint64_t d : t.spec.dims) n *= d;
-      const uint64_t bytes = t.source->type == GgmlType::kF32 ? n * 4 : t.source->bytes;
-      if (bytes == t.source->bytes) {  // same elements, maybe another shape: the source's bytes
-        w.write(all.data() + t.source->offset, bytes);
-      } else {
-        const std::vector<uint8_t> zeros(bytes, 0);  // F32 (the edits reshape F32 tensors only)
-        w.write(zeros.data(), zeros.size());
-      }
-    }
-    w.commit();
+    test::rewrite_gguf(kFixtures / "gguf_hf" / (name + ".gguf"), out, r);
     return out;
   }
-  static void drop(std::vector<Tensor>& ts, const std::string& name) {
-    const auto it = std::find_if(ts.begin(), ts.end(), [&](const Tensor& t) { return t.spec.name == name; });
-    ASSERT_NE(it, ts.end()) << name;
-    ts.erase(it);
+  static test::GgufRewrite dropping(const std::string& tensor) {
+    test::GgufRewrite r;
+    r.tensor = [tensor](GgufTensorSpec& s) { return s.name != tensor; };
+    return r;
   }
-  static void reshape(std::vector<Tensor>& ts, const std::string& name, std::vector<uint64_t> dims) {
-    const auto it = std::find_if(ts.begin(), ts.end(), [&](const Tensor& t) { return t.spec.name == name; });
-    ASSERT_NE(it, ts.end()) << name;
-    ASSERT_EQ(it->spec.type, GgmlType::kF32) << name;
-    it->spec.dims = std::move(dims);
+  static test::GgufRewrite reshaping(const std::string& tensor, const std::vector<uint64_t>& dims) {
+    test::GgufRewrite r;
+    r.tensor = [tensor, dims](GgufTensorSpec& s) {
+      if (s.name == tensor) s.dims = dims;
+      return true;
+    };
+    return r;
   }
-  // Metadata with `key` replaced by (or, with no value, without) it.
-  static GgufMetadata with(const GgufMetadata& md, const std::string& key, std::optional<GgufValue> v) {
-    GgufMetadata out("rewritten");
-    for (const GgufKv& kv : md.entries())
-      if (kv.key != key) out.add(kv.key, kv.value);
-    if (v) out.add(key, *v);
-    return out;
+  // Metadata `key` replaced by (or, with no value, dropped for) `v`.
+  static test::GgufRewrite setting(const std::string& key, const std::optional<GgufValue>& v) {
+    test::GgufRewrite r;
+    r.meta[key] = v;
+    return r;
   }
-  // The FormatError message opening `path` gives (the test fails when it opens).
-  static std::string error_of(const fs::path& path) {
-    try {
-      GgufModel g(path);
-    } catch (const FormatError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << path << " opened without an error";
-    return "";
-  }
+  static std::string error_of(const fs::path& path) { return test::gguf_load_error(path); }
 
   TempDir dir_{"gguf_qwen2_glm4_err"};
 };
@@ -270,7 +134,7 @@ TEST_F(GgufQwen2Glm4, MissingTensorsAreNamed) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.tensor);
-    const fs::path p = rewrite(c.fixture, [&](GgufMetadata&, std::vector<Tensor>& ts) { drop(ts, c.tensor); });
+    const fs::path p = rewrite(c.fixture, dropping(c.tensor));
     EXPECT_NE(error_of(p).find("'" + std::string(c.tensor) + "'"), std::string::npos) << error_of(p);
   }
 }
@@ -291,7 +155,7 @@ TEST_F(GgufQwen2Glm4, MisshapenTensorsAreNamedWithBothShapes) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.tensor);
-    const fs::path p = rewrite(c.fixture, [&](GgufMetadata&, std::vector<Tensor>& ts) { reshape(ts, c.tensor, c.dims); });
+    const fs::path p = rewrite(c.fixture, reshaping(c.tensor, c.dims));
     const std::string e = error_of(p);
     EXPECT_NE(e.find("'" + std::string(c.tensor) + "'"), std::string::npos) << e;
     EXPECT_NE(e.find(c.expected), std::string::npos) << e;
@@ -315,7 +179,7 @@ TEST_F(GgufQwen2Glm4, UnsupportedOrContradictoryMetadataIsRefusedNamingTheKey) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
-    const fs::path p = rewrite(c.fixture, [&](GgufMetadata& md, std::vector<Tensor>&) { md = with(md, c.key, c.value); });
+    const fs::path p = rewrite(c.fixture, setting(c.key, c.value));
     // n_group 3 does not divide 16 experts: model.json's own rule, under its field name.
     const std::string key = std::string(c.key).ends_with("expert_group_count") ? "n_group" : c.key;
     EXPECT_NE(error_of(p).find(key), std::string::npos) << error_of(p);
@@ -325,16 +189,17 @@ TEST_F(GgufQwen2Glm4, UnsupportedOrContradictoryMetadataIsRefusedNamingTheKey) {
 // A glm4moe file whose MTP block is dropped still runs (block_count then counts only the decoder
 // layers), and a GGUF whose shared-expert gate is 1-D ([D], as llama.cpp asks for it) loads.
 TEST_F(GgufQwen2Glm4, OptionalLayoutsLoad) {
-  const fs::path no_mtp = rewrite("glm4moe-F32", [&](GgufMetadata& md, std::vector<Tensor>& ts) {
-    md = with(md, "glm4moe.nextn_predict_layers", std::nullopt);
-    md = with(md, "glm4moe.block_count", GgufValue::from_unsigned(GgufValueType::kU32, 3));
-    std::erase_if(ts, [](const Tensor& t) { return t.spec.name.starts_with("blk.3."); });
-  });
+  test::GgufRewrite mtp = setting("glm4moe.nextn_predict_layers", std::nullopt);
+  mtp.meta["glm4moe.block_count"] = GgufValue::from_unsigned(GgufValueType::kU32, 3);
+  mtp.tensor = [](GgufTensorSpec& s) { return !s.name.starts_with("blk.3."); };
+  const fs::path no_mtp = rewrite("glm4moe-F32", mtp);
   EXPECT_EQ(GgufModel(no_mtp).config().n_layers, 3);
-  const fs::path flat = rewrite("qwen2moe-F32", [&](GgufMetadata&, std::vector<Tensor>& ts) {
-    for (Tensor& t : ts)
-      if (t.spec.name.ends_with("ffn_gate_inp_shexp.weight")) t.spec.dims = {47};
-  });
+  test::GgufRewrite gate_1d;
+  gate_1d.tensor = [](GgufTensorSpec& s) {
+    if (s.name.ends_with("ffn_gate_inp_shexp.weight")) s.dims = {47};
+    return true;
+  };
+  const fs::path flat = rewrite("qwen2moe-F32", gate_1d);
   ModelOptions mo;
   mo.n_threads = 1;
   auto m = Model::load(flat, mo);

@@ -527,7 +527,7 @@ TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
   EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
-// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss) packed with bf16 and q8
+// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss, deepseek) packed with bf16 and q8
 // experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
 class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
 
@@ -588,7 +588,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // router; the MXFP4 fixture converts to MXFP4 whatever the quant.
                       std::pair{std::string("gpt_oss"), QuantType::kBF16},
                       std::pair{std::string("gpt_oss"), QuantType::kQ8},
-                      std::pair{std::string("gpt_oss_mxfp4"), ggml_quant(GgmlType::kMXFP4)}),
+                      std::pair{std::string("gpt_oss_mxfp4"), ggml_quant(GgmlType::kMXFP4)},
+                      // DeepSeek-V2/V3: multi-head latent attention (runtime/gpu/gpu_mla.h)
+                      std::pair{std::string("deepseek_v3"), QuantType::kBF16},
+                      std::pair{std::string("deepseek_v3"), QuantType::kQ8},
+                      std::pair{std::string("deepseek_v3_fp8"), QuantType::kBF16},
+                      std::pair{std::string("deepseek_v2"), QuantType::kBF16},
+                      std::pair{std::string("deepseek_v2"), QuantType::kQ8}),
     [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
 
 // gpt-oss's decode path on the GPU (one query row, the window sliding past old keys, sinks in the
@@ -625,25 +631,106 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   }
 }
 
-// DeepSeek-V3's MLA has no GPU kernels yet: --gpu is a ConfigError naming it, before any device work.
-TEST(GpuForward, DeepseekV3MlaIsRefusedNamingIt) {
-  REQUIRE_GPU();  // without a device, check_gpu_options refuses --gpu first
+// ---- DeepSeek-V2/V3 (MLA) on the GPU -------------------------------------------------------
+
+// Multi-head latent attention on the GPU (runtime/gpu/gpu_mla.h) against the CPU pass on each
+// DeepSeek fixture: V3 (q LoRA, YaRN with two different mscales, grouped sigmoid router), its FP8
+// release layout (dequantised at conversion) and V2 (no q LoRA, softmax router, two shared
+// experts); dense weights f32 (cuBLAS) and bf16 (stored type), bf16 experts. Prefill logits of
+// every position in one chunk and in chunks of 4 (prefill after earlier positions), then 16
+// greedy tokens, each decode step's logits (resident decode from the second step on) within
+// kMlaTolerance of the logit scale and the tokens identical.
+constexpr double kMlaTolerance = 1e-5;
+
+class GpuMlaTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(GpuMlaTest, LogitsAndGreedyTokensMatchTheCpuPass) {
+  REQUIRE_GPU();
+  const auto& [name, dense] = GetParam();
+  const fs::path src = kSource / "tests" / "fixtures" / name;
+  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
+  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
+  TempDir tmp("gpu_mla_test");
+  ConvertOptions co;
+  co.quant = QuantType::kBF16;
+  co.dense_dtype = dense;
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  ModelOptions mo;
+  mo.n_threads = 2;
+  auto cpu = Model::load(tmp.path() / "packed", mo);
+  mo.gpu = true;
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  mo.max_batch = 4;
+  auto gpu4 = Model::load(tmp.path() / "packed", mo);
+  ASSERT_TRUE(cpu->config().has_mla());
+  const size_t V = size_t(cpu->config().vocab_size);
+  double worst_prefill = 0, worst_chunked = 0, worst_decode = 0;
+  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
+    std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V), l4(prompt.size() * V);
+    cpu->reset();
+    gpu->reset();
+    gpu4->reset();
+    cpu->forward(prompt, lc, true);
+    gpu->forward(prompt, lg, true);
+    gpu4->forward(prompt, l4, true);
+    worst_prefill = std::max(worst_prefill, rel_max_diff(lc, lg, V));
+    worst_chunked = std::max(worst_chunked, rel_max_diff(lc, l4, V));
+    // Greedy decode, step by step on both passes from the same prompt.
+    std::vector<float> last_c(lc.end() - std::ptrdiff_t(V), lc.end()), last_g(lg.end() - std::ptrdiff_t(V), lg.end());
+    std::vector<int> tok_c, tok_g;
+    for (int i = 0; i < 16; ++i) {
+      const int nc = Sampler::argmax(last_c), ng = Sampler::argmax(last_g);
+      tok_c.push_back(nc);
+      tok_g.push_back(ng);
+      if (nc != ng) break;
+      cpu->forward(std::span<const int>(&nc, 1), last_c);
+      gpu->forward(std::span<const int>(&ng, 1), last_g);
+      worst_decode = std::max(worst_decode, rel_max_diff(last_c, last_g, V));
+    }
+    EXPECT_EQ(tok_g, tok_c) << name << " (" << dense << " dense) prompt " << p;
+  }
+  std::printf("[ gpu_vs_cpu MLA %s, %s dense ] rel max |dlogit|: prefill %.3g, prefill in chunks of 4 %.3g, "
+              "decode %.3g (tolerance %.3g); resident decode steps %llu\n",
+              name.c_str(), dense.c_str(), worst_prefill, worst_chunked, worst_decode, kMlaTolerance,
+              (unsigned long long)gpu->gpu_stats().resident.steps);
+  EXPECT_LE(worst_prefill, kMlaTolerance);
+  EXPECT_LE(worst_chunked, kMlaTolerance);
+  EXPECT_LE(worst_decode, kMlaTolerance);
+  // bf16 experts take the grouped GEMM and the whole model fits: decode ran resident (MLA included).
+  EXPECT_GT(gpu->gpu_stats().resident.steps, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMlaTest,
+                         ::testing::Values(std::pair{std::string("deepseek_v3"), std::string("f32")},
+                                           std::pair{std::string("deepseek_v3"), std::string("bf16")},
+                                           std::pair{std::string("deepseek_v3_fp8"), std::string("f32")},
+                                           std::pair{std::string("deepseek_v3_fp8"), std::string("bf16")},
+                                           std::pair{std::string("deepseek_v2"), std::string("f32")},
+                                           std::pair{std::string("deepseek_v2"), std::string("bf16")}),
+                         [](const auto& i) { return i.param.first + "_" + i.param.second; });
+
+// The latent cache on the device is C + r floats per position and layer, not per-head keys and
+// values: GpuForwardInfo::kv_bytes says so for the DeepSeek-V3 fixture.
+TEST(GpuMla, KvCacheHoldsTheLatentAndTheRopeKeyOnly) {
+  REQUIRE_GPU();
   const fs::path src = kSource / "tests" / "fixtures" / "deepseek_v3";
   if (!fs::exists(src / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  TempDir tmp("gpu_forward_test");
+  TempDir tmp("gpu_mla_test");
   ConvertOptions co;
   co.quant = QuantType::kQ8;
   co.progress = false;
   convert_model(src, tmp.path() / "packed", co);
   ModelOptions mo;
   mo.n_threads = 2;
+  mo.max_context = 100;
   mo.gpu = true;
-  try {
-    (void)Model::load(tmp.path() / "packed", mo);
-    FAIL() << "expected a ConfigError";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
-  }
+  auto gpu = Model::load(tmp.path() / "packed", mo);
+  const ModelConfig& c = gpu->config();
+  const size_t want = size_t(c.n_layers) * 100 * size_t(c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
+  ASSERT_NE(gpu->gpu_info(), nullptr);
+  EXPECT_EQ(gpu->gpu_info()->kv_bytes, want);
 }
 
 // ---- GGUF on the GPU (issue 18: GPU tier, dense weights in their stored types) --------------

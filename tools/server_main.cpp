@@ -76,9 +76,12 @@ int run(Args& a) {
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
   apply_engine_options(a.engine, mo);
-  if (a.server.parallel > 1 && mo.gpu)
-    throw ConfigError("--parallel " + std::to_string(a.server.parallel) +
-                      " batches requests on the CPU pass; the GPU pass (--gpu) runs one at a time for now");
+  // The GPU's batches (runtime/gpu/gpu_forward_batch.cpp) have standard attention only.
+  if (a.server.parallel > 1 && mo.gpu && cfg.has_mla())
+    throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " with --gpu: " +
+                      std::string(arch_name(cfg.arch)) +
+                      "'s multi-head latent attention (MLA) batches sequences on the CPU path only; "
+                      "drop --gpu or --parallel");
   mo.max_sequences = std::max(mo.max_sequences, a.server.parallel);
   if (a.server.parallel > mo.max_batch)
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " exceeds the " +

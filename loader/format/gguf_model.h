@@ -3,14 +3,19 @@
 // layer's experts lie inside the three stacked expert tensors.
 //
 // Architectures (general.architecture): "qwen3moe" (Qwen3-MoE), "olmoe" (OLMoE), "llama" with
-// experts (Mixtral), "qwen2moe" and "glm4moe" (what those two add: gguf_arch_qwen2_glm4.h). Sizes come from the tensors (ffn_gate_exps is [D, F, E] with ne0 first) and
-// must agree with the metadata that states them. An expert e of a layer is three slices:
+// experts (Mixtral), "qwen2moe" and "glm4moe", read here with what each adds; "gpt-oss" and
+// "deepseek2" (DeepSeek-V2/V3, Kimi K2) by readers of their own (gguf_arch.h, which has the table of
+// architectures and gguf_dense_name). Sizes come from the tensors (ffn_gate_exps is [D, F, E]
+// with ne0 first) and must agree with the metadata that states them. An expert e of a layer is three slices:
 // rows [e*F, (e+1)*F) of ffn_gate_exps and ffn_up_exps and rows [e*D, (e+1)*D) of ffn_down_exps,
 // each contiguous in its tensor; their types may differ (mixed quantisations).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +33,28 @@ struct GgufExpertMatrix {
 
 struct GgufLayerExperts {
   GgufExpertMatrix gate, up, down;
+  // gpt-oss: f32 biases, one [F] / [F] / [D] slice per expert of ffn_{gate,up,down}_exps.bias.
+  bool bias = false;
+  GgufExpertMatrix gate_bias, up_bias, down_bias;
 };
+
+// A dense tensor the GGUF stores in another form than the engine computes (gguf_arch.h: DeepSeek's
+// interleaved RoPE rows, its kv_b split into attn_k_b / attn_v_b, an absent correction bias).
+struct GgufDerivedSpec {
+  enum class Kind { kRopeRows, kKvB, kZeros } kind = Kind::kRopeRows;
+  std::string src, src2;      // kRopeRows: src; kKvB: attn_k_b (src) and attn_v_b (src2)
+  uint64_t group = 0, rope = 0;  // kRopeRows: rows in groups of `group`, whose last `rope` pair (2i, 2i+1)
+  uint64_t heads = 0, nope = 0, v = 0, rank = 0;  // kKvB
+  std::vector<uint64_t> dims;  // the result, ne0 first
+};
+struct GgufDerivedTensor {
+  GgmlType type = GgmlType::kF32;
+  std::vector<uint64_t> dims;  // ne0 first
+  std::vector<uint8_t> bytes;
+};
+// Dequantises `rows` rows of `cols` values of a ggml type into float32 (the CPU kernels'; the
+// format library has none).
+using GgufDequantizer = std::function<void(GgmlType, const uint8_t* src, size_t rows, size_t cols, float* dst)>;
 
 class GgufModel {
  public:
@@ -52,18 +78,29 @@ class GgufModel {
   // Reads a tensor's bytes whole (dense tensors; IoError naming the file on a short read).
   std::vector<uint8_t> read_tensor(const GgufTensor& t) const;
 
+  // gpt-oss / deepseek2 (gguf_arch.h). A dense tensor that has no GGUF tensor of its own but is
+  // computed from others, in the engine's form; nullopt for a tensor stored as it is used.
+  std::optional<GgufDerivedTensor> derived_tensor(const std::string& our_name, const GgufDequantizer& deq) const;
+  // The ggml type a dense tensor is computed in and its dims (ne0 first), derived or stored.
+  GgmlType dense_type(const std::string& our_name) const;
+  std::vector<uint64_t> dense_dims(const std::string& our_name) const;
+  bool dense_is_derived(const std::string& our_name) const { return derived_.count(our_name) != 0; }
+  // Every dense tensor by our names when an architecture reader named them (else empty: the
+  // caller lists them from the config).
+  std::vector<std::string> arch_dense_names() const;
+
  private:
   GgufModelFiles files_;
   ModelConfig cfg_;
   std::vector<GgufLayerExperts> experts_;
   bool qk_interleaved_ = false;
+  // gpt-oss / deepseek2: our dense names -> GGUF names, and the derived tensors (gguf_arch.h).
+  std::map<std::string, std::string> names_;
+  std::map<std::string, GgufDerivedSpec> derived_;
 };
 
 // True when `path` is a regular file that starts with the GGUF magic (what `infer -m` checks to
 // tell a GGUF from a packed model directory).
 bool is_gguf_file(const std::filesystem::path& path);
-
-// The GGUF name of a dense tensor named as in dense.safetensors ("layers.3.wq" -> "blk.3.attn_q.weight").
-std::string gguf_dense_name(const std::string& our_name);
 
 }  // namespace moestream

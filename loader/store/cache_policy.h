@@ -58,6 +58,35 @@ struct CacheStats {
   uint64_t speculative_no_room = 0;
   uint64_t prefill_hits = 0, prefill_fills = 0, prefill_no_room = 0;
   uint64_t evictions = 0, slot_allocs = 0, slot_frees = 0;
+
+  // A lookup of this kind that found its key resident; clears the slot's speculative mark on a
+  // demand hit (the guard's "filled speculatively, never used" flag).
+  void count_hit(CacheFill kind, bool& speculative_unused) {
+    switch (kind) {
+      case CacheFill::kDemand:
+        ++demand_hits;
+        speculative_used += speculative_unused;
+        speculative_unused = false;
+        break;
+      case CacheFill::kSpeculative: ++speculative_hits; break;
+      case CacheFill::kPrefill: ++prefill_hits; break;
+    }
+  }
+  // What an insert of this kind decided.
+  void count_insert(CacheFill kind, CacheOutcome outcome) {
+    switch (kind) {
+      case CacheFill::kDemand: demand_no_room += outcome == CacheOutcome::kNoRoom; break;
+      case CacheFill::kSpeculative:
+        speculative_fills += outcome == CacheOutcome::kFilled;
+        speculative_dropped += outcome == CacheOutcome::kDropped;
+        speculative_no_room += outcome == CacheOutcome::kNoRoom;
+        break;
+      case CacheFill::kPrefill:
+        prefill_fills += outcome == CacheOutcome::kFilled;
+        prefill_no_room += outcome == CacheOutcome::kNoRoom;
+        break;
+    }
+  }
 };
 
 // Decides which experts a cache holds; the cache owns the bytes. Slots are small integers the

@@ -220,7 +220,7 @@ class EngineExpertStore final : public ExpertStore {
     const GgufModel g(path);
     std::vector<uint32_t> files;
     for (const auto& p : g.files().paths()) files.push_back(add_file(p));
-    for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers (GLM-4.5's dense first layers have none)
+    for (int l = 0; l < cfg.n_moe_layers(); ++l) {
       Layer L;
       L.path = g.files().paths().front();
       L.header.n_experts = uint32_t(cfg.n_experts);
@@ -232,6 +232,15 @@ class EngineExpertStore final : public ExpertStore {
       for (const auto& [m, dest] : mats)
         L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
                                  page_caches_[files[m->shard]].get()});
+      if (x.bias) {  // gpt-oss: three f32 bias slices into the payload's bias section
+        const size_t F4 = size_t(cfg.moe_intermediate_size) * sizeof(float);
+        const std::pair<const GgufExpertMatrix*, size_t> biases[] = {{&x.gate_bias, L.layout.bias_offset},
+                                                                     {&x.up_bias, L.layout.bias_offset + F4},
+                                                                     {&x.down_bias, L.layout.bias_offset + 2 * F4}};
+        for (const auto& [m, dest] : biases)
+          L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
+                                   page_caches_[files[m->shard]].get()});
+      }
       layers_.push_back(std::move(L));
     }
   }
@@ -259,6 +268,7 @@ class EngineExpertStore final : public ExpertStore {
   // mapped page may come from it unseen; a GGUF has none).
   bool in_place_allowed(const Layer& L) const {
     if (L.checksummed() && opts_.store.verify_checksums) return false;
+    if (L.pieces.size() > 3) return false;  // gpt-oss's GGUF biases: three slices, not one bias section
     for (const Piece& p : L.pieces)
       if (!maps_[p.file]) return false;
     return true;

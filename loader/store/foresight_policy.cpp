@@ -268,16 +268,7 @@ int ForesightPolicy::lookup(ExpertKey k, CacheFill kind) {
     stats_.demand_misses += kind == CacheFill::kDemand;
     return -1;
   }
-  Slot& s = slots_[size_t(slot)];
-  switch (kind) {
-    case CacheFill::kDemand:
-      ++stats_.demand_hits;
-      if (s.speculative_unused) ++stats_.speculative_used;
-      s.speculative_unused = false;
-      break;
-    case CacheFill::kSpeculative: ++stats_.speculative_hits; break;
-    case CacheFill::kPrefill: ++stats_.prefill_hits; break;
-  }
+  stats_.count_hit(kind, slots_[size_t(slot)].speculative_unused);
   return slot;
 }
 
@@ -312,18 +303,7 @@ CacheAccess ForesightPolicy::insert(ExpertKey k, CacheFill kind) {
     r.slot = slot;
     r.outcome = CacheOutcome::kFilled;
   }
-  switch (kind) {
-    case CacheFill::kDemand: stats_.demand_no_room += r.outcome == CacheOutcome::kNoRoom; break;
-    case CacheFill::kSpeculative:
-      stats_.speculative_fills += r.outcome == CacheOutcome::kFilled;
-      stats_.speculative_dropped += r.outcome == CacheOutcome::kDropped;
-      stats_.speculative_no_room += r.outcome == CacheOutcome::kNoRoom;
-      break;
-    case CacheFill::kPrefill:
-      stats_.prefill_fills += r.outcome == CacheOutcome::kFilled;
-      stats_.prefill_no_room += r.outcome == CacheOutcome::kNoRoom;
-      break;
-  }
+  stats_.count_insert(kind, r.outcome);
   return r;
 }
 

@@ -244,16 +244,8 @@ int LfruPolicy::lookup(ExpertKey k, CacheFill kind) {
     return -1;
   }
   Slot& s = slots_[size_t(slot)];
-  switch (kind) {
-    case CacheFill::kDemand:
-      ++stats_.demand_hits;
-      s.last_step = step_;
-      if (s.speculative_unused) ++stats_.speculative_used;
-      s.speculative_unused = false;
-      break;
-    case CacheFill::kSpeculative: ++stats_.speculative_hits; break;
-    case CacheFill::kPrefill: ++stats_.prefill_hits; break;
-  }
+  if (kind == CacheFill::kDemand) s.last_step = step_;
+  stats_.count_hit(kind, s.speculative_unused);
   return slot;
 }
 
@@ -269,20 +261,7 @@ CacheAccess LfruPolicy::insert(ExpertKey k, CacheFill kind) {
     s.speculative_unused = kind == CacheFill::kSpeculative;
     slot_of_key_[size_t(key)] = r.slot;
   }
-  switch (kind) {
-    case CacheFill::kDemand:
-      stats_.demand_no_room += r.outcome == CacheOutcome::kNoRoom;
-      break;
-    case CacheFill::kSpeculative:
-      stats_.speculative_fills += r.outcome == CacheOutcome::kFilled;
-      stats_.speculative_dropped += r.outcome == CacheOutcome::kDropped;
-      stats_.speculative_no_room += r.outcome == CacheOutcome::kNoRoom;
-      break;
-    case CacheFill::kPrefill:
-      stats_.prefill_fills += r.outcome == CacheOutcome::kFilled;
-      stats_.prefill_no_room += r.outcome == CacheOutcome::kNoRoom;
-      break;
-  }
+  stats_.count_insert(kind, r.outcome);
   return r;
 }
 

@@ -55,19 +55,10 @@ void LfuPolicy::touch(uint64_t key) {
 int LfuPolicy::lookup(ExpertKey key, CacheFill kind) {
   if (kind == CacheFill::kDemand) touch(key.packed());
   const int slot = slot_of(key);
-  switch (kind) {
-    case CacheFill::kDemand:
-      if (slot < 0) {
-        ++stats_.demand_misses;
-        break;
-      }
-      ++stats_.demand_hits;
-      if (slots_[size_t(slot)].speculative_unused) ++stats_.speculative_used;
-      slots_[size_t(slot)].speculative_unused = false;
-      break;
-    case CacheFill::kSpeculative: stats_.speculative_hits += slot >= 0; break;
-    case CacheFill::kPrefill: stats_.prefill_hits += slot >= 0; break;
-  }
+  if (slot < 0)
+    stats_.demand_misses += kind == CacheFill::kDemand;
+  else
+    stats_.count_hit(kind, slots_[size_t(slot)].speculative_unused);
   return slot;
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "kernels/cpu/ggml_quant.h"
+#include "kernels/cpu/quant.h"
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
@@ -147,12 +149,14 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
              {"ffn_down_exps", x.down.expert_bytes, quant_matrix_bytes(lay.types.down, D, F)}};
     for (const auto& s : m)
       if (s.got != s.want)
-        throw FormatError(src.string() + ": tensor 'blk." + std::to_string(l + c.first_k_dense_replace) + "." + s.name +
-                          ".weight' holds " +
+        throw FormatError(src.string() + ": tensor 'blk." + std::to_string(c.first_k_dense_replace + l) + "." +
+                          s.name + ".weight' holds " +
                           std::to_string(s.got) + " bytes per expert, its type and shape need " + std::to_string(s.want));
   }
 
-  const std::vector<std::string> names = dense_names(c);
+  // gpt-oss / deepseek2 name their tensors through the GGUF reader (gguf_arch.h).
+  const std::vector<std::string> arch_names = g.arch_dense_names();
+  const std::vector<std::string> names = arch_names.empty() ? dense_names(c) : arch_names;
   std::vector<const GgufTensor*> src_tensors;
   std::vector<GgufTensorSpec> specs;
   // A pack this build could not run is refused now, naming the tensor (as infer would at load).
@@ -161,10 +165,15 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
       throw ConfigError(files.path_of(t).string() + ": tensor '" + t.name + "' has type " +
                         std::string(ggml_type_name(t.type)) + ", which this build cannot compute");
   };
-  for (int l = c.first_k_dense_replace; l < c.n_layers; ++l)
+  for (int l = 0; l < c.n_moe_layers(); ++l)
     for (const char* p : {"gate", "up", "down"})
-      computable(files.tensor("blk." + std::to_string(l) + ".ffn_" + p + "_exps.weight"));
+      computable(files.tensor("blk." + std::to_string(c.first_k_dense_replace + l) + ".ffn_" + p + "_exps.weight"));
   for (const std::string& n : names) {
+    if (g.dense_is_derived(n)) {
+      src_tensors.push_back(nullptr);  // built from others when written
+      specs.push_back({n, g.dense_type(n), g.dense_dims(n)});
+      continue;
+    }
     const GgufTensor& t = g.dense_tensor(n);
     computable(t);
     src_tensors.push_back(&t);
@@ -178,7 +187,19 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
     GgufWriterOptions wo;
     wo.protect = files.paths();
     GgufWriter w(tmp.path / c.dense_file, dense_gguf_metadata(has_tokenizer ? &md : nullptr), specs, wo);
+    const GgufDequantizer deq = [&](GgmlType t, const uint8_t* in, size_t rows, size_t cols, float* out) {
+      if (!ggml_type_computable(t))
+        throw ConfigError(src.string() + ": a tensor of type " + std::string(ggml_type_name(t)) +
+                          " cannot be dequantised by this build");
+      dequantize_matrix(t == GgmlType::kF32 ? QuantType::kF32 : ggml_quant(t), in, rows, cols, out);
+    };
     for (size_t i = 0; i < names.size(); ++i) {
+      if (src_tensors[i] == nullptr) {  // gpt-oss / deepseek2: built from the stored tensors
+        const std::optional<GgufDerivedTensor> d = g.derived_tensor(names[i], deq);
+        w.write(d->bytes.data(), d->bytes.size());
+        bar.update(++done, "dense " + names[i]);
+        continue;
+      }
       std::vector<uint8_t> bytes = g.read_tensor(*src_tensors[i]);
       if (g.qk_rows_interleaved() && is_qk(names[i]))
         bytes = deinterleave_rows(bytes, src_tensors[i]->rows(), size_t(c.head_dim));
@@ -206,6 +227,11 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
                                    std::pair{&x.down, lay.down_offset}})
         pread_exact(fds.fds.at(m->shard), payload.data() + off, m->expert_bytes, m->offset + uint64_t(e) * m->expert_bytes,
                     files.paths().at(m->shard));
+      if (x.bias)  // gpt-oss: f32 gate, up, down biases into the payload's bias section
+        for (const auto& [m, off] : {std::pair{&x.gate_bias, lay.bias_offset}, std::pair{&x.up_bias, lay.bias_offset + F * 4},
+                                     std::pair{&x.down_bias, lay.bias_offset + 2 * F * 4}})
+          pread_exact(fds.fds.at(m->shard), payload.data() + off, m->expert_bytes,
+                      m->offset + uint64_t(e) * m->expert_bytes, files.paths().at(m->shard));
       w.write_expert(e, payload.data());
       bar.update(++done, "layer " + std::to_string(l + 1) + "/" + std::to_string(c.n_moe_layers()) + " expert " +
                              std::to_string(e + 1) + "/" + std::to_string(E));

@@ -183,9 +183,6 @@ void Model::truncate_sequence(int sequence, int n_tokens) { impl_->slots.truncat
 
 void Model::forward_batch(std::span<const SequenceInput> batch) {
   Impl& m = *impl_;
-  if (m.gpu)
-    throw ConfigError("forward_batch: batches of sequences run on the CPU pass; the GPU pass (--gpu) "
-                      "runs one sequence at a time");
   if (m.routing.override)
     throw ConfigError("forward_batch: a routing override (replay) runs one sequence at a time; "
                       "clear it or use forward()");

@@ -80,13 +80,14 @@ class Model {
   void set_routing_override(RoutingOverrideFn fn);
   bool routing_overridden() const;
 
-  // Batches of sequences (continuous batching; the CPU pass: ConfigError with --gpu). Sequences
+  // Batches of sequences (continuous batching; the CPU pass and the GPU's). Sequences
   // are separate from forward()'s, each with its own KV slot and position. forward_batch runs one
   // step: every entry's tokens (a decode token, or a prefill chunk) at its sequence's position,
   // all in one pass whose tokens sum to at most max_batch; each layer fetches the union of the
   // experts its tokens select once. Each sequence's logits equal those of the same chunks run
-  // alone through forward() (bitwise). ConfigError on an unknown or repeated sequence, empty
-  // input, a full context, or a routing override (replays are per sequence).
+  // alone through forward() (bitwise on the CPU; on the GPU within a stated tolerance, gpu_forward.h).
+  // ConfigError on an unknown or repeated sequence, empty input, a full context, or a routing
+  // override (replays are per sequence).
   int max_sequences() const;
   int max_batch() const;  // tokens per forward_batch step (ModelOptions::max_batch, <= context)
   int create_sequence();            // a free slot, reused after free_sequence()

@@ -32,6 +32,10 @@ namespace {
 // prefill chunk routes to most of a layer's experts and the budget is full (the CPU path
 // fetches 16 at a time for the same reason). Decode (top-k <= 8) is always one acquire.
 constexpr int kMaxExpertsPerAcquire = 16;
+// A batch step's union (gpu_forward_batch.cpp) takes up to this many experts per acquire, so the
+// misses of a decode step of several sequences are one read batch behind the hits' kernels;
+// only where the cache holds four times as many experts (its scratch then stays rare and small).
+constexpr int kMaxBatchExpertsPerAcquire = 64;
 // Share of free VRAM the automatic expert-cache budget may take: the rest is headroom for the
 // cache's staging/scratch buffers, cuBLAS workspaces and other processes.
 constexpr double kAutoBudgetShare = 0.8;
@@ -49,7 +53,7 @@ namespace detail {
 CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path,
                          ExpertStore& s, const GpuForwardOptions& o)
     : cfg(c), opts(o), store(s), D(c.hidden_size), H(c.n_heads), KV(c.n_kv_heads),
-      hd(c.head_dim), half(c.rope_dim() / 2), E(c.n_experts), K(c.n_experts_per_tok),
+      hd(c.head_dim), half((c.has_mla() ? c.qk_rope_head_dim : c.rope_dim()) / 2), E(c.n_experts), K(c.n_experts_per_tok),
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
@@ -91,17 +95,22 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
 
   w = GpuDenseWeights::load(cfg, dense_path);
   info_.dense_bytes = w.bytes();
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
-  kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
-  info_.kv_bytes = kv.bytes();
-  if (padded) MOE_CUDA_CHECK(cudaMemset(kv.get(), 0, kv.bytes()));  // pad columns stay zero
+  if (cfg.has_mla()) {  // DeepSeek-V2/V3: the latent cache instead of per-head keys and values
+    mla = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
+    info_.kv_bytes = mla->cache_bytes();
+  } else {
+    const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
+    kv = DeviceBuffer(size_t(cfg.n_layers) * 2 * kv_layer * sizeof(float));
+    info_.kv_bytes = kv.bytes();
+    if (padded) MOE_CUDA_CHECK(cudaMemset(kv.get(), 0, kv.bytes()));  // pad columns stay zero
+  }
 
   // Activations, one allocation carved into arrays.
   const size_t b = size_t(B), pairs = size_t(B) * size_t(K);
   const size_t n_floats[] = {b * D, b * D, b * D, b * H * hd, b * H * hd, b * KV * hd,
                              b * H * hd, b * E, size_t(E), pairs * D, pairs * F, pairs * F,
                              pairs * F, pairs * D, b * V, b * KV * hd, b * KV * hd,
-                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs, I}),
+                             b * H * hd_p, b * H * hd_p, b * D, b * std::max({D, H * hd, Fs, I, GpuMla::max_input_width(c)}),
                              gate_up_round_apart ? pairs * D : 0, b * Fs, b * Fs, b * Fs, Fs > 0 ? b * D : 0,
                              Fs > 0 ? b : 0, b * I, b * I, b * I};
   float** dst[] = {&x, &h, &tmp, &qraw, &q, &kraw, &attn, &rlog, &la_log, &xg, &gate, &up, &swi,
@@ -115,7 +124,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     *dst[i] = p;
     p += (n_floats[i] + 63) / 64 * 64;
   }
-  info_.scratch_bytes = act.bytes();
+  info_.scratch_bytes = act.bytes() + (mla ? mla->scratch_bytes() : 0);
   if (cfg.qkv_bias || cfg.o_bias || cfg.router_bias) {
     const std::vector<float> ones_h(b, 1.0f);
     ones = DeviceBuffer(b * sizeof(float));
@@ -238,6 +247,13 @@ void CudaForward::enqueue_logits(const ForwardChunk& c) {
 // Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
 // KV rows appended, attention, o_proj added to the residual x.
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {
+  if (mla) {  // DeepSeek-V2/V3: norm, then the latent attention (gpu_mla.h) into the residual
+    auto tm = std::chrono::steady_clock::now();
+    gpu::rms_norm(x, w.layers[size_t(l)].attn_norm, T, D, eps, h, stream);
+    mla->layer(*this, l, T, n_past);
+    times.attention_s += seconds_since(tm);
+    return;
+  }
   const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
   const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
@@ -324,7 +340,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
   route_on_device(lw, T, ids_d, wts_d);
-  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers;
+  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers && !batch_step;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
     if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
@@ -434,10 +450,17 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   for (int i = 0; i < T * K; ++i)
     if (count_of_expert[size_t(ids_h[i])]++ == 0) unique_ids.push_back(ids_h[i]);
   std::sort(unique_ids.begin(), unique_ids.end());
-  const CacheFill kind = T > 1 ? CacheFill::kPrefill : CacheFill::kDemand;
+  const CacheFill kind = T > 1 && !batch_demand ? CacheFill::kPrefill : CacheFill::kDemand;
   const int n_groups = int(unique_ids.size());
   auto** ptr_h = ptr_host.as<const uint8_t*>();
-  const bool split = n_groups <= kMaxExpertsPerAcquire;
+  int per_acquire = kMaxExpertsPerAcquire;
+  if (batch_step)
+    per_acquire = int(std::clamp<size_t>(info_.cache_bytes / (4 * std::max<size_t>(1, cfg.max_expert_bytes())),
+                                         size_t(kMaxExpertsPerAcquire), size_t(kMaxBatchExpertsPerAcquire)));
+  const bool split = n_groups <= per_acquire;
+  if (!split && batch_step)  // a batch's union: resident experts' acquires first (gpu_forward_batch.cpp)
+    std::stable_partition(unique_ids.begin(), unique_ids.end(),
+                          [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
   int n_ready = 0;
   if (split) {
     auto ti = std::chrono::steady_clock::now();
@@ -544,8 +567,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     cache->kernels_enqueued();
     times.expert_compute_s += seconds_since(tc);
   } else {
-    for (int g0 = 0; g0 < n_groups; g0 += kMaxExpertsPerAcquire) {
-      const int g1 = std::min(n_groups, g0 + kMaxExpertsPerAcquire);
+    for (int g0 = 0; g0 < n_groups; g0 += per_acquire) {
+      const int g1 = std::min(n_groups, g0 + per_acquire);
       auto ti = std::chrono::steady_clock::now();
       const std::span<const int> group(unique_ids.data() + g0, size_t(g1 - g0));
       const std::span<const uint8_t*> group_ptrs(ptr_h + g0, size_t(g1 - g0));
@@ -593,8 +616,13 @@ void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, 
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);
-  else
+  else {
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+    // DeepSeek-V2: routed_scaling_factor on the softmax router's weights, one float product each
+    // as routing.cpp's route() (1 for every other softmax model: nothing launched).
+    if (router_params.scaling != 1.0f)
+      cublas_check(cublasSscal(blas, T * K, &router_params.scaling, wts_d, 1), "sscal (routed_scaling_factor)");
+  }
 }
 
 // A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.
@@ -616,9 +644,6 @@ std::string gpu_unavailable_reason() {
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig& cfg,
                                                const std::filesystem::path& dense_path,
                                                ExpertStore& store, const GpuForwardOptions& opts) {
-  if (cfg.has_mla())  // DeepSeek-V3: the GPU pass has standard attention kernels only
-    throw ConfigError("--gpu: " + std::string(arch_name(cfg.arch)) +
-                      "'s multi-head latent attention (MLA) runs on the CPU path only; drop --gpu");
   return std::make_unique<detail::CudaForward>(cfg, dense_path, store, opts);
 }
 

@@ -95,6 +95,18 @@ class GpuForward : public ForwardPass {
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override = 0;
 
+  // Batches of sequences (Model::forward_batch, `moestream-server --gpu --parallel N`; docs/gpu.md
+  // "Batches of sequences"): each slot's KV cache in VRAM, allocated on its first use outside the
+  // expert cache's budget (ConfigError naming its size when it does not fit). Dense products over
+  // all of the step's rows, attention per sequence, per MoE layer the union of the rows' experts
+  // acquired once (kDemand when the step decodes a token, else kPrefill; hits first) and each
+  // expert run over all of its rows. No look-ahead and no resident decode in a batch step: each
+  // MoE layer syncs once for the whole step. A sequence's f32 cuBLAS products run over its own
+  // rows (cuBLAS picks its algorithm by row count), so its logits are meant to be its bits alone;
+  // tests assert a tolerance (docs/gpu.md). ConfigError for MLA.
+  void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override = 0;
+
   virtual GpuForwardStats stats() const = 0;
   virtual void reset_stats() = 0;
   virtual const GpuForwardInfo& info() const = 0;

@@ -13,6 +13,7 @@
 
 #include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_mla.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
@@ -106,6 +107,9 @@ struct CudaForward final : GpuForward {
   DeviceBuffer snapshot;          // [L][D]: x before each layer's MoE (a redo starts from it)
   DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
   GpuResidentStats resident_stats;
+  // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
+  // (gpu_mla.h); null for every other architecture.
+  std::unique_ptr<GpuMla> mla;
 
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);
@@ -143,6 +147,29 @@ struct CudaForward final : GpuForward {
   void dense_mlp(const GpuLayerWeights& lw, int T);
   void route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
   void warm_up();
+
+  // Batches of sequences (gpu_forward_batch.cpp; docs/gpu.md "Batches of sequences"): each slot's
+  // KV cache [n_layers][2][max_ctx][KV][hd_p], allocated on the slot's first use; the step's
+  // rows in the shared scratch, entry i at rows batch_splits[i]..batch_splits[i+1].
+  std::vector<DeviceBuffer> slot_kv;
+  std::vector<int> batch_splits;
+  // Set by forward_batch while its layers run. batch_step: moe_layer predicts nothing (no
+  // look-ahead) and moe(), with more experts than one acquire takes, acquires the resident ones
+  // first so their kernels run while the misses are read. batch_demand: the union is a demand
+  // (kDemand) when the step decodes a token, else a prefill fill.
+  bool batch_step = false;
+  bool batch_demand = false;
+  // While set, linear_f32 runs over each sequence's rows apart (row boundaries, entry i at
+  // [split[i], split[i+1])): cuBLAS picks its algorithm by row count (gemv for one row), so a
+  // sequence's f32 products then sum as in its run alone. Our kernels compute each row alone.
+  const std::vector<int>* split_rows = nullptr;
+  std::vector<int> logit_splits;  // the lm_head rows' boundaries
+  bool linear_f32_per_sequence(const float* xin, const float* W, int T, int in, int out, float* yout,
+                               float beta);
+  void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
+                     CacheAwareStats& cache_aware) override;
+  float* slot_kv_of(int slot);
+  void batch_attention_layer(const ForwardBatch& b, int l, ForwardTimes& times);
 };
 
 }  // namespace moestream::detail

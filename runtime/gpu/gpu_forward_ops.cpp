@@ -61,10 +61,12 @@ void CudaForward::warm_up() {
     for (int l = 0; l < cfg.n_layers; ++l) {
       const GpuLayerWeights& lw = w.layers[size_t(l)];
       const std::string p = "layer " + std::to_string(l) + " ";
-      named(p + "wq", lw.wq.type, [&] { linear(h, lw.wq, T, qraw); });
-      named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
-      named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
-      named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
+      if (!mla) {  // MLA's projections: GpuMla::warm_up below
+        named(p + "wq", lw.wq.type, [&] { linear(h, lw.wq, T, qraw); });
+        named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
+        named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
+        named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
+      }
       if (cfg.qkv_bias) add_bias(lw.bq, T, H * hd, qraw);
       if (!cfg.is_moe_layer(l)) {  // a dense first layer: its MLP, no experts
         named(p + "dense MLP", lw.mlp_gate.type, [&] { dense_mlp(lw, T); });
@@ -86,8 +88,10 @@ void CudaForward::warm_up() {
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
     linear_f32(h, w.layers[size_t(cfg.first_k_dense_replace)].router, T, D, E, rlog);  // the first MoE layer's
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
-                   padded ? attn_pad : attn, stream);
+    if (mla) mla->warm_up(*this, T);
+    else
+      gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
+                     padded ? attn_pad : attn, stream);
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
@@ -157,6 +161,7 @@ CudaForward::~CudaForward() {
 // terms W is a [in, out] matrix used transposed, x a [in, T] and y an [out, T] matrix.
 void CudaForward::linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                              float beta) {
+  if (split_rows != nullptr && linear_f32_per_sequence(xin, W, T, in, out, yout, beta)) return;  // batches
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),

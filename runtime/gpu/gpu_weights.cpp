@@ -107,10 +107,20 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
     GpuLayerWeights& d = g.layers[l];
     const std::string p = "layers." + std::to_string(l) + ".";
     vec(h.attn_norm.data(), size_t(h.attn_norm.size()), d.attn_norm);
-    matrix(h.wq, d.wq, p + "wq");
-    matrix(h.wk, d.wk, p + "wk");
-    matrix(h.wv, d.wv, p + "wv");
+    if (!h.wq.empty()) matrix(h.wq, d.wq, p + "wq");  // MLA with q LoRA: none
+    if (!h.wk.empty()) matrix(h.wk, d.wk, p + "wk");  // MLA: none
+    if (!h.wv.empty()) matrix(h.wv, d.wv, p + "wv");
     matrix(h.wo, d.wo, p + "wo");
+    if (cfg.has_mla()) {  // DeepSeek-V2/V3's latent attention (gpu_mla.h)
+      if (!h.wq_a.empty()) {
+        matrix(h.wq_a, d.wq_a, p + "wq_a");
+        matrix(h.wq_b, d.wq_b, p + "wq_b");
+        vec(h.q_a_norm.data(), size_t(h.q_a_norm.size()), d.q_a_norm);
+      }
+      matrix(h.wkv_a, d.wkv_a, p + "wkv_a");
+      matrix(h.wkv_b, d.wkv_b, p + "wkv_b");
+      vec(h.kv_a_norm.data(), size_t(h.kv_a_norm.size()), d.kv_a_norm);
+    }
     if (h.q_norm.size() > 0) vec(h.q_norm.data(), size_t(h.q_norm.size()), d.q_norm);
     if (h.k_norm.size() > 0) vec(h.k_norm.data(), size_t(h.k_norm.size()), d.k_norm);
     vec(h.ffn_norm.data(), size_t(h.ffn_norm.size()), d.ffn_norm);
@@ -156,7 +166,10 @@ GpuDenseWeights GpuDenseWeights::upload(const ModelConfig& cfg, const DenseWeigh
   for (size_t l = 0; l < g.layers.size(); ++l) {
     const GpuLayerWeights& d = g.layers[l];
     const bool moe = cfg.is_moe_layer(int(l));
-    MOE_ASSERT(d.wq.data && d.wk.data && d.wv.data && d.wo.data && d.attn_norm && d.ffn_norm &&
+    const bool mla_ok = cfg.q_lora_rank > 0 ? (d.wq_a.data && d.wq_b.data && d.q_a_norm) : d.wq.data != nullptr;
+    const bool attn_ok = cfg.has_mla() ? (mla_ok && d.wkv_a.data && d.wkv_b.data && d.kv_a_norm)
+                                       : (d.wq.data && d.wk.data && d.wv.data);
+    MOE_ASSERT(attn_ok && d.wo.data && d.attn_norm && d.ffn_norm &&
                    (!qk || (d.q_norm && d.k_norm)) && (!cfg.qkv_bias || (d.bq && d.bk && d.bv)) &&
                    (moe ? d.router != nullptr : (d.mlp_gate.data && d.mlp_up.data && d.mlp_down.data)) &&
                    (!moe || (cfg.router_scoring != RouterScoring::kSigmoid && !cfg.router_bias) ||

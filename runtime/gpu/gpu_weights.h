@@ -84,6 +84,10 @@ struct GpuLayerWeights {
   GpuMatrix mlp_gate, mlp_up, mlp_down;
   // gpt-oss (null otherwise): wo's bias [D], per-head sink logits [H].
   const float *bo = nullptr, *sinks = nullptr;
+  // DeepSeek-V2/V3 MLA (empty / null otherwise; wk and wv are empty then, wq is the plain query
+  // projection when q_lora_rank is 0): runtime/gpu/gpu_mla.h, docs/mla.md.
+  GpuMatrix wq_a, wq_b, wkv_a, wkv_b;
+  const float *q_a_norm = nullptr, *kv_a_norm = nullptr;
 };
 
 struct GpuDenseWeights {

@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
-#include "loader/format/gguf_arch_qwen2_glm4.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/safetensors.h"
 
@@ -131,15 +130,19 @@ QuantType compute_type(GgmlType g) { return g == GgmlType::kF32 ? QuantType::kF3
 size_t active_dense_bytes(const ModelConfig& cfg, const std::filesystem::path& dense_path) {
   std::optional<GgufModelFiles> gguf;
   std::optional<SafetensorsFile> pack;
+  std::optional<GgufModel> model;  // a GGUF run in place: its own names and derived tensors
   const bool pack_gguf = cfg.format == ModelFormat::kPack && cfg.dense_dtype == "gguf";
-  if (cfg.format == ModelFormat::kGguf || pack_gguf) gguf.emplace(dense_path);
+  if (cfg.format == ModelFormat::kGguf) model.emplace(dense_path);
+  else if (pack_gguf) gguf.emplace(dense_path);
   else pack.emplace(dense_path);
   size_t n = 0;
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());
     QuantType q = QuantType::kF32;
-    if (is_matrix(t.kind) && gguf) {
-      q = compute_type(gguf->tensor(pack_gguf ? t.name : gguf_dense_name(cfg.arch, t.name)).type);
+    if (is_matrix(t.kind) && model) {
+      q = compute_type(model->dense_type(t.name));
+    } else if (is_matrix(t.kind) && gguf) {
+      q = compute_type(gguf->tensor(t.name).type);
     } else if (is_matrix(t.kind) && pack) {
       q = pack_type(pack->info(t.name).dtype).value_or(QuantType::kF32);
     }
@@ -234,6 +237,41 @@ float* float_dst(const Slot& s, const DenseTensorSpec& t, const std::string& nam
   return dst;
 }
 
+// A dense tensor a GGUF architecture stores in another form (gguf_model.h: DeepSeek's RoPE rows,
+// its split kv_b, an absent correction bias), built into an owned copy; false for a stored one.
+bool load_derived(const GgufModel& g, const DenseTensorSpec& t, DenseWeights& w, const std::filesystem::path& file) {
+  std::optional<GgufDerivedTensor> d =
+      g.derived_tensor(t.name, [](GgmlType ty, const uint8_t* src, size_t rows, size_t cols, float* dst) {
+        if (!ggml_type_computable(ty))
+          throw ConfigError("a tensor of type " + std::string(ggml_type_name(ty)) + " cannot be dequantised by this build");
+        dequantize_matrix(compute_type(ty), src, rows, cols, dst);
+      });
+  if (!d) return false;
+  const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1, cols = size_t(t.shape.back());
+  const std::vector<uint64_t> want = t.shape.size() == 2 ? std::vector<uint64_t>{cols, rows} : std::vector<uint64_t>{cols};
+  if (d->dims != want)
+    throw FormatError(file.string() + ": the tensor built for '" + t.name + "' does not have the engine's shape");
+  if (!ggml_type_computable(d->type))
+    throw ConfigError(file.string() + ": tensor '" + t.name + "' has type " + std::string(ggml_type_name(d->type)) +
+                      ", which this build cannot compute");
+  const QuantType q = compute_type(d->type);
+  if (d->bytes.size() != quant_matrix_bytes(q, rows, cols))
+    throw FormatError(file.string() + ": the tensor built for '" + t.name + "' has the wrong size");
+  const Slot s = slot_of(w, t);
+  if (s.matrix == nullptr) {
+    dequantize_matrix(q, d->bytes.data(), rows, cols, float_dst(s, t, t.name, file));
+    return true;
+  }
+  uint8_t* dst = nullptr;
+  allocating("tensor '" + t.name + "'", d->bytes.size(), file.string(), [&] {
+    w.owned.emplace_back(new uint8_t[d->bytes.size()]);
+    dst = w.owned.back().get();
+  });
+  std::memcpy(dst, d->bytes.data(), d->bytes.size());
+  *s.matrix = DenseMatrix{q, rows, cols, dst};
+  return true;
+}
+
 // The dense weights of a GGUF model (tensors by GGUF names, `model` set) or of a pack's dense.gguf
 // (by our names, rows in our order): each shard holding one mapped once, matrices pointing into it.
 DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, const ModelConfig& cfg) {
@@ -241,6 +279,7 @@ DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, cons
   w.layers.resize(static_cast<size_t>(cfg.n_layers));
   std::vector<MappedFile*> shard_maps(files.shard_count(), nullptr);
   for (const DenseTensorSpec& t : dense_tensor_specs(cfg)) {
+    if (model != nullptr && load_derived(*model, t, w, files.paths().front())) continue;
     const GgufTensor& gt = model != nullptr ? model->dense_tensor(t.name) : files.tensor(t.name);
     const std::filesystem::path& file = files.path_of(gt);
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;

@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const moestream::GgufModel model(path);
     const moestream::ModelConfig& cfg = model.config();
-    for (int l = 0; l < cfg.n_layers; ++l) {
+    for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // experts() holds the MoE layers only
       const moestream::GgufExpertMatrix& g = model.experts()[size_t(l)].gate;
       const uint64_t end = g.offset + g.expert_bytes * uint64_t(cfg.n_experts);
       if (end > files.shard(g.shard).file_bytes()) __builtin_trap();

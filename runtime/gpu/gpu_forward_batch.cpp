@@ -1,0 +1,223 @@
+// Batches of sequences on the GPU (ForwardPass::forward_batch; issue 22, docs/gpu.md "Batches of
+// sequences"): one step carries the tokens of several sequences (decode tokens and prefill
+// chunks), each at its own position with its own device KV cache (a slot). The dense products run
+// once over all of the step's rows (cuBLAS's f32 ones per sequence, so each sequence's numbers
+// stay those of its run alone); attention runs per sequence against its slot; per MoE layer
+// every row is routed on the device, the union of the selected experts is acquired from the GPU
+// expert cache once (hits first) and each expert runs over all of its rows as one grouped GEMM
+// (moe(), the path prefill chunks take), then the weighted sums scatter back to the rows.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+#include "common/timing.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gpu_ops.h"
+#include "runtime/gpu/gpu_forward_impl.h"
+#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
+
+namespace moestream::detail {
+
+// Slot `slot`'s KV cache, allocated on its first use and kept for the slot's next sequence (as
+// the CPU's batch pass). Outside the expert cache's budget: the automatic budget leaves 20% of
+// the free VRAM for this and the like.
+float* CudaForward::slot_kv_of(int slot) {
+  MOE_ASSERT(slot >= 0 && slot < kMaxBatchSlots, "batch slot out of range");
+  if (size_t(slot) >= slot_kv.size()) slot_kv.resize(size_t(slot) + 1);
+  DeviceBuffer& kvs = slot_kv[size_t(slot)];
+  if (kvs.get() == nullptr) {
+    const size_t bytes = size_t(cfg.n_layers) * 2 * size_t(opts.max_context) * size_t(KV) * size_t(hd_p) * sizeof(float);
+    try {
+      kvs = DeviceBuffer(bytes);
+    } catch (const Error& e) {
+      throw ConfigError("--gpu: the KV cache of sequence slot " + std::to_string(slot) + " (" +
+                        std::to_string(bytes >> 20) + " MiB for a context of " +
+                        std::to_string(opts.max_context) +
+                        ") does not fit beside the expert cache; lower --gpu-cache-mb, --ctx or "
+                        "--parallel (" + e.what() + ")");
+    }
+    if (padded) MOE_CUDA_CHECK(cudaMemsetAsync(kvs.get(), 0, bytes, stream));  // pad columns stay zero
+  }
+  return kvs.as<float>();
+}
+
+// linear_f32 over each sequence's rows apart (split_rows): the same cuBLAS call, row count and
+// 16-byte alignment (hidden sizes are multiples of 4) as the sequence's run alone. False when one
+// sequence holds every row (one call does).
+bool CudaForward::linear_f32_per_sequence(const float* xin, const float* W, int T, int in, int out,
+                                          float* yout, float beta) {
+  const std::vector<int>& s = *split_rows;
+  MOE_ASSERT(s.size() >= 2 && s.back() == T, "an f32 product of a batch step over other rows");
+  if (s.size() == 2) return false;
+  split_rows = nullptr;  // the calls below run as they would alone
+  for (size_t i = 0; i + 1 < s.size(); ++i)
+    linear_f32(xin + size_t(s[i]) * in, W, s[i + 1] - s[i], in, out, yout + size_t(s[i]) * out, beta);
+  split_rows = &s;
+  return true;
+}
+
+// Layer l's attention block over the step's rows: norm, QKV (biases, QK-norm) and RoPE over all
+// rows at once (each row has its own position in the cos/sin tables), then per sequence its KV
+// rows written to its slot at its position and attention against that slot; o_proj over all rows
+// added to the residual x.
+void CudaForward::batch_attention_layer(const ForwardBatch& b, int l, ForwardTimes& times) {
+  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
+  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
+  const GpuLayerWeights& lw = w.layers[size_t(l)];
+  const int T = batch_splits.back();
+  auto ta = std::chrono::steady_clock::now();
+  gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
+  linear(h, lw.wq, T, qk_norm ? qraw : q);
+  linear(h, lw.wk, T, qk_norm ? kraw : k_tok);
+  linear(h, lw.wv, T, v_tok);
+  if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
+    add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
+    add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_tok);
+    add_bias(lw.bv, T, KV * hd, v_tok);
+  }
+  if (cfg.qk_norm == QkNorm::kPerHead) {
+    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_tok, stream);
+  } else if (cfg.qk_norm == QkNorm::kFull) {
+    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_tok, stream);
+  }
+  if (2 * half == hd) {
+    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    gpu::rope_neox(k_tok, T, KV, half, cos_d, sin_d, stream);
+  } else {
+    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
+    gpu::rope_neox_partial(k_tok, T, KV, half, hd, cos_d, sin_d, stream);
+  }
+  const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
+  // Zero-padded heads (odd head_dim): the queries once for all rows, the outputs back after.
+  if (padded)
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers over the slot's full cache
+  for (int i = 0; i < b.n_entries; ++i) {
+    const ForwardChunk& c = b.entries[i].chunk;
+    const size_t r0 = size_t(batch_splits[size_t(i)]);
+    float* kc = slot_kv_of(b.entries[i].slot) + size_t(2 * l) * kv_layer;
+    float* vc = kc + kv_layer;
+    float* k_new = kc + size_t(c.n_past) * KV * hd_p;
+    float* v_new = vc + size_t(c.n_past) * KV * hd_p;
+    const size_t heads = size_t(c.n_tokens) * KV;
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_tok + r0 * KV * hd, w_b, w_b, heads, cudaMemcpyDeviceToDevice, stream));
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_tok + r0 * KV * hd, w_b, w_b, heads, cudaMemcpyDeviceToDevice, stream));
+    const float* qi = padded ? q_pad + r0 * H * hd_p : q + r0 * H * hd;
+    float* oi = padded ? attn_pad + r0 * H * hd_p : attn + r0 * H * hd;
+    gpu::attention(qi, kc, vc, c.n_tokens, c.n_past, H, KV, hd_p, scale, oi, stream, lw.sinks, window);
+  }
+  if (padded)
+    MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
+  linear(attn, lw.wo, T, x, true);  // the residual add
+  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);
+  times.attention_s += seconds_since(ta);
+}
+
+void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& routing, ForwardTimes& times,
+                                CacheAwareStats& ca_stats) {
+  // Unreachable while create() refuses MLA; a GPU MLA pass must give its batches a latent KV slot.
+  if (cfg.has_mla())
+    throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; " +
+                      std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
+  MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");
+  MOE_ASSERT(!routing.override, "routing overrides run one sequence at a time");
+  const int n = b.n_entries;
+  batch_splits.assign(1, 0);
+  bool any_decode = false;
+  for (int i = 0; i < n; ++i) {
+    const ForwardChunk& c = b.entries[i].chunk;
+    MOE_ASSERT(c.n_tokens > 0 && c.n_past >= 0 && c.n_past + c.n_tokens <= opts.max_context);
+    for (int j = 0; j < i; ++j) MOE_ASSERT(b.entries[j].slot != b.entries[i].slot, "slot twice in a batch");
+    batch_splits.push_back(batch_splits.back() + c.n_tokens);
+    MOE_ASSERT(batch_splits.back() <= B, "batch larger than max_batch");
+    any_decode |= c.n_tokens == 1;  // as forward_chunk: one token is a demand (and ends a step)
+  }
+  const int T = batch_splits.back();
+  auto t0 = std::chrono::steady_clock::now();
+  const size_t bb = size_t(B);
+  int* tok_h = in_host.as<int>();
+  float* cos_h = reinterpret_cast<float*>(tok_h + bb);
+  float* sin_h = cos_h + bb * size_t(half);
+  for (int i = 0; i < n; ++i) {
+    const ForwardChunk& c = b.entries[i].chunk;
+    const size_t r0 = size_t(batch_splits[size_t(i)]);
+    std::copy(c.tokens, c.tokens + c.n_tokens, tok_h + r0);
+    rope.fill(c.n_past, c.n_tokens, cos_h + r0 * half, sin_h + r0 * half);
+    slot_kv_of(b.entries[i].slot);  // allocated before the timed layers
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(in_dev.get(), tok_h, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(cos_d, cos_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(sin_d, sin_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));
+  embed(T);
+  times.other_s += seconds_since(t0);
+
+  // moe_layer() runs the step's rows as one chunk of T rows; its routing event splits here into
+  // one per sequence, tagged with the slot, at the sequence's own position.
+  RoutingControl rc;
+  rc.cache_aware = routing.cache_aware;  // one residency snapshot per layer for the whole step
+  if (routing.on_routing)
+    rc.on_routing = [&](const RoutingEvent& all) {
+      for (int i = 0; i < n; ++i) {
+        const ForwardChunk& c = b.entries[i].chunk;
+        const size_t r0 = size_t(batch_splits[size_t(i)]);
+        RoutingEvent ev{all.layer, c.n_past, c.n_tokens, all.top_k, all.hidden, c.prefill,
+                        all.ids + r0 * size_t(all.top_k), all.weights + r0 * size_t(all.top_k),
+                        all.router_inputs + r0 * size_t(all.hidden)};
+        ev.sequence = b.entries[i].slot;
+        routing.on_routing(ev);
+      }
+    };
+  ForwardChunk rows;  // the whole step as moe_layer sees it
+  rows.n_tokens = T;
+  rows.n_past = 0;
+  batch_step = true;  // no look-ahead (even for a step of one decode token), hits first
+  batch_demand = any_decode;
+  split_rows = &batch_splits;
+  struct Restore {  // an error mid-step leaves forward_chunk's paths as they were
+    CudaForward& f;
+    ~Restore() {
+      f.batch_step = f.batch_demand = false;
+      f.split_rows = nullptr;
+    }
+  } restore{*this};
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    batch_attention_layer(b, l, times);
+    moe_layer(rows, rc, l, times, ca_stats);
+  }
+  if (any_decode) cache->end_step();
+
+  // Final norm of the rows each sequence asks logits for, gathered into h; one lm_head product;
+  // each sequence's rows copied to its buffer.
+  auto tl = std::chrono::steady_clock::now();
+  int R = 0;
+  logit_splits.assign(1, 0);
+  for (int i = 0; i < n; ++i) {
+    const ForwardChunk& c = b.entries[i].chunk;
+    if (c.logits == nullptr) continue;
+    const int first = c.all_logits ? 0 : c.n_tokens - 1, rows_i = c.n_tokens - first;
+    gpu::rms_norm(x + size_t(batch_splits[size_t(i)] + first) * D, w.final_norm, rows_i, D, eps,
+                  h + size_t(R) * D, stream);
+    R += rows_i;
+    logit_splits.push_back(R);
+  }
+  if (R > 0) {
+    split_rows = &logit_splits;
+    linear(h, w.lm_head, R, logits);
+    R = 0;
+    for (int i = 0; i < n; ++i) {
+      const ForwardChunk& c = b.entries[i].chunk;
+      if (c.logits == nullptr) continue;
+      const int rows_i = c.all_logits ? c.n_tokens : 1;
+      MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits + size_t(R) * V, size_t(rows_i) * V * 4,
+                                     cudaMemcpyDeviceToHost, stream));
+      R += rows_i;
+    }
+  }
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  times.other_s += seconds_since(tl);
+}
+
+}  // namespace moestream::detail
