@@ -163,10 +163,16 @@ def ensure_clustered(args, model, train_trace, io_json):
 
 def decode_run(args, model, method, held_trace, expert_cap_mb, capped, ram_bytes, stats_path):
     infer = os.path.join(args.bin, "infer")
+    full_method = method
+    method, _, lookahead = method.partition("+la")  # engine+la8: the engine with --moe-lookahead 8
     cmd = [infer, "-m", model, "--replay-routing", held_trace, "--prompt-ids", "1", "-n",
            str(args.tokens), "--temp", "0", "--ignore-eos", "--print-ids", "-t", str(args.threads),
            "--ctx", str(args.tokens + 8), "--stats-json", stats_path]
     cmd += shlex.split(args.infer_args)
+    if lookahead:  # N, or Nr: predicted from the replayed log (a perfect predictor, the upper bound)
+        cmd += ["--moe-lookahead", lookahead.rstrip("r")]
+        if lookahead.endswith("r"):
+            cmd += ["--lookahead-replayed"]
     if method == "warm":  # every expert in the page cache: the compute-bound speed, no I/O
         cmd += ["--io", "pread"]
     elif method == "mmap":
@@ -198,7 +204,8 @@ def decode_run(args, model, method, held_trace, expert_cap_mb, capped, ram_bytes
         # bytes read, exact for O_DIRECT, an upper bound for buffered reads (page-cache hits).
         dev_bytes = st.get("experts", {}).get("bytes_read", 0)
         source = "store counters (rusage reported no block reads)"
-    return {"method": method, "cap_mb": expert_cap_mb, "memory_max_mb": limit_mb,
+    return {"method": full_method, "cap_mb": expert_cap_mb, "memory_max_mb": limit_mb,
+            "lookahead": st.get("experts", {}).get("lookahead") if lookahead else None,
             "tokens_per_s": dec["tokens_per_s"], "decode_tokens": dec["tokens"],
             "device_bytes": dev_bytes, "device_bytes_per_token": dev_bytes / tokens,
             "device_bytes_source": source,
@@ -239,6 +246,10 @@ def main():
                     help="with --infer-args=--gpu: host RAM the GPU path holds (CUDA context, pinned staging)")
     ap.add_argument("--rounds", type=int, default=1, help="runs per cell, interleaved; the median is kept")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--lookahead", default="",
+                    help="CPU look-ahead widths, e.g. 8,16,8r: an engine+laN cell each (the engine with "
+                         "--moe-lookahead N; Nr adds --lookahead-replayed: predicted from the replayed "
+                         "log, a perfect predictor), interleaved with the others; recall below the table")
     args = ap.parse_args()
     args.threads = args.threads or os.cpu_count()
     os.makedirs(args.work, exist_ok=True)
@@ -272,6 +283,8 @@ def main():
     with open("/proc/meminfo") as f:
         avail = next(int(l.split()[1]) << 10 for l in f if l.startswith("MemAvailable:"))
     methods = [m for m in args.methods.split(",") if m != "warm" or model_bytes < avail // 2]
+    methods += [f"engine+la{int(n.rstrip('r'))}{'r' if n.endswith('r') else ''}"
+                for n in args.lookahead.split(",") if n]
     if not capped and "engine" in methods and "engine_buffered" not in methods:
         # Without a cap mmap keeps every expert it touched in the page cache; the engine on the
         # same uncapped page cache (buffered io_uring, no host cache) is the like-for-like pair.
@@ -359,6 +372,13 @@ def main():
     for r in rows + sweep:
         if r["device_bytes_source"] != "rusage":
             print(f"note: {r['method']} {r['cap_mb']} MiB: device bytes from {r['device_bytes_source']}")
+    for r in rows + sweep:
+        la = r.get("lookahead")
+        if la:
+            print(f"{r['method']}: recall {la['recall']:.3f} ({la['demanded_predicted']} of {la['demanded']} "
+                  f"demanded experts predicted); {la['read']} read ahead, {la['used']} used "
+                  f"({la['awaited']} awaited in flight), {la['wasted']} wasted, {la['cancelled']} "
+                  f"cancelled as too late")
     if "warm" in by:
         print("warm = every expert already in the page cache (no cap), read by buffered pread: the "
               "all-hits speed of buffered reads (its I/O wait is the copy out of the page cache)")

@@ -18,6 +18,8 @@
 #   device-src       pack the trimmed source and the Qwen3 tokenizer into .llama/ for the device
 #                    machine (scripts/device_gguf_bench.sh; needs build)
 #   env              print shell assignments (LLAMA_CPP_*) for an existing build; fails if absent
+#   server           also build llama-server in the same build tree (bench/server/bench_streams.py
+#                    --llama-server; needs build; its web UI off); prints its path
 set -euo pipefail
 
 VERSION=0.3.36
@@ -142,6 +144,20 @@ cmd=${1:-build}
 # CPU and CUDA (about 4.5 MB of xz) in $REPO/.llama/, with its version, commit and the Qwen3
 # tokenizer bench/gguf_llama.py needs (1.4 MB of xz): what scripts/device_gguf_bench.sh builds from on the device
 # machine, which has no network and takes at most 64 MiB of carried files (carry .llama).
+# llama-server for the concurrent-streams comparison (issue 22): the same tree with the server
+# targets switched on (the UI assets off: nothing is downloaded); the other targets stay as built.
+step_server() {
+  local out=$BUILD/bin/llama-server
+  if [ ! -e "$out" ]; then
+    [ -e "$BUILD/CMakeCache.txt" ] || die "no llama.cpp build in $BUILD: run scripts/llama_cpp_tool.sh build first"
+    cmake -S "$SRC" -B "$BUILD" -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2 \
+      || die "cmake configure (server) failed"
+    say "building llama-server with -j $JOBS"
+    cmake --build "$BUILD" -j "$JOBS" --target llama-server >&2 || die "llama-server build failed"
+  fi
+  echo "LLAMA_CPP_SERVER=$out"
+}
+
 step_device_src() {
   local out=$REPO/.llama tok=${MOESTREAM_TOKENIZERS:-$REPO/../shared/tokenizers}
   mkdir -p "$out"
@@ -173,5 +189,6 @@ case "$cmd" in
   llama) step_fetch; step_build; step_oracle ;;
   env) print_env ;;
   device-src) step_fetch; step_device_src ;;
-  *) die "unknown command '$cmd' (build|fetch|venv|llama|env|device-src)" ;;
+  server) step_fetch; step_server ;;
+  *) die "unknown command '$cmd' (build|fetch|venv|llama|env|device-src|server)" ;;
 esac

@@ -16,7 +16,7 @@ command -v ccache >/dev/null && common+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -D
 
 # Concurrency suites run under TSan (the test binaries that start threads around shared state).
 TSAN_TESTS=(common_test io_engine_test expert_store_uring_test store_options_test lfu_policy_test
-            lfru_policy_test forward_test server_test batch_scheduler_test)
+            lfru_policy_test forward_test server_test batch_scheduler_test expert_store_lookahead_test)
 
 case "$mode" in
   asan)

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "common/file_util.h"
@@ -320,3 +321,40 @@ TEST_F(CacheAwareModel, OptionsCanChangeBetweenCallsOnOneModel) {
 }
 
 }  // namespace
+
+// Issue 22 item 3: cache-aware routing over a batch of sequences (Model::forward_batch) takes one
+// residency snapshot per layer for the whole step, counts the distinct misses of the union of
+// every sequence's choices, and those are exactly the experts the step reads (O_DIRECT, host
+// cache: a resident expert is never read, a missing one once however many sequences chose it).
+TEST_F(CacheAwareModel, ABatchStepRoutesAgainstOneSnapshotAndReadsTheUnionsMissesOnce) {
+  auto m = load_model(dir_.path(), {true, 0.5f});
+  const int layers = m->config().n_moe_layers(), n = 3;
+  std::vector<int> seqs;
+  std::vector<std::vector<int>> prompts = {{3, 9, 27}, {50, 1}, {12, 33, 7, 60}};
+  std::vector<std::vector<float>> logits(n, std::vector<float>(size_t(m->config().vocab_size)));
+  for (int i = 0; i < n; ++i) {  // prefill each alone: the host cache fills with their experts
+    seqs.push_back(m->create_sequence());
+    const SequenceInput in{seqs.back(), prompts[size_t(i)], logits[size_t(i)]};
+    m->forward_batch(std::span<const SequenceInput>(&in, 1));
+  }
+  uint64_t subs = 0;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int> next(n);
+    std::vector<SequenceInput> batch;
+    for (int i = 0; i < n; ++i) {
+      next[size_t(i)] = int(std::max_element(logits[size_t(i)].begin(), logits[size_t(i)].end()) -
+                            logits[size_t(i)].begin());
+      batch.push_back({seqs[size_t(i)], std::span<const int>(&next[size_t(i)], 1), logits[size_t(i)]});
+    }
+    m->reset_cache_aware_stats();
+    const uint64_t read0 = m->expert_stats().experts_read;
+    m->forward_batch(batch);
+    const CacheAwareStats& st = m->cache_aware_stats();
+    EXPECT_EQ(st.layer_chunks, uint64_t(layers)) << "one snapshot per layer, not one per sequence";
+    EXPECT_EQ(st.routings, uint64_t(n * layers));
+    EXPECT_LE(st.misses_after, st.misses_before);
+    EXPECT_EQ(m->expert_stats().experts_read - read0, st.misses_after) << "step " << step;
+    subs += st.substitutions;
+  }
+  EXPECT_GT(subs, 0u);  // the tolerance is wide enough to substitute here: the checks mean something
+}

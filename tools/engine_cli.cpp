@@ -54,8 +54,10 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "in 80% of free VRAM, else 80% of free VRAM")
       ->capture_default_str()->check(in_range(uint64_t(0), kMaxGpuCacheMb));
   app.add_option("--moe-lookahead", a.moe_lookahead,
-                 "with --gpu: during layer L, apply layer L+1's router and prefetch its N most "
-                 "likely experts into the GPU cache; 0 = off (never changes the output)")
+                 "during each decode step's layer L, apply layer L+1's router and read its N most "
+                 "likely experts ahead: into the GPU cache with --gpu, else into the host cache "
+                 "(--io-direct --host-cache-mb) or the page cache; at most n_experts; 0 = off "
+                 "(never changes the output)")
       ->capture_default_str()->check(in_range(0, 1 << 16));
   app.add_flag("--gpu-sync-layers", a.gpu_sync_layers,
                "with --gpu: read every layer's routing on the host, also when the last decode "

@@ -72,6 +72,7 @@ struct Args {
   std::string collect_routing, replay_routing;
   bool collect_router_inputs = false;
   int batch = 0;  // tokens per forward chunk; 0 = the model's default
+  bool lookahead_replayed = false;  // --lookahead-replayed (benchmarks: a perfect predictor)
 };
 
 // Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
@@ -103,6 +104,9 @@ int run(const Args& a) {
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
   apply_engine_options(a.engine, mo);
+  if (a.lookahead_replayed && (a.replay_routing.empty() || a.engine.moe_lookahead == 0 || a.engine.gpu))
+    throw ConfigError("--lookahead-replayed needs --replay-routing and --moe-lookahead N, without --gpu");
+  mo.moe_lookahead_replayed = a.lookahead_replayed;
   if (a.batch > 0) mo.max_batch = a.batch;
   const bool want_ppl = !a.perplexity_file.empty();
   const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
@@ -254,6 +258,10 @@ int main(int argc, char** argv) {
                  "instead of the router, mapped onto this model's counts (runtime/model/routing_replay.h: "
                  "layer l <- l mod log layers, expert e -> e mod experts, collisions to the next "
                  "free id); tokens cycle through the log's tokens in order. Outputs say 'replay'");
+  app.add_flag("--lookahead-replayed", a.lookahead_replayed,
+               "benchmarks, CPU: the look-ahead (--moe-lookahead N) predicts layer L+1 from the "
+               "replayed log instead of its router (a perfect predictor: the upper bound of what "
+               "look-ahead can gain); the log's ids first, then the router's ranking up to N");
   app.add_flag("--collect-router-inputs", a.collect_router_inputs,
                "also log each router input vector (hidden floats per token and layer)");
   app.add_option("--batch", a.batch,

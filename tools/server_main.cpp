@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <pthread.h>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "common/error.h"
 #include "loader/format/gguf_file.h"
 #include "loader/format/gguf_model.h"
+#include "loader/format/routing_log.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
@@ -29,12 +32,73 @@ using namespace moestream;
 namespace {
 
 struct Args {
-  std::string model;
+  std::string model, collect_routing;
   int threads = 0, ctx = 0;
   bool no_prefix_reuse = false;
   EngineCliArgs engine;
   uint64_t max_body_kb = 4096;
   ServerOptions server;
+};
+
+// --collect-routing: every request's routing under its own request id, with --parallel too: the
+// runner names the model sequence a request starts on (ServerOptions::on_request_start) and the
+// batch's routing events carry their sequence, so concurrent requests' records stay apart.
+// Positions before the prompt's length are prefill, the rest decode (as infer writes them).
+class ServerRoutingLog {
+ public:
+  ServerRoutingLog(const fs::path& path, const fs::path& dir, Model& model)
+      : model_(model), log_(path, header(dir, model.config())) {
+    if (!log_.warning().empty()) std::fprintf(stderr, "moestream-server: warning: %s\n", log_.warning().c_str());
+    model_.set_routing_callback([this](const RoutingEvent& ev) { record(ev); });
+  }
+  ~ServerRoutingLog() { model_.set_routing_callback({}); }  // the writer flushes as it goes
+  ServerRoutingLog(const ServerRoutingLog&) = delete;
+  ServerRoutingLog& operator=(const ServerRoutingLog&) = delete;
+
+  uint64_t start(int sequence, int prompt_tokens) {
+    std::lock_guard<std::mutex> lk(mu_);
+    Open& o = open_[sequence];
+    o.id = log_.take_request_id();
+    o.prompt_tokens = prompt_tokens;
+    return o.id;
+  }
+  void close() {
+    model_.set_routing_callback({});
+    std::lock_guard<std::mutex> lk(mu_);
+    log_.close();
+  }
+
+ private:
+  struct Open {
+    uint64_t id = 0;
+    int prompt_tokens = 0;
+  };
+  static RoutingLogHeader header(const fs::path& dir, const ModelConfig& c) {
+    return RoutingLogHeader{model_identity_hash(dir), uint32_t(c.n_moe_layers()), uint32_t(c.n_experts),
+                            uint32_t(c.n_experts_per_tok), uint32_t(c.hidden_size)};
+  }
+  void record(const RoutingEvent& ev) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto it = open_.find(ev.sequence);
+    MOE_ASSERT(it != open_.end(), "routing of a sequence no request started on");
+    RoutingRecord r;
+    r.request_id = it->second.id;
+    r.layer = static_cast<uint16_t>(ev.layer);
+    const size_t k = size_t(ev.top_k);
+    for (int t = 0; t < ev.n_tokens; ++t) {
+      r.position = static_cast<uint32_t>(ev.position + t);
+      r.phase = ev.position + t < it->second.prompt_tokens ? RoutingPhase::kPrefill : RoutingPhase::kDecode;
+      r.ids.assign(ev.ids + size_t(t) * k, ev.ids + size_t(t + 1) * k);
+      r.weights.assign(ev.weights + size_t(t) * k, ev.weights + size_t(t + 1) * k);
+      log_.append(r);
+    }
+    if (ev.layer + 1 == model_.config().n_moe_layers()) log_.flush();  // whole steps on disk
+  }
+
+  Model& model_;
+  std::mutex mu_;
+  RoutingLogWriter log_;
+  std::map<int, Open> open_;  // by model sequence (-1: forward()'s)
 };
 
 int run(Args& a) {
@@ -93,6 +157,11 @@ int run(Args& a) {
   if (opts.model_id.empty()) opts.model_id = "moestream";
   opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
   opts.prefix_reuse = !a.no_prefix_reuse;
+  std::optional<ServerRoutingLog> routing;
+  if (!a.collect_routing.empty()) {
+    routing.emplace(a.collect_routing, dir, *model);
+    opts.on_request_start = [&routing](int sequence, int prompt_tokens) { return routing->start(sequence, prompt_tokens); };
+  }
 
 
   ApiServer server(opts, *model, tok ? &*tok : nullptr, std::move(chat));
@@ -123,6 +192,7 @@ int run(Args& a) {
   done = true;
   signals.join();
   server.stop();
+  if (routing) routing->close();  // throws IoError when the log cannot be written whole
   std::fprintf(stderr, "moestream-server: stopped\n");
   return 0;
 }
@@ -157,6 +227,9 @@ int main(int argc, char** argv) {
       ->check(in_range(0, kMaxThreads));
   app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str()
       ->check(in_range(0, kMaxContext));
+  app.add_option("--collect-routing", a.collect_routing,
+                 "append every request's routing to this routing log (infer's format), one request id per "
+                 "request (timings.routing_request_id), concurrent requests apart with --parallel");
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
   return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }

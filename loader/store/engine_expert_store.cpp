@@ -1,8 +1,10 @@
 // ExpertStore over the read engine: logical ids -> physical slots (.map) for the reads, host-cache
 // hits (keyed by logical id) at once, misses read by a background thread in one coalesced batch
 // and handed out as each one lands; a read-ahead reads the next fetch's misses into a second set
-// of buffers. An expert is one read in a pack (its slot) and three in a GGUF (its slices of the
-// layer's gate, up and down tensors), each placed at its matrix's offset in the payload.
+// of buffers; a look-ahead reads a predicted layer's misses on a lane of its own, and that layer's
+// fetch takes them (landed or in flight) instead of reading them again. An expert is one read in
+// a pack (its slot) and three in a GGUF (its slices of the layer's gate, up and down tensors),
+// each placed at its matrix's offset in the payload.
 // A caller that takes experts as matrices (begin_fetch_matrices) gets those already in the page
 // cache as pages of a read-only mapping instead: nothing is read, copied or re-verified.
 #include "loader/store/engine_expert_store.h"
@@ -25,7 +27,7 @@
 #include "common/timing.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
-#include "loader/store/expert_buffer.h"
+#include "loader/store/engine_fetch.h"
 #include "loader/store/host_cache.h"
 #include "loader/io/residency.h"
 #include "loader/format/expert_layer_file.h"
@@ -34,13 +36,18 @@
 namespace moestream {
 namespace {
 
+using engine_store::Fetch;
+using engine_store::Item;
+using engine_store::Layer;
+using engine_store::Piece;
+
 constexpr uint64_t kSlotAlign = kExpertAlign;  // O_DIRECT and page granularity
 
 class EngineExpertStore final : public ExpertStore {
  public:
   EngineExpertStore(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                     const EngineExpertStoreOptions& opts)
-      : model_dir_(model_dir), cfg_(cfg), opts_(opts), engine_(two_lanes(opts.io)) {
+      : model_dir_(model_dir), cfg_(cfg), opts_(opts), engine_(store_lanes(opts.io)) {
     // Reading whole 4 KiB pages keeps O_DIRECT reads in place, and when the file's slot stride
     // is the same, neighbouring slots read into neighbouring buffers form one contiguous read.
     // Every buffer (scratch, host-cache slot) holds the largest expert of any layer.
@@ -66,20 +73,24 @@ class EngineExpertStore final : public ExpertStore {
       cache_ = std::make_unique<HostCache>(opts.host_cache_bytes, read_bytes_);
       cache_verified_.assign(cache_->n_slots(), false);
     }
-    // Two I/O threads on an engine of two lanes: a read-ahead's batch runs beside the current
-    // one instead of queueing behind its tail.
-    for (std::thread& t : io_threads_) t = std::thread([this] { io_loop(); });
+    // Two I/O threads (a read-ahead's batch runs beside the current one instead of queueing
+    // behind its tail) and, from the first guess on, the look-ahead's: three engine lanes.
+    cur_->in_use = true;  // the current fetch, empty until the first begin (never a guess's buffer)
+    for (std::thread& t : io_threads_) t = std::thread([this] { io_loop(false); });
   }
 
   ~EngineExpertStore() override {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // A batch in flight writes into our buffers.
-      cv_.wait(lock, [&] { return !fetches_[0].busy && !fetches_[1].busy; });
+      for (Fetch* f : pred_jobs_) f->busy = false;  // guesses not started: nobody takes them now
+      pred_jobs_.clear();
+      cv_.wait(lock, [&] { return idle(); });
       stop_ = true;
     }
     cv_.notify_all();
     for (std::thread& t : io_threads_) t.join();
+    if (pred_thread_.joinable()) pred_thread_.join();
   }
 
   std::unique_ptr<ExpertStore> reopen() const override {
@@ -104,25 +115,68 @@ class EngineExpertStore final : public ExpertStore {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     stats_.fetch_calls += 1;
     stats_.experts_requested += ids.size();
+    reap_retired();
+    // A look-ahead of this layer is taken (what it read or is reading); one of another layer is
+    // discarded, as is one whose batch has not started yet (it would only queue behind).
+    Fetch* pred = std::exchange(pred_, nullptr);
+    if (pred != nullptr && pred->layer == layer) count_recall(*pred, ids, stats_);
+    if (pred != nullptr && (cancel_if_queued(*pred) || pred->layer != layer)) {
+      release(*pred);
+      pred = nullptr;
+    }
     if (Fetch* p = std::exchange(next_, nullptr)) {
       if (p->layer == layer && p->matrices == matrices &&
           std::equal(ids.begin(), ids.end(), p->ids.begin(), p->ids.end())) {
         release(*cur_);  // the fetch whose payloads were valid until now
         cur_ = p;
         ++stats_.fetches_read_ahead;
+        if (pred != nullptr) release(*pred);
         return;
       }
       release(*p);  // a read-ahead nobody asked for
     }
     release(*cur_);
-    start(*cur_, layer, ids, matrices);
+    Fetch& f = free_fetch();
+    if (pred != nullptr) drain(*pred);  // what landed meanwhile is checked and ready to take
+    f.awaits = pred;
+    start(f, layer, ids, matrices);
+    cur_ = &f;
+  }
+
+  void prefetch_predicted(int layer, std::span<const int> ids) override {
+    MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
+    reap_retired();
+    if (Fetch* p = std::exchange(pred_, nullptr)) {  // an earlier guess nobody took
+      cancel_if_queued(*p);
+      release(*p);
+    }
+    ++stats_.lookahead_predictions;
+    stats_.lookahead_predicted += ids.size();
+    const Layer& L = layers_[layer];
+    // Read only what no host tier holds and no fetch of this store is reading already.
+    std::vector<int>& want = want_;
+    want.clear();
+    for (int id : ids) {
+      MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
+      if (std::find(want.begin(), want.end(), id) != want.end()) continue;
+      if (cache_ && cache_->policy().slot_of(ExpertKey{layer, id}) >= 0) continue;
+      if (in_page_cache(L, L.map.physical(uint32_t(id)))) continue;
+      if (holds(cur_, layer, id) || holds(next_, layer, id)) continue;
+      want.push_back(id);
+    }
+    Fetch* f = free_fetch_or_null();
+    if (f == nullptr) return;  // every buffer busy with reads still landing: no guess this time
+    f->predicted.assign(ids.begin(), ids.end());
+    f->prediction = true;
+    start(*f, layer, want, cur_->matrices);
+    pred_ = f;
   }
 
   void read_ahead(int layer, std::span<const int> ids) override {
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     if (ids.empty()) return;
     if (Fetch* p = std::exchange(next_, nullptr)) release(*p);
-    Fetch& f = cur_ == &fetches_[0] ? fetches_[1] : fetches_[0];
+    Fetch& f = free_fetch();
     start(f, layer, ids, cur_->matrices);  // read ahead for the same kind of caller
     next_ = &f;
   }
@@ -158,37 +212,18 @@ class EngineExpertStore final : public ExpertStore {
   }
 
   std::string describe() const override {
-    std::string s = "engine " + std::string(io_backend_name(engine_.backend()));
-    const IoEngineOptions& o = engine_.options();
-    size_t direct = 0;
-    for (uint32_t f = 0; f < engine_.n_files(); ++f) direct += engine_.file_is_direct(f);
-    s += direct == engine_.n_files() ? ", O_DIRECT" : direct ? ", O_DIRECT on some files" : ", buffered";
-    if (engine_.backend() == IoBackend::kUring)
-      s += ", " + std::to_string(o.n_rings) + " rings x QD " + std::to_string(o.queue_depth);
-    else
-      s += ", " + std::to_string(o.n_threads) + " threads";
-    s += ", coalesce gap " + std::to_string(o.coalesce ? o.coalesce_gap_bytes >> 10 : 0) +
-         " KiB, max read " + std::to_string(o.max_read_bytes >> 10) + " KiB";
-    if (direct > 0 && o.direct_max_read_bytes > 0)
-      s += " (O_DIRECT " + std::to_string(o.direct_max_read_bytes >> 10) + " KiB)";
-    if (cache_) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, ", host cache %.1f MiB (%u experts)",
-                    double(uint64_t(cache_->n_slots()) * cache_->slot_bytes()) / (1 << 20),
-                    cache_->n_slots());
-      s += buf;
-    }
-    if (cfg_.format == ModelFormat::kGguf) s += ", GGUF (3 slices per expert, no checksums in the format)";
-    else if (!opts_.store.verify_checksums) s += ", checksums off";
-    return s;
+    return engine_store::describe(engine_, cache_.get(), cfg_.format == ModelFormat::kGguf,
+                                  opts_.store.verify_checksums);
   }
 
   ExpertStoreStats stats() const override {
     ExpertStoreStats s;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !fetches_[0].busy && !fetches_[1].busy; });
+      cv_.wait(lock, [&] { return idle(); });
       s = stats_;
+      s.experts_read += s.lookahead_read;
+      s.bytes_read += lookahead_bytes_;
     }
     const IoEngineStats e = engine_.stats();
     s.read_ops_requested = e.requests;
@@ -198,21 +233,6 @@ class EngineExpertStore final : public ExpertStore {
   }
 
  private:
-  // One read of an expert: `length` bytes at offset + slot*stride of `file`, landing at
-  // dest_offset in the expert's payload. A pack expert is one piece, a GGUF expert three.
-  struct Piece {
-    uint32_t file = 0;
-    uint64_t offset = 0, stride = 0, length = 0, dest_offset = 0;
-    const PageCacheResidency* page_cache = nullptr;  // null for O_DIRECT files
-    uint64_t at(uint32_t slot) const { return offset + uint64_t{slot} * stride; }
-  };
-  // A layer's experts. A pack layer keeps its file header (checksums, map); a GGUF layer has an
-  // empty checksum table and an identity map.
-  struct Layer : ExpertLayerFile {
-    ExpertLayout layout;
-    std::vector<Piece> pieces;
-    bool checksummed() const { return !header.slot_checksums.empty(); }
-  };
 
   // The layers of a GGUF: every shard goes into the engine once; a layer's experts are slices of
   // its three expert tensors, possibly in different shards.
@@ -288,63 +308,52 @@ class EngineExpertStore final : public ExpertStore {
             at(L.pieces[2], L.pieces[2].length)};
   }
 
-  // Whether every piece of the expert in `slot` is in the page cache (sampled).
-  static bool in_page_cache(const Layer& L, uint32_t slot) {
-    for (const Piece& p : L.pieces)
-      if (p.page_cache == nullptr || !p.page_cache->sample(p.at(slot), std::min(p.length, L.layout.bytes), 2).fully_resident())
-        return false;
+  bool idle() const {  // under mu_
+    for (const Fetch& f : fetches_)
+      if (f.busy) return false;
     return true;
   }
-  struct Item {
-    uint32_t slot = 0;               // physical slot in the layer file
-    int expert = 0;                  // logical id (the host cache's key)
-    const uint8_t* data = nullptr;   // where the payload is (or lands)
-    int64_t cache_slot = -1;         // host cache slot, or -1 (scratch buffer)
-    size_t scratch = 0;
-    uint32_t pieces_left = 0;        // reads still to land
-    bool ready = false;
-    bool mapped = false;             // handed out in place: in_place, not data
-    ExpertMatrices in_place;
-  };
-  // One fetch: the current one (handed out by next_ready) or the read-ahead next one. Two exist
-  // so that a read-ahead can read into its own buffers while the current payloads are in use.
-  struct Fetch {
-    int layer = 0;
-    bool matrices = false;                 // begin_fetch_matrices: resident experts in place
-    std::vector<int> ids;                  // as asked (a read-ahead is adopted on an exact match)
-    std::vector<Item> items;
-    std::vector<uint32_t> position_item;   // ids position -> item
-    std::vector<size_t> ready;             // positions ready to hand out
-    size_t ready_head = 0, handed = 0;
-    std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)
-    std::vector<uint32_t> req_item;        // request -> item
-    std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
-    std::vector<int> pinned;               // cache slots this fetch hands out
-    std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
-    ExpertBuffer scratch;                  // misses the cache does not take
-    // Shared with the I/O thread, under mu_.
-    std::vector<size_t> landed;  // request indices in landing order
-    size_t landed_head = 0;
-    bool busy = false;           // its batch is queued or in flight
-  };
+  Fetch* free_fetch_or_null() {
+    for (Fetch& f : fetches_)
+      if (!f.in_use) return &f;
+    return nullptr;
+  }
+  // A buffer for a fetch; when look-aheads still landing hold them all, waits for the first.
+  Fetch& free_fetch() {
+    if (Fetch* f = free_fetch_or_null()) return *f;
+    for (Fetch& f : fetches_)
+      if (f.retired) {
+        finish(f);
+        return f;
+      }
+    MOE_ASSERT(false, "no free fetch buffer");
+    return fetches_[0];
+  }
 
   // The next ready expert of the current fetch (its position in ids and its item).
   bool next_item(size_t* index, const Item** item, bool wait) {
     Fetch& f = *cur_;
+    Fetch* const p = f.awaits;  // a look-ahead whose reads some of f's experts wait for
     while (f.ready_head == f.ready.size()) {
       if (f.handed >= f.ids.size()) return false;
       size_t r;
+      bool mine;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (f.landed_head == f.landed.size()) {
+        const auto any = [&] {
+          return f.landed_head < f.landed.size() || (p != nullptr && p->landed_head < p->landed.size());
+        };
+        if (!any()) {
           if (!wait) return false;
           auto t0 = std::chrono::steady_clock::now();
-          cv_.wait(lock, [&] { return f.landed_head < f.landed.size(); });
+          cv_.wait(lock, any);
           stats_.io_wait_seconds += seconds_since(t0);
         }
-        r = f.landed[f.landed_head++];
+        mine = f.landed_head < f.landed.size();
+        r = mine ? f.landed[f.landed_head++] : p->landed[p->landed_head++];
       }
-      land(f, r);
+      if (mine) land(f, r);
+      else land_prediction(*p, r, &f);
     }
     const size_t pos = f.ready[f.ready_head++];
     *index = pos;
@@ -353,21 +362,20 @@ class EngineExpertStore final : public ExpertStore {
     return true;
   }
 
-  static IoEngineOptions two_lanes(IoEngineOptions o) {
-    o.max_batches_in_flight = std::max(2u, o.max_batches_in_flight);
+  // Three lanes: the current fetch and a read-ahead, and the look-ahead's own, so a demand batch
+  // never waits for a lane behind a guess.
+  static IoEngineOptions store_lanes(IoEngineOptions o) {
+    o.max_batches_in_flight = std::max(3u, o.max_batches_in_flight);
     return o;
   }
 
-  // Every position of `ids` that names item k becomes ready.
-  static void push_ready(Fetch& f, size_t k) {
-    for (size_t i = 0; i < f.position_item.size(); ++i)
-      if (f.position_item[i] == k) f.ready.push_back(i);
-  }
-
   // Sets up fetch `f` (idle) for `ids`: host-cache hits ready at once, misses planned into cache
-  // slots or scratch, then their batch queued on the I/O thread.
+  // slots or scratch, then their batch queued on the I/O thread. A look-ahead (f.prediction)
+  // reads all of `ids` as speculative fills on its own thread; a demand fetch first takes what
+  // the look-ahead it awaits read or is reading.
   void start(Fetch& f, int layer, std::span<const int> ids, bool matrices) {
     const Layer& L = layers_[layer];
+    f.in_use = true;
     f.layer = layer;
     f.matrices = matrices;
     f.ids.assign(ids.begin(), ids.end());
@@ -400,8 +408,10 @@ class EngineExpertStore final : public ExpertStore {
     // rather than hand out bytes that may not have landed.
     std::vector<uint8_t>& reread = f.reread;
     reread.assign(f.items.size(), 0);
-    if (cache_)
+    if (f.awaits != nullptr) take_predicted(f, cache_ ? &cache_->policy() : nullptr, stats_);
+    if (cache_ && !f.prediction)
       for (size_t k = 0; k < f.items.size(); ++k) {
+        if (f.items[k].ready || f.items[k].awaited) continue;
         const int cs = cache_->policy().lookup(ExpertKey{layer, f.items[k].expert}, CacheFill::kDemand);
         if (cs < 0) continue;
         if (!cache_verified_[size_t(cs)]) {
@@ -417,11 +427,11 @@ class EngineExpertStore final : public ExpertStore {
       }
     // Then, for a caller of matrices, what the page cache holds stays where it is. With the mmap
     // backend everything does: a page fault reads what is missing, as that backend's copy would.
-    if (matrices && in_place_allowed(L)) {
+    if (matrices && !f.prediction && in_place_allowed(L)) {
       const bool fault_in = engine_.backend() == IoBackend::kMmap;
       for (size_t k = 0; k < f.items.size(); ++k) {
         Item& it = f.items[k];
-        if (it.ready || reread[k]) continue;
+        if (it.ready || it.awaited || reread[k]) continue;
         const bool resident = in_page_cache(L, it.slot);
         if (!resident && !fault_in) continue;
         it.in_place = mapped_matrices(L, layer, it.slot);
@@ -433,9 +443,11 @@ class EngineExpertStore final : public ExpertStore {
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {
       Item& it = f.items[k];
-      if (it.ready) continue;
+      if (it.ready || it.awaited) continue;
       if (cache_ && !reread[k]) {
-        const CacheAccess a = cache_->policy().insert(ExpertKey{layer, it.expert}, CacheFill::kDemand);
+        // A guess fills as speculative (admission may refuse it: it then reads into scratch).
+        const CacheAccess a = cache_->policy().insert(ExpertKey{layer, it.expert},
+                                                      f.prediction ? CacheFill::kSpeculative : CacheFill::kDemand);
         if (a.outcome == CacheOutcome::kFilled) {
           it.cache_slot = a.slot;
           it.data = cache_->slot_data(uint32_t(a.slot));
@@ -456,8 +468,9 @@ class EngineExpertStore final : public ExpertStore {
         push_ready(f, k);
         continue;
       }
+      if (it.awaited) continue;
       if (it.cache_slot < 0) it.data = scratch + it.scratch * read_bytes_;
-      if (opts_.count_page_cache_hits && in_page_cache(L, it.slot)) ++stats_.page_cache_hits;
+      if (opts_.count_page_cache_hits && !f.prediction && in_page_cache(L, it.slot)) ++stats_.page_cache_hits;
       for (const Piece& p : L.pieces) {
         ReadRequest r;
         r.file = p.file;
@@ -468,6 +481,7 @@ class EngineExpertStore final : public ExpertStore {
         f.req_item.push_back(uint32_t(k));
       }
       it.pieces_left = uint32_t(L.pieces.size());
+      if (f.prediction) continue;  // counted when its thread takes the batch (it may be cancelled)
       ++stats_.experts_read;
       stats_.bytes_read += L.layout.bytes;
     }
@@ -478,9 +492,67 @@ class EngineExpertStore final : public ExpertStore {
       f.landed.clear();
       f.landed_head = 0;
       f.busy = true;
-      jobs_.push_back(&f);
+      f.submitted = false;
+      (f.prediction ? pred_jobs_ : jobs_).push_back(&f);
     }
+    if (f.prediction && !pred_thread_.joinable()) pred_thread_ = std::thread([this] { io_loop(true); });
     cv_.notify_all();
+  }
+
+  // A look-ahead read landed: checked as any read (land), but a failure only marks the guess
+  // failed, unless the demand fetch waits for that expert: then it throws there as a demand read
+  // of it would. A good one releases the demand item waiting for it.
+  void land_prediction(Fetch& p, size_t r, Fetch* demand) {
+    Item& it = p.items[p.req_item[r]];
+    if (it.failed) return;
+    try {
+      land(p, r);
+    } catch (const Error&) {
+      it.failed = true;
+      if (demand != nullptr && it.awaited_by >= 0) throw;
+      return;
+    }
+    if (!it.ready || demand == nullptr || it.awaited_by < 0) return;
+    Item& d = demand->items[size_t(it.awaited_by)];
+    d.ready = true;
+    push_ready(*demand, size_t(it.awaited_by));
+  }
+
+  // Checks every look-ahead read of p that landed so far (caller's thread).
+  void drain(Fetch& p) {
+    for (;;) {
+      size_t r;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (p.landed_head == p.landed.size()) return;
+        r = p.landed[p.landed_head++];
+      }
+      land_prediction(p, r, nullptr);
+    }
+  }
+
+  // A look-ahead whose batch no I/O thread has taken yet is dropped from the queue (true).
+  bool cancel_if_queued(Fetch& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto q = std::find(pred_jobs_.begin(), pred_jobs_.end(), &p);
+    if (q == pred_jobs_.end()) return false;
+    pred_jobs_.erase(q);
+    p.busy = false;
+    stats_.lookahead_cancelled += p.items.size();
+    return true;
+  }
+
+  // Look-aheads released while still reading are finished once their batch is done.
+  void reap_retired() {
+    for (Fetch& f : fetches_) {
+      if (!f.retired) continue;
+      bool busy;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy = f.busy;
+      }
+      if (!busy) finish(f);
+    }
   }
 
   // A read landed: check its outcome and the checksum the I/O worker computed (here, on the
@@ -509,10 +581,28 @@ class EngineExpertStore final : public ExpertStore {
   // Waits out fetch f's batch, releases its pins, and forgets cache slots whose data never
   // proved good (failed read, bad checksum, a fetch abandoned after an error, or a read-ahead
   // that was never used: its reads may not have been checked).
+  // A look-ahead still reading is retired instead (finished later by reap_retired), so that a
+  // demand fetch never waits for a guess's reads; its pinned slots stay pinned until then.
   void release(Fetch& f) {
+    if (Fetch* p = std::exchange(f.awaits, nullptr)) release(*p);
+    if (f.prediction) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (f.busy) {
+        f.retired = true;
+        return;
+      }
+    }
+    finish(f);
+  }
+  void finish(Fetch& f) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return !f.busy; });
+    }
+    if (f.prediction) {
+      drain(f);  // landed guesses are checked, so good ones stay in the host cache
+      if (f.submitted)
+        for (const Item& it : f.items) stats_.lookahead_wasted += !it.taken;
     }
     if (cache_) {
       for (const Item& it : f.items)
@@ -523,6 +613,8 @@ class EngineExpertStore final : public ExpertStore {
     f.pinned.clear();
     f.items.clear();
     f.ids.clear();
+    f.predicted.clear();
+    f.prediction = f.retired = f.in_use = f.submitted = false;
     f.ready.clear();
     f.ready_head = f.handed = 0;
     f.reqs.clear();
@@ -532,13 +624,20 @@ class EngineExpertStore final : public ExpertStore {
   // and the worker that finished it computes its checksum there, so verification runs on the
   // engine's threads in parallel and overlaps the reads still in flight (on one caller thread
   // it took a third of O_DIRECT decode time: ~1 ms per 6.7 MB expert).
-  void io_loop() {
+  // The look-ahead's thread (predictions) takes only look-aheads, on the third lane.
+  void io_loop(bool predictions) {
+    std::deque<Fetch*>& jobs = predictions ? pred_jobs_ : jobs_;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
-      if (jobs_.empty()) return;
-      Fetch& f = *jobs_.front();
-      jobs_.pop_front();
+      cv_.wait(lock, [&] { return !jobs.empty() || stop_; });
+      if (jobs.empty()) return;
+      Fetch& f = *jobs.front();
+      jobs.pop_front();
+      f.submitted = true;
+      if (f.prediction) {  // added to experts_read and bytes_read by stats()
+        stats_.lookahead_read += f.items.size();
+        lookahead_bytes_ += f.items.size() * layers_[size_t(f.layer)].layout.bytes;
+      }
       lock.unlock();
       auto t0 = std::chrono::steady_clock::now();
       // Two pointers fit std::function's inline buffer: no allocation per batch.
@@ -578,17 +677,24 @@ class EngineExpertStore final : public ExpertStore {
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
 
-  Fetch fetches_[2];
+  // The current fetch, the look-ahead it awaits, a read-ahead, the next look-ahead, and room
+  // for look-aheads retired while still landing.
+  Fetch fetches_[6];
   Fetch* cur_ = &fetches_[0];   // handed out by next_ready (caller's thread only)
   Fetch* next_ = nullptr;       // a read-ahead in flight or landed, or null
+  Fetch* pred_ = nullptr;       // a look-ahead in flight or landed, not taken yet, or null
 
   // Shared with the I/O thread, under mu_ (with each Fetch's landed/busy).
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::deque<Fetch*> jobs_;
+  std::deque<Fetch*> pred_jobs_;  // look-aheads, for pred_thread_ (started on the first one)
   bool stop_ = false;
-  ExpertStoreStats stats_;  // io_seconds and checksum_seconds are written under mu_
+  uint64_t lookahead_bytes_ = 0;  // bytes the look-ahead's thread read
+  std::vector<int> want_;         // prefetch_predicted's experts to read (caller's thread)
+  ExpertStoreStats stats_;  // io_seconds, checksum_seconds and lookahead_read are written under mu_
   std::thread io_threads_[2];
+  std::thread pred_thread_;
 };
 
 }  // namespace
@@ -597,27 +703,6 @@ std::unique_ptr<ExpertStore> open_engine_expert_store(const std::filesystem::pat
                                                       const ModelConfig& cfg,
                                                       const EngineExpertStoreOptions& opts) {
   return std::make_unique<EngineExpertStore>(model_dir, cfg, opts);
-}
-
-std::unique_ptr<ExpertStore> open_expert_store(std::string_view io,
-                                               const std::filesystem::path& model_dir,
-                                               const ModelConfig& cfg,
-                                               EngineExpertStoreOptions opts) {
-  if (io == "simple") {
-    if (cfg.format == ModelFormat::kGguf)
-      throw ConfigError("--io simple reads packed models only; a GGUF is read by the engine (--io auto, uring, "
-                        "pread or mmap)");
-    return open_pread_expert_store(model_dir, cfg, opts.store);
-  }
-  IoBackend b;
-  try {
-    b = parse_io_backend(io);
-  } catch (const ConfigError&) {
-    throw ConfigError("unknown --io value '" + std::string(io) +
-                      "' (expected simple, auto, uring, pread or mmap)");
-  }
-  opts.io.backend = b;
-  return open_engine_expert_store(model_dir, cfg, opts);
 }
 
 }  // namespace moestream

@@ -54,6 +54,19 @@ struct ExpertStoreStats {
   double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
   uint64_t fetches_read_ahead = 0;   // begin_fetch() calls whose reads a read_ahead() had started
   uint64_t experts_in_place = 0;     // handed out as mapped pages of the file, neither read nor copied
+  // Look-ahead of the next layer (prefetch_predicted, CPU --moe-lookahead): experts predicted;
+  // of them, those not resident and read (also in experts_read/bytes_read); of those, read and
+  // then taken by the demand fetch of that layer (landed, or awaited in flight) or never taken.
+  uint64_t lookahead_predictions = 0;  // prefetch_predicted() calls
+  uint64_t lookahead_predicted = 0;
+  uint64_t lookahead_read = 0, lookahead_used = 0, lookahead_awaited = 0, lookahead_wasted = 0;
+  uint64_t lookahead_cancelled = 0;  // guessed reads dropped before they started (taken too late)
+  // Recall: of the distinct experts a demand fetch asked for after a prediction for its layer,
+  // how many the prediction named (resident or not).
+  uint64_t lookahead_demanded = 0, lookahead_demanded_predicted = 0;
+  double lookahead_recall() const {
+    return lookahead_demanded ? double(lookahead_demanded_predicted) / double(lookahead_demanded) : 0.0;
+  }
 };
 
 class ExpertStore {
@@ -106,6 +119,18 @@ class ExpertStore {
   // handed out; a following begin_fetch() with the same layer and ids finds them landed or in
   // flight, any other begin_fetch() discards them. The default does nothing.
   virtual void read_ahead(int layer, std::span<const int> ids) {
+    (void)layer;
+    (void)ids;
+  }
+
+  // Look-ahead (issue 19): `ids` are a guess at the experts the next begin_fetch() of `layer` will
+  // ask for (another layer's, predicted during the current one). Starts reading those that are in
+  // no host tier, on a lane of their own, while the current fetch's payloads stay valid and
+  // pinned (a prediction never evicts them). The begin_fetch() of `layer` takes what landed and
+  // awaits what is still in flight rather than reading it twice, and reads only the rest; a
+  // begin_fetch() of another layer, or a later prediction, discards it. Never changes a payload.
+  // The default does nothing.
+  virtual void prefetch_predicted(int layer, std::span<const int> ids) {
     (void)layer;
     (void)ids;
   }

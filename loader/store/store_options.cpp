@@ -84,4 +84,26 @@ std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_d
                     [&] { return open_expert_store(c.io, model_dir, cfg, so); });
 }
 
+// Declared in engine_expert_store.h (the store picked by an --io name).
+std::unique_ptr<ExpertStore> open_expert_store(std::string_view io,
+                                               const std::filesystem::path& model_dir,
+                                               const ModelConfig& cfg,
+                                               EngineExpertStoreOptions opts) {
+  if (io == "simple") {
+    if (cfg.format == ModelFormat::kGguf)
+      throw ConfigError("--io simple reads packed models only; a GGUF is read by the engine (--io auto, uring, "
+                        "pread or mmap)");
+    return open_pread_expert_store(model_dir, cfg, opts.store);
+  }
+  IoBackend b;
+  try {
+    b = parse_io_backend(io);
+  } catch (const ConfigError&) {
+    throw ConfigError("unknown --io value '" + std::string(io) +
+                      "' (expected simple, auto, uring, pread or mmap)");
+  }
+  opts.io.backend = b;
+  return open_engine_expert_store(model_dir, cfg, opts);
+}
+
 }  // namespace moestream

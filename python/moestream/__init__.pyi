@@ -56,7 +56,7 @@ class Model:
         collect_router_inputs: bool = False,
         gpu: bool = False,  # whole forward pass on the GPU; ConfigError without CUDA or a GPU
         gpu_cache_mb: int = 0,  # GPU expert cache in MiB; 0 = automatic (needs gpu=True)
-        moe_lookahead: int = 0,  # experts of layer L+1 prefetched during layer L (needs gpu=True)
+        moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
     ) -> None: ...
     def generate(
         self,

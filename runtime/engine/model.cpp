@@ -51,7 +51,9 @@ struct Model::Impl {
       gpu = g.get();
       pass = std::move(g);
     } else {
-      pass = std::make_unique<CpuForward>(cfg, dense_path, *store, pool, o.max_context, o.max_batch);
+      auto cpu = std::make_unique<CpuForward>(cfg, dense_path, *store, pool, o.max_context, o.max_batch);
+      cpu->set_moe_lookahead(o.moe_lookahead, o.moe_lookahead_replayed);  // the store reads them ahead
+      pass = std::move(cpu);
     }
     dense_bytes_per_token = active_dense_bytes(cfg, dense_path);  // after the pass checked the file
   }
@@ -60,9 +62,6 @@ struct Model::Impl {
 void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
   if (o.moe_lookahead < 0)
     throw ConfigError(n.moe_lookahead + " must be >= 0, got " + std::to_string(o.moe_lookahead));
-  if (o.moe_lookahead > 0 && !o.gpu)
-    throw ConfigError(n.moe_lookahead + n.assign + std::to_string(o.moe_lookahead) +
-                      " prefetches into the GPU expert cache: it needs " + n.gpu);
   if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError(n.gpu_cache_mb + " needs " + n.gpu);
   if (o.gpu_sync_layers && !o.gpu) throw ConfigError(n.gpu_sync_layers + " needs " + n.gpu);
   if (o.gpu) {

@@ -30,8 +30,11 @@ struct ModelOptions {
   // without CUDA or a machine without a GPU, never a silent CPU fallback.
   bool gpu = false;
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
-  int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L; > 0 needs gpu
+  int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L (GPU cache, or the store's host tiers on the CPU)
   bool gpu_sync_layers = false;  // GpuForwardOptions::resident_decode off (comparisons)
+  // CPU look-ahead (issue 19): with a routing override (a replay), predict layer L+1 from the
+  // override rather than its router: a perfect predictor, for benchmarks' upper bound.
+  bool moe_lookahead_replayed = false;
   // Batches (create_sequence, forward_batch): sequence slots, each with its own KV cache of
   // max_context positions, allocated on the slot's first use (address space until written).
   int max_sequences = 8;
@@ -43,8 +46,8 @@ struct GpuOptionNames {
   std::string gpu_sync_layers = "--gpu-sync-layers";
   std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
 };
-// Throws ConfigError for GPU options that cannot work: a negative look-ahead, look-ahead or a
-// GPU cache size without gpu, gpu without a usable device. Model::load calls it; front ends call
+// Throws ConfigError for GPU options that cannot work: a negative look-ahead, a GPU cache size
+// without gpu, gpu without a usable device (look-ahead also works on the CPU). Model::load calls it; front ends call
 // it before their own slow work so the error comes first and in their spelling.
 void check_gpu_options(const ModelOptions& opts, const GpuOptionNames& names = {});
 

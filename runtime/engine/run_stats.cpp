@@ -153,6 +153,17 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"checksum_s", e.checksum_seconds},
                     {"fetches_read_ahead", e.fetches_read_ahead},
                     {"experts_in_place", e.experts_in_place}};
+    // The CPU look-ahead (--moe-lookahead without --gpu): predictions, their reads, recall.
+    j["experts"]["lookahead"] = {{"predictions", e.lookahead_predictions},
+                                 {"predicted", e.lookahead_predicted},
+                                 {"read", e.lookahead_read},
+                                 {"used", e.lookahead_used},
+                                 {"awaited", e.lookahead_awaited},
+                                 {"wasted", e.lookahead_wasted},
+                                 {"cancelled", e.lookahead_cancelled},
+                                 {"demanded", e.lookahead_demanded},
+                                 {"demanded_predicted", e.lookahead_demanded_predicted},
+                                 {"recall", e.lookahead_recall()}};
     // Decode alone (the store's counters minus those at the end of prefill).
     const ExpertStoreStats& p = gen->experts_after_prefill;
     const double n = gen->decode.tokens > 0 ? gen->decode.tokens : 1;
@@ -198,6 +209,14 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
     if (e.fetches_read_ahead > 0)
       s += "; " + std::to_string(e.fetches_read_ahead) + " expert groups read ahead";
     s += "\n";
+    if (e.lookahead_predictions > 0)
+      s += "  look-ahead: " + std::to_string(e.lookahead_predictions) + " predictions of " +
+           std::to_string(e.lookahead_predicted) + " experts, " + std::to_string(e.lookahead_read) +
+           " read ahead (" + std::to_string(e.lookahead_used) + " used, " + std::to_string(e.lookahead_awaited) +
+           " of them awaited in flight; " + std::to_string(e.lookahead_wasted) + " wasted, " +
+           std::to_string(e.lookahead_cancelled) + " cancelled as too late); recall " +
+           fmt("%.4f", e.lookahead_recall()) + " (" + std::to_string(e.lookahead_demanded_predicted) + " of " +
+           std::to_string(e.lookahead_demanded) + " demanded experts predicted)\n";
   }
   if (ppl)
     s += fmt("perplexity %.4f (mean NLL %.4f nats", ppl->perplexity, ppl->mean_nll) + ", " +

@@ -38,6 +38,8 @@ struct CpuForward::Impl {
   std::vector<float> cos, sin;  // [max_batch, head_dim/2]
   int max_context;
   std::unique_ptr<CpuBatchPass> batch;  // forward_batch's slots and scratch, made on first use
+  int moe_lookahead = 0;                // set_moe_lookahead
+  bool lookahead_from_override = false;
 
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
        ThreadPool& p, int max_context, int max_batch_)
@@ -85,6 +87,14 @@ CpuForward::CpuForward(const ModelConfig& cfg, const std::filesystem::path& dens
     : impl_(std::make_unique<Impl>(cfg, dense_path, store, pool, max_context, max_batch)) {}
 CpuForward::~CpuForward() = default;
 
+void CpuForward::set_moe_lookahead(int n, bool from_override) {
+  if (n < 0 || n > impl_->cfg.n_experts)
+    throw ConfigError("--moe-lookahead " + std::to_string(n) + " is outside [0, n_experts=" +
+                      std::to_string(impl_->cfg.n_experts) + "]");
+  impl_->moe_lookahead = n;
+  impl_->lookahead_from_override = from_override;
+}
+
 void CpuForward::forward_batch(const ForwardBatch& batch, const RoutingControl& routing,
                                ForwardTimes& times, CacheAwareStats& cache_aware) {
   Impl& m = *impl_;
@@ -108,8 +118,8 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   m.rope.fill(c.n_past, T, m.cos.data(), m.sin.data());
   times.other_s += seconds_since(t0);
 
-  const MoeRouting mr{routing.override ? &routing.override : nullptr, c.ordinal,
-                      routing.cache_aware, &cache_aware, {}};
+  MoeRouting mr{routing.override ? &routing.override : nullptr, c.ordinal,
+                routing.cache_aware, &cache_aware, {}};
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = m.w.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();
@@ -131,6 +141,12 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     }
     const int moe_l = cfg.moe_layer_index(l);  // experts, logs and overrides number MoE layers
     PhaseTimes before = m.moe_times;
+    // Look-ahead: the next decoder layer's router, when that layer has experts.
+    const bool ahead = m.moe_lookahead > 0 && l + 1 < cfg.n_layers && cfg.is_moe_layer(l + 1);
+    mr.lookahead = ahead ? m.moe_lookahead : 0;
+    mr.lookahead_next = ahead ? &m.w.layers[size_t(l) + 1] : nullptr;
+    mr.lookahead_layer = ahead ? cfg.moe_layer_index(l + 1) : -1;
+    mr.lookahead_from_override = m.lookahead_from_override;
     m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
     if (routing.on_routing) {
       RoutingEvent ev{moe_l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,

@@ -31,6 +31,12 @@ class CpuForward final : public ForwardPass {
   void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
 
+  // Look-ahead (issue 19, --moe-lookahead N): during each decode step's layer L, predict layer
+  // L+1's N most likely experts and have the store read them ahead (MoeRouting::lookahead).
+  // 0 = off. ConfigError outside [0, n_experts]. Never changes the output. `from_override`:
+  // with a routing override, predict from it (MoeRouting::lookahead_from_override).
+  void set_moe_lookahead(int n, bool from_override = false);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

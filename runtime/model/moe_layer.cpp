@@ -161,6 +161,33 @@ void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, flo
   }
 }
 
+// The look-ahead's rule, as the GPU's (gpu_forward.cpp): layer L+1's router on layer L's normalised
+// input, ranked by logit (gpt-oss's logit bias added) for every router kind, the N best (ties: the
+// lower id), whatever the routing of layer L+1 then does. Only reads are affected, never a value.
+void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& r) {
+  const LayerWeights& next = *r.lookahead_next;
+  MOE_ASSERT(next.router.rows() == cfg_.n_experts && r.lookahead <= E_, "look-ahead without the next router");
+  if (la_ids_.empty()) {
+    la_logits_.resize(1, E_);
+    la_ids_.resize(size_t(E_));
+    la_weights_.resize(size_t(E_));
+  }
+  RowMap logits(la_logits_.data(), 1, E_);
+  linear(pool, ConstRowMap(x, 1, D_), next.router, logits);
+  if (cfg_.router_bias) logits.row(0) += next.router_bias.transpose();
+  route_token_topk_softmax(la_logits_.data(), E_, r.lookahead, la_ids_.data(), la_weights_.data());
+  if (r.lookahead_from_override && r.override != nullptr && *r.override) {
+    la_exact_.assign(size_t(K_), 0);
+    (*r.override)(r.lookahead_layer, r.ordinal, 1, la_exact_.data(), la_weights_.data());
+    for (int j = 0; j < r.lookahead; ++j) la_exact_.push_back(la_ids_[size_t(j)]);
+    size_t n = 0;  // distinct ids, the override's first, up to the width
+    for (size_t i = 0; i < la_exact_.size() && n < size_t(r.lookahead); ++i)
+      if (std::find(la_ids_.begin(), la_ids_.begin() + ptrdiff_t(n), la_exact_[i]) == la_ids_.begin() + ptrdiff_t(n))
+        la_ids_[n++] = la_exact_[i];
+  }
+  store_.prefetch_predicted(r.lookahead_layer, std::span<const int>(la_ids_.data(), size_t(r.lookahead)));
+}
+
 // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
 // until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
 void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
@@ -221,6 +248,14 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     auto t1 = std::chrono::steady_clock::now();
     // As matrices: experts already in host memory are computed where they are, not copied.
     store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    // Decode: the next layer's likely experts start loading while this layer's load and compute.
+    if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr) {
+      const auto tp = std::chrono::steady_clock::now();
+      predict_next(pool, x, routing);
+      const double dt = seconds_since(tp);
+      times.router_s += dt;  // the next router's product: router time, not I/O wait
+      times.expert_io_s -= dt;
+    }
     // A long prefill needs more than one group: the next group's reads start now (read-ahead)
     // and land while this one computes (the store keeps this group's payloads valid meanwhile).
     if (c0 + n < unique_ids_.size())

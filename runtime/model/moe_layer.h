@@ -43,6 +43,16 @@ struct MoeRouting {
   // the dense products (router, shared expert) run per range so each sequence gets the numbers
   // of its run alone. Empty: one range. Experts are fetched once for all rows either way.
   std::span<const int> row_splits;
+  // Look-ahead (issue 19, CPU --moe-lookahead), decode chunks of one token only: while this
+  // layer's experts load and compute, the next MoE layer's router (lookahead_next, MoE layer
+  // lookahead_layer) ranks its experts on this layer's input, and the `lookahead` best are
+  // handed to ExpertStore::prefetch_predicted. Never changes the output.
+  const LayerWeights* lookahead_next = nullptr;
+  int lookahead_layer = -1;
+  int lookahead = 0;
+  // Benchmarks with a replayed routing (override): predict from the override of the next layer
+  // (its ids first, then the router's ranking up to `lookahead`): a perfect predictor.
+  bool lookahead_from_override = false;
 };
 
 class MoeLayer {
@@ -94,6 +104,12 @@ class MoeLayer {
   CacheAwareRouter cache_aware_;
   std::vector<ExpertTier> tiers_;       // [E]
   std::vector<uint8_t> resident_now_;   // [E]: not on storage at the chunk's start
+  // Look-ahead: the next layer's router logits and its best ids (MoeRouting::lookahead).
+  void predict_next(ThreadPool& pool, const float* x, const MoeRouting& routing);
+  RowMatrix la_logits_;                   // [1, E]
+  std::vector<int> la_ids_;               // [E]
+  std::vector<float> la_weights_;         // [E] (unused: the ranking is by logit)
+  std::vector<int> la_exact_;             // [K + E]: lookahead_from_override's ids, then the ranking
 };
 
 }  // namespace moestream

@@ -90,6 +90,11 @@ bool BatchScheduler::running() const {
   return n_active_ > 0;
 }
 
+size_t BatchScheduler::running_count() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return size_t(n_active_);
+}
+
 void BatchScheduler::shutdown() {
   std::deque<std::shared_ptr<Job>> dropped;
   {
@@ -155,6 +160,7 @@ void BatchScheduler::start(std::shared_ptr<Job> job) {
     cached_[size_t(slot)].resize(lcp);
     a->fed = lcp;
     a->r.prompt_tokens_reused = int(lcp);
+    if (on_start_) a->r.routing_request_id = on_start_(seqs_[size_t(slot)], int(prompt.size()));
     active_[size_t(slot)] = std::move(a);
   } catch (const std::exception& e) {
     cached_[size_t(slot)].clear();
@@ -179,7 +185,8 @@ void BatchScheduler::finish(int slot, const char* reason) {
   if (a.decoder && a.r.finish_reason != "cancelled" && !a.stop.stopped())
     a.job->push_text(a.stop.feed(a.decoder->flush()) + a.stop.flush());
   a.r.decode_s = a.prefilling() ? 0 : seconds_since(a.t_decode);
-  // The model's cache-aware counters mix concurrent requests: no per-request share here.
+  // The model's cache-aware counters mix concurrent requests: no per-request share here (the
+  // totals go to the metrics after every step).
   metrics_.request_done(a.r, model_.expert_stats());
   const std::shared_ptr<Job> job = a.job;
   const JobResult r = a.r;
@@ -194,6 +201,14 @@ void BatchScheduler::fail(int slot, const std::string& why) {
   release(slot);
   job->fail(internal_error("engine_error", "generation failed: " + why));
 }
+
+namespace {
+int model_tokens(const std::vector<SequenceInput>& batch) {
+  int n = 0;
+  for (const SequenceInput& in : batch) n += int(in.tokens.size());
+  return n;
+}
+}  // namespace
 
 bool BatchScheduler::step() {
   const int ctx = model_.max_context();
@@ -235,6 +250,8 @@ bool BatchScheduler::step() {
   if (batch.empty()) return false;
   try {
     model_.forward_batch(batch);
+    metrics_.batch_step(int(batch.size()), model_tokens(batch), model_.times(), model_.expert_stats(),
+                        model_.cache_aware_stats());
   } catch (const std::exception& e) {  // an engine error (I/O, a corrupt expert): the step's requests fail
     for (int s : slots) fail(s, e.what());
     return true;

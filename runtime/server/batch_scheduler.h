@@ -10,7 +10,9 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -37,12 +39,16 @@ class BatchScheduler final : public JobRunner {
   void cancel(const std::shared_ptr<Job>& job) override;
   size_t waiting() const override;
   bool running() const override;
+  size_t running_count() const override;
   size_t capacity() const override { return capacity_; }
   void shutdown() override;
 
   int parallel() const { return parallel_; }
   // max_batch - (parallel - 1): a chunk always fits beside every other slot's decode token.
   int prefill_chunk() const { return chunk_; }
+  // --collect-routing: (the model sequence, prompt length) -> the request's routing log id,
+  // called on the worker thread as a request takes its slot. Set before the first submit().
+  void set_request_start_hook(std::function<uint64_t(int, int)> hook) { on_start_ = std::move(hook); }
 
  private:
   struct Active;  // one running request (batch_scheduler.cpp)
@@ -68,6 +74,7 @@ class BatchScheduler final : public JobRunner {
   std::deque<std::shared_ptr<Job>> jobs_;  // waiting
   int n_active_ = 0;                       // slots in use, under mu_
   bool stopping_ = false;
+  std::function<uint64_t(int, int)> on_start_;
   std::thread worker_;  // last: starts once the rest is built
 };
 

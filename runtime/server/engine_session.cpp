@@ -50,6 +50,7 @@ void EngineSession::run(Job& job) {
   try {
     Sampler sampler(p.sampler);
     const CacheAwareStats ca0 = model_.cache_aware_stats();
+    if (on_start_) r.routing_request_id = on_start_(-1, int(p.prompt.size()));
     auto t0 = std::chrono::steady_clock::now();
     try {
       r.prompt_tokens_reused = prefill(p.prompt);
@@ -90,6 +91,7 @@ void EngineSession::run(Job& job) {
     r.decode_s = seconds_since(t1);
     if (model_.cache_aware().enabled) r.cache_aware = minus(model_.cache_aware_stats(), ca0);
     metrics_.request_done(r, model_.expert_stats());
+    metrics_.forward_times(model_.times());
     job.finish(r);
   } catch (const std::exception& e) {
     cached_.clear();

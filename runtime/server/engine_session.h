@@ -2,6 +2,8 @@
 // reuses the longest common prefix with the tokens already in the cache and runs only the rest.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -23,6 +25,8 @@ class EngineSession {
   // Runs one job to its end on the calling (worker) thread: prefill, sample, stream text.
   // Never throws: engine errors become Job::fail(500).
   void run(Job& job);
+  // --collect-routing: (sequence -1, prompt length) -> the request's routing log id.
+  void set_request_start_hook(std::function<uint64_t(int, int)> hook) { on_start_ = std::move(hook); }
 
  private:
   // Makes the KV cache hold `prompt` and leaves the last token's logits; returns tokens reused.
@@ -34,6 +38,7 @@ class EngineSession {
   bool prefix_reuse_;
   std::vector<int> cached_;   // tokens whose keys and values are in the model's KV cache
   std::vector<float> logits_;
+  std::function<uint64_t(int, int)> on_start_;
 };
 
 }  // namespace moestream

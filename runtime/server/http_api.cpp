@@ -82,9 +82,12 @@ struct ApiServer::Impl {
       : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
         eos_ids(stop_ids(m, t)) {
-    if (opts.parallel > 1)
-      queue = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
-    else
+    session.set_request_start_hook(opts.on_request_start);
+    if (opts.parallel > 1) {
+      auto batch = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
+      batch->set_request_start_hook(opts.on_request_start);
+      queue = std::move(batch);
+    } else
       queue = std::make_unique<JobQueue>(opts.queue_size, [this](Job& j) { session.run(j); },
                                          [this](const Job&) { metrics.request_cancelled_waiting(); });
     routes();
@@ -176,7 +179,8 @@ struct ApiServer::Impl {
     });
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (refuse(req, res)) return;
-      res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()),
+      res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()) +
+                          metrics.prometheus_engine(queue->running_count()),
                       "text/plain; version=0.0.4");
     });
     // Bodies come through content readers: httplib bounds a Content-Length body by
@@ -270,6 +274,7 @@ struct ApiServer::Impl {
     json t{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
            {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
            {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
+    if (r.routing_request_id) t["routing_request_id"] = *r.routing_request_id;
     if (r.cache_aware) {
       const CacheAwareStats& c = *r.cache_aware;
       t["cache_aware"] = json{{"substitutions", c.substitutions}, {"misses_before", c.misses_before},

@@ -2,6 +2,8 @@
 // server-sent events), /v1/models, /health, /metrics; API key, body limit, JSON errors, 503.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +13,8 @@
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
+
+using RequestStartHook = std::function<uint64_t(int sequence, int prompt_tokens)>;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";   // loopback unless asked otherwise
@@ -28,6 +32,10 @@ struct ServerOptions {
   // Requests run at once (continuous batching, runtime/server/batch_scheduler.h); 1 = one at a
   // time through EngineSession, as before.
   int parallel = 1;
+  // --collect-routing (issue 22): told when a request starts on a model sequence (-1: the
+  // one-at-a-time forward path) with its prompt length; returns the request id its routing is
+  // logged under (answered in timings.routing_request_id). Empty = no routing log.
+  RequestStartHook on_request_start;
 };
 
 class ApiServer {

@@ -32,6 +32,7 @@ struct JobResult {
   // This request's share of the cache-aware routing counters (prefill and decode); absent when
   // the server runs without --cache-aware.
   std::optional<CacheAwareStats> cache_aware{};
+  std::optional<uint64_t> routing_request_id{};  // --collect-routing: this request's id in the log
 };
 
 class Job {

@@ -20,6 +20,8 @@ class JobRunner {
   virtual size_t waiting() const = 0;
   virtual bool running() const = 0;
   virtual size_t capacity() const = 0;
+  // Requests generating now: the running batch's size (BatchScheduler), else 0 or 1.
+  virtual size_t running_count() const { return running() ? 1 : 0; }
   // Refuses new jobs, fails the waiting ones with 503, lets the running ones finish, joins.
   virtual void shutdown() = 0;
 };

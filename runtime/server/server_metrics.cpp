@@ -100,4 +100,37 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   return o;
 }
 
+void ServerMetrics::batch_step(int sequences, int tokens, const ForwardTimes& times,
+                               const ExpertStoreStats& experts, const CacheAwareStats& cache_aware_since_load) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++batch_steps_;
+  if (cache_aware_opts_.enabled) cache_aware_ = cache_aware_since_load;
+  batch_sequences_ += uint64_t(sequences);
+  batch_tokens_ += uint64_t(tokens);
+  times_ = times;
+  experts_ = experts;
+}
+
+void ServerMetrics::forward_times(const ForwardTimes& times) {
+  std::lock_guard<std::mutex> lk(mu_);
+  times_ = times;
+}
+
+std::string ServerMetrics::prometheus_engine(size_t running_sequences) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string o;
+  metric(o, "moestream_sequences_running", "gauge", "Sequences in the running batch now (--parallel; 0 or 1 without).", double(running_sequences));
+  metric(o, "moestream_batch_steps_total", "counter", "Batch forward steps (--parallel > 1).", double(batch_steps_));
+  metric(o, "moestream_batch_sequences_total", "counter", "Sequences summed over batch steps (/ steps = mean batch size).", double(batch_sequences_));
+  metric(o, "moestream_batch_tokens_total", "counter", "Tokens summed over batch steps (decode tokens and prefill chunks).", double(batch_tokens_));
+  o += "# HELP moestream_forward_seconds_total Wall time of the model's forward passes per phase (expert_io: waiting for expert reads).\n";
+  o += "# TYPE moestream_forward_seconds_total counter\n";
+  sample(o, "moestream_forward_seconds_total", "{phase=\"attention\"}", times_.attention_s);
+  sample(o, "moestream_forward_seconds_total", "{phase=\"router\"}", times_.router_s);
+  sample(o, "moestream_forward_seconds_total", "{phase=\"expert_io\"}", times_.expert_io_s);
+  sample(o, "moestream_forward_seconds_total", "{phase=\"expert_compute\"}", times_.expert_compute_s);
+  sample(o, "moestream_forward_seconds_total", "{phase=\"other\"}", times_.other_s);
+  return o;
+}
+
 }  // namespace moestream

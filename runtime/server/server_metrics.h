@@ -8,6 +8,7 @@
 #include <string>
 
 #include "runtime/model/cache_aware_router.h"
+#include "runtime/model/forward_pass.h"
 #include "loader/store/expert_store.h"
 #include "runtime/server/job.h"
 
@@ -26,6 +27,19 @@ class ServerMetrics {
   // Prometheus text format 0.0.4.
   std::string prometheus(size_t queue_waiting, bool running, size_t queue_capacity) const;
 
+  // Engine figures for benchmarks (issue 22, bench/server/bench_streams.py). A batch step
+  // (--parallel): its sequences and tokens, and the model's cumulative phase times and expert
+  // counters after it, so /metrics is live while requests run; with --cache-aware the model's
+  // counters since load become the cache-aware totals (a batch's requests share each layer's
+  // substitutions, so there is no per-request share). The one-at-a-time path reports the phase
+  // times at each request's end (forward_times).
+  void batch_step(int sequences, int tokens, const ForwardTimes& times, const ExpertStoreStats& experts,
+                  const CacheAwareStats& cache_aware_since_load);
+  void forward_times(const ForwardTimes& times);
+  // The running-batch gauge (sequences generating now), the batch step counters and the phase
+  // times; appended to prometheus() by the HTTP API.
+  std::string prometheus_engine(size_t running_sequences) const;
+
  private:
   std::atomic<uint64_t> rejected_{0}, failed_{0}, client_errors_{0};
   mutable std::mutex mu_;
@@ -36,6 +50,8 @@ class ServerMetrics {
   ExpertStoreStats experts_;
   CacheAwareOptions cache_aware_opts_;
   CacheAwareStats cache_aware_;  // summed over requests (each JobResult carries its own share)
+  uint64_t batch_steps_ = 0, batch_sequences_ = 0, batch_tokens_ = 0;  // issue 22
+  ForwardTimes times_;
 };
 
 }  // namespace moestream

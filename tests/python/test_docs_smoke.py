@@ -473,6 +473,17 @@ def _bench_server(s):
     assert "|" in r.stdout
 
 
+@case("bench/server/bench_streams.py")
+def _bench_streams(s):
+    """1 and 2 concurrent streams (--parallel 1 and 2), one round of 2 tokens, the JSON written."""
+    out = s.tmp / "streams.json"
+    r = s.run([sys.executable, "bench/server/bench_streams.py", "--exe", s.exe("moestream-server"),
+               "--streams", "1,2", "--rounds", 1, "--max-tokens", 2, "--warmup-tokens", 1,
+               "--server-args", "-t 1", "--json", out], timeout=300)
+    rows = json.loads(out.read_text())["medians"]["moestream"]
+    assert [r["streams"] for r in rows] == [1, 2] and "| streams |" in r.stdout
+
+
 @case("bench/gguf_oracle.py")
 def _gguf_oracle(s):
     """Against the committed llama.cpp outputs of two fixtures (Q8_0, mixed k-quants): no llama.cpp."""
@@ -487,6 +498,7 @@ def _gguf_oracle(s):
 
 
 skipped("bench/gguf_llama.py", LLAMA, "moestream against llama.cpp on a Qwen3-30B-A3B-shaped GGUF")
+skipped("bench/peer.py", LLAMA, "moestream against llama.cpp on the same Qwen3-30B-A3B-shaped weights (issue 19)")
 
 
 # --- scripts ---
@@ -535,6 +547,7 @@ skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
 for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_resident", "io_bench", "io_hot", "kernels",
               "same_tokens"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the GPU device machine (docs/gpu.md)")
+skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,

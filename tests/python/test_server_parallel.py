@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from test_server import Server, sse_events, requests  # noqa: F401  (requests: skip without it)
+from test_server import DEMO, Server, sse_events, requests  # noqa: F401  (requests: skip without it)
 
 PROMPTS = ["The operating system keeps a table of pages.", "Once upon a time", "The river",
            "In the morning the kernel"]
@@ -65,3 +65,72 @@ def test_concurrent_requests_get_what_each_gets_alone_and_a_leaver_changes_nothi
 def test_parallel_is_checked_at_startup():
     with pytest.raises(AssertionError, match="--parallel"):
         Server("--parallel", "65")
+
+
+def _by_request(log):
+    """A routing log -> {request id: {(position, layer): (phase, expert ids)}}."""
+    out = {}
+    for i in range(len(log)):
+        key = (int(log.position[i]), int(log.layer[i]))
+        out.setdefault(int(log.request[i]), {})[key] = (int(log.phase[i]), tuple(log.ids[i].tolist()))
+    return out
+
+
+def test_routing_log_keeps_concurrent_requests_apart_and_metrics_count_the_batch(tmp_path):
+    # Issue 22 item 3: with --parallel the batch's routing events carry their sequence, and the
+    # server's --collect-routing logs each request under its own id (timings.routing_request_id):
+    # every request's records equal those of the same request run alone.
+    moestream = pytest.importorskip("moestream")
+    n_tok = 6
+    alone_log, batch_log = tmp_path / "alone.bin", tmp_path / "batch.bin"
+    alone = Server("--parallel", "1", "--no-prefix-reuse", "--collect-routing", alone_log)
+    try:
+        alone_ids = []
+        for p in PROMPTS[:3]:
+            r = alone.post("/v1/completions", {"prompt": p, "max_tokens": n_tok, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            alone_ids.append(r.json()["timings"]["routing_request_id"])
+    finally:
+        alone.stop()
+    assert alone.proc.returncode == 0, alone.proc.stderr.read()
+    s = Server("--parallel", "4", "--no-prefix-reuse", "--collect-routing", batch_log)
+    try:
+        # A long reply runs first, so the three requests join a running batch.
+        long = s.post("/v1/completions", {"prompt": "Far away", "max_tokens": 300, "stream": True,
+                                          "temperature": 0, "ignore_eos": True}, stream=True)
+        lines = long.iter_lines()
+        assert any(line.startswith(b"data:") for line in lines)
+        got = [None] * 3
+
+        def one(i):
+            r = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": n_tok, "temperature": 0,
+                                           "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            got[i] = r.json()["timings"]["routing_request_id"]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for _ in lines:  # the long reply to its end
+            pass
+        m = s.metrics()
+        assert m["moestream_batch_steps_total"] > 0
+        assert m["moestream_batch_sequences_total"] > m["moestream_batch_steps_total"]  # steps of 2+ sequences
+        assert m["moestream_sequences_running"] == 0
+        assert m['moestream_forward_seconds_total{phase="expert_compute"}'] > 0
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
+    assert None not in got and len(set(got)) == 3
+    alone_recs = _by_request(moestream.RoutingLog(alone_log))
+    batch_recs = _by_request(moestream.RoutingLog(batch_log))
+    assert len(batch_recs) == 4  # the long reply and the three
+    n_layers = json.loads((DEMO / "model.json").read_text())["n_layers"]
+    for a_id, b_id in zip(alone_ids, got):
+        a, b = alone_recs[a_id], batch_recs[b_id]
+        assert a == b
+        positions = sorted({pos for pos, _ in b})
+        assert len(b) == len(positions) * n_layers and positions == list(range(len(positions)))
+        assert {ph for ph, _ in b.values()} == {moestream.PHASE_PREFILL, moestream.PHASE_DECODE}

@@ -1,0 +1,80 @@
+// Implementation of loader/store/engine_fetch.h.
+#include "loader/store/engine_fetch.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace moestream::engine_store {
+
+bool in_page_cache(const Layer& L, uint32_t slot) {
+  for (const Piece& p : L.pieces)
+    if (p.page_cache == nullptr || !p.page_cache->sample(p.at(slot), std::min(p.length, L.layout.bytes), 2).fully_resident())
+      return false;
+  return true;
+}
+
+void push_ready(Fetch& f, size_t k) {
+  for (size_t i = 0; i < f.position_item.size(); ++i)
+    if (f.position_item[i] == k) f.ready.push_back(i);
+}
+
+bool holds(const Fetch* f, int layer, int id) {
+  if (f == nullptr || !f->in_use || f->layer != layer) return false;
+  return std::any_of(f->items.begin(), f->items.end(), [&](const Item& it) { return it.expert == id; });
+}
+
+void take_predicted(Fetch& f, CachePolicy* policy, ExpertStoreStats& stats) {
+  Fetch& p = *f.awaits;
+  for (size_t k = 0; k < f.items.size(); ++k) {
+    Item& it = f.items[k];
+    auto q = std::find_if(p.items.begin(), p.items.end(), [&](const Item& x) { return x.expert == it.expert; });
+    if (q == p.items.end() || q->failed) continue;  // a failed guess: read (and checked) anew
+    q->taken = true;
+    ++stats.lookahead_used;
+    it.data = q->data;
+    if (q->ready) {
+      it.ready = true;
+    } else {
+      it.awaited = true;
+      q->awaited_by = int32_t(k);
+      ++stats.lookahead_awaited;
+    }
+    if (policy != nullptr) (void)policy->lookup(ExpertKey{f.layer, it.expert}, CacheFill::kDemand);
+  }
+}
+
+std::string describe(const IoEngine& engine, const HostCache* cache, bool gguf, bool verify_checksums) {
+  std::string s = "engine " + std::string(io_backend_name(engine.backend()));
+  const IoEngineOptions& o = engine.options();
+  size_t direct = 0;
+  for (uint32_t f = 0; f < engine.n_files(); ++f) direct += engine.file_is_direct(f);
+  s += direct == engine.n_files() ? ", O_DIRECT" : direct ? ", O_DIRECT on some files" : ", buffered";
+  if (engine.backend() == IoBackend::kUring)
+    s += ", " + std::to_string(o.n_rings) + " rings x QD " + std::to_string(o.queue_depth);
+  else
+    s += ", " + std::to_string(o.n_threads) + " threads";
+  s += ", coalesce gap " + std::to_string(o.coalesce ? o.coalesce_gap_bytes >> 10 : 0) +
+       " KiB, max read " + std::to_string(o.max_read_bytes >> 10) + " KiB";
+  if (direct > 0 && o.direct_max_read_bytes > 0)
+    s += " (O_DIRECT " + std::to_string(o.direct_max_read_bytes >> 10) + " KiB)";
+  if (cache != nullptr) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ", host cache %.1f MiB (%u experts)",
+                  double(uint64_t(cache->n_slots()) * cache->slot_bytes()) / (1 << 20), cache->n_slots());
+    s += buf;
+  }
+  if (gguf) s += ", GGUF (3 slices per expert, no checksums in the format)";
+  else if (!verify_checksums) s += ", checksums off";
+  return s;
+}
+
+void count_recall(const Fetch& p, std::span<const int> ids, ExpertStoreStats& stats) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (std::find(ids.begin(), ids.begin() + ptrdiff_t(i), ids[i]) != ids.begin() + ptrdiff_t(i)) continue;
+    ++stats.lookahead_demanded;
+    stats.lookahead_demanded_predicted +=
+        std::find(p.predicted.begin(), p.predicted.end(), ids[i]) != p.predicted.end();
+  }
+}
+
+}  // namespace moestream::engine_store
