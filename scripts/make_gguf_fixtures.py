@@ -10,6 +10,7 @@ with that tool's Python (torch, transformers, the vendored gguf-py).
 
     scripts/llama_cpp_tool.sh build
     scripts/make_gguf_fixtures.py [--out tests/fixtures/gguf] [--work DIR]
+    scripts/make_gguf_fixtures.py --from-hf-fixtures   # tests/fixtures/gguf_hf (see below)
 """
 from __future__ import annotations
 
@@ -96,15 +97,16 @@ def tool_env() -> dict[str, str]:
 
 # ---------------------------------------------------------------- tokenizers (cut from real ones)
 
-def qwen_tokenizer(dst: Path) -> None:
-    """Qwen3's byte-level BPE cut to its first VOCAB-3 tokens (the 256 byte symbols come first) and
-    the merges among them, plus three of its special tokens."""
+def qwen_tokenizer(dst: Path, vocab_size: int = VOCAB,
+                   specials: tuple = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")) -> None:
+    """Qwen3's byte-level BPE cut to its first vocab_size - len(specials) tokens (the 256 byte
+    symbols come first) and the merges among them, plus the special tokens (three of Qwen3's by
+    default)."""
     src = json.loads((SHARED_TOKENIZERS / "qwen3" / "tokenizer.json").read_text(encoding="utf-8"))
-    keep = VOCAB - 3
+    keep = vocab_size - len(specials)
     vocab = {t: i for t, i in src["model"]["vocab"].items() if i < keep}
     merges = [m for m in src["model"]["merges"]
               if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = dict(src)
     tok["model"] = dict(src["model"], vocab=vocab, merges=merges)
     tok["added_tokens"] = [dict(id=keep + j, content=s, single_word=False, lstrip=False, rstrip=False,
@@ -113,7 +115,7 @@ def qwen_tokenizer(dst: Path) -> None:
     cfg = json.loads((SHARED_TOKENIZERS / "qwen3" / "tokenizer_config.json").read_text(encoding="utf-8"))
     (dst / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "bos_token": None,
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None,
+        "eos_token": specials[-1], "pad_token": specials[0], "unk_token": None,
         "model_max_length": 256, "chat_template": cfg["chat_template"]}, indent=1), encoding="utf-8")
 
 
@@ -473,7 +475,7 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------- GGUFs of the transformers fixtures
-# (issues 20 and 21: gpt-oss and deepseek2 from GGUF). The Hugging Face fixtures of
+# (issues 20 and 21: gpt-oss, deepseek2, qwen2moe and glm4moe from GGUF). The Hugging Face fixtures of
 # tests/fixtures/<name>/ (python/training/make_fixtures.py) converted by llama.cpp's converter into
 # tests/fixtures/gguf_hf/, checked against transformers' reference logits (not llama.cpp's): the
 # engine must compute from the GGUF what transformers computes from the checkpoint.
@@ -489,8 +491,16 @@ def main() -> None:
 #     so its GGUF is made from the config with mscale 0.7 and compared with logits transformers
 #     computes for that config (written beside it). The published configs' scoring_func is added
 #     (transformers 5 does not save it), which the converter turns into expert_gating_func.
+#   qwen2moe, glm4moe: as converted. Their tiny shapes (hidden 47 and 53) fit no ggml block, so no
+#     quantised file (llama.cpp falls back to F16 for such rows); llama.cpp cannot run the qwen2moe
+#     file itself (it assumes heads x head_dim = hidden), which is why the oracle is transformers.
+# The tokenizer each source gets (the converter needs one; the tests feed token ids): None is
+# GPT-2's BPE cut to HF_TOKENIZER_TOKENS; a tuple is Qwen3's byte-level BPE cut to the model's
+# vocabulary with those special tokens (GLM's converter looks four of its own up by name).
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")
 HF_GGUF_FIXTURES = [
-    # (fixture, HF fixture dir, outtype, pre-tokenizer, config overrides, converter extras)
+    # (fixture, HF fixture dir, outtype, pre-tokenizer, config overrides, converter extras, tokenizer)
     ("gpt_oss-F32", "gpt_oss", "f32", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
     ("gpt_oss-BF16", "gpt_oss", "bf16", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
     ("gpt_oss-Q8_0", "gpt_oss", "q8_0", "gpt-4o", {}, {"add_swiglu_clamp_exp": 1.25}),
@@ -501,6 +511,10 @@ HF_GGUF_FIXTURES = [
     ("deepseek_v3-BF16", "deepseek_v3", "bf16", "deepseek-v3",
      {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_scaling.mscale": 0.7}, {}),
     ("deepseek_v2-F32", "deepseek_v2", "f32", "deepseek-v3", {"scoring_func": "softmax"}, {}),
+    ("qwen2moe-F32", "qwen2_moe", "f32", "qwen2", {}, {}, QWEN_SPECIALS),
+    ("qwen2moe-BF16", "qwen2_moe", "bf16", "qwen2", {}, {}, QWEN_SPECIALS),
+    ("glm4moe-F32", "glm4_moe", "f32", "glm4", {}, {}, GLM_SPECIALS),
+    ("glm4moe-BF16", "glm4_moe", "bf16", "glm4", {}, {}, GLM_SPECIALS),
 ]
 HF_TOKENIZER_TOKENS = 300  # GPT-2's BPE cut below every fixture's vocabulary; the converter pads
 
@@ -524,8 +538,9 @@ def convert_driver_hf(argv: list[str]) -> None:
     convert_hf_to_gguf.main()
 
 
-def hf_source(src: Path, dst: Path, overrides: dict) -> None:
-    """The HF fixture with its config adapted (dotted keys reach into objects) and a tokenizer."""
+def hf_source(src: Path, dst: Path, overrides: dict, specials: tuple | None = None) -> None:
+    """The HF fixture with its config adapted (dotted keys reach into objects) and a tokenizer
+    (HF_GGUF_FIXTURES' last column)."""
     global VOCAB
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
@@ -538,6 +553,9 @@ def hf_source(src: Path, dst: Path, overrides: dict) -> None:
         else:
             cfg[obj] = value
     (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    if specials is not None:
+        qwen_tokenizer(dst, cfg["vocab_size"], specials)
+        return
     saved, VOCAB = VOCAB, HF_TOKENIZER_TOKENS + 1
     try:
         gpt2_tokenizer(dst)
@@ -583,11 +601,11 @@ def main_from_hf(argv: list[str]) -> None:
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     entries = {e["name"]: e for e in manifest.get("fixtures", [])}
     fixtures_root = REPO / "tests" / "fixtures"
-    for name, hf_name, outtype, pre, overrides, extras in HF_GGUF_FIXTURES:
+    for name, hf_name, outtype, pre, overrides, extras, *tokenizer in HF_GGUF_FIXTURES:
         if only and name not in only:
             continue
         src = args.work / "hf" / name
-        hf_source(fixtures_root / hf_name, src, overrides)
+        hf_source(fixtures_root / hf_name, src, overrides, *tokenizer)
         out = args.out / f"{name}.gguf"
         cmd = [py, str(Path(__file__).resolve()), "--convert-driver-hf", pre, json.dumps(extras), str(src),
                "--outtype", outtype, "--outfile", str(out), "--model-name", hf_name]

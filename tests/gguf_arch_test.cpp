@@ -1,8 +1,10 @@
-// GGUF input for gpt-oss and deepseek2 (issues 20, 21): the transformers fixtures converted by
-// llama.cpp's converter (tests/fixtures/gguf_hf, scripts/make_gguf_fixtures.py --from-hf-fixtures)
-// run in place and converted to a pack, against transformers' reference logits and greedy tokens;
-// the configuration read from the metadata; the older unsplit attn_kv_b form; and clear errors for
-// missing or misshapen tensors and settings the engine does not compute.
+// GGUF input (issues 20, 21): every transformers fixture converted by llama.cpp's converter
+// (tests/fixtures/gguf_hf's manifest: gpt-oss, deepseek2, qwen2moe, glm4moe; made by
+// scripts/make_gguf_fixtures.py --from-hf-fixtures) run in place, converted to a pack and with its
+// experts permuted by the GGUF repack, against transformers' reference logits and greedy tokens.
+// For gpt-oss and deepseek2 also: the configuration read from the metadata; the older unsplit
+// attn_kv_b form; and clear errors for missing or misshapen tensors and settings the engine does
+// not compute (qwen2moe and glm4moe: gguf_qwen2_glm4_test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "runtime/convert/convert.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/gguf_rewrite.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 
@@ -160,64 +163,6 @@ namespace {
 
 fs::path fixture(const std::string& name) { return kRoot / (name + ".gguf"); }
 
-// A copy of `src` with edits: `tensor` may change a spec (type, dims) or return false to drop
-// it; `bytes` replaces a tensor's data (else its own, or zeros when its size changed); `meta`
-// replaces (or with a null value, drops) metadata keys, and adds those not present.
-struct Rewrite {
-  std::function<bool(GgufTensorSpec&)> tensor = [](GgufTensorSpec&) { return true; };
-  std::map<std::string, std::vector<uint8_t>> bytes;
-  std::vector<GgufTensorSpec> extra;  // appended, with their `bytes`
-  std::map<std::string, std::optional<GgufValue>> meta;
-};
-
-void rewrite(const fs::path& src, const fs::path& dst, const Rewrite& r) {
-  const GgufModelFiles files(src);
-  GgufMetadata md;
-  std::map<std::string, std::optional<GgufValue>> pending = r.meta;
-  for (const GgufKv& kv : files.metadata().entries()) {
-    if (kv.key.rfind("GGUF.", 0) == 0) continue;
-    const auto it = pending.find(kv.key);
-    if (it == pending.end()) {
-      md.add(kv.key, kv.value);
-      continue;
-    }
-    if (it->second) md.add(kv.key, *it->second);
-    pending.erase(it);
-  }
-  for (const auto& [k, v] : pending)
-    if (v) md.add(k, *v);
-  std::vector<GgufTensorSpec> specs;
-  std::vector<const GgufTensor*> from;
-  for (const GgufTensor& t : files.tensors()) {
-    GgufTensorSpec s{t.name, t.type, t.dims};
-    if (!r.tensor(s)) continue;
-    specs.push_back(s);
-    from.push_back(&t);
-  }
-  for (const GgufTensorSpec& s : r.extra) {
-    specs.push_back(s);
-    from.push_back(nullptr);
-  }
-  GgufWriter w(dst, md, specs);
-  const std::string data = read_file(src);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    std::vector<uint8_t> b;
-    if (const auto it = r.bytes.find(specs[i].name); it != r.bytes.end()) {
-      b = it->second;
-    } else if (from[i] != nullptr && from[i]->bytes == w.tensor_bytes(i)) {
-      b.resize(from[i]->bytes);
-      std::memcpy(b.data(), data.data() + from[i]->offset, b.size());
-    }
-    b.resize(w.tensor_bytes(i), 0);
-    w.write(b.data(), b.size());
-  }
-  w.commit();
-}
-
-std::string load_error(const fs::path& p) {
-  return test::error_message<FormatError>([&] { GgufModel g(p); });
-}
-
 bool keep_all_but(GgufTensorSpec& s, const std::string& name) { return s.name != name; }
 
 GgufValue u32(uint32_t v) { return GgufValue::from_unsigned(GgufValueType::kU32, v); }
@@ -252,9 +197,9 @@ TEST(GgufArchConfig, GptOssMetadataBecomesTheConfig) {
 
   // Without swiglu_clamp_exp: llama.cpp's (and gpt-oss's) limit 7.
   TempDir tmp("gguf_arch_test");
-  Rewrite r;
+  test::GgufRewrite r;
   r.meta["gpt-oss.swiglu_clamp_exp"] = std::nullopt;
-  rewrite(p, tmp.path() / "x.gguf", r);
+  test::rewrite_gguf(p, tmp.path() / "x.gguf", r);
   EXPECT_DOUBLE_EQ(GgufModel(tmp.path() / "x.gguf").config().swiglu_limit, 7.0);
 }
 
@@ -314,7 +259,7 @@ TEST(GgufArchConfig, DeepseekUnsplitKvBMatchesTheSplitForm) {
     ASSERT_EQ(t, GgmlType::kF32);
     std::memcpy(out, in, rows * cols * sizeof(float));
   };
-  Rewrite r;
+  test::GgufRewrite r;
   r.tensor = [](GgufTensorSpec& s) {
     return s.name.find("attn_k_b") == std::string::npos && s.name.find("attn_v_b") == std::string::npos;
   };
@@ -325,7 +270,7 @@ TEST(GgufArchConfig, DeepseekUnsplitKvBMatchesTheSplitForm) {
     r.bytes[name] = kv.bytes;
   }
   TempDir tmp("gguf_arch_test");
-  rewrite(p, tmp.path() / "kvb.gguf", r);
+  test::rewrite_gguf(p, tmp.path() / "kvb.gguf", r);
   EXPECT_FALSE(GgufModel(tmp.path() / "kvb.gguf").dense_is_derived("layers.1.wkv_b"));
   ModelOptions mo;
   mo.n_threads = 2;
@@ -339,12 +284,12 @@ TEST(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   if (!fs::exists(oss) || !fs::exists(ds)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
   TempDir tmp("gguf_arch_test");
   const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const Rewrite& r, const std::string& needle) {
-    rewrite(src, x, r);
-    const std::string msg = load_error(x);
+  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
+    test::rewrite_gguf(src, x, r);
+    const std::string msg = test::gguf_load_error(x);
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
   };
-  Rewrite r;
+  test::GgufRewrite r;
   r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.attn_sinks.weight"); };
   expect(oss, r, "tensor 'blk.1.attn_sinks.weight' is missing");
   r.tensor = [](GgufTensorSpec& s) {
@@ -390,45 +335,46 @@ TEST(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
   if (!fs::exists(oss) || !fs::exists(ds) || !fs::exists(v2)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
   TempDir tmp("gguf_arch_test");
   const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const Rewrite& r, const std::string& needle) {
-    rewrite(src, x, r);
-    const std::string msg = load_error(x);
+  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
+    test::rewrite_gguf(src, x, r);
+    const std::string msg = test::gguf_load_error(x);
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
   };
-  Rewrite r;
+  test::GgufRewrite r;
   r.meta["deepseek2.expert_gating_func"] = u32(4);
   expect(ds, r, "deepseek2.expert_gating_func 4 is not supported");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["deepseek2.expert_group_count"] = u32(4);
   expect(v2, r, "softmax routing with expert groups (4)");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["deepseek2.attention.key_length"] = u32(30);
   expect(ds, r, "deepseek2.attention.key_length = 30 contradicts the tensors (28)");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["deepseek2.leading_dense_block_count"] = u32(3);
   expect(ds, r, "leading_dense_block_count 3 leaves no MoE layer of 3");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["gpt-oss.swiglu_clamp_exp"] = GgufValue::from_float(GgufValueType::kF32, -1.0);
   expect(oss, r, "gpt-oss.swiglu_clamp_exp must be one positive limit");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["gpt-oss.rope.freq_base_swa"] = GgufValue::from_float(GgufValueType::kF32, 10000.0);
   expect(oss, r, "rope.freq_base_swa differs from rope.freq_base");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["gpt-oss.expert_count"] = u32(9);
   expect(oss, r, "gpt-oss.expert_count = 9 contradicts the tensors (8)");
-  r = Rewrite{};
+  r = test::GgufRewrite{};
   r.meta["gpt-oss.attention.sliding_window"] = std::nullopt;
   expect(oss, r, "gpt-oss.attention.sliding_window");
 }
 
 // cluster_experts on a GGUF permutes the expert ids themselves (cluster/gguf_repack.h): with the
 // leading dense layers skipped, the router rows, correction bias and expert biases moved with
-// the experts, the repacked file must compute what the original does. DeepSeek's grouped routing
-// takes runs of consecutive ids as groups, so orders stay inside groups (one that crosses is
-// refused); gpt-oss has no groups and takes any order.
+// the experts, the repacked file must compute what the original does. DeepSeek's and GLM-4.5's
+// grouped routing takes runs of consecutive ids as groups, so orders stay inside groups (one that
+// crosses is refused); gpt-oss and Qwen2-MoE have no groups and take any order.
 TEST(GgufArchRepack, PermutedExpertsComputeTheSameLogits) {
   TempDir tmp("gguf_arch_test");
-  for (const char* name : {"deepseek_v3-F32", "gpt_oss-F32"}) {
+  // glm4moe: a dense first layer and n_group 4; qwen2moe: a shared expert outside the permutation.
+  for (const char* name : {"deepseek_v3-F32", "gpt_oss-F32", "glm4moe-F32", "qwen2moe-F32"}) {
     const fs::path src = fixture(name);
     if (!fs::exists(src)) MOESTREAM_SKIP_OR_FAIL() << src << " absent";
     const cluster::GgufLayout layout = cluster::read_gguf_layout(src, IoEngineOptions{});

@@ -1,8 +1,11 @@
-// Implementation of loader/format/gguf_arch.h: the dispatch to the architecture readers, their
-// shared checks, and GgufModel's derived dense tensors (built from the stored ones on demand).
+// Implementation of loader/format/gguf_arch.h: the table of architectures, every architecture's
+// dense tensor names, the readers' shared checks, and GgufModel's derived dense tensors (built
+// from the stored ones on demand).
 #include "loader/format/gguf_arch.h"
 
 #include <cstring>
+#include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -10,16 +13,84 @@
 
 namespace moestream {
 
-bool read_gguf_arch(const GgufModelFiles& files, const std::string& where, const std::string& arch, GgufArchModel& out) {
-  if (arch == "gpt-oss") {
-    read_gguf_gpt_oss(files, where, out);
-    return true;
+namespace {
+
+// The architectures this build runs from GGUF (general.architecture), one entry each.
+constexpr GgufArch kGgufArchs[] = {
+    {"qwen3moe", nullptr, Arch::kQwen3Moe, true, false, "expert_feed_forward_length", nullptr},
+    {"olmoe", nullptr, Arch::kOlmoe, false, false, "feed_forward_length", nullptr},
+    {"llama", nullptr, Arch::kMixtral, true, true, "feed_forward_length", nullptr},  // Mixtral: with expert tensors
+    {"qwen2moe", nullptr, Arch::kQwen2Moe, false, false, "expert_feed_forward_length", extend_gguf_qwen2moe},
+    {"glm4moe", nullptr, Arch::kGlm4Moe, false, false, "expert_feed_forward_length", extend_gguf_glm4moe},
+    // Readers of their own: these fields are theirs to set.
+    {"gpt-oss", read_gguf_gpt_oss, Arch::kGptOss, false, false, "", nullptr},
+    {"deepseek2", read_gguf_deepseek2, Arch::kDeepseekV3, false, false, "", nullptr},
+};
+
+}  // namespace
+
+const GgufArch& find_gguf_arch(const std::string& where, const std::string& name) {
+  std::string known;
+  for (const GgufArch& a : kGgufArchs) {
+    if (a.gguf_name == name) return a;
+    known += (known.empty() ? "" : ", ") + std::string(a.gguf_name);
   }
-  if (arch == "deepseek2") {
-    read_gguf_deepseek2(files, where, out);
-    return true;
+  gguf_arch_error(where, "general.architecture '" + name + "' is not supported (this build runs " + known +
+                             "; llama means Mixtral, with experts)");
+}
+
+std::string gguf_dense_name(Arch arch, const std::string& n) {
+  if (n == "embed") return "token_embd.weight";
+  if (n == "final_norm") return "output_norm.weight";
+  if (n == "lm_head") return "output.weight";
+  if (n.rfind("layers.", 0) == 0) {
+    const size_t dot = n.find('.', 7);
+    if (dot != std::string::npos) {
+      const std::string blk = "blk." + n.substr(7, dot - 7) + ".";
+      const std::string_view field = std::string_view(n).substr(dot + 1);
+      const bool post_norm = arch == Arch::kGlm4Moe || arch == Arch::kGptOss;
+      const bool deepseek = arch == Arch::kDeepseekV2 || arch == Arch::kDeepseekV3;
+      if (post_norm && field == "ffn_norm") return blk + "post_attention_norm.weight";
+      if (field == "router_bias") {
+        if (arch == Arch::kGptOss) return blk + "ffn_gate_inp.bias";  // added to the logits
+        if (arch == Arch::kGlm4Moe || deepseek) return blk + "exp_probs_b.bias";  // selection only
+      }
+      // DeepSeek's MLA projections.
+      static constexpr std::pair<std::string_view, std::string_view> kMla[] = {
+          {"wq_a", "attn_q_a.weight"},          {"q_a_norm", "attn_q_a_norm.weight"},
+          {"wq_b", "attn_q_b.weight"},          {"wkv_a", "attn_kv_a_mqa.weight"},
+          {"kv_a_norm", "attn_kv_a_norm.weight"}, {"wkv_b", "attn_kv_b.weight"}};
+      if (deepseek)
+        for (const auto& [ours, theirs] : kMla)
+          if (field == ours) return blk + std::string(theirs);
+      if (arch == Arch::kGptOss && field == "bo") return blk + "attn_output.bias";
+      if (arch == Arch::kGptOss && field == "sinks") return blk + "attn_sinks.weight";
+      // Names llama.cpp gives these tensors in every architecture that has them.
+      static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
+          {"attn_norm", "attn_norm.weight"},
+          {"wq", "attn_q.weight"},
+          {"wk", "attn_k.weight"},
+          {"wv", "attn_v.weight"},
+          {"wo", "attn_output.weight"},
+          {"q_norm", "attn_q_norm.weight"},
+          {"k_norm", "attn_k_norm.weight"},
+          {"ffn_norm", "ffn_norm.weight"},
+          {"router", "ffn_gate_inp.weight"},
+          {"bq", "attn_q.bias"},
+          {"bk", "attn_k.bias"},
+          {"bv", "attn_v.bias"},
+          {"shared_gate", "ffn_gate_shexp.weight"},
+          {"shared_up", "ffn_up_shexp.weight"},
+          {"shared_down", "ffn_down_shexp.weight"},
+          {"shared_expert_gate", "ffn_gate_inp_shexp.weight"},
+          {"mlp_gate", "ffn_gate.weight"},
+          {"mlp_up", "ffn_up.weight"},
+          {"mlp_down", "ffn_down.weight"}};
+      for (const auto& [ours, theirs] : kLayer)
+        if (field == ours) return blk + std::string(theirs);
+    }
   }
-  return false;
+  throw ConfigError("no GGUF name for dense tensor '" + n + "'");
 }
 
 void gguf_arch_error(const std::string& where, const std::string& what) { throw FormatError(where + ": " + what); }
@@ -38,6 +109,15 @@ const GgufTensor& gguf_arch_shaped(const GgufModelFiles& f, const std::string& w
                                " (ne0 first)");
   }
   return *t;
+}
+
+const GgufTensor& gguf_arch_shaped_any(const GgufModelFiles& f, const std::string& where, const std::string& name,
+                                       const std::vector<std::vector<uint64_t>>& allowed) {
+  const GgufTensor* t = f.find_tensor(name);
+  if (t != nullptr)
+    for (const auto& dims : allowed)
+      if (t->dims == dims) return *t;
+  return gguf_arch_shaped(f, where, name, allowed.front());  // names what is missing or wrong
 }
 
 void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where, int layer) {

@@ -1,16 +1,25 @@
-// The GGUF architectures whose tensors and metadata differ from the llama-like layout GgufModel
-// reads itself (gguf_model.cpp): "gpt-oss" (gguf_arch_gpt_oss.cpp) and "deepseek2"
-// (gguf_arch_deepseek2.cpp). Each reader turns the metadata into a validated ModelConfig, names
-// the GGUF tensor of every dense tensor the engine reads, places the experts, and lists the dense
-// tensors that must be computed from the stored ones (GgufDerivedSpec). Facts about what
-// llama.cpp's converter writes are in docs/format.md (GGUF input).
+// The GGUF architectures this build reads, one table (kGgufArchs in gguf_arch.cpp) by
+// general.architecture. Two kinds of entry:
+//   - the llama-like layout GgufModel reads itself (gguf_model.cpp): "qwen3moe", "olmoe", "llama"
+//     with experts (Mixtral), and "qwen2moe" / "glm4moe", whose extra metadata and tensors
+//     gguf_arch_qwen2_glm4.cpp adds (the entry's `extend`);
+//   - architectures whose tensors and metadata differ from it, with a reader of their own (`read`):
+//     "gpt-oss" (gguf_arch_gpt_oss.cpp) and "deepseek2" (gguf_arch_deepseek2.cpp). Such a reader
+//     turns the metadata into a validated ModelConfig, names the GGUF tensor of every dense tensor
+//     the engine reads, places the experts, and lists the dense tensors that must be computed from
+//     the stored ones (GgufDerivedSpec).
+// Every architecture's dense tensor names are gguf_dense_name's. Facts about what llama.cpp's
+// converter writes are in docs/format.md (GGUF input).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "loader/format/gguf_file.h"
 #include "loader/format/gguf_model.h"
@@ -25,17 +34,49 @@ struct GgufArchModel {
   std::map<std::string, GgufDerivedSpec> derived;
 };
 
-// Reads `files` when general.architecture is one of these readers' (true), else false.
-bool read_gguf_arch(const GgufModelFiles& files, const std::string& where, const std::string& arch, GgufArchModel& out);
+struct GgufArch {
+  std::string_view gguf_name;  // general.architecture
+  // A reader of its own (the whole config, names and experts), or nullptr: GgufModel's llama-like
+  // reader with the fields below.
+  void (*read)(const GgufModelFiles& files, const std::string& where, GgufArchModel& out);
+  Arch arch;
+  bool norm_topk_prob;                // what the architecture's reference implementation does
+  bool qk_interleaved;                // llama.cpp's converter permuted Q/K rows for interleaved RoPE
+  std::string_view expert_width_key;  // the metadata key that states F, after "{arch}."
+  // Adds to `j` (model.json fields, before validation) what the architecture states beyond the
+  // llama-like reader's fields (`a` is "<architecture>."); FormatError naming the key for a value
+  // this build does not compute. nullptr: nothing.
+  void (*extend)(const GgufModelFiles& files, const std::string& where, const std::string& a, nlohmann::json& j);
+};
+
+// The entry for general.architecture `name`; FormatError naming `where` and the supported ones.
+const GgufArch& find_gguf_arch(const std::string& where, const std::string& name);
+
+// The GGUF name of a dense tensor named as in dense.safetensors, for a model of `arch`: the names
+// llama.cpp gives every architecture that has the tensor, except where `arch` differs (glm4moe's
+// and gpt-oss's post-attention norm, the router bias: exp_probs_b for glm4moe and deepseek2,
+// ffn_gate_inp.bias for gpt-oss; deepseek2's MLA projections). ConfigError for a name with none.
+std::string gguf_dense_name(Arch arch, const std::string& our_name);
 
 void read_gguf_gpt_oss(const GgufModelFiles& files, const std::string& where, GgufArchModel& out);
 void read_gguf_deepseek2(const GgufModelFiles& files, const std::string& where, GgufArchModel& out);
+void extend_gguf_qwen2moe(const GgufModelFiles& files, const std::string& where, const std::string& a,
+                          nlohmann::json& j);
+void extend_gguf_glm4moe(const GgufModelFiles& files, const std::string& where, const std::string& a,
+                         nlohmann::json& j);
+// For the llama-like reader: every dense tensor cfg's extra fields call for (attention biases,
+// shared experts and their gate, the correction bias, the dense MLP of the leading layers) exists
+// with its shape; FormatError naming the file and tensor otherwise.
+void gguf_arch_check_extra_tensors(const GgufModelFiles& files, const std::string& where, const ModelConfig& cfg);
 
 // Shared by the readers.
 [[noreturn]] void gguf_arch_error(const std::string& where, const std::string& what);
 // The tensor `name`, which must have exactly `dims` (ne0 first); FormatError naming it otherwise.
 const GgufTensor& gguf_arch_shaped(const GgufModelFiles& f, const std::string& where, const std::string& name,
                                    const std::vector<uint64_t>& dims);
+// The same with one of the shapes `allowed` (the first is named in the error).
+const GgufTensor& gguf_arch_shaped_any(const GgufModelFiles& f, const std::string& where, const std::string& name,
+                                       const std::vector<std::vector<uint64_t>>& allowed);
 // FormatError for a layer without blk.N.ffn_gate_exps.weight, naming the fused gate_up form
 // (ffn_gate_up_exps, which this build does not read) when that is what the file holds.
 [[noreturn]] void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where, int layer);

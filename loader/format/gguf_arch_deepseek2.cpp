@@ -120,13 +120,14 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   if (const auto e = m.find_u32("tokenizer.ggml.eos_token_id")) c.eos_token_id = int(*e);
 
   const uint64_t H = uint64_t(c.n_heads), n = qk - r;
-  auto name = [&](const std::string& ours, const std::string& theirs, const std::vector<uint64_t>& dims) {
+  auto name = [&](const std::string& ours, const std::vector<uint64_t>& dims) {
+    const std::string theirs = gguf_dense_name(c.arch, ours);
     gguf_arch_shaped(f, where, theirs, dims);
     out.names[ours] = theirs;
   };
   // DeepSeek's RoPE rows pair (2i, 2i+1); the engine rotates halves: de-interleaved at load.
-  auto rope_rows = [&](const std::string& ours, const std::string& theirs, const std::vector<uint64_t>& dims,
-                       uint64_t group) {
+  auto rope_rows = [&](const std::string& ours, const std::vector<uint64_t>& dims, uint64_t group) {
+    const std::string theirs = gguf_dense_name(c.arch, ours);
     gguf_arch_shaped(f, where, theirs, dims);
     GgufDerivedSpec d;
     d.kind = GgufDerivedSpec::Kind::kRopeRows;
@@ -136,21 +137,21 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
     d.dims = dims;
     out.derived[ours] = d;
   };
-  name("embed", "token_embd.weight", {D, V});
-  name("final_norm", "output_norm.weight", {D});
-  if (!tied) name("lm_head", "output.weight", {D, V});
+  name("embed", {D, V});
+  name("final_norm", {D});
+  if (!tied) name("lm_head", {D, V});
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
-    name(o + "attn_norm", p + "attn_norm.weight", {D});
+    name(o + "attn_norm", {D});
     if (Q > 0) {
-      name(o + "wq_a", p + "attn_q_a.weight", {D, Q});
-      name(o + "q_a_norm", p + "attn_q_a_norm.weight", {Q});
-      rope_rows(o + "wq_b", p + "attn_q_b.weight", {Q, H * qk}, qk);
+      name(o + "wq_a", {D, Q});
+      name(o + "q_a_norm", {Q});
+      rope_rows(o + "wq_b", {Q, H * qk}, qk);
     } else {
-      rope_rows(o + "wq", p + "attn_q.weight", {D, H * qk}, qk);
+      rope_rows(o + "wq", {D, H * qk}, qk);
     }
-    rope_rows(o + "wkv_a", p + "attn_kv_a_mqa.weight", {D, C + r}, C + r);
-    name(o + "kv_a_norm", p + "attn_kv_a_norm.weight", {C});
+    rope_rows(o + "wkv_a", {D, C + r}, C + r);
+    name(o + "kv_a_norm", {C});
     if (f.find_tensor(p + "attn_k_b.weight") != nullptr || f.find_tensor(p + "attn_kv_b.weight") == nullptr) {
       gguf_arch_shaped(f, where, p + "attn_k_b.weight", {n, C, H});
       gguf_arch_shaped(f, where, p + "attn_v_b.weight", {C, v, H});
@@ -165,21 +166,21 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
       d.dims = {C, H * (n + v)};
       out.derived[o + "wkv_b"] = d;
     } else {
-      name(o + "wkv_b", p + "attn_kv_b.weight", {C, H * (n + v)});  // older files: our layout as is
+      name(o + "wkv_b", {C, H * (n + v)});  // older files: our layout as is
     }
-    name(o + "wo", p + "attn_output.weight", {H * v, D});
-    name(o + "ffn_norm", p + "ffn_norm.weight", {D});
+    name(o + "wo", {H * v, D});
+    name(o + "ffn_norm", {D});
     if (!c.is_moe_layer(l)) {
       const uint64_t I = uint64_t(c.intermediate_size);
-      name(o + "mlp_gate", p + "ffn_gate.weight", {D, I});
-      name(o + "mlp_up", p + "ffn_up.weight", {D, I});
-      name(o + "mlp_down", p + "ffn_down.weight", {I, D});
+      name(o + "mlp_gate", {D, I});
+      name(o + "mlp_up", {D, I});
+      name(o + "mlp_down", {I, D});
       continue;
     }
-    name(o + "router", p + "ffn_gate_inp.weight", {D, E});
+    name(o + "router", {D, E});
     const std::string bias = p + "exp_probs_b.bias";
     if (sigmoid && f.find_tensor(bias) != nullptr) {
-      name(o + "router_bias", bias, {E});
+      name(o + "router_bias", {E});
     } else if (sigmoid) {  // llama.cpp treats it as optional: no correction
       GgufDerivedSpec d;
       d.kind = GgufDerivedSpec::Kind::kZeros;
@@ -190,9 +191,9 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
     }
     if (n_shared > 0) {
       const uint64_t S = n_shared * F;
-      name(o + "shared_gate", p + "ffn_gate_shexp.weight", {D, S});
-      name(o + "shared_up", p + "ffn_up_shexp.weight", {D, S});
-      name(o + "shared_down", p + "ffn_down_shexp.weight", {S, D});
+      name(o + "shared_gate", {D, S});
+      name(o + "shared_up", {D, S});
+      name(o + "shared_down", {S, D});
     }
     GgufLayerExperts x;
     const GgufTensor& g = gguf_arch_shaped(f, where, p + "ffn_gate_exps.weight", {D, F, E});

@@ -109,28 +109,29 @@ void read_gguf_gpt_oss(const GgufModelFiles& f, const std::string& where, GgufAr
 
   // Tensors: shapes checked now, names for the dense loader.
   const uint64_t H = uint64_t(c.n_heads), hd = uint64_t(c.head_dim), qd = H * hd, kvd = uint64_t(c.n_kv_heads) * hd;
-  auto name = [&](const std::string& ours, const std::string& theirs, const std::vector<uint64_t>& dims) {
+  auto name = [&](const std::string& ours, const std::vector<uint64_t>& dims) {
+    const std::string theirs = gguf_dense_name(c.arch, ours);
     gguf_arch_shaped(f, where, theirs, dims);
     out.names[ours] = theirs;
   };
-  name("embed", "token_embd.weight", {D, V});
-  name("final_norm", "output_norm.weight", {D});
-  if (!tied) name("lm_head", "output.weight", {D, V});
+  name("embed", {D, V});
+  name("final_norm", {D});
+  if (!tied) name("lm_head", {D, V});
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".", o = "layers." + std::to_string(l) + ".";
-    name(o + "attn_norm", p + "attn_norm.weight", {D});
-    name(o + "wq", p + "attn_q.weight", {D, qd});
-    name(o + "wk", p + "attn_k.weight", {D, kvd});
-    name(o + "wv", p + "attn_v.weight", {D, kvd});
-    name(o + "bq", p + "attn_q.bias", {qd});
-    name(o + "bk", p + "attn_k.bias", {kvd});
-    name(o + "bv", p + "attn_v.bias", {kvd});
-    name(o + "wo", p + "attn_output.weight", {qd, D});
-    name(o + "bo", p + "attn_output.bias", {D});
-    name(o + "sinks", p + "attn_sinks.weight", {H});
-    name(o + "ffn_norm", p + "post_attention_norm.weight", {D});
-    name(o + "router", p + "ffn_gate_inp.weight", {D, E});
-    name(o + "router_bias", p + "ffn_gate_inp.bias", {E});
+    name(o + "attn_norm", {D});
+    name(o + "wq", {D, qd});
+    name(o + "wk", {D, kvd});
+    name(o + "wv", {D, kvd});
+    name(o + "bq", {qd});
+    name(o + "bk", {kvd});
+    name(o + "bv", {kvd});
+    name(o + "wo", {qd, D});
+    name(o + "bo", {D});
+    name(o + "sinks", {H});
+    name(o + "ffn_norm", {D});
+    name(o + "router", {D, E});
+    name(o + "router_bias", {E});
     GgufLayerExperts x;
     const GgufTensor& g = gguf_arch_shaped(f, where, p + "ffn_gate_exps.weight", {D, F, E});
     const GgufTensor& u = gguf_arch_shaped(f, where, p + "ffn_up_exps.weight", {D, F, E});

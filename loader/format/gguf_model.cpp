@@ -21,72 +21,9 @@ namespace {
 
 using json = nlohmann::json;
 
-struct ArchTraits {
-  std::string_view gguf_name;
-  Arch arch;
-  bool norm_topk_prob;  // what the architecture's reference implementation does
-  bool qk_interleaved;  // llama.cpp's converter permuted Q/K rows for interleaved RoPE
-  std::string_view expert_width_key;  // the metadata key that states F, after "{arch}."
-};
-
-// The MoE architectures this build runs from GGUF, by general.architecture.
-constexpr ArchTraits kArchs[] = {
-    {"qwen3moe", Arch::kQwen3Moe, true, false, "expert_feed_forward_length"},
-    {"olmoe", Arch::kOlmoe, false, false, "feed_forward_length"},
-    {"llama", Arch::kMixtral, true, true, "feed_forward_length"},  // Mixtral: llama with expert tensors
-};
-
-[[noreturn]] void bad(const std::string& where, const std::string& what) {
-  throw FormatError(where + ": " + what);
-}
-
-// The tensor `name`, which must have exactly `dims` (ne0 first).
-const GgufTensor& shaped(const GgufModelFiles& f, const std::string& where, const std::string& name,
-                         const std::vector<uint64_t>& dims) {
-  const GgufTensor* t = f.find_tensor(name);
-  if (t == nullptr) bad(where, "tensor '" + name + "' is missing");
-  if (t->dims != dims) {
-    auto str = [](const std::vector<uint64_t>& d) {
-      std::string s = "[";
-      for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-      return s + "]";
-    };
-    bad(where, "tensor '" + name + "' has shape " + str(t->dims) + ", expected " + str(dims) + " (ne0 first)");
-  }
-  return *t;
-}
-
-// Checks that metadata `key`, when present, agrees with the size the tensors give.
-void agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want) {
-  if (const auto v = m.find_u64(key); v && *v != want)
-    bad(where, "metadata " + key + " = " + std::to_string(*v) + " contradicts the tensors (" +
-                   std::to_string(want) + ")");
-}
-
-GgufExpertMatrix expert_matrix(const GgufTensor& t, uint64_t n_experts) {
-  return GgufExpertMatrix{t.shard, t.offset, t.bytes / n_experts};
-}
+[[noreturn]] void bad(const std::string& where, const std::string& what) { gguf_arch_error(where, what); }
 
 }  // namespace
-
-std::string gguf_dense_name(const std::string& n) {
-  if (n == "embed") return "token_embd.weight";
-  if (n == "final_norm") return "output_norm.weight";
-  if (n == "lm_head") return "output.weight";
-  static constexpr std::pair<std::string_view, std::string_view> kLayer[] = {
-      {"attn_norm", "attn_norm"}, {"wq", "attn_q"},          {"wk", "attn_k"},
-      {"wv", "attn_v"},           {"wo", "attn_output"},      {"q_norm", "attn_q_norm"},
-      {"k_norm", "attn_k_norm"},  {"ffn_norm", "ffn_norm"},   {"router", "ffn_gate_inp"}};
-  if (n.rfind("layers.", 0) == 0) {
-    const size_t dot = n.find('.', 7);
-    if (dot != std::string::npos) {
-      const std::string_view field = std::string_view(n).substr(dot + 1);
-      for (const auto& [ours, theirs] : kLayer)
-        if (field == ours) return "blk." + n.substr(7, dot - 7) + "." + std::string(theirs) + ".weight";
-    }
-  }
-  throw ConfigError("no GGUF name for dense tensor '" + n + "'");
-}
 
 bool is_gguf_file(const std::filesystem::path& path) {
   std::error_code ec;
@@ -103,8 +40,10 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   const GgufMetadata& m = files_.metadata();
   const std::string where = path.string();
   const std::string& arch_s = m.get_string("general.architecture");
-  // gpt-oss and deepseek2: their own readers (gguf_arch.h).
-  if (GgufArchModel r; read_gguf_arch(files_, where, arch_s, r)) {
+  const GgufArch& traits = find_gguf_arch(where, arch_s);
+  if (traits.read != nullptr) {  // gpt-oss, deepseek2: readers of their own (gguf_arch.h)
+    GgufArchModel r;
+    traits.read(files_, where, r);
     cfg_ = std::move(r.cfg);
     experts_ = std::move(r.experts);
     names_ = std::move(r.names);
@@ -115,30 +54,36 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     cfg_.experts_dir.clear();
     return;
   }
-  const ArchTraits* traits = nullptr;
-  for (const ArchTraits& a : kArchs)
-    if (a.gguf_name == arch_s) traits = &a;
-  if (traits == nullptr)
-    bad(where, "general.architecture '" + arch_s + "' is not supported (this build runs qwen3moe, "
-               "olmoe, llama with experts (Mixtral), gpt-oss and deepseek2)");
   const std::string a = arch_s + ".";
-  qk_interleaved_ = traits->qk_interleaved;
+  qk_interleaved_ = traits.qk_interleaved;
 
+  // Decoder layers: block_count less the MTP blocks after them (GLM-4.5's nextn layers, unused
+  // by decoding), the first `lead` of them with a dense MLP instead of experts.
+  const uint64_t n_blocks = m.get_u64(a + "block_count");
+  const uint64_t n_nextn = m.find_u64(a + "nextn_predict_layers").value_or(0);
+  if (n_nextn >= n_blocks)
+    bad(where, a + "nextn_predict_layers (" + std::to_string(n_nextn) + ") leaves none of " + std::to_string(n_blocks) +
+                   " blocks");
+  const uint64_t n_layers = n_blocks - n_nextn;
+  const uint64_t lead = m.find_u64(a + "leading_dense_block_count").value_or(0);
+  if (lead >= n_layers)
+    bad(where, a + "leading_dense_block_count (" + std::to_string(lead) + ") leaves no MoE layer of " +
+                   std::to_string(n_layers));
   // Sizes from the tensors, which must exist whatever the metadata says.
-  const GgufTensor* gate0 = files_.find_tensor("blk.0.ffn_gate_exps.weight");
+  const std::string gate0_name = "blk." + std::to_string(lead) + ".ffn_gate_exps.weight";
+  const GgufTensor* gate0 = files_.find_tensor(gate0_name);
   if (gate0 == nullptr) {
-    if (files_.find_tensor("blk.0.ffn_gate.0.weight") != nullptr)
+    if (files_.find_tensor("blk." + std::to_string(lead) + ".ffn_gate.0.weight") != nullptr)
       bad(where, "experts are stored one tensor per expert (blk.N.ffn_gate.E.weight), an old GGUF "
                  "layout; convert the model again with a current llama.cpp converter");
-    bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is missing: not a mixture-of-experts model");
+    bad(where, "tensor '" + gate0_name + "' is missing: not a mixture-of-experts model");
   }
-  if (gate0->dims.size() != 3) bad(where, "tensor 'blk.0.ffn_gate_exps.weight' is not 3-dimensional");
+  if (gate0->dims.size() != 3) bad(where, "tensor '" + gate0_name + "' is not 3-dimensional");
   const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
   const GgufTensor& embd = files_.tensor("token_embd.weight");
   if (embd.dims.size() != 2 || embd.dims[0] != D)
     bad(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
   const uint64_t V = embd.dims[1];
-  const uint64_t n_layers = m.get_u64(a + "block_count");
   const uint64_t n_heads = m.get_u64(a + "attention.head_count");
   const uint64_t n_kv = m.find_u64(a + "attention.head_count_kv").value_or(n_heads);
   if (n_heads == 0) bad(where, a + "attention.head_count is 0");
@@ -146,16 +91,16 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   if (const auto v = m.find_u64(a + "attention.value_length"); v && *v != head_dim)
     bad(where, a + "attention.value_length (" + std::to_string(*v) + ") differs from key_length (" +
                    std::to_string(head_dim) + "): not supported");
-  agree(m, where, a + "embedding_length", D);
-  agree(m, where, a + "expert_count", E);
-  agree(m, where, a + std::string(traits->expert_width_key), F);
-  agree(m, where, a + "vocab_size", V);
+  gguf_arch_agree(m, where, a + "embedding_length", D);
+  gguf_arch_agree(m, where, a + "expert_count", E);
+  gguf_arch_agree(m, where, a + std::string(traits.expert_width_key), F);
+  gguf_arch_agree(m, where, a + "vocab_size", V);
 
   // Everything model.json states, through model.json's validation (ranges, products, ids).
   json j;
   j["format"] = "moestream";
   j["format_version"] = 1;
-  j["architecture"] = std::string(arch_name(traits->arch));
+  j["architecture"] = std::string(arch_name(traits.arch));
   j["vocab_size"] = V;
   j["hidden_size"] = D;
   j["n_layers"] = n_layers;
@@ -165,7 +110,7 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   j["moe_intermediate_size"] = F;
   j["n_experts"] = E;
   j["n_experts_per_tok"] = m.get_u64(a + "expert_used_count");
-  j["norm_topk_prob"] = m.find_bool(a + "expert_weights_norm").value_or(traits->norm_topk_prob);
+  j["norm_topk_prob"] = m.find_bool(a + "expert_weights_norm").value_or(traits.norm_topk_prob);
   j["rms_norm_eps"] = m.get_f64(a + "attention.layer_norm_rms_epsilon");
   j["max_position_embeddings"] = m.get_u64(a + "context_length");
   const GgufTensor* qn = files_.find_tensor("blk.0.attn_q_norm.weight");
@@ -190,6 +135,11 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   j["experts"] = {{"dir", "experts"}, {"quant", "f32"}};
   if (const auto b = m.find_u64("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = *b;
   if (const auto e = m.find_u64("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = *e;
+  if (lead > 0) {
+    j["first_k_dense_replace"] = lead;
+    j["intermediate_size"] = m.get_u64(a + "feed_forward_length");  // the dense MLP's width
+  }
+  if (traits.extend != nullptr) traits.extend(files_, where, a, j);
   try {
     cfg_ = ModelConfig::from_json(j, where);
   } catch (const Error& e) {
@@ -202,31 +152,34 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
 
   // Every dense tensor the engine reads, with its shape (ne0 = columns first).
   const uint64_t qd = n_heads * head_dim, kvd = n_kv * head_dim;
-  shaped(files_, where, "output_norm.weight", {D});
-  if (!tied) shaped(files_, where, "output.weight", {D, V});
+  gguf_arch_shaped(files_, where, "output_norm.weight", {D});
+  if (!tied) gguf_arch_shaped(files_, where, "output.weight", {D, V});
   for (uint64_t l = 0; l < n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    shaped(files_, where, p + "attn_norm.weight", {D});
-    shaped(files_, where, p + "attn_q.weight", {D, qd});
-    shaped(files_, where, p + "attn_k.weight", {D, kvd});
-    shaped(files_, where, p + "attn_v.weight", {D, kvd});
-    shaped(files_, where, p + "attn_output.weight", {qd, D});
-    shaped(files_, where, p + "ffn_norm.weight", {D});
-    shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
+    gguf_arch_shaped(files_, where, p + "attn_norm.weight", {D});
+    gguf_arch_shaped(files_, where, p + "attn_q.weight", {D, qd});
+    gguf_arch_shaped(files_, where, p + "attn_k.weight", {D, kvd});
+    gguf_arch_shaped(files_, where, p + "attn_v.weight", {D, kvd});
+    gguf_arch_shaped(files_, where, p + "attn_output.weight", {qd, D});
+    gguf_arch_shaped(files_, where, gguf_dense_name(cfg_.arch, "layers." + std::to_string(l) + ".ffn_norm"), {D});
+    if (cfg_.is_moe_layer(int(l))) gguf_arch_shaped(files_, where, p + "ffn_gate_inp.weight", {D, E});
     if (cfg_.qk_norm != QkNorm::kNone) {
       const uint64_t qn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : qd;
       const uint64_t kn_len = cfg_.qk_norm == QkNorm::kPerHead ? head_dim : kvd;
-      shaped(files_, where, p + "attn_q_norm.weight", {qn_len});
-      shaped(files_, where, p + "attn_k_norm.weight", {kn_len});
+      gguf_arch_shaped(files_, where, p + "attn_q_norm.weight", {qn_len});
+      gguf_arch_shaped(files_, where, p + "attn_k_norm.weight", {kn_len});
     }
-    const GgufTensor& g = shaped(files_, where, p + "ffn_gate_exps.weight", {D, F, E});
-    const GgufTensor& u = shaped(files_, where, p + "ffn_up_exps.weight", {D, F, E});
-    const GgufTensor& d = shaped(files_, where, p + "ffn_down_exps.weight", {F, D, E});
-    experts_.push_back({expert_matrix(g, E), expert_matrix(u, E), expert_matrix(d, E), false, {}, {}, {}});
+    if (!cfg_.is_moe_layer(int(l))) continue;  // its dense MLP: gguf_arch_check_extra_tensors
+    const GgufTensor& g = gguf_arch_shaped(files_, where, p + "ffn_gate_exps.weight", {D, F, E});
+    const GgufTensor& u = gguf_arch_shaped(files_, where, p + "ffn_up_exps.weight", {D, F, E});
+    const GgufTensor& d = gguf_arch_shaped(files_, where, p + "ffn_down_exps.weight", {F, D, E});
+    experts_.push_back({gguf_arch_experts(where, g, E), gguf_arch_experts(where, u, E), gguf_arch_experts(where, d, E),
+                        false, {}, {}, {}});
     // Whether the kernels compute these types is checked where they are linked (the forward pass).
     cfg_.layer_expert_types.push_back(ExpertTypes{ggml_quant(g.type), ggml_quant(u.type), ggml_quant(d.type)});
   }
   cfg_.expert_quant = cfg_.layer_expert_types.front().gate;
+  gguf_arch_check_extra_tensors(files_, where, cfg_);
 }
 
 const GgufTensor& GgufModel::dense_tensor(const std::string& our_name) const {
@@ -237,7 +190,7 @@ const GgufTensor& GgufModel::dense_tensor(const std::string& our_name) const {
                         (derived_.count(our_name) ? " as stored (it is derived from others)" : ""));
     return files_.tensor(it->second);
   }
-  const std::string name = gguf_dense_name(our_name);
+  const std::string name = gguf_dense_name(cfg_.arch, our_name);
   const GgufTensor* t = files_.find_tensor(name);
   if (t == nullptr)
     throw FormatError(files_.paths().front().string() + ": tensor '" + name + "' (" + our_name + ") is missing");

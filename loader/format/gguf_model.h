@@ -2,10 +2,11 @@
 // metadata and tensor shapes describe, the GGUF name of each dense tensor, and where every
 // layer's experts lie inside the three stacked expert tensors.
 //
-// Architectures (general.architecture): "qwen3moe" (Qwen3-MoE), "olmoe" (OLMoE) and "llama" with
-// experts (Mixtral); "gpt-oss" and "deepseek2" (DeepSeek-V2/V3, Kimi K2) are read by their own
-// readers (gguf_arch.h). Sizes come from the tensors (ffn_gate_exps is [D, F, E] with ne0 first) and
-// must agree with the metadata that states them. An expert e of a layer is three slices:
+// Architectures (general.architecture): "qwen3moe" (Qwen3-MoE), "olmoe" (OLMoE), "llama" with
+// experts (Mixtral), "qwen2moe" and "glm4moe", read here with what each adds; "gpt-oss" and
+// "deepseek2" (DeepSeek-V2/V3, Kimi K2) by readers of their own (gguf_arch.h, which has the table of
+// architectures and gguf_dense_name). Sizes come from the tensors (ffn_gate_exps is [D, F, E]
+// with ne0 first) and must agree with the metadata that states them. An expert e of a layer is three slices:
 // rows [e*F, (e+1)*F) of ffn_gate_exps and ffn_up_exps and rows [e*D, (e+1)*D) of ffn_down_exps,
 // each contiguous in its tensor; their types may differ (mixed quantisations).
 #pragma once
@@ -64,6 +65,7 @@ class GgufModel {
 
   const GgufModelFiles& files() const { return files_; }
   const ModelConfig& config() const { return cfg_; }
+  // One per MoE layer (decoder layers first_k_dense_replace.. n_layers-1).
   const std::vector<GgufLayerExperts>& experts() const { return experts_; }
   // Q and K rows are stored in the interleaved-RoPE order llama.cpp's converter writes for
   // "llama"; the loader puts them back in the rotate-half order the engine computes.
@@ -100,8 +102,5 @@ class GgufModel {
 // True when `path` is a regular file that starts with the GGUF magic (what `infer -m` checks to
 // tell a GGUF from a packed model directory).
 bool is_gguf_file(const std::filesystem::path& path);
-
-// The GGUF name of a dense tensor named as in dense.safetensors ("layers.3.wq" -> "blk.3.attn_q.weight").
-std::string gguf_dense_name(const std::string& our_name);
 
 }  // namespace moestream

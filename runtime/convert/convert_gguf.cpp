@@ -43,7 +43,19 @@ std::vector<std::string> dense_names(const ModelConfig& c) {
       n.push_back(p + "k_norm");
     }
     n.push_back(p + "ffn_norm");
+    // Issues 20/21 (qwen2moe, glm4moe): biases, dense-MLP layers, correction bias, shared experts.
+    if (c.qkv_bias)
+      for (const char* f : {"bq", "bk", "bv"}) n.push_back(p + f);
+    if (!c.is_moe_layer(l)) {
+      for (const char* f : {"mlp_gate", "mlp_up", "mlp_down"}) n.push_back(p + f);
+      continue;
+    }
     n.push_back(p + "router");
+    if (c.router_scoring == RouterScoring::kSigmoid) n.push_back(p + "router_bias");
+    if (c.has_shared_expert()) {
+      for (const char* f : {"shared_gate", "shared_up", "shared_down"}) n.push_back(p + f);
+      if (c.shared_expert_gated) n.push_back(p + "shared_expert_gate");
+    }
   }
   return n;
 }
@@ -124,7 +136,8 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   const uint64_t D = uint64_t(c.hidden_size), F = uint64_t(c.moe_intermediate_size);
   const uint32_t E = uint32_t(c.n_experts);
 
-  // Every slice must be exactly the matrix its type gives before anything is written.
+  // Every slice must be exactly the matrix its type gives before anything is written. Experts are
+  // numbered by MoE layer (l); the GGUF names decoder layers (blk.<l + first_k_dense_replace>).
   for (int l = 0; l < c.n_moe_layers(); ++l) {
     const ExpertLayout lay = c.expert_layout(l);
     const GgufLayerExperts& x = g.experts()[size_t(l)];

@@ -284,7 +284,9 @@ DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, cons
     const std::filesystem::path& file = files.path_of(gt);
     const size_t rows = t.shape.size() == 2 ? size_t(t.shape[0]) : 1;
     const size_t cols = size_t(t.shape.back());
-    const bool shape_ok = t.shape.size() == 2 ? gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows
+    // A one-row matrix may be stored 1-D (Qwen2-MoE's shared-expert gate: llama.cpp asks for [D]).
+    const bool shape_ok = t.shape.size() == 2 ? (gt.dims.size() == 2 && gt.dims[0] == cols && gt.dims[1] == rows) ||
+                                                    (rows == 1 && gt.dims.size() == 1 && gt.dims[0] == cols)
                                               : gt.dims.size() == 1 && gt.dims[0] == cols;
     if (!shape_ok)
       throw FormatError(file.string() + ": tensor '" + gt.name + "' (" + t.name + ") has " +
