@@ -15,7 +15,7 @@ S="$O/summary.txt"
 say() { echo "$*" | tee -a "$S"; }
 finish() { tar -czf "$O/logs.tgz" -C "$W" . 2>/dev/null; }
 trap finish EXIT
-say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores; $(git rev-parse --short HEAD 2>/dev/null)"
+say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores"
 read -r -a tests <<<"${TESTS:-$(grep -o 'moestream_test(gpu_[a-z0-9_]*_test' tests/CMakeLists.txt | cut -d'(' -f2 | grep -v '_fake_test$' | sort -u | tr '\n' ' ')}"
 t0=$(date +%s)
 DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" \
@@ -31,7 +31,7 @@ for t in "${tests[@]}"; do
   [ $r -eq 0 ] || rc=1
   say "$t: exit $r in $(( $(date +%s) - t1 )) s; $(grep -E '^\[  PASSED  \]' "$W/$t.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$W/$t.log") failed"
   grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' -A4 "$W/$t.log" | head -40 | tee -a "$S"
-  grep -E '^\[ (gpu_vs_cpu|measured|batch|resident)' "$W/$t.log" | head -60 | tee -a "$S"
+  grep -E '^\[ (gpu_vs_cpu|gpu batch|measured|resident)' "$W/$t.log" | head -60 | tee -a "$S"
 done
 
 say "== demo model, 48 greedy tokens: CPU pass | --gpu"
