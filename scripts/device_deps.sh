@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   liburing-dev liburing2
   nlohmann-json3-dev libcli11-dev libeigen3-dev
-  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  libpcre2-dev libpcre2-8-0 libpcre2-posix3   # the build links libpcre2-8 alone: not the 16/32-bit
+                                              # libraries (480 KB the 64 MiB carry limit can spare)
   libxxhash-dev libxxhash0
   libutf8proc-dev libutf8proc2
   pkgconf pkgconf-bin libpkgconf3   # the device image may have no pkg-config

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run HERE, around a device call: the device tool sends the tracked and untracked-not-ignored files
+# of this checkout plus the carried paths, at most 64 MiB, and the tracked tree with .deps is
+# about that size. `slim` takes the paths no device script reads out of the index and ignores
+# them in .git/info/exclude (the files stay on disk, nothing is committed); `restore` puts both
+# back; `size` prints what would travel (KiB, with .deps).
+#   scripts/device_tree.sh slim && <device run, carry .deps> ; scripts/device_tree.sh restore
+# Never commit between the two: the commit would delete the slimmed paths.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Read by no device script: docs, the Python package and its tests, fuzz corpora, the demo's
+# held-out text and routing logs (device scripts use heldout_head.txt), the figures.
+PATHS=(docs python tests/python tests/fuzz models/demo/heldout.txt models/demo/routing models/demo/figures)
+EXCLUDE=.git/info/exclude
+MARK="# device_tree.sh slim"
+
+size() {
+  local t d
+  t=$(git ls-files -z | xargs -0 du -c 2>/dev/null | tail -1 | cut -f1)
+  d=$(du -s .deps 2>/dev/null | cut -f1 || echo 0)
+  echo "device_tree: $((t + d)) KiB would travel with .deps (limit 65536)"
+}
+
+case "${1:-}" in
+  slim)
+    grep -qxF "$MARK" "$EXCLUDE" 2>/dev/null && { echo "device_tree: already slim (restore first)" >&2; exit 1; }
+    git diff --cached --quiet || { echo "device_tree: the index has staged changes; commit or unstage them first" >&2; exit 1; }
+    echo "$MARK" >>"$EXCLUDE"
+    for p in "${PATHS[@]}"; do
+      git rm -r -q --cached --ignore-unmatch -- "$p"
+      echo "/$p" >>"$EXCLUDE"
+    done
+    size
+    ;;
+  restore)
+    grep -qxF "$MARK" "$EXCLUDE" 2>/dev/null || { echo "device_tree: not slim" >&2; exit 0; }
+    git reset -q -- "${PATHS[@]}"
+    # Drop the marker and every line after it (this script appended them).
+    sed -i "/^$MARK\$/,\$d" "$EXCLUDE"
+    git status --short | head -5
+    size
+    ;;
+  size) size ;;
+  *) echo "usage: scripts/device_tree.sh slim|restore|size" >&2; exit 2 ;;
+esac
