@@ -9,8 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Read by no device script: docs, the Python package and its tests, fuzz corpora, the demo's
-# held-out text and routing logs (device scripts use heldout_head.txt), the figures.
+# held-out text and routing logs (device scripts use heldout_head.txt), the figures, and the
+# fixture folders no GPU test reads.
 PATHS=(docs python tests/python tests/fuzz models/demo/heldout.txt models/demo/routing models/demo/figures)
+# Fixture folders that no GPU test names (the CPU suites run in CI, not there).
+for d in tests/fixtures/*/; do
+  n=$(basename "$d")
+  grep -qs -- "$n" tests/gpu_*.cpp tests/gpu_*.cu || PATHS+=("tests/fixtures/$n")
+done
 EXCLUDE=.git/info/exclude
 MARK="# device_tree.sh slim"
 
