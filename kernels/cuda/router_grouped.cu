@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/router_select.cuh"
 
 namespace moestream::gpu {
 namespace {
@@ -47,29 +48,14 @@ __global__ void router_grouped_kernel(const float* __restrict__ logits, const fl
       }
     }
     gscore[g] = a + b;
-    kept[g] = n_group == 1;
   }
   __syncwarp();
-  if (lane == 0 && n_group > 1)
-    for (int j = 0; j < topk_group; ++j) {  // repeated argmax: ties to the lower group
-      int best = -1;
-      for (int g = 0; g < n_group; ++g)
-        if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-      kept[best] = 1;
-    }
-  __syncwarp();
+  keep_top_groups(gscore, kept, n_group, topk_group, lane);
   int* out_ids = ids + size_t(blockIdx.x) * k;
   float* out_w = weights + size_t(blockIdx.x) * k;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bc = 0;
-    for (int e = lane; e < n_experts; e += 32)
-      if (kept[e / per] && !taken[e] && (best < 0 || choice[e] > bc)) best = e, bc = choice[e];
-    for (int o = 16; o > 0; o >>= 1) {  // larger value wins, equal values go to the lower id
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const float oc = __shfl_xor_sync(0xffffffffu, bc, o);
-      if (ob >= 0 && (best < 0 || oc > bc || (oc == bc && ob < best))) best = ob, bc = oc;
-    }
+    float bc;
+    const int best = warp_pick_best(choice, taken, kept, per, n_experts, lane, &bc);
     if (lane == 0) {
       out_ids[j] = best;
       taken[best] = 1;

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/router_select.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace moestream::gpu {
@@ -43,29 +44,14 @@ __global__ void router_grouped_softmax_kernel(const float* __restrict__ logits, 
     float best = -INFINITY;
     for (int e = g * per; e < (g + 1) * per; ++e) best = fmaxf(best, probs[e]);
     gscore[g] = best;
-    kept[g] = n_group == 1;
   }
   __syncwarp();
-  if (lane == 0 && n_group > 1)
-    for (int j = 0; j < topk_group; ++j) {  // repeated argmax: ties to the lower group
-      int best = -1;
-      for (int g = 0; g < n_group; ++g)
-        if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-      kept[best] = 1;
-    }
-  __syncwarp();
+  keep_top_groups(gscore, kept, n_group, topk_group, lane);
   int* out_ids = ids + size_t(blockIdx.x) * k;
   float* out_w = weights + size_t(blockIdx.x) * k;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bp = 0;
-    for (int e = lane; e < n_experts; e += 32)
-      if (kept[e / per] && !taken[e] && (best < 0 || probs[e] > bp)) best = e, bp = probs[e];
-    for (int o = 16; o > 0; o >>= 1) {  // larger probability wins, equal ones go to the lower id
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      if (ob >= 0 && (best < 0 || op > bp || (op == bp && ob < best))) best = ob, bp = op;
-    }
+    float bp;
+    const int best = warp_pick_best(probs, taken, kept, per, n_experts, lane, &bp);
     if (lane == 0) {
       out_ids[j] = best;
       out_w[j] = bp;

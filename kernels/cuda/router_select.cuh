@@ -1,0 +1,45 @@
+// Internal to kernels/: the selection steps the one-warp-per-token routers share
+// (router_grouped.cu, router_grouped_softmax.cu), each in its CPU reference's order
+// (runtime/model/routing.cpp), so the choices match it exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace moestream::gpu {
+
+// kept[g] = 1 for the topk_group groups of highest gscore (repeated argmax: ties to the lower
+// group); every group is kept when n_group is 1. Lane 0 decides; the warp syncs after.
+__device__ __forceinline__ void keep_top_groups(const float* gscore, unsigned char* kept, int n_group,
+                                                int topk_group, int lane) {
+  for (int g = lane; g < n_group; g += 32) kept[g] = n_group == 1;
+  __syncwarp();
+  if (lane == 0 && n_group > 1)
+    for (int j = 0; j < topk_group; ++j) {
+      int best = -1;
+      for (int g = 0; g < n_group; ++g)
+        if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+      kept[best] = 1;
+    }
+  __syncwarp();
+}
+
+// The expert of largest value among kept groups (groups of `per` consecutive ids) not yet taken;
+// equal values go to the lower id. Every lane returns it (with its value in *v); the caller marks
+// it taken. Ends with the warp in sync.
+__device__ __forceinline__ int warp_pick_best(const float* value, const unsigned char* taken,
+                                              const unsigned char* kept, int per, int n_experts, int lane,
+                                              float* v) {
+  int best = -1;
+  float bv = 0;
+  for (int e = lane; e < n_experts; e += 32)
+    if (kept[e / per] && !taken[e] && (best < 0 || value[e] > bv)) best = e, bv = value[e];
+  for (int o = 16; o > 0; o >>= 1) {
+    const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+  }
+  *v = bv;
+  return best;
+}
+
+}  // namespace moestream::gpu
