@@ -286,8 +286,8 @@ void read_gpt_oss(const json& hf, ModelConfig& c, const std::string& where) {
   c.router_bias = true;
   c.expert_bias = true;
   c.attention_sinks = true;
-  if (!opt_bool(hf, "attention_bias", where, true)) unsupported(where, "attention_bias", "false (gpt-oss)");
-  c.qkv_bias = c.o_bias = true;
+  // attention_bias (default true, as released) gives q/k/v and o_proj biases together.
+  c.qkv_bias = c.o_bias = opt_bool(hf, "attention_bias", where, true);
   c.swiglu_limit = opt_num(hf, "swiglu_limit", where, 7.0);
   c.swiglu_alpha = opt_num(hf, "swiglu_alpha", where, 1.702);
   if (!(c.swiglu_limit > 0)) unsupported(where, "swiglu_limit", std::to_string(c.swiglu_limit) + " (<= 0)");
