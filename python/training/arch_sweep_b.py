@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 13, 21)
 S, F = "sliding_attention", "full_attention"
+DROP = object()  # a config kwarg left out entirely (the config class's default applies)
 YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
         "original_max_position_embeddings": 64, "rope_theta": 150000.0}
 COMMON = dict(rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False, use_cache=True,
@@ -52,7 +53,7 @@ def gpt_oss(**kw):
              num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=6,
              layer_types=[S, F, S], swiglu_limit=1.25, attention_bias=True, rope_parameters=dict(YARN), **COMMON)
     c.update(kw)
-    return ("gpt_oss", c)
+    return ("gpt_oss", {k: v for k, v in c.items() if v is not DROP})
 
 
 def qwen2(**kw):
@@ -62,7 +63,7 @@ def qwen2(**kw):
              qkv_bias=True, use_sliding_window=False,
              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **COMMON)
     c.update(kw)
-    return ("qwen2_moe", c)
+    return ("qwen2_moe", {k: v for k, v in c.items() if v is not DROP})
 
 
 def yarn(**kw):
@@ -101,6 +102,11 @@ def cases():
         "head_dim32": gpt_oss(head_dim=32),
         "heads6_hd24": gpt_oss(num_attention_heads=6, num_key_value_heads=3, head_dim=24),
         "head_dim_none": gpt_oss(head_dim=None),
+        "head_dim_absent": gpt_oss(head_dim=DROP),
+        "head_dim10": gpt_oss(head_dim=10),
+        "odd_widths_h40_i24": gpt_oss(hidden_size=40, intermediate_size=24, vocab_size=263),
+        "odd_widths_h33_i17": gpt_oss(hidden_size=33, intermediate_size=17, num_attention_heads=3,
+                                      num_key_value_heads=1, head_dim=14),
         "kv1": gpt_oss(num_key_value_heads=1),
         "kv_eq_heads": gpt_oss(num_key_value_heads=4),
         "no_attention_bias": gpt_oss(attention_bias=False),
@@ -110,7 +116,12 @@ def cases():
         "eps_1e-5": gpt_oss(rms_norm_eps=1e-5),
         "one_layer_sliding": gpt_oss(num_hidden_layers=1, layer_types=[S]),
         "ckpt_bf16": gpt_oss(),
+        "published_style_config": gpt_oss(rope_parameters=yarn(factor=32.0, original_max_position_embeddings=16)),
+        "mix_5l_w8_kv1_tied_nobias": gpt_oss(num_hidden_layers=5, layer_types=None, sliding_window=8,
+                                             num_key_value_heads=1, tie_word_embeddings=True, attention_bias=False,
+                                             num_local_experts=6, num_experts_per_tok=3),
         "mxfp4_base": gpt_oss(),
+        "mxfp4_tied_nobias_kv1": gpt_oss(tie_word_embeddings=True, attention_bias=False, num_key_value_heads=1),
         "mxfp4_win4_allslide": gpt_oss(sliding_window=4, layer_types=[S, S, S]),
         "mxfp4_e16_k4_hd32": gpt_oss(num_local_experts=16, num_experts_per_tok=4, head_dim=32),
         "mxfp4_inter64": gpt_oss(intermediate_size=64, hidden_size=96, num_attention_heads=6, num_key_value_heads=2),
@@ -141,17 +152,30 @@ def cases():
         "e4_k1": qwen2(num_experts=4, num_experts_per_tok=1),
         "e16_k8_norm": qwen2(num_experts=16, num_experts_per_tok=8, norm_topk_prob=True),
         "kv1": qwen2(num_key_value_heads=1),
+        "head_dim14": qwen2(head_dim=14),
+        "head_dim_absent_h48": qwen2(head_dim=DROP, hidden_size=48),
         "kv_eq_heads": qwen2(num_key_value_heads=4),
         "head_dim_none": qwen2(head_dim=None, hidden_size=48),
         "aux_fields": qwen2(router_aux_loss_coef=0.5, output_router_logits=True),
         "ckpt_bf16": qwen2(),
+        "published_style_config": qwen2(rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                                                         "original_max_position_embeddings": 32}),
+        "explicit_layer_types": qwen2(use_sliding_window=True, sliding_window=5, layer_types=[F, S, S]),
+        "mix_dense2_swa_tied_norm": qwen2(num_hidden_layers=4, mlp_only_layers=[0, 1], use_sliding_window=True,
+                                          sliding_window=3, max_window_layers=4, tie_word_embeddings=True,
+                                          norm_topk_prob=True, qkv_bias=False, num_key_value_heads=1),
+        "step2_2l_swa_shared_odd": qwen2(num_hidden_layers=2, decoder_sparse_step=2, use_sliding_window=True,
+                                         sliding_window=6, max_window_layers=1, shared_expert_intermediate_size=7,
+                                         vocab_size=509),
         "gelu_refused": qwen2(hidden_act="gelu"),
     }
     out = {}
     for name, (arch, kw) in g.items():
-        out[f"gpt_oss/{name}"] = (arch, kw, {"mxfp4": name.startswith("mxfp4"), "ckpt_bf16": name == "ckpt_bf16"})
+        out[f"gpt_oss/{name}"] = (arch, kw, {"mxfp4": name.startswith("mxfp4"), "ckpt_bf16": name == "ckpt_bf16",
+                                             "published": name.startswith("published")})
     for name, (arch, kw) in q.items():
-        out[f"qwen2_moe/{name}"] = (arch, kw, {"mxfp4": False, "ckpt_bf16": name == "ckpt_bf16"})
+        out[f"qwen2_moe/{name}"] = (arch, kw, {"mxfp4": False, "ckpt_bf16": name == "ckpt_bf16",
+                                               "published": name.startswith("published")})
     return out
 
 
@@ -210,6 +234,22 @@ def build_checkpoint(arch, kw, opts, seed, dest):
         copy.deepcopy(model).to(torch.bfloat16).save_pretrained(dest, safe_serialization=True)
     else:
         model.save_pretrained(dest, safe_serialization=True)
+    if opts.get("published"):
+        cfg = json.loads((dest / "config.json").read_text())
+        rope = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = rope.pop("rope_theta")
+        cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+        cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+        if arch == "qwen2_moe":
+            cfg.pop("layer_types", None)
+            cfg.pop("qkv_bias", None)
+        (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        reloaded = cls.from_pretrained(dest, dtype=torch.float32, experts_implementation="eager",
+                                       attn_implementation="eager").eval()
+        with torch.no_grad():
+            ids = torch.arange(3, 20).view(1, -1)
+            if not torch.equal(reloaded(ids).logits, model(ids).logits):
+                raise RuntimeError("the published-style config.json reloads to a different model")
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, config.vocab_size, size=n).tolist() for n in PROMPT_LENGTHS]
     return prompts, reference(model, prompts)
