@@ -357,11 +357,12 @@ TEST(HfConfig, MapsQwen2MoeBiasesAndSharedExpert) {
   const json q3 = model_config_from_hf(make_tiny(Arch::kQwen3Moe).config, "c").to_json();
   EXPECT_FALSE(q3.contains("qkv_bias"));
   EXPECT_FALSE(q3.contains("shared_expert_intermediate_size"));
-  // Dense MLP layers, sliding windows and a missing shared-expert width are refused by name.
+  // Dense MLP layers after an MoE layer (step 2 of 3 layers: 0 and 2 dense), sliding layer_types
+  // without use_sliding_window and a missing shared-expert width are refused by name.
   const std::pair<const char*, json> refused[] = {
-      {"mlp_only_layers", json::array({0})},
+      {"mlp_only_layers", json::array({1})},
+      {"mlp_only_layers", json::array({0, 1, 2})},
       {"decoder_sparse_step", 2},
-      {"use_sliding_window", true},
       {"layer_types", json::array({"sliding_attention", "full_attention", "full_attention"})},
       {"n_shared_experts", 2}};
   for (const auto& [key, value] : refused) {
@@ -375,6 +376,33 @@ TEST(HfConfig, MapsQwen2MoeBiasesAndSharedExpert) {
   missing.erase("shared_expert_intermediate_size");
   std::string msg = message_of([&] { model_config_from_hf(missing, "c"); });
   EXPECT_NE(msg.find("shared_expert_intermediate_size"), std::string::npos) << msg;
+}
+
+// Qwen2-MoE's leading dense layers (mlp_only_layers, decoder_sparse_step) become
+// first_k_dense_replace; use_sliding_window its sliding layers (sweep-b).
+TEST(HfConfig, MapsQwen2MoeLeadingDenseLayersAndSlidingWindows) {
+  json hf = make_tiny(Arch::kQwen2Moe).config;
+  hf["mlp_only_layers"] = json::array({0});
+  ModelConfig c = model_config_from_hf(hf, "c");
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_EQ(c.intermediate_size, 64);
+  EXPECT_EQ(ModelConfig::from_json(c.to_json(), "m").first_k_dense_replace, 1);
+  hf["mlp_only_layers"] = json::array();
+  hf["decoder_sparse_step"] = 3;  // (l + 1) % 3: layers 0 and 1 dense, 2 MoE
+  EXPECT_EQ(model_config_from_hf(hf, "c").first_k_dense_replace, 2);
+  hf["decoder_sparse_step"] = 1;
+  EXPECT_EQ(model_config_from_hf(hf, "c").sliding_window, 0);  // use_sliding_window false
+  hf["use_sliding_window"] = true;
+  hf["sliding_window"] = 5;
+  hf["max_window_layers"] = 2;  // transformers 5's default layer_types: even layers below it
+  c = model_config_from_hf(hf, "c");
+  EXPECT_EQ(c.sliding_window, 5);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, false, false}));
+  hf["layer_types"] = json::array({"full_attention", "sliding_attention", "sliding_attention"});
+  c = ModelConfig::from_json(model_config_from_hf(hf, "c").to_json(), "m");
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.window_of(1), 5);
+  EXPECT_EQ(c.window_of(0), 0);
 }
 
 TEST(HfConfig, MapsGlm4MoeRoutingSharedExpertDenseLayersAndPartialRotary) {

@@ -71,9 +71,11 @@ TEST(GptOssConfig, MapsEveryPieceOfTheMaths) {
   EXPECT_NE(test::error_message([&] { model_config_from_hf(bad, "hf/config.json"); }).find("layer_types"),
             std::string::npos);
   bad = hf;
-  bad["attention_bias"] = false;
-  EXPECT_NE(test::error_message([&] { model_config_from_hf(bad, "hf/config.json"); }).find("attention_bias"),
-            std::string::npos);
+  bad["attention_bias"] = false;  // no q/k/v/o biases (arch_sweep_b checks it against transformers)
+  const ModelConfig nb = model_config_from_hf(bad, "c");
+  EXPECT_FALSE(nb.qkv_bias);
+  EXPECT_FALSE(nb.o_bias);
+  EXPECT_TRUE(nb.router_bias && nb.expert_bias);
   bad = hf;
   bad["layer_types"] = json::array({"full_attention"});
   EXPECT_THROW(model_config_from_hf(bad, "c"), FormatError);

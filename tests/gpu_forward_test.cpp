@@ -578,6 +578,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("qwen3_moe_fused"), QuantType::kQ8},
                       std::pair{std::string("qwen2_moe"), QuantType::kBF16},
                       std::pair{std::string("qwen2_moe"), QuantType::kQ8},
+                      // a dense first layer and sliding windows without sinks (sweep-b)
+                      std::pair{std::string("qwen2_moe_dense_swa"), QuantType::kBF16},
                       std::pair{std::string("glm4_moe"), QuantType::kBF16},
                       std::pair{std::string("glm4_moe"), QuantType::kQ8},
                       // gpt-oss: sinks, sliding windows, biases, clamped SwiGLU, top-k softmax

@@ -26,6 +26,8 @@ group_limited_greedy, 4 groups scored by their best probability, 2 kept, routed_
 qwen2_moe (Qwen1.5-MoE / Qwen2-MoE) adds Q/K/V biases and the sigmoid-gated shared expert; its
 config.json drops `qkv_bias` and `layer_types`, as released Qwen2-MoE configs do (transformers'
 defaults: biases on, every layer full attention).
+qwen2_moe_dense_swa is Qwen2-MoE with a dense first layer (mlp_only_layers [0]) and sliding windows
+(use_sliding_window, window 4, layer_types left to transformers' default from max_window_layers).
 glm4_moe (GLM-4.5) adds the grouped sigmoid router with a random (non-zero) e_score_correction_bias
 and routed_scaling_factor, an ungated shared expert, a dense first layer, partial rotary, QK-norm
 and Q/K/V biases; its config.json is in the published GLM-4.5 style (partial_rotary_factor,
@@ -99,6 +101,15 @@ def fixture_specs():
         num_experts_per_tok=3, shared_expert_intermediate_size=41, norm_topk_prob=False,
         decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    # Qwen2-MoE with a leading dense MLP layer (mlp_only_layers [0]) and sliding windows of 4 on the
+    # even layers below max_window_layers (transformers 5's default layer_types), renormalised top-k.
+    qwen2_dense_swa = Qwen2MoeConfig(
+        vocab_size=211, hidden_size=37, intermediate_size=45, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=10, moe_intermediate_size=19, num_experts=6,
+        num_experts_per_tok=2, shared_expert_intermediate_size=23, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[0], qkv_bias=True, use_sliding_window=True,
+        sliding_window=4, max_window_layers=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
     # gpt-oss: widths multiples of 32 (MXFP4 blocks); a window shorter than every prompt + greedy run.
     gpt_oss = GptOssConfig(
         vocab_size=307, hidden_size=64, intermediate_size=32, num_attention_heads=4,
@@ -166,6 +177,7 @@ def fixture_specs():
         "mixtral": (MixtralForCausalLM, mixtral, 1003, "per_expert"),
         "qwen3_moe_fused": (Qwen3MoeForCausalLM, qwen_fused, 1004, "fused"),
         "qwen2_moe": (Qwen2MoeForCausalLM, qwen2, 1005, "per_expert"),
+        "qwen2_moe_dense_swa": (Qwen2MoeForCausalLM, qwen2_dense_swa, 1013, "per_expert"),
         "glm4_moe": (Glm4MoeForCausalLM, glm, 1006, "per_expert"),
         "deepseek_v3": (DeepseekV3ForCausalLM, deepseek, 1007, "per_expert"),
         "deepseek_v3_fp8": (DeepseekV3ForCausalLM, deepseek, 1008, "per_expert_fp8"),

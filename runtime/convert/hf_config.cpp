@@ -3,6 +3,7 @@
 // `rope_parameters`).
 #include "runtime/convert/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -285,8 +286,8 @@ void read_gpt_oss(const json& hf, ModelConfig& c, const std::string& where) {
   c.router_bias = true;
   c.expert_bias = true;
   c.attention_sinks = true;
-  if (!opt_bool(hf, "attention_bias", where, true)) unsupported(where, "attention_bias", "false (gpt-oss)");
-  c.qkv_bias = c.o_bias = true;
+  // attention_bias (default true, as released) gives q/k/v and o_proj biases together.
+  c.qkv_bias = c.o_bias = opt_bool(hf, "attention_bias", where, true);
   c.swiglu_limit = opt_num(hf, "swiglu_limit", where, 7.0);
   c.swiglu_alpha = opt_num(hf, "swiglu_alpha", where, 1.702);
   if (!(c.swiglu_limit > 0)) unsupported(where, "swiglu_limit", std::to_string(c.swiglu_limit) + " (<= 0)");
@@ -301,6 +302,66 @@ void read_gpt_oss(const json& hf, ModelConfig& c, const std::string& where) {
   } else {  // transformers' default: even layers slide, odd ones see everything
     for (int l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back(l % 2 == 0);
   }
+}
+
+// Qwen2-MoE's layer kinds as transformers' Qwen2MoeDecoderLayer picks them: layer l has a dense
+// MLP of intermediate_size when l is in mlp_only_layers or (l + 1) % decoder_sparse_step != 0.
+// The pack numbers MoE layers after leading dense ones (first_k_dense_replace), so only dense layers
+// before the first MoE layer are representable: others are refused, naming both fields.
+// Sliding windows: use_sliding_window true, sliding_window the width, layer_types which layers
+// (absent: transformers 5's default, even layers below max_window_layers).
+void read_qwen2_moe_layers(const json& hf, ModelConfig& c, const std::string& where) {
+  c.qkv_bias = opt_bool(hf, "qkv_bias", where, true);  // released configs predate the key
+  c.shared_expert_intermediate_size = req_int(hf, "shared_expert_intermediate_size", where);
+  const int step = opt_int(hf, "decoder_sparse_step", where, 1);
+  std::vector<bool> dense(size_t(c.n_layers), false);
+  for (int l = 0; l < c.n_layers; ++l) dense[size_t(l)] = (l + 1) % step != 0;
+  if (const json* m = find(hf, "mlp_only_layers")) {
+    if (!m->is_array()) throw FormatError(where + ": 'mlp_only_layers' must be an array of layer indices");
+    for (const json& v : *m) {
+      if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
+        throw FormatError(where + ": 'mlp_only_layers' holds " + v.dump() + ", not a layer index below " +
+                          std::to_string(c.n_layers));
+      dense[size_t(v.get<int>())] = true;
+    }
+  }
+  int lead = 0;
+  while (lead < c.n_layers && dense[size_t(lead)]) ++lead;
+  if (lead == c.n_layers)
+    unsupported(where, "mlp_only_layers", "/ 'decoder_sparse_step' " + std::to_string(step) +
+                                              " leaving no MoE layer (a dense model)");
+  for (int l = lead; l < c.n_layers; ++l)
+    if (dense[size_t(l)])
+      unsupported(where, "mlp_only_layers", "/ 'decoder_sparse_step' " + std::to_string(step) + " with dense layer " +
+                                                std::to_string(l) + " after MoE layer " + std::to_string(lead) +
+                                                " (only leading dense layers)");
+  c.first_k_dense_replace = lead;
+  if (lead > 0) c.intermediate_size = req_int(hf, "intermediate_size", where);
+
+  const json* lt = find(hf, "layer_types");
+  std::vector<bool> sliding(size_t(c.n_layers), false);
+  if (lt) {
+    if (!lt->is_array() || lt->size() != size_t(c.n_layers))
+      throw FormatError(where + ": 'layer_types' must be an array of num_hidden_layers strings");
+    for (size_t l = 0; l < lt->size(); ++l) {
+      const json& t = (*lt)[l];
+      if (t != "sliding_attention" && t != "full_attention") unsupported(where, "layer_types", t.dump());
+      sliding[l] = t == "sliding_attention";
+    }
+  }
+  const bool use = opt_bool(hf, "use_sliding_window", where, false);
+  if (!use) {
+    for (bool s : sliding)
+      if (s) unsupported(where, "layer_types", "\"sliding_attention\" with use_sliding_window false");
+    return;
+  }
+  if (!lt) {
+    const int max_window_layers = opt_count(hf, "max_window_layers", where, 28);
+    for (int l = 0; l < c.n_layers; ++l) sliding[size_t(l)] = l % 2 == 0 && l < max_window_layers;
+  }
+  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;  // no layer slides
+  c.sliding_window = req_int(hf, "sliding_window", where);
+  c.sliding_layers = sliding;
 }
 
 }  // namespace
@@ -345,6 +406,10 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   switch (c.arch) {
     case Arch::kQwen3Moe:
     case Arch::kQwen2Moe:
+      if (c.arch == Arch::kQwen2Moe) {  // leading dense layers and sliding windows (sweep-b)
+        read_qwen2_moe_layers(hf, c, where);
+        break;
+      }
       // Both place a dense MLP instead of the MoE block on these layers; every released
       // Qwen1.5-MoE / Qwen2-MoE / Qwen3-MoE model has none.
       if (opt_int(hf, "decoder_sparse_step", where, 1) != 1)
