@@ -1,0 +1,75 @@
+// Internal to the chat-template interpreter: the evaluator that walks the syntax tree. Its
+// methods are split by topic: jinja_eval.cpp (statements, expressions, operators), jinja_calls.cpp
+// (function, method and macro calls), jinja_filters.cpp (filters and tests).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/chat/jinja_ast.h"
+#include "runtime/chat/jinja_value.h"
+
+namespace moestream::jinja {
+
+struct LoopControl {
+  enum class Kind { kNone, kBreak, kContinue } kind = Kind::kNone;
+};
+
+class Evaluator {
+ public:
+  explicit Evaluator(const Value& ctx);
+
+  std::string run(const Body& b);
+
+ private:
+  Value* find(const std::string& name);
+
+  void exec(const Body& body, std::string& out, LoopControl& lc);
+
+  void assign(const Node& n, Value v);
+
+  Value iterable_items(const Value& v, int line);
+
+  void bind_targets(const Node& n, const Value& item, std::map<std::string, Value>& scope);
+
+  // Bytes copied by variable lookups and built by operators, against kMaxTemplateWorkBytes: a
+  // loop that copies a large value each time would otherwise run for hours within every other limit.
+  void charge(size_t bytes, int line);
+  Value built(std::string s, int line);
+
+  // Loops are the only way a template's work can grow beyond its size times its inputs' size.
+  void count_iteration(int line);
+
+  void exec_for(const Node& n, std::string& out, LoopControl& outer);
+
+  Value eval(const Expr& e);
+
+  Value get_item(const Value& obj, const Value& key, int line, bool attr);
+
+  Value slice(const Expr& e);
+
+  std::vector<Value> eval_args(const Expr& e, size_t from);
+  Value kwarg(const Expr& e, const std::string& name);
+  // Positional argument i, else keyword `name`, else undefined.
+  static Value arg(const std::vector<Value>& pos, size_t i) { return i < pos.size() ? pos[i] : undefined(); }
+
+  Value call(const Expr& e);
+
+  Value filter(const Expr& e);
+
+  bool apply_test(const std::string& t, const Value& v, const std::vector<Value>& a, int line);
+
+  bool test(const Expr& e);
+
+  bool contains(const Value& hay, const Value& needle, int line);
+
+  Value binary(const Expr& e);
+
+  std::vector<std::map<std::string, Value>> scopes_;
+  int64_t loop_iterations_ = 0;  // in this rendering, under kMaxTemplateLoopIterations
+  size_t work_bytes_ = 0;        // in this rendering, under kMaxTemplateWorkBytes
+};
+
+}  // namespace moestream::jinja
