@@ -24,7 +24,10 @@ class ChatTemplateError : public ConfigError {
 // memory or time; each is answered with a ChatTemplateError naming it. Real templates stay far
 // below them (they nest fewer than 10 deep and render a few KB per message).
 inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;           // template source
-inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/generation blocks
+inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/macro/generation blocks
+// Nested macro calls (recursion included): each level may nest blocks and expressions to their
+// limits on the C stack, so this bounds the stack a render can use (real templates: < 10).
+inline constexpr int kMaxTemplateMacroDepth = 50;
 inline constexpr int kMaxTemplateExprDepth = 128;        // nested (), [], operators, filters, ...
 inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
 inline constexpr size_t kMaxTemplateValueBytes = size_t(16) << 20;  // a string, list, dict or the output

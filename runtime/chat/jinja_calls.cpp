@@ -2,6 +2,7 @@
 // strftime_now), string and dict methods, and macros.
 #include <algorithm>
 #include <cctype>
+#include <ctime>
 
 #include "runtime/chat/chat_template.h"
 #include "runtime/chat/jinja_evaluator.h"
@@ -12,6 +13,8 @@ Value Evaluator::call(const Expr& e) {
   const Expr& callee = *e.args[0];
   std::vector<Value> a = eval_args(e, 1);
   if (callee.kind == Expr::Kind::kName) {
+    if (const Value* v = find(callee.name); v && is_macro(*v)) return call_macro(*v, std::move(a), e);
+    if (callee.name == "strftime_now") return strftime_now(a, e.line);
     if (callee.name == "raise_exception")
       throw ChatTemplateError("chat template: " + (a.empty() ? std::string("error") : py_str(a[0])));
     if (callee.name == "namespace" || callee.name == "dict") {
@@ -92,6 +95,97 @@ Value Evaluator::call(const Expr& e) {
     }
   }
   fail(e.line, "unsupported method '" + m + "' on " + type_name(obj));
+}
+
+namespace {
+// Restores the evaluator's macro state when a call ends, by return or by exception.
+class MacroFrame {
+ public:
+  MacroFrame(std::vector<std::map<std::string, Value>>& scopes, size_t& floor, int& depth)
+      : scopes_(scopes), floor_(floor), depth_(depth), saved_floor_(floor), saved_size_(scopes.size()) {
+    ++depth_;
+    floor_ = scopes_.size();
+    scopes_.emplace_back();
+  }
+  ~MacroFrame() {
+    scopes_.resize(saved_size_);
+    floor_ = saved_floor_;
+    --depth_;
+  }
+  MacroFrame(const MacroFrame&) = delete;
+  MacroFrame& operator=(const MacroFrame&) = delete;
+
+ private:
+  std::vector<std::map<std::string, Value>>& scopes_;
+  size_t& floor_;
+  int& depth_;
+  size_t saved_floor_, saved_size_;
+};
+}  // namespace
+
+Value Evaluator::call_macro(const Value& m, std::vector<Value> pos, const Expr& e) {
+  const size_t index = macro_index(m);
+  if (index >= macros_.size()) fail(e.line, "macro '" + macro_name(m) + "' is not defined in this rendering");
+  const Node& n = *macros_[index];
+  if (macro_depth_ >= kMaxTemplateMacroDepth)
+    fail(e.line, "macro calls nest deeper than the limit of " + std::to_string(kMaxTemplateMacroDepth) + " levels");
+  const std::string who = "macro '" + n.text + "'";
+  // Arguments are evaluated in the caller's scope, before the macro's scope opens.
+  std::vector<std::pair<std::string, Value>> named;
+  for (const auto& [k, x] : e.kwargs) named.emplace_back(k, eval(*x));
+  const size_t n_params = n.targets.size();
+  if (pos.size() > n_params && !n.uses_varargs)
+    fail(e.line, who + " takes not more than " + std::to_string(n_params) + " argument(s)");
+  std::vector<Value> bound(n_params, undefined());
+  std::vector<bool> given(n_params, false);
+  for (size_t i = 0; i < std::min(pos.size(), n_params); ++i) {
+    bound[i] = std::move(pos[i]);
+    given[i] = true;
+  }
+  Value varargs = Value::array(), kwargs = Value::object();
+  for (size_t i = n_params; i < pos.size(); ++i) varargs.push_back(std::move(pos[i]));
+  for (auto& [k, v] : named) {
+    const auto it = std::find(n.targets.begin(), n.targets.end(), k);
+    if (it == n.targets.end()) {
+      if (!n.uses_kwargs) fail(e.line, who + " takes no keyword argument '" + k + "'");
+      kwargs[k] = std::move(v);
+      continue;
+    }
+    const size_t i = size_t(it - n.targets.begin());
+    if (given[i]) fail(e.line, who + " got multiple values for argument '" + k + "'");
+    bound[i] = std::move(v);
+    given[i] = true;
+  }
+  MacroFrame frame(scopes_, floor_, macro_depth_);
+  auto& scope = scopes_.back();
+  // Parameters are bound in order; a default is evaluated in the macro's scope, seeing the
+  // parameters before it. A missing argument without a default is undefined.
+  for (size_t i = 0; i < n_params; ++i) {
+    if (!given[i] && n.defaults[i]) bound[i] = eval(*n.defaults[i]);
+    scopes_.back()[n.targets[i]] = std::move(bound[i]);
+  }
+  if (n.uses_varargs) scope["varargs"] = std::move(varargs);
+  if (n.uses_kwargs) scope["kwargs"] = std::move(kwargs);
+  std::string out;
+  LoopControl lc;
+  exec(n.body, out, lc);
+  charge(out.size(), e.line);
+  return Value(std::move(out));
+}
+
+// transformers' strftime_now(format): datetime.now().strftime(format), local time.
+Value Evaluator::strftime_now(const std::vector<Value>& a, int line) {
+  if (a.size() != 1 || !a[0].is_string()) fail(line, "strftime_now() needs one string argument");
+  const std::string& format = a[0].get_ref<const std::string&>();
+  if (format.size() > 256) fail(line, "strftime_now() format longer than the limit of 256 bytes");
+  if (format.empty()) return Value("");
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  if (!localtime_r(&now, &local)) fail(line, "strftime_now(): the local time is unavailable");
+  char buf[4096];
+  const size_t len = std::strftime(buf, sizeof buf, format.c_str(), &local);
+  if (len == 0) fail(line, "strftime_now('" + format + "') gives no text or more than 4095 bytes");
+  return Value(std::string(buf, len));
 }
 
 }  // namespace moestream::jinja

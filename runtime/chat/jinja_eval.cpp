@@ -27,9 +27,15 @@ std::string Evaluator::run(const Body& b) {
 }
 
 Value* Evaluator::find(const std::string& name) {
-  for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-    auto f = it->find(name);
-    if (f != it->end()) return &f->second;
+  // Inside a macro only its own scopes and the template's top level are visible (the caller's
+  // loop variables and local sets are not), as in Jinja.
+  for (size_t i = scopes_.size(); i-- > floor_;) {
+    auto f = scopes_[i].find(name);
+    if (f != scopes_[i].end()) return &f->second;
+  }
+  if (floor_ > 0) {
+    auto f = scopes_[0].find(name);
+    if (f != scopes_[0].end()) return &f->second;
   }
   return nullptr;
 }
@@ -65,6 +71,10 @@ void Evaluator::exec(const Body& body, std::string& out, LoopControl& lc) {
       }
       case Node::Kind::kBreak: lc.kind = LoopControl::Kind::kBreak; return;
       case Node::Kind::kContinue: lc.kind = LoopControl::Kind::kContinue; return;
+      case Node::Kind::kMacro:
+        scopes_.back()[n.text] = make_macro(macros_.size(), n.text);
+        macros_.push_back(&n);
+        break;
     }
   }
   if (!body.empty()) check_bytes(out.size(), body.back().line, "the rendered text");

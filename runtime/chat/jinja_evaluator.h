@@ -56,6 +56,9 @@ class Evaluator {
   static Value arg(const std::vector<Value>& pos, size_t i) { return i < pos.size() ? pos[i] : undefined(); }
 
   Value call(const Expr& e);
+  // Calls macro m with positional arguments `pos` and the keyword arguments of call expression e.
+  Value call_macro(const Value& m, std::vector<Value> pos, const Expr& e);
+  Value strftime_now(const std::vector<Value>& a, int line);
 
   Value filter(const Expr& e);
 
@@ -68,6 +71,9 @@ class Evaluator {
   Value binary(const Expr& e);
 
   std::vector<std::map<std::string, Value>> scopes_;
+  size_t floor_ = 0;                    // first scope of the running macro call (0: none)
+  std::vector<const Node*> macros_;     // defined so far in this rendering; a macro value indexes it
+  int macro_depth_ = 0;                 // nested macro calls, under kMaxTemplateMacroDepth
   int64_t loop_iterations_ = 0;  // in this rendering, under kMaxTemplateLoopIterations
   size_t work_bytes_ = 0;        // in this rendering, under kMaxTemplateWorkBytes
 };

@@ -109,6 +109,7 @@ Value Evaluator::filter(const Expr& e) {
     return built(replace_all(py_str(v), py_str(a[0]), py_str(a[1]), e.line), e.line);
   }
   if (f == "items") {
+    if (!v.is_object() && !is_undef(v)) fail(e.line, "Can only get item pairs from a mapping.");
     Value out = Value::array();
     if (v.is_object())
       for (auto it = v.begin(); it != v.end(); ++it) out.push_back(Value::array({it.key(), it.value()}));

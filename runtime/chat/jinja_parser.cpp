@@ -545,7 +545,7 @@ class BodyParser {
   }
 
   Node statement(const Piece& p, const std::string& kw) {
-    NestGuard nest(block_depth_, kMaxTemplateBlockDepth, p.line, "blocks (if, for, set, generation)");
+    NestGuard nest(block_depth_, kMaxTemplateBlockDepth, p.line, "blocks (if, for, set, macro, generation)");
     ExprParser ep(p.tokens, 1);
     std::string stop;
     if (kw == "if") {
@@ -613,12 +613,59 @@ class BodyParser {
       ep.expect_end();
       return Node{kw == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, p.line};
     }
+    if (kw == "macro") {  // {% macro name(a, b=default, ...) %} ... {% endmacro %}
+      Node n{Node::Kind::kMacro, p.line};
+      n.text = ep.expect_name();
+      ep.expect_op("(");
+      while (!ep.at_op(")")) {
+        n.targets.push_back(ep.expect_name());
+        ExprP def;
+        if (ep.at_op("=")) {
+          ep.next();
+          def = ep.expr();
+        } else if (!n.defaults.empty() && n.defaults.back()) {
+          fail(p.line, "macro '" + n.text + "': non-default argument follows default argument");
+        }
+        n.defaults.push_back(def);
+        if (!ep.at_op(")")) ep.expect_op(",");
+      }
+      ep.next();
+      ep.expect_end();
+      n.body = body({"endmacro"}, stop);
+      // As in Jinja, a macro takes extra arguments only when its body reads varargs / kwargs.
+      n.uses_varargs = mentions(n.body, "varargs");
+      n.uses_kwargs = mentions(n.body, "kwargs");
+      return n;
+    }
     if (kw == "generation") {  // transformers' assistant-mask marker: renders its body
       Node n{Node::Kind::kBlock, p.line};
       n.body = body({"endgeneration"}, stop);
       return n;
     }
     fail(p.line, "unsupported tag '" + kw + "'");
+  }
+
+  // Whether a name is read anywhere in a body; the parser's limits bound the recursion.
+  static bool mentions(const Expr* e, const std::string& name) {
+    if (!e) return false;
+    if (e->kind == Expr::Kind::kName && e->name == name) return true;
+    for (const auto& a : e->args)
+      if (mentions(a.get(), name)) return true;
+    for (const auto& kw : e->kwargs)
+      if (mentions(kw.second.get(), name)) return true;
+    return false;
+  }
+  static bool mentions(const Body& b, const std::string& name) {
+    for (const Node& n : b) {
+      if (mentions(n.expr.get(), name) || mentions(n.filter.get(), name) || mentions(n.body, name) ||
+          mentions(n.else_body, name))
+        return true;
+      for (const auto& [cond, body] : n.branches)
+        if (mentions(cond.get(), name) || mentions(body, name)) return true;
+      for (const auto& d : n.defaults)
+        if (mentions(d.get(), name)) return true;
+    }
+    return false;
   }
 
   std::vector<Piece> p_;
