@@ -28,6 +28,9 @@ inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/ma
 // Nested macro calls (recursion included): each level may nest blocks and expressions to their
 // limits on the C stack, so this bounds the stack a render can use (real templates: < 10).
 inline constexpr int kMaxTemplateMacroDepth = 50;
+// Macro calls per render: a macro calling itself twice per level would otherwise make 2^50 calls
+// within the depth limit.
+inline constexpr int64_t kMaxTemplateMacroCalls = 1000000;
 inline constexpr int kMaxTemplateExprDepth = 128;        // nested (), [], operators, filters, ...
 inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
 inline constexpr size_t kMaxTemplateValueBytes = size_t(16) << 20;  // a string, list, dict or the output

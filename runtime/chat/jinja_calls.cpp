@@ -129,6 +129,8 @@ Value Evaluator::call_macro(const Value& m, std::vector<Value> pos, const Expr& 
   const Node& n = *macros_[index];
   if (macro_depth_ >= kMaxTemplateMacroDepth)
     fail(e.line, "macro calls nest deeper than the limit of " + std::to_string(kMaxTemplateMacroDepth) + " levels");
+  if (++macro_calls_ > kMaxTemplateMacroCalls)
+    fail(e.line, "more than the limit of " + std::to_string(kMaxTemplateMacroCalls) + " macro calls in one rendering");
   const std::string who = "macro '" + n.text + "'";
   // Arguments are evaluated in the caller's scope, before the macro's scope opens.
   std::vector<std::pair<std::string, Value>> named;

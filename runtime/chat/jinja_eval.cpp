@@ -21,6 +21,8 @@ std::string Evaluator::run(const Body& b) {
   std::string out;
   loop_iterations_ = 0;
   work_bytes_ = 0;
+  macro_calls_ = 0;
+  macros_.clear();
   LoopControl lc;
   exec(b, out, lc);
   return out;

@@ -74,6 +74,7 @@ class Evaluator {
   size_t floor_ = 0;                    // first scope of the running macro call (0: none)
   std::vector<const Node*> macros_;     // defined so far in this rendering; a macro value indexes it
   int macro_depth_ = 0;                 // nested macro calls, under kMaxTemplateMacroDepth
+  int64_t macro_calls_ = 0;             // in this rendering, under kMaxTemplateMacroCalls
   int64_t loop_iterations_ = 0;  // in this rendering, under kMaxTemplateLoopIterations
   size_t work_bytes_ = 0;        // in this rendering, under kMaxTemplateWorkBytes
 };

@@ -158,7 +158,7 @@ bool Evaluator::apply_test(const std::string& t, const Value& v, const std::vect
   if (t == "false") return v.is_boolean() && !v.get<bool>();
   if (t == "mapping") return v.is_object();
   if (t == "sequence" || t == "iterable") return v.is_array() || v.is_string() || v.is_object();
-  if (t == "callable") return false;
+  if (t == "callable") return is_macro(v);
   if (t == "eq" || t == "equalto" || t == "==") return !a.empty() && v == a[0];
   if (t == "ne" || t == "!=") return a.empty() || v != a[0];
   if (t == "odd" || t == "even") {

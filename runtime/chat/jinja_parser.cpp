@@ -679,7 +679,20 @@ Template parse(const std::string& source) {
   if (source.size() > kMaxTemplateBytes)
     fail(1, "the template has " + std::to_string(source.size()) + " bytes, over the limit of " +
                 std::to_string(kMaxTemplateBytes) + " bytes");
-  BodyParser bp(split_pieces(source));
+  // As Jinja's lexer does (keep_trailing_newline off): newlines become \n and one newline at the
+  // end of the source is dropped.
+  std::string text;
+  text.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] != '\r') {
+      text += source[i];
+    } else {
+      text += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    }
+  }
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  BodyParser bp(split_pieces(text));
   return Template{bp.parse_all()};
 }
 
