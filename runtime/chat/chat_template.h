@@ -1,5 +1,6 @@
 // Chat templates of tokenizer_config.json rendered in C++: a Jinja subset (for/if/elif/else/set,
-// namespace, loop variables, the filters and string methods HF templates use, raise_exception).
+// namespace, macros, loop variables, the filters and string methods HF templates use, raise_exception,
+// strftime_now).
 #pragma once
 
 #include <cstddef>

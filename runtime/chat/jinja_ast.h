@@ -53,4 +53,11 @@ struct Template {
 Template parse(const std::string& source);  // throws ChatTemplateError
 std::string render(const Template& t, const Value& context);
 
+// The source as Jinja's lexer reads it (keep_trailing_newline off): \r\n and \r become \n and one
+// newline at the end is dropped.
+std::string jinja_source_text(const std::string& source);
+// Whether `name` is read anywhere in a body (a macro's use of varargs/kwargs); the parser's depth
+// limits bound the recursion.
+bool mentions(const Body& body, const std::string& name);
+
 }  // namespace moestream::jinja

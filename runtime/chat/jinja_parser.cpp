@@ -645,29 +645,6 @@ class BodyParser {
     fail(p.line, "unsupported tag '" + kw + "'");
   }
 
-  // Whether a name is read anywhere in a body; the parser's limits bound the recursion.
-  static bool mentions(const Expr* e, const std::string& name) {
-    if (!e) return false;
-    if (e->kind == Expr::Kind::kName && e->name == name) return true;
-    for (const auto& a : e->args)
-      if (mentions(a.get(), name)) return true;
-    for (const auto& kw : e->kwargs)
-      if (mentions(kw.second.get(), name)) return true;
-    return false;
-  }
-  static bool mentions(const Body& b, const std::string& name) {
-    for (const Node& n : b) {
-      if (mentions(n.expr.get(), name) || mentions(n.filter.get(), name) || mentions(n.body, name) ||
-          mentions(n.else_body, name))
-        return true;
-      for (const auto& [cond, body] : n.branches)
-        if (mentions(cond.get(), name) || mentions(body, name)) return true;
-      for (const auto& d : n.defaults)
-        if (mentions(d.get(), name)) return true;
-    }
-    return false;
-  }
-
   std::vector<Piece> p_;
   size_t i_ = 0;
   int block_depth_ = 0;  // statements being parsed, one inside the other
@@ -679,20 +656,7 @@ Template parse(const std::string& source) {
   if (source.size() > kMaxTemplateBytes)
     fail(1, "the template has " + std::to_string(source.size()) + " bytes, over the limit of " +
                 std::to_string(kMaxTemplateBytes) + " bytes");
-  // As Jinja's lexer does (keep_trailing_newline off): newlines become \n and one newline at the
-  // end of the source is dropped.
-  std::string text;
-  text.reserve(source.size());
-  for (size_t i = 0; i < source.size(); ++i) {
-    if (source[i] != '\r') {
-      text += source[i];
-    } else {
-      text += '\n';
-      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
-    }
-  }
-  if (!text.empty() && text.back() == '\n') text.pop_back();
-  BodyParser bp(split_pieces(text));
+  BodyParser bp(split_pieces(jinja_source_text(source)));
   return Template{bp.parse_all()};
 }
 
