@@ -16,6 +16,36 @@ std::optional<std::string> token_string(const OJ& v) {
     return v["content"].get<std::string>();
   return std::nullopt;
 }
+// What transformers' apply_chat_template does to each message before rendering: keys whose value
+// is None are dropped (_normalize_chat_messages), and reasoning given as reasoning_content,
+// thinking or reasoning is exposed under both `thinking` (first) and `reasoning_content`
+// (_alias_reasoning_fields), the names templates read.
+OJ normalize_messages(const OJ& messages) {
+  if (!messages.is_array()) return messages;
+  OJ out = OJ::array();
+  for (const OJ& m : messages) {
+    if (!m.is_object()) {
+      out.push_back(m);
+      continue;
+    }
+    OJ kept = OJ::object();
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (!it.value().is_null()) kept[it.key()] = it.value();
+    const OJ* reasoning = nullptr;
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+      if (!reasoning && kept.contains(key)) reasoning = &kept[key];
+    if (!reasoning) {
+      out.push_back(std::move(kept));
+      continue;
+    }
+    OJ aliased = OJ::object();
+    aliased["thinking"] = *reasoning;
+    for (auto it = kept.begin(); it != kept.end(); ++it) aliased[it.key()] = it.value();
+    aliased["reasoning_content"] = *reasoning;
+    out.push_back(std::move(aliased));
+  }
+  return out;
+}
 }  // namespace
 
 ChatPrompt::ChatPrompt(const std::string& template_source, OJ special_tokens)
@@ -72,7 +102,8 @@ std::string ChatPrompt::render(const OJ& messages, bool add_generation_prompt, c
   OJ ctx = special_tokens_;
   if (extra.is_object())
     for (auto it = extra.begin(); it != extra.end(); ++it) ctx[it.key()] = it.value();
-  ctx["messages"] = messages;
+  if (!ctx.contains("documents")) ctx["documents"] = nullptr;  // transformers always passes it
+  ctx["messages"] = normalize_messages(messages);
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (!tools.is_null()) ctx["tools"] = tools;
   else ctx["tools"] = nullptr;

@@ -23,7 +23,10 @@ class ChatPrompt {
 
   bool has_template() const { return tpl_.has_value(); }
   // Renders messages (and optional tools); `extra` adds template variables (enable_thinking, ...)
-  // without overriding messages/tools/add_generation_prompt. Throws ChatTemplateError.
+  // without overriding messages/tools/add_generation_prompt. Messages are prepared as transformers'
+  // apply_chat_template prepares them (null-valued keys dropped; reasoning_content, thinking or
+  // reasoning aliased to both thinking and reasoning_content); `documents` is none unless given.
+  // Throws ChatTemplateError.
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                      const nlohmann::ordered_json& tools = nullptr,
                      const nlohmann::ordered_json& extra = nullptr) const;

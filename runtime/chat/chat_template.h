@@ -1,5 +1,6 @@
 // Chat templates of tokenizer_config.json rendered in C++: a Jinja subset (for/if/elif/else/set,
-// namespace, loop variables, the filters and string methods HF templates use, raise_exception).
+// namespace, macros, loop variables, the filters and string methods HF templates use, raise_exception,
+// strftime_now).
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,13 @@ class ChatTemplateError : public ConfigError {
 // memory or time; each is answered with a ChatTemplateError naming it. Real templates stay far
 // below them (they nest fewer than 10 deep and render a few KB per message).
 inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;           // template source
-inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/generation blocks
+inline constexpr int kMaxTemplateBlockDepth = 64;        // nested if/for/set/macro/generation blocks
+// Nested macro calls (recursion included): each level may nest blocks and expressions to their
+// limits on the C stack, so this bounds the stack a render can use (real templates: < 10).
+inline constexpr int kMaxTemplateMacroDepth = 50;
+// Macro calls per render: a macro calling itself twice per level would otherwise make 2^50 calls
+// within the depth limit.
+inline constexpr int64_t kMaxTemplateMacroCalls = 1000000;
 inline constexpr int kMaxTemplateExprDepth = 128;        // nested (), [], operators, filters, ...
 inline constexpr int kMaxTemplateValueDepth = 128;       // nested lists/dicts of inputs and set values
 inline constexpr size_t kMaxTemplateValueBytes = size_t(16) << 20;  // a string, list, dict or the output

@@ -545,7 +545,7 @@ class BodyParser {
   }
 
   Node statement(const Piece& p, const std::string& kw) {
-    NestGuard nest(block_depth_, kMaxTemplateBlockDepth, p.line, "blocks (if, for, set, generation)");
+    NestGuard nest(block_depth_, kMaxTemplateBlockDepth, p.line, "blocks (if, for, set, macro, generation)");
     ExprParser ep(p.tokens, 1);
     std::string stop;
     if (kw == "if") {
@@ -613,6 +613,30 @@ class BodyParser {
       ep.expect_end();
       return Node{kw == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, p.line};
     }
+    if (kw == "macro") {  // {% macro name(a, b=default, ...) %} ... {% endmacro %}
+      Node n{Node::Kind::kMacro, p.line};
+      n.text = ep.expect_name();
+      ep.expect_op("(");
+      while (!ep.at_op(")")) {
+        n.targets.push_back(ep.expect_name());
+        ExprP def;
+        if (ep.at_op("=")) {
+          ep.next();
+          def = ep.expr();
+        } else if (!n.defaults.empty() && n.defaults.back()) {
+          fail(p.line, "macro '" + n.text + "': non-default argument follows default argument");
+        }
+        n.defaults.push_back(def);
+        if (!ep.at_op(")")) ep.expect_op(",");
+      }
+      ep.next();
+      ep.expect_end();
+      n.body = body({"endmacro"}, stop);
+      // As in Jinja, a macro takes extra arguments only when its body reads varargs / kwargs.
+      n.uses_varargs = mentions(n.body, "varargs");
+      n.uses_kwargs = mentions(n.body, "kwargs");
+      return n;
+    }
     if (kw == "generation") {  // transformers' assistant-mask marker: renders its body
       Node n{Node::Kind::kBlock, p.line};
       n.body = body({"endgeneration"}, stop);
@@ -632,7 +656,7 @@ Template parse(const std::string& source) {
   if (source.size() > kMaxTemplateBytes)
     fail(1, "the template has " + std::to_string(source.size()) + " bytes, over the limit of " +
                 std::to_string(kMaxTemplateBytes) + " bytes");
-  BodyParser bp(split_pieces(source));
+  BodyParser bp(split_pieces(jinja_source_text(source)));
   return Template{bp.parse_all()};
 }
 

@@ -21,6 +21,27 @@ using VT = Value::value_t;
 }
 
 Value undefined() { return Value(VT::discarded); }
+
+namespace {
+constexpr std::uint8_t kMacroSubtype = 'M';
+}
+
+Value make_macro(size_t index, const std::string& name) {
+  std::vector<std::uint8_t> bytes(8);
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = std::uint8_t(uint64_t(index) >> (8 * i));
+  bytes.insert(bytes.end(), name.begin(), name.end());
+  return Value::binary(std::move(bytes), kMacroSubtype);
+}
+bool is_macro(const Value& v) {
+  return v.is_binary() && v.get_binary().has_subtype() && v.get_binary().subtype() == kMacroSubtype &&
+         v.get_binary().size() >= 8;
+}
+size_t macro_index(const Value& v) {
+  uint64_t i = 0;
+  for (int k = 0; k < 8; ++k) i |= uint64_t(v.get_binary()[size_t(k)]) << (8 * k);
+  return size_t(i);
+}
+std::string macro_name(const Value& v) { return std::string(v.get_binary().begin() + 8, v.get_binary().end()); }
 bool is_undef(const Value& v) { return v.is_discarded(); }
 
 const char* type_name(const Value& v) {
@@ -32,6 +53,7 @@ const char* type_name(const Value& v) {
     case VT::array: return "list";
     case VT::object: return "dict";
     case VT::number_float: return "float";
+    case VT::binary: return "Macro";
     default: return "int";
   }
 }
@@ -134,6 +156,7 @@ void dumps(const Value& v, int indent, int depth, std::string& out) {
     out.append(n, ' ');
   };
   if (is_undef(v)) fail(0, "tojson of an undefined value");
+  if (v.is_binary()) fail(0, "Object of type Macro is not JSON serializable");
   if (depth > kMaxTemplateValueDepth)
     fail(0, "tojson of a value nested deeper than the limit of " + std::to_string(kMaxTemplateValueDepth) +
                 " levels");
@@ -191,6 +214,7 @@ std::string py_str(const Value& v) {
       return float_repr(d);
     }
     case VT::array: case VT::object: return py_repr(v);
+    case VT::binary: return "<Macro '" + macro_name(v) + "'>";
     default: return v.dump();
   }
 }

@@ -16,6 +16,13 @@ bool is_undef(const Value& v);
 const char* type_name(const Value& v);
 bool truthy(const Value& v);
 std::string py_str(const Value& v);   // what {{ v }} prints
+
+// A macro as a template value: a JSON binary (which no JSON text can produce, so input cannot
+// forge one) holding the macro's index in the evaluator and its name.
+Value make_macro(size_t index, const std::string& name);
+bool is_macro(const Value& v);
+size_t macro_index(const Value& v);  // v is a macro
+std::string macro_name(const Value& v);
 std::string py_repr(const Value& v, int depth = 0);
 // json.dumps(v, ensure_ascii=False, indent=indent) (indent < 0: None), keys in insertion order.
 void dumps(const Value& v, int indent, int depth, std::string& out);

@@ -52,6 +52,48 @@ MIXTRAL_LIKE = """{%- set ns = namespace(n_user=0, sys='') %}
   {% for k, v in {'a': 1, 'b': [1, 2]}.items() %}{{ k }}={{ v }}{{ ',' if not loop.last }}{% endfor %}
 {{ messages | length }} {{ (messages | first).role | upper }} {{ messages[-1].content[:5] }}"""
 
+# Macros as gpt-oss, GLM and Kimi templates use them: recursion over a JSON schema, defaults,
+# keyword arguments, varargs/kwargs, macro output in expressions, top-level variables and
+# namespaces seen from inside, and whitespace control around macro tags.
+MACROS = """{%- macro ts_type(spec, required=[], depth=0) -%}
+    {%- if spec.type == 'object' and spec.properties -%}
+        {{- '{' }}
+        {%- for name, sub in spec.properties.items() -%}
+            {{- name }}{{ '?' if name not in required }}: {{ ts_type(sub, sub.required or [], depth + 1) }}
+            {{- ', ' if not loop.last }}
+        {%- endfor -%}
+        {{- '}' }}
+    {%- elif spec.type == 'array' -%}
+        {%- set inner = ts_type(spec['items'] or {}) -%}
+        {{- (inner if inner|length < 20 else 'any') ~ '[]' }}
+    {%- elif spec.enum -%}
+        {{- '"' + spec.enum|join('" | "') + '"' }}
+    {%- else -%}
+        {{- spec.type or 'any' }}
+    {%- endif -%}
+{%- endmacro -%}
+{% macro text(content) -%}
+    {%- if content is string -%}{{ content }}
+    {%- else -%}{% for p in content %}{{ p.text }}{% endfor %}{%- endif -%}
+{%- endmacro %}
+{%- macro line(role, body, sep=': ', end='\\n') -%}
+{{ role|upper }}{{ sep }}{{ body }}{{ end }}{{ varargs|join('+') }}{{ kwargs.tag }}
+{%- endmacro -%}
+{%- set ns = namespace(n=0) -%}
+{%- macro count() %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endmacro -%}
+{{ bos_token }}
+{%- if tools %}
+{%- for t in tools %}
+type {{ t.function.name }} = (_: {{ ts_type(t.function.parameters, t.function.parameters.required or []) }}) => any;
+{% endfor %}
+{%- endif %}
+{%- for m in messages %}
+{{ line(m.role, text(m.content), end=';') }}[{{ count() }}]
+{%- if text(m.content).endswith('?') %} (question){% endif %}
+{%- endfor %}
+{{ line('x', 1, '=', '', 2, 3, tag='!') }} {{ text is callable }} {{ ns.n }}
+"""
+
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
     [{"role": "system", "content": "You are terse."},
@@ -66,7 +108,12 @@ CONVERSATIONS = [
      {"role": "user", "content": "next"}],
 ]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather, \"now\"",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "plan", "description": "nested", "parameters": {
+             "type": "object", "required": ["steps"], "properties": {
+                 "steps": {"type": "array", "items": {"type": "object", "properties": {
+                     "unit": {"type": "string", "enum": ["c", "f"]}, "n": {"type": "integer"}}}},
+                 "tags": {"type": "array", "items": {"type": "string"}}}}}}]
 
 
 def _exe():
@@ -137,10 +184,10 @@ def test_qwen3_enable_thinking_false_matches_jinja2():
     assert r.stdout == reference(source, {**special, **ctx, "tools": None})
 
 
-@pytest.mark.parametrize("source_name", ["llama2", "mixtral_like"])
+@pytest.mark.parametrize("source_name", ["llama2", "mixtral_like", "macros"])
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
 def test_inline_template_matches_jinja2_or_both_raise(tmp_path, source_name, conv):
-    source = LLAMA2_CHAT if source_name == "llama2" else MIXTRAL_LIKE
+    source = {"llama2": LLAMA2_CHAT, "mixtral_like": MIXTRAL_LIKE, "macros": MACROS}[source_name]
     f = tmp_path / "t.jinja"
     f.write_text(source)
     ctx = {"messages": CONVERSATIONS[conv], "add_generation_prompt": True, "tools": TOOLS,
@@ -169,7 +216,8 @@ def test_raise_exception_is_reported_with_its_message(tmp_path):
 @pytest.mark.parametrize("source,needle", [
     ("{% for x in y %}", "missing"),
     ("{{ 1 + }}", "line 1"),
-    ("a\n{% macro m() %}{% endmacro %}", "line 2"),
+    ("a\n{% include 'other.jinja' %}", "line 2"),
+    ("{% macro m(a=1, b) %}{% endmacro %}", "non-default argument follows default argument"),
     ("{{ x | nosuchfilter }}", "nosuchfilter"),
 ])
 def test_bad_template_fails_with_line(tmp_path, source, needle):
@@ -191,8 +239,11 @@ def test_bad_template_fails_with_line(tmp_path, source, needle):
     ("{{ 2 ** 64 }}", "integer overflow: 2 ** 64"),
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
      "limit of 1000000 loop iterations"),
+    ("{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}", "macro calls nest deeper than the limit of 50"),
+    ("{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(40) }}",
+     "limit of 1000000 macro calls"),
 ], ids=["100k-if", "40k-if", "100k-parens", "100k-concat", "repetition", "add-overflow", "pow-overflow",
-        "nested-loops"])
+        "nested-loops", "macro-recursion", "macro-calls"])
 def test_hostile_template_exits_1_naming_the_limit(tmp_path, source, needle):
     f = tmp_path / "t.jinja"
     f.write_text(source)

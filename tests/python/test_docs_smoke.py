@@ -501,6 +501,8 @@ def _gguf_oracle(s):
 
 skipped("bench/gguf_llama.py", LLAMA, "moestream against llama.cpp on a Qwen3-30B-A3B-shaped GGUF")
 skipped("bench/peer.py", LLAMA, "moestream against llama.cpp on the same Qwen3-30B-A3B-shaped weights (issue 19)")
+skipped("scripts/check_chat_templates.py", LLAMA,
+        "real chat templates from llama.cpp's source cache against transformers (a dev check)")
 
 
 # --- scripts ---
