@@ -118,7 +118,9 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
       "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim",
       "truncate"};
   for (auto& [k, v] : sc->items())
-    if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
+    if (!kKnown.count(k) && !v.is_null() &&
+        !(k == "partial_rotary_factor" && c.arch == Arch::kGlm4Moe))  // read by read_glm4_moe (sweep-a)
+      unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
   s.type = type;
   s.factor = opt_num(*sc, "factor", where, 1.0);
@@ -266,7 +268,8 @@ void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   c.v_head_dim = req_int(hf, "v_head_dim", where);
   if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
-  if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
+  // moe_layer_freq: transformers ignores it; convert.cpp checks the tensors agree (sweep-a).
+  opt_int(hf, "moe_layer_freq", where, 1);
   if (c.arch == Arch::kDeepseekV2) {
     read_deepseek_v2_moe(hf, c, where);
     return;
@@ -382,7 +385,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
         unsupported(where, "sliding_window", w->dump() + " (< max_position_embeddings)");
       break;
   }
-  const int default_head_dim = c.hidden_size / c.n_heads;
+  // Glm4MoeConfig's head_dim defaults to 128, not hidden / heads (sweep-a: as transformers).
+  const int default_head_dim = c.arch == Arch::kGlm4Moe ? 128 : c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
   if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
   // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).
