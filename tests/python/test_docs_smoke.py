@@ -609,6 +609,7 @@ skipped("python/training/tokenize_corpus.py", DOWNLOAD, "tokenises data/corpus (
 skipped("python/training/train_moe.py", DEVICE, "trains the demo model with torch on a GPU")
 skipped("python/training/eval_perplexity.py", DEVICE, "transformers on a CUDA GPU")
 skipped("python/training/make_fixtures.py", DEVICE, "torch and transformers >= 5")
+skipped("python/training/arch_sweep.py", DEVICE, "torch and transformers >= 5 (a dev tool: docs/testing.md)")
 
 
 # ---------------------------------------------------------------------------------------------
