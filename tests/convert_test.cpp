@@ -955,6 +955,14 @@ TEST(HfConfig, SweepAGlm4MoeScaledRopeParametersAndDefaultHeadDim) {
   json no_hd = hf;
   no_hd.erase("head_dim");
   EXPECT_EQ(model_config_from_hf(no_hd, "c").head_dim, 128);
+  // Token ids outside a shrunk vocabulary (a release's ids kept) are dropped, in-range ones kept.
+  json ids = hf;
+  ids["bos_token_id"] = 100000;
+  ids["eos_token_id"] = json::array({7, 8});
+  const ModelConfig ct = model_config_from_hf(ids, "c");
+  EXPECT_FALSE(ct.bos_token_id.has_value());
+  EXPECT_EQ(ct.eos_token_id, 7);
+  EXPECT_NO_THROW(ModelConfig::from_json(ct.to_json(), "model.json"));
 }
 
 TEST(Convert, SweepADeepseekV3RopeInterleaveNullAndMoeLayerFreq) {

@@ -189,6 +189,23 @@ def cases():
     # All layers dense (DeepseekV3Config's default first_k_dense_replace 3 with 2 layers).
     add("v3_all_dense", "v3", expect="refuse:first_k_dense_replace", num_hidden_layers=2, first_k_dense_replace=3)
     add("glm_all_dense", "glm", expect="refuse:first_k_dense_replace", num_hidden_layers=1, first_k_dense_replace=1)
+    # The released configs' other keys (remote-code fields, token id lists), written into config.json.
+    add("v3_r1_keys", "v3", config_extra={
+        "aux_loss_alpha": 0.001, "ep_size": 1, "seq_aux": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+        "moe_layer_freq": 1, "num_nextn_predict_layers": 1, "bos_token_id": 0, "eos_token_id": 1,
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}, "pretraining_tp": 1,
+        "torch_dtype": "bfloat16", "attention_dropout": 0.0, "rope_scaling": {
+            "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+            "beta_slow": 1, "mscale": 0.9, "mscale_all_dim": 0.7}})
+    add("v2_lite_keys", "v2", config_extra={
+        "aux_loss_alpha": 0.001, "ep_size": 1, "seq_aux": True, "scoring_func": "softmax", "topk_method": "greedy",
+        "moe_layer_freq": 1, "norm_topk_prob": False, "bos_token_id": 100000, "eos_token_id": 100001,
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config"}, "torch_dtype": "bfloat16",
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}})
+    add("glm_45_keys", "glm", config_extra={
+        "eos_token_id": [300, 301, 302], "pad_token_id": 299, "bos_token_id": None, "torch_dtype": "bfloat16",
+        "rope_scaling": None, "num_nextn_predict_layers": 1, "use_cache": True, "attention_dropout": 0.0})
     add("v3_long_prompt", "v3", style="v5", prompt_lengths=(40, 70))
     add("glm_long_prompt", "glm", prompt_lengths=(40, 70))
     add("v2_long_prompt", "v2", prompt_lengths=(40, 70))
@@ -268,6 +285,7 @@ def write_config(model, d, arch_name, style, over):
     if arch_name == "glm4_moe" and "rope_scaling" in cfg and rp.get("rope_type", "default") != "default":
         # published_style_config writes GLM-4.5's null; a scaled config keeps its scaling there.
         cfg["rope_scaling"] = {k: v for k, v in rp.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    cfg.update(over.get("config_extra", {}))
     if style == "drop_head_dim":  # transformers then uses its own default
         cfg.pop("head_dim")
     # Keys a real config carries that transformers 5 does not keep as attributes.
@@ -357,9 +375,11 @@ def reference_with_margins(model, prompts, n_greedy):
 def run_case(name, arch, over, opt, seed, root, bin_dir, n_greedy):
     cfg_cls, cls, base, arch_name = ARCHS[arch]
     kw = base()
-    kw.update({k: v for k, v in over.items() if k not in ("mlp_bias", "prompt_lengths", "init") or arch == "v2"})
+    kw.update({k: v for k, v in over.items() if k not in ("mlp_bias", "prompt_lengths", "init", "config_extra")
+                                                   or arch == "v2"})
     kw.pop("prompt_lengths", None)
     kw.pop("init", None)
+    kw.pop("config_extra", None)
     try:
         config = cfg_cls(**kw)
         config._experts_implementation = "eager"

@@ -321,6 +321,10 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.tie_word_embeddings = opt_bool(hf, "tie_word_embeddings", where, false);
   c.bos_token_id = opt_token(hf, "bos_token_id");
   c.eos_token_id = opt_token(hf, "eos_token_id");
+  // An id outside the vocabulary (a shrunk test model keeping its release's ids) is never produced
+  // nor read by transformers; model.json refuses it, so it is dropped here (sweep-a).
+  for (std::optional<int>* t : {&c.bos_token_id, &c.eos_token_id})
+    if (*t && (**t < 0 || **t >= c.vocab_size)) t->reset();
   if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
     unsupported(where, "hidden_act", act->dump());
   if (c.arch != Arch::kGlm4Moe && c.arch != Arch::kGptOss && opt_bool(hf, "attention_bias", where, false))
