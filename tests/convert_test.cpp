@@ -958,3 +958,85 @@ TEST(HfConfig, DeepseekMlaConfigsAndTheirRefusals) {
     EXPECT_NE(msg.find("mla"), std::string::npos) << key << ": " << msg;
   }
 }
+
+// Configs python/training/arch_sweep.py (sweep-a) found read otherwise than transformers reads them.
+TEST(HfConfig, SweepAGlm4MoeScaledRopeParametersAndDefaultHeadDim) {
+  const fs::path fixture = fs::path(MOESTREAM_SOURCE_DIR) / "tests/fixtures/glm4_moe/config.json";
+  if (!fs::exists(fixture)) MOESTREAM_SKIP_OR_FAIL() << fixture << " absent (python/training/make_fixtures.py)";
+  const json hf = json::parse(read_file(fixture));
+  // transformers 5 saves a scaled GLM's partial_rotary_factor inside rope_parameters, with the yarn keys.
+  json v5 = hf;
+  v5.erase("partial_rotary_factor");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0},
+                           {"original_max_position_embeddings", 64}, {"partial_rotary_factor", 0.25}};
+  const ModelConfig c = model_config_from_hf(v5, "c");
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->type, "yarn");
+  EXPECT_EQ(c.rope_dim(), 4);
+  // Elsewhere the key is not read, so it is still refused.
+  json q = make_tiny(Arch::kQwen3Moe).config;
+  q["rope_scaling"] = v5["rope_parameters"];
+  const std::string msg = message_of([&] { model_config_from_hf(q, "hf/config.json"); });
+  EXPECT_NE(msg.find("partial_rotary_factor"), std::string::npos) << msg;
+  // Glm4MoeConfig's head_dim defaults to 128, not hidden_size / num_attention_heads.
+  json no_hd = hf;
+  no_hd.erase("head_dim");
+  EXPECT_EQ(model_config_from_hf(no_hd, "c").head_dim, 128);
+  // Token ids outside a shrunk vocabulary (a release's ids kept) are dropped, in-range ones kept.
+  json ids = hf;
+  ids["bos_token_id"] = 100000;
+  ids["eos_token_id"] = json::array({7, 8});
+  const ModelConfig ct = model_config_from_hf(ids, "c");
+  EXPECT_FALSE(ct.bos_token_id.has_value());
+  EXPECT_EQ(ct.eos_token_id, 7);
+  EXPECT_NO_THROW(ModelConfig::from_json(ct.to_json(), "model.json"));
+}
+
+TEST(Convert, SweepADeepseekV3RopeInterleaveNullAndMoeLayerFreq) {
+  const fs::path fixture = fs::path(MOESTREAM_SOURCE_DIR) / "tests/fixtures/deepseek_v3";
+  if (!fs::exists(fixture)) MOESTREAM_SKIP_OR_FAIL() << fixture << " absent (python/training/make_fixtures.py)";
+  const json hf = json::parse(read_file(fixture / "config.json"));
+  TempDir d;
+  ConvertOptions opts;
+  opts.quant = QuantType::kF32;
+  opts.dense_dtype = "f32";
+  opts.progress = false;
+  // A checkpoint dir with this config and the fixture's tensors but `drop`.
+  auto variant = [&](const std::string& name, const json& cfg, const std::string& drop) {
+    const fs::path dir = d.path() / name;
+    fs::create_directories(dir);
+    write_file_atomic(dir / "config.json", cfg.dump(2));
+    const SafetensorsFile src(fixture / "model.safetensors");
+    SafetensorsWriter w(dir / "model.safetensors");
+    for (const std::string& n : src.names())
+      if (n != drop) w.declare(n, DType::kF32, src.info(n).shape);
+    for (const std::string& n : src.names()) {
+      if (n == drop) continue;
+      std::vector<float> v(src.info(n).numel());
+      src.read_float(n, 0, v.size(), v.data());
+      w.write(n, v.data(), v.size());
+    }
+    w.finish();
+    return dir;
+  };
+  // rope_interleave null: transformers tests it for truth, so the pairs are rotate-half's (false).
+  auto dense_of = [&](const json& interleave) {
+    json cfg = hf;
+    cfg["rope_interleave"] = interleave;
+    const std::string tag = interleave.dump();
+    convert_model(variant("in_" + tag, cfg, ""), d.path() / ("out_" + tag), opts);
+    return read_file(d.path() / ("out_" + tag) / "dense.safetensors");
+  };
+  const std::string as_null = dense_of(nullptr);
+  EXPECT_EQ(as_null, dense_of(false));
+  EXPECT_NE(as_null, dense_of(true));
+  // moe_layer_freq: transformers ignores it (every layer from first_k_dense_replace is MoE) ...
+  json freq = hf;
+  freq["moe_layer_freq"] = 2;
+  EXPECT_EQ(convert_model(variant("freq", freq, ""), d.path() / "out_freq", opts).n_moe_layers(), 2);
+  // ... and a checkpoint with a dense layer among them (the original remote code's layout) is refused.
+  const std::string msg = message_of(
+      [&] { convert_model(variant("freq_dense", freq, "model.layers.2.mlp.gate.weight"), d.path() / "o", opts); });
+  EXPECT_NE(msg.find("moe_layer_freq"), std::string::npos) << msg;
+}

@@ -262,6 +262,30 @@ void merge_chat_template_file(const fs::path& hf_dir, const fs::path& out, std::
   config_field = "tokenizer_config.json";
 }
 
+// DeepSeek-V2/V3's moe_layer_freq (sweep-a): transformers ignores it (every layer from
+// first_k_dense_replace is a MoE layer), and so does moestream when the checkpoint agrees; one laid
+// out by the original remote code (dense MLPs between the MoE layers) is refused naming the field.
+void check_moe_layer_freq(const nlohmann::json& hf, const HfCheckpoint& ck, const ModelConfig& c,
+                          const std::string& where) {
+  const auto f = hf.find("moe_layer_freq");
+  if (!c.has_mla() || f == hf.end() || f->is_null() || (f->is_number_integer() && *f == 1)) return;
+  for (int l = c.first_k_dense_replace; l < c.n_layers; ++l)
+    if (!ck.contains(layer_prefix(l) + "mlp.gate.weight"))
+      throw ConfigError(where + ": 'moe_layer_freq' " + f->dump() + " with a dense layer " + std::to_string(l) +
+                        " (no mlp.gate.weight) is not supported by moestream: as transformers, it makes every "
+                        "layer from first_k_dense_replace a MoE layer");
+}
+
+// DeepSeek-V3's rope_interleave: absent means true (DeepseekV3Config's default), null false (transformers
+// tests it for truth) (sweep-a).
+bool rope_interleave_of(const nlohmann::json& hf, const std::string& where) {
+  const auto r = hf.find("rope_interleave");
+  if (r == hf.end()) return true;
+  if (r->is_null()) return false;
+  if (!r->is_boolean()) throw FormatError(where + ": 'rope_interleave' must be true, false or null, got " + r->dump());
+  return r->get<bool>();
+}
+
 }  // namespace
 
 ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const ConvertOptions& opts) {
@@ -291,12 +315,13 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   // DeepSeek-V3: RoPE pairs interleaved (transformers' default true) and FP8 block sizes.
   // DeepSeek-V2 always rotates interleaved pairs (complex RoPE); V3 as rope_interleave says.
   const bool rope_interleave =
-      c.has_mla() && (c.arch == Arch::kDeepseekV2 || hf.value("rope_interleave", true));
+      c.has_mla() && (c.arch == Arch::kDeepseekV2 || rope_interleave_of(hf, config_path.string()));
   // gpt-oss's released MXFP4 experts (quant_method "mxfp4") are read from their *_blocks tensors
   // (convert_gpt_oss.h); any other method is FP8's or refused there.
   if (const auto q = hf.find("quantization_config"); q != hf.end() && q->is_object() &&
       !(c.arch == Arch::kGptOss && q->value("quant_method", std::string()) == "mxfp4"))
     ck.set_fp8_block(fp8_block_size(*q, config_path.string()));
+  check_moe_layer_freq(hf, ck, c, config_path.string());
   std::vector<DenseTensor> dense = dense_tensors(ck, c, rope_interleave);
   reject_unsupported_tensors(ck, c, dense);
   for (const DenseTensor& t : dense) ck.file(t.in).check_shape(t.in, t.shape);

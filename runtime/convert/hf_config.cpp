@@ -119,7 +119,9 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
       "low_freq_factor", "high_freq_factor", "rope_theta", "mscale", "mscale_all_dim",
       "truncate"};
   for (auto& [k, v] : sc->items())
-    if (!kKnown.count(k) && !v.is_null()) unsupported(where, "rope_scaling." + k, "(changes RoPE)");
+    if (!kKnown.count(k) && !v.is_null() &&
+        !(k == "partial_rotary_factor" && c.arch == Arch::kGlm4Moe))  // read by read_glm4_moe (sweep-a)
+      unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
   s.type = type;
   s.factor = opt_num(*sc, "factor", where, 1.0);
@@ -267,7 +269,8 @@ void read_mla_fields(const json& hf, ModelConfig& c, const std::string& where) {
   c.v_head_dim = req_int(hf, "v_head_dim", where);
   if (c.qk_rope_head_dim % 2 != 0) throw FormatError(where + ": 'qk_rope_head_dim' must be even");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
-  if (opt_int(hf, "moe_layer_freq", where, 1) != 1) unsupported(where, "moe_layer_freq", "!= 1");
+  // moe_layer_freq: transformers ignores it; convert.cpp checks the tensors agree (sweep-a).
+  opt_int(hf, "moe_layer_freq", where, 1);
   if (c.arch == Arch::kDeepseekV2) {
     read_deepseek_v2_moe(hf, c, where);
     return;
@@ -379,6 +382,10 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.tie_word_embeddings = opt_bool(hf, "tie_word_embeddings", where, false);
   c.bos_token_id = opt_token(hf, "bos_token_id");
   c.eos_token_id = opt_token(hf, "eos_token_id");
+  // An id outside the vocabulary (a shrunk test model keeping its release's ids) is never produced
+  // nor read by transformers; model.json refuses it, so it is dropped here (sweep-a).
+  for (std::optional<int>* t : {&c.bos_token_id, &c.eos_token_id})
+    if (*t && (**t < 0 || **t >= c.vocab_size)) t->reset();
   if (const json* act = find(hf, "hidden_act"); act && *act != "silu")
     unsupported(where, "hidden_act", act->dump());
   if (c.arch != Arch::kGlm4Moe && c.arch != Arch::kGptOss && opt_bool(hf, "attention_bias", where, false))
@@ -447,7 +454,8 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
         unsupported(where, "sliding_window", w->dump() + " (< max_position_embeddings)");
       break;
   }
-  const int default_head_dim = c.hidden_size / c.n_heads;
+  // Glm4MoeConfig's head_dim defaults to 128, not hidden / heads (sweep-a: as transformers).
+  const int default_head_dim = c.arch == Arch::kGlm4Moe ? 128 : c.hidden_size / c.n_heads;
   c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
   if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
   // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).

@@ -612,6 +612,7 @@ skipped("python/training/train_moe.py", DEVICE, "trains the demo model with torc
 skipped("python/training/eval_perplexity.py", DEVICE, "transformers on a CUDA GPU")
 skipped("python/training/make_fixtures.py", DEVICE, "torch and transformers >= 5")
 skipped("python/training/arch_sweep_b.py", DEVICE, "torch and transformers >= 5 (a config sweep, dev tool)")
+skipped("python/training/arch_sweep.py", DEVICE, "torch and transformers >= 5 (a dev tool: docs/testing.md)")
 
 
 # ---------------------------------------------------------------------------------------------
