@@ -4,7 +4,8 @@
 # about that size. `slim` takes the paths no device script reads out of the index and ignores
 # them in .git/info/exclude (the files stay on disk, nothing is committed); `restore` puts both
 # back; `size` prints what would travel (KiB, with .deps).
-#   scripts/device_tree.sh slim && <device run, carry .deps> ; scripts/device_tree.sh restore
+#   scripts/device_tree.sh slim [PATH...] && <device run, carry .deps> ; scripts/device_tree.sh restore
+# (PATHs: more that this call's command does not read, e.g. bench/*.py for the GPU tests.)
 # Never commit between the two: the commit would delete the slimmed paths.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,10 @@ size() {
   echo "device_tree: $((t + d)) KiB would travel with .deps (limit 65536)"
 }
 
-case "${1:-}" in
+cmd=${1:-}
+shift || true
+PATHS+=("$@")
+case "$cmd" in
   slim)
     grep -qxF "$MARK" "$EXCLUDE" 2>/dev/null && { echo "device_tree: already slim (restore first)" >&2; exit 1; }
     git diff --cached --quiet || { echo "device_tree: the index has staged changes; commit or unstage them first" >&2; exit 1; }
@@ -40,7 +44,9 @@ case "${1:-}" in
     ;;
   restore)
     grep -qxF "$MARK" "$EXCLUDE" 2>/dev/null || { echo "device_tree: not slim" >&2; exit 0; }
-    git reset -q -- "${PATHS[@]}"
+    # Every path the slim took out: the lines after the marker.
+    mapfile -t taken < <(sed -n "/^$MARK\$/,\$p" "$EXCLUDE" | tail -n +2 | sed 's#^/##')
+    git reset -q -- "${taken[@]}"
     # Drop the marker and every line after it (this script appended them).
     sed -i "/^$MARK\$/,\$d" "$EXCLUDE"
     git status --short | head -5
