@@ -128,6 +128,25 @@ void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where
   gguf_arch_error(where, "tensor '" + p + "ffn_gate_exps.weight' is missing");
 }
 
+GgufArchSizes gguf_arch_sizes(const GgufModelFiles& f, const std::string& where, const std::string& a, int first_moe,
+                              const std::string& width_key) {
+  const std::string gate_name = "blk." + std::to_string(first_moe) + ".ffn_gate_exps.weight";
+  const GgufTensor* gate = f.find_tensor(gate_name);
+  if (gate == nullptr) gguf_arch_missing_experts(f, where, first_moe);
+  if (gate->dims.size() != 3) gguf_arch_error(where, "tensor '" + gate_name + "' is not 3-dimensional");
+  GgufArchSizes z{gate->dims[0], gate->dims[1], gate->dims[2], 0};
+  const GgufTensor& embd = f.tensor("token_embd.weight");
+  if (embd.dims.size() != 2 || embd.dims[0] != z.hidden)
+    gguf_arch_error(where, "tensor 'token_embd.weight' is not [" + std::to_string(z.hidden) + ", vocab]");
+  z.vocab = embd.dims[1];
+  const GgufMetadata& m = f.metadata();
+  gguf_arch_agree(m, where, a + "embedding_length", z.hidden);
+  gguf_arch_agree(m, where, a + "expert_count", z.experts);
+  gguf_arch_agree(m, where, a + width_key, z.expert_width);
+  gguf_arch_agree(m, where, a + "vocab_size", z.vocab);
+  return z;
+}
+
 void gguf_arch_agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want) {
   if (const auto v = m.find_u64(key); v && *v != want)
     gguf_arch_error(where, "metadata " + key + " = " + std::to_string(*v) + " contradicts the tensors (" +

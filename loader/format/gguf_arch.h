@@ -80,6 +80,15 @@ const GgufTensor& gguf_arch_shaped_any(const GgufModelFiles& f, const std::strin
 // FormatError for a layer without blk.N.ffn_gate_exps.weight, naming the fused gate_up form
 // (ffn_gate_up_exps, which this build does not read) when that is what the file holds.
 [[noreturn]] void gguf_arch_missing_experts(const GgufModelFiles& f, const std::string& where, int layer);
+// The sizes the tensors state: hidden, expert width and expert count from
+// blk.<first_moe>.ffn_gate_exps ([D, F, E]; gguf_arch_missing_experts when absent), vocabulary
+// from token_embd ([D, V]); the metadata's <a>embedding_length, expert_count, <a><width_key>
+// and vocab_size must agree where present.
+struct GgufArchSizes {
+  uint64_t hidden = 0, expert_width = 0, experts = 0, vocab = 0;
+};
+GgufArchSizes gguf_arch_sizes(const GgufModelFiles& f, const std::string& where, const std::string& a, int first_moe,
+                              const std::string& width_key = "expert_feed_forward_length");
 // FormatError when metadata `key` is present and differs from `want` (what the tensors say).
 void gguf_arch_agree(const GgufMetadata& m, const std::string& where, const std::string& key, uint64_t want);
 // FormatError naming `key` when present: a setting this build does not compute.

@@ -29,19 +29,8 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   if (c.first_k_dense_replace >= c.n_layers)
     gguf_arch_error(where, a + "leading_dense_block_count " + std::to_string(c.first_k_dense_replace) +
                                " leaves no MoE layer of " + std::to_string(c.n_layers));
-  const std::string first_moe = "blk." + std::to_string(c.first_k_dense_replace) + ".ffn_gate_exps.weight";
-  const GgufTensor* gate0 = f.find_tensor(first_moe);
-  if (gate0 == nullptr) gguf_arch_missing_experts(f, where, c.first_k_dense_replace);
-  if (gate0->dims.size() != 3) gguf_arch_error(where, "tensor '" + first_moe + "' is not 3-dimensional");
-  const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
-  const GgufTensor& embd = f.tensor("token_embd.weight");
-  if (embd.dims.size() != 2 || embd.dims[0] != D)
-    gguf_arch_error(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
-  const uint64_t V = embd.dims[1];
-  gguf_arch_agree(m, where, a + "embedding_length", D);
-  gguf_arch_agree(m, where, a + "expert_count", E);
-  gguf_arch_agree(m, where, a + "expert_feed_forward_length", F);
-  gguf_arch_agree(m, where, a + "vocab_size", V);
+  const GgufArchSizes z = gguf_arch_sizes(f, where, a, c.first_k_dense_replace);
+  const uint64_t D = z.hidden, F = z.expert_width, E = z.experts, V = z.vocab;
 
   c.vocab_size = int(V);
   c.hidden_size = int(D);

@@ -40,18 +40,8 @@ std::vector<bool> sliding_layers(const GgufMetadata& m, const std::string& where
 void read_gguf_gpt_oss(const GgufModelFiles& f, const std::string& where, GgufArchModel& out) {
   const GgufMetadata& m = f.metadata();
   const std::string a = "gpt-oss.";
-  const GgufTensor* gate0 = f.find_tensor("blk.0.ffn_gate_exps.weight");
-  if (gate0 == nullptr) gguf_arch_missing_experts(f, where, 0);
-  if (gate0->dims.size() != 3) gguf_arch_error(where, "tensor 'blk.0.ffn_gate_exps.weight' is not 3-dimensional");
-  const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
-  const GgufTensor& embd = f.tensor("token_embd.weight");
-  if (embd.dims.size() != 2 || embd.dims[0] != D)
-    gguf_arch_error(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
-  const uint64_t V = embd.dims[1];
-  gguf_arch_agree(m, where, a + "embedding_length", D);
-  gguf_arch_agree(m, where, a + "expert_count", E);
-  gguf_arch_agree(m, where, a + "expert_feed_forward_length", F);
-  gguf_arch_agree(m, where, a + "vocab_size", V);
+  const GgufArchSizes z = gguf_arch_sizes(f, where, a, 0);
+  const uint64_t D = z.hidden, F = z.expert_width, E = z.experts, V = z.vocab;
 
   ModelConfig& c = out.cfg;
   c.arch = Arch::kGptOss;

@@ -78,12 +78,8 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
                  "layout; convert the model again with a current llama.cpp converter");
     bad(where, "tensor '" + gate0_name + "' is missing: not a mixture-of-experts model");
   }
-  if (gate0->dims.size() != 3) bad(where, "tensor '" + gate0_name + "' is not 3-dimensional");
-  const uint64_t D = gate0->dims[0], F = gate0->dims[1], E = gate0->dims[2];
-  const GgufTensor& embd = files_.tensor("token_embd.weight");
-  if (embd.dims.size() != 2 || embd.dims[0] != D)
-    bad(where, "tensor 'token_embd.weight' is not [" + std::to_string(D) + ", vocab]");
-  const uint64_t V = embd.dims[1];
+  const GgufArchSizes z = gguf_arch_sizes(files_, where, a, int(lead), std::string(traits.expert_width_key));
+  const uint64_t D = z.hidden, F = z.expert_width, E = z.experts, V = z.vocab;
   const uint64_t n_heads = m.get_u64(a + "attention.head_count");
   const uint64_t n_kv = m.find_u64(a + "attention.head_count_kv").value_or(n_heads);
   if (n_heads == 0) bad(where, a + "attention.head_count is 0");
@@ -91,10 +87,6 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   if (const auto v = m.find_u64(a + "attention.value_length"); v && *v != head_dim)
     bad(where, a + "attention.value_length (" + std::to_string(*v) + ") differs from key_length (" +
                    std::to_string(head_dim) + "): not supported");
-  gguf_arch_agree(m, where, a + "embedding_length", D);
-  gguf_arch_agree(m, where, a + "expert_count", E);
-  gguf_arch_agree(m, where, a + std::string(traits.expert_width_key), F);
-  gguf_arch_agree(m, where, a + "vocab_size", V);
 
   // Everything model.json states, through model.json's validation (ranges, products, ids).
   json j;

@@ -234,35 +234,12 @@ class EngineExpertStore final : public ExpertStore {
 
  private:
 
-  // The layers of a GGUF: every shard goes into the engine once; a layer's experts are slices of
-  // its three expert tensors, possibly in different shards.
+  // The layers of a GGUF: every shard goes into the engine once (engine_fetch.h gguf_layers).
   void open_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
     const GgufModel g(path);
     std::vector<uint32_t> files;
     for (const auto& p : g.files().paths()) files.push_back(add_file(p));
-    for (int l = 0; l < cfg.n_moe_layers(); ++l) {
-      Layer L;
-      L.path = g.files().paths().front();
-      L.header.n_experts = uint32_t(cfg.n_experts);
-      L.map = ExpertMap::identity(uint32_t(cfg.n_experts));
-      L.layout = cfg.expert_layout(l);
-      const GgufLayerExperts& x = g.experts()[size_t(l)];
-      const std::pair<const GgufExpertMatrix*, size_t> mats[] = {
-          {&x.gate, L.layout.gate_offset}, {&x.up, L.layout.up_offset}, {&x.down, L.layout.down_offset}};
-      for (const auto& [m, dest] : mats)
-        L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
-                                 page_caches_[files[m->shard]].get()});
-      if (x.bias) {  // gpt-oss: three f32 bias slices into the payload's bias section
-        const size_t F4 = size_t(cfg.moe_intermediate_size) * sizeof(float);
-        const std::pair<const GgufExpertMatrix*, size_t> biases[] = {{&x.gate_bias, L.layout.bias_offset},
-                                                                     {&x.up_bias, L.layout.bias_offset + F4},
-                                                                     {&x.down_bias, L.layout.bias_offset + 2 * F4}};
-        for (const auto& [m, dest] : biases)
-          L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
-                                   page_caches_[files[m->shard]].get()});
-      }
-      layers_.push_back(std::move(L));
-    }
+    for (Layer& L : engine_store::gguf_layers(g, cfg, files, page_caches_)) layers_.push_back(std::move(L));
   }
 
   // Adds a file to the engine, with its page-cache residency probe (which means something only

@@ -13,6 +13,31 @@ bool in_page_cache(const Layer& L, uint32_t slot) {
   return true;
 }
 
+std::vector<Layer> gguf_layers(const GgufModel& g, const ModelConfig& cfg, std::span<const uint32_t> files,
+                               const std::vector<std::unique_ptr<PageCacheResidency>>& page_caches) {
+  std::vector<Layer> layers;
+  const size_t F4 = size_t(cfg.moe_intermediate_size) * sizeof(float);
+  for (int l = 0; l < cfg.n_moe_layers(); ++l) {
+    Layer L;
+    L.path = g.files().paths().front();
+    L.header.n_experts = uint32_t(cfg.n_experts);
+    L.map = ExpertMap::identity(uint32_t(cfg.n_experts));
+    L.layout = cfg.expert_layout(l);
+    const GgufLayerExperts& x = g.experts()[size_t(l)];
+    std::vector<std::pair<const GgufExpertMatrix*, size_t>> slices = {
+        {&x.gate, L.layout.gate_offset}, {&x.up, L.layout.up_offset}, {&x.down, L.layout.down_offset}};
+    if (x.bias)  // gpt-oss: three f32 bias slices into the payload's bias section
+      slices.insert(slices.end(), {{&x.gate_bias, L.layout.bias_offset},
+                                   {&x.up_bias, L.layout.bias_offset + F4},
+                                   {&x.down_bias, L.layout.bias_offset + 2 * F4}});
+    for (const auto& [m, dest] : slices)
+      L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
+                               page_caches[files[m->shard]].get()});
+    layers.push_back(std::move(L));
+  }
+  return layers;
+}
+
 void push_ready(Fetch& f, size_t k) {
   for (size_t i = 0; i < f.position_item.size(); ++i)
     if (f.position_item[i] == k) f.ready.push_back(i);

@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "loader/format/expert_layer_file.h"
+#include "loader/format/gguf_model.h"
 #include "loader/io/io_engine.h"
 #include "loader/io/residency.h"
 #include "loader/store/cache_policy.h"
@@ -38,6 +40,12 @@ struct Layer : ExpertLayerFile {
 
 // Whether every piece of the expert in `slot` is in the page cache (sampled).
 bool in_page_cache(const Layer& L, uint32_t slot);
+
+// The MoE layers of a GGUF: each expert is slices of its layer's three expert tensors (and
+// gpt-oss's three bias tensors, into the payload's bias section), possibly in different shards;
+// files[s] is shard s's engine file, page_caches its residency probe (null for O_DIRECT).
+std::vector<Layer> gguf_layers(const GgufModel& g, const ModelConfig& cfg, std::span<const uint32_t> files,
+                               const std::vector<std::unique_ptr<PageCacheResidency>>& page_caches);
 
 struct Item {
   uint32_t slot = 0;               // physical slot in the layer file
