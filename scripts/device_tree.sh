@@ -5,6 +5,8 @@
 # them in .git/info/exclude (the files stay on disk, nothing is committed); `restore` puts both
 # back; `size` prints what would travel (KiB, with .deps).
 #   scripts/device_tree.sh slim [PATH...] && <device run, carry .deps> ; scripts/device_tree.sh restore
+#   scripts/device_tree.sh only PATH...   takes out every tracked path except these (a Python-only
+#   run such as training, whose carried data needs the room); `restore` undoes it the same way.
 # (PATHs: more that this call's command does not read, e.g. bench/*.py for the GPU tests.)
 # Never commit between the two: the commit would delete the slimmed paths.
 set -euo pipefail
@@ -30,7 +32,32 @@ size() {
 
 cmd=${1:-}
 shift || true
-PATHS+=("$@")
+if [ "$cmd" = only ]; then
+  [ $# -gt 0 ] || { echo "device_tree: only needs the paths to keep" >&2; exit 2; }
+  keep=("$@")
+  # The tracked paths outside every kept one, as coarse as possible: a folder goes whole unless
+  # a kept path lies inside it.
+  PATHS=()
+  walk() {  # $1: a folder ("" for the root)
+    local e inside k
+    while IFS= read -r e; do
+      inside=no
+      for k in "${keep[@]}"; do
+        k=${k%/}
+        if [ "$e" = "$k" ] || [[ "$e" == "$k/"* ]]; then inside=kept; break; fi
+        [[ "$k" == "$e/"* ]] && inside=parent
+      done
+      case $inside in
+        no) PATHS+=("$e") ;;
+        parent) walk "$e/" ;;
+      esac
+    done < <(if [ -z "$1" ]; then git ls-tree --name-only HEAD; else git ls-tree --name-only HEAD -- "$1"; fi)
+  }
+  walk ""
+  cmd=slim
+else
+  PATHS+=("$@")
+fi
 case "$cmd" in
   slim)
     grep -qxF "$MARK" "$EXCLUDE" 2>/dev/null && { echo "device_tree: already slim (restore first)" >&2; exit 1; }
@@ -53,5 +80,5 @@ case "$cmd" in
     size
     ;;
   size) size ;;
-  *) echo "usage: scripts/device_tree.sh slim|restore|size" >&2; exit 2 ;;
+  *) echo "usage: scripts/device_tree.sh slim [PATH...]|only PATH...|restore|size" >&2; exit 2 ;;
 esac
