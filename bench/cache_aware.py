@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Cache-aware routing on the demo model: for each host-cache budget (O_DIRECT) and tolerance,
-decode miss rate, read bytes per token and tokens/s, perplexity and routing agreement; prints a
-markdown table. Every run starts from an empty host cache (a new process, O_DIRECT reads).
+"""Cache-aware routing on a packed model (--model, the demo by default): for each host-cache budget
+(O_DIRECT) and tolerance, decode miss rate, read bytes per token and tokens/s, perplexity and
+routing agreement; prints a markdown table. Every run starts from an empty host cache (a new
+process, O_DIRECT reads).
 
 Perplexity runs with --batch 1 so every token is routed against the residency decode would see
 (see docs/cache_aware.md); its miss rate and agreement are over all (token, layer, slot) choices.
@@ -69,7 +70,7 @@ for mb in [int(x) for x in a.budgets_mb.split(",")]:
         rows.append(r)
         print(f"# done {mb} MiB tol {tol}", file=sys.stderr)
 
-print(f"demo model: {n_total} experts of {slot} B; ppl slice {a.ppl_chars} chars of heldout.txt, "
+print(f"{a.model}: {n_total} experts of {slot} B; ppl slice {a.ppl_chars} chars of heldout.txt, "
       f"ctx {a.ctx}, --batch 1; decode {a.n_decode} greedy tokens after a {a.prompt_chars}-char "
       f"prompt; O_DIRECT; {a.threads} threads; JSON in {out}\n")
 print("| host cache | tolerance | decode miss rate | decode MiB read/token | decode tok/s | "

@@ -65,6 +65,9 @@ step_fetch() {
   if [ ! -f "$tgz" ]; then
     say "downloading the llama-cpp-python $VERSION sdist from PyPI into $ROOT/dl"
     mkdir -p "$ROOT/dl"
+    # pip prepares an sdist's metadata with its build backend; without the backend at hand it
+    # builds the backend's own build tools from source first (tens of minutes).
+    python3 -c "import scikit_build_core" 2>/dev/null || python3 -m pip install -q scikit-build-core >&2
     python3 -m pip download --no-binary :all: --no-deps --no-build-isolation \
       "llama-cpp-python==$VERSION" -d "$ROOT/dl" >&2 \
       || python3 -m pip download --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$ROOT/dl" >&2 \

@@ -17,6 +17,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -116,17 +117,39 @@ def make_model(cfg, experts_impl, device):
     return Qwen3MoeForCausalLM(cfg).to(device)
 
 
-def train_step(model, opt, x):
+def layer_balance_loss(router_logits, k):
+    """The load-balancing loss taken per layer, then averaged over layers.
+
+    transformers' loss (the "pooled" balance) concatenates every layer's router logits before
+    counting, so it balances expert *indices* across layers and leaves the experts of one layer
+    free to go unused (models/demo has layers where a few experts take most of the traffic).
+    Here each layer's experts are balanced among themselves: E * sum_i f_i * P_i per layer, with
+    f_i the share of the layer's top-k slots given to expert i (summing to k) and P_i its mean
+    router probability; k at perfect balance, like transformers' value.
+    """
+    losses = []
+    for r in router_logits:  # [tokens, E], one per layer
+        p = F.softmax(r.float(), dim=-1)
+        n_tok, n_exp = p.shape
+        top = torch.topk(p, k, dim=-1).indices.reshape(-1)
+        f = torch.zeros(n_exp, device=p.device).scatter_add_(0, top, torch.ones_like(top, dtype=p.dtype))
+        losses.append(n_exp * (f / n_tok * p.mean(0)).sum())
+    return torch.stack(losses).mean()
+
+
+def train_step(model, opt, x, balance="pooled"):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(input_ids=x[:, :-1], output_router_logits=True)
         logits = out.logits.float()
     lm = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
-    loss = lm + model.config.router_aux_loss_coef * out.aux_loss
+    aux = out.aux_loss if balance == "pooled" else layer_balance_loss(
+        out.router_logits, model.config.num_experts_per_tok)
+    loss = lm + model.config.router_aux_loss_coef * aux
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return lm.detach(), out.aux_loss.detach()
+    return lm.detach(), aux.detach()
 
 
 @torch.no_grad()
@@ -174,7 +197,7 @@ def perplexity(model, ids, window, stride, device, dtype, batch=32):
         groups.append(cur)
     for g in groups:
         x = torch.stack([ids[s:s + window] for s in g])
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             logits = model(input_ids=x).logits.float()
         for b, s in enumerate(g):
             first = 0 if s == 0 else window - stride - 1  # logits[first] predicts the first new token
@@ -269,6 +292,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="demo",
                     help="demo: 32 experts top-4 (models/demo); wide128: 128 experts top-8")
+    ap.add_argument("--balance", choices=("pooled", "layer"), default="pooled",
+                    help="load-balancing loss: transformers' (pooled over layers) or per layer")
     ap.add_argument("--data", type=Path, default=Path("data/tokens"))
     ap.add_argument("--tokenizer", default="models/demo/tokenizer.json")
     ap.add_argument("--heldout-text", default="models/demo/heldout.txt")
@@ -323,7 +348,7 @@ def main():
         lr = lr_at(step, args.steps, args.lr, args.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        lm, aux = train_step(model, opt, batches.next())
+        lm, aux = train_step(model, opt, batches.next(), args.balance)
         last = step == args.steps - 1 or (time.time() - t0) / 60 > args.max_minutes
         if step % 10 == 0 or last:
             row = {"step": step, "tokens": (step + 1) * tokens_per_step, "lr": lr,
@@ -355,6 +380,11 @@ def main():
     model.to(torch.bfloat16).save_pretrained(args.out / "hf", max_shard_size="12MB",
                                              safe_serialization=True)
     del model, opt
+    # The tokenizer travels with the checkpoint, so convert_model packs a runnable model.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        src = Path(args.tokenizer).parent / name
+        if src.exists():
+            shutil.copyfile(src, args.out / "hf" / name)
 
     # Held-out perplexity from transformers, on the committed held-out text encoded as one string.
     text = Path(args.heldout_text).read_text(encoding="utf-8")
@@ -386,7 +416,8 @@ def main():
         "packed_bytes_estimate": sizes,
         "training": {"steps": step + 1, "batch": args.batch, "seq": args.seq, "tokens": trained_tokens,
                      "corpus_train_tokens": int(batches.data.size), "lr": args.lr,
-                     "warmup": args.warmup, "seed": args.seed, "experts_impl": args.experts_impl,
+                     "warmup": args.warmup, "seed": args.seed, "balance": args.balance,
+                     "experts_impl": args.experts_impl,
                      "seconds": round(train_s, 1), "tokens_per_s": round(trained_tokens / train_s),
                      "final_train_loss": rows[-1]["loss"], "final_heldout_loss": rows[-1]["val_loss"],
                      "gpu": torch.cuda.get_device_name()},
