@@ -130,6 +130,7 @@ def layer_balance_loss(router_logits, k):
     losses = []
     for r in router_logits:  # [tokens, E], one per layer
         p = F.softmax(r.float(), dim=-1)
+        p = p.reshape(-1, p.shape[-1])
         n_tok, n_exp = p.shape
         top = torch.topk(p, k, dim=-1).indices.reshape(-1)
         f = torch.zeros(n_exp, device=p.device).scatter_add_(0, top, torch.ones_like(top, dtype=p.dtype))
