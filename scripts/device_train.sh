@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-wide128}
 STEPS=${STEPS:-3000}
 MAX_MINUTES=${MAX_MINUTES:-6}
+STOP_AFTER=${STOP_AFTER:-0}   # steps (0: none); the schedule still spans STEPS
 BALANCE=${BALANCE:-pooled}
 NAME=${NAME:-${CONFIG}_${BALANCE}}
 RUN=/tmp/${NAME}_run
@@ -23,6 +24,7 @@ done
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 export PYTHONUNBUFFERED=1
 python3 python/training/train_moe.py --config "$CONFIG" --balance "$BALANCE" --steps "$STEPS" --max-minutes "$MAX_MINUTES" \
+  --stop-after "$STOP_AFTER" \
   --out "$RUN" 2>&1 | tee "$OUT/train.log"
 # One archive, cut into pieces under the tool's per-file limit.
 tar -C /tmp -c "${NAME}_run" | xz -1 -T0 | split -b 15M -d - "$OUT/run.tar.xz."

@@ -83,6 +83,31 @@ def lru_hit_rates(experts, E):
     return hits  # [L, E+1], column c = capacity c
 
 
+def batch_union(experts, E, window, streams=(1, 2, 4, 8, 16), draws=20, seed=0):
+    """Experts a decode step of N concurrent sequences reads, over N * k (no cache).
+
+    N windows of the trace (independent runs) are drawn at random and stepped side by side; each
+    step's per-layer union of the N top-k sets is what a batched step fetches once. Every 8th
+    step of each draw is counted. Uniform routing gives E (1 - (1 - k/E)^N) / (N k).
+    """
+    T, L, k = experts.shape
+    n_win = T // window
+    rng = np.random.default_rng(seed)
+    out = {}
+    for n in streams:
+        if n > n_win:
+            break
+        fr = []
+        for _ in range(draws):
+            wins = rng.choice(n_win, n, replace=False)
+            steps = np.stack([experts[w * window:(w + 1) * window] for w in wins], 1)  # [W, N, L, k]
+            for l in range(L):
+                sets = steps[::8, :, l, :].reshape(-1, n * k)
+                fr.append(np.mean([len(np.unique(r)) for r in sets]) / (n * k))
+        out[str(n)] = float(np.mean(fr))
+    return out
+
+
 def summarise(experts, E):
     T, L, k = experts.shape
     lru = lru_hit_rates(experts, E)
@@ -150,8 +175,10 @@ def main():
     if held.max() >= E or train.max() >= E:
         raise SystemExit(f"trace holds expert id {max(held.max(), train.max())} >= n_experts {E}")
     T, L, k = held.shape
+    _, window = load_trace(args.heldout)
     stats = {
         "traces": {"heldout": summarise(held, E), "train": summarise(train, E)},
+        "batch_union_heldout": batch_union(held, E, window),
         "uniform_simulated": summarise(uniform_trace(T, L, k, E), E),
         "uniform_expected": {"load": 1.0 / E, "consecutive_overlap": k / E,
                              "lru_hit_rate": "c / E for a cache of c experts per layer"},
@@ -171,6 +198,23 @@ def main():
               f"entropy {np.mean([x['entropy_norm'] for x in st['load_per_layer']]):.3f} "
               f"overlap {np.mean(st['consecutive_overlap_per_layer']):.3f} "
               f"LRU@{E // 4} {lru[str(E // 4)]:.3f} LRU@{E // 2} {lru[str(E // 2)]:.3f}")
+    bu = stats["batch_union_heldout"]
+    print("batch of N sequences, experts read / (N k), held-out: " + ", ".join(
+        f"N={n} {v:.3f} (uniform {E * (1 - (1 - k / E) ** int(n)) / (int(n) * k):.3f})" for n, v in bu.items()))
+    # Ranges over layers (the tables of docs/demo_model.md).
+    for name in ("heldout", "train"):
+        st = stats["traces"][name]
+
+        def rng(key, fmt):
+            v = [x[key] for x in st["load_per_layer"]]
+            return f"{min(v):{fmt}}-{max(v):{fmt}}"
+
+        rare = [sum(f < 0.1 / E for f in x["load"]) for x in st["load_per_layer"]]
+        ov = st["consecutive_overlap_per_layer"]
+        print(f"{name:8s} per layer: busiest/mean {rng('max_over_mean', '.1f')}, least/mean "
+              f"{rng('min_over_mean', '.3f')}, busiest quarter's share {rng('top_quarter_share', '.2f')}, "
+              f"entropy {rng('entropy_norm', '.2f')}, experts under 10% of the mean load "
+              f"{min(rare)}-{max(rare)}, overlap with the previous token {min(ov):.2f}-{max(ov):.2f}")
 
 
 if __name__ == "__main__":

@@ -307,6 +307,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--experts-impl", default="grouped_mm")
     ap.add_argument("--max-minutes", type=float, default=8.0, help="stop training early past this")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop after this many steps, the schedule still spanning --steps (repeats "
+                         "a run that --max-minutes cut short)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--trace-tokens", type=int, default=65536)
     ap.add_argument("--smoke", action="store_true")
@@ -350,7 +353,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         lm, aux = train_step(model, opt, batches.next(), args.balance)
-        last = step == args.steps - 1 or (time.time() - t0) / 60 > args.max_minutes
+        last = (step == args.steps - 1 or (time.time() - t0) / 60 > args.max_minutes
+                or step + 1 == args.stop_after)
         if step % 10 == 0 or last:
             row = {"step": step, "tokens": (step + 1) * tokens_per_step, "lr": lr,
                    "loss": lm.item(), "aux_loss": aux.item(), "val_loss": "",
