@@ -27,7 +27,7 @@ step "$O/decode.bin" && decode_trace "$O/decode.bin" 32 256
 step "$O/ppl.bin" && ppl_trace models/demo/heldout_head.txt "$O/ppl.bin"
 # Tuning: prompts between the held-out ones, other seeds, and another slice of the text.
 tail -c +21500 "$TEXT" >"$O/tune.txt"
-tail -c +700001 "$TEXT" | head -c 64246 >"$O/tune_ppl.txt"
+head -c 764246 "$TEXT" | tail -c 64246 >"$O/tune_ppl.txt"   # bytes 700,000-764,246 (no SIGPIPE)
 step "$O/tune_decode.bin" && TEXT=$O/tune.txt SEED0=1000 decode_trace "$O/tune_decode.bin" 32 256
 step "$O/tune_long.bin" && TEXT=$O/tune.txt SEED0=2000 decode_trace "$O/tune_long.bin" 8 512
 step "$O/tune_ppl.bin" && ppl_trace "$O/tune_ppl.txt" "$O/tune_ppl.bin"
