@@ -31,8 +31,9 @@ head -c 764246 "$TEXT" | tail -c 64246 >"$O/tune_ppl.txt"   # bytes 700,000-764,
 step "$O/tune_decode.bin" && TEXT=$O/tune.txt SEED0=1000 decode_trace "$O/tune_decode.bin" 32 256
 step "$O/tune_long.bin" && TEXT=$O/tune.txt SEED0=2000 decode_trace "$O/tune_long.bin" 8 512
 step "$O/tune_ppl.bin" && ppl_trace "$O/tune_ppl.txt" "$O/tune_ppl.bin"
-step "$O/tune.prior" && "$B/bin/cluster_experts" --model "$MODEL" --routing "$O/tune_decode.bin" \
-  "$O/tune_long.bin" "$O/tune_ppl.bin" --prior-out "$O/tune.prior"
+# (--method identity: only the prior is wanted, not a layout search.)
+step "$O/tune.prior" && "$B/bin/cluster_experts" --model "$MODEL" --method identity --routing \
+  "$O/tune_decode.bin" "$O/tune_long.bin" "$O/tune_ppl.bin" --prior-out "$O/tune.prior"
 for t in decode ppl; do
   phases=(); [ "$t" = ppl ] && phases=(--all-phases)
   sim=("$B/bin/cache_sim" --routing "$O/$t.bin" --percent "${PERCENT[@]}" --foresight-only --model "$MODEL"
