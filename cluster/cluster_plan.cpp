@@ -102,7 +102,8 @@ ClusterResult run_cluster(const ClusterModel& model, const std::vector<RoutingLo
   nlohmann::json& js = r.report;
   js["model"] = model.path.string();
   js["method"] = req.method;
-  js["io_profile"] = {{"op_latency_us", req.profile.op_latency_us}, {"bandwidth_gbps", req.profile.bandwidth_gbps}};
+  js["io_profile"] = {{"op_latency_us", req.profile.op_latency_us}, {"bandwidth_gbps", req.profile.bandwidth_gbps},
+                      {"iops_limit", req.profile.iops_limit}, {"queue_depth", req.profile.queue_depth}};
   js["geometry"] = geometry_json(g);
   js["search"] = {{"max_moves_per_layer", req.search_moves}, {"moves", r.moves}};
   auto price = [&](const char* set, const std::vector<LayerStats>& st) {

@@ -112,8 +112,57 @@ void add_extent(IoPlan& plan, std::span<ReadRequest> reqs, const std::vector<uin
 }  // namespace
 
 PlanOptions plan_options(const IoEngineOptions& o, uint64_t sink_bytes) {
-  return PlanOptions{o.coalesce, o.coalesce_gap_bytes, o.max_read_bytes, o.direct_max_read_bytes,
-                     o.scatter, sink_bytes};
+  PlanOptions p{o.coalesce, o.coalesce_gap_bytes, o.max_read_bytes, o.direct_max_read_bytes,
+                o.scatter, sink_bytes, {}};
+  if (o.profile) {
+    const IoProfile& d = *o.profile;
+    MOE_ASSERT(d.op_latency_us > 0 && d.iops_limit > 0 && d.bandwidth_gbps > 0, "unvalidated I/O profile");
+    p.merge.enabled = true;
+    p.merge.op_latency_us = d.op_latency_us;
+    p.merge.op_floor_us = 1e6 / d.iops_limit;
+    p.merge.bytes_per_us = d.bandwidth_gbps * 1e3;
+    p.merge.depth = std::max(1u, o.queue_depth);
+    p.merge.direct_max_read_bytes = std::max(o.direct_max_read_bytes, kMergeRuleDirectMaxReadBytes);
+  }
+  return p;
+}
+
+double batch_read_us(uint64_t n_reads, uint64_t bytes, const MergeRule& m) {
+  if (n_reads == 0) return 0;
+  const double in_flight = double(std::min<uint64_t>(n_reads, m.depth));
+  const double per_op = std::max(m.op_floor_us, m.op_latency_us / in_flight);
+  return std::max(double(n_reads) * per_op, double(bytes) / m.bytes_per_us);
+}
+
+uint64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m) {
+  if (ranges.size() < 2) return 0;
+  // Sized by one batch's reads of a file; reused, as the cost model calls this per priced token.
+  thread_local std::vector<uint64_t> gaps;
+  gaps.clear();
+  uint64_t bytes = ranges[0].length, end = ranges[0].offset + ranges[0].length;
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const ByteRange& r = ranges[i];
+    if (r.offset > end) gaps.push_back(r.offset - end);  // touching or overlapping: merged anyway
+    bytes += r.length;
+    end = std::max(end, r.offset + r.length);
+  }
+  if (gaps.empty()) return 0;
+  std::sort(gaps.begin(), gaps.end());
+  // Reads with only the free merges, then one gap more at a time (equal gaps go together: the
+  // planner's threshold cannot take one and leave the other).
+  uint64_t reads = gaps.size() + 1, best_gap = 0;
+  double best = batch_read_us(reads, bytes, m);
+  for (size_t k = 0; k < gaps.size(); ++k) {
+    --reads;
+    bytes += gaps[k];
+    if (k + 1 < gaps.size() && gaps[k + 1] == gaps[k]) continue;
+    const double t = batch_read_us(reads, bytes, m);
+    if (t < best) {
+      best = t;
+      best_gap = gaps[k];
+    }
+  }
+  return best_gap;
 }
 
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,
