@@ -50,7 +50,7 @@ CostSummary layer_cost(const std::vector<ExpertSet>& tokens, std::span<const uin
   if (tokens.empty()) return s;
   s.ops_per_token = double(ops) / s.tokens;
   s.bytes_per_token = double(bytes) / s.tokens;
-  s.modelled_us_per_token = s.ops_per_token * p.op_latency_us + s.bytes_per_token / (p.bandwidth_gbps * 1e3);
+  s.modelled_us_per_token = s.ops_per_token * serial_op_us(p) + s.bytes_per_token / (p.bandwidth_gbps * 1e3);
   return s;
 }
 

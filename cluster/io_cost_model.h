@@ -45,7 +45,7 @@ struct CostSummary {
   double tokens = 0;
   double ops_per_token = 0;
   double bytes_per_token = 0;
-  double modelled_us_per_token = 0;  // ops * latency + bytes / bandwidth
+  double modelled_us_per_token = 0;  // ops * serial_op_us + bytes / bandwidth
 };
 
 // Cost of a layer's tokens under `slot_of` (logical -> physical).
