@@ -104,7 +104,7 @@ ClusterResult run_cluster(const ClusterModel& model, const std::vector<RoutingLo
   js["method"] = req.method;
   js["io_profile"] = {{"op_latency_us", req.profile.op_latency_us}, {"bandwidth_gbps", req.profile.bandwidth_gbps},
                       {"iops_limit", req.profile.iops_limit}, {"queue_depth", req.profile.queue_depth},
-                      {"serial_op_us", serial_op_us(req.profile)}};
+                      {"single_read_gbps", req.profile.single_read_gbps}, {"serial_op_us", serial_op_us(req.profile)}};
   js["geometry"] = geometry_json(g);
   js["search"] = {{"max_moves_per_layer", req.search_moves}, {"moves", r.moves}};
   auto price = [&](const char* set, const std::vector<LayerStats>& st) {

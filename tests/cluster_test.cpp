@@ -127,7 +127,7 @@ TEST(IoCostModel, MatchesTheEnginePlannerOnRandomSets) {
       const bool direct = run % 2;
       IoEngineOptions eo = engine_options(k.gap, k.max_read, k.direct_max_read, direct);
       // No profile (the fixed gap), a latency-heavy and a bandwidth-heavy device's merge rule.
-      if (run >= 2) eo.profile = run < 4 ? IoProfile{500, 2000, 32, 2.0} : IoProfile{20, 200000, 32, 0.05};
+      if (run >= 2) eo.profile = run < 4 ? IoProfile{500, 2000, 32, 2.0, 2.0} : IoProfile{20, 200000, 32, 0.05, 0.02};
       const SlotGeometry g = read_by(geometry(k.bytes, k.stride), eo);
       for (int trial = 0; trial < 300; ++trial) {
         std::vector<uint32_t> all(64);
@@ -218,7 +218,7 @@ TEST(IoCostModel, TopKAbove64IsPricedLikeAnyOther) {
 TEST(IoCostModel, TakesTheProfileFileAndItsOverrides) {
   TempDir d;
   const auto p = d.path() / "profile.json";
-  save_io_profile(p, IoProfile{70.0, 30000, 64, 2.5});
+  save_io_profile(p, IoProfile{70.0, 30000, 64, 2.5, 1.0});
   IoProfile prof = io_profile_of(p, 0, 0);
   EXPECT_DOUBLE_EQ(prof.op_latency_us, 70.0);
   EXPECT_DOUBLE_EQ(prof.iops_limit, 30000);

@@ -72,17 +72,22 @@ struct IoPlan {
 };
 
 // The run-time merge rule a device profile gives (IoEngineOptions::profile; docs/io_engine.md
-// "Merge rule"). A batch of n reads moving b bytes is modelled as taking
-//   T(n, b) = max(n * c(n), b / bandwidth),   c(n) = max(1 / iops_limit, op_latency / min(n, depth))
+// "Device profiles and the merge rule"). A batch of n reads moving b bytes, the longest s, is
+// modelled as taking
+//   T = max(n * c(n), b / bandwidth, op_latency + s / single_read_bandwidth),
+//   c(n) = max(1 / iops_limit, op_latency / min(n, depth))
 // (reads overlap up to the queue depth but never beat the IOPS limit; bytes never beat the
-// bandwidth). Merging two reads across a gap of g bytes saves one op and moves g bytes more; the
-// planner merges the smallest gaps first for as long as that lowers T: while g / bandwidth is
-// below the op it saves and the batch is bound by ops, not bytes.
+// bandwidth; and no read ends before it has moved its own bytes at the rate of one read alone).
+// Merging two reads across a gap of g bytes saves one op, moves g bytes more and makes one read
+// longer; the planner merges the smallest gaps first (touching neighbours, g = 0, before any
+// other) for as long as that lowers T: while g / bandwidth is below the op it saves and the batch
+// is bound by ops, not bytes, and the merged read does not outlast the parallel ones.
 struct MergeRule {
   bool enabled = false;
   double op_latency_us = 0;
   double op_floor_us = 0;   // 1e6 / iops_limit
   double bytes_per_us = 0;  // bandwidth
+  double single_bytes_per_us = 0;  // single_read_gbps
   uint32_t depth = 1;       // reads one batch can keep in flight (the engine's queue depth)
   // Cap of O_DIRECT reads under the rule, for merges and splits alike: the model never gains from
   // splitting, and the block layer spreads a large O_DIRECT read over the device queue itself.
@@ -113,13 +118,14 @@ struct ByteRange {
   uint64_t length = 0;
 };
 
-// The modelled time of a batch of `n_reads` reads moving `bytes` under rule `m` (see MergeRule).
-double batch_read_us(uint64_t n_reads, uint64_t bytes, const MergeRule& m);
+// The modelled time of a batch of `n_reads` reads moving `bytes`, the longest `longest_bytes`,
+// under rule `m` (see MergeRule).
+double batch_read_us(uint64_t n_reads, uint64_t bytes, uint64_t longest_bytes, const MergeRule& m);
 
 // The gap the rule merges across in one batch of `ranges` (one file's, sorted by offset): the
-// largest of the positive gaps between neighbours that it merges, smallest first, while that
-// lowers batch_read_us (0: only touching or overlapping ranges merge).
-uint64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m);
+// largest gap between neighbours that it merges, smallest first, while that lowers
+// batch_read_us; 0: only touching (and overlapping) neighbours merge; -1: only overlapping ones.
+int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m);
 
 // One read the planner issues: ranges [first, first + count) of its input (count is 1 for each
 // piece of a split range), the file bytes [offset, offset + length) it asks for (aligned for
@@ -148,7 +154,8 @@ void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanO
   const uint64_t max_read = direct && rule ? opts.merge.direct_max_read_bytes
                             : direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
                                                                        : opts.max_read_bytes;
-  const uint64_t gap_bytes = rule ? merge_gap_bytes(ranges, opts.merge) : opts.gap_bytes;
+  // -1: not even touching ranges merge (only overlapping ones, which must).
+  const int64_t gap = rule ? merge_gap_bytes(ranges, opts.merge) : static_cast<int64_t>(opts.gap_bytes);
   auto down = [&](uint64_t x) { return direct ? x / kDirectAlign * kDirectAlign : x; };
   auto up = [&](uint64_t x) { return direct ? (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign : x; };
   size_t b = 0;
@@ -159,7 +166,8 @@ void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanO
     if (opts.coalesce) {
       while (e < ranges.size()) {
         const ByteRange& r = ranges[e];
-        if (r.offset > end + gap_bytes) break;  // gap too wide: a separate read is cheaper
+        // Gap too wide: a separate read is cheaper.
+        if (gap < 0 ? r.offset >= end : r.offset > end + static_cast<uint64_t>(gap)) break;
         const uint64_t new_end = r.offset + r.length > end ? r.offset + r.length : end;
         if (new_end - start > max_read) break;
         end = new_end;

@@ -174,6 +174,7 @@ void bind_cluster(py::module_& m) {
           d["iops_limit"] = p.iops_limit;
           d["queue_depth"] = p.queue_depth;
           d["bandwidth_gbps"] = p.bandwidth_gbps;
+          d["single_read_gbps"] = p.single_read_gbps;
           return d;
         }, py::arg("path"), "A device profile (bench_io --profile-out, or bench_io's results JSON), validated.");
 }

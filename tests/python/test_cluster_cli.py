@@ -212,7 +212,7 @@ def test_legacy_map_is_refused_until_bound(tool, model, tmp_path):
 
 
 PROFILE = {"format": "moestream-io-profile", "version": 1, "op_latency_us": 400.0, "iops_limit": 3000.0,
-           "queue_depth": 64, "bandwidth_gbps": 0.25}
+           "queue_depth": 64, "bandwidth_gbps": 0.25, "single_read_gbps": 0.25}
 
 
 def test_io_profile_keeps_tokens_and_a_bad_profile_is_refused(tool, model, tmp_path):
