@@ -189,8 +189,10 @@ int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m) {
     bytes += gk;
     longest = std::max(longest, span_end[a] - start[a]);
     if (k + 1 < order.size() && gap(order[k + 1]) == gk) continue;  // equal gaps go together
+    // At equal modelled time the fewer reads win: each costs a system call and a completion,
+    // and a volume billed per operation counts it.
     const double t = batch_read_us(reads, bytes, longest, m);
-    if (t < best) {
+    if (t <= best) {
       best = t;
       best_gap = static_cast<int64_t>(gk);
     }

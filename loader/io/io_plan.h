@@ -123,8 +123,9 @@ struct ByteRange {
 double batch_read_us(uint64_t n_reads, uint64_t bytes, uint64_t longest_bytes, const MergeRule& m);
 
 // The gap the rule merges across in one batch of `ranges` (one file's, sorted by offset): the
-// largest gap between neighbours that it merges, smallest first, while that lowers
-// batch_read_us; 0: only touching (and overlapping) neighbours merge; -1: only overlapping ones.
+// largest gap between neighbours that it merges, smallest first, while that does not raise
+// batch_read_us (at equal time fewer reads win); 0: only touching (and overlapping) neighbours
+// merge; -1: only overlapping ones.
 int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m);
 
 // One read the planner issues: ranges [first, first + count) of its input (count is 1 for each
