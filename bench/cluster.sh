@@ -1,20 +1,48 @@
 #!/usr/bin/env bash
 # bench/cluster.sh: records a training and a held-out routing trace of the demo model, orders the
-# experts (identity, greedy, seriation), prints modelled and measured (O_DIRECT replay) costs.
+# experts (identity, greedy, seriation), prints the modelled costs, then measures cold decode
+# reads (the held-out trace's expert fetches replayed through the engine with O_DIRECT, no host
+# cache) of three variants: identity, clustered (laid out and read as before: fixed gap and caps)
+# and clustered+profile (laid out with the device's profile and read with its merge rule,
+# --io-profile), on two devices: an emulated IOPS-limited volume (RIOPS reads/s, RBPS bytes/s
+# through scripts/with_io_throttle.sh: cgroup v2 io.max or v1 blkio throttling) and the raw
+# device. Rounds are interleaved (every variant once per round); medians and per-round ratios.
 # Usage: bench/cluster.sh [BUILD_DIR] [WORK_DIR]     (one command, reproducible: greedy decoding
 # is not involved, the traces come from perplexity runs over fixed text slices)
+# Environment: TRAIN_BYTES, HELDOUT_BYTES, REPLAY_TOKENS (raw device), EMUL_TOKENS (emulated),
+# ROUNDS, QD (reads in flight, one ring), RIOPS (3000), RBPS (250000000), EMULATE (1; 0 measures
+# the raw device only and says so), SEARCH_MOVES, SYNTHETIC=1 (also a stand-in of SYN_HIDDEN x
+# SYN_FFN q8 experts with the same routing: 128 x 32 = ~14 KiB experts by default).
+# Exit 3 when the volume cannot be emulated (the reason is printed), 4 when the throttle is set
+# but the measured profile shows it does not limit the reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build}/bin
 WORK=${2:-$(mktemp -d /var/tmp/moestream_cluster.XXXXXX)}
 mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
 MODEL=models/demo
 TRAIN_BYTES=${TRAIN_BYTES:-400000}
-REPLAY_TOKENS=${REPLAY_TOKENS:-3000}
+REPLAY_TOKENS=${REPLAY_TOKENS:-1000}
+EMUL_TOKENS=${EMUL_TOKENS:-$REPLAY_TOKENS}
 ROUNDS=${ROUNDS:-5}
-# Queue depths to replay at: 32 (the engine default, a layer's reads overlap) and 1 (one read
-# in flight: the latency-bound case the cost model's ops x latency term describes).
-QDS=${QDS:-"32 1"}
+QD=${QD:-32}
+RIOPS=${RIOPS:-3000}
+RBPS=${RBPS:-250000000}
+EMULATE=${EMULATE:-1}
+THROTTLE=scripts/with_io_throttle.sh
+DEVICES="raw"
+if [[ "$EMULATE" != 0 ]]; then
+  if ! why=$(bash $THROTTLE --check "$WORK"); then
+    echo "cluster.sh: cannot emulate the IOPS-limited volume under $WORK: $why" >&2
+    echo "cluster.sh: (EMULATE=0 measures the raw device only)" >&2
+    exit 3
+  fi
+  echo "emulated volume: $RIOPS reads/s, $RBPS bytes/s through $why" >&2
+  DEVICES="emulated raw"
+else
+  echo "cluster.sh: EMULATE=0: the raw device only, no emulated volume" >&2
+fi
 # Local search budget per layer (cluster_experts --search-moves; empty: its default). A count,
 # not a clock: the same traces give the same order on every machine.
 SEARCH_MOVES=${SEARCH_MOVES:-}
@@ -40,96 +68,137 @@ for s in train heldout; do
   fi
 done
 
-# Two copies of the model: identity order, and repacked in the seriation order.
-rm -rf "$WORK/identity" "$WORK/clustered"
-cp -r $MODEL "$WORK/identity"
-cp -r $MODEL "$WORK/clustered"
-# --io-direct: the cost model plans reads as the replay below issues them (O_DIRECT, its read cap).
-"$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" \
-  --model "$WORK/clustered" --method seriation --repack --json --io-direct \
-  ${SEARCH_MOVES:+--search-moves $SEARCH_MOVES} ${IO_PROFILE:+--io-profile $IO_PROFILE} \
-  > "$WORK/cluster.json"
-
-# Cold reads: O_DIRECT through io_uring, no host cache; alternate the two copies ROUNDS times.
-for qd in $QDS; do
-  for r in $(seq "$ROUNDS"); do
-    for m in identity clustered; do
-      "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring \
-        --io-qd "$qd" --io-rings 1 --max-tokens "$REPLAY_TOKENS" > "$WORK/replay_${m}_qd${qd}_$r.json"
-    done
-  done
-done
-
-# Optional: a synthetic stand-in of the same layers/experts with larger experts (SYN_HIDDEN x
-# SYN_FFN, q8), laid out from the same training trace and replaying the same held-out trace.
-if [[ -n "${SYNTHETIC:-}" ]]; then
-  SYN_TOKENS=${SYN_TOKENS:-300}
-  if [[ ! -f "$WORK/syn_identity/model.json" ]]; then
-    "$BIN/cluster_replay" --routing "$WORK/train.bin" --write-synthetic "$WORK/syn_identity" \
-      --hidden "${SYN_HIDDEN:-512}" --ffn "${SYN_FFN:-256}"
+# Device profiles (bench_io --profile-only): the raw device, and the same disk throttled. The
+# throttled profile must show the limit, else the throttle does not see our reads: stop.
+for dev in $DEVICES; do
+  if [[ ! -s "$WORK/profile_$dev.json" ]]; then
+    wrap=(); [[ $dev == emulated ]] && wrap=(bash $THROTTLE "$RIOPS" "$RBPS" "$WORK" --)
+    "${wrap[@]}" "$BIN/bench_io" --file "$WORK/profile.bin" --size-mb 256 --keep --profile-only \
+      --profile-out "$WORK/profile_$dev.json" >&2
   fi
-  rm -rf "$WORK/syn_clustered"
-  cp -r "$WORK/syn_identity" "$WORK/syn_clustered"
-  "$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" --shape-only \
-    --model "$WORK/syn_clustered" --method seriation --repack --json --io-direct \
-    ${SEARCH_MOVES:+--search-moves $SEARCH_MOVES} ${IO_PROFILE:+--io-profile $IO_PROFILE} \
-    > "$WORK/syn_cluster.json"
-  for r in $(seq "$ROUNDS"); do
-    for m in syn_identity syn_clustered; do
-      "$BIN/cluster_replay" --model "$WORK/$m" --routing "$WORK/heldout.bin" --io uring --shape-only \
-        --io-rings 1 --max-tokens "$SYN_TOKENS" > "$WORK/replay_${m}_$r.json"
-    done
-  done
+done
+rm -f "$WORK/profile.bin"
+if [[ "$EMULATE" != 0 ]]; then
+  python3 - "$WORK/profile_emulated.json" "$RIOPS" "$RBPS" <<'PY' || exit 4
+import json, sys
+p, riops, rbps = json.load(open(sys.argv[1])), float(sys.argv[2]), float(sys.argv[3])
+if p["iops_limit"] > 1.3 * riops or p["bandwidth_gbps"] * 1e9 > 1.3 * rbps:
+    sys.exit(f"cluster.sh: the throttle does not limit the reads: measured {p['iops_limit']:.0f} reads/s, "
+             f"{p['bandwidth_gbps']:.3f} GB/s under a limit of {riops:.0f} reads/s, {rbps / 1e9:.3f} GB/s")
+PY
 fi
 
-python3 - "$WORK" "$ROUNDS" "$QDS" <<'PY'
+# One set of layouts: identity, clustered (no profile, as before) and clustered with each
+# device's profile; cost model planned as the replay reads (O_DIRECT, the engine's caps).
+# layouts SET BASE_MODEL [--shape-only]
+layouts() {
+  local set=$1 base=$2 shape=${3:-}
+  mkdir -p "$WORK/$set"
+  rm -rf "$WORK/$set/identity" "$WORK/$set"/clustered*
+  cp -r "$base" "$WORK/$set/identity"
+  for v in clustered $(for d in $DEVICES; do echo "clustered_$d"; done); do
+    cp -r "$base" "$WORK/$set/$v"
+    prof=(); [[ $v == clustered_* ]] && prof=(--io-profile "$WORK/profile_${v#clustered_}.json")
+    "$BIN/cluster_experts" --routing "$WORK/train.bin" --evaluate "$WORK/heldout.bin" $shape \
+      --model "$WORK/$set/$v" --method seriation --repack --json --io-direct "${prof[@]}" \
+      ${SEARCH_MOVES:+--search-moves $SEARCH_MOVES} > "$WORK/$set/$v.json"
+  done
+}
+
+# Cold reads: O_DIRECT through io_uring (1 ring, QD reads in flight), no host cache; every
+# variant once per round, rounds interleaved.  replays SET [--shape-only]
+replays() {
+  local set=$1 shape=${2:-} dev r v
+  for dev in $DEVICES; do
+    local tokens=$REPLAY_TOKENS wrap=()
+    if [[ $dev == emulated ]]; then tokens=$EMUL_TOKENS; wrap=(bash $THROTTLE "$RIOPS" "$RBPS" "$WORK" --); fi
+    for r in $(seq "$ROUNDS"); do
+      for v in identity clustered clustered+profile; do
+        local model=$v prof=()
+        if [[ $v == clustered+profile ]]; then model=clustered_$dev; prof=(--io-profile "$WORK/profile_$dev.json"); fi
+        "${wrap[@]}" "$BIN/cluster_replay" --model "$WORK/$set/$model" --routing "$WORK/heldout.bin" $shape \
+          --io uring --io-qd "$QD" --io-rings 1 --max-tokens "$tokens" "${prof[@]}" \
+          > "$WORK/$set/replay_${dev}_${v}_$r.json" 2>> "$WORK/$set/replay.log"
+      done
+    done
+  done
+}
+
+layouts demo $MODEL
+replays demo
+SETS=demo
+# Optional: a synthetic stand-in of the same layers/experts/top-k with experts of another size
+# (SYN_HIDDEN x SYN_FFN, q8), laid out from the same training trace, replaying the same trace.
+if [[ -n "${SYNTHETIC:-}" ]]; then
+  if [[ ! -f "$WORK/syn_base/model.json" ]]; then
+    "$BIN/cluster_replay" --routing "$WORK/train.bin" --write-synthetic "$WORK/syn_base" \
+      --hidden "${SYN_HIDDEN:-128}" --ffn "${SYN_FFN:-32}"
+  fi
+  layouts syn "$WORK/syn_base" --shape-only
+  replays syn --shape-only
+  SETS="demo syn"
+fi
+
+python3 - "$WORK" "$ROUNDS" "$DEVICES" "$SETS" "$RIOPS" "$RBPS" <<'PY'
 import json, statistics, sys
-work, rounds, qds = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-
-
-def replay(name):
-    """Median us/token, read ops/token, each round's us/token and tokens of replay_{name}_<round>.json."""
-    runs = [json.load(open(f"{work}/replay_{name}_{r}.json")) for r in range(1, rounds + 1)]
-    return (statistics.median(x["us_per_token"] for x in runs), runs[0]["read_ops_per_token"],
-            [round(x["us_per_token"]) for x in runs], runs[0]["tokens"])
-
-
-c = json.load(open(f"{work}/cluster.json"))
-print(f"io profile: {c['io_profile']['op_latency_us']:.1f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s;"
-      f" expert {c['geometry']['expert_bytes']} B, stride {c['geometry']['expert_stride']} B;"
-      f" reads planned {'O_DIRECT' if c['geometry']['direct'] else 'buffered'};"
-      f" search {c['search']['moves']} moves (budget {c['search']['max_moves_per_layer']}/layer)")
-print(f"{'trace':8} {'method':10} {'read ops/tok':>12} {'vs identity':>11} {'KiB/tok':>9} {'model us/tok':>12}")
-for trace in ("train", "heldout"):
-    base = c[trace]["identity"]["read_ops_per_token"]
-    for m in ("identity", "greedy", "chosen"):
-        x = c[trace][m]
-        name = "seriation" if m == "chosen" else m
-        print(f"{trace:8} {name:10} {x['read_ops_per_token']:12.2f} {100*(x['read_ops_per_token']/base-1):+10.1f}% "
-              f"{x['bytes_per_token']/1024:9.1f} {x['modelled_us_per_token']:12.1f}")
-for qd in qds:
-    res = {}
-    for m in ("identity", "clustered"):
-        res[m] = replay(f"{m}_qd{qd}")
-    print(f"measured cold replay (io_uring 1 ring, QD {qd}, O_DIRECT, no host cache), held-out, "
-          f"{res['identity'][3]} tokens, median of {rounds}:")
-    for m in ("identity", "clustered"):
-        us, ops, all_us, _ = res[m]
-        print(f"  {m:10} {us:9.1f} us/token  {ops:6.2f} read ops/token  runs {all_us}")
-    print(f"  clustered vs identity: {100*(res['clustered'][0]/res['identity'][0]-1):+.1f}% time")
-import os
-if os.path.exists(f"{work}/syn_cluster.json"):
-    c = json.load(open(f"{work}/syn_cluster.json"))
-    print(f"synthetic stand-in: expert {c['geometry']['expert_bytes']} B; held-out modelled:")
-    base = c["heldout"]["identity"]
-    for m in ("identity", "greedy", "chosen"):
-        x = c["heldout"][m]
-        print(f"  {m if m != 'chosen' else 'seriation':10} {x['read_ops_per_token']:6.2f} ops/tok "
-              f"({100*(x['read_ops_per_token']/base['read_ops_per_token']-1):+.1f}%) {x['modelled_us_per_token']:9.1f} us/tok")
-    res = {}
-    for m in ("syn_identity", "syn_clustered"):
-        res[m] = replay(m)
-        print(f"  measured {m:14} {res[m][0]:9.1f} us/token {res[m][1]:6.2f} ops/token runs {res[m][2]}"
-              f" ({res[m][3]} tokens, QD 32, 1 ring)")
-    print(f"  clustered vs identity: {100*(res['syn_clustered'][0]/res['syn_identity'][0]-1):+.1f}% time")
+work, rounds, devices, sets = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+riops, rbps = float(sys.argv[5]), float(sys.argv[6])
+VARIANTS = ("identity", "clustered", "clustered+profile")
+summary = {"rounds": rounds, "riops": riops, "rbps": rbps, "profiles": {}, "sets": {}}
+for dev in devices:
+    p = json.load(open(f"{work}/profile_{dev}.json"))
+    summary["profiles"][dev] = p
+    print(f"profile {dev:9}: {p['op_latency_us']:.1f} us/op at QD 1, {p['iops_limit']:.0f} reads/s at QD "
+          f"{p['queue_depth']:.0f}, {p['bandwidth_gbps']:.3f} GB/s")
+for s in sets:
+    c = json.load(open(f"{work}/{s}/clustered.json"))
+    g = c["geometry"]
+    print(f"\n[{s}] expert {g['expert_bytes']} B, stride {g['expert_stride']} B; modelled (default prices "
+          f"{c['io_profile']['op_latency_us']:.0f} us/op, {c['io_profile']['bandwidth_gbps']:.2f} GB/s; "
+          f"search {c['search']['moves']} moves):")
+    print(f"{'trace':8} {'method':10} {'read ops/tok':>12} {'vs identity':>11} {'KiB/tok':>9} {'model us/tok':>12}")
+    for trace in ("train", "heldout"):
+        base = c[trace]["identity"]["read_ops_per_token"]
+        for m in ("identity", "greedy", "chosen"):
+            x = c[trace][m]
+            print(f"{trace:8} {'seriation' if m == 'chosen' else m:10} {x['read_ops_per_token']:12.2f} "
+                  f"{100*(x['read_ops_per_token']/base-1):+10.1f}% {x['bytes_per_token']/1024:9.1f} "
+                  f"{x['modelled_us_per_token']:12.1f}")
+    summary["sets"][s] = {"expert_bytes": g["expert_bytes"], "devices": {}}
+    for dev in devices:
+        runs = {v: [json.load(open(f"{work}/{s}/replay_{dev}_{v}_{r}.json")) for r in range(1, rounds + 1)]
+                for v in VARIANTS}
+        tokens = runs["identity"][0]["tokens"]
+        print(f"[{s}] cold decode reads, {dev} device, held-out trace, {tokens} tokens, "
+              f"median of {rounds} interleaved rounds:")
+        print(f"  {'variant':18} {'us/token':>9} {'ops/tok':>8} {'KiB/tok':>8} {'speed-up':>9} "
+              f"{'per-round min..max':>18}  runs us/token")
+        out = {}
+        for v in VARIANTS:
+            us = [x["us_per_token"] for x in runs[v]]
+            ratio = [i["us_per_token"] / x["us_per_token"] for i, x in zip(runs["identity"], runs[v])]
+            out[v] = {"us_per_token_median": statistics.median(us), "us_per_token_runs": us,
+                      "read_ops_per_token": runs[v][0]["read_ops_per_token"],
+                      "bytes_per_token": runs[v][0]["bytes_per_token"],
+                      "speedup_vs_identity_median": statistics.median(ratio), "speedup_runs": ratio}
+            print(f"  {v:18} {statistics.median(us):9.1f} {runs[v][0]['read_ops_per_token']:8.2f} "
+                  f"{runs[v][0]['bytes_per_token']/1024:8.1f} {statistics.median(ratio):8.2f}x "
+                  f"{min(ratio):8.2f}..{max(ratio):.2f}x  {[round(x) for x in us]}")
+        if dev == "emulated":
+            best = max(out["clustered"]["speedup_vs_identity_median"], out["clustered+profile"]["speedup_vs_identity_median"])
+            print(f"  goal (emulated {riops:.0f} IOPS / {rbps/1e6:.0f} MB/s): clustered >= 1.25x identity: "
+                  f"{'met' if best >= 1.25 else 'NOT met'} ({best:.3f}x)")
+        else:
+            worst = out["clustered+profile"]["speedup_vs_identity_median"]
+            print(f"  goal (raw device): clustered+profile never slower than identity: "
+                  f"{'met' if worst >= 1.0 else 'NOT met'} (median {worst:.3f}x)")
+        summary["sets"][s]["devices"][dev] = {"tokens": tokens, "variants": out}
+    d = summary["sets"][s]["devices"]
+    if "emulated" in d and "raw" in d:
+        emu, raw = (d[k]["variants"]["identity"]["us_per_token_median"] for k in ("emulated", "raw"))
+        if emu < 1.1 * raw:
+            print(f"  note: identity reads {emu:.0f} us/token on the emulated volume and {raw:.0f} on the raw "
+                  f"device: the throttle is not what limits them here (a slow or shared disk)")
+json.dump(summary, open(f"{work}/cluster_iops.json", "w"), indent=1)
+print(f"\nsummary: {work}/cluster_iops.json")
 PY

@@ -18,7 +18,7 @@ using namespace moestream;
 
 int main(int argc, char** argv) {
   CLI::App app{"cluster_replay: cold expert-read time per token replaying a routing log"};
-  std::string model, log_path, io = "uring";
+  std::string model, log_path, io = "uring", io_profile;
   bool direct = true;
   size_t max_tokens = 2000;
   uint32_t qd = 32, rings = 0;
@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   app.add_flag("--direct,!--buffered", direct, "O_DIRECT reads (default) or buffered")->capture_default_str();
   app.add_option("--io-qd", qd, "reads in flight per ring (1 = one read at a time)")->capture_default_str();
   app.add_option("--io-rings", rings, "io_uring rings; 0 = the engine's default")->capture_default_str();
+  app.add_option("--io-profile", io_profile,
+                 "device profile (bench_io --profile-out): the engine's per-batch merge rule (as infer --io-profile)");
   app.add_flag("--shape-only", shape_only,
                "replay a log of another model with the same layers/experts (a synthetic stand-in)");
   app.add_option("--write-synthetic", write_synthetic,
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
     sc.io_qd = qd;
     sc.io_rings = rings;
     sc.host_cache_mb = 0;  // every fetch is a cold read from the device
+    sc.io_profile = io_profile;
     EngineExpertStoreOptions so = build_store_options(sc);
     // Not a user option, so StoreConfig lacks it: the residency probes would add two system calls
     // per miss to the reads this tool times.

@@ -3,7 +3,8 @@
 //
 // It creates a file (--size-mb), then measures sequential and random reads of each block size,
 // and the expert read pattern of a model layer (top-k random experts per batch, coalescing on),
-// and prints a table plus JSON (per-op latency and bandwidth) for the I/O cost model.
+// and prints a table plus JSON. Before those, when device reads are on, the device profile
+// (bench/io_profile_cells.h) that --profile-out saves for infer/cluster_experts --io-profile.
 //   cache "page_cache": buffered reads of a file that is fully in the page cache (checked with
 //                       cachestat); "device": O_DIRECT reads; "device_mmap": mmap after
 //                       POSIX_FADV_DONTNEED. On a VM "device" is whatever the virtual disk does.
@@ -21,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,6 +30,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "bench/io_profile_cells.h"
 #include "common/timing.h"
 #include "loader/io/io_engine.h"
 #include "loader/io/residency.h"
@@ -350,6 +353,8 @@ int main(int argc, char** argv) {
                  "page-cache expert pattern, pread pool vs io_uring rings measured in turn: N rounds");
   app.add_option("--depth-reps", a.depth_reps,
                  "O_DIRECT depth study (experts in flight x read size x streams): N interleaved rounds");
+  bench::ProfileArgs prof;
+  bench::add_profile_options(app, prof);
   CLI11_PARSE(app, argc, argv);
   g_max_read_bytes = a.max_read_kb << 10;
   g_direct_max_read_bytes = a.direct_max_read_kb << 10;
@@ -385,6 +390,18 @@ int main(int argc, char** argv) {
     std::printf("%-8s %-12s %-12s %-6s %8s %9s %10s %10s %10s\n", "section", "engine", "cache",
                 "pattern", "block", "GB/s", "ops/s", "p50_us", "mean_us");
 
+    // ---- the device profile (latency, IOPS limit, bandwidth) for --io-profile
+    if (prof.only && a.no_device) throw ConfigError("--profile-only measures the device: drop --no-device");
+    std::optional<bench::ProfileRun> profile;
+    if (!a.no_device) profile = bench::measure_io_profile(path, file_bytes, prof);
+    if (profile && !prof.out.empty()) {
+      save_io_profile(prof.out, profile->profile, profile->source.dump());
+      std::printf("wrote the device profile %s\n", prof.out.c_str());
+    }
+    if (prof.only) {
+      if (created && !a.keep) fs::remove(path);
+      return 0;
+    }
     std::vector<Cell> cells;
     std::mt19937_64 rng(7);
     // ---- block sweeps: coalescing off, so every request is one read
@@ -664,6 +681,7 @@ int main(int argc, char** argv) {
     j["depth_study"] = depth;
     j["hot_ab"] = hot_ab;
     j["checksum_xxh64_gbps_one_core"] = xxh_gbps;
+    if (profile) j["profile"] = nlohmann::json::parse(io_profile_json(profile->profile, profile->source.dump()));
     write_file_atomic(a.json, j.dump(1));
     std::printf("wrote %s\n", a.json.c_str());
     if (created && !a.keep) fs::remove(path);

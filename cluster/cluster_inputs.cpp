@@ -60,9 +60,9 @@ std::vector<RoutingLog> load_routing_logs(const std::vector<std::string>& paths,
   return logs;
 }
 
-IoProfile io_profile_of(const fs::path& bench_io_json, double op_latency_us, double bandwidth_gbps) {
+IoProfile io_profile_of(const fs::path& profile_json, double op_latency_us, double bandwidth_gbps) {
   IoProfile prof;
-  if (!bench_io_json.empty()) prof = load_io_profile(bench_io_json);
+  if (!profile_json.empty()) prof = load_io_profile(profile_json);
   if (op_latency_us > 0) prof.op_latency_us = op_latency_us;
   if (bandwidth_gbps > 0) prof.bandwidth_gbps = bandwidth_gbps;
   return prof;
@@ -77,7 +77,8 @@ nlohmann::json geometry_json(const SlotGeometry& g) {
   return {{"expert_bytes", g.expert_bytes}, {"expert_stride", g.expert_stride},
           {"coalesce", g.reads.coalesce}, {"gap_bytes", g.reads.gap_bytes},
           {"max_read_bytes", g.reads.max_read_bytes},
-          {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct}};
+          {"direct_max_read_bytes", g.reads.direct_max_read_bytes}, {"direct", g.direct},
+          {"merge_rule", g.reads.merge.enabled}};
 }
 
 }  // namespace moestream::cluster

@@ -37,13 +37,13 @@ std::vector<RoutingLog> load_routing_logs(const std::vector<std::string>& paths,
                                           const std::filesystem::path& model, bool shape_only,
                                           const std::function<void(const std::string&)>& notice = {});
 
-// bench_io's profile from `bench_io_json` (the defaults when empty), then each of latency and
-// bandwidth overridden where > 0.
-IoProfile io_profile_of(const std::filesystem::path& bench_io_json, double op_latency_us, double bandwidth_gbps);
+// The device profile in `profile_json` (load_io_profile; IoProfile's defaults when empty), then
+// each of latency and bandwidth overridden where > 0.
+IoProfile io_profile_of(const std::filesystem::path& profile_json, double op_latency_us, double bandwidth_gbps);
 
 // {tokens, read_ops_per_token, bytes_per_token, modelled_us_per_token}
 nlohmann::json cost_json(const CostSummary& c);
-// {expert_bytes, expert_stride, coalesce, gap_bytes, max_read_bytes, direct_max_read_bytes, direct}
+// {expert_bytes, expert_stride, coalesce, gap_bytes, max_read_bytes, direct_max_read_bytes, direct, merge_rule}
 nlohmann::json geometry_json(const SlotGeometry& g);
 
 }  // namespace moestream::cluster

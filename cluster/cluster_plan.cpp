@@ -59,9 +59,9 @@ ClusterResult run_cluster(const ClusterModel& model, const std::vector<RoutingLo
   };
   ClusterResult r;
   r.train = coactivation(train, req.coactivation);
-  say(format("%zu tokens x %zu layers from %zu log(s); latency %.1f us/op, %.2f GB/s",
-             r.train[0].token_sets.size(), r.train.size(), train.size(), req.profile.op_latency_us,
-             req.profile.bandwidth_gbps));
+  say(format("%zu tokens x %zu layers from %zu log(s); %.1f us per serial op, %.2f GB/s%s",
+             r.train[0].token_sets.size(), r.train.size(), train.size(), serial_op_us(req.profile),
+             req.profile.bandwidth_gbps, g.reads.merge.enabled ? "; reads planned by the profile's merge rule" : ""));
 
   // Identity and greedy are cheap baselines; the chosen method's order is what gets written.
   const OrderMethod methods[] = {OrderMethod::kIdentity, OrderMethod::kGreedy, method};
@@ -102,7 +102,9 @@ ClusterResult run_cluster(const ClusterModel& model, const std::vector<RoutingLo
   nlohmann::json& js = r.report;
   js["model"] = model.path.string();
   js["method"] = req.method;
-  js["io_profile"] = {{"op_latency_us", req.profile.op_latency_us}, {"bandwidth_gbps", req.profile.bandwidth_gbps}};
+  js["io_profile"] = {{"op_latency_us", req.profile.op_latency_us}, {"bandwidth_gbps", req.profile.bandwidth_gbps},
+                      {"iops_limit", req.profile.iops_limit}, {"queue_depth", req.profile.queue_depth},
+                      {"single_read_gbps", req.profile.single_read_gbps}, {"serial_op_us", serial_op_us(req.profile)}};
   js["geometry"] = geometry_json(g);
   js["search"] = {{"max_moves_per_layer", req.search_moves}, {"moves", r.moves}};
   auto price = [&](const char* set, const std::vector<LayerStats>& st) {

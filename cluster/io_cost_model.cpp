@@ -2,51 +2,11 @@
 // function io::plan_reads builds the engine's extents from; cluster_test checks the two agree.
 #include "cluster/io_cost_model.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <limits>
 
 #include "common/error.h"
-#include "common/file_util.h"
 
 namespace moestream::cluster {
-
-IoProfile load_io_profile(const std::filesystem::path& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path.string() + ": not JSON: " + e.what());
-  }
-  double best_lat = 0, best_gbps = 0;
-  uint64_t best_block = std::numeric_limits<uint64_t>::max();
-  bool found = false;
-  for (const char* section : {"sweep", "expert"}) {
-    if (!j.contains(section) || !j[section].is_array()) continue;
-    for (const auto& c : j[section]) {
-      const std::string cache = c.value("cache", ""), engine = c.value("engine", "");
-      // Page-cache cells say nothing of the SSD; mmap cells measure page faults, not the engine.
-      if (cache.find("page") != std::string::npos || cache.find("mmap") != std::string::npos ||
-          engine.find("mmap") != std::string::npos)
-        continue;
-      const uint64_t block = c.value("block_bytes", uint64_t{0});
-      const double lat = c.value("op_latency_us_p50", 0.0), gbps = c.value("gbps", 0.0);
-      if (block == 0 || lat <= 0 || gbps <= 0) continue;
-      found = true;
-      best_gbps = std::max(best_gbps, gbps);
-      const bool uring = engine.find("uring") != std::string::npos;
-      if (block < best_block || (block == best_block && uring)) {
-        best_block = block;
-        best_lat = lat;
-      }
-    }
-  }
-  if (!found)
-    throw FormatError(path.string() + ": no device (non page-cache) cell with block_bytes, "
-                      "op_latency_us_p50 and gbps in 'sweep' or 'expert'");
-  return IoProfile{best_lat, best_gbps};
-}
 
 SlotGeometry read_by(SlotGeometry g, const IoEngineOptions& io) {
   g.reads = io::plan_options(io);
@@ -90,7 +50,7 @@ CostSummary layer_cost(const std::vector<ExpertSet>& tokens, std::span<const uin
   if (tokens.empty()) return s;
   s.ops_per_token = double(ops) / s.tokens;
   s.bytes_per_token = double(bytes) / s.tokens;
-  s.modelled_us_per_token = s.ops_per_token * p.op_latency_us + s.bytes_per_token / (p.bandwidth_gbps * 1e3);
+  s.modelled_us_per_token = s.ops_per_token * serial_op_us(p) + s.bytes_per_token / (p.bandwidth_gbps * 1e3);
   return s;
 }
 

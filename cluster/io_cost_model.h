@@ -29,16 +29,8 @@ struct SlotGeometry {
 // A geometry read as an engine with options `io` reads (coalesce, gap, caps, direct).
 SlotGeometry read_by(SlotGeometry g, const IoEngineOptions& io);
 
-// Per-op latency and streaming bandwidth of the device (from bench_io's JSON, or flags).
-struct IoProfile {
-  double op_latency_us = 80.0;
-  double bandwidth_gbps = 3.0;  // GB/s = 1e9 bytes per second
-};
-
-// Reads bench_io's JSON: latency = p50 of the smallest-block random reads that bypass the page
-// cache (O_DIRECT/device cells; io_uring when present), bandwidth = the best such cell's GB/s.
-// Throws FormatError naming the file when no usable cell is present.
-IoProfile load_io_profile(const std::filesystem::path& bench_io_json);
+// The device's prices are an IoProfile (loader/io/io_profile.h): the layout is priced with its
+// op_latency_us and bandwidth_gbps; its merge rule comes in through SlotGeometry::reads.
 
 struct ReadCost {
   uint64_t ops = 0;    // reads the engine's planner issues
@@ -53,7 +45,7 @@ struct CostSummary {
   double tokens = 0;
   double ops_per_token = 0;
   double bytes_per_token = 0;
-  double modelled_us_per_token = 0;  // ops * latency + bytes / bandwidth
+  double modelled_us_per_token = 0;  // ops * serial_op_us + bytes / bandwidth
 };
 
 // Cost of a layer's tokens under `slot_of` (logical -> physical).

@@ -111,7 +111,7 @@ struct Prices {
 
 Prices prices_of(const IoProfile& p) {
   MOE_ASSERT(p.op_latency_us >= 0 && p.bandwidth_gbps > 0, "I/O profile without positive bandwidth");
-  return {uint64_t(std::llround(p.op_latency_us * 1e9)), uint64_t(std::llround(1e6 / p.bandwidth_gbps))};
+  return {uint64_t(std::llround(serial_op_us(p) * 1e9)), uint64_t(std::llround(1e6 / p.bandwidth_gbps))};
 }
 
 Cost cost(const WeightedSets& w, const Order& order, const SlotGeometry& g, const Prices& pr) {

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "cluster/cluster_inputs.h"
 #include "cluster/coactivation.h"
 #include "cluster/io_cost_model.h"
 #include "cluster/ordering.h"
@@ -122,8 +123,11 @@ TEST(IoCostModel, MatchesTheEnginePlannerOnRandomSets) {
   for (const Case& k : {Case{69000, 69632, 64 << 10, 1 << 20, 4 << 20}, Case{3000, 4096, 8192, 16384, 8192},
                         Case{3000, 5000, 6000, 16384, 12288}, Case{1500000, 1503232, 64 << 10, 1 << 20, 4 << 20},
                         Case{1500000, 1503232, 64 << 10, 4 << 20, 1 << 20}, Case{9000, 12288, 0, 1 << 20, 1 << 20}}) {
-    for (bool direct : {false, true}) {
-      const IoEngineOptions eo = engine_options(k.gap, k.max_read, k.direct_max_read, direct);
+    for (int run = 0; run < 6; ++run) {
+      const bool direct = run % 2;
+      IoEngineOptions eo = engine_options(k.gap, k.max_read, k.direct_max_read, direct);
+      // No profile (the fixed gap), a latency-heavy and a bandwidth-heavy device's merge rule.
+      if (run >= 2) eo.profile = run < 4 ? IoProfile{500, 2000, 32, 2.0, 2.0} : IoProfile{20, 200000, 32, 0.05, 0.02};
       const SlotGeometry g = read_by(geometry(k.bytes, k.stride), eo);
       for (int trial = 0; trial < 300; ++trial) {
         std::vector<uint32_t> all(64);
@@ -211,21 +215,21 @@ TEST(IoCostModel, TopKAbove64IsPricedLikeAnyOther) {
             layer_cost(s.token_sets, identity, g, p).modelled_us_per_token);
 }
 
-TEST(IoCostModel, ReadsLatencyAndBandwidthFromBenchIoJson) {
+TEST(IoCostModel, TakesTheProfileFileAndItsOverrides) {
   TempDir d;
-  const auto p = d.path() / "bench_io.json";
-  write_file_atomic(p, R"({"sweep": [
-    {"engine": "uring", "cache": "page_cache", "block_bytes": 4096, "gbps": 9.0, "op_latency_us_p50": 2.0},
-    {"engine": "pread", "cache": "direct", "block_bytes": 4096, "gbps": 0.4, "op_latency_us_p50": 95.0},
-    {"engine": "uring", "cache": "direct", "block_bytes": 4096, "gbps": 0.5, "op_latency_us_p50": 70.0},
-    {"engine": "uring", "cache": "direct", "block_bytes": 1048576, "gbps": 2.5, "op_latency_us_p50": 900.0}]})");
-  IoProfile prof = load_io_profile(p);
+  const auto p = d.path() / "profile.json";
+  save_io_profile(p, IoProfile{70.0, 30000, 64, 2.5, 1.0});
+  IoProfile prof = io_profile_of(p, 0, 0);
   EXPECT_DOUBLE_EQ(prof.op_latency_us, 70.0);
+  EXPECT_DOUBLE_EQ(prof.iops_limit, 30000);
   EXPECT_DOUBLE_EQ(prof.bandwidth_gbps, 2.5);
-  write_file_atomic(p, R"({"sweep": []})");
-  EXPECT_THROW(load_io_profile(p), FormatError);
+  prof = io_profile_of(p, 90, 0);
+  EXPECT_DOUBLE_EQ(prof.op_latency_us, 90.0);
+  EXPECT_DOUBLE_EQ(prof.bandwidth_gbps, 2.5);
+  write_file_atomic(p, R"({"sweep": []})");  // a bench_io results file without a profile
+  EXPECT_THROW(io_profile_of(p, 0, 0), FormatError);
   write_file_atomic(p, "{");
-  EXPECT_THROW(load_io_profile(p), FormatError);
+  EXPECT_THROW(io_profile_of(p, 0, 0), FormatError);
 }
 
 // Synthetic routing with a hidden best order: tokens pick k consecutive experts of a secret

@@ -33,7 +33,7 @@ namespace {
 struct Args {
   std::vector<std::string> routing, evaluate;
   std::string prior_out;
-  std::string model, method = "seriation", io_profile, maps_out, out;
+  std::string model, method = "seriation", maps_out, out;
   bool repack = false, json = false, shape_only = false, bind_legacy = false;
   double op_latency_us = 0, bandwidth_gbps = 0, neighbour_weight = 0;
   uint64_t search_moves = kDefaultSearchMoves;
@@ -60,7 +60,7 @@ int run(const Args& a) {
                       "with --repack");
   ClusterRequest req;
   req.method = a.method;
-  req.profile = io_profile_of(a.io_profile, a.op_latency_us, a.bandwidth_gbps);
+  req.profile = io_profile_of(a.reads.io_profile, a.op_latency_us, a.bandwidth_gbps);
   req.coactivation.neighbour_weight = a.neighbour_weight;
   req.search_moves = a.search_moves;
   req.maps_out = a.maps_out;
@@ -120,7 +120,10 @@ int main(int argc, char** argv) {
                "accept logs of another model with the same layers and experts (e.g. to lay out a "
                "synthetic stand-in with real routing)");
   app.add_flag("--json", a.json, "print a JSON summary on stdout");
-  app.add_option("--io-profile", a.io_profile, "bench_io JSON to take per-op latency and bandwidth from");
+  app.add_option("--io-profile", a.reads.io_profile,
+                 "device profile (bench_io --profile-out, or bench_io's results JSON): prices reads with "
+                 "its latency and bandwidth, and plans them with the engine's merge rule of that profile "
+                 "(as infer --io-profile)");
   app.add_option("--op-latency-us", a.op_latency_us, "per-read latency in us (overrides --io-profile; default 80)")
       ->check(in_range(0.0, 1e9));
   app.add_option("--bandwidth-gbps", a.bandwidth_gbps, "device bandwidth in GB/s (overrides --io-profile; default 3)")

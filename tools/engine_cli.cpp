@@ -37,6 +37,11 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "largest single read with --io-direct (whole experts read faster from a device "
                  "than 1 MiB pieces)")
       ->capture_default_str()->check(in_range(kMinReadKb, kMaxReadKb));
+  app.add_option("--io-profile", a.store.io_profile,
+                 "device profile JSON (bench_io --profile-out): each batch then reads through a "
+                 "gap when the profile says one read is cheaper than two, and O_DIRECT reads of "
+                 "adjacent experts merge past --direct-max-read-kb; default: the fixed "
+                 "--coalesce-gap-kb and read caps");
   app.add_flag("--cache-aware", a.cache_aware,
                "after the exact top-k, replace a selected expert that is not resident (GPU expert "
                "cache with --gpu, host cache or page cache) by the best resident unselected expert "

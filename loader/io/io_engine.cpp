@@ -135,6 +135,7 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
   if (opts.queue_depth == 0) throw ConfigError("io queue_depth must be at least 1");
   if (opts.max_read_bytes == 0) throw ConfigError("io max_read_bytes must be at least 1");
   if (opts.max_batches_in_flight == 0) throw ConfigError("io max_batches_in_flight must be at least 1");
+  if (opts.profile) validate_io_profile(*opts.profile, "the read engine's I/O profile");
   impl_->opts = std::move(opts);
   Impl& m = *impl_;
   std::unique_ptr<io::Backend> first;
@@ -162,7 +163,9 @@ IoEngine::IoEngine(IoEngineOptions opts) : impl_(std::make_unique<Impl>()) {
     if (!m.lanes[i].backend) m.lanes[i].backend = io::make_pread_backend(m.opts);
   }
   if (m.opts.scatter) {
-    m.sink_bytes = io::sink_bytes_for(std::min<uint64_t>(m.opts.coalesce_gap_bytes, 1 << 20));
+    // A profile's merge rule picks its gaps per batch: a 1 MiB sink keeps them to a few pieces.
+    m.sink_bytes = io::sink_bytes_for(m.opts.profile ? uint64_t(1) << 20
+                                                     : std::min<uint64_t>(m.opts.coalesce_gap_bytes, 1 << 20));
     for (Impl::Lane& l : m.lanes) {
       void* p = nullptr;
       if (::posix_memalign(&p, io::kDirectAlign, m.sink_bytes) != 0)

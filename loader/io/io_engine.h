@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+
+#include "loader/io/io_profile.h"
 
 namespace moestream {
 
@@ -82,6 +85,11 @@ struct IoEngineOptions {
   // one batch stream of top-8 experts reached 69-80% of the top-64 O_DIRECT limit on the dev
   // VM, two streams 97-99% (bench_io depth study).
   uint32_t max_batches_in_flight = 1;
+  // The device's profile (bench_io --profile-out; loader/io/io_profile.h): when set, each batch
+  // decides which gaps to read through from the profile's costs instead of coalesce_gap_bytes,
+  // and O_DIRECT reads may grow past direct_max_read_bytes (io::MergeRule, docs/io_engine.md
+  // "Merge rule"). Empty: the fixed gap and caps above.
+  std::optional<IoProfile> profile;
   uint32_t max_retries = 16;    // per extent bound on -EAGAIN/-EINTR (and no-progress) retries
   bool register_files = true;   // io_uring fixed files where the kernel allows
   bool register_buffers = true; // io_uring fixed bounce buffers where the kernel allows

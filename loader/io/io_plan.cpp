@@ -112,8 +112,92 @@ void add_extent(IoPlan& plan, std::span<ReadRequest> reqs, const std::vector<uin
 }  // namespace
 
 PlanOptions plan_options(const IoEngineOptions& o, uint64_t sink_bytes) {
-  return PlanOptions{o.coalesce, o.coalesce_gap_bytes, o.max_read_bytes, o.direct_max_read_bytes,
-                     o.scatter, sink_bytes};
+  PlanOptions p{o.coalesce, o.coalesce_gap_bytes, o.max_read_bytes, o.direct_max_read_bytes,
+                o.scatter, sink_bytes, {}};
+  if (o.profile) {
+    const IoProfile& d = *o.profile;
+    MOE_ASSERT(d.op_latency_us > 0 && d.iops_limit > 0 && d.bandwidth_gbps > 0 && d.single_read_gbps > 0,
+               "unvalidated I/O profile");
+    p.merge.enabled = true;
+    p.merge.op_latency_us = d.op_latency_us;
+    p.merge.op_floor_us = 1e6 / d.iops_limit;
+    p.merge.bytes_per_us = d.bandwidth_gbps * 1e3;
+    p.merge.single_bytes_per_us = d.single_read_gbps * 1e3;
+    p.merge.depth = std::max(1u, o.queue_depth);
+    p.merge.direct_max_read_bytes = std::max(o.direct_max_read_bytes, kMergeRuleDirectMaxReadBytes);
+  }
+  return p;
+}
+
+double batch_read_us(uint64_t n_reads, uint64_t bytes, uint64_t longest_bytes, const MergeRule& m) {
+  if (n_reads == 0) return 0;
+  const double in_flight = double(std::min<uint64_t>(n_reads, m.depth));
+  const double per_op = std::max(m.op_floor_us, m.op_latency_us / in_flight);
+  const double alone = m.op_latency_us + double(longest_bytes) / m.single_bytes_per_us;
+  return std::max({double(n_reads) * per_op, double(bytes) / m.bytes_per_us, alone});
+}
+
+int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m) {
+  const size_t n = ranges.size();
+  if (n < 2) return 0;
+  // Groups of overlapping ranges (which always merge) as [start, end) spans, the gaps between
+  // neighbouring groups, and the gaps' order (smallest first, earlier first among equals). Sized
+  // by one batch's reads of a file; reused, as the cost model calls this per priced token.
+  thread_local std::vector<uint64_t> start, end;
+  thread_local std::vector<uint32_t> order, left;  // left: the group a merged group starts at
+  start.assign(1, ranges[0].offset);
+  end.assign(1, ranges[0].offset + ranges[0].length);
+  uint64_t bytes = ranges[0].length;
+  for (size_t i = 1; i < n; ++i) {
+    const ByteRange& r = ranges[i];
+    bytes += r.length;
+    if (r.offset < end.back()) {
+      end.back() = std::max(end.back(), r.offset + r.length);
+    } else {
+      start.push_back(r.offset);
+      end.push_back(r.offset + r.length);
+    }
+  }
+  const size_t groups = start.size();
+  if (groups < 2) return 0;
+  order.resize(groups - 1);
+  std::iota(order.begin(), order.end(), 0u);
+  auto gap = [&](uint32_t g) { return start[g + 1] - end[g]; };
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return gap(a) < gap(b); });
+  left.resize(groups);
+  std::iota(left.begin(), left.end(), 0u);
+  auto first_of = [&](uint32_t g) {
+    while (left[g] != g) g = left[g] = left[left[g]];
+    return g;
+  };
+  // The span of a merged group: from its first group's start to its last group's end.
+  thread_local std::vector<uint64_t> span_end;
+  span_end = end;
+  uint64_t longest = 0;
+  for (size_t g = 0; g < groups; ++g) longest = std::max(longest, end[g] - start[g]);
+  uint64_t reads = groups;
+  int64_t best_gap = -1;
+  double best = batch_read_us(reads, bytes, longest, m);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const uint32_t g = order[k];
+    const uint64_t gk = gap(g);
+    // Join group g's merged group with the one starting at g + 1 (file order keeps them neighbours).
+    const uint32_t a = first_of(g);
+    left[g + 1] = a;
+    span_end[a] = span_end[g + 1];
+    --reads;
+    bytes += gk;
+    longest = std::max(longest, span_end[a] - start[a]);
+    if (k + 1 < order.size() && gap(order[k + 1]) == gk) continue;  // equal gaps go together
+    // At equal modelled time the fewer reads win: each costs a system call and a completion,
+    // and a volume billed per operation counts it.
+    const double t = batch_read_us(reads, bytes, longest, m);
+    if (t <= best) {
+      best = t;
+      best_gap = static_cast<int64_t>(gk);
+    }
+  }
+  return best_gap;
 }
 
 IoPlan plan_reads(std::span<ReadRequest> reqs, std::span<const FileEntry> files,

@@ -71,6 +71,33 @@ struct IoPlan {
   const RequestDoneFn* on_done = nullptr;
 };
 
+// The run-time merge rule a device profile gives (IoEngineOptions::profile; docs/io_engine.md
+// "Device profiles and the merge rule"). A batch of n reads moving b bytes, the longest s, is
+// modelled as taking
+//   T = max(n * c(n), b / bandwidth, op_latency + s / single_read_bandwidth),
+//   c(n) = max(1 / iops_limit, op_latency / min(n, depth))
+// (reads overlap up to the queue depth but never beat the IOPS limit; bytes never beat the
+// bandwidth; and no read ends before it has moved its own bytes at the rate of one read alone).
+// Merging two reads across a gap of g bytes saves one op, moves g bytes more and makes one read
+// longer; the planner merges the smallest gaps first (touching neighbours, g = 0, before any
+// other) for as long as that lowers T: while g / bandwidth is below the op it saves and the batch
+// is bound by ops, not bytes, and the merged read does not outlast the parallel ones.
+struct MergeRule {
+  bool enabled = false;
+  double op_latency_us = 0;
+  double op_floor_us = 0;   // 1e6 / iops_limit
+  double bytes_per_us = 0;  // bandwidth
+  double single_bytes_per_us = 0;  // single_read_gbps
+  uint32_t depth = 1;       // reads one batch can keep in flight (the engine's queue depth)
+  // Cap of O_DIRECT reads under the rule, for merges and splits alike: the model never gains from
+  // splitting, and the block layer spreads a large O_DIRECT read over the device queue itself.
+  uint64_t direct_max_read_bytes = 0;
+};
+
+// Cap of O_DIRECT reads under a merge rule (unless direct_max_read_bytes is larger): bounds the
+// bounce space and iovecs of one merged read.
+inline constexpr uint64_t kMergeRuleDirectMaxReadBytes = uint64_t(32) << 20;
+
 struct PlanOptions {
   bool coalesce = true;
   uint64_t gap_bytes = 0;
@@ -78,6 +105,7 @@ struct PlanOptions {
   uint64_t direct_max_read_bytes = 0;  // for O_DIRECT files; 0: max_read_bytes
   bool scatter = true;      // vectored reads for coalesced non-contiguous dests
   uint64_t sink_bytes = 0;  // size of the gap sink buffer (gaps are cut into pieces this big)
+  MergeRule merge;          // enabled: replaces gap_bytes per batch (and the O_DIRECT cap)
 };
 
 // The planner's options from the engine's: the one translation, used by the engine and by the
@@ -89,6 +117,16 @@ struct ByteRange {
   uint64_t offset = 0;
   uint64_t length = 0;
 };
+
+// The modelled time of a batch of `n_reads` reads moving `bytes`, the longest `longest_bytes`,
+// under rule `m` (see MergeRule).
+double batch_read_us(uint64_t n_reads, uint64_t bytes, uint64_t longest_bytes, const MergeRule& m);
+
+// The gap the rule merges across in one batch of `ranges` (one file's, sorted by offset): the
+// largest gap between neighbours that it merges, smallest first, while that does not raise
+// batch_read_us (at equal time fewer reads win); 0: only touching (and overlapping) neighbours
+// merge; -1: only overlapping ones.
+int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m);
 
 // One read the planner issues: ranges [first, first + count) of its input (count is 1 for each
 // piece of a split range), the file bytes [offset, offset + length) it asks for (aligned for
@@ -103,16 +141,22 @@ struct PlannedRead {
 // The coalescing and read-cap rule, without files or buffers: groups one file's `ranges`
 // (sorted by offset, each of non-zero length) into reads and calls emit(const PlannedRead&) for
 // each, in file order. With opts.coalesce a read grows while the next range starts within
-// gap_bytes of its end and it stays within the cap (direct_max_read_bytes when `direct` and set,
+// the gap of its end and it stays within the cap (direct_max_read_bytes when `direct` and set,
 // else max_read_bytes); a lone range over the cap is split into cap-sized pieces (block-aligned
 // for O_DIRECT), which then run on different rings/threads at once: one big expert otherwise
-// occupies a single queue slot and cannot use the device's parallelism. plan_reads builds its
+// occupies a single queue slot and cannot use the device's parallelism. The gap is gap_bytes,
+// or with opts.merge enabled merge_gap_bytes of this call's ranges (one batch's reads of a file),
+// and O_DIRECT reads are then capped at opts.merge.direct_max_read_bytes. plan_reads builds its
 // extents from exactly these reads. A template so that the cost model's inner loop inlines it.
 template <class Emit>
 void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanOptions& opts,
                      Emit&& emit) {
-  const uint64_t max_read = direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
-                                                                     : opts.max_read_bytes;
+  const bool rule = opts.coalesce && opts.merge.enabled;
+  const uint64_t max_read = direct && rule ? opts.merge.direct_max_read_bytes
+                            : direct && opts.direct_max_read_bytes > 0 ? opts.direct_max_read_bytes
+                                                                       : opts.max_read_bytes;
+  // -1: not even touching ranges merge (only overlapping ones, which must).
+  const int64_t gap = rule ? merge_gap_bytes(ranges, opts.merge) : static_cast<int64_t>(opts.gap_bytes);
   auto down = [&](uint64_t x) { return direct ? x / kDirectAlign * kDirectAlign : x; };
   auto up = [&](uint64_t x) { return direct ? (x + kDirectAlign - 1) / kDirectAlign * kDirectAlign : x; };
   size_t b = 0;
@@ -123,7 +167,8 @@ void plan_file_reads(std::span<const ByteRange> ranges, bool direct, const PlanO
     if (opts.coalesce) {
       while (e < ranges.size()) {
         const ByteRange& r = ranges[e];
-        if (r.offset > end + opts.gap_bytes) break;  // gap too wide: a separate read is cheaper
+        // Gap too wide: a separate read is cheaper.
+        if (gap < 0 ? r.offset >= end : r.offset > end + static_cast<uint64_t>(gap)) break;
         const uint64_t new_end = r.offset + r.length > end ? r.offset + r.length : end;
         if (new_end - start > max_read) break;
         end = new_end;

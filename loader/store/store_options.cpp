@@ -69,6 +69,12 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
   so.io.coalesce_gap_bytes = kib_to_bytes(c.coalesce_gap_kb, name("coalesce_gap_kb"));
   so.io.max_read_bytes = kib_to_bytes(c.max_read_kb, name("max_read_kb"));
   so.io.direct_max_read_bytes = kib_to_bytes(c.direct_max_read_kb, name("direct_max_read_kb"));
+  if (!c.io_profile.empty()) {
+    if (simple) say(name("io") + " simple reads one expert at a time: " + name("io_profile") + " does not apply");
+    else if (c.coalesce_gap_kb == 0)
+      say(name("coalesce_gap_kb") + " 0 turns merging off: " + name("io_profile") + " does not apply");
+    so.io.profile = load_io_profile(c.io_profile);
+  }
   so.io.notice = notice;  // empty: the engine's own "moestream: <line>" on stderr
   so.host_cache_bytes = mib_to_bytes(c.host_cache_mb, name("host_cache_mb"));
   return so;

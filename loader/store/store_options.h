@@ -27,6 +27,9 @@ struct StoreConfig {
   uint64_t coalesce_gap_kb = 64;  // 0 = no coalescing
   uint64_t max_read_kb = 1024;
   uint64_t direct_max_read_kb = 4096;  // read cap of O_DIRECT files (whole experts read faster)
+  // A device profile file (bench_io --profile-out, loader/io/io_profile.h): the engine then
+  // decides per batch which gaps to read through (io::MergeRule). Empty: the fixed gap and caps.
+  std::string io_profile;
   bool verify_checksums = true;
 };
 

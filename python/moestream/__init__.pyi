@@ -57,6 +57,7 @@ class Model:
         gpu: bool = False,  # whole forward pass on the GPU; ConfigError without CUDA or a GPU
         gpu_cache_mb: int = 0,  # GPU expert cache in MiB; 0 = automatic (needs gpu=True)
         moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
+        io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
     ) -> None: ...
     def generate(
         self,

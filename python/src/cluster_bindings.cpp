@@ -32,9 +32,10 @@ using namespace moestream::cluster;
 // The engine's read options from the same keywords and defaults as Model's (a 0 KiB gap turns
 // coalescing off), through the store options' one builder.
 IoEngineOptions engine_read_options(uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
-                                    bool io_direct) {
+                                    bool io_direct, const std::optional<fs::path>& io_profile) {
   const StoreConfig reads{.io_direct = io_direct, .coalesce_gap_kb = coalesce_gap_kb, .max_read_kb = max_read_kb,
-                          .direct_max_read_kb = direct_max_read_kb};
+                          .direct_max_read_kb = direct_max_read_kb,
+                          .io_profile = io_profile ? io_profile->string() : std::string()};
   return build_store_options(reads, OptionSpelling::kPython).io;
 }
 
@@ -70,7 +71,7 @@ py::object run_cluster_py(const fs::path& model, const py::object& routing, cons
     req.repack = repack;
     req.gguf_out = out.value_or(fs::path());
     const ClusterModel m =
-        ClusterModel::read(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
+        ClusterModel::read(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct, io_profile));
     check_cluster_request(m, req);
     const std::vector<RoutingLog> train = m.load_logs(train_paths, shape_only);
     const std::vector<RoutingLog> heldout =
@@ -108,7 +109,7 @@ py::object run_cost(const fs::path& model, const py::object& routing, const std:
   {
     py::gil_scoped_release nogil;
     const PackedLayout lay =
-        read_packed_layout(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct));
+        read_packed_layout(model, engine_read_options(coalesce_gap_kb, max_read_kb, direct_max_read_kb, io_direct, io_profile));
     if (!slots) {
       for (const ExpertMap& m : lay.maps) {
         std::vector<uint32_t> row(m.size());
@@ -170,9 +171,12 @@ void bind_cluster(py::module_& m) {
           IoProfile p = load_io_profile(path);
           py::dict d;
           d["op_latency_us"] = p.op_latency_us;
+          d["iops_limit"] = p.iops_limit;
+          d["queue_depth"] = p.queue_depth;
           d["bandwidth_gbps"] = p.bandwidth_gbps;
+          d["single_read_gbps"] = p.single_read_gbps;
           return d;
-        }, py::arg("path"), "Per-op latency and bandwidth from bench_io's JSON.");
+        }, py::arg("path"), "A device profile (bench_io --profile-out, or bench_io's results JSON), validated.");
 }
 
 }  // namespace moestream::py_bindings

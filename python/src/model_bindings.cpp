@@ -439,11 +439,12 @@ void bind_model(py::module_& m) {
                        bool verify_checksums, uint32_t io_qd, uint32_t io_rings, uint32_t io_threads,
                        uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
                        std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
-                       uint64_t gpu_cache_mb, int moe_lookahead) {
+                       uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile) {
              PyModelOptions o;
              o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
                         .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
-                        .max_read_kb = max_read_kb, .direct_max_read_kb = direct_max_read_kb};
+                        .max_read_kb = max_read_kb, .direct_max_read_kb = direct_max_read_kb,
+                        .io_profile = io_profile ? io_profile->string() : std::string()};
              o.cache_aware = cache_aware;
              o.cache_tolerance = cache_tolerance;
              o.threads = threads;
@@ -467,7 +468,8 @@ void bind_model(py::module_& m) {
            py::arg("max_read_kb") = kStoreDefaults.max_read_kb,
            py::arg("direct_max_read_kb") = kStoreDefaults.direct_max_read_kb,
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
-           py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0)
+           py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0,
+           py::arg("io_profile") = py::none())
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);

@@ -220,3 +220,15 @@ def test_python_refuses_a_symlink_out_of_the_model_directory(ms, demo, tmp_path)
     (m / "tokenizer.json").symlink_to(demo / "tokenizer.json")
     with pytest.raises(ms.FormatError, match="outside the model directory"):
         ms.Model(m)
+
+
+def test_model_io_profile_is_validated(ms, demo, tmp_path):
+    p = tmp_path / "profile.json"
+    good = {"format": "moestream-io-profile", "version": 1, "op_latency_us": 90.0, "iops_limit": 20000.0,
+            "queue_depth": 64, "bandwidth_gbps": 1.2, "single_read_gbps": 0.6}
+    p.write_text(json.dumps({**good, "iops_limit": 0}))
+    with pytest.raises(ms.FormatError, match="iops_limit is 0"):
+        ms.Model(demo, io_profile=p)
+    p.write_text(json.dumps(good))
+    assert ms.load_io_profile(p)["iops_limit"] == 20000.0
+    ms.Model(demo, io_profile=p, io="pread", io_direct=True)

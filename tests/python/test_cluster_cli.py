@@ -209,3 +209,39 @@ def test_legacy_map_is_refused_until_bound(tool, model, tmp_path):
     r = tool("cluster_experts", "--model", model, "--bind-legacy-maps")
     assert r.returncode == 0 and "bound 8 version-1 map(s)" in r.stderr, r.stderr
     assert tokens(tool, model) == want
+
+
+PROFILE = {"format": "moestream-io-profile", "version": 1, "op_latency_us": 400.0, "iops_limit": 3000.0,
+           "queue_depth": 64, "bandwidth_gbps": 0.25, "single_read_gbps": 0.25}
+
+
+def test_io_profile_keeps_tokens_and_a_bad_profile_is_refused(tool, model, tmp_path):
+    """--io-profile changes which reads are merged, never the bytes: the same tokens as without;
+    cluster_experts plans with it; a profile with a bad field exits 1 naming the file and field."""
+    good = tmp_path / "profile.json"
+    good.write_text(json.dumps(PROFILE))
+    base = tokens(tool, model)
+    r = tool("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "12", "--temp", "0", "--print-ids",
+             "--ignore-eos", "--io", "pread", "--io-direct", "--io-profile", good)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == base
+    log = tmp_path / "r.bin"
+    tokens(tool, model, log)
+    r = tool("cluster_experts", "--routing", log, "--model", model, "--json", "--io-direct",
+             "--io-profile", good)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["geometry"]["merge_rule"] is True
+    assert out["io_profile"]["iops_limit"] == 3000.0
+    for field, value in (("iops_limit", -1), ("bandwidth_gbps", None), ("op_latency_us", "fast")):
+        bad = tmp_path / f"bad_{field}.json"
+        bad.write_text(json.dumps({**PROFILE, field: value}))
+        for t, args in (("infer", ["-m", model, "--prompt-ids", PROMPT, "-n", "1"]),
+                        ("cluster_experts", ["--routing", log, "--model", model])):
+            r = tool(t, *args, "--io-profile", bad)
+            assert r.returncode == 1, (t, field, r.stdout)
+            assert field in r.stderr and str(bad) in r.stderr, r.stderr
+    missing = {k: v for k, v in PROFILE.items() if k != "queue_depth"}
+    (tmp_path / "missing.json").write_text(json.dumps(missing))
+    r = tool("infer", "-m", model, "--prompt-ids", PROMPT, "-n", "1", "--io-profile", tmp_path / "missing.json")
+    assert r.returncode == 1 and "queue_depth is missing" in r.stderr, r.stderr
