@@ -175,20 +175,24 @@ void run_batched(Model& m, std::vector<Request>& rs, const std::function<void(si
 
 class BatchForward : public ::testing::TestWithParam<std::string> {};
 
-// Four requests of different prompt lengths (one longer than a chunk) join at different steps;
-// the fourth joins after the first left, in its freed slot. Every logit of every step is bitwise
-// that of the request run alone.
+// Four requests of different prompt lengths (one longer than a chunk, one of a single token) that
+// join at different steps; the fourth joins after the first left, in its freed slot.
+std::vector<Request> four_requests(unsigned seed, int vocab) {
+  std::mt19937 rng(seed);
+  return {{random_tokens(rng, 5, vocab), 0, 6, {}},
+          {random_tokens(rng, 19, vocab), 1, 5, {}},
+          {random_tokens(rng, 1, vocab), 1, 7, {}},
+          {random_tokens(rng, 9, vocab), 8, 4, {}}};
+}
+
+// four_requests batched: every logit of every step is bitwise that of the request run alone.
 TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   TempDir d("batch_fwd");
   const ModelConfig c = shape(GetParam());
   write_synthetic_model(d.path(), c, 41, 2);
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
-  std::mt19937 rng(7);
-  std::vector<Request> rs = {{random_tokens(rng, 5, c.vocab_size), 0, 6, {}},
-                             {random_tokens(rng, 19, c.vocab_size), 1, 5, {}},
-                             {random_tokens(rng, 1, c.vocab_size), 1, 7, {}},
-                             {random_tokens(rng, 9, c.vocab_size), 8, 4, {}}};
+  std::vector<Request> rs = four_requests(7, c.vocab_size);
   std::vector<Request> alone = rs;
   for (Request& r : alone) run_alone(*solo, r);
   run_batched(*batched, rs);
@@ -252,11 +256,7 @@ TEST_P(BatchForward, ReplayedSequencesMatchTheirRunsAloneBitwise) {
   ASSERT_EQ(replay.n_requests(), 5u);
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
-  std::mt19937 rng(17);
-  std::vector<Request> rs = {{random_tokens(rng, 5, c.vocab_size), 0, 6, {}},
-                             {random_tokens(rng, 19, c.vocab_size), 1, 5, {}},
-                             {random_tokens(rng, 1, c.vocab_size), 1, 7, {}},
-                             {random_tokens(rng, 9, c.vocab_size), 8, 4, {}}};
+  std::vector<Request> rs = four_requests(17, c.vocab_size);
   const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
   std::vector<Request> alone = rs, router = rs;
   run_alone(*solo, router[0]);

@@ -21,6 +21,35 @@ def _complete(s, prompt, max_tokens=12, stream=False):
     return "".join(e["choices"][0]["text"] for e in sse_events(r) if isinstance(e, dict) and e.get("choices"))
 
 
+def _leave_after_three_events(s, body, left=None):
+    """A long streamed reply whose client hangs up after a few events."""
+    r = s.post("/v1/completions", dict(body, max_tokens=200, stream=True, temperature=0), stream=True)
+    for i, _ in enumerate(r.iter_lines()):
+        if i >= 3:
+            break
+    r.close()
+    if left is not None:
+        left.set()
+
+
+def _together_beside_a_leaver(s, request, leaver_body):
+    """request(i) for every prompt at once, beside a client that leaves mid-stream: the results."""
+    got = [None] * len(PROMPTS)
+    left = threading.Event()
+
+    def one(i):
+        got[i] = request(i)
+
+    threads = [threading.Thread(target=_leave_after_three_events, args=(s, leaver_body, left))]
+    threads += [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert left.is_set()
+    return got
+
+
 def test_concurrent_requests_get_what_each_gets_alone_and_a_leaver_changes_nothing():
     # No prefix reuse: every prompt runs from position 0 in one chunk on both servers (bitwise).
     alone = Server("--parallel", "1", "--no-prefix-reuse")
@@ -31,28 +60,8 @@ def test_concurrent_requests_get_what_each_gets_alone_and_a_leaver_changes_nothi
     assert all(want)
     s = Server("--parallel", "3", "--queue-size", "4", "--no-prefix-reuse")
     try:
-        got = [None] * len(PROMPTS)
-        left = threading.Event()
-
-        def leaver():  # a long streamed reply whose client hangs up after a few events
-            r = s.post("/v1/completions", {"prompt": "Far away", "max_tokens": 200, "stream": True,
-                                           "temperature": 0}, stream=True)
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 3:
-                    break
-            r.close()
-            left.set()
-
-        def one(i):
-            got[i] = _complete(s, PROMPTS[i], stream=i % 2 == 1)
-
-        threads = [threading.Thread(target=leaver)] + [threading.Thread(target=one, args=(i,))
-                                                       for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert left.is_set()
+        got = _together_beside_a_leaver(s, lambda i: _complete(s, PROMPTS[i], stream=i % 2 == 1),
+                                        {"prompt": "Far away"})
         assert got == want
         m = s.metrics()
         assert m["moestream_requests_completed_total"] >= len(PROMPTS)
@@ -172,25 +181,8 @@ def test_replayed_routing_per_request_together_equals_alone(tmp_path):
         alone.stop()
     s = Server("--parallel", "3", "--queue-size", "4", "--replay-routing", log)
     try:
-        got = [None] * len(PROMPTS)
-
-        def leaver():
-            r = s.post("/v1/completions", {"prompt": "Far away", "max_tokens": 200, "stream": True,
-                                           "temperature": 0, "replay_request": 2}, stream=True)
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 3:
-                    break
-            r.close()
-
-        def one(i):
-            got[i] = _replayed(s, PROMPTS[i], (i + 1) % 4)
-
-        threads = [threading.Thread(target=leaver)] + [threading.Thread(target=one, args=(i,))
-                                                       for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        got = _together_beside_a_leaver(s, lambda i: _replayed(s, PROMPTS[i], (i + 1) % 4),
+                                        {"prompt": "Far away", "replay_request": 2})
         assert got == want
     finally:
         s.stop()
