@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "loader/store/store_options.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "runtime/model/routing_replay.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
@@ -120,7 +123,8 @@ void run_alone(Model& m, Request& r) {
 
 // All requests through forward_batch: each joins at its step, prefills kChunk tokens per step
 // beside the others' decode tokens, decodes greedily, and leaves (freeing its slot) when done.
-void run_batched(Model& m, std::vector<Request>& rs) {
+// on_create(i, sequence): request i got its sequence (e.g. to give it its routing replay).
+void run_batched(Model& m, std::vector<Request>& rs, const std::function<void(size_t, int)>& on_create = {}) {
   const size_t V = size_t(m.config().vocab_size);
   struct Live { int seq = -1; size_t fed = 0; int token = -1; std::vector<float> l; bool done = false; };
   std::vector<Live> live(rs.size());
@@ -131,7 +135,10 @@ void run_batched(Model& m, std::vector<Request>& rs) {
       Request& r = rs[i];
       Live& s = live[i];
       if (s.done || step < r.join_step) continue;
-      if (s.seq < 0) s.seq = m.create_sequence();
+      if (s.seq < 0) {
+        s.seq = m.create_sequence();
+        if (on_create) on_create(i, s.seq);
+      }
       s.l.assign(V, 0.0f);
       SequenceInput in;
       in.sequence = s.seq;
@@ -168,20 +175,24 @@ void run_batched(Model& m, std::vector<Request>& rs) {
 
 class BatchForward : public ::testing::TestWithParam<std::string> {};
 
-// Four requests of different prompt lengths (one longer than a chunk) join at different steps;
-// the fourth joins after the first left, in its freed slot. Every logit of every step is bitwise
-// that of the request run alone.
+// Four requests of different prompt lengths (one longer than a chunk, one of a single token) that
+// join at different steps; the fourth joins after the first left, in its freed slot.
+std::vector<Request> four_requests(unsigned seed, int vocab) {
+  std::mt19937 rng(seed);
+  return {{random_tokens(rng, 5, vocab), 0, 6, {}},
+          {random_tokens(rng, 19, vocab), 1, 5, {}},
+          {random_tokens(rng, 1, vocab), 1, 7, {}},
+          {random_tokens(rng, 9, vocab), 8, 4, {}}};
+}
+
+// four_requests batched: every logit of every step is bitwise that of the request run alone.
 TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   TempDir d("batch_fwd");
   const ModelConfig c = shape(GetParam());
   write_synthetic_model(d.path(), c, 41, 2);
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
-  std::mt19937 rng(7);
-  std::vector<Request> rs = {{random_tokens(rng, 5, c.vocab_size), 0, 6, {}},
-                             {random_tokens(rng, 19, c.vocab_size), 1, 5, {}},
-                             {random_tokens(rng, 1, c.vocab_size), 1, 7, {}},
-                             {random_tokens(rng, 9, c.vocab_size), 8, 4, {}}};
+  std::vector<Request> rs = four_requests(7, c.vocab_size);
   std::vector<Request> alone = rs;
   for (Request& r : alone) run_alone(*solo, r);
   run_batched(*batched, rs);
@@ -198,6 +209,84 @@ TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   }
   // Three slots at most were live at once: request 3 reused request 0's.
   EXPECT_EQ(batched->n_past(), 0);  // forward()'s own sequence is untouched by batches
+}
+
+// A routing log of `requests` requests x `positions` tokens over c's counts, ids drawn at random
+// (distinct per token): traffic unlike any router's.
+RoutingLog random_log(const ModelConfig& c, int requests, int positions, unsigned seed) {
+  std::mt19937 rng(seed);
+  RoutingLog log;
+  log.header = {1, uint32_t(c.n_moe_layers()), uint32_t(c.n_experts), uint32_t(c.n_experts_per_tok),
+                uint32_t(c.hidden_size)};
+  for (int r = 0; r < requests; ++r)
+    for (int p = 0; p < positions; ++p)
+      for (int l = 0; l < c.n_moe_layers(); ++l) {
+        RoutingRecord rec;
+        rec.request_id = uint64_t(100 + r);
+        rec.position = uint32_t(p);
+        rec.layer = uint16_t(l);
+        std::vector<int> all(size_t(c.n_experts));
+        for (int e = 0; e < c.n_experts; ++e) all[size_t(e)] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        float sum = 0;
+        for (int j = 0; j < c.n_experts_per_tok; ++j) {
+          rec.ids.push_back(uint16_t(all[size_t(j)]));
+          rec.weights.push_back(0.1f + float(rng() % 1000) / 1000.0f);
+          sum += rec.weights.back();
+        }
+        for (float& w : rec.weights) w /= sum;
+        log.records.push_back(rec);
+      }
+  return log;
+}
+
+RoutingOverrideFn replaying(const RoutingReplay& r, size_t request) {
+  return [&r, request](int l, uint64_t pos, int n, int* ids, float* w) { r.route_request(request, l, pos, n, ids, w); };
+}
+
+// Each sequence of a batch replays its own request of a routing log (Model::set_sequence_routing):
+// every logit equals, bitwise, that of the request run alone through forward() replaying the
+// same log request, the routing events of the batch carry the replayed experts at each sequence's
+// positions, and the replay changes the output (the router would choose otherwise).
+TEST_P(BatchForward, ReplayedSequencesMatchTheirRunsAloneBitwise) {
+  TempDir d("batch_replay");
+  const ModelConfig c = shape(GetParam());
+  write_synthetic_model(d.path(), c, 51, 2);
+  const RoutingReplay replay(random_log(c, 5, 40, 3), c, "random.log");
+  ASSERT_EQ(replay.n_requests(), 5u);
+  auto solo = load(d.path(), kChunk);
+  auto batched = load(d.path(), 4 * kChunk);
+  std::vector<Request> rs = four_requests(17, c.vocab_size);
+  const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
+  std::vector<Request> alone = rs, router = rs;
+  run_alone(*solo, router[0]);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    solo->set_sequence_routing(-1, replaying(replay, request_of[i]));
+    run_alone(*solo, alone[i]);
+  }
+  EXPECT_NE(alone[0].logits, router[0].logits) << "the replay changed nothing: the test could not fail";
+  std::map<int, size_t> request_of_seq;
+  int mismatched = 0, events = 0;
+  batched->set_routing_callback([&](const RoutingEvent& ev) {
+    std::vector<int> ids(size_t(ev.top_k));
+    std::vector<float> w(size_t(ev.top_k));
+    for (int t = 0; t < ev.n_tokens; ++t, ++events) {
+      replay.route_request(request_of_seq.at(ev.sequence), ev.layer, uint64_t(ev.position + t), 1, ids.data(), w.data());
+      mismatched += !std::equal(ids.begin(), ids.end(), ev.ids + size_t(t) * size_t(ev.top_k));
+    }
+  });
+  run_batched(*batched, rs, [&](size_t i, int seq) {
+    request_of_seq[seq] = request_of[i];
+    batched->set_sequence_routing(seq, replaying(replay, request_of[i]));
+  });
+  EXPECT_GT(events, 0);
+  EXPECT_EQ(mismatched, 0);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;
+    for (size_t s = 0; s < rs[i].logits.size(); ++s)
+      EXPECT_EQ(std::memcmp(rs[i].logits[s].data(), alone[i].logits[s].data(), rs[i].logits[s].size() * sizeof(float)), 0)
+          << "request " << i << " step " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+shared", "bf16+glm", "bf16+mla"),
@@ -364,6 +453,20 @@ TEST(BatchForwardErrors, BadBatchesGiveClearErrors) {
   EXPECT_NE(run({{0, one, l, false}}).find("routing override"), std::string::npos);
   m->set_routing_override({});
   EXPECT_NE(test::error_message<ConfigError>([&] { m->truncate_sequence(0, 1); }).find("outside [0, n_past=0]"),
+            std::string::npos);
+  // A sequence's replay: only for a live one; it excludes cache-aware routing and the model-wide override.
+  const RoutingOverrideFn keep = [](int, uint64_t, int, int*, float*) {};
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->set_sequence_routing(7, keep); }).find("not a live"),
+            std::string::npos);
+  m->set_sequence_routing(0, keep);
+  CacheAwareOptions ca;
+  ca.enabled = true;
+  m->set_cache_aware(ca);
+  EXPECT_NE(run({{0, one, l, false}}).find("sequence 0 replays its routing, which excludes cache-aware"),
+            std::string::npos);
+  m->set_cache_aware({});
+  m->set_sequence_routing(-1, keep);
+  EXPECT_NE(test::error_message<ConfigError>([&] { m->set_routing_override(keep); }).find("set_sequence_routing(-1)"),
             std::string::npos);
 }
 

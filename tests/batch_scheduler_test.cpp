@@ -8,10 +8,13 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/engine/model.h"
+#include "runtime/model/routing_replay.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/engine_session.h"
 #include "tests/support/strict_skip.h"
@@ -45,6 +48,7 @@ struct Output {
   std::string finish;  // finish_reason, or the error's message
   int completion_tokens = 0;
   int reused = 0;  // prompt_tokens_reused
+  std::optional<uint64_t> replay;  // the log request it replayed
 };
 
 Output drain(Job& job) {
@@ -59,6 +63,7 @@ Output drain(Job& job) {
     o.finish = r->finish_reason;
     o.completion_tokens = r->completion_tokens;
     o.reused = r->prompt_tokens_reused;
+    o.replay = r->replay_request;
   } else if (auto e = job.error()) {
     o.finish = "error: " + e->body().dump();
   }
@@ -80,11 +85,14 @@ std::vector<int> ids_of(const Tokenizer& tok, const std::string& s) {
   return out;
 }
 
-// Each job alone, one after another, through EngineSession (no prefix reuse).
-std::vector<Output> alone(const std::vector<JobParams>& jobs, const Tokenizer* tok) {
+// Each job alone, one after another, through EngineSession (no prefix reuse); with `replays`,
+// each replays its log request.
+std::vector<Output> alone(const std::vector<JobParams>& jobs, const Tokenizer* tok,
+                          RequestReplays* replays = nullptr) {
   auto model = load(kChunk);
   ServerMetrics metrics;
   EngineSession session(*model, tok, metrics, false);
+  session.set_replays(replays);
   std::vector<Output> out;
   for (const JobParams& p : jobs) {
     Job j(p);
@@ -96,9 +104,10 @@ std::vector<Output> alone(const std::vector<JobParams>& jobs, const Tokenizer* t
 
 // All jobs submitted at once to a BatchScheduler of kParallel slots (the rest wait and join).
 std::vector<Output> together(Model& model, const std::vector<JobParams>& jobs, const Tokenizer* tok,
-                             bool prefix_reuse = false) {
+                             bool prefix_reuse = false, RequestReplays* replays = nullptr) {
   ServerMetrics metrics;
   BatchScheduler sched(model, tok, metrics, 8, kParallel, prefix_reuse);
+  sched.set_replays(replays);
   EXPECT_EQ(sched.prefill_chunk(), kChunk);
   std::vector<std::shared_ptr<Job>> js;
   for (const JobParams& p : jobs) {
@@ -216,6 +225,79 @@ TEST(BatchScheduler, ACancelledOrFailingRequestNeverChangesAnothersOutput) {
     ASSERT_TRUE(sched.submit(again.back()));
   }
   for (auto& j : again) EXPECT_EQ(drain(*j).ids, ref.ids);
+}
+
+// A routing log over the demo's counts with random ids (distinct per token): traffic its router
+// would not choose.
+std::shared_ptr<const RoutingReplay> random_replay(const ModelConfig& c, int requests, int positions) {
+  std::mt19937 rng(21);
+  RoutingLog log;
+  log.header = {1, uint32_t(c.n_moe_layers()), uint32_t(c.n_experts), uint32_t(c.n_experts_per_tok),
+                uint32_t(c.hidden_size)};
+  std::vector<uint16_t> all(size_t(c.n_experts));
+  for (int r = 0; r < requests; ++r)
+    for (int p = 0; p < positions; ++p)
+      for (int l = 0; l < c.n_moe_layers(); ++l) {
+        RoutingRecord rec;
+        rec.request_id = uint64_t(r);
+        rec.position = uint32_t(p);
+        rec.layer = uint16_t(l);
+        for (size_t e = 0; e < all.size(); ++e) all[e] = uint16_t(e);
+        std::shuffle(all.begin(), all.end(), rng);
+        rec.ids.assign(all.begin(), all.begin() + c.n_experts_per_tok);
+        rec.weights.assign(size_t(c.n_experts_per_tok), 1.0f / float(c.n_experts_per_tok));
+        log.records.push_back(rec);
+      }
+  return std::make_shared<const RoutingReplay>(log, c, "random.log");
+}
+
+// --replay-routing: requests replaying their own log requests, run together (one cancelled
+// midway), give what each gets alone through EngineSession replaying the same request; without
+// replay_request the requests take the log's requests in turn.
+TEST(BatchScheduler, ReplayedRequestsTogetherGetWhatEachGetsAlone) {
+  if (!fs::exists(demo_dir() / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model absent";
+  const Tokenizer tok = Tokenizer::load(demo_dir() / "tokenizer.json");
+  const auto replay = random_replay(ModelConfig::load(demo_dir()), 4, 48);
+  const std::string page = "The operating system keeps a table of pages. ";
+  std::vector<JobParams> jobs = {job(ids_of(tok, page + "Each page"), 12), job(ids_of(tok, "Once upon a time"), 10),
+                                 job(ids_of(tok, page + page + page + "The kernel"), 9),
+                                 job(ids_of(tok, "The disk"), 14)};
+  ASSERT_GT(jobs[2].prompt.size(), size_t(kChunk));
+  for (size_t i = 0; i < jobs.size(); ++i) jobs[i].replay_request = (i + 3) % 4;
+  RequestReplays ref_replays(replay);
+  const std::vector<Output> ref = alone(jobs, nullptr, &ref_replays);
+  const std::vector<Output> router = alone({jobs[0]}, nullptr);
+  EXPECT_NE(ref[0].ids, router[0].ids) << "the replay changed nothing: the test could not fail";
+
+  // Together, with a fifth request that streams a few tokens and is cancelled.
+  auto model = load(kMaxBatch);
+  ServerMetrics metrics;
+  RequestReplays replays(replay);
+  BatchScheduler sched(*model, nullptr, metrics, 8, kParallel, false);
+  sched.set_replays(&replays);
+  JobParams cancelled = job(ids_of(tok, "In the morning the"), 200);
+  cancelled.replay_request = 1;
+  auto jc = std::make_shared<Job>(cancelled);
+  std::vector<std::shared_ptr<Job>> js = {std::make_shared<Job>(jobs[0]), jc};
+  for (size_t i = 1; i < jobs.size(); ++i) js.push_back(std::make_shared<Job>(jobs[i]));
+  for (auto& j : js) ASSERT_TRUE(sched.submit(j));
+  size_t c_ids = 0;
+  while (c_ids < 3) c_ids += jc->wait(1000ms).ids.size();
+  sched.cancel(jc);
+  std::vector<Output> got;
+  for (auto& j : js) got.push_back(drain(*j));
+  EXPECT_EQ(got[1].finish, "cancelled");
+  got.erase(got.begin() + 1);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(got[i].ids, ref[i].ids) << "job " << i;
+    EXPECT_EQ(got[i].replay, jobs[i].replay_request) << "job " << i;
+  }
+  // In turn: one after another, requests without replay_request take log requests 0, 1, 2.
+  for (uint64_t want = 0; want < 3; ++want) {
+    auto j = std::make_shared<Job>(job({1, 2, 3}, 2));
+    ASSERT_TRUE(sched.submit(j));
+    EXPECT_EQ(drain(*j).replay, want);
+  }
 }
 
 TEST(BatchScheduler, QueueRefusesWhenFullAndParallelIsChecked) {

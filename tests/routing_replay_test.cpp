@@ -170,6 +170,65 @@ TEST(RoutingReplay, IncompleteTokensAreDroppedAndAnEmptyLogIsRefused) {
   }
 }
 
+// Per request: requests in order of first appearance, each one's steps by position whatever the
+// file order (a server log interleaves concurrent requests), positions wrapping per request.
+TEST(RoutingReplay, EachRequestReplaysItsOwnStepsByPosition) {
+  RoutingLog log;
+  log.header = {1, 1, 8, 1, 16};
+  log.records = {record(9, 0, 0, {1}, {1}), record(4, 0, 0, {5}, {1}), record(9, 2, 0, {3}, {1}),
+                 record(4, 1, 0, {6}, {1}), record(9, 1, 0, {2}, {1})};
+  const RoutingReplay r(log, tiny(2, 8, 1), "x.log");
+  ASSERT_EQ(r.n_requests(), 2u);
+  EXPECT_EQ(r.request_steps(0), 3u);  // request id 9 came first
+  EXPECT_EQ(r.request_steps(1), 2u);
+  int ids[4];
+  float w[4];
+  r.route_request(0, 0, 0, 4, ids, w);  // positions 0..3 of request 9: 1, 2, 3, then 1 again
+  EXPECT_EQ(std::vector<int>(ids, ids + 4), (std::vector<int>{1, 2, 3, 1}));
+  r.route_request(1, 1, 1, 3, ids, w);  // model layer 1 <- log layer 0; positions 1..3 of request 4
+  EXPECT_EQ(std::vector<int>(ids, ids + 3), (std::vector<int>{6, 5, 6}));
+  EXPECT_NE(r.describe().find("in 2 requests"), std::string::npos) << r.describe();
+  // The model-wide clock still walks the steps in file order.
+  r.route(0, 0, 3, ids, w);
+  EXPECT_EQ(std::vector<int>(ids, ids + 3), (std::vector<int>{1, 5, 3}));
+}
+
+// A directory: its logs in name order, requests concatenated; logs of other counts are refused.
+TEST(RoutingReplay, ADirectoryOfLogsConcatenatesTheirRequests) {
+  TempDir d;
+  RoutingLogHeader h{1, 1, 8, 1, 16};
+  {
+    RoutingLogWriter b(d.path() / "b.log", h), a(d.path() / "a.log", h);
+    a.append(record(0, 0, 0, {1}, {1}));
+    a.append(record(1, 0, 0, {2}, {1}));
+    b.append(record(0, 0, 0, {7}, {1}));
+    a.close();
+    b.close();
+  }
+  const RoutingReplay r = RoutingReplay::load(d.path(), tiny(1, 8, 1));
+  ASSERT_EQ(r.n_requests(), 3u);
+  int id;
+  float w;
+  const int want[3] = {1, 2, 7};
+  for (size_t q = 0; q < 3; ++q) {
+    r.route_request(q, 0, 0, 1, &id, &w);
+    EXPECT_EQ(id, want[q]) << "request " << q;
+  }
+  EXPECT_NE(r.describe().find("(2 logs)"), std::string::npos) << r.describe();
+  {
+    RoutingLogWriter c(d.path() / "c.log", RoutingLogHeader{1, 1, 8, 2, 16});
+    c.append(record(0, 0, 0, {1, 2}, {0.5f, 0.5f}));
+    c.close();
+  }
+  const std::string msg = test::error_message<ConfigError>([&] { RoutingReplay::load(d.path(), tiny(1, 8, 1)); });
+  EXPECT_NE(msg.find("c.log"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must share their counts"), std::string::npos) << msg;
+  TempDir empty;
+  EXPECT_NE(test::error_message<ConfigError>([&] { RoutingReplay::load(empty.path(), tiny(1, 8, 1)); })
+                .find("no routing logs"),
+            std::string::npos);
+}
+
 namespace {
 test::CliResult run_infer(const std::string& args) { return test::run_tool("infer", args); }
 std::vector<std::vector<uint16_t>> ids_of(const fs::path& log) {

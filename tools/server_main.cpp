@@ -19,6 +19,7 @@
 #include "loader/format/routing_log.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
+#include "runtime/model/routing_replay.h"
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -32,7 +33,7 @@ using namespace moestream;
 namespace {
 
 struct Args {
-  std::string model, collect_routing;
+  std::string model, collect_routing, replay_routing;
   int threads = 0, ctx = 0;
   bool no_prefix_reuse = false;
   EngineCliArgs engine;
@@ -147,6 +148,18 @@ int run(Args& a) {
                       "'s multi-head latent attention (MLA) batches sequences on the CPU path only; "
                       "drop --gpu or --parallel");
   mo.max_sequences = std::max(mo.max_sequences, a.server.parallel);
+  // The log (cheap) before the weights (slow): a bad log is reported at once.
+  std::shared_ptr<const RoutingReplay> replay;
+  if (!a.replay_routing.empty()) {
+    if (a.engine.cache_aware)
+      throw ConfigError("--replay-routing and --cache-aware exclude each other (the replay fixes the experts)");
+    if (mo.gpu && a.server.parallel > 1)
+      throw ConfigError("--replay-routing with --gpu and --parallel " + std::to_string(a.server.parallel) +
+                        ": batched sequences replay their routing on the CPU pass only; drop --gpu or --parallel");
+    replay = std::make_shared<const RoutingReplay>(RoutingReplay::load(a.replay_routing, cfg));
+    std::fprintf(stderr, "moestream-server: routing: %s; request i replays log request i mod %zu (or its "
+                 "replay_request); prefix reuse off\n", replay->describe().c_str(), replay->n_requests());
+  }
   if (a.server.parallel > mo.max_batch)
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " exceeds the " +
                       std::to_string(mo.max_batch) + " tokens of one step");
@@ -157,6 +170,7 @@ int run(Args& a) {
   if (opts.model_id.empty()) opts.model_id = "moestream";
   opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
   opts.prefix_reuse = !a.no_prefix_reuse;
+  opts.replay = replay;
   std::optional<ServerRoutingLog> routing;
   if (!a.collect_routing.empty()) {
     routing.emplace(a.collect_routing, dir, *model);
@@ -230,6 +244,11 @@ int main(int argc, char** argv) {
   app.add_option("--collect-routing", a.collect_routing,
                  "append every request's routing to this routing log (infer's format), one request id per "
                  "request (timings.routing_request_id), concurrent requests apart with --parallel");
+  app.add_option("--replay-routing", a.replay_routing,
+                 "routing log (infer --collect-routing) or a directory of them: each request replays one of "
+                 "its requests on its own sequence instead of the router (request i takes log request i mod n, "
+                 "or the body's replay_request), e.g. a trained model's traffic over a synthetic one; "
+                 "turns prefix reuse off");
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
   return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }

@@ -21,9 +21,17 @@ stream its own prompt (text for a model with a tokenizer, --prompt-ids random to
 Optionally the same streams against llama-server --parallel N on a GGUF of the same model
 (--llama-server, --llama-model): aggregate tok/s and ITL (it has no expert counters).
 
+--replay-routing LOG|DIR (issue 22): the server replays a routing log (infer --collect-routing;
+a directory of them) per request, so a synthetic model of a real shape carries a trained model's
+routing: stream i of the measured round replays log request i, of the warm-up round log request
+N + i (the log needs 2 x the most streams requests; e.g. infer --perplexity --ctx 128 --stride 128
+writes one request per window).
+
   python3 bench/server/bench_streams.py --model models/demo --max-tokens 16 --rounds 3
   python3 bench/server/bench_streams.py --model /var/tmp/olmoe-l2 --prompt-ids 4 \\
       --server-args "-t 2 --io-direct --host-cache-mb 128" --max-tokens 8 --rounds 2
+  python3 bench/server/bench_streams.py --model /var/tmp/qwen3-l2 --prompt-ids 4 \\
+      --replay-routing /var/tmp/demo_req128.bin --server-args "-t 2 --io-direct" --max-tokens 8
 """
 import argparse
 import json
@@ -174,12 +182,14 @@ def prompts_for(model, n, prompt_ids, seed):
     return [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] + ("" if i < len(TEXT_PROMPTS) else f" ({i})") for i in range(n)]
 
 
-def one_stream(url, prompt, max_tokens, out, i, start, llama):
+def one_stream(url, prompt, max_tokens, out, i, start, llama, replay=None):
     import requests
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     if llama:
         body["n_predict"] = max_tokens
+    if replay is not None:
+        body["replay_request"] = replay
     start.wait()
     t0 = time.monotonic()
     lines = []
@@ -197,15 +207,17 @@ def metrics(url):
     return parse_prometheus(requests.get(url + "/metrics", timeout=30).text)
 
 
-def run_round(url, prompts, max_tokens, llama=False):
-    """All prompts streamed at once; returns (stream_stats list, metrics before, after, max running)."""
+def run_round(url, prompts, max_tokens, llama=False, replay_base=None):
+    """All prompts streamed at once (stream i replaying log request replay_base + i when given);
+    returns (stream_stats list, metrics before, after, max running)."""
     m0 = {} if llama else metrics(url)
     out, errors, start = [None] * len(prompts), [], threading.Event()
     done, max_running = threading.Event(), [0]
 
     def guarded(i):
         try:
-            one_stream(url, prompts[i], max_tokens, out, i, start, llama)
+            one_stream(url, prompts[i], max_tokens, out, i, start, llama,
+                       None if replay_base is None else replay_base + i)
         except Exception as e:  # noqa: BLE001 (reported after the join)
             errors.append(e)
 
@@ -270,12 +282,15 @@ def cell(a, n, rnd, llama=False):
     if llama:
         s = LlamaServer(a.llama_server, a.llama_model, n, a.ctx, a.llama_args.split())
     else:
-        s = Server(a.exe, a.model, a.server_args.split() + ["--parallel", str(n), "--queue-size", str(n),
-                                                            "--ctx", str(a.ctx)])
+        replay = ["--replay-routing", a.replay_routing] if a.replay_routing else []
+        s = Server(a.exe, a.model, a.server_args.split() + replay + ["--parallel", str(n), "--queue-size", str(n),
+                                                                     "--ctx", str(a.ctx)])
+    replaying = a.replay_routing and not llama
     try:
         if a.warmup_tokens:
-            run_round(s.url, prompts_for(a.model, n, a.prompt_ids, seed=-1000 * rnd - n), a.warmup_tokens, llama)
-        streams, m0, m1, running = run_round(s.url, prompts, a.max_tokens, llama)
+            run_round(s.url, prompts_for(a.model, n, a.prompt_ids, seed=-1000 * rnd - n), a.warmup_tokens, llama,
+                      n if replaying else None)
+        streams, m0, m1, running = run_round(s.url, prompts, a.max_tokens, llama, 0 if replaying else None)
     finally:
         s.stop()
     return aggregate(streams, m0, m1, running)
@@ -312,6 +327,8 @@ def main():
     ap.add_argument("--llama-server", default="", help="llama-server binary: adds its --parallel N column")
     ap.add_argument("--llama-model", default="", help="GGUF of the same model for llama-server")
     ap.add_argument("--llama-args", default="", help="extra llama-server options, e.g. '-t 2 --no-mmap'")
+    ap.add_argument("--replay-routing", default="",
+                    help="routing log or directory the server replays per request (stream i: log request i)")
     ap.add_argument("--json", help="write every round's rows and the medians here")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
@@ -332,7 +349,8 @@ def main():
 
 
 def report(a, per, engines, streams, rounds_done):
-    print(f"## moestream-server, concurrent streams ({a.model}; server args '{a.server_args}'; "
+    replay = f"; replaying {a.replay_routing}" if a.replay_routing else ""
+    print(f"## moestream-server, concurrent streams ({a.model}; server args '{a.server_args}'{replay}; "
           f"{a.max_tokens} tokens per stream, warm-up {a.warmup_tokens}; medians of {rounds_done} interleaved "
           f"round{'s' if rounds_done > 1 else ''})\n")
     result = {}

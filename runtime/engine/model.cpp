@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "common/checked.h"
@@ -33,6 +34,8 @@ struct Model::Impl {
   SequenceSlots slots;                // forward_batch's sequences
   SlidingKvHorizon horizon;           // how far forward()'s sequence may rewind (sliding rings)
   std::vector<BatchEntry> batch_entries;
+  std::vector<RoutingOverrideFn> sequence_routing;  // by sequence (set_sequence_routing)
+  RoutingOverrideFn solo_routing;                   // forward()'s sequence (-1)
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
        const std::filesystem::path& dense_path)
@@ -126,7 +129,28 @@ void Model::truncate(int n_tokens) {
   impl_->n_past = n_tokens;  // later forward() calls overwrite the KV rows past n_tokens
 }
 void Model::set_routing_callback(RoutingCallback cb) { impl_->routing.on_routing = std::move(cb); }
-void Model::set_routing_override(RoutingOverrideFn fn) { impl_->routing.override = std::move(fn); }
+void Model::set_routing_override(RoutingOverrideFn fn) {
+  if (fn && impl_->solo_routing)
+    throw ConfigError("set_routing_override: forward()'s sequence replays its own routing "
+                      "(set_sequence_routing(-1)); clear that first");
+  impl_->routing.override = std::move(fn);
+}
+void Model::set_sequence_routing(int sequence, RoutingOverrideFn fn) {
+  Impl& m = *impl_;
+  if (sequence == -1) {
+    if (fn && m.routing.override)
+      throw ConfigError("set_sequence_routing(-1): the model-wide routing override (set_routing_override) "
+                        "is set; clear it first");
+    m.solo_routing = std::move(fn);
+    return;
+  }
+  (void)m.slots.n_past(sequence);  // ConfigError naming the sequence when it is not live
+  if (fn && m.gpu)
+    throw ConfigError("set_sequence_routing: replayed routing of batched sequences runs on the CPU pass "
+                      "(not --gpu)");
+  if (m.sequence_routing.size() <= size_t(sequence)) m.sequence_routing.resize(size_t(sequence) + 1);
+  m.sequence_routing[size_t(sequence)] = std::move(fn);
+}
 bool Model::routing_overridden() const { return bool(impl_->routing.override); }
 const ForwardTimes& Model::times() const { return impl_->times; }
 void Model::reset_times() { impl_->times = {}; }
@@ -165,6 +189,12 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
                       std::to_string(tokens.size()) + " tokens exceed the context of " +
                       std::to_string(m.opts.max_context) + " (raise --ctx)");
   const bool prefill = m.n_past == 0;
+  // A replay of this sequence's own (set_sequence_routing(-1)): its clock is the position.
+  std::optional<RoutingControl> solo;
+  if (m.solo_routing) {
+    solo.emplace(m.routing);
+    solo->override = m.solo_routing;
+  }
   for (size_t i = 0; i < tokens.size(); i += size_t(m.opts.max_batch)) {
     const int T = int(std::min(tokens.size() - i, size_t(m.opts.max_batch)));
     const bool last = i + size_t(T) == tokens.size();
@@ -175,8 +205,8 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     c.logits = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
     c.all_logits = all_logits;
     c.prefill = prefill;
-    c.ordinal = m.tokens_routed;
-    m.pass->forward_chunk(c, m.routing, m.times, m.cache_aware_stats);
+    c.ordinal = solo ? uint64_t(m.n_past) : m.tokens_routed;
+    m.pass->forward_chunk(c, solo ? *solo : m.routing, m.times, m.cache_aware_stats);
     m.tokens_routed += uint64_t(T);
     m.horizon.wrote(m.n_past, T);
     m.n_past += T;
@@ -186,16 +216,28 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
 int Model::max_sequences() const { return impl_->slots.max_sequences(); }
 int Model::max_batch() const { return impl_->opts.max_batch; }
 int Model::create_sequence() { return impl_->slots.create(); }
-void Model::free_sequence(int sequence) { impl_->slots.free(sequence); }
+void Model::free_sequence(int sequence) {
+  impl_->slots.free(sequence);
+  if (size_t(sequence) < impl_->sequence_routing.size()) impl_->sequence_routing[size_t(sequence)] = {};
+}
 int Model::sequence_n_past(int sequence) const { return impl_->slots.n_past(sequence); }
 void Model::truncate_sequence(int sequence, int n_tokens) { impl_->slots.truncate(sequence, n_tokens); }
 
 void Model::forward_batch(std::span<const SequenceInput> batch) {
   Impl& m = *impl_;
   if (m.routing.override)
-    throw ConfigError("forward_batch: a routing override (replay) runs one sequence at a time; "
-                      "clear it or use forward()");
+    throw ConfigError("forward_batch: the model-wide routing override (set_routing_override) has one "
+                      "clock for one sequence; replay per sequence with set_sequence_routing");
   const ForwardBatch b = m.slots.plan(batch, m.batch_entries);
+  for (BatchEntry& e : m.batch_entries) {  // each sequence's replay, on its own clock (the position)
+    const size_t s = size_t(e.slot);
+    e.override = s < m.sequence_routing.size() && m.sequence_routing[s] ? &m.sequence_routing[s] : nullptr;
+    if (e.override == nullptr) continue;
+    e.chunk.ordinal = uint64_t(e.chunk.n_past);
+    if (m.routing.cache_aware.enabled)
+      throw ConfigError("forward_batch: sequence " + std::to_string(e.slot) + " replays its routing, which "
+                        "excludes cache-aware routing (the replay fixes the experts)");
+  }
   m.pass->forward_batch(b, m.routing, m.times, m.cache_aware_stats);
   m.tokens_routed += uint64_t(b.n_tokens());
   m.slots.advance(batch);

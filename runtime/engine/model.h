@@ -84,15 +84,24 @@ class Model {
   // RoutingReplay; cache-aware substitution is skipped while it is set. Both backends.
   void set_routing_override(RoutingOverrideFn fn);
   bool routing_overridden() const;
+  // Routing replayed per sequence (concurrent requests, each its own traffic): `fn` chooses the
+  // experts of `sequence`'s tokens (a live id of create_sequence, or -1 for forward()'s own
+  // sequence) instead of the router, called with ordinal = the position of the chunk's first
+  // token in that sequence, not set_routing_override's model-wide clock. An empty fn gives the
+  // router back; free_sequence clears it. ConfigError for a sequence not live, for -1 while
+  // set_routing_override is set, and for a batch sequence on the GPU pass (its batches take the
+  // router's choice). forward_batch refuses it beside cache-aware routing.
+  void set_sequence_routing(int sequence, RoutingOverrideFn fn);
 
   // Batches of sequences (continuous batching; the CPU pass and the GPU's). Sequences
   // are separate from forward()'s, each with its own KV slot and position. forward_batch runs one
   // step: every entry's tokens (a decode token, or a prefill chunk) at its sequence's position,
   // all in one pass whose tokens sum to at most max_batch; each layer fetches the union of the
   // experts its tokens select once. Each sequence's logits equal those of the same chunks run
-  // alone through forward() (bitwise on the CPU; on the GPU within a stated tolerance, gpu_forward.h).
-  // ConfigError on an unknown or repeated sequence, empty input, a full context, or a routing
-  // override (replays are per sequence).
+  // alone through forward() (bitwise on the CPU; on the GPU within a stated tolerance, gpu_forward.h),
+  // with a sequence's replayed routing (set_sequence_routing) too. ConfigError on an unknown or
+  // repeated sequence, empty input, a full context, or set_routing_override's model-wide replay
+  // (replays in batches are per sequence).
   int max_sequences() const;
   int max_batch() const;  // tokens per forward_batch step (ModelOptions::max_batch, <= context)
   int create_sequence();            // a free slot, reused after free_sequence()

@@ -64,7 +64,16 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
     k.rowwise() += w.bk.transpose();
     v.rowwise() += w.bv.transpose();
   }
+  attend(pool, layer, w, T, n_past, cos, sin);
+  RowMap om(out, T, D_);
+  linear(pool, ConstRowMap(attn_.data(), T, H_ * hd_), w.wo, om);
+  if (w.bo.size() > 0) om.rowwise() += w.bo.transpose();
+}
 
+void Attention::attend(ThreadPool& pool, int layer, const LayerWeights& w, int T, int n_past,
+                       const float* cos, const float* sin) {
+  MOE_ASSERT(T > 0 && T <= max_batch_ && n_past + T <= max_ctx_);
+  RowMap q(q_.data(), T, H_ * hd_), k(k_.data(), T, KV_ * hd_), v(v_.data(), T, KV_ * hd_);
   const int half = rot_half_;  // the cos/sin tables' stride; dims past 2*half pass unrotated
   const int cap = capacity_[size_t(layer)];
   float* kc = k_cache_[static_cast<size_t>(layer)].get();
@@ -128,9 +137,6 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
       if (run < len) o.noalias() += s.tail(len - run) * V.topRows(len - run);
     }
   });
-  RowMap om(out, T, D_);
-  linear(pool, ConstRowMap(attn_.data(), T, H_ * hd_), w.wo, om);
-  if (w.bo.size() > 0) om.rowwise() += w.bo.transpose();
 }
 
 }  // namespace moestream

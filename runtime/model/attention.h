@@ -22,6 +22,17 @@ class Attention {
   void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
                int n_past, const float* cos, const float* sin, float* out);
 
+  // Batches (runtime/model/cpu_batch.h) run the projections over every sequence's rows at once:
+  // the caller writes this sequence's T projected rows (biases added) to q_rows() [T, H*hd],
+  // k_rows() and v_rows() [T, KV*hd], then attend() runs the rest of forward() (QK-norm, RoPE, the
+  // cache append, attention) into attn_rows() [T, H*hd], ready for the output projection.
+  float* q_rows() { return q_.data(); }
+  float* k_rows() { return k_.data(); }
+  float* v_rows() { return v_.data(); }
+  const float* attn_rows() const { return attn_.data(); }
+  void attend(ThreadPool& pool, int layer, const LayerWeights& w, int T, int n_past, const float* cos,
+              const float* sin);
+
   int max_context() const { return max_ctx_; }
   size_t cache_bytes() const;
 

@@ -1,11 +1,14 @@
 // The CPU pass over a batch of sequences (continuous batching): one step carries the tokens of
-// several sequences at their own positions, each with its own KV cache (a slot). Per layer:
-// attention per sequence against its slot, then every token routed and the union of the selected
-// experts fetched once (MoeLayer over all rows) and run over all of their tokens.
-// Each sequence's numbers equal those of its run alone through CpuForward::forward_chunk with the
-// same chunks: every dense product (projections, router, shared expert, dense MLP, lm_head) runs
-// per sequence (a product's summation order depends on its row count), and the MoE layer computes
-// each (expert, token) pair and each token's weighted sum on its own.
+// several sequences at their own positions, each with its own KV cache (a slot). Per layer: the
+// dense products once over all of the step's rows (attention projections, router, shared
+// expert, dense MLP; lm_head over the rows that want logits), attention per sequence against its
+// slot, then every token routed and the union of the selected experts fetched once (MoeLayer over
+// all rows) and run over all of their tokens.
+// Each sequence's numbers equal, bitwise, those of its run alone through CpuForward::forward_chunk
+// with the same chunks, by construction: linear_ranges gives each sequence's rows the product its
+// run alone computes (dense_ops.h), a sequence's attention runs on its own rows at the start of
+// its slot's scratch, and the MoE layer computes each (expert, token) pair and each token's
+// weighted sum on its own. MLA (DeepSeek-V2/V3) keeps its products per sequence.
 #pragma once
 
 #include <memory>
@@ -47,7 +50,9 @@ class CpuBatchPass {
     std::unique_ptr<MlaAttention> mla;
   };
   Slot& slot(int s);
-  void dense_mlp(const LayerWeights& lw, int T);  // in_ -> out_
+  void dense_mlp(const LayerWeights& lw, int T);  // h_ -> tmp_
+  void attention(const ForwardBatch& b, const LayerWeights& lw, int l, int T);  // h_ -> tmp_
+  void mla_attention(const ForwardBatch& b, const LayerWeights& lw, int l);     // h_ -> tmp_
 
   const ModelConfig& cfg_;
   const DenseWeights& w_;
@@ -58,12 +63,17 @@ class CpuBatchPass {
   std::vector<Slot> slots_;  // by slot id; empty until first used
   PhaseTimes moe_times_;
   RowMatrix x_, h_, tmp_;          // [max_batch, D]
-  // [max_batch, D]: one sequence's rows at an aligned start, in and out of its dense products,
-  // where its run alone has them (Eigen's reductions peel by alignment; the bits follow).
+  // MLA: [max_batch, D]: one sequence's rows at an aligned start, in and out of its products,
+  // where its run alone has them.
   RowMatrix in_, out_;
-  RowMatrix mlp_act_, mlp_up_;     // [max_batch, intermediate_size]: dense-MLP layers
+  RowMatrix q_, k_, v_, attn_;     // [max_batch, H*hd] / [max_batch, KV*hd]: the step's projections
+  RowMatrix logits_;               // [rows, vocab]: lm_head of a step, grown to the most rows asked
+  std::vector<int> logit_splits_;  // its row boundaries per sequence that wants logits
+  RowMatrix mlp_act_, mlp_up_, mlp_scratch_;  // [max_batch, intermediate_size]: dense-MLP layers
   std::vector<float> cos_, sin_;   // [max_batch, half_dim]
   std::vector<int> splits_;        // row boundaries of the entries (MoeRouting::row_splits)
+  std::vector<const RoutingOverrideFn*> overrides_;  // per entry (MoeRouting::range_overrides)
+  std::vector<uint64_t> ordinals_;                   // per entry: its first token's position
 };
 
 }  // namespace moestream

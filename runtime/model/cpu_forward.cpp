@@ -77,7 +77,7 @@ struct CpuForward::Impl {
     RowMap act(mlp_act.data(), T, I), up(mlp_up.data(), T, I);
     linear(pool, hm, lw.mlp_gate, act);
     linear(pool, hm, lw.mlp_up, up);
-    act.array() = act.array() / (1.0f + (-act.array()).exp()) * up.array();
+    swiglu(act, up.data());
     linear(pool, ConstRowMap(act.data(), T, I), lw.mlp_down, RowMap(tmp.data(), T, D));
   }
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/error.h"
 #include "kernels/cpu/ggml_quant.h"
@@ -52,9 +53,70 @@ void linear_f32(ThreadPool& pool, const ConstRowMap& x, const M& w, RowMap& y) {
     });
   }
 }
+// linear_f32 per range of `splits`, each slice of W applied to every range while it is in cache:
+// a one-row range through the gemv linear_f32 runs for one row, a longer one through its gemm.
+template <class M>
+void linear_f32_ranges(ThreadPool& pool, const ConstRowMap& x, const M& w, RowMap& y, std::span<const int> splits) {
+  MOE_ASSERT(x.cols() == w.cols() && y.cols() == w.rows() && y.rows() == x.rows());
+  MOE_ASSERT(splits.size() >= 2 && splits.front() == 0 && splits.back() == x.rows(), "bad batch row splits");
+  const Eigen::Index out = w.rows();
+  const size_t n_slices = static_cast<size_t>((out + kLinearSlice - 1) / kLinearSlice);
+  pool.parallel_for(n_slices, [&](size_t s) {
+    const Eigen::Index r0 = static_cast<Eigen::Index>(s) * kLinearSlice;
+    const Eigen::Index n = std::min(kLinearSlice, out - r0);
+    const auto ws = w.middleRows(r0, n);
+    for (size_t i = 0; i + 1 < splits.size(); ++i) {
+      const Eigen::Index t0 = splits[i], rows = splits[i + 1] - t0;
+      MOE_ASSERT(rows > 0, "empty batch row range");
+      if (rows == 1)
+        y.row(t0).segment(r0, n).transpose().noalias() = ws * x.row(t0).transpose();
+      else
+        y.block(t0, r0, rows, n).noalias() = x.middleRows(t0, rows) * ws.transpose();
+    }
+  });
+}
 }  // namespace
 
 void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y) { linear_f32(pool, x, w, y); }
+
+void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y,
+                   std::span<const int> splits) {
+  if (splits.size() <= 2) return linear_f32(pool, x, w, y);
+  linear_f32_ranges(pool, x, w, y, splits);
+}
+
+void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y,
+                   std::span<const int> splits) {
+  // A stored type: linear() over all rows already is row by row (ggml_matmul equals ggml_matvec,
+  // which is quant_matvec for these types, input by input).
+  if (splits.size() <= 2 || w.type != QuantType::kF32) return linear(pool, x, w, y);
+  const ConstRowMap m(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols));
+  linear_f32_ranges(pool, x, m, y, splits);
+}
+
+void swiglu(RowMap gate, const float* up) {
+  const ConstRowMap u(up, gate.rows(), gate.cols());
+  gate.array() = gate.array() / (1.0f + (-gate.array()).exp()) * u.array();
+}
+
+void swiglu_ranges(RowMap gate, const float* up, std::span<const int> splits, RowMatrix& scratch) {
+  if (splits.size() <= 2) return swiglu(gate, up);
+  const Eigen::Index cols = gate.cols();
+  for (size_t i = 0; i + 1 < splits.size(); ++i) {
+    const Eigen::Index r0 = splits[i], n = splits[i + 1] - r0;
+    float* g = gate.row(r0).data();
+    const float* u = up + size_t(r0) * size_t(cols);  // loads give the same values anywhere
+    if (reinterpret_cast<uintptr_t>(g) % EIGEN_DEFAULT_ALIGN_BYTES == 0) {
+      swiglu(RowMap(g, n, cols), u);
+      continue;
+    }
+    MOE_ASSERT(scratch.rows() >= n && scratch.cols() >= cols, "swiglu scratch too small");
+    RowMap s(scratch.data(), n, cols);  // a matrix's storage starts aligned, as the run alone's
+    s = RowMap(g, n, cols);
+    swiglu(s, u);
+    RowMap(g, n, cols) = s;
+  }
+}
 
 void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y) {
   MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(y.cols()) == w.rows && y.rows() == x.rows());

@@ -3,6 +3,8 @@
 // other stored type).
 #pragma once
 
+#include <span>
+
 #include "runtime/model/dense_weights.h"
 #include "common/thread_pool.h"
 
@@ -24,5 +26,26 @@ void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y
 // type's kernel needs (int8 blocks for the quantised types; bf16/f16 multiply float x as is).
 // Allocates nothing once the pool's threads ran ggml_reserve_scratch for x's width and rows.
 void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y);
+
+// Batches of sequences (runtime/model/cpu_batch.h): the same over the rows of several sequences
+// at once, `splits` their row boundaries (0 first, x.rows() last), each range's rows getting the
+// bits linear() gives that range alone, while W is read once for all of them. A stored type's
+// kernel computes each input row on its own (ggml_matmul equals ggml_matvec input by input), so
+// one call covers every row. Eigen's f32 product sums a single row (gemv) and several (gemm)
+// differently, so each slice of W is applied to every range in turn as linear() would apply it
+// to that range, while the slice is in cache. Empty splits: one range.
+void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y,
+                   std::span<const int> splits);
+void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y,
+                   std::span<const int> splits);
+
+// SwiGLU's activation in place: gate = silu(gate) * up over a block of rows (`up` alike,
+// contiguous), as one Eigen expression (a vectorised exp from the block's first aligned element
+// on, scalar ones around).
+void swiglu(RowMap gate, const float* up);
+// Batches: the same per range of `splits`, each range evaluated from an aligned start as its
+// sequence alone evaluates it (which elements take the vectorised exp follows the address: a
+// range that does not start aligned is computed in `scratch`, at least [rows, cols]).
+void swiglu_ranges(RowMap gate, const float* up, std::span<const int> splits, RowMatrix& scratch);
 
 }  // namespace moestream

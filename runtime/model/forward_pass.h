@@ -57,10 +57,14 @@ struct RoutingControl {
 };
 
 // Batches of sequences (continuous batching): one step carries tokens of several sequences, each
-// at its own position in its own KV slot. `chunk.ordinal` is unused (overrides refuse batches).
+// at its own position in its own KV slot. RoutingControl::override (one clock for the model)
+// refuses batches; a sequence replays its own routing through `override` instead.
 struct BatchEntry {
   int slot = 0;        // the sequence's KV slot, in [0, the pass's slot count)
   ForwardChunk chunk;  // its tokens, position, logits and prefill flag
+  // This sequence's expert choice (Model::set_sequence_routing), null = the router's. Called per
+  // MoE layer with ordinal = chunk.ordinal, which is then the position of its first token.
+  const RoutingOverrideFn* override = nullptr;
 };
 struct ForwardBatch {
   const BatchEntry* entries = nullptr;

@@ -101,12 +101,12 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   act_.resize(Eigen::Index(max_pairs), F_);
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
-  range_x_.resize(max_batch_, D_);
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
     shared_act_.resize(max_batch_, cfg.shared_expert_intermediate_size);
     shared_up_.resize(max_batch_, cfg.shared_expert_intermediate_size);
+    shared_scratch_.resize(max_batch_, cfg.shared_expert_intermediate_size);
     shared_y_.resize(max_batch_, D_);
     shared_logit_.resize(max_batch_, 1);
   }
@@ -121,44 +121,21 @@ static void check_moe_weights(const ModelConfig& cfg, const LayerWeights& w) {
   MOE_ASSERT(!cfg.router_bias || w.router_bias.size() == cfg.n_experts, "router without its bias (gpt-oss)");
 }
 
-void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T) {
+void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T,
+                             std::span<const int> splits) {
   const int Fs = cfg_.shared_expert_intermediate_size;
   MOE_ASSERT(!w.shared_gate.empty() && (!cfg_.shared_expert_gated || w.shared_expert_gate.rows() == 1),
              "shared expert weights missing");
   const ConstRowMap xm(x, T, D_);
   RowMap act(shared_act_.data(), T, Fs), up(shared_up_.data(), T, Fs), y(shared_y_.data(), T, D_);
   RowMap logit(shared_logit_.data(), T, 1);
-  linear(pool, xm, w.shared_gate, act);
-  linear(pool, xm, w.shared_up, up);
-  act.array() = act.array() / (1.0f + (-act.array()).exp()) * up.array();
-  linear(pool, ConstRowMap(act.data(), T, Fs), w.shared_down, y);
+  linear_ranges(pool, xm, w.shared_gate, act, splits);
+  linear_ranges(pool, xm, w.shared_up, up, splits);
+  swiglu_ranges(act, up.data(), splits, shared_scratch_);
+  linear_ranges(pool, ConstRowMap(act.data(), T, Fs), w.shared_down, y, splits);
   if (!cfg_.shared_expert_gated) return;  // GLM-4.5 / DeepSeek-V3: added as is
-  linear(pool, xm, w.shared_expert_gate, logit);
+  linear_ranges(pool, xm, w.shared_expert_gate, logit, splits);
   for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
-}
-
-// Batches: compute(x rows, n) per range of `splits`, writing rows 0..n of dst (dst_cols wide),
-// which then move to the range's rows. So each range's product reads its rows from the start of
-// an aligned buffer and writes the first rows, as its sequence alone does (Eigen's reductions
-// peel by alignment: the bits depend on where the rows start). Ranges run last first: a range's
-// rows 0..n never cover a later range's placed rows. No splits: one call over all T rows.
-template <class Compute>
-void MoeLayer::per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
-                         Compute&& compute) {
-  if (splits.empty()) return compute(x, T);
-  MOE_ASSERT(splits.size() >= 2 && splits.front() == 0 && splits.back() == T, "bad batch row splits");
-  for (size_t i = splits.size() - 1; i-- > 0;) {
-    const int r0 = splits[i], n = splits[i + 1] - r0;
-    MOE_ASSERT(n > 0, "empty batch row range");
-    if (r0 == 0) {
-      compute(x, n);
-      continue;
-    }
-    std::copy(x + size_t(r0) * D_, x + size_t(r0 + n) * D_, range_x_.data());
-    compute(range_x_.data(), n);
-    const size_t w = size_t(dst_cols);
-    std::copy_backward(dst, dst + size_t(n) * w, dst + size_t(r0 + n) * w);
-  }
 }
 
 // The look-ahead's rule, as the GPU's (gpu_forward.cpp): layer L+1's router on layer L's normalised
@@ -209,9 +186,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   check_moe_weights(cfg_, w);
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
-  per_range(routing.row_splits, x, T, logits_.data(), E_, [&](const float* xr, int n) {
-    linear(pool, ConstRowMap(xr, n, D_), w.router, RowMap(logits_.data(), n, E_));
-  });
+  linear_ranges(pool, ConstRowMap(x, T, D_), w.router, logits, routing.row_splits);
   if (cfg_.router_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
   // The sigmoid router's correction bias: selection only (routing.h).
   const float* selection_bias = router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
@@ -224,9 +199,20 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     else
       route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
-  if (routing.override && *routing.override)
+  if (routing.override && *routing.override) {
     (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
-  else if (routing.cache_aware.enabled)
+  } else if (!routing.range_overrides.empty()) {  // each sequence of a batch its own replay
+    MOE_ASSERT(routing.range_overrides.size() + 1 == routing.row_splits.size() &&
+                   routing.range_ordinals.size() == routing.range_overrides.size() && !routing.cache_aware.enabled,
+               "per-sequence overrides need one per row range, and no cache-aware routing");
+    for (size_t i = 0; i < routing.range_overrides.size(); ++i) {
+      const RoutingOverrideFn* o = routing.range_overrides[i];
+      if (o == nullptr || !*o) continue;
+      const size_t r0 = size_t(routing.row_splits[i]);
+      (*o)(layer, routing.range_ordinals[i], routing.row_splits[i + 1] - int(r0), ids_.data() + r0 * K_,
+           weights_.data() + r0 * K_);
+    }
+  } else if (routing.cache_aware.enabled)
     apply_cache_aware(layer, w, logits, T, routing);
   for (int t = 0; t < T; ++t) {
     const int* ids = ids_.data() + size_t(t) * K_;
@@ -267,8 +253,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // are in flight.
     if (c0 == 0 && cfg_.has_shared_expert()) {
       const auto ts = std::chrono::steady_clock::now();
-      per_range(routing.row_splits, x, T, shared_y_.data(), D_,
-                [&](const float* xr, int n) { shared_expert(pool, w, xr, n); });
+      shared_expert(pool, w, x, T, routing.row_splits);
       times.expert_compute_s += seconds_since(ts);
     }
     payloads_.assign(n, ExpertMatrices{});

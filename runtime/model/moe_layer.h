@@ -40,9 +40,14 @@ struct MoeRouting {
   CacheAwareOptions cache_aware;     // without an override: substitute resident experts
   CacheAwareStats* stats = nullptr;  // cache-aware counters are added here (enabled: required)
   // Batches (runtime/model/cpu_batch.h): row boundaries of the sequences, 0 first and T last;
-  // the dense products (router, shared expert) run per range so each sequence gets the numbers
-  // of its run alone. Empty: one range. Experts are fetched once for all rows either way.
+  // the dense products (router, shared expert) run once over all rows through linear_ranges, so
+  // each sequence gets the numbers of its run alone. Empty: one range. Experts are fetched once
+  // for all rows either way.
   std::span<const int> row_splits;
+  // Batches: per range of row_splits, that sequence's override (null: the router's choice) and
+  // the ordinal it is called with. Empty: none. Excludes `override` and cache_aware.
+  std::span<const RoutingOverrideFn* const> range_overrides{};
+  std::span<const uint64_t> range_ordinals{};
   // Look-ahead (issue 19, CPU --moe-lookahead), decode chunks of one token only: while this
   // layer's experts load and compute, the next MoE layer's router (lookahead_next, MoE layer
   // lookahead_layer) ranks its experts on this layer's input, and the `lookahead` best are
@@ -90,15 +95,11 @@ class MoeLayer {
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
   // The shared expert: down(silu(gate x) * up x) into shared_y_, times sigmoid(shared_expert_gate . x)
   // when gated.
-  void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T);
+  void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T, std::span<const int> splits);
   RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
+  RowMatrix shared_scratch_;          // [max_batch, Fs]: swiglu_ranges of a batch
   RowMatrix shared_y_;                // [max_batch, D]
   RowMatrix shared_logit_;            // [max_batch, 1]
-  // Batches: a product per row range (MoeRouting::row_splits), see moe_layer.cpp.
-  template <class Compute>
-  void per_range(std::span<const int> splits, const float* x, int T, float* dst, int dst_cols,
-                 Compute&& compute);
-  RowMatrix range_x_;  // [max_batch, D]: a later range's rows, copied to an aligned start
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;

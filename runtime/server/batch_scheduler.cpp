@@ -162,6 +162,7 @@ void BatchScheduler::start(std::shared_ptr<Job> job) {
     a->fed = lcp;
     a->r.prompt_tokens_reused = int(lcp);
     if (on_start_) a->r.routing_request_id = on_start_(seqs_[size_t(slot)], int(prompt.size()));
+    if (replays_) a->r.replay_request = replays_->install(model_, seqs_[size_t(slot)], job->params());
     active_[size_t(slot)] = std::move(a);
   } catch (const std::exception& e) {
     cached_[size_t(slot)].clear();

@@ -20,6 +20,7 @@
 
 #include "runtime/engine/model.h"
 #include "runtime/server/job_runner.h"
+#include "runtime/server/request_replay.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -49,6 +50,9 @@ class BatchScheduler final : public JobRunner {
   // --collect-routing: (the model sequence, prompt length) -> the request's routing log id,
   // called on the worker thread as a request takes its slot. Set before the first submit().
   void set_request_start_hook(std::function<uint64_t(int, int)> hook) { on_start_ = std::move(hook); }
+  // --replay-routing: every request replays a log request on its slot's sequence (null = none).
+  // Set before the first submit().
+  void set_replays(RequestReplays* replays) { replays_ = replays; }
 
  private:
   struct Active;  // one running request (batch_scheduler.cpp)
@@ -75,6 +79,7 @@ class BatchScheduler final : public JobRunner {
   int n_active_ = 0;                       // slots in use, under mu_
   bool stopping_ = false;
   std::function<uint64_t(int, int)> on_start_;
+  RequestReplays* replays_ = nullptr;
   std::thread worker_;  // last: starts once the rest is built
 };
 

@@ -151,6 +151,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     if (so.contains("include_usage")) r.include_usage = boolean(so["include_usage"], "stream_options.include_usage");
   }
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) r.ignore_eos = boolean(j["ignore_eos"], "ignore_eos");
+  if (j.contains("replay_request") && !j["replay_request"].is_null())
+    r.replay_request = integer(j["replay_request"], "replay_request", 0, INT64_MAX);
   if (j.contains("stop") && !j["stop"].is_null()) {
     const OJ& s = j["stop"];
     if (s.is_string()) {

@@ -35,6 +35,7 @@ struct CompletionRequest {
   bool include_usage = false;            // stream_options.include_usage
   bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
   std::vector<std::string> stop;
+  std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (--replay-routing)
 };
 
 // Deepest nesting of arrays and objects a request body may have, in any field (ignored ones

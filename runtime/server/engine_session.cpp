@@ -52,6 +52,9 @@ void EngineSession::run(Job& job) {
     Sampler sampler(p.sampler);
     const CacheAwareStats ca0 = model_.cache_aware_stats();
     if (on_start_) r.routing_request_id = on_start_(-1, int(p.prompt.size()));
+    // A replay is kept after the request (the next one replaces it): the KV cache the next
+    // prompt may reuse was computed with it.
+    if (replays_) r.replay_request = replays_->install(model_, -1, p);
     auto t0 = std::chrono::steady_clock::now();
     try {
       r.prompt_tokens_reused = prefill(p.prompt);

@@ -9,6 +9,7 @@
 
 #include "runtime/engine/model.h"
 #include "runtime/server/job.h"
+#include "runtime/server/request_replay.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -27,6 +28,8 @@ class EngineSession {
   void run(Job& job);
   // --collect-routing: (sequence -1, prompt length) -> the request's routing log id.
   void set_request_start_hook(std::function<uint64_t(int, int)> hook) { on_start_ = std::move(hook); }
+  // --replay-routing: every request replays a log request on forward()'s sequence (null = none).
+  void set_replays(RequestReplays* replays) { replays_ = replays; }
 
  private:
   // Makes the KV cache hold `prompt` and leaves the last token's logits; returns tokens reused.
@@ -39,6 +42,7 @@ class EngineSession {
   std::vector<int> cached_;   // tokens whose keys and values are in the model's KV cache
   std::vector<float> logits_;
   std::function<uint64_t(int, int)> on_start_;
+  RequestReplays* replays_ = nullptr;
 };
 
 }  // namespace moestream

@@ -70,6 +70,7 @@ struct ApiServer::Impl {
   const Tokenizer* tok;  // null: token ids in and out
   std::optional<ChatPrompt> chat;
   ServerMetrics metrics;
+  std::optional<RequestReplays> replays;  // --replay-routing
   EngineSession session;
   std::unique_ptr<JobRunner> queue;  // JobQueue over session, or a BatchScheduler (--parallel)
   httplib::Server http;
@@ -79,18 +80,28 @@ struct ApiServer::Impl {
   std::atomic<int> open_streams{0};  // SSE responses not yet fully written
 
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
-      : opts(std::move(o)), model(m), tok(t), chat(std::move(c)),
+      : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
         eos_ids(stop_ids(m, t)) {
+    if (opts.replay) replays.emplace(opts.replay);
     session.set_request_start_hook(opts.on_request_start);
+    session.set_replays(replays ? &*replays : nullptr);
     if (opts.parallel > 1) {
       auto batch = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
       batch->set_request_start_hook(opts.on_request_start);
+      batch->set_replays(replays ? &*replays : nullptr);
       queue = std::move(batch);
     } else
       queue = std::make_unique<JobQueue>(opts.queue_size, [this](Job& j) { session.run(j); },
                                          [this](const Job&) { metrics.request_cancelled_waiting(); });
     routes();
+  }
+
+  // A cached prefix was computed under the replay of the request that left it: another request
+  // replays other experts, so its output would depend on what ran before it.
+  static ServerOptions no_reuse_with_replay(ServerOptions o) {
+    if (o.replay) o.prefix_reuse = false;
+    return o;
   }
 
   static bool has_body(const httplib::Request& req) {
@@ -261,6 +272,16 @@ struct ApiServer::Impl {
     p.sampler.seed = r.seed ? *r.seed : std::random_device{}();
     if (!r.ignore_eos) p.stop_ids = eos_ids;
     p.stop = r.stop;
+    if (r.replay_request) {
+      if (!replays)
+        throw ApiError(400, "invalid_request_error", "replay_request needs a server started with --replay-routing",
+                       "replay_request");
+      if (uint64_t(*r.replay_request) >= replays->n_requests())
+        throw ApiError(400, "invalid_request_error", "replay_request " + std::to_string(*r.replay_request) +
+                       " is outside the routing log's " + std::to_string(replays->n_requests()) + " requests",
+                       "replay_request");
+      p.replay_request = size_t(*r.replay_request);
+    }
     return p;
   }
 
@@ -275,6 +296,7 @@ struct ApiServer::Impl {
            {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
            {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
     if (r.routing_request_id) t["routing_request_id"] = *r.routing_request_id;
+    if (r.replay_request) t["replay_request"] = *r.replay_request;
     if (r.cache_aware) {
       const CacheAwareStats& c = *r.cache_aware;
       t["cache_aware"] = json{{"substitutions", c.substitutions}, {"misses_before", c.misses_before},

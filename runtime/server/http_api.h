@@ -10,6 +10,7 @@
 
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
+#include "runtime/model/routing_replay.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
@@ -36,6 +37,11 @@ struct ServerOptions {
   // one-at-a-time forward path) with its prompt length; returns the request id its routing is
   // logged under (answered in timings.routing_request_id). Empty = no routing log.
   RequestStartHook on_request_start;
+  // --replay-routing (issue 22): each request replays one request of this routing log on its
+  // own sequence (runtime/server/request_replay.h), in start order or the one its body names
+  // (replay_request); answered in timings.replay_request. Prefix reuse is off with it (a cached
+  // prefix was computed under another request's replay). Null = the router's choice.
+  std::shared_ptr<const RoutingReplay> replay;
 };
 
 class ApiServer {

@@ -21,6 +21,9 @@ struct JobParams {
   SamplerParams sampler;
   std::vector<int> stop_ids;          // sampling one of these ends generation (not shown)
   std::vector<std::string> stop;      // stop strings
+  // --replay-routing: the log request this one replays (the body's replay_request); none = the
+  // next in turn (runtime/server/request_replay.h).
+  std::optional<size_t> replay_request;
 };
 
 struct JobResult {
@@ -33,6 +36,7 @@ struct JobResult {
   // the server runs without --cache-aware.
   std::optional<CacheAwareStats> cache_aware{};
   std::optional<uint64_t> routing_request_id{};  // --collect-routing: this request's id in the log
+  std::optional<uint64_t> replay_request{};      // --replay-routing: the log request it replayed
 };
 
 class Job {

@@ -21,6 +21,35 @@ def _complete(s, prompt, max_tokens=12, stream=False):
     return "".join(e["choices"][0]["text"] for e in sse_events(r) if isinstance(e, dict) and e.get("choices"))
 
 
+def _leave_after_three_events(s, body, left=None):
+    """A long streamed reply whose client hangs up after a few events."""
+    r = s.post("/v1/completions", dict(body, max_tokens=200, stream=True, temperature=0), stream=True)
+    for i, _ in enumerate(r.iter_lines()):
+        if i >= 3:
+            break
+    r.close()
+    if left is not None:
+        left.set()
+
+
+def _together_beside_a_leaver(s, request, leaver_body):
+    """request(i) for every prompt at once, beside a client that leaves mid-stream: the results."""
+    got = [None] * len(PROMPTS)
+    left = threading.Event()
+
+    def one(i):
+        got[i] = request(i)
+
+    threads = [threading.Thread(target=_leave_after_three_events, args=(s, leaver_body, left))]
+    threads += [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert left.is_set()
+    return got
+
+
 def test_concurrent_requests_get_what_each_gets_alone_and_a_leaver_changes_nothing():
     # No prefix reuse: every prompt runs from position 0 in one chunk on both servers (bitwise).
     alone = Server("--parallel", "1", "--no-prefix-reuse")
@@ -31,28 +60,8 @@ def test_concurrent_requests_get_what_each_gets_alone_and_a_leaver_changes_nothi
     assert all(want)
     s = Server("--parallel", "3", "--queue-size", "4", "--no-prefix-reuse")
     try:
-        got = [None] * len(PROMPTS)
-        left = threading.Event()
-
-        def leaver():  # a long streamed reply whose client hangs up after a few events
-            r = s.post("/v1/completions", {"prompt": "Far away", "max_tokens": 200, "stream": True,
-                                           "temperature": 0}, stream=True)
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 3:
-                    break
-            r.close()
-            left.set()
-
-        def one(i):
-            got[i] = _complete(s, PROMPTS[i], stream=i % 2 == 1)
-
-        threads = [threading.Thread(target=leaver)] + [threading.Thread(target=one, args=(i,))
-                                                       for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert left.is_set()
+        got = _together_beside_a_leaver(s, lambda i: _complete(s, PROMPTS[i], stream=i % 2 == 1),
+                                        {"prompt": "Far away"})
         assert got == want
         m = s.metrics()
         assert m["moestream_requests_completed_total"] >= len(PROMPTS)
@@ -134,3 +143,47 @@ def test_routing_log_keeps_concurrent_requests_apart_and_metrics_count_the_batch
         positions = sorted({pos for pos, _ in b})
         assert len(b) == len(positions) * n_layers and positions == list(range(len(positions)))
         assert {ph for ph, _ in b.values()} == {moestream.PHASE_PREFILL, moestream.PHASE_DECODE}
+
+
+def _replayed(s, prompt, replay, max_tokens=10):
+    r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                   "ignore_eos": True, "replay_request": replay})
+    assert r.status_code == 200, r.text
+    assert r.json()["timings"]["replay_request"] == replay
+    return r.json()["choices"][0]["text"]
+
+
+def test_replayed_routing_per_request_together_equals_alone(tmp_path):
+    # Issue 22: --replay-routing gives each request its own request of a routing log (here the
+    # demo's own routing of other prompts, so the experts differ from its router's choice);
+    # concurrent replayed requests, beside a client that leaves, get the text each gets alone.
+    log = tmp_path / "routing.bin"
+    rec = Server("--parallel", "1", "--no-prefix-reuse", "--collect-routing", log)
+    try:
+        plain = [_complete(rec, p, max_tokens=10) for p in ("Far away in the mountains", "The library closed at",
+                                                            "Two trains left the station", "The recipe calls for")]
+    finally:
+        rec.stop()
+    assert rec.proc.returncode == 0 and all(plain)
+    alone = Server("--parallel", "1", "--replay-routing", log)
+    try:
+        want = [_replayed(alone, p, (i + 1) % 4) for i, p in enumerate(PROMPTS)]
+        router = Server("--parallel", "1", "--no-prefix-reuse")
+        try:
+            assert want != [_complete(router, p, max_tokens=10) for p in PROMPTS], "the replay changed nothing"
+            r = router.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "replay_request": 0})
+            assert r.status_code == 400 and "--replay-routing" in r.text
+        finally:
+            router.stop()
+        r = alone.post("/v1/completions", {"prompt": "x", "max_tokens": 2, "replay_request": 4})
+        assert r.status_code == 400 and "outside the routing log's 4 requests" in r.text
+    finally:
+        alone.stop()
+    s = Server("--parallel", "3", "--queue-size", "4", "--replay-routing", log)
+    try:
+        got = _together_beside_a_leaver(s, lambda i: _replayed(s, PROMPTS[i], (i + 1) % 4),
+                                        {"prompt": "Far away", "replay_request": 2})
+        assert got == want
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.proc.stderr.read()
