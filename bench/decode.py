@@ -153,8 +153,12 @@ def ensure_clustered(args, model, train_trace, io_json):
     run([os.path.join(args.bin, "infer"), "-m", model, "--replay-routing", train_trace,
          "--prompt-ids", ids, "-n", "1", "--print-ids", "--no-verify", "-t", str(args.threads),
          "--ctx", str(args.cluster_tokens + 8), "--collect-routing", mapped], stdout=subprocess.DEVNULL)
+    # Prices from bench_io's device profile, reads planned by the fixed rule: the decode runs
+    # read without --io-profile, so the layout is planned as they read.
+    prof = json.load(open(io_json))["profile"]
     out = run([os.path.join(args.bin, "cluster_experts"), "--routing", mapped, "--model", model,
-               "--method", "seriation", "--repack", "--json", "--io-profile", io_json],
+               "--method", "seriation", "--repack", "--json",
+               "--op-latency-us", str(prof["op_latency_us"]), "--bandwidth-gbps", str(prof["bandwidth_gbps"])],
               capture_output=True, text=True).stdout
     summary = json.loads(out)
     open(mark, "w").write(json.dumps(summary))

@@ -133,8 +133,10 @@ double batch_read_us(uint64_t n_reads, uint64_t bytes, uint64_t longest_bytes, c
   if (n_reads == 0) return 0;
   const double in_flight = double(std::min<uint64_t>(n_reads, m.depth));
   const double per_op = std::max(m.op_floor_us, m.op_latency_us / in_flight);
-  const double alone = m.op_latency_us + double(longest_bytes) / m.single_bytes_per_us;
-  return std::max({double(n_reads) * per_op, double(bytes) / m.bytes_per_us, alone});
+  // A batch's bytes arrive after one latency, at the device's bandwidth, or at one read's rate
+  // for its longest read, whichever ends last.
+  const double transfer = std::max(double(bytes) / m.bytes_per_us, double(longest_bytes) / m.single_bytes_per_us);
+  return std::max(double(n_reads) * per_op, m.op_latency_us + transfer);
 }
 
 int64_t merge_gap_bytes(std::span<const ByteRange> ranges, const MergeRule& m) {

@@ -74,10 +74,11 @@ struct IoPlan {
 // The run-time merge rule a device profile gives (IoEngineOptions::profile; docs/io_engine.md
 // "Device profiles and the merge rule"). A batch of n reads moving b bytes, the longest s, is
 // modelled as taking
-//   T = max(n * c(n), b / bandwidth, op_latency + s / single_read_bandwidth),
+//   T = max(n * c(n), op_latency + max(b / bandwidth, s / single_read_bandwidth)),
 //   c(n) = max(1 / iops_limit, op_latency / min(n, depth))
-// (reads overlap up to the queue depth but never beat the IOPS limit; bytes never beat the
-// bandwidth; and no read ends before it has moved its own bytes at the rate of one read alone).
+// (reads overlap up to the queue depth but never beat the IOPS limit; the bytes arrive after one
+// latency, never faster than the bandwidth, and no read ends before it has moved its own bytes
+// at the rate of one read alone).
 // Merging two reads across a gap of g bytes saves one op, moves g bytes more and makes one read
 // longer; the planner merges the smallest gaps first (touching neighbours, g = 0, before any
 // other) for as long as that lowers T: while g / bandwidth is below the op it saves and the batch
