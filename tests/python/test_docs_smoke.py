@@ -509,29 +509,28 @@ skipped("scripts/check_chat_templates.py", LLAMA,
 
 # --- scripts ---
 
+def check_or_skip(script, *args, missing):
+    """Runs `script --check ARGS`; skips the test (naming `missing` and the reason) on exit 3."""
+    r = subprocess.run(["bash", script, "--check", *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.stdout.strip(), f"{script} --check printed nothing"
+    if r.returncode == 3:
+        assert r.stdout.startswith("unavailable: ")
+        pytest.skip(f"no {missing} on this machine: {r.stdout.strip()}")
+    assert r.returncode == 0, f"{script} --check exited {r.returncode}: {r.stdout}{r.stderr}"
+
+
 @case("scripts/with_memory_cap.sh")
 def _memory_cap(s):
     """--check; where a cgroup memory controller is writable, a capped `true` too."""
-    r = subprocess.run(["bash", "scripts/with_memory_cap.sh", "--check"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
-    assert r.stdout.strip(), "with_memory_cap.sh --check printed nothing"
-    if r.returncode == 3:
-        assert r.stdout.startswith("unavailable: ")
-        pytest.skip(f"no memory cap on this machine: {r.stdout.strip()}")
-    assert r.returncode == 0, f"with_memory_cap.sh --check exited {r.returncode}: {r.stdout}{r.stderr}"
+    check_or_skip("scripts/with_memory_cap.sh", missing="memory cap")
     s.run(["bash", "scripts/with_memory_cap.sh", 256, "--", "echo", "capped"])
 
 
 @case("scripts/with_io_throttle.sh")
 def _io_throttle(s):
     """--check on the repository's disk; where a cgroup can throttle it, a throttled `echo` too."""
-    r = subprocess.run(["bash", "scripts/with_io_throttle.sh", "--check", ROOT], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
-    assert r.stdout.strip(), "with_io_throttle.sh --check printed nothing"
-    if r.returncode == 3:
-        assert r.stdout.startswith("unavailable: ")
-        pytest.skip(f"no I/O throttle on this machine: {r.stdout.strip()}")
-    assert r.returncode == 0, f"with_io_throttle.sh --check exited {r.returncode}: {r.stdout}{r.stderr}"
+    check_or_skip("scripts/with_io_throttle.sh", ROOT, missing="I/O throttle")
     r = s.run(["bash", "scripts/with_io_throttle.sh", 3000, 250000000, ROOT, "--", "echo", "throttled"], quiet_ok=True)
     assert "throttled" in r.stdout
 
