@@ -115,9 +115,11 @@ void add_profile_options(CLI::App& app, ProfileArgs& a) {
 }
 
 ProfileRun measure_io_profile(const fs::path& path, uint64_t file_bytes, const ProfileArgs& a) {
-  const uint64_t large_bytes = a.large_kb << 10;
-  if (file_bytes < large_bytes * 4)
-    throw ConfigError("the profile needs a file of at least 4 x " + std::to_string(large_bytes) + " bytes");
+  // Large and single reads of at most a quarter of the file (4 KiB multiples), so that a small
+  // --size-mb still gives random offsets; the sizes used are saved under "source".
+  const uint64_t quarter = file_bytes / 4 / 4096 * 4096;
+  if (quarter < a.small_bytes) throw ConfigError("the profile needs a file of at least 16 x 4 KiB");
+  const uint64_t large_bytes = std::min(a.large_kb << 10, quarter);
   const bool uring = io_uring_available();
   std::mt19937_64 rng(11);
   // Latency: one small read at a time; the median of single-read times. Then the same with
@@ -127,7 +129,7 @@ ProfileRun measure_io_profile(const fs::path& path, uint64_t file_bytes, const P
   const double p50 = median_of(lat_us);
   std::printf("profile  latency    QD 1, %llu-byte random O_DIRECT reads: p50 %.1f us (%zu reads)\n",
               static_cast<unsigned long long>(a.small_bytes), p50, lat_us.size());
-  const uint64_t single_bytes = a.single_kb << 10;
+  const uint64_t single_bytes = std::min(a.single_kb << 10, quarter);
   const std::vector<double> single_us = single_reads_us(*qd1, file_bytes, single_bytes, a.seconds, rng);
   const double single_gbps = double(single_bytes) / median_of(single_us) / 1e3;
   std::printf("profile  single     QD 1, %llu-byte random O_DIRECT reads: p50 %.1f us, %.3f GB/s (%zu reads)\n",

@@ -31,7 +31,8 @@ struct ProfileRun {
   nlohmann::json source;  // how it was measured (file, engine, sizes, counts), saved under "source"
 };
 
-// Measures on `path` (at least `file_bytes` long) with O_DIRECT reads at random aligned offsets,
+// Measures on `path` (at least `file_bytes` long; large and single reads are cut to a quarter of
+// it when it is small) with O_DIRECT reads at random aligned offsets,
 // through io_uring when it is available, else a pread pool of queue_depth threads. Prints one
 // line per measurement. Throws IoError when the file system refuses O_DIRECT (a profile of the
 // page cache would say nothing of the device).
