@@ -597,6 +597,21 @@ skipped("python/examples/routing_analysis.py", COVERED,
         "test_bindings.py::test_routing_analysis_example_writes_pngs runs it")
 
 
+@case("bench/cache_policy.sh")
+def _cache_policy(s):
+    """The whole issue-23 policy comparison on the demo (traces of 32 x 256 tokens, two perplexity
+    runs at --batch 1, four cache_sim tables: most of an hour on two cores)."""
+    if os.environ.get("MOESTREAM_SMOKE_SLOW") != "1":
+        pytest.skip(f"{SLOW}: decode and perplexity traces of the demo, then four cache_sim tables")
+    out = s.tmp / "policy"
+    s.run(["bash", "bench/cache_policy.sh", DEMO, out, s.build], timeout=7200, quiet_ok=True)
+    for t in ("decode", "ppl", "decode_prior", "ppl_prior"):
+        assert "Belady" in (out / f"{t}.md").read_text()
+
+
+skipped("scripts/device_train.sh", DEVICE, "trains a model on the GPU device machine (docs/demo_model.md)")
+
+
 @case("pip install ./python")
 def _pip_install(s):
     """In a fresh venv (a whole build of the project: minutes)."""
