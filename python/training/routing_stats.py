@@ -83,7 +83,7 @@ def lru_hit_rates(experts, E):
     return hits  # [L, E+1], column c = capacity c
 
 
-def batch_union(experts, E, window, streams=(1, 2, 4, 8, 16), draws=20, seed=0):
+def batch_union(experts, window, streams=(1, 2, 4, 8, 16), draws=20, seed=0):
     """Experts a decode step of N concurrent sequences reads, over N * k (no cache).
 
     N windows of the trace (independent runs) are drawn at random and stepped side by side; each
@@ -169,16 +169,15 @@ def main():
     ap.add_argument("--n-experts", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True, help="folder for routing_stats.json/.png")
     args = ap.parse_args()
-    held, _ = load_trace(args.heldout)
+    held, window = load_trace(args.heldout)
     train, _ = load_trace(args.train)
     E = args.n_experts
     if held.max() >= E or train.max() >= E:
         raise SystemExit(f"trace holds expert id {max(held.max(), train.max())} >= n_experts {E}")
     T, L, k = held.shape
-    _, window = load_trace(args.heldout)
     stats = {
         "traces": {"heldout": summarise(held, E), "train": summarise(train, E)},
-        "batch_union_heldout": batch_union(held, E, window),
+        "batch_union_heldout": batch_union(held, window),
         "uniform_simulated": summarise(uniform_trace(T, L, k, E), E),
         "uniform_expected": {"load": 1.0 / E, "consecutive_overlap": k / E,
                              "lru_hit_rate": "c / E for a cache of c experts per layer"},
