@@ -16,7 +16,7 @@
 #   build (default)  do every missing step, then print the env lines
 #   fetch | venv | llama   one step (llama: the CMake build and the oracle; needs fetch)
 #   device-src       pack the trimmed source and the Qwen3 tokenizer into .llama/ for the device
-#                    machine (scripts/device_gguf_bench.sh; needs build)
+#                    machine (scripts/device_gguf_bench.sh, device_peer.sh; needs fetch only)
 #   env              print shell assignments (LLAMA_CPP_*) for an existing build; fails if absent
 #   server           also build llama-server in the same build tree (bench/server/bench_streams.py
 #                    --llama-server; needs build; its web UI off); prints its path
@@ -37,6 +37,14 @@ JOBS=${LLAMA_CPP_JOBS:-2}
 say() { echo "llama_cpp_tool: $*" >&2; }
 die() { echo "llama_cpp_tool: ERROR: $*" >&2; exit 1; }
 
+# The sdist has no git metadata; its changelog names the llama.cpp commit it vendors.
+vendored_commit() {
+  local commit
+  commit=$(sed -n "/^## \[$VERSION\]/,/^## \[/p" "$SRC/../../CHANGELOG.md" \
+    | grep -o 'llama.cpp@[0-9a-f]*' | head -n 1 || true)
+  echo "${commit:-unknown}"
+}
+
 print_env() {
   local f
   for f in "$BUILD/bin/llama-quantize" "$BUILD/bin/llama-gguf-split" "$BUILD/bin/llama-completion" \
@@ -44,12 +52,8 @@ print_env() {
            "$VENV/bin/python" "$SRC/convert_hf_to_gguf.py"; do
     [ -e "$f" ] || die "missing $f: run scripts/llama_cpp_tool.sh build"
   done
-  # The sdist has no git metadata; its changelog names the llama.cpp commit it vendors.
-  local commit
-  commit=$(sed -n "/^## \[$VERSION\]/,/^## \[/p" "$SRC/../../CHANGELOG.md" \
-    | grep -o 'llama.cpp@[0-9a-f]*' | head -n 1 || true)
   echo "LLAMA_CPP_VERSION=llama-cpp-python-$VERSION"
-  echo "LLAMA_CPP_COMMIT=${commit:-unknown}"
+  echo "LLAMA_CPP_COMMIT=$(vendored_commit)"
   echo "LLAMA_CPP_SDIST_SHA256=$SDIST_SHA256"
   echo "LLAMA_CPP_SRC=$SRC"
   echo "LLAMA_CPP_PYTHON=$VENV/bin/python"
@@ -175,8 +179,9 @@ step_device_src() {
       || die "cannot pack $SRC"
     mv "$out/llama.cpp-src.tar.xz.tmp" "$out/llama.cpp-src.tar.xz"
   fi
-  print_env | sed -n 's/^LLAMA_CPP_VERSION=//p' >"$out/VERSION"
-  print_env | sed -n 's/^LLAMA_CPP_COMMIT=//p' >"$out/COMMIT"
+  # Only the source is needed here: the device machine builds its own binaries.
+  echo "llama-cpp-python-$VERSION" >"$out/VERSION"
+  vendored_commit >"$out/COMMIT"
   [ -f "$tok/qwen3/tokenizer.json" ] || die "no $tok/qwen3/tokenizer.json (MOESTREAM_TOKENIZERS=DIR)"
   # xz: the tokenizer is 11 MB as JSON and the carried files' limit is tight.
   rm -rf "$out/tokenizers" && mkdir -p "$out/tokenizers/qwen3"
