@@ -12,7 +12,8 @@ Rows (each a setting whose cells run in interleaved rounds, the order flipping e
 fresh process per run; each cell's median, the ratio of moestream's median to llama.cpp's):
   cpu T     warm CPU decode at T threads (--threads; counts above the machine's cores are clamped
             to them): infer -t T against llama-completion -t T -dev none -ngl 0
-  resident  warm GPU, every expert in VRAM: infer --gpu (its automatic cache) against -ngl 99
+  resident  warm GPU, every expert in VRAM: infer --gpu --gpu-preload (its automatic cache, filled
+            with every expert at load, as llama.cpp loads every weight) against -ngl 99
   gpu 25%   GPU with a VRAM expert cache of 25% of the experts over the page cache: infer --gpu
             --gpu-cache-mb (25%) against llama.cpp with experts on the CPU (-ngl 99 -ot exps=CPU)
   cap       under a memory cap of --cap-fraction of the GGUF (scripts/with_memory_cap.sh: cgroup
@@ -181,7 +182,7 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 ROWS = ("cpu", "resident", "gpu25", "cap", "prefill")
 MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-direct")
 MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
-             "gpu": "`--gpu`, every expert in VRAM", "gpu25": "`--gpu`, 25% VRAM cache",
+             "gpu": "`--gpu --gpu-preload`, every expert in VRAM", "gpu25": "`--gpu`, 25% VRAM cache",
              "gpu25-direct": "`--gpu`, 25% VRAM cache, `--io-direct` + host cache",
              "l-cpu": "CPU (`-dev none -ngl 0`)", "l-gpu": "all on the GPU (`-ngl 99`)",
              "l-exps": "experts on the CPU (`-ngl 99 -ot exps=CPU`)"}
@@ -189,7 +190,7 @@ MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
 
 def moestream_flags(mode: str, a) -> list[str]:
     return {"cpu": [], "cpu-direct": ["--io-direct", "--host-cache-mb", str(a.host_cache_mb)],
-            "gpu": ["--gpu"], "gpu25": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb)],
+            "gpu": ["--gpu", "--gpu-preload"], "gpu25": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb)],
             "gpu25-direct": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--io-direct",
                              "--host-cache-mb", str(a.host_cache_mb_gpu)]}[mode]
 

@@ -19,6 +19,7 @@
 #include "loader/store/store_options.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
@@ -28,12 +29,6 @@ namespace {
 
 const fs::path kDemo = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
 constexpr int kChunk = 8;  // prefill chunk: the solo model's max_batch, the batch driver's chunk
-
-#define REQUIRE_GPU()                                                          \
-  do {                                                                         \
-    const char* why_ = "";                                                     \
-    if (gpu::device_count(&why_) <= 0) GTEST_SKIP() << "no usable CUDA device: " << why_; \
-  } while (0)
 
 // The batch is built to give each sequence its bits alone: cuBLAS's f32 products run per sequence
 // (cuBLAS picks its algorithm by row count), our kernels compute each row alone, attention runs

@@ -2,8 +2,10 @@
 #include "tools/engine_cli.h"
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
+#include "common/progress.h"
 #include "loader/store/store_options.h"
 #include "tools/cli_range.h"
 
@@ -68,6 +70,11 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                "with --gpu: read every layer's routing on the host, also when the last decode "
                "step found all its experts in VRAM (by default such steps run with one sync per "
                "token); the same tokens, for comparison");
+  app.add_flag("--gpu-preload", a.gpu_preload,
+               "with --gpu: read every expert into the GPU cache before the first token, as an "
+               "engine that keeps all weights in VRAM loads them at start (an error when the "
+               "cache's budget cannot hold them all); by default the cache fills as experts are "
+               "first used");
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
@@ -78,6 +85,13 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.gpu_cache_mb = size_t(a.gpu_cache_mb);
   mo.moe_lookahead = a.moe_lookahead;
   mo.gpu_sync_layers = a.gpu_sync_layers;
+  mo.gpu_preload = a.gpu_preload;
+  if (a.gpu_preload) {
+    auto progress = std::make_shared<Progress>("gpu-preload", true);
+    mo.on_gpu_preload = [progress](int done, int total) {
+      progress->update(uint64_t(done), uint64_t(total), "MoE layers in the GPU cache");
+    };
+  }
   check_gpu_options(mo);  // before the store opens and the weights load
 }
 

@@ -24,6 +24,7 @@ struct EngineCliArgs {
   uint64_t gpu_cache_mb = 0;  // 0 = automatic
   int moe_lookahead = 0;
   bool gpu_sync_layers = false;
+  bool gpu_preload = false;
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,

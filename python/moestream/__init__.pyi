@@ -58,6 +58,7 @@ class Model:
         gpu_cache_mb: int = 0,  # GPU expert cache in MiB; 0 = automatic (needs gpu=True)
         moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
         io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
+        gpu_preload: bool = False,  # every expert into the GPU cache at load (needs gpu=True; error if they do not fit)
     ) -> None: ...
     def generate(
         self,

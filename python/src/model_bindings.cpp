@@ -44,6 +44,7 @@ struct PyModelOptions {
   bool gpu = false;
   uint64_t gpu_cache_mb = 0;  // 0 = automatic
   int moe_lookahead = 0;
+  bool gpu_preload = false;
 };
 
 // The store builder's warnings and the read engine's notices. While the model loads (GIL released)
@@ -91,9 +92,11 @@ class PyModel {
     mo.gpu = o.gpu;
     mo.gpu_cache_mb = size_t(o.gpu_cache_mb);
     mo.moe_lookahead = o.moe_lookahead;
+    mo.gpu_preload = o.gpu_preload;
     // infer's checks, before the slow load, in Python's spelling of the options.
     check_gpu_options(mo, {.gpu = "gpu=True", .gpu_cache_mb = "gpu_cache_mb",
-                           .moe_lookahead = "moe_lookahead", .assign = "="});
+                           .moe_lookahead = "moe_lookahead", .gpu_preload = "gpu_preload=True",
+                           .assign = "="});
     StoreConfig sc = o.store;
     sc.verify_checksums = o.verify_checksums;
     auto sink = std::make_shared<NoticeSink>();
@@ -439,7 +442,8 @@ void bind_model(py::module_& m) {
                        bool verify_checksums, uint32_t io_qd, uint32_t io_rings, uint32_t io_threads,
                        uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
                        std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
-                       uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile) {
+                       uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile,
+                       bool gpu_preload) {
              PyModelOptions o;
              o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
                         .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
@@ -456,6 +460,7 @@ void bind_model(py::module_& m) {
              o.gpu = gpu;
              o.gpu_cache_mb = gpu_cache_mb;
              o.moe_lookahead = moe_lookahead;
+             o.gpu_preload = gpu_preload;
              return std::make_unique<PyModel>(path, o);
            }),
            // The store keywords' defaults are the builder's (infer's flags have the same).
@@ -469,7 +474,7 @@ void bind_model(py::module_& m) {
            py::arg("direct_max_read_kb") = kStoreDefaults.direct_max_read_kb,
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
            py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0,
-           py::arg("io_profile") = py::none())
+           py::arg("io_profile") = py::none(), py::arg("gpu_preload") = false)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);

@@ -32,6 +32,9 @@ struct ModelOptions {
   size_t gpu_cache_mb = 0;  // GPU expert cache budget in MiB; 0 = automatic (gpu_forward.h)
   int moe_lookahead = 0;    // experts of layer L+1 prefetched during layer L (GPU cache, or the store's host tiers on the CPU)
   bool gpu_sync_layers = false;  // GpuForwardOptions::resident_decode off (comparisons)
+  // Every expert into the GPU cache at load (GpuForwardOptions::preload); progress per MoE layer.
+  bool gpu_preload = false;
+  std::function<void(int, int)> on_gpu_preload;
   // CPU look-ahead (issue 19): with a routing override (a replay), predict layer L+1 from the
   // override rather than its router: a perfect predictor, for benchmarks' upper bound.
   bool moe_lookahead_replayed = false;
@@ -43,7 +46,7 @@ struct ModelOptions {
 // How a front end spells the GPU options, for its error messages (defaults: infer's flags).
 struct GpuOptionNames {
   std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
-  std::string gpu_sync_layers = "--gpu-sync-layers";
+  std::string gpu_sync_layers = "--gpu-sync-layers", gpu_preload = "--gpu-preload";
   std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
 };
 // Throws ConfigError for GPU options that cannot work: a negative look-ahead, a GPU cache size

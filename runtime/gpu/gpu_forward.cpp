@@ -184,6 +184,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     co.prefetch_store = prefetch_store.get();
   }
   cache = std::make_unique<GpuExpertCache>(cfg, store, info_.cache_bytes, stream, co);
+  if (opts.preload) preload_experts();
   init_resident();
   warm_up();
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,12 @@ struct GpuForwardOptions {
   // (docs/gpu.md "Resident decode"); false: every layer syncs (the path before issue 19; for
   // comparison). Both give the same bits.
   bool resident_decode = true;
+  // Before the first token, read every expert of the model into the GPU cache (layer by layer,
+  // kPrefill: nothing evicted), as an engine that holds all weights in VRAM loads them at start.
+  // ConfigError when the cache's budget cannot hold them all. `on_preload(layers done, layers)`
+  // reports progress after each MoE layer when set.
+  bool preload = false;
+  std::function<void(int, int)> on_preload;
 };
 
 // Look-ahead accuracy, decode only: at layer L+1, how many of the demanded experts (distinct
@@ -69,6 +76,9 @@ struct GpuForwardInfo {
   size_t cache_bytes = 0;        // GPU expert cache budget in effect
   std::string cache_rule;        // how the budget was chosen
   int moe_lookahead = 0;
+  uint64_t preload_experts = 0;  // --gpu-preload: experts read into the cache before the first token
+  size_t preload_bytes = 0;
+  double preload_s = 0;
   std::string describe() const;  // one line
 };
 

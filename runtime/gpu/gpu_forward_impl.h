@@ -148,6 +148,7 @@ struct CudaForward final : GpuForward {
   void enqueue_logits(const ForwardChunk& c);
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();
+  void preload_experts();
   bool resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const;
   int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);

@@ -65,6 +65,9 @@ std::string GpuForwardInfo::describe() const {
                   " (" + cache_rule + ")";
   s += moe_lookahead > 0 ? ", look-ahead " + std::to_string(moe_lookahead) + " experts"
                          : ", no look-ahead";
+  if (preload_experts > 0)
+    s += "; preloaded " + std::to_string(preload_experts) + " experts (" + mib(preload_bytes) +
+         ") in " + std::to_string(int(preload_s * 1000 + 0.5)) + " ms";
   return s;
 }
 

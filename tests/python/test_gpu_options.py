@@ -1,4 +1,4 @@
-"""GPU options of the bindings and of `infer` (issue 8): gpu/gpu_cache_mb/moe_lookahead refused
+"""GPU options of the bindings and of `infer` (issue 8): gpu/gpu_cache_mb/gpu_preload/moe_lookahead refused
 with a clear error when they cannot work (moe_lookahead also runs on the CPU), and gpu=True either runs on a GPU or says why not."""
 import os
 import pathlib
@@ -31,6 +31,8 @@ def test_lookahead_without_gpu_runs_on_the_cpu(demo):
 def test_gpu_cache_budget_without_gpu_is_refused(demo):
     with pytest.raises(moestream.ConfigError, match="gpu_cache_mb needs gpu=True"):
         moestream.Model(demo, gpu_cache_mb=64)
+    with pytest.raises(moestream.ConfigError, match="gpu_preload=True needs gpu=True"):
+        moestream.Model(demo, gpu_preload=True)
 
 
 def test_negative_lookahead_is_refused(demo):
@@ -61,6 +63,9 @@ def test_infer_refuses_gpu_flags_it_cannot_honour(demo):
     r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--gpu-cache-mb", "8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--gpu-cache-mb needs --gpu" in r.stderr, r.stderr
+    r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--gpu-preload"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--gpu-preload needs --gpu" in r.stderr, r.stderr
 
 
 def test_gguf_with_gpu_runs_or_names_the_reason():

@@ -1,0 +1,95 @@
+// --gpu-preload (runtime/gpu/gpu_preload.cpp): every expert in the GPU cache before the first
+// token, so nothing is read after load and decode runs resident from its first all-hit step; the
+// same logits as the run that fills the cache on demand; refused, naming both sizes, when the
+// budget cannot hold the experts. Skip without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "runtime/convert/synthetic_model.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
+#include "tests/support/require_gpu.h"
+#include "tests/support/test_model.h"
+
+using namespace moestream;
+
+namespace {
+
+// A q8 pack whose experts take the grouped GEMM (so decode can run resident): 3 layers, 16
+// experts of about 105 KiB, top-4.
+class GpuPreload : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    write_synthetic_model(dir_.path(),
+                          test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32,
+                                                 .intermediate = 256, .experts = 16, .top_k = 4,
+                                                 .max_positions = 256}),
+                          7, 2);
+  }
+  std::unique_ptr<Model> load(size_t cache_mb, bool preload, std::vector<int>* progress = nullptr) {
+    ModelOptions mo;
+    mo.n_threads = 2;
+    mo.max_context = 256;
+    mo.gpu = true;
+    mo.gpu_cache_mb = cache_mb;
+    mo.gpu_preload = preload;
+    if (progress) mo.on_gpu_preload = [progress](int done, int total) {
+      progress->push_back(done);
+      EXPECT_EQ(total, 3);
+    };
+    return Model::load(dir_.path(), mo);
+  }
+  TempDir dir_{"gpu_preload"};
+};
+
+}  // namespace
+
+TEST_F(GpuPreload, NothingIsReadAfterLoadAndTheLogitsAreThoseOfTheOnDemandRun) {
+  std::vector<int> progress;
+  auto pre = load(0, true, &progress);
+  auto lazy = load(0, false);
+  EXPECT_EQ(progress, (std::vector<int>{1, 2, 3}));
+  const uint64_t read_at_load = pre->expert_stats().experts_read;
+  EXPECT_EQ(read_at_load, 3u * 16u) << "the preload reads each expert once";
+  const size_t V = size_t(pre->config().vocab_size);
+  std::vector<int> prompt = {3, 17, 40, 2, 9};
+  std::vector<float> a(V), b(V);
+  pre->forward(prompt, a);
+  lazy->forward(prompt, b);
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), V * 4), 0) << "prefill";
+  for (int i = 0; i < 24; ++i) {
+    const int tok = Sampler::argmax(a);
+    pre->forward(std::span<const int>(&tok, 1), a);
+    lazy->forward(std::span<const int>(&tok, 1), b);
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), V * 4), 0) << "decode step " << i;
+  }
+  EXPECT_EQ(pre->expert_stats().experts_read, read_at_load) << "an expert was read after the preload";
+  const GpuForwardStats s = pre->gpu_stats();
+  EXPECT_EQ(s.cache.policy.demand_misses, 0u);
+  EXPECT_EQ(s.cache.h2d_bytes, 0u) << "the cache's counters start after the preload";
+  EXPECT_GE(s.resident.steps, 23u) << "every decode step after the first runs resident";
+  EXPECT_EQ(s.resident.redone, 0u);
+}
+
+TEST_F(GpuPreload, ABudgetBelowTheExpertsIsRefusedNamingBoth) {
+  // 48 experts of ~105 KiB need ~5 MiB; 2 MiB holds fewer than half.
+  const std::string m = test::error_message<ConfigError>([&] { load(2, true); });
+  EXPECT_NE(m.find("--gpu-preload"), std::string::npos) << m;
+  EXPECT_NE(m.find("budget is 2 MiB"), std::string::npos) << m;
+  EXPECT_NE(m.find("--gpu-cache-mb"), std::string::npos) << m;
+}
+
+TEST(GpuPreloadOptions, PreloadWithoutGpuIsRefused) {
+  ModelOptions mo;
+  mo.gpu_preload = true;
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-preload needs --gpu"),
+            std::string::npos);
+}
