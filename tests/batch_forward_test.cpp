@@ -296,9 +296,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+sh
                            return s;
                          });
 
+// Experts the store handed out: read, or (page-cache pages verified earlier) used in place. A
+// fetch counts each distinct expert once either way.
+uint64_t fetched(const ExpertStoreStats& s) { return s.experts_read + s.experts_in_place; }
+
 // The demo model (bf16 dense, q8 experts, 32 experts top-4): four greedy requests, batched with
-// joins and leaves, give the logits of their runs alone, and the batch reads fewer expert bytes
-// in all than the four runs alone (each step reads the union of its sequences' experts).
+// joins and leaves, give the logits of their runs alone, and the batch fetches fewer experts in
+// all than the four runs alone (each step fetches the union of its sequences' experts).
 TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
   const fs::path demo = fs::path(MOESTREAM_SOURCE_DIR) / "models/demo";
   auto solo = load(demo, kChunk, 256);
@@ -310,21 +314,21 @@ TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
                              {random_tokens(rng, 20, V), 2, 6, {}},
                              {random_tokens(rng, 5, V), 9, 6, {}}};
   std::vector<Request> alone = rs;
-  const uint64_t solo0 = solo->expert_stats().bytes_read;
+  const uint64_t solo0 = fetched(solo->expert_stats());
   for (Request& r : alone) run_alone(*solo, r);
-  const uint64_t solo_bytes = solo->expert_stats().bytes_read - solo0;
-  const uint64_t batch0 = batched->expert_stats().bytes_read;
+  const uint64_t solo_experts = fetched(solo->expert_stats()) - solo0;
+  const uint64_t batch0 = fetched(batched->expert_stats());
   run_batched(*batched, rs);
-  const uint64_t batch_bytes = batched->expert_stats().bytes_read - batch0;
+  const uint64_t batch_experts = fetched(batched->expert_stats()) - batch0;
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size());
     for (size_t s = 0; s < rs[i].logits.size(); ++s)
       EXPECT_TRUE(rs[i].logits[s] == alone[i].logits[s]) << "request " << i << " step " << s;
   }
-  std::printf("demo, 4 requests: the batch read %llu expert bytes, the runs alone %llu\n",
-              static_cast<unsigned long long>(batch_bytes), static_cast<unsigned long long>(solo_bytes));
-  EXPECT_GT(batch_bytes, 0u);
-  EXPECT_LT(batch_bytes, solo_bytes);  // concurrent decode steps share experts
+  std::printf("demo, 4 requests: the batch fetched %llu experts, the runs alone %llu\n",
+              static_cast<unsigned long long>(batch_experts), static_cast<unsigned long long>(solo_experts));
+  EXPECT_GT(batch_experts, 0u);
+  EXPECT_LT(batch_experts, solo_experts);  // concurrent decode steps share experts
 }
 
 // The thread count never changes a batch's numbers (fixed row slices, as the single pass).
@@ -344,9 +348,9 @@ TEST(BatchForwardThreads, OneAndThreeThreadsGiveTheSameLogits) {
   for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i].logits, runs[1][i].logits) << i;
 }
 
-// A decode step of three sequences reads each selected expert once: experts_read is the union of
-// their choices per layer (seen through the routing callback, tagged with each sequence), which is
-// at most the sum of the three sequences' reads when each steps alone.
+// A decode step of three sequences fetches each selected expert once: the experts fetched are the
+// union of their choices per layer (seen through the routing callback, tagged with each sequence),
+// at most the sum of the three sequences' fetches when each steps alone.
 TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
   TempDir d("batch_io");
   ModelConfig c = shape("f32");
@@ -383,12 +387,12 @@ TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
   size_t union_experts = 0;
   for (const auto& u : union_of) union_experts += u.size();
   EXPECT_EQ(seen_seqs, std::set<int>(seqs.begin(), seqs.end()));
-  EXPECT_EQ(after.experts_read - before.experts_read, union_experts);
-  const uint64_t batch_bytes = after.bytes_read - before.bytes_read;
+  EXPECT_EQ(fetched(after) - fetched(before), union_experts);
+  const uint64_t batch_experts = fetched(after) - fetched(before);
 
   // The same three steps one sequence at a time (a second model in the same state).
   auto alone = load(d.path(), 4 * kChunk);
-  uint64_t solo_bytes = 0;
+  uint64_t solo_experts = 0;
   for (int i = 0; i < 3; ++i) {
     const int s = alone->create_sequence();
     const SequenceInput pre{s, prompts[size_t(i)], l, false};
@@ -396,11 +400,11 @@ TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
     const ExpertStoreStats b0 = alone->expert_stats();
     const SequenceInput in{s, std::span<const int>(&next[i], 1), l, false};
     alone->forward_batch(std::span<const SequenceInput>(&in, 1));
-    solo_bytes += alone->expert_stats().bytes_read - b0.bytes_read;
+    solo_experts += fetched(alone->expert_stats()) - fetched(b0);
     EXPECT_EQ(l, out[size_t(i)]) << "sequence " << i;
   }
-  EXPECT_LE(batch_bytes, solo_bytes);
-  EXPECT_GT(batch_bytes, 0u);
+  EXPECT_LE(batch_experts, solo_experts);
+  EXPECT_GT(batch_experts, 0u);
   EXPECT_LT(union_experts, size_t(3 * c.n_experts_per_tok * c.n_moe_layers()));  // overlaps happened
 }
 

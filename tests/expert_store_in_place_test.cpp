@@ -1,11 +1,15 @@
 // Tests of the in-place path of loader/store/engine_expert_store.h (begin_fetch_matrices /
 // next_ready_matrices): experts of files without due checksums that sit in the page cache are
 // handed out as the file's mapped pages, neither read nor copied; checksummed packs are still read
-// and verified (a corrupt page is caught); O_DIRECT files are not mapped; the bytes handed out are
-// always the expert's, for packs and GGUF files.
+// and verified once, then used in place while their pages stay and their file is unchanged (a
+// corrupt page is caught, a changed file or evicted pages are hashed again); O_DIRECT files are
+// not mapped; the bytes handed out are always the expert's, for packs and GGUF files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
 
 #include <cstring>
 #include <filesystem>
@@ -119,6 +123,77 @@ TEST_F(InPlace, ChecksummedPackIsReadAndVerifiedAndACorruptPageIsCaught) {
   auto s = open_engine_expert_store(d.path(), c, opts(true));
   const std::string msg = test::error_message([&] { fetch_matrices(*s, c, 0, {1, 3}); });
   EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+}
+
+// Sets f's mtime an hour back, as a model file written long before the run is: a write during
+// the run then changes it even within the clock tick of the file's last change.
+void age(const fs::path& f) {
+  struct timespec t[2];
+  ::clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= 3600;
+  t[1] = t[0];
+  ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0);
+}
+
+TEST_F(InPlace, ChecksummedExpertsVerifiedOnceAreThenUsedWithoutANewChecksum) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  warm(f);
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  const std::vector<int> ids{0, 3};
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // first use: read and verified
+  EXPECT_EQ(s->stats().experts_read, 2u);
+  EXPECT_EQ(s->stats().experts_in_place, 0u);
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // the same pages: in place
+  EXPECT_EQ(s->stats().experts_read, 2u);
+  EXPECT_EQ(s->stats().experts_in_place, 2u);
+  // The copying form (the GPU's staging) still copies, but without hashing again.
+  std::vector<const uint8_t*> out;
+  s->fetch(0, ids, out);
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(std::memcmp(out[i], want[0][size_t(ids[i])].data(), want[0][size_t(ids[i])].size()), 0);
+  EXPECT_EQ(s->stats().checksums_skipped, 2u);
+  // An expert never verified is read and hashed, even when resident.
+  const std::vector<int> other{5};
+  expect_payloads(fetch_matrices(*s, c, 0, other), 0, other);
+  EXPECT_EQ(s->stats().experts_read, 5u);
+}
+
+TEST_F(InPlace, AFileChangedAfterVerificationIsHashedAgainAndTheCorruptionCaught) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  age(f);
+  warm(f);
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  const std::vector<int> ids{1, 3};
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // verified and marked
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
+  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
+  warm(f);  // the corrupt byte is in the page cache, where verified pages were
+  const std::string msg = test::error_message([&] { fetch_matrices(*s, c, 0, ids); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  // The copying form as well.
+  auto s2 = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<const uint8_t*> out;
+  EXPECT_NE(test::error_message([&] { s2->fetch(0, std::vector<int>{3}, out); }).find("checksum mismatch"),
+            std::string::npos);
+}
+
+TEST_F(InPlace, VerifiedExpertsWhosePagesLeftAreReadAndHashedAgain) {
+  const fs::path f = expert_file_path(d.path(), 1);
+  warm(f);
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  const std::vector<int> ids{0, 6};
+  expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  if (!drop(f) || (s->residency(1, tiers), tiers[0] != ExpertTier::kStorage || tiers[6] != ExpertTier::kStorage))
+    GTEST_SKIP() << "the page cache cannot be dropped here";
+  expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
+  EXPECT_EQ(s->stats().experts_read, 4u);
+  EXPECT_EQ(s->stats().experts_in_place, 0u);
+  EXPECT_EQ(s->stats().checksums_skipped, 0u);
 }
 
 TEST_F(InPlace, EvictedExpertsAreReadAndTheMmapBackendFaultsThemIn) {

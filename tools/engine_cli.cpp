@@ -12,7 +12,10 @@
 namespace moestream {
 
 void add_engine_options(CLI::App& app, EngineCliArgs& a) {
-  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify, "skip the per-expert checksum on reads");
+  app.add_flag("--no-verify,--no-verify-checksums", a.no_verify,
+               "skip the per-expert checksum (by default an expert is verified when read from the "
+               "device; its page-cache pages, once verified, are used unhashed while they stay "
+               "resident and the file is unchanged)");
   app.add_option("--io", a.store.io,
                  "expert reads through the batch engine: auto (io_uring, else the pread pool with "
                  "a notice), uring, pread (thread pool), mmap (page-fault baseline); or simple "

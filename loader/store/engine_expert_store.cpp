@@ -30,6 +30,7 @@
 #include "loader/store/engine_fetch.h"
 #include "loader/store/host_cache.h"
 #include "loader/io/residency.h"
+#include "loader/store/verified_pages.h"
 #include "loader/format/expert_layer_file.h"
 #include "loader/format/gguf_model.h"
 
@@ -66,6 +67,8 @@ class EngineExpertStore final : public ExpertStore {
         const uint32_t file = add_file(L.path);
         L.pieces.push_back(Piece{file, L.header.data_offset, L.header.expert_stride, read_bytes_, 0,
                                  page_caches_[file].get()});
+        if (page_caches_[file] && L.checksummed() && opts.store.verify_checksums)
+          L.verified = verified_.add_layer(L.path, uint32_t(L.header.slot_checksums.size()));
         layers_.push_back(std::move(L));
       }
     }
@@ -261,28 +264,13 @@ class EngineExpertStore final : public ExpertStore {
   }
 
   // Whether the experts of L may be handed out as mapped pages: every piece's file is buffered
-  // (mapped), and no checksum is due (checksums verify what comes from the device, and a
-  // mapped page may come from it unseen; a GGUF has none).
+  // (mapped). Where a checksum is due, only experts whose resident pages were verified
+  // (verified_pages.h) go in place; a GGUF has none.
   bool in_place_allowed(const Layer& L) const {
-    if (L.checksummed() && opts_.store.verify_checksums) return false;
     if (L.pieces.size() > 3) return false;  // gpt-oss's GGUF biases: three slices, not one bias section
     for (const Piece& p : L.pieces)
       if (!maps_[p.file]) return false;
     return true;
-  }
-
-  // The matrices of the expert in `slot` in the mapped files (FormatError when a slice lies
-  // outside its file: offsets come from the file). A pack's expert is one piece at the layout's
-  // offsets, a GGUF's three pieces in gate, up, down order.
-  ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot) const {
-    const auto at = [&](const Piece& p, uint64_t n) {
-      return maps_[p.file]->range(p.at(slot), n, "expert slot " + std::to_string(slot) + " of layer " +
-                                                     std::to_string(layer));
-    };
-    if (L.pieces.size() == 1) return ExpertMatrices::of_payload(at(L.pieces[0], L.layout.bytes), L.layout);
-    MOE_ASSERT(L.pieces.size() == 3, "a GGUF expert is three slices");
-    return {at(L.pieces[0], L.pieces[0].length), at(L.pieces[1], L.pieces[1].length),
-            at(L.pieces[2], L.pieces[2].length)};
   }
 
   bool idle() const {  // under mu_
@@ -404,14 +392,20 @@ class EngineExpertStore final : public ExpertStore {
       }
     // Then, for a caller of matrices, what the page cache holds stays where it is. With the mmap
     // backend everything does: a page fault reads what is missing, as that backend's copy would.
+    // Checksums verify what comes from the device: an expert whose resident pages passed once
+    // (and whose file has not changed since) is not hashed again (verified_pages.h).
+    const bool due = opts_.store.verify_checksums && L.checksummed();
+    const bool trusted = L.verified >= 0 && verified_.refresh(L.verified);
     if (matrices && !f.prediction && in_place_allowed(L)) {
-      const bool fault_in = engine_.backend() == IoBackend::kMmap;
+      const bool fault_in = engine_.backend() == IoBackend::kMmap && !due;
       for (size_t k = 0; k < f.items.size(); ++k) {
         Item& it = f.items[k];
         if (it.ready || it.awaited || reread[k]) continue;
         const bool resident = in_page_cache(L, it.slot);
+        if (due && !resident && L.verified >= 0) verified_.forget(L.verified, it.slot);
+        if (due && !(resident && trusted && verified_.holds(L.verified, it.slot))) continue;
         if (!resident && !fault_in) continue;
-        it.in_place = mapped_matrices(L, layer, it.slot);
+        it.in_place = engine_store::mapped_matrices(L, layer, it.slot, maps_);
         it.mapped = it.ready = true;
         ++stats_.experts_in_place;
         stats_.page_cache_hits += resident && opts_.count_page_cache_hits;
@@ -439,6 +433,7 @@ class EngineExpertStore final : public ExpertStore {
     uint8_t* const scratch = f.scratch.reserve(n_scratch, read_bytes_, kSlotAlign);
     f.reqs.clear();
     f.req_item.clear();
+    f.due.clear();
     for (size_t k = 0; k < f.items.size(); ++k) {
       Item& it = f.items[k];
       if (it.ready) {
@@ -447,7 +442,19 @@ class EngineExpertStore final : public ExpertStore {
       }
       if (it.awaited) continue;
       if (it.cache_slot < 0) it.data = scratch + it.scratch * read_bytes_;
-      if (opts_.count_page_cache_hits && !f.prediction && in_page_cache(L, it.slot)) ++stats_.page_cache_hits;
+      const bool probe = (opts_.count_page_cache_hits && !f.prediction) || (due && L.verified >= 0);
+      const bool resident = probe && in_page_cache(L, it.slot);
+      if (opts_.count_page_cache_hits && !f.prediction && resident) ++stats_.page_cache_hits;
+      // A copy of pages verified earlier needs no new checksum; pages gone come from the device.
+      bool check = due;
+      if (due && L.verified >= 0) {
+        if (!resident) {
+          verified_.forget(L.verified, it.slot);
+        } else if (trusted && verified_.holds(L.verified, it.slot)) {
+          check = false;
+          if (!f.prediction) ++stats_.checksums_skipped;
+        }
+      }
       for (const Piece& p : L.pieces) {
         ReadRequest r;
         r.file = p.file;
@@ -456,6 +463,7 @@ class EngineExpertStore final : public ExpertStore {
         r.dest = const_cast<uint8_t*>(it.data) + p.dest_offset;
         f.reqs.push_back(r);
         f.req_item.push_back(uint32_t(k));
+        f.due.push_back(check);
       }
       it.pieces_left = uint32_t(L.pieces.size());
       if (f.prediction) continue;  // counted when its thread takes the batch (it may be cancelled)
@@ -548,8 +556,10 @@ class EngineExpertStore final : public ExpertStore {
       throw IoError("read of " + where + " failed: " + std::strerror(q.error));
     }
     if (--it.pieces_left > 0) return;  // the expert's other slices are still in flight
-    if (opts_.store.verify_checksums && L.checksummed() && f.checksum[r] != L.header.slot_checksums[it.slot])
+    if (f.due[r] && f.checksum[r] != L.header.slot_checksums[it.slot])
       throw expert_checksum_error(L, it.slot, L.layout.bytes, f.checksum[r]);
+    // Read through the page cache and verified: those pages may be used again unhashed.
+    if (f.due[r] && L.verified >= 0) verified_.mark(L.verified, it.slot);
     if (it.cache_slot >= 0) cache_verified_[size_t(it.cache_slot)] = true;
     it.ready = true;
     push_ready(f, k);
@@ -623,7 +633,7 @@ class EngineExpertStore final : public ExpertStore {
         Fetch& f = *fp;
         double dt = 0;
         const Layer& L = layers_[size_t(f.layer)];
-        if (opts_.store.verify_checksums && L.checksummed() && r.result == ReadResult::kOk) {
+        if (f.due[index] && r.result == ReadResult::kOk) {
           auto c0 = std::chrono::steady_clock::now();
           f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), L.layout.bytes);
           dt = seconds_since(c0);
@@ -653,6 +663,7 @@ class EngineExpertStore final : public ExpertStore {
   std::vector<Layer> layers_;
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
+  VerifiedPages verified_;            // page-cache copies of experts that passed (caller's thread)
 
   // The current fetch, the look-ahead it awaits, a read-ahead, the next look-ahead, and room
   // for look-aheads retired while still landing.

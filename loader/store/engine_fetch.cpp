@@ -3,8 +3,23 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+
+#include "common/error.h"
 
 namespace moestream::engine_store {
+
+ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
+                               const std::vector<std::unique_ptr<MappedFile>>& maps) {
+  const auto at = [&](const Piece& p, uint64_t n) {
+    return maps[p.file]->range(p.at(slot), n, "expert slot " + std::to_string(slot) + " of layer " +
+                                                  std::to_string(layer));
+  };
+  if (L.pieces.size() == 1) return ExpertMatrices::of_payload(at(L.pieces[0], L.layout.bytes), L.layout);
+  MOE_ASSERT(L.pieces.size() == 3, "a GGUF expert is three slices");
+  return {at(L.pieces[0], L.pieces[0].length), at(L.pieces[1], L.pieces[1].length),
+          at(L.pieces[2], L.pieces[2].length)};
+}
 
 bool in_page_cache(const Layer& L, uint32_t slot) {
   for (const Piece& p : L.pieces)

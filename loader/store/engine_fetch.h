@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mapped_file.h"
 #include "loader/format/expert_layer_file.h"
 #include "loader/format/gguf_model.h"
 #include "loader/io/io_engine.h"
@@ -35,11 +36,17 @@ struct Piece {
 struct Layer : ExpertLayerFile {
   ExpertLayout layout;
   std::vector<Piece> pieces;
+  int verified = -1;  // VerifiedPages index: a checksummed pack layer read through the page cache
   bool checksummed() const { return !header.slot_checksums.empty(); }
 };
 
 // Whether every piece of the expert in `slot` is in the page cache (sampled).
 bool in_page_cache(const Layer& L, uint32_t slot);
+// The matrices of the expert in `slot` in the mapped files `maps` (per engine file; FormatError
+// when a slice lies outside its file: offsets come from the file). A pack's expert is one piece at
+// the layout's offsets, a GGUF's three pieces in gate, up, down order.
+ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
+                               const std::vector<std::unique_ptr<MappedFile>>& maps);
 
 // The MoE layers of a GGUF: each expert is slices of its layer's three expert tensors (and
 // gpt-oss's three bias tensors, into the payload's bias section), possibly in different shards;
@@ -78,6 +85,7 @@ struct Fetch {
   std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)
   std::vector<uint32_t> req_item;        // request -> item
   std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
+  std::vector<uint8_t> due;              // request -> its checksum is to be verified
   std::vector<int> pinned;               // cache slots this fetch hands out
   std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
   ExpertBuffer scratch;                  // misses the cache does not take

@@ -54,6 +54,7 @@ struct ExpertStoreStats {
   double checksum_seconds = 0;       // time spent verifying checksums, summed over threads
   uint64_t fetches_read_ahead = 0;   // begin_fetch() calls whose reads a read_ahead() had started
   uint64_t experts_in_place = 0;     // handed out as mapped pages of the file, neither read nor copied
+  uint64_t checksums_skipped = 0;    // copied from page-cache pages verified earlier (verified_pages.h)
   // Look-ahead of the next layer (prefetch_predicted, CPU --moe-lookahead): experts predicted;
   // of them, those not resident and read (also in experts_read/bytes_read); of those, read and
   // then taken by the demand fetch of that layer (landed, or awaited in flight) or never taken.

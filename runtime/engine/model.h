@@ -24,7 +24,7 @@ struct ModelOptions {
   int n_threads = 0;       // threads for dense and expert math, the caller included; 0 = all cores
   int max_context = 0;     // KV cache length; 0 = min(max_position_embeddings, 4096)
   int max_batch = 64;      // tokens per internal forward chunk (bounds scratch memory)
-  bool verify_checksums = true;  // check each expert's XXH64 on every read
+  bool verify_checksums = true;  // check each expert's XXH64 when read from the device (verified_pages.h)
   CacheAwareOptions cache_aware;  // substitute resident experts within a tolerance; off by default
   // The whole forward pass on the GPU (runtime/gpu/gpu_forward.h); ConfigError at load on a build
   // without CUDA or a machine without a GPU, never a silent CPU fallback.

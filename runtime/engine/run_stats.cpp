@@ -152,7 +152,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"io_wait_not_hidden_s", e.io_wait_seconds},
                     {"checksum_s", e.checksum_seconds},
                     {"fetches_read_ahead", e.fetches_read_ahead},
-                    {"experts_in_place", e.experts_in_place}};
+                    {"experts_in_place", e.experts_in_place},
+                    {"checksums_skipped", e.checksums_skipped}};
     // The CPU look-ahead (--moe-lookahead without --gpu): predictions, their reads, recall.
     j["experts"]["lookahead"] = {{"predictions", e.lookahead_predictions},
                                  {"predicted", e.lookahead_predicted},
@@ -206,6 +207,8 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
          std::to_string(e.read_ops_issued) + " after; " +
          fmt("%.1f MiB transferred; I/O wait not hidden by compute %.3f s; checksums %.3f s",
              double(e.bytes_transferred) / (1 << 20), e.io_wait_seconds, e.checksum_seconds);
+    if (e.checksums_skipped > 0)
+      s += " (" + std::to_string(e.checksums_skipped) + " skipped: pages verified earlier)";
     if (e.fetches_read_ahead > 0)
       s += "; " + std::to_string(e.fetches_read_ahead) + " expert groups read ahead";
     s += "\n";
