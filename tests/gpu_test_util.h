@@ -1,5 +1,6 @@
-// Helpers of the GPU kernel tests (gpu_kernels_test, gpu_decode_gemv_test): a device vector,
-// random data, and the comparisons that print each check's worst error / tolerance line.
+// Helpers of the GPU kernel tests (gpu_kernels_test, gpu_decode_gemv_test, gpu_fused_ops_test,
+// gpu_ggml_test): a device vector (its download fails the test when a kernel failed), random
+// data, and the comparisons that print each check's worst error / tolerance line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,7 +33,7 @@ class DeviceVec {
     if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
   }
   explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) {
-    if (p_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+    if (p_ && n_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
   }
   ~DeviceVec() { cudaFree(p_); }
   DeviceVec(const DeviceVec&) = delete;
@@ -40,7 +41,7 @@ class DeviceVec {
   T* get() const { return p_; }
   std::vector<T> download() const {
     std::vector<T> h(n_);
-    cudaDeviceSynchronize();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a kernel failed";
     cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
     return h;
   }
