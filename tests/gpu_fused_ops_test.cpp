@@ -1,6 +1,6 @@
 // The fused glue kernels of the decode step (issue 19): qk_norm_rope against a CPU reference in
-// double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded bit for bit
-// against swiglu + round_activations. Skips without a usable GPU.
+// double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded and
+// gather_rounded bit for bit against the launches they replace. Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -106,6 +106,25 @@ TEST(GpuFusedOps, SwigluRoundedEqualsSwigluThenRoundingBitForBit) {
                                std::to_string(rows) + "x" + std::to_string(cols);
       expect_exact(fused.download(), split.download(), name.c_str());
     }
+}
+
+TEST(GpuFusedOps, GatherRoundedEqualsGatherThenRoundingBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int n_src = 5, cols = 200;  // 6 blocks and a short one
+  const std::vector<int> idx = {4, 0, 0, 2, 4, 1, 3, 3};  // repeats, any order (a decode plan: all 0)
+  const int n = int(idx.size());
+  auto src = random_floats(size_t(n_src) * cols, 160, 2.0f);
+  for (int c = 0; c < 32; ++c) src[size_t(2) * cols + size_t(c)] = 0.0f;  // a zero block
+  DeviceVec<float> dsrc(src), fused(size_t(n) * cols), split(size_t(n) * cols);
+  DeviceVec<int> didx(idx);
+  ASSERT_TRUE(gpu::gather_rounded(QuantType::kQ8, dsrc.get(), didx.get(), n, cols, fused.get(), nullptr));
+  gpu::gather_rows(dsrc.get(), didx.get(), n, cols, split.get(), nullptr);
+  gpu::round_activations(QuantType::kQ8, split.get(), split.get(), n, cols, nullptr);
+  expect_exact(fused.download(), split.download(), "gather_rounded q8 vs gather_rows + round_activations");
+  // Types that do not take the pack rounding: nothing launched, false.
+  EXPECT_FALSE(gpu::gather_rounded(QuantType::kBF16, dsrc.get(), didx.get(), n, cols, fused.get(), nullptr));
+  EXPECT_FALSE(gpu::gather_rounded(ggml_quant(GgmlType::kQ8_0), dsrc.get(), didx.get(), n, cols,
+                                   fused.get(), nullptr));
 }
 
 }  // namespace

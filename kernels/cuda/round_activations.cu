@@ -17,16 +17,17 @@ constexpr int kWarpsPerBlock = 8;
 
 // x and out may be the same array (each element is read before it is written, by the same lane).
 // kSwiglu: the value rounded is silu(x) * up (gate x), swiglu_kernel's expression, so the fused
-// launch gives the bits of swiglu then this rounding.
+// launch gives the bits of swiglu then this rounding. idx (may be null): output row r reads input
+// row idx[r] (gather_rows then this rounding, in one launch).
 template <bool kSwiglu>
-__global__ void round_activations_q8_kernel(const float* x, const float* up, float* out, int rows,
-                                            int cols, int nb) {
+__global__ void round_activations_q8_kernel(const float* x, const float* up, const int* idx,
+                                            float* out, int rows, int cols, int nb) {
   const long long blk = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (blk >= (long long)rows * nb) return;  // whole warps exit together
   const int lane = threadIdx.x & 31;
   const int r = int(blk / nb), b = int(blk % nb);
   const int c = b * 32 + lane;
-  const float* row = x + size_t(r) * cols;
+  const float* row = x + size_t(idx ? idx[r] : r) * cols;
   float v = 0.0f;  // past the row: the CPU's zero padding
   if (c < cols) {
     const float g = row[c];
@@ -79,9 +80,10 @@ void round_activations_blocks_cuda(const float* x, float* out, long long n_block
   MOE_CUDA_CHECK_LAUNCH("round_activations_blocks_kernel");
 }
 
-// Launcher (file-local: the ops below are its only callers). up non-null: the SwiGLU variant.
+// Launcher (file-local: the ops below are its only callers). up non-null: the SwiGLU variant;
+// idx non-null: the gathering one.
 void round_activations_q8_cuda(const float* x, const float* up, float* out, int rows, int cols,
-                               cudaStream_t s) {
+                               cudaStream_t s, const int* idx = nullptr) {
   MOE_ASSERT(x && out && rows > 0 && cols > 0, "round_activations_q8_cuda: bad arguments");
   const int nb = (cols + 31) / 32;
   const long long warps = (long long)rows * nb;
@@ -89,10 +91,10 @@ void round_activations_q8_cuda(const float* x, const float* up, float* out, int 
   MOE_ASSERT(blocks < (1LL << 31), "round_activations_q8_cuda: grid too large");
   if (up)
     round_activations_q8_kernel<true><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(
-        x, up, out, rows, cols, nb);
+        x, up, nullptr, out, rows, cols, nb);
   else
     round_activations_q8_kernel<false><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(
-        x, nullptr, out, rows, cols, nb);
+        x, nullptr, idx, out, rows, cols, nb);
   MOE_CUDA_CHECK_LAUNCH("round_activations_q8_kernel");
 }
 
@@ -154,6 +156,17 @@ void swiglu_rounded(QuantType q, const float* gate, const float* up, int rows, i
   }
   swiglu(gate, up, size_t(rows) * size_t(cols), out, s);
   round_activations(q, out, out, rows, cols, s);
+}
+
+bool gather_rounded(QuantType q, const float* src, const int* idx, int n, int cols, float* out,
+                    Stream s) {
+  if (n <= 0 || cols <= 0)
+    throw Error("gpu::gather_rounded: bad shape n=" + std::to_string(n) +
+                " cols=" + std::to_string(cols));
+  if (!src || !idx || !out) throw Error("gpu::gather_rounded: null device pointer");
+  if (activation_rounding(q) != ActivationRounding::kPackQ8) return false;
+  round_activations_q8_cuda(src, nullptr, out, n, cols, s, idx);
+  return true;
 }
 
 }  // namespace moestream::gpu

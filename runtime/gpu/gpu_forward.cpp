@@ -496,9 +496,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   MOE_CUDA_CHECK(cudaMemcpyAsync(plan_d, plan_host.as<int>(),
                                  (2 * pairs + unique_ids.size() + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
   const ExpertLayout& lay = layouts[size_t(layer)];
-  const float* x_up = round_expert_inputs(lay, n_rows);
+  const float* x_up = gather_expert_inputs(lay, plan_d, n_rows);
   times.router_s += seconds_since(t0);
 
   auto upload_ptrs = [&](int g0, int g1) {

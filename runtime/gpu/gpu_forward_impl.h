@@ -132,7 +132,7 @@ struct CudaForward final : GpuForward {
   void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                   float beta = 0.0f);
   void embed(int T);
-  const float* round_expert_inputs(const ExpertLayout& lay, int n_rows);
+  const float* gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx, int n_rows);
   void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
                      const float* xin, float* yout);
   // The experts' gate (from xg) and up (from x_up) of groups [g0, g1) into gate/up: one launch

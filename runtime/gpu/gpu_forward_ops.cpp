@@ -96,8 +96,7 @@ void CudaForward::warm_up() {
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
-    gpu::gather_rows(h, plan_dev.as<int>(), T, D, xg, stream);
-    round_expert_inputs(layouts[0], T);
+    gather_expert_inputs(layouts[0], plan_dev.as<int>(), T);
     gpu::swiglu_rounded(layouts[0].types.down, gate, up, T, F, swi, stream);
     gpu::moe_combine_add(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T,
                          K, D, x, stream);
@@ -105,12 +104,18 @@ void CudaForward::warm_up() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// The gathered expert inputs xg [n_rows, D] rounded as the CPU's kernels round them for gate's
-// type, in place (q8/q4 packs: int8 per 32-block as quant_matvec; ggml types: q8_0 or q8_K as
-// llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
+// The expert inputs xg [n_rows, D] = rows gather_idx of h, rounded as the CPU's kernels round
+// them for gate's type (q8/q4 packs: int8 per 32-block as quant_matvec; ggml types: q8_0 or q8_K
+// as llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
 // input: xg again, or xg_up when up's type rounds differently (rounded for it out of place, or a
-// plain copy when up takes floats, since gate's rounding overwrites xg).
-const float* CudaForward::round_expert_inputs(const ExpertLayout& lay, int n_rows) {
+// plain copy when up takes floats, since gate's rounding overwrites xg). Gate and up both pack
+// q8/q4: gather and rounding in one launch (gpu::gather_rounded, the same bits).
+const float* CudaForward::gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx,
+                                               int n_rows) {
+  if (gpu::activation_rounding(lay.types.up) == gpu::activation_rounding(lay.types.gate) &&
+      gpu::gather_rounded(lay.types.gate, h, gather_idx, n_rows, D, xg, stream))
+    return xg;
+  gpu::gather_rows(h, gather_idx, n_rows, D, xg, stream);
   const float* x_up = xg;
   if (gpu::activation_rounding(lay.types.up) != gpu::activation_rounding(lay.types.gate)) {
     if (!gpu::round_activations(lay.types.up, xg, xg_up, n_rows, D, stream))

@@ -85,8 +85,7 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
                          missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
     if (Fs > 0) shared_expert(lw, 1);
     // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
-    gpu::gather_rows(h, plan, K, D, xg, stream);
-    const float* x_up = round_expert_inputs(lay, K);
+    const float* x_up = gather_expert_inputs(lay, plan, K);
     expert_gate_up(lay, 0, K, 1, x_up);
     const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
     const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
