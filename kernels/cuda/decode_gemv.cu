@@ -37,24 +37,26 @@ struct PackRows {
   }
 };
 
+// s + sum_e (byte e of v - bias) * x[e], e = 0..3 in order (bytes to floats by byte_minus: no
+// int-to-float converter).
+__device__ __forceinline__ float fma_bytes(uint32_t v, float bias, float4 x, float s) {
+  s = fmaf(byte_minus(v, 0, bias), x.x, s);
+  s = fmaf(byte_minus(v, 1, bias), x.y, s);
+  s = fmaf(byte_minus(v, 2, bias), x.z, s);
+  return fmaf(byte_minus(v, 3, bias), x.w, s);
+}
+
 // q8: chunk c is quants 16c..16c+15, half of block c/2.
 struct Q8Chunks : PackRows<32> {
   static constexpr int kElems = 16;
   using PackRows<32>::PackRows;
   // sum_j q_j x_j over the chunk (the scale applied by the caller); x 16-byte aligned.
   __device__ static float dot(uint4 q, const float* x) {
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 v = __ldg(x4 + k);
-      s = fmaf(sbyte(w[k], 0), v.x, s);
-      s = fmaf(sbyte(w[k], 1), v.y, s);
-      s = fmaf(sbyte(w[k], 2), v.z, s);
-      s = fmaf(sbyte(w[k], 3), v.w, s);
-    }
-    return s;
+    float s = fma_bytes(q.x ^ 0x80808080u, 128.0f, __ldg(x4), 0.f);  // int8 b as byte b + 128
+    s = fma_bytes(q.y ^ 0x80808080u, 128.0f, __ldg(x4 + 1), s);
+    s = fma_bytes(q.z ^ 0x80808080u, 128.0f, __ldg(x4 + 2), s);
+    return fma_bytes(q.w ^ 0x80808080u, 128.0f, __ldg(x4 + 3), s);
   }
 };
 
@@ -68,17 +70,9 @@ struct Q4Chunks : PackRows<16> {
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t lo = w[k] & 0x0f0f0f0fu, hi = (w[k] >> 4) & 0x0f0f0f0fu;
-      const float4 vl = __ldg(x4 + k), vh = __ldg(x4 + 4 + k);  // elements 4k.., 16+4k..
-      s = fmaf(byte_minus(lo, 0, 8.0f), vl.x, s);
-      s = fmaf(byte_minus(lo, 1, 8.0f), vl.y, s);
-      s = fmaf(byte_minus(lo, 2, 8.0f), vl.z, s);
-      s = fmaf(byte_minus(lo, 3, 8.0f), vl.w, s);
-      s = fmaf(byte_minus(hi, 0, 8.0f), vh.x, s);
-      s = fmaf(byte_minus(hi, 1, 8.0f), vh.y, s);
-      s = fmaf(byte_minus(hi, 2, 8.0f), vh.z, s);
-      s = fmaf(byte_minus(hi, 3, 8.0f), vh.w, s);
+    for (int k = 0; k < 4; ++k) {  // bytes 4k..4k+3: elements 4k.. (low), 16+4k.. (high)
+      s = fma_bytes(w[k] & 0x0f0f0f0fu, 8.0f, __ldg(x4 + k), s);
+      s = fma_bytes((w[k] >> 4) & 0x0f0f0f0fu, 8.0f, __ldg(x4 + 4 + k), s);
     }
     return s;
   }
