@@ -1,6 +1,7 @@
 // Micro-benchmark of the CUDA tier's bandwidth-bound kernels: decode attention, the grouped
-// expert GEMM (pack and ggml types) and the dense GEMM, as GB/s of the bytes they must read,
-// against a measured device-to-device copy.
+// expert GEMM (pack and ggml types; one row per expert is the decode GEMV), gate+up in one
+// launch, q/k/v in one launch and the dense GEMM, as GB/s of the bytes they must read, against a
+// measured device-to-device copy.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -246,6 +247,81 @@ int main() {
     }
   }
 
+  // Gate and up of 8 experts at one row each in one launch (expert_gemm_gate_up, the decode
+  // GEMV): payloads of two 768 x 2048 matrices, 64 experts cycled in sets of 8.
+  for (QuantType qt : {QuantType::kQ8, QuantType::kQ4, QuantType::kBF16}) {
+    const int rows = 768, cols = 2048;
+    const size_t mbytes = quant_matrix_bytes(qt, rows, cols);
+    const size_t up_off = (mbytes + 4095) / 4096 * 4096, stride = 2 * up_off;
+    std::vector<uint8_t> h(stride * n_experts);
+    std::mt19937 rng(13);
+    for (int e = 0; e < n_experts; ++e) {
+      fill_matrix(qt, rows, cols, rng, h.data() + stride * e);
+      fill_matrix(qt, rows, cols, rng, h.data() + stride * e + up_off);
+    }
+    auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
+    CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+    std::vector<const uint8_t*> ptrs;
+    for (int e = 0; e < n_experts; ++e) ptrs.push_back(w + stride * size_t(e));
+    auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
+    CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    std::vector<int> rs(k_active + 1);
+    for (int g = 0; g <= k_active; ++g) rs[size_t(g)] = g;
+    int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
+    CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+    float* x = random_device_floats(size_t(2) * k_active * cols, 14);
+    auto* y = static_cast<float*>(device_alloc(size_t(2) * k_active * rows * sizeof(float)));
+    const double us = time_us([&](int i) {
+      gpu::expert_gemm_gate_up(qt, dptrs + size_t(i % (n_experts / k_active)) * k_active, 0,
+                               up_off, drs, k_active, 1, rows, cols, x, x + size_t(k_active) * cols,
+                               y, y + size_t(k_active) * rows, nullptr);
+    });
+    row(std::string("expert_gemm_gate_up ") + std::string(quant_name(qt)) +
+            " 2 x 768x2048, 8 x 1 rows, one launch",
+        us, 2.0 * (double(mbytes) * k_active + 4.0 * k_active * (cols + rows)), copy_gbs);
+    CHECK(cudaFree(drs));
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(dptrs));
+    CHECK(cudaFree(w));
+  }
+
+  // q, k and v of Qwen3-30B-A3B (4096, 512, 512 rows x 2048, bf16) at one token in one launch
+  // (dense_gemm_shared_input), 16 layers' copies cycled.
+  {
+    const int cols = 2048, n_copies = 16;
+    const int qkv_rows[3] = {4096, 512, 512};
+    size_t total = 0;
+    std::vector<uint8_t*> mats;
+    std::vector<float*> ys;
+    std::mt19937 rng(15);
+    for (int c = 0; c < n_copies; ++c)
+      for (int r : qkv_rows) {
+        const size_t b = quant_matrix_bytes(QuantType::kBF16, size_t(r), cols);
+        std::vector<uint8_t> h(b);
+        fill_matrix(QuantType::kBF16, r, cols, rng, h.data());
+        mats.push_back(static_cast<uint8_t*>(device_alloc(b)));
+        CHECK(cudaMemcpy(mats.back(), h.data(), b, cudaMemcpyHostToDevice));
+        if (c == 0) {
+          total += b;
+          ys.push_back(static_cast<float*>(device_alloc(size_t(r) * sizeof(float))));
+        }
+      }
+    float* x = random_device_floats(cols, 16);
+    const double us = time_us([&](int i) {
+      const size_t c = size_t(i % n_copies) * 3;
+      const gpu::DenseOut outs[3] = {{mats[c], qkv_rows[0], ys[0]},
+                                     {mats[c + 1], qkv_rows[1], ys[1]},
+                                     {mats[c + 2], qkv_rows[2], ys[2]}};
+      gpu::dense_gemm_shared_input(QuantType::kBF16, outs, 3, cols, x, 1, nullptr);
+    });
+    row("dense_gemm_shared_input bf16 q/k/v 4096+512+512 x 2048, 1 token, one launch", us,
+        double(total) + 4.0 * (cols + 5120), copy_gbs);
+    for (uint8_t* m : mats) CHECK(cudaFree(m));
+    for (float* p : ys) CHECK(cudaFree(p));
+    CHECK(cudaFree(x));
+  }
+
   // Dense GEMM (attention and output projections in stored precision) at Qwen3-30B-A3B's shapes:
   // q_proj [4096 x 2048] at 1 and 64 tokens, lm_head [151936 x 2048] at 1 token. Several copies
   // of q_proj are cycled so decode reads come from HBM, not L2.
@@ -256,6 +332,8 @@ int main() {
   for (QuantType qt : {QuantType::kBF16, ggml_quant(GgmlType::kBF16), ggml_quant(GgmlType::kQ8_0),
                        ggml_quant(GgmlType::kQ4_K), ggml_quant(GgmlType::kQ6_K)}) {
     for (const DenseCase dc : {DenseCase{"q_proj 4096x2048", 4096, 2048, 1, 16},
+                               DenseCase{"k_proj 512x2048", 512, 2048, 1, 64},
+                               DenseCase{"o_proj 2048x4096", 2048, 4096, 1, 16},
                                DenseCase{"q_proj 4096x2048", 4096, 2048, 64, 16},
                                DenseCase{"lm_head 151936x2048", 151936, 2048, 1, 1}}) {
       const size_t mbytes = quant_matrix_bytes(qt, size_t(dc.rows), size_t(dc.cols));

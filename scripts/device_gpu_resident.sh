@@ -4,7 +4,8 @@
 # (default 6) with every expert in VRAM: ROUNDS interleaved rounds (default 3) of NTOK greedy
 # tokens (default 256) each after a 512-token prompt (whose prefill loads almost every expert, so
 # decode runs warm), decode tok/s and phase times per mode, the median ratio. Then the GPU kernel
-# and forward tests (gpu_kernels_test, gpu_forward_test; SKIP_TESTS=1 skips them). Output:
+# and forward tests (gpu_kernels_test, gpu_decode_gemv_test, gpu_fused_ops_test,
+# gpu_forward_test; SKIP_TESTS=1 skips them). Output:
 # $OUT/summary.txt, the runs' stats JSON and the test logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ S="$O/summary.txt"
 say() { echo "$*" | tee -a "$S"; }
 t0=$(date +%s)
 DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" \
-  BUILD_DIR=build-device-gpu bash scripts/device_build.sh infer synth_model gpu_forward_test gpu_kernels_test >"$W/build.log" 2>&1 ||
+  BUILD_DIR=build-device-gpu bash scripts/device_build.sh infer synth_model gpu_forward_test gpu_kernels_test gpu_decode_gemv_test gpu_fused_ops_test >"$W/build.log" 2>&1 ||
   { tail -60 "$W/build.log" | tee -a "$S"; exit 1; }
 say "build: $(( $(date +%s) - t0 )) s"
 B=build-device-gpu/bin
@@ -50,7 +51,7 @@ for mode in ("resident", "synced"):
 print(f"resident / synced decode: {res['resident'] / res['synced']:.2f}x (medians of {rounds} interleaved rounds)")
 PY
 [ "${SKIP_TESTS:-0}" = 1 ] && exit 0
-for t in gpu_kernels_test gpu_forward_test; do
+for t in gpu_kernels_test gpu_decode_gemv_test gpu_fused_ops_test gpu_forward_test; do
   say "-- $t"
   "$B/$t" --gtest_brief=1 >"$O/$t.log" 2>&1; say "$t exit $?"
   grep -E "resident steps|FAILED|PASSED|Failure|error" "$O/$t.log" | head -40 | tee -a "$S"

@@ -28,41 +28,10 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/ggml_types.h"
+#include "tests/gpu_test_util.h"
 
 namespace moestream {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    const char* why = nullptr;                                                             \
-    if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why;   \
-  } while (0)
-
-// A device buffer, freed on scope exit.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(size_t n) : n_(n) {
-    if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
-  }
-  explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) {
-    if (p_ && n_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceVec() { cudaFree(p_); }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  T* get() const { return p_; }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a kernel failed";
-    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
 
 struct TypeCase {
   QuantType q;

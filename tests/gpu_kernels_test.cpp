@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/gpu_test_util.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "loader/format/expert_file.h"
 #include "runtime/model/dense_ops.h"
@@ -24,73 +25,6 @@
 
 namespace moestream {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                              \
-  do {                                                                  \
-    const char* why = nullptr;                                          \
-    if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why; \
-  } while (0)
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-// A device copy of a host vector, freed on scope exit.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(size_t n) : n_(n) {
-    if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
-  }
-  explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) {
-    if (p_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceVec() { cudaFree(p_); }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  T* get() const { return p_; }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    cudaDeviceSynchronize();
-    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
-
-// |gpu - ref| <= atol + rtol * |ref| for every element, reporting the first offender.
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& ref, float atol,
-                  float rtol, const char* what) {
-  ASSERT_EQ(gpu.size(), ref.size());
-  float worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const float err = std::fabs(gpu[i] - ref[i]);
-    worst = std::max(worst, err / (atol + rtol * std::fabs(ref[i])));
-    ASSERT_LE(err, atol + rtol * std::fabs(ref[i])) << what << " at " << i << ": gpu " << gpu[i]
-                                                    << " ref " << ref[i];
-  }
-  std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
-}
-
-// Bit-exact comparison; prints the table line with tolerance 0 (worst absolute error shown).
-void expect_exact(const std::vector<float>& gpu, const std::vector<float>& ref, const char* what) {
-  ASSERT_EQ(gpu.size(), ref.size());
-  float worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_EQ(gpu[i], ref[i]) << what << " at " << i;
-    worst = std::max(worst, std::fabs(gpu[i] - ref[i]));
-  }
-  std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
-}
 
 TEST(GpuKernels, RmsNormMatchesCpuAtOddSizes) {
   SKIP_WITHOUT_GPU();
@@ -537,6 +471,12 @@ TEST(GpuKernels, MoeCombineSumsInTopkOrder) {
   gpu::moe_combine(dy.get(), dpr.get(), dwt.get(), n_tokens, k, dim, dout.get(), nullptr);
   // Same order; only FMA contraction may differ: 1e-6 relative plus 1e-6 absolute.
   expect_close(dout.download(), ref, 1e-6f, 1e-6f, "moe_combine");
+  // Into the residual in one launch: the bits of moe_combine then add_inplace.
+  const auto x0 = random_floats(ref.size(), 75);
+  DeviceVec<float> dx(x0), dx2(x0);
+  gpu::moe_combine_add(dy.get(), dpr.get(), dwt.get(), n_tokens, k, dim, dx.get(), nullptr);
+  gpu::add_inplace(dx2.get(), dout.get(), ref.size(), nullptr);
+  expect_exact(dx.download(), dx2.download(), "moe_combine_add vs moe_combine + add_inplace");
 }
 
 TEST(GpuKernels, AddInplaceAddsTheResidual) {

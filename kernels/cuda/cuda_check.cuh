@@ -57,7 +57,7 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
                     cudaStream_t s, const float* sinks = nullptr, int window = 0, int ring = 0);
 void gather_rows_cuda(const float* src, const int* idx, int n, int dim, float* out, cudaStream_t s);
 void moe_combine_cuda(const float* y, const int* pair_row, const float* weights, int n_tokens,
-                      int k, int dim, float* out, cudaStream_t s);
+                      int k, int dim, float* out, bool add, cudaStream_t s);
 void add_inplace_cuda(float* y, const float* x, size_t n, cudaStream_t s);
 
 }  // namespace moestream::gpu

@@ -1,10 +1,12 @@
 // The weight-matrix ops over the tile loop of expert_gemm.cuh: the grouped expert GEMM, the dense
 // GEMM (one matrix, stored precision) and dequantize_rows. They check shapes and dispatch on the
 // matrix's QuantType to the per-encoding launchers: expert_gemm_{q8,q4,bf16}.cu for the pack
-// types, expert_gemm_ggml_*.cu for ggml's types.
+// types, expert_gemm_ggml_*.cu for ggml's types; single token rows of the shapes decode_gemv.cuh
+// takes go to its wide-load GEMV instead.
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/decode_gemv.cuh"
 #include "kernels/cuda/expert_gemm.cuh"
 #include "kernels/cuda/gpu_ops.h"
 
@@ -95,39 +97,147 @@ std::string gemm_shape(int rows, int cols) {
 
 }  // namespace
 
-void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
-                 int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
-                 Stream s) {
-  const std::string shape = "n_groups=" + std::to_string(n_groups) +
-                            " max_rows_per_group=" + std::to_string(max_rows_per_group) + " " +
-                            gemm_shape(rows, cols);
+namespace {
+
+std::string expert_gemm_shape(int n_groups, int max_rows_per_group, int rows, int cols) {
+  return "n_groups=" + std::to_string(n_groups) + " max_rows_per_group=" +
+         std::to_string(max_rows_per_group) + " " + gemm_shape(rows, cols);
+}
+
+// expert_gemm's checks, for each of its (offset, x, y) matrices. Messages are built only on a
+// failure: a decode step makes thousands of these calls.
+void check_expert_gemm(const uint8_t* const* w, const int* row_start, int n_groups,
+                       int max_rows_per_group, int rows, int cols, size_t matrix_offset,
+                       const float* x, float* y) {
   if (n_groups <= 0 || n_groups > 65535 || max_rows_per_group <= 0 || rows <= 0 || cols <= 0)
-    throw Error("gpu::expert_gemm: bad shape " + shape);
+    throw Error("gpu::expert_gemm: bad shape " +
+                expert_gemm_shape(n_groups, max_rows_per_group, rows, cols));
   if (!w || !row_start || !x || !y) throw Error("gpu::expert_gemm: null device pointer");
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % 4 != 0)
     throw Error("gpu::expert_gemm: x must be 16-byte aligned and y 4-byte aligned");
   if (matrix_offset % 16 != 0)
     throw Error("gpu::expert_gemm: matrix_offset " + std::to_string(matrix_offset) +
                 " is not 16-byte aligned (loader/format/expert_file.h aligns matrices to 64)");
-  const GemmArgs a{w, matrix_offset, row_start, rows, cols, x, y};
-  gemm_dispatch(q, a, n_groups, max_rows_per_group, "gpu::expert_gemm", shape, s);
 }
 
-void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
-                float* y, Stream s) {
-  const std::string shape = gemm_shape(rows, cols) + " n_tokens=" + std::to_string(n_tokens);
-  if (rows <= 0 || cols <= 0 || n_tokens <= 0) throw Error("gpu::dense_gemm: bad shape " + shape);
+// The grouped GEMV's arguments, matrices to be set by the caller.
+GemvArgs grouped_gemv(const uint8_t* const* w, const int* row_start, int n_groups, int cols) {
+  GemvArgs a;
+  a.cols = cols;
+  a.w = w;
+  a.row_start = row_start;
+  a.n_groups = n_groups;
+  return a;
+}
+
+// Groups of one token row (decode) in a shape the GEMV takes.
+bool takes_decode_gemv(QuantType q, int max_rows_per_group, int cols) {
+  return max_rows_per_group <= 1 && decode_gemv_fits(q, cols);
+}
+
+}  // namespace
+
+void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
+                 int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
+                 Stream s) {
+  check_expert_gemm(w, row_start, n_groups, max_rows_per_group, rows, cols, matrix_offset, x, y);
+  if (takes_decode_gemv(q, max_rows_per_group, cols)) {
+    GemvArgs a = grouped_gemv(w, row_start, n_groups, cols);
+    a.mat[0] = GemvMat{nullptr, matrix_offset, rows, x, y};
+    a.n_mats = 1;
+    return decode_gemv_cuda(q, a, s);
+  }
+  const GemmArgs a{w, matrix_offset, row_start, rows, cols, x, y};
+  gemm_dispatch(q, a, n_groups, max_rows_per_group, "gpu::expert_gemm",
+                expert_gemm_shape(n_groups, max_rows_per_group, rows, cols), s);
+}
+
+void expert_gemm_gate_up(QuantType q, const uint8_t* const* w, size_t gate_offset,
+                         size_t up_offset, const int* row_start, int n_groups,
+                         int max_rows_per_group, int rows, int cols, const float* x_gate,
+                         const float* x_up, float* y_gate, float* y_up, Stream s) {
+  if (!takes_decode_gemv(q, max_rows_per_group, cols)) {
+    expert_gemm(q, w, gate_offset, row_start, n_groups, max_rows_per_group, rows, cols, x_gate,
+                y_gate, s);
+    expert_gemm(q, w, up_offset, row_start, n_groups, max_rows_per_group, rows, cols, x_up, y_up,
+                s);
+    return;
+  }
+  check_expert_gemm(w, row_start, n_groups, max_rows_per_group, rows, cols, gate_offset, x_gate,
+                    y_gate);
+  check_expert_gemm(w, row_start, n_groups, max_rows_per_group, rows, cols, up_offset, x_up, y_up);
+  GemvArgs a = grouped_gemv(w, row_start, n_groups, cols);
+  a.mat[0] = GemvMat{nullptr, gate_offset, rows, x_gate, y_gate};
+  a.mat[1] = GemvMat{nullptr, up_offset, rows, x_up, y_up};
+  a.n_mats = 2;
+  decode_gemv_cuda(q, a, s);
+}
+
+namespace {
+
+std::string dense_gemm_shape(int rows, int cols, int n_tokens) {
+  return gemm_shape(rows, cols) + " n_tokens=" + std::to_string(n_tokens);
+}
+
+// dense_gemm's checks (messages built only on a failure, as check_expert_gemm's).
+void check_dense_gemm(const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
+                      float* y) {
+  if (rows <= 0 || cols <= 0 || n_tokens <= 0)
+    throw Error("gpu::dense_gemm: bad shape " + dense_gemm_shape(rows, cols, n_tokens));
   const int n_chunks = (n_tokens + kDenseTokenChunk - 1) / kDenseTokenChunk;
-  if (n_chunks > 65535) throw Error("gpu::dense_gemm: too many tokens for one launch: " + shape);
+  if (n_chunks > 65535)
+    throw Error("gpu::dense_gemm: too many tokens for one launch: " +
+                dense_gemm_shape(rows, cols, n_tokens));
   if (!w || !x || !y) throw Error("gpu::dense_gemm: null device pointer");
   if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(y) % 4 != 0)
     throw Error("gpu::dense_gemm: w and x must be 16-byte aligned and y 4-byte aligned");
+}
+
+}  // namespace
+
+bool dense_gemv_takes(QuantType q, int cols) { return decode_gemv_fits(q, cols); }
+
+void dense_gemm_shared_input(QuantType q, const DenseOut* outs, int n_outs, int cols,
+                             const float* x, int n_tokens, Stream s) {
+  if (n_outs < 1 || n_outs > kGemvMaxMats || !outs)
+    throw Error("gpu::dense_gemm_shared_input: " + std::to_string(n_outs) +
+                " matrices (1 to " + std::to_string(kGemvMaxMats) + ")");
+  if (n_tokens != 1 || !decode_gemv_fits(q, cols)) {
+    for (int i = 0; i < n_outs; ++i)
+      if (outs[i].add)
+        throw Error("gpu::dense_gemm_shared_input: add needs one token and a shape the decode GEMV "
+                    "takes (dense_gemv_takes), got " + gemm_shape(outs[i].rows, cols) +
+                    " n_tokens=" + std::to_string(n_tokens));
+    for (int i = 0; i < n_outs; ++i)
+      dense_gemm(q, outs[i].w, outs[i].rows, cols, x, n_tokens, outs[i].y, s);
+    return;
+  }
+  GemvArgs a;
+  for (int i = 0; i < n_outs; ++i) {
+    const DenseOut& o = outs[i];
+    check_dense_gemm(o.w, o.rows, cols, x, 1, o.y);
+    a.mat[i] = GemvMat{o.w, 0, o.rows, x, o.y, o.add};
+  }
+  a.n_mats = n_outs;
+  a.cols = cols;
+  decode_gemv_cuda(q, a, s);
+}
+
+void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
+                float* y, Stream s) {
+  check_dense_gemm(w, rows, cols, x, n_tokens, y);
+  if (n_tokens == 1 && decode_gemv_fits(q, cols)) {
+    const DenseOut o{w, rows, y, false};
+    return dense_gemm_shared_input(q, &o, 1, cols, x, 1, s);
+  }
+  const int n_chunks = (n_tokens + kDenseTokenChunk - 1) / kDenseTokenChunk;
   GemmArgs a{nullptr, 0, nullptr, rows, cols, x, y};
   a.matrix = w;
   a.n_tokens = n_tokens;
   a.dense_chunk = kDenseTokenChunk;
-  gemm_dispatch(q, a, n_chunks, std::min(n_tokens, kDenseTokenChunk), "gpu::dense_gemm", shape, s);
+  gemm_dispatch(q, a, n_chunks, std::min(n_tokens, kDenseTokenChunk), "gpu::dense_gemm",
+                dense_gemm_shape(rows, cols, n_tokens), s);
 }
 
 void dequantize_rows(QuantType q, const uint8_t* w, int cols, const int* ids, int n, float* out,

@@ -29,6 +29,14 @@ void rope_neox(float* x, int n_tokens, int n_heads, int half_dim, const float* c
 void rope_neox_partial(float* x, int n_tokens, int n_heads, int half_dim, int head_dim, const float* cos,
                        const float* sin, Stream s);
 
+// Per-head QK-norm then full RoPE (Qwen3) of a chunk in one launch: q_out [n_tokens, n_q_heads,
+// head_dim] = rope(rms_norm(q_in head, q_norm)), k_out likewise from k_in with k_norm; cos/sin
+// as rope_neox with half_dim = head_dim / 2. The arithmetic of rms_norm then rope_neox (within
+// FMA contraction). head_dim even and <= 1024; outputs must not alias the inputs.
+void qk_norm_rope(const float* q_in, const float* k_in, const float* q_norm, const float* k_norm,
+                  int n_tokens, int n_q_heads, int n_k_heads, int head_dim, float eps,
+                  const float* cos, const float* sin, float* q_out, float* k_out, Stream s);
+
 // Router of n_tokens tokens: softmax over n_experts logits, the k largest probabilities (ties:
 // lower id first), renormalised to sum 1 when `normalize` (norm_topk_prob). ids/weights get
 // n_tokens*k entries, token-major, as runtime/model/moe_layer.h route_token.
@@ -89,6 +97,17 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
                  Stream s);
+// Groups of one token row (max_rows_per_group 1) whose shape decode_gemv fits (q8/q4 with cols
+// % 256 == 0, bf16 with cols % 8 == 0) take the wide-load GEMV (kernels/cuda/decode_gemv.cuh);
+// every other call the tile-loop GEMM. Either way each output row's float does not depend on
+// the other groups of the call.
+// Gate and up of the same experts (both type q, rows x cols, at gate_offset / up_offset in each
+// payload), each with its own input, in one launch where expert_gemm would take the GEMV; else
+// two expert_gemm calls. Each output equals expert_gemm's bit for bit.
+void expert_gemm_gate_up(QuantType q, const uint8_t* const* w, size_t gate_offset,
+                         size_t up_offset, const int* row_start, int n_groups,
+                         int max_rows_per_group, int rows, int cols, const float* x_gate,
+                         const float* x_up, float* y_gate, float* y_up, Stream s);
 // What the two wrappers above check or need: attention: head_dim % 4 == 0 and <= 256
 // (ConfigError otherwise), q/k_cache/v_cache/out 16-byte aligned. expert_gemm: q8/q4 need
 // cols % 32 == 0 (ConfigError), matrix_offset % 16 == 0, x 16-byte aligned, and each w[g]
@@ -101,6 +120,22 @@ void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, con
 // rows are read once per tile of tokens, as in expert_gemm. x 16-byte aligned, w 16-byte aligned.
 void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
                 float* y, Stream s);
+// At one token, q8/q4 (cols % 256 == 0) and bf16 (cols % 8 == 0) matrices take the wide-load
+// GEMV (kernels/cuda/decode_gemv.cuh), one warp per output row; other shapes the tile loop.
+// Up to three matrices of type q and width cols that share the input x: y_i = x * W_i^T, in one
+// launch at one token where dense_gemm would take the GEMV (the q/k/v projections), else one
+// dense_gemm each. Each output equals dense_gemm's bit for bit. `add`: y += the product (the
+// bits of dense_gemm into a buffer and add_inplace of it: o_proj's residual add); only where
+// dense_gemv_takes(q, cols) and n_tokens is 1 (Error otherwise).
+struct DenseOut {
+  const uint8_t* w;
+  int rows;
+  float* y;
+  bool add = false;
+};
+bool dense_gemv_takes(QuantType q, int cols);
+void dense_gemm_shared_input(QuantType q, const DenseOut* outs, int n_outs, int cols,
+                             const float* x, int n_tokens, Stream s);
 // Rows ids[0..n) of a rows x cols matrix stored in type q, dequantised to f32 out [n, cols] (the
 // embedding lookup of a quantised table). kF32 and every type dense_gemm takes; ids must be in
 // range (checked on the host by the caller).
@@ -113,6 +148,10 @@ void gather_rows(const float* src, const int* idx, int n, int dim, float* out, S
 // out[t] = sum_{j<k} weights[t*k+j] * y[pair_row[t*k+j]], y: [n_rows, dim] grouped expert outputs.
 void moe_combine(const float* y, const int* pair_row, const float* weights, int n_tokens, int k,
                  int dim, float* out, Stream s);
+// x[t] += the same sum, in one launch: equal bit for bit to moe_combine into a buffer and
+// add_inplace of it (the residual add after the MoE).
+void moe_combine_add(const float* y, const int* pair_row, const float* weights, int n_tokens,
+                     int k, int dim, float* x, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
 // The MoE plan of one decode token from its top-k `ids` [k] (device), as CudaForward::moe lays

@@ -16,14 +16,24 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 // x and out may be the same array (each element is read before it is written, by the same lane).
-__global__ void round_activations_q8_kernel(const float* x, float* out, int rows, int cols, int nb) {
+// kSwiglu: the value rounded is silu(x) * up (gate x), swiglu_kernel's expression, so the fused
+// launch gives the bits of swiglu then this rounding. idx (may be null): output row r reads input
+// row idx[r] (gather_rows then this rounding, in one launch).
+template <bool kSwiglu>
+__global__ void round_activations_q8_kernel(const float* x, const float* up, const int* idx,
+                                            float* out, int rows, int cols, int nb) {
   const long long blk = (long long)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (blk >= (long long)rows * nb) return;  // whole warps exit together
   const int lane = threadIdx.x & 31;
   const int r = int(blk / nb), b = int(blk % nb);
   const int c = b * 32 + lane;
-  const float* row = x + size_t(r) * cols;
-  const float v = c < cols ? row[c] : 0.0f;  // past the row: the CPU's zero padding
+  const float* row = x + size_t(idx ? idx[r] : r) * cols;
+  float v = 0.0f;  // past the row: the CPU's zero padding
+  if (c < cols) {
+    const float g = row[c];
+    if constexpr (kSwiglu) v = g / (1.0f + expf(-g)) * up[size_t(r) * cols + c];
+    else v = g;
+  }
   const float amax = warp_max(fabsf(v));
   // IEEE division and rint (ties to even), as std::nearbyint on the CPU: bit-identical rounding.
   const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
@@ -70,14 +80,21 @@ void round_activations_blocks_cuda(const float* x, float* out, long long n_block
   MOE_CUDA_CHECK_LAUNCH("round_activations_blocks_kernel");
 }
 
-// Launcher (file-local: the op below is its only caller).
-void round_activations_q8_cuda(const float* x, float* out, int rows, int cols, cudaStream_t s) {
+// Launcher (file-local: the ops below are its only callers). up non-null: the SwiGLU variant;
+// idx non-null: the gathering one.
+void round_activations_q8_cuda(const float* x, const float* up, float* out, int rows, int cols,
+                               cudaStream_t s, const int* idx = nullptr) {
   MOE_ASSERT(x && out && rows > 0 && cols > 0, "round_activations_q8_cuda: bad arguments");
   const int nb = (cols + 31) / 32;
   const long long warps = (long long)rows * nb;
   const long long blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   MOE_ASSERT(blocks < (1LL << 31), "round_activations_q8_cuda: grid too large");
-  round_activations_q8_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(x, out, rows, cols, nb);
+  if (up)
+    round_activations_q8_kernel<true><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(
+        x, up, nullptr, out, rows, cols, nb);
+  else
+    round_activations_q8_kernel<false><<<unsigned(blocks), kWarpsPerBlock * 32, 0, s>>>(
+        x, nullptr, idx, out, rows, cols, nb);
   MOE_CUDA_CHECK_LAUNCH("round_activations_q8_kernel");
 }
 
@@ -88,7 +105,7 @@ void round_activations_q8(float* x, int rows, int cols, Stream s) {
     throw Error("gpu::round_activations_q8: bad shape rows=" + std::to_string(rows) +
                 " cols=" + std::to_string(cols));
   if (!x) throw Error("gpu::round_activations_q8: null device pointer");
-  round_activations_q8_cuda(x, x, rows, cols, s);
+  round_activations_q8_cuda(x, nullptr, x, rows, cols, s);
 }
 
 ActivationRounding activation_rounding(QuantType q) {
@@ -114,7 +131,7 @@ bool round_activations(QuantType q, const float* x, float* out, int rows, int co
   const ActivationRounding r = activation_rounding(q);
   if (r == ActivationRounding::kNone) return false;
   if (r == ActivationRounding::kPackQ8) {
-    round_activations_q8_cuda(x, out, rows, cols, s);
+    round_activations_q8_cuda(x, nullptr, out, rows, cols, s);
     return true;
   }
   const int block = r == ActivationRounding::kBlock32F16 ? 32 : 256;
@@ -124,6 +141,31 @@ bool round_activations(QuantType q, const float* x, float* out, int rows, int co
   const long long n_blocks = (long long)rows * (cols / block);
   if (block == 32) round_activations_blocks_cuda<32, true>(x, out, n_blocks, s);
   else round_activations_blocks_cuda<256, false>(x, out, n_blocks, s);
+  return true;
+}
+
+void swiglu_rounded(QuantType q, const float* gate, const float* up, int rows, int cols,
+                    float* out, Stream s) {
+  if (rows <= 0 || cols <= 0)
+    throw Error("gpu::swiglu_rounded: bad shape rows=" + std::to_string(rows) +
+                " cols=" + std::to_string(cols));
+  if (!gate || !up || !out) throw Error("gpu::swiglu_rounded: null device pointer");
+  if (activation_rounding(q) == ActivationRounding::kPackQ8) {
+    round_activations_q8_cuda(gate, up, out, rows, cols, s);
+    return;
+  }
+  swiglu(gate, up, size_t(rows) * size_t(cols), out, s);
+  round_activations(q, out, out, rows, cols, s);
+}
+
+bool gather_rounded(QuantType q, const float* src, const int* idx, int n, int cols, float* out,
+                    Stream s) {
+  if (n <= 0 || cols <= 0)
+    throw Error("gpu::gather_rounded: bad shape n=" + std::to_string(n) +
+                " cols=" + std::to_string(cols));
+  if (!src || !idx || !out) throw Error("gpu::gather_rounded: null device pointer");
+  if (activation_rounding(q) != ActivationRounding::kPackQ8) return false;
+  round_activations_q8_cuda(src, nullptr, out, n, cols, s, idx);
   return true;
 }
 

@@ -23,6 +23,18 @@ void round_activations_q8(float* x, int rows, int cols, Stream s);
 // (ggml types only; a pack's last block may be short).
 bool round_activations(QuantType q, const float* x, float* out, int rows, int cols, Stream s);
 
+// out = swiglu(gate, up) rounded for a matrix of type q (the input of the experts' down):
+// for the pack q8/q4 rounding one launch, the bits of swiglu then round_activations; other types
+// those two launches. out may be gate or up.
+void swiglu_rounded(QuantType q, const float* gate, const float* up, int rows, int cols,
+                    float* out, Stream s);
+
+// out row i = src row idx[i] rounded for type q, in one launch (gather_rows then
+// round_activations, the same bits), where q takes the pack q8/q4 rounding; returns false and
+// launches nothing otherwise. out must not alias src.
+bool gather_rounded(QuantType q, const float* src, const int* idx, int n, int cols, float* out,
+                    Stream s);
+
 // Which rounding round_activations applies for q: inputs of two matrices whose types share a
 // class can share one rounded copy.
 enum class ActivationRounding { kNone, kPackQ8, kBlock32F16, kBlock256 };

@@ -25,7 +25,8 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int* __r
 // out[t] = sum_{j<k} weights[t*k+j] * y[pair_row[t*k+j]], summed from zero in j order as
 // runtime/model/moe_layer.cpp does, so the result does not depend on the grouping of y. Grid x
 // strides tokens, grid y splits a row (a decode token's one row would leave one block
-// latency-bound).
+// latency-bound). kAdd: out[t] += the sum (the residual add, the same float as add_inplace of it).
+template <bool kAdd>
 __global__ void moe_combine_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
                                    const float* __restrict__ weights, int n_tokens, int k, int dim,
                                    float* __restrict__ out) {
@@ -35,7 +36,8 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const int* __res
     for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < dim; d += gridDim.y * blockDim.x) {
       float acc = 0.f;
       for (int j = 0; j < k; ++j) acc += wt[j] * y[size_t(pr[j]) * dim + d];
-      out[size_t(t) * dim + d] = acc;
+      if constexpr (kAdd) out[size_t(t) * dim + d] += acc;
+      else out[size_t(t) * dim + d] = acc;
     }
   }
 }
@@ -69,14 +71,16 @@ void gather_rows_cuda(const float* src, const int* idx, int n, int dim, float* o
 }
 
 void moe_combine_cuda(const float* y, const int* pair_row, const float* weights, int n_tokens,
-                      int k, int dim, float* out, cudaStream_t s) {
+                      int k, int dim, float* out, bool add, cudaStream_t s) {
   MOE_ASSERT(y && pair_row && weights && out && n_tokens > 0 && k > 0 && dim > 0,
              "moe_combine_cuda: bad arguments");
   // Row splits only while the grid is small: a prefill chunk has blocks enough.
   const unsigned splits = n_tokens >= 32 ? 1u : unsigned((dim + kThreads - 1) / kThreads);
   const dim3 grid(std::min(unsigned(n_tokens), kMaxBlocks), std::min(splits, 64u));
-  moe_combine_kernel<<<grid, kThreads, 0, s>>>(
-      y, pair_row, weights, n_tokens, k, dim, out);
+  if (add)
+    moe_combine_kernel<true><<<grid, kThreads, 0, s>>>(y, pair_row, weights, n_tokens, k, dim, out);
+  else
+    moe_combine_kernel<false><<<grid, kThreads, 0, s>>>(y, pair_row, weights, n_tokens, k, dim, out);
   MOE_CUDA_CHECK_LAUNCH("moe_combine_kernel");
 }
 
@@ -106,7 +110,16 @@ void moe_combine(const float* y, const int* pair_row, const float* weights, int 
     throw Error("gpu::moe_combine: bad shape n_tokens=" + std::to_string(n_tokens) +
                 " k=" + std::to_string(k) + " dim=" + std::to_string(dim));
   if (!y || !pair_row || !weights || !out) throw Error("gpu::moe_combine: null device pointer");
-  moe_combine_cuda(y, pair_row, weights, n_tokens, k, dim, out, s);
+  moe_combine_cuda(y, pair_row, weights, n_tokens, k, dim, out, false, s);
+}
+
+void moe_combine_add(const float* y, const int* pair_row, const float* weights, int n_tokens,
+                     int k, int dim, float* x, Stream s) {
+  if (n_tokens <= 0 || k <= 0 || dim <= 0)
+    throw Error("gpu::moe_combine_add: bad shape n_tokens=" + std::to_string(n_tokens) +
+                " k=" + std::to_string(k) + " dim=" + std::to_string(dim));
+  if (!y || !pair_row || !weights || !x) throw Error("gpu::moe_combine_add: null device pointer");
+  moe_combine_cuda(y, pair_row, weights, n_tokens, k, dim, x, true, s);
 }
 
 void add_inplace(float* y, const float* x, size_t n, Stream s) {

@@ -265,28 +265,13 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
   float* k_dst = staged ? k_tok : kc + size_t(n_past) * KV * hd_p;
   float* v_dst = staged ? v_tok : vc + size_t(n_past) * KV * hd_p;
   gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-  linear(h, lw.wq, T, qk_norm ? qraw : q);
-  linear(h, lw.wk, T, qk_norm ? kraw : k_dst);
-  linear(h, lw.wv, T, v_dst);
+  linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_dst, v_dst);
   if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
     add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
     add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
     add_bias(lw.bv, T, KV * hd, v_dst);
   }
-  if (cfg.qk_norm == QkNorm::kPerHead) {
-    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_dst, stream);
-  } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
-    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_dst, stream);
-  }
-  if (2 * half == hd) {
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k_dst, T, KV, half, cos_d, sin_d, stream);
-  } else {  // GLM's partial rotary: the first 2*half dims of each head
-    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
-    gpu::rope_neox_partial(k_dst, T, KV, half, hd, cos_d, sin_d, stream);
-  }
+  norm_and_rope(lw, T, k_dst);
   const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
   if (staged) append_kv(l, T, n_past, k_dst, v_dst);
   if (!padded) {
@@ -511,9 +496,8 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   MOE_CUDA_CHECK(cudaMemcpyAsync(plan_d, plan_host.as<int>(),
                                  (2 * pairs + unique_ids.size() + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
-  gpu::gather_rows(h, plan_d, n_rows, D, xg, stream);
   const ExpertLayout& lay = layouts[size_t(layer)];
-  const float* x_up = round_expert_inputs(lay, n_rows);
+  const float* x_up = gather_expert_inputs(lay, plan_d, n_rows);
   times.router_s += seconds_since(t0);
 
   auto upload_ptrs = [&](int g0, int g1) {
@@ -531,22 +515,23 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     if (g0 == g1) return;
     const int r0 = row_start[g0], r1 = row_start[g1];
     // Each matrix in its own type (a GGUF's gate, up and down may differ).
-    expert_matmul(lay.types.gate, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
-    expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
+    expert_gate_up(lay, g0, g1, max_rows, x_up);
     const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
     const int* row_start_d = plan_dev.as<int>() + 2 * pairs;
     if (lay.types.bias) {  // gpt-oss: each expert's gate and up biases, from its payload
       gpu::expert_bias_add(gate, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset, stream);
       gpu::expert_bias_add(up, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
     }
-    if (cfg.swiglu_limit > 0)
-      gpu::swiglu_clamped(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
-                          float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi + size_t(r0) * F, stream);
-    else
-      gpu::swiglu(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
-                  swi + size_t(r0) * F, stream);
+    // SwiGLU and down's input rounding (one launch for the pack types: swiglu_rounded).
     float* s0 = swi + size_t(r0) * F;
-    gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
+    if (cfg.swiglu_limit > 0) {
+      gpu::swiglu_clamped(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
+                          float(cfg.swiglu_limit), float(cfg.swiglu_alpha), s0, stream);
+      gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
+    } else {
+      gpu::swiglu_rounded(lay.types.down, gate + size_t(r0) * F, up + size_t(r0) * F, r1 - r0, F,
+                          s0, stream);
+    }
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
     if (lay.types.bias)
       gpu::expert_bias_add(y, D, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
@@ -583,9 +568,32 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     }
   }
   auto tc = std::chrono::steady_clock::now();
-  gpu::moe_combine(y, plan_d + pairs, wts_d, T, K, D, tmp, stream);
-  gpu::add_inplace(x, tmp, size_t(T) * D, stream);
+  gpu::moe_combine_add(y, plan_d + pairs, wts_d, T, K, D, x, stream);
   times.expert_compute_s += seconds_since(tc);
+}
+
+// QK-norm (when the model has it) and RoPE of the chunk's q (qraw -> q, or q in place) and k
+// (kraw -> k, or k in place): Qwen3's per-head norm with full rotary in one launch
+// (gpu::qk_norm_rope), otherwise rms_norm and rope_neox(_partial) launches.
+void CudaForward::norm_and_rope(const GpuLayerWeights& lw, int T, float* k) {
+  if (cfg.qk_norm == QkNorm::kPerHead && 2 * half == hd) {
+    gpu::qk_norm_rope(qraw, kraw, lw.q_norm, lw.k_norm, T, H, KV, hd, eps, cos_d, sin_d, q, k, stream);
+    return;
+  }
+  if (cfg.qk_norm == QkNorm::kPerHead) {
+    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k, stream);
+  } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
+    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
+    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k, stream);
+  }
+  if (2 * half == hd) {
+    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    gpu::rope_neox(k, T, KV, half, cos_d, sin_d, stream);
+  } else {  // GLM's partial rotary: the first 2*half dims of each head
+    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
+    gpu::rope_neox_partial(k, T, KV, half, hd, cos_d, sin_d, stream);
+  }
 }
 
 // y[T, n] += bias[n] on every row: a rank-1 product ones[T] x bias[n] accumulated by cuBLAS.

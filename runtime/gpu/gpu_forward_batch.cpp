@@ -68,28 +68,13 @@ void CudaForward::batch_attention_layer(const ForwardBatch& b, int l, ForwardTim
   const int T = batch_splits.back();
   auto ta = std::chrono::steady_clock::now();
   gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-  linear(h, lw.wq, T, qk_norm ? qraw : q);
-  linear(h, lw.wk, T, qk_norm ? kraw : k_tok);
-  linear(h, lw.wv, T, v_tok);
+  linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_tok, v_tok);
   if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
     add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
     add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_tok);
     add_bias(lw.bv, T, KV * hd, v_tok);
   }
-  if (cfg.qk_norm == QkNorm::kPerHead) {
-    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k_tok, stream);
-  } else if (cfg.qk_norm == QkNorm::kFull) {
-    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k_tok, stream);
-  }
-  if (2 * half == hd) {
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k_tok, T, KV, half, cos_d, sin_d, stream);
-  } else {
-    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
-    gpu::rope_neox_partial(k_tok, T, KV, half, hd, cos_d, sin_d, stream);
-  }
+  norm_and_rope(lw, T, k_tok);
   const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
   // Zero-padded heads (odd head_dim): the queries once for all rows, the outputs back after.
   if (padded)

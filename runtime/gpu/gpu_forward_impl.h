@@ -123,12 +123,22 @@ struct CudaForward final : GpuForward {
               const GpuForwardOptions& o);
   ~CudaForward() override;
   void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
+  // QK-norm and RoPE of qraw/q and kraw/k (gpu_forward.cpp).
+  void norm_and_rope(const GpuLayerWeights& lw, int T, float* k);
+  // q, k and v of the layer from xin: one launch where the three share type and width and T is
+  // 1 (gpu::dense_gemm_shared_input), else three linear() calls; the same bits either way.
+  void linear_qkv(const float* xin, const GpuLayerWeights& lw, int T, float* yq, float* yk,
+                  float* yv);
   void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                   float beta = 0.0f);
   void embed(int T);
-  const float* round_expert_inputs(const ExpertLayout& lay, int n_rows);
+  const float* gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx, int n_rows);
   void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
                      const float* xin, float* yout);
+  // The experts' gate (from xg) and up (from x_up) of groups [g0, g1) into gate/up: one launch
+  // where both share a type and take the grouped GEMM (gpu::expert_gemm_gate_up), else two
+  // expert_matmul calls; the same bits either way.
+  void expert_gate_up(const ExpertLayout& lay, int g0, int g1, int max_rows, const float* x_up);
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
   GpuForwardStats stats() const override {

@@ -88,6 +88,7 @@ void CudaForward::warm_up() {
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
     linear_f32(h, w.layers[size_t(cfg.first_k_dense_replace)].router, T, D, E, rlog);  // the first MoE layer's
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
+    if (!mla) norm_and_rope(lw, T, k_tok);  // Qwen3's fused QK-norm + RoPE among them
     if (mla) mla->warm_up(*this, T);
     else
       gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
@@ -95,22 +96,26 @@ void CudaForward::warm_up() {
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
-    gpu::gather_rows(h, plan_dev.as<int>(), T, D, xg, stream);
-    round_expert_inputs(layouts[0], T);
-    gpu::swiglu(gate, up, size_t(T) * F, swi, stream);
-    gpu::moe_combine(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T, K, D,
-                     tmp, stream);
-    gpu::add_inplace(x, tmp, size_t(T) * D, stream);
+    gather_expert_inputs(layouts[0], plan_dev.as<int>(), T);
+    gpu::swiglu_rounded(layouts[0].types.down, gate, up, T, F, swi, stream);
+    gpu::moe_combine_add(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T,
+                         K, D, x, stream);
   }
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-// The gathered expert inputs xg [n_rows, D] rounded as the CPU's kernels round them for gate's
-// type, in place (q8/q4 packs: int8 per 32-block as quant_matvec; ggml types: q8_0 or q8_K as
-// llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
+// The expert inputs xg [n_rows, D] = rows gather_idx of h, rounded as the CPU's kernels round
+// them for gate's type (q8/q4 packs: int8 per 32-block as quant_matvec; ggml types: q8_0 or q8_K
+// as llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
 // input: xg again, or xg_up when up's type rounds differently (rounded for it out of place, or a
-// plain copy when up takes floats, since gate's rounding overwrites xg).
-const float* CudaForward::round_expert_inputs(const ExpertLayout& lay, int n_rows) {
+// plain copy when up takes floats, since gate's rounding overwrites xg). Gate and up both pack
+// q8/q4: gather and rounding in one launch (gpu::gather_rounded, the same bits).
+const float* CudaForward::gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx,
+                                               int n_rows) {
+  if (gpu::activation_rounding(lay.types.up) == gpu::activation_rounding(lay.types.gate) &&
+      gpu::gather_rounded(lay.types.gate, h, gather_idx, n_rows, D, xg, stream))
+    return xg;
+  gpu::gather_rows(h, gather_idx, n_rows, D, xg, stream);
   const float* x_up = xg;
   if (gpu::activation_rounding(lay.types.up) != gpu::activation_rounding(lay.types.gate)) {
     if (!gpu::round_activations(lay.types.up, xg, xg_up, n_rows, D, stream))
@@ -141,6 +146,20 @@ void CudaForward::expert_matmul(QuantType q, size_t offset, int g0, int g1, int 
     for (int r = row_start[g]; r < row_start[g + 1]; ++r)
       gpu::expert_matvec(q, ptr_h[g] + offset, rows, cols, xin + size_t(r) * cols,
                          yout + size_t(r) * rows, stream);
+}
+
+void CudaForward::expert_gate_up(const ExpertLayout& lay, int g0, int g1, int max_rows,
+                                 const float* x_up) {
+  const QuantType q = lay.types.gate;
+  if (q != lay.types.up || (pack_int_type(q) && D % kQuantBlock != 0)) {
+    expert_matmul(q, lay.gate_offset, g0, g1, max_rows, F, D, xg, gate);
+    expert_matmul(lay.types.up, lay.up_offset, g0, g1, max_rows, F, D, x_up, up);
+    return;
+  }
+  const size_t pairs = size_t(B) * size_t(K);
+  gpu::expert_gemm_gate_up(q, ptr_dev.as<const uint8_t*>() + g0, lay.gate_offset, lay.up_offset,
+                           plan_dev.as<int>() + 2 * pairs + g0, g1 - g0, max_rows, F, D, xg, x_up,
+                           gate, up, stream);
 }
 
 // Whether every matrix of `lay` goes through the grouped GEMM, which reads the payload pointers
@@ -179,12 +198,34 @@ void CudaForward::linear(const float* xin, const GpuMatrix& W, int T, float* you
     linear_f32(xin, W.f32(), T, W.cols, W.rows, yout, accumulate ? 1.0f : 0.0f);
     return;
   }
-  float* dst = accumulate ? proj : yout;
   // The CPU rounds this matrix's input as its type's kernel needs: a rounded copy in xr, so xin
   // stays as it is for the layer's other matrices.
   if (gpu::round_activations(W.type, xin, xr, T, W.cols, stream)) xin = xr;
+  if (accumulate && T == 1 && gpu::dense_gemv_takes(W.type, W.cols)) {  // the add in the GEMV
+    const gpu::DenseOut o{W.data, W.rows, yout, true};
+    gpu::dense_gemm_shared_input(W.type, &o, 1, W.cols, xin, 1, stream);
+    return;
+  }
+  float* dst = accumulate ? proj : yout;
   gpu::dense_gemm(W.type, W.data, W.rows, W.cols, xin, T, dst, stream);
   if (accumulate) gpu::add_inplace(yout, proj, size_t(T) * size_t(W.rows), stream);
+}
+
+void CudaForward::linear_qkv(const float* xin, const GpuLayerWeights& lw, int T, float* yq,
+                             float* yk, float* yv) {
+  const QuantType q = lw.wq.type;
+  if (T != 1 || q == QuantType::kF32 || lw.wk.type != q || lw.wv.type != q ||
+      lw.wk.cols != lw.wq.cols || lw.wv.cols != lw.wq.cols) {
+    linear(xin, lw.wq, T, yq);
+    linear(xin, lw.wk, T, yk);
+    linear(xin, lw.wv, T, yv);
+    return;
+  }
+  // As linear(): the input rounded once for the three (one type, one rounding).
+  if (gpu::round_activations(q, xin, xr, T, lw.wq.cols, stream)) xin = xr;
+  const gpu::DenseOut outs[3] = {{lw.wq.data, lw.wq.rows, yq}, {lw.wk.data, lw.wk.rows, yk},
+                                 {lw.wv.data, lw.wv.rows, yv}};
+  gpu::dense_gemm_shared_input(q, outs, 3, lw.wq.cols, xin, T, stream);
 }
 
 // x[T, D] = the embedding rows of the chunk's tokens (ids in in_dev, checked by Model::forward).

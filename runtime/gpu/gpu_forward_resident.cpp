@@ -85,26 +85,24 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
                          missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
     if (Fs > 0) shared_expert(lw, 1);
     // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
-    gpu::gather_rows(h, plan, K, D, xg, stream);
-    const float* x_up = round_expert_inputs(lay, K);
-    expert_matmul(lay.types.gate, lay.gate_offset, 0, K, 1, F, D, xg, gate);
-    expert_matmul(lay.types.up, lay.up_offset, 0, K, 1, F, D, x_up, up);
+    const float* x_up = gather_expert_inputs(lay, plan, K);
+    expert_gate_up(lay, 0, K, 1, x_up);
     const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
     const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
     if (lay.types.bias) {  // gpt-oss
       gpu::expert_bias_add(gate, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset, stream);
       gpu::expert_bias_add(up, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
     }
-    if (cfg.swiglu_limit > 0)
+    if (cfg.swiglu_limit > 0) {
       gpu::swiglu_clamped(gate, up, size_t(K) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi, stream);
-    else
-      gpu::swiglu(gate, up, size_t(K) * F, swi, stream);
-    gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
+      gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
+    } else {
+      gpu::swiglu_rounded(lay.types.down, gate, up, K, F, swi, stream);
+    }
     expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
     if (lay.types.bias)
       gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
-    gpu::moe_combine(y, plan + pairs, wts_l, 1, K, D, tmp, stream);
-    gpu::add_inplace(x, tmp, size_t(D), stream);
+    gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
     if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
     if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
     times.expert_compute_s += seconds_since(tm);

@@ -1,0 +1,131 @@
+// The fused glue kernels of the decode step (issue 19): qk_norm_rope against a CPU reference in
+// double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded and
+// gather_rounded bit for bit against the launches they replace. Skips without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.h"
+#include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/round_activations.h"
+#include "tests/gpu_test_util.h"
+
+namespace moestream {
+namespace {
+
+// Per-head RMSNorm (weights w [hd]) then neox RoPE at token t's cos/sin rows, in double.
+std::vector<float> norm_rope_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                       int n_tokens, int n_heads, int hd, float eps,
+                                       const std::vector<float>& cos, const std::vector<float>& sin) {
+  const int half = hd / 2;
+  std::vector<float> out(x.size());
+  for (int t = 0; t < n_tokens; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      const size_t o = (size_t(t) * n_heads + h) * hd;
+      double ss = 0;
+      for (int i = 0; i < hd; ++i) ss += double(x[o + i]) * x[o + i];
+      const double inv = 1.0 / std::sqrt(ss / hd + eps);
+      for (int i = 0; i < half; ++i) {
+        const double a = x[o + i] * inv * w[size_t(i)], b = x[o + i + half] * inv * w[size_t(i + half)];
+        const double c = cos[size_t(t) * half + i], s = sin[size_t(t) * half + i];
+        out[o + i] = float(a * c - b * s);
+        out[o + i + half] = float(b * c + a * s);
+      }
+    }
+  return out;
+}
+
+void check_qk_norm_rope(int n_tokens, int n_q, int n_k, int hd, uint32_t seed) {
+  const int half = hd / 2;
+  const float eps = 1e-6f;
+  const auto q = random_floats(size_t(n_tokens) * n_q * hd, seed, 2.0f);
+  const auto k = random_floats(size_t(n_tokens) * n_k * hd, seed + 1, 0.5f);
+  auto qw = random_floats(size_t(hd), seed + 2, 0.2f), kw = random_floats(size_t(hd), seed + 3, 0.2f);
+  for (float& v : qw) v += 1.0f;
+  for (float& v : kw) v += 1.0f;
+  std::vector<float> cos(size_t(n_tokens) * half), sin(cos.size());
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const double a = 0.37 * double(i) + 0.1;  // angles of every size
+    cos[i] = float(std::cos(a));
+    sin[i] = float(std::sin(a));
+  }
+  DeviceVec<float> dq(q), dk(k), dqw(qw), dkw(kw), dc(cos), ds(sin), qo(q.size()), ko(k.size()),
+      q2(q.size()), k2(k.size());
+  gpu::qk_norm_rope(dq.get(), dk.get(), dqw.get(), dkw.get(), n_tokens, n_q, n_k, hd, eps, dc.get(),
+                    ds.get(), qo.get(), ko.get(), nullptr);
+  const std::string name = "qk_norm_rope hd=" + std::to_string(hd) + " heads=" +
+                           std::to_string(n_q) + "/" + std::to_string(n_k) + " tokens=" +
+                           std::to_string(n_tokens);
+  // float32 sums of hd squares and a rotation: 2e-6 absolute plus 2e-5 relative.
+  expect_close(qo.download(), norm_rope_reference(q, qw, n_tokens, n_q, hd, eps, cos, sin), 2e-6f,
+               2e-5f, (name + " q").c_str());
+  expect_close(ko.download(), norm_rope_reference(k, kw, n_tokens, n_k, hd, eps, cos, sin), 2e-6f,
+               2e-5f, (name + " k").c_str());
+  // The launches it replaces: the same sums; only FMA contraction may differ (1e-6).
+  gpu::rms_norm(dq.get(), dqw.get(), n_tokens * n_q, hd, eps, q2.get(), nullptr);
+  gpu::rms_norm(dk.get(), dkw.get(), n_tokens * n_k, hd, eps, k2.get(), nullptr);
+  gpu::rope_neox(q2.get(), n_tokens, n_q, half, dc.get(), ds.get(), nullptr);
+  gpu::rope_neox(k2.get(), n_tokens, n_k, half, dc.get(), ds.get(), nullptr);
+  expect_close(qo.download(), q2.download(), 1e-6f, 1e-6f, (name + " q vs rms_norm + rope").c_str());
+  expect_close(ko.download(), k2.download(), 1e-6f, 1e-6f, (name + " k vs rms_norm + rope").c_str());
+}
+
+TEST(GpuFusedOps, QkNormRopeMatchesReferenceAndTheLaunchesItReplaces) {
+  SKIP_WITHOUT_GPU();
+  check_qk_norm_rope(1, 32, 4, 128, 140);  // Qwen3-30B-A3B decode
+  check_qk_norm_rope(7, 16, 16, 64, 141);  // a prefill chunk, MHA
+  check_qk_norm_rope(3, 6, 2, 18, 142);    // the fixtures' odd-sized heads (one warp, 14 idle)
+}
+
+TEST(GpuFusedOps, QkNormRopeRejectsBadShapes) {
+  SKIP_WITHOUT_GPU();
+  DeviceVec<float> a(4096);
+  float* p = a.get();
+  EXPECT_THROW(gpu::qk_norm_rope(p, p, p, p, 1, 2, 1, 15, 1e-6f, p, p, p, p, nullptr), Error);
+  EXPECT_THROW(gpu::qk_norm_rope(p, p, p, p, 1, 2, 1, 2048, 1e-6f, p, p, p, p, nullptr), Error);
+  EXPECT_THROW(gpu::qk_norm_rope(p, nullptr, p, p, 1, 2, 1, 16, 1e-6f, p, p, p, p, nullptr), Error);
+}
+
+TEST(GpuFusedOps, SwigluRoundedEqualsSwigluThenRoundingBitForBit) {
+  SKIP_WITHOUT_GPU();
+  // q8 (one fused launch; 200 = 6 blocks + a short one), q4 (the same rounding) and bf16 (none).
+  for (QuantType q : {QuantType::kQ8, QuantType::kQ4, QuantType::kBF16})
+    for (auto [rows, cols] : {std::pair{3, 200}, std::pair{8, 768}}) {
+      const size_t n = size_t(rows) * cols;
+      auto gate = random_floats(n, 150, 3.0f), up = random_floats(n, 151);
+      for (size_t i = 0; i < n; i += 97) gate[i] = up[i] = 0.0f;  // zeros and a zero block below
+      for (int c = 0; c < 32 && c < cols; ++c) gate[size_t(c)] = 0.0f;
+      DeviceVec<float> dg(gate), du(up), fused(n), split(n);
+      gpu::swiglu_rounded(q, dg.get(), du.get(), rows, cols, fused.get(), nullptr);
+      gpu::swiglu(dg.get(), du.get(), n, split.get(), nullptr);
+      gpu::round_activations(q, split.get(), split.get(), rows, cols, nullptr);
+      const std::string name = "swiglu_rounded " + std::string(quant_name(q)) + " " +
+                               std::to_string(rows) + "x" + std::to_string(cols);
+      expect_exact(fused.download(), split.download(), name.c_str());
+    }
+}
+
+TEST(GpuFusedOps, GatherRoundedEqualsGatherThenRoundingBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int n_src = 5, cols = 200;  // 6 blocks and a short one
+  const std::vector<int> idx = {4, 0, 0, 2, 4, 1, 3, 3};  // repeats, any order (a decode plan: all 0)
+  const int n = int(idx.size());
+  auto src = random_floats(size_t(n_src) * cols, 160, 2.0f);
+  for (int c = 0; c < 32; ++c) src[size_t(2) * cols + size_t(c)] = 0.0f;  // a zero block
+  DeviceVec<float> dsrc(src), fused(size_t(n) * cols), split(size_t(n) * cols);
+  DeviceVec<int> didx(idx);
+  ASSERT_TRUE(gpu::gather_rounded(QuantType::kQ8, dsrc.get(), didx.get(), n, cols, fused.get(), nullptr));
+  gpu::gather_rows(dsrc.get(), didx.get(), n, cols, split.get(), nullptr);
+  gpu::round_activations(QuantType::kQ8, split.get(), split.get(), n, cols, nullptr);
+  expect_exact(fused.download(), split.download(), "gather_rounded q8 vs gather_rows + round_activations");
+  // Types that do not take the pack rounding: nothing launched, false.
+  EXPECT_FALSE(gpu::gather_rounded(QuantType::kBF16, dsrc.get(), didx.get(), n, cols, fused.get(), nullptr));
+  EXPECT_FALSE(gpu::gather_rounded(ggml_quant(GgmlType::kQ8_0), dsrc.get(), didx.get(), n, cols,
+                                   fused.get(), nullptr));
+}
+
+}  // namespace
+}  // namespace moestream

@@ -1,0 +1,87 @@
+// Helpers of the GPU kernel tests (gpu_kernels_test, gpu_decode_gemv_test, gpu_fused_ops_test,
+// gpu_ggml_test): a device vector (its download fails the test when a kernel failed), random
+// data, and the comparisons that print each check's worst error / tolerance line.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/gpu_ops.h"
+
+namespace moestream {
+
+#define SKIP_WITHOUT_GPU()                                              \
+  do {                                                                  \
+    const char* why = nullptr;                                          \
+    if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why; \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// A device copy of a host vector, freed on scope exit.
+template <class T>
+class DeviceVec {
+ public:
+  explicit DeviceVec(size_t n) : n_(n) {
+    if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
+  }
+  explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) {
+    if (p_ && n_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  ~DeviceVec() { cudaFree(p_); }
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "a kernel failed";
+    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// |gpu - ref| <= atol + rtol * |ref| for every element, reporting the first offender.
+inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& ref, float atol,
+                  float rtol, const char* what) {
+  ASSERT_EQ(gpu.size(), ref.size());
+  float worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float err = std::fabs(gpu[i] - ref[i]);
+    worst = std::max(worst, err / (atol + rtol * std::fabs(ref[i])));
+    ASSERT_LE(err, atol + rtol * std::fabs(ref[i])) << what << " at " << i << ": gpu " << gpu[i]
+                                                    << " ref " << ref[i];
+  }
+  std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
+}
+
+// Bit-exact comparison; prints the table line with tolerance 0 (worst absolute error shown).
+inline void expect_exact(const std::vector<float>& gpu, const std::vector<float>& ref, const char* what) {
+  ASSERT_EQ(gpu.size(), ref.size());
+  float worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(gpu[i], ref[i]) << what << " at " << i;
+    worst = std::max(worst, std::fabs(gpu[i] - ref[i]));
+  }
+  std::printf("[ %s ] n=%zu worst error / tolerance = %.3f\n", what, ref.size(), worst);
+}
+
+}  // namespace moestream
