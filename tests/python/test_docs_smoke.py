@@ -488,6 +488,17 @@ def _bench_streams(s):
     assert [r["streams"] for r in rows] == [1, 2] and "| streams |" in r.stdout
 
 
+@case("bench/server/bench_union.py")
+def _bench_union(s):
+    """Two streams of held-out prompts, one tolerance plain and with the union, 2 tokens, JSON written."""
+    out = s.tmp / "union.json"
+    r = s.run([sys.executable, "bench/server/bench_union.py", "--exe", s.exe("moestream-server"),
+               "--model", DEMO, "--parallel", 2, "--tolerances", 0.5, "--rounds", 1, "--max-tokens", 2,
+               "--warmup-tokens", 1, "--server-args", "-t 1 --io-direct", "--json", out], timeout=300)
+    rounds = json.loads(out.read_text())["rounds"]
+    assert len(rounds["union, tol 0.5"]) == 1 and "| union, tol 0.5 |" in r.stdout
+
+
 @case("bench/gguf_oracle.py")
 def _gguf_oracle(s):
     """Against the committed llama.cpp outputs of two fixtures (Q8_0, mixed k-quants): no llama.cpp."""
