@@ -13,7 +13,9 @@
 
 #include "common/file_util.h"
 #include "loader/store/engine_expert_store.h"
+#include "common/error.h"
 #include "runtime/convert/synthetic_model.h"
+#include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/moe_layer.h"
@@ -92,7 +94,8 @@ ModelConfig small_config() {
   return test::tiny_moe_config({.layers = 3, .experts = 16, .top_k = 4, .max_positions = 256});
 }
 
-std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const CacheAwareOptions& ca, bool host_cache) {
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const CacheAwareOptions& ca, bool host_cache,
+                                  int max_batch = 64) {
   const ModelConfig cfg = ModelConfig::load(dir);
   EngineExpertStoreOptions so;
   so.io.direct = true;
@@ -100,6 +103,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const CacheA
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_sequences = 4;
+  mo.max_batch = max_batch;
   mo.cache_aware = ca;
   return Model::load(dir, mo, open_expert_store("auto", dir, cfg, so));
 }
@@ -198,6 +202,31 @@ TEST_F(CacheAwareUnionModel, ASequenceAloneInABatchRoutesAsOneSequence) {
   EXPECT_GT(solo->cache_aware_stats().substitutions, 0u);  // the comparison means something
   EXPECT_EQ(solo->cache_aware_stats().substitutions, batched->cache_aware_stats().substitutions);
   EXPECT_EQ(solo->cache_aware_stats().misses_after, batched->cache_aware_stats().misses_after);
+}
+
+// infer --perplexity --parallel N (perplexity_batched): disjoint windows N at a time, one token
+// per window per step. Without cache-aware routing every window's logits are those of its run
+// alone token by token (max_batch 1), so the perplexity is perplexity(ctx, stride = ctx)'s up to
+// the order of the sum; with the union rule at a wide tolerance the batch's windows substitute.
+TEST_F(CacheAwareUnionModel, BatchedPerplexityEqualsTheWindowsOneByOneAndTheUnionChangesIt) {
+  std::mt19937 rng(8);
+  std::vector<int> text(100);
+  for (int& t : text) t = int(rng() % 61);
+  auto solo = load_model(dir_.path(), {false, 0.0f}, false, 1);
+  auto batched = load_model(dir_.path(), {false, 0.0f}, false);
+  const PerplexityResult a = perplexity(*solo, text, 16, 16);
+  const PerplexityResult b = perplexity_batched(*batched, text, 16, 3);
+  EXPECT_EQ(a.n_scored, b.n_scored);
+  EXPECT_EQ(a.n_windows, b.n_windows);
+  EXPECT_NEAR(a.mean_nll, b.mean_nll, 1e-9 * a.mean_nll);
+  EXPECT_EQ(b.tokens_run, b.n_scored);  // every token run predicts one
+  EXPECT_EQ(b.routing.routings, 0u);
+  auto uni = load_model(dir_.path(), union_at(0.5f), false);
+  const PerplexityResult c = perplexity_batched(*uni, text, 16, 3);
+  EXPECT_GT(c.routing.substitutions, 0u);
+  EXPECT_LT(c.routing.misses_after, c.routing.misses_before);
+  EXPECT_NE(c.mean_nll, b.mean_nll);
+  EXPECT_THROW(perplexity_batched(*batched, text, 16, 5), ConfigError);  // max_sequences is 4
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ struct EngineCliArgs {
   bool no_verify = false;
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
+  bool cache_aware_union = false;
   bool gpu = false;
   uint64_t gpu_cache_mb = 0;  // 0 = automatic
   int moe_lookahead = 0;

@@ -36,7 +36,6 @@ struct Args {
   std::string model, collect_routing, replay_routing;
   int threads = 0, ctx = 0;
   bool no_prefix_reuse = false;
-  bool cache_aware_union = false;
   EngineCliArgs engine;
   uint64_t max_body_kb = 4096;
   ServerOptions server;
@@ -142,9 +141,6 @@ int run(Args& a) {
   mo.n_threads = a.threads;
   mo.max_context = a.ctx;
   apply_engine_options(a.engine, mo);
-  if (a.cache_aware_union && !a.engine.cache_aware)
-    throw ConfigError("--cache-aware-union is a rule of cache-aware routing: add --cache-aware (and --cache-tolerance)");
-  mo.cache_aware.batch_union = a.cache_aware_union;
   // The GPU's batches (runtime/gpu/gpu_forward_batch.cpp) have standard attention only.
   if (a.server.parallel > 1 && mo.gpu && cfg.has_mla())
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " with --gpu: " +
@@ -254,10 +250,5 @@ int main(int argc, char** argv) {
                  "or the body's replay_request), e.g. a trained model's traffic over a synthetic one; "
                  "turns prefix reuse off");
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
-  app.add_flag("--cache-aware-union", a.cache_aware_union,
-               "with --cache-aware and --parallel N: in a batch step, an expert that an earlier sequence of "
-               "the step chose (read once for all) counts as resident for the later ones' substitutions; "
-               "sequences in the step's order (decode tokens by slot, then prompt chunks by slot); a "
-               "request alone in its step routes as without it; tolerance 0 changes nothing");
   return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }
