@@ -28,7 +28,6 @@ import pathlib
 import statistics
 import sys
 import threading
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_streams as bs  # noqa: E402  (the stream and metrics helpers)
@@ -87,19 +86,8 @@ def config_order(configs, rnd):
 # ---- the run ----
 
 def stream(url, prompt, max_tokens, out, i, start):
-    import requests
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
     start.wait()
-    t0 = time.monotonic()
-    lines = []
-    with requests.post(url + "/v1/completions", data=json.dumps(body), stream=True, timeout=3600,
-                       headers={"Content-Type": "application/json"}) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"stream {i}: HTTP {r.status_code}: {r.text[:300]}")
-        for line in r.iter_lines():
-            lines.append((time.monotonic(), line))
-    events = bs.sse_payloads(lines)
+    t0, events = bs.post_stream(url, bs.greedy_body(prompt, max_tokens), f"stream {i}")
     out[i] = (bs.stream_stats(t0, events), event_pieces(events))
 
 
