@@ -395,6 +395,7 @@ skipped("bin/fuzz_chat_template", CI_JOB, "libFuzzer targets are built and run b
 skipped("bin/reference_test", CI_JOB, "a unit test: ctest runs it in this job")
 skipped("bin/gpu_mla_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
 skipped("bin/gpu_forward_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
+skipped("bin/gpu_batch_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
 
 
 # --- bench scripts ---
