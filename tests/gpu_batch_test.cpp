@@ -2,12 +2,14 @@
 // and the GPU prefill's expert reads: each sequence's logits in a batch equal those of the same
 // chunks run alone on the GPU within a stated tolerance, with joins, leaves and slot reuse; a
 // step acquires the union of its sequences' experts once; a prefill chunk reads each of its
-// experts once. Skip without a CUDA device.
+// experts once; cache-aware routing's union rule routes a batch as the CPU pass does. Skip without
+// a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -274,6 +276,88 @@ TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
   std::printf("[ gpu batch union ] %zu experts acquired for 3 x %d x %d choices: %llu hits, %llu misses\n",
               union_experts, c.n_experts_per_tok, c.n_moe_layers(),
               static_cast<unsigned long long>(p.demand_hits), static_cast<unsigned long long>(p.demand_misses));
+}
+
+// Issue 22 item 3 on the GPU: cache-aware routing in a batch step runs the CPU pass's
+// CacheAwareRouter with forward_batch's rows as the sequences, so the union rule holds there too.
+// The demo on the pread store (no host tier) with a 4 MiB GPU cache (of its 17.9 MB of experts):
+// only the GPU cache makes an expert resident. Final ids per (slot, layer), in step order.
+using BatchIds = std::map<std::pair<int, int>, std::vector<int>>;
+
+BatchIds batch_routing(Model& m, std::vector<Request> rs, const CacheAwareOptions& ca) {
+  m.set_cache_aware(ca);
+  m.reset_cache_aware_stats();
+  BatchIds ids;
+  m.set_routing_callback([&](const RoutingEvent& e) {
+    auto& v = ids[{e.sequence, e.layer}];
+    v.insert(v.end(), e.ids, e.ids + size_t(e.n_tokens) * size_t(e.top_k));
+  });
+  run_batched(m, rs);
+  m.set_routing_callback({});
+  return ids;
+}
+
+std::vector<Request> three_requests(const ModelConfig& c) {
+  std::mt19937 rng(29);
+  std::vector<Request> rs;
+  for (int n : {5, 7, 3}) rs.push_back({random_tokens(rng, n, c.vocab_size), 0, random_tokens(rng, 12, c.vocab_size), {}});
+  return rs;
+}
+
+TEST(GpuBatchCacheAware, UnionAtToleranceZeroRoutesAsThePlainBatchAndWideSubstitutesMore) {
+  REQUIRE_GPU();
+  auto plain = load(kDemo, 4 * kChunk, 4);
+  auto uni = load(kDemo, 4 * kChunk, 4);
+  const std::vector<Request> rs = three_requests(plain->config());
+  CacheAwareOptions zero{true, 0.0f};
+  const BatchIds a = batch_routing(*plain, rs, zero);
+  zero.batch_union = true;
+  EXPECT_EQ(batch_routing(*uni, rs, zero), a);
+  EXPECT_EQ(uni->cache_aware_stats().substitutions, 0u);
+  EXPECT_GT(uni->cache_aware_stats().routings, 0u);
+  // A wide tolerance on fresh models: the union's candidates include every plain one (and the
+  // earlier sequences' choices), so it substitutes more and reads less.
+  auto plain_w = load(kDemo, 4 * kChunk, 4);
+  auto uni_w = load(kDemo, 4 * kChunk, 4);
+  CacheAwareOptions wide{true, 0.5f};
+  batch_routing(*plain_w, rs, wide);
+  wide.batch_union = true;
+  batch_routing(*uni_w, rs, wide);
+  const CacheAwareStats &p = plain_w->cache_aware_stats(), &u = uni_w->cache_aware_stats();
+  std::printf("[ gpu batch cache-aware 0.5 ] substitutions plain %llu, union %llu; misses after plain %llu, union %llu\n",
+              (unsigned long long)p.substitutions, (unsigned long long)u.substitutions,
+              (unsigned long long)p.misses_after, (unsigned long long)u.misses_after);
+  EXPECT_GT(u.substitutions, p.substitutions);
+  EXPECT_LT(u.misses_after, p.misses_after);
+}
+
+TEST(GpuBatchCacheAware, ASequenceAloneInABatchRoutesAsOneSequence) {
+  REQUIRE_GPU();
+  // The same request through forward() and alone in forward_batch with the union rule, each on a
+  // fresh model and cache: the same substitutions up to the batch's float noise (the expert GEMM
+  // tile; see tolerance() above), so near agreement of the final ids, not bits.
+  auto solo = load(kDemo, kChunk, 4);
+  auto batched = load(kDemo, 4 * kChunk, 4);
+  Request r = three_requests(solo->config())[1];
+  solo->set_cache_aware({true, 0.5f});
+  std::map<int, std::vector<int>> want;
+  solo->set_routing_callback([&](const RoutingEvent& e) {
+    want[e.layer].insert(want[e.layer].end(), e.ids, e.ids + size_t(e.n_tokens) * size_t(e.top_k));
+  });
+  run_alone(*solo, r);
+  CacheAwareOptions uni{true, 0.5f};
+  uni.batch_union = true;
+  const BatchIds got = batch_routing(*batched, {r}, uni);
+  size_t same = 0, total = 0;
+  for (const auto& [key, ids] : got) {
+    const std::vector<int>& w = want[key.second];
+    ASSERT_EQ(ids.size(), w.size()) << "layer " << key.second;
+    for (size_t i = 0; i < ids.size(); ++i) same += ids[i] == w[i];
+    total += ids.size();
+  }
+  std::printf("[ gpu batch alone, cache-aware 0.5 union ] %zu of %zu final choices as forward()'s\n", same, total);
+  EXPECT_GT(solo->cache_aware_stats().substitutions, 0u);
+  EXPECT_GE(double(same), 0.95 * double(total));
 }
 
 // Issue 19 item 3: a prefill chunk reads each expert it routes to once and runs it over all of

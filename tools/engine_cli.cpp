@@ -56,6 +56,12 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                  "tolerance of --cache-aware, as a fraction of the top-k logit range (top-1 logit "
                  "minus top-k logit); with top-k = 1 an absolute logit difference; 0 = no change")
       ->capture_default_str()->check(in_range(0.0f, kMaxCacheTolerance));
+  app.add_flag("--cache-aware-union", a.cache_aware_union,
+               "with --cache-aware, for batches of sequences (moestream-server --parallel N, infer "
+               "--perplexity --parallel N): an expert an earlier sequence of the step chose (read once "
+               "for all) counts as resident for the later ones' substitutions; sequences in the step's "
+               "order (the server's: decode tokens by slot, then prompt chunks by slot); one sequence "
+               "alone routes as without it; tolerance 0 changes nothing");
   app.add_flag("--gpu", a.gpu,
                "run the whole forward pass on the GPU (CUDA builds; an error, never a CPU "
                "fallback, without a GPU)");
@@ -84,6 +90,9 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.verify_checksums = !a.no_verify;
   mo.cache_aware.enabled = a.cache_aware;
   mo.cache_aware.tolerance = a.cache_tolerance;
+  if (a.cache_aware_union && !a.cache_aware)
+    throw ConfigError("--cache-aware-union is a rule of cache-aware routing: add --cache-aware (and --cache-tolerance)");
+  mo.cache_aware.batch_union = a.cache_aware_union;
   mo.gpu = a.gpu;
   mo.gpu_cache_mb = size_t(a.gpu_cache_mb);
   mo.moe_lookahead = a.moe_lookahead;

@@ -20,6 +20,7 @@ struct EngineCliArgs {
   bool no_verify = false;
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
+  bool cache_aware_union = false;
   bool gpu = false;
   uint64_t gpu_cache_mb = 0;  // 0 = automatic
   int moe_lookahead = 0;
@@ -28,7 +29,8 @@ struct EngineCliArgs {
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,
-// --max-read-kb, --direct-max-read-kb, --io-profile, --no-verify, --cache-aware, --cache-tolerance, --gpu, --gpu-cache-mb and
+// --max-read-kb, --direct-max-read-kb, --io-profile, --no-verify, --cache-aware, --cache-tolerance,
+// --cache-aware-union, --gpu, --gpu-cache-mb and
 // --moe-lookahead to `app`.
 void add_engine_options(CLI::App& app, EngineCliArgs& a);
 

@@ -72,6 +72,7 @@ struct Args {
   std::string collect_routing, replay_routing;
   bool collect_router_inputs = false;
   int batch = 0;  // tokens per forward chunk; 0 = the model's default
+  int parallel = 1;  // --parallel: perplexity windows at once
   bool lookahead_replayed = false;  // --lookahead-replayed (benchmarks: a perfect predictor)
 };
 
@@ -108,6 +109,14 @@ int run(const Args& a) {
     throw ConfigError("--lookahead-replayed needs --replay-routing and --moe-lookahead N, without --gpu");
   mo.moe_lookahead_replayed = a.lookahead_replayed;
   if (a.batch > 0) mo.max_batch = a.batch;
+  if (a.parallel > 1) {  // perplexity over a batch of windows
+    if (a.perplexity_file.empty() || !a.prompt.empty() || !a.prompt_ids.empty())
+      throw ConfigError("--parallel N scores --perplexity windows N at a time; it does not apply to -p / --prompt-ids");
+    if (!a.replay_routing.empty() || !a.collect_routing.empty())
+      throw ConfigError("--parallel N runs perplexity windows as a batch, without --replay-routing or --collect-routing");
+    mo.max_sequences = std::max(mo.max_sequences, a.parallel);
+    mo.max_batch = std::max(mo.max_batch, a.parallel);
+  }
   const bool want_ppl = !a.perplexity_file.empty();
   const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
   if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
@@ -203,12 +212,17 @@ int run(const Args& a) {
     std::vector<int> ids;
     for (int32_t id : tok->encode(text, true)) ids.push_back(id);
     const int ctx = a.ctx > 0 ? a.ctx : std::min(model->max_context(), 512);
-    const int stride = a.stride > 0 ? a.stride : std::max(1, ctx / 2);
+    if (a.parallel > 1 && a.stride > 0 && a.stride != ctx)
+      throw ConfigError("--parallel " + std::to_string(a.parallel) + " scores disjoint windows: give no --stride, "
+                        "or --stride equal to the context (" + std::to_string(ctx) + ")");
+    const int stride = a.parallel > 1 ? ctx : a.stride > 0 ? a.stride : std::max(1, ctx / 2);
     // A bar on a terminal; into a pipe a line every few seconds, and nothing for a short run.
     Progress progress("perplexity", true, stderr, {.brief = true});
-    ppl = perplexity(*model, ids, ctx, stride, [&](size_t done, size_t total) {
+    const auto report = [&](size_t done, size_t total) {
       progress.update(done, total, std::to_string(done) + "/" + std::to_string(total) + " tokens");
-    });
+    };
+    ppl = a.parallel > 1 ? perplexity_batched(*model, ids, ctx, a.parallel, report)
+                         : perplexity(*model, ids, ctx, stride, report);
     std::printf("perplexity %.4f over %zu tokens of %s (ctx %d, stride %d)\n", ppl->perplexity,
                 ppl->n_scored, a.perplexity_file.c_str(), ctx, stride);
   }
@@ -268,5 +282,10 @@ int main(int argc, char** argv) {
                  "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
                  "token by token like decode; 0 = default 64")
       ->capture_default_str()->check(in_range(0, 1 << 20));
+  app.add_option("--parallel", a.parallel,
+                 "with --perplexity: score N disjoint windows of --ctx at once, one token per window per "
+                 "step, as N decoding sequences of one batch (what --cache-aware-union costs in quality); "
+                 "1 = the windows one by one (--stride applies)")
+      ->capture_default_str()->check(in_range(1, 64));
   return run_tool("infer", app, argc, argv, [&] { return run(a); });
 }

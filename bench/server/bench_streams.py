@@ -182,24 +182,34 @@ def prompts_for(model, n, prompt_ids, seed):
     return [TEXT_PROMPTS[i % len(TEXT_PROMPTS)] + ("" if i < len(TEXT_PROMPTS) else f" ({i})") for i in range(n)]
 
 
-def one_stream(url, prompt, max_tokens, out, i, start, llama, replay=None):
-    import requests
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+def greedy_body(prompt, max_tokens):
+    """A greedy streaming /v1/completions body that ignores EOS and reports its usage."""
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
-    if llama:
-        body["n_predict"] = max_tokens
-    if replay is not None:
-        body["replay_request"] = replay
-    start.wait()
+
+
+def post_stream(url, body, label):
+    """POSTs a streaming completion: (time sent, [(arrival_s, json)] of its data events)."""
+    import requests
     t0 = time.monotonic()
     lines = []
     with requests.post(url + "/v1/completions", data=json.dumps(body), stream=True, timeout=3600,
                        headers={"Content-Type": "application/json"}) as r:
         if r.status_code != 200:
-            raise RuntimeError(f"stream {i}: HTTP {r.status_code}: {r.text[:300]}")
+            raise RuntimeError(f"{label}: HTTP {r.status_code}: {r.text[:300]}")
         for line in r.iter_lines():
             lines.append((time.monotonic(), line))
-    out[i] = stream_stats(t0, sse_payloads(lines))
+    return t0, sse_payloads(lines)
+
+
+def one_stream(url, prompt, max_tokens, out, i, start, llama, replay=None):
+    body = greedy_body(prompt, max_tokens)
+    if llama:
+        body["n_predict"] = max_tokens
+    if replay is not None:
+        body["replay_request"] = replay
+    start.wait()
+    out[i] = stream_stats(*post_stream(url, body, f"stream {i}"))
 
 
 def metrics(url):

@@ -59,12 +59,37 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   return st;
 }
 
-PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride,
-                            const std::function<void(size_t done, size_t total)>& progress) {
+namespace {
+// -log softmax(row)[target], in double.
+double nll_of(const float* row, size_t V, int target) {
+  const float m = *std::max_element(row, row + V);
+  double s = 0;
+  for (size_t v = 0; v < V; ++v) s += std::exp(double(row[v]) - m);
+  return (m + std::log(s)) - row[size_t(target)];
+}
+
+void check_perplexity_input(const Model& model, std::span<const int> tokens, int ctx) {
   if (tokens.size() < 2) throw ConfigError("perplexity needs at least 2 tokens of text");
   if (ctx < 2 || ctx > model.max_context())
     throw ConfigError("--ctx for perplexity must be in [2, " + std::to_string(model.max_context()) +
                       "], got " + std::to_string(ctx));
+}
+
+// The run's counters and the score, from the summed NLL.
+void finish_perplexity(Model& model, PerplexityResult& r, double nll, std::chrono::steady_clock::time_point t0,
+                       const GpuForwardStats& gpu0) {
+  r.seconds = seconds_since(t0);
+  r.times = model.times();
+  r.routing = model.cache_aware_stats();
+  r.gpu = model.gpu_stats() - gpu0;
+  r.mean_nll = nll / double(r.n_scored);
+  r.perplexity = std::exp(r.mean_nll);
+}
+}  // namespace
+
+PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride,
+                            const std::function<void(size_t done, size_t total)>& progress) {
+  check_perplexity_input(model, tokens, ctx);
   if (stride < 1 || stride > ctx)
     throw ConfigError("perplexity stride must be in [1, ctx=" + std::to_string(ctx) + "], got " +
                       std::to_string(stride));
@@ -92,23 +117,70 @@ PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, 
       r.tokens_run += c1 - c0;
       for (size_t p = c0; p < c1; ++p) {
         if (p + 1 < prev_end) continue;
-        const float* row = logits.data() + (p - c0) * V;
-        const float m = *std::max_element(row, row + V);
-        double s = 0;
-        for (size_t v = 0; v < V; ++v) s += std::exp(double(row[v]) - m);
-        nll += (m + std::log(s)) - row[size_t(tokens[p + 1])];
+        nll += nll_of(logits.data() + (p - c0) * V, V, tokens[p + 1]);
         ++r.n_scored;
       }
     }
     prev_end = end;
     if (progress) progress(prev_end, N);
   }
-  r.seconds = seconds_since(t0);
-  r.times = model.times();
-  r.routing = model.cache_aware_stats();
-  r.gpu = model.gpu_stats() - gpu0;
-  r.mean_nll = nll / double(r.n_scored);
-  r.perplexity = std::exp(r.mean_nll);
+  finish_perplexity(model, r, nll, t0, gpu0);
+  return r;
+}
+
+PerplexityResult perplexity_batched(Model& model, std::span<const int> tokens, int ctx, int n_parallel,
+                                    const std::function<void(size_t done, size_t total)>& progress) {
+  check_perplexity_input(model, tokens, ctx);
+  if (n_parallel < 1 || n_parallel > model.max_sequences() || n_parallel > model.max_batch())
+    throw ConfigError("perplexity over a batch: --parallel must be in [1, " +
+                      std::to_string(std::min(model.max_sequences(), model.max_batch())) + "], got " +
+                      std::to_string(n_parallel));
+  const size_t V = size_t(model.config().vocab_size), N = tokens.size(), W = size_t(ctx);
+  const size_t n_windows = (N - 1 + W - 1) / W;  // windows of at least 2 tokens
+  PerplexityResult r;
+  r.ctx = r.stride = ctx;
+  double nll = 0;
+  model.reset_times();
+  model.reset_cache_aware_stats();
+  const GpuForwardStats gpu0 = model.gpu_stats();
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> logits(static_cast<size_t>(n_parallel), std::vector<float>(V));
+  std::vector<int> seqs;
+  struct Free {  // the group's sequences go back even when a step throws
+    Model& m;
+    std::vector<int>& s;
+    ~Free() {
+      for (int q : s) m.free_sequence(q);
+    }
+  } free_all{model, seqs};
+  std::vector<SequenceInput> batch;
+  for (size_t g = 0; g < n_windows; g += size_t(n_parallel)) {
+    const size_t n = std::min(size_t(n_parallel), n_windows - g);
+    for (size_t i = 0; i < n; ++i) seqs.push_back(model.create_sequence());
+    r.n_windows += int(n);
+    // Step t feeds token begin + t of every window still running and scores begin + t + 1.
+    for (size_t t = 0;; ++t) {
+      batch.clear();
+      for (size_t i = 0; i < n; ++i) {
+        const size_t begin = (g + i) * W, end = std::min(begin + W, N);
+        if (begin + t + 1 >= end) continue;
+        batch.push_back({seqs[i], tokens.subspan(begin + t, 1), logits[i]});
+      }
+      if (batch.empty()) break;
+      model.forward_batch(batch);
+      r.tokens_run += batch.size();
+      for (size_t i = 0; i < n; ++i) {
+        const size_t begin = (g + i) * W, end = std::min(begin + W, N);
+        if (begin + t + 1 >= end) continue;
+        nll += nll_of(logits[i].data(), V, tokens[begin + t + 1]);
+        ++r.n_scored;
+      }
+    }
+    for (int q : seqs) model.free_sequence(q);
+    seqs.clear();
+    if (progress) progress(std::min((g + n) * W, N), N);
+  }
+  finish_perplexity(model, r, nll, t0, gpu0);
   return r;
 }
 

@@ -61,4 +61,14 @@ struct PerplexityResult {
 PerplexityResult perplexity(Model& model, std::span<const int> tokens, int ctx, int stride,
                             const std::function<void(size_t done, size_t total)>& progress = {});
 
+// The same score over disjoint windows (stride == ctx) run `n_parallel` at a time as sequences of
+// one batch (Model::forward_batch), one token per window per step, as N concurrent decoding
+// streams route: what cache-aware routing's union rule (CacheAwareOptions::batch_union) does to
+// quality. Each window's logits are those of its run alone token by token when routing does not
+// depend on the batch (no cache-aware routing, or tolerance 0), so the perplexity then equals
+// perplexity(tokens, ctx, ctx) with max_batch 1 up to the order of the sum. Throws ConfigError as
+// perplexity() does, and when n_parallel is not in [1, model.max_sequences()].
+PerplexityResult perplexity_batched(Model& model, std::span<const int> tokens, int ctx, int n_parallel,
+                                    const std::function<void(size_t done, size_t total)>& progress = {});
+
 }  // namespace moestream

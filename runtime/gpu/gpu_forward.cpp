@@ -352,7 +352,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
                         " outside [0, " + std::to_string(E) + ") from the " +
                         (override ? "routing override" : "router"));
   // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
-  if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware.tolerance, ca_stats,
+  if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware, ca_stats,
                                       sigmoid_routing ? lw.router_bias.data() : nullptr))
     upload_weights = true;
   if (upload_weights)
@@ -404,16 +404,21 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
 // against its tiers. Sampled once per layer per chunk, before the chunk's acquire (so a prefill
 // chunk sees one snapshot, as on the CPU). A look-ahead prediction counts as resident only once
 // its copy completed, so with --moe-lookahead the substitutions may vary from run to run.
+// In a batch step with the union rule (batch_union) the sequences are forward_batch's rows
+// (batch_splits), in the step's order, as the CPU pass hands them to the same router.
 // Returns whether any slot changed (the weights in route_host then need uploading).
-bool CudaForward::apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias) {
+bool CudaForward::apply_cache_aware(int layer, int T, const CacheAwareOptions& o, CacheAwareStats& stats,
+                                    const float* bias) {
   store.residency(layer, std::span<ExpertTier>(tiers));
   for (int e = 0; e < E; ++e)
     resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage ||
                           cache->resident_payload(layer, e) != nullptr;
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + size_t(B) * size_t(K));
-  return cache_aware_router.apply(resident, logits_host.as<const float>(), T, tolerance, ids_h,
-                                  wts_h, stats, bias) > 0;
+  const std::span<const int> sequences =
+      o.batch_union && batch_step ? std::span<const int>(batch_splits) : std::span<const int>{};
+  return cache_aware_router.apply(resident, logits_host.as<const float>(), T, o.tolerance, ids_h,
+                                  wts_h, stats, bias, sequences) > 0;
 }
 
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts

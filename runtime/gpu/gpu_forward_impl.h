@@ -150,7 +150,7 @@ struct CudaForward final : GpuForward {
     resident_stats = {};
   }
   const GpuForwardInfo& info() const override { return info_; }
-  bool apply_cache_aware(int layer, int T, float tolerance, CacheAwareStats& stats, const float* bias);
+  bool apply_cache_aware(int layer, int T, const CacheAwareOptions& o, CacheAwareStats& stats, const float* bias);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
   void attention_layer(int l, int T, int n_past, ForwardTimes& times);
   void moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l, ForwardTimes& times,

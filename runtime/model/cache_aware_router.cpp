@@ -62,7 +62,8 @@ void routing_weights(const float* logits, int n_experts, const int* ids, int k, 
 
 CacheAwareRouter::CacheAwareRouter(int n_experts, int top_k, bool normalize)
     : E_(n_experts), K_(top_k), normalize_(normalize), probs_(size_t(n_experts)),
-      exact_ids_(size_t(top_k)), seen_before_(size_t(n_experts)), seen_after_(size_t(n_experts)) {
+      exact_ids_(size_t(top_k)), seen_before_(size_t(n_experts)), seen_after_(size_t(n_experts)),
+      resident_union_(size_t(n_experts)) {
   MOE_ASSERT(top_k > 0 && top_k <= n_experts);
 }
 
@@ -75,18 +76,30 @@ void CacheAwareRouter::set_grouped(const RouterParams& p) {
 
 int CacheAwareRouter::apply(std::span<const uint8_t> resident, const float* logits, int T,
                             float tolerance, int* ids_all, float* weights, CacheAwareStats& st,
-                            const float* bias) {
+                            const float* bias, std::span<const int> union_splits) {
   MOE_ASSERT(resident.size() == size_t(E_), "resident must hold n_experts flags");
+  const bool use_union = union_splits.size() > 2;
+  MOE_ASSERT(union_splits.empty() || (union_splits.size() >= 2 && union_splits.front() == 0 && union_splits.back() == T),
+             "union_splits must run from 0 to T");
   std::fill(seen_before_.begin(), seen_before_.end(), 0);
   std::fill(seen_after_.begin(), seen_after_.end(), 0);
+  if (use_union) std::copy(resident.begin(), resident.end(), resident_union_.begin());
   ++st.layer_chunks;
   int total = 0;
+  size_t seq = 0;  // the sequence of row t (union_splits)
   for (int t = 0; t < T; ++t) {
+    while (use_union && t == union_splits[seq + 1]) {
+      // A new sequence: the earlier one's final choices are read this step, so count as resident.
+      for (int r = union_splits[seq]; r < t; ++r)
+        for (int j = 0; j < K_; ++j) resident_union_[size_t(ids_all[size_t(r) * K_ + size_t(j)])] = 1;
+      ++seq;
+    }
+    const std::span<const uint8_t> res = use_union ? std::span<const uint8_t>(resident_union_) : resident;
     int* ids = ids_all + size_t(t) * K_;
     const float* row = logits + size_t(t) * E_;
     std::copy(ids, ids + K_, exact_ids_.begin());
-    const int changed = grouped_ ? substitute_resident_grouped(params_, row, bias, resident, tolerance, ids, grouped_scratch_)
-                                 : substitute_resident(row, E_, K_, resident, tolerance, ids);
+    const int changed = grouped_ ? substitute_resident_grouped(params_, row, bias, res, tolerance, ids, grouped_scratch_)
+                                 : substitute_resident(row, E_, K_, res, tolerance, ids);
     if (changed > 0 && grouped_)
       grouped_routing_weights(params_, row, ids, weights + size_t(t) * K_, grouped_scratch_);
     else if (changed > 0)

@@ -18,6 +18,10 @@ namespace moestream {
 struct CacheAwareOptions {
   bool enabled = false;
   float tolerance = 0.10f;  // 0 = never substitute (routing identical to cache-aware off)
+  // Batches of sequences (--cache-aware-union): an expert an earlier sequence of the same step
+  // finally chose counts as resident too (the step reads it once for all). One sequence alone
+  // routes exactly as without it (docs/cache_aware.md "Batches: the union rule").
+  bool batch_union = false;
 };
 
 // Counters over (token, layer) routings since the last reset. Misses count distinct experts of a
@@ -60,8 +64,14 @@ class CacheAwareRouter {
   // top-k, token-major, rewritten in place. An expert chosen by an earlier token of the chunk
   // does not count as resident: only the tiers decide. Returns the number of slots changed.
   // bias: the sigmoid router's correction bias [n_experts] (set_grouped), else null.
+  // union_splits (the union rule, CacheAwareOptions::batch_union): row boundaries of the
+  // sequences of a batch step, 0 first and T last, in the step's order; the rows of sequence i
+  // also count as resident every expert the rows of sequences 0..i-1 finally chose (read once
+  // for the step anyway), never those of their own sequence. Empty or one range: no union.
+  // Misses are still counted against `resident` alone: they are the step's reads.
   int apply(std::span<const uint8_t> resident, const float* logits, int T, float tolerance,
-            int* ids, float* weights, CacheAwareStats& stats, const float* bias = nullptr);
+            int* ids, float* weights, CacheAwareStats& stats, const float* bias = nullptr,
+            std::span<const int> union_splits = {});
   // GLM-4.5 / DeepSeek-V3: substitute with substitute_resident_grouped (routing.h) and weigh with
   // sigmoid_routing_weights instead of the softmax rule.
   void set_grouped(const RouterParams& p);
@@ -72,6 +82,7 @@ class CacheAwareRouter {
   std::vector<float> probs_;                       // [E]
   std::vector<int> exact_ids_;                     // [K]: one token's exact top-k
   std::vector<uint8_t> seen_before_, seen_after_;  // [E]: distinct experts of the chunk
+  std::vector<uint8_t> resident_union_;            // [E]: resident, or chosen by an earlier sequence
   bool grouped_ = false;
   RouterParams params_;
   std::vector<float> grouped_scratch_;

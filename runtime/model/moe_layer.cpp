@@ -175,9 +175,11 @@ void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap&
                       "softmax over the selected top-k (gpt-oss)");
   store_.residency(layer, std::span<ExpertTier>(tiers_));
   for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
+  // The union rule: a batch's sequences (row_splits) in the step's order; one sequence: none.
   cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
                      weights_.data(), *r.stats,
-                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr);
+                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr,
+                     r.cache_aware.batch_union ? r.row_splits : std::span<const int>{});
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,

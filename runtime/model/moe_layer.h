@@ -43,6 +43,7 @@ struct MoeRouting {
   // the dense products (router, shared expert) run once over all rows through linear_ranges, so
   // each sequence gets the numbers of its run alone. Empty: one range. Experts are fetched once
   // for all rows either way.
+  // cache_aware.batch_union: the sequences of the union rule, in this order.
   std::span<const int> row_splits;
   // Batches: per range of row_splits, that sequence's override (null: the router's choice) and
   // the ordinal it is called with. Empty: none. Excludes `override` and cache_aware.

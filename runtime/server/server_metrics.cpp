@@ -89,6 +89,7 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   if (cache_aware_opts_.enabled) {
     const auto& c = cache_aware_;
     metric(o, "moestream_cache_aware_tolerance", "gauge", "--cache-tolerance: fraction of the top-k router logit range.", double(cache_aware_opts_.tolerance));
+    metric(o, "moestream_cache_aware_union", "gauge", "1 when a batch step's earlier choices count as resident (--cache-aware-union).", cache_aware_opts_.batch_union ? 1 : 0);
     metric(o, "moestream_cache_aware_routings_total", "counter", "(token, layer) routings under cache-aware routing.", double(c.routings));
     metric(o, "moestream_cache_aware_slots_total", "counter", "(token, layer, slot) expert choices.", double(c.slots));
     metric(o, "moestream_cache_aware_slots_unchanged_total", "counter", "Expert choices left as exact top-k chose them.", double(c.slots_unchanged));

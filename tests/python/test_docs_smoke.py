@@ -395,6 +395,7 @@ skipped("bin/fuzz_chat_template", CI_JOB, "libFuzzer targets are built and run b
 skipped("bin/reference_test", CI_JOB, "a unit test: ctest runs it in this job")
 skipped("bin/gpu_mla_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
 skipped("bin/gpu_forward_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
+skipped("bin/gpu_batch_test", DEVICE, "a GPU unit test: ctest builds it here, the device machine runs it")
 
 
 # --- bench scripts ---
@@ -486,6 +487,17 @@ def _bench_streams(s):
                "--server-args", "-t 1", "--json", out], timeout=300)
     rows = json.loads(out.read_text())["medians"]["moestream"]
     assert [r["streams"] for r in rows] == [1, 2] and "| streams |" in r.stdout
+
+
+@case("bench/server/bench_union.py")
+def _bench_union(s):
+    """Two streams of held-out prompts, one tolerance plain and with the union, 2 tokens, JSON written."""
+    out = s.tmp / "union.json"
+    r = s.run([sys.executable, "bench/server/bench_union.py", "--exe", s.exe("moestream-server"),
+               "--model", DEMO, "--parallel", 2, "--tolerances", 0.5, "--rounds", 1, "--max-tokens", 2,
+               "--warmup-tokens", 1, "--server-args", "-t 1 --io-direct", "--json", out], timeout=300)
+    rounds = json.loads(out.read_text())["rounds"]
+    assert len(rounds["union, tol 0.5"]) == 1 and "| union, tol 0.5 |" in r.stdout
 
 
 @case("bench/gguf_oracle.py")

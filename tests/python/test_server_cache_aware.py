@@ -71,3 +71,59 @@ def test_bad_tolerance_exits_nonzero_with_a_message(bad):
     assert r.returncode != 0 and "--cache-tolerance" in r.stderr
     h = subprocess.run([str(_exe()), "--help"], capture_output=True, text=True, timeout=30)
     assert "--cache-aware" in h.stdout and "--cache-tolerance" in h.stdout
+
+
+# --cache-aware-union (issue 22 item 3): with --parallel, an expert an earlier sequence of the step
+# chose counts as resident for the later ones.
+UNION_PROMPTS = ["The operating system keeps a table of pages.", "Once upon a time", "The river",
+                 "In the morning the kernel"]
+
+
+def together(*args):
+    """UNION_PROMPTS sent at once to a --parallel 4 server: (texts, metrics)."""
+    import threading
+    s = Server("--parallel", "4", "--queue-size", "4", "--no-prefix-reuse", *args)
+    got = [None] * len(UNION_PROMPTS)
+
+    def one(i):
+        r = s.post("/v1/completions", {"prompt": UNION_PROMPTS[i], "max_tokens": 16, "temperature": 0,
+                                       "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        got[i] = r.json()["choices"][0]["text"]
+
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(UNION_PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        return got, s.metrics()
+    finally:
+        s.stop()
+        assert s.proc.returncode == 0, s.proc.stderr.read()
+
+
+def test_union_at_tolerance_zero_answers_concurrent_requests_as_the_plain_server():
+    plain, _ = together(*BASE)
+    zero, m = together(*BASE, "--cache-aware", "--cache-tolerance", 0, "--cache-aware-union")
+    assert all(plain) and zero == plain
+    assert m["moestream_cache_aware_union"] == 1
+    assert m["moestream_cache_aware_substitutions_total"] == 0
+
+
+def test_union_substitutes_where_nothing_is_resident_and_plain_cache_aware_cannot():
+    # O_DIRECT without a host cache: no tier holds an expert, so only the batch's own choices can.
+    _, plain = together("--io-direct", "--cache-aware", "--cache-tolerance", 0.5)
+    _, uni = together("--io-direct", "--cache-aware", "--cache-tolerance", 0.5, "--cache-aware-union")
+    assert plain["moestream_cache_aware_union"] == 0
+    assert plain["moestream_cache_aware_substitutions_total"] == 0
+    assert uni["moestream_cache_aware_substitutions_total"] > 0
+    assert uni["moestream_cache_aware_misses_after_total"] < uni["moestream_cache_aware_misses_before_total"]
+
+
+def test_union_needs_cache_aware_and_is_in_help():
+    r = subprocess.run([str(_exe()), "-m", str(DEMO), "--cache-aware-union"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0 and "--cache-aware-union" in r.stderr and "--cache-aware" in r.stderr
+    h = subprocess.run([str(_exe()), "--help"], capture_output=True, text=True, timeout=30)
+    assert "--cache-aware-union" in h.stdout
