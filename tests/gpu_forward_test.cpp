@@ -998,18 +998,12 @@ TEST(GpuGguf, MixedTypeExpertsThroughASmallGpuCacheHoldTheGgufStoresBytes) {
 // layer without a host sync; a layer that then misses is finished through the synced path.
 namespace {
 
-// A q8 pack whose expert matrices all take the grouped GEMM (widths multiples of 32; the demo's
-// expert width of 80 takes the per-row matvec, which reads its pointers on the host): 3 layers,
-// 16 experts, top-4, about 105 KiB per expert.
+// A q8 pack whose expert matrices all take the grouped GEMM (test::grouped_q8_config).
 class GpuResident : public ::testing::Test {
  protected:
   void SetUp() override {
     REQUIRE_GPU();
-    write_synthetic_model(dir_.path(),
-                          test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32,
-                                                 .intermediate = 256, .experts = 16, .top_k = 4,
-                                                 .max_positions = 256}),
-                          7, 2);
+    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
   }
   std::unique_ptr<Model> load(size_t cache_mb, bool sync_layers) {
     ModelOptions mo;

@@ -22,17 +22,13 @@ using namespace moestream;
 
 namespace {
 
-// A q8 pack whose experts take the grouped GEMM (so decode can run resident): 3 layers, 16
-// experts of about 105 KiB, top-4.
+// A q8 pack whose experts take the grouped GEMM, so decode can run resident
+// (test::grouped_q8_config).
 class GpuPreload : public ::testing::Test {
  protected:
   void SetUp() override {
     REQUIRE_GPU();
-    write_synthetic_model(dir_.path(),
-                          test::tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32,
-                                                 .intermediate = 256, .experts = 16, .top_k = 4,
-                                                 .max_positions = 256}),
-                          7, 2);
+    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
   }
   std::unique_ptr<Model> load(size_t cache_mb, bool preload, std::vector<int>* progress = nullptr) {
     ModelOptions mo;

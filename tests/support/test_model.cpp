@@ -25,6 +25,11 @@ ModelConfig tiny_moe_config(const TinyShape& s) {
                            QkNorm::kPerHead, s.quant);
 }
 
+ModelConfig grouped_q8_config() {
+  return tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32, .intermediate = 256,
+                          .experts = 16, .top_k = 4, .max_positions = 256});
+}
+
 uint64_t expert_slot_bytes(const ModelConfig& cfg) {
   const uint64_t expert = ExpertLayout::make(cfg.expert_quant, size_t(cfg.hidden_size),
                                              size_t(cfg.moe_intermediate_size)).bytes;

@@ -23,6 +23,10 @@ struct TinyShape {
   QuantType quant = QuantType::kQ8;
 };
 ModelConfig tiny_moe_config(const TinyShape& s);
+// A q8 shape whose expert matrices all take the GPU's grouped GEMM (widths multiples of 32; the
+// demo's expert width of 80 takes the per-row matvec): 3 layers, 16 experts of about 105 KiB,
+// top-4. The GPU resident-decode and preload tests.
+ModelConfig grouped_q8_config();
 
 // Bytes of one expert slot of cfg's layer files: the expert rounded up to 4 KiB.
 uint64_t expert_slot_bytes(const ModelConfig& cfg);
