@@ -41,6 +41,7 @@ std::mt19937 g_rng(1);
 uint64_t g_ticket = 0;
 int g_skip_mallocs = 0, g_fail_mallocs = 0;  // hook: cudaMalloc calls to let pass, then fail
 std::map<void*, size_t> g_device;      // live cudaMalloc allocations
+std::map<void*, size_t> g_registered;  // live cudaHostRegister ranges
 
 FakeStream* stream_of(cudaStream_t s) { return s ? reinterpret_cast<FakeStream*>(s) : &g_legacy; }
 
@@ -214,6 +215,20 @@ cudaError_t cudaGetDevice(int* d) {
 }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
+// Host registration: copies read host memory either way; the fake only checks pairing.
+cudaError_t cudaHostRegister(void* p, size_t n, unsigned int) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!p || n == 0 || !g_registered.emplace(p, n).second) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_registered.erase(p) ? cudaSuccess : cudaErrorHostMemoryNotRegistered;
+}
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  *v = a == cudaDevAttrHostRegisterReadOnlySupported ? 1 : 0;
+  return cudaSuccess;
+}
 const char* cudaGetErrorString(cudaError_t) { return "fake runtime error"; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaErrorFake"; }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
@@ -240,6 +255,10 @@ size_t live_device_bytes() {
   size_t total = 0;
   for (const auto& [p, n] : g_device) total += n;
   return total;
+}
+size_t registered_ranges() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_registered.size();
 }
 size_t pending_ops() {
   std::lock_guard<std::mutex> lock(g_mu);

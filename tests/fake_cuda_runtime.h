@@ -10,6 +10,8 @@ namespace moestream::fake_cuda {
 void fail_next_mallocs(int n, int skip = 0);
 // Bytes of the cudaMalloc allocations not yet freed.
 size_t live_device_bytes();
+// Host ranges registered (cudaHostRegister) and not yet unregistered.
+size_t registered_ranges();
 // Operations enqueued on any stream that have not run yet.
 size_t pending_ops();
 

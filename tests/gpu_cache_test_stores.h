@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -82,12 +83,37 @@ class FakeStore : public ExpertStore {
     return true;
   }
   ExpertStoreStats stats() const override { return stats_; }
+  // With split_matrices_, each expert comes as its three matrices apart (as a GGUF computed in
+  // place: three tensors), from copies of its payload's parts; else as one payload.
+  bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& lay, bool wait) override {
+    const uint8_t* p = nullptr;
+    if (!next_ready(index, &p, wait)) return false;
+    if (!split_matrices_) {
+      *m = ExpertMatrices::of_payload(p, lay);
+      return true;
+    }
+    auto& parts = parts_.emplace_back();
+    const size_t cut[] = {lay.gate_offset, lay.up_offset, lay.down_offset, lay.bytes};
+    for (int k = 0; k < 3; ++k) parts.emplace_back(p + cut[k], p + cut[k + 1]);
+    *m = ExpertMatrices{parts[0].data(), parts[1].data(), parts[2].data()};
+    return true;
+  }
+  // With map_payloads_, every payload is one "mapped" region (for GpuPinnedMappings).
+  std::vector<MappedRegion> mapped_regions() const override {
+    std::vector<MappedRegion> out;
+    if (map_payloads_)
+      for (const auto& d : data_) out.push_back({"fake", d.data(), d.size()});
+    return out;
+  }
 
   // 0: every expert is ready at once; n: each waiting next_ready() lands n more.
   size_t trickle_ = 0;
   std::function<void()> on_wait_;  // runs at each waiting next_ready()
+  bool split_matrices_ = false;
+  bool map_payloads_ = false;
 
  private:
+  std::deque<std::vector<std::vector<uint8_t>>> parts_;  // split matrices handed out (kept alive)
   size_t since_wait_ = 0;
   int n_experts_;
   std::vector<std::vector<uint8_t>> data_;

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "runtime/gpu/gpu_expert_cache.h"
+#include "runtime/gpu/gpu_host_pin.h"
 #include "runtime/gpu/gpu_staging_ring.h"
+#include "tests/fake_cuda_runtime.h"
 #include "tests/gpu_cache_test_stores.h"
 
 namespace moestream {
@@ -152,7 +154,8 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
   GpuCacheTelemetry tel;
   std::vector<uint64_t> seq_of(ids.size(), 0);
-  const uint64_t last = ring.read_and_upload(store, 1, ids, cs, tel, [&](const GpuCopy& c) {
+  const GpuExpertParts parts = GpuExpertParts::of(cfg.expert_layout(1), 64, 96);
+  const uint64_t last = ring.read_and_upload(store, 1, ids, cs, parts, nullptr, tel, [&](const GpuCopy& c) {
     seq_of[size_t(c.slot)] = c.seq;
   });
   EXPECT_EQ(last, 3u) << "2 + 2 + 1 experts landed: three uploads";
@@ -167,6 +170,75 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
     EXPECT_EQ(host, store.payload(1, ids[i])) << "expert " << ids[i];
   }
   cudaFree(slots);
+}
+
+// Reads experts 9, 2, 14, 5, 7 of layer 1 of `store` through a ring into five device slots and
+// checks each slot's matrices against the store's payload; returns the telemetry.
+GpuCacheTelemetry read_five(FakeStore& store, const ModelConfig& cfg, GpuEventPool& events,
+                            cudaStream_t copy, const GpuPinnedMappings* pinned) {
+  const size_t b = expert_bytes(cfg);
+  uint8_t* slots = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&slots), 8 * b), cudaSuccess);
+  GpuStagingRing ring(8 * b, copy, events, true);
+  const std::vector<int> ids{9, 2, 14, 5, 7};
+  std::vector<GpuCopy> cs;
+  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  GpuCacheTelemetry tel;
+  const ExpertLayout lay = cfg.expert_layout(1);
+  const GpuExpertParts parts = GpuExpertParts::of(lay, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size));
+  ring.read_and_upload(store, 1, ids, cs, parts, pinned, tel, [](const GpuCopy&) {});
+  EXPECT_EQ(cudaStreamSynchronize(copy), cudaSuccess);
+  const size_t from[] = {lay.gate_offset, lay.up_offset, lay.down_offset};
+  const size_t len[] = {parts.gate_bytes, parts.up_bytes, parts.down_bytes};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<uint8_t> host(b);
+    cudaMemcpy(host.data(), slots + i * b, b, cudaMemcpyDeviceToHost);
+    const std::vector<uint8_t>& want = store.payload(1, ids[i]);
+    for (int k = 0; k < 3; ++k)
+      EXPECT_EQ(std::memcmp(host.data() + from[k], want.data() + from[k], len[k]), 0)
+          << "expert " << ids[i] << ", matrix " << k;
+  }
+  cudaFree(slots);
+  return tel;
+}
+
+TEST_F(GpuStagingRingTest, MatricesHandedOutApartLandAtTheirOffsetsInTheSlot) {
+  const ModelConfig cfg = small_config();
+  FakeStore store(cfg);
+  store.split_matrices_ = true;  // a GGUF computed in place: three tensors
+  store.trickle_ = 2;
+  const GpuCacheTelemetry tel = read_five(store, cfg, events_, copy_, nullptr);
+  EXPECT_EQ(tel.h2d_direct_bytes, 0u);
+  const GpuExpertParts parts = GpuExpertParts::of(cfg.expert_layout(1), size_t(cfg.hidden_size),
+                                                  size_t(cfg.moe_intermediate_size));
+  EXPECT_EQ(tel.h2d_bytes, 5 * (parts.gate_bytes + parts.up_bytes + parts.down_bytes))
+      << "the three matrices of each expert, not the payload's alignment gaps";
+}
+
+TEST_F(GpuStagingRingTest, PartsInPinnedMappingsAreCopiedFromThereAndTheRestStaged) {
+  const ModelConfig cfg = small_config();
+  FakeStore store(cfg);
+  store.map_payloads_ = true;
+  {
+    GpuPinnedMappings pinned(store.mapped_regions());
+    EXPECT_EQ(fake_cuda::registered_ranges(), size_t(cfg.n_layers * cfg.n_experts));
+    const GpuCacheTelemetry direct = read_five(store, cfg, events_, copy_, &pinned);
+    EXPECT_EQ(direct.h2d_direct_bytes, 5 * expert_bytes(cfg)) << "every payload lies in a pinned region";
+    // Split parts are copies outside the regions: staged.
+    store.split_matrices_ = true;
+    const GpuCacheTelemetry staged = read_five(store, cfg, events_, copy_, &pinned);
+    EXPECT_EQ(staged.h2d_direct_bytes, 0u);
+  }
+  EXPECT_EQ(fake_cuda::registered_ranges(), 0u) << "the mappings are unregistered with the object";
+}
+
+TEST(GpuPinnedMappings, NoMappedFileIsAConfigErrorNamingIoDirect) {
+  try {
+    GpuPinnedMappings none({});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--io-direct"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(GpuStagingRingTest, EntriesAreReusedOnlyAfterTheirCopyCompleted) {

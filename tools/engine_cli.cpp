@@ -84,6 +84,14 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                "engine that keeps all weights in VRAM loads them at start (an error when the "
                "cache's budget cannot hold them all); by default the cache fills as experts are "
                "first used");
+  app.add_flag("--gpu-no-graphs", a.gpu_no_graphs,
+               "with --gpu: launch the kernels of a resident decode step one by one instead of "
+               "as CUDA graphs (one per layer and one for lm_head); the same tokens, for "
+               "comparison");
+  app.add_flag("--gpu-pin-page-cache", a.gpu_pin_page_cache,
+               "with --gpu: page-lock the model's files (they stay in RAM for the run; an error "
+               "when they exceed the memory available, or with --io-direct) so the GPU copies a "
+               "missed expert straight from the page cache, with no host copy");
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
@@ -98,6 +106,8 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.moe_lookahead = a.moe_lookahead;
   mo.gpu_sync_layers = a.gpu_sync_layers;
   mo.gpu_preload = a.gpu_preload;
+  mo.gpu_no_graphs = a.gpu_no_graphs;
+  mo.gpu_pin_page_cache = a.gpu_pin_page_cache;
   if (a.gpu_preload) {
     auto progress = std::make_shared<Progress>("gpu-preload", true);
     mo.on_gpu_preload = [progress](int done, int total) {

@@ -26,6 +26,8 @@ struct EngineCliArgs {
   int moe_lookahead = 0;
   bool gpu_sync_layers = false;
   bool gpu_preload = false;
+  bool gpu_no_graphs = false;
+  bool gpu_pin_page_cache = false;
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,

@@ -352,7 +352,8 @@ int sm_count() {
 
 void attention_cuda(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                     int n_heads, int n_kv_heads, int head_dim, float scale, float* out,
-                    cudaStream_t s, const float* sinks, int window, int ring) {
+                    cudaStream_t s, const float* sinks, int window, int ring,
+                    float* scratch, size_t scratch_floats) {
   MOE_ASSERT(q && k_cache && v_cache && out && n_q > 0 && pos0 >= 0 && n_kv_heads > 0 &&
                  n_heads % n_kv_heads == 0 && head_dim % 4 == 0 && head_dim <= kMaxHeadDim,
              "attention_cuda: bad arguments");
@@ -400,14 +401,18 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
              "attention_cuda: grid too large");
 
   const size_t n_out_rows = size_t(n_q) * n_heads;
-  if (splits > 1) {
+  const size_t acc_floats = size_t(splits) * n_out_rows * head_dim;
+  const size_t part_floats = acc_floats + size_t(splits) * n_out_rows * 2;
+  const bool own_scratch = splits > 1 && (scratch == nullptr || part_floats > scratch_floats);
+  if (splits > 1 && !own_scratch) {
+    a.part_acc = scratch;
+    a.part_ml = a.part_acc + acc_floats;
+  } else if (own_scratch) {
     // Stream-ordered scratch from the device's default memory pool: no sync, and safe when
     // several streams run attention at once. The pool's release threshold is raised so that a
     // per-token synchronize does not hand the pages back to the driver (and map them again on
     // the next token).
-    void* scratch = nullptr;
-    const size_t acc_floats = size_t(splits) * n_out_rows * head_dim;
-    const size_t bytes = (acc_floats + size_t(splits) * n_out_rows * 2) * sizeof(float);
+    void* pool_scratch = nullptr;
     int dev = 0;
     cudaMemPool_t pool = nullptr;
     MOE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -418,8 +423,8 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
       keep = kPoolKeepBytes;
       MOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     }
-    MOE_CUDA_CHECK(cudaMallocAsync(&scratch, bytes, s));
-    a.part_acc = static_cast<float*>(scratch);
+    MOE_CUDA_CHECK(cudaMallocAsync(&pool_scratch, part_floats * sizeof(float), s));
+    a.part_acc = static_cast<float*>(pool_scratch);
     a.part_ml = a.part_acc + acc_floats;
   }
   switch (nk) {
@@ -431,13 +436,13 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
     attention_merge_kernel<<<unsigned(n_out_rows), kWarps * 32, 0, s>>>(
         a.part_acc, a.part_ml, a.n_splits, int(n_out_rows), head_dim, out, sinks, n_heads);
     MOE_CUDA_CHECK_LAUNCH("attention_merge_kernel");
-    MOE_CUDA_CHECK(cudaFreeAsync(a.part_acc, s));
+    if (own_scratch) MOE_CUDA_CHECK(cudaFreeAsync(a.part_acc, s));
   }
 }
 
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
-               const float* sinks, int window, int ring) {
+               const float* sinks, int window, int ring, float* scratch, size_t scratch_floats) {
   const std::string shape = "n_q=" + std::to_string(n_q) + " pos0=" + std::to_string(pos0) +
                             " n_heads=" + std::to_string(n_heads) +
                             " n_kv_heads=" + std::to_string(n_kv_heads) +
@@ -462,7 +467,16 @@ void attention(const float* q, const float* k_cache, const float* v_cache, int n
   if (ring < 0 || (ring > 0 && (window == 0 || (long long)ring < (long long)window + n_q - 1)))
     throw Error("gpu::attention: a ring of " + std::to_string(ring) + " rows cannot hold window " +
                 std::to_string(window) + " + the chunk's " + std::to_string(n_q) + " keys - 1 (" + shape + ")");
-  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s, sinks, window, ring);
+  if (scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
+    throw Error("gpu::attention: scratch must be 16-byte aligned");
+  attention_cuda(q, k_cache, v_cache, n_q, pos0, n_heads, n_kv_heads, head_dim, scale, out, s, sinks,
+                 window, ring, scratch, scratch_floats);
+}
+
+size_t attention_scratch_floats(int n_q, int n_heads, int head_dim, int max_keys) {
+  const long long tiles = ((long long)std::max(max_keys, 1) + kTile - 1) / kTile;
+  const long long splits = std::min<long long>(kMaxSplits, (tiles + kWarps - 1) / kWarps);
+  return size_t(splits) * size_t(n_q) * size_t(n_heads) * (size_t(head_dim) + 2);
 }
 
 }  // namespace moestream::gpu

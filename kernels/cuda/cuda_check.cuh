@@ -54,7 +54,8 @@ void expert_matvec_bf16_cuda(const uint8_t* w, int rows, int cols, const float* 
                              cudaStream_t s);
 void attention_cuda(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                     int n_heads, int n_kv_heads, int head_dim, float scale, float* out,
-                    cudaStream_t s, const float* sinks = nullptr, int window = 0, int ring = 0);
+                    cudaStream_t s, const float* sinks = nullptr, int window = 0, int ring = 0,
+                    float* scratch = nullptr, size_t scratch_floats = 0);
 void gather_rows_cuda(const float* src, const int* idx, int n, int dim, float* out, cudaStream_t s);
 void moe_combine_cuda(const float* y, const int* pair_row, const float* weights, int n_tokens,
                       int k, int dim, float* out, bool add, cudaStream_t s);

@@ -82,9 +82,15 @@ void expert_matvec_bf16(const uint8_t* w, int rows, int cols, const float* x, fl
 // Bounded sliding-window cache (gpt-oss): `ring` > 0 says k_cache/v_cache hold `ring` rows and
 // position p sits in row p % ring; it needs window > 0 and ring >= window + n_q - 1 (every key
 // the chunk reads still there; Error otherwise). 0: row p is position p.
+// `scratch` (device, 16-byte aligned, `scratch_floats` long; attention_scratch_floats() bounds
+// what a call needs) holds the partials of a context split over blocks; without it, or when too
+// small, they come from the device's stream-ordered pool (which a CUDA graph update cannot take).
 void attention(const float* q, const float* k_cache, const float* v_cache, int n_q, int pos0,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, Stream s,
-               const float* sinks = nullptr, int window = 0, int ring = 0);
+               const float* sinks = nullptr, int window = 0, int ring = 0, float* scratch = nullptr,
+               size_t scratch_floats = 0);
+// Floats of split partials attention() needs at most for n_q rows over at most max_keys keys.
+size_t attention_scratch_floats(int n_q, int n_heads, int head_dim, int max_keys);
 
 // Grouped expert GEMM (prefill) that is also the decode path (groups of one row): for group g,
 // rows [row_start[g], row_start[g+1]) of x ([n_rows, cols], grouped contiguously) times the

@@ -155,6 +155,16 @@ class ExpertStore {
   // --timing and --stats-json.
   virtual std::string describe() const { return "one pread per expert"; }
 
+  // The read-only mappings of the files next_ready_matrices() hands out pages of (buffered
+  // reads; none for O_DIRECT files or a store that never computes in place). They live as long
+  // as the store. The GPU cache may page-lock them (--gpu-pin-page-cache).
+  struct MappedRegion {
+    std::filesystem::path path;
+    const uint8_t* data;
+    uint64_t size;
+  };
+  virtual std::vector<MappedRegion> mapped_regions() const { return {}; }
+
  private:
   std::vector<const uint8_t*> sync_payloads_;
   size_t sync_next_ = 0;

@@ -51,6 +51,8 @@ struct Model::Impl {
       go.cache_mb = o.gpu_cache_mb;
       go.moe_lookahead = o.moe_lookahead;
       go.resident_decode = !o.gpu_sync_layers;
+      go.graphs = !o.gpu_no_graphs;
+      go.pin_page_cache = o.gpu_pin_page_cache;
       go.preload = o.gpu_preload;
       go.on_preload = o.on_gpu_preload;
       // Copied from the mapped file to the GPU in their stored types: no float32 copy on the
@@ -73,6 +75,8 @@ void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
   if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError(n.gpu_cache_mb + " needs " + n.gpu);
   if (o.gpu_sync_layers && !o.gpu) throw ConfigError(n.gpu_sync_layers + " needs " + n.gpu);
   if (o.gpu_preload && !o.gpu) throw ConfigError(n.gpu_preload + " needs " + n.gpu);
+  if (o.gpu_no_graphs && !o.gpu) throw ConfigError(n.gpu_no_graphs + " needs " + n.gpu);
+  if (o.gpu_pin_page_cache && !o.gpu) throw ConfigError(n.gpu_pin_page_cache + " needs " + n.gpu);
   if (o.gpu) {
     const std::string why = gpu_unavailable_reason();
     if (!why.empty()) throw ConfigError(n.gpu + ": " + why);

@@ -55,11 +55,15 @@ nlohmann::json gpu_json(const GpuForwardStats& g) {
           {"lookahead_demanded_predicted", g.lookahead.demanded_predicted},
           {"lookahead_recall", g.lookahead.recall()},
           {"h2d_bytes", g.cache.h2d_bytes},
+          {"h2d_direct_bytes", g.cache.h2d_direct_bytes},
           {"h2d_copies", g.cache.h2d_copies},
           {"demand_wait_s", g.cache.demand_wait_s},
           {"alloc_retries", g.cache.alloc_retries},
           {"resident_steps", g.resident.steps},
-          {"resident_redone", g.resident.redone}};
+          {"resident_redone", g.resident.redone},
+          {"graph_launches", g.resident.graphs.launches},
+          {"graph_updates", g.resident.graphs.updates},
+          {"graph_instantiations", g.resident.graphs.instantiations}};
 }
 
 nlohmann::json phase_json(const PhaseStats& p, bool gpu) {

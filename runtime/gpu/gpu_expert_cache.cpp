@@ -59,6 +59,8 @@ void GpuExpertCache::Impl::init() {
   for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // MoE layers only (model_config.h)
     layer_bytes.push_back(cfg.expert_layout(l).bytes);
     layer_slot_bytes.push_back(gpu_slot_bytes(layer_bytes.back()));
+    layer_parts.push_back(GpuExpertParts::of(cfg.expert_layout(l), size_t(cfg.hidden_size),
+                                             size_t(cfg.moe_intermediate_size)));
   }
   const size_t max_bytes = *std::max_element(layer_bytes.begin(), layer_bytes.end());
   const size_t max_slot = *std::max_element(layer_slot_bytes.begin(), layer_slot_bytes.end());
@@ -80,6 +82,7 @@ void GpuExpertCache::Impl::init() {
                                kStagingMinBytes, kStagingMaxBytes);
   staging_bytes = std::max(staging_bytes, 2 * max_bytes);
   ring.emplace(staging_bytes, copy, events, opts.batch_copies);
+  if (opts.pin_page_cache) pinned = std::make_unique<GpuPinnedMappings>(store.mapped_regions());
   if (opts.prefetch_store)
     worker = std::make_unique<GpuPrefetchWorker>(*opts.prefetch_store, max_bytes,
                                                  opts.prefetch_staging_bytes, events,
@@ -97,6 +100,7 @@ void GpuExpertCache::Impl::destroy() noexcept {
   arena.reset();
   slots.clear();
   ring.reset();
+  pinned.reset();  // after the copies that read the pages completed
   for (const KernelGroup& g : kernel_groups) cudaEventDestroy(g.done);
   kernel_groups.clear();
   if (scratch_free) cudaEventDestroy(scratch_free);
@@ -299,5 +303,8 @@ const uint8_t* GpuExpertCache::resident_payload(int layer, int expert) const {
 }
 
 void GpuExpertCache::inject_alloc_failures(int n) { impl_->arena->inject_failures(n); }
+
+uint64_t GpuExpertCache::pinned_bytes() const { return impl_->pinned ? impl_->pinned->bytes() : 0; }
+double GpuExpertCache::pinned_seconds() const { return impl_->pinned ? impl_->pinned->seconds() : 0; }
 
 }  // namespace moestream

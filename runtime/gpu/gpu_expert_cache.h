@@ -17,6 +17,7 @@ namespace moestream {
 struct GpuCacheTelemetry {
   CacheStats policy;                 // from LfruPolicy::stats()
   uint64_t h2d_bytes = 0, h2d_copies = 0;   // copies after merging contiguous slot ranges
+  uint64_t h2d_direct_bytes = 0;     // of h2d_bytes, copied straight from page-locked page cache
   uint64_t prefetch_issued = 0;      // predicted experts that were not resident and got a slot
   uint64_t prefetch_used = 0;        // of those, later demanded while still resident
   uint64_t prefetch_dropped = 0;     // refused by the eviction guard
@@ -46,6 +47,10 @@ struct GpuExpertCacheOptions {
   // thread-safe); prefetch() is a ConfigError without one. Not owned; outlives the cache.
   ExpertStore* prefetch_store = nullptr;
   size_t prefetch_staging_bytes = 0;  // the worker's pinned staging; 0: 64 MiB, >= 2 experts
+  // Page-lock the store's file mappings (ExpertStore::mapped_regions, gpu_host_pin.h) so misses
+  // computed in place are copied from the page cache with no host copy; ConfigError when they
+  // cannot be (O_DIRECT, too little memory, the device or CUDA refuses).
+  bool pin_page_cache = false;
 };
 
 class GpuExpertCache {
@@ -117,6 +122,9 @@ class GpuExpertCache {
   // Device pointer of (layer, expert) when resident with its bytes in place, else nullptr (a
   // prediction whose copy has not completed or that was cancelled counts as absent; tests).
   const uint8_t* resident_payload(int layer, int expert) const;
+  // opts.pin_page_cache: bytes of the store's files page-locked, and the seconds it took (0, 0 without).
+  uint64_t pinned_bytes() const;
+  double pinned_seconds() const;
 
   // Test hook: the next `n` device allocations of expert memory fail as if cudaMalloc returned
   // cudaErrorMemoryAllocation, to exercise the flush-and-retry path without filling VRAM.

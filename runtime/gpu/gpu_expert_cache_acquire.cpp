@@ -251,7 +251,8 @@ void GpuExpertCache::Impl::finish_acquire() {
     flush_on_error([&] {
       // Scratch is rewritten: kernels of an earlier call that read it must be done first.
       if (current_scratch && scratch_recorded) MOE_CUDA_CHECK(cudaStreamWaitEvent(copy, scratch_free, 0));
-      wait_seq = ring->read_and_upload(store, pending.layer, pending.miss_ids, pending.cs, tel,
+      wait_seq = ring->read_and_upload(store, pending.layer, pending.miss_ids, pending.cs,
+                                       layer_parts[size_t(pending.layer)], pinned.get(), tel,
                                        [&](const GpuCopy& c) {
                                          if (c.slot >= 0) slots[size_t(c.slot)].fill_seq = c.seq;
                                        });

@@ -30,6 +30,7 @@
 #include "runtime/gpu/gpu_expert_cache.h"
 #include "runtime/gpu/gpu_prefetch_worker.h"
 #include "runtime/gpu/gpu_slot_arena.h"
+#include "runtime/gpu/gpu_host_pin.h"
 #include "runtime/gpu/gpu_staging_ring.h"
 
 namespace moestream {
@@ -66,6 +67,8 @@ struct GpuExpertCache::Impl {
   GpuExpertCacheOptions opts;
   std::vector<size_t> layer_bytes;       // payload bytes of one expert, by layer
   std::vector<size_t> layer_slot_bytes;  // its slot: gpu_slot_bytes(payload), the policy's class
+  std::vector<GpuExpertParts> layer_parts;  // where its matrices go in the slot, by layer
+  std::unique_ptr<GpuPinnedMappings> pinned;  // opts.pin_page_cache: the store's mappings, locked
   std::optional<LfruPolicy> policy;
   CacheStats policy_base;    // policy stats from before the last flush, since the last reset
   CacheStats policy_offset;  // the live policy's stats at the last reset_telemetry()

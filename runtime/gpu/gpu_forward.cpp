@@ -100,6 +100,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     info_.kv_bytes = mla->cache_bytes();
   } else {
     init_kv();
+    attn_scratch = DeviceBuffer(gpu::attention_scratch_floats(1, H, hd_p, opts.max_context) * sizeof(float));
   }
 
   // Activations, one allocation carved into arrays.
@@ -183,7 +184,10 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
                         ") cannot open a second instance for the prefetch worker");
     co.prefetch_store = prefetch_store.get();
   }
+  co.pin_page_cache = opts.pin_page_cache;
   cache = std::make_unique<GpuExpertCache>(cfg, store, info_.cache_bytes, stream, co);
+  info_.pinned_bytes = cache->pinned_bytes();
+  info_.pinned_s = cache->pinned_seconds();
   if (opts.preload) preload_experts();
   init_resident();
   warm_up();
@@ -234,12 +238,18 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
 // Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits (enqueued).
 void CudaForward::enqueue_logits(const ForwardChunk& c) {
   if (c.logits == nullptr) return;
+  enqueue_lm_head(c);
+  const int rows = c.all_logits ? c.n_tokens : 1;
+  MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
+                                 stream));
+}
+
+void CudaForward::enqueue_lm_head(const ForwardChunk& c) {
+  if (c.logits == nullptr) return;
   const int first = c.all_logits ? 0 : c.n_tokens - 1;
   const int rows = c.n_tokens - first;
   gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
   linear(h, w.lm_head, rows, logits);
-  MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
-                                 stream));
 }
 
 // Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
@@ -274,14 +284,17 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
   norm_and_rope(lw, T, k_dst);
   const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
   if (staged) append_kv(l, T, n_past, k_dst, v_dst);
+  float* const scr = T == 1 ? attn_scratch.as<float>() : nullptr;  // decode: no pool allocation
+  const size_t scr_n = T == 1 ? attn_scratch.bytes() / sizeof(float) : 0;
   if (!padded) {
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window, ring);
+    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window, ring, scr, scr_n);
   } else {
     // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
     // head_dim; released models have 64 or 128).
     const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window, ring);
+    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window, ring,
+                   scr, scr_n);
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
   }
   linear(attn, lw.wo, T, x, true);  // the residual add

@@ -31,6 +31,13 @@ struct GpuForwardOptions {
   // (docs/gpu.md "Resident decode"); false: every layer syncs (the path before issue 19; for
   // comparison). Both give the same bits.
   bool resident_decode = true;
+  // The resident step's kernels run as CUDA graphs, one per layer and one for lm_head
+  // (runtime/gpu/gpu_graphs.h); false: launched one by one (`--gpu-no-graphs`, for comparison).
+  // The same bits either way.
+  bool graphs = true;
+  // Page-lock the store's file mappings so misses are copied from the page cache with no host
+  // copy (GpuExpertCacheOptions::pin_page_cache; `--gpu-pin-page-cache`): the files stay in RAM.
+  bool pin_page_cache = false;
   // Before the first token, read every expert of the model into the GPU cache (layer by layer,
   // kPrefill: nothing evicted), as an engine that holds all weights in VRAM loads them at start.
   // ConfigError when the cache's budget cannot hold them all. `on_preload(layers done, layers)`
@@ -52,9 +59,17 @@ struct GpuLookaheadStats {
 // Decode steps run as one device-side sequence (no host sync per layer; docs/gpu.md "Resident
 // decode"): how many were tried, and how many met an expert not resident and were finished
 // through the synced path from that layer on.
+// Segments of those steps run as CUDA graphs (runtime/gpu/gpu_graphs.h): launched; of them,
+// executable graphs updated in place, and instantiated (first use or a change of shape).
+struct GpuGraphStats {
+  uint64_t launches = 0;
+  uint64_t updates = 0;
+  uint64_t instantiations = 0;
+};
 struct GpuResidentStats {
   uint64_t steps = 0;
   uint64_t redone = 0;
+  GpuGraphStats graphs;
 };
 
 struct GpuForwardStats {
@@ -79,6 +94,8 @@ struct GpuForwardInfo {
   uint64_t preload_experts = 0;  // --gpu-preload: experts read into the cache before the first token
   size_t preload_bytes = 0;
   double preload_s = 0;
+  uint64_t pinned_bytes = 0;     // --gpu-pin-page-cache: the model's files page-locked
+  double pinned_s = 0;
   std::string describe() const;  // one line
 };
 

@@ -13,6 +13,7 @@
 
 #include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_forward.h"
+#include "runtime/gpu/gpu_graphs.h"
 #include "runtime/gpu/gpu_mla.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/rope.h"
@@ -107,6 +108,12 @@ struct CudaForward final : GpuForward {
   DeviceBuffer snapshot;          // [L][D]: x before each layer's MoE (a redo starts from it)
   DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
   GpuResidentStats resident_stats;
+  // Its kernels as CUDA graphs, one segment per layer and one for lm_head (opts.graphs).
+  std::unique_ptr<GpuGraphSegments> graphs;
+  // Split-context partials of a decode token's attention (gpu::attention's scratch), so that
+  // no step allocates from the stream-ordered pool (a captured allocation defeats graph updates).
+  DeviceBuffer attn_scratch;
+  void resident_layer(int l, const ForwardChunk& c, ForwardTimes& times);
   // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
   // (gpu_mla.h); null for every other architecture.
   std::unique_ptr<GpuMla> mla;
@@ -156,6 +163,8 @@ struct CudaForward final : GpuForward {
   void moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l, ForwardTimes& times,
                  CacheAwareStats& ca_stats);
   void enqueue_logits(const ForwardChunk& c);
+  // enqueue_logits without the copy to c.logits: final norm and lm_head into `logits`.
+  void enqueue_lm_head(const ForwardChunk& c);
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();
   void preload_experts();

@@ -12,6 +12,7 @@
 // and the clamped SwiGLU, as moe() launches them.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -35,6 +36,7 @@ void CudaForward::init_resident() {
   snapshot = DeviceBuffer(L * size_t(D) * sizeof(float));
   fallback_expert = DeviceBuffer(cfg.max_expert_bytes());
   MOE_CUDA_CHECK(cudaMemset(fallback_expert.get(), 0, fallback_expert.bytes()));
+  if (opts.graphs) graphs = std::make_unique<GpuGraphSegments>();
 }
 
 bool CudaForward::resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const {
@@ -42,12 +44,67 @@ bool CudaForward::resident_step_allowed(const ForwardChunk& c, const RoutingCont
          !routing.override && !routing.cache_aware.enabled;
 }
 
-// Runs the decode token c through every layer and lm_head on the device, then syncs once.
-// Returns n_layers when every expert was resident (logits written, step ended), else the first
-// layer that missed one, with x restored to that layer's residual before its MoE.
-int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
+// Layer l of a resident step: attention, then the MoE on the device's own routing (or the
+// dense MLP). Enqueued only: no host synchronisation, nothing read back.
+void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& times) {
   const int L = cfg.n_layers;
   const size_t pairs = size_t(B) * size_t(K);
+  int* ids_d = resident_dev.as<int>();
+  float* wts_d = reinterpret_cast<float*>(ids_d + size_t(L) * K);
+  int* missed_d = ids_d + 2 * size_t(L) * K;
+  int* plan = plan_dev.as<int>();
+  auto* const* table_d = table_dev.as<const uint8_t* const>();
+  attention_layer(l, 1, c.n_past, times);
+  auto tm = std::chrono::steady_clock::now();
+  const GpuLayerWeights& lw = w.layers[size_t(l)];
+  if (!cfg.is_moe_layer(l)) {
+    gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
+    dense_mlp(lw, 1);
+    times.expert_compute_s += seconds_since(tm);
+    return;
+  }
+  const int m = cfg.moe_layer_index(l);
+  const ExpertLayout& lay = layouts[size_t(m)];
+  int* ids_l = ids_d + size_t(l) * K;
+  float* wts_l = wts_d + size_t(l) * K;
+  gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
+  linear_f32(h, lw.router, 1, D, E, rlog);
+  route_on_device(lw, 1, ids_l, wts_l);
+  gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
+                       plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
+                       missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
+  if (Fs > 0) shared_expert(lw, 1);
+  // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
+  const float* x_up = gather_expert_inputs(lay, plan, K);
+  expert_gate_up(lay, 0, K, 1, x_up);
+  const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
+  const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
+  if (lay.types.bias) {  // gpt-oss
+    gpu::expert_bias_add(gate, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset, stream);
+    gpu::expert_bias_add(up, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
+  }
+  if (cfg.swiglu_limit > 0) {
+    gpu::swiglu_clamped(gate, up, size_t(K) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi, stream);
+    gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
+  } else {
+    gpu::swiglu_rounded(lay.types.down, gate, up, K, F, swi, stream);
+  }
+  expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
+  if (lay.types.bias)
+    gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
+  gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
+  if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
+  if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
+  times.expert_compute_s += seconds_since(tm);
+}
+
+// Runs the decode token c through every layer and lm_head on the device, then syncs once.
+// Returns n_layers when every expert was resident (logits written, step ended), else the first
+// layer that missed one, with x restored to that layer's residual before its MoE. With graphs,
+// each layer (and lm_head with the read-back of the routing) is one captured graph: the host
+// captures the next while the device runs the last.
+int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
+  const int L = cfg.n_layers;
   auto t0 = std::chrono::steady_clock::now();
   auto** table_h = table_host.as<const uint8_t*>();
   if (table_stale) {  // what the cache holds now, with its bytes in place
@@ -57,60 +114,21 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
                                    cudaMemcpyHostToDevice, stream));
     table_stale = false;
   }
-  int* ids_d = resident_dev.as<int>();
-  float* wts_d = reinterpret_cast<float*>(ids_d + size_t(L) * K);
-  int* missed_d = ids_d + 2 * size_t(L) * K;
-  int* plan = plan_dev.as<int>();
-  auto* const* table_d = table_dev.as<const uint8_t* const>();
   times.router_s += seconds_since(t0);
-  for (int l = 0; l < L; ++l) {
-    attention_layer(l, 1, c.n_past, times);
-    auto tm = std::chrono::steady_clock::now();
-    const GpuLayerWeights& lw = w.layers[size_t(l)];
-    if (!cfg.is_moe_layer(l)) {
-      gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
-      dense_mlp(lw, 1);
-      times.expert_compute_s += seconds_since(tm);
-      continue;
-    }
-    const int m = cfg.moe_layer_index(l);
-    const ExpertLayout& lay = layouts[size_t(m)];
-    int* ids_l = ids_d + size_t(l) * K;
-    float* wts_l = wts_d + size_t(l) * K;
-    gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
-    linear_f32(h, lw.router, 1, D, E, rlog);
-    route_on_device(lw, 1, ids_l, wts_l);
-    gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
-                         plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
-                         missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
-    if (Fs > 0) shared_expert(lw, 1);
-    // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
-    const float* x_up = gather_expert_inputs(lay, plan, K);
-    expert_gate_up(lay, 0, K, 1, x_up);
-    const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
-    const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
-    if (lay.types.bias) {  // gpt-oss
-      gpu::expert_bias_add(gate, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset, stream);
-      gpu::expert_bias_add(up, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
-    }
-    if (cfg.swiglu_limit > 0) {
-      gpu::swiglu_clamped(gate, up, size_t(K) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi, stream);
-      gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
-    } else {
-      gpu::swiglu_rounded(lay.types.down, gate, up, K, F, swi, stream);
-    }
-    expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
-    if (lay.types.bias)
-      gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
-    gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
-    if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
-    if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
-    times.expert_compute_s += seconds_since(tm);
-  }
+  const auto segment = [&](size_t i, const std::function<void()>& enqueue) {
+    if (graphs) graphs->run(i, stream, enqueue, resident_stats.graphs);
+    else enqueue();
+  };
+  for (int l = 0; l < L; ++l) segment(size_t(l), [&] { resident_layer(l, c, times); });
   auto tl = std::chrono::steady_clock::now();
-  enqueue_logits(c);
-  MOE_CUDA_CHECK(cudaMemcpyAsync(resident_host.as<void>(), resident_dev.get(), resident_dev.bytes(),
-                                 cudaMemcpyDeviceToHost, stream));
+  segment(size_t(L), [&] {
+    enqueue_lm_head(c);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(resident_host.as<void>(), resident_dev.get(), resident_dev.bytes(),
+                                   cudaMemcpyDeviceToHost, stream));
+  });
+  // Outside the graph: c.logits may be pageable memory, and moves between calls.
+  if (c.logits != nullptr)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(V) * 4, cudaMemcpyDeviceToHost, stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   times.other_s += seconds_since(tl);
 

@@ -37,6 +37,7 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   r.slot_allocs = p.slot_allocs - q.slot_allocs;
   r.slot_frees = p.slot_frees - q.slot_frees;
   d.cache.h2d_bytes = a.cache.h2d_bytes - b.cache.h2d_bytes;
+  d.cache.h2d_direct_bytes = a.cache.h2d_direct_bytes - b.cache.h2d_direct_bytes;
   d.cache.h2d_copies = a.cache.h2d_copies - b.cache.h2d_copies;
   d.cache.prefetch_issued = a.cache.prefetch_issued - b.cache.prefetch_issued;
   d.cache.prefetch_used = a.cache.prefetch_used - b.cache.prefetch_used;
@@ -56,6 +57,9 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   d.lookahead.demanded_predicted = a.lookahead.demanded_predicted - b.lookahead.demanded_predicted;
   d.resident.steps = a.resident.steps - b.resident.steps;
   d.resident.redone = a.resident.redone - b.resident.redone;
+  d.resident.graphs.launches = a.resident.graphs.launches - b.resident.graphs.launches;
+  d.resident.graphs.updates = a.resident.graphs.updates - b.resident.graphs.updates;
+  d.resident.graphs.instantiations = a.resident.graphs.instantiations - b.resident.graphs.instantiations;
   return d;
 }
 
@@ -68,6 +72,8 @@ std::string GpuForwardInfo::describe() const {
   if (preload_experts > 0)
     s += "; preloaded " + std::to_string(preload_experts) + " experts (" + mib(preload_bytes) +
          ") in " + std::to_string(int(preload_s * 1000 + 0.5)) + " ms";
+  if (pinned_bytes > 0)
+    s += "; page cache pinned: " + mib(pinned_bytes) + " in " + std::to_string(int(pinned_s * 1000 + 0.5)) + " ms";
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
+#include "runtime/gpu/gpu_host_pin.h"
 
 namespace moestream {
 
@@ -100,28 +101,36 @@ uint64_t GpuStagingRing::upload(std::vector<GpuCopy>& cs, uint64_t& h2d_copies,
   std::vector<size_t> sizes;
   size_t i = 0;
   while (i < cs.size()) {
-    size_t j = i, total = 0;
-    while (j < cs.size() && (j == i || total + cs[j].bytes <= group_cap)) total += cs[j++].bytes;
-    const size_t start = reserve(total);
+    size_t j = i, staged = 0, total = 0;
+    while (j < cs.size() && (j == i || cs[j].direct || staged + cs[j].bytes <= group_cap)) {
+      if (!cs[j].direct) staged += cs[j].bytes;
+      total += cs[j++].bytes;
+    }
+    const size_t start = reserve(staged);
     dst.clear(), src.clear(), sizes.clear();
     size_t off = start;
     for (size_t k = i; k < j; ++k) {
-      std::memcpy(staging_ + off, cs[k].src, cs[k].bytes);
-      // Adjacent on the device and (by construction) in staging: one copy.
+      const uint8_t* from = cs[k].src;
+      if (!cs[k].direct) {
+        std::memcpy(staging_ + off, cs[k].src, cs[k].bytes);
+        from = staging_ + off;
+        off += cs[k].bytes;
+      }
+      // Adjacent on the device and at the source (staged neighbours are, by construction): one copy.
       if (!dst.empty() && cs[k].region && cs[k].region == cs[k - 1].region &&
-          static_cast<uint8_t*>(dst.back()) + sizes.back() == cs[k].dst) {
+          static_cast<uint8_t*>(dst.back()) + sizes.back() == cs[k].dst &&
+          static_cast<const uint8_t*>(src.back()) + sizes.back() == from) {
         sizes.back() += cs[k].bytes;
       } else {
         dst.push_back(cs[k].dst);
-        src.push_back(staging_ + off);
+        src.push_back(from);
         sizes.push_back(cs[k].bytes);
       }
-      off += cs[k].bytes;
     }
     issue_runs(dst, src, sizes);
     h2d_copies += dst.size();
     h2d_bytes += total;
-    Batch b{++next_seq_, events_.take(), start, start + total};
+    Batch b{++next_seq_, events_.take(), start, start + staged};
     MOE_CUDA_CHECK(cudaEventRecord(b.done, copy_));
     batches_.push_back(b);
     for (size_t k = i; k < j; ++k) cs[k].seq = b.seq;
@@ -130,28 +139,62 @@ uint64_t GpuStagingRing::upload(std::vector<GpuCopy>& cs, uint64_t& h2d_copies,
   return next_seq_;
 }
 
+GpuExpertParts GpuExpertParts::of(const ExpertLayout& lay, size_t hidden, size_t intermediate) {
+  GpuExpertParts p;
+  p.layout = lay;
+  p.gate_bytes = quant_matrix_bytes(lay.types.gate, intermediate, hidden);
+  p.up_bytes = quant_matrix_bytes(lay.types.up, intermediate, hidden);
+  p.down_bytes = quant_matrix_bytes(lay.types.down, hidden, intermediate);
+  p.bias_bytes = lay.types.bias ? (2 * intermediate + hidden) * sizeof(float) : 0;
+  return p;
+}
+
 uint64_t GpuStagingRing::read_and_upload(ExpertStore& store, int layer, const std::vector<int>& ids,
-                                         std::vector<GpuCopy>& cs, GpuCacheTelemetry& tel,
+                                         std::vector<GpuCopy>& cs, const GpuExpertParts& parts,
+                                         const GpuPinnedMappings* pinned, GpuCacheTelemetry& tel,
                                          const std::function<void(const GpuCopy&)>& on_copied) {
-  store.begin_fetch(layer, ids);
+  const ExpertLayout& lay = parts.layout;
+  store.begin_fetch_matrices(layer, ids);
   std::vector<GpuCopy> landed;
+  std::vector<uint8_t> taken(cs.size(), 0);
   size_t index = 0, got = 0;
-  const uint8_t* payload = nullptr;
+  ExpertMatrices m;
   uint64_t last = 0;
+  auto part = [&](const GpuCopy& c, size_t offset, const uint8_t* from, size_t n) {
+    GpuCopy p = c;
+    p.dst = c.dst + offset;
+    p.src = from;
+    p.bytes = n;
+    p.direct = pinned != nullptr && pinned->contains(from, n);
+    if (p.direct) tel.h2d_direct_bytes += n;
+    landed.push_back(p);
+  };
   auto take = [&] {
-    MOE_ASSERT(index < cs.size() && !cs[index].src, "store handed out an expert twice");
-    cs[index].src = payload;
-    landed.push_back(cs[index]);
+    MOE_ASSERT(index < cs.size() && !taken[index], "store handed out an expert twice");
+    taken[index] = 1;
     ++got;
+    const GpuCopy& c = cs[index];
+    MOE_ASSERT(c.bytes == lay.bytes, "a copy of another size than the layer's experts");
+    const uint8_t* base = m.gate - lay.gate_offset;
+    const bool one_payload = m.up == base + lay.up_offset && m.down == base + lay.down_offset &&
+                             (!m.bias || reinterpret_cast<const uint8_t*>(m.bias) == base + lay.bias_offset);
+    if (one_payload) {
+      part(c, 0, base, lay.bytes);
+      return;
+    }
+    part(c, lay.gate_offset, m.gate, parts.gate_bytes);
+    part(c, lay.up_offset, m.up, parts.up_bytes);
+    part(c, lay.down_offset, m.down, parts.down_bytes);
+    if (m.bias) part(c, lay.bias_offset, reinterpret_cast<const uint8_t*>(m.bias), parts.bias_bytes);
   };
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
-    const bool any = store.next_ready(&index, &payload, true);
+    const bool any = store.next_ready_matrices(&index, &m, lay, true);
     tel.demand_wait_s += seconds_since(t0);
     if (!any) break;
     landed.clear();
     take();
-    while (store.next_ready(&index, &payload, false)) take();
+    while (store.next_ready_matrices(&index, &m, lay, false)) take();
     last = upload(landed, tel.h2d_copies, tel.h2d_bytes);
     for (const GpuCopy& c : landed) on_copied(c);
   }

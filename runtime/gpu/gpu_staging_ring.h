@@ -32,7 +32,20 @@ struct GpuCopy {
   // allocation (one copy may not span two cudaMalloc blocks, even when they happen to abut).
   // nullptr: never merged.
   const uint8_t* region = nullptr;
+  // src lies in page-locked memory (GpuPinnedMappings): copied from there, not staged.
+  bool direct = false;
 };
+
+// Where an expert's parts lie in its slot: the layout's offsets and each part's bytes. A store
+// hands out either one payload laid out as the slot, or (a GGUF computed in place) the three
+// matrices where they lie in the file's mapping: each then goes to its offset.
+struct GpuExpertParts {
+  ExpertLayout layout;
+  size_t gate_bytes = 0, up_bytes = 0, down_bytes = 0, bias_bytes = 0;
+  static GpuExpertParts of(const ExpertLayout& lay, size_t hidden, size_t intermediate);
+};
+
+class GpuPinnedMappings;
 
 class GpuStagingRing {
  public:
@@ -47,14 +60,18 @@ class GpuStagingRing {
   // group is staged while the previous one copies; device-adjacent experts go as one copy. Sets
   // each copy's seq, adds the copies issued and bytes to the counters, returns the last seq.
   uint64_t upload(std::vector<GpuCopy>& cs, uint64_t& h2d_copies, uint64_t& h2d_bytes);
-  // Reads cs[i] = expert ids[i] of `layer` through `store` (host tiers first) and uploads each
-  // as soon as it has landed: one next_ready() that waits, plus every other expert ready by
-  // then, is one upload, so the copies of early experts overlap the reads of late ones.
-  // on_copied(copy) follows each upload, for each of its copies (seq set). Counts h2d_copies,
-  // h2d_bytes and demand_wait_s (host time in waiting next_ready()) into `tel`. Returns the seq
-  // of the last batch (0: nothing to copy).
+  // Reads cs[i] = expert ids[i] of `layer` through `store` (host tiers first; the matrices
+  // form, so page-cache pages verified earlier come as the mapping's own pages, never read into
+  // a buffer) and uploads each as soon as it has landed: one next_ready_matrices() that waits,
+  // plus every other expert ready by then, is one upload, so the copies of early experts overlap
+  // the reads of late ones. Parts inside `pinned` (when set) are copied from there; the rest
+  // are staged. on_copied(copy) follows each upload, for each of its copies (seq set; an expert
+  // handed out as three matrices is three copies). Counts h2d_copies, h2d_bytes,
+  // h2d_direct_bytes and demand_wait_s (host time in waiting) into `tel`. Returns the seq of the
+  // last batch (0: nothing to copy).
   uint64_t read_and_upload(ExpertStore& store, int layer, const std::vector<int>& ids,
-                           std::vector<GpuCopy>& cs, GpuCacheTelemetry& tel,
+                           std::vector<GpuCopy>& cs, const GpuExpertParts& parts,
+                           const GpuPinnedMappings* pinned, GpuCacheTelemetry& tel,
                            const std::function<void(const GpuCopy&)>& on_copied);
 
   // Retires completed batches without blocking (their staging is free).

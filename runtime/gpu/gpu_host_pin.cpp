@@ -1,0 +1,91 @@
+// Implementation of runtime/gpu/gpu_host_pin.h.
+#include "runtime/gpu/gpu_host_pin.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/error.h"
+#include "common/timing.h"
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace moestream {
+
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+std::string gib(uint64_t bytes) {
+  std::ostringstream s;
+  s.precision(2);
+  s << std::fixed << double(bytes) / double(1ULL << 30) << " GiB";
+  return s.str();
+}
+
+}  // namespace
+
+GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion>& regions) {
+  if (regions.empty())
+    throw ConfigError("--gpu-pin-page-cache: the store maps no file (O_DIRECT reads have no page cache "
+                      "to pin); drop --io-direct or --gpu-pin-page-cache");
+  int dev = 0, ro = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dev));
+  if (!ro)
+    throw ConfigError("--gpu-pin-page-cache: this device cannot register read-only host memory "
+                      "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
+  uint64_t total = 0;
+  for (const auto& r : regions) total += r.size;
+  const uint64_t avail = mem_available();
+  if (avail > 0 && total > avail)
+    throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib(total) +
+                      ") would stay locked in RAM, more than the " + gib(avail) +
+                      " available; drop the flag to stream them");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& r : regions) {
+    // Every page is faulted in and locked: the first run over a cold file reads it whole here.
+    const cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(r.data), r.size, cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      release();
+      throw ConfigError("--gpu-pin-page-cache: CUDA could not page-lock " + r.path.string() + " (" +
+                        gib(r.size) + "): " + cudaGetErrorString(e));
+    }
+    regions_.emplace_back(r.data, r.size);
+    bytes_ += r.size;
+  }
+  seconds_ = seconds_since(t0);
+  std::sort(regions_.begin(), regions_.end());
+}
+
+GpuPinnedMappings::~GpuPinnedMappings() { release(); }
+
+void GpuPinnedMappings::release() noexcept {
+  for (const auto& [p, n] : regions_) cudaHostUnregister(const_cast<uint8_t*>(p));
+  regions_.clear();
+  cudaGetLastError();
+}
+
+bool GpuPinnedMappings::contains(const uint8_t* p, size_t n) const {
+  auto it = std::upper_bound(regions_.begin(), regions_.end(), std::make_pair(p, ~uint64_t{0}));
+  if (it == regions_.begin()) return false;
+  --it;
+  return p >= it->first && uint64_t(p - it->first) + n <= it->second;
+}
+
+}  // namespace moestream

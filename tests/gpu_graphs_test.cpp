@@ -1,0 +1,112 @@
+// CUDA graphs of the resident decode step (runtime/gpu/gpu_graphs.h): the same logits as the
+// step launched kernel by kernel, one graph per layer and one for lm_head per resident step, graphs
+// updated in place from step to step and instantiated anew when a layer changes shape
+// (attention starts splitting the context), and a miss inside a graph step still finished
+// through the synced path. Skip without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/error.h"
+#include "common/file_util.h"
+#include "runtime/convert/synthetic_model.h"
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
+#include "tests/support/require_gpu.h"
+#include "tests/support/test_model.h"
+
+using namespace moestream;
+
+namespace {
+
+// A q8 pack whose experts take the grouped GEMM, so decode can run resident
+// (test::grouped_q8_config): 3 layers, so 4 graph segments per resident step.
+class GpuGraphs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
+  }
+  std::unique_ptr<Model> load(size_t cache_mb, bool graphs) {
+    ModelOptions mo;
+    mo.n_threads = 2;
+    mo.max_context = 512;
+    mo.gpu = true;
+    mo.gpu_cache_mb = cache_mb;
+    mo.gpu_no_graphs = !graphs;
+    return Model::load(dir_.path(), mo);
+  }
+  // Greedy decode on both models after a prompt of n_prompt ids, logits compared bit for bit.
+  static void decode_both(Model& a, Model& b, int n_prompt, int steps) {
+    const size_t V = size_t(a.config().vocab_size);
+    std::vector<int> prompt(static_cast<size_t>(n_prompt));
+    for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = (7 * i + 3) % int(V);
+    std::vector<float> la(V), lb(V);
+    a.forward(prompt, la);
+    b.forward(prompt, lb);
+    ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "prefill";
+    for (int i = 0; i < steps; ++i) {
+      const int tok = Sampler::argmax(la);
+      a.forward(std::span<const int>(&tok, 1), la);
+      b.forward(std::span<const int>(&tok, 1), lb);
+      ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "decode step " << i;
+    }
+  }
+  TempDir dir_{"gpu_graphs"};
+};
+
+}  // namespace
+
+TEST_F(GpuGraphs, TheSameBitsAsKernelByKernelWithOneGraphPerLayerAndLmHead) {
+  auto graphs = load(0, true);  // automatic budget: every expert fits
+  auto plain = load(0, false);
+  decode_both(*graphs, *plain, 5, 40);
+  const GpuForwardStats g = graphs->gpu_stats(), p = plain->gpu_stats();
+  std::printf("graphs: %llu resident steps, %llu launches, %llu updates, %llu instantiations\n",
+              (unsigned long long)g.resident.steps, (unsigned long long)g.resident.graphs.launches,
+              (unsigned long long)g.resident.graphs.updates,
+              (unsigned long long)g.resident.graphs.instantiations);
+  ASSERT_GT(g.resident.steps, 20u);
+  EXPECT_EQ(g.resident.steps, p.resident.steps);
+  EXPECT_EQ(g.resident.redone, 0u);
+  EXPECT_EQ(g.resident.graphs.launches, g.resident.steps * 4u);
+  EXPECT_EQ(g.resident.graphs.updates + g.resident.graphs.instantiations, g.resident.graphs.launches);
+  EXPECT_EQ(g.resident.graphs.instantiations, 4u) << "one per segment: the shapes never changed";
+  EXPECT_EQ(p.resident.graphs.launches, 0u);
+}
+
+TEST_F(GpuGraphs, ALayerThatChangesShapeIsInstantiatedAnewAndStillTheSameBits) {
+  // Past 128 keys a decode token's attention splits its context over two blocks (a merge kernel
+  // joins the layer's graph): decoding from 120 to 150 positions crosses that.
+  auto graphs = load(0, true);
+  auto plain = load(0, false);
+  decode_both(*graphs, *plain, 120, 30);
+  const GpuForwardStats g = graphs->gpu_stats();
+  std::printf("graphs across a split: %llu launches, %llu updates, %llu instantiations\n",
+              (unsigned long long)g.resident.graphs.launches, (unsigned long long)g.resident.graphs.updates,
+              (unsigned long long)g.resident.graphs.instantiations);
+  EXPECT_GE(g.resident.graphs.instantiations, 4u + 3u) << "each layer's graph changed shape once";
+  EXPECT_GT(g.resident.graphs.updates, g.resident.graphs.instantiations);
+}
+
+TEST_F(GpuGraphs, AMissInAGraphStepIsFinishedThroughTheSyncedPath) {
+  // 3 MiB holds about 60% of the 48 experts: some resident steps meet a miss and are redone.
+  auto graphs = load(3, true);
+  auto plain = load(3, false);
+  decode_both(*graphs, *plain, 5, 96);
+  const GpuForwardStats g = graphs->gpu_stats(), p = plain->gpu_stats();
+  EXPECT_GT(g.resident.redone, 0u);
+  EXPECT_EQ(g.resident.redone, p.resident.redone);
+  EXPECT_EQ(g.cache.policy.demand_misses, p.cache.policy.demand_misses);
+  EXPECT_GT(g.resident.graphs.launches, 0u);
+}
+
+TEST(GpuGraphsOptions, NoGraphsWithoutGpuIsRefused) {
+  ModelOptions mo;
+  mo.gpu_no_graphs = true;
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-no-graphs needs --gpu"),
+            std::string::npos);
+}
