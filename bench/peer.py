@@ -99,6 +99,7 @@ def check_args(a) -> None:
     if a.prefill_tokens < 2:
         raise ValueError(f"--prefill-tokens {a.prefill_tokens}: at least 2")
     for flag, given, known in (("--rows", a.rows, ROWS), ("--cap-moestream", a.cap_moestream, MOESTREAM_MODES),
+                               ("--gpu25-moestream", a.gpu25_moestream, MOESTREAM_MODES),
                                ("--cap-llama", a.cap_llama, ("l-cpu", "l-exps"))):
         unknown = set(given) - set(known)
         if unknown:
@@ -180,9 +181,10 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------- modes
 
 ROWS = ("cpu", "resident", "gpu25", "cap", "prefill")
-MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-direct")
+MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-pin", "gpu25-direct")
 MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
              "gpu": "`--gpu --gpu-preload`, every expert in VRAM", "gpu25": "`--gpu`, 25% VRAM cache",
+             "gpu25-pin": "`--gpu`, 25% VRAM cache, `--gpu-pin-page-cache`",
              "gpu25-direct": "`--gpu`, 25% VRAM cache, `--io-direct` + host cache",
              "l-cpu": "CPU (`-dev none -ngl 0`)", "l-gpu": "all on the GPU (`-ngl 99`)",
              "l-exps": "experts on the CPU (`-ngl 99 -ot exps=CPU`)"}
@@ -191,6 +193,7 @@ MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
 def moestream_flags(mode: str, a) -> list[str]:
     return {"cpu": [], "cpu-direct": ["--io-direct", "--host-cache-mb", str(a.host_cache_mb)],
             "gpu": ["--gpu", "--gpu-preload"], "gpu25": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb)],
+            "gpu25-pin": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--gpu-pin-page-cache"],
             "gpu25-direct": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--io-direct",
                              "--host-cache-mb", str(a.host_cache_mb_gpu)]}[mode]
 
@@ -301,6 +304,9 @@ def main() -> None:
     ap.add_argument("--cap-fraction", type=float, default=0.5, help="memory cap / GGUF file size")
     ap.add_argument("--cap-moestream", default="", help="moestream's modes under the cap (default: "
                     "gpu25-direct with a GPU, else cpu,cpu-direct); its best counts")
+    ap.add_argument("--gpu25-moestream", default="gpu25,gpu25-pin", help="moestream's modes in the gpu25 "
+                    "row (gpu25: misses copied once from the page cache; gpu25-pin: page-locked, no host "
+                    "copy); its best counts")
     ap.add_argument("--cap-llama", default="", help="llama.cpp's modes under the cap (default: l-exps with "
                     "a GPU, else l-cpu; l-gpu is refused: full offload holds the model in VRAM); its best counts")
     ap.add_argument("--slack-mb", type=int, default=320, help="the cap less dense, KV and this is the "
@@ -317,6 +323,7 @@ def main() -> None:
     a = ap.parse_args()
     a.rows = [r for r in a.rows.split(",") if r]
     a.cap_moestream = [m for m in a.cap_moestream.split(",") if m]
+    a.gpu25_moestream = [m for m in a.gpu25_moestream.split(",") if m]
     a.cap_llama = [m for m in a.cap_llama.split(",") if m]
     try:
         a.thread_list = parse_threads(a.threads, os.cpu_count() or 1)
@@ -398,7 +405,7 @@ def run_rows(a, res: dict, has_gpu: bool, gpu_text: str, cap, cap_mb: int, emit)
                 skipped.append((label, gpu_text))
             continue
         cells = [("moestream", "gpu"), ("llama.cpp", "l-gpu")] if row == "resident" else \
-            [("moestream", "gpu25"), ("llama.cpp", "l-exps")]
+            [("moestream", m) for m in a.gpu25_moestream] + [("llama.cpp", "l-exps")]
         S[row] = interleaved(a, row, cells, top, long_, a.tokens)
         if row in a.rows:
             rows.append(compare(row, label, *split(S[row])))
