@@ -80,7 +80,10 @@ ModelConfig shape(const std::string& kind) {
   return c;
 }
 
-std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb = 0, int max_context = 256) {
+// io_direct: no page-cache tier, so cache-aware routing sees the GPU cache alone (a buffered
+// store counts experts in the page cache as resident, and the files there are).
+std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb = 0, int max_context = 256,
+                            bool io_direct = false) {
   ModelOptions o;
   o.n_threads = 2;
   o.max_batch = max_batch;
@@ -90,6 +93,7 @@ std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb 
   o.gpu_cache_mb = cache_mb;
   StoreConfig sc;
   sc.io = "pread";  // every miss is a counted read (no host cache)
+  sc.io_direct = io_direct;
   return Model::load(dir, o, open_store_for(dir, ModelConfig::load(dir), sc));
 }
 
@@ -306,8 +310,8 @@ std::vector<Request> three_requests(const ModelConfig& c) {
 
 TEST(GpuBatchCacheAware, UnionAtToleranceZeroRoutesAsThePlainBatchAndWideSubstitutesMore) {
   REQUIRE_GPU();
-  auto plain = load(kDemo, 4 * kChunk, 4);
-  auto uni = load(kDemo, 4 * kChunk, 4);
+  auto plain = load(kDemo, 4 * kChunk, 4, 256, true);
+  auto uni = load(kDemo, 4 * kChunk, 4, 256, true);
   const std::vector<Request> rs = three_requests(plain->config());
   CacheAwareOptions zero{true, 0.0f};
   const BatchIds a = batch_routing(*plain, rs, zero);
@@ -317,8 +321,8 @@ TEST(GpuBatchCacheAware, UnionAtToleranceZeroRoutesAsThePlainBatchAndWideSubstit
   EXPECT_GT(uni->cache_aware_stats().routings, 0u);
   // A wide tolerance on fresh models: the union's candidates include every plain one (and the
   // earlier sequences' choices), so it substitutes more and reads less.
-  auto plain_w = load(kDemo, 4 * kChunk, 4);
-  auto uni_w = load(kDemo, 4 * kChunk, 4);
+  auto plain_w = load(kDemo, 4 * kChunk, 4, 256, true);
+  auto uni_w = load(kDemo, 4 * kChunk, 4, 256, true);
   CacheAwareOptions wide{true, 0.5f};
   batch_routing(*plain_w, rs, wide);
   wide.batch_union = true;
@@ -336,8 +340,8 @@ TEST(GpuBatchCacheAware, ASequenceAloneInABatchRoutesAsOneSequence) {
   // The same request through forward() and alone in forward_batch with the union rule, each on a
   // fresh model and cache: the same substitutions up to the batch's float noise (the expert GEMM
   // tile; see tolerance() above), so near agreement of the final ids, not bits.
-  auto solo = load(kDemo, kChunk, 4);
-  auto batched = load(kDemo, 4 * kChunk, 4);
+  auto solo = load(kDemo, kChunk, 4, 256, true);
+  auto batched = load(kDemo, 4 * kChunk, 4, 256, true);
   Request r = three_requests(solo->config())[1];
   solo->set_cache_aware({true, 0.5f});
   std::map<int, std::vector<int>> want;

@@ -71,7 +71,7 @@ TEST_F(GpuGraphs, TheSameBitsAsKernelByKernelWithOneGraphPerLayerAndLmHead) {
               (unsigned long long)g.resident.graphs.instantiations);
   ASSERT_GT(g.resident.steps, 20u);
   EXPECT_EQ(g.resident.steps, p.resident.steps);
-  EXPECT_EQ(g.resident.redone, 0u);
+  EXPECT_EQ(g.resident.redone, p.resident.redone);  // a step meeting an expert not yet loaded
   EXPECT_EQ(g.resident.graphs.launches, g.resident.steps * 4u);
   EXPECT_EQ(g.resident.graphs.updates + g.resident.graphs.instantiations, g.resident.graphs.launches);
   EXPECT_EQ(g.resident.graphs.instantiations, 4u) << "one per segment: the shapes never changed";
