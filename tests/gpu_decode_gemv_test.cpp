@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "loader/format/expert_file.h"
@@ -228,76 +227,6 @@ TEST(GpuDecodeGemv, ShapesItDoesNotTakeKeepTheTileLoopAndTooManyMatricesAreRefus
   const gpu::DenseOut odd{w.get() + 2, 4, y.get()};  // not 16-byte aligned: refused, not misread
   EXPECT_THROW(gpu::dense_gemm_shared_input(QuantType::kBF16, &odd, 1, 256, x.get(), 1, nullptr),
                Error);
-}
-
-// ggml Q8_0 rows (decode_gemv_q8_0.cu): random blocks (float16 scales, int8 quants), against the
-// CPU's ggml_matvec (q8_0 activations, integer block sums: the same function in another order).
-std::vector<uint8_t> random_q8_0(int rows, int cols, uint32_t seed) {
-  std::vector<uint8_t> w(size_t(rows) * size_t(cols / 32) * 34);
-  std::mt19937 rng(seed);
-  for (size_t b = 0; b < w.size(); b += 34) {
-    const uint16_t d = uint16_t(0x1800 | (rng() & 0x7ff));  // float16 in [2^-9, 2^-7)
-    w[b] = uint8_t(d & 0xff);
-    w[b + 1] = uint8_t(d >> 8);
-    for (int k = 0; k < 32; ++k) w[b + 2 + size_t(k)] = uint8_t(int(rng() % 255) - 127);
-  }
-  return w;
-}
-
-TEST(GpuDecodeGemv, GgmlQ8_0RowsMatchTheCpuKernelDenseGroupedAndAdded) {
-  SKIP_WITHOUT_GPU();
-  const QuantType q = ggml_quant(GgmlType::kQ8_0);
-  for (auto [rows, cols] : {std::pair{300, 2048}, std::pair{33, 768}, std::pair{70, 96}}) {
-    ASSERT_TRUE(gpu::dense_gemv_takes(q, cols));
-    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
-    // Dense, three matrices sharing one input (q/k/v), the last one added into its output.
-    std::vector<std::vector<uint8_t>> ws;
-    for (int i = 0; i < 3; ++i) ws.push_back(random_q8_0(rows - 7 * i, cols, 200 + uint32_t(i)));
-    const auto x = random_floats(size_t(cols), 210);
-    const auto resid = random_floats(size_t(rows), 211);
-    DeviceVec<float> dx(x);
-    std::vector<std::unique_ptr<DeviceVec<uint8_t>>> dws;
-    std::vector<std::unique_ptr<DeviceVec<float>>> ys;
-    std::vector<gpu::DenseOut> outs;
-    for (int i = 0; i < 3; ++i) {
-      dws.push_back(std::make_unique<DeviceVec<uint8_t>>(ws[size_t(i)]));
-      ys.push_back(std::make_unique<DeviceVec<float>>(i == 2 ? resid : std::vector<float>(size_t(rows - 7 * i))));
-      outs.push_back({dws.back()->get(), rows - 7 * i, ys.back()->get(), i == 2});
-    }
-    gpu::dense_gemm_shared_input(q, outs.data(), 3, cols, dx.get(), 1, nullptr);
-    for (int i = 0; i < 3; ++i) {
-      const int r = rows - 7 * i;
-      std::vector<float> ref(static_cast<size_t>(r));
-      ggml_matvec(GgmlType::kQ8_0, ws[size_t(i)].data(), size_t(cols), x.data(), ref.data(), 0, size_t(r));
-      if (i == 2)
-        for (int k = 0; k < r; ++k) ref[size_t(k)] += resid[size_t(k)];
-      expect_close(ys[size_t(i)]->download(), ref, 2e-4f, 1e-4f,
-                   ("Q8_0 dense " + shape + " matrix " + std::to_string(i)).c_str());
-    }
-    // Grouped: experts of one row each at a payload offset, one group empty.
-    const size_t off = 64, mbytes = size_t(rows) * size_t(cols / 32) * 34;
-    const size_t stride = (off + mbytes + 255) / 256 * 256;
-    const std::vector<int> row_start = {0, 1, 1, 2, 3};
-    std::vector<uint8_t> pay(stride * 4, 0x5a);
-    for (int g = 0; g < 4; ++g) {
-      const auto m = random_q8_0(rows, cols, 220 + uint32_t(g));
-      std::copy(m.begin(), m.end(), pay.begin() + ptrdiff_t(stride * size_t(g) + off));
-    }
-    const auto xg = random_floats(size_t(3) * cols, 230);
-    DeviceVec<uint8_t> dp(pay);
-    std::vector<const uint8_t*> ptrs;
-    for (int g = 0; g < 4; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
-    DeviceVec<const uint8_t*> dwp(ptrs);
-    DeviceVec<int> drs(row_start);
-    DeviceVec<float> dxg(xg), dy(size_t(3) * rows);
-    gpu::expert_gemm(q, dwp.get(), off, drs.get(), 4, 1, rows, cols, dxg.get(), dy.get(), nullptr);
-    std::vector<float> ref(size_t(3) * rows);
-    for (int g = 0; g < 4; ++g)
-      for (int t = row_start[size_t(g)]; t < row_start[size_t(g) + 1]; ++t)
-        ggml_matvec(GgmlType::kQ8_0, pay.data() + stride * size_t(g) + off, size_t(cols),
-                    xg.data() + size_t(t) * cols, ref.data() + size_t(t) * rows, 0, size_t(rows));
-    expect_close(dy.download(), ref, 2e-4f, 1e-4f, ("Q8_0 grouped " + shape).c_str());
-  }
 }
 
 }  // namespace

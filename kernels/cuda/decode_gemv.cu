@@ -169,16 +169,10 @@ bool is_bf16(QuantType q) {
   return q == QuantType::kBF16 || (t && *t == GgmlType::kBF16);
 }
 
-bool is_q8_0(QuantType q) {
-  const auto t = quant_ggml_type(q);
-  return t && *t == GgmlType::kQ8_0;
-}
-
 }  // namespace
 
 bool decode_gemv_fits(QuantType q, int cols) {
   if (cols <= 0) return false;
-  if (is_q8_0(q)) return cols % 32 == 0 && cols <= 32768;
   if (q == QuantType::kQ8 || q == QuantType::kQ4) return cols % 256 == 0;
   return is_bf16(q) && cols % 8 == 0;
 }
@@ -187,7 +181,6 @@ void decode_gemv_cuda(QuantType q, GemvArgs a, cudaStream_t s) {
   MOE_ASSERT(decode_gemv_fits(q, a.cols) && a.n_mats >= 1 && a.n_mats <= kGemvMaxMats &&
                  a.n_groups >= 1 && a.n_tokens >= 1 && (a.w == nullptr) == (a.row_start == nullptr),
              "decode_gemv_cuda: bad arguments");
-  if (is_q8_0(q)) return decode_gemv_q8_0_cuda(a, s);
   a.first[0] = 0;
   for (int i = 0; i < a.n_mats; ++i) {
     const GemvMat& m = a.mat[i];

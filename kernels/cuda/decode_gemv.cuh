@@ -41,9 +41,8 @@ struct GemvArgs {
 };
 
 // Whether a row of `cols` in type q is whole 16-byte chunks whose sections start 16-byte
-// aligned (q8/q4 packs: cols % 256 == 0, nb % 8 blocks; bf16 (pack or ggml): cols % 8 == 0), or
-// a ggml Q8_0 row (cols % 32 == 0, at most 32,768: decode_gemv_q8_0.cu, integer products with
-// the activations' q8_0 quants). Other shapes and types keep the tile-loop GEMM.
+// aligned (q8/q4 packs: cols % 256 == 0, nb % 8 blocks; bf16 (pack or ggml): cols % 8 == 0).
+// Other shapes and types keep the tile-loop GEMM.
 bool decode_gemv_fits(QuantType q, int cols);
 
 // Launches the product; asserts decode_gemv_fits, every matrix (dense) or offset (grouped)
@@ -51,7 +50,5 @@ bool decode_gemv_fits(QuantType q, int cols);
 // float whatever else the launch computes (a warp per output row, a fixed summation order), so
 // splitting groups or matrices over launches changes no bit.
 void decode_gemv_cuda(QuantType q, GemvArgs a, cudaStream_t s);
-// decode_gemv_cuda's ggml Q8_0 form (decode_gemv_q8_0.cu).
-void decode_gemv_q8_0_cuda(GemvArgs a, cudaStream_t s);
 
 }  // namespace moestream::gpu
