@@ -59,6 +59,7 @@ class Model:
         moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
         io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
         gpu_preload: bool = False,  # every expert into the GPU cache at load (needs gpu=True; error if they do not fit)
+        gpu_pin_page_cache: bool = False,  # page-lock the model's files so GPU misses copy from the page cache by DMA (needs gpu=True; error if they exceed available memory)
     ) -> None: ...
     def generate(
         self,

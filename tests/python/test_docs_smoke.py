@@ -578,7 +578,7 @@ skipped("scripts/test.sh", CI_JOB, "the test job itself (this test runs inside i
 skipped(".ci/run", CI_JOB, "CI's entry point: runs scripts/test.sh (this job) and the others")
 skipped("scripts/sanitize.sh", CI_JOB, "the asan and tsan jobs of .ci/run")
 skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
-for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_resident", "gpu_tests", "tree", "io_bench", "io_hot", "kernels",
+for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_graphs", "gpu_resident", "gpu_tests", "tree", "io_bench", "io_hot", "kernels",
               "same_tokens"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the GPU device machine (docs/gpu.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")

@@ -33,6 +33,8 @@ def test_gpu_cache_budget_without_gpu_is_refused(demo):
         moestream.Model(demo, gpu_cache_mb=64)
     with pytest.raises(moestream.ConfigError, match="gpu_preload=True needs gpu=True"):
         moestream.Model(demo, gpu_preload=True)
+    with pytest.raises(moestream.ConfigError, match="gpu_pin_page_cache=True needs gpu=True"):
+        moestream.Model(demo, gpu_pin_page_cache=True)
 
 
 def test_negative_lookahead_is_refused(demo):
@@ -66,6 +68,10 @@ def test_infer_refuses_gpu_flags_it_cannot_honour(demo):
     r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", "--gpu-preload"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--gpu-preload needs --gpu" in r.stderr, r.stderr
+    for flag in ("--gpu-no-graphs", "--gpu-pin-page-cache"):
+        r = subprocess.run([str(exe), "-m", str(demo), "-p", "The", "-n", "2", flag],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and f"{flag} needs --gpu" in r.stderr, r.stderr
 
 
 def test_gguf_with_gpu_runs_or_names_the_reason():
