@@ -108,7 +108,7 @@ int run(const Args& a) {
   if (a.lookahead_replayed && (a.replay_routing.empty() || a.engine.moe_lookahead == 0 || a.engine.gpu))
     throw ConfigError("--lookahead-replayed needs --replay-routing and --moe-lookahead N, without --gpu");
   mo.moe_lookahead_replayed = a.lookahead_replayed;
-  if (a.batch > 0) mo.max_batch = a.batch;
+  mo.max_batch = a.batch > 0 ? a.batch : default_max_batch(a.engine.gpu);
   if (a.parallel > 1) {  // perplexity over a batch of windows
     if (a.perplexity_file.empty() || !a.prompt.empty() || !a.prompt_ids.empty())
       throw ConfigError("--parallel N scores --perplexity windows N at a time; it does not apply to -p / --prompt-ids");
@@ -280,7 +280,8 @@ int main(int argc, char** argv) {
                "also log each router input vector (hidden floats per token and layer)");
   app.add_option("--batch", a.batch,
                  "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
-                 "token by token like decode; 0 = default 64")
+                 "token by token like decode; 0 = default: 64, or 512 with --gpu (its prefill reads each "
+                 "expert once per chunk)")
       ->capture_default_str()->check(in_range(0, 1 << 20));
   app.add_option("--parallel", a.parallel,
                  "with --perplexity: score N disjoint windows of --ctx at once, one token per window per "

@@ -89,7 +89,7 @@ class PyModel {
     mo.verify_checksums = o.verify_checksums;
     mo.cache_aware.enabled = o.cache_aware;
     mo.cache_aware.tolerance = o.cache_tolerance;
-    if (o.batch > 0) mo.max_batch = o.batch;
+    mo.max_batch = o.batch > 0 ? o.batch : default_max_batch(o.gpu);
     mo.gpu = o.gpu;
     mo.gpu_cache_mb = size_t(o.gpu_cache_mb);
     mo.moe_lookahead = o.moe_lookahead;

@@ -45,6 +45,13 @@ struct ModelOptions {
   int max_sequences = 8;
 };
 
+// The front ends' default chunk (infer --batch 0, Python batch=0): 64 tokens on the CPU; 512
+// with the GPU, whose prefill reads each expert a chunk routes to once per chunk (from the page
+// cache or the disk, over PCIe), so longer chunks read each expert less often (llama.cpp's
+// micro-batch is 512 tokens too). The GPU's activations grow with it (about 0.9 MB per token at
+// Qwen3-30B-A3B's shapes, most of it the chunk's logits rows).
+inline int default_max_batch(bool gpu) { return gpu ? 512 : 64; }
+
 // How a front end spells the GPU options, for its error messages (defaults: infer's flags).
 struct GpuOptionNames {
   std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
