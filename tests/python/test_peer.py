@@ -14,7 +14,7 @@ spec.loader.exec_module(peer)
 
 def args(**kw):
     a = dict(layers=2, tokens=8, rounds=3, cap_fraction=0.5, gpu_cache_fraction=0.25, prefill_tokens=64,
-             rows=list(peer.ROWS), cap_moestream=[], cap_llama=[])
+             rows=list(peer.ROWS), cap_moestream=[], cap_llama=[], gpu25_moestream=["gpu25", "gpu25-pin"])
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -42,6 +42,7 @@ def test_good_arguments_pass():
     (dict(cap_fraction=0.0), "--cap-fraction"), (dict(gpu_cache_fraction=0.0), "--gpu-cache-fraction"),
     (dict(gpu_cache_fraction=1.5), "--gpu-cache-fraction"), (dict(prefill_tokens=1), "--prefill-tokens"),
     (dict(rows=["cpu", "gpu"]), "--rows"), (dict(cap_moestream=["fast"]), "--cap-moestream"),
+    (dict(gpu25_moestream=["gpu25", "pinned"]), "--gpu25-moestream"),
     # Full offload holds the whole model in VRAM: not a mode for a model that fits nowhere.
     (dict(cap_llama=["l-gpu"]), "--cap-llama"),
 ])
