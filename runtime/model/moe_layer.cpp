@@ -19,10 +19,22 @@ namespace {
 constexpr size_t kMaxExpertsPerFetch = 16;
 // Rows of one expert matrix per task. A prefill's quant_matvec re-rounds its input vector on every
 // call, so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256
-// down rows (input of width F) keep it under ~5% while decode still yields ~50 tasks per stage
-// (decode rounds each input once: token_in_, act_in_).
+// down rows (input of width F) keep it under ~5%. Decode rounds each input once (token_in_,
+// act_in_) and halves a slice (down to kMinSlice rows) until every thread has kTasksPerThread
+// tasks: with 16 threads, 48 gate/up tasks of 0.5 MiB left threads idle for a whole task
+// whenever one lagged. Shorter tasks each start their stream cold (2 threads, quarter slices:
+// expert compute 7% slower), so 2 threads keep the long ones. A row's result does not depend
+// on its slice.
 constexpr size_t kGateUpSlice = 128;
 constexpr size_t kDownSlice = 256;
+constexpr size_t kMinSlice = 32;
+constexpr size_t kTasksPerThread = 6;
+
+// The rows per task of one product over `rows` rows for n_pairs pairs (see above).
+size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
+  while (slice > kMinSlice && n_pairs * ((rows + slice - 1) / slice) < kTasksPerThread * threads) slice /= 2;
+  return slice;
+}
 
 // Checked where the first member sized by top-k is built, before anything is allocated.
 int check_top_k(const ModelConfig& cfg) {
@@ -233,8 +245,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   times.router_s += seconds_since(t0);
 
   const ExpertLayout& lay = layouts_[size_t(layer)];
-  const size_t gate_tasks = (size_t(F_) + kGateUpSlice - 1) / kGateUpSlice;
-  const size_t down_tasks = (size_t(D_) + kDownSlice - 1) / kDownSlice;
+
   // Decode: the token rounded once for every gate and up product of the layer (up too when its
   // type rounds alike, as in every pack and GGUF seen so far).
   const bool decode = T == 1;
@@ -293,10 +304,15 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
           slot_of_pair_.push_back(slot);
         }
       const size_t n_pairs = slot_of_pair_.size();
+      const size_t threads = size_t(pool.size());
+      const size_t gate_slice = decode ? decode_slice(kGateUpSlice, size_t(F_), n_pairs, threads) : kGateUpSlice;
+      const size_t down_slice = decode ? decode_slice(kDownSlice, size_t(D_), n_pairs, threads) : kDownSlice;
+      const size_t gate_tasks = (size_t(F_) + gate_slice - 1) / gate_slice;
+      const size_t down_tasks = (size_t(D_) + down_slice - 1) / down_slice;
       // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
       pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
-        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
-        const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
+        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * gate_slice;
+        const size_t r1 = std::min(size_t(F_), r0 + gate_slice);
         const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
         const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
         float* g = act_.row(Eigen::Index(p)).data();
@@ -320,8 +336,8 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
         for (size_t p = 0; p < n_pairs; ++p)
           act_in_[p].round(lay.types.down, act_.row(Eigen::Index(p)).data(), size_t(F_));
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
-        const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
-        const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
+        const size_t p = task / down_tasks, r0 = (task % down_tasks) * down_slice;
+        const size_t r1 = std::min(size_t(D_), r0 + down_slice);
         const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
         float* y = y_.row(slot_of_pair_[p]).data();
         if (decode) quant_matvec(lay.types.down, e.down, size_t(F_), act_in_[p], y, r0, r1);
