@@ -143,7 +143,7 @@ void linear_group(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseM
     MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(ys[m]->cols()) == w.rows && ys[m]->rows() == x.rows());
     one_kind = one_kind && w.type != QuantType::kF32 && matvec_input_kind(w.type) == matvec_input_kind(ws[0]->type);
   }
-  if (T != 1 || !one_kind) {  // f32 through Eigen, several rows through ggml_matmul: each on its own
+  if (T != 1 || !one_kind) {  // f32 through Eigen, several rows through ggml_matmul: one by one
     for (size_t m = 0; m < ws.size(); ++m) {
       const DenseMatrix& w = *ws[m];
       RowMap& y = *ys[m];
@@ -152,13 +152,8 @@ void linear_group(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseM
         linear_f32(pool, x, f, y);
         continue;
       }
-      if (T == 1) {
-        MatvecInput& in = step_input();
-        in.round(w.type, x.data(), w.cols);
-        const size_t slice = typed_slice_rows(w.row_bytes());
-        pool.parallel_for((w.rows + slice - 1) / slice, [&](size_t s) {
-          quant_matvec(w.type, w.data, w.cols, in, y.data(), s * slice, std::min(w.rows, (s + 1) * slice));
-        });
+      if (T == 1) {  // a typed matrix among others that round differently: alone below
+        linear_group(pool, x, ws.subspan(m, 1), ys.subspan(m, 1));
         continue;
       }
       const std::optional<GgmlType> g = quant_ggml_type(w.type);
