@@ -63,7 +63,7 @@ std::vector<float> expected(const DenseMatrix& w, const std::vector<float>& x, s
 
 void check_group(const std::vector<GgmlType>& types, size_t T, int threads, const std::string& name) {
   std::mt19937 rng(17);
-  const size_t cols = 512;
+  const size_t cols = 4096;  // typed slices of 28-56 rows: every matrix spans several
   const size_t rows[] = {300, 70, 45, 20};
   std::vector<Owned> mats;
   for (size_t i = 0; i < types.size(); ++i) mats.push_back(random_dense(types[i], rows[i], cols, rng));
