@@ -11,7 +11,9 @@ by the LLAMA_CPP_* variables (scripts/device_peer.sh builds it with CUDA on the 
 Rows (each a setting whose cells run in interleaved rounds, the order flipping every round, a
 fresh process per run; each cell's median, the ratio of moestream's median to llama.cpp's):
   cpu T     warm CPU decode at T threads (--threads; counts above the machine's cores are clamped
-            to them): infer -t T against llama-completion -t T -dev none -ngl 0
+            to them): infer -t T against llama-completion -t T -dev none -ngl 0; --cpu-moestream
+            cpu,cpu-noverify adds infer --no-verify as a cell of its own (an expert's first use in
+            a process is checksummed by default; llama.cpp verifies nothing)
   resident  warm GPU, every expert in VRAM: infer --gpu --gpu-preload (its automatic cache, filled
             with every expert at load, as llama.cpp loads every weight) against -ngl 99
   gpu 25%   GPU with a VRAM expert cache of 25% of the experts over the page cache: infer --gpu
@@ -100,6 +102,7 @@ def check_args(a) -> None:
         raise ValueError(f"--prefill-tokens {a.prefill_tokens}: at least 2")
     for flag, given, known in (("--rows", a.rows, ROWS), ("--cap-moestream", a.cap_moestream, MOESTREAM_MODES),
                                ("--gpu25-moestream", a.gpu25_moestream, MOESTREAM_MODES),
+                               ("--cpu-moestream", a.cpu_moestream, CPU_MODES),
                                ("--cap-llama", a.cap_llama, ("l-cpu", "l-exps"))):
         unknown = set(given) - set(known)
         if unknown:
@@ -181,8 +184,10 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------- modes
 
 ROWS = ("cpu", "resident", "gpu25", "cap", "prefill")
-MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-pin", "gpu25-direct")
+MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-pin", "gpu25-direct", "cpu-noverify")
+CPU_MODES = ("cpu", "cpu-noverify")  # the cpu rows' moestream cells (--cpu-moestream)
 MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
+             "cpu-noverify": "CPU, `--no-verify` (first use of an expert not checksummed)",
              "gpu": "`--gpu --gpu-preload`, every expert in VRAM", "gpu25": "`--gpu`, 25% VRAM cache",
              "gpu25-pin": "`--gpu`, 25% VRAM cache, `--gpu-pin-page-cache`",
              "gpu25-direct": "`--gpu`, 25% VRAM cache, `--io-direct` + host cache",
@@ -191,7 +196,8 @@ MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
 
 
 def moestream_flags(mode: str, a) -> list[str]:
-    return {"cpu": [], "cpu-direct": ["--io-direct", "--host-cache-mb", str(a.host_cache_mb)],
+    return {"cpu": [], "cpu-noverify": ["--no-verify"],
+            "cpu-direct": ["--io-direct", "--host-cache-mb", str(a.host_cache_mb)],
             "gpu": ["--gpu", "--gpu-preload"], "gpu25": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb)],
             "gpu25-pin": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--gpu-pin-page-cache"],
             "gpu25-direct": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--io-direct",
@@ -307,6 +313,9 @@ def main() -> None:
     ap.add_argument("--gpu25-moestream", default="gpu25,gpu25-pin", help="moestream's modes in the gpu25 "
                     "row (gpu25: misses copied once from the page cache; gpu25-pin: page-locked, no host "
                     "copy); its best counts")
+    ap.add_argument("--cpu-moestream", default="cpu", help="the cpu rows' moestream modes: cpu (default), "
+                    "cpu-noverify (--no-verify: an expert's first use in the process is not checksummed, "
+                    "to tell that cost apart); the best counts, each is in the JSON")
     ap.add_argument("--cap-llama", default="", help="llama.cpp's modes under the cap (default: l-exps with "
                     "a GPU, else l-cpu; l-gpu is refused: full offload holds the model in VRAM); its best counts")
     ap.add_argument("--slack-mb", type=int, default=320, help="the cap less dense, KV and this is the "
@@ -325,6 +334,7 @@ def main() -> None:
     a.cap_moestream = [m for m in a.cap_moestream.split(",") if m]
     a.gpu25_moestream = [m for m in a.gpu25_moestream.split(",") if m]
     a.cap_llama = [m for m in a.cap_llama.split(",") if m]
+    a.cpu_moestream = [m for m in a.cpu_moestream.split(",") if m]
     try:
         a.thread_list = parse_threads(a.threads, os.cpu_count() or 1)
         check_args(a)
@@ -392,7 +402,8 @@ def run_rows(a, res: dict, has_gpu: bool, gpu_text: str, cap, cap_mb: int, emit)
     cap_text = cap.stdout.strip()
     if "cpu" in a.rows:
         for t in a.thread_list:
-            S[f"cpu{t}"] = interleaved(a, f"cpu {t}", [("moestream", "cpu"), ("llama.cpp", "l-cpu")], t, short, a.tokens)
+            cells = [("moestream", m) for m in a.cpu_moestream] + [("llama.cpp", "l-cpu")]
+            S[f"cpu{t}"] = interleaved(a, f"cpu {t}", cells, t, short, a.tokens)
             rows.append(compare("cpu", f"warm CPU decode, {t} threads", *split(S[f"cpu{t}"])))
             emit(False)
     for row, label in (("resident", "warm GPU decode, every expert resident"),

@@ -17,12 +17,21 @@ using GgmlMatvecFn = void (*)(const uint8_t* w, size_t cols, const float* x, flo
 using GgmlMatmulFn = void (*)(const uint8_t* w, size_t cols, const float* x, size_t n, float* y,
                               size_t y_stride, size_t row_begin, size_t row_end);
 
+struct GgmlActivations;  // ggml_legacy_kernels.h
+// y[r] = W[r] . input `input` of `a` (inputs rounded once, shared by threads and matrices) for r in
+// [row_begin, row_end); the 32-element block types only. Equal bit for bit to the matvec of the
+// same type on the float input that `a` was rounded from.
+using GgmlRoundedMatvecFn = void (*)(const uint8_t* w, const GgmlActivations& a, size_t input, float* y,
+                                     size_t row_begin, size_t row_end);
+
 struct GgmlKernels {
   GgmlDequantizeFn dequantize = nullptr;  // scalar, the bit-exact reference
   GgmlMatvecFn matvec_scalar = nullptr;   // the reference product
   GgmlMatmulFn matmul_scalar = nullptr;
   GgmlMatvecFn matvec_avx2 = nullptr;     // null when the type has no AVX2 kernel (yet)
   GgmlMatmulFn matmul_avx2 = nullptr;
+  GgmlRoundedMatvecFn rounded_matvec_scalar = nullptr;  // the block types of the legacy family
+  GgmlRoundedMatvecFn rounded_matvec_avx2 = nullptr;
 };
 
 // The kernels of t, or null when the family does not compute it.

@@ -267,30 +267,15 @@ void kquant_rows_avx2(GgmlType, const uint8_t*, size_t, const KActivations&, siz
 }
 #endif
 
-namespace {
-
-// Per-thread rounded inputs (threads call the products concurrently on disjoint row ranges).
-// Growing only: after the widest call, or ggml_reserve_scratch, a thread never allocates again.
-struct KScratch {
-  std::vector<float> d;
-  std::vector<int8_t> qs;
-  std::vector<int16_t> bsums;
-  void fit(size_t cols, size_t n) {
-    const size_t nb = cols / kSuperBlock;
-    if (d.size() < n * nb) d.resize(n * nb);
-    if (qs.size() < n * cols) qs.resize(n * cols);
-    if (bsums.size() < n * nb * 16) bsums.resize(n * nb * 16);
-  }
-};
-
-KScratch& scratch() {
-  thread_local KScratch s;
-  return s;
+void KActivationBuffers::fit(size_t cols, size_t n) {
+  const size_t nb = cols / kSuperBlock;
+  if (d.size() < n * nb) d.resize(n * nb);
+  if (qs.size() < n * cols) qs.resize(n * cols);
+  if (bsums.size() < n * nb * 16) bsums.resize(n * nb * 16);
 }
 
-KActivations round_inputs(const float* x, size_t cols, size_t n, bool avx2) {
+KActivations kquant_round_into(KActivationBuffers& s, const float* x, size_t cols, size_t n, bool avx2) {
   MOE_ASSERT(cols % kSuperBlock == 0, "K-quant matrix of " + std::to_string(cols) + " columns");
-  KScratch& s = scratch();
   s.fit(cols, n);
   const size_t nb = cols / kSuperBlock;
   auto round = avx2 ? kquant_round_activations_avx2 : kquant_round_activations;
@@ -298,6 +283,19 @@ KActivations round_inputs(const float* x, size_t cols, size_t n, bool avx2) {
     round(x + i * cols, cols, s.d.data() + i * nb, s.qs.data() + i * cols, s.bsums.data() + i * nb * 16);
   }
   return {s.d.data(), s.qs.data(), s.bsums.data(), nb};
+}
+
+namespace {
+
+// Per-thread rounded inputs (threads call the products concurrently on disjoint row ranges).
+// Growing only: after the widest call, or ggml_reserve_scratch, a thread never allocates again.
+KActivationBuffers& scratch() {
+  thread_local KActivationBuffers s;
+  return s;
+}
+
+KActivations round_inputs(const float* x, size_t cols, size_t n, bool avx2) {
+  return kquant_round_into(scratch(), x, cols, n, avx2);
 }
 
 template <GgmlType T>

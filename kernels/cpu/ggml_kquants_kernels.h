@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "loader/format/ggml_types.h"
 
@@ -22,6 +23,17 @@ struct KActivations {
   const int16_t* bsums = nullptr;
   size_t nb = 0;  // super-blocks per input
 };
+
+// The arrays behind a KActivations (growing only).
+struct KActivationBuffers {
+  std::vector<float> d;
+  std::vector<int8_t> qs;
+  std::vector<int16_t> bsums;
+  void fit(size_t cols, size_t n);  // room for n inputs of cols (a multiple of 256) columns
+};
+
+// Rounds n inputs of cols columns (a multiple of 256) into b, growing it only if too small.
+KActivations kquant_round_into(KActivationBuffers& b, const float* x, size_t cols, size_t n, bool avx2);
 
 // Rounds one input (cols a multiple of 256) into d[cols/256], qs[cols], bsums[cols/16].
 void kquant_round_activations(const float* x, size_t cols, float* d, int8_t* qs, int16_t* bsums);

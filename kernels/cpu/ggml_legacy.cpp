@@ -148,11 +148,8 @@ constexpr size_t kScalarTile = 8;
 // int8 input, times d_w*d_x (float), plus m*d_x*sum(input levels) for the types with a min; summed
 // in block order. The AVX2 kernel computes the same terms in another order.
 template <class T>
-void matmul_blocks(const uint8_t* w, size_t cols, const float* x, size_t n, float* y, size_t y_stride,
-                   size_t row_begin, size_t row_end) {
-  if (row_begin >= row_end || n == 0) return;
-  MOE_ASSERT(cols % kBlock == 0, "ggml block matrix of " + std::to_string(cols) + " columns");
-  const GgmlActivations a = ggml_round_activations(x, cols, n, false);
+void rounded_rows(const uint8_t* w, const GgmlActivations& a, size_t first, size_t n, float* y, size_t y_stride,
+                  size_t row_begin, size_t row_end) {
   const size_t row_bytes = a.nb * T::kBytes;
   int8_t q[kBlock];
   for (size_t r = row_begin; r < row_end; ++r) {
@@ -165,7 +162,7 @@ void matmul_blocks(const uint8_t* w, size_t cols, const float* x, size_t n, floa
         T::levels(blk, q);
         const float dw = T::scale(blk), mw = T::min(blk);
         for (size_t i = 0; i < ni; ++i) {
-          const size_t xb = (i0 + i) * a.stride + b;
+          const size_t xb = (first + i0 + i) * a.stride + b;
           const int8_t* xq = a.qs + xb * kBlock;
           int32_t isum = 0;  // exact: |sum| <= 32 * 128 * 127
           for (size_t j = 0; j < kBlock; ++j) isum += q[j] * xq[j];
@@ -179,8 +176,22 @@ void matmul_blocks(const uint8_t* w, size_t cols, const float* x, size_t n, floa
 }
 
 template <class T>
+void matmul_blocks(const uint8_t* w, size_t cols, const float* x, size_t n, float* y, size_t y_stride,
+                   size_t row_begin, size_t row_end) {
+  if (row_begin >= row_end || n == 0) return;
+  MOE_ASSERT(cols % kBlock == 0, "ggml block matrix of " + std::to_string(cols) + " columns");
+  rounded_rows<T>(w, ggml_round_activations(x, cols, n, false), 0, n, y, y_stride, row_begin, row_end);
+}
+
+template <class T>
 void matvec_blocks(const uint8_t* w, size_t cols, const float* x, float* y, size_t row_begin, size_t row_end) {
   matmul_blocks<T>(w, cols, x, 1, y, 0, row_begin, row_end);
+}
+
+template <class T>
+void rounded_matvec(const uint8_t* w, const GgmlActivations& a, size_t input, float* y, size_t row_begin,
+                    size_t row_end) {
+  rounded_rows<T>(w, a, input, 1, y, 0, row_begin, row_end);
 }
 
 // The plain types multiply the float input directly, summed in column order.
@@ -215,7 +226,9 @@ void matvec_plain(const uint8_t* w, size_t cols, const float* x, float* y, size_
 
 template <class T>
 GgmlKernels block_kernels() {
-  return {dequantize_blocks<T>, matvec_blocks<T>, matmul_blocks<T>, nullptr, nullptr};
+  GgmlKernels k{dequantize_blocks<T>, matvec_blocks<T>, matmul_blocks<T>, nullptr, nullptr};
+  k.rounded_matvec_scalar = rounded_matvec<T>;
+  return k;
 }
 
 template <float (*kLoad)(const uint8_t*, size_t)>
@@ -257,41 +270,36 @@ struct Table {
                        GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4}) {
       find(t)->matvec_avx2 = ggml_legacy_matvec_avx2(t);
       find(t)->matmul_avx2 = ggml_legacy_matmul_avx2(t);
+      find(t)->rounded_matvec_avx2 = ggml_legacy_rounded_matvec_avx2(t);
     }
 #endif
   }
 };
 
 // Per-thread rounded inputs (threads call the kernels concurrently on disjoint row ranges).
-struct ActivationScratch {
-  std::vector<float> d, sum8;
-  std::vector<int8_t> qs, pairs;
-  std::vector<uint8_t> abs_qs;
-
-  void fit(size_t stride, size_t n) {
-    const size_t blocks = stride * n;
-    MOE_ASSERT(n == 0 || blocks / n == stride, "ggml activation scratch size overflows");
-    if (d.size() < blocks) d.resize(blocks);
-    if (sum8.size() < blocks) sum8.resize(blocks);
-    if (qs.size() < blocks * kBlock) qs.resize(blocks * kBlock);
-    if (abs_qs.size() < blocks * kBlock) abs_qs.resize(blocks * kBlock);
-    if (pairs.size() < blocks * kBlock) pairs.resize(blocks * kBlock);
-  }
-};
-
-ActivationScratch& activation_scratch() {
-  thread_local ActivationScratch s;
+GgmlActivationBuffers& activation_scratch() {
+  thread_local GgmlActivationBuffers s;
   return s;
 }
 
-size_t padded_blocks(size_t cols) { return (cols / kBlock + 7) / 8 * 8; }
-
 }  // namespace
 
-GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bool avx2) {
+void GgmlActivationBuffers::fit(size_t stride, size_t n) {
+  const size_t blocks = stride * n;
+  MOE_ASSERT(n == 0 || blocks / n == stride, "ggml activation scratch size overflows");
+  if (d.size() < blocks) d.resize(blocks);
+  if (sum8.size() < blocks) sum8.resize(blocks);
+  if (qs.size() < blocks * kBlock) qs.resize(blocks * kBlock);
+  if (abs_qs.size() < blocks * kBlock) abs_qs.resize(blocks * kBlock);
+  if (pairs.size() < blocks * kBlock) pairs.resize(blocks * kBlock);
+}
+
+size_t ggml_activation_stride(size_t cols) { return (cols / kBlock + 7) / 8 * 8; }
+
+GgmlActivations ggml_round_activations_into(GgmlActivationBuffers& s, const float* x, size_t cols, size_t n,
+                                            bool avx2) {
   MOE_ASSERT(cols % kBlock == 0, "ggml block matrix of " + std::to_string(cols) + " columns");
-  const size_t nb = cols / kBlock, stride = padded_blocks(cols);
-  ActivationScratch& s = activation_scratch();
+  const size_t nb = cols / kBlock, stride = ggml_activation_stride(cols);
   s.fit(stride, n);
   auto quantize = avx2 ? quantize_activations_avx2 : quantize_activations;
   for (size_t i = 0; i < n; ++i) {
@@ -308,8 +316,12 @@ GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bo
   return {nb, stride, s.d.data(), s.qs.data(), s.abs_qs.data(), s.sum8.data(), s.pairs.data()};
 }
 
+GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bool avx2) {
+  return ggml_round_activations_into(activation_scratch(), x, cols, n, avx2);
+}
+
 void ggml_legacy_reserve_scratch(size_t max_cols, size_t max_inputs) {
-  activation_scratch().fit(padded_blocks(max_cols), max_inputs);
+  activation_scratch().fit(ggml_activation_stride(max_cols), max_inputs);
 }
 
 const GgmlKernels* ggml_legacy_kernels(GgmlType t) {

@@ -2,9 +2,9 @@
 // with -mavx2 -mfma -mf16c -ffp-contract=off and called only when detail::avx2_usable().
 //
 // One tile routine per type computes NR rows x NI inputs; every (row, input) pair has its own
-// accumulators and runs the same instruction sequence whatever NR and NI are, so the matvec
-// (4 rows x 1 input) and the matmul (1 row x 4 inputs, each weight block decoded once) agree bit
-// for bit, input by input.
+// accumulators and runs the same arithmetic in the same order whatever NR and NI are, so the
+// matvec (block types: 1 row x 1 input; plain types: 4 rows x 1 input) and the matmul (1 row x 4
+// inputs, each weight block decoded once) agree bit for bit, input by input.
 //
 // Keep this file free of std:: templates and inline library functions (see quant_avx2.cpp: an
 // instantiation compiled here could be the one the linker keeps for CPUs without AVX2).
@@ -19,8 +19,10 @@ namespace moestream::detail {
 namespace {
 
 constexpr size_t kBlock = 32;
-// Software prefetch distance for the streamed weights, as in quant_avx2.cpp (the hardware
-// prefetcher alone leaves streamed weights well below memcpy speed on the dev VM).
+// Software prefetch distance of the block types' streamed weights (the hardware prefetcher alone
+// left a Q8_0 matvec at ~60% of a bare load loop on the dev VM; 1-4 KiB ahead measured alike).
+// The plain types' long rows stream as fast without (measured: their 4-row tiles ran slower
+// with it).
 constexpr size_t kPrefetchBytes = 2048;
 // matmul: rows per chunk so that the chunk stays in L2 while every input tile passes over it.
 constexpr size_t kChunkBytes = size_t{128} << 10;
@@ -33,7 +35,9 @@ inline int u16_at(const uint8_t* p) {
   return v;
 }
 
-inline void prefetch_span(const uint8_t* p, size_t bytes) {
+// always_inline: a prefetch_span left out of line is a function without side effects to GCC
+// (ipa-pure-const), and its calls were deleted: the kernels had no software prefetch at all.
+inline __attribute__((always_inline)) void prefetch_span(const uint8_t* p, size_t bytes) {
   for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
 }
 
@@ -210,14 +214,112 @@ struct IQ4_NL {
   }
 };
 
+// The lanes of a pair's scales in the paired layout: [s(2q) x4, s(2q+1) x4].
+inline __m256i pair_lanes(int q) {
+  return _mm256_setr_epi32(2 * q, 2 * q, 2 * q, 2 * q, 2 * q + 1, 2 * q + 1, 2 * q + 1, 2 * q + 1);
+}
+
+// One group of blocks [g, g + cnt), cnt <= 8 (8 when kFull: the loops then have constant bounds
+// and unroll), of NR rows x NI inputs; see block_tile.
+template <class T, int NR, int NI, bool kFull>
+inline __attribute__((always_inline)) void block_group(const uint8_t* const* rows, const GgmlActivations& a,
+                                                       const size_t* in, size_t g, size_t cnt_, size_t ahead,
+                                                       __m256 (&acc)[NR][NI], __m256 (&macc)[NR][NI]) {
+  constexpr bool kPaired = T::kDot == Dot::kPaired;
+  const size_t cnt = kFull ? 8 : cnt_;
+  const __m256i ones = _mm256_set1_epi16(1);
+  // A block's scale reaches its 8 lanes by a register permute for one (row, input) pair; with
+  // several inputs the permutes would outnumber the loads, so the scales go through memory and
+  // come back as broadcast loads. Either way the same float multiplies the same dot.
+  constexpr bool kViaMemory = NR * NI > 1;
+  __m256 sv[NR][NI];  // d_w * d_x of the group's blocks
+  constexpr int kM = kViaMemory ? 1 : 0;  // the memory copies' extent: none without kViaMemory
+  alignas(32) float sm[kM * NR + 1 - kM][kM * NI + 1 - kM][8];
+  alignas(32) float sm2[kPaired ? kM * NR + 1 - kM : 1][kPaired ? kM * NI + 1 - kM : 1][4][8];  // pair q's lanes
+#pragma GCC unroll 16
+  for (int r = 0; r < NR; ++r) {
+    const uint8_t* p = rows[r] + g * T::kBytes;
+    prefetch_span(p + ahead, 8 * T::kBytes);
+    const __m256 ws = T::template scales<kFull>(p, cnt);
+    __m256 wc = _mm256_setzero_ps();
+    if constexpr (kPaired) wc = T::template offsets<kFull>(p, cnt, ws);
+#pragma GCC unroll 16
+    for (int i = 0; i < NI; ++i) {
+      const __m256 xd = _mm256_loadu_ps(a.d + in[i] + g);
+      sv[r][i] = _mm256_mul_ps(ws, xd);
+      if constexpr (kViaMemory) {
+        _mm256_store_ps(sm[r][i], sv[r][i]);
+        if constexpr (kPaired)
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) _mm256_store_ps(sm2[r][i][q], _mm256_permutevar8x32_ps(sv[r][i], pair_lanes(q)));
+      }
+      if constexpr (kPaired) {
+        const __m256 xsum = _mm256_mul_ps(_mm256_loadu_ps(a.sum8 + in[i] + g), _mm256_set1_ps(0.125f));
+        macc[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(wc, xd), xsum, macc[r][i]);
+      }
+    }
+  }
+  size_t k = 0;
+  if constexpr (kPaired) {
+#pragma GCC unroll 4
+    for (; k + 2 <= cnt; k += 2) {
+      const __m256i lanes = pair_lanes(int(k / 2));
+#pragma GCC unroll 16
+      for (int r = 0; r < NR; ++r) {
+        __m256i lo, hi;
+        T::pair(rows[r] + (g + k) * T::kBytes, rows[r] + (g + k + 1) * T::kBytes, lo, hi);
+#pragma GCC unroll 16
+        for (int i = 0; i < NI; ++i) {
+          const int8_t* xp = a.pairs + (in[i] + g + k) * kBlock;
+          const __m256i p16 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp))),
+                               _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32))));
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          const __m256 sc = kViaMemory ? _mm256_load_ps(sm2[r][i][k / 2]) : _mm256_permutevar8x32_ps(sv[r][i], lanes);
+          acc[r][i] = _mm256_fmadd_ps(sc, dot, acc[r][i]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (; k < cnt; ++k) {  // all blocks of the signed types; an odd last block of the paired ones
+    const __m256i lane = _mm256_set1_epi32(int(k));
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; ++r) {
+      const __m256i w = T::levels(rows[r] + (g + k) * T::kBytes);
+      const __m256i aw = T::kDot == Dot::kSignedW ? _mm256_abs_epi8(w) : w;
+#pragma GCC unroll 16
+      for (int i = 0; i < NI; ++i) {
+        const size_t xb = (in[i] + g + k) * kBlock;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + xb));
+        __m256i p16;
+        if constexpr (T::kDot == Dot::kSignedW) {
+          p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, w));
+        } else if constexpr (T::kDot == Dot::kSignedX) {
+          p16 = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.abs_qs + xb)),
+                                     _mm256_sign_epi8(w, xq));
+        } else {
+          p16 = _mm256_maddubs_epi16(w, xq);
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        const __m256 sc = kViaMemory ? _mm256_broadcast_ss(&sm[r][i][k]) : _mm256_permutevar8x32_ps(sv[r][i], lane);
+        acc[r][i] = _mm256_fmadd_ps(sc, dot, acc[r][i]);
+      }
+    }
+  }
+}
+
 // NR rows x NI inputs of a block type; out[r * NI + i]. Input i's blocks start at in[i]. Per block
 // (or pair of blocks) and (row, input): the exact int32 dot in 8 lanes, converted and FMA'd with
 // d_w*d_x into that pair's accumulator; the paired types' c term goes to a second accumulator.
 // Blocks are taken 8 at a time so that their scales convert in one instruction; the last group
-// runs with zero scales past nb (the activation padding is zero too).
+// runs with zero scales past nb (the activation padding is zero too). A block's scale reaches the
+// 8 lanes by a register permute, not through memory: a store and reload per group tied each
+// group's loads to the previous stores and kept streamed weights from overlapping with the
+// arithmetic. The weights `ahead` bytes past each row's current group are prefetched.
 template <class T, int NR, int NI>
 inline __attribute__((always_inline)) void block_tile(const uint8_t* const* rows, const GgmlActivations& a,
-                                                      const size_t* in, float* out) {
+                                                      const size_t* in, float* out, size_t ahead) {
   // Plain loops over NR and NI with constant bounds, no lambdas: GCC then keeps acc in registers.
   constexpr bool kPaired = T::kDot == Dot::kPaired;
   __m256 acc[NR][NI], macc[NR][NI];
@@ -225,77 +327,9 @@ inline __attribute__((always_inline)) void block_tile(const uint8_t* const* rows
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 16
     for (int i = 0; i < NI; ++i) acc[r][i] = macc[r][i] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
-  alignas(32) float s[NR][NI][8];
-  alignas(32) float s2[NR][NI][4][8];  // kPaired: pair q's scales as [s(2q) x4, s(2q+1) x4]
-  for (size_t g = 0; g < a.nb; g += 8) {
-    const size_t cnt = min_size(8, a.nb - g);
-#pragma GCC unroll 16
-    for (int r = 0; r < NR; ++r) {
-      const uint8_t* p = rows[r] + g * T::kBytes;
-      prefetch_span(p + kPrefetchBytes, 8 * T::kBytes);
-      const __m256 ws = cnt == 8 ? T::template scales<true>(p, 8) : T::template scales<false>(p, cnt);
-      __m256 wc = _mm256_setzero_ps();
-      if constexpr (kPaired) wc = cnt == 8 ? T::template offsets<true>(p, 8, ws) : T::template offsets<false>(p, cnt, ws);
-#pragma GCC unroll 16
-      for (int i = 0; i < NI; ++i) {
-        const __m256 xd = _mm256_loadu_ps(a.d + in[i] + g);
-        const __m256 sv = _mm256_mul_ps(ws, xd);
-        _mm256_store_ps(s[r][i], sv);
-        if constexpr (kPaired) {
-          const __m256 xsum = _mm256_mul_ps(_mm256_loadu_ps(a.sum8 + in[i] + g), _mm256_set1_ps(0.125f));
-          macc[r][i] = _mm256_fmadd_ps(_mm256_mul_ps(wc, xd), xsum, macc[r][i]);
-#pragma GCC unroll 4
-          for (int q = 0; q < 4; ++q)
-            _mm256_store_ps(s2[r][i][q], _mm256_permutevar8x32_ps(
-                                             sv, _mm256_setr_epi32(2 * q, 2 * q, 2 * q, 2 * q, 2 * q + 1, 2 * q + 1,
-                                                                   2 * q + 1, 2 * q + 1)));
-        }
-      }
-    }
-    size_t k = 0;
-    if constexpr (kPaired) {
-      for (; k + 2 <= cnt; k += 2) {
-#pragma GCC unroll 16
-        for (int r = 0; r < NR; ++r) {
-          __m256i lo, hi;
-          T::pair(rows[r] + (g + k) * T::kBytes, rows[r] + (g + k + 1) * T::kBytes, lo, hi);
-#pragma GCC unroll 16
-          for (int i = 0; i < NI; ++i) {
-            const int8_t* xp = a.pairs + (in[i] + g + k) * kBlock;
-            const __m256i p16 =
-                _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp))),
-                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32))));
-            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-            acc[r][i] = _mm256_fmadd_ps(_mm256_load_ps(s2[r][i][k / 2]), dot, acc[r][i]);
-          }
-        }
-      }
-    }
-    for (; k < cnt; ++k) {  // all blocks of the signed types; an odd last block of the paired ones
-#pragma GCC unroll 16
-      for (int r = 0; r < NR; ++r) {
-        const __m256i w = T::levels(rows[r] + (g + k) * T::kBytes);
-        const __m256i aw = T::kDot == Dot::kSignedW ? _mm256_abs_epi8(w) : w;
-#pragma GCC unroll 16
-        for (int i = 0; i < NI; ++i) {
-          const size_t xb = (in[i] + g + k) * kBlock;
-          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs + xb));
-          __m256i p16;
-          if constexpr (T::kDot == Dot::kSignedW) {
-            p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, w));
-          } else if constexpr (T::kDot == Dot::kSignedX) {
-            p16 = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.abs_qs + xb)),
-                                       _mm256_sign_epi8(w, xq));
-          } else {
-            p16 = _mm256_maddubs_epi16(w, xq);
-          }
-          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-          acc[r][i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&s[r][i][k]), dot, acc[r][i]);
-        }
-      }
-    }
-  }
+  const size_t full = a.nb / 8 * 8;
+  for (size_t g = 0; g < full; g += 8) block_group<T, NR, NI, true>(rows, a, in, g, 8, ahead, acc, macc);
+  if (full < a.nb) block_group<T, NR, NI, false>(rows, a, in, full, a.nb - full, ahead, acc, macc);
 #pragma GCC unroll 16
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 16
@@ -306,21 +340,23 @@ inline __attribute__((always_inline)) void block_tile(const uint8_t* const* rows
     }
 }
 
+// One row at a time, front to back: the weights are read as one sequential stream, prefetched
+// kPrefetchBytes ahead. Measured on the dev VM (Zen 3, Q8_0 2048 and 768 wide, 256 MiB streamed):
+// 1.2-1.6x the 4-row tiles, which read four streams a row apart, and 0.9-1.0x of a bare load loop.
+template <class T>
+void rounded_matvec(const uint8_t* w, const GgmlActivations& a, size_t input, float* y, size_t row_begin,
+                    size_t row_end) {
+  const size_t row_bytes = a.nb * T::kBytes, in[1] = {input * a.stride};
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* rows[1] = {w + r * row_bytes};
+    block_tile<T, 1, 1>(rows, a, in, y + r, kPrefetchBytes);
+  }
+}
+
 template <class T>
 void matvec_blocks(const uint8_t* w, size_t cols, const float* x, float* y, size_t row_begin, size_t row_end) {
   if (row_begin >= row_end) return;
-  const GgmlActivations a = ggml_round_activations(x, cols, 1, true);
-  const size_t row_bytes = a.nb * T::kBytes, in[1] = {0};
-  size_t r = row_begin;
-  for (; r + 4 <= row_end; r += 4) {
-    const uint8_t* rows[4] = {w + r * row_bytes, w + (r + 1) * row_bytes, w + (r + 2) * row_bytes,
-                              w + (r + 3) * row_bytes};
-    block_tile<T, 4, 1>(rows, a, in, y + r);
-  }
-  for (; r < row_end; ++r) {
-    const uint8_t* rows[1] = {w + r * row_bytes};
-    block_tile<T, 1, 1>(rows, a, in, y + r);
-  }
+  rounded_matvec<T>(w, ggml_round_activations(x, cols, 1, true), 0, y, row_begin, row_end);
 }
 
 template <class T>
@@ -340,10 +376,10 @@ void matmul_blocks(const uint8_t* w, size_t cols, const float* x, size_t n, floa
         const uint8_t* rows[1] = {w + r * row_bytes};
         float out[4];
         switch (ni) {
-          case 4: block_tile<T, 1, 4>(rows, a, in, out); break;
-          case 3: block_tile<T, 1, 3>(rows, a, in, out); break;
-          case 2: block_tile<T, 1, 2>(rows, a, in, out); break;
-          default: block_tile<T, 1, 1>(rows, a, in, out); break;
+          case 4: block_tile<T, 1, 4>(rows, a, in, out, row_bytes); break;
+          case 3: block_tile<T, 1, 3>(rows, a, in, out, row_bytes); break;
+          case 2: block_tile<T, 1, 2>(rows, a, in, out, row_bytes); break;
+          default: block_tile<T, 1, 1>(rows, a, in, out, row_bytes); break;
         }
         for (size_t j = 0; j < ni; ++j) y[(i0 + j) * y_stride + r] = out[j];
       }
@@ -400,7 +436,6 @@ inline __attribute__((always_inline)) void plain_tile(const uint8_t* const* rows
   };
   size_t c = 0;
   for (; c + 32 <= cols; c += 32) {
-    for (int r = 0; r < NR; ++r) prefetch_span(rows[r] + c * T::kBytes + kPrefetchBytes, 32 * T::kBytes);
     step(c);
     step(c + 8);
     step(c + 16);
@@ -473,6 +508,19 @@ GgmlMatvecFn ggml_legacy_matvec_avx2(GgmlType t) {
     case GgmlType::kIQ4_NL: return matvec_blocks<IQ4_NL>;
     case GgmlType::kMXFP4: return matvec_blocks<MXFP4>;
     default: return nullptr;
+  }
+}
+
+GgmlRoundedMatvecFn ggml_legacy_rounded_matvec_avx2(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0: return rounded_matvec<Q4_0>;
+    case GgmlType::kQ4_1: return rounded_matvec<Q4_1>;
+    case GgmlType::kQ5_0: return rounded_matvec<Q5_0>;
+    case GgmlType::kQ5_1: return rounded_matvec<Q5_1>;
+    case GgmlType::kQ8_0: return rounded_matvec<Q8_0>;
+    case GgmlType::kIQ4_NL: return rounded_matvec<IQ4_NL>;
+    case GgmlType::kMXFP4: return rounded_matvec<MXFP4>;
+    default: return nullptr;  // the plain types take float input
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/ggml_kernels.h"
 
@@ -26,14 +27,30 @@ struct GgmlActivations {
   const int8_t* pairs = nullptr;
 };
 
-// Rounds x (n rows of cols floats) into the calling thread's scratch, which grows only: after the
-// widest call (or ggml_legacy_reserve_scratch) it never allocates. Valid until the thread's next
-// call. `avx2` picks quantize_activations_avx2 (bit-identical, faster).
+// The arrays behind a GgmlActivations (growing only).
+struct GgmlActivationBuffers {
+  std::vector<float> d, sum8;
+  std::vector<int8_t> qs, pairs;
+  std::vector<uint8_t> abs_qs;
+  void fit(size_t stride, size_t n);  // room for n inputs of `stride` blocks
+};
+
+// Blocks per input in a GgmlActivations of `cols` columns: cols/32 rounded up to a multiple of 8.
+size_t ggml_activation_stride(size_t cols);
+
+// Rounds x (n rows of cols floats) into b, growing it only if it is too small.
+GgmlActivations ggml_round_activations_into(GgmlActivationBuffers& b, const float* x, size_t cols, size_t n,
+                                            bool avx2);
+
+// The same into the calling thread's scratch, which grows only: after the widest call (or
+// ggml_legacy_reserve_scratch) it never allocates. Valid until the thread's next call. `avx2`
+// picks quantize_activations_avx2 (bit-identical, faster).
 GgmlActivations ggml_round_activations(const float* x, size_t cols, size_t n, bool avx2);
 
 // The AVX2/FMA kernels of the legacy family for t (ggml_legacy_avx2.cpp), null for types outside
 // it. Only present in builds with MOESTREAM_AVX2_KERNELS; call only when avx2_usable().
 GgmlMatvecFn ggml_legacy_matvec_avx2(GgmlType t);
+GgmlRoundedMatvecFn ggml_legacy_rounded_matvec_avx2(GgmlType t);
 GgmlMatmulFn ggml_legacy_matmul_avx2(GgmlType t);
 
 }  // namespace moestream::detail

@@ -56,9 +56,9 @@ void Attention::forward(ThreadPool& pool, int layer, const LayerWeights& w, cons
   MOE_ASSERT(T > 0 && T <= max_batch_ && n_past + T <= max_ctx_);
   ConstRowMap xm(x, T, D_);
   RowMap q(q_.data(), T, H_ * hd_), k(k_.data(), T, KV_ * hd_), v(v_.data(), T, KV_ * hd_);
-  linear(pool, xm, w.wq, q);
-  linear(pool, xm, w.wk, k);
-  linear(pool, xm, w.wv, v);
+  const DenseMatrix* ws[3] = {&w.wq, &w.wk, &w.wv};
+  RowMap* ys[3] = {&q, &k, &v};
+  linear_group(pool, xm, ws, ys);
   if (w.bq.size() > 0) {  // Qwen2-MoE's projection biases, before QK-norm and RoPE as in transformers
     q.rowwise() += w.bq.transpose();
     k.rowwise() += w.bk.transpose();

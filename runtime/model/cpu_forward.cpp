@@ -20,9 +20,6 @@
 
 namespace moestream {
 
-namespace {
-}  // namespace
-
 struct CpuForward::Impl {
   const ModelConfig& cfg;
   ThreadPool& pool;
@@ -75,8 +72,9 @@ struct CpuForward::Impl {
     const int I = cfg.intermediate_size, D = cfg.hidden_size;
     const ConstRowMap hm(h.data(), T, D);
     RowMap act(mlp_act.data(), T, I), up(mlp_up.data(), T, I);
-    linear(pool, hm, lw.mlp_gate, act);
-    linear(pool, hm, lw.mlp_up, up);
+    const DenseMatrix* ws[2] = {&lw.mlp_gate, &lw.mlp_up};
+    RowMap* ys[2] = {&act, &up};
+    linear_group(pool, hm, ws, ys);
     swiglu(act, up.data());
     linear(pool, ConstRowMap(act.data(), T, I), lw.mlp_down, RowMap(tmp.data(), T, D));
   }

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/ggml_quant.h"
+#include "kernels/cpu/matvec_input.h"
 #include "kernels/cpu/quant.h"
 
 namespace moestream {
@@ -22,6 +23,14 @@ constexpr size_t kTypedSliceBytes = 128 * 1024;
 size_t typed_slice_rows(size_t row_bytes) {
   const size_t r = row_bytes == 0 ? 4096 : kTypedSliceBytes / row_bytes;
   return std::clamp<size_t>(r - r % 4, 16, 4096);
+}
+
+// One vector of a decode step rounded for the stored-type products, by the thread that calls
+// linear() (the forward pass's): the pool's threads read it while that thread waits. Grows to the
+// widest input once; a warm step allocates nothing.
+MatvecInput& step_input() {
+  thread_local MatvecInput in;
+  return in;
 }
 }  // namespace
 
@@ -119,24 +128,60 @@ void swiglu_ranges(RowMap gate, const float* up, std::span<const int> splits, Ro
 }
 
 void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y) {
-  MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(y.cols()) == w.rows && y.rows() == x.rows());
-  if (w.type == QuantType::kF32) {  // Eigen, as for f32 before: f32 packs and GGUFs give the same numbers
-    const ConstRowMap m(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols));
-    linear_f32(pool, x, m, y);
+  const DenseMatrix* ws[1] = {&w};
+  RowMap* ys[1] = {&y};
+  linear_group(pool, x, ws, ys);
+}
+
+void linear_group(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
+                  std::span<RowMap* const> ys) {
+  MOE_ASSERT(ws.size() == ys.size() && !ws.empty() && ws.size() <= 8, "linear_group of 1..8 matrices");
+  const size_t T = size_t(x.rows());
+  bool one_kind = true;  // every matrix takes the same rounded input: one parallel section for all
+  for (size_t m = 0; m < ws.size(); ++m) {
+    const DenseMatrix& w = *ws[m];
+    MOE_ASSERT(size_t(x.cols()) == w.cols && size_t(ys[m]->cols()) == w.rows && ys[m]->rows() == x.rows());
+    one_kind = one_kind && w.type != QuantType::kF32 && matvec_input_kind(w.type) == matvec_input_kind(ws[0]->type);
+  }
+  if (T != 1 || !one_kind) {  // f32 through Eigen, several rows through ggml_matmul: one by one
+    for (size_t m = 0; m < ws.size(); ++m) {
+      const DenseMatrix& w = *ws[m];
+      RowMap& y = *ys[m];
+      if (w.type == QuantType::kF32) {  // Eigen, as for f32 before: f32 packs and GGUFs give the same numbers
+        const ConstRowMap f(reinterpret_cast<const float*>(w.data), Eigen::Index(w.rows), Eigen::Index(w.cols));
+        linear_f32(pool, x, f, y);
+        continue;
+      }
+      if (T == 1) {  // a typed matrix among others that round differently: alone below
+        linear_group(pool, x, ws.subspan(m, 1), ys.subspan(m, 1));
+        continue;
+      }
+      const std::optional<GgmlType> g = quant_ggml_type(w.type);
+      MOE_ASSERT(g.has_value(), "dense matrices are f32 or a ggml type");
+      const size_t slice = typed_slice_rows(w.row_bytes());
+      pool.parallel_for((w.rows + slice - 1) / slice, [&](size_t s) {
+        const size_t r0 = s * slice, r1 = std::min(w.rows, r0 + slice);
+        ggml_matmul(*g, w.data, w.cols, x.data(), T, y.data(), size_t(y.cols()), r0, r1);
+      });
+    }
     return;
   }
-  const std::optional<GgmlType> g = quant_ggml_type(w.type);
-  MOE_ASSERT(g.has_value(), "dense matrices are f32 or a ggml type");
-  const size_t slice = typed_slice_rows(w.row_bytes());
-  const size_t n_slices = (w.rows + slice - 1) / slice;
-  const size_t T = size_t(x.rows());
-  pool.parallel_for(n_slices, [&](size_t s) {
-    const size_t r0 = s * slice, r1 = std::min(w.rows, r0 + slice);
-    if (T == 1) {
-      quant_matvec(w.type, w.data, w.cols, x.data(), y.data(), r0, r1);
-    } else {
-      ggml_matmul(*g, w.data, w.cols, x.data(), T, y.data(), size_t(y.cols()), r0, r1);
-    }
+  // Decode: x rounded once, then the row slices of every matrix in one parallel section (a
+  // layer's q, k and v: one hand-off and one wait instead of three, and the small k/v slices
+  // fill in beside q's). Each slice is the one linear() computes for its matrix alone.
+  MatvecInput& in = step_input();
+  in.round(ws[0]->type, x.data(), ws[0]->cols);
+  size_t first[9] = {0}, slice[8];
+  for (size_t m = 0; m < ws.size(); ++m) {
+    slice[m] = typed_slice_rows(ws[m]->row_bytes());
+    first[m + 1] = first[m] + (ws[m]->rows + slice[m] - 1) / slice[m];
+  }
+  pool.parallel_for(first[ws.size()], [&](size_t s) {
+    size_t m = 0;
+    while (s >= first[m + 1]) ++m;
+    const DenseMatrix& w = *ws[m];
+    const size_t r0 = (s - first[m]) * slice[m];
+    quant_matvec(w.type, w.data, w.cols, in, ys[m]->data(), r0, std::min(w.rows, r0 + slice[m]));
   });
 }
 

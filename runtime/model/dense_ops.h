@@ -24,8 +24,16 @@ void linear(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y
 // The same from a matrix in its stored type: f32 through Eigen as above; other types through
 // the ggml kernels (quant_matvec for one row of x, ggml_matmul for several), which round x as the
 // type's kernel needs (int8 blocks for the quantised types; bf16/f16 multiply float x as is).
-// Allocates nothing once the pool's threads ran ggml_reserve_scratch for x's width and rows.
+// One row of x is rounded once by the calling thread (kernels/cpu/matvec_input.h) and shared by
+// the pool's threads. Allocates nothing once the pool's threads ran ggml_reserve_scratch for x's
+// width and rows and the calling thread has run a product as wide.
 void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap y);
+
+// ys[m] = x W[m]^T for several matrices of one input, each result as linear() gives it. With one
+// row of x and matrices whose inputs round alike (a layer's q, k and v), x is rounded once and
+// every matrix's row slices run in one parallel section; otherwise linear() per matrix.
+void linear_group(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
+                  std::span<RowMap* const> ys);
 
 // Batches of sequences (runtime/model/cpu_batch.h): the same over the rows of several sequences
 // at once, `splits` their row boundaries (0 first, x.rows() last), each range's rows getting the

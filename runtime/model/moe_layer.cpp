@@ -17,11 +17,24 @@ namespace {
 
 // At most this many experts are held by the store at once (one fetch); decode needs top-k <= 8.
 constexpr size_t kMaxExpertsPerFetch = 16;
-// Rows of one expert matrix per task. quant_matvec re-quantises its input vector on every call,
-// so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256 down
-// rows (input of width F) keep it under ~5% while decode still yields ~50 tasks per stage.
+// Rows of one expert matrix per task. A prefill's quant_matvec re-rounds its input vector on every
+// call, so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256
+// down rows (input of width F) keep it under ~5%. Decode rounds each input once (token_in_,
+// act_in_) and halves a slice (down to kMinSlice rows) until every thread has kTasksPerThread
+// tasks: with 16 threads, 48 gate/up tasks of 0.5 MiB left threads idle for a whole task
+// whenever one lagged. Shorter tasks each start their stream cold (2 threads, quarter slices:
+// expert compute 7% slower), so 2 threads keep the long ones. A row's result does not depend
+// on its slice.
 constexpr size_t kGateUpSlice = 128;
 constexpr size_t kDownSlice = 256;
+constexpr size_t kMinSlice = 32;
+constexpr size_t kTasksPerThread = 6;
+
+// The rows per task of one product over `rows` rows for n_pairs pairs (see above).
+size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
+  while (slice > kMinSlice && n_pairs * ((rows + slice - 1) / slice) < kTasksPerThread * threads) slice /= 2;
+  return slice;
+}
 
 // Checked where the first member sized by top-k is built, before anything is allocated.
 int check_top_k(const ModelConfig& cfg) {
@@ -101,6 +114,9 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   act_.resize(Eigen::Index(max_pairs), F_);
   up_.resize(Eigen::Index(max_pairs), F_);
   y_.resize(Eigen::Index(max_pairs), D_);
+  token_in_.reserve(size_t(std::max(D_, F_)));
+  act_in_.resize(size_t(K_));
+  for (auto& in : act_in_) in.reserve(size_t(std::max(D_, F_)));
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
@@ -229,8 +245,12 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
   times.router_s += seconds_since(t0);
 
   const ExpertLayout& lay = layouts_[size_t(layer)];
-  const size_t gate_tasks = (size_t(F_) + kGateUpSlice - 1) / kGateUpSlice;
-  const size_t down_tasks = (size_t(D_) + kDownSlice - 1) / kDownSlice;
+
+  // Decode: the token rounded once for every gate and up product of the layer (up too when its
+  // type rounds alike, as in every pack and GGUF seen so far).
+  const bool decode = T == 1;
+  if (decode) token_in_.round(lay.types.gate, x, size_t(D_));
+  const bool up_rounded = decode && token_in_.serves(lay.types.up, size_t(D_));
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
@@ -284,16 +304,23 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
           slot_of_pair_.push_back(slot);
         }
       const size_t n_pairs = slot_of_pair_.size();
+      const size_t threads = size_t(pool.size());
+      const size_t gate_slice = decode ? decode_slice(kGateUpSlice, size_t(F_), n_pairs, threads) : kGateUpSlice;
+      const size_t down_slice = decode ? decode_slice(kDownSlice, size_t(D_), n_pairs, threads) : kDownSlice;
+      const size_t gate_tasks = (size_t(F_) + gate_slice - 1) / gate_slice;
+      const size_t down_tasks = (size_t(D_) + down_slice - 1) / down_slice;
       // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
       pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
-        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
-        const size_t r1 = std::min(size_t(F_), r0 + kGateUpSlice);
+        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * gate_slice;
+        const size_t r1 = std::min(size_t(F_), r0 + gate_slice);
         const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
         const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
         float* g = act_.row(Eigen::Index(p)).data();
         float* u = up_.row(Eigen::Index(p)).data();
-        quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
-        quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
+        if (decode) quant_matvec(lay.types.gate, e.gate, size_t(D_), token_in_, g, r0, r1);
+        else quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
+        if (up_rounded) quant_matvec(lay.types.up, e.up, size_t(D_), token_in_, u, r0, r1);
+        else quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
         if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
           for (size_t r = r0; r < r1; ++r) {
             g[r] += e.bias[r];
@@ -304,12 +331,17 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
         else
           for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
       });
+      MOE_ASSERT(!decode || n_pairs <= act_in_.size(), "a decode step with more pairs than top-k");
+      if (decode)  // each pair's activation rounded once for its down product
+        for (size_t p = 0; p < n_pairs; ++p)
+          act_in_[p].round(lay.types.down, act_.row(Eigen::Index(p)).data(), size_t(F_));
       pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
-        const size_t p = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
-        const size_t r1 = std::min(size_t(D_), r0 + kDownSlice);
+        const size_t p = task / down_tasks, r0 = (task % down_tasks) * down_slice;
+        const size_t r1 = std::min(size_t(D_), r0 + down_slice);
         const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
         float* y = y_.row(slot_of_pair_[p]).data();
-        quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), y, r0, r1);
+        if (decode) quant_matvec(lay.types.down, e.down, size_t(F_), act_in_[p], y, r0, r1);
+        else quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), y, r0, r1);
         if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
           for (size_t r = r0; r < r1; ++r) y[r] += e.bias[2 * size_t(F_) + r];
       });

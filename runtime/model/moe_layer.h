@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/matvec_input.h"
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/dense_ops.h"
 #include "loader/store/expert_store.h"
@@ -94,6 +95,10 @@ class MoeLayer {
   RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
   RowMatrix up_;   // [max_batch*K, F]
   RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
+  // Decode (one token): its input rounded once for the gate and up matrices of every selected
+  // expert, and each pair's act_ row once for its down matrix, instead of once per call.
+  MatvecInput token_in_;
+  std::vector<MatvecInput> act_in_;  // [K]
   // The shared expert: down(silu(gate x) * up x) into shared_y_, times sigmoid(shared_expert_gate . x)
   // when gated.
   void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T, std::span<const int> splits);

@@ -14,7 +14,8 @@ spec.loader.exec_module(peer)
 
 def args(**kw):
     a = dict(layers=2, tokens=8, rounds=3, cap_fraction=0.5, gpu_cache_fraction=0.25, prefill_tokens=64,
-             rows=list(peer.ROWS), cap_moestream=[], cap_llama=[], gpu25_moestream=["gpu25", "gpu25-pin"])
+             rows=list(peer.ROWS), cap_moestream=[], cap_llama=[], cpu_moestream=["cpu"],
+             gpu25_moestream=["gpu25", "gpu25-pin"])
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -34,6 +35,7 @@ def test_bad_thread_counts_are_refused(text):
 def test_good_arguments_pass():
     peer.check_args(args())
     peer.check_args(args(layers=48, cap_fraction=0.99, gpu_cache_fraction=1.0, cap_llama=["l-cpu", "l-exps"]))
+    peer.check_args(args(cpu_moestream=["cpu", "cpu-noverify"]))
 
 
 @pytest.mark.parametrize("kw,flag", [
@@ -45,6 +47,7 @@ def test_good_arguments_pass():
     (dict(gpu25_moestream=["gpu25", "pinned"]), "--gpu25-moestream"),
     # Full offload holds the whole model in VRAM: not a mode for a model that fits nowhere.
     (dict(cap_llama=["l-gpu"]), "--cap-llama"),
+    (dict(cpu_moestream=["gpu25"]), "--cpu-moestream"),
 ])
 def test_bad_arguments_are_refused_by_name(kw, flag):
     with pytest.raises(ValueError, match=flag):
