@@ -33,6 +33,7 @@
 
 #include <cuda_runtime.h>
 #include <random>
+#include "tests/support/greedy_compare.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 
@@ -1016,18 +1017,7 @@ class GpuResident : public ::testing::Test {
   }
   // Greedy decode on both models, logits compared bit for bit at every step.
   void decode_both(Model& a, Model& b, int steps) {
-    const size_t V = size_t(a.config().vocab_size);
-    const std::vector<int> prompt = prompt_ids(5, int(V));
-    std::vector<float> la(V), lb(V);
-    a.forward(prompt, la);
-    b.forward(prompt, lb);
-    ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "prefill";
-    for (int i = 0; i < steps; ++i) {
-      const int tok = Sampler::argmax(la);
-      a.forward(std::span<const int>(&tok, 1), la);
-      b.forward(std::span<const int>(&tok, 1), lb);
-      ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "decode step " << i;
-    }
+    test::greedy_both_bitwise(a, b, prompt_ids(5, a.config().vocab_size), steps);
   }
   TempDir dir_{"gpu_resident"};
 };

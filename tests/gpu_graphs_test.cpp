@@ -15,6 +15,7 @@
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/greedy_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
@@ -41,19 +42,9 @@ class GpuGraphs : public ::testing::Test {
   }
   // Greedy decode on both models after a prompt of n_prompt ids, logits compared bit for bit.
   static void decode_both(Model& a, Model& b, int n_prompt, int steps) {
-    const size_t V = size_t(a.config().vocab_size);
     std::vector<int> prompt(static_cast<size_t>(n_prompt));
-    for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = (7 * i + 3) % int(V);
-    std::vector<float> la(V), lb(V);
-    a.forward(prompt, la);
-    b.forward(prompt, lb);
-    ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "prefill";
-    for (int i = 0; i < steps; ++i) {
-      const int tok = Sampler::argmax(la);
-      a.forward(std::span<const int>(&tok, 1), la);
-      b.forward(std::span<const int>(&tok, 1), lb);
-      ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "decode step " << i;
-    }
+    for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = (7 * i + 3) % a.config().vocab_size;
+    test::greedy_both_bitwise(a, b, prompt, steps);
   }
   TempDir dir_{"gpu_graphs"};
 };

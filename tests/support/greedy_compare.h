@@ -1,0 +1,33 @@
+// Test support: two models fed the same prompt and the same greedy tokens, their logits compared
+// bit for bit after the prompt and after every decode step (the GPU suites' "the same bits as the
+// other path" checks). Header-only; needs runtime/engine (Model) and gtest.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "runtime/engine/model.h"
+#include "runtime/model/sampler.h"
+
+namespace moestream::test {
+
+// Greedy decode of `steps` tokens on both after `prompt` (the tokens a's logits choose), each
+// step's logits equal; a gtest failure names the first step that differs.
+inline void greedy_both_bitwise(Model& a, Model& b, const std::vector<int>& prompt, int steps) {
+  const size_t V = size_t(a.config().vocab_size);
+  std::vector<float> la(V), lb(V);
+  a.forward(prompt, la);
+  b.forward(prompt, lb);
+  ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "prefill";
+  for (int i = 0; i < steps; ++i) {
+    const int tok = Sampler::argmax(la);
+    a.forward(std::span<const int>(&tok, 1), la);
+    b.forward(std::span<const int>(&tok, 1), lb);
+    ASSERT_EQ(std::memcmp(la.data(), lb.data(), V * 4), 0) << "decode step " << i;
+  }
+}
+
+}  // namespace moestream::test
