@@ -96,12 +96,7 @@ class EngineExpertStore final : public ExpertStore {
     if (pred_thread_.joinable()) pred_thread_.join();
   }
 
-  std::vector<MappedRegion> mapped_regions() const override {
-    std::vector<MappedRegion> out;
-    for (const auto& m : maps_)
-      if (m && m->size() > 0) out.push_back({m->path(), m->range(0, m->size(), "the whole file"), m->size()});
-    return out;
-  }
+  std::vector<MappedRegion> mapped_regions() const override { return engine_store::regions_of(maps_); }
 
   std::unique_ptr<ExpertStore> reopen() const override {
     EngineExpertStoreOptions o = opts_;

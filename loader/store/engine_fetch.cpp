@@ -21,6 +21,13 @@ ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
           at(L.pieces[2], L.pieces[2].length)};
 }
 
+std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps) {
+  std::vector<ExpertStore::MappedRegion> out;
+  for (const auto& m : maps)
+    if (m && m->size() > 0) out.push_back({m->path(), m->range(0, m->size(), "the whole file"), m->size()});
+  return out;
+}
+
 bool in_page_cache(const Layer& L, uint32_t slot) {
   for (const Piece& p : L.pieces)
     if (p.page_cache == nullptr || !p.page_cache->sample(p.at(slot), std::min(p.length, L.layout.bytes), 2).fully_resident())

@@ -40,6 +40,9 @@ struct Layer : ExpertLayerFile {
   bool checksummed() const { return !header.slot_checksums.empty(); }
 };
 
+// The whole-file mappings (null entries skipped), as ExpertStore::mapped_regions hands them out.
+std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps);
+
 // Whether every piece of the expert in `slot` is in the page cache (sampled).
 bool in_page_cache(const Layer& L, uint32_t slot);
 // The matrices of the expert in `slot` in the mapped files `maps` (per engine file; FormatError
