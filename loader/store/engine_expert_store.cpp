@@ -97,6 +97,7 @@ class EngineExpertStore final : public ExpertStore {
   }
 
   std::vector<MappedRegion> mapped_regions() const override { return engine_store::regions_of(maps_); }
+  void set_parallel_for(ParallelFor pf) override { parallel_for_ = std::move(pf); }
 
   std::unique_ptr<ExpertStore> reopen() const override {
     EngineExpertStoreOptions o = opts_;
@@ -400,18 +401,22 @@ class EngineExpertStore final : public ExpertStore {
     const bool trusted = L.verified >= 0 && verified_.refresh(L.verified);
     if (matrices && !f.prediction && in_place_allowed(L)) {
       const bool fault_in = engine_.backend() == IoBackend::kMmap && !due;
+      std::vector<size_t>& first_use = f.first_use;  // resident, never verified: hashed in place
+      first_use.clear();
       for (size_t k = 0; k < f.items.size(); ++k) {
         Item& it = f.items[k];
         if (it.ready || it.awaited || reread[k]) continue;
         const bool resident = in_page_cache(L, it.slot);
         if (due && !resident && L.verified >= 0) verified_.forget(L.verified, it.slot);
+        if (due && resident && trusted && L.verified >= 0 && !verified_.holds(L.verified, it.slot)) {
+          first_use.push_back(k);
+          continue;
+        }
         if (due && !(resident && trusted && verified_.holds(L.verified, it.slot))) continue;
         if (!resident && !fault_in) continue;
-        it.in_place = engine_store::mapped_matrices(L, layer, it.slot, maps_);
-        it.mapped = it.ready = true;
-        ++stats_.experts_in_place;
-        stats_.page_cache_hits += resident && opts_.count_page_cache_hits;
+        engine_store::hand_out_in_place(L, layer, it, resident, maps_, opts_.count_page_cache_hits, stats_);
       }
+      engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, stats_);
     }
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {
@@ -666,6 +671,7 @@ class EngineExpertStore final : public ExpertStore {
   std::unique_ptr<HostCache> cache_;
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
   VerifiedPages verified_;            // page-cache copies of experts that passed (caller's thread)
+  ParallelFor parallel_for_;          // the caller's threads, for hashing in place (may be unset)
 
   // The current fetch, the look-ahead it awaits, a read-ahead, the next look-ahead, and room
   // for look-aheads retired while still landing.

@@ -2,10 +2,12 @@
 #include "loader/store/engine_fetch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "common/error.h"
+#include "common/timing.h"
 
 namespace moestream::engine_store {
 
@@ -19,6 +21,41 @@ ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
   MOE_ASSERT(L.pieces.size() == 3, "a GGUF expert is three slices");
   return {at(L.pieces[0], L.pieces[0].length), at(L.pieces[1], L.pieces[1].length),
           at(L.pieces[2], L.pieces[2].length)};
+}
+
+void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
+                       const std::vector<std::unique_ptr<MappedFile>>& maps, bool count_page_cache_hits,
+                       ExpertStoreStats& stats) {
+  it.in_place = mapped_matrices(L, layer, it.slot, maps);
+  it.mapped = it.ready = true;
+  ++stats.experts_in_place;
+  stats.page_cache_hits += resident && count_page_cache_hits;
+}
+
+void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, ExpertStoreStats& stats) {
+  const size_t n = f.first_use.size();
+  if (n == 0) return;
+  std::vector<const uint8_t*> at(n);
+  for (size_t i = 0; i < n; ++i)
+    at[i] = mapped_matrices(L, layer, f.items[f.first_use[i]].slot, maps).gate - L.layout.gate_offset;
+  std::vector<uint64_t>& got = f.first_use_sum;
+  got.assign(n, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto hash = [&](size_t i) { got[i] = expert_checksum(at[i], L.layout.bytes); };
+  if (pf && n > 1) {
+    pf(n, hash);
+  } else {
+    for (size_t i = 0; i < n; ++i) hash(i);
+  }
+  stats.checksum_seconds += seconds_since(t0);
+  for (size_t i = 0; i < n; ++i) {
+    Item& it = f.items[f.first_use[i]];
+    if (got[i] != L.header.slot_checksums[it.slot]) continue;
+    verified.mark(L.verified, it.slot);
+    hand_out_in_place(L, layer, it, true, maps, false, stats);
+    ++stats.verified_in_place;
+  }
 }
 
 std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps) {

@@ -19,6 +19,7 @@
 #include "loader/store/cache_policy.h"
 #include "loader/store/expert_buffer.h"
 #include "loader/store/expert_store.h"
+#include "loader/store/verified_pages.h"
 #include "loader/store/host_cache.h"
 
 namespace moestream::engine_store {
@@ -91,6 +92,8 @@ struct Fetch {
   std::vector<uint8_t> due;              // request -> its checksum is to be verified
   std::vector<int> pinned;               // cache slots this fetch hands out
   std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
+  std::vector<size_t> first_use;         // items hashed in place (resident, never verified)
+  std::vector<uint64_t> first_use_sum;   // ... their XXH64
   ExpertBuffer scratch;                  // misses the cache does not take
   // Look-ahead (prefetch_predicted): this fetch is one; or the one whose reads it awaits.
   bool prediction = false;
@@ -104,6 +107,19 @@ struct Fetch {
   bool busy = false;           // its batch is queued or in flight
   bool submitted = false;      // an I/O thread took its batch
 };
+
+// Item `it` of layer L handed out as the mapping's pages (counted in place, and as a page-cache
+// hit when resident and counted).
+void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
+                       const std::vector<std::unique_ptr<MappedFile>>& maps, bool count_page_cache_hits,
+                       ExpertStoreStats& stats);
+
+// The first uses in f.first_use (resident experts never verified): each hashed from its mapped
+// pages (on pf's threads when set), then marked in `verified` and handed out in place where it
+// matches its slot's checksum; one that does not stays for the read path, whose checksum then
+// names it. Counts verified_in_place and checksum_seconds.
+void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, ExpertStoreStats& stats);
 
 // Every position of `ids` that names item k becomes ready.
 void push_ready(Fetch& f, size_t k);

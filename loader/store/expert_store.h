@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,6 +56,7 @@ struct ExpertStoreStats {
   uint64_t fetches_read_ahead = 0;   // begin_fetch() calls whose reads a read_ahead() had started
   uint64_t experts_in_place = 0;     // handed out as mapped pages of the file, neither read nor copied
   uint64_t checksums_skipped = 0;    // copied from page-cache pages verified earlier (verified_pages.h)
+  uint64_t verified_in_place = 0;    // first uses hashed from their resident pages, not read (of experts_in_place)
   // Look-ahead of the next layer (prefetch_predicted, CPU --moe-lookahead): experts predicted;
   // of them, those not resident and read (also in experts_read/bytes_read); of those, read and
   // then taken by the demand fetch of that layer (landed, or awaited in flight) or never taken.
@@ -164,6 +166,13 @@ class ExpertStore {
     uint64_t size;
   };
   virtual std::vector<MappedRegion> mapped_regions() const { return {}; }
+
+  // Runs fn(0) .. fn(n - 1), possibly in parallel, and returns when all are done: the caller's
+  // threads, lent to the store for work it would otherwise do on one (the engine store hashes
+  // experts whose resident pages it verifies in place). Called only from the thread that calls
+  // begin_fetch*, outside any of the lender's parallel sections. Unset: the store's own threads.
+  using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
+  virtual void set_parallel_for(ParallelFor pf) { (void)pf; }
 
  private:
   std::vector<const uint8_t*> sync_payloads_;

@@ -42,6 +42,9 @@ struct Model::Impl {
       : cfg(std::move(c)), opts(o), store(std::move(s)), pool(o.n_threads),
         slots(o.max_sequences, o.max_context, o.max_batch, cfg.vocab_size) {
     routing.cache_aware = o.cache_aware;
+    // The store hashes an expert's first use from its resident pages on these threads (between
+    // the pass's parallel sections: the store is called from this thread only).
+    store->set_parallel_for([this](size_t n, const std::function<void(size_t)>& fn) { pool.parallel_for(n, fn); });
     horizon = SlidingKvHorizon(cfg, o.max_context, o.max_batch);  // both passes keep these rings
     slots.set_horizon(horizon);
     if (o.gpu) {

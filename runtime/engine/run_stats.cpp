@@ -157,7 +157,8 @@ nlohmann::json run_stats_json(const RunInfo& info, const std::optional<GenerateS
                     {"checksum_s", e.checksum_seconds},
                     {"fetches_read_ahead", e.fetches_read_ahead},
                     {"experts_in_place", e.experts_in_place},
-                    {"checksums_skipped", e.checksums_skipped}};
+                    {"checksums_skipped", e.checksums_skipped},
+                    {"verified_in_place", e.verified_in_place}};
     // The CPU look-ahead (--moe-lookahead without --gpu): predictions, their reads, recall.
     j["experts"]["lookahead"] = {{"predictions", e.lookahead_predictions},
                                  {"predicted", e.lookahead_predicted},
@@ -213,6 +214,8 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
              double(e.bytes_transferred) / (1 << 20), e.io_wait_seconds, e.checksum_seconds);
     if (e.checksums_skipped > 0)
       s += " (" + std::to_string(e.checksums_skipped) + " skipped: pages verified earlier)";
+    if (e.verified_in_place > 0)
+      s += "; " + std::to_string(e.verified_in_place) + " first uses verified in place";
     if (e.fetches_read_ahead > 0)
       s += "; " + std::to_string(e.fetches_read_ahead) + " expert groups read ahead";
     s += "\n";
