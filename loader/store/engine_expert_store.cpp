@@ -416,7 +416,7 @@ class EngineExpertStore final : public ExpertStore {
         if (!resident && !fault_in) continue;
         engine_store::hand_out_in_place(L, layer, it, resident, maps_, opts_.count_page_cache_hits, stats_);
       }
-      engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, stats_);
+      engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, opts_.count_page_cache_hits, stats_);
     }
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {

@@ -33,7 +33,8 @@ void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
 }
 
 void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, ExpertStoreStats& stats) {
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, bool count_page_cache_hits,
+                     ExpertStoreStats& stats) {
   const size_t n = f.first_use.size();
   if (n == 0) return;
   std::vector<const uint8_t*> at(n);
@@ -53,7 +54,7 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
     Item& it = f.items[f.first_use[i]];
     if (got[i] != L.header.slot_checksums[it.slot]) continue;
     verified.mark(L.verified, it.slot);
-    hand_out_in_place(L, layer, it, true, maps, false, stats);
+    hand_out_in_place(L, layer, it, true, maps, count_page_cache_hits, stats);
     ++stats.verified_in_place;
   }
 }

@@ -119,7 +119,8 @@ void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
 // matches its slot's checksum; one that does not stays for the read path, whose checksum then
 // names it. Counts verified_in_place and checksum_seconds.
 void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, ExpertStoreStats& stats);
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, bool count_page_cache_hits,
+                     ExpertStoreStats& stats);
 
 // Every position of `ids` that names item k becomes ready.
 void push_ready(Fetch& f, size_t k);

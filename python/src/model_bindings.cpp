@@ -262,7 +262,8 @@ class PyModel {
                            {"io_seconds", s.io_seconds}, {"host_cache_hits", s.host_cache_hits},
                            {"page_cache_hits", s.page_cache_hits}, {"read_ops_requested", s.read_ops_requested},
                            {"read_ops_issued", s.read_ops_issued}, {"bytes_transferred", s.bytes_transferred},
-                           {"io_wait_seconds", s.io_wait_seconds}, {"checksum_seconds", s.checksum_seconds}};
+                           {"io_wait_seconds", s.io_wait_seconds}, {"checksum_seconds", s.checksum_seconds},
+                           {"experts_in_place", s.experts_in_place}, {"verified_in_place", s.verified_in_place}};
       const CacheAwareStats& c = model_->cache_aware_stats();
       j["cache_aware"] = {{"enabled", model_->cache_aware().enabled}, {"tolerance", model_->cache_aware().tolerance},
                           {"routings", c.routings}, {"substitutions", c.substitutions},

@@ -159,8 +159,12 @@ def test_every_io_mode_and_host_cache_give_the_same_text(demo, model):
     with pytest.warns(UserWarning, match="host_cache_mb without io_direct: experts are cached twice"):
         m = moestream.Model(demo, io="pread", host_cache_mb=64, threads=2)
     m.generate(PROMPT, 12, temperature=0, ignore_eos=True)
+    read = m.stats()["expert_store"]["experts_read"]
     assert m.generate(PROMPT, 12, temperature=0, ignore_eos=True) == want
-    assert m.stats()["expert_store"]["host_cache_hits"] > 0  # the second run finds its experts cached
+    # The second run finds its experts cached: in the host cache, or (resident and verified on
+    # first use) in the page cache, computed in place.
+    s = m.stats()["expert_store"]
+    assert s["experts_read"] == read and s["host_cache_hits"] + s["experts_in_place"] > 0
 
 
 def test_store_options_go_through_infers_builder(demo, model):
