@@ -266,16 +266,6 @@ class EngineExpertStore final : public ExpertStore {
     return file;
   }
 
-  // Whether the experts of L may be handed out as mapped pages: every piece's file is buffered
-  // (mapped). Where a checksum is due, only experts whose resident pages were verified
-  // (verified_pages.h) go in place; a GGUF has none.
-  bool in_place_allowed(const Layer& L) const {
-    if (L.pieces.size() > 3) return false;  // gpt-oss's GGUF biases: three slices, not one bias section
-    for (const Piece& p : L.pieces)
-      if (!maps_[p.file]) return false;
-    return true;
-  }
-
   bool idle() const {  // under mu_
     for (const Fetch& f : fetches_)
       if (f.busy) return false;
@@ -399,22 +389,22 @@ class EngineExpertStore final : public ExpertStore {
     // (and whose file has not changed since) is not hashed again (verified_pages.h).
     const bool due = opts_.store.verify_checksums && L.checksummed();
     const bool trusted = L.verified >= 0 && verified_.refresh(L.verified);
-    if (matrices && !f.prediction && in_place_allowed(L)) {
+    if (matrices && !f.prediction && engine_store::in_place_allowed(L, maps_)) {
       const bool fault_in = engine_.backend() == IoBackend::kMmap && !due;
-      std::vector<size_t>& first_use = f.first_use;  // resident, never verified: hashed in place
-      first_use.clear();
+      f.first_use.clear();
       for (size_t k = 0; k < f.items.size(); ++k) {
         Item& it = f.items[k];
         if (it.ready || it.awaited || reread[k]) continue;
         const bool resident = in_page_cache(L, it.slot);
         if (due && !resident && L.verified >= 0) verified_.forget(L.verified, it.slot);
-        if (due && resident && trusted && L.verified >= 0 && !verified_.holds(L.verified, it.slot)) {
-          first_use.push_back(k);
+        if (due && !(resident && trusted)) continue;
+        if (due && !verified_.holds(L.verified, it.slot)) {  // resident, never verified: hashed there
+          f.first_use.push_back(k);
           continue;
         }
-        if (due && !(resident && trusted && verified_.holds(L.verified, it.slot))) continue;
         if (!resident && !fault_in) continue;
-        engine_store::hand_out_in_place(L, layer, it, resident, maps_, opts_.count_page_cache_hits, stats_);
+        engine_store::hand_out_in_place(it, engine_store::mapped_matrices(L, layer, it.slot, maps_),
+                                        resident && opts_.count_page_cache_hits, stats_);
       }
       engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, opts_.count_page_cache_hits, stats_);
     }

@@ -23,13 +23,11 @@ ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
           at(L.pieces[2], L.pieces[2].length)};
 }
 
-void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
-                       const std::vector<std::unique_ptr<MappedFile>>& maps, bool count_page_cache_hits,
-                       ExpertStoreStats& stats) {
-  it.in_place = mapped_matrices(L, layer, it.slot, maps);
+void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, ExpertStoreStats& stats) {
+  it.in_place = m;
   it.mapped = it.ready = true;
   ++stats.experts_in_place;
-  stats.page_cache_hits += resident && count_page_cache_hits;
+  stats.page_cache_hits += count_hit;
 }
 
 void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
@@ -37,13 +35,11 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
                      ExpertStoreStats& stats) {
   const size_t n = f.first_use.size();
   if (n == 0) return;
-  std::vector<const uint8_t*> at(n);
-  for (size_t i = 0; i < n; ++i)
-    at[i] = mapped_matrices(L, layer, f.items[f.first_use[i]].slot, maps).gate - L.layout.gate_offset;
-  std::vector<uint64_t>& got = f.first_use_sum;
-  got.assign(n, 0);
+  std::vector<ExpertMatrices> ms(n);
+  for (size_t i = 0; i < n; ++i) ms[i] = mapped_matrices(L, layer, f.items[f.first_use[i]].slot, maps);
+  std::vector<uint64_t> got(n, 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto hash = [&](size_t i) { got[i] = expert_checksum(at[i], L.layout.bytes); };
+  const auto hash = [&](size_t i) { got[i] = expert_checksum(ms[i].gate - L.layout.gate_offset, L.layout.bytes); };
   if (pf && n > 1) {
     pf(n, hash);
   } else {
@@ -54,7 +50,7 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
     Item& it = f.items[f.first_use[i]];
     if (got[i] != L.header.slot_checksums[it.slot]) continue;
     verified.mark(L.verified, it.slot);
-    hand_out_in_place(L, layer, it, true, maps, count_page_cache_hits, stats);
+    hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
     ++stats.verified_in_place;
   }
 }
@@ -64,6 +60,13 @@ std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_
   for (const auto& m : maps)
     if (m && m->size() > 0) out.push_back({m->path(), m->range(0, m->size(), "the whole file"), m->size()});
   return out;
+}
+
+bool in_place_allowed(const Layer& L, const std::vector<std::unique_ptr<MappedFile>>& maps) {
+  if (L.pieces.size() > 3) return false;  // gpt-oss's GGUF biases: three slices, not one bias section
+  for (const Piece& p : L.pieces)
+    if (!maps[p.file]) return false;
+  return true;
 }
 
 bool in_page_cache(const Layer& L, uint32_t slot) {

@@ -44,6 +44,11 @@ struct Layer : ExpertLayerFile {
 // The whole-file mappings (null entries skipped), as ExpertStore::mapped_regions hands them out.
 std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps);
 
+// Whether the experts of L may be handed out as mapped pages: every piece's file is buffered
+// (mapped in `maps`). Where a checksum is due, only experts whose resident pages were verified
+// (verified_pages.h) go in place; a GGUF has none.
+bool in_place_allowed(const Layer& L, const std::vector<std::unique_ptr<MappedFile>>& maps);
+
 // Whether every piece of the expert in `slot` is in the page cache (sampled).
 bool in_page_cache(const Layer& L, uint32_t slot);
 // The matrices of the expert in `slot` in the mapped files `maps` (per engine file; FormatError
@@ -93,7 +98,6 @@ struct Fetch {
   std::vector<int> pinned;               // cache slots this fetch hands out
   std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
   std::vector<size_t> first_use;         // items hashed in place (resident, never verified)
-  std::vector<uint64_t> first_use_sum;   // ... their XXH64
   ExpertBuffer scratch;                  // misses the cache does not take
   // Look-ahead (prefetch_predicted): this fetch is one; or the one whose reads it awaits.
   bool prediction = false;
@@ -108,11 +112,9 @@ struct Fetch {
   bool submitted = false;      // an I/O thread took its batch
 };
 
-// Item `it` of layer L handed out as the mapping's pages (counted in place, and as a page-cache
-// hit when resident and counted).
-void hand_out_in_place(const Layer& L, int layer, Item& it, bool resident,
-                       const std::vector<std::unique_ptr<MappedFile>>& maps, bool count_page_cache_hits,
-                       ExpertStoreStats& stats);
+// Item `it` handed out as the mapping's pages `m` (counted in place, and as a page-cache hit
+// when `count_hit`).
+void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, ExpertStoreStats& stats);
 
 // The first uses in f.first_use (resident experts never verified): each hashed from its mapped
 // pages (on pf's threads when set), then marked in `verified` and handed out in place where it
