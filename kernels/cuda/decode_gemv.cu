@@ -169,10 +169,16 @@ bool is_bf16(QuantType q) {
   return q == QuantType::kBF16 || (t && *t == GgmlType::kBF16);
 }
 
+bool is_q8_0(QuantType q) {
+  const auto t = quant_ggml_type(q);
+  return t && *t == GgmlType::kQ8_0;
+}
+
 }  // namespace
 
 bool decode_gemv_fits(QuantType q, int cols) {
   if (cols <= 0) return false;
+  if (is_q8_0(q)) return decode_gemv_q8_0_fits(cols);
   if (q == QuantType::kQ8 || q == QuantType::kQ4) return cols % 256 == 0;
   return is_bf16(q) && cols % 8 == 0;
 }
@@ -191,6 +197,7 @@ void decode_gemv_cuda(QuantType q, GemvArgs a, cudaStream_t s) {
     a.first[i + 1] = a.first[i] + (long long)m.rows * (a.w ? a.n_groups : 1);
   }
   for (int i = a.n_mats + 1; i <= kGemvMaxMats; ++i) a.first[i] = a.first[a.n_mats];
+  if (is_q8_0(q)) return decode_gemv_q8_0_cuda(a, s);  // counts its own CTAs in `first`
   if (q == QuantType::kQ8) return launch<Q8Chunks>(a, "launch of decode_gemv_kernel<q8>", s);
   if (q == QuantType::kQ4) return launch<Q4Chunks>(a, "launch of decode_gemv_kernel<q4>", s);
   launch<Bf16Chunks>(a, "launch of decode_gemv_kernel<bf16>", s);

@@ -41,8 +41,9 @@ struct GemvArgs {
 };
 
 // Whether a row of `cols` in type q is whole 16-byte chunks whose sections start 16-byte
-// aligned (q8/q4 packs: cols % 256 == 0, nb % 8 blocks; bf16 (pack or ggml): cols % 8 == 0).
-// Other shapes and types keep the tile-loop GEMM.
+// aligned (q8/q4 packs: cols % 256 == 0, nb % 8 blocks; bf16 (pack or ggml): cols % 8 == 0;
+// ggml Q8_0: cols % 256 == 0, eight 34-byte blocks being 17 chunks, and a row's rounded input
+// within the CTA's shared memory). Other shapes and types keep the tile-loop GEMM.
 bool decode_gemv_fits(QuantType q, int cols);
 
 // Launches the product; asserts decode_gemv_fits, every matrix (dense) or offset (grouped)
@@ -50,5 +51,10 @@ bool decode_gemv_fits(QuantType q, int cols);
 // float whatever else the launch computes (a warp per output row, a fixed summation order), so
 // splitting groups or matrices over launches changes no bit.
 void decode_gemv_cuda(QuantType q, GemvArgs a, cudaStream_t s);
+
+// ggml Q8_0's form (decode_gemv_q8_0.cu): a warp per row as above, the row staged through shared
+// memory in 16-byte loads, the input rounded to q8_0 in the CTA and multiplied with __dp4a.
+bool decode_gemv_q8_0_fits(int cols);
+void decode_gemv_q8_0_cuda(GemvArgs a, cudaStream_t s);
 
 }  // namespace moestream::gpu

@@ -131,7 +131,7 @@ GemvArgs grouped_gemv(const uint8_t* const* w, const int* row_start, int n_group
 }
 
 // Groups of one token row (decode) in a shape the GEMV takes, for the types where it measured
-// faster. Its q8/q4 forms (tested in gpu_decode_gemv_test) measured slower on the H200 than the
+// faster (bf16, ggml Q8_0). Its q8/q4 forms (tested in gpu_decode_gemv_test) measured slower on the H200 than the
 // grouped GEMM's one-row path (bench_gpu_kernels, 8 experts x 1 row: q8 gate 913 against 1137
 // GB/s, q8 down 901 against 1230, q4 367 against 803; docs/results.md), so q8 and q4 experts keep
 // the grouped GEMM until that kernel is tuned.
@@ -202,6 +202,11 @@ void check_dense_gemm(const uint8_t* w, int rows, int cols, const float* x, int 
 }  // namespace
 
 bool dense_gemv_takes(QuantType q, int cols) { return decode_gemv_fits(q, cols); }
+
+bool gemv_rounds_input(QuantType q, int cols) {
+  const auto t = quant_ggml_type(q);
+  return t && *t == GgmlType::kQ8_0 && decode_gemv_fits(q, cols);
+}
 
 void dense_gemm_shared_input(QuantType q, const DenseOut* outs, int n_outs, int cols,
                              const float* x, int n_tokens, Stream s) {

@@ -103,10 +103,11 @@ size_t attention_scratch_floats(int n_q, int n_heads, int head_dim, int max_keys
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
                  Stream s);
-// Groups of one token row (max_rows_per_group 1) whose shape decode_gemv fits (q8/q4 with cols
-// % 256 == 0, bf16 with cols % 8 == 0) take the wide-load GEMV (kernels/cuda/decode_gemv.cuh);
+// Groups of one token row (max_rows_per_group 1) whose shape decode_gemv fits (bf16 with cols
+// % 8 == 0, ggml Q8_0 with cols % 256 == 0) take the wide-load GEMV (kernels/cuda/decode_gemv.cuh);
 // every other call the tile-loop GEMM. Either way each output row's float does not depend on
-// the other groups of the call.
+// the other groups of the call. Q8_0's GEMV rounds its input to q8_0 itself (the CPU kernel's
+// rounding; the tile loop takes it already rounded): see gemv_rounds_input.
 // Gate and up of the same experts (both type q, rows x cols, at gate_offset / up_offset in each
 // payload), each with its own input, in one launch where expert_gemm would take the GEMV; else
 // two expert_gemm calls. Each output equals expert_gemm's bit for bit.
@@ -126,8 +127,9 @@ void expert_gemm_gate_up(QuantType q, const uint8_t* const* w, size_t gate_offse
 // rows are read once per tile of tokens, as in expert_gemm. x 16-byte aligned, w 16-byte aligned.
 void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
                 float* y, Stream s);
-// At one token, q8/q4 (cols % 256 == 0) and bf16 (cols % 8 == 0) matrices take the wide-load
-// GEMV (kernels/cuda/decode_gemv.cuh), one warp per output row; other shapes the tile loop.
+// At one token, q8/q4 (cols % 256 == 0), bf16 (cols % 8 == 0) and ggml Q8_0 (cols % 256 == 0)
+// matrices take the wide-load GEMV (kernels/cuda/decode_gemv.cuh), one warp per output row; other
+// shapes the tile loop.
 // Up to three matrices of type q and width cols that share the input x: y_i = x * W_i^T, in one
 // launch at one token where dense_gemm would take the GEMV (the q/k/v projections), else one
 // dense_gemm each. Each output equals dense_gemm's bit for bit. `add`: y += the product (the
@@ -140,6 +142,10 @@ struct DenseOut {
   bool add = false;
 };
 bool dense_gemv_takes(QuantType q, int cols);
+// True when a one-token product of type q and width cols (dense_gemm at one token, expert_gemm
+// at max_rows_per_group 1) rounds its input as the CPU's kernel does by itself (ggml Q8_0's GEMV).
+// Rounding is idempotent, so an input rounded first gives the same bits: callers skip the launch.
+bool gemv_rounds_input(QuantType q, int cols);
 void dense_gemm_shared_input(QuantType q, const DenseOut* outs, int n_outs, int cols,
                              const float* x, int n_tokens, Stream s);
 // Rows ids[0..n) of a rows x cols matrix stored in type q, dequantised to f32 out [n, cols] (the

@@ -515,7 +515,7 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
                                  (2 * pairs + unique_ids.size() + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, stream));
   const ExpertLayout& lay = layouts[size_t(layer)];
-  const float* x_up = gather_expert_inputs(lay, plan_d, n_rows);
+  const float* x_up = gather_expert_inputs(lay, plan_d, n_rows, T == 1);
   times.router_s += seconds_since(t0);
 
   auto upload_ptrs = [&](int g0, int g1) {
@@ -541,15 +541,7 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
       gpu::expert_bias_add(up, F, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
     }
     // SwiGLU and down's input rounding (one launch for the pack types: swiglu_rounded).
-    float* s0 = swi + size_t(r0) * F;
-    if (cfg.swiglu_limit > 0) {
-      gpu::swiglu_clamped(gate + size_t(r0) * F, up + size_t(r0) * F, size_t(r1 - r0) * F,
-                          float(cfg.swiglu_limit), float(cfg.swiglu_alpha), s0, stream);
-      gpu::round_activations(lay.types.down, s0, s0, r1 - r0, F, stream);
-    } else {
-      gpu::swiglu_rounded(lay.types.down, gate + size_t(r0) * F, up + size_t(r0) * F, r1 - r0, F,
-                          s0, stream);
-    }
+    expert_swiglu(lay, gate + size_t(r0) * F, up + size_t(r0) * F, r1 - r0, swi + size_t(r0) * F, T == 1);
     expert_matmul(lay.types.down, lay.down_offset, g0, g1, max_rows, D, F, swi, y);
     if (lay.types.bias)
       gpu::expert_bias_add(y, D, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);

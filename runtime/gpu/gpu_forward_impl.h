@@ -139,7 +139,12 @@ struct CudaForward final : GpuForward {
   void linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                   float beta = 0.0f);
   void embed(int T);
-  const float* gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx, int n_rows);
+  // one_token: the chunk is one token (each group one row), so a GEMV that rounds its own input
+  // (gpu::gemv_rounds_input) takes the rows unrounded.
+  const float* gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx, int n_rows, bool one_token);
+  // SwiGLU of `rows` gate/up rows into out (gpt-oss: clamped), rounded for down's type unless
+  // down's one-token GEMV rounds its input itself; the same bits either way.
+  void expert_swiglu(const ExpertLayout& lay, const float* g, const float* u, int rows, float* out, bool one_token);
   void expert_matmul(QuantType q, size_t offset, int g0, int g1, int max_rows, int rows, int cols,
                      const float* xin, float* yout);
   // The experts' gate (from xg) and up (from x_up) of groups [g0, g1) into gate/up: one launch

@@ -96,8 +96,8 @@ void CudaForward::warm_up() {
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
-    gather_expert_inputs(layouts[0], plan_dev.as<int>(), T);
-    gpu::swiglu_rounded(layouts[0].types.down, gate, up, T, F, swi, stream);
+    gather_expert_inputs(layouts[0], plan_dev.as<int>(), T, T == 1);
+    expert_swiglu(layouts[0], gate, up, T, swi, T == 1);
     gpu::moe_combine_add(y, plan_dev.as<int>() + pairs, reinterpret_cast<float*>(ids_d + pairs), T,
                          K, D, x, stream);
   }
@@ -109,9 +109,14 @@ void CudaForward::warm_up() {
 // as llama.cpp and our CPU kernels): both backends then compute the same function. Returns up's
 // input: xg again, or xg_up when up's type rounds differently (rounded for it out of place, or a
 // plain copy when up takes floats, since gate's rounding overwrites xg). Gate and up both pack
-// q8/q4: gather and rounding in one launch (gpu::gather_rounded, the same bits).
+// q8/q4: gather and rounding in one launch (gpu::gather_rounded, the same bits). At one token,
+// where both GEMVs round their own input (ggml Q8_0), the rows are gathered as they are.
 const float* CudaForward::gather_expert_inputs(const ExpertLayout& lay, const int* gather_idx,
-                                               int n_rows) {
+                                               int n_rows, bool one_token) {
+  if (one_token && gpu::gemv_rounds_input(lay.types.gate, D) && gpu::gemv_rounds_input(lay.types.up, D)) {
+    gpu::gather_rows(h, gather_idx, n_rows, D, xg, stream);
+    return xg;
+  }
   if (gpu::activation_rounding(lay.types.up) == gpu::activation_rounding(lay.types.gate) &&
       gpu::gather_rounded(lay.types.gate, h, gather_idx, n_rows, D, xg, stream))
     return xg;
@@ -125,6 +130,19 @@ const float* CudaForward::gather_expert_inputs(const ExpertLayout& lay, const in
   }
   gpu::round_activations(lay.types.gate, xg, xg, n_rows, D, stream);
   return x_up;
+}
+
+void CudaForward::expert_swiglu(const ExpertLayout& lay, const float* g, const float* u, int rows, float* out,
+                                bool one_token) {
+  const bool raw = one_token && gpu::gemv_rounds_input(lay.types.down, F);
+  if (cfg.swiglu_limit > 0) {
+    gpu::swiglu_clamped(g, u, size_t(rows) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), out, stream);
+    if (!raw) gpu::round_activations(lay.types.down, out, out, rows, F, stream);
+  } else if (raw) {
+    gpu::swiglu(g, u, size_t(rows) * F, out, stream);
+  } else {
+    gpu::swiglu_rounded(lay.types.down, g, u, rows, F, out, stream);
+  }
 }
 
 // One expert matrix (type q, at `offset` in each payload, rows x cols) for the groups [g0, g1)
@@ -200,7 +218,8 @@ void CudaForward::linear(const float* xin, const GpuMatrix& W, int T, float* you
   }
   // The CPU rounds this matrix's input as its type's kernel needs: a rounded copy in xr, so xin
   // stays as it is for the layer's other matrices.
-  if (gpu::round_activations(W.type, xin, xr, T, W.cols, stream)) xin = xr;
+  if (!(T == 1 && gpu::gemv_rounds_input(W.type, W.cols)) && gpu::round_activations(W.type, xin, xr, T, W.cols, stream))
+    xin = xr;
   if (accumulate && T == 1 && gpu::dense_gemv_takes(W.type, W.cols)) {  // the add in the GEMV
     const gpu::DenseOut o{W.data, W.rows, yout, true};
     gpu::dense_gemm_shared_input(W.type, &o, 1, W.cols, xin, 1, stream);
@@ -222,7 +241,7 @@ void CudaForward::linear_qkv(const float* xin, const GpuLayerWeights& lw, int T,
     return;
   }
   // As linear(): the input rounded once for the three (one type, one rounding).
-  if (gpu::round_activations(q, xin, xr, T, lw.wq.cols, stream)) xin = xr;
+  if (!gpu::gemv_rounds_input(q, lw.wq.cols) && gpu::round_activations(q, xin, xr, T, lw.wq.cols, stream)) xin = xr;
   const gpu::DenseOut outs[3] = {{lw.wq.data, lw.wq.rows, yq}, {lw.wk.data, lw.wk.rows, yk},
                                  {lw.wv.data, lw.wv.rows, yv}};
   gpu::dense_gemm_shared_input(q, outs, 3, lw.wq.cols, xin, T, stream);

@@ -75,7 +75,7 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
                        missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
   if (Fs > 0) shared_expert(lw, 1);
   // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
-  const float* x_up = gather_expert_inputs(lay, plan, K);
+  const float* x_up = gather_expert_inputs(lay, plan, K, true);
   expert_gate_up(lay, 0, K, 1, x_up);
   const uint8_t* const* ptrs_d = ptr_dev.as<const uint8_t*>();
   const int* row_start_d = plan + 2 * pairs;  // groups [0, K), one row each
@@ -83,12 +83,7 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
     gpu::expert_bias_add(gate, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset, stream);
     gpu::expert_bias_add(up, F, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + size_t(F) * 4, stream);
   }
-  if (cfg.swiglu_limit > 0) {
-    gpu::swiglu_clamped(gate, up, size_t(K) * F, float(cfg.swiglu_limit), float(cfg.swiglu_alpha), swi, stream);
-    gpu::round_activations(lay.types.down, swi, swi, K, F, stream);
-  } else {
-    gpu::swiglu_rounded(lay.types.down, gate, up, K, F, swi, stream);
-  }
+  expert_swiglu(lay, gate, up, K, swi, true);
   expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
   if (lay.types.bias)
     gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
