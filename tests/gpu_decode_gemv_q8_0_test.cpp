@@ -48,13 +48,19 @@ std::vector<float> cpu_rows(const std::vector<uint8_t>& w, int rows, int cols, c
   return y;
 }
 
-// |gpu - cpu| within float rounding of the nb block terms, relative to sum |term| (bounded here by
-// the row's dequantised weights times |x|).
-void expect_near_cpu(const std::vector<float>& got, const std::vector<float>& want, const std::string& name) {
-  ASSERT_EQ(got.size(), want.size()) << name;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << name << " [" << i << "] unwritten or not finite";
-    ASSERT_NEAR(got[i], want[i], 2e-5f * (1.0f + std::fabs(want[i]))) << name << " [" << i << "]";
+// |gpu - cpu| within 1e-5 * sum_c |w_c * x_c| per output (as gpu_ggml_test): both sum the same
+// nb block terms in float, in another order.
+void expect_near_cpu(const std::vector<float>& got, const std::vector<float>& want, const std::vector<uint8_t>& w,
+                     int rows, int cols, const float* x, size_t first, const std::string& name) {
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const size_t t = i / size_t(rows), r = i % size_t(rows);
+    ggml_dequantize_row(GgmlType::kQ8_0, w.data() + r * size_t(cols / 32) * 34, size_t(cols), row.data());
+    double scale = 0;
+    for (int c = 0; c < cols; ++c) scale += std::fabs(double(row[size_t(c)]) * x[t * size_t(cols) + size_t(c)]);
+    const float g = got[first + i];
+    ASSERT_TRUE(std::isfinite(g)) << name << " [" << first + i << "] unwritten or not finite";
+    ASSERT_NEAR(g, want[i], 1e-5 * scale) << name << " [" << first + i << "]";
   }
 }
 
@@ -74,12 +80,6 @@ void check_grouped(int rows, int cols, const std::vector<int>& sizes, uint32_t s
   }
   const auto x = random_floats(size_t(n_rows) * cols, seed + 100);
   std::vector<float> want(size_t(n_rows) * rows);
-  for (int g = 0; g < n_groups; ++g) {
-    const int t0 = row_start[size_t(g)], nt = sizes[size_t(g)];
-    if (nt == 0) continue;
-    const auto y = cpu_rows(mats[size_t(g)], rows, cols, x.data() + size_t(t0) * cols, nt);
-    std::copy(y.begin(), y.end(), want.begin() + std::ptrdiff_t(size_t(t0) * rows));
-  }
   DeviceVec<uint8_t> dp(pay);
   std::vector<const uint8_t*> ptrs;
   for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
@@ -90,7 +90,14 @@ void check_grouped(int rows, int cols, const std::vector<int>& sizes, uint32_t s
   gpu::expert_gemm(kQ8_0, dw.get(), offset, drs.get(), n_groups, 1, rows, cols, dx.get(), dy.get(), nullptr);
   std::string name = "Q8_0 expert_gemm " + std::to_string(rows) + "x" + std::to_string(cols) + " groups";
   for (int n : sizes) name += " " + std::to_string(n);
-  expect_near_cpu(dy.download(), want, name);
+  const auto got = dy.download();
+  for (int g = 0; g < n_groups; ++g) {
+    const int t0 = row_start[size_t(g)], nt = sizes[size_t(g)];
+    if (nt == 0) continue;
+    const float* xg = x.data() + size_t(t0) * cols;
+    expect_near_cpu(got, cpu_rows(mats[size_t(g)], rows, cols, xg, nt), mats[size_t(g)], rows, cols, xg,
+                    size_t(t0) * rows, name + " group " + std::to_string(g));
+  }
 
   // Gate and up in one launch (the same matrices at two offsets): the bits of two expert_gemms.
   DeviceVec<float> g1(want.size()), u1(want.size()), u2(want.size());
@@ -133,7 +140,8 @@ TEST(GpuDecodeGemvQ8_0, DenseProductsMatchTheCpuKernelAndEachOther) {
   for (int i = 0; i < 3; ++i) {
     gpu::dense_gemm(kQ8_0, dws[size_t(i)]->get(), rows[i], cols, dx.get(), 1, singles[size_t(i)]->get(), nullptr);
     const std::string name = "Q8_0 dense " + std::to_string(rows[i]) + "x" + std::to_string(cols);
-    expect_near_cpu(ys[size_t(i)]->download(), cpu_rows(mats[size_t(i)], rows[i], cols, x.data(), 1), name);
+    expect_near_cpu(ys[size_t(i)]->download(), cpu_rows(mats[size_t(i)], rows[i], cols, x.data(), 1),
+                    mats[size_t(i)], rows[i], cols, x.data(), 0, name);
     expect_exact(ys[size_t(i)]->download(), singles[size_t(i)]->download(), (name + " vs dense_gemm").c_str());
   }
   // An input already rounded to q8_0 (what the forward pass hands it) gives the same bits.

@@ -3,8 +3,8 @@
 // warp's loads over 9 cache lines per instruction; the L1, not the memory, then bounds the
 // product near 1.8 TB/s on an H200 (docs/results.md, issue 19). Here a warp reads its row in
 // segments of 32 blocks (1088 bytes, 68 aligned 16-byte chunks, three loads per lane), stores the
-// segment in shared memory and gives each lane one block of it; the next segment's loads are in
-// flight while the lane computes. The activations are rounded to q8_0 once per CTA in shared memory
+// segment in shared memory and gives each lane one block of it; the next two segments' loads are
+// in flight while the lane computes. The activations are rounded to q8_0 once per CTA in shared memory
 // (the CPU's rounding: ggml_legacy.cpp), so a block's dot product is eight __dp4a and one scale:
 // sum over blocks of (d_w * d_x) * isum, as the CPU's kernel computes it (the order of the sum
 // over blocks differs: a lane takes every 32nd block, then the warp adds the lanes).
@@ -37,18 +37,30 @@ struct Q8Layout {
 };
 
 // Token rows [t0, t0 + nt) of x rounded as the CPU rounds Q8_0's input (round_activations.cu's
-// block kernel): per 32-block, d = f16(amax / 127), q = rint(x * 127 / amax). A warp per block.
+// block kernel): per 32-block, d = f16(amax / 127), q = rint(x * 127 / amax). A warp per block,
+// each warp loading kBatch of its blocks before reducing any (one memory latency, not kBatch).
 __device__ void round_tokens(const float* x, int t0, int nt, const Q8Layout& L, int8_t* xq, float* xd) {
+  constexpr int kBatch = 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = warp; i < nt * L.nb; i += kWarps) {
-    const int t = i / L.nb, b = i % L.nb;
-    const float v = x[size_t(t0 + t) * L.cols + size_t(b) * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
-    const float q = rintf(fminf(fmaxf(__fmul_rn(v, id), -127.0f), 127.0f));
-    xq[size_t(t) * L.cols + size_t(b) * 32 + lane] = int8_t(q);
-    if (lane == 0) xd[t * L.nb + b] = d;
+  const int total = nt * L.nb;
+  for (int i0 = warp; i0 < total; i0 += kWarps * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kWarps, t = i / L.nb, b = i % L.nb;
+      v[k] = i < total ? x[size_t(t0 + t) * L.cols + size_t(b) * 32 + lane] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kWarps, t = i / L.nb, b = i % L.nb;
+      if (i >= total) break;  // warp-uniform
+      const float amax = warp_max(fabsf(v[k]));
+      const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+      const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+      const float q = rintf(fminf(fmaxf(__fmul_rn(v[k], id), -127.0f), 127.0f));
+      xq[size_t(t) * L.cols + size_t(b) * 32 + lane] = int8_t(q);
+      if (lane == 0) xd[t * L.nb + b] = d;
+    }
   }
 }
 
@@ -93,11 +105,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_gemv_q8_0_kernel(GemvArgs 
 
   for (int t0 = t_begin; t0 < t_end; t0 += L.n_tok) {
     const int nt = min(L.n_tok, t_end - t0);
+    // Two items ahead: their loads are in flight while the input is rounded, then while each
+    // segment computes (a warp's items are a chain; without them, its latencies add up).
+    uint4 c[3], c_next[3];
+    if (n_items > 0) load_item(0, c);
+    if (n_items > 1) load_item(1, c_next);
     __syncthreads();  // the previous pass's readers of xq are done
     round_tokens(mt.x, t0, nt, L, xq, xd);
     __syncthreads();
-    uint4 c[3];
-    if (n_items > 0) load_item(0, c);
     float acc[kMaxTokens] = {};
     for (int i = 0; i < n_items; ++i) {
       const int seg = i % n_seg;
@@ -108,7 +123,9 @@ __global__ void __launch_bounds__(kWarps * 32) decode_gemv_q8_0_kernel(GemvArgs 
       for (int k = 0; k < 3; ++k)
         if (lane + 32 * k < chunks) reinterpret_cast<uint4*>(stage)[lane + 32 * k] = c[k];
       __syncwarp();
-      if (i + 1 < n_items) load_item(i + 1, c);  // in flight while this segment computes
+#pragma unroll
+      for (int k = 0; k < 3; ++k) c[k] = c_next[k];
+      if (i + 2 < n_items) load_item(i + 2, c_next);
       if (lane < blocks) {
         // Block `lane`: scale at byte 34*lane (2-byte aligned), quants at 34*lane + 2: words
         // from the aligned word below, shifted by 16 bits when the quants start mid-word.
@@ -172,10 +189,11 @@ void decode_gemv_q8_0_cuda(GemvArgs a, cudaStream_t s) {
   Q8Layout L{a.cols, a.cols / 32, kMaxTokens};
   while (L.n_tok > 1 && L.bytes() > size_t(kSmemBudget)) --L.n_tok;
   MOE_ASSERT(decode_gemv_q8_0_fits(a.cols), "decode_gemv_q8_0_cuda: cols not a fit");
-  // Rows a CTA: about four CTAs per multiprocessor over the launch, at least a row per warp.
+  // Rows a CTA: about three CTAs per multiprocessor over the launch (as many as its 80 registers a
+  // thread let run at once), at least a row per warp.
   long long rows = 0;
   for (int i = 0; i < a.n_mats; ++i) rows += (long long)a.mat[i].rows * (a.w ? a.n_groups : 1);
-  const long long target = 4LL * sm_count();
+  const long long target = 3LL * sm_count();
   long long rpc = std::max<long long>(kWarps, (rows + target - 1) / target);
   rpc = (rpc + kWarps - 1) / kWarps * kWarps;
   a.first[0] = 0;
