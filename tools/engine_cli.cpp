@@ -92,6 +92,10 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
                "with --gpu: page-lock the model's files (they stay in RAM for the run; an error "
                "when they exceed the memory available, or with --io-direct) so the GPU copies a "
                "missed expert straight from the page cache, with no host copy");
+  app.add_flag("--gpu-cpu-misses", a.gpu_cpu_misses,
+               "with --gpu: compute the decode experts the GPU cache does not hold on the CPU "
+               "(-t threads), where their pages lie, beside the GPU's hits; only their outputs "
+               "cross PCIe and nothing is copied into VRAM for them");
 }
 
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
@@ -108,6 +112,7 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   mo.gpu_preload = a.gpu_preload;
   mo.gpu_no_graphs = a.gpu_no_graphs;
   mo.gpu_pin_page_cache = a.gpu_pin_page_cache;
+  mo.gpu_cpu_misses = a.gpu_cpu_misses;
   if (a.gpu_preload) {
     auto progress = std::make_shared<Progress>("gpu-preload", true);
     mo.on_gpu_preload = [progress](int done, int total) {

@@ -28,6 +28,7 @@ struct EngineCliArgs {
   bool gpu_preload = false;
   bool gpu_no_graphs = false;
   bool gpu_pin_page_cache = false;
+  bool gpu_cpu_misses = false;
 };
 
 // Adds --io, --io-direct, --host-cache-mb, --io-qd, --io-rings, --io-threads, --coalesce-gap-kb,

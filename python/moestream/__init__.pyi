@@ -60,6 +60,7 @@ class Model:
         io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
         gpu_preload: bool = False,  # every expert into the GPU cache at load (needs gpu=True; error if they do not fit)
         gpu_pin_page_cache: bool = False,  # page-lock the model's files so GPU misses copy from the page cache by DMA (needs gpu=True; error if they exceed available memory)
+        gpu_cpu_misses: bool = False,  # decode experts the GPU cache lacks computed on the CPU where their pages lie (needs gpu=True)
     ) -> None: ...
     def generate(
         self,

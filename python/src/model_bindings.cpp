@@ -46,6 +46,7 @@ struct PyModelOptions {
   int moe_lookahead = 0;
   bool gpu_preload = false;
   bool gpu_pin_page_cache = false;
+  bool gpu_cpu_misses = false;
 };
 
 // The store builder's warnings and the read engine's notices. While the model loads (GIL released)
@@ -95,10 +96,12 @@ class PyModel {
     mo.moe_lookahead = o.moe_lookahead;
     mo.gpu_preload = o.gpu_preload;
     mo.gpu_pin_page_cache = o.gpu_pin_page_cache;
+    mo.gpu_cpu_misses = o.gpu_cpu_misses;
     // infer's checks, before the slow load, in Python's spelling of the options.
     check_gpu_options(mo, {.gpu = "gpu=True", .gpu_cache_mb = "gpu_cache_mb",
                            .moe_lookahead = "moe_lookahead", .gpu_preload = "gpu_preload=True",
-                           .gpu_pin_page_cache = "gpu_pin_page_cache=True", .assign = "="});
+                           .gpu_pin_page_cache = "gpu_pin_page_cache=True",
+                           .gpu_cpu_misses = "gpu_cpu_misses=True", .assign = "="});
     StoreConfig sc = o.store;
     sc.verify_checksums = o.verify_checksums;
     auto sink = std::make_shared<NoticeSink>();
@@ -446,7 +449,7 @@ void bind_model(py::module_& m) {
                        uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
                        std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
                        uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile,
-                       bool gpu_preload, bool gpu_pin_page_cache) {
+                       bool gpu_preload, bool gpu_pin_page_cache, bool gpu_cpu_misses) {
              PyModelOptions o;
              o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
                         .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
@@ -465,6 +468,7 @@ void bind_model(py::module_& m) {
              o.moe_lookahead = moe_lookahead;
              o.gpu_preload = gpu_preload;
              o.gpu_pin_page_cache = gpu_pin_page_cache;
+             o.gpu_cpu_misses = gpu_cpu_misses;
              return std::make_unique<PyModel>(path, o);
            }),
            // The store keywords' defaults are the builder's (infer's flags have the same).
@@ -479,7 +483,7 @@ void bind_model(py::module_& m) {
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
            py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0,
            py::arg("io_profile") = py::none(), py::arg("gpu_preload") = false,
-           py::arg("gpu_pin_page_cache") = false)
+           py::arg("gpu_pin_page_cache") = false, py::arg("gpu_cpu_misses") = false)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);

@@ -58,6 +58,8 @@ struct Model::Impl {
       go.pin_page_cache = o.gpu_pin_page_cache;
       go.preload = o.gpu_preload;
       go.on_preload = o.on_gpu_preload;
+      go.cpu_misses = o.gpu_cpu_misses;
+      go.cpu_pool = &pool;
       // Copied from the mapped file to the GPU in their stored types: no float32 copy on the
       // host or the device, so the memory goes to the expert caches.
       std::unique_ptr<GpuForward> g = GpuForward::create(cfg, dense_path, *store, go);
@@ -80,6 +82,10 @@ void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
   if (o.gpu_preload && !o.gpu) throw ConfigError(n.gpu_preload + " needs " + n.gpu);
   if (o.gpu_no_graphs && !o.gpu) throw ConfigError(n.gpu_no_graphs + " needs " + n.gpu);
   if (o.gpu_pin_page_cache && !o.gpu) throw ConfigError(n.gpu_pin_page_cache + " needs " + n.gpu);
+  if (o.gpu_cpu_misses && !o.gpu) throw ConfigError(n.gpu_cpu_misses + " needs " + n.gpu);
+  if (o.gpu_cpu_misses && o.gpu_pin_page_cache)
+    throw ConfigError(n.gpu_cpu_misses + " computes misses where they lie and copies none: " + n.gpu_pin_page_cache +
+                      " (which speeds up their copies) does nothing with it; use one");
   if (o.gpu) {
     const std::string why = gpu_unavailable_reason();
     if (!why.empty()) throw ConfigError(n.gpu + ": " + why);

@@ -36,6 +36,7 @@ struct ModelOptions {
   bool gpu_preload = false;
   bool gpu_no_graphs = false;  // GpuForwardOptions::graphs off (comparisons)
   bool gpu_pin_page_cache = false;  // GpuForwardOptions::pin_page_cache
+  bool gpu_cpu_misses = false;      // GpuForwardOptions::cpu_misses (the model's pool computes them)
   std::function<void(int, int)> on_gpu_preload;
   // CPU look-ahead (issue 19): with a routing override (a replay), predict layer L+1 from the
   // override rather than its router: a perfect predictor, for benchmarks' upper bound.
@@ -57,7 +58,7 @@ struct GpuOptionNames {
   std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
   std::string gpu_sync_layers = "--gpu-sync-layers", gpu_preload = "--gpu-preload",
               gpu_no_graphs = "--gpu-no-graphs",
-              gpu_pin_page_cache = "--gpu-pin-page-cache";
+              gpu_pin_page_cache = "--gpu-pin-page-cache", gpu_cpu_misses = "--gpu-cpu-misses";
   std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
 };
 // Throws ConfigError for GPU options that cannot work: a negative look-ahead, a GPU cache size

@@ -63,7 +63,9 @@ nlohmann::json gpu_json(const GpuForwardStats& g) {
           {"resident_redone", g.resident.redone},
           {"graph_launches", g.resident.graphs.launches},
           {"graph_updates", g.resident.graphs.updates},
-          {"graph_instantiations", g.resident.graphs.instantiations}};
+          {"graph_instantiations", g.resident.graphs.instantiations},
+          {"cpu_miss_experts", g.cpu_misses.experts},
+          {"cpu_miss_layers", g.cpu_misses.layers}};
 }
 
 nlohmann::json phase_json(const PhaseStats& p, bool gpu) {

@@ -190,6 +190,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   info_.pinned_s = cache->pinned_seconds();
   if (opts.preload) preload_experts();
   init_resident();
+  init_cpu_misses();
   warm_up();
 }
 
@@ -350,6 +351,8 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   if (substitute)
     MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
+  if (cpu_experts && decode && !batch_step)  // the row the CPU computes misses on (cpu_misses)
+    MOE_CUDA_CHECK(cudaMemcpyAsync(h_host.as<float>(), h, size_t(D) * sizeof(float), cudaMemcpyDeviceToHost, stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
@@ -463,7 +466,21 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     std::stable_partition(unique_ids.begin(), unique_ids.end(),
                           [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
   int n_ready = 0;
-  if (split) {
+  // Decode with --gpu-cpu-misses: the experts the cache holds now are acquired (no reads) and
+  // computed here; the others on the CPU (cpu_misses), nothing placed or copied for them.
+  const bool on_cpu = cpu_experts != nullptr && T == 1 && !batch_step && split;
+  if (on_cpu) {
+    auto ti = std::chrono::steady_clock::now();
+    std::stable_partition(unique_ids.begin(), unique_ids.end(),
+                          [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
+    n_ready = int(std::count_if(unique_ids.begin(), unique_ids.end(),
+                                [&](int e) { return cache->resident_payload(layer, e) != nullptr; }));
+    ready.resize(size_t(n_ready));
+    cache->begin_acquire(layer, std::span<const int>(unique_ids.data(), size_t(n_ready)), kind,
+                         std::span<const uint8_t*>(ptr_h, size_t(n_ready)), ready, lookahead ? layer + 1 : -1,
+                         lookahead ? std::span<const int>(predicted) : std::span<const int>{});
+    times.expert_io_s += seconds_since(ti);
+  } else if (split) {
     auto ti = std::chrono::steady_clock::now();
     ready.resize(size_t(n_groups));
     cache->begin_acquire(layer, unique_ids, kind, std::span<const uint8_t*>(ptr_h, size_t(n_groups)),
@@ -546,7 +563,15 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
     if (lay.types.bias)
       gpu::expert_bias_add(y, D, row_start_d, g0, g1, r0, r1, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
   };
-  if (split) {
+  if (on_cpu) {
+    auto tc = std::chrono::steady_clock::now();
+    upload_ptrs(0, n_ready);
+    launch(0, n_ready, 1);  // the hits run while the host computes the misses
+    cache->finish_acquire();
+    cache->kernels_enqueued();
+    times.expert_compute_s += seconds_since(tc);
+    cpu_misses(layer, n_ready, n_groups, row_start[n_ready], times);
+  } else if (split) {
     auto tc = std::chrono::steady_clock::now();
     upload_ptrs(0, n_groups);
     const int max_rows = max_rows_of(0, n_groups);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/thread_pool.h"
 #include "loader/store/expert_store.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 #include "loader/format/model_config.h"
@@ -44,6 +45,13 @@ struct GpuForwardOptions {
   // reports progress after each MoE layer when set.
   bool preload = false;
   std::function<void(int, int)> on_preload;
+  // Decode experts the VRAM cache does not hold are computed on the CPU, on cpu_pool's threads,
+  // from their matrices where the store has them (in place in the page cache; else read), while
+  // the GPU computes the hits; only their outputs cross PCIe (`--gpu-cpu-misses`; docs/gpu.md,
+  // "Misses on the CPU"). Nothing is placed in VRAM for them: what the cache holds is what
+  // prefill, --gpu-preload or the look-ahead placed. Needs cpu_pool (not owned; outlives the pass).
+  bool cpu_misses = false;
+  ThreadPool* cpu_pool = nullptr;
 };
 
 // Look-ahead accuracy, decode only: at layer L+1, how many of the demanded experts (distinct
@@ -72,10 +80,16 @@ struct GpuResidentStats {
   GpuGraphStats graphs;
 };
 
+// --gpu-cpu-misses: decode experts computed on the CPU, and the layer steps that had any.
+struct GpuCpuMissStats {
+  uint64_t experts = 0;
+  uint64_t layers = 0;
+};
 struct GpuForwardStats {
   GpuCacheTelemetry cache;
   GpuLookaheadStats lookahead;
   GpuResidentStats resident;
+  GpuCpuMissStats cpu_misses;
 };
 // a - b field by field (counters since a snapshot); used for the decode share of a run.
 GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b);

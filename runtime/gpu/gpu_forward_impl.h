@@ -16,6 +16,7 @@
 #include "runtime/gpu/gpu_graphs.h"
 #include "runtime/gpu/gpu_mla.h"
 #include "runtime/gpu/gpu_weights.h"
+#include "runtime/model/expert_compute.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
 
@@ -114,6 +115,17 @@ struct CudaForward final : GpuForward {
   // no step allocates from the stream-ordered pool (a captured allocation defeats graph updates).
   DeviceBuffer attn_scratch;
   void resident_layer(int l, const ForwardChunk& c, ForwardTimes& times);
+  // --gpu-cpu-misses (gpu_cpu_misses.cpp): decode experts the cache lacks, computed on the CPU.
+  // The token's normalised row comes back with the router's ids (h_host); the outputs go up from
+  // y_host into their rows of y before the combine.
+  std::unique_ptr<ExpertCompute> cpu_experts;  // null: the option is off
+  PinnedBuffer h_host, y_host;                  // [D], [K][D]
+  std::vector<ExpertMatrices> miss_payloads;
+  std::vector<int> miss_ready, miss_tokens;
+  GpuCpuMissStats cpu_miss_stats;
+  void init_cpu_misses();
+  // Groups [g0, g1) of MoE layer `layer`'s plan (unique_ids; one row each, from row y_row0).
+  void cpu_misses(int layer, int g0, int g1, int y_row0, ForwardTimes& times);
   // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
   // (gpu_mla.h); null for every other architecture.
   std::unique_ptr<GpuMla> mla;
@@ -154,12 +166,13 @@ struct CudaForward final : GpuForward {
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
   GpuForwardStats stats() const override {
-    return GpuForwardStats{cache->telemetry(), la_stats, resident_stats};
+    return GpuForwardStats{cache->telemetry(), la_stats, resident_stats, cpu_miss_stats};
   }
   void reset_stats() override {
     cache->reset_telemetry();
     la_stats = {};
     resident_stats = {};
+    cpu_miss_stats = {};
   }
   const GpuForwardInfo& info() const override { return info_; }
   bool apply_cache_aware(int layer, int T, const CacheAwareOptions& o, CacheAwareStats& stats, const float* bias);

@@ -60,6 +60,8 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   d.resident.graphs.launches = a.resident.graphs.launches - b.resident.graphs.launches;
   d.resident.graphs.updates = a.resident.graphs.updates - b.resident.graphs.updates;
   d.resident.graphs.instantiations = a.resident.graphs.instantiations - b.resident.graphs.instantiations;
+  d.cpu_misses.experts = a.cpu_misses.experts - b.cpu_misses.experts;
+  d.cpu_misses.layers = a.cpu_misses.layers - b.cpu_misses.layers;
   return d;
 }
 

@@ -17,24 +17,6 @@ namespace {
 
 // At most this many experts are held by the store at once (one fetch); decode needs top-k <= 8.
 constexpr size_t kMaxExpertsPerFetch = 16;
-// Rows of one expert matrix per task. A prefill's quant_matvec re-rounds its input vector on every
-// call, so a slice must be long enough to amortise that: 128 gate/up rows (x of width D) and 256
-// down rows (input of width F) keep it under ~5%. Decode rounds each input once (token_in_,
-// act_in_) and halves a slice (down to kMinSlice rows) until every thread has kTasksPerThread
-// tasks: with 16 threads, 48 gate/up tasks of 0.5 MiB left threads idle for a whole task
-// whenever one lagged. Shorter tasks each start their stream cold (2 threads, quarter slices:
-// expert compute 7% slower), so 2 threads keep the long ones. A row's result does not depend
-// on its slice.
-constexpr size_t kGateUpSlice = 128;
-constexpr size_t kDownSlice = 256;
-constexpr size_t kMinSlice = 32;
-constexpr size_t kTasksPerThread = 6;
-
-// The rows per task of one product over `rows` rows for n_pairs pairs (see above).
-size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
-  while (slice > kMinSlice && n_pairs * ((rows + slice - 1) / slice) < kTasksPerThread * threads) slice /= 2;
-  return slice;
-}
 
 // Checked where the first member sized by top-k is built, before anything is allocated.
 int check_top_k(const ModelConfig& cfg) {
@@ -96,8 +78,8 @@ void route_token_topk_softmax(const float* logits, int n_experts, int k, int* id
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
       E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
-      swiglu_limit_(static_cast<float>(cfg.swiglu_limit)), swiglu_alpha_(static_cast<float>(cfg.swiglu_alpha)),
-      cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob) {
+      cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob),
+      compute_(cfg, max_batch * cfg.n_experts_per_tok) {
   if (grouped_cache_aware(router_)) cache_aware_.set_grouped(router_);  // DeepSeek-V2's softmax groups too
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
@@ -111,12 +93,8 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   payloads_.reserve(kMaxExpertsPerFetch);
   slots_of_expert_.resize(size_t(E_));
   for (auto& s : slots_of_expert_) s.reserve(size_t(max_batch_));
-  act_.resize(Eigen::Index(max_pairs), F_);
-  up_.resize(Eigen::Index(max_pairs), F_);
+  token_of_pair_.reserve(max_pairs);
   y_.resize(Eigen::Index(max_pairs), D_);
-  token_in_.reserve(size_t(std::max(D_, F_)));
-  act_in_.resize(size_t(K_));
-  for (auto& in : act_in_) in.reserve(size_t(std::max(D_, F_)));
   tiers_.resize(size_t(E_));
   resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
@@ -246,11 +224,9 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
 
   const ExpertLayout& lay = layouts_[size_t(layer)];
 
-  // Decode: the token rounded once for every gate and up product of the layer (up too when its
-  // type rounds alike, as in every pack and GGUF seen so far).
+  // Decode: the token rounded once for every gate and up product of the layer.
   const bool decode = T == 1;
-  if (decode) token_in_.round(lay.types.gate, x, size_t(D_));
-  const bool up_rounded = decode && token_in_.serves(lay.types.up, size_t(D_));
+  if (decode) compute_.set_token(lay, x);
   for (size_t c0 = 0; c0 < unique_ids_.size(); c0 += kMaxExpertsPerFetch) {
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
@@ -298,53 +274,15 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
       auto t2 = std::chrono::steady_clock::now();
       expert_of_pair_.clear();
       slot_of_pair_.clear();
+      token_of_pair_.clear();
       for (int r : ready_)
         for (int slot : slots_of_expert_[size_t(unique_ids_[c0 + size_t(r)])]) {
           expert_of_pair_.push_back(r);
           slot_of_pair_.push_back(slot);
+          token_of_pair_.push_back(slot / K_);
         }
-      const size_t n_pairs = slot_of_pair_.size();
-      const size_t threads = size_t(pool.size());
-      const size_t gate_slice = decode ? decode_slice(kGateUpSlice, size_t(F_), n_pairs, threads) : kGateUpSlice;
-      const size_t down_slice = decode ? decode_slice(kDownSlice, size_t(D_), n_pairs, threads) : kDownSlice;
-      const size_t gate_tasks = (size_t(F_) + gate_slice - 1) / gate_slice;
-      const size_t down_tasks = (size_t(D_) + down_slice - 1) / down_slice;
-      // gate and up rows, then silu(gate) * up, for one row slice of one (expert, token) pair.
-      pool.parallel_for(n_pairs * gate_tasks, [&](size_t task) {
-        const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * gate_slice;
-        const size_t r1 = std::min(size_t(F_), r0 + gate_slice);
-        const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
-        const float* xt = x + size_t(slot_of_pair_[p] / K_) * D_;
-        float* g = act_.row(Eigen::Index(p)).data();
-        float* u = up_.row(Eigen::Index(p)).data();
-        if (decode) quant_matvec(lay.types.gate, e.gate, size_t(D_), token_in_, g, r0, r1);
-        else quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
-        if (up_rounded) quant_matvec(lay.types.up, e.up, size_t(D_), token_in_, u, r0, r1);
-        else quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
-        if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
-          for (size_t r = r0; r < r1; ++r) {
-            g[r] += e.bias[r];
-            u[r] += e.bias[size_t(F_) + r];
-          }
-        if (swiglu_limit_ > 0)
-          clamped_swiglu(g + r0, u + r0, r1 - r0, swiglu_limit_, swiglu_alpha_);
-        else
-          for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
-      });
-      MOE_ASSERT(!decode || n_pairs <= act_in_.size(), "a decode step with more pairs than top-k");
-      if (decode)  // each pair's activation rounded once for its down product
-        for (size_t p = 0; p < n_pairs; ++p)
-          act_in_[p].round(lay.types.down, act_.row(Eigen::Index(p)).data(), size_t(F_));
-      pool.parallel_for(n_pairs * down_tasks, [&](size_t task) {
-        const size_t p = task / down_tasks, r0 = (task % down_tasks) * down_slice;
-        const size_t r1 = std::min(size_t(D_), r0 + down_slice);
-        const ExpertMatrices& e = payloads_[size_t(expert_of_pair_[p])];
-        float* y = y_.row(slot_of_pair_[p]).data();
-        if (decode) quant_matvec(lay.types.down, e.down, size_t(F_), act_in_[p], y, r0, r1);
-        else quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), y, r0, r1);
-        if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
-          for (size_t r = r0; r < r1; ++r) y[r] += e.bias[2 * size_t(F_) + r];
-      });
+      const ExpertPairs pairs{payloads_, expert_of_pair_, token_of_pair_, slot_of_pair_};
+      compute_.run(pool, lay, pairs, x, decode, y_.data());
       times.expert_compute_s += seconds_since(t2);
     }
   }

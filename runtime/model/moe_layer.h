@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/matvec_input.h"
+#include "runtime/model/expert_compute.h"
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/dense_ops.h"
 #include "loader/store/expert_store.h"
@@ -81,24 +82,17 @@ class MoeLayer {
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
   RouterParams router_;  // softmax or grouped sigmoid, scaling
-  float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
   std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
   std::vector<float> probs_;  // router scratch: RouterParams::scratch_floats()
   std::vector<int> ids_;      // [max_batch*K]
   std::vector<float> weights_;
   // Per fetch chunk: unique experts, their payloads, and (expert, token-slot) pairs.
-  std::vector<int> unique_ids_, expert_of_pair_, slot_of_pair_;
+  std::vector<int> unique_ids_, expert_of_pair_, slot_of_pair_, token_of_pair_;
   std::vector<ExpertMatrices> payloads_;  // by position in the fetch chunk (in place or copied)
   std::vector<int> ready_;                 // chunk positions that landed together
   std::vector<std::vector<int>> slots_of_expert_;  // indexed by expert id
-  RowMatrix act_;  // [max_batch*K, F]: silu(gate) * up per pair
-  RowMatrix up_;   // [max_batch*K, F]
-  RowMatrix y_;    // [max_batch*K, D]: expert output per token slot
-  // Decode (one token): its input rounded once for the gate and up matrices of every selected
-  // expert, and each pair's act_ row once for its down matrix, instead of once per call.
-  MatvecInput token_in_;
-  std::vector<MatvecInput> act_in_;  // [K]
+  RowMatrix y_;            // [max_batch*K, D]: expert output per token slot
   // The shared expert: down(silu(gate x) * up x) into shared_y_, times sigmoid(shared_expert_gate . x)
   // when gated.
   void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T, std::span<const int> splits);
@@ -109,6 +103,7 @@ class MoeLayer {
   // Cache-aware routing: the step, and the residency snapshot of this chunk.
   void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
   CacheAwareRouter cache_aware_;
+  ExpertCompute compute_;  // the pairs' products (decode: inputs rounded once)
   std::vector<ExpertTier> tiers_;       // [E]
   std::vector<uint8_t> resident_now_;   // [E]: not on storage at the chunk's start
   // Look-ahead: the next layer's router logits and its best ids (MoeRouting::lookahead).

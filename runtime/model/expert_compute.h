@@ -1,0 +1,54 @@
+// Routed experts' products on the CPU for a set of (expert, token) pairs, computed from the
+// expert matrices where they lie (page cache, host cache or a read buffer): gate and up, SwiGLU
+// (gpt-oss: the experts' biases and the clamped form), down; row slices of fixed length spread
+// over the pool, so a row's result does not depend on the thread count. MoeLayer computes every
+// selected expert of the CPU pass with it; the GPU pass the experts its VRAM cache misses when it
+// computes them on the host (docs/gpu.md, "Misses on the CPU").
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kernels/cpu/matvec_input.h"
+#include "loader/format/model_config.h"
+#include "loader/store/expert_store.h"
+#include "runtime/model/dense_ops.h"
+
+namespace moestream {
+
+// Pair p multiplies expert payloads[expert_of_pair[p]] with row token_of_pair[p] of x and writes
+// row y_row_of_pair[p] of y.
+struct ExpertPairs {
+  std::span<const ExpertMatrices> payloads;
+  std::span<const int> expert_of_pair;
+  std::span<const int> token_of_pair;
+  std::span<const int> y_row_of_pair;
+};
+
+class ExpertCompute {
+ public:
+  // Scratch for up to max_pairs pairs at a time (decode: top-k).
+  ExpertCompute(const ModelConfig& cfg, int max_pairs);
+
+  // Decode (one token row x of D floats): rounds it once for the gate and up products of every
+  // expert of `lay` that run() computes until the next call, instead of once per product.
+  void set_token(const ExpertLayout& lay, const float* x);
+
+  // y rows [y_row_of_pair[p]] ([*, D]) = down(swiglu(gate x, up x)) of each pair. decode: x is
+  // set_token's row (every token_of_pair 0) and each activation is rounded once for its down
+  // product; otherwise each product rounds its input itself. Same bits either way.
+  void run(ThreadPool& pool, const ExpertLayout& lay, const ExpertPairs& pairs, const float* x, bool decode,
+           float* y);
+
+ private:
+  int D_, F_, max_pairs_;
+  float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
+  RowMatrix act_;  // [max_pairs, F]: silu(gate) * up per pair
+  RowMatrix up_;   // [max_pairs, F]
+  MatvecInput token_in_;
+  bool up_rounded_ = false;          // token_in_ serves the up products too
+  std::vector<MatvecInput> act_in_;  // [max_pairs]: each pair's act_ row rounded for its down
+};
+
+}  // namespace moestream
