@@ -271,6 +271,31 @@ TEST_F(InPlace, ACorruptPageComputedBeforeItsHashIsCaughtByVerifyPending) {
   EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
 }
 
+TEST_F(InPlace, AFirstUseWhoseFileChangedBeforeItsCheckIsNotMarked) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  age(f);
+  warm(f);
+  Queue q;
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[1] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  s->set_deferred_checks(q.post());
+  (void)fetch_matrices(*s, c, 0, {1});  // queued with the file as it was
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot5 = read_expert_map(expert_map_path(d.path(), 0)).physical(5);
+  test::overwrite_bytes(f, h.slot_offset(slot5) + 9, "\x77");  // another expert's bytes
+  warm(f);
+  (void)fetch_matrices(*s, c, 0, {2});  // a fetch of the same file sees the change
+  ASSERT_EQ(q.tasks.size(), 2u);
+  s->verify_pending();  // both match: expert 1's bytes were not touched
+  EXPECT_EQ(s->stats().verified_in_place, 2u);
+  // Expert 1 was hashed before the change was seen: hashed again; expert 2 after: trusted.
+  (void)fetch_matrices(*s, c, 0, {1, 2});
+  EXPECT_EQ(q.tasks.size(), 3u);
+  s->verify_pending();
+}
+
 TEST_F(InPlace, VerifiedExpertsWhosePagesLeftAreReadAndHashedAgain) {
   const fs::path f = expert_file_path(d.path(), 1);
   warm(f);

@@ -41,7 +41,8 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
     for (size_t i = 0; i < n; ++i) {
       Item& it = f.items[f.first_use[i]];
       if (!pending.holds(layer, it.slot))
-        pending.add(layer, it.slot, ms[i].gate - L.layout.gate_offset, L.layout.bytes, post);
+        pending.add(layer, it.slot, ms[i].gate - L.layout.gate_offset, L.layout.bytes, verified.epoch(L.verified),
+                    post);
       hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
     }
     return;
@@ -75,7 +76,9 @@ void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, Ve
       if (bad == nullptr) bad = e.get();
       continue;
     }
-    verified.mark(L.verified, e->slot);
+    // Its file changed since the hash was queued: those bytes passed, but the pages may not be
+    // the same now, so the expert is not marked (its next use is hashed again).
+    if (verified.refresh(L.verified) && verified.epoch(L.verified) == e->epoch) verified.mark(L.verified, e->slot);
     ++stats.verified_in_place;
   }
   if (bad != nullptr) throw expert_checksum_error(layers[size_t(bad->layer)], bad->slot, bad->bytes, bad->got);

@@ -31,12 +31,14 @@ void PendingChecks::wait_done(Entry& e) {
     e.state.wait(s, std::memory_order_acquire);
 }
 
-void PendingChecks::add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, const Post& post) {
+void PendingChecks::add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, uint64_t epoch,
+                        const Post& post) {
   auto e = std::make_shared<Entry>();
   e->layer = layer;
   e->slot = slot;
   e->data = data;
   e->bytes = bytes;
+  e->epoch = epoch;
   entries_.push_back(e);
   post([e] { run(*e); });
 }

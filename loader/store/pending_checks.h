@@ -24,6 +24,7 @@ class PendingChecks {
     uint32_t slot = 0;
     const uint8_t* data = nullptr;  // the payload in the mapping
     uint64_t bytes = 0;
+    uint64_t epoch = 0;   // VerifiedPages::epoch of its file when queued
     uint64_t got = 0;     // its XXH64, once done
     double seconds = 0;   // the hash's time
     std::atomic<int> state{kQueued};
@@ -34,8 +35,9 @@ class PendingChecks {
   PendingChecks(const PendingChecks&) = delete;
   PendingChecks& operator=(const PendingChecks&) = delete;
 
-  // Queues the hash of `bytes` at `data` (expert `slot` of `layer`) through `post` (never null).
-  void add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, const Post& post);
+  // Queues the hash of `bytes` at `data` (expert `slot` of `layer`, its file at `epoch`) through
+  // `post` (never null).
+  void add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, uint64_t epoch, const Post& post);
   bool empty() const { return entries_.empty(); }
   bool holds(int layer, uint32_t slot) const;
   // Waits for every queued hash (running here those no thread has started) and returns the
