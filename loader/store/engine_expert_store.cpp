@@ -99,7 +99,7 @@ class EngineExpertStore final : public ExpertStore {
   std::vector<MappedRegion> mapped_regions() const override { return engine_store::regions_of(maps_); }
   void set_parallel_for(ParallelFor pf) override { parallel_for_ = std::move(pf); }
   void set_deferred_checks(Post post) override { post_ = std::move(post); }
-  void verify_pending() override { engine_store::settle_pending(pending_, layers_, verified_, stats_); }
+  void verify_pending() override { engine_store::settle_pending(pending_, layers_, verified_, stats_, mu_); }
 
   std::unique_ptr<ExpertStore> reopen() const override {
     EngineExpertStoreOptions o = opts_;

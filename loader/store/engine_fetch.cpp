@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -66,12 +67,17 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
 }
 
 void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
-                    ExpertStoreStats& stats) {
+                    ExpertStoreStats& stats, std::mutex& stats_mu) {
   const auto settled = pending.settle();
+  double seconds = 0;
+  for (const auto& e : settled) seconds += e->seconds;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    stats.checksum_seconds += seconds;
+  }
   const PendingChecks::Entry* bad = nullptr;
   for (const auto& e : settled) {
     const Layer& L = layers[size_t(e->layer)];
-    stats.checksum_seconds += e->seconds;
     if (e->got != L.header.slot_checksums[e->slot]) {
       if (bad == nullptr) bad = e.get();
       continue;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -129,9 +130,10 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
 
 // Waits for the deferred hashes in `pending`, marks those that match in `verified` (counted in
 // verified_in_place; their time in checksum_seconds) and throws the checksum FormatError of the
-// first that does not (ExpertStore::verify_pending).
+// first that does not (ExpertStore::verify_pending). checksum_seconds is written under stats_mu
+// (the I/O threads add theirs).
 void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
-                    ExpertStoreStats& stats);
+                    ExpertStoreStats& stats, std::mutex& stats_mu);
 
 // Every position of `ids` that names item k becomes ready.
 void push_ready(Fetch& f, size_t k);
