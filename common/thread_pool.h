@@ -47,10 +47,10 @@ class ThreadPool {
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
-  // Queues `task` to run once on a worker that finds every task of the current parallel_for
-  // claimed (so it never delays a section's tasks: it takes the place of a thread that would
-  // wait at the section's end), or in run_posted. Any thread may post; the caller's thread
-  // does not run posted tasks outside run_posted.
+  // Queues `task` to run once on a worker with nothing of a parallel_for left to claim (between
+  // sections, or at a section's end, where it would otherwise wait: it never delays a claimed
+  // task), or in run_posted. The caller's thread runs posted tasks only in run_posted. A task
+  // must not call parallel_for on this pool. Allocates (the queue and the task).
   void post(std::function<void()> task);
   // Runs every task posted so far that no worker has started, over the whole pool, and returns
   // once every posted task has finished (those running on workers included). The first

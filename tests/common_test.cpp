@@ -173,7 +173,8 @@ TEST(ThreadPool, PostedTasksRunOnceEachAndRunPostedWaitsForAll) {
     std::atomic<int> section{0};
     for (int rep = 0; rep < 50; ++rep) pool.parallel_for(8, [&](size_t) { section.fetch_add(1); });
     pool.run_posted();
-    for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "posted task " << i << ", " << n << " threads";
+    for (size_t i = 0; i < hits.size(); ++i)
+      ASSERT_EQ(hits[i].load(), 1) << "posted task " << i << ", " << n << " threads";
     EXPECT_EQ(section.load(), 400);
     pool.run_posted();  // nothing left: returns at once
   }

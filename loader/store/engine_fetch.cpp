@@ -84,7 +84,8 @@ void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, Ve
     }
     // Its file changed since the hash was queued: those bytes passed, but the pages may not be
     // the same now, so the expert is not marked (its next use is hashed again).
-    if (verified.refresh(L.verified) && verified.epoch(L.verified) == e->epoch) verified.mark(L.verified, e->slot);
+    if (verified.refresh(L.verified) && verified.epoch(L.verified) == e->epoch)
+      verified.mark(L.verified, e->slot);
     ++stats.verified_in_place;
   }
   if (bad != nullptr) throw expert_checksum_error(layers[size_t(bad->layer)], bad->slot, bad->bytes, bad->got);

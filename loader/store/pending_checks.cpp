@@ -27,7 +27,8 @@ void PendingChecks::run(Entry& e) {
 }
 
 void PendingChecks::wait_done(Entry& e) {
-  for (int s = e.state.load(std::memory_order_acquire); s != kDone; s = e.state.load(std::memory_order_acquire))
+  for (int s = e.state.load(std::memory_order_acquire); s != kDone;
+       s = e.state.load(std::memory_order_acquire))
     e.state.wait(s, std::memory_order_acquire);
 }
 
