@@ -64,16 +64,19 @@ for f in sorted(glob.glob(os.path.join(o, "runs", "*_r*.json"))):
     d = json.load(open(f))
     runs.setdefault((build, t, mode), []).append(d)
     toks.add(open(f[:-5] + ".out").read().split()[-1])
-print("| build | threads | verified tok/s (runs) | --no-verify tok/s (runs) | verified / --no-verify | first uses verified in place | read |")
-print("|---|---|---|---|---|---|---|")
+print("| build | threads | decode verified tok/s (runs) | decode --no-verify tok/s (runs) | verified / --no-verify "
+      "| prefill verified / --no-verify | first uses verified in place | read |")
+print("|---|---|---|---|---|---|---|---|")
 for (build, t, mode) in sorted(runs):
     if mode != "verify":
         continue
     v = [d["decode"]["tokens_per_s"] for d in runs[(build, t, "verify")]]
     n = [d["decode"]["tokens_per_s"] for d in runs.get((build, t, "noverify"), [])]
+    pv = [d["prefill"]["tokens_per_s"] for d in runs[(build, t, "verify")]]
+    pn = [d["prefill"]["tokens_per_s"] for d in runs.get((build, t, "noverify"), [])]
     e = runs[(build, t, "verify")][-1]["experts"]
     fmt = lambda xs: f"{st.median(xs):.1f} ({'/'.join(f'{x:.1f}' for x in xs)})"
     print(f"| {build} | {t[1:]} | {fmt(v)} | {fmt(n)} | {st.median(v) / st.median(n):.3f} | "
-          f"{e['verified_in_place']} | {e['experts_read']} |")
+          f"{st.median(pv) / st.median(pn):.3f} | {e['verified_in_place']} | {e['experts_read']} |")
 print(f"\ndistinct token sequences over all runs: {len(toks)} (must be 1)")
 PY
