@@ -582,6 +582,7 @@ for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gp
               "same_tokens"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the GPU device machine (docs/gpu.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
+skipped("scripts/device_verify_overlap.sh", DEVICE, "runs on the device machine (16 cores; docs/results.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,
