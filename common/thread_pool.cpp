@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <string>
+#include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -91,14 +92,63 @@ void ThreadPool::work_on(uint64_t g) {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+    // A new section first; a posted task only when every task of the last one is claimed. A
+    // sleeping worker is not woken for posted tasks: the next section or run_posted finds them.
+    const auto news = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until([&] { return news() || posted_queued_.load(std::memory_order_acquire) > 0; })) {
       generation_.wait(seen, std::memory_order_acquire);
+      continue;
+    }
+    if (!news()) {
+      run_one_posted();
       continue;
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
     work_on(seen);
   }
+}
+
+void ThreadPool::post(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(posted_mu_);
+  posted_.push_back(std::move(task));
+  posted_open_.fetch_add(1, std::memory_order_acq_rel);
+  posted_queued_.fetch_add(1, std::memory_order_release);
+}
+
+bool ThreadPool::run_one_posted() {
+  std::function<void()> task;
+  {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    if (posted_.empty()) return false;
+    task = std::move(posted_.front());
+    posted_.pop_front();
+    posted_queued_.fetch_sub(1, std::memory_order_release);
+  }
+  try {
+    task();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    if (!posted_error_) posted_error_ = std::current_exception();
+  }
+  if (posted_open_.fetch_sub(1, std::memory_order_acq_rel) == 1) posted_open_.notify_all();
+  return true;
+}
+
+void ThreadPool::run_posted() {
+  // One pool task per queued task: each takes whichever is next (workers may take some first).
+  parallel_for(posted_queued_.load(std::memory_order_acquire), [this](size_t) { run_one_posted(); });
+  // Then those that workers started before: wait for them.
+  if (!spin_until([&] { return posted_open_.load(std::memory_order_acquire) == 0; }))
+    for (size_t n = posted_open_.load(std::memory_order_acquire); n != 0;
+         n = posted_open_.load(std::memory_order_acquire))
+      posted_open_.wait(n, std::memory_order_acquire);
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(posted_mu_);
+    e = std::exchange(posted_error_, nullptr);
+  }
+  if (e) std::rethrow_exception(e);
 }
 
 void ThreadPool::run(size_t n_tasks, TaskFn fn, void* ctx) {

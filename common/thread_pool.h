@@ -1,11 +1,15 @@
 // A fixed pool of worker threads for the forward pass: parallel_for over task indices, with the
 // calling thread taking part. Built for many short parallel sections per token (no allocation).
+// Posted tasks (post / run_posted) fill the gaps between sections: long work that must be done
+// before some later point (the expert store's first-use hashes) without a barrier of its own.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -43,6 +47,16 @@ class ThreadPool {
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
+  // Queues `task` to run once on a worker with nothing of a parallel_for left to claim (between
+  // sections, or at a section's end, where it would otherwise wait: it never delays a claimed
+  // task), or in run_posted. The caller's thread runs posted tasks only in run_posted. A task
+  // must not call parallel_for on this pool. Allocates (the queue and the task).
+  void post(std::function<void()> task);
+  // Runs every task posted so far that no worker has started, over the whole pool, and returns
+  // once every posted task has finished (those running on workers included). The first
+  // exception a posted task threw since the last call is rethrown here. Not from inside a task.
+  void run_posted();
+
  private:
   using TaskFn = void (*)(void*, size_t);
   // Two job slots: a worker that wakes late may still read slot g%2 of its generation g while
@@ -67,6 +81,14 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex error_mu_;
   std::exception_ptr error_;
+  // Posted tasks: queued under posted_mu_; posted_queued_ mirrors the queue's size so that a
+  // worker looks without the lock; posted_open_ counts those queued or running.
+  bool run_one_posted();  // takes and runs one queued task; false when none was queued
+  std::mutex posted_mu_;
+  std::deque<std::function<void()>> posted_;
+  std::atomic<size_t> posted_queued_{0};
+  std::atomic<size_t> posted_open_{0};
+  std::exception_ptr posted_error_;
 };
 
 }  // namespace moestream

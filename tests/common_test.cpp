@@ -1,13 +1,18 @@
-// Tests of common/: checked conversions, whole-file reads, atomic writes and the RAII temp dir.
+// Tests of common/: checked conversions, whole-file reads, atomic writes, the RAII temp dir and the
+// thread pool (sections and posted tasks).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <new>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "common/checked.h"
 #include "common/error.h"
@@ -153,4 +158,62 @@ TEST(ThreadPool, OnEachThreadRunsOnceOnEveryThreadCallerIncluded) {
       EXPECT_EQ(ran.count(std::this_thread::get_id()), 1u);
     }
   }
+}
+
+TEST(ThreadPool, PostedTasksRunOnceEachAndRunPostedWaitsForAll) {
+  for (int n : {1, 2, 5}) {
+    ThreadPool pool(n);
+    std::vector<std::atomic<int>> hits(40);
+    for (size_t i = 0; i < hits.size(); ++i)
+      pool.post([&hits, i] {
+        volatile long x = 0;  // long enough that some are still running when run_posted starts
+        for (int k = 0; k < 200000; ++k) x = x + k;
+        hits[i].fetch_add(1);
+      });
+    std::atomic<int> section{0};
+    for (int rep = 0; rep < 50; ++rep) pool.parallel_for(8, [&](size_t) { section.fetch_add(1); });
+    pool.run_posted();
+    for (size_t i = 0; i < hits.size(); ++i)
+      ASSERT_EQ(hits[i].load(), 1) << "posted task " << i << ", " << n << " threads";
+    EXPECT_EQ(section.load(), 400);
+    pool.run_posted();  // nothing left: returns at once
+  }
+}
+
+TEST(ThreadPool, APostedTaskFillsAThreadThatASectionLeavesIdle) {
+  // Three threads, a section of two tasks that each wait for the posted task to start: only the
+  // thread that found both tasks claimed can start it (a worker, never the caller).
+  ThreadPool pool(3);
+  std::atomic<bool> started{false};
+  std::atomic<std::thread::id> ran_on{};
+  pool.post([&] {
+    ran_on.store(std::this_thread::get_id());
+    started.store(true);
+  });
+  std::atomic<int> timed_out{0};
+  pool.parallel_for(2, [&](size_t) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!started.load())
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out.fetch_add(1);
+        return;
+      }
+  });
+  EXPECT_EQ(timed_out.load(), 0) << "the posted task did not start during the section";
+  pool.run_posted();
+  EXPECT_TRUE(started.load());
+  EXPECT_NE(ran_on.load(), std::this_thread::get_id());
+}
+
+TEST(ThreadPool, RunPostedRethrowsAPostedTasksException) {
+  ThreadPool pool(2);
+  std::atomic<int> ran{0};
+  pool.post([&] { ran.fetch_add(1); });
+  pool.post([] { throw std::runtime_error("posted task failed"); });
+  pool.post([&] { ran.fetch_add(1); });
+  EXPECT_THROW(pool.run_posted(), std::runtime_error);
+  EXPECT_EQ(ran.load(), 2);
+  pool.post([&] { ran.fetch_add(1); });
+  pool.run_posted();  // the error was reported once
+  EXPECT_EQ(ran.load(), 3);
 }

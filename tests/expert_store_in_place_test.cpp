@@ -3,7 +3,9 @@
 // handed out as the file's mapped pages, neither read nor copied; checksummed packs are still read
 // and verified once, then used in place while their pages stay and their file is unchanged (a
 // corrupt page is caught, a changed file or evicted pages are hashed again); O_DIRECT files are
-// not mapped; the bytes handed out are always the expert's, for packs and GGUF files.
+// not mapped; the bytes handed out are always the expert's, for packs and GGUF files. With deferred
+// checks (the CPU pass) first uses are handed out before their hash and verify_pending catches a
+// corrupt one.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
@@ -196,6 +198,102 @@ TEST_F(InPlace, AFileChangedAfterVerificationIsHashedAgainAndTheCorruptionCaught
   std::vector<const uint8_t*> out;
   EXPECT_NE(test::error_message([&] { s2->fetch(0, std::vector<int>{3}, out); }).find("checksum mismatch"),
             std::string::npos);
+}
+
+// Deferred checks (ExpertStore::set_deferred_checks, the CPU pass): first uses are handed out in
+// place before their hash ran; the hashes queue on the lent post and verify_pending settles them.
+struct Queue {
+  std::vector<std::function<void()>> tasks;
+  ExpertStore::Post post() {
+    return [this](std::function<void()> t) { tasks.push_back(std::move(t)); };
+  }
+};
+
+TEST_F(InPlace, FirstUsesHandedOutBeforeTheirHashAreVerifiedByVerifyPending) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  warm(f);
+  Queue q;
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  s->set_deferred_checks(q.post());
+  const std::vector<int> ids{0, 3};
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // at once, in place, not yet hashed
+  EXPECT_EQ(s->stats().experts_in_place, 2u);
+  EXPECT_EQ(s->stats().experts_read, 0u);
+  EXPECT_EQ(s->stats().verified_in_place, 0u);
+  ASSERT_EQ(q.tasks.size(), 2u);
+  q.tasks[1]();        // one hashed by a lent thread ...
+  s->verify_pending();  // ... the other here
+  EXPECT_EQ(s->stats().verified_in_place, 2u);
+  q.tasks[0]();  // taken already: does nothing
+  s->verify_pending();
+  EXPECT_EQ(s->stats().verified_in_place, 2u);
+  expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // verified: in place, no new hash
+  EXPECT_EQ(q.tasks.size(), 2u);
+  EXPECT_EQ(s->stats().experts_in_place, 4u);
+  // A store gone with a hash still queued: the task finds it cancelled (the mapping is gone).
+  const std::vector<int> other{5};
+  expect_payloads(fetch_matrices(*s, c, 0, other), 0, other);
+  ASSERT_EQ(q.tasks.size(), 3u);
+  s.reset();
+  q.tasks[2]();
+}
+
+TEST_F(InPlace, ACorruptPageComputedBeforeItsHashIsCaughtByVerifyPending) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
+  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
+  warm(f);  // the corrupt byte is in the page cache
+  Queue q;
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  s->set_deferred_checks(q.post());
+  const std::vector<int> ids{1, 3};
+  (void)fetch_matrices(*s, c, 0, ids);  // handed out: the caller must not return what it computes
+  for (auto& t : q.tasks) t();
+  std::string msg = test::error_message<FormatError>([&] { s->verify_pending(); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(f.string()), std::string::npos) << msg;
+  EXPECT_EQ(s->stats().verified_in_place, 1u);  // expert 1 passed
+  // Never marked: its next use is hashed (and caught) again, the good one is not.
+  (void)fetch_matrices(*s, c, 0, ids);
+  EXPECT_EQ(q.tasks.size(), 3u);
+  msg = test::error_message<FormatError>([&] { s->verify_pending(); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  // Without deferred checks the same store catches it before handing it out.
+  s->set_deferred_checks({});
+  msg = test::error_message([&] { fetch_matrices(*s, c, 0, ids); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+}
+
+TEST_F(InPlace, AFirstUseWhoseFileChangedBeforeItsCheckIsNotMarked) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  age(f);
+  warm(f);
+  Queue q;
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[1] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  s->set_deferred_checks(q.post());
+  (void)fetch_matrices(*s, c, 0, {1});  // queued with the file as it was
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot5 = read_expert_map(expert_map_path(d.path(), 0)).physical(5);
+  test::overwrite_bytes(f, h.slot_offset(slot5) + 9, "\x77");  // another expert's bytes
+  warm(f);
+  (void)fetch_matrices(*s, c, 0, {2});  // a fetch of the same file sees the change
+  ASSERT_EQ(q.tasks.size(), 2u);
+  s->verify_pending();  // both match: expert 1's bytes were not touched
+  EXPECT_EQ(s->stats().verified_in_place, 2u);
+  // Expert 1 was hashed before the change was seen: hashed again; expert 2 after: trusted.
+  (void)fetch_matrices(*s, c, 0, {1, 2});
+  EXPECT_EQ(q.tasks.size(), 3u);
+  s->verify_pending();
 }
 
 TEST_F(InPlace, VerifiedExpertsWhosePagesLeftAreReadAndHashedAgain) {

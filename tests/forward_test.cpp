@@ -404,6 +404,37 @@ TEST(Forward, CorruptExpertPayloadIsAChecksumErrorNamingTheFile) {
   EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
 }
 
+// Issue 19: resident first uses are computed while their hashes run on the pool's idle threads
+// (ExpertStore::set_deferred_checks); a step returns only once they all passed.
+TEST(Forward, FirstUsesHashedBesideTheirComputeGiveTheUncheckedLogitsOrAChecksumError) {
+  TempDir d("fwd");
+  ModelConfig cfg = tiny_config(QkNorm::kPerHead, QuantType::kQ8);
+  write_synthetic_model(d.path(), cfg, 21);
+  for (int l = 0; l < cfg.n_layers; ++l) (void)read_file(expert_file_path(d.path(), l));  // resident
+  const std::vector<int> toks = test_tokens(7, cfg.vocab_size);
+  ModelOptions checked, unchecked;
+  checked.n_threads = unchecked.n_threads = 3;
+  unchecked.verify_checksums = false;
+  auto m = Model::load(d.path(), checked);
+  const std::vector<float> got = all_logits(*m, toks);
+  if (m->expert_stats().experts_in_place == 0) GTEST_SKIP() << "the expert files are not reported resident";
+  EXPECT_GT(m->expert_stats().verified_in_place, 0u);  // hashed where they lie, none read
+  EXPECT_EQ(m->expert_stats().experts_read, 0u);
+  EXPECT_EQ(got, all_logits(*Model::load(d.path(), unchecked), toks));  // bitwise
+
+  const fs::path f = expert_file_path(d.path(), 1);
+  ExpertFileHeader h = read_expert_header(f);
+  for (uint32_t s = 0; s < h.n_experts; ++s)  // every slot: whichever the router picks
+    test::overwrite_bytes(f, h.slot_offset(s) + 100, "\x5a");
+  (void)read_file(f);  // the corrupt bytes are in the page cache
+  auto bad = Model::load(d.path(), checked);
+  std::vector<float> logits(size_t(cfg.vocab_size), -1.0f);
+  const std::string msg = test::error_message<FormatError>([&] { bad->forward(toks, logits); });
+  EXPECT_NE(msg.find(f.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum mismatch"), std::string::npos) << msg;
+  EXPECT_EQ(bad->n_past(), 0);  // the step did not complete
+}
+
 TEST(Forward, TruncatedExpertFileFailsAtLoadNamingTheFile) {
   TempDir d("fwd");
   ModelConfig cfg = tiny_config(QkNorm::kPerHead, QuantType::kQ4);

@@ -98,6 +98,8 @@ class EngineExpertStore final : public ExpertStore {
 
   std::vector<MappedRegion> mapped_regions() const override { return engine_store::regions_of(maps_); }
   void set_parallel_for(ParallelFor pf) override { parallel_for_ = std::move(pf); }
+  void set_deferred_checks(Post post) override { post_ = std::move(post); }
+  void verify_pending() override { engine_store::settle_pending(pending_, layers_, verified_, stats_, mu_); }
 
   std::unique_ptr<ExpertStore> reopen() const override {
     EngineExpertStoreOptions o = opts_;
@@ -406,7 +408,8 @@ class EngineExpertStore final : public ExpertStore {
         engine_store::hand_out_in_place(it, engine_store::mapped_matrices(L, layer, it.slot, maps_),
                                         resident && opts_.count_page_cache_hits, stats_);
       }
-      engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, opts_.count_page_cache_hits, stats_);
+      engine_store::verify_in_place(f, L, layer, maps_, verified_, parallel_for_, pending_, post_,
+                                    opts_.count_page_cache_hits, stats_);
     }
     size_t n_scratch = 0;
     for (size_t k = 0; k < f.items.size(); ++k) {
@@ -662,6 +665,8 @@ class EngineExpertStore final : public ExpertStore {
   std::vector<bool> cache_verified_;  // per cache slot: data passed its read and checksum
   VerifiedPages verified_;            // page-cache copies of experts that passed (caller's thread)
   ParallelFor parallel_for_;          // the caller's threads, for hashing in place (may be unset)
+  Post post_;                         // set: first uses are hashed beside their compute (pending_)
+  PendingChecks pending_;             // after maps_: gone (its hashes waited for) before the mapping
 
   // The current fetch, the look-ahead it awaits, a read-ahead, the next look-ahead, and room
   // for look-aheads retired while still landing.

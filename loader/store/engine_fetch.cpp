@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -31,12 +32,22 @@ void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, Expert
 }
 
 void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, bool count_page_cache_hits,
-                     ExpertStoreStats& stats) {
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, PendingChecks& pending,
+                     const ExpertStore::Post& post, bool count_page_cache_hits, ExpertStoreStats& stats) {
   const size_t n = f.first_use.size();
   if (n == 0) return;
   std::vector<ExpertMatrices> ms(n);
   for (size_t i = 0; i < n; ++i) ms[i] = mapped_matrices(L, layer, f.items[f.first_use[i]].slot, maps);
+  if (post) {  // computed now, checked by settle_pending before the caller returns a result
+    for (size_t i = 0; i < n; ++i) {
+      Item& it = f.items[f.first_use[i]];
+      if (!pending.holds(layer, it.slot))
+        pending.add(layer, it.slot, ms[i].gate - L.layout.gate_offset, L.layout.bytes, verified.epoch(L.verified),
+                    post);
+      hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
+    }
+    return;
+  }
   std::vector<uint64_t> got(n, 0);
   const auto t0 = std::chrono::steady_clock::now();
   const auto hash = [&](size_t i) { got[i] = expert_checksum(ms[i].gate - L.layout.gate_offset, L.layout.bytes); };
@@ -53,6 +64,31 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
     hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
     ++stats.verified_in_place;
   }
+}
+
+void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
+                    ExpertStoreStats& stats, std::mutex& stats_mu) {
+  const auto settled = pending.settle();
+  double seconds = 0;
+  for (const auto& e : settled) seconds += e->seconds;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu);
+    stats.checksum_seconds += seconds;
+  }
+  const PendingChecks::Entry* bad = nullptr;
+  for (const auto& e : settled) {
+    const Layer& L = layers[size_t(e->layer)];
+    if (e->got != L.header.slot_checksums[e->slot]) {
+      if (bad == nullptr) bad = e.get();
+      continue;
+    }
+    // Its file changed since the hash was queued: those bytes passed, but the pages may not be
+    // the same now, so the expert is not marked (its next use is hashed again).
+    if (verified.refresh(L.verified) && verified.epoch(L.verified) == e->epoch)
+      verified.mark(L.verified, e->slot);
+    ++stats.verified_in_place;
+  }
+  if (bad != nullptr) throw expert_checksum_error(layers[size_t(bad->layer)], bad->slot, bad->bytes, bad->got);
 }
 
 std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "loader/store/cache_policy.h"
 #include "loader/store/expert_buffer.h"
 #include "loader/store/expert_store.h"
+#include "loader/store/pending_checks.h"
 #include "loader/store/verified_pages.h"
 #include "loader/store/host_cache.h"
 
@@ -116,13 +118,22 @@ struct Fetch {
 // when `count_hit`).
 void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, ExpertStoreStats& stats);
 
-// The first uses in f.first_use (resident experts never verified): each hashed from its mapped
-// pages (on pf's threads when set), then marked in `verified` and handed out in place where it
-// matches its slot's checksum; one that does not stays for the read path, whose checksum then
-// names it. Counts verified_in_place and checksum_seconds.
+// The first uses in f.first_use (resident experts never verified). Without `post`: each hashed
+// from its mapped pages (on pf's threads when set), then marked in `verified` and handed out in
+// place where it matches its slot's checksum; one that does not stays for the read path, whose
+// checksum then names it. Counts verified_in_place and checksum_seconds. With `post` (deferred
+// checks): each is handed out in place at once and its hash queued in `pending` (unless one is
+// pending already); settle_pending checks them.
 void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, bool count_page_cache_hits,
-                     ExpertStoreStats& stats);
+                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, PendingChecks& pending,
+                     const ExpertStore::Post& post, bool count_page_cache_hits, ExpertStoreStats& stats);
+
+// Waits for the deferred hashes in `pending`, marks those that match in `verified` (counted in
+// verified_in_place; their time in checksum_seconds) and throws the checksum FormatError of the
+// first that does not (ExpertStore::verify_pending). checksum_seconds is written under stats_mu
+// (the I/O threads add theirs).
+void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
+                    ExpertStoreStats& stats, std::mutex& stats_mu);
 
 // Every position of `ids` that names item k becomes ready.
 void push_ready(Fetch& f, size_t k);

@@ -174,6 +174,19 @@ class ExpertStore {
   using ParallelFor = std::function<void(size_t n, const std::function<void(size_t)>& fn)>;
   virtual void set_parallel_for(ParallelFor pf) { (void)pf; }
 
+  // Deferred first-use checks (issue 19: the CPU forward pass). With `post` set, a store may hand
+  // out through next_ready_matrices an expert whose checksum is still due (a first use of
+  // resident pages) before its hash ran: it queues the hash through `post` (ThreadPool::post:
+  // taken by threads a parallel section leaves idle) and then the caller MUST call
+  // verify_pending() before it returns anything computed from the experts handed out. Unset (the default, and every caller but the CPU
+  // pass): each hash is checked before its expert is handed out. The default ignores it.
+  using Post = std::function<void(std::function<void()>)>;
+  virtual void set_deferred_checks(Post post) { (void)post; }
+  // Waits for every deferred hash (hashing here those no thread started) and throws the
+  // checksum FormatError naming file, slot and logical id of the first that does not match; the
+  // ones that match count as verified (verified_in_place). Nothing to do: returns at once.
+  virtual void verify_pending() {}
+
  private:
   std::vector<const uint8_t*> sync_payloads_;
   size_t sync_next_ = 0;

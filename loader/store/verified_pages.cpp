@@ -51,6 +51,7 @@ bool VerifiedPages::refresh(int layer) {
   if (ok && now == l.stamp) return true;
   // Changed (or unknown): nothing marked so far can be trusted.
   if (std::find(l.marks.begin(), l.marks.end(), 1) != l.marks.end()) ++invalidations_;
+  ++l.epoch;
   std::fill(l.marks.begin(), l.marks.end(), 0);
   if (ok) l.stamp = now;
   return ok;

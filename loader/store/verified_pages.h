@@ -34,6 +34,9 @@ class VerifiedPages {
   void mark(int layer, uint32_t slot) { layers_[size_t(layer)].marks[slot] = 1; }
   void forget(int layer, uint32_t slot) { layers_[size_t(layer)].marks[slot] = 0; }
   uint64_t invalidations() const { return invalidations_; }  // files seen changed
+  // Changes of `layer`'s file that refresh() saw: a hash taken at one epoch may mark its expert
+  // only while the epoch is the same (a deferred check, pending_checks.h, marks a step later).
+  uint64_t epoch(int layer) const { return layers_[size_t(layer)].epoch; }
 
  private:
   struct Stamp {
@@ -47,6 +50,7 @@ class VerifiedPages {
     int fd = -1;
     Stamp stamp;
     std::vector<uint8_t> marks;
+    uint64_t epoch = 0;
   };
   static bool stat_fd(int fd, Stamp* out);
   std::vector<Layer> layers_;

@@ -176,6 +176,7 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
     const PhaseTimes before = moe_times_;
     moe_.forward(pool_, moe_l, lw, h_.data(), T, tmp_.data(), moe_times_, mr);
     if (routing.on_routing) {
+      moe_.verify_pending(pool_, moe_times_.expert_io_s);  // the events hand out this layer's input
       const int K = cfg_.n_experts_per_tok;
       for (int i = 0; i < n; ++i) {  // one event per sequence, tagged with its slot
         const ForwardChunk& c = b.entries[i].chunk;
@@ -221,6 +222,7 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
     }
   }
   times.other_s += seconds_since(tl);
+  moe_.verify_pending(pool_, times.expert_io_s);  // every first use checked before the step returns
 }
 
 }  // namespace moestream

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "common/error.h"
@@ -22,6 +23,7 @@ namespace moestream {
 
 struct CpuForward::Impl {
   const ModelConfig& cfg;
+  ExpertStore& store;
   ThreadPool& pool;
   int max_batch;
   DenseWeights w;
@@ -40,7 +42,7 @@ struct CpuForward::Impl {
 
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
        ThreadPool& p, int max_context, int max_batch_)
-      : cfg(c), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
+      : cfg(c), store(store), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
         moe(c, store, max_batch_), max_context(max_context) {
     if (cfg.has_mla()) mla = std::make_unique<MlaAttention>(cfg, max_context, max_batch);
     else attention = std::make_unique<Attention>(cfg, max_context, max_batch);
@@ -65,7 +67,11 @@ struct CpuForward::Impl {
       reserve_matvec_scratch(widest);
       ggml_reserve_scratch(widest, inputs);
     });
+    // First uses of resident experts are computed while their hashes run on threads the
+    // sections leave idle; every pass below checks them all before it returns (issue 19).
+    store.set_deferred_checks([&pool = p](std::function<void()> task) { pool.post(std::move(task)); });
   }
+  ~Impl() { store.set_deferred_checks({}); }  // the pool may go before the store
 
   // The dense SwiGLU MLP of a layer below first_k_dense_replace: h -> tmp.
   void dense_mlp(const LayerWeights& lw, int T) {
@@ -147,6 +153,7 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     mr.lookahead_from_override = m.lookahead_from_override;
     m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
     if (routing.on_routing) {
+      m.moe.verify_pending(m.pool, m.moe_times.expert_io_s);  // the event hands out this layer's input
       RoutingEvent ev{moe_l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,
                       m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data()};
       routing.on_routing(ev);
@@ -160,15 +167,19 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     times.expert_compute_s += moe_total - router - io;  // norm and residual count as compute
   }
 
-  if (c.logits == nullptr) return;
-  auto tl = std::chrono::steady_clock::now();
-  const int first = c.all_logits ? 0 : T - 1;
-  const int rows = T - first;
-  for (int t = first; t < T; ++t)
-    rms_norm(m.x.row(t).data(), m.w.final_norm.data(), D, eps, m.h.row(t - first).data());
-  linear(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(),
-         RowMap(c.logits, rows, cfg.vocab_size));
-  times.other_s += seconds_since(tl);
+  if (c.logits != nullptr) {
+    auto tl = std::chrono::steady_clock::now();
+    const int first = c.all_logits ? 0 : T - 1;
+    const int rows = T - first;
+    for (int t = first; t < T; ++t)
+      rms_norm(m.x.row(t).data(), m.w.final_norm.data(), D, eps, m.h.row(t - first).data());
+    linear(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(),
+           RowMap(c.logits, rows, cfg.vocab_size));
+    times.other_s += seconds_since(tl);
+  }
+  // After lm_head, whose sections the last layer's hashes overlapped: nothing leaves the pass
+  // (logits, KV entries for the next chunk) before every first use it computed passed.
+  m.moe.verify_pending(m.pool, times.expert_io_s);
 }
 
 }  // namespace moestream

@@ -176,6 +176,13 @@ void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap&
                      r.cache_aware.batch_union ? r.row_splits : std::span<const int>{});
 }
 
+void MoeLayer::verify_pending(ThreadPool& pool, double& wait_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.run_posted();
+  store_.verify_pending();
+  wait_s += seconds_since(t0);
+}
+
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
                        float* out, PhaseTimes& times, const MoeRouting& routing) {
   MOE_ASSERT(T > 0 && T <= max_batch_ && layer >= 0 && layer < int(layouts_.size()));

@@ -72,6 +72,13 @@ class MoeLayer {
   void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
                float* out, PhaseTimes& times, const MoeRouting& routing);
 
+  // Deferred first-use checks (ExpertStore::set_deferred_checks, set by CpuForward): the hashes
+  // queued on `pool` during forward() run there (those no thread took yet), then the store
+  // compares them all and throws the checksum error naming the expert of one that failed. A pass
+  // calls this before anything computed from this layer's experts leaves it. Seconds waited
+  // are added to `wait_s`.
+  void verify_pending(ThreadPool& pool, double& wait_s);
+
   // Routing of the last forward call: T*k expert ids, token-major.
   const std::vector<int>& last_ids() const { return ids_; }
   // Router weights of the last forward call: T*k, token-major, aligned with last_ids().

@@ -1,0 +1,54 @@
+// First uses whose hash runs beside their compute (issue 19; ExpertStore::set_deferred_checks):
+// the engine store hands a resident, never verified expert out in place at once and queues its
+// XXH64 on the lender's threads, which take it between the caller's parallel sections; the
+// caller's verify_pending() then waits for every hash and compares. Each hash is held by a shared
+// entry, so a queued task that outlives the store finds it cancelled instead of reading the
+// store's unmapped pages; the store's destructor cancels what has not started and waits for what
+// has. Caller's thread only, except the queued hashes themselves.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace moestream {
+
+class PendingChecks {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  struct Entry {
+    int layer = 0;
+    uint32_t slot = 0;
+    const uint8_t* data = nullptr;  // the payload in the mapping
+    uint64_t bytes = 0;
+    uint64_t epoch = 0;   // VerifiedPages::epoch of its file when queued
+    uint64_t got = 0;     // its XXH64, once done
+    double seconds = 0;   // the hash's time
+    std::atomic<int> state{kQueued};
+  };
+
+  PendingChecks() = default;
+  ~PendingChecks();
+  PendingChecks(const PendingChecks&) = delete;
+  PendingChecks& operator=(const PendingChecks&) = delete;
+
+  // Queues the hash of `bytes` at `data` (expert `slot` of `layer`, its file at `epoch`) through
+  // `post` (never null).
+  void add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, uint64_t epoch, const Post& post);
+  bool empty() const { return entries_.empty(); }
+  bool holds(int layer, uint32_t slot) const;
+  // Waits for every queued hash (running here those no thread has started) and returns the
+  // entries, all done, in the order they were added; none is pending afterwards.
+  std::vector<std::shared_ptr<Entry>> settle();
+
+ private:
+  static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kCancelled = 3;
+  static void run(Entry& e);  // queued -> running -> done; nothing when another thread took it
+  static void wait_done(Entry& e);
+  std::vector<std::shared_ptr<Entry>> entries_;
+};
+
+}  // namespace moestream
