@@ -329,6 +329,10 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=gl.CACHE, help="where the models are kept")
     ap.add_argument("--tokenizers", help="directory with qwen3/tokenizer.json")
     ap.add_argument("--models-only", action="store_true", help="make the GGUF and the pack, then stop")
+    ap.add_argument("--gguf", type=Path, default=None, help="use this Q8_0 GGUF of --layers layers (e.g. "
+                    "bench/gguf_deepen.py's 48-layer one) instead of making one")
+    ap.add_argument("--moestream-gguf", action="store_true", help="moestream reads the GGUF in place "
+                    "instead of the pack convert_model makes of it (no second copy on disk)")
     ap.add_argument("--json", help="write every figure here (rewritten after every row)")
     ap.add_argument("--markdown", help="write the table here too")
     a = ap.parse_args()
@@ -345,8 +349,12 @@ def main() -> None:
     a.env = gl.tool_env()
     # bench/gguf_llama.py's model and cache; Q8_0 only, its intermediates deleted.
     a.types, a.keep_intermediate = ["Q8_0"], False
-    a.gguf = gl.ensure_models(a, a.env)["Q8_0"]
-    a.pack = ensure_pack(a, a.gguf)
+    if a.gguf is not None:
+        if not a.gguf.is_file():
+            ap.error(f"--gguf {a.gguf}: no such file")
+    else:
+        a.gguf = gl.ensure_models(a, a.env)["Q8_0"]
+    a.pack = a.gguf if a.moestream_gguf else ensure_pack(a, a.gguf)
     info = gl.gguf_bytes(a.gguf)
     if a.models_only:
         print(f"{a.gguf} ({info['file'] / 1e9:.2f} GB)\n{a.pack}")

@@ -513,6 +513,15 @@ def _gguf_oracle(s):
     assert r.stdout.count("| qwen3moe") == 2, r.stdout
 
 
+@case("bench/gguf_deepen.py")
+def _gguf_deepen(s):
+    """The Q8_0 fixture grown to 5 layers; infer runs it in place."""
+    pytest.importorskip("gguf", reason="the gguf package (scripts/setup.sh installs it)")
+    out = s.tmp / "deep5.gguf"
+    s.run([sys.executable, "bench/gguf_deepen.py", GGUF, out, "--layers", 5], timeout=120, quiet_ok=True)
+    s.run([s.bin / "infer", "-m", out, "-p", "hello", "-n", 4, "--temp", 0], timeout=120, free_text=True)
+
+
 skipped("bench/gguf_llama.py", LLAMA, "moestream against llama.cpp on a Qwen3-30B-A3B-shaped GGUF")
 skipped("bench/peer.py", LLAMA, "moestream against llama.cpp on the same Qwen3-30B-A3B-shaped weights (issue 19)")
 skipped("scripts/check_chat_templates.py", LLAMA,
@@ -579,7 +588,7 @@ skipped(".ci/run", CI_JOB, "CI's entry point: runs scripts/test.sh (this job) an
 skipped("scripts/sanitize.sh", CI_JOB, "the asan and tsan jobs of .ci/run")
 skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
 for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_graphs", "gpu_resident", "gpu_tests", "tree", "io_bench", "io_hot", "kernels",
-              "same_tokens", "verify_overlap"):
+              "same_tokens", "verify_overlap", "kernel_profile", "gpu_cpu_misses"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the device machine (docs/gpu.md, docs/results.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""A GGUF with more decoder layers, made from a smaller one of the same shapes: its metadata,
+tokenizer, embedding and head copied, block_count set, and every layer's tensors written in the
+types and shapes of the source's layer 0 with fresh random values (quantized blocks: random
+quants, scales drawn around the source's; f32 norms copied, f32 routers random around the
+source's spread).
+
+Why: bench/peer's 48-layer Qwen3-30B-A3B-shaped model. The converter route (a bf16 checkpoint,
+llama.cpp's converter, its quantizer) needs ~61 GB for the checkpoint, ~61 GB for the bf16 GGUF
+and ~32 GB for the Q8_0 one, past the device machine's 64 GB disk; this writes only the 32 GB
+Q8_0 file, from the 6-layer one llama.cpp made. Both engines then read the same file (moestream
+runs a GGUF in place).
+
+    python3 bench/gguf_deepen.py SRC.gguf OUT.gguf --layers 48 [--seed 1]
+
+Random weights route at random, as the source's do: a speed benchmark, not a language model.
+Written to OUT.tmp, fsynced and renamed; progress every layer on stderr. Types: Q8_0 and F32
+tensors (what the converter and llama-quantize Q8_0 write for qwen3moe); another quantized type
+is refused, naming the tensor.
+"""
+import argparse
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # the device machine has no pip: llama.cpp's gguf-py travels in .llama
+    sys.exit("gguf_deepen: the `gguf` Python package is missing (pip install gguf, or PYTHONPATH=<llama.cpp>/gguf-py)")
+
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+F32 = gguf.GGMLQuantizationType.F32
+
+
+def field_value(f):
+    """A reader field as (value, type, array element type)."""
+    vtype = f.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        sub = f.types[-1]
+        if sub == gguf.GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8") for i in f.data], vtype, sub
+        return [f.parts[i].tolist()[0] for i in f.data], vtype, sub
+    if vtype == gguf.GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8"), vtype, None
+    return f.parts[f.data[0]].tolist()[0], vtype, None
+
+
+def random_q8_0(template: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Q8_0 blocks of the template's shape: quants uniform in [-127, 127], f16 scales scattered
+    around the template's median scale."""
+    blocks = template.reshape(-1, 34)
+    d = np.abs(blocks[:, :2].copy().view(np.float16).astype(np.float32))
+    med = float(np.median(d[np.isfinite(d)])) if d.size else 1e-3
+    out = np.empty_like(blocks)
+    n = blocks.shape[0]
+    out[:, 2:] = rng.integers(-127, 128, size=(n, 32), dtype=np.int8).view(np.uint8)
+    scale = (med * rng.uniform(0.5, 1.5, size=n)).astype(np.float16)
+    out[:, :2] = scale.view(np.uint8).reshape(n, 2)
+    return out.reshape(template.shape)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("src", help="the GGUF to copy (one file, not a split set)")
+    ap.add_argument("out", help="the GGUF to write")
+    ap.add_argument("--layers", type=int, required=True, help="decoder layers of the output")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    if a.layers < 1:
+        ap.error("--layers must be >= 1")
+    r = gguf.GGUFReader(a.src)
+    arch = field_value(r.fields["general.architecture"])[0]
+    if "split.count" in r.fields:
+        sys.exit(f"gguf_deepen: {a.src} is one shard of a split set; merge it first")
+    layer0 = [t for t in r.tensors if t.name.startswith("blk.0.")]
+    other = [t for t in r.tensors if not t.name.startswith("blk.")]
+    if not layer0:
+        sys.exit(f"gguf_deepen: {a.src} has no blk.0.* tensors")
+    for t in layer0 + other:
+        if t.tensor_type not in (Q8_0, F32):
+            sys.exit(f"gguf_deepen: tensor {t.name} is {t.tensor_type.name}; only Q8_0 and F32 are written")
+    tmp = a.out + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # the writer's own
+        value, vtype, sub = field_value(f)
+        if name == f"{arch}.block_count":
+            value = a.layers
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    rng = np.random.default_rng(a.seed)
+    # Tensors in the source's order: the head and embedding where they were, then the layers.
+    for t in other:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=t.data.shape if t.tensor_type == Q8_0 else None,
+                     raw_dtype=t.tensor_type)
+    t0 = time.time()
+    for layer in range(a.layers):
+        for t in layer0:
+            name = re.sub(r"^blk\.0\.", f"blk.{layer}.", t.name)
+            if t.tensor_type == Q8_0:
+                w.add_tensor(name, random_q8_0(np.asarray(t.data), rng), raw_shape=t.data.shape, raw_dtype=Q8_0)
+            elif "ffn_gate_inp" in t.name:  # the router: random, the template's spread
+                src = np.asarray(t.data, dtype=np.float32)
+                w.add_tensor(name, rng.normal(0.0, float(src.std()) or 1e-2, size=src.shape).astype(np.float32))
+            else:  # norms
+                w.add_tensor(name, np.array(t.data, dtype=np.float32))
+        print(f"gguf_deepen: layer {layer + 1}/{a.layers} generated ({time.time() - t0:.0f} s)", file=sys.stderr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, a.out)
+    print(f"gguf_deepen: wrote {a.out} ({os.path.getsize(a.out) / 1e9:.2f} GB, {a.layers} layers)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
