@@ -83,9 +83,6 @@ void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
   if (o.gpu_no_graphs && !o.gpu) throw ConfigError(n.gpu_no_graphs + " needs " + n.gpu);
   if (o.gpu_pin_page_cache && !o.gpu) throw ConfigError(n.gpu_pin_page_cache + " needs " + n.gpu);
   if (o.gpu_cpu_misses && !o.gpu) throw ConfigError(n.gpu_cpu_misses + " needs " + n.gpu);
-  if (o.gpu_cpu_misses && o.gpu_pin_page_cache)
-    throw ConfigError(n.gpu_cpu_misses + " computes misses where they lie and copies none: " + n.gpu_pin_page_cache +
-                      " (which speeds up their copies) does nothing with it; use one");
   if (o.gpu) {
     const std::string why = gpu_unavailable_reason();
     if (!why.empty()) throw ConfigError(n.gpu + ": " + why);

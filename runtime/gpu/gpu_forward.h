@@ -49,7 +49,7 @@ struct GpuForwardOptions {
   // from their matrices where the store has them (in place in the page cache; else read), while
   // the GPU computes the hits; only their outputs cross PCIe (`--gpu-cpu-misses`; docs/gpu.md,
   // "Misses on the CPU"). Nothing is placed in VRAM for them: what the cache holds is what
-  // prefill, --gpu-preload or the look-ahead placed. Needs cpu_pool (not owned; outlives the pass).
+  // prefill or --gpu-preload placed. Needs cpu_pool (not owned; outlives the pass).
   bool cpu_misses = false;
   ThreadPool* cpu_pool = nullptr;
 };
