@@ -184,13 +184,14 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 # ---------------------------------------------------------------- modes
 
 ROWS = ("cpu", "resident", "gpu25", "cap", "prefill")
-MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-pin", "gpu25-cpu", "gpu25-direct", "cpu-noverify")
+MOESTREAM_MODES = ("cpu", "cpu-direct", "gpu", "gpu25", "gpu25-pin", "gpu25-cpu", "gpu25-cpu-pin", "gpu25-direct", "cpu-noverify")
 CPU_MODES = ("cpu", "cpu-noverify")  # the cpu rows' moestream cells (--cpu-moestream)
 MODE_TEXT = {"cpu": "CPU", "cpu-direct": "CPU, `--io-direct` + host cache",
              "cpu-noverify": "CPU, `--no-verify` (first use of an expert not checksummed)",
              "gpu": "`--gpu --gpu-preload`, every expert in VRAM", "gpu25": "`--gpu`, 25% VRAM cache",
              "gpu25-pin": "`--gpu`, 25% VRAM cache, `--gpu-pin-page-cache`",
              "gpu25-cpu": "`--gpu`, 25% VRAM cache, `--gpu-cpu-misses` (misses on the CPU threads)",
+             "gpu25-cpu-pin": "`--gpu`, 25% VRAM cache, `--gpu-cpu-misses --gpu-pin-page-cache` (pinned prompt copies)",
              "gpu25-direct": "`--gpu`, 25% VRAM cache, `--io-direct` + host cache",
              "l-cpu": "CPU (`-dev none -ngl 0`)", "l-gpu": "all on the GPU (`-ngl 99`)",
              "l-exps": "experts on the CPU (`-ngl 99 -ot exps=CPU`)"}
@@ -202,6 +203,7 @@ def moestream_flags(mode: str, a) -> list[str]:
             "gpu": ["--gpu", "--gpu-preload"], "gpu25": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb)],
             "gpu25-pin": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--gpu-pin-page-cache"],
             "gpu25-cpu": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--gpu-cpu-misses"],
+            "gpu25-cpu-pin": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--gpu-cpu-misses", "--gpu-pin-page-cache"],
             "gpu25-direct": ["--gpu", "--gpu-cache-mb", str(a.gpu_cache_mb), "--io-direct",
                              "--host-cache-mb", str(a.host_cache_mb_gpu)]}[mode]
 
@@ -314,7 +316,7 @@ def main() -> None:
                     "gpu25-direct with a GPU, else cpu,cpu-direct); its best counts")
     ap.add_argument("--gpu25-moestream", default="gpu25,gpu25-pin", help="moestream's modes in the gpu25 "
                     "row (gpu25: misses copied once from the page cache; gpu25-pin: page-locked, no host "
-                    "copy; gpu25-cpu: misses computed on the CPU threads); its best counts")
+                    "copy; gpu25-cpu: misses computed on the CPU threads; gpu25-cpu-pin: both); its best counts")
     ap.add_argument("--cpu-moestream", default="cpu", help="the cpu rows' moestream modes: cpu (default), "
                     "cpu-noverify (--no-verify: an expert's first use in the process is not checksummed, "
                     "to tell that cost apart); the best counts, each is in the JSON")
