@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "loader/format/model_config.h"
 
 namespace moestream {
@@ -114,6 +115,20 @@ class ExpertStore {
     if (!next_ready(index, &p, wait)) return false;
     *m = ExpertMatrices::of_payload(p, layout);
     return true;
+  }
+  // The experts that landed together: waits for one of the current fetch's, then takes every
+  // other one ready by then; each one's matrices go to payloads[index] and its index is appended
+  // to `ready` (cleared first). A compute loop calls it until it has every expert it asked for.
+  void take_ready_matrices(const ExpertLayout& layout, std::vector<ExpertMatrices>& payloads,
+                           std::vector<int>& ready) {
+    ready.clear();
+    size_t i = 0;
+    ExpertMatrices m;
+    for (bool wait = true; next_ready_matrices(&i, &m, layout, wait); wait = false) {
+      payloads[i] = m;
+      ready.push_back(int(i));
+    }
+    MOE_ASSERT(!ready.empty(), "expert store handed out fewer experts than asked");
   }
 
   // Read-ahead: starts reading the experts that the next begin_fetch() will ask for (prefill: the

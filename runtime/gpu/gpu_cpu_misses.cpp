@@ -42,14 +42,7 @@ void CudaForward::cpu_misses(int layer, int g0, int g1, int y_row0, ForwardTimes
   // As the CPU pass: each batch of experts that has landed is computed while the rest load.
   for (int got = 0; got < n;) {
     ti = std::chrono::steady_clock::now();
-    miss_ready.clear();
-    size_t i = 0;
-    ExpertMatrices m;
-    for (bool wait = true; store.next_ready_matrices(&i, &m, lay, wait); wait = false) {
-      miss_payloads[i] = m;
-      miss_ready.push_back(int(i));
-    }
-    MOE_ASSERT(!miss_ready.empty(), "expert store handed out fewer experts than asked");
+    store.take_ready_matrices(lay, miss_payloads, miss_ready);
     got += int(miss_ready.size());
     times.expert_io_s += seconds_since(ti);
     const auto tc = std::chrono::steady_clock::now();

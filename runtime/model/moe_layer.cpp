@@ -267,14 +267,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // its own row of y_, so the grouping never changes the result.
     for (size_t got = 0; got < n;) {
       t1 = std::chrono::steady_clock::now();
-      ready_.clear();
-      size_t i = 0;
-      ExpertMatrices p;
-      for (bool wait = true; store_.next_ready_matrices(&i, &p, lay, wait); wait = false) {
-        payloads_[i] = p;
-        ready_.push_back(int(i));
-      }
-      MOE_ASSERT(!ready_.empty(), "expert store handed out fewer experts than asked");
+      store_.take_ready_matrices(lay, payloads_, ready_);
       got += ready_.size();
       times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
 
