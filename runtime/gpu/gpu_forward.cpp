@@ -471,10 +471,9 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   const bool on_cpu = cpu_experts != nullptr && T == 1 && !batch_step && split;
   if (on_cpu) {
     auto ti = std::chrono::steady_clock::now();
-    std::stable_partition(unique_ids.begin(), unique_ids.end(),
-                          [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
-    n_ready = int(std::count_if(unique_ids.begin(), unique_ids.end(),
-                                [&](int e) { return cache->resident_payload(layer, e) != nullptr; }));
+    const auto misses = std::stable_partition(unique_ids.begin(), unique_ids.end(),
+                                              [&](int e) { return cache->resident_payload(layer, e) != nullptr; });
+    n_ready = int(misses - unique_ids.begin());
     ready.resize(size_t(n_ready));
     cache->begin_acquire(layer, std::span<const int>(unique_ids.data(), size_t(n_ready)), kind,
                          std::span<const uint8_t*>(ptr_h, size_t(n_ready)), ready, lookahead ? layer + 1 : -1,

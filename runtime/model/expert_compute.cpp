@@ -6,7 +6,6 @@
 
 #include "common/error.h"
 #include "kernels/cpu/quant.h"
-#include "runtime/model/moe_layer.h"
 
 namespace moestream {
 
@@ -32,6 +31,13 @@ size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
 }
 
 }  // namespace
+
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha) {
+  for (size_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+    gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
 
 ExpertCompute::ExpertCompute(const ModelConfig& cfg, int max_pairs)
     : D_(cfg.hidden_size), F_(cfg.moe_intermediate_size), max_pairs_(max_pairs),

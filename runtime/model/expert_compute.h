@@ -17,6 +17,10 @@
 
 namespace moestream {
 
+// gpt-oss's clamped SwiGLU, in place into gate[0, n): g = min(gate, limit), u = clamp(up, +-limit),
+// gate = (u + 1) * g * sigmoid(alpha * g) (transformers' GptOssExperts._apply_gate).
+void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha);
+
 // Pair p multiplies expert payloads[expert_of_pair[p]] with row token_of_pair[p] of x and writes
 // row y_row_of_pair[p] of y.
 struct ExpertPairs {

@@ -52,13 +52,6 @@ void route_token(const float* logits, int n_experts, int k, bool normalize, int*
   }
 }
 
-void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha) {
-  for (size_t i = 0; i < n; ++i) {
-    const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
-    gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
-  }
-}
-
 void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights) {
   for (int j = 0; j < k; ++j) {  // selection as route_token: ties go to the lower id
     int best = -1;

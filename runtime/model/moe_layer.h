@@ -31,10 +31,6 @@ void route_token(const float* logits, int n_experts, int k, bool normalize, int*
 // gpt-oss's router: the k largest logits (ties: lower id first), weights = softmax over those k.
 void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights);
 
-// gpt-oss's clamped SwiGLU, in place into gate[0, n): g = min(gate, limit), u = clamp(up, +-limit),
-// gate = (u + 1) * g * sigmoid(alpha * g) (transformers' GptOssExperts._apply_gate).
-void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha);
-
 // How one forward() picks its experts after the router (CpuForward fills it per chunk).
 struct MoeRouting {
   const RoutingOverrideFn* override = nullptr;  // set and non-empty: replaces the router
