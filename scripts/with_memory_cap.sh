@@ -62,6 +62,28 @@ pick_hierarchy() {
   return 1
 }
 
+# Runs the command in cgroup $1 and returns its status. The child joins the cgroup before exec, so
+# every page it or its children touch is charged. SIGTERM, SIGINT and SIGHUP sent to this script
+# are passed on to the command (a benchmark stops a capped server that way), and the script waits
+# for it, so the cgroup is always removed after the command is gone. The explicit <&0 keeps stdin
+# (a background job would otherwise read /dev/null).
+run_in() {
+  local cg=$1 child status
+  shift
+  bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' capped "$cg" "$@" <&0 &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null' TERM HUP
+  trap 'kill -INT "$child" 2>/dev/null' INT
+  wait "$child"
+  status=$?
+  while kill -0 "$child" 2>/dev/null; do  # wait was cut short by a signal passed on
+    wait "$child"
+    status=$?
+  done
+  trap - TERM HUP INT
+  return "$status"
+}
+
 if [[ "${1:-}" == "--check" ]]; then
   if why=$(pick_hierarchy) && pick_hierarchy >/dev/null; then echo "cgroup-v$version ($root)"; exit 0; fi
   echo "$why"
@@ -96,7 +118,7 @@ if [[ $version == 1 ]]; then
     { echo "with_memory_cap: cannot write $cg/memory.limit_in_bytes" >&2; exit 3; }
   # memory+swap at the same limit: no swap (present only when the kernel accounts swap).
   [[ -w "$cg/memory.memsw.limit_in_bytes" ]] && echo $(( limit_mb << 20 )) >"$cg/memory.memsw.limit_in_bytes"
-  bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' capped "$cg" "$@"
+  run_in "$cg" "$@"
   exit $?
 fi
 # Children of the root get the memory controller only through the root's subtree_control.
@@ -125,6 +147,5 @@ cleanup() {
 trap cleanup EXIT
 echo $(( limit_mb << 20 )) >"$cg/memory.max" || { echo "with_memory_cap: cannot write $cg/memory.max" >&2; exit 3; }
 [[ -w "$cg/memory.swap.max" ]] && echo 0 >"$cg/memory.swap.max"
-# The child joins the cgroup before exec, so every page it or its children touch is charged.
-bash -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' capped "$cg" "$@"
+run_in "$cg" "$@"
 exit $?

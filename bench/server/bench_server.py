@@ -29,19 +29,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class Server:
-    def __init__(self, exe, model, extra):
-        self.proc = subprocess.Popen([exe, "-m", model, "--port", "0", *extra], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+    """moestream-server on a free loopback port. prefix: a wrapper the server runs under (e.g.
+    scripts/with_memory_cap.sh MB --), which must pass SIGTERM on and print to stderr; stop()
+    returns the server's stderr."""
+
+    def __init__(self, exe, model, extra, prefix=()):
+        self.proc = subprocess.Popen([*map(str, prefix), exe, "-m", model, "--port", "0", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 300)
         line = self.proc.stdout.readline() if ready else ""
         if "listening on http://" not in line:
             self.proc.kill()
             sys.exit(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.url = "http://" + line.split("http://")[1].split()[0]
+        # stderr is drained on a thread: a server that logs much would otherwise block on a full pipe.
+        self._err = []
+        self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
+        self._drain.start()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
+        self._drain.join(timeout=10)
+        return "".join(self._err)
 
 
 def metrics(url):

@@ -21,6 +21,11 @@ stream its own prompt (text for a model with a tokenizer, --prompt-ids random to
 Optionally the same streams against llama-server --parallel N on a GGUF of the same model
 (--llama-server, --llama-model): aggregate tok/s and ITL (it has no expert counters).
 
+--memory-cap-mb MB runs every server, of both engines, in a cgroup capped at MB (page cache
+included; scripts/with_memory_cap.sh), each cell from the model's files dropped from the page
+cache: a model larger than the cap is streamed by whichever engine can, and peak_mb is the
+cgroup's peak.
+
 --replay-routing LOG|DIR (issue 22): the server replays a routing log (infer --collect-routing;
 a directory of them) per request, so a synthetic model of a real shape carries a trained model's
 routing: stream i of the measured round replays log request i, of the warm-up round log request
@@ -258,7 +263,7 @@ def run_round(url, prompts, max_tokens, llama=False, replay_base=None):
 class LlamaServer:
     """llama-server --parallel N on a GGUF (optional column): same streams, no expert counters."""
 
-    def __init__(self, exe, model, parallel, ctx, extra):
+    def __init__(self, exe, model, parallel, ctx, extra, prefix=()):
         import subprocess
         import socket
         import requests
@@ -266,12 +271,16 @@ class LlamaServer:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([exe, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+        self.proc = subprocess.Popen([*map(str, prefix), exe, "-m", model, "--host", "127.0.0.1", "--port", str(port),
                                       "--parallel", str(parallel), "-c", str(ctx * parallel), "--no-webui",
                                       *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for _ in range(600):
+        self._err = []  # drained on a thread: llama-server logs every request
+        self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
+        self._drain.start()
+        for _ in range(1200):
             if self.proc.poll() is not None:
-                sys.exit(f"llama-server exited: {self.proc.stderr.read()[-2000:]}")
+                self._drain.join(timeout=10)
+                sys.exit(f"llama-server exited: {''.join(self._err)[-2000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -279,31 +288,64 @@ class LlamaServer:
                 pass
             time.sleep(0.5)
         self.proc.kill()
-        sys.exit("llama-server did not become ready in 300 s")
+        sys.exit("llama-server did not become ready in 600 s")
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=60)
+        self._drain.join(timeout=10)
+        return "".join(self._err)
+
+
+CAP_SCRIPT = ROOT / "scripts" / "with_memory_cap.sh"
+
+
+def model_files(path):
+    p = pathlib.Path(path)
+    return sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+
+
+def cap_peak_mb(stderr):
+    """The peak memory scripts/with_memory_cap.sh printed on exit (MiB), or None."""
+    import re
+    m = re.findall(r"^with_memory_cap: .* peak (\d+) MiB, oom_kill (\d+)", stderr, re.M)
+    if not m:
+        return None
+    if int(m[-1][1]):
+        sys.exit(f"bench_streams: the server was OOM-killed under the memory cap: {stderr[-1500:]}")
+    return float(m[-1][0])
 
 
 def cell(a, n, rnd, llama=False):
     from bench_server import Server
+    from page_cache import drop_file_cache
     prompts = prompts_for(a.model, n, a.prompt_ids, seed=1000 * rnd + n)
+    prefix = ()
+    if a.memory_cap_mb:
+        # Pages cached by an earlier cell stay charged to its (removed) cgroup and would be free
+        # hits here: every cell starts from the model's files out of the page cache.
+        for f in model_files(a.llama_model if llama else a.model):
+            drop_file_cache(f)
+        prefix = ("bash", CAP_SCRIPT, a.memory_cap_mb, "--")
     if llama:
-        s = LlamaServer(a.llama_server, a.llama_model, n, a.ctx, a.llama_args.split())
+        s = LlamaServer(a.llama_server, a.llama_model, n, a.ctx, a.llama_args.split(), prefix)
     else:
         replay = ["--replay-routing", a.replay_routing] if a.replay_routing else []
         s = Server(a.exe, a.model, a.server_args.split() + replay + ["--parallel", str(n), "--queue-size", str(n),
-                                                                     "--ctx", str(a.ctx)])
+                                                                     "--ctx", str(a.ctx)], prefix)
     replaying = a.replay_routing and not llama
+    err = ""
     try:
         if a.warmup_tokens:
             run_round(s.url, prompts_for(a.model, n, a.prompt_ids, seed=-1000 * rnd - n), a.warmup_tokens, llama,
                       n if replaying else None)
         streams, m0, m1, running = run_round(s.url, prompts, a.max_tokens, llama, 0 if replaying else None)
     finally:
-        s.stop()
-    return aggregate(streams, m0, m1, running)
+        err = s.stop()
+    row = aggregate(streams, m0, m1, running)
+    if a.memory_cap_mb:
+        row["peak_mb"] = cap_peak_mb(err) or 0.0
+    return row
 
 
 COLS = [("streams", "{:.0f}"), ("agg_tok_s", "{:.2f}"), ("agg_x", "{:.2f}"), ("itl_p50_ms", "{:.0f}"),
@@ -312,7 +354,7 @@ COLS = [("streams", "{:.0f}"), ("agg_tok_s", "{:.2f}"), ("agg_x", "{:.2f}"), ("i
 
 
 def print_table(rows, extra_cols=()):
-    cols = COLS + [(c, "{:.2f}") for c in extra_cols]
+    cols = COLS + [(c, "{:.0f}" if c == "peak_mb" else "{:.2f}") for c in extra_cols]
     print("| " + " | ".join(c for c, _ in cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
@@ -339,8 +381,17 @@ def main():
     ap.add_argument("--llama-args", default="", help="extra llama-server options, e.g. '-t 2 --no-mmap'")
     ap.add_argument("--replay-routing", default="",
                     help="routing log or directory the server replays per request (stream i: log request i)")
+    ap.add_argument("--memory-cap-mb", type=int, default=0,
+                    help="run every server (both engines) under a cgroup memory limit of this many MiB, page "
+                         "cache included (scripts/with_memory_cap.sh; root), each cell with the model's files "
+                         "dropped from the page cache first; adds the peak_mb column")
     ap.add_argument("--json", help="write every round's rows and the medians here")
     a = ap.parse_args()
+    if a.memory_cap_mb:
+        import subprocess
+        check = subprocess.run(["bash", str(CAP_SCRIPT), "--check"], capture_output=True, text=True)
+        if check.returncode != 0:
+            sys.exit(f"--memory-cap-mb: no memory cap on this machine: {check.stdout.strip()}")
     streams = [int(x) for x in a.streams.split(",")]
     if any(n < 1 or n > 64 for n in streams):
         sys.exit("--streams: each count must be in [1, 64]")
@@ -360,6 +411,7 @@ def main():
 
 def report(a, per, engines, streams, rounds_done):
     replay = f"; replaying {a.replay_routing}" if a.replay_routing else ""
+    replay += f"; memory cap {a.memory_cap_mb} MiB, page cache included" if a.memory_cap_mb else ""
     print(f"## moestream-server, concurrent streams ({a.model}; server args '{a.server_args}'{replay}; "
           f"{a.max_tokens} tokens per stream, warm-up {a.warmup_tokens}; medians of {rounds_done} interleaved "
           f"round{'s' if rounds_done > 1 else ''})\n")
@@ -368,7 +420,8 @@ def report(a, per, engines, streams, rounds_done):
         rows = with_ratios({n: medians(per[(engine, n)]) for n in streams})
         result[engine] = rows
         print(f"### {engine}\n")
-        print_table(rows, [f"{ph}_s" for ph in PHASES] if engine == "moestream" else ())
+        extra = [f"{ph}_s" for ph in PHASES] if engine == "moestream" else []
+        print_table(rows, extra + (["peak_mb"] if a.memory_cap_mb else []))
     sys.stdout.flush()
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"args": vars(a), "rounds_done": rounds_done, "medians": result,

@@ -72,3 +72,12 @@ def test_percentile_medians_ratios_and_interleaving():
     rows = bs.with_ratios(cells)
     assert [r["agg_x"] for r in rows] == [1.0, 4.0] and [r["bytes_x"] for r in rows] == [1.0, 0.4]
     assert bs.round_order([1, 2, 4], 1) == [1, 2, 4] and bs.round_order([1, 2, 4], 2) == [4, 2, 1]
+
+
+def test_cap_peak_is_read_from_the_wrapper_and_an_oom_kill_stops_the_run():
+    err = ("moestream-server: listening\n"
+           "with_memory_cap: cgroup-v1 memory.limit_in_bytes 1300 MiB, peak 1297 MiB, oom_kill 0\n")
+    assert bs.cap_peak_mb(err) == 1297.0
+    assert bs.cap_peak_mb("no wrapper line\n") is None
+    with pytest.raises(SystemExit, match="OOM-killed"):
+        bs.cap_peak_mb("with_memory_cap: cgroup-v2 memory.max 64 MiB, peak 64 MiB, oom_kill 1\n")
