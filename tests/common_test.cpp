@@ -181,28 +181,46 @@ TEST(ThreadPool, PostedTasksRunOnceEachAndRunPostedWaitsForAll) {
 }
 
 TEST(ThreadPool, APostedTaskFillsAThreadThatASectionLeavesIdle) {
-  // Three threads, a section of two tasks that each wait for the posted task to start: only the
-  // thread that found both tasks claimed can start it (a worker, never the caller).
+  // Three threads, a section of two tasks that each wait for the posted task to start. When the
+  // caller claims one of them, the worker left without a task must start the posted one (the
+  // caller runs posted tasks only in run_posted). When both workers claim them first, no thread
+  // is idle and the tasks give up: that ordering proves nothing, so the test tries again (the
+  // workers asleep each time, as between decode steps) until it has seen the first.
   ThreadPool pool(3);
-  std::atomic<bool> started{false};
-  std::atomic<std::thread::id> ran_on{};
-  pool.post([&] {
-    ran_on.store(std::this_thread::get_id());
-    started.store(true);
-  });
-  std::atomic<int> timed_out{0};
-  pool.parallel_for(2, [&](size_t) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (!started.load())
-      if (std::chrono::steady_clock::now() > deadline) {
-        timed_out.fetch_add(1);
-        return;
+  const std::thread::id caller = std::this_thread::get_id();
+  int observed = 0;
+  for (int attempt = 0; attempt < 200 && observed < 3; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the workers go back to sleep
+    std::atomic<bool> started{false};
+    std::atomic<std::thread::id> ran_on{};
+    pool.post([&] {
+      ran_on.store(std::this_thread::get_id());
+      started.store(true);
+    });
+    std::atomic<bool> caller_claimed{false};
+    std::atomic<int> claimed{0}, timed_out{0};
+    pool.parallel_for(2, [&](size_t) {
+      if (std::this_thread::get_id() == caller) caller_claimed.store(true);
+      claimed.fetch_add(1);  // after caller_claimed: whoever sees 2 sees who claimed
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!started.load()) {
+        if (claimed.load() == 2 && !caller_claimed.load()) return;  // both on workers: none idle
+        if (std::chrono::steady_clock::now() > deadline) {
+          timed_out.fetch_add(1);
+          return;
+        }
       }
-  });
-  EXPECT_EQ(timed_out.load(), 0) << "the posted task did not start during the section";
-  pool.run_posted();
-  EXPECT_TRUE(started.load());
-  EXPECT_NE(ran_on.load(), std::this_thread::get_id());
+    });
+    const bool caller_took_one = caller_claimed.load(), started_in_section = started.load();
+    pool.run_posted();
+    ASSERT_TRUE(started.load());
+    if (!caller_took_one) continue;
+    EXPECT_TRUE(started_in_section) << "the posted task did not start during the section";
+    EXPECT_EQ(timed_out.load(), 0);
+    EXPECT_NE(ran_on.load(), caller) << "the caller ran a posted task outside run_posted";
+    ++observed;
+  }
+  EXPECT_GT(observed, 0) << "the caller never claimed a task of the section in 200 tries";
 }
 
 TEST(ThreadPool, RunPostedRethrowsAPostedTasksException) {
