@@ -51,3 +51,29 @@ def test_command_over_the_cap_is_killed_and_under_it_runs():
 def test_exit_status_of_the_command_is_passed_through():
     _need_cap()
     assert run("64", "--", "bash", "-c", "exit 7").returncode == 7
+
+
+def test_sigterm_to_the_wrapper_stops_the_command_and_removes_the_cgroup():
+    """A benchmark stops a capped server by signalling the wrapper: the command gets SIGTERM, the
+    wrapper waits for it, reports, and leaves no cgroup behind; stdin still reaches the command."""
+    _need_cap()
+    import signal
+    import time
+    r = subprocess.run(["bash", str(SCRIPT), "64", "--", "cat"], input="through\n", capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "through\n", r
+    p = subprocess.Popen(["bash", str(SCRIPT), "64", "--", "python3", "-c",
+                          "import signal, sys, time\n"
+                          "signal.signal(signal.SIGTERM, lambda *_: (print('got TERM', flush=True), sys.exit(5)))\n"
+                          "print('up', flush=True)\ntime.sleep(60)"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\n"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 20, "the wrapper did not pass SIGTERM on"
+    assert out == "got TERM\n" and p.returncode == 5, (out, err, p.returncode)
+    assert "peak" in err, err  # the wrapper's report: it outlived the command
+    leftovers = [d for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+                 for d in pathlib.Path(root).glob(f"moestream-cap-{p.pid}")]
+    assert not leftovers, leftovers
