@@ -1,5 +1,5 @@
 // Tests of common/: checked conversions, whole-file reads, atomic writes, the RAII temp dir and the
-// thread pool (sections and posted tasks).
+// thread pool (sections and posted tasks), the memory room.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,6 +17,7 @@
 #include "common/checked.h"
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/memory_room.h"
 #include "common/thread_pool.h"
 
 namespace fs = std::filesystem;
@@ -234,4 +235,74 @@ TEST(ThreadPool, RunPostedRethrowsAPostedTasksException) {
   pool.post([&] { ran.fetch_add(1); });
   pool.run_posted();  // the error was reported once
   EXPECT_EQ(ran.load(), 3);
+}
+
+// The memory room (common/memory_room.h) on fake /proc and /sys trees.
+TEST(MemoryRoom, ParsesMeminfoMemoryStatAndTheCgroupOfThisProcess) {
+  EXPECT_EQ(meminfo_available("MemTotal: 100 kB\nMemFree:  5 kB\nMemAvailable:   2048 kB\n"), uint64_t(2048) * 1024);
+  EXPECT_FALSE(meminfo_available("MemTotal: 100 kB\n").has_value());
+  EXPECT_FALSE(meminfo_available("MemAvailable: lots kB\n").has_value());
+  EXPECT_EQ(memory_stat_value("anon 10\nfile 300\nfile_mapped 7\n", "file"), 300u);
+  EXPECT_EQ(memory_stat_value("cache 5\ntotal_cache 9\n", "total_cache"), 9u);
+  EXPECT_FALSE(memory_stat_value("file_mapped 7\n", "file").has_value());
+  const char* v1 = "12:blkio:/a\n4:cpu,cpuacct:/b\n3:memory:/cap-1\n0::/\n";
+  EXPECT_EQ(cgroup_of(v1, false), "/cap-1");
+  EXPECT_EQ(cgroup_of(v1, true), "/");
+  EXPECT_EQ(cgroup_of("0::/user.slice/run-7.scope\n", true), "/user.slice/run-7.scope");
+  EXPECT_FALSE(cgroup_of("0::/x\n", false).has_value());
+  EXPECT_FALSE(cgroup_of("garbage\n", true).has_value());
+}
+
+namespace {
+void put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  write_file_atomic(p, text);
+}
+}  // namespace
+
+TEST(MemoryRoom, TheTightestOfMemAvailableAndEveryLimitedCgroupUpTheTree) {
+  const uint64_t mib = uint64_t(1) << 20;
+  {  // cgroup v2: the child's limit less its anonymous memory (current less file pages)
+    TempDir root("room");
+    put(root.path() / "proc/meminfo", "MemAvailable: " + std::to_string(4096 * 1024) + " kB\n");  // 4 GiB
+    put(root.path() / "proc/self/cgroup", "0::/a/b\n");
+    const fs::path cg = root.path() / "sys/fs/cgroup";
+    put(cg / "a/memory.max", std::to_string(3000 * mib) + "\n");
+    put(cg / "a/memory.current", std::to_string(100 * mib) + "\n");
+    put(cg / "a/memory.stat", "anon 1\nfile 0\n");
+    put(cg / "a/b/memory.max", std::to_string(1263 * mib) + "\n");
+    put(cg / "a/b/memory.current", std::to_string(900 * mib) + "\n");
+    put(cg / "a/b/memory.stat", "anon 5\nfile " + std::to_string(800 * mib) + "\n");
+    auto r = memory_room(root.path());
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->bytes, 1163 * mib);  // 1263 - (900 - 800)
+    EXPECT_EQ(r->source, "cgroup v2 /a/b (memory.max 1263 MiB)");
+    put(cg / "a/b/memory.max", "max\n");  // unlimited child: the parent bounds it
+    r = memory_room(root.path());
+    EXPECT_EQ(r->bytes, 2900 * mib);
+    EXPECT_EQ(r->source, "cgroup v2 /a (memory.max 3000 MiB)");
+    put(cg / "a/memory.max", "max\n");  // no limit anywhere: MemAvailable
+    r = memory_room(root.path());
+    EXPECT_EQ(r->bytes, 4096 * mib);
+    EXPECT_EQ(r->source, "MemAvailable");
+  }
+  {  // cgroup v1: limit_in_bytes less (usage - total_cache); PAGE_COUNTER_MAX is no limit
+    TempDir root("room");
+    put(root.path() / "proc/meminfo", "MemAvailable: " + std::to_string(4096 * 1024) + " kB\n");
+    put(root.path() / "proc/self/cgroup", "5:memory:/cap\n0::/\n");
+    const fs::path cg = root.path() / "sys/fs/cgroup/memory";
+    put(cg / "memory.limit_in_bytes", "9223372036854771712\n");
+    put(cg / "cap/memory.limit_in_bytes", std::to_string(500 * mib) + "\n");
+    put(cg / "cap/memory.usage_in_bytes", std::to_string(600 * mib) + "\n");  // over: room 0
+    put(cg / "cap/memory.stat", "cache 1\ntotal_cache 0\n");
+    auto r = memory_room(root.path());
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->bytes, 0u);
+    EXPECT_EQ(r->source, "cgroup v1 /cap (memory.limit_in_bytes 500 MiB)");
+  }
+  TempDir empty("room");
+  EXPECT_FALSE(memory_room(empty.path()).has_value());
+  const auto live = memory_room();  // this machine: at least MemAvailable is readable on Linux
+  ASSERT_TRUE(live.has_value());
+  EXPECT_GT(live->bytes, 0u);
 }

@@ -3,6 +3,7 @@
 // spelling, warnings and the engine's notices take the one notice path, and the named store opens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -234,4 +235,75 @@ TEST_F(StoreOptionsOnModel, DirectReadCapReachesTheStore) {
   const ExpertStoreStats s = store->stats();
   EXPECT_EQ(s.read_ops_requested, 1u);
   EXPECT_GE(s.read_ops_issued, (expert_bytes + (8u << 10) - 1) / (8u << 10));
+}
+
+// StoreConfig::auto_direct: a model larger than the memory room is read with O_DIRECT into a host
+// cache of what the dense weights and the reserve leave (at most half the room), with one notice;
+// one that fits, an explicit choice, io mmap/simple, or an unknown room change nothing.
+TEST_F(StoreOptionsOnModel, AModelLargerThanTheRoomIsReadDirectIntoAHostCacheOfWhatIsLeft) {
+  uint64_t experts = 0;
+  for (int l = 0; l < cfg_.n_moe_layers(); ++l) experts += uint64_t(cfg_.expert_layout(l).bytes) * uint64_t(cfg_.n_experts);
+  const uint64_t dense = fs::file_size(dir_.path() / cfg_.dense_file), model = experts + dense;
+  ASSERT_GT(experts, 0u);
+  const StoreConfig defaults;
+  EXPECT_TRUE(defaults.auto_direct);
+
+  // Fits: nothing changes, nothing said.
+  StoreConfig c = fit_to_memory(dir_.path(), cfg_, defaults, MemoryRoom{model, "MemAvailable"}, OptionSpelling::kCli,
+                                notices_.fn());
+  EXPECT_FALSE(c.io_direct);
+  EXPECT_EQ(c.host_cache_mb, 0u);
+  EXPECT_TRUE(notice_lines().empty());
+
+  // One byte short: direct, and the host cache is min(room - dense - reserve, room / 2), in MiB.
+  const MemoryRoom room{model - 1, "cgroup v1 /x (memory.limit_in_bytes 1 MiB)"};
+  c = fit_to_memory(dir_.path(), cfg_, defaults, room, OptionSpelling::kCli, notices_.fn());
+  EXPECT_TRUE(c.io_direct);
+  const uint64_t held = dense + fit_reserve_bytes(room.bytes);
+  const uint64_t want = std::min(room.bytes > held ? room.bytes - held : 0, room.bytes / 2) >> 20;
+  EXPECT_EQ(c.host_cache_mb, want);
+  std::vector<std::string> lines = notice_lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(contains(lines[0], "exceed the memory this process may fill")) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "cgroup v1 /x")) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "--io-direct --host-cache-mb " + std::to_string(want))) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "--no-auto-direct keeps the page cache")) << lines[0];
+  // Python's spelling.
+  (void)fit_to_memory(dir_.path(), cfg_, defaults, room, OptionSpelling::kPython, notices_.fn());
+  lines = notice_lines();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(contains(lines[1], "io_direct=True host_cache_mb=")) << lines[1];
+  EXPECT_TRUE(contains(lines[1], "auto_direct=False keeps the page cache")) << lines[1];
+
+  // Nothing changes where the user chose, the backend cannot, or the room is unknown.
+  StoreConfig chose = defaults;
+  chose.host_cache_mb = 3;
+  EXPECT_EQ(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct, false);
+  chose = defaults;
+  chose.auto_direct = false;
+  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct);
+  for (const char* io : {"mmap", "simple"}) {
+    chose = defaults;
+    chose.io = io;
+    EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct) << io;
+  }
+  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, defaults, std::nullopt, OptionSpelling::kCli, {}).io_direct);
+  EXPECT_EQ(notice_lines().size(), 2u);
+
+  // The cache's size on a model of many GiB (the sizes come from the config and the dense file).
+  ModelConfig huge = cfg_;
+  huge.n_experts = 1 << 20;
+  const uint64_t gib = uint64_t(1) << 30;
+  // 8 GiB: the reserve is 1 GiB, so half the room (4 GiB) is the smaller bound.
+  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{8 * gib, "m"}, OptionSpelling::kCli, {}).host_cache_mb,
+            4096u);
+  // 700 MiB: the reserve is 384 MiB, so the room less the dense file and the reserve is smaller.
+  const uint64_t small = uint64_t(700) << 20;
+  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{small, "m"}, OptionSpelling::kCli, {}).host_cache_mb,
+            (small - dense - (uint64_t(384) << 20)) >> 20);
+}
+
+TEST(StoreOptions, TheHostCacheTakesAtMostHalfTheRoomAndLeavesTheReserve) {
+  EXPECT_EQ(fit_reserve_bytes(uint64_t(1) << 30), uint64_t(384) << 20);
+  EXPECT_EQ(fit_reserve_bytes(uint64_t(64) << 30), uint64_t(8) << 30);
 }

@@ -26,6 +26,11 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
   app.add_option("--host-cache-mb", a.store.host_cache_mb,
                  "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
       ->capture_default_str()->check(in_range(uint64_t(0), kMaxHostCacheMb));
+  app.add_flag("--no-auto-direct{false}", a.store.auto_direct,
+               "keep the page cache for a model larger than memory (by default, with neither "
+               "--io-direct nor --host-cache-mb given, a model whose files exceed the memory the "
+               "process may fill, its cgroup's limit included, is read with O_DIRECT into a host "
+               "cache of what the dense weights leave, at most half of it; a notice says so)");
   app.add_option("--io-qd", a.store.io_qd, "reads in flight per io_uring ring")->capture_default_str()
       ->check(in_range(1u, kMaxIoQueueDepth));
   app.add_option("--io-rings", a.store.io_rings, "io_uring rings, one thread each; 0 = one per core up to 8")

@@ -353,8 +353,13 @@ COLS = [("streams", "{:.0f}"), ("agg_tok_s", "{:.2f}"), ("agg_x", "{:.2f}"), ("i
         ("io_wait_s", "{:.2f}"), ("mean_batch", "{:.2f}"), ("max_running", "{:.0f}"), ("wall_s", "{:.1f}")]
 
 
-def print_table(rows, extra_cols=()):
-    cols = COLS + [(c, "{:.0f}" if c == "peak_mb" else "{:.2f}") for c in extra_cols]
+# Columns only moestream's counters give (llama-server has none).
+MOESTREAM_ONLY = {"bytes_per_token", "bytes_x", "io_wait_s", "mean_batch", "max_running"}
+
+
+def print_table(rows, extra_cols=(), moestream=True):
+    cols = [c for c in COLS if moestream or c[0] not in MOESTREAM_ONLY]
+    cols += [(c, "{:.0f}" if c == "peak_mb" else "{:.2f}") for c in extra_cols]
     print("| " + " | ".join(c for c, _ in cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
@@ -421,7 +426,7 @@ def report(a, per, engines, streams, rounds_done):
         result[engine] = rows
         print(f"### {engine}\n")
         extra = [f"{ph}_s" for ph in PHASES] if engine == "moestream" else []
-        print_table(rows, extra + (["peak_mb"] if a.memory_cap_mb else []))
+        print_table(rows, extra + (["peak_mb"] if a.memory_cap_mb else []), moestream=engine == "moestream")
     sys.stdout.flush()
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"args": vars(a), "rounds_done": rounds_done, "medians": result,

@@ -1,11 +1,14 @@
 // Implementation of loader/store/store_options.h.
 #include "loader/store/store_options.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <system_error>
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "loader/format/gguf_file.h"
 
 namespace moestream {
 namespace {
@@ -18,6 +21,40 @@ struct Namer {
 template <class T>
 void check_range(const Namer& name, std::string_view field, T value, T lo, T hi) {
   moestream::check_range(name(field), value, lo, hi);
+}
+
+// The model's bytes on disk: its experts' payloads (every MoE layer) and the rest (dense weights
+// and headers: a pack's dense file; a GGUF's files less its experts). Unreadable sizes count 0.
+struct ModelBytes {
+  uint64_t experts = 0, dense = 0;
+};
+
+ModelBytes model_bytes(const std::filesystem::path& model, const ModelConfig& cfg) {
+  ModelBytes b;
+  for (int l = 0; l < cfg.n_moe_layers(); ++l)
+    b.experts += uint64_t(cfg.expert_layout(l).bytes) * uint64_t(cfg.n_experts);
+  const auto size = [](const std::filesystem::path& p) {
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(p, ec);
+    return ec ? uint64_t(0) : uint64_t(n);
+  };
+  if (cfg.format == ModelFormat::kGguf) {
+    uint64_t total = 0;
+    if (const auto split = parse_gguf_split_name(model))
+      for (uint32_t k = 1; k <= split->count; ++k) total += size(gguf_split_path(split->prefix, k, split->count));
+    else
+      total = size(model);
+    b.dense = total > b.experts ? total - b.experts : 0;
+  } else {
+    b.dense = size(model / cfg.dense_file);
+  }
+  return b;
+}
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
+  return buf;
 }
 
 }  // namespace
@@ -80,9 +117,39 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
   return so;
 }
 
+uint64_t fit_reserve_bytes(uint64_t room_bytes) { return std::max(uint64_t(384) << 20, room_bytes / 8); }
+
+StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig& cfg, StoreConfig c,
+                          const std::optional<MemoryRoom>& room, OptionSpelling spelling, const StoreNoticeFn& notice) {
+  if (!c.auto_direct || c.io_direct || c.host_cache_mb > 0 || !room) return c;
+  if (c.io != "auto" && c.io != "uring" && c.io != "pread") return c;
+  const ModelBytes b = model_bytes(model, cfg);
+  if (b.experts + b.dense <= room->bytes) return c;
+  // The host cache takes what the dense weights and the reserve leave, at most half the room:
+  // where the room is the machine's MemAvailable, the rest of the machine keeps its page cache.
+  const uint64_t held = b.dense + fit_reserve_bytes(room->bytes);
+  const uint64_t cache = std::min(room->bytes > held ? room->bytes - held : 0, room->bytes / 2);
+  c.io_direct = true;
+  c.host_cache_mb = std::min(cache >> 20, kMaxHostCacheMb);
+  const Namer name{spelling};
+  const std::string line =
+      "the model's files (" + gib(b.experts + b.dense) + ": experts " + gib(b.experts) + ", the rest " + gib(b.dense) +
+      ") exceed the memory this process may fill (" + gib(room->bytes) + ", " + room->source +
+      "): experts are read with O_DIRECT into a host cache of " + std::to_string(c.host_cache_mb) + " MiB (as " +
+      name("io_direct") + (spelling == OptionSpelling::kPython ? "=True " : " ") + name("host_cache_mb") +
+      (spelling == OptionSpelling::kPython ? "=" : " ") + std::to_string(c.host_cache_mb) + "); " +
+      (spelling == OptionSpelling::kPython ? "auto_direct=False" : "--no-auto-direct") + " keeps the page cache";
+  if (notice)
+    notice(line);
+  else
+    std::fprintf(stderr, "moestream: %s\n", line.c_str());
+  return c;
+}
+
 std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
-                                            const StoreConfig& c, OptionSpelling spelling,
+                                            const StoreConfig& given, OptionSpelling spelling,
                                             const StoreNoticeFn& notice) {
+  const StoreConfig c = fit_to_memory(model_dir, cfg, given, memory_room(), spelling, notice);
   const EngineExpertStoreOptions so = build_store_options(c, spelling, notice);
   const std::string source = store_option_name("host_cache_mb", spelling) + " " + std::to_string(c.host_cache_mb) +
                              " and the expert sizes of " + (model_dir / "model.json").string();

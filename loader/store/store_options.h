@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "common/memory_room.h"
 #include "loader/format/model_config.h"
 #include "loader/store/engine_expert_store.h"
 #include "loader/store/expert_store.h"
@@ -16,7 +18,7 @@
 namespace moestream {
 
 // Field names are Python's keywords; the CLI spells each as --field-with-dashes (--io-qd), except
-// verify_checksums, which infer sets with --no-verify.
+// verify_checksums, which infer sets with --no-verify, and auto_direct (--no-auto-direct).
 struct StoreConfig {
   std::string io = "auto";      // simple | auto | uring | pread | mmap (see open_expert_store)
   bool io_direct = false;       // O_DIRECT reads
@@ -31,6 +33,12 @@ struct StoreConfig {
   // decides per batch which gaps to read through (io::MergeRule). Empty: the fixed gap and caps.
   std::string io_profile;
   bool verify_checksums = true;
+  // Models larger than memory (docs/io_engine.md): with neither io_direct nor a host cache asked
+  // for and io auto, uring or pread, a model whose files exceed the memory this process may fill
+  // (common/memory_room.h: MemAvailable, a cgroup's limit) is read with O_DIRECT into a host cache
+  // of what is left beside its dense weights, and a notice says so. false (--no-auto-direct):
+  // the page cache, whatever the model's size.
+  bool auto_direct = true;
 };
 
 // Limits the builder enforces; the CLI also checks them at parse time (CLI::Range).
@@ -57,7 +65,17 @@ using StoreNoticeFn = std::function<void(const std::string& line)>;
 EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpelling spelling = OptionSpelling::kCli,
                                              const StoreNoticeFn& notice = {});
 
-// build_store_options, then open_expert_store(c.io, ...).
+// StoreConfig::auto_direct's rule for the model at `model` (a pack directory or a GGUF), given the
+// memory room (nullopt: unknown, nothing changes): `c` as it is, or with io_direct on and
+// host_cache_mb set, the choice sent to `notice` in one line naming the sizes and what bounds them.
+StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig& cfg, StoreConfig c,
+                          const std::optional<MemoryRoom>& room, OptionSpelling spelling = OptionSpelling::kCli,
+                          const StoreNoticeFn& notice = {});
+// What fit_to_memory keeps free beside the dense weights and the host cache: the KV cache,
+// activations, the read buffers and the allocator's slack (384 MiB, or 1/8 of the room if more).
+uint64_t fit_reserve_bytes(uint64_t room_bytes);
+
+// fit_to_memory (with memory_room()), build_store_options, then open_expert_store(c.io, ...).
 std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
                                             const StoreConfig& c, OptionSpelling spelling = OptionSpelling::kCli,
                                             const StoreNoticeFn& notice = {});

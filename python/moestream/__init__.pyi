@@ -61,6 +61,7 @@ class Model:
         gpu_preload: bool = False,  # every expert into the GPU cache at load (needs gpu=True; error if they do not fit)
         gpu_pin_page_cache: bool = False,  # page-lock the model's files so GPU misses copy from the page cache by DMA (needs gpu=True; error if they exceed available memory)
         gpu_cpu_misses: bool = False,  # decode experts the GPU cache lacks computed on the CPU where their pages lie (needs gpu=True)
+        auto_direct: bool = True,  # a model larger than the memory room: O_DIRECT into a host cache, with a warning (False: page cache)
     ) -> None: ...
     def generate(
         self,

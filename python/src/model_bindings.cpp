@@ -449,12 +449,13 @@ void bind_model(py::module_& m) {
                        uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
                        std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
                        uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile,
-                       bool gpu_preload, bool gpu_pin_page_cache, bool gpu_cpu_misses) {
+                       bool gpu_preload, bool gpu_pin_page_cache, bool gpu_cpu_misses, bool auto_direct) {
              PyModelOptions o;
              o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
                         .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
                         .max_read_kb = max_read_kb, .direct_max_read_kb = direct_max_read_kb,
-                        .io_profile = io_profile ? io_profile->string() : std::string()};
+                        .io_profile = io_profile ? io_profile->string() : std::string(),
+                        .auto_direct = auto_direct};
              o.cache_aware = cache_aware;
              o.cache_tolerance = cache_tolerance;
              o.threads = threads;
@@ -483,7 +484,8 @@ void bind_model(py::module_& m) {
            py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
            py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0,
            py::arg("io_profile") = py::none(), py::arg("gpu_preload") = false,
-           py::arg("gpu_pin_page_cache") = false, py::arg("gpu_cpu_misses") = false)
+           py::arg("gpu_pin_page_cache") = false, py::arg("gpu_cpu_misses") = false,
+           py::arg("auto_direct") = kStoreDefaults.auto_direct)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);
