@@ -26,7 +26,7 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a) {
   app.add_option("--host-cache-mb", a.store.host_cache_mb,
                  "host expert cache in MiB (LFU with aging), for --io-direct; 0 = none")
       ->capture_default_str()->check(in_range(uint64_t(0), kMaxHostCacheMb));
-  app.add_flag("--no-auto-direct{false}", a.store.auto_direct,
+  app.add_flag("--no-auto-direct", a.no_auto_direct,
                "keep the page cache for a model larger than memory (by default, with neither "
                "--io-direct nor --host-cache-mb given, a model whose files exceed the memory the "
                "process may fill, its cgroup's limit included, is read with O_DIRECT into a host "
@@ -131,6 +131,7 @@ std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std
                                                const ModelConfig& cfg, const char* tool) {
   StoreConfig c = a.store;
   c.verify_checksums = !a.no_verify;
+  c.auto_direct = !a.no_auto_direct;
   const std::string prefix = tool;
   return open_store_for(dir, cfg, c, OptionSpelling::kCli, [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());

@@ -16,8 +16,10 @@
 namespace moestream {
 
 struct EngineCliArgs {
-  StoreConfig store;  // --io ... --direct-max-read-kb; verify_checksums comes from no_verify
+  // --io ... --direct-max-read-kb; verify_checksums comes from no_verify, auto_direct from no_auto_direct
+  StoreConfig store;
   bool no_verify = false;
+  bool no_auto_direct = false;
   bool cache_aware = false;
   float cache_tolerance = 0.10f;
   bool cache_aware_union = false;

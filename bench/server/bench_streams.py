@@ -316,7 +316,7 @@ def cap_peak_mb(stderr):
     return float(m[-1][0])
 
 
-def cell(a, n, rnd, llama=False):
+def cell(a, n, rnd, llama=False, server_args=None):
     from bench_server import Server
     from page_cache import drop_file_cache
     prompts = prompts_for(a.model, n, a.prompt_ids, seed=1000 * rnd + n)
@@ -331,7 +331,8 @@ def cell(a, n, rnd, llama=False):
         s = LlamaServer(a.llama_server, a.llama_model, n, a.ctx, a.llama_args.split(), prefix)
     else:
         replay = ["--replay-routing", a.replay_routing] if a.replay_routing else []
-        s = Server(a.exe, a.model, a.server_args.split() + replay + ["--parallel", str(n), "--queue-size", str(n),
+        args = (a.server_args if server_args is None else server_args).split()
+        s = Server(a.exe, a.model, args + replay + ["--parallel", str(n), "--queue-size", str(n),
                                                                      "--ctx", str(a.ctx)], prefix)
     replaying = a.replay_routing and not llama
     err = ""
@@ -355,6 +356,26 @@ COLS = [("streams", "{:.0f}"), ("agg_tok_s", "{:.2f}"), ("agg_x", "{:.2f}"), ("i
 
 # Columns only moestream's counters give (llama-server has none).
 MOESTREAM_ONLY = {"bytes_per_token", "bytes_x", "io_wait_s", "mean_batch", "max_running"}
+
+
+def per_round_ratio(rows, base_rows, key="agg_tok_s"):
+    """Median over the rounds both have of rows[i][key] / base_rows[i][key]; None without one."""
+    r = [x[key] / b[key] for x, b in zip(rows, base_rows) if b.get(key)]
+    return statistics.median(r) if r else None
+
+
+def parse_variants(text):
+    """'NAME=ARGS;NAME=ARGS' -> {NAME: ARGS}, in order; names unique, not llama-server."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, eq, args = part.partition("=")
+        name = name.strip()
+        if not eq or not name or name == "llama-server" or name in out:
+            raise SystemExit(f"--variants: '{part}' is not NAME=ARGS with a new NAME (llama-server is taken)")
+        out[name] = args.strip()
+    if not out:
+        raise SystemExit("--variants: no NAME=ARGS given")
+    return out
 
 
 def print_table(rows, extra_cols=(), moestream=True):
@@ -390,6 +411,10 @@ def main():
                     help="run every server (both engines) under a cgroup memory limit of this many MiB, page "
                          "cache included (scripts/with_memory_cap.sh; root), each cell with the model's files "
                          "dropped from the page cache first; adds the peak_mb column")
+    ap.add_argument("--variants", default="",
+                    help="several moestream-server configurations, interleaved like the engines: "
+                         "'NAME=ARGS;NAME=ARGS' (replaces --server-args), e.g. "
+                         "'direct=-t 2 --io-direct --host-cache-mb 400;page-cache=-t 2 --no-auto-direct'")
     ap.add_argument("--json", help="write every round's rows and the medians here")
     a = ap.parse_args()
     if a.memory_cap_mb:
@@ -403,30 +428,42 @@ def main():
     if a.llama_server and not a.llama_model:
         sys.exit("--llama-server needs --llama-model (a GGUF of the same model)")
 
-    engines = ("moestream", "llama-server") if a.llama_server else ("moestream",)
+    variants = parse_variants(a.variants) if a.variants else {"moestream": a.server_args}
+    engines = tuple(variants) + (("llama-server",) if a.llama_server else ())
     per = {(e, n): [] for e in engines for n in streams}
     for rnd in range(1, a.rounds + 1):
         for n in round_order(streams, rnd):
             for engine in engines:
-                row = cell(a, n, rnd, llama=engine == "llama-server")
+                row = cell(a, n, rnd, llama=engine == "llama-server", server_args=variants.get(engine))
                 per[(engine, n)].append(row)
                 print(f"bench_streams: round {rnd} {engine} {n} streams: " + json.dumps(row), file=sys.stderr, flush=True)
-        report(a, per, engines, streams, rnd)  # after every round: a cut-short run keeps its tables
+        report(a, per, engines, streams, rnd, variants)  # after every round: a cut-short run keeps its tables
 
 
-def report(a, per, engines, streams, rounds_done):
+def report(a, per, engines, streams, rounds_done, variants):
     replay = f"; replaying {a.replay_routing}" if a.replay_routing else ""
     replay += f"; memory cap {a.memory_cap_mb} MiB, page cache included" if a.memory_cap_mb else ""
-    print(f"## moestream-server, concurrent streams ({a.model}; server args '{a.server_args}'{replay}; "
+    args = f"server args '{a.server_args}'" if not a.variants else f"{len(variants)} configurations"
+    print(f"## moestream-server, concurrent streams ({a.model}; {args}{replay}; "
           f"{a.max_tokens} tokens per stream, warm-up {a.warmup_tokens}; medians of {rounds_done} interleaved "
           f"round{'s' if rounds_done > 1 else ''})\n")
     result = {}
     for engine in engines:
         rows = with_ratios({n: medians(per[(engine, n)]) for n in streams})
         result[engine] = rows
-        print(f"### {engine}\n")
-        extra = [f"{ph}_s" for ph in PHASES] if engine == "moestream" else []
-        print_table(rows, extra + (["peak_mb"] if a.memory_cap_mb else []), moestream=engine == "moestream")
+        print(f"### {engine}" + (f" (server args '{variants[engine]}')" if engine in variants else "") + "\n")
+        ours = engine != "llama-server"
+        extra = [f"{ph}_s" for ph in PHASES] if ours else []
+        print_table(rows, extra + (["peak_mb"] if a.memory_cap_mb else []), moestream=ours)
+    if len(engines) > 1:  # each engine against the first, round by round (the rounds interleave them)
+        base = engines[0]
+        print(f"### aggregate tok/s against {base} (median of the per-round ratios)\n")
+        print("| streams | " + " | ".join(engines[1:]) + " |")
+        print("|---|" + "---|" * (len(engines) - 1))
+        for n in streams:
+            cells = [per_round_ratio(per[(e, n)], per[(base, n)]) for e in engines[1:]]
+            print(f"| {n} | " + " | ".join("-" if c is None else f"{c:.2f}x" for c in cells) + " |")
+        print()
     sys.stdout.flush()
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"args": vars(a), "rounds_done": rounds_done, "medians": result,

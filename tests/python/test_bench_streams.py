@@ -81,3 +81,19 @@ def test_cap_peak_is_read_from_the_wrapper_and_an_oom_kill_stops_the_run():
     assert bs.cap_peak_mb("no wrapper line\n") is None
     with pytest.raises(SystemExit, match="OOM-killed"):
         bs.cap_peak_mb("with_memory_cap: cgroup-v2 memory.max 64 MiB, peak 64 MiB, oom_kill 1\n")
+
+
+def test_variants_parse_in_order_and_refuse_a_reused_or_missing_name():
+    assert bs.parse_variants("direct=-t 2 --io-direct; page=-t 2 --no-auto-direct") == {
+        "direct": "-t 2 --io-direct", "page": "-t 2 --no-auto-direct"}
+    assert list(bs.parse_variants("b=x;a=y")) == ["b", "a"]
+    for bad in ("a=x;a=y", "llama-server=x", "noequals", "=x", ";"):
+        with pytest.raises(SystemExit, match="--variants"):
+            bs.parse_variants(bad)
+
+
+def test_per_round_ratio_pairs_rounds_and_skips_a_zero_base():
+    rows = [{"agg_tok_s": 4.0}, {"agg_tok_s": 9.0}, {"agg_tok_s": 1.0}]
+    base = [{"agg_tok_s": 2.0}, {"agg_tok_s": 3.0}, {"agg_tok_s": 0.0}]
+    assert bs.per_round_ratio(rows, base) == 2.5
+    assert bs.per_round_ratio(rows[2:], base[2:]) is None
