@@ -131,7 +131,9 @@ std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std
                                                const ModelConfig& cfg, const char* tool) {
   StoreConfig c = a.store;
   c.verify_checksums = !a.no_verify;
-  c.auto_direct = !a.no_auto_direct;
+  // --gpu-pin-page-cache locks the page cache's own pages: the store must map the files (it says
+  // why when they do not fit).
+  c.auto_direct = !a.no_auto_direct && !a.gpu_pin_page_cache;
   const std::string prefix = tool;
   return open_store_for(dir, cfg, c, OptionSpelling::kCli, [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());

@@ -104,6 +104,7 @@ class PyModel {
                            .gpu_cpu_misses = "gpu_cpu_misses=True", .assign = "="});
     StoreConfig sc = o.store;
     sc.verify_checksums = o.verify_checksums;
+    sc.auto_direct = sc.auto_direct && !o.gpu_pin_page_cache;  // as infer: the pin needs the page cache
     auto sink = std::make_shared<NoticeSink>();
     {
       py::gil_scoped_release nogil;

@@ -5,30 +5,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <sstream>
 #include <string>
 
 #include "common/error.h"
+#include "common/memory_room.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
 
 namespace {
-
-// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
-uint64_t mem_available() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb) {
-    std::getline(f, unit);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
 
 std::string gib(uint64_t bytes) {
   std::ostringstream s;
@@ -51,11 +38,11 @@ GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion
                       "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
   uint64_t total = 0;
   for (const auto& r : regions) total += r.size;
-  const uint64_t avail = mem_available();
-  if (avail > 0 && total > avail)
+  // The room, not MemAvailable alone: locked file pages count against a cgroup's limit too.
+  if (const auto room = memory_room(); room && total > room->bytes)
     throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib(total) +
-                      ") would stay locked in RAM, more than the " + gib(avail) +
-                      " available; drop the flag to stream them");
+                      ") would stay locked in RAM, more than the " + gib(room->bytes) + " this process may fill (" +
+                      room->source + "); drop the flag to stream them");
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& r : regions) {
     // Every page is faulted in and locked: the first run over a cold file reads it whole here.
