@@ -1,6 +1,8 @@
 // Implementation of common/checked.h.
 #include "common/checked.h"
 
+#include <cstdio>
+
 namespace moestream {
 namespace {
 
@@ -15,6 +17,12 @@ uint64_t units_to_bytes(uint64_t n, unsigned shift, std::string_view name, const
 
 uint64_t kib_to_bytes(uint64_t kib, std::string_view name) { return units_to_bytes(kib, 10, name, "KiB"); }
 uint64_t mib_to_bytes(uint64_t mib, std::string_view name) { return units_to_bytes(mib, 20, name, "MiB"); }
+
+std::string gib_text(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
+  return buf;
+}
 
 size_t checked_product(std::initializer_list<uint64_t> factors, std::string_view what) {
   size_t p = 1;

@@ -58,6 +58,9 @@ T check_range(std::string_view name, T value, T lo, T hi) {
 uint64_t kib_to_bytes(uint64_t kib, std::string_view name);
 uint64_t mib_to_bytes(uint64_t mib, std::string_view name);
 
+// "2.47 GiB": a size for messages, two decimals.
+std::string gib_text(uint64_t bytes);
+
 // The product of `factors` as size_t; ConfigError "<what>: a x b x ... overflows" when it does
 // not fit (callers name the option or file the factors come from in `what`).
 size_t checked_product(std::initializer_list<uint64_t> factors, std::string_view what);

@@ -51,12 +51,6 @@ ModelBytes model_bytes(const std::filesystem::path& model, const ModelConfig& cf
   return b;
 }
 
-std::string gib(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
-  return buf;
-}
-
 }  // namespace
 
 std::string store_option_name(std::string_view field, OptionSpelling spelling) {
@@ -133,8 +127,8 @@ StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig&
   c.host_cache_mb = std::min(cache >> 20, kMaxHostCacheMb);
   const Namer name{spelling};
   const std::string line =
-      "the model's files (" + gib(b.experts + b.dense) + ": experts " + gib(b.experts) + ", the rest " + gib(b.dense) +
-      ") exceed the memory this process may fill (" + gib(room->bytes) + ", " + room->source +
+      "the model's files (" + gib_text(b.experts + b.dense) + ": experts " + gib_text(b.experts) + ", the rest " + gib_text(b.dense) +
+      ") exceed the memory this process may fill (" + gib_text(room->bytes) + ", " + room->source +
       "): experts are read with O_DIRECT into a host cache of " + std::to_string(c.host_cache_mb) + " MiB (as " +
       name("io_direct") + (spelling == OptionSpelling::kPython ? "=True " : " ") + name("host_cache_mb") +
       (spelling == OptionSpelling::kPython ? "=" : " ") + std::to_string(c.host_cache_mb) + "); " +

@@ -5,26 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <sstream>
 #include <string>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "common/memory_room.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
-
-namespace {
-
-std::string gib(uint64_t bytes) {
-  std::ostringstream s;
-  s.precision(2);
-  s << std::fixed << double(bytes) / double(1ULL << 30) << " GiB";
-  return s.str();
-}
-
-}  // namespace
 
 GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion>& regions) {
   if (regions.empty())
@@ -40,8 +29,8 @@ GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion
   for (const auto& r : regions) total += r.size;
   // The room, not MemAvailable alone: locked file pages count against a cgroup's limit too.
   if (const auto room = memory_room(); room && total > room->bytes)
-    throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib(total) +
-                      ") would stay locked in RAM, more than the " + gib(room->bytes) + " this process may fill (" +
+    throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib_text(total) +
+                      ") would stay locked in RAM, more than the " + gib_text(room->bytes) + " this process may fill (" +
                       room->source + "); drop the flag to stream them");
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& r : regions) {
@@ -51,7 +40,7 @@ GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion
       cudaGetLastError();
       release();
       throw ConfigError("--gpu-pin-page-cache: CUDA could not page-lock " + r.path.string() + " (" +
-                        gib(r.size) + "): " + cudaGetErrorString(e));
+                        gib_text(r.size) + "): " + cudaGetErrorString(e));
     }
     regions_.emplace_back(r.data, r.size);
     bytes_ += r.size;
