@@ -1,9 +1,11 @@
 // Implementation of common/memory_room.h.
 #include "common/memory_room.h"
 
+#include <algorithm>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+
+#include "common/error.h"
+#include "common/file_util.h"
 
 namespace moestream {
 
@@ -11,14 +13,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The whole of a small kernel file, or nullopt (absent, unreadable).
+// The whole of a small kernel file, or nullopt (absent, unreadable): a missing file only means
+// that hierarchy or limit is not there.
 std::optional<std::string> slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return s.str();
+  try {
+    return read_file(p, uint64_t(1) << 20);
+  } catch (const IoError&) {
+    return std::nullopt;
+  }
 }
 
 std::optional<uint64_t> parse_u64(std::string_view s) {
@@ -73,12 +75,11 @@ std::optional<MemoryRoom> cgroup_room(const fs::path& base, const std::string& r
     if (limit) {
       const auto used = read_u64(dir / (v2 ? "memory.current" : "memory.usage_in_bytes"));
       const auto stat = slurp(dir / "memory.stat");
-      uint64_t cache = 0;
-      if (stat) {
-        if (auto c = memory_stat_value(*stat, v2 ? "file" : "total_cache")) cache = *c;
-        else if (auto c1 = memory_stat_value(*stat, "cache"); !v2 && c1) cache = *c1;
-      }
-      const uint64_t held = used ? (*used > cache ? *used - cache : 0) : 0;
+      // v1 without hierarchical accounting has "cache" only.
+      std::optional<uint64_t> cache;
+      if (stat) cache = memory_stat_value(*stat, v2 ? "file" : "total_cache");
+      if (stat && !cache && !v2) cache = memory_stat_value(*stat, "cache");
+      const uint64_t held = used ? *used - std::min(*used, cache.value_or(0)) : 0;
       const uint64_t room = *limit > held ? *limit - held : 0;
       if (!best || room < best->bytes) {
         std::string name(1, '/');  // appended, not `"/" + ...`: GCC 12 -Wrestrict false positive
@@ -87,9 +88,8 @@ std::optional<MemoryRoom> cgroup_room(const fs::path& base, const std::string& r
                                     (v2 ? "memory.max " : "memory.limit_in_bytes ") + mib(*limit) + ")"};
       }
     }
-    if (dir == base || !dir.has_parent_path() || dir.parent_path() == dir) break;
+    if (dir.native().size() <= base.native().size()) break;  // base itself (or above it) done
     dir = dir.parent_path();
-    if (dir.native().size() < base.native().size()) break;
   }
   return best;
 }

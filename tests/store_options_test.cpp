@@ -303,7 +303,7 @@ TEST_F(StoreOptionsOnModel, AModelLargerThanTheRoomIsReadDirectIntoAHostCacheOfW
             (small - dense - (uint64_t(384) << 20)) >> 20);
 }
 
-TEST(StoreOptions, TheHostCacheTakesAtMostHalfTheRoomAndLeavesTheReserve) {
+TEST(StoreOptions, TheFitReserveIs384MiBOrAnEighthOfTheRoom) {
   EXPECT_EQ(fit_reserve_bytes(uint64_t(1) << 30), uint64_t(384) << 20);
   EXPECT_EQ(fit_reserve_bytes(uint64_t(64) << 30), uint64_t(8) << 30);
 }

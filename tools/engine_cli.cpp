@@ -127,15 +127,13 @@ void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo) {
   check_gpu_options(mo);  // before the store opens and the weights load
 }
 
-std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,
-                                               const ModelConfig& cfg, const char* tool) {
+std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const ModelOptions& mo,
+                                               const std::filesystem::path& dir, const ModelConfig& cfg,
+                                               const char* tool) {
   StoreConfig c = a.store;
-  c.verify_checksums = !a.no_verify;
-  // --gpu-pin-page-cache locks the page cache's own pages: the store must map the files (it says
-  // why when they do not fit).
-  c.auto_direct = !a.no_auto_direct && !a.gpu_pin_page_cache;
+  c.auto_direct = !a.no_auto_direct;
   const std::string prefix = tool;
-  return open_store_for(dir, cfg, c, OptionSpelling::kCli, [prefix](const std::string& line) {
+  return open_store_for(dir, cfg, store_config_for(mo, c), OptionSpelling::kCli, [prefix](const std::string& line) {
     std::fprintf(stderr, "%s: %s\n", prefix.c_str(), line.c_str());
   });
 }

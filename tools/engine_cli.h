@@ -16,7 +16,8 @@
 namespace moestream {
 
 struct EngineCliArgs {
-  // --io ... --direct-max-read-kb; verify_checksums comes from no_verify, auto_direct from no_auto_direct
+  // --io ... --direct-max-read-kb; auto_direct comes from no_auto_direct, verify_checksums from
+  // no_verify (through ModelOptions: store_config_for)
   StoreConfig store;
   bool no_verify = false;
   bool no_auto_direct = false;
@@ -44,9 +45,11 @@ void add_engine_options(CLI::App& app, EngineCliArgs& a);
 // CUDA build or device, --gpu-cache-mb or --moe-lookahead without --gpu.
 void apply_engine_options(const EngineCliArgs& a, ModelOptions& mo);
 
-// Opens the expert store the flags describe (loader/store/store_options.h); `tool` prefixes its
-// warnings and the read engine's notices on stderr.
-std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const std::filesystem::path& dir,
-                                               const ModelConfig& cfg, const char* tool);
+// Opens the expert store the flags describe (loader/store/store_options.h) for a model loaded with
+// `mo` (apply_engine_options'; store_config_for); `tool` prefixes its warnings and the read
+// engine's notices on stderr.
+std::unique_ptr<ExpertStore> open_engine_store(const EngineCliArgs& a, const ModelOptions& mo,
+                                               const std::filesystem::path& dir, const ModelConfig& cfg,
+                                               const char* tool);
 
 }  // namespace moestream

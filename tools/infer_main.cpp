@@ -146,7 +146,7 @@ int run(const Args& a) {
     replay.emplace(RoutingReplay::load(a.replay_routing, header_cfg));
     std::fprintf(stderr, "infer: routing: %s\n", replay->describe().c_str());
   }
-  auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, header_cfg, "infer"));
+  auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, header_cfg, "infer"));
   const ModelConfig& cfg = model->config();
   if (replay) {
     model->set_routing_override([&replay](int layer, uint64_t ordinal, int n, int* ids, float* w) {

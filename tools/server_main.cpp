@@ -163,7 +163,7 @@ int run(Args& a) {
   if (a.server.parallel > mo.max_batch)
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " exceeds the " +
                       std::to_string(mo.max_batch) + " tokens of one step");
-  auto model = Model::load(dir, mo, open_engine_store(a.engine, dir, cfg, "moestream-server"));
+  auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();

@@ -28,6 +28,20 @@ from page_cache import drop_file_cache  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+class StderrDrain:
+    """Reads a process's stderr to its end on a daemon thread (a server that logs much would
+    otherwise block on a full pipe); text() waits for the end and returns it all."""
+
+    def __init__(self, proc):
+        self._lines = []
+        self._thread = threading.Thread(target=lambda: self._lines.extend(proc.stderr), daemon=True)
+        self._thread.start()
+
+    def text(self):
+        self._thread.join(timeout=10)
+        return "".join(self._lines)
+
+
 class Server:
     """moestream-server on a free loopback port. prefix: a wrapper the server runs under (e.g.
     scripts/with_memory_cap.sh MB --), which must pass SIGTERM on and print to stderr; stop()
@@ -42,16 +56,12 @@ class Server:
             self.proc.kill()
             sys.exit(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.url = "http://" + line.split("http://")[1].split()[0]
-        # stderr is drained on a thread: a server that logs much would otherwise block on a full pipe.
-        self._err = []
-        self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
-        self._drain.start()
+        self._err = StderrDrain(self.proc)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
-        self._drain.join(timeout=10)
-        return "".join(self._err)
+        return self._err.text()
 
 
 def metrics(url):

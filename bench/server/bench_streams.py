@@ -267,6 +267,7 @@ class LlamaServer:
         import subprocess
         import socket
         import requests
+        from bench_server import StderrDrain
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -274,13 +275,10 @@ class LlamaServer:
         self.proc = subprocess.Popen([*map(str, prefix), exe, "-m", model, "--host", "127.0.0.1", "--port", str(port),
                                       "--parallel", str(parallel), "-c", str(ctx * parallel), "--no-webui",
                                       *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self._err = []  # drained on a thread: llama-server logs every request
-        self._drain = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
-        self._drain.start()
+        self._err = StderrDrain(self.proc)  # llama-server logs every request
         for _ in range(1200):
             if self.proc.poll() is not None:
-                self._drain.join(timeout=10)
-                sys.exit(f"llama-server exited: {''.join(self._err)[-2000:]}")
+                sys.exit(f"llama-server exited: {self._err.text()[-2000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -293,8 +291,7 @@ class LlamaServer:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=60)
-        self._drain.join(timeout=10)
-        return "".join(self._err)
+        return self._err.text()
 
 
 CAP_SCRIPT = ROOT / "scripts" / "with_memory_cap.sh"

@@ -102,9 +102,7 @@ class PyModel {
                            .moe_lookahead = "moe_lookahead", .gpu_preload = "gpu_preload=True",
                            .gpu_pin_page_cache = "gpu_pin_page_cache=True",
                            .gpu_cpu_misses = "gpu_cpu_misses=True", .assign = "="});
-    StoreConfig sc = o.store;
-    sc.verify_checksums = o.verify_checksums;
-    sc.auto_direct = sc.auto_direct && !o.gpu_pin_page_cache;  // as infer: the pin needs the page cache
+    const StoreConfig sc = store_config_for(mo, o.store);
     auto sink = std::make_shared<NoticeSink>();
     {
       py::gil_scoped_release nogil;

@@ -92,12 +92,16 @@ void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
+StoreConfig store_config_for(const ModelOptions& opts, StoreConfig c) {
+  c.verify_checksums = opts.verify_checksums;
+  c.auto_direct = c.auto_direct && !opts.gpu_pin_page_cache;
+  return c;
+}
+
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
   // infer's default store (--io auto and its defaults), through the same builder.
   ModelConfig cfg = ModelConfig::load(dir);
-  StoreConfig sc;
-  sc.verify_checksums = opts.verify_checksums;
-  return load(dir, opts, open_store_for(dir, cfg, sc));
+  return load(dir, opts, open_store_for(dir, cfg, store_config_for(opts, StoreConfig{})));
 }
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts_in,

@@ -12,6 +12,7 @@
 
 #include "runtime/model/cache_aware_router.h"
 #include "loader/store/expert_store.h"
+#include "loader/store/store_options.h"
 #include "runtime/gpu/gpu_forward.h"  // GpuForwardInfo/Stats, gpu_unavailable_reason()
 #include "loader/format/model_config.h"
 #include "runtime/model/forward_pass.h"  // ForwardTimes, RoutingEvent, RoutingCallback
@@ -65,6 +66,12 @@ struct GpuOptionNames {
 // without gpu, gpu without a usable device (look-ahead also works on the CPU). Model::load calls it; front ends call
 // it before their own slow work so the error comes first and in their spelling.
 void check_gpu_options(const ModelOptions& opts, const GpuOptionNames& names = {});
+
+// The store options a model loaded with `opts` needs, from the front end's `c`: opts' checksum
+// choice, and no automatic O_DIRECT beside gpu_pin_page_cache (the pin locks the page cache's own
+// pages, and refuses itself, naming why, a model larger than memory). Every front end's store
+// (infer, the server, Python, Model::load's default) is opened with what this returns.
+StoreConfig store_config_for(const ModelOptions& opts, StoreConfig c);
 
 class Model {
  public:
