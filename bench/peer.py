@@ -107,6 +107,9 @@ def check_args(a) -> None:
         unknown = set(given) - set(known)
         if unknown:
             raise ValueError(f"{flag}: unknown {','.join(sorted(unknown))} (known: {','.join(known)})")
+    if a.moestream_gguf and "cpu-noverify" in a.cpu_moestream:
+        raise ValueError("--cpu-moestream cpu-noverify with --moestream-gguf: a GGUF carries no expert "
+                         "checksums, so --no-verify would run the cpu cell again")
 
 
 def long_prompt(n: int) -> str:

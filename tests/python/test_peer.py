@@ -15,7 +15,7 @@ spec.loader.exec_module(peer)
 def args(**kw):
     a = dict(layers=2, tokens=8, rounds=3, cap_fraction=0.5, gpu_cache_fraction=0.25, prefill_tokens=64,
              rows=list(peer.ROWS), cap_moestream=[], cap_llama=[], cpu_moestream=["cpu"],
-             gpu25_moestream=["gpu25", "gpu25-pin"])
+             gpu25_moestream=["gpu25", "gpu25-pin"], moestream_gguf=False)
     a.update(kw)
     return argparse.Namespace(**a)
 
@@ -48,6 +48,8 @@ def test_good_arguments_pass():
     # Full offload holds the whole model in VRAM: not a mode for a model that fits nowhere.
     (dict(cap_llama=["l-gpu"]), "--cap-llama"),
     (dict(cpu_moestream=["gpu25"]), "--cpu-moestream"),
+    # A GGUF has no expert checksums: the unverified cell would be the verified one again.
+    (dict(cpu_moestream=["cpu", "cpu-noverify"], moestream_gguf=True), "cpu-noverify with --moestream-gguf"),
 ])
 def test_bad_arguments_are_refused_by_name(kw, flag):
     with pytest.raises(ValueError, match=flag):
