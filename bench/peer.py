@@ -221,6 +221,14 @@ def files_of(path: Path) -> list[Path]:
     return [p for p in sorted(path.rglob("*")) if p.is_file()] if path.is_dir() else [path]
 
 
+def expert_counts(stats: dict) -> dict:
+    """Where a run's experts came from (infer's --stats-json `experts`): computed in place from the
+    page cache, read, or from the host cache; what tells a warm run from one that read."""
+    e = stats.get("experts") or {}
+    return {k: e.get(k) for k in ("experts_requested", "experts_in_place", "experts_read", "host_cache_hits",
+                                  "fetches_read_ahead", "verified_in_place")}
+
+
 def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, cap_mb) -> dict:
     ctx = a.prefill_tokens + tokens + 64
     if engine == "moestream":
@@ -234,7 +242,7 @@ def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, 
         st = json.loads(stats.read_text())
         return {"tok_s": st["decode"]["tokens_per_s"], "prefill_tok_s": st["prefill"]["tokens_per_s"],
                 "prompt_tokens": st["prefill"]["tokens"], "decode_tokens": st["decode"]["tokens"],
-                "gpu_cache": st["decode"].get("gpu_cache"), "rc": 0, "load": r["load"],
+                "gpu_cache": st["decode"].get("gpu_cache"), "experts": expert_counts(st), "rc": 0, "load": r["load"],
                 "maxrss_bytes": r["maxrss_bytes"], "cap_line": r["cap_line"]}
     r = gl.timed([a.env["LLAMA_CPP_COMPLETION"], "-m", a.gguf, "-p", prompt, "-n", str(tokens),
                   "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "--temp", "0", "--top-k", "1",
@@ -278,6 +286,7 @@ def interleaved(a, name: str, cells: list[tuple[str, str]], threads: int, prompt
                     "decode_tokens": rs[0].get("decode_tokens"),
                     "errors": [r["err"] for r in rs if r.get("err")][:1],
                     "loads": [r["load"] for r in rs], "gpu_cache": rs[-1].get("gpu_cache"),
+                    "experts": [r.get("experts") for r in rs],
                     "maxrss_bytes": max((r.get("maxrss_bytes") or 0) for r in rs)})
     return out
 

@@ -136,3 +136,11 @@ def test_table_marks_ratios_goals_failures_and_skips():
     assert "llama.cpp failed in every mode and round" in lines[3] and ">= 10x: met" in lines[3]
     assert "every mode failed" in lines[3]
     assert lines[4].startswith("| warm GPU decode | skipped: no GPU")
+
+
+def test_expert_counts_keep_where_the_experts_came_from():
+    st = {"experts": {"experts_requested": 953, "experts_in_place": 925, "experts_read": 28, "host_cache_hits": 0,
+                      "fetches_read_ahead": 10, "verified_in_place": 0, "io_seconds": 0.07}}
+    assert peer.expert_counts(st) == {"experts_requested": 953, "experts_in_place": 925, "experts_read": 28,
+                                      "host_cache_hits": 0, "fetches_read_ahead": 10, "verified_in_place": 0}
+    assert peer.expert_counts({})["experts_read"] is None  # an older infer: absent, not zero
