@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tokenizers import Tokenizer
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig
 
 PROMPTS = ["The meaning of the word", "Elizabeth looked at Mr. Darcy and", "In the beginning",
            "The kernel driver", "A dictionary is"]
@@ -62,12 +62,48 @@ def wide_config(vocab_size, eos_id):
     return cfg
 
 
-CONFIGS = {"demo": demo_config, "wide128": wide_config}
+def grouped_config(vocab_size, eos_id):
+    """GLM-4.5's router at wide128's size (Glm4MoeForCausalLM): 128 experts of width 32, top-8,
+    chosen by grouped sigmoid routing (8 groups of 16; a group scores the sum of its two best
+    biased scores; the best 4 groups are kept and the 8 best experts inside them selected), the
+    weights renormalised and scaled by 2.5, one always-on shared expert of width 32, and GLM's
+    attention (QK-norm, Q/K/V biases, half of each head rotated). Every layer is MoE, as in
+    wide128, so the two models' cache figures compare layer for layer.
+
+    Exists for issue 23's "the same for grouped sigmoid routing": cache-aware routing may only
+    swap within the kept groups, so how much it can save is the grouped router's own question.
+    Balanced as DeepSeek-V3 is (--balance bias): no auxiliary loss; after every step each
+    layer's correction bias moves by a fixed step towards the experts below the mean load.
+    """
+    return Glm4MoeConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, moe_intermediate_size=32,
+        n_routed_experts=128, num_experts_per_tok=8, n_group=8, topk_group=4, n_shared_experts=1,
+        first_k_dense_replace=0, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
+        attention_bias=True, num_nextn_predict_layers=0, rms_norm_eps=1e-6,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        initializer_range=0.02, bos_token_id=None, eos_token_id=eos_id, pad_token_id=eos_id,
+        use_cache=True)
+
+
+CONFIGS = {"demo": demo_config, "wide128": wide_config, "grouped128": grouped_config}
+# The balance each config trains with when --balance is not given.
+DEFAULT_BALANCE = {"demo": "pooled", "wide128": "layer", "grouped128": "bias"}
+
+
+def n_experts(cfg):
+    return cfg.num_local_experts if hasattr(cfg, "n_group") else cfg.num_experts
+
+
+def grouped(cfg):
+    """Whether the config routes by grouped sigmoid scores with a correction bias."""
+    return hasattr(cfg, "n_group")
 
 
 def packed_bytes(cfg, quant):
     """Bytes of the packed model (docs/format.md): dense bf16 + per-layer 4 KiB-aligned experts."""
-    D, F_, E, L, V = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
+    D, F_, E, L, V = (cfg.hidden_size, cfg.moe_intermediate_size, n_experts(cfg),
                       cfg.num_hidden_layers, cfg.vocab_size)
     hd, H, KV = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
 
@@ -86,6 +122,8 @@ def packed_bytes(cfg, quant):
     expert = up64(mat(F_, D)) + up64(mat(F_, D)) + mat(D, F_)
     layer_file = up4k(64 + 8 * E) + E * up4k(expert)
     dense = 2 * V * D + D + L * (2 * D + D * H * hd * 2 + D * KV * hd * 2 + 2 * hd + E * D)
+    if grouped(cfg):  # per layer: the shared expert, Q/K/V biases, the correction bias
+        dense += L * (3 * D * F_ * cfg.n_shared_experts + (H + 2 * KV) * hd + E)
     return {"dense": dense * 2, "experts": L * layer_file, "total": dense * 2 + L * layer_file,
             "expert_bytes": expert}
 
@@ -114,7 +152,46 @@ def lr_at(step, total, peak, warmup, floor=0.1):
 def make_model(cfg, experts_impl, device):
     cfg._experts_implementation = experts_impl
     cfg._attn_implementation = "sdpa"
-    return Qwen3MoeForCausalLM(cfg).to(device)
+    return AutoModelForCausalLM.from_config(cfg).to(device)
+
+
+class RouterTap:
+    """The experts each grouped router chose in the last forward pass, best first: forward hooks on
+    the layers' routers (the modules holding `e_score_correction_bias`), which return
+    (logits, weights, indices). The order is by biased score, as moestream's router lists them
+    (transformers' top-k is unsorted)."""
+
+    def __init__(self, model):
+        self.routers = [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+        self.chosen = [None] * len(self.routers)
+        self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+
+    def _hook(self, i):
+        def hook(module, inputs, output):
+            logits, _, idx = output
+            with torch.no_grad():
+                choice = torch.sigmoid(logits.float()) + module.e_score_correction_bias
+                order = torch.argsort(choice.gather(1, idx), dim=-1, descending=True, stable=True)
+                self.chosen[i] = idx.gather(1, order)
+        return hook
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def update_bias(tap, step_size):
+    """DeepSeek-V3's balancing without a loss: each layer's correction bias rises by step_size for
+    every expert chosen less often than the mean in the last batch and falls for every expert
+    chosen more often (sign of the gap, not its size). Returns the mean over layers of the busiest
+    expert's load / the mean load (1 at perfect balance)."""
+    worst = []
+    for r, idx in zip(tap.routers, tap.chosen):
+        load = torch.bincount(idx.reshape(-1), minlength=r.e_score_correction_bias.numel()).float()
+        r.e_score_correction_bias += step_size * torch.sign(load.mean() - load)
+        worst.append(load.max() / load.mean())
+    return torch.stack(worst).mean()
 
 
 def layer_balance_loss(router_logits, k):
@@ -138,18 +215,25 @@ def layer_balance_loss(router_logits, k):
     return torch.stack(losses).mean()
 
 
-def train_step(model, opt, x, balance="pooled"):
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = model(input_ids=x[:, :-1], output_router_logits=True)
+def train_step(model, opt, x, balance="pooled", tap=None, bias_step=1e-2):
+    """One optimizer step. Returns (LM loss, balance figure): the auxiliary loss for pooled and
+    layer, the busiest expert's load over the mean (update_bias) for bias."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        out = model(input_ids=x[:, :-1], output_router_logits=balance != "bias")
         logits = out.logits.float()
     lm = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
-    aux = out.aux_loss if balance == "pooled" else layer_balance_loss(
-        out.router_logits, model.config.num_experts_per_tok)
-    loss = lm + model.config.router_aux_loss_coef * aux
+    if balance == "bias":
+        loss = lm
+    else:
+        aux = out.aux_loss if balance == "pooled" else layer_balance_loss(
+            out.router_logits, model.config.num_experts_per_tok)
+        loss = lm + model.config.router_aux_loss_coef * aux
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+    if balance == "bias":
+        aux = update_bias(tap, bias_step)
     return lm.detach(), aux.detach()
 
 
@@ -161,7 +245,7 @@ def eval_loss(model, tokens, seq, n_windows):
         x = tokens[i * seq:(i + 1) * seq + 1].unsqueeze(0)
         if x.size(1) < seq + 1:
             break
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             logits = model(input_ids=x[:, :-1]).logits.float()
         total += F.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
         count += seq
@@ -211,14 +295,19 @@ def routing_trace(model, tokens, window, n_tokens):
     """Top-k expert ids of every token and layer, windows of `window` tokens from the start."""
     model.eval()
     k = model.config.num_experts_per_tok
+    tap = RouterTap(model) if grouped(model.config) else None
     experts = []
     for s in range(0, n_tokens, window):
         x = tokens[s:min(s + window, n_tokens)].unsqueeze(0)
-        out = model(input_ids=x, output_router_logits=True)  # f32: no bf16 near-ties in top-k
-        # router_logits: one [tokens, E] tensor per layer; same top-k rule as the router.
-        ids = torch.stack([torch.topk(F.softmax(r.float(), -1), k, -1).indices
-                           for r in out.router_logits], dim=1)  # [tokens, L, k]
+        out = model(input_ids=x, output_router_logits=tap is None)  # f32: no bf16 near-ties in top-k
+        if tap is not None:  # the grouped routers' own choices, best first
+            ids = torch.stack(tap.chosen, dim=1)
+        else:  # router_logits: one [tokens, E] tensor per layer; same top-k rule as the router.
+            ids = torch.stack([torch.topk(F.softmax(r.float(), -1), k, -1).indices
+                               for r in out.router_logits], dim=1)  # [tokens, L, k]
         experts.append(ids.to(torch.uint8).cpu().numpy())
+    if tap is not None:
+        tap.close()
     return np.concatenate(experts), tokens[:n_tokens].cpu().numpy().astype(np.uint16)
 
 
@@ -270,31 +359,42 @@ def smoke(args, cfg, device):
     for impl in args.impls.split(","):
         torch.manual_seed(0)
         model = make_model(CONFIGS[args.config](cfg.vocab_size, cfg.eos_token_id), impl, device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), fused=device.type == "cuda")
+        tap = RouterTap(model) if args.balance == "bias" else None
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         try:
             for _ in range(3):
-                train_step(model, opt, batches.next())
-            torch.cuda.synchronize()
+                train_step(model, opt, batches.next(), args.balance, tap, args.bias_step)
+            sync()
             t0 = time.time()
             for _ in range(args.smoke_steps):
-                lm, aux = train_step(model, opt, batches.next())
-            torch.cuda.synchronize()
+                lm, aux = train_step(model, opt, batches.next(), args.balance, tap, args.bias_step)
+            sync()
             dt = time.time() - t0
             print(f"smoke {impl:10s} {args.smoke_steps * args.batch * args.seq / dt / 1e3:8.1f} "
                   f"k tok/s  lm {lm.item():.3f} aux {aux.item():.3f}  "
-                  f"mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+                  + (f"mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else ""),
+                  flush=True)
         except Exception as e:  # report and try the next implementation
             print(f"smoke {impl:10s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         del model, opt
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="demo",
-                    help="demo: 32 experts top-4 (models/demo); wide128: 128 experts top-8")
-    ap.add_argument("--balance", choices=("pooled", "layer"), default="pooled",
-                    help="load-balancing loss: transformers' (pooled over layers) or per layer")
+                    help="demo: 32 experts top-4 (models/demo); wide128: 128 experts top-8; grouped128: "
+                         "128 experts top-8 by GLM-4.5's grouped sigmoid router")
+    ap.add_argument("--balance", choices=("pooled", "layer", "bias"), default=None,
+                    help="load balancing: transformers' loss (pooled over layers), the same per layer, or "
+                         "DeepSeek-V3's correction-bias updates (grouped128 only); default: the config's "
+                         + ", ".join(f"{c} {b}" for c, b in DEFAULT_BALANCE.items()))
+    ap.add_argument("--bias-step", type=float, default=1e-2,
+                    help="--balance bias: how far a correction bias moves per step (DeepSeek-V3 moved "
+                         "it 1e-3 at a tenth of this script's learning rate)")
+    ap.add_argument("--device", default="cuda", help="cuda (training runs), or cpu for a short check")
     ap.add_argument("--data", type=Path, default=Path("data/tokens"))
     ap.add_argument("--tokenizer", default="models/demo/tokenizer.json")
     ap.add_argument("--heldout-text", default="models/demo/heldout.txt")
@@ -316,11 +416,17 @@ def main():
     ap.add_argument("--impls", default="grouped_mm,batched_mm,eager")
     ap.add_argument("--smoke-steps", type=int, default=10)
     args = ap.parse_args()
+    args.balance = args.balance or DEFAULT_BALANCE[args.config]
+    if (args.balance == "bias") != (args.config == "grouped128"):
+        ap.error(f"--balance {args.balance} with --config {args.config}: the correction-bias updates are for "
+                 "the grouped sigmoid router (grouped128) and the losses for the softmax routers")
 
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here (--device cpu runs a short check)")
     tok = Tokenizer.from_file(args.tokenizer)
     eos_id = tok.token_to_id("<|endoftext|>")
     cfg = CONFIGS[args.config](tok.get_vocab_size(), eos_id)
@@ -334,14 +440,15 @@ def main():
     model = make_model(cfg, args.experts_impl, device)
     n_params = sum(p.numel() for p in model.parameters())
     n_expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
-    active = n_params - n_expert + n_expert * cfg.num_experts_per_tok // cfg.num_experts
+    active = n_params - n_expert + n_expert * cfg.num_experts_per_tok // n_experts(cfg)
     print(f"params {n_params / 1e6:.2f} M (experts {n_expert / 1e6:.2f} M, active/token "
           f"{active / 1e6:.2f} M)", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    tap = RouterTap(model) if args.balance == "bias" else None
     batches = Batches(args.data / "train.bin", args.seq, args.batch, args.seed, device)
     held = torch.from_numpy(np.fromfile(args.data / "heldout.bin", dtype="<u2").astype(np.int64)).to(device)
 
@@ -352,7 +459,7 @@ def main():
         lr = lr_at(step, args.steps, args.lr, args.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        lm, aux = train_step(model, opt, batches.next(), args.balance)
+        lm, aux = train_step(model, opt, batches.next(), args.balance, tap, args.bias_step)
         last = (step == args.steps - 1 or (time.time() - t0) / 60 > args.max_minutes
                 or step + 1 == args.stop_after)
         if step % 10 == 0 or last:
@@ -369,6 +476,8 @@ def main():
         if last:
             break
     train_s = time.time() - t0
+    if tap is not None:
+        tap.close()
     trained_tokens = (step + 1) * tokens_per_step
 
     with open(args.out / "loss.csv", "w", newline="") as f:
@@ -376,13 +485,17 @@ def main():
         w.writeheader()
         w.writerows(rows)
     plot_loss(rows, args.out / "loss.png",
-              f"moestream {args.config} MoE (Qwen3MoeForCausalLM, {cfg.num_hidden_layers} layers, "
-              f"{cfg.num_experts} experts, top-{cfg.num_experts_per_tok})")
+              f"moestream {args.config} MoE ({cfg.architectures[0] if cfg.architectures else type(model).__name__}, "
+              f"{cfg.num_hidden_layers} layers, {n_experts(cfg)} experts, top-{cfg.num_experts_per_tok})")
 
     # Checkpoint: bf16 weights, per-expert layout (transformers' default save), small shards.
     model.eval()
     model.config.output_router_logits = False
-    model.to(torch.bfloat16).save_pretrained(args.out / "hf", max_shard_size="12MB",
+    model.to(torch.bfloat16)
+    for m in model.modules():  # correction biases stay f32, as published checkpoints keep them
+        if hasattr(m, "e_score_correction_bias"):
+            m.e_score_correction_bias.data = m.e_score_correction_bias.data.float()
+    model.save_pretrained(args.out / "hf", max_shard_size="12MB",
                                              safe_serialization=True)
     del model, opt
     # The tokenizer travels with the checkpoint, so convert_model packs a runnable model.
@@ -394,7 +507,7 @@ def main():
     # Held-out perplexity from transformers, on the committed held-out text encoded as one string.
     text = Path(args.heldout_text).read_text(encoding="utf-8")
     ids = tok.encode(text).ids
-    reloaded = Qwen3MoeForCausalLM.from_pretrained(
+    reloaded = AutoModelForCausalLM.from_pretrained(
         args.out / "hf", dtype=torch.float32, experts_implementation=args.experts_impl).to(device)
     ppl = {}
     for name, n in (("heldout_full", len(ids)), ("heldout_head16k", 16384)):
@@ -416,16 +529,19 @@ def main():
         "model": {"params": n_params, "expert_params": n_expert, "active_params_per_token": active,
                   "config": {k: getattr(cfg, k) for k in (
                       "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts",
-                      "num_experts_per_tok", "norm_topk_prob", "router_aux_loss_coef")}},
+                      "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts_per_tok",
+                      "norm_topk_prob", "router_aux_loss_coef", "n_group", "topk_group",
+                      "routed_scaling_factor", "n_shared_experts") if hasattr(cfg, k)},
+                  "architecture": type(reloaded).__name__, "experts": n_experts(cfg)},
         "packed_bytes_estimate": sizes,
         "training": {"steps": step + 1, "batch": args.batch, "seq": args.seq, "tokens": trained_tokens,
                      "corpus_train_tokens": int(batches.data.size), "lr": args.lr,
                      "warmup": args.warmup, "seed": args.seed, "balance": args.balance,
+                     "bias_step": args.bias_step if args.balance == "bias" else None,
                      "experts_impl": args.experts_impl,
                      "seconds": round(train_s, 1), "tokens_per_s": round(trained_tokens / train_s),
                      "final_train_loss": rows[-1]["loss"], "final_heldout_loss": rows[-1]["val_loss"],
-                     "gpu": torch.cuda.get_device_name()},
+                     "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"},
         "perplexity": {"method": "sliding window 512, stride 256, text encoded whole, no BOS",
                        "text": args.heldout_text, **ppl},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
