@@ -14,11 +14,16 @@ runs a GGUF in place).
     python3 bench/gguf_deepen.py SRC.gguf OUT.gguf --layers 48 [--seed 1]
 
 Random weights route at random, as the source's do: a speed benchmark, not a language model.
-Written to OUT.tmp, fsynced and renamed; progress every layer on stderr. Types: Q8_0 and F32
+Layers are made in parallel (a process per core, --jobs) and written in order as they come, so
+memory holds a few layers, not the file; layer L's values come from the generator seeded with
+(--seed, L), the same whatever --jobs. Written to OUT.tmp, fsynced and renamed; progress every
+layer on stderr. Types: Q8_0 and F32
 tensors (what the converter and llama-quantize Q8_0 write for qwen3moe); another quantized type
 is refused, naming the tensor.
 """
 import argparse
+import collections
+import multiprocessing
 import os
 import re
 import sys
@@ -62,15 +67,50 @@ def random_q8_0(template: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out.reshape(template.shape)
 
 
+_SRC = None  # the source's reader, opened once in each worker
+
+
+def _open_source(path: str) -> None:
+    global _SRC
+    _SRC = gguf.GGUFReader(path)
+
+
+def make_layer(job: tuple[int, int]) -> list[np.ndarray]:
+    """Layer `layer`'s tensors in the order of the source's blk.0.* (see the module docstring)."""
+    layer, seed = job
+    rng = np.random.default_rng([seed, layer])
+    out = []
+    for t in (t for t in _SRC.tensors if t.name.startswith("blk.0.")):
+        if t.tensor_type == Q8_0:
+            out.append(random_q8_0(np.asarray(t.data), rng))
+        elif "ffn_gate_inp" in t.name:  # the router: random, the template's spread
+            src = np.asarray(t.data, dtype=np.float32)
+            out.append(rng.normal(0.0, float(src.std()) or 1e-2, size=src.shape).astype(np.float32))
+        else:  # norms
+            out.append(np.array(t.data, dtype=np.float32))
+    return out
+
+
+def tensor_info(w, name: str, t) -> None:
+    """Declares a tensor of the template's type and shape (the data follows later, in order)."""
+    if t.tensor_type == Q8_0:
+        w.add_tensor_info(name, t.data.shape, np.dtype(np.uint8), t.data.nbytes, raw_dtype=Q8_0)
+    else:
+        w.add_tensor_info(name, t.data.shape, np.dtype(np.float32), t.data.size * 4)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="the GGUF to copy (one file, not a split set)")
     ap.add_argument("out", help="the GGUF to write")
     ap.add_argument("--layers", type=int, required=True, help="decoder layers of the output")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes making layers (default: the cores)")
     a = ap.parse_args()
     if a.layers < 1:
         ap.error("--layers must be >= 1")
+    if a.jobs < 1:
+        ap.error("--jobs must be >= 1")
     r = gguf.GGUFReader(a.src)
     arch = field_value(r.fields["general.architecture"])[0]
     if "split.count" in r.fields:
@@ -91,26 +131,30 @@ def main() -> None:
         if name == f"{arch}.block_count":
             value = a.layers
         w.add_key_value(name, value, vtype, sub_type=sub)
-    rng = np.random.default_rng(a.seed)
     # Tensors in the source's order: the head and embedding where they were, then the layers.
     for t in other:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=t.data.shape if t.tensor_type == Q8_0 else None,
-                     raw_dtype=t.tensor_type)
-    t0 = time.time()
+        tensor_info(w, t.name, t)
     for layer in range(a.layers):
         for t in layer0:
-            name = re.sub(r"^blk\.0\.", f"blk.{layer}.", t.name)
-            if t.tensor_type == Q8_0:
-                w.add_tensor(name, random_q8_0(np.asarray(t.data), rng), raw_shape=t.data.shape, raw_dtype=Q8_0)
-            elif "ffn_gate_inp" in t.name:  # the router: random, the template's spread
-                src = np.asarray(t.data, dtype=np.float32)
-                w.add_tensor(name, rng.normal(0.0, float(src.std()) or 1e-2, size=src.shape).astype(np.float32))
-            else:  # norms
-                w.add_tensor(name, np.array(t.data, dtype=np.float32))
-        print(f"gguf_deepen: layer {layer + 1}/{a.layers} generated ({time.time() - t0:.0f} s)", file=sys.stderr)
+            tensor_info(w, re.sub(r"^blk\.0\.", f"blk.{layer}.", t.name), t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
+    w.write_ti_data_to_file()
+    for t in other:
+        w.write_tensor_data(np.array(t.data))
+    t0 = time.time()
+    with multiprocessing.get_context("fork").Pool(min(a.jobs, a.layers), _open_source, (a.src,)) as pool:
+        # At most two layers a process in flight: generation outruns the disk, and memory should
+        # hold a few layers, not the file.
+        pending: collections.deque = collections.deque()
+        queued = 0
+        for layer in range(a.layers):
+            while queued < a.layers and len(pending) < 2 * a.jobs:
+                pending.append(pool.apply_async(make_layer, ((queued, a.seed),)))
+                queued += 1
+            for x in pending.popleft().get():
+                w.write_tensor_data(x)
+            print(f"gguf_deepen: layer {layer + 1}/{a.layers} written ({time.time() - t0:.0f} s)", file=sys.stderr)
     w.close()
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
