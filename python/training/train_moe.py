@@ -1,5 +1,5 @@
-# Trains the demo model: transformers' Qwen3MoeForCausalLM on the Debian-package English corpus,
-# then writes the HF checkpoint, loss curve, held-out perplexity and held-out/train routing traces.
+# Trains the demo model (transformers' Qwen3MoeForCausalLM; --config picks it, wide128 or the
+# Glm4MoeForCausalLM grouped128) on the Debian-package English corpus, then writes the HF checkpoint, loss curve, held-out perplexity and held-out/train routing traces.
 """Train the moestream demo MoE (run on the GPU device machine).
 
 Input: data/tokens/{train,heldout}.bin (uint16, python/training/tokenize_corpus.py) and
@@ -343,7 +343,7 @@ def plot_loss(rows, path, title):
     ax.plot([r["tokens"] / 1e6 for r in ev], [r["val_loss"] for r in ev], "o-", label="held-out loss")
     ax2 = ax.twinx()
     ax2.plot(t, [r["aux_loss"] for r in rows], color="gray", lw=0.6, alpha=0.6)
-    ax2.set_ylabel("router load-balancing loss (gray)")
+    ax2.set_ylabel("load balance: aux loss, or busiest/mean (bias) (gray)")
     ax.set_xlabel("training tokens (M)")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_ylim(bottom=max(0.0, min(r["loss"] for r in rows) - 0.5), top=min(10, max(r["loss"] for r in rows)))
