@@ -1,5 +1,6 @@
 # Trains the demo model (transformers' Qwen3MoeForCausalLM; --config picks it, wide128 or the
-# Glm4MoeForCausalLM grouped128) on the Debian-package English corpus, then writes the HF checkpoint, loss curve, held-out perplexity and held-out/train routing traces.
+# Glm4MoeForCausalLM grouped128) on the Debian-package English corpus, then writes the HF
+# checkpoint, loss curve, held-out perplexity and held-out/train routing traces.
 """Train the moestream demo MoE (run on the GPU device machine).
 
 Input: data/tokens/{train,heldout}.bin (uint16, python/training/tokenize_corpus.py) and
