@@ -12,6 +12,10 @@
 #   bash scripts/device_peer.sh model [ARGS]  also makes the model in both formats (the bf16
 #                                             checkpoint, llama.cpp's converter and quantizer, then
 #                                             convert_model) in /tmp/llama-models, and stops
+#   bash scripts/device_peer.sh deepen [N]    also writes the N-layer (default 48) Q8_0 GGUF
+#                                             /tmp/q30-L<N>-Q8_0.gguf from the 6-layer one
+#                                             (bench/gguf_deepen.py), unless it is there; run
+#                                             it with: run --layers N --gguf THAT --moestream-gguf
 #   bash scripts/device_peer.sh run [ARGS]    does what is missing of those, then bench/peer.py
 #                                             ARGS (default: 6 layers, threads 2,16, 32 tokens, 3
 #                                             rounds); the table and JSON go to $OUT (peer.md,
@@ -26,7 +30,7 @@ mkdir -p "$O"
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
 [ -f "$L/llama.cpp-src.tar.xz" ] || { echo "device_peer: no $L/llama.cpp-src.tar.xz (run scripts/llama_cpp_tool.sh device-src here and carry .llama)" >&2; exit 1; }
-case "$cmd" in build|model|run) ;; *) echo "device_peer: unknown command '$cmd' (build|model|run)" >&2; exit 1 ;; esac
+case "$cmd" in build|model|deepen|run) ;; *) echo "device_peer: unknown command '$cmd' (build|model|deepen|run)" >&2; exit 1 ;; esac
 # CMake finds nvcc on PATH or through CUDACXX.
 if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDACXX=/usr/local/cuda/bin/nvcc
@@ -82,6 +86,19 @@ export LLAMA_CPP_SRC=$SRC LLAMA_CPP_PYTHON=$(command -v python3) LLAMA_CPP_CONVE
 export LLAMA_CPP_QUANTIZE=$BLD/bin/llama-quantize LLAMA_CPP_COMPLETION=$BLD/bin/llama-completion
 export PYTHONPATH=$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}
 extra=(--json "$O/peer.json" --markdown "$O/peer.md")
-[ "$cmd" = model ] && extra=(--models-only)
+case "$cmd" in model|deepen) extra=(--models-only) ;; esac
+deep_layers=48
+if [ "$cmd" = deepen ]; then
+  deep_layers=${1:-48}
+  [[ "$deep_layers" =~ ^[0-9]+$ ]] && [ "$deep_layers" -ge 1 ] ||
+    { echo "device_peer: deepen takes a layer count, not '$deep_layers'" >&2; exit 1; }
+  set --
+fi
 python3 bench/peer.py --bin build-device-gpu/bin --cache /tmp/llama-models --tokenizers "$TOK" "${extra[@]}" "$@" \
   2>"$O/peer.log" || { tail -40 "$O/peer.log" >&2; exit 1; }
+if [ "$cmd" = deepen ]; then
+  D=/tmp/q30-L$deep_layers-Q8_0.gguf
+  [ -f "$D" ] || python3 bench/gguf_deepen.py /tmp/llama-models/qwen3-30b-a3b-shape-L6-seed1/qwen3moe-L6-Q8_0.gguf \
+    "$D" --layers "$deep_layers" 2>"$O/deepen.log" || { tail -20 "$O/deepen.log" >&2; exit 1; }
+  echo "device_peer: $D ($(du -h --apparent-size "$D" | cut -f1))" >&2
+fi
