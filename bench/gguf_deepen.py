@@ -17,9 +17,8 @@ Random weights route at random, as the source's do: a speed benchmark, not a lan
 Layers are made in parallel (a process per core, --jobs) and written in order as they come, so
 memory holds a few layers, not the file; layer L's values come from the generator seeded with
 (--seed, L), the same whatever --jobs. Written to OUT.tmp, fsynced and renamed; progress every
-layer on stderr. Types: Q8_0 and F32
-tensors (what the converter and llama-quantize Q8_0 write for qwen3moe); another quantized type
-is refused, naming the tensor.
+layer on stderr. Types: Q8_0 and F32 tensors (what the converter and llama-quantize Q8_0 write
+for qwen3moe); another quantized type is refused, naming the tensor.
 """
 import argparse
 import collections
@@ -53,12 +52,16 @@ def field_value(f):
     return f.parts[f.data[0]].tolist()[0], vtype, None
 
 
-def random_q8_0(template: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def median_scale(template: np.ndarray) -> float:
+    """The median |scale| of a Q8_0 tensor's blocks (1e-3 for an empty one)."""
+    d = np.abs(template.reshape(-1, 34)[:, :2].copy().view(np.float16).astype(np.float32))
+    return float(np.median(d[np.isfinite(d)])) if d.size else 1e-3
+
+
+def random_q8_0(template: np.ndarray, med: float, rng: np.random.Generator) -> np.ndarray:
     """Q8_0 blocks of the template's shape: quants uniform in [-127, 127], f16 scales scattered
-    around the template's median scale."""
+    around `med` (the template's median_scale)."""
     blocks = template.reshape(-1, 34)
-    d = np.abs(blocks[:, :2].copy().view(np.float16).astype(np.float32))
-    med = float(np.median(d[np.isfinite(d)])) if d.size else 1e-3
     out = np.empty_like(blocks)
     n = blocks.shape[0]
     out[:, 2:] = rng.integers(-127, 128, size=(n, 32), dtype=np.int8).view(np.uint8)
@@ -67,12 +70,22 @@ def random_q8_0(template: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out.reshape(template.shape)
 
 
-_SRC = None  # the source's reader, opened once in each worker
+# Each worker's view of the source's layer 0: (tensor, the spread its random values follow: a
+# Q8_0 tensor's median scale, the router's standard deviation, None for a norm copied as it is).
+_LAYER0: list = []
 
 
 def _open_source(path: str) -> None:
-    global _SRC
-    _SRC = gguf.GGUFReader(path)
+    """A worker's start: reads the templates' spreads once, not once per layer."""
+    for t in gguf.GGUFReader(path).tensors:
+        if not t.name.startswith("blk.0."):
+            continue
+        if t.tensor_type == Q8_0:
+            _LAYER0.append((t, median_scale(np.asarray(t.data))))
+        elif "ffn_gate_inp" in t.name:
+            _LAYER0.append((t, float(np.asarray(t.data, dtype=np.float32).std()) or 1e-2))
+        else:
+            _LAYER0.append((t, None))
 
 
 def make_layer(job: tuple[int, int]) -> list[np.ndarray]:
@@ -80,12 +93,11 @@ def make_layer(job: tuple[int, int]) -> list[np.ndarray]:
     layer, seed = job
     rng = np.random.default_rng([seed, layer])
     out = []
-    for t in (t for t in _SRC.tensors if t.name.startswith("blk.0.")):
+    for t, spread in _LAYER0:
         if t.tensor_type == Q8_0:
-            out.append(random_q8_0(np.asarray(t.data), rng))
-        elif "ffn_gate_inp" in t.name:  # the router: random, the template's spread
-            src = np.asarray(t.data, dtype=np.float32)
-            out.append(rng.normal(0.0, float(src.std()) or 1e-2, size=src.shape).astype(np.float32))
+            out.append(random_q8_0(np.asarray(t.data), spread, rng))
+        elif spread is not None:  # the router: random, the template's spread
+            out.append(rng.normal(0.0, spread, size=t.data.shape).astype(np.float32))
         else:  # norms
             out.append(np.array(t.data, dtype=np.float32))
     return out

@@ -93,13 +93,13 @@ CONFIGS = {"demo": demo_config, "wide128": wide_config, "grouped128": grouped_co
 DEFAULT_BALANCE = {"demo": "pooled", "wide128": "layer", "grouped128": "bias"}
 
 
-def n_experts(cfg):
-    return cfg.num_local_experts if hasattr(cfg, "n_group") else cfg.num_experts
-
-
 def grouped(cfg):
     """Whether the config routes by grouped sigmoid scores with a correction bias."""
     return hasattr(cfg, "n_group")
+
+
+def n_experts(cfg):
+    return cfg.num_local_experts if grouped(cfg) else cfg.num_experts
 
 
 def packed_bytes(cfg, quant):
@@ -157,19 +157,23 @@ def make_model(cfg, experts_impl, device):
 
 
 class RouterTap:
-    """The experts each grouped router chose in the last forward pass, best first: forward hooks on
-    the layers' routers (the modules holding `e_score_correction_bias`), which return
-    (logits, weights, indices). The order is by biased score, as moestream's router lists them
-    (transformers' top-k is unsorted)."""
+    """The experts each grouped router chose in the last forward pass: forward hooks on the layers'
+    routers (the modules holding `e_score_correction_bias`), which return (logits, weights,
+    indices). `ordered` (the routing traces) sorts them best first by biased score, as moestream's
+    router lists them (transformers' top-k is unsorted); the bias updates only count them."""
 
-    def __init__(self, model):
+    def __init__(self, model, ordered=False):
         self.routers = [m for m in model.modules() if hasattr(m, "e_score_correction_bias")]
         self.chosen = [None] * len(self.routers)
+        self.ordered = ordered
         self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def _hook(self, i):
         def hook(module, inputs, output):
             logits, _, idx = output
+            if not self.ordered:
+                self.chosen[i] = idx.detach()
+                return
             with torch.no_grad():
                 choice = torch.sigmoid(logits.float()) + module.e_score_correction_bias
                 order = torch.argsort(choice.gather(1, idx), dim=-1, descending=True, stable=True)
@@ -296,7 +300,7 @@ def routing_trace(model, tokens, window, n_tokens):
     """Top-k expert ids of every token and layer, windows of `window` tokens from the start."""
     model.eval()
     k = model.config.num_experts_per_tok
-    tap = RouterTap(model) if grouped(model.config) else None
+    tap = RouterTap(model, ordered=True) if grouped(model.config) else None
     experts = []
     for s in range(0, n_tokens, window):
         x = tokens[s:min(s + window, n_tokens)].unsqueeze(0)
