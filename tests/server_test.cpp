@@ -1,5 +1,5 @@
-// Server logic without HTTP: stop strings, the bounded job queue, request validation, KV prefix
-// reuse in EngineSession giving the same tokens as a fresh prefill, client disconnect probing.
+// Server logic without HTTP: stop strings, the bounded job queue, request validation, metrics, KV
+// prefix reuse in EngineSession giving the same tokens as a fresh prefill, client disconnect probing.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -20,6 +20,7 @@
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
+#include "runtime/server/server_metrics.h"
 #include "runtime/server/stop_matcher.h"
 #include "tests/support/strict_skip.h"
 
@@ -173,6 +174,35 @@ TEST(CompletionRequest, DepthLimitCountsOnlyBracketsOutsideStrings) {
   EXPECT_EQ(error_of(R"({"prompt": "\\", "extra": )" + nested(inner + 1) + "}", false).code(), "json_too_deep");
   EXPECT_NO_THROW(check_json_depth("]]]]" + nested(kMaxRequestJsonDepth)));  // stray closers do not bank depth
   EXPECT_THROW(check_json_depth(nested(3), 2), ApiError);
+}
+
+namespace {
+double metric_value(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+}  // namespace
+
+TEST(ServerMetrics, ExpertTiersPartitionTheRequestsWhenExpertsAreComputedInPlace) {
+  // 10 requested: 2 from the host cache, 3 computed in place from resident pages, 5 read of
+  // which 1 was resident. A look-ahead read 2 more that nobody asked for (experts_read 7).
+  ExpertStoreStats e;
+  e.experts_requested = 10;
+  e.host_cache_hits = 2;
+  e.experts_in_place = 3;
+  e.experts_read = 7;
+  e.lookahead_read = 2;
+  e.page_cache_hits = 3 + 1;
+  ServerMetrics m;
+  m.request_done(JobResult{}, e);
+  const std::string text = m.prometheus(0, false, 4);
+  EXPECT_EQ(metric_value(text, "moestream_expert_requests_total"), 10);
+  EXPECT_EQ(metric_value(text, "moestream_expert_hits_total{tier=\"host_cache\"}"), 2);
+  EXPECT_EQ(metric_value(text, "moestream_expert_hits_total{tier=\"page_cache\"}"), 4);
+  EXPECT_EQ(metric_value(text, "moestream_expert_hits_total{tier=\"storage\"}"), 4);
+  EXPECT_EQ(metric_value(text, "moestream_expert_hit_ratio{tier=\"storage\"}"), 0.4);
+  EXPECT_EQ(metric_value(text, "moestream_expert_reads_total"), 7);
 }
 
 TEST(ApiError, InternalErrorKeepsTheDetailOffTheClient) {

@@ -45,8 +45,9 @@ struct ExpertStoreStats {
   uint64_t experts_read = 0;    // experts that had to be read from a file
   uint64_t bytes_read = 0;      // expert payload bytes read from files
   double io_seconds = 0;        // wall time from issuing a layer's reads until the last one landed
-  // Hits per tier: host_cache_hits needed no read; page_cache_hits were read but found in the
-  // page cache just before (buffered mode, sampled with cachestat/mincore).
+  // Hits per tier: host_cache_hits needed no read; page_cache_hits were found in the page cache
+  // just before (buffered mode, sampled with cachestat/mincore), read from there or computed in
+  // place (experts_in_place) from resident pages.
   uint64_t host_cache_hits = 0;
   uint64_t page_cache_hits = 0;
   uint64_t read_ops_requested = 0;   // reads asked of the engine (one per missing expert)

@@ -70,9 +70,12 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   metric(o, "moestream_prefill_tokens_per_second", "gauge", "Prompt tokens/s of the last request.", last_prefill_tps_);
   const auto& e = experts_;
   metric(o, "moestream_expert_requests_total", "counter", "Experts asked of the expert store.", double(e.experts_requested));
-  o += "# HELP moestream_expert_hits_total Experts served by each tier without a read from storage (host_cache) or read but found in the page cache (page_cache); storage = read from the device.\n";
+  o += "# HELP moestream_expert_hits_total Requested experts by the tier that served them: host_cache (no read), page_cache (resident pages, copied or computed in place), storage (the rest: read or faulted in from the device).\n";
   o += "# TYPE moestream_expert_hits_total counter\n";
-  const double storage = double(e.experts_read) - double(e.page_cache_hits);
+  // The tiers partition the requests. Storage is what neither host tier held; experts_read is no
+  // measure of it: experts computed in place are not reads, and a look-ahead may read experts
+  // nobody asks for.
+  const double storage = double(e.experts_requested) - double(e.host_cache_hits) - double(e.page_cache_hits);
   sample(o, "moestream_expert_hits_total", "{tier=\"host_cache\"}", double(e.host_cache_hits));
   sample(o, "moestream_expert_hits_total", "{tier=\"page_cache\"}", double(e.page_cache_hits));
   sample(o, "moestream_expert_hits_total", "{tier=\"storage\"}", storage > 0 ? storage : 0);
