@@ -223,10 +223,21 @@ def files_of(path: Path) -> list[Path]:
 
 def expert_counts(stats: dict) -> dict:
     """Where a run's experts came from (infer's --stats-json `experts`): computed in place from the
-    page cache, read, or from the host cache; what tells a warm run from one that read."""
+    page cache, read, or from the host cache, and how the store read; what tells a warm run from
+    one that read."""
     e = stats.get("experts") or {}
-    return {k: e.get(k) for k in ("experts_requested", "experts_in_place", "experts_read", "host_cache_hits",
-                                  "fetches_read_ahead", "verified_in_place")}
+    out = {k: e.get(k) for k in ("experts_requested", "experts_in_place", "experts_read", "host_cache_hits",
+                                 "fetches_read_ahead", "verified_in_place")}
+    # How the store read: buffered or O_DIRECT with a host cache (the automatic choice for a model
+    # larger than the memory room), which decides whether experts can be computed in place.
+    out["expert_io"] = stats.get("expert_io")
+    return out
+
+
+def notices(stderr: str) -> list[str]:
+    """moestream's own notices in a run's stderr (an automatic choice such as O_DIRECT for a model
+    larger than the memory room), kept with the cell: they change what the cell measured."""
+    return [line for line in stderr.splitlines() if line.startswith("moestream: ")][:8]
 
 
 def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, cap_mb) -> dict:
@@ -243,7 +254,7 @@ def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, 
         return {"tok_s": st["decode"]["tokens_per_s"], "prefill_tok_s": st["prefill"]["tokens_per_s"],
                 "prompt_tokens": st["prefill"]["tokens"], "decode_tokens": st["decode"]["tokens"],
                 "gpu_cache": st["decode"].get("gpu_cache"), "experts": expert_counts(st), "rc": 0, "load": r["load"],
-                "maxrss_bytes": r["maxrss_bytes"], "cap_line": r["cap_line"]}
+                "maxrss_bytes": r["maxrss_bytes"], "cap_line": r["cap_line"], "notices": notices(r["err"])}
     r = gl.timed([a.env["LLAMA_CPP_COMPLETION"], "-m", a.gguf, "-p", prompt, "-n", str(tokens),
                   "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "--temp", "0", "--top-k", "1",
                   "-s", "1", "--ignore-eos", "-no-cnv", "--no-display-prompt", *llama_flags(mode)],
@@ -286,7 +297,7 @@ def interleaved(a, name: str, cells: list[tuple[str, str]], threads: int, prompt
                     "decode_tokens": rs[0].get("decode_tokens"),
                     "errors": [r["err"] for r in rs if r.get("err")][:1],
                     "loads": [r["load"] for r in rs], "gpu_cache": rs[-1].get("gpu_cache"),
-                    "experts": [r.get("experts") for r in rs],
+                    "experts": [r.get("experts") for r in rs], "notices": [r.get("notices") for r in rs],
                     "maxrss_bytes": max((r.get("maxrss_bytes") or 0) for r in rs)})
     return out
 
@@ -373,6 +384,9 @@ def main() -> None:
     if a.models_only:
         print(f"{a.gguf} ({info['file'] / 1e9:.2f} GB)\n{a.pack}")
         return
+    # A model written just now may still be going to disk; its writeback would slow the first
+    # cells (measured on the dev VM: 19.7 tok/s against 45 a minute later).
+    os.sync()
     a.work = Path(tempfile.mkdtemp(prefix="peer."))
     top = a.thread_list[-1]
     has_gpu, gpu_text = gpu_present()

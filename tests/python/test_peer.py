@@ -140,7 +140,17 @@ def test_table_marks_ratios_goals_failures_and_skips():
 
 def test_expert_counts_keep_where_the_experts_came_from():
     st = {"experts": {"experts_requested": 953, "experts_in_place": 925, "experts_read": 28, "host_cache_hits": 0,
-                      "fetches_read_ahead": 10, "verified_in_place": 0, "io_seconds": 0.07}}
+                      "fetches_read_ahead": 10, "verified_in_place": 0, "io_seconds": 0.07},
+          "expert_io": "engine uring, O_DIRECT, host cache 14000.0 MiB"}
     assert peer.expert_counts(st) == {"experts_requested": 953, "experts_in_place": 925, "experts_read": 28,
-                                      "host_cache_hits": 0, "fetches_read_ahead": 10, "verified_in_place": 0}
+                                      "host_cache_hits": 0, "fetches_read_ahead": 10, "verified_in_place": 0,
+                                      "expert_io": "engine uring, O_DIRECT, host cache 14000.0 MiB"}
     assert peer.expert_counts({})["experts_read"] is None  # an older infer: absent, not zero
+
+
+def test_notices_keep_moestreams_own_lines_only():
+    err = ("loading\nmoestream: the model's files (32.5 GiB) exceed the memory this process may fill\n"
+           "with_memory_cap: peak 10 MiB\nmoestream: another\n")
+    assert peer.notices(err) == ["moestream: the model's files (32.5 GiB) exceed the memory this process may fill",
+                                 "moestream: another"]
+    assert peer.notices("") == []
