@@ -235,9 +235,9 @@ def expert_counts(stats: dict) -> dict:
 
 
 def notices(stderr: str) -> list[str]:
-    """moestream's own notices in a run's stderr (an automatic choice such as O_DIRECT for a model
-    larger than the memory room), kept with the cell: they change what the cell measured."""
-    return [line for line in stderr.splitlines() if line.startswith("moestream: ")][:8]
+    """infer's and the engine's notices in a run's stderr (an automatic choice such as O_DIRECT for
+    a model larger than the memory room), kept with the cell: they change what the cell measured."""
+    return [line for line in stderr.splitlines() if line.startswith(("infer: ", "moestream: "))][:8]
 
 
 def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, cap_mb) -> dict:

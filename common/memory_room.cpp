@@ -1,6 +1,9 @@
 // Implementation of common/memory_room.h.
 #include "common/memory_room.h"
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
 #include <algorithm>
 #include <charconv>
 
@@ -150,6 +153,12 @@ std::optional<MemoryRoom> memory_room(const fs::path& root) {
     if (const auto rel = cgroup_of(*self, false)) keep(cgroup_room(root / "sys/fs/cgroup/memory", *rel, false));
   }
   return best;
+}
+
+bool on_memory_filesystem(const fs::path& path) {
+  struct statfs st {};
+  if (::statfs(path.c_str(), &st) != 0) return false;
+  return st.f_type == TMPFS_MAGIC || st.f_type == RAMFS_MAGIC;
 }
 
 }  // namespace moestream

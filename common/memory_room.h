@@ -23,6 +23,11 @@ struct MemoryRoom {
 // live system; tests give a fake tree). nullopt when none of these can be read.
 std::optional<MemoryRoom> memory_room(const std::filesystem::path& root = "/");
 
+// Whether `path` lies on a filesystem whose files are memory (tmpfs, ramfs): their pages count
+// against no MemAvailable and cannot be evicted, so computing from them in place costs no I/O and
+// no further memory, and streaming them would copy memory into memory. false when statfs fails.
+bool on_memory_filesystem(const std::filesystem::path& path);
+
 // The parsing parts (tests): MemAvailable in bytes from /proc/meminfo's text; a key's value from
 // a memory.stat text; the cgroup path of this process from /proc/self/cgroup's text (v2: the
 // "0::" line; v1: the line whose controllers include "memory").

@@ -27,6 +27,9 @@ cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/moestream_out}
 L=$PWD/.llama
 mkdir -p "$O"
+# Where the models lie and how much memory is free decide what the rows measure (a file on tmpfs
+# is memory; moestream streams a model larger than the memory room): kept beside the results.
+{ date -u; free -g; df -hT /tmp "$PWD"; cat /sys/fs/cgroup/memory.max 2>/dev/null; } >"$O/machine.txt" 2>&1 || true
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
 [ -f "$L/llama.cpp-src.tar.xz" ] || { echo "device_peer: no $L/llama.cpp-src.tar.xz (run scripts/llama_cpp_tool.sh device-src here and carry .llama)" >&2; exit 1; }

@@ -3,6 +3,8 @@
 // spelling, warnings and the engine's notices take the one notice path, and the named store opens.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -301,6 +303,33 @@ TEST_F(StoreOptionsOnModel, AModelLargerThanTheRoomIsReadDirectIntoAHostCacheOfW
   const uint64_t small = uint64_t(700) << 20;
   EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{small, "m"}, OptionSpelling::kCli, {}).host_cache_mb,
             (small - dense - (uint64_t(384) << 20)) >> 20);
+}
+
+// Experts on tmpfs are memory already and outside MemAvailable: however small the room, they are
+// computed where they lie, never copied into a host cache; the same model on disk is streamed.
+TEST(StoreOptions, AModelOnAMemoryFilesystemIsNeverStreamed) {
+  EXPECT_FALSE(on_memory_filesystem("/proc"));
+  EXPECT_FALSE(on_memory_filesystem("/no/such/path"));
+  if (!fs::is_directory("/dev/shm") || !on_memory_filesystem("/dev/shm")) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  const fs::path shm = "/dev/shm/moestream_store_options_" + std::to_string(::getpid());
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } remove{shm};
+  fs::create_directories(shm);
+  const ModelConfig cfg = tiny_config();
+  write_synthetic_model(shm, cfg, 5);
+  TempDir disk("store_options");
+  write_synthetic_model(disk.path(), cfg, 5);
+  const MemoryRoom room{1, "MemAvailable"};  // smaller than any model
+  const StoreConfig on_shm = fit_to_memory(shm, cfg, StoreConfig{}, room, OptionSpelling::kCli, {});
+  EXPECT_FALSE(on_shm.io_direct);
+  EXPECT_EQ(on_shm.host_cache_mb, 0u);
+  if (on_memory_filesystem(disk.path())) GTEST_SKIP() << "the temporary directory is on tmpfs too";
+  EXPECT_TRUE(fit_to_memory(disk.path(), cfg, StoreConfig{}, room, OptionSpelling::kCli, {}).io_direct);
 }
 
 TEST(StoreOptions, TheFitReserveIs384MiBOrAnEighthOfTheRoom) {

@@ -117,6 +117,9 @@ StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig&
                           const std::optional<MemoryRoom>& room, OptionSpelling spelling, const StoreNoticeFn& notice) {
   if (!c.auto_direct || c.io_direct || c.host_cache_mb > 0 || !room) return c;
   if (c.io != "auto" && c.io != "uring" && c.io != "pread") return c;
+  // Experts on tmpfs are memory already, outside MemAvailable (so they would never seem to fit):
+  // in place they cost nothing more; O_DIRECT into a host cache would copy memory into memory.
+  if (on_memory_filesystem(cfg.format == ModelFormat::kGguf ? model : model / cfg.experts_dir)) return c;
   const ModelBytes b = model_bytes(model, cfg);
   if (b.experts + b.dense <= room->bytes) return c;
   // The host cache takes what the dense weights and the reserve leave, at most half the room:

@@ -25,8 +25,8 @@ GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion
   if (!ro)
     throw ConfigError("--gpu-pin-page-cache: this device cannot register read-only host memory "
                       "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
-  uint64_t total = 0;
-  for (const auto& r : regions) total += r.size;
+  uint64_t total = 0;  // what locking adds to memory: files on tmpfs are in it already
+  for (const auto& r : regions) total += on_memory_filesystem(r.path) ? 0 : r.size;
   // The room, not MemAvailable alone: locked file pages count against a cgroup's limit too.
   if (const auto room = memory_room(); room && total > room->bytes)
     throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib_text(total) +

@@ -148,9 +148,9 @@ def test_expert_counts_keep_where_the_experts_came_from():
     assert peer.expert_counts({})["experts_read"] is None  # an older infer: absent, not zero
 
 
-def test_notices_keep_moestreams_own_lines_only():
-    err = ("loading\nmoestream: the model's files (32.5 GiB) exceed the memory this process may fill\n"
-           "with_memory_cap: peak 10 MiB\nmoestream: another\n")
-    assert peer.notices(err) == ["moestream: the model's files (32.5 GiB) exceed the memory this process may fill",
-                                 "moestream: another"]
+def test_notices_keep_infers_and_the_engines_lines_only():
+    err = ("loading\ninfer: the model's files (32.5 GiB) exceed the memory this process may fill\n"
+           "with_memory_cap: peak 10 MiB\nmoestream: an engine notice\n")
+    assert peer.notices(err) == ["infer: the model's files (32.5 GiB) exceed the memory this process may fill",
+                                 "moestream: an engine notice"]
     assert peer.notices("") == []
