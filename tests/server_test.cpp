@@ -241,6 +241,13 @@ void drain(Job& job, std::string* text, std::vector<int>* ids) {
   }
 }
 
+ModelOptions options_1_thread_512() {
+  ModelOptions o;
+  o.n_threads = 1;
+  o.max_context = 512;
+  return o;
+}
+
 // Greedy continuation of each prompt in turn through one session; returns the token texts.
 std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
                                  const std::vector<std::vector<int>>& prompts, std::vector<int>* reused) {
@@ -263,7 +270,7 @@ std::vector<std::string> run_all(Model& model, const Tokenizer& tok, bool reuse,
 TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
   const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
   if (!fs::exists(dir / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model " << dir << " absent";
-  auto model = Model::load(dir, ModelOptions{1, 512});
+  auto model = Model::load(dir, options_1_thread_512());
   Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
   const std::string base = "The operating system keeps a table of pages. ";
   const std::vector<std::vector<int>> prompts = {
@@ -283,7 +290,7 @@ TEST(EngineSession, PrefixReuseGivesTheSameTokensAsAFreshPrefill) {
 TEST(EngineSession, WithoutATokenizerTheJobGetsTheTokenIdsOfTheSameReply) {
   const fs::path dir = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
   if (!fs::exists(dir / "model.json")) MOESTREAM_SKIP_OR_FAIL() << "demo model " << dir << " absent";
-  auto model = Model::load(dir, ModelOptions{1, 512});
+  auto model = Model::load(dir, options_1_thread_512());
   Tokenizer tok = Tokenizer::load(dir / "tokenizer.json");
   const std::vector<int> prompt = ids_of(tok, "The operating system keeps a table of pages.");
   const std::string text = run_all(*model, tok, false, {prompt}, nullptr)[0];
