@@ -149,6 +149,15 @@ def host_cache_mb(cap_mb: int, dense_bytes: int, kv_bytes: int, slack_mb: int) -
     return max(64, cap_mb - (dense_bytes >> 20) - (kv_bytes >> 20) - slack_mb)
 
 
+AUTO_DIRECT = "exceed the memory this process may fill"  # infer's notice of the automatic O_DIRECT choice
+
+
+def auto_streamed(cell: dict) -> int:
+    """The rounds of a cell in which infer streamed by its own choice (the model's files larger
+    than the memory room it saw): such a round measured O_DIRECT reads, not the weights at hand."""
+    return sum(any(AUTO_DIRECT in n for n in (ns or [])) for ns in cell.get("notices") or [])
+
+
 def compare(row: str, label: str, ms: list[dict], ll: list[dict], key: str = "tok_s") -> dict:
     """A table row: moestream's best cell against llama.cpp's best, the ratio and its goal. When
     every llama.cpp mode failed and moestream ran, the goal is met without a ratio."""
@@ -158,10 +167,13 @@ def compare(row: str, label: str, ms: list[dict], ll: list[dict], key: str = "to
     llama_failed = bool(ll) and all(c["failed"] == len(c["rounds"]) for c in ll)
     met = None if goal is None else bool(m and ((r and r >= goal) or (r is None and llama_failed)))
     rounds = "rounds" if key == "tok_s" else "prefill_rounds"
+    notes = ["llama.cpp failed in every mode and round"] if llama_failed else []
+    if m and (streamed := auto_streamed(m)):
+        notes.append(f"moestream streamed by its own choice in {streamed} of {len(m[rounds])} rounds "
+                     "(the memory room it saw was below the model: see the cell's notices)")
     return {"row": row, "label": label, "moestream": m and m["mode"], "moestream_tok_s": m and m[key],
             "moestream_rounds": m and m[rounds], "llama": l_ and l_["mode"], "llama_tok_s": l_ and l_[key],
-            "llama_rounds": l_ and l_[rounds], "ratio": r, "goal": goal, "met": met,
-            "note": "llama.cpp failed in every mode and round" if llama_failed else ""}
+            "llama_rounds": l_ and l_[rounds], "ratio": r, "goal": goal, "met": met, "note": "; ".join(notes)}
 
 
 def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
@@ -174,7 +186,8 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 
     for r in rows:
         goal = "" if r["goal"] is None else f">= {r['goal']:g}x: " + ("met" if r["met"] else "NOT met")
-        rat = f"**{r['ratio']:.2f}x**" if r["ratio"] else (r["note"] or "no ratio")
+        rat = f"**{r['ratio']:.2f}x**" + (f" ({r['note']})" if r["note"] else "") if r["ratio"] \
+            else (r["note"] or "no ratio")
         out.append(f"| {r['label']} | {MODE_TEXT.get(r['moestream'], r['moestream'] or 'every mode failed')} | "
                    f"{cell(r['moestream_tok_s'], r['moestream_rounds'])} | "
                    f"{MODE_TEXT.get(r['llama'], r['llama'] or 'every mode failed')} | "

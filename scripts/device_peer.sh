@@ -16,10 +16,12 @@
 #                                             /tmp/q30-L<N>-Q8_0.gguf from the 6-layer one
 #                                             (bench/gguf_deepen.py), unless it is there; run
 #                                             it with: run --layers N --gguf THAT --moestream-gguf
-#   bash scripts/device_peer.sh run [ARGS]    does what is missing of those, then bench/peer.py
+#   bash scripts/device_peer.sh run [ARGS]    does what is missing of those, has the VM plug in
+#                                             GROW_GIB of memory (below), then bench/peer.py
 #                                             ARGS (default: 6 layers, threads 2,16, 32 tokens, 3
 #                                             rounds); the table and JSON go to $OUT (peer.md,
-#                                             peer.json, peer.log), rewritten after every row
+#                                             peer.json, peer.log), rewritten after every row;
+#                                             $OUT/machine.txt has memory and filesystems
 # Each keeps its outputs in /tmp between calls on a warm machine, so the three steps fit the
 # device tool's 600 s per command; pass model the same --layers/--seed as run.
 set -euo pipefail
@@ -27,6 +29,28 @@ cd "$(dirname "$0")/.."
 O=${OUT:-/tmp/moestream_out}
 L=$PWD/.llama
 mkdir -p "$O"
+# The device's Firecracker VM plugs memory in as it is used: MemTotal starts far below the kind's
+# 128 GiB (the device library's KINDS.md). infer's automatic O_DIRECT choice reads MemAvailable,
+# so a warm row could stream a model the machine can hold. Touching GROW_GIB (default 64) of
+# anonymous memory once makes the VM plug it in; it stops early when MemAvailable runs low.
+grow_memory() {
+  python3 - "${GROW_GIB:-64}" <<'PY'
+import sys, time
+want = int(sys.argv[1]) << 30
+def meminfo(key):
+    with open("/proc/meminfo") as f:
+        return next(int(l.split()[1]) << 10 for l in f if l.startswith(key + ":"))
+t0, before, held = time.time(), meminfo("MemTotal"), []
+while meminfo("MemTotal") < want and sum(map(len, held)) < want and meminfo("MemAvailable") > (16 << 30):
+    b = bytearray(4 << 30)
+    b[::4096] = b"\1" * len(range(0, len(b), 4096))  # one write a page: the VM must back it
+    held.append(b)
+touched = sum(map(len, held)) >> 30
+held.clear()
+print(f"device_peer: MemTotal {before >> 30} GiB -> {meminfo('MemTotal') >> 30} GiB after touching {touched} GiB "
+      f"in {time.time() - t0:.0f} s; MemAvailable now {meminfo('MemAvailable') >> 30} GiB", file=sys.stderr)
+PY
+}
 # Where the models lie and how much memory is free decide what the rows measure (a file on tmpfs
 # is memory; moestream streams a model larger than the memory room): kept beside the results.
 { date -u; free -g; df -hT /tmp "$PWD"; cat /sys/fs/cgroup/memory.max 2>/dev/null; } >"$O/machine.txt" 2>&1 || true
@@ -77,6 +101,10 @@ build_moestream() {
 build_moestream
 build_llama
 [ "$cmd" = build ] && { echo "device_peer: built" >&2; exit 0; }
+if [ "$cmd" = run ]; then
+  grow_memory 2>&1 | tee -a "$O/machine.txt" >&2
+  free -g >>"$O/machine.txt" 2>&1
+fi
 
 # The tokenizer travels compressed (the carry limit); the model's checkpoint takes it from here.
 TOK=/tmp/llama-tokenizers

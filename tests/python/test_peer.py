@@ -154,3 +154,17 @@ def test_notices_keep_infers_and_the_engines_lines_only():
     assert peer.notices(err) == ["infer: the model's files (32.5 GiB) exceed the memory this process may fill",
                                  "moestream: an engine notice"]
     assert peer.notices("") == []
+
+
+def test_a_cell_that_streamed_by_its_own_choice_is_named_in_its_row():
+    # A warm row measures the weights at hand: a round in which infer chose O_DIRECT (the memory
+    # room it saw was below the model, as on a VM whose memory grows only when used) is flagged.
+    ms = cell("moestream", "cpu", 13.0, [13.0, 18.0])
+    ms["notices"] = [["infer: the model's files (30.25 GiB: ...) exceed the memory this process may fill (27 GiB)"],
+                     []]
+    r = peer.compare("cpu", "warm CPU decode, 16 threads", [ms], [cell("llama.cpp", "l-cpu", 18.0)])
+    assert "streamed by its own choice in 1 of 2 rounds" in r["note"]
+    line = peer.markdown([r], []).splitlines()[2]
+    assert "**0.72x** (moestream streamed by its own choice in 1 of 2 rounds" in line
+    ms["notices"] = [[], []]
+    assert peer.compare("cpu", "x", [ms], [cell("llama.cpp", "l-cpu", 18.0)])["note"] == ""
