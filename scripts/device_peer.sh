@@ -41,7 +41,16 @@ def meminfo(key):
     with open("/proc/meminfo") as f:
         return next(int(l.split()[1]) << 10 for l in f if l.startswith(key + ":"))
 t0, before, held = time.time(), meminfo("MemTotal"), []
-while meminfo("MemTotal") < want and sum(map(len, held)) < want and meminfo("MemAvailable") > (16 << 30):
+last_total, last_growth = before, t0
+while meminfo("MemTotal") < want and sum(map(len, held)) < want:
+    total = meminfo("MemTotal")
+    if total > last_total:
+        last_total, last_growth = total, time.time()
+    if meminfo("MemAvailable") < (12 << 30):  # the VM plugs memory in behind the writes: wait for it,
+        if time.time() - last_growth > 10:    # unless it has stopped growing
+            break
+        time.sleep(0.5)
+        continue
     b = bytearray(4 << 30)
     b[::4096] = b"\1" * len(range(0, len(b), 4096))  # one write a page: the VM must back it
     held.append(b)
