@@ -186,8 +186,10 @@ def markdown(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
 
     for r in rows:
         goal = "" if r["goal"] is None else f">= {r['goal']:g}x: " + ("met" if r["met"] else "NOT met")
-        rat = f"**{r['ratio']:.2f}x**" + (f" ({r['note']})" if r["note"] else "") if r["ratio"] \
-            else (r["note"] or "no ratio")
+        if r["ratio"]:
+            rat = f"**{r['ratio']:.2f}x**" + (f" ({r['note']})" if r["note"] else "")
+        else:
+            rat = r["note"] or "no ratio"
         out.append(f"| {r['label']} | {MODE_TEXT.get(r['moestream'], r['moestream'] or 'every mode failed')} | "
                    f"{cell(r['moestream_tok_s'], r['moestream_rounds'])} | "
                    f"{MODE_TEXT.get(r['llama'], r['llama'] or 'every mode failed')} | "

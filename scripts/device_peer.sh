@@ -32,7 +32,8 @@ mkdir -p "$O"
 # The device's Firecracker VM plugs memory in as it is used: MemTotal starts far below the kind's
 # 128 GiB (the device library's KINDS.md). infer's automatic O_DIRECT choice reads MemAvailable,
 # so a warm row could stream a model the machine can hold. Touching GROW_GIB (default 64) of
-# anonymous memory once makes the VM plug it in; it stops early when MemAvailable runs low.
+# anonymous memory once makes the VM plug it in; while MemAvailable is low it waits for the VM,
+# and it stops once MemTotal has not grown for 10 s.
 grow_memory() {
   python3 - "${GROW_GIB:-64}" <<'PY'
 import sys, time
