@@ -206,9 +206,9 @@ std::string run_stats_text(const RunInfo& info, const std::optional<GenerateStat
     s += phase_text("decode ", gen->decode, gpu);
     const ExpertStoreStats& e = gen->experts;
     s += "experts: " + std::to_string(e.experts_requested) + " requested, " +
-         std::to_string(e.host_cache_hits) + " host-cache hits, " + std::to_string(e.experts_read) +
-         " read (" + std::to_string(e.page_cache_hits) + " found in the page cache), " +
-         std::to_string(e.experts_in_place) + " computed in place, " +
+         std::to_string(e.host_cache_hits) + " host-cache hits, " + std::to_string(e.experts_read) + " read, " +
+         std::to_string(e.experts_in_place) + " computed in place (" + std::to_string(e.page_cache_hits) +
+         " of these found in the page cache), " +
          fmt("%.1f MiB, I/O %.3f s\n", double(e.bytes_read) / (1 << 20), e.io_seconds);
     s += "  read ops " + std::to_string(e.read_ops_requested) + " before coalescing, " +
          std::to_string(e.read_ops_issued) + " after; " +
