@@ -268,7 +268,8 @@ def run_cell(a, engine: str, mode: str, threads: int, prompt: str, tokens: int, 
         st = json.loads(stats.read_text())
         return {"tok_s": st["decode"]["tokens_per_s"], "prefill_tok_s": st["prefill"]["tokens_per_s"],
                 "prompt_tokens": st["prefill"]["tokens"], "decode_tokens": st["decode"]["tokens"],
-                "gpu_cache": st["decode"].get("gpu_cache"), "experts": expert_counts(st), "rc": 0, "load": r["load"],
+                "gpu_cache": st["decode"].get("gpu_cache"), "experts": expert_counts(st),
+                "decode_phases_s": st["decode"].get("phases_s"), "rc": 0, "load": r["load"],
                 "maxrss_bytes": r["maxrss_bytes"], "cap_line": r["cap_line"], "notices": notices(r["err"])}
     r = gl.timed([a.env["LLAMA_CPP_COMPLETION"], "-m", a.gguf, "-p", prompt, "-n", str(tokens),
                   "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "--temp", "0", "--top-k", "1",
@@ -301,7 +302,9 @@ def interleaved(a, name: str, cells: list[tuple[str, str]], threads: int, prompt
             log(f"{name} round {rnd + 1}/{a.rounds} {c[0]} {c[1]}: "
                 + (f"{r['tok_s']:.2f} tok/s decode, {r['prefill_tok_s']:.2f} prefill" if r["tok_s"]
                    else f"failed (exit {r['rc']}): {r['err'][-300:]}") + f"; load {r['load']:.2f}"
-                + (f"; {r['cap_line']}" if r.get("cap_line") else ""))
+                + (f"; {r['cap_line']}" if r.get("cap_line") else "")
+                + ("; decode s: " + ", ".join(f"{k} {v:.3f}" for k, v in r["decode_phases_s"].items())
+                   if r.get("decode_phases_s") else ""))
             runs[c].append(r)
     out = []
     for (engine, mode), rs in runs.items():
@@ -313,6 +316,9 @@ def interleaved(a, name: str, cells: list[tuple[str, str]], threads: int, prompt
                     "errors": [r["err"] for r in rs if r.get("err")][:1],
                     "loads": [r["load"] for r in rs], "gpu_cache": rs[-1].get("gpu_cache"),
                     "experts": [r.get("experts") for r in rs], "notices": [r.get("notices") for r in rs],
+                    # Where each moestream run's decode time went (infer's phases: attention,
+                    # router, expert I/O, expert compute, other).
+                    "decode_phases_s": [r.get("decode_phases_s") for r in rs],
                     "maxrss_bytes": max((r.get("maxrss_bytes") or 0) for r in rs)})
     return out
 
