@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 #include <stdexcept>
 #include <vector>
 
@@ -466,6 +467,44 @@ TEST(Sampler, ZeroTemperatureIsArgmax) {
   std::vector<float> l{0.1f, 3.0f, -2.0f, 2.9f};
   Sampler s(SamplerParams{0.0f, 0, 1.0f, 5});
   for (int i = 0; i < 10; ++i) EXPECT_EQ(s.sample(l), 1);
+}
+
+// The reference rule: the lowest index of the largest value, NaN skipped (all NaN: 0).
+static int argmax_reference(const std::vector<float>& v) {
+  int best = -1;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[size_t(best)])) best = int(i);
+  return best < 0 ? 0 : best;
+}
+
+TEST(Sampler, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (size_t n : {1u, 15u, 16u, 17u, 1023u, 1024u, 1025u, 5000u, 151936u}) {
+    SCOPED_TRACE(n);
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    EXPECT_EQ(Sampler::argmax(v), argmax_reference(v));
+    // A tie of the maximum in a later block, in the same block and at the very end.
+    const int first = argmax_reference(v);
+    for (size_t at : {n - 1, size_t(first) / 2, std::min(n - 1, size_t(first) + 1024)}) {
+      std::vector<float> t = v;
+      t[at] = t[size_t(first)];
+      EXPECT_EQ(Sampler::argmax(t), std::min(int(at), first));
+    }
+    std::vector<float> nan = v;  // NaN first, and beside the maximum
+    nan[0] = NAN;
+    if (n > 1) nan[size_t(first) == n - 1 ? n - 2 : size_t(first) + 1] = NAN;
+    EXPECT_EQ(Sampler::argmax(nan), argmax_reference(nan));
+  }
+  const float inf = INFINITY;
+  EXPECT_EQ(Sampler::argmax(std::vector<float>{NAN, -inf, -inf}), 1);
+  EXPECT_EQ(Sampler::argmax(std::vector<float>{NAN, NAN}), 0);
+  EXPECT_EQ(Sampler::argmax(std::vector<float>(3000, -inf)), 0);
+  std::vector<float> late(3000, -inf);
+  late[2500] = inf;
+  late[2999] = inf;
+  EXPECT_EQ(Sampler::argmax(late), 2500);
 }
 
 TEST(Sampler, SameSeedSameSequenceOtherSeedDiffers) {

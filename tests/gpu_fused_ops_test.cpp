@@ -1,6 +1,7 @@
 // The fused glue kernels of the decode step (issue 19): qk_norm_rope against a CPU reference in
 // double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded and
-// gather_rounded bit for bit against the launches they replace. Skips without a usable GPU.
+// gather_rounded bit for bit against the launches they replace; greedy decoding's argmax against
+// its rule (Sampler::argmax's). Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,6 +126,54 @@ TEST(GpuFusedOps, GatherRoundedEqualsGatherThenRoundingBitForBit) {
   EXPECT_FALSE(gpu::gather_rounded(QuantType::kBF16, dsrc.get(), didx.get(), n, cols, fused.get(), nullptr));
   EXPECT_FALSE(gpu::gather_rounded(ggml_quant(GgmlType::kQ8_0), dsrc.get(), didx.get(), n, cols,
                                    fused.get(), nullptr));
+}
+
+// The lowest index of the largest value, NaN skipped, 0 when all are NaN.
+int argmax_reference(const std::vector<float>& v) {
+  int best = -1;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[size_t(best)])) best = int(i);
+  return best < 0 ? 0 : best;
+}
+
+int gpu_argmax(const std::vector<float>& v) {
+  DeviceVec<float> d(v);
+  DeviceVec<int> out(1);
+  gpu::argmax(d.get(), int(v.size()), out.get(), nullptr);
+  return out.download()[0];
+}
+
+TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
+  SKIP_WITHOUT_GPU();
+  for (int n : {1, 31, 1024, 1025, 5000, 151936}) {
+    SCOPED_TRACE(n);
+    const auto v = random_floats(size_t(n), 170 + uint32_t(n), 3.0f);
+    const int first = argmax_reference(v);
+    EXPECT_EQ(gpu_argmax(v), first);
+    // Ties with the maximum: before it, later in the same thread's share (1024 on), in the next
+    // thread, and at the end.
+    for (int at : {first / 2, std::min(n - 1, first + 1024), std::min(n - 1, first + 1), n - 1}) {
+      auto t = v;
+      t[size_t(at)] = t[size_t(first)];
+      EXPECT_EQ(gpu_argmax(t), std::min(at, first)) << "tie at " << at;
+    }
+    auto nan = v;
+    nan[0] = NAN;
+    if (n > 1) nan[size_t(first == n - 1 ? n - 2 : first + 1)] = NAN;
+    EXPECT_EQ(gpu_argmax(nan), argmax_reference(nan));
+  }
+  const float inf = INFINITY;
+  EXPECT_EQ(gpu_argmax({NAN, -inf, -inf}), 1);
+  EXPECT_EQ(gpu_argmax({NAN, NAN}), 0);
+  EXPECT_EQ(gpu_argmax(std::vector<float>(3000, -inf)), 0);
+  std::vector<float> late(3000, -inf);
+  late[2500] = inf;
+  late[2999] = inf;
+  EXPECT_EQ(gpu_argmax(late), 2500);
+  DeviceVec<float> a(4);
+  DeviceVec<int> out(1);
+  EXPECT_THROW(gpu::argmax(a.get(), 0, out.get(), nullptr), Error);
+  EXPECT_THROW(gpu::argmax(a.get(), 4, nullptr, nullptr), Error);
 }
 
 }  // namespace

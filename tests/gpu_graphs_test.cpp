@@ -95,6 +95,33 @@ TEST_F(GpuGraphs, AMissInAGraphStepIsFinishedThroughTheSyncedPath) {
   EXPECT_GT(g.resident.graphs.launches, 0u);
 }
 
+// Greedy decoding's pick on the device (Model::forward_argmax: gpu::argmax in lm_head's graph, or
+// after the synced path's lm_head when a step missed) against Sampler::argmax of the logits.
+TEST_F(GpuGraphs, TheDevicesGreedyPickIsTheArgmaxOfTheLogits) {
+  for (size_t cache_mb : {size_t(0), size_t(3)}) {  // every expert resident; misses redone
+    SCOPED_TRACE(cache_mb);
+    auto picks = load(cache_mb, true);
+    auto logits = load(cache_mb, true);
+    std::vector<float> l(size_t(logits->config().vocab_size));
+    std::vector<int> tok = {3, 10, 17, 24, 31};
+    int a = picks->forward_argmax(tok);
+    logits->forward(tok, l);
+    int b = Sampler::argmax(l);
+    for (int step = 0; step < 48; ++step) {
+      ASSERT_EQ(a, b) << "step " << step;
+      a = picks->forward_argmax(std::span<const int>(&a, 1));
+      logits->forward(std::span<const int>(&b, 1), l);
+      b = Sampler::argmax(l);
+    }
+    const GpuForwardStats g = picks->gpu_stats();
+    EXPECT_GT(g.resident.steps, 20u);
+    if (cache_mb > 0) EXPECT_GT(g.resident.redone, 0u);
+    // The step's span on the device lies within its host time.
+    EXPECT_GT(g.resident.device_s, 0.0);
+    EXPECT_GT(g.resident.wall_s, g.resident.device_s);
+  }
+}
+
 TEST(GpuGraphsOptions, NoGraphsWithoutGpuIsRefused) {
   ModelOptions mo;
   mo.gpu_no_graphs = true;

@@ -166,6 +166,9 @@ void moe_combine_add(const float* y, const int* pair_row, const float* weights, 
                      int k, int dim, float* x, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
+// *out (device) = the index of x's largest value [n], the lowest on a tie, NaN never (all NaN:
+// 0): runtime/model/sampler.h Sampler::argmax, for greedy decoding without copying the logits.
+void argmax(const float* x, int n, int* out, Stream s);
 // The MoE plan of one decode token from its top-k `ids` [k] (device), as CudaForward::moe lays
 // it out for an all-hit token: groups in ascending id, one row each (gather_idx [k] all 0,
 // pair_row [k], row_start [k+1]), ptrs[g] = table[id] (`table` [n_experts]: a layer's payload

@@ -1,5 +1,6 @@
 // Row glue of the GPU forward pass: gather (token rows -> grouped expert rows, embedding lookup),
-// the MoE combine in the CPU's fixed top-k order, the residual add and the gated shared-expert add.
+// the MoE combine in the CPU's fixed top-k order, the residual add and the gated shared-expert add,
+// and greedy decoding's argmax of a logits row.
 #include <algorithm>
 #include <string>
 
@@ -55,6 +56,46 @@ __global__ void gated_add_kernel(float* __restrict__ y, const float* __restrict_
     const float g = 1.0f / (1.0f + expf(-gate[t]));
     for (int d = threadIdx.x; d < dim; d += blockDim.x) y[size_t(t) * dim + d] += g * x[size_t(t) * dim + d];
   }
+}
+
+// One block over the row: each thread keeps the first of its largest values (its indices rise),
+// then the block keeps the lowest index among equal maxima: Sampler::argmax's rule. A value
+// counts only when above the kept one, or equal to it with none kept yet (so -inf can win, NaN
+// never does); no value kept anywhere (all NaN) gives 0.
+constexpr int kArgmaxThreads = 1024;
+constexpr int kNone = 0x7fffffff;
+
+__device__ __forceinline__ void argmax_merge(float& v, int& i, float ov, int oi) {
+  if (oi != kNone && (i == kNone || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    argmax_merge(v, i, ov, oi);
+  }
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int n, int* __restrict__ out) {
+  __shared__ float vs[32];
+  __shared__ int is[32];
+  float v = -INFINITY;
+  int i = kNone;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float xj = x[j];
+    if (xj > v || (xj == v && i == kNone)) v = xj, i = j;
+  }
+  warp_argmax(v, i);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) vs[warp] = v, is[warp] = i;
+  __syncthreads();
+  if (warp != 0) return;
+  const int n_warps = blockDim.x >> 5;
+  v = lane < n_warps ? vs[lane] : -INFINITY;
+  i = lane < n_warps ? is[lane] : kNone;
+  warp_argmax(v, i);
+  if (lane == 0) *out = i == kNone ? 0 : i;
 }
 
 std::string rows_shape(int n, int dim) {
@@ -132,6 +173,13 @@ void gated_add(float* y, const float* x, const float* gate, int n_tokens, int di
   if (n_tokens <= 0 || dim <= 0) throw Error("gpu::gated_add: bad shape " + rows_shape(n_tokens, dim));
   if (!y || !x || !gate) throw Error("gpu::gated_add: null device pointer");
   gated_add_cuda(y, x, gate, n_tokens, dim, s);
+}
+
+void argmax(const float* x, int n, int* out, Stream s) {
+  if (n <= 0) throw Error("gpu::argmax: empty row (n=" + std::to_string(n) + ")");
+  if (!x || !out) throw Error("gpu::argmax: null device pointer");
+  argmax_kernel<<<1, kArgmaxThreads, 0, s>>>(x, n, out);
+  MOE_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s) {

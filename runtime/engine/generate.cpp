@@ -24,13 +24,21 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
                       std::to_string(opts.n_new) + " exceed the context of " +
                       std::to_string(model.max_context()) + " (raise --ctx)");
   GenerateStats st;
-  std::vector<float> logits(size_t(model.config().vocab_size));
+  // Greedy: the pass picks each token (on the GPU, only the id comes back); else the sampler
+  // reads the logits.
+  const bool greedy = sampler.greedy();
+  std::vector<float> logits(greedy ? 0 : size_t(model.config().vocab_size));
   model.reset();
   model.reset_times();
   model.reset_cache_aware_stats();
   const GpuForwardStats gpu0 = model.gpu_stats();
+  int next = -1;
+  const auto step = [&](std::span<const int> tokens) {
+    if (greedy) next = model.forward_argmax(tokens);
+    else model.forward(tokens, logits);
+  };
   auto t0 = std::chrono::steady_clock::now();
-  model.forward(prompt, logits);
+  step(prompt);
   st.prefill.seconds = seconds_since(t0);
   st.prefill.tokens = int(prompt.size());
   st.prefill.times = model.times();
@@ -43,12 +51,12 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
 
   auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < opts.n_new; ++i) {
-    const int id = sampler.sample(logits);
+    const int id = greedy ? next : sampler.sample(logits);
     if (generated) generated->push_back(id);
     if (on_token) on_token(id);
     if (opts.stop_token && id == *opts.stop_token) break;
     if (i + 1 == opts.n_new) break;  // the last token needs no forward pass
-    model.forward(std::span<const int>(&id, 1), logits);
+    step(std::span<const int>(&id, 1));
     ++st.decode.tokens;
   }
   st.decode.seconds = seconds_since(t1);

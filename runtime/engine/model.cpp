@@ -36,6 +36,9 @@ struct Model::Impl {
   std::vector<BatchEntry> batch_entries;
   std::vector<RoutingOverrideFn> sequence_routing;  // by sequence (set_sequence_routing)
   RoutingOverrideFn solo_routing;                   // forward()'s sequence (-1)
+  std::vector<float> argmax_logits;                 // forward_argmax's logits scratch
+
+  void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits, int* argmax);
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
        const std::filesystem::path& dense_path)
@@ -192,7 +195,20 @@ size_t Model::active_bytes_per_token() const {
 }
 
 void Model::forward(std::span<const int> tokens, std::span<float> logits, bool all_logits) {
+  impl_->forward(tokens, logits, all_logits, nullptr);
+}
+
+int Model::forward_argmax(std::span<const int> tokens) {
   Impl& m = *impl_;
+  m.argmax_logits.resize(size_t(m.cfg.vocab_size));  // the passes' scratch, allocated once
+  int id = -1;
+  m.forward(tokens, m.argmax_logits, false, &id);
+  MOE_ASSERT(id >= 0 && id < m.cfg.vocab_size, "forward_argmax: the pass picked no token");
+  return id;
+}
+
+void Model::Impl::forward(std::span<const int> tokens, std::span<float> logits, bool all_logits, int* argmax) {
+  Impl& m = *this;
   const size_t V = size_t(m.cfg.vocab_size);
   if (tokens.empty()) throw ConfigError("forward: empty token list");
   if (logits.size() < (all_logits ? tokens.size() * V : V))
@@ -221,6 +237,7 @@ void Model::forward(std::span<const int> tokens, std::span<float> logits, bool a
     c.n_past = m.n_past;
     c.logits = all_logits ? logits.data() + i * V : last ? logits.data() : nullptr;
     c.all_logits = all_logits;
+    c.argmax = last ? argmax : nullptr;
     c.prefill = prefill;
     c.ordinal = solo ? uint64_t(m.n_past) : m.tokens_routed;
     m.pass->forward_chunk(c, solo ? *solo : m.routing, m.times, m.cache_aware_stats);

@@ -93,6 +93,9 @@ class Model {
   // logits of the last token (vocab_size floats) or, when all_logits, of every token (T rows).
   // Throws ConfigError for a token id outside the vocabulary or a full context.
   void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits = false);
+  // The same step for greedy decoding: returns Sampler::argmax of the last token's logits. The
+  // GPU pass picks it on the device and copies back the id alone, not vocab_size floats.
+  int forward_argmax(std::span<const int> tokens);
   // Empties the KV cache.
   void reset();
   // Keeps the first n_tokens of the KV cache (0 <= n_tokens <= n_past()), so a caller can reuse

@@ -61,6 +61,8 @@ nlohmann::json gpu_json(const GpuForwardStats& g) {
           {"alloc_retries", g.cache.alloc_retries},
           {"resident_steps", g.resident.steps},
           {"resident_redone", g.resident.redone},
+          {"resident_wall_s", g.resident.wall_s},
+          {"resident_device_s", g.resident.device_s},
           {"graph_launches", g.resident.graphs.launches},
           {"graph_updates", g.resident.graphs.updates},
           {"graph_instantiations", g.resident.graphs.instantiations},
@@ -122,7 +124,9 @@ std::string gpu_text(const GpuForwardStats& g) {
          " of " + std::to_string(g.lookahead.demanded) + " demanded experts predicted)\n";
   if (g.resident.steps > 0)
     s += "  resident decode: " + std::to_string(g.resident.steps) + " steps without a per-layer sync, " +
-         std::to_string(g.resident.redone) + " finished through the synced path (an expert missed)\n";
+         std::to_string(g.resident.redone) + " finished through the synced path (an expert missed)" +
+         fmt("; %.1f us a step, the device busy for %.1f us of it\n", 1e6 * g.resident.wall_s / double(g.resident.steps),
+             1e6 * g.resident.device_s / double(g.resident.steps));
   return s;
 }
 

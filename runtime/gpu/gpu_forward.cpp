@@ -144,6 +144,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   ptr_dev = DeviceBuffer(pairs * sizeof(const uint8_t*));
   ptr_host = PinnedBuffer(pairs * sizeof(const uint8_t*));
   logits_host = PinnedBuffer(b * size_t(E) * sizeof(float));
+  argmax_dev = DeviceBuffer(sizeof(int));
+  argmax_host = PinnedBuffer(sizeof(int));
 
   unique_ids.reserve(size_t(E));
   ready.reserve(size_t(kMaxExpertsPerAcquire));
@@ -233,16 +235,30 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   auto tl = std::chrono::steady_clock::now();
   enqueue_logits(c);
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (c.argmax != nullptr) *c.argmax = *argmax_host.as<const int>();
   times.other_s += seconds_since(tl);
 }
 
-// Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits (enqueued).
+// Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits, or only
+// their argmax to argmax_host when the chunk asks for that (enqueued).
 void CudaForward::enqueue_logits(const ForwardChunk& c) {
   if (c.logits == nullptr) return;
   enqueue_lm_head(c);
+  if (c.argmax != nullptr) {
+    enqueue_argmax(c);
+    return;
+  }
   const int rows = c.all_logits ? c.n_tokens : 1;
   MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
                                  stream));
+}
+
+// The greedy pick of the last token's logits row, to argmax_host: 4 bytes cross, not V floats.
+void CudaForward::enqueue_argmax(const ForwardChunk& c) {
+  MOE_ASSERT(!c.all_logits, "forward_chunk: argmax takes the last token's logits only");
+  gpu::argmax(logits, V, argmax_dev.as<int>(), stream);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(argmax_host.as<void>(), argmax_dev.get(), sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream));
 }
 
 void CudaForward::enqueue_lm_head(const ForwardChunk& c) {

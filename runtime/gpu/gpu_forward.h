@@ -74,10 +74,17 @@ struct GpuGraphStats {
   uint64_t updates = 0;
   uint64_t instantiations = 0;
 };
+// wall_s: host time inside those steps (table refresh, enqueues, the sync, the cache's bookkeeping
+// after it); device_s:
+// the device's time from the first segment's start to lm_head's end (CUDA events). Their
+// difference is what the device waits on the host within a step; the decode's seconds less
+// wall_s is the work between steps (embedding, sampling, the caller).
 struct GpuResidentStats {
   uint64_t steps = 0;
   uint64_t redone = 0;
   GpuGraphStats graphs;
+  double wall_s = 0;
+  double device_s = 0;
 };
 
 // --gpu-cpu-misses: decode experts computed on the CPU, and the layer steps that had any.

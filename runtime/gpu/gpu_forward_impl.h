@@ -93,6 +93,9 @@ struct CudaForward final : GpuForward {
   // Cache-aware routing: the router's logits [B*E] on the host, the layer's residency, the step
   // the CPU pass runs too.
   PinnedBuffer logits_host;
+  // Greedy decoding (ForwardChunk::argmax): the last token's id, picked on the device.
+  DeviceBuffer argmax_dev;
+  PinnedBuffer argmax_host;
   std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
   std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
   CacheAwareRouter cache_aware_router;
@@ -109,6 +112,7 @@ struct CudaForward final : GpuForward {
   DeviceBuffer snapshot;          // [L][D]: x before each layer's MoE (a redo starts from it)
   DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
   GpuResidentStats resident_stats;
+  cudaEvent_t step_begin = nullptr, step_end = nullptr;  // a resident step's span on the device
   // Its kernels as CUDA graphs, one segment per layer and one for lm_head (opts.graphs).
   std::unique_ptr<GpuGraphSegments> graphs;
   // Split-context partials of a decode token's attention (gpu::attention's scratch), so that
@@ -183,6 +187,7 @@ struct CudaForward final : GpuForward {
   void enqueue_logits(const ForwardChunk& c);
   // enqueue_logits without the copy to c.logits: final norm and lm_head into `logits`.
   void enqueue_lm_head(const ForwardChunk& c);
+  void enqueue_argmax(const ForwardChunk& c);
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();
   void preload_experts();

@@ -191,6 +191,8 @@ CudaForward::~CudaForward() {
   cache.reset();  // its events and copies reference the stream
   if (stream) cudaStreamSynchronize(stream);
   if (blas) cublasDestroy(blas);
+  if (step_begin) cudaEventDestroy(step_begin);
+  if (step_end) cudaEventDestroy(step_end);
   if (stream) cudaStreamDestroy(stream);
 }
 

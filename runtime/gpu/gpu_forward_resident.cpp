@@ -37,6 +37,8 @@ void CudaForward::init_resident() {
   fallback_expert = DeviceBuffer(cfg.max_expert_bytes());
   MOE_CUDA_CHECK(cudaMemset(fallback_expert.get(), 0, fallback_expert.bytes()));
   if (opts.graphs) graphs = std::make_unique<GpuGraphSegments>();
+  MOE_CUDA_CHECK(cudaEventCreate(&step_begin));
+  MOE_CUDA_CHECK(cudaEventCreate(&step_end));
 }
 
 bool CudaForward::resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const {
@@ -114,17 +116,25 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     if (graphs) graphs->run(i, stream, enqueue, resident_stats.graphs);
     else enqueue();
   };
+  MOE_CUDA_CHECK(cudaEventRecord(step_begin, stream));
   for (int l = 0; l < L; ++l) segment(size_t(l), [&] { resident_layer(l, c, times); });
   auto tl = std::chrono::steady_clock::now();
   segment(size_t(L), [&] {
     enqueue_lm_head(c);
+    if (c.argmax != nullptr) enqueue_argmax(c);  // into pinned memory: a graph may copy there
     MOE_CUDA_CHECK(cudaMemcpyAsync(resident_host.as<void>(), resident_dev.get(), resident_dev.bytes(),
                                    cudaMemcpyDeviceToHost, stream));
   });
   // Outside the graph: c.logits may be pageable memory, and moves between calls.
-  if (c.logits != nullptr)
+  MOE_CUDA_CHECK(cudaEventRecord(step_end, stream));
+  if (c.logits != nullptr && c.argmax == nullptr)
     MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(V) * 4, cudaMemcpyDeviceToHost, stream));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float device_ms = 0;
+  MOE_CUDA_CHECK(cudaEventElapsedTime(&device_ms, step_begin, step_end));
+  resident_stats.device_s += 1e-3 * device_ms;
+  // (A step that missed a layer picks again when forward_chunk finishes it.)
+  if (c.argmax != nullptr) *c.argmax = *argmax_host.as<const int>();
   times.other_s += seconds_since(tl);
 
   auto ta = std::chrono::steady_clock::now();
@@ -150,6 +160,7 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
     cache->end_step();
   }
   times.expert_io_s += seconds_since(ta);
+  resident_stats.wall_s += seconds_since(t0);
   return l0;
 }
 

@@ -57,6 +57,8 @@ GpuForwardStats operator-(const GpuForwardStats& a, const GpuForwardStats& b) {
   d.lookahead.demanded_predicted = a.lookahead.demanded_predicted - b.lookahead.demanded_predicted;
   d.resident.steps = a.resident.steps - b.resident.steps;
   d.resident.redone = a.resident.redone - b.resident.redone;
+  d.resident.wall_s = a.resident.wall_s - b.resident.wall_s;
+  d.resident.device_s = a.resident.device_s - b.resident.device_s;
   d.resident.graphs.launches = a.resident.graphs.launches - b.resident.graphs.launches;
   d.resident.graphs.updates = a.resident.graphs.updates - b.resident.graphs.updates;
   d.resident.graphs.instantiations = a.resident.graphs.instantiations - b.resident.graphs.instantiations;

@@ -18,6 +18,7 @@
 #include "runtime/model/dense_weights.h"
 #include "runtime/model/moe_layer.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/sampler.h"
 
 namespace moestream {
 
@@ -180,6 +181,10 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   // After lm_head, whose sections the last layer's hashes overlapped: nothing leaves the pass
   // (logits, KV entries for the next chunk) before every first use it computed passed.
   m.moe.verify_pending(m.pool, times.expert_io_s);
+  if (c.argmax != nullptr) {
+    MOE_ASSERT(c.logits != nullptr && !c.all_logits, "forward_chunk: argmax needs the last token's logits");
+    *c.argmax = Sampler::argmax(std::span<const float>(c.logits, size_t(cfg.vocab_size)));
+  }
 }
 
 }  // namespace moestream

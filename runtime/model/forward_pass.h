@@ -43,6 +43,10 @@ struct ForwardChunk {
   int n_past = 0;            // position of tokens[0]; the chunk's KV rows are written from there
   float* logits = nullptr;   // the last token's logits, or every token's when all_logits; or none
   bool all_logits = false;
+  // Greedy decoding (Model::forward_argmax): the pass writes the last token's Sampler::argmax
+  // here. logits must then be set (not all_logits) and is scratch: a pass that picks the token
+  // on its device leaves it unwritten, so only the id crosses to the host.
+  int* argmax = nullptr;
   bool prefill = false;      // RoutingEvent::prefill
   uint64_t ordinal = 0;      // tokens routed since load: token t is ordinal + t (RoutingOverrideFn)
 };

@@ -20,7 +20,11 @@ class Sampler {
  public:
   explicit Sampler(const SamplerParams& p);  // throws ConfigError for out-of-range parameters
   int sample(std::span<const float> logits);
-  // Index of the largest logit; the lowest index wins a tie.
+  // Temperature 0: sample() is argmax(), so a caller may let the forward pass pick the token
+  // (Model::forward_argmax) instead of copying the logits out.
+  bool greedy() const { return p_.temperature == 0; }
+  // Index of the largest logit; the lowest index wins a tie; NaN never wins (all NaN: 0). The
+  // GPU's gpu::argmax follows the same rule.
   static int argmax(std::span<const float> logits);
 
  private:
