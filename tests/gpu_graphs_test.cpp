@@ -114,7 +114,9 @@ TEST_F(GpuGraphs, TheDevicesGreedyPickIsTheArgmaxOfTheLogits) {
       b = Sampler::argmax(l);
     }
     const GpuForwardStats g = picks->gpu_stats();
-    EXPECT_GT(g.resident.steps, 20u);
+    if (cache_mb == 0) EXPECT_GT(g.resident.steps, 24u);  // once the first steps have read every expert
+    // With misses a resident step is tried only after one that read nothing (5 in the first
+    // device run); some of them met a miss and were finished through the synced path.
     if (cache_mb > 0) EXPECT_GT(g.resident.redone, 0u);
     // The step's span on the device lies within its host time.
     EXPECT_GT(g.resident.device_s, 0.0);
