@@ -9,7 +9,10 @@
 #   e.g. scripts/device_kernel_profile.sh /tmp/llama-models/.../pack --gpu --gpu-preload
 #
 # BIN (default build-device-gpu/bin), STEPS (default 4), TOKENS (default 12), NAME (default
-# profile); writes $OUT/NAME.md (the table) and $OUT/NAME.csv (ncu's raw rows).
+# profile), CACHE (default none: caches stay warm between kernels as in a real step; `all` is
+# ncu's own default, which flushes them before every kernel and inflates the small ones: the
+# 2026-12-03 17:30 profile in docs/results.md was taken that way); writes $OUT/NAME.md (the
+# table) and $OUT/NAME.csv (ncu's raw rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 MODEL [infer flags...]" >&2; exit 2; }
@@ -29,10 +32,10 @@ ARGS=(-m "$M" --prompt-ids "$P" -n "$TOKENS" --temp 0 --ignore-eos --print-ids "
 # The step without the profiler: decode tok/s from the stats.
 "$BIN/infer" "${ARGS[@]}" --stats-json "$O/$NAME.plain.json" >/dev/null 2>"$O/$NAME.plain.err" ||
   { tail -5 "$O/$NAME.plain.err" >&2; exit 1; }
-"$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$O/$NAME.csv" \
+"$NCU" --clock-control none --cache-control "${CACHE:-none}" --metrics gpu__time_duration.sum --csv --log-file "$O/$NAME.csv" \
   "$BIN/infer" "${ARGS[@]}" >/dev/null 2>"$O/$NAME.ncu.err" || { tail -20 "$O/$NAME.ncu.err" >&2; exit 1; }
 python3 - "$O/$NAME.csv" "$O/$NAME.plain.json" "$STEPS" "$*" <<'PY' | tee "$O/$NAME.md"
-import csv, json, re, sys
+import csv, json, os, re, sys
 from collections import defaultdict
 path, stats_path, steps, flags = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 unit = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
@@ -64,7 +67,7 @@ for _, n, v in last:
     per[n][1] += 1
 total = sum(v for v, _ in per.values())
 tok_s = json.load(open(stats_path))["decode"]["tokens_per_s"]
-print(f"flags: {flags}")
+print(f"flags: {flags}; ncu --cache-control {os.environ.get('CACHE', 'none')}")
 print(f"kernels per decode step: {period}; GPU time per step (sum of kernel durations): {total:.1f} us; "
       f"step wall time without the profiler: {1e6 / tok_s:.1f} us ({tok_s:.1f} tok/s); "
       f"gaps and host: {1e6 / tok_s - total:.1f} us\n")
