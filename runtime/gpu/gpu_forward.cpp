@@ -239,36 +239,6 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   times.other_s += seconds_since(tl);
 }
 
-// Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits, or only
-// their argmax to argmax_host when the chunk asks for that (enqueued).
-void CudaForward::enqueue_logits(const ForwardChunk& c) {
-  if (c.logits == nullptr) return;
-  enqueue_lm_head(c);
-  if (c.argmax != nullptr) {
-    enqueue_argmax(c);
-    return;
-  }
-  const int rows = c.all_logits ? c.n_tokens : 1;
-  MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
-                                 stream));
-}
-
-// The greedy pick of the last token's logits row, to argmax_host: 4 bytes cross, not V floats.
-void CudaForward::enqueue_argmax(const ForwardChunk& c) {
-  MOE_ASSERT(!c.all_logits, "forward_chunk: argmax takes the last token's logits only");
-  gpu::argmax(logits, V, argmax_dev.as<int>(), stream);
-  MOE_CUDA_CHECK(cudaMemcpyAsync(argmax_host.as<void>(), argmax_dev.get(), sizeof(int),
-                                 cudaMemcpyDeviceToHost, stream));
-}
-
-void CudaForward::enqueue_lm_head(const ForwardChunk& c) {
-  if (c.logits == nullptr) return;
-  const int first = c.all_logits ? 0 : c.n_tokens - 1;
-  const int rows = c.n_tokens - first;
-  gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
-  linear(h, w.lm_head, rows, logits);
-}
-
 // Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
 // KV rows appended, attention, o_proj added to the residual x.
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {

@@ -1,7 +1,8 @@
 // Internal to runtime/gpu/gpu_forward*.cpp: the CUDA implementation of GpuForward
 // (runtime/gpu/gpu_forward.h). gpu_forward.cpp holds its setup and the forward pass,
 // gpu_forward_ops.cpp its matrix products (dense weights and experts in their stored types, inputs
-// rounded as the CPU rounds them) and the load-time warm-up.
+// rounded as the CPU rounds them), the logits (lm_head, greedy decoding's argmax) and the load-time
+// warm-up.
 #pragma once
 
 #include <cublas_v2.h>

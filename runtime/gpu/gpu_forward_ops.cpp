@@ -1,6 +1,6 @@
-// CudaForward's matrix products and load-time warm-up (runtime/gpu/gpu_forward_impl.h): dense
-// weights through cuBLAS (f32) or the stored-type GEMM, experts through the grouped expert GEMM,
-// each input rounded as the CPU's kernel for the matrix's type rounds it.
+// CudaForward's matrix products, logits and load-time warm-up (runtime/gpu/gpu_forward_impl.h):
+// dense weights through cuBLAS (f32) or the stored-type GEMM, experts through the grouped expert
+// GEMM, each input rounded as the CPU's kernel for the matrix's type rounds it.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -185,6 +185,36 @@ void CudaForward::expert_gate_up(const ExpertLayout& lay, int g0, int g1, int ma
 bool CudaForward::expert_gemm_takes(const ExpertLayout& lay) const {
   auto gemm = [](QuantType q, int cols) { return !pack_int_type(q) || cols % kQuantBlock == 0; };
   return gemm(lay.types.gate, D) && gemm(lay.types.up, D) && gemm(lay.types.down, F);
+}
+
+// Final norm and lm_head of the rows the chunk asks logits for, copied to c.logits, or only
+// their argmax to argmax_host when the chunk asks for that (enqueued).
+void CudaForward::enqueue_logits(const ForwardChunk& c) {
+  if (c.logits == nullptr) return;
+  enqueue_lm_head(c);
+  if (c.argmax != nullptr) {
+    enqueue_argmax(c);
+    return;
+  }
+  const int rows = c.all_logits ? c.n_tokens : 1;
+  MOE_CUDA_CHECK(cudaMemcpyAsync(c.logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost,
+                                 stream));
+}
+
+// The greedy pick of the last token's logits row, to argmax_host: 4 bytes cross, not V floats.
+void CudaForward::enqueue_argmax(const ForwardChunk& c) {
+  MOE_ASSERT(!c.all_logits, "forward_chunk: argmax takes the last token's logits only");
+  gpu::argmax(logits, V, argmax_dev.as<int>(), stream);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(argmax_host.as<void>(), argmax_dev.get(), sizeof(int),
+                                 cudaMemcpyDeviceToHost, stream));
+}
+
+void CudaForward::enqueue_lm_head(const ForwardChunk& c) {
+  if (c.logits == nullptr) return;
+  const int first = c.all_logits ? 0 : c.n_tokens - 1;
+  const int rows = c.n_tokens - first;
+  gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
+  linear(h, w.lm_head, rows, logits);
 }
 
 CudaForward::~CudaForward() {
