@@ -75,10 +75,9 @@ struct GpuGraphStats {
   uint64_t instantiations = 0;
 };
 // wall_s: host time inside those steps (table refresh, enqueues, the sync, the cache's bookkeeping
-// after it); device_s:
-// the device's time from the first segment's start to lm_head's end (CUDA events). Their
-// difference is what the device waits on the host within a step; the decode's seconds less
-// wall_s is the work between steps (embedding, sampling, the caller).
+// after it); device_s: the device's time from the first segment's start to lm_head's end (CUDA
+// events). Their difference is what the device waits on the host within a step; the decode's
+// seconds less wall_s is the work between steps (embedding, sampling, the caller).
 struct GpuResidentStats {
   uint64_t steps = 0;
   uint64_t redone = 0;
