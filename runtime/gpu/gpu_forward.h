@@ -75,9 +75,10 @@ struct GpuGraphStats {
   uint64_t instantiations = 0;
 };
 // wall_s: host time inside those steps (table refresh, enqueues, the sync, the cache's bookkeeping
-// after it); device_s: the device's time from the first segment's start to lm_head's end (CUDA
-// events). Their difference is what the device waits on the host within a step; the decode's
-// seconds less wall_s is the work between steps (embedding, sampling, the caller).
+// after it); device_s: the stream's span from an event recorded before the first segment to one
+// after lm_head (so it includes any wait for the host's next segment). wall_s less device_s is
+// host work outside that span; the decode's seconds less wall_s is the work between steps
+// (embedding, sampling, the caller).
 struct GpuResidentStats {
   uint64_t steps = 0;
   uint64_t redone = 0;
