@@ -546,6 +546,42 @@ TEST(Sampler, FrequenciesFollowTheTemperedSoftmax) {
   }
 }
 
+TEST(Sampler, TopPOverTheWholeVocabularyDrawsFromItsNucleus) {
+  // Without top-k the nucleus is found by selection, not a sort: the same set as the sorted
+  // prefix, each member drawn in proportion to its weight.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<float> l(3000);
+  for (float& x : l) x = normal(rng);
+  const float top_p = 0.3f;
+  std::vector<int> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
+  const float top = l[size_t(order[0])];
+  double total = 0;
+  for (float x : l) total += std::exp(double(x) - top);
+  std::map<int, double> nucleus;  // id -> weight
+  double cum = 0;
+  for (int id : order) {
+    nucleus[id] = std::exp(double(l[size_t(id)]) - top);
+    cum += nucleus[id];
+    if (cum >= top_p * total) break;
+  }
+  ASSERT_GT(nucleus.size(), 20u);
+  Sampler s(SamplerParams{1.0f, 0, top_p, 11});
+  std::map<int, int> seen;
+  const int draws = 40000;
+  for (int i = 0; i < draws; ++i) {
+    const int id = s.sample(l);
+    ASSERT_TRUE(nucleus.count(id)) << "token " << id << " is outside the nucleus";
+    ++seen[id];
+  }
+  for (const auto& [id, w] : nucleus) {
+    const double p = w / cum, f = double(seen[id]) / draws;
+    EXPECT_NEAR(f, p, 4 * std::sqrt(p * (1 - p) / draws) + 1e-3) << "token " << id;
+  }
+}
+
 TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_THROW(Sampler(SamplerParams{-1.0f, 0, 1.0f, 0}), ConfigError);
   EXPECT_THROW(Sampler(SamplerParams{1.0f, -3, 1.0f, 0}), ConfigError);

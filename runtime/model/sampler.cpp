@@ -53,44 +53,69 @@ int Sampler::argmax(std::span<const float> logits) {
 int Sampler::sample(std::span<const float> logits) {
   if (p_.temperature == 0) return argmax(logits);
   const int V = static_cast<int>(logits.size());
-  order_.resize(size_t(V));
-  for (int i = 0; i < V; ++i) order_[size_t(i)] = i;
-  // Descending logit, ascending id on ties: a total order, so the candidate list is deterministic.
-  auto by_logit = [&](int a, int b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  // Descending logit, ascending id on ties: a total order, so the candidates are deterministic.
+  const auto before = [&](const Candidate& a, const Candidate& b) {
+    return logits[size_t(a.id)] > logits[size_t(b.id)] || (logits[size_t(a.id)] == logits[size_t(b.id)] && a.id < b.id);
   };
+  cand_.resize(size_t(V));
+  for (int i = 0; i < V; ++i) cand_[size_t(i)].id = i;
   int n = V;
   if (p_.top_k > 0 && p_.top_k < V) {
     n = p_.top_k;
-    std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), by_logit);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_logit);
+    std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), before);
   }
-  probs_.resize(size_t(n));
-  const double top = logits[size_t(order_[0])];
+  // Weights relative to the largest logit, so every one is at most 1. No sort of the whole
+  // vocabulary: at 151,936 ids std::sort took 17 ms a token, more than a decode step.
+  const double top = logits[size_t(n < V ? cand_[0].id : argmax(logits))];
   double sum = 0;
-  for (int i = 0; i < n; ++i)
-    sum += probs_[size_t(i)] = static_cast<float>(std::exp((logits[size_t(order_[size_t(i)])] - top) / p_.temperature));
-  // Nucleus: the smallest prefix whose probability reaches top_p.
+  for (int i = 0; i < n; ++i) {
+    Candidate& c = cand_[size_t(i)];
+    sum += c.p = static_cast<float>(std::exp((logits[size_t(c.id)] - top) / p_.temperature));
+  }
   if (p_.top_p < 1) {
-    double cum = 0;
-    for (int i = 0; i < n; ++i) {
-      cum += probs_[size_t(i)] / sum;
-      if (cum >= p_.top_p) {
-        n = i + 1;
-        break;
-      }
-    }
+    n = nucleus_to_front(n, p_.top_p * sum, before);
     sum = 0;
-    for (int i = 0; i < n; ++i) sum += probs_[size_t(i)];
+    for (int i = 0; i < n; ++i) sum += cand_[size_t(i)].p;
   }
   const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
   double cum = 0;
   for (int i = 0; i < n; ++i) {
-    cum += probs_[size_t(i)];
-    if (u < cum) return order_[size_t(i)];
+    cum += cand_[size_t(i)].p;
+    if (u < cum) return cand_[size_t(i)].id;
   }
-  return order_[size_t(n - 1)];  // u rounding past the last bucket
+  return cand_[size_t(n - 1)].id;  // u rounding past the last bucket
+}
+
+// Weighted quickselect: the order's smallest prefix of cand_[0, n) whose weight reaches target,
+// moved to the front in O(n) expected; its size is returned. cand_[0, lo) is known to be in it
+// (weight `in`), and it ends in [lo, hi).
+template <class Before>
+int Sampler::nucleus_to_front(int n, double target, const Before& before) {
+  int lo = 0, hi = n;
+  double in = 0;
+  while (hi - lo > 32) {
+    const Candidate pivot = cand_[size_t(lo + (hi - lo) / 2)];
+    auto first = cand_.begin() + lo, last = cand_.begin() + hi;
+    auto mid = std::partition(first, last, [&](const Candidate& c) { return before(c, pivot); });
+    std::iter_swap(mid, std::find_if(mid, last, [&](const Candidate& c) { return c.id == pivot.id; }));
+    const int m = int(mid - cand_.begin());  // [lo, m) before the pivot, the pivot at m
+    double w = 0;
+    for (int i = lo; i < m; ++i) w += cand_[size_t(i)].p;
+    if (in + w >= target) {
+      hi = m;
+    } else if (in + w + pivot.p >= target) {
+      return m + 1;
+    } else {
+      in += w + pivot.p;
+      lo = m + 1;
+    }
+  }
+  std::sort(cand_.begin() + lo, cand_.begin() + hi, before);
+  for (int i = lo; i < hi; ++i) {
+    in += cand_[size_t(i)].p;
+    if (in >= target) return i + 1;
+  }
+  return hi;
 }
 
 }  // namespace moestream

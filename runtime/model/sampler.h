@@ -28,10 +28,16 @@ class Sampler {
   static int argmax(std::span<const float> logits);
 
  private:
+  struct Candidate {
+    int id;
+    float p;  // weight: exp((logit - the largest) / temperature)
+  };
+  template <class Before>
+  int nucleus_to_front(int n, double target, const Before& before);
+
   SamplerParams p_;
   std::mt19937_64 rng_;
-  std::vector<int> order_;     // candidate ids, reused across calls
-  std::vector<float> probs_;
+  std::vector<Candidate> cand_;  // reused across calls
 };
 
 }  // namespace moestream
