@@ -37,7 +37,8 @@ class Sampler {
 
   SamplerParams p_;
   std::mt19937_64 rng_;
-  std::vector<Candidate> cand_;  // reused across calls
+  std::vector<int> ids_;         // top-k's ids (reused across calls)
+  std::vector<Candidate> cand_;  // the candidates and their weights (reused across calls)
 };
 
 }  // namespace moestream
