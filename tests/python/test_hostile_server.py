@@ -186,14 +186,17 @@ def test_a_keep_alive_connection_after_503_is_closed_or_answered_again():
 
 def test_a_full_job_queue_answers_every_request_on_a_keep_alive_connection():
     # The job queue (1 running + 1 waiting) is full of long streams: requests on one keep-alive
-    # connection each get 503 queue_full, and the connection stays usable for the next.
-    s = Server("--queue-size", "1")
+    # connection each get 503 queue_full, and the connection stays usable for the next. The
+    # streams must outlast the requests: 400 tokens of the demo model could end first once the
+    # sampler stopped sorting the vocabulary (a CI run saw 200), so they ask for 4000 in a
+    # 4096-token context.
+    s = Server("--queue-size", "1", ctx=4096)
     host, port = s.url[len("http://"):].rsplit(":", 1)
     streams = []
     try:
         for _ in range(2):
             r = requests.post(s.url + "/v1/completions", data=json.dumps(
-                {"prompt": "Long", "max_tokens": 400, "ignore_eos": True, "stream": True}), stream=True,
+                {"prompt": "Long", "max_tokens": 4000, "ignore_eos": True, "stream": True}), stream=True,
                 timeout=TIMEOUT)
             streams.append(r)
             time.sleep(0.2)
