@@ -310,6 +310,12 @@ def _ggml_kquants(s):
     s.run([s.exe("bench_ggml_kquants_matvec"), "--reps", 1, "--sample-ms", 1, "--inputs", 2])
 
 
+@case("bin/bench_sampler")
+def _sampler(s):
+    """A small vocabulary, one round of two draws."""
+    s.run([s.exe("bench_sampler"), "--vocab", 4096, "--rounds", 1, "--draws", 2])
+
+
 @case("bin/bench_gpu_kernels")
 def _gpu_kernels(s):
     """The CUDA kernel benchmark; needs a GPU."""
