@@ -25,6 +25,7 @@
 #include "runtime/convert/synthetic_model.h"
 #include "common/thread_pool.h"
 #include "common/timing.h"
+#include "tests/support/argmax_reference.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
@@ -469,14 +470,6 @@ TEST(Sampler, ZeroTemperatureIsArgmax) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(s.sample(l), 1);
 }
 
-// The reference rule: the lowest index of the largest value, NaN skipped (all NaN: 0).
-static int argmax_reference(const std::vector<float>& v) {
-  int best = -1;
-  for (size_t i = 0; i < v.size(); ++i)
-    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[size_t(best)])) best = int(i);
-  return best < 0 ? 0 : best;
-}
-
 TEST(Sampler, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -484,9 +477,9 @@ TEST(Sampler, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
     SCOPED_TRACE(n);
     std::vector<float> v(n);
     for (float& x : v) x = normal(rng);
-    EXPECT_EQ(Sampler::argmax(v), argmax_reference(v));
+    EXPECT_EQ(Sampler::argmax(v), test::argmax_reference(v));
     // A tie of the maximum in a later block, in the same block and at the very end.
-    const int first = argmax_reference(v);
+    const int first = test::argmax_reference(v);
     for (size_t at : {n - 1, size_t(first) / 2, std::min(n - 1, size_t(first) + 1024)}) {
       std::vector<float> t = v;
       t[at] = t[size_t(first)];
@@ -495,7 +488,7 @@ TEST(Sampler, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
     std::vector<float> nan = v;  // NaN first, and beside the maximum
     nan[0] = NAN;
     if (n > 1) nan[size_t(first) == n - 1 ? n - 2 : size_t(first) + 1] = NAN;
-    EXPECT_EQ(Sampler::argmax(nan), argmax_reference(nan));
+    EXPECT_EQ(Sampler::argmax(nan), test::argmax_reference(nan));
   }
   const float inf = INFINITY;
   EXPECT_EQ(Sampler::argmax(std::vector<float>{NAN, -inf, -inf}), 1);

@@ -13,6 +13,7 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
 #include "tests/gpu_test_util.h"
+#include "tests/support/argmax_reference.h"
 
 namespace moestream {
 namespace {
@@ -128,14 +129,6 @@ TEST(GpuFusedOps, GatherRoundedEqualsGatherThenRoundingBitForBit) {
                                    fused.get(), nullptr));
 }
 
-// The lowest index of the largest value, NaN skipped, 0 when all are NaN.
-int argmax_reference(const std::vector<float>& v) {
-  int best = -1;
-  for (size_t i = 0; i < v.size(); ++i)
-    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[size_t(best)])) best = int(i);
-  return best < 0 ? 0 : best;
-}
-
 int gpu_argmax(const std::vector<float>& v) {
   DeviceVec<float> d(v);
   DeviceVec<int> out(1);
@@ -148,7 +141,7 @@ TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
   for (int n : {1, 31, 1024, 1025, 5000, 151936}) {
     SCOPED_TRACE(n);
     const auto v = random_floats(size_t(n), 170 + uint32_t(n), 3.0f);
-    const int first = argmax_reference(v);
+    const int first = test::argmax_reference(v);
     EXPECT_EQ(gpu_argmax(v), first);
     // Ties with the maximum: before it, later in the same thread's share (1024 on), in the next
     // thread, and at the end.
@@ -160,7 +153,7 @@ TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
     auto nan = v;
     nan[0] = NAN;
     if (n > 1) nan[size_t(first == n - 1 ? n - 2 : first + 1)] = NAN;
-    EXPECT_EQ(gpu_argmax(nan), argmax_reference(nan));
+    EXPECT_EQ(gpu_argmax(nan), test::argmax_reference(nan));
   }
   const float inf = INFINITY;
   EXPECT_EQ(gpu_argmax({NAN, -inf, -inf}), 1);
