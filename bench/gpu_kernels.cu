@@ -1,7 +1,10 @@
 // Micro-benchmark of the CUDA tier's bandwidth-bound kernels: decode attention, the grouped
 // expert GEMM (pack and ggml types; one row per expert is the decode GEMV), gate+up in one
 // launch, q/k/v in one launch and the dense GEMM, as GB/s of the bytes they must read, against a
-// measured device-to-device copy.
+// measured device-to-device copy. Then the small kernels of a resident decode step (norm,
+// router, plan, short-context attention, argmax) as microseconds a launch, back to back on one
+// stream with warm caches: what Nsight Compute, which flushes the caches before each kernel,
+// overstates.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,6 +95,56 @@ void row(const std::string& what, double us, double bytes, double copy_gbs) {
   const double gbs = bytes / us / 1e3;
   std::printf("| %s | %.1f | %.1f | %.0f | %.0f%% |\n", what.c_str(), us, bytes / 1e6, gbs,
               100.0 * gbs / copy_gbs);
+}
+
+// The small kernels of one resident decode step at Qwen3-30B-A3B's shapes (hidden 2048, 128
+// experts top-8, 32/4 heads x 128, vocab 151936).
+void decode_glue(double copy_gbs) {
+  using namespace moestream;
+  const int D = 2048, E = 128, K = 8, V = 151936;
+  float* x = random_device_floats(size_t(D), 20);
+  float* w = random_device_floats(size_t(D), 21);
+  float* h = random_device_floats(size_t(D), 22);
+  float* logits = random_device_floats(size_t(V), 23);
+  float* rlog = random_device_floats(size_t(E), 24);
+  auto* ids = static_cast<int*>(device_alloc(K * sizeof(int)));
+  auto* wts = static_cast<float*>(device_alloc(K * sizeof(float)));
+  auto* plan = static_cast<int*>(device_alloc((3 * K + 1) * sizeof(int)));
+  auto* ptrs = static_cast<const uint8_t**>(device_alloc(K * sizeof(void*)));
+  auto* miss = static_cast<int*>(device_alloc(sizeof(int)));
+  auto* out = static_cast<int*>(device_alloc(sizeof(int)));
+  std::vector<const uint8_t*> table_h(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) table_h[size_t(e)] = reinterpret_cast<const uint8_t*>(uintptr_t(4096 + 64 * e));
+  auto* table = static_cast<const uint8_t**>(device_alloc(E * sizeof(void*)));
+  CHECK(cudaMemcpy(table, table_h.data(), E * sizeof(void*), cudaMemcpyHostToDevice));
+  std::printf("\n| decode step kernel (back to back, warm) | us/launch |\n|---|---|\n");
+  const auto glue = [](const char* what, double us) { std::printf("| %s | %.2f |\n", what, us); };
+  glue("rms_norm 1 x 2048", time_us([&](int) { gpu::rms_norm(x, w, 1, D, 1e-6f, h, nullptr); }, 200));
+  gpu::router_topk(rlog, 1, E, K, true, ids, wts, nullptr);
+  glue("router_topk 128 experts, top-8", time_us([&](int) { gpu::router_topk(rlog, 1, E, K, true, ids, wts, nullptr); }, 200));
+  glue("moe_plan_decode top-8 (and the 2048-float snapshot)",
+       time_us([&](int) {
+         gpu::moe_plan_decode(ids, K, table, E, reinterpret_cast<const uint8_t*>(table), plan, plan + K,
+                              plan + 2 * K, ptrs, miss, x, h, D, nullptr);
+       }, 200));
+  glue("argmax 151936 logits", time_us([&](int) { gpu::argmax(logits, V, out, nullptr); }, 200));
+  row("(argmax as bandwidth)", time_us([&](int) { gpu::argmax(logits, V, out, nullptr); }, 200), 4.0 * V, copy_gbs);
+  for (int ctx : {32, 512}) {
+    const size_t kv = size_t(ctx) * 4 * 128;
+    float* k = random_device_floats(kv, 25);
+    float* v = random_device_floats(kv, 26);
+    float* q = random_device_floats(size_t(32) * 128, 27);
+    float* o = static_cast<float*>(device_alloc(size_t(32) * 128 * sizeof(float)));
+    const std::string what = "attention decode 32/4 x 128, ctx " + std::to_string(ctx);
+    glue(what.c_str(), time_us([&](int) {
+           gpu::attention(q, k, v, 1, ctx - 1, 32, 4, 128, 1.0f / std::sqrt(128.0f), o, nullptr);
+         }, 200));
+    for (float* p : {k, v, q, o}) CHECK(cudaFree(p));
+  }
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(h), static_cast<void*>(logits),
+                  static_cast<void*>(rlog), static_cast<void*>(ids), static_cast<void*>(wts), static_cast<void*>(plan),
+                  static_cast<void*>(ptrs), static_cast<void*>(miss), static_cast<void*>(out), static_cast<void*>(table)})
+    CHECK(cudaFree(p));
 }
 
 }  // namespace
@@ -362,5 +415,6 @@ int main() {
       CHECK(cudaFree(y));
     }
   }
+  decode_glue(copy_gbs);
   return 0;
 }

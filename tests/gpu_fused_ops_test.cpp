@@ -1,10 +1,13 @@
 // The fused glue kernels of the decode step (issue 19): qk_norm_rope against a CPU reference in
 // double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded and
 // gather_rounded bit for bit against the launches they replace; greedy decoding's argmax against
-// its rule (Sampler::argmax's). Skips without a usable GPU.
+// its rule (Sampler::argmax's); the resident step's decode plan against the plan written on the
+// host. Skips without a usable GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,6 +170,56 @@ TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
   DeviceVec<int> out(1);
   EXPECT_THROW(gpu::argmax(a.get(), 0, out.get(), nullptr), Error);
   EXPECT_THROW(gpu::argmax(a.get(), 4, nullptr, nullptr), Error);
+}
+
+// moe_plan_decode against the plan built here: groups in ascending id (equal ids in their order
+// of choice), pair_row the group of each choice, ptrs from the table, fallback and *miss for an
+// absent, out-of-range or repeated expert, x copied to x_snap.
+TEST(GpuFusedOps, MoePlanDecodeLaysOutTheHostsPlan) {
+  SKIP_WITHOUT_GPU();
+  const int n_experts = 128, dim = 300;
+  std::vector<const uint8_t*> table(static_cast<size_t>(n_experts));
+  for (int e = 0; e < n_experts; ++e)
+    table[size_t(e)] = e % 9 == 4 ? nullptr : reinterpret_cast<const uint8_t*>(uintptr_t(0x10000 + 64 * e));
+  const auto* fallback = reinterpret_cast<const uint8_t*>(uintptr_t(0x999900));
+  const auto x = random_floats(size_t(dim), 180);
+  DeviceVec<const uint8_t*> dtable(table);
+  DeviceVec<float> dx(x);
+  struct Case {
+    std::vector<int> ids;
+    bool miss;
+  };
+  for (const Case& c : {Case{{77, 3, 120, 5, 64, 0, 9, 100}, false},
+                        Case{{77, 3, 120, 5, 64, 0, 9, 22}, true},   // 22 % 9 == 4: absent
+                        Case{{77, 3, 77, 5}, true},                  // repeated
+                        Case{{7, 128, 2}, true},                     // out of range
+                        Case{std::vector<int>(64, 1), true}}) {      // k at its limit
+    const int k = int(c.ids.size());
+    SCOPED_TRACE(k);
+    const size_t n = c.ids.size();
+    DeviceVec<int> dids(c.ids), gather(n), pair(n), start(n + 1), miss(1);
+    DeviceVec<const uint8_t*> ptrs(n);
+    DeviceVec<float> snap(static_cast<size_t>(dim));
+    gpu::moe_plan_decode(dids.get(), k, dtable.get(), n_experts, fallback, gather.get(), pair.get(), start.get(),
+                         ptrs.get(), miss.get(), dx.get(), snap.get(), dim, nullptr);
+    std::vector<int> order(n);
+    for (int j = 0; j < k; ++j) order[size_t(j)] = j;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return c.ids[size_t(a)] < c.ids[size_t(b)]; });
+    const auto got_pair = pair.download(), got_start = start.download(), got_gather = gather.download();
+    const auto got_ptrs = ptrs.download();
+    for (int g = 0; g < k; ++g) {
+      const int j = order[size_t(g)], e = c.ids[size_t(j)];
+      const bool repeated = g > 0 && c.ids[size_t(order[size_t(g - 1)])] == e;
+      const uint8_t* want = e < 0 || e >= n_experts || repeated || !table[size_t(e)] ? fallback : table[size_t(e)];
+      EXPECT_EQ(got_pair[size_t(j)], g);
+      EXPECT_EQ(got_start[size_t(g)], g);
+      EXPECT_EQ(got_gather[size_t(g)], 0);
+      EXPECT_EQ(got_ptrs[size_t(g)], want) << "group " << g;
+    }
+    EXPECT_EQ(got_start[size_t(k)], k);
+    EXPECT_EQ(miss.download()[0], c.miss ? 1 : 0);
+    expect_exact(snap.download(), x, "x_snap");
+  }
 }
 
 }  // namespace

@@ -13,10 +13,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxK = 64;
 
-// One block. Thread 0 sorts the k ids (insertion sort: k <= 64) and writes the plan; every
-// thread copies a share of x into x_snap. A duplicate id, an id outside the table or an expert
-// the table lacks sets *miss (the host then redoes the layer through the synced path); the
-// pointer of such a group is `fallback`, so the kernels that follow read valid memory.
+// One block. Thread 0 loads the k ids at once and sorts them (insertion sort in registers: k <=
+// 64); then thread g writes group g, its table lookup in parallel with the others' (a serial
+// chain of dependent global loads was most of this kernel's time). Every thread copies a share of
+// x into x_snap. A duplicate id, an id outside the table or an expert the table lacks sets *miss
+// (the host then redoes the layer through the synced path); the pointer of such a group is
+// `fallback`, so the kernels that follow read valid memory.
 __global__ void moe_plan_decode_kernel(const int* __restrict__ ids, int k,
                                        const uint8_t* const* __restrict__ table, int n_experts,
                                        const uint8_t* fallback, int* __restrict__ gather_idx,
@@ -24,24 +26,33 @@ __global__ void moe_plan_decode_kernel(const int* __restrict__ ids, int k,
                                        const uint8_t** __restrict__ ptrs, int* __restrict__ miss,
                                        const float* __restrict__ x, float* __restrict__ x_snap,
                                        int dim) {
+  __shared__ int order_s[kMaxK], sorted_s[kMaxK];
   for (int d = threadIdx.x; d < dim; d += blockDim.x) x_snap[d] = x[d];
-  if (threadIdx.x != 0) return;
-  int order[kMaxK];
-  for (int j = 0; j < k; ++j) {
-    int i = j;
-    while (i > 0 && ids[order[i - 1]] > ids[j]) {
-      order[i] = order[i - 1];
-      --i;
+  if (threadIdx.x == 0) {
+    int id[kMaxK], order[kMaxK];
+    for (int j = 0; j < k; ++j) id[j] = ids[j];
+    for (int j = 0; j < k; ++j) {
+      int i = j;
+      while (i > 0 && id[order[i - 1]] > id[j]) {
+        order[i] = order[i - 1];
+        --i;
+      }
+      order[i] = j;
     }
-    order[i] = j;
+    for (int g = 0; g < k; ++g) {
+      order_s[g] = order[g];
+      sorted_s[g] = id[order[g]];
+    }
+    row_start[k] = k;
   }
+  __syncthreads();
   int missing = 0;
-  for (int g = 0; g < k; ++g) {
-    const int j = order[g];
-    const int e = ids[j];
+  const int g = threadIdx.x;
+  if (g < k) {
+    const int j = order_s[g], e = sorted_s[g];
     const bool in_range = e >= 0 && e < n_experts;
     const uint8_t* p = in_range ? table[e] : nullptr;
-    if (p == nullptr || (g > 0 && ids[order[g - 1]] == e)) {
+    if (p == nullptr || (g > 0 && sorted_s[g - 1] == e)) {
       missing = 1;
       p = fallback;
     }
@@ -50,8 +61,8 @@ __global__ void moe_plan_decode_kernel(const int* __restrict__ ids, int k,
     row_start[g] = g;
     ptrs[g] = p;
   }
-  row_start[k] = k;
-  *miss = missing;
+  missing = __syncthreads_or(missing);
+  if (threadIdx.x == 0) *miss = missing;
 }
 
 }  // namespace
