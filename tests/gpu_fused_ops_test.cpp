@@ -2,7 +2,7 @@
 // double and against the rms_norm + rope_neox launches it replaces; swiglu_rounded and
 // gather_rounded bit for bit against the launches they replace; greedy decoding's argmax against
 // its rule (Sampler::argmax's); the resident step's decode plan against the plan written on the
-// host. Skips without a usable GPU.
+// host, and its combine-add-norm bit for bit against the two launches. Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -220,6 +220,33 @@ TEST(GpuFusedOps, MoePlanDecodeLaysOutTheHostsPlan) {
     EXPECT_EQ(miss.download()[0], c.miss ? 1 : 0);
     expect_exact(snap.download(), x, "x_snap");
   }
+}
+
+TEST(GpuFusedOps, CombineAddNormEqualsCombineAddThenRmsNormBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (auto [k, dim] : {std::pair{8, 2048}, std::pair{1, 2048}, std::pair{4, 300}, std::pair{8, 7168}}) {
+    const std::string name = "combine_add_norm k=" + std::to_string(k) + " dim=" + std::to_string(dim);
+    const auto y = random_floats(size_t(k + 2) * dim, 190, 0.5f);  // more rows than groups
+    const auto x0 = random_floats(size_t(dim), 191, 2.0f);
+    auto w = random_floats(size_t(dim), 192, 0.2f);
+    for (float& v : w) v += 1.0f;
+    std::vector<int> rows(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) rows[size_t(j)] = (3 * j + 1) % (k + 2);  // any rows, any order
+    auto wts = random_floats(size_t(k), 193, 0.3f);
+    const size_t n = static_cast<size_t>(dim);
+    DeviceVec<float> dy(y), dw(w), dwts(wts), fused_x(x0), split_x(x0), fused_h(n), split_h(n);
+    DeviceVec<int> dpair(rows);
+    gpu::moe_combine_add_norm(dy.get(), dpair.get(), dwts.get(), k, dim, fused_x.get(), dw.get(), 1e-6f,
+                              fused_h.get(), nullptr);
+    gpu::moe_combine_add(dy.get(), dpair.get(), dwts.get(), 1, k, dim, split_x.get(), nullptr);
+    gpu::rms_norm(split_x.get(), dw.get(), 1, dim, 1e-6f, split_h.get(), nullptr);
+    expect_exact(fused_x.download(), split_x.download(), (name + " x").c_str());
+    expect_exact(fused_h.download(), split_h.download(), (name + " h").c_str());
+  }
+  DeviceVec<float> a(16);
+  DeviceVec<int> p(1);
+  EXPECT_THROW(gpu::moe_combine_add_norm(a.get(), p.get(), a.get(), 0, 16, a.get(), a.get(), 1e-6f, a.get(), nullptr), Error);
+  EXPECT_THROW(gpu::moe_combine_add_norm(a.get(), nullptr, a.get(), 1, 16, a.get(), a.get(), 1e-6f, a.get(), nullptr), Error);
 }
 
 }  // namespace

@@ -164,6 +164,11 @@ void moe_combine(const float* y, const int* pair_row, const float* weights, int 
 // add_inplace of it (the residual add after the MoE).
 void moe_combine_add(const float* y, const int* pair_row, const float* weights, int n_tokens,
                      int k, int dim, float* x, Stream s);
+// moe_combine_add of one token into x [dim], then out = rms_norm(x, w, eps) [dim], in one launch:
+// the bits of the two launches (the resident decode step ends a MoE layer with it, out being the
+// next layer's attention input or lm_head's).
+void moe_combine_add_norm(const float* y, const int* pair_row, const float* weights, int k, int dim,
+                          float* x, const float* w, float eps, float* out, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
 // *out (device) = the index of x's largest value [n], the lowest on a tie, NaN never (all NaN:

@@ -1,5 +1,6 @@
 // RMSNorm on the GPU: one block per row, float32 sum of squares (HF RMSNorm), then scale by the
-// weight. Reference: runtime/model/dense_ops.cpp rms_norm.
+// weight. Reference: runtime/model/dense_ops.cpp rms_norm. Also the resident decode step's end of
+// a MoE layer: the combine added to the residual, then the next norm, in one launch.
 #include <string>
 
 #include "kernels/cuda/cuda_check.cuh"
@@ -27,6 +28,25 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
   for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
 }
 
+// moe_combine_add of one token (kernels/cuda/rows.cu: the sum from zero in j order, then added
+// to x) and rms_norm_kernel of the new x in one block: each thread combines the elements whose
+// squares it sums, in rms_norm_kernel's order, so x and out are the bits of the two launches.
+__global__ void combine_add_norm_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
+                                        const float* __restrict__ weights, int k, int n, float* x,
+                                        const float* __restrict__ w, float eps, float* __restrict__ out) {
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += weights[j] * y[size_t(pair_row[j]) * n + i];
+    const float xi = x[i] + acc;
+    x[i] = xi;
+    ss += xi * xi;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * inv * w[i];
+}
+
 }  // namespace
 
 void rms_norm_cuda(const float* x, const float* w, int rows, int n, float eps, float* out,
@@ -34,6 +54,17 @@ void rms_norm_cuda(const float* x, const float* w, int rows, int n, float eps, f
   MOE_ASSERT(x && w && out && rows > 0 && n > 0, "rms_norm_cuda: null pointer or empty shape");
   rms_norm_kernel<<<rows, kThreads, 0, s>>>(x, w, n, eps, out);
   MOE_CUDA_CHECK_LAUNCH("rms_norm_kernel");
+}
+
+void moe_combine_add_norm(const float* y, const int* pair_row, const float* weights, int k, int dim,
+                          float* x, const float* w, float eps, float* out, Stream s) {
+  if (k <= 0 || dim <= 0 || !(eps >= 0))
+    throw Error("gpu::moe_combine_add_norm: bad shape k=" + std::to_string(k) + " dim=" +
+                std::to_string(dim) + " eps=" + std::to_string(eps));
+  if (!y || !pair_row || !weights || !x || !w || !out)
+    throw Error("gpu::moe_combine_add_norm: null device pointer");
+  combine_add_norm_kernel<<<1, kThreads, 0, s>>>(y, pair_row, weights, k, dim, x, w, eps, out);
+  MOE_CUDA_CHECK_LAUNCH("combine_add_norm_kernel");
 }
 
 void rms_norm(const float* x, const float* w, int rows, int n, float eps, float* out, Stream s) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -219,10 +220,12 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   int first = 0;             // the first layer the synced loop runs
   bool skip_attention = false;  // ... from its MoE on (a resident step met a miss there)
   step_misses = 0;
+  h_normed = false;
   if (resident_step_allowed(c, routing)) {
     first = resident_step(c, times);
     if (first == cfg.n_layers) return;  // all hits: logits are in place
     skip_attention = true;
+    h_normed = false;  // the redo starts at a MoE, from x restored
   }
   for (int l = first; l < cfg.n_layers; ++l) {
     if (!(skip_attention && l == first)) attention_layer(l, T, n_past, times);
@@ -241,10 +244,20 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
 
 // Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
 // KV rows appended, attention, o_proj added to the residual x.
+// h = rms_norm(x, weight) for the chunk's T rows, unless the last layer's end already wrote it
+// (a resident step's moe_combine_add_norm, for this weight: one row).
+void CudaForward::norm_into_h(const float* weight, int T) {
+  if (std::exchange(h_normed, false)) {
+    MOE_ASSERT(T == 1, "norm_into_h: a fused norm covers one token");
+    return;
+  }
+  gpu::rms_norm(x, weight, T, D, eps, h, stream);
+}
+
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {
   if (mla) {  // DeepSeek-V2/V3: norm, then the latent attention (gpu_mla.h) into the residual
     auto tm = std::chrono::steady_clock::now();
-    gpu::rms_norm(x, w.layers[size_t(l)].attn_norm, T, D, eps, h, stream);
+    norm_into_h(w.layers[size_t(l)].attn_norm, T);
     mla->layer(*this, l, T, n_past);
     times.attention_s += seconds_since(tm);
     return;
@@ -261,7 +274,7 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
   const bool staged = padded || ring > 0;
   float* k_dst = staged ? k_tok : kc + size_t(n_past) * KV * hd_p;
   float* v_dst = staged ? v_tok : vc + size_t(n_past) * KV * hd_p;
-  gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
+  norm_into_h(lw.attn_norm, T);
   linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_dst, v_dst);
   if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
     add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);

@@ -108,6 +108,7 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
     throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; " +
                       std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
   MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");
+  h_normed = false;
   MOE_ASSERT(!routing.override, "routing overrides run one sequence at a time");
   const int n = b.n_entries;
   batch_splits.assign(1, 0);

@@ -114,6 +114,10 @@ struct CudaForward final : GpuForward {
   DeviceBuffer fallback_expert;   // a zero payload the plan points a missing expert at
   GpuResidentStats resident_stats;
   cudaEvent_t step_begin = nullptr, step_end = nullptr;  // a resident step's span on the device
+  // h already holds the norm the next layer (or lm_head) starts with: a resident layer ended
+  // with moe_combine_add_norm. Set only while enqueueing a resident step; consumed by the next
+  // norm_into_h or enqueue_lm_head; cleared at each chunk's start and before a redo.
+  bool h_normed = false;
   // Its kernels as CUDA graphs, one segment per layer and one for lm_head (opts.graphs).
   std::unique_ptr<GpuGraphSegments> graphs;
   // Split-context partials of a decode token's attention (gpu::attention's scratch), so that
@@ -188,6 +192,7 @@ struct CudaForward final : GpuForward {
   void enqueue_logits(const ForwardChunk& c);
   // enqueue_logits without the copy to c.logits: final norm and lm_head into `logits`.
   void enqueue_lm_head(const ForwardChunk& c);
+  void norm_into_h(const float* weight, int T);
   void enqueue_argmax(const ForwardChunk& c);
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();

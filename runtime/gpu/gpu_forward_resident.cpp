@@ -89,9 +89,17 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
   expert_matmul(lay.types.down, lay.down_offset, 0, K, 1, D, F, swi, y);
   if (lay.types.bias)
     gpu::expert_bias_add(y, D, row_start_d, 0, K, 0, K, ptrs_d, lay.bias_offset + 2 * size_t(F) * 4, stream);
-  gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
-  if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
-  if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
+  // The norm that starts the next layer (or lm_head) joins the combine in one launch, unless a
+  // shared expert's output comes between them.
+  const float* next_norm = l + 1 < L ? w.layers[size_t(l) + 1].attn_norm : c.logits ? w.final_norm : nullptr;
+  if (Fs == 0 && next_norm != nullptr) {
+    gpu::moe_combine_add_norm(y, plan + pairs, wts_l, K, D, x, next_norm, eps, h, stream);
+    h_normed = true;
+  } else {
+    gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
+    if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
+    if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
+  }
   times.expert_compute_s += seconds_since(tm);
 }
 
