@@ -112,7 +112,8 @@ void decode_glue(double copy_gbs) {
   auto* plan = static_cast<int*>(device_alloc((3 * K + 1) * sizeof(int)));
   auto* ptrs = static_cast<const uint8_t**>(device_alloc(K * sizeof(void*)));
   auto* miss = static_cast<int*>(device_alloc(sizeof(int)));
-  auto* out = static_cast<int*>(device_alloc(sizeof(int)));
+  auto* out = static_cast<gpu::ArgmaxState*>(device_alloc(sizeof(gpu::ArgmaxState)));
+  CHECK(cudaMemset(out, 0, sizeof(gpu::ArgmaxState)));
   std::vector<const uint8_t*> table_h(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) table_h[size_t(e)] = reinterpret_cast<const uint8_t*>(uintptr_t(4096 + 64 * e));
   auto* table = static_cast<const uint8_t**>(device_alloc(E * sizeof(void*)));
@@ -120,6 +121,9 @@ void decode_glue(double copy_gbs) {
   std::printf("\n| decode step kernel (back to back, warm) | us/launch |\n|---|---|\n");
   const auto glue = [](const char* what, double us) { std::printf("| %s | %.2f |\n", what, us); };
   glue("rms_norm 1 x 2048", time_us([&](int) { gpu::rms_norm(x, w, 1, D, 1e-6f, h, nullptr); }, 200));
+  float* router = random_device_floats(size_t(E) * D, 29);
+  glue("router gemv_f32 128 x 2048", time_us([&](int) { gpu::gemv_f32(router, E, D, h, rlog, false, nullptr); }, 200));
+  CHECK(cudaFree(router));
   gpu::router_topk(rlog, 1, E, K, true, ids, wts, nullptr);
   glue("router_topk 128 experts, top-8", time_us([&](int) { gpu::router_topk(rlog, 1, E, K, true, ids, wts, nullptr); }, 200));
   glue("moe_plan_decode top-8 (and the 2048-float snapshot)",
@@ -127,6 +131,14 @@ void decode_glue(double copy_gbs) {
          gpu::moe_plan_decode(ids, K, table, E, reinterpret_cast<const uint8_t*>(table), plan, plan + K,
                               plan + 2 * K, ptrs, miss, x, h, D, nullptr);
        }, 200));
+  float* y = random_device_floats(size_t(K) * D, 28);  // the experts' outputs, plan's pair rows
+  glue("moe_combine_add + rms_norm top-8 x 2048 (two launches)", time_us([&](int) {
+         gpu::moe_combine_add(y, plan + K, wts, 1, K, D, x, nullptr);
+         gpu::rms_norm(x, w, 1, D, 1e-6f, h, nullptr);
+       }, 200));
+  glue("moe_combine_add_norm top-8 x 2048 (fused)",
+       time_us([&](int) { gpu::moe_combine_add_norm(y, plan + K, wts, K, D, x, w, 1e-6f, h, nullptr); }, 200));
+  CHECK(cudaFree(y));
   glue("argmax 151936 logits", time_us([&](int) { gpu::argmax(logits, V, out, nullptr); }, 200));
   row("(argmax as bandwidth)", time_us([&](int) { gpu::argmax(logits, V, out, nullptr); }, 200), 4.0 * V, copy_gbs);
   for (int ctx : {32, 512}) {

@@ -199,6 +199,31 @@ TEST(GpuDecodeGemv, AddIntoTheOutputEqualsDenseGemmThenAddInplace) {
                Error);
 }
 
+TEST(GpuDecodeGemv, Float32GemvMatchesReferenceAddsAndRefusesBadShapes) {
+  SKIP_WITHOUT_GPU();
+  // The router's shape (128 x 2048) and a width that is not a multiple of the 512 floats a warp
+  // loads in one batch.
+  for (const auto& [rows, cols] : {std::pair{128, 2048}, std::pair{37, 2884}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const auto w = random_floats(size_t(rows) * cols, 140, 0.05f);
+    const auto x = random_floats(size_t(cols), 141);
+    const auto resid = random_floats(size_t(rows), 142);
+    std::vector<float> ref(static_cast<size_t>(rows));
+    reference_rows(w, rows, cols, x.data(), ref.data());
+    DeviceVec<float> dw(w), dx(x), y(static_cast<size_t>(rows)), acc(resid);
+    gpu::gemv_f32(dw.get(), rows, cols, dx.get(), y.get(), false, nullptr);
+    expect_close(y.download(), ref, 2e-4f, 1e-4f, "gemv_f32");
+    gpu::gemv_f32(dw.get(), rows, cols, dx.get(), acc.get(), true, nullptr);
+    auto sum = y.download();
+    for (int r = 0; r < rows; ++r) sum[size_t(r)] += resid[size_t(r)];
+    expect_exact(acc.download(), sum, "gemv_f32 add vs the product then the add");
+  }
+  DeviceVec<float> a(64);
+  EXPECT_THROW(gpu::gemv_f32(a.get(), 2, 6, a.get(), a.get(), false, nullptr), Error);  // cols % 4
+  EXPECT_THROW(gpu::gemv_f32(a.get() + 1, 2, 8, a.get(), a.get(), false, nullptr), Error);  // alignment
+  EXPECT_THROW(gpu::gemv_f32(nullptr, 2, 8, a.get(), a.get(), false, nullptr), Error);
+}
+
 TEST(GpuDecodeGemv, ShapesItDoesNotTakeKeepTheTileLoopAndTooManyMatricesAreRefused) {
   SKIP_WITHOUT_GPU();
   // q8 at cols 96 (nb 3: rows not 16-byte aligned) and 2 tokens: the tile loop, still right.

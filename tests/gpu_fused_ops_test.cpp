@@ -132,11 +132,15 @@ TEST(GpuFusedOps, GatherRoundedEqualsGatherThenRoundingBitForBit) {
                                    fused.get(), nullptr));
 }
 
+// One state for every call, as a stream's owner keeps it: each launch must leave it zeroed.
 int gpu_argmax(const std::vector<float>& v) {
+  static DeviceVec<gpu::ArgmaxState> state(std::vector<gpu::ArgmaxState>(1, gpu::ArgmaxState{}));
   DeviceVec<float> d(v);
-  DeviceVec<int> out(1);
-  gpu::argmax(d.get(), int(v.size()), out.get(), nullptr);
-  return out.download()[0];
+  gpu::argmax(d.get(), int(v.size()), state.get(), nullptr);
+  const gpu::ArgmaxState st = state.download()[0];
+  EXPECT_EQ(st.best, 0u) << "argmax left its state dirty";
+  EXPECT_EQ(st.done, 0u) << "argmax left its state dirty";
+  return st.id;
 }
 
 TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
@@ -166,8 +170,17 @@ TEST(GpuFusedOps, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
   late[2500] = inf;
   late[2999] = inf;
   EXPECT_EQ(gpu_argmax(late), 2500);
+  // -0 and +0 are equal: the first wins (the keys must not order them). Many blocks: a row of
+  // a million values with its maximum in the last block and a tie in the first.
+  EXPECT_EQ(gpu_argmax({-1.0f, -0.0f, 0.0f, -2.0f}), 1);
+  EXPECT_EQ(gpu_argmax({-1.0f, 0.0f, -0.0f}), 1);
+  std::vector<float> big(1 << 20, -5.0f);
+  big.back() = 7.0f;
+  EXPECT_EQ(gpu_argmax(big), int(big.size()) - 1);
+  big[3] = 7.0f;
+  EXPECT_EQ(gpu_argmax(big), 3);
   DeviceVec<float> a(4);
-  DeviceVec<int> out(1);
+  DeviceVec<gpu::ArgmaxState> out(1);
   EXPECT_THROW(gpu::argmax(a.get(), 0, out.get(), nullptr), Error);
   EXPECT_THROW(gpu::argmax(a.get(), 4, nullptr, nullptr), Error);
 }

@@ -375,20 +375,27 @@ void attention_cuda(const float* q, const float* k_cache, const float* v_cache, 
   a.ring = ring;
 
   const int nk = head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : 8;
-  // Rows per block: the whole GQA group of a decode token (K/V read once per KV head), capped
-  // so the accumulators stay in registers.
-  int rb = 1;
-  while (rb < a.n_rows && rb < (nk <= 4 ? 16 : 8)) rb *= 2;
-  const int row_tiles = (a.n_rows + rb - 1) / rb;
-
-  // Split the keys so that the grid fills the GPU, each warp getting at least one tile.
   // A sliding layer's keys before the first row's window are never read.
   a.key0 = window > 0 ? std::max(0, pos0 + 1 - window) : 0;
   const long long n_keys = (long long)pos0 + n_q - a.key0;
   const long long tiles = (n_keys + kTile - 1) / kTile;
+  // Rows per block: the whole GQA group of a decode token (K/V read once per KV head), capped
+  // so the accumulators stay in registers. A decode token whose keys are too few to split
+  // over half the GPU's multiprocessors splits its group instead: each block then reads the
+  // KV head again (from L2), and its warps' chain of softmax and P V steps is RB times shorter.
+  int rb = 1;
+  while (rb < a.n_rows && rb < (nk <= 4 ? 16 : 8)) rb *= 2;
+  const int sms = sm_count();
+  const long long most_splits = std::min<long long>((tiles + kWarps - 1) / kWarps, kMaxSplits);
+  while (n_q == 1 && rb > 1 &&
+         (long long)((a.n_rows + rb - 1) / rb) * n_kv_heads * most_splits < sms / 2)
+    rb /= 2;
+  const int row_tiles = (a.n_rows + rb - 1) / rb;
+
+  // Split the keys so that the grid fills the GPU, each warp getting at least one tile.
   const long long base = (long long)row_tiles * n_kv_heads;
-  long long splits = (kBlocksPerSm * (long long)sm_count() + base - 1) / base;
-  splits = std::max(1LL, std::min({splits, (tiles + kWarps - 1) / kWarps, (long long)kMaxSplits}));
+  long long splits = (kBlocksPerSm * (long long)sms + base - 1) / base;
+  splits = std::max(1LL, std::min(splits, most_splits));
   const long long tiles_per_split = (tiles + splits - 1) / splits;
   splits = (tiles + tiles_per_split - 1) / tiles_per_split;
   a.keys_per_split = int(tiles_per_split * kTile);

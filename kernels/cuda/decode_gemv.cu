@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/decode_gemv.cuh"
 #include "kernels/cuda/expert_gemm.cuh"
+#include "kernels/cuda/gpu_ops.h"
 
 namespace moestream::gpu {
 namespace {
@@ -106,6 +107,27 @@ struct Bf16Chunks {
   }
 };
 
+// float32 rows (the router, float32 packs' dense matrices): chunk c is weights 4c..4c+3. Needs
+// cols % 4 == 0.
+struct F32Chunks {
+  static constexpr int kElems = 4;
+  const uint8_t* m;
+  int cols;
+  __device__ F32Chunks(const uint8_t* matrix, int c) : m(matrix), cols(c) {}
+  __device__ int chunks() const { return cols / 4; }
+  __device__ uint4 load(int row, int c) const {
+    return __ldg(reinterpret_cast<const uint4*>(m + (size_t(row) * cols + size_t(c) * 4) * 4));
+  }
+  __device__ float scale(int, int) const { return 1.0f; }
+  __device__ static float dot(uint4 q, const float* x) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(x));
+    float s = __uint_as_float(q.x) * v.x;
+    s = fmaf(__uint_as_float(q.y), v.y, s);
+    s = fmaf(__uint_as_float(q.z), v.z, s);
+    return fmaf(__uint_as_float(q.w), v.w, s);
+  }
+};
+
 // Warp-row v of the launch: matrix m (by a.first), then group g and row r of that matrix.
 // Lane l takes chunks l, l+32, ... in batches of kGemvBatch; a batch slot past the row is
 // skipped warp-uniformly or (the row's last partial slot) loads the last chunk and adds nothing.
@@ -201,6 +223,21 @@ void decode_gemv_cuda(QuantType q, GemvArgs a, cudaStream_t s) {
   if (q == QuantType::kQ8) return launch<Q8Chunks>(a, "launch of decode_gemv_kernel<q8>", s);
   if (q == QuantType::kQ4) return launch<Q4Chunks>(a, "launch of decode_gemv_kernel<q4>", s);
   launch<Bf16Chunks>(a, "launch of decode_gemv_kernel<bf16>", s);
+}
+
+void gemv_f32(const float* w, int rows, int cols, const float* x, float* y, bool add, Stream s) {
+  if (rows <= 0 || cols <= 0 || cols % 4 != 0)
+    throw Error("gpu::gemv_f32: bad shape rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                " (cols a multiple of 4)");
+  if (!w || !x || !y) throw Error("gpu::gemv_f32: null device pointer");
+  if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    throw Error("gpu::gemv_f32: w and x must be 16-byte aligned");
+  GemvArgs a;
+  a.mat[0] = GemvMat{reinterpret_cast<const uint8_t*>(w), 0, rows, x, y, add};
+  a.n_mats = 1;
+  a.cols = cols;
+  a.first[1] = a.first[2] = a.first[3] = rows;
+  launch<F32Chunks>(a, "launch of decode_gemv_kernel<f32>", s);
 }
 
 }  // namespace moestream::gpu

@@ -142,6 +142,10 @@ struct DenseOut {
   bool add = false;
 };
 bool dense_gemv_takes(QuantType q, int cols);
+// y [rows] = W x (`add`: y + W x) for one float32 row x [cols] and a float32 W [rows, cols]: the
+// GEMV above, a warp per row, in one launch (cuBLAS's sgemv takes two). cols % 4 == 0, w and x
+// 16-byte aligned (Error otherwise).
+void gemv_f32(const float* w, int rows, int cols, const float* x, float* y, bool add, Stream s);
 // True when a one-token product of type q and width cols (dense_gemm at one token, expert_gemm
 // at max_rows_per_group 1) rounds its input as the CPU's kernel does by itself (ggml Q8_0's GEMV).
 // Rounding is idempotent, so an input rounded first gives the same bits: callers skip the launch.
@@ -166,14 +170,23 @@ void moe_combine_add(const float* y, const int* pair_row, const float* weights, 
                      int k, int dim, float* x, Stream s);
 // moe_combine_add of one token into x [dim], then out = rms_norm(x, w, eps) [dim], in one launch:
 // the bits of the two launches (the resident decode step ends a MoE layer with it, out being the
-// next layer's attention input or lm_head's).
+// next layer's attention input or lm_head's). k <= kMaxFusedCombineK.
+constexpr int kMaxFusedCombineK = 64;
 void moe_combine_add_norm(const float* y, const int* pair_row, const float* weights, int k, int dim,
                           float* x, const float* w, float eps, float* out, Stream s);
 // y[i] += x[i] (the residual stream).
 void add_inplace(float* y, const float* x, size_t n, Stream s);
-// *out (device) = the index of x's largest value [n], the lowest on a tie, NaN never (all NaN:
-// 0): runtime/model/sampler.h Sampler::argmax, for greedy decoding without copying the logits.
-void argmax(const float* x, int n, int* out, Stream s);
+// Device state of argmax on one stream: its owner zeroes it once (cudaMemset); each launch
+// leaves it zeroed again, with the result in `id`.
+struct ArgmaxState {
+  unsigned long long best;
+  unsigned int done;
+  int id;
+};
+// state->id (device) = the index of x's largest value [n], the lowest on a tie, NaN never (all
+// NaN: 0): runtime/model/sampler.h Sampler::argmax, for greedy decoding without copying the
+// logits. Launches on one state are ordered by their stream; two streams need two states.
+void argmax(const float* x, int n, ArgmaxState* state, Stream s);
 // The MoE plan of one decode token from its top-k `ids` [k] (device), as CudaForward::moe lays
 // it out for an all-hit token: groups in ascending id, one row each (gather_idx [k] all 0,
 // pair_row [k], row_start [k+1]), ptrs[g] = table[id] (`table` [n_experts]: a layer's payload

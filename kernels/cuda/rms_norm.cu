@@ -10,10 +10,11 @@
 namespace moestream::gpu {
 namespace {
 
-// 256 threads: a hidden size of 2048-7168 gives each thread 8-28 elements, enough to hide latency.
-constexpr int kThreads = 256;
+// 1024 threads: a decode row is latency-bound, and a hidden size of 2048-7168 then takes 2-7
+// loads a thread. The fused combine below must use the same count (the same sum order).
+constexpr int kThreads = 1024;
 
-__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int n,
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int n,
                                 float eps, float* __restrict__ out) {
   const float* xr = x + size_t(blockIdx.x) * n;
   float* orow = out + size_t(blockIdx.x) * n;
@@ -31,13 +32,27 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 // moe_combine_add of one token (kernels/cuda/rows.cu: the sum from zero in j order, then added
 // to x) and rms_norm_kernel of the new x in one block: each thread combines the elements whose
 // squares it sums, in rms_norm_kernel's order, so x and out are the bits of the two launches.
-__global__ void combine_add_norm_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
-                                        const float* __restrict__ weights, int k, int n, float* x,
-                                        const float* __restrict__ w, float eps, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    combine_add_norm_kernel(const float* __restrict__ y, const int* __restrict__ pair_row,
+                            const float* __restrict__ weights, int k, int n, float* x,
+                            const float* __restrict__ w, float eps, float* __restrict__ out) {
+  __shared__ int rows_s[kMaxFusedCombineK];
+  __shared__ float wts_s[kMaxFusedCombineK];
+  for (int j = threadIdx.x; j < k; j += blockDim.x) rows_s[j] = pair_row[j], wts_s[j] = weights[j];
+  __syncthreads();
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    // Eight rows' loads in flight at once; the sum keeps j order.
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) acc += weights[j] * y[size_t(pair_row[j]) * n + i];
+    int j = 0;
+    for (; j + 8 <= k; j += 8) {
+      float yv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) yv[u] = y[size_t(rows_s[j + u]) * n + i];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc += wts_s[j + u] * yv[u];
+    }
+    for (; j < k; ++j) acc += wts_s[j] * y[size_t(rows_s[j]) * n + i];
     const float xi = x[i] + acc;
     x[i] = xi;
     ss += xi * xi;
@@ -58,8 +73,8 @@ void rms_norm_cuda(const float* x, const float* w, int rows, int n, float eps, f
 
 void moe_combine_add_norm(const float* y, const int* pair_row, const float* weights, int k, int dim,
                           float* x, const float* w, float eps, float* out, Stream s) {
-  if (k <= 0 || dim <= 0 || !(eps >= 0))
-    throw Error("gpu::moe_combine_add_norm: bad shape k=" + std::to_string(k) + " dim=" +
+  if (k <= 0 || k > kMaxFusedCombineK || dim <= 0 || !(eps >= 0))
+    throw Error("gpu::moe_combine_add_norm: bad shape (k in [1, " + std::to_string(kMaxFusedCombineK) + "]) k=" + std::to_string(k) + " dim=" +
                 std::to_string(dim) + " eps=" + std::to_string(eps));
   if (!y || !pair_row || !weights || !x || !w || !out)
     throw Error("gpu::moe_combine_add_norm: null device pointer");

@@ -58,44 +58,48 @@ __global__ void gated_add_kernel(float* __restrict__ y, const float* __restrict_
   }
 }
 
-// One block over the row: each thread keeps the first of its largest values (its indices rise),
-// then the block keeps the lowest index among equal maxima: Sampler::argmax's rule. A value
-// counts only when above the kept one, or equal to it with none kept yet (so -inf can win, NaN
-// never does); no value kept anywhere (all NaN) gives 0.
-constexpr int kArgmaxThreads = 1024;
-constexpr int kNone = 0x7fffffff;
+// Greedy decoding's pick, Sampler::argmax's rule: the largest value, the lowest index among
+// equal ones, NaN never (all NaN: 0). Each value becomes one 64-bit key whose order is that rule:
+// the float's bits made monotone (-0 taken as +0) above the complement of its index. The blocks
+// grid-stride the row and atomicMax their best key into the state; the block that finishes last
+// writes the id and zeroes the state for the next launch (one launch, no second pass).
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPerThread = 4;  // values a thread loads before it compares any
+constexpr unsigned kArgmaxMaxBlocks = 1024;
 
-__device__ __forceinline__ void argmax_merge(float& v, int& i, float ov, int oi) {
-  if (oi != kNone && (i == kNone || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  if (v != v) return 0;  // NaN: below every value
+  const unsigned u = __float_as_uint(v + 0.0f);  // -0 -> +0: equal values, equal keys
+  const unsigned ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007fffff > 0
+  return (static_cast<unsigned long long>(ordered) << 32) | (0xffffffffu - unsigned(i));
 }
 
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    argmax_merge(v, i, ov, oi);
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ x, int n,
+                                                               ArgmaxState* st) {
+  __shared__ unsigned long long warp_best[kArgmaxThreads / 32];
+  unsigned long long best = 0;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += stride * kArgmaxPerThread) {
+    float v[kArgmaxPerThread];
+#pragma unroll
+    for (int k = 0; k < kArgmaxPerThread; ++k) v[k] = i0 + k * stride < n ? x[i0 + k * stride] : NAN;
+#pragma unroll
+    for (int k = 0; k < kArgmaxPerThread; ++k) best = max(best, argmax_key(v[k], int(i0 + k * stride)));
   }
-}
-
-__global__ void argmax_kernel(const float* __restrict__ x, int n, int* __restrict__ out) {
-  __shared__ float vs[32];
-  __shared__ int is[32];
-  float v = -INFINITY;
-  int i = kNone;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float xj = x[j];
-    if (xj > v || (xj == v && i == kNone)) v = xj, i = j;
-  }
-  warp_argmax(v, i);
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) vs[warp] = v, is[warp] = i;
+  if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  if (warp != 0) return;
-  const int n_warps = blockDim.x >> 5;
-  v = lane < n_warps ? vs[lane] : -INFINITY;
-  i = lane < n_warps ? is[lane] : kNone;
-  warp_argmax(v, i);
-  if (lane == 0) *out = i == kNone ? 0 : i;
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) best = max(best, warp_best[w]);
+    if (best != 0) atomicMax(&st->best, best);
+    __threadfence();  // this block's maximum is seen before its count
+    if (atomicAdd(&st->done, 1u) == gridDim.x - 1) {
+      const unsigned long long all = atomicExch(&st->best, 0ull);
+      st->id = all == 0 ? 0 : int(0xffffffffu - unsigned(all & 0xffffffffu));
+      st->done = 0;
+    }
+  }
 }
 
 std::string rows_shape(int n, int dim) {
@@ -175,10 +179,12 @@ void gated_add(float* y, const float* x, const float* gate, int n_tokens, int di
   gated_add_cuda(y, x, gate, n_tokens, dim, s);
 }
 
-void argmax(const float* x, int n, int* out, Stream s) {
+void argmax(const float* x, int n, ArgmaxState* state, Stream s) {
   if (n <= 0) throw Error("gpu::argmax: empty row (n=" + std::to_string(n) + ")");
-  if (!x || !out) throw Error("gpu::argmax: null device pointer");
-  argmax_kernel<<<1, kArgmaxThreads, 0, s>>>(x, n, out);
+  if (!x || !state) throw Error("gpu::argmax: null device pointer");
+  const long long per_block = (long long)kArgmaxThreads * kArgmaxPerThread;
+  const unsigned blocks = unsigned(std::min<long long>((n + per_block - 1) / per_block, kArgmaxMaxBlocks));
+  argmax_kernel<<<blocks, kArgmaxThreads, 0, s>>>(x, n, state);
   MOE_CUDA_CHECK_LAUNCH("argmax_kernel");
 }
 

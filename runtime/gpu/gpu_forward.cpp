@@ -145,7 +145,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   ptr_dev = DeviceBuffer(pairs * sizeof(const uint8_t*));
   ptr_host = PinnedBuffer(pairs * sizeof(const uint8_t*));
   logits_host = PinnedBuffer(b * size_t(E) * sizeof(float));
-  argmax_dev = DeviceBuffer(sizeof(int));
+  argmax_dev = DeviceBuffer(sizeof(gpu::ArgmaxState));
+  MOE_CUDA_CHECK(cudaMemset(argmax_dev.get(), 0, argmax_dev.bytes()));  // argmax's state starts zeroed
   argmax_host = PinnedBuffer(sizeof(int));
 
   unique_ids.reserve(size_t(E));

@@ -95,7 +95,7 @@ struct CudaForward final : GpuForward {
   // the CPU pass runs too.
   PinnedBuffer logits_host;
   // Greedy decoding (ForwardChunk::argmax): the last token's id, picked on the device.
-  DeviceBuffer argmax_dev;
+  DeviceBuffer argmax_dev;  // gpu::ArgmaxState, zeroed at construction
   PinnedBuffer argmax_host;
   std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
   std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier

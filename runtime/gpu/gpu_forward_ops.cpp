@@ -205,9 +205,9 @@ void CudaForward::enqueue_logits(const ForwardChunk& c) {
 // The greedy pick of the last token's logits row, to argmax_host: 4 bytes cross, not V floats.
 void CudaForward::enqueue_argmax(const ForwardChunk& c) {
   MOE_ASSERT(!c.all_logits, "forward_chunk: argmax takes the last token's logits only");
-  gpu::argmax(logits, V, argmax_dev.as<int>(), stream);
-  MOE_CUDA_CHECK(cudaMemcpyAsync(argmax_host.as<void>(), argmax_dev.get(), sizeof(int),
-                                 cudaMemcpyDeviceToHost, stream));
+  auto* st = argmax_dev.as<gpu::ArgmaxState>();
+  gpu::argmax(logits, V, st, stream);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(argmax_host.as<void>(), &st->id, sizeof(int), cudaMemcpyDeviceToHost, stream));
 }
 
 void CudaForward::enqueue_lm_head(const ForwardChunk& c) {
@@ -235,6 +235,11 @@ CudaForward::~CudaForward() {
 void CudaForward::linear_f32(const float* xin, const float* W, int T, int in, int out, float* yout,
                              float beta) {
   if (split_rows != nullptr && linear_f32_per_sequence(xin, W, T, in, out, yout, beta)) return;  // batches
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (T == 1 && (beta == 0.0f || beta == 1.0f) && in % 4 == 0 && aligned(W) && aligned(xin)) {
+    gpu::gemv_f32(W, out, in, xin, yout, beta == 1.0f, stream);  // one launch, not sgemv's two
+    return;
+  }
   const float alpha = 1.0f;
   if (T == 1)
     cublas_check(cublasSgemv(blas, CUBLAS_OP_T, in, out, &alpha, W, in, xin, 1, &beta, yout, 1),

@@ -92,7 +92,7 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
   // The norm that starts the next layer (or lm_head) joins the combine in one launch, unless a
   // shared expert's output comes between them.
   const float* next_norm = l + 1 < L ? w.layers[size_t(l) + 1].attn_norm : c.logits ? w.final_norm : nullptr;
-  if (Fs == 0 && next_norm != nullptr) {
+  if (Fs == 0 && next_norm != nullptr && K <= gpu::kMaxFusedCombineK) {
     gpu::moe_combine_add_norm(y, plan + pairs, wts_l, K, D, x, next_norm, eps, h, stream);
     h_normed = true;
   } else {
