@@ -521,7 +521,7 @@ skipped(".ci/run", CI_JOB, "CI's entry point: runs scripts/test.sh (this job) an
 skipped("scripts/sanitize.sh", CI_JOB, "the asan and tsan jobs of .ci/run")
 skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
 for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_graphs", "gpu_resident", "gpu_tests", "tree", "io_bench", "io_hot", "kernels",
-              "same_tokens", "verify_overlap", "kernel_profile", "gpu_cpu_misses"):
+              "same_tokens", "verify_overlap", "kernel_profile", "kernel_detail", "gpu_cpu_misses"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the device machine (docs/gpu.md, docs/results.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
