@@ -1,0 +1,196 @@
+// tests/support/tiny_hf.h: a tiny random Hugging Face MoE checkpoint for the converter's tests.
+#include "tests/support/tiny_hf.h"
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <stdexcept>
+
+#include "common/file_util.h"
+#include "common/half.h"
+
+namespace moestream::test {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+TinyHf make_tiny(Arch arch, uint32_t seed) {
+  TinyHf m;
+  m.arch = arch;
+  m.L = 3, m.E = 8, m.V = 53, m.H = 4, m.KV = 2, m.F = 21;
+  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+  m.D = given_hd ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
+  m.hd = given_hd ? 8 : m.D / m.H;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 0.5f);
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor t;
+    t.shape = shape;
+    size_t n = 1;
+    for (auto s : shape) n *= size_t(s);
+    t.data.resize(n);
+    for (auto& x : t.data) {
+      x = bf16_to_f32(f32_to_bf16(g(rng)));
+      if (std::fabs(x) < 1e-3f) x = 0;  // keeps every value exact in f16 too (no subnormals)
+    }
+    m.tensors[name] = std::move(t);
+  };
+  // config.json as each architecture's Hugging Face config writes it.
+  m.config = {{"vocab_size", m.V}, {"hidden_size", m.D}, {"num_hidden_layers", m.L},
+              {"num_attention_heads", m.H}, {"num_key_value_heads", m.KV}, {"max_position_embeddings", 256},
+              {"rms_norm_eps", 1e-6}, {"hidden_act", "silu"}, {"num_experts_per_tok", 2},
+              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}};
+  std::string moe = "mlp.";
+  switch (arch) {
+    case Arch::kQwen3Moe:
+      m.config.update(json{{"architectures", json::array({"Qwen3MoeForCausalLM"})}, {"model_type", "qwen3_moe"},
+                           {"head_dim", m.hd}, {"moe_intermediate_size", m.F}, {"intermediate_size", 64},
+                           {"num_experts", m.E}, {"norm_topk_prob", true}, {"rope_theta", 1000000.0},
+                           {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()},
+                           {"use_sliding_window", false}, {"sliding_window", 4096}, {"attention_bias", false}});
+      break;
+    case Arch::kOlmoe:
+      m.config.update(json{{"architectures", json::array({"OlmoeForCausalLM"})}, {"model_type", "olmoe"},
+                           {"intermediate_size", m.F}, {"num_experts", m.E}, {"norm_topk_prob", false},
+                           {"rope_theta", 10000.0}, {"clip_qkv", nullptr}, {"attention_bias", false}});
+      break;
+    case Arch::kMixtral:
+      m.config.update(json{{"architectures", json::array({"MixtralForCausalLM"})}, {"model_type", "mixtral"},
+                           {"intermediate_size", m.F}, {"num_local_experts", m.E}, {"rope_theta", 1000000.0},
+                           {"sliding_window", nullptr}});
+      moe = "block_sparse_moe.";
+      break;
+    case Arch::kQwen2Moe:  // as released Qwen1.5-MoE configs: no qkv_bias key (true by default)
+      m.config.update(json{{"architectures", json::array({"Qwen2MoeForCausalLM"})}, {"model_type", "qwen2_moe"},
+                           {"head_dim", m.hd}, {"moe_intermediate_size", m.F}, {"intermediate_size", 64},
+                           {"shared_expert_intermediate_size", 26}, {"num_experts", m.E},
+                           {"norm_topk_prob", false}, {"rope_theta", 1000000.0}, {"decoder_sparse_step", 1},
+                           {"mlp_only_layers", json::array()}, {"use_sliding_window", false},
+                           {"sliding_window", 32768}, {"max_window_layers", 21}});
+      break;
+    default:  // the other architectures have checkpoints of their own (their fixtures and tests)
+      throw std::invalid_argument("hf_model: no synthetic checkpoint for " + std::string(arch_name(arch)));
+  }
+  add("model.embed_tokens.weight", {m.V, m.D});
+  add("model.norm.weight", {m.D});
+  add("lm_head.weight", {m.V, m.D});
+  for (int l = 0; l < m.L; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {m.D});
+    add(p + "post_attention_layernorm.weight", {m.D});
+    add(p + "self_attn.q_proj.weight", {m.H * m.hd, m.D});
+    add(p + "self_attn.k_proj.weight", {m.KV * m.hd, m.D});
+    add(p + "self_attn.v_proj.weight", {m.KV * m.hd, m.D});
+    add(p + "self_attn.o_proj.weight", {m.D, m.H * m.hd});
+    if (arch == Arch::kQwen3Moe) {
+      add(p + "self_attn.q_norm.weight", {m.hd});
+      add(p + "self_attn.k_norm.weight", {m.hd});
+    } else if (arch == Arch::kOlmoe) {
+      add(p + "self_attn.q_norm.weight", {m.H * m.hd});
+      add(p + "self_attn.k_norm.weight", {m.KV * m.hd});
+    }
+    add(p + moe + "gate.weight", {m.E, m.D});
+    if (arch == Arch::kQwen2Moe) {
+      add(p + "self_attn.q_proj.bias", {m.H * m.hd});
+      add(p + "self_attn.k_proj.bias", {m.KV * m.hd});
+      add(p + "self_attn.v_proj.bias", {m.KV * m.hd});
+      add(p + "mlp.shared_expert.gate_proj.weight", {26, m.D});
+      add(p + "mlp.shared_expert.up_proj.weight", {26, m.D});
+      add(p + "mlp.shared_expert.down_proj.weight", {m.D, 26});
+      add(p + "mlp.shared_expert_gate.weight", {1, m.D});
+    }
+    for (int e = 0; e < m.E; ++e) {
+      std::string x = p + moe + "experts." + std::to_string(e) + ".";
+      if (arch == Arch::kMixtral) {
+        add(x + "w1.weight", {m.F, m.D});
+        add(x + "w3.weight", {m.F, m.D});
+        add(x + "w2.weight", {m.D, m.F});
+      } else {
+        add(x + "gate_proj.weight", {m.F, m.D});
+        add(x + "up_proj.weight", {m.F, m.D});
+        add(x + "down_proj.weight", {m.D, m.F});
+      }
+    }
+  }
+  return m;
+}
+
+// gate, up, down of expert e in layer l, from the per-expert tensors.
+std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
+  std::string p = "model.layers." + std::to_string(l) + ".";
+  if (m.arch == Arch::kMixtral) {
+    std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    return {&m.tensors.at(x + "w1.weight"), &m.tensors.at(x + "w3.weight"), &m.tensors.at(x + "w2.weight")};
+  }
+  std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+  return {&m.tensors.at(x + "gate_proj.weight"), &m.tensors.at(x + "up_proj.weight"),
+          &m.tensors.at(x + "down_proj.weight")};
+}
+
+// The tensors as transformers v5 saves them: experts fused into [E, 2F, D] and [E, D, F], and
+// Mixtral's block_sparse_moe renamed to mlp.
+std::map<std::string, Tensor> fused_layout(const TinyHf& m) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : m.tensors)
+    if (name.find(".experts.") == std::string::npos) {
+      std::string n = name;
+      if (auto p = n.find("block_sparse_moe."); p != std::string::npos) n.replace(p, 17, "mlp.");
+      out[n] = t;
+    }
+  for (int l = 0; l < m.L; ++l) {
+    Tensor gu{{m.E, 2 * m.F, m.D}, {}}, dn{{m.E, m.D, m.F}, {}};
+    for (int e = 0; e < m.E; ++e) {
+      auto [g, u, d] = expert_tensors(m, l, e);
+      gu.data.insert(gu.data.end(), g->data.begin(), g->data.end());
+      gu.data.insert(gu.data.end(), u->data.begin(), u->data.end());
+      dn.data.insert(dn.data.end(), d->data.begin(), d->data.end());
+    }
+    std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    out[p + "gate_up_proj"] = std::move(gu);
+    out[p + "down_proj"] = std::move(dn);
+  }
+  return out;
+}
+
+void save_hf(const fs::path& dir, const json& config, const std::map<std::string, Tensor>& tensors,
+             DType dtype, int n_shards) {
+  fs::create_directories(dir);
+  write_file_atomic(dir / "config.json", config.dump(2));
+  write_file_atomic(dir / "tokenizer.json", R"({"model": {"type": "BPE"}})");
+  std::vector<std::unique_ptr<SafetensorsWriter>> shards;
+  std::vector<std::string> files;
+  for (int s = 0; s < n_shards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+    files.push_back(n_shards == 1 ? "model.safetensors" : name);
+    shards.push_back(std::make_unique<SafetensorsWriter>(dir / files.back()));
+  }
+  json wm;
+  int i = 0;
+  std::map<std::string, int> shard_of;
+  for (auto& [name, t] : tensors) {
+    int s = (i++) % n_shards;
+    shard_of[name] = s;
+    shards[s]->declare(name, dtype, t.shape);
+    wm[name] = files[s];
+  }
+  for (auto& [name, t] : tensors) shards[shard_of[name]]->write(name, t.data.data(), t.data.size());
+  for (auto& w : shards) w->finish();
+  if (n_shards > 1) write_file_atomic(dir / "model.safetensors.index.json", json{{"weight_map", wm}}.dump());
+}
+
+void save_tiny(const fs::path& dir, const TinyHf& m, DType dtype, bool fused, int n_shards) {
+  save_hf(dir, m.config, fused ? fused_layout(m) : m.tensors, dtype, n_shards);
+}
+
+}  // namespace moestream::test
