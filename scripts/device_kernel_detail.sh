@@ -19,17 +19,11 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 MODEL [infer flags...]" >&2; exit 2; }
 M=$1
 shift
-O=${OUT:-/tmp/moestream_out}
-BIN=${BIN:-build-device-gpu/bin}
 KERNEL=${KERNEL:-decode_gemv_q8_0}
 COUNT=${COUNT:-5}
 TOKENS=${TOKENS:-4}
 NAME=${NAME:-detail}
-mkdir -p "$O"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
-[ -n "$NCU" ] && [ -x "$NCU" ] || { echo "device_kernel_detail: no ncu on this machine" >&2; exit 1; }
-[ -x "$BIN/infer" ] || { echo "device_kernel_detail: no $BIN/infer (build it first)" >&2; exit 1; }
-P=$(python3 -c "print(','.join(str((7919 * i + 11) % 151936) for i in range(16)))")
+. scripts/device_ncu_env.sh
 "$NCU" --clock-control none --cache-control none --kernel-name "regex:$KERNEL" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
   --section SchedulerStats --section Occupancy --section LaunchStats \

@@ -18,16 +18,10 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: $0 MODEL [infer flags...]" >&2; exit 2; }
 M=$1
 shift
-O=${OUT:-/tmp/moestream_out}
-BIN=${BIN:-build-device-gpu/bin}
 STEPS=${STEPS:-4}
 TOKENS=${TOKENS:-12}
 NAME=${NAME:-profile}
-mkdir -p "$O"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
-[ -n "$NCU" ] && [ -x "$NCU" ] || { echo "device_kernel_profile: no ncu on this machine" >&2; exit 1; }
-[ -x "$BIN/infer" ] || { echo "device_kernel_profile: no $BIN/infer (build it first)" >&2; exit 1; }
-P=$(python3 -c "print(','.join(str((7919 * i + 11) % 151936) for i in range(16)))")
+. scripts/device_ncu_env.sh
 ARGS=(-m "$M" --prompt-ids "$P" -n "$TOKENS" --temp 0 --ignore-eos --print-ids "$@")
 # The step without the profiler: decode tok/s from the stats.
 "$BIN/infer" "${ARGS[@]}" --stats-json "$O/$NAME.plain.json" >/dev/null 2>"$O/$NAME.plain.err" ||
