@@ -14,6 +14,16 @@ namespace {
 // loads a thread. The fused combine below must use the same count (the same sum order).
 constexpr int kThreads = 1024;
 
+// The end both kernels below share, so that their bits agree: the block's sum of the threads'
+// shares ss of the squares, then out[i] = x[i] * inv * w[i] over each thread's elements.
+__device__ __forceinline__ void write_normed(const float* xr, float ss, int n, float eps, const float* __restrict__ w,
+                                             float* __restrict__ out) {
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = xr[i] * inv * w[i];
+}
+
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int n,
                                 float eps, float* __restrict__ out) {
   const float* xr = x + size_t(blockIdx.x) * n;
@@ -23,10 +33,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restr
   // the sum keeps its order.
 #pragma unroll 8
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-#pragma unroll 8
-  for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+  write_normed(xr, ss, n, eps, w, orow);
 }
 
 // moe_combine_add of one token (kernels/cuda/rows.cu: the sum from zero in j order, then added
@@ -57,9 +64,7 @@ __global__ void __launch_bounds__(kThreads)
     x[i] = xi;
     ss += xi * xi;
   }
-  ss = block_sum(ss);
-  const float inv = 1.0f / sqrtf(ss / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * inv * w[i];
+  write_normed(x, ss, n, eps, w, out);
 }
 
 }  // namespace

@@ -245,14 +245,14 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
 
 // Layer l's attention block for the chunk's T rows at n_past: norm, QKV (biases, QK-norm), RoPE,
 // KV rows appended, attention, o_proj added to the residual x.
-// h = rms_norm(x, weight) for the chunk's T rows, unless the last layer's end already wrote it
-// (a resident step's moe_combine_add_norm, for this weight: one row).
-void CudaForward::norm_into_h(const float* weight, int T) {
+// h = rms_norm(x, weight) for the rows [first, first + rows) of x, unless the last layer's end
+// already wrote it (a resident step's moe_combine_add_norm, for this weight: one row).
+void CudaForward::norm_into_h(const float* weight, int rows, int first) {
   if (std::exchange(h_normed, false)) {
-    MOE_ASSERT(T == 1, "norm_into_h: a fused norm covers one token");
+    MOE_ASSERT(rows == 1, "norm_into_h: a fused norm covers one token");
     return;
   }
-  gpu::rms_norm(x, weight, T, D, eps, h, stream);
+  gpu::rms_norm(x + size_t(first) * D, weight, rows, D, eps, h, stream);
 }
 
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {

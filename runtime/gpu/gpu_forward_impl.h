@@ -192,7 +192,7 @@ struct CudaForward final : GpuForward {
   void enqueue_logits(const ForwardChunk& c);
   // enqueue_logits without the copy to c.logits: final norm and lm_head into `logits`.
   void enqueue_lm_head(const ForwardChunk& c);
-  void norm_into_h(const float* weight, int T);
+  void norm_into_h(const float* weight, int rows, int first = 0);
   void enqueue_argmax(const ForwardChunk& c);
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();

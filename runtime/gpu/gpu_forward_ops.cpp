@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <string>
-#include <utility>
 
 #include "common/error.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -214,10 +213,7 @@ void CudaForward::enqueue_lm_head(const ForwardChunk& c) {
   if (c.logits == nullptr) return;
   const int first = c.all_logits ? 0 : c.n_tokens - 1;
   const int rows = c.n_tokens - first;
-  if (std::exchange(h_normed, false))  // the last layer's moe_combine_add_norm wrote h
-    MOE_ASSERT(rows == 1, "enqueue_lm_head: a fused norm covers one token");
-  else
-    gpu::rms_norm(x + size_t(first) * D, w.final_norm, rows, D, eps, h, stream);
+  norm_into_h(w.final_norm, rows, first);
   linear(h, w.lm_head, rows, logits);
 }
 
