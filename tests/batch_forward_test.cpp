@@ -296,10 +296,6 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+sh
                            return s;
                          });
 
-// Experts the store handed out: read, or (page-cache pages verified earlier) used in place. A
-// fetch counts each distinct expert once either way.
-uint64_t fetched(const ExpertStoreStats& s) { return s.experts_read + s.experts_in_place; }
-
 // The demo model (bf16 dense, q8 experts, 32 experts top-4): four greedy requests, batched with
 // joins and leaves, give the logits of their runs alone, and the batch fetches fewer experts in
 // all than the four runs alone (each step fetches the union of its sequences' experts).
@@ -314,12 +310,12 @@ TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
                              {random_tokens(rng, 20, V), 2, 6, {}},
                              {random_tokens(rng, 5, V), 9, 6, {}}};
   std::vector<Request> alone = rs;
-  const uint64_t solo0 = fetched(solo->expert_stats());
+  const uint64_t solo0 = solo->expert_stats().experts_fetched();
   for (Request& r : alone) run_alone(*solo, r);
-  const uint64_t solo_experts = fetched(solo->expert_stats()) - solo0;
-  const uint64_t batch0 = fetched(batched->expert_stats());
+  const uint64_t solo_experts = solo->expert_stats().experts_fetched() - solo0;
+  const uint64_t batch0 = batched->expert_stats().experts_fetched();
   run_batched(*batched, rs);
-  const uint64_t batch_experts = fetched(batched->expert_stats()) - batch0;
+  const uint64_t batch_experts = batched->expert_stats().experts_fetched() - batch0;
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size());
     for (size_t s = 0; s < rs[i].logits.size(); ++s)
@@ -387,8 +383,8 @@ TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
   size_t union_experts = 0;
   for (const auto& u : union_of) union_experts += u.size();
   EXPECT_EQ(seen_seqs, std::set<int>(seqs.begin(), seqs.end()));
-  EXPECT_EQ(fetched(after) - fetched(before), union_experts);
-  const uint64_t batch_experts = fetched(after) - fetched(before);
+  EXPECT_EQ(after.experts_fetched() - before.experts_fetched(), union_experts);
+  const uint64_t batch_experts = after.experts_fetched() - before.experts_fetched();
 
   // The same three steps one sequence at a time (a second model in the same state).
   auto alone = load(d.path(), 4 * kChunk);
@@ -400,7 +396,7 @@ TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
     const ExpertStoreStats b0 = alone->expert_stats();
     const SequenceInput in{s, std::span<const int>(&next[i], 1), l, false};
     alone->forward_batch(std::span<const SequenceInput>(&in, 1));
-    solo_experts += fetched(alone->expert_stats()) - fetched(b0);
+    solo_experts += alone->expert_stats().experts_fetched() - b0.experts_fetched();
     EXPECT_EQ(l, out[size_t(i)]) << "sequence " << i;
   }
   EXPECT_LE(batch_experts, solo_experts);

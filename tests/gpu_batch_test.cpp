@@ -92,7 +92,7 @@ std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb 
   o.gpu = true;
   o.gpu_cache_mb = cache_mb;
   StoreConfig sc;
-  sc.io = "pread";  // every miss is a counted read (no host cache)
+  sc.io = "pread";  // every miss is a counted fetch (no host cache)
   sc.io_direct = io_direct;
   return Model::load(dir, o, open_store_for(dir, ModelConfig::load(dir), sc));
 }
@@ -234,7 +234,7 @@ TEST(GpuBatchDemo, RequestsMatchTheirRunsAloneWhateverTheCacheHolds) {
 
 // A decode step of three sequences acquires the union of their experts once per layer: the GPU
 // cache's demand lookups (hits + misses) are the union's size (seen through the routing callback,
-// one event per sequence tagged with its slot), and each miss is read once from the store.
+// one event per sequence tagged with its slot), and each miss is fetched once from the store.
 TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
   REQUIRE_GPU();
   TempDir d("gpu_batch_union");
@@ -268,13 +268,13 @@ TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
   m->reset_gpu_stats();
   const ExpertStoreStats before = m->expert_stats();
   m->forward_batch(step);
-  const uint64_t read = m->expert_stats().experts_read - before.experts_read;
+  const uint64_t fetched = m->expert_stats().experts_fetched() - before.experts_fetched();
   const CacheStats p = m->gpu_stats().cache.policy;
   size_t union_experts = 0;
   for (const auto& u : union_of) union_experts += u.size();
   EXPECT_EQ(seen, std::set<int>(seqs.begin(), seqs.end()));
   EXPECT_EQ(p.demand_hits + p.demand_misses, union_experts);
-  EXPECT_EQ(read, p.demand_misses);
+  EXPECT_EQ(fetched, p.demand_misses);
   EXPECT_EQ(p.prefill_hits + p.prefill_fills + p.prefill_no_room, 0u);  // a decode step is a demand
   EXPECT_LT(union_experts, size_t(3 * c.n_experts_per_tok * c.n_moe_layers()));  // overlaps happened
   std::printf("[ gpu batch union ] %zu experts acquired for 3 x %d x %d choices: %llu hits, %llu misses\n",
@@ -366,7 +366,8 @@ TEST(GpuBatchCacheAware, ASequenceAloneInABatchRoutesAsOneSequence) {
 
 // Issue 19 item 3: a prefill chunk reads each expert it routes to once and runs it over all of
 // its tokens. A cold cache that holds the whole model: one 40-token chunk's prefill lookups are
-// the distinct experts per layer, every one a read, none read twice.
+// the distinct experts per layer, every one fetched (read, or copied from its resident pages),
+// none twice.
 TEST(GpuPrefill, AChunkReadsEachOfItsExpertsOnce) {
   REQUIRE_GPU();
   auto m = load(kDemo, 64);
@@ -384,15 +385,15 @@ TEST(GpuPrefill, AChunkReadsEachOfItsExpertsOnce) {
   m->reset_gpu_stats();
   const ExpertStoreStats before = m->expert_stats();
   m->forward(prompt, l);
-  const uint64_t read = m->expert_stats().experts_read - before.experts_read;
+  const uint64_t fetched = m->expert_stats().experts_fetched() - before.experts_fetched();
   const CacheStats p = m->gpu_stats().cache.policy;
   size_t n_distinct = 0;
   for (const auto& s : distinct) n_distinct += s.size();
   EXPECT_EQ(p.prefill_hits + p.prefill_fills + p.prefill_no_room, n_distinct);
   EXPECT_EQ(p.prefill_hits, 0u);  // cold
-  EXPECT_EQ(read, n_distinct);
+  EXPECT_EQ(fetched, n_distinct);
   EXPECT_LT(n_distinct, choices);  // 40 tokens x top-4 share experts: fewer reads than choices
-  std::printf("[ gpu prefill ] 40 tokens: %zu expert choices, %zu distinct experts read once each\n",
+  std::printf("[ gpu prefill ] 40 tokens: %zu expert choices, %zu distinct experts fetched once each\n",
               choices, n_distinct);
 }
 

@@ -59,6 +59,8 @@ struct ExpertStoreStats {
   uint64_t experts_in_place = 0;     // handed out as mapped pages of the file, neither read nor copied
   uint64_t checksums_skipped = 0;    // copied from page-cache pages verified earlier (verified_pages.h)
   uint64_t verified_in_place = 0;    // first uses hashed from their resident pages, not read (of experts_in_place)
+  // Experts handed out, read or used in place: each distinct expert of a fetch counts once.
+  uint64_t experts_fetched() const { return experts_read + experts_in_place; }
   // Look-ahead of the next layer (prefetch_predicted, CPU --moe-lookahead): experts predicted;
   // of them, those not resident and read (also in experts_read/bytes_read); of those, read and
   // then taken by the demand fetch of that layer (landed, or awaited in flight) or never taken.
