@@ -16,18 +16,18 @@ trap finish EXIT
 say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores"
 t0=$(date +%s)
 DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" BUILD_DIR=build-device-gpu \
-  bash scripts/device_build.sh gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_forward_test gpu_mla_test gpu_gguf_arch_test \
+  bash scripts/device_build.sh gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_gguf_test gpu_mla_test gpu_gguf_arch_test \
   gpu_expert_cache_test infer convert_model >"$W/build.log" 2>&1 || { tail -80 "$W/build.log" | tee -a "$S"; exit 1; }
 say "build: $(( $(date +%s) - t0 )) s"
 B=build-device-gpu/bin
 rc=0
-for t in gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_mla_test gpu_expert_cache_test gpu_forward_test gpu_gguf_arch_test; do
+for t in gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_mla_test gpu_expert_cache_test gpu_gguf_test gpu_gguf_arch_test; do
   timeout 600 "$B/$t" >"$W/$t.log" 2>&1; r=$?
   [ $r -eq 0 ] || rc=1
   say "$t: exit $r, $(grep -E '^\[  PASSED  \]' "$W/$t.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$W/$t.log") failed"
   grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' -A3 "$W/$t.log" | head -40 | tee -a "$S"
 done
-grep -E '^\[ gpu_vs_cpu gguf' "$W/gpu_forward_test.log" | tee -a "$S"
+grep -E '^\[ gpu_vs_cpu gguf' "$W/gpu_gguf_test.log" | tee -a "$S"
 
 say "== greedy tokens vs llama.cpp (16 each): CPU path | --gpu | --gpu on a converted pack"
 python3 - "$B" "$W" <<'PY' | tee -a "$S"

@@ -19,7 +19,7 @@ say "== machine"; cat "$W/machine.txt" | tee -a "$S"
 
 t0=$(date +%s)
 DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" BUILD_DIR=build-device-gpu \
-  bash scripts/device_build.sh gpu_kernels_test gpu_expert_cache_test gpu_forward_test infer synth_model >"$W/build.log" 2>&1 ||
+  bash scripts/device_build.sh gpu_kernels_test gpu_expert_cache_test gpu_forward_test gpu_fixtures_test infer synth_model >"$W/build.log" 2>&1 ||
   { tail -80 "$W/build.log" | tee -a "$S"; exit 1; }
 say "build: $(( $(date +%s) - t0 )) s"
 B=build-device-gpu/bin
@@ -110,7 +110,7 @@ fi
 # The tests run last, so a slow one cannot cost the measurements above.
 run_tests() {
   say "== tests"
-  for t in gpu_expert_cache_test gpu_forward_test gpu_kernels_test; do
+  for t in gpu_expert_cache_test gpu_forward_test gpu_fixtures_test gpu_kernels_test; do
     t1=$(date +%s)
     timeout 80 "$B/$t" >"$W/$t.txt" 2>&1
     r=$?
@@ -122,7 +122,7 @@ run_tests() {
   grep -E '^\[ .* \] n=[0-9]+ worst error' "$W/gpu_kernels_test.txt" | tee -a "$S"
   grep -E '^\[ (bench|perf)' "$W/gpu_kernels_test.txt" | tee -a "$S"
   say "-- forward checks"
-  grep -E '^\[ gpu' "$W/gpu_forward_test.txt" | tee -a "$S"
+  grep -E '^\[ gpu' "$W/gpu_forward_test.txt" "$W/gpu_fixtures_test.txt" | tee -a "$S"
 }
 run_tests
 exit $rc

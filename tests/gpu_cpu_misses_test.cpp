@@ -18,21 +18,13 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/greedy_compare.h"
+#include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
 using namespace moestream;
 
 namespace {
-
-double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, err = 0;
-  for (size_t v = 0; v < a.size(); ++v) {
-    scale = std::max(scale, double(std::fabs(a[v])));
-    err = std::max(err, double(std::fabs(a[v] - b[v])));
-  }
-  return err / scale;
-}
 
 class GpuCpuMisses : public ::testing::Test {
  protected:
@@ -64,17 +56,17 @@ TEST_F(GpuCpuMisses, MissesComputedOnTheCpuStayWithinTheGpuTolerance) {
   cpu->forward(prompt, lc);
   hybrid->forward(prompt, lh);
   const GpuForwardStats before = hybrid->gpu_stats();
-  double worst = rel_max_diff(lc, lh);
+  double worst = test::rel_max_diff(lc, lh, lc.size());
   for (int i = 0; i < 24; ++i) {  // both fed the CPU's greedy token
     const int tok = Sampler::argmax(lc);
     cpu->forward(std::span<const int>(&tok, 1), lc);
     hybrid->forward(std::span<const int>(&tok, 1), lh);
-    worst = std::max(worst, rel_max_diff(lc, lh));
+    worst = std::max(worst, test::rel_max_diff(lc, lh, lc.size()));
   }
   const GpuForwardStats d = hybrid->gpu_stats() - before;
   std::printf("cpu misses: %llu experts in %llu layer steps; worst relative logit difference %.2e\n",
               (unsigned long long)d.cpu_misses.experts, (unsigned long long)d.cpu_misses.layers, worst);
-  EXPECT_LE(worst, 0.01);  // the q8 fixtures' GPU-vs-CPU tolerance (gpu_forward_test)
+  EXPECT_LE(worst, 0.01);  // the q8 fixtures' GPU-vs-CPU tolerance (tests/gpu_fixtures_test.cpp)
   EXPECT_GT(d.cpu_misses.experts, 24u * 2u) << "a cache of a few experts misses most of each step's";
   EXPECT_EQ(d.cache.h2d_bytes, 0u) << "nothing is copied into VRAM for a miss";
 }

@@ -1,11 +1,10 @@
-// The GPU forward pass (runtime/gpu/gpu_forward.h, `infer --gpu`) against the CPU path and
-// Hugging Face transformers: logits, greedy tokens, look-ahead, chunking, telemetry, errors,
-// cache-aware routing.
+// The GPU forward pass (runtime/gpu/gpu_forward.h, `infer --gpu`) on the demo model against the
+// CPU path: logits, greedy tokens, look-ahead, chunking, telemetry, errors, cache-aware routing,
+// dense weights in their stored types, and resident decode against --gpu-sync-layers bit for bit.
+// Each architecture's fixture: tests/gpu_fixtures_test.cpp; GGUF files: tests/gpu_gguf_test.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,70 +13,30 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/error.h"
 #include "common/file_util.h"
 #include "kernels/cuda/gpu_ops.h"
-#include "kernels/cuda/round_activations.h"
-#include "runtime/convert/convert.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
-#include "runtime/gpu/gpu_expert_cache.h"
 #include "runtime/model/dense_weights.h"
 #include "loader/store/engine_expert_store.h"
-#include "kernels/cpu/quant_kernels.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"
 
-#include <cuda_runtime.h>
-#include <random>
 #include "tests/support/greedy_compare.h"
-#include "tests/support/strict_skip.h"
+#include "tests/support/logit_compare.h"
+#include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using test::prompt_ids;
+using test::rel_max_diff;
 
 namespace {
 
-const fs::path kSource = MOESTREAM_SOURCE_DIR;
-const fs::path kDemo = kSource / "models" / "demo";
-
-bool have_gpu(std::string* why) {
-  const char* w = "";
-  if (gpu::device_count(&w) > 0) return true;
-  *why = w;
-  return false;
-}
-
-#define REQUIRE_GPU()                                                       \
-  do {                                                                      \
-    std::string why_;                                                       \
-    if (!have_gpu(&why_)) GTEST_SKIP() << "no usable CUDA device: " << why_; \
-  } while (0)
-
-// A prompt of n ids spread over the vocabulary (deterministic, not all in one region).
-std::vector<int> prompt_ids(int n, int vocab) {
-  std::vector<int> p;
-  for (int i = 0; i < n; ++i) p.push_back(int((1009LL * i + 17) % vocab));
-  return p;
-}
-
-// max over rows of max |a - b| / max |a| (the row's logit scale), rows of V logits.
-double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
-  double worst = 0;
-  for (size_t r = 0; r * V < a.size(); ++r) {
-    double scale = 0, err = 0;
-    for (size_t v = r * V; v < (r + 1) * V; ++v) {
-      scale = std::max(scale, double(std::fabs(a[v])));
-      err = std::max(err, double(std::fabs(a[v] - b[v])));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
-}
+const fs::path kDemo = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
 
 std::vector<int> greedy(Model& m, const std::vector<int>& prompt, int n) {
   std::vector<int> out;
@@ -172,43 +131,8 @@ std::vector<std::vector<int>> routed_ids(Model& m, const std::vector<int>& promp
 // H200 (docs/results.md "GPU forward (issue 8)"): demo prefill 0.034, decode 0.0072; both
 // backends are deterministic, so these runs reproduce exactly.
 constexpr double kDemoTolerance = 0.05;
-double fixture_tolerance(QuantType q) { return q == QuantType::kBF16 ? 1e-3 : 0.01; }
 
 }  // namespace
-
-TEST(GpuRoundActivations, MatchesTheCpuActivationQuantisationBitForBit) {
-  REQUIRE_GPU();
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  for (const auto& [rows, cols] : {std::pair{3, 80}, std::pair{5, 67}, std::pair{2, 256}, std::pair{1, 33}}) {
-    std::vector<float> x(size_t(rows) * cols);
-    for (float& v : x) v = nd(rng);
-    for (int c = 0; c < std::min(cols, 32); ++c) x[size_t(c)] = 0.0f;  // an all-zero block stays zero
-    std::vector<float> want(x.size());
-    const size_t nb = size_t(cols + 31) / 32;
-    std::vector<float> d(nb), sum8(nb);
-    std::vector<int8_t> qs(nb * 32), pairs(nb * 32);
-    std::vector<uint8_t> abs_qs(nb * 32);
-    for (int r = 0; r < rows; ++r) {
-      detail::quantize_activations(x.data() + size_t(r) * cols, size_t(cols), d.data(), qs.data(),
-                                   abs_qs.data(), sum8.data(), pairs.data());
-      for (int c = 0; c < cols; ++c)
-        want[size_t(r) * cols + c] = float(qs[size_t(c)]) * d[size_t(c) / 32];
-    }
-    float* dev = nullptr;
-    ASSERT_EQ(cudaMalloc(&dev, x.size() * 4), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    gpu::round_activations_q8(dev, rows, cols, nullptr);
-    std::vector<float> got(x.size());
-    ASSERT_EQ(cudaMemcpy(got.data(), dev, x.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    cudaFree(dev);
-    size_t differ = 0;
-    for (size_t i = 0; i < x.size(); ++i) differ += got[i] != want[i];
-    std::printf("[ round_activations_q8 ] n=%zu worst error / tolerance = %.3f\n", x.size(),
-                double(differ));
-    EXPECT_EQ(differ, 0u) << rows << "x" << cols;
-  }
-}
 
 // Issue 19 item 5: the CPU pass has its own look-ahead (tests/expert_store_lookahead_test.cpp).
 TEST(GpuForwardOptions, LookaheadWithoutGpuRunsOnTheCpu) {
@@ -224,8 +148,8 @@ TEST(GpuForwardOptions, CacheBudgetWithoutGpuIsRefused) {
 }
 
 TEST(GpuForwardOptions, GpuWithoutDeviceIsAClearError) {
-  std::string why;
-  if (have_gpu(&why)) GTEST_SKIP() << "a GPU is present: the no-device error cannot happen here";
+  const char* why = "";
+  if (gpu::device_count(&why) > 0) GTEST_SKIP() << "a GPU is present: the no-device error cannot happen here";
   ModelOptions mo;
   mo.gpu = true;
   try {
@@ -524,420 +448,7 @@ TEST(GpuCacheAware, SubstitutesAsTheCpuDoesForTheSameResidency) {
   EXPECT_NEAR(double(gs.substitutions), double(cs.substitutions), 0.1 * double(cs.substitutions) + 2);
 }
 
-// Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss, deepseek) packed with bf16 and q8
-// experts: GPU vs CPU logits, and GPU vs transformers within reference_test's tolerances.
-class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, QuantType>> {};
-
-TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
-  REQUIRE_GPU();
-  const auto& [name, quant] = GetParam();
-  const fs::path src = kSource / "tests" / "fixtures" / name;
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_forward_test");
-  ConvertOptions co;
-  co.quant = quant;
-  co.dense_dtype = "f32";  // as before bf16 became the default
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
-  mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
-  const size_t V = size_t(cpu->config().vocab_size);
-  double worst_cpu = 0, worst_hf = 0;
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V), lh;
-    cpu->reset();
-    gpu->reset();
-    cpu->forward(prompt, lc, true);
-    gpu->forward(prompt, lg, true);
-    worst_cpu = std::max(worst_cpu, rel_max_diff(lc, lg, V));
-    for (const auto& row : ref["logits"][p])
-      for (float v : row.get<std::vector<float>>()) lh.push_back(v);
-    worst_hf = std::max(worst_hf, rel_max_diff(lh, lg, V));
-  }
-  const double tol = fixture_tolerance(quant);
-  const double tol_hf = quant == QuantType::kBF16 ? 1e-3 : 0.10;  // reference_test's
-  std::printf("[ gpu_vs_cpu %s %s ] rel max |dlogit| = %.3g (tolerance %.3g); vs transformers "
-              "%.3g (tolerance %.3g)\n",
-              name.c_str(), std::string(quant_name(quant)).c_str(), worst_cpu, tol, worst_hf, tol_hf);
-  EXPECT_LE(worst_cpu, tol);
-  EXPECT_LE(worst_hf, tol_hf);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GpuFixtureTest,
-    ::testing::Values(std::pair{std::string("qwen3_moe"), QuantType::kBF16},
-                      std::pair{std::string("qwen3_moe"), QuantType::kQ8},
-                      std::pair{std::string("olmoe"), QuantType::kBF16},
-                      std::pair{std::string("olmoe"), QuantType::kQ8},
-                      std::pair{std::string("mixtral"), QuantType::kBF16},
-                      std::pair{std::string("mixtral"), QuantType::kQ8},
-                      std::pair{std::string("qwen3_moe_fused"), QuantType::kQ8},
-                      std::pair{std::string("qwen2_moe"), QuantType::kBF16},
-                      std::pair{std::string("qwen2_moe"), QuantType::kQ8},
-                      // a dense first layer and sliding windows without sinks (sweep-b)
-                      std::pair{std::string("qwen2_moe_dense_swa"), QuantType::kBF16},
-                      std::pair{std::string("glm4_moe"), QuantType::kBF16},
-                      std::pair{std::string("glm4_moe"), QuantType::kQ8},
-                      // gpt-oss: sinks, sliding windows, biases, clamped SwiGLU, top-k softmax
-                      // router; the MXFP4 fixture converts to MXFP4 whatever the quant.
-                      std::pair{std::string("gpt_oss"), QuantType::kBF16},
-                      std::pair{std::string("gpt_oss"), QuantType::kQ8},
-                      std::pair{std::string("gpt_oss_mxfp4"), ggml_quant(GgmlType::kMXFP4)},
-                      // DeepSeek-V2/V3: multi-head latent attention (runtime/gpu/gpu_mla.h)
-                      std::pair{std::string("deepseek_v3"), QuantType::kBF16},
-                      std::pair{std::string("deepseek_v3"), QuantType::kQ8},
-                      std::pair{std::string("deepseek_v3_fp8"), QuantType::kBF16},
-                      std::pair{std::string("deepseek_v2"), QuantType::kBF16},
-                      std::pair{std::string("deepseek_v2"), QuantType::kQ8}),
-    [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
-
-// gpt-oss's decode path on the GPU (one query row, the window sliding past old keys, sinks in the
-// split merge): the 32 greedy tokens of each reference prompt, as transformers generated them.
-TEST(GpuGptOss, GreedyTokensMatchTransformers) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = "f32";
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
-  const size_t V = size_t(gpu->config().vocab_size);
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<float> last(V);
-    std::vector<int> got;
-    gpu->reset();
-    gpu->forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
-      got.push_back(next);
-      if (i + 1 < want.size()) gpu->forward(std::span<const int>(&next, 1), last);
-    }
-    EXPECT_EQ(got, want) << "prompt " << p;
-  }
-}
-
-// A sliding layer keeps a ring of window + max_batch - 1 positions on the device, as on the CPU
-// (issue 21): with max_batch 4 the fixture's window of 6 lives in 9 rows, which a 12-token prompt
-// (chunks of 4), 40 decode steps and a rewind of 3 tokens re-prefilled as one chunk all wrap. The
-// logits stay within the fixture tolerance of the CPU path's at every step.
-TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss_ring");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = "f32";
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 256;
-  mo.max_batch = 4;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
-  mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
-  const ModelConfig& c = gpu->config();
-  ASSERT_EQ(c.sliding_window, 6);
-  // The device holds 9 rows for each sliding layer, 256 for each full one.
-  size_t rows = 0;
-  for (int l = 0; l < c.n_layers; ++l) rows += c.window_of(l) > 0 ? 6 + 4 - 1 : 256;
-  EXPECT_EQ(gpu->gpu_info()->kv_bytes, 2 * rows * size_t(c.n_kv_heads) * size_t((c.head_dim + 3) / 4 * 4) * 4);
-  const size_t V = size_t(c.vocab_size);
-  const double tol = fixture_tolerance(QuantType::kBF16);
-  const std::vector<int> prompt = ref["prompts"][2].get<std::vector<int>>();
-  std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
-  cpu->forward(prompt, lc, true);
-  gpu->forward(prompt, lg, true);
-  EXPECT_LE(rel_max_diff(lc, lg, V), tol) << "prefill";
-  std::vector<float> last_c(lc.end() - ptrdiff_t(V), lc.end()), last_g(lg.end() - ptrdiff_t(V), lg.end());
-  std::vector<int> generated;
-  for (int i = 0; i < 40; ++i) {  // both fed the CPU's greedy token: one sequence for both
-    const int tok = Sampler::argmax(last_c);
-    generated.push_back(tok);
-    cpu->forward(std::span<const int>(&tok, 1), last_c);
-    gpu->forward(std::span<const int>(&tok, 1), last_g);
-    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " at position " << cpu->n_past() - 1;
-  }
-  // Rewind 3 tokens (within max_batch: the ring still holds the window before them) and run
-  // other tokens there as one chunk, then decode on.
-  cpu->truncate(cpu->n_past() - 3);
-  gpu->truncate(gpu->n_past() - 3);
-  const std::vector<int> other = {7, 300, 42};
-  std::vector<float> rc(3 * V), rg(3 * V);
-  cpu->forward(other, rc, true);
-  gpu->forward(other, rg, true);
-  EXPECT_LE(rel_max_diff(rc, rg, V), tol) << "the chunk after the rewind";
-  last_c.assign(rc.end() - ptrdiff_t(V), rc.end());
-  for (int i = 0; i < 10; ++i) {
-    const int tok = Sampler::argmax(last_c);
-    cpu->forward(std::span<const int>(&tok, 1), last_c);
-    gpu->forward(std::span<const int>(&tok, 1), last_g);
-    ASSERT_LE(rel_max_diff(last_c, last_g, V), tol) << "decode step " << i << " after the rewind";
-  }
-}
-
-// ---- DeepSeek-V2/V3 (MLA) on the GPU -------------------------------------------------------
-
-// Multi-head latent attention on the GPU (runtime/gpu/gpu_mla.h) against the CPU pass on each
-// DeepSeek fixture: V3 (q LoRA, YaRN with two different mscales, grouped sigmoid router), its FP8
-// release layout (dequantised at conversion) and V2 (no q LoRA, softmax router, two shared
-// experts); dense weights f32 (cuBLAS) and bf16 (stored type), bf16 experts. Prefill logits of
-// every position in one chunk and in chunks of 4 (prefill after earlier positions), then 16
-// greedy tokens, each decode step's logits (resident decode from the second step on) within
-// kMlaTolerance of the logit scale and the tokens identical.
-constexpr double kMlaTolerance = 1e-5;
-
-class GpuMlaTest : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
-
-TEST_P(GpuMlaTest, LogitsAndGreedyTokensMatchTheCpuPass) {
-  REQUIRE_GPU();
-  const auto& [name, dense] = GetParam();
-  const fs::path src = kSource / "tests" / "fixtures" / name;
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_mla_test");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = dense;
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
-  mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
-  mo.max_batch = 4;
-  auto gpu4 = Model::load(tmp.path() / "packed", mo);
-  ASSERT_TRUE(cpu->config().has_mla());
-  const size_t V = size_t(cpu->config().vocab_size);
-  double worst_prefill = 0, worst_chunked = 0, worst_decode = 0;
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V), l4(prompt.size() * V);
-    cpu->reset();
-    gpu->reset();
-    gpu4->reset();
-    cpu->forward(prompt, lc, true);
-    gpu->forward(prompt, lg, true);
-    gpu4->forward(prompt, l4, true);
-    worst_prefill = std::max(worst_prefill, rel_max_diff(lc, lg, V));
-    worst_chunked = std::max(worst_chunked, rel_max_diff(lc, l4, V));
-    // Greedy decode, step by step on both passes from the same prompt.
-    std::vector<float> last_c(lc.end() - std::ptrdiff_t(V), lc.end()), last_g(lg.end() - std::ptrdiff_t(V), lg.end());
-    std::vector<int> tok_c, tok_g;
-    for (int i = 0; i < 16; ++i) {
-      const int nc = Sampler::argmax(last_c), ng = Sampler::argmax(last_g);
-      tok_c.push_back(nc);
-      tok_g.push_back(ng);
-      if (nc != ng) break;
-      cpu->forward(std::span<const int>(&nc, 1), last_c);
-      gpu->forward(std::span<const int>(&ng, 1), last_g);
-      worst_decode = std::max(worst_decode, rel_max_diff(last_c, last_g, V));
-    }
-    EXPECT_EQ(tok_g, tok_c) << name << " (" << dense << " dense) prompt " << p;
-  }
-  std::printf("[ gpu_vs_cpu MLA %s, %s dense ] rel max |dlogit|: prefill %.3g, prefill in chunks of 4 %.3g, "
-              "decode %.3g (tolerance %.3g); resident decode steps %llu\n",
-              name.c_str(), dense.c_str(), worst_prefill, worst_chunked, worst_decode, kMlaTolerance,
-              (unsigned long long)gpu->gpu_stats().resident.steps);
-  EXPECT_LE(worst_prefill, kMlaTolerance);
-  EXPECT_LE(worst_chunked, kMlaTolerance);
-  EXPECT_LE(worst_decode, kMlaTolerance);
-  // bf16 experts take the grouped GEMM and the whole model fits: decode ran resident (MLA included).
-  EXPECT_GT(gpu->gpu_stats().resident.steps, 0u);
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMlaTest,
-                         ::testing::Values(std::pair{std::string("deepseek_v3"), std::string("f32")},
-                                           std::pair{std::string("deepseek_v3"), std::string("bf16")},
-                                           std::pair{std::string("deepseek_v3_fp8"), std::string("f32")},
-                                           std::pair{std::string("deepseek_v3_fp8"), std::string("bf16")},
-                                           std::pair{std::string("deepseek_v2"), std::string("f32")},
-                                           std::pair{std::string("deepseek_v2"), std::string("bf16")}),
-                         [](const auto& i) { return i.param.first + "_" + i.param.second; });
-
-// The latent cache on the device is C + r floats per position and layer, not per-head keys and
-// values: GpuForwardInfo::kv_bytes says so for the DeepSeek-V3 fixture.
-TEST(GpuMla, KvCacheHoldsTheLatentAndTheRopeKeyOnly) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "deepseek_v3";
-  if (!fs::exists(src / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  TempDir tmp("gpu_mla_test");
-  ConvertOptions co;
-  co.quant = QuantType::kQ8;
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 100;
-  mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
-  const ModelConfig& c = gpu->config();
-  const size_t want = size_t(c.n_layers) * 100 * size_t(c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
-  ASSERT_NE(gpu->gpu_info(), nullptr);
-  EXPECT_EQ(gpu->gpu_info()->kv_bytes, want);
-}
-
-// ---- GGUF on the GPU (issue 18: GPU tier, dense weights in their stored types) --------------
-
-namespace {
-
-const fs::path kGguf = kSource / "tests" / "fixtures" / "gguf";
-
-// Every fixture of tests/fixtures/gguf/manifest.json (architectures, ggml types, a mixed-type
-// file, a split set); empty when the manifest is absent (the test then fails in strict mode).
-std::vector<std::string> gguf_fixture_names() {
-  std::vector<std::string> names;
-  if (!fs::exists(kGguf / "manifest.json")) return names;
-  const nlohmann::json m = nlohmann::json::parse(read_file(kGguf / "manifest.json"));
-  for (const auto& f : m["fixtures"]) names.push_back(f["name"].get<std::string>());
-  return names;
-}
-
-// The suffix that names the fixture's matrix types: "Q8_0", "Q4_K", "mixed", "MXFP4_MOE", ...
-std::string gguf_kind(const std::string& name) {
-  std::string n = name;
-  if (n.size() > 6 && n.compare(n.size() - 6, 6, "-split") == 0) n.resize(n.size() - 6);
-  return n.substr(n.rfind('-') + 1);
-}
-
-// GPU vs CPU logits on the same file, relative to each position's largest |logit|. The float
-// types compute the same function on both (summation order differs): F32 1e-4, F16/BF16 1e-3
-// (products of float activations with the stored halves on both). The block types' CPU kernels
-// round the activations to 8 bits (q8_0/q8_K blocks, as llama.cpp does) while the GPU's multiply
-// float activations by the dequantised weights, so they differ by that rounding: 0.05, the
-// oracle test's tolerance for the quantized types (tests/python/test_gguf_oracle.py).
-double gguf_tolerance(const std::string& kind) {
-  if (kind == "F32") return 1e-4;
-  if (kind == "F16" || kind == "BF16") return 1e-3;
-  return 0.05;
-}
-// A top-1/top-2 gap (in the CPU's logits) below this may flip either way (the oracle's NEAR_TIE);
-// where the two backends may differ by more (the block types' tolerance), below twice that
-// difference: near_tie(row) = max(kNearTie, 2 * tolerance * max |logit| of the row).
-constexpr float kNearTie = 0.05f;
-float near_tie(std::span<const float> row, double tol) {
-  float scale = 0;
-  for (float v : row) scale = std::max(scale, std::fabs(v));
-  return std::max(kNearTie, float(2 * tol) * scale);
-}
-
-// The two largest logits of a row: (best id, gap to the second).
-std::pair<int, float> top2(std::span<const float> row) {
-  int best = 0;
-  for (int i = 1; i < int(row.size()); ++i)
-    if (row[size_t(i)] > row[size_t(best)]) best = i;
-  float second = -INFINITY;
-  for (int i = 0; i < int(row.size()); ++i)
-    if (i != best) second = std::max(second, row[size_t(i)]);
-  return {best, row[size_t(best)] - second};
-}
-
-}  // namespace
-
-class GpuGgufTest : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(GpuGgufTest, LogitsAndGreedyTokensMatchTheCpuPath) {
-  REQUIRE_GPU();
-  const std::string name = GetParam();
-  const nlohmann::json d = nlohmann::json::parse(read_file(kGguf / (name + ".json")));
-  const fs::path file = kGguf / d["files"][0].get<std::string>();
-  const std::vector<int> prompt = d["prompt_ids"].get<std::vector<int>>();
-  const int n_new = int(d["generated_ids"].size());
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 256;
-  auto cpu = Model::load(file, mo);
-  mo.gpu = true;
-  auto gpu = Model::load(file, mo);
-  ASSERT_NE(gpu->gpu_info(), nullptr);
-  const std::string kind = gguf_kind(name);
-  const double tol = gguf_tolerance(kind);
-  const size_t V = size_t(cpu->config().vocab_size);
-
-  // Prefill, every position's logits.
-  std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
-  cpu->forward(prompt, lc, true);
-  gpu->forward(prompt, lg, true);
-  const double prefill_rel = rel_max_diff(lc, lg, V);
-  size_t top1_same = 0;
-  for (size_t p = 0; p < prompt.size(); ++p)
-    top1_same += top2({lc.data() + p * V, V}).first == top2({lg.data() + p * V, V}).first;
-
-  // Greedy decode, each backend on its own tokens through its KV cache: equal up to the first
-  // position where the CPU's top two are within kNearTie; logits compared while they agree.
-  std::vector<float> dc(lc.end() - std::ptrdiff_t(V), lc.end()), dg(lg.end() - std::ptrdiff_t(V), lg.end());
-  std::vector<int> tc, tg;
-  double decode_rel = 0;
-  int diverged_at = -1;
-  float gap_at_divergence = 0, tie_at_divergence = 0;
-  for (int i = 0; i < n_new; ++i) {
-    const auto [c, gap] = top2(dc);
-    const int g = top2(dg).first;
-    tc.push_back(c);
-    tg.push_back(g);
-    if (c != g) {
-      diverged_at = i;
-      gap_at_divergence = gap;
-      tie_at_divergence = near_tie(dc, tol);
-      break;
-    }
-    if (i + 1 == n_new) break;
-    cpu->forward(std::span<const int>(&c, 1), dc);
-    gpu->forward(std::span<const int>(&c, 1), dg);
-    decode_rel = std::max(decode_rel, rel_max_diff(dc, dg, V));
-  }
-  const GpuForwardInfo& gi = *gpu->gpu_info();
-  std::printf("[ gpu_vs_cpu gguf %s ] prefill rel max |dlogit| %.3g, decode %.3g (tolerance %.3g); "
-              "prefill top-1 equal %zu/%zu; greedy equal %zu/%d%s; dense on GPU %.1f KiB\n",
-              name.c_str(), prefill_rel, decode_rel, tol, top1_same, prompt.size(),
-              diverged_at < 0 ? tc.size() : size_t(diverged_at), n_new,
-              diverged_at < 0 ? "" : (" (CPU gap " + std::to_string(gap_at_divergence) + ")").c_str(),
-              double(gi.dense_bytes) / 1024.0);
-  EXPECT_LE(prefill_rel, tol) << name << ": prefill logits, GPU vs CPU, type " << kind;
-  EXPECT_LE(decode_rel, tol) << name << ": decode logits, GPU vs CPU, type " << kind;
-  EXPECT_GE(double(top1_same), 0.9 * double(prompt.size())) << name << ": prefill top-1 agreement";
-  if (diverged_at >= 0) {
-    EXPECT_LT(gap_at_divergence, tie_at_divergence)
-        << name << ": greedy token " << diverged_at << " differs (CPU " << tc.back() << ", GPU " << tg.back()
-        << ") where the CPU's top-1 leads its top-2 by " << gap_at_divergence << " (near-tie below "
-        << tie_at_divergence << ")";
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGgufTest, ::testing::ValuesIn(gguf_fixture_names()),
-                         [](const auto& i) {
-                           std::string s = i.param;
-                           for (char& ch : s)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return s;
-                         });
-
-TEST(GpuGguf, FixtureSetIsPresent) {
-  const std::vector<std::string> names = gguf_fixture_names();
-  if (names.empty()) MOESTREAM_SKIP_OR_FAIL() << "no manifest under " << kGguf;
-  for (const char* arch : {"qwen3moe", "olmoe", "mixtral"})
-    EXPECT_TRUE(std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.rfind(arch, 0) == 0; }))
-        << "no " << arch << " fixture: the GPU would go untested on it";
-}
-
-TEST(GpuGguf, DenseMatricesStayInTheirStoredTypeOnTheDevice) {
+TEST(GpuForward, DenseMatricesStayInTheirStoredTypeOnTheDevice) {
   REQUIRE_GPU();
   // The demo's matrices are bf16 in dense.safetensors: on the device they take 2 bytes per
   // weight (norms and routers 4), about half the float32 copy of before.
@@ -954,45 +465,6 @@ TEST(GpuGguf, DenseMatricesStayInTheirStoredTypeOnTheDevice) {
               double(gpu->gpu_info()->dense_bytes) / double(1 << 20), double(as_f32) / double(1 << 20));
   EXPECT_EQ(gpu->gpu_info()->dense_bytes, stored);
   EXPECT_LT(gpu->gpu_info()->dense_bytes, as_f32 * 6 / 10);
-}
-
-TEST(GpuGguf, MixedTypeExpertsThroughASmallGpuCacheHoldTheGgufStoresBytes) {
-  REQUIRE_GPU();
-  // qwen3moe-k-mixed: layer 0's experts are Q4_K/Q5_K/Q4_K, layer 1's Q3_K/Q4_K/Q6_K (both 118,784
-  // bytes: experts of several sizes under one budget are gpu_expert_cache_test's
-  // GpuExpertCacheMixed). A budget of 3 experts makes the layers take each other's slots; every
-  // handed-out pointer must hold its expert's three slices as the GGUF store assembles them.
-  const fs::path file = kGguf / "qwen3moe-k-mixed.gguf";
-  if (!fs::exists(file)) MOESTREAM_SKIP_OR_FAIL() << file << " absent";
-  const ModelConfig c = ModelConfig::load(file);
-  ASSERT_FALSE(c.expert_layout(0).types == c.expert_layout(1).types) << "the fixture no longer mixes types";
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  {
-    auto store = open_engine_expert_store(file, c);
-    auto reference = open_engine_expert_store(file, c);
-    GpuExpertCache cache(c, *store, 3 * c.max_expert_bytes() + 64, s);
-    std::vector<const uint8_t*> dev(2), host;
-    for (int step = 0; step < 40; ++step) {
-      const int layer = step % 2;
-      const std::vector<int> ids{step % 4, (step / 2 + 1) % 4};
-      cache.acquire(layer, ids, CacheFill::kDemand, dev);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      for (size_t i = 0; i < ids.size(); ++i) {
-        ASSERT_EQ(cache.expert_bytes(layer), c.expert_layout(layer).bytes);
-        ASSERT_EQ(reinterpret_cast<uintptr_t>(dev[i]) % 16, 0u) << "expert payload not 16-byte aligned";
-        reference->fetch(layer, std::span<const int>(&ids[i], 1), host);
-        std::vector<uint8_t> got(cache.expert_bytes(layer));
-        ASSERT_EQ(cudaMemcpy(got.data(), dev[i], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(std::memcmp(got.data(), host[0], got.size()), 0)
-            << "layer " << layer << " expert " << ids[i] << " at step " << step;
-      }
-      cache.kernels_enqueued();
-      cache.end_step();
-    }
-    EXPECT_GT(cache.telemetry().policy.evictions, 0u) << "the budget never filled: the test is too easy";
-  }
-  cudaStreamDestroy(s);
 }
 
 // Resident decode (docs/gpu.md): decode steps whose experts were all in VRAM last step run every

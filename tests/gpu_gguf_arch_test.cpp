@@ -20,10 +20,13 @@
 #include "common/file_util.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/engine/model.h"
+#include "tests/support/logit_compare.h"
+#include "tests/support/require_gpu.h"
 #include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using test::rel_max_diff;
 
 namespace {
 
@@ -39,7 +42,7 @@ std::vector<std::string> gguf_hf_fixtures() {
   return out;
 }
 
-// GPU vs CPU on the same file, as tests/gpu_forward_test.cpp's GGUF tests: float types compute the
+// GPU vs CPU on the same file, as tests/gpu_gguf_test.cpp: float types compute the
 // same function (F32 1e-4, BF16 1e-3; MLA's absorbed products in another order: 1e-3); block
 // types differ by the CPU's 8-bit activations (0.05).
 double tolerance(const std::string& name) {
@@ -48,26 +51,12 @@ double tolerance(const std::string& name) {
   return 0.05;
 }
 
-double rel_max_diff(std::span<const float> a, std::span<const float> b, size_t V) {
-  double worst = 0;
-  for (size_t r = 0; r * V < a.size(); ++r) {
-    double scale = 0, err = 0;
-    for (size_t v = r * V; v < (r + 1) * V; ++v) {
-      scale = std::max(scale, double(std::fabs(a[v])));
-      err = std::max(err, double(std::fabs(a[v] - b[v])));
-    }
-    worst = std::max(worst, err / scale);
-  }
-  return worst;
-}
-
 class GpuGgufArch : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
 TEST_P(GpuGgufArch, LogitsMatchTheCpuAndFloatFilesGiveTransformersTokens) {
-  const char* why = "";
-  if (gpu::device_count(&why) <= 0) GTEST_SKIP() << "no usable CUDA device: " << why;
+  REQUIRE_GPU();
   const std::string name = GetParam();
   if (!fs::exists(kRoot / "manifest.json")) MOESTREAM_SKIP_OR_FAIL() << kRoot << " has no manifest.json";
   const nlohmann::json m = nlohmann::json::parse(read_file(kRoot / "manifest.json"));

@@ -19,15 +19,10 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/mla_ops.h"
 #include "loader/format/expert_file.h"
+#include "tests/support/require_gpu.h"
 
 namespace moestream {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    const char* why = nullptr;                                                              \
-    if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why; \
-  } while (0)
 
 // A device copy of a host vector, freed on scope exit.
 template <class T>
@@ -123,7 +118,7 @@ void expect_within(const std::vector<float>& gpu, const std::vector<double>& ref
 }
 
 TEST(GpuMla, CacheAppendNormalisesTheLatentAndRotatesTheSharedKey) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const int T = 5, C = 37, r = 10, lat = C + r, half = r / 2;
   const float eps = 1e-6f;
   const std::vector<float> kv = uniform(size_t(T) * lat, 1, -2, 2), norm = uniform(C, 2, 0.5f, 1.5f);
@@ -149,7 +144,7 @@ TEST(GpuMla, CacheAppendNormalisesTheLatentAndRotatesTheSharedKey) {
 }
 
 TEST(GpuMla, AbsorbedQueryFoldsTheKeyRowsOfEachHeadInEveryStoredType) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   // 11 tokens cross the 8-token tile, C = 150 the 128-column tile.
   const int T = 11, H = 3, n = 10, r = 6, v = 7, C = 150, qk = n + r, lat = C + r, half = r / 2;
   const std::vector<float> q = uniform(size_t(T) * H * qk, 5);
@@ -228,7 +223,7 @@ void check_attention(int T, int pos0, int H, int C, int r, uint32_t seed) {
 }
 
 TEST(GpuMla, LatentAttentionMatchesSoftmaxOverEveryEarlierLatent) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   check_attention(1, 0, 3, 20, 8, 10);       // the first token: one key
   check_attention(1, 700, 5, 37, 6, 11);     // decode over 11 key splits
   check_attention(13, 9, 3, 150, 10, 12);    // prefill after a first chunk: a causal limit per row
@@ -237,7 +232,7 @@ TEST(GpuMla, LatentAttentionMatchesSoftmaxOverEveryEarlierLatent) {
 }
 
 TEST(GpuMla, ValueOutAppliesEachHeadsValueRowsInEveryStoredType) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (int C : {150, 1024}) {  // 1024: the largest shared-memory tile
     const int T = 11, H = 3, n = 10, v = C == 150 ? 37 : 7;  // 37: three 16-row slices, the last short
     const std::vector<float> ctx = uniform(size_t(T) * H * C, 20);

@@ -1,22 +1,28 @@
 // gpu::round_activations against the CPU kernels' own rounding, bit for bit: for every ggml type
 // the GPU rounds a matrix's input exactly as kernels/cpu/ggml_{legacy,kquants}.cpp do (32-wide
 // blocks with a float16 scale; 256-wide blocks with a float32 scale), so the two backends compute
-// the same function. Skips without a GPU.
+// the same function; and the q8 packs' rounding (gpu::round_activations_q8) as the CPU's
+// quant_matvec does it. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
 #include "kernels/cpu/ggml_kquants_kernels.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
+#include "kernels/cpu/quant_kernels.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
 #include "loader/format/expert_file.h"
+#include "tests/support/require_gpu.h"
 
 namespace moestream {
 namespace {
@@ -57,8 +63,7 @@ std::vector<float> cpu_rounded(GgmlType t, const std::vector<float>& x) {
 }
 
 TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
-  const char* why = nullptr;
-  if (gpu::device_count(&why) == 0) GTEST_SKIP() << "no usable CUDA device: " << why;
+  REQUIRE_GPU();
   const std::vector<float> x = inputs();
   float* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, x.size() * sizeof(float)), cudaSuccess);
@@ -89,6 +94,40 @@ TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
   EXPECT_FALSE(gpu::round_activations(QuantType::kBF16, dev, dev, kRows, kCols, nullptr));
   EXPECT_THROW(gpu::round_activations(ggml_quant(GgmlType::kQ4_K), dev, dev, kRows, 512 + 32, nullptr), ConfigError);
   cudaFree(dev);
+}
+
+TEST(GpuRoundActivations, MatchesTheCpuActivationQuantisationBitForBit) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const auto& [rows, cols] : {std::pair{3, 80}, std::pair{5, 67}, std::pair{2, 256}, std::pair{1, 33}}) {
+    std::vector<float> x(size_t(rows) * cols);
+    for (float& v : x) v = nd(rng);
+    for (int c = 0; c < std::min(cols, 32); ++c) x[size_t(c)] = 0.0f;  // an all-zero block stays zero
+    std::vector<float> want(x.size());
+    const size_t nb = size_t(cols + 31) / 32;
+    std::vector<float> d(nb), sum8(nb);
+    std::vector<int8_t> qs(nb * 32), pairs(nb * 32);
+    std::vector<uint8_t> abs_qs(nb * 32);
+    for (int r = 0; r < rows; ++r) {
+      detail::quantize_activations(x.data() + size_t(r) * cols, size_t(cols), d.data(), qs.data(),
+                                   abs_qs.data(), sum8.data(), pairs.data());
+      for (int c = 0; c < cols; ++c)
+        want[size_t(r) * cols + c] = float(qs[size_t(c)]) * d[size_t(c) / 32];
+    }
+    float* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, x.size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    gpu::round_activations_q8(dev, rows, cols, nullptr);
+    std::vector<float> got(x.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), dev, x.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(dev);
+    size_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) differ += got[i] != want[i];
+    std::printf("[ round_activations_q8 ] n=%zu worst error / tolerance = %.3f\n", x.size(),
+                double(differ));
+    EXPECT_EQ(differ, 0u) << rows << "x" << cols;
+  }
 }
 
 }  // namespace
