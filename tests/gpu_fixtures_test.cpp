@@ -35,6 +35,17 @@ const fs::path kSource = MOESTREAM_SOURCE_DIR;
 // the int8 roundings of the inputs that this noise flips (tests/gpu_forward_test.cpp's demo).
 double fixture_tolerance(QuantType q) { return q == QuantType::kBF16 ? 1e-3 : 0.01; }
 
+// The fixture at `src` converted under tmp with these expert and dense types ("" for the
+// converter's default); the pack's folder.
+fs::path pack(const fs::path& src, const TempDir& tmp, QuantType quant, const std::string& dense) {
+  ConvertOptions co;
+  co.quant = quant;
+  co.dense_dtype = dense;
+  co.progress = false;
+  convert_model(src, tmp.path() / "packed", co);
+  return tmp.path() / "packed";
+}
+
 }  // namespace
 
 // Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss, deepseek) packed with bf16 and q8
@@ -48,16 +59,12 @@ TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
   if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
   TempDir tmp("gpu_fixtures_test");
-  ConvertOptions co;
-  co.quant = quant;
-  co.dense_dtype = "f32";  // as before bf16 became the default
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
+  const fs::path packed = pack(src, tmp, quant, "f32");  // as before bf16 became the default
   ModelOptions mo;
   mo.n_threads = 2;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
+  auto cpu = Model::load(packed, mo);
   mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
+  auto gpu = Model::load(packed, mo);
   const size_t V = size_t(cpu->config().vocab_size);
   double worst_cpu = 0, worst_hf = 0;
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
@@ -117,15 +124,11 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
   TempDir tmp("gpu_gpt_oss");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = "f32";
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
+  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
   ModelOptions mo;
   mo.n_threads = 2;
   mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
+  auto gpu = Model::load(packed, mo);
   const size_t V = size_t(gpu->config().vocab_size);
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
     const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
@@ -153,18 +156,14 @@ TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
   if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
   TempDir tmp("gpu_gpt_oss_ring");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = "f32";
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
+  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_context = 256;
   mo.max_batch = 4;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
+  auto cpu = Model::load(packed, mo);
   mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
+  auto gpu = Model::load(packed, mo);
   const ModelConfig& c = gpu->config();
   ASSERT_EQ(c.sliding_window, 6);
   // The device holds 9 rows for each sliding layer, 256 for each full one.
@@ -225,18 +224,14 @@ TEST_P(GpuMlaTest, LogitsAndGreedyTokensMatchTheCpuPass) {
   if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
   TempDir tmp("gpu_mla_test");
-  ConvertOptions co;
-  co.quant = QuantType::kBF16;
-  co.dense_dtype = dense;
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
+  const fs::path packed = pack(src, tmp, QuantType::kBF16, dense);
   ModelOptions mo;
   mo.n_threads = 2;
-  auto cpu = Model::load(tmp.path() / "packed", mo);
+  auto cpu = Model::load(packed, mo);
   mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
+  auto gpu = Model::load(packed, mo);
   mo.max_batch = 4;
-  auto gpu4 = Model::load(tmp.path() / "packed", mo);
+  auto gpu4 = Model::load(packed, mo);
   ASSERT_TRUE(cpu->config().has_mla());
   const size_t V = size_t(cpu->config().vocab_size);
   double worst_prefill = 0, worst_chunked = 0, worst_decode = 0;
@@ -292,15 +287,12 @@ TEST(GpuMla, KvCacheHoldsTheLatentAndTheRopeKeyOnly) {
   const fs::path src = kSource / "tests" / "fixtures" / "deepseek_v3";
   if (!fs::exists(src / "config.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
   TempDir tmp("gpu_mla_test");
-  ConvertOptions co;
-  co.quant = QuantType::kQ8;
-  co.progress = false;
-  convert_model(src, tmp.path() / "packed", co);
+  const fs::path packed = pack(src, tmp, QuantType::kQ8, "");
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_context = 100;
   mo.gpu = true;
-  auto gpu = Model::load(tmp.path() / "packed", mo);
+  auto gpu = Model::load(packed, mo);
   const ModelConfig& c = gpu->config();
   const size_t want = size_t(c.n_layers) * 100 * size_t(c.kv_lora_rank + c.qk_rope_head_dim) * sizeof(float);
   ASSERT_NE(gpu->gpu_info(), nullptr);
