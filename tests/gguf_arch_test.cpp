@@ -27,6 +27,7 @@
 #include "runtime/convert/convert.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/fixture_manifest.h"
 #include "tests/support/gguf_rewrite.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
@@ -38,11 +39,6 @@ using json = nlohmann::json;
 namespace {
 
 const fs::path kRoot = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / "gguf_hf";
-
-json manifest() {
-  const fs::path p = kRoot / "manifest.json";
-  return fs::exists(p) ? json::parse(read_file(p)) : json::object();
-}
 
 struct Case {
   std::string fixture;  // manifest name
@@ -123,7 +119,7 @@ class GgufArchReference : public ::testing::TestWithParam<Case> {};
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  const json m = manifest();
+  const json m = test::fixture_manifest(kRoot);
   if (m.contains("fixtures"))
     for (const json& e : m["fixtures"])
       for (bool conv : {false, true}) out.push_back({e["name"].get<std::string>(), conv});
@@ -135,7 +131,7 @@ std::vector<Case> cases() {
 
 TEST_P(GgufArchReference, LogitsAndGreedyTokensMatchTransformers) {
   const Case& c = GetParam();
-  const json m = manifest();
+  const json m = test::fixture_manifest(kRoot);
   if (!m.contains("fixtures")) MOESTREAM_SKIP_OR_FAIL() << kRoot << " has no manifest.json";
   const auto it = std::find_if(m["fixtures"].begin(), m["fixtures"].end(),
                                [&](const json& e) { return e["name"] == c.fixture; });
@@ -405,7 +401,7 @@ TEST(GgufArchRepack, PermutedExpertsComputeTheSameLogits) {
     }
     const fs::path out = tmp.path() / (std::string(name) + ".gguf");
     cluster::repack_gguf_experts(src, out, order);
-    const json m = manifest();
+    const json m = test::fixture_manifest(kRoot);
     const auto it = std::find_if(m["fixtures"].begin(), m["fixtures"].end(), [&](const json& e) { return e["name"] == name; });
     ASSERT_NE(it, m["fixtures"].end());
     ModelOptions mo;

@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/engine/model.h"
+#include "tests/support/fixture_manifest.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/strict_skip.h"
@@ -32,12 +33,9 @@ namespace {
 
 const fs::path kRoot = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / "gguf_hf";
 
+// One case per fixture; "none" without a manifest, which the test then reports.
 std::vector<std::string> gguf_hf_fixtures() {
-  std::vector<std::string> out;
-  if (fs::exists(kRoot / "manifest.json")) {
-    const nlohmann::json m = nlohmann::json::parse(read_file(kRoot / "manifest.json"));
-    for (const auto& e : m["fixtures"]) out.push_back(e["name"].get<std::string>());
-  }
+  std::vector<std::string> out = test::fixture_names(kRoot);
   if (out.empty()) out.push_back("none");
   return out;
 }
@@ -58,8 +56,8 @@ class GpuGgufArch : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuGgufArch, LogitsMatchTheCpuAndFloatFilesGiveTransformersTokens) {
   REQUIRE_GPU();
   const std::string name = GetParam();
-  if (!fs::exists(kRoot / "manifest.json")) MOESTREAM_SKIP_OR_FAIL() << kRoot << " has no manifest.json";
-  const nlohmann::json m = nlohmann::json::parse(read_file(kRoot / "manifest.json"));
+  const nlohmann::json m = test::fixture_manifest(kRoot);
+  if (!m.contains("fixtures")) MOESTREAM_SKIP_OR_FAIL() << kRoot << " has no manifest.json";
   const auto it = std::find_if(m["fixtures"].begin(), m["fixtures"].end(),
                                [&](const nlohmann::json& e) { return e["name"] == name; });
   ASSERT_NE(it, m["fixtures"].end());

@@ -24,6 +24,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 
+#include "tests/support/fixture_manifest.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/strict_skip.h"
@@ -34,17 +35,8 @@ using test::rel_max_diff;
 
 namespace {
 
+// Every fixture of its manifest: architectures, ggml types, a mixed-type file, a split set.
 const fs::path kGguf = fs::path(MOESTREAM_SOURCE_DIR) / "tests" / "fixtures" / "gguf";
-
-// Every fixture of tests/fixtures/gguf/manifest.json (architectures, ggml types, a mixed-type
-// file, a split set); empty when the manifest is absent (the test then fails in strict mode).
-std::vector<std::string> gguf_fixture_names() {
-  std::vector<std::string> names;
-  if (!fs::exists(kGguf / "manifest.json")) return names;
-  const nlohmann::json m = nlohmann::json::parse(read_file(kGguf / "manifest.json"));
-  for (const auto& f : m["fixtures"]) names.push_back(f["name"].get<std::string>());
-  return names;
-}
 
 // The suffix that names the fixture's matrix types: "Q8_0", "Q4_K", "mixed", "MXFP4_MOE", ...
 std::string gguf_kind(const std::string& name) {
@@ -157,7 +149,7 @@ TEST_P(GpuGgufTest, LogitsAndGreedyTokensMatchTheCpuPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGgufTest, ::testing::ValuesIn(gguf_fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGgufTest, ::testing::ValuesIn(test::fixture_names(kGguf)),
                          [](const auto& i) {
                            std::string s = i.param;
                            for (char& ch : s)
@@ -166,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuGgufTest, ::testing::ValuesIn(gguf_fixture
                          });
 
 TEST(GpuGguf, FixtureSetIsPresent) {
-  const std::vector<std::string> names = gguf_fixture_names();
+  const std::vector<std::string> names = test::fixture_names(kGguf);
   if (names.empty()) MOESTREAM_SKIP_OR_FAIL() << "no manifest under " << kGguf;
   for (const char* arch : {"qwen3moe", "olmoe", "mixtral"})
     EXPECT_TRUE(std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.rfind(arch, 0) == 0; }))
