@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+#include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
 
 namespace moestream {
@@ -30,6 +33,29 @@ size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
   return slice;
 }
 
+// Each pool thread's scratch for run_by_expert (growing only): an expert's token rows gathered
+// into one block, and its down products before they go to their pairs' rows.
+thread_local std::vector<float> t_rows, t_down;
+
+// Rows `rows` of x (each w floats) as one block: x's own rows when they are consecutive (one
+// token always), else copied into t_rows.
+const float* token_rows(const float* x, size_t w, std::span<const int> rows) {
+  bool consecutive = true;
+  for (size_t i = 1; i < rows.size(); ++i) consecutive = consecutive && rows[i] == rows[i - 1] + 1;
+  if (consecutive) return x + size_t(rows[0]) * w;
+  if (t_rows.size() < rows.size() * w) t_rows.resize(rows.size() * w);
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(x + size_t(rows[i]) * w, w, t_rows.data() + i * w);
+  return t_rows.data();
+}
+
+// Rows [r0, r1) of W x for n inputs (x's rows, y's rows y_stride apart): the matvec for one, which
+// streams the weights with software prefetch, the matmul for several; the same bits either way.
+void expert_product(GgmlType t, const uint8_t* w, size_t cols, const float* x, size_t n, float* y,
+                    size_t y_stride, size_t r0, size_t r1) {
+  if (n == 1) ggml_matvec(t, w, cols, x, y, r0, r1);
+  else ggml_matmul(t, w, cols, x, n, y, y_stride, r0, r1);
+}
+
 }  // namespace
 
 void clamped_swiglu(float* gate, const float* up, size_t n, float limit, float alpha) {
@@ -47,12 +73,27 @@ ExpertCompute::ExpertCompute(const ModelConfig& cfg, int max_pairs)
   up_.resize(Eigen::Index(max_pairs), F_);
   token_in_.reserve(size_t(std::max(D_, F_)));
   act_in_.resize(size_t(cfg.n_experts_per_tok));
+  group_start_.reserve(size_t(max_pairs) + 1);
   for (auto& in : act_in_) in.reserve(size_t(std::max(D_, F_)));
 }
 
 void ExpertCompute::set_token(const ExpertLayout& lay, const float* x) {
   token_in_.round(lay.types.gate, x, size_t(D_));
   up_rounded_ = token_in_.serves(lay.types.up, size_t(D_));  // every pack and GGUF seen so far
+}
+
+void ExpertCompute::activate(const ExpertMatrices& e, size_t p, size_t r0, size_t r1) {
+  float* g = act_.row(Eigen::Index(p)).data();
+  float* u = up_.row(Eigen::Index(p)).data();
+  if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
+    for (size_t r = r0; r < r1; ++r) {
+      g[r] += e.bias[r];
+      u[r] += e.bias[size_t(F_) + r];
+    }
+  if (swiglu_limit_ > 0)
+    clamped_swiglu(g + r0, u + r0, r1 - r0, swiglu_limit_, swiglu_alpha_);
+  else
+    for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
 }
 
 void ExpertCompute::run(ThreadPool& pool, const ExpertLayout& lay, const ExpertPairs& pairs, const float* x,
@@ -63,6 +104,10 @@ void ExpertCompute::run(ThreadPool& pool, const ExpertLayout& lay, const ExpertP
              "ExpertCompute::run: pair lists of different lengths, or more than its scratch holds");
   MOE_ASSERT(!decode || n_pairs <= act_in_.size(), "a decode step with more pairs than top-k");
   if (n_pairs == 0) return;
+  if (!decode && quant_ggml_type(lay.types.gate) && quant_ggml_type(lay.types.up) && quant_ggml_type(lay.types.down)) {
+    run_by_expert(pool, lay, pairs, x, y);
+    return;
+  }
   const size_t threads = size_t(pool.size());
   const size_t gate_slice = decode ? decode_slice(kGateUpSlice, size_t(F_), n_pairs, threads) : kGateUpSlice;
   const size_t down_slice = decode ? decode_slice(kDownSlice, size_t(D_), n_pairs, threads) : kDownSlice;
@@ -80,15 +125,7 @@ void ExpertCompute::run(ThreadPool& pool, const ExpertLayout& lay, const ExpertP
     else quant_matvec(lay.types.gate, e.gate, size_t(D_), xt, g, r0, r1);
     if (decode && up_rounded_) quant_matvec(lay.types.up, e.up, size_t(D_), token_in_, u, r0, r1);
     else quant_matvec(lay.types.up, e.up, size_t(D_), xt, u, r0, r1);
-    if (e.bias != nullptr)  // gpt-oss: gate_bias [F] then up_bias [F]
-      for (size_t r = r0; r < r1; ++r) {
-        g[r] += e.bias[r];
-        u[r] += e.bias[size_t(F_) + r];
-      }
-    if (swiglu_limit_ > 0)
-      clamped_swiglu(g + r0, u + r0, r1 - r0, swiglu_limit_, swiglu_alpha_);
-    else
-      for (size_t r = r0; r < r1; ++r) g[r] = g[r] / (1.0f + std::exp(-g[r])) * u[r];
+    activate(e, p, r0, r1);
   });
   if (decode)  // each pair's activation rounded once for its down product
     for (size_t p = 0; p < n_pairs; ++p) act_in_[p].round(lay.types.down, act_.row(Eigen::Index(p)).data(), size_t(F_));
@@ -101,6 +138,51 @@ void ExpertCompute::run(ThreadPool& pool, const ExpertLayout& lay, const ExpertP
     else quant_matvec(lay.types.down, e.down, size_t(F_), act_.row(Eigen::Index(p)).data(), yr, r0, r1);
     if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
       for (size_t r = r0; r < r1; ++r) yr[r] += e.bias[2 * size_t(F_) + r];
+  });
+}
+
+void ExpertCompute::run_by_expert(ThreadPool& pool, const ExpertLayout& lay, const ExpertPairs& pairs,
+                                  const float* x, float* y) {
+  const size_t n_pairs = pairs.expert_of_pair.size();
+  group_start_.clear();
+  for (size_t p = 0; p < n_pairs; ++p)
+    if (p == 0 || pairs.expert_of_pair[p] != pairs.expert_of_pair[p - 1]) group_start_.push_back(p);
+  group_start_.push_back(n_pairs);
+  const size_t n_groups = group_start_.size() - 1;
+  const GgmlType gate_t = *quant_ggml_type(lay.types.gate), up_t = *quant_ggml_type(lay.types.up),
+                 down_t = *quant_ggml_type(lay.types.down);
+  const size_t D = size_t(D_), F = size_t(F_);
+  const size_t gate_tasks = (F + kGateUpSlice - 1) / kGateUpSlice, down_tasks = (D + kDownSlice - 1) / kDownSlice;
+  // An expert's gate and up rows over all of its tokens, then silu(gate) * up per pair: pair p's
+  // rows of act_ and up_ (an expert's pairs are consecutive rows).
+  pool.parallel_for(n_groups * gate_tasks, [&](size_t task) {
+    const size_t g = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
+    const size_t r1 = std::min(F, r0 + kGateUpSlice);
+    const size_t p0 = group_start_[g], n = group_start_[g + 1] - p0;
+    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[p0])];
+    const float* xs = token_rows(x, D, pairs.token_of_pair.subspan(p0, n));
+    expert_product(gate_t, e.gate, D, xs, n, act_.row(Eigen::Index(p0)).data(), F, r0, r1);
+    expert_product(up_t, e.up, D, xs, n, up_.row(Eigen::Index(p0)).data(), F, r0, r1);
+    for (size_t p = p0; p < p0 + n; ++p) activate(e, p, r0, r1);
+  });
+  // The down rows of every pair of an expert at once, then into each pair's row of y.
+  pool.parallel_for(n_groups * down_tasks, [&](size_t task) {
+    const size_t g = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
+    const size_t r1 = std::min(D, r0 + kDownSlice);
+    const size_t p0 = group_start_[g], n = group_start_[g + 1] - p0;
+    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[p0])];
+    const float* act = act_.row(Eigen::Index(p0)).data();
+    if (n > 1) {
+      if (t_down.size() < n * D) t_down.resize(n * D);
+      ggml_matmul(down_t, e.down, F, act, n, t_down.data(), D, r0, r1);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      float* yr = y + size_t(pairs.y_row_of_pair[p0 + i]) * D;
+      if (n == 1) ggml_matvec(down_t, e.down, F, act, yr, r0, r1);
+      else std::copy(t_down.data() + i * D + r0, t_down.data() + i * D + r1, yr + r0);
+      if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
+        for (size_t r = r0; r < r1; ++r) yr[r] += e.bias[2 * F + r];
+    }
   });
 }
 

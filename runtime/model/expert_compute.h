@@ -46,6 +46,16 @@ class ExpertCompute {
            float* y);
 
  private:
+  // Several tokens (prefill) in ggml types: an expert's pairs, consecutive in `pairs` (MoeLayer
+  // lists them expert by expert), are one product over their token rows (ggml_matmul decodes a
+  // weight block once for up to four inputs and equals quant_matvec input by input), so an expert
+  // that several tokens chose streams its matrices once per row slice, not once per token.
+  void run_by_expert(ThreadPool& pool, const ExpertLayout& lay, const ExpertPairs& pairs, const float* x,
+                     float* y);
+  // Pair p's gate and up rows [r0, r1) -> its activation in act_: the biases (gpt-oss), then
+  // SwiGLU (clamped for gpt-oss).
+  void activate(const ExpertMatrices& e, size_t p, size_t r0, size_t r1);
+
   int D_, F_, max_pairs_;
   float swiglu_limit_, swiglu_alpha_;  // limit 0: plain SwiGLU
   RowMatrix act_;  // [max_pairs, F]: silu(gate) * up per pair
@@ -53,6 +63,7 @@ class ExpertCompute {
   MatvecInput token_in_;
   bool up_rounded_ = false;          // token_in_ serves the up products too
   std::vector<MatvecInput> act_in_;  // [max_pairs]: each pair's act_ row rounded for its down
+  std::vector<size_t> group_start_;   // run_by_expert: the first pair of each expert, then n_pairs
 };
 
 }  // namespace moestream
