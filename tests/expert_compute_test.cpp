@@ -21,7 +21,7 @@
 namespace moestream {
 namespace {
 
-constexpr int kD = 512, kF = 768, kTokens = 7, kExperts = 5;
+constexpr int kD = 512, kF = 768, kTokens = 20, kExperts = 5;
 
 // A matrix of type q with random level bytes and finite float16 scales (ggml block types), or
 // N(0, 1) weights scaled down (bf16; the pack's q8 through its quantiser).
@@ -122,10 +122,13 @@ class ExpertComputePrefill : public testing::TestWithParam<Case> {
 };
 
 TEST_P(ExpertComputePrefill, EveryPairGetsTheBitsItGetsAlone) {
-  // Expert by expert, as MoeLayer lists them: scattered tokens, one token, five (more than a
-  // matmul tile of four), two consecutive ones, the last token alone. Output rows in another order.
+  // Expert by expert, as MoeLayer lists them: scattered tokens, one token, nineteen (more than a
+  // matmul tile of four and than the 16 tokens of one product), two consecutive ones, the last
+  // token alone. Output rows in another order.
+  std::vector<int> many;
+  for (int t = 0; t < 19; ++t) many.push_back(t);
   const std::vector<std::pair<int, std::vector<int>>> chosen = {
-      {0, {0, 2, 6}}, {1, {1}}, {2, {0, 1, 2, 3, 4}}, {3, {3, 4}}, {4, {6}}};
+      {0, {0, 2, 19}}, {1, {1}}, {2, many}, {3, {3, 4}}, {4, {19}}};
   std::vector<int> expert_of_pair, token_of_pair, y_row_of_pair;
   for (const auto& [e, tokens] : chosen)
     for (int t : tokens) {

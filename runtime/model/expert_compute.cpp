@@ -33,8 +33,11 @@ size_t decode_slice(size_t slice, size_t rows, size_t n_pairs, size_t threads) {
   return slice;
 }
 
-// Each pool thread's scratch for run_by_expert (growing only): an expert's token rows gathered
-// into one block, and its down products before they go to their pairs' rows.
+// run_by_expert's products take at most this many of an expert's tokens at a time (the row slice
+// stays in L2 between them), which bounds each pool thread's scratch (growing only, up to 16
+// rows of the widest product): the tokens' rows gathered into one block, and the down products
+// before they go to their pairs' rows.
+constexpr size_t kTokensPerProduct = 16;
 thread_local std::vector<float> t_rows, t_down;
 
 // Rows `rows` of x (each w floats) as one block: x's own rows when they are consecutive (one
@@ -153,35 +156,39 @@ void ExpertCompute::run_by_expert(ThreadPool& pool, const ExpertLayout& lay, con
                  down_t = *quant_ggml_type(lay.types.down);
   const size_t D = size_t(D_), F = size_t(F_);
   const size_t gate_tasks = (F + kGateUpSlice - 1) / kGateUpSlice, down_tasks = (D + kDownSlice - 1) / kDownSlice;
-  // An expert's gate and up rows over all of its tokens, then silu(gate) * up per pair: pair p's
-  // rows of act_ and up_ (an expert's pairs are consecutive rows).
+  // An expert's gate and up rows over its tokens, kTokensPerProduct at a time, then
+  // silu(gate) * up per pair: pair p's rows of act_ and up_ (an expert's pairs are consecutive).
   pool.parallel_for(n_groups * gate_tasks, [&](size_t task) {
     const size_t g = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
     const size_t r1 = std::min(F, r0 + kGateUpSlice);
-    const size_t p0 = group_start_[g], n = group_start_[g + 1] - p0;
-    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[p0])];
-    const float* xs = token_rows(x, D, pairs.token_of_pair.subspan(p0, n));
-    expert_product(gate_t, e.gate, D, xs, n, act_.row(Eigen::Index(p0)).data(), F, r0, r1);
-    expert_product(up_t, e.up, D, xs, n, up_.row(Eigen::Index(p0)).data(), F, r0, r1);
-    for (size_t p = p0; p < p0 + n; ++p) activate(e, p, r0, r1);
+    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[group_start_[g]])];
+    for (size_t p0 = group_start_[g]; p0 < group_start_[g + 1]; p0 += kTokensPerProduct) {
+      const size_t n = std::min(kTokensPerProduct, group_start_[g + 1] - p0);
+      const float* xs = token_rows(x, D, pairs.token_of_pair.subspan(p0, n));
+      expert_product(gate_t, e.gate, D, xs, n, act_.row(Eigen::Index(p0)).data(), F, r0, r1);
+      expert_product(up_t, e.up, D, xs, n, up_.row(Eigen::Index(p0)).data(), F, r0, r1);
+      for (size_t p = p0; p < p0 + n; ++p) activate(e, p, r0, r1);
+    }
   });
-  // The down rows of every pair of an expert at once, then into each pair's row of y.
+  // The down rows of an expert's pairs, kTokensPerProduct at a time, then into each pair's row of y.
   pool.parallel_for(n_groups * down_tasks, [&](size_t task) {
     const size_t g = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
     const size_t r1 = std::min(D, r0 + kDownSlice);
-    const size_t p0 = group_start_[g], n = group_start_[g + 1] - p0;
-    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[p0])];
-    const float* act = act_.row(Eigen::Index(p0)).data();
-    if (n > 1) {
-      if (t_down.size() < n * D) t_down.resize(n * D);
-      ggml_matmul(down_t, e.down, F, act, n, t_down.data(), D, r0, r1);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      float* yr = y + size_t(pairs.y_row_of_pair[p0 + i]) * D;
-      if (n == 1) ggml_matvec(down_t, e.down, F, act, yr, r0, r1);
-      else std::copy(t_down.data() + i * D + r0, t_down.data() + i * D + r1, yr + r0);
-      if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
-        for (size_t r = r0; r < r1; ++r) yr[r] += e.bias[2 * F + r];
+    const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[group_start_[g]])];
+    for (size_t p0 = group_start_[g]; p0 < group_start_[g + 1]; p0 += kTokensPerProduct) {
+      const size_t n = std::min(kTokensPerProduct, group_start_[g + 1] - p0);
+      const float* act = act_.row(Eigen::Index(p0)).data();
+      if (n > 1) {
+        if (t_down.size() < n * D) t_down.resize(n * D);
+        ggml_matmul(down_t, e.down, F, act, n, t_down.data(), D, r0, r1);
+      }
+      for (size_t i = 0; i < n; ++i) {
+        float* yr = y + size_t(pairs.y_row_of_pair[p0 + i]) * D;
+        if (n == 1) ggml_matvec(down_t, e.down, F, act, yr, r0, r1);
+        else std::copy(t_down.data() + i * D + r0, t_down.data() + i * D + r1, yr + r0);
+        if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
+          for (size_t r = r0; r < r1; ++r) yr[r] += e.bias[2 * F + r];
+      }
     }
   });
 }
