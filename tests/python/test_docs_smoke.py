@@ -374,6 +374,14 @@ def _decode_py(s):
     assert "tok/s" in r.stdout and json.loads((s.tmp / "decode.json").read_text())["runs"]
 
 
+@case("bench/ab.py")
+def _ab(s):
+    """The same build as A and B on the demo model: one round, two prompt lengths, 2 tokens."""
+    r = s.run([sys.executable, "bench/ab.py", "--a", s.exe("infer"), "--b", s.exe("infer"), "-m", DEMO,
+               "--prompt-tokens", "3,6", "--tokens", 2, "--threads", 1, "--rounds", 1])
+    assert r.stdout.count("| prefill |") == 2 and r.stdout.count("| decode |") == 2, r.stdout
+
+
 @case("bench/report.py")
 def _report(s):
     """The I/O, device-decode and hit-rate sections, tiny, into a copy of docs/results.md."""
