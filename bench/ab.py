@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer import long_prompt  # noqa: E402
 
 
-def run(infer: str, model: str, prompt: str, a, extra: list[str], stats: Path) -> dict:
+def run(infer: str, prompt: str, a, stats: Path) -> dict:
     stats.unlink(missing_ok=True)
-    cmd = [infer, "-m", model, "-p", prompt, "-n", str(a.tokens), "--temp", "0", "--ignore-eos",
-           "-t", str(a.threads), "--stats-json", str(stats), *extra]
+    cmd = [infer, "-m", a.model, "-p", prompt, "-n", str(a.tokens), "--temp", "0", "--ignore-eos",
+           "-t", str(a.threads), "--stats-json", str(stats), *a.extra]
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0 or not stats.is_file():
         sys.exit(f"bench/ab: {infer} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
@@ -62,7 +62,7 @@ def main() -> int:
             prompt_tokens = None
             for rnd in range(a.rounds):
                 for k in (list(builds) if rnd % 2 == 0 else list(builds)[::-1]):
-                    st = run(builds[k], a.model, prompt, a, a.extra, stats)
+                    st = run(builds[k], prompt, a, stats)
                     prompt_tokens = st["prefill"]["tokens"]
                     got[k]["prefill"].append(st["prefill"]["tokens_per_s"])
                     got[k]["decode"].append(st["decode"]["tokens_per_s"])

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/dense_ops.h"
+#include "tests/support/random_blocks.h"
 
 namespace moestream {
 namespace {
@@ -34,13 +34,7 @@ Owned random_dense(GgmlType t, size_t rows, size_t cols, std::mt19937& rng) {
       std::memcpy(&o.bytes[4 * i], &v, 4);
     }
   } else {
-    for (auto& b : o.bytes) b = static_cast<uint8_t>(rng());
-    const size_t block = ggml_type_info(uint32_t(t))->block_bytes;
-    const size_t scale_at = t == GgmlType::kQ6_K ? 208 : 0;  // Q6_K's d ends its block
-    for (size_t off = 0; off < o.bytes.size(); off += block) {
-      const uint16_t h = f32_to_f16(0.01f * g(rng));
-      std::memcpy(&o.bytes[off + scale_at], &h, 2);
-    }
+    test::fill_random_blocks(t, o.bytes.data(), o.bytes.size(), 0.01f, rng);
   }
   o.m = {q, rows, cols, o.bytes.data()};
   return o;

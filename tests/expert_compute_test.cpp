@@ -17,6 +17,7 @@
 #include "kernels/cpu/quant.h"
 #include "loader/format/ggml_types.h"
 #include "runtime/model/expert_compute.h"
+#include "tests/support/random_blocks.h"
 
 namespace moestream {
 namespace {
@@ -41,18 +42,7 @@ void fill_matrix(QuantType q, uint8_t* dst, size_t rows, size_t cols, std::mt199
     }
     return;
   }
-  const size_t bytes = quant_matrix_bytes(q, rows, cols);
-  for (size_t i = 0; i < bytes; ++i) dst[i] = static_cast<uint8_t>(rng());
-  const size_t block = ggml_type_info(uint32_t(*ggml))->block_bytes;
-  const size_t scale_at = *ggml == GgmlType::kQ6_K ? 208 : 0;  // Q6_K's d ends its block
-  for (size_t off = 0; off < bytes; off += block) {
-    const uint16_t d = f32_to_f16(0.002f * g(rng));
-    std::memcpy(dst + off + scale_at, &d, 2);
-    if (*ggml == GgmlType::kQ4_K || *ggml == GgmlType::kQ5_K || *ggml == GgmlType::kQ2_K) {
-      const uint16_t dmin = f32_to_f16(0.001f * g(rng));  // after d
-      std::memcpy(dst + off + 2, &dmin, 2);
-    }
-  }
+  test::fill_random_blocks(*ggml, dst, quant_matrix_bytes(q, rows, cols), 0.002f, rng);
 }
 
 struct Case {
@@ -153,7 +143,7 @@ TEST_P(ExpertComputePrefill, EveryPairGetsTheBitsItGetsAlone) {
   }
 }
 
-TEST_P(ExpertComputePrefill, ADecodeStepGetsThePrefillsBits) {
+TEST_P(ExpertComputePrefill, ADecodeStepGetsTheBitsEachPairGetsAlone) {
   // One token's top-k through the decode path (its input rounded once for every product).
   const std::vector<int> experts = {1, 3, 4, 0}, tokens(4, 0), rows = {2, 0, 3, 1};
   const ExpertPairs pairs{matrices_, experts, tokens, rows};

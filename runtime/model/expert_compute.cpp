@@ -170,22 +170,23 @@ void ExpertCompute::run_by_expert(ThreadPool& pool, const ExpertLayout& lay, con
       for (size_t p = p0; p < p0 + n; ++p) activate(e, p, r0, r1);
     }
   });
-  // The down rows of an expert's pairs, kTokensPerProduct at a time, then into each pair's row of y.
+  // The down rows of an expert's pairs, kTokensPerProduct at a time: one token's straight into its
+  // row of y, several into t_down and from there into each pair's row.
   pool.parallel_for(n_groups * down_tasks, [&](size_t task) {
     const size_t g = task / down_tasks, r0 = (task % down_tasks) * kDownSlice;
     const size_t r1 = std::min(D, r0 + kDownSlice);
     const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[group_start_[g]])];
     for (size_t p0 = group_start_[g]; p0 < group_start_[g + 1]; p0 += kTokensPerProduct) {
       const size_t n = std::min(kTokensPerProduct, group_start_[g + 1] - p0);
-      const float* act = act_.row(Eigen::Index(p0)).data();
+      float* out = y + size_t(pairs.y_row_of_pair[p0]) * D;
       if (n > 1) {
         if (t_down.size() < n * D) t_down.resize(n * D);
-        ggml_matmul(down_t, e.down, F, act, n, t_down.data(), D, r0, r1);
+        out = t_down.data();
       }
+      expert_product(down_t, e.down, F, act_.row(Eigen::Index(p0)).data(), n, out, D, r0, r1);
       for (size_t i = 0; i < n; ++i) {
         float* yr = y + size_t(pairs.y_row_of_pair[p0 + i]) * D;
-        if (n == 1) ggml_matvec(down_t, e.down, F, act, yr, r0, r1);
-        else std::copy(t_down.data() + i * D + r0, t_down.data() + i * D + r1, yr + r0);
+        if (n > 1) std::copy(out + i * D + r0, out + i * D + r1, yr + r0);
         if (e.bias != nullptr)  // down_bias [D] after the two F-long ones
           for (size_t r = r0; r < r1; ++r) yr[r] += e.bias[2 * F + r];
       }

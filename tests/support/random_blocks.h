@@ -1,0 +1,34 @@
+// Test support: random bytes for a matrix in one of ggml's block types, for kernel and product
+// tests that compare paths with each other (not against llama.cpp). Header-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "common/half.h"
+#include "loader/format/ggml_types.h"
+
+namespace moestream::test {
+
+// `bytes` bytes of blocks of type t: random level bytes, each block's float16 scale d (at its
+// start; Q6_K's ends its block) scale x N(0, 1), and for the types with a min (Q2_K, Q4_K, Q5_K)
+// the float16 dmin after d, scale / 2 x N(0, 1). Finite scales, so every product is finite.
+inline void fill_random_blocks(GgmlType t, uint8_t* dst, size_t bytes, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (size_t i = 0; i < bytes; ++i) dst[i] = static_cast<uint8_t>(rng());
+  const size_t block = ggml_type_info(uint32_t(t))->block_bytes;
+  const size_t scale_at = t == GgmlType::kQ6_K ? 208 : 0;
+  const bool has_min = t == GgmlType::kQ2_K || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K;
+  for (size_t off = 0; off < bytes; off += block) {
+    const uint16_t d = f32_to_f16(scale * g(rng));
+    std::memcpy(dst + off + scale_at, &d, 2);
+    if (has_min) {
+      const uint16_t dmin = f32_to_f16(0.5f * scale * g(rng));
+      std::memcpy(dst + off + 2, &dmin, 2);
+    }
+  }
+}
+
+}  // namespace moestream::test
