@@ -74,12 +74,11 @@ run_in() {
   child=$!
   trap 'kill -TERM "$child" 2>/dev/null' TERM HUP
   trap 'kill -INT "$child" 2>/dev/null' INT
+  # A signal passed on cuts wait short (status > 128) whether or not the command has exited, so
+  # wait until it is gone, then ask once more: bash returns the status it recorded for it.
+  while kill -0 "$child" 2>/dev/null; do wait "$child"; done
   wait "$child"
   status=$?
-  while kill -0 "$child" 2>/dev/null; do  # wait was cut short by a signal passed on
-    wait "$child"
-    status=$?
-  done
   trap - TERM HUP INT
   return "$status"
 }
