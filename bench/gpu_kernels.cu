@@ -4,7 +4,8 @@
 // measured device-to-device copy. Then the small kernels of a resident decode step (norm,
 // router, plan, short-context attention, argmax) as microseconds a launch, back to back on one
 // stream with warm caches: what Nsight Compute, which flushes the caches before each kernel,
-// overstates.
+// overstates. Last, the q8 products over several token rows: the float tile loop against the
+// int8 tensor-core product, interleaved.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/gpu_ops.h"
@@ -160,6 +162,76 @@ void decode_glue(double copy_gbs) {
 }
 
 }  // namespace
+
+// The q8 types' products over several token rows: the float tile loop (A, what kAuto takes) against
+// the int8 tensor-core product (B, GemmKernel::kInt8Mma); 5 interleaved rounds of 20 calls each,
+// medians, and B's speedup. Expert shapes: 128 experts with m rows each (a
+// 512-token prefill chunk at top-8 gives 32 on average); dense: q_proj at n tokens.
+void prefill_products() {
+  using namespace moestream;
+  std::printf("\n| q8 product (interleaved, medians of 5) | tile loop us | int8 mma us | speedup |\n"
+              "|---|---|---|---|\n");
+  const auto compare = [](const std::string& what, auto call) {
+    std::vector<double> ta, tb;
+    for (int r = 0; r < 5; ++r) {
+      ta.push_back(time_us([&](int i) { call(i, gpu::GemmKernel::kAuto); }, 20, 1));
+      tb.push_back(time_us([&](int i) { call(i, gpu::GemmKernel::kInt8Mma); }, 20, 1));
+    }
+    std::sort(ta.begin(), ta.end());
+    std::sort(tb.begin(), tb.end());
+    std::printf("| %s | %.1f | %.1f | %.2fx |\n", what.c_str(), ta[2], tb[2], ta[2] / tb[2]);
+  };
+  for (QuantType qt : {QuantType::kQ8, ggml_quant(GgmlType::kQ8_0)}) {
+    const std::string tn(quant_name(qt));
+    const int n_experts = 128;
+    for (const auto& [name, rows, cols] : {std::tuple{"gate 768x2048", 768, 2048}, std::tuple{"down 2048x768", 2048, 768}}) {
+      const size_t mbytes = quant_matrix_bytes(qt, size_t(rows), size_t(cols));
+      const size_t stride = (mbytes + 4095) / 4096 * 4096;
+      std::vector<uint8_t> h(stride * n_experts);
+      std::mt19937 rng(7);
+      for (int e = 0; e < n_experts; ++e) fill_matrix(qt, rows, cols, rng, h.data() + stride * e);
+      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
+      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      std::vector<const uint8_t*> ptrs;
+      for (int e = 0; e < n_experts; ++e) ptrs.push_back(w + stride * size_t(e));
+      auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
+      CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      for (int m : {2, 4, 8, 16, 32, 64}) {
+        std::vector<int> rs(n_experts + 1);
+        for (int g = 0; g <= n_experts; ++g) rs[size_t(g)] = g * m;
+        int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
+        CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+        float* x = random_device_floats(size_t(n_experts) * m * cols, 9);
+        auto* y = static_cast<float*>(device_alloc(size_t(n_experts) * m * rows * sizeof(float)));
+        compare("expert_gemm " + tn + " " + name + ", 128 experts x " + std::to_string(m) + " rows",
+                [&](int, gpu::GemmKernel k) {
+                  gpu::expert_gemm(qt, dptrs, 0, drs, n_experts, m, rows, cols, x, y, nullptr, k);
+                });
+        CHECK(cudaFree(drs));
+        CHECK(cudaFree(x));
+        CHECK(cudaFree(y));
+      }
+      CHECK(cudaFree(w));
+      CHECK(cudaFree(dptrs));
+    }
+    const int rows = 4096, cols = 2048;
+    const size_t mbytes = quant_matrix_bytes(qt, size_t(rows), size_t(cols));
+    std::vector<uint8_t> h(mbytes);
+    std::mt19937 rng(11);
+    fill_matrix(qt, rows, cols, rng, h.data());
+    auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
+    CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+    for (int n : {8, 32, 128, 512}) {
+      float* x = random_device_floats(size_t(n) * cols, 12);
+      auto* y = static_cast<float*>(device_alloc(size_t(n) * rows * sizeof(float)));
+      compare("dense_gemm " + tn + " q_proj 4096x2048 x " + std::to_string(n) + " tokens",
+              [&](int, gpu::GemmKernel k) { gpu::dense_gemm(qt, w, rows, cols, x, n, y, nullptr, k); });
+      CHECK(cudaFree(x));
+      CHECK(cudaFree(y));
+    }
+    CHECK(cudaFree(w));
+  }
+}
 
 int main() {
   using namespace moestream;
@@ -428,5 +500,6 @@ int main() {
     }
   }
   decode_glue(copy_gbs);
+  prefill_products();
   return 0;
 }

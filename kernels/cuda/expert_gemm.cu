@@ -76,7 +76,14 @@ bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s)
 
 // Launches the GEMM of a, or throws ConfigError when q has no kernel.
 void gemm_dispatch(QuantType q, const GemmArgs& a, int n_groups, int max_rows, const char* op,
-                   const std::string& shape, cudaStream_t s) {
+                   const std::string& shape, GemmKernel kernel, cudaStream_t s) {
+  if (kernel == GemmKernel::kInt8Mma) {
+    if (!gemm_q8_mma_fits(q, a.cols))
+      throw Error(std::string(op) + ": the int8 tensor-core product takes the pack's q8 and ggml's "
+                  "Q8_0 with cols % 128 == 0 on compute capability 8.0 and later, not " +
+                  std::string(quant_name(q)) + " " + shape);
+    return gemm_q8_mma_cuda(q, a, n_groups, max_rows, s);
+  }
   switch (q) {
     case QuantType::kQ8:
       check_pack_block_cols(q, a.cols, op, shape);
@@ -144,7 +151,7 @@ bool takes_decode_gemv(QuantType q, int max_rows_per_group, int cols) {
 
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
-                 Stream s) {
+                 Stream s, GemmKernel kernel) {
   check_expert_gemm(w, row_start, n_groups, max_rows_per_group, rows, cols, matrix_offset, x, y);
   if (takes_decode_gemv(q, max_rows_per_group, cols)) {
     GemvArgs a = grouped_gemv(w, row_start, n_groups, cols);
@@ -154,7 +161,7 @@ void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, con
   }
   const GemmArgs a{w, matrix_offset, row_start, rows, cols, x, y};
   gemm_dispatch(q, a, n_groups, max_rows_per_group, "gpu::expert_gemm",
-                expert_gemm_shape(n_groups, max_rows_per_group, rows, cols), s);
+                expert_gemm_shape(n_groups, max_rows_per_group, rows, cols), kernel, s);
 }
 
 void expert_gemm_gate_up(QuantType q, const uint8_t* const* w, size_t gate_offset,
@@ -235,7 +242,7 @@ void dense_gemm_shared_input(QuantType q, const DenseOut* outs, int n_outs, int 
 }
 
 void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
-                float* y, Stream s) {
+                float* y, Stream s, GemmKernel kernel) {
   check_dense_gemm(w, rows, cols, x, n_tokens, y);
   if (n_tokens == 1 && decode_gemv_fits(q, cols)) {
     const DenseOut o{w, rows, y, false};
@@ -247,7 +254,7 @@ void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* 
   a.n_tokens = n_tokens;
   a.dense_chunk = kDenseTokenChunk;
   gemm_dispatch(q, a, n_chunks, std::min(n_tokens, kDenseTokenChunk), "gpu::dense_gemm",
-                dense_gemm_shape(rows, cols, n_tokens), s);
+                dense_gemm_shape(rows, cols, n_tokens), kernel, s);
 }
 
 void dequantize_rows(QuantType q, const uint8_t* w, int cols, const int* ids, int n, float* out,

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
+#include "loader/format/expert_file.h"
 #include "loader/format/ggml_types.h"
 
 namespace moestream::gpu {
@@ -232,6 +233,12 @@ void expert_gemm_bf16_cuda(const GemmArgs& a, int n_groups, int max_rows_per_gro
 void dequantize_rows_q8_cuda(const DequantArgs& a, cudaStream_t s);
 void dequantize_rows_q4_cuda(const DequantArgs& a, cudaStream_t s);
 void dequantize_rows_bf16_cuda(const DequantArgs& a, cudaStream_t s);
+// The q8 types' product on the int8 tensor cores (gemm_q8_mma.cu; GemmKernel::kInt8Mma): the
+// pack's q8 and ggml's Q8_0 with cols % 128 == 0 on compute capability 8.0 and later; it rounds
+// x as round_activations does for q.
+bool gemm_q8_mma_fits(QuantType q, int cols);
+void gemm_q8_mma_cuda(QuantType q, const GemmArgs& a, int n_groups, int max_rows_per_group,
+                      cudaStream_t s);
 // ggml's types by family, each false for a type outside it: expert_gemm_plain.cu (F32, F16),
 // expert_gemm_ggml_legacy.cu (the 32-element blocks), expert_gemm_ggml_kquants.cu (the
 // 256-element super-blocks). BF16 is the pack's bf16 encoding.

@@ -100,9 +100,16 @@ size_t attention_scratch_floats(int n_q, int n_heads, int head_dim, int max_keys
 // `rows` x `cols`) -> y rows [row_start[g], row_start[g+1]) of [n_rows, rows].
 // w and row_start are DEVICE arrays (n_groups and n_groups+1 entries); max_rows_per_group is a
 // host-side upper bound used for the launch grid. One launch for all groups.
+// Which kernel the products over several token rows take. kAuto: the rules below (today the
+// float tile loop for every type). kInt8Mma: the q8 types' product on the int8 tensor cores
+// (kernels/cuda/gemm_q8_mma.cu) for the pack's q8 and ggml's Q8_0 with cols % 128 == 0 on
+// compute capability 8.0 and later (Error otherwise); it rounds its input as round_activations
+// does. Not kAuto's choice until it has been checked and measured on a device (docs/results.md,
+// issue 19): only its tests and bench_gpu_kernels take it.
+enum class GemmKernel { kAuto, kInt8Mma };
 void expert_gemm(QuantType q, const uint8_t* const* w, size_t matrix_offset, const int* row_start,
                  int n_groups, int max_rows_per_group, int rows, int cols, const float* x, float* y,
-                 Stream s);
+                 Stream s, GemmKernel kernel = GemmKernel::kAuto);
 // Groups of one token row (max_rows_per_group 1) whose shape decode_gemv fits (bf16 with cols
 // % 8 == 0, ggml Q8_0 with cols % 256 == 0) take the wide-load GEMV (kernels/cuda/decode_gemv.cuh);
 // every other call the tile-loop GEMM. Either way each output row's float does not depend on
@@ -126,10 +133,10 @@ void expert_gemm_gate_up(QuantType q, const uint8_t* const* w, size_t gate_offse
 // precision; q: any type expert_gemm takes (pack q8/q4/bf16 and the ggml block types). The weight
 // rows are read once per tile of tokens, as in expert_gemm. x 16-byte aligned, w 16-byte aligned.
 void dense_gemm(QuantType q, const uint8_t* w, int rows, int cols, const float* x, int n_tokens,
-                float* y, Stream s);
+                float* y, Stream s, GemmKernel kernel = GemmKernel::kAuto);
 // At one token, q8/q4 (cols % 256 == 0), bf16 (cols % 8 == 0) and ggml Q8_0 (cols % 256 == 0)
 // matrices take the wide-load GEMV (kernels/cuda/decode_gemv.cuh), one warp per output row; other
-// shapes the tile loop.
+// shapes the tile loop (or the int8 tensor-core product: GemmKernel).
 // Up to three matrices of type q and width cols that share the input x: y_i = x * W_i^T, in one
 // launch at one token where dense_gemm would take the GEMV (the q/k/v projections), else one
 // dense_gemm each. Each output equals dense_gemm's bit for bit. `add`: y += the product (the
