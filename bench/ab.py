@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""bench/ab: two builds of infer on one model, before and after a change, in interleaved rounds.
+"""bench/ab: two builds of infer on one model (or one build on two models), in interleaved rounds.
 
 For each prompt length, every round runs build A and build B once each (a fresh process per run,
 the order flipping every round, so a drifting machine load falls on both), reads prefill and
 decode tokens/s from infer's --stats-json, and prints each cell's rounds, medians and B/A.
 
-  python3 bench/ab.py --a /tmp/before/infer --b build/bin/infer -m MODEL \\
+  python3 bench/ab.py --a /tmp/before/infer --b build/bin/infer -m MODEL [--model-b MODEL_B] \\
       [--prompt-tokens 14,64,256] [--tokens 8] [--threads 2] [--rounds 3] [-- extra infer flags]
+
+--model-b gives B its own model (the same build twice: two encodings of one model). --ids sends
+prompts of token ids instead (synth_model's models ship no tokenizer): id i is (7919 i + 11) mod
+the model's vocab_size.
 
 Prompts are the words of bench/peer.py's long prompt (one token each in Qwen3's vocabulary; the
 table shows the count infer reports). Exit status 1 when a run fails.
@@ -25,10 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer import long_prompt  # noqa: E402
 
 
-def run(infer: str, prompt: str, a, stats: Path) -> dict:
+def ids_prompt(model: str, n: int) -> str:
+    vocab = json.loads((Path(model) / "model.json").read_text())["vocab_size"]
+    return ",".join(str((7919 * i + 11) % vocab) for i in range(n))
+
+
+def run(infer: str, model: str, prompt: str, a, stats: Path) -> dict:
     stats.unlink(missing_ok=True)
-    cmd = [infer, "-m", a.model, "-p", prompt, "-n", str(a.tokens), "--temp", "0", "--ignore-eos",
-           "-t", str(a.threads), "--stats-json", str(stats), *a.extra]
+    cmd = [infer, "-m", model, *(["--prompt-ids"] if a.ids else ["-p"]), prompt, "-n", str(a.tokens), "--temp", "0", "--ignore-eos",
+           "-t", str(a.threads), "--stats-json", str(stats), *(["--print-ids"] if a.ids else []), *a.extra]
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0 or not stats.is_file():
         sys.exit(f"bench/ab: {infer} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
@@ -40,6 +49,8 @@ def main() -> int:
     ap.add_argument("--a", required=True, help="infer of the build before")
     ap.add_argument("--b", required=True, help="infer of the build after")
     ap.add_argument("-m", "--model", required=True, help="a pack folder or a GGUF file")
+    ap.add_argument("--model-b", help="B's model (default: --model)")
+    ap.add_argument("--ids", action="store_true", help="prompts of token ids (a model without a tokenizer)")
     ap.add_argument("--prompt-tokens", default="14,64,256", help="prompt lengths in words, comma-separated")
     ap.add_argument("--tokens", type=int, default=8, help="greedy decode tokens per run")
     ap.add_argument("--threads", type=int, default=2)
@@ -50,19 +61,20 @@ def main() -> int:
     if not lengths or min(lengths) < 1 or a.rounds < 1 or a.tokens < 1:
         ap.error("--prompt-tokens, --rounds and --tokens must be positive")
     builds = {"A": a.a, "B": a.b}
-    print(f"bench/ab: A {a.a}, B {a.b}; {a.model}; {a.threads} threads, {a.tokens} decode tokens, "
+    models = {"A": a.model, "B": a.model_b or a.model}
+    print(f"bench/ab: A {a.a} on {models['A']}, B {a.b} on {models['B']}; {a.threads} threads, {a.tokens} decode tokens, "
           f"{a.rounds} interleaved rounds; extra flags: {' '.join(a.extra) or 'none'}")
     print("| prompt tokens | phase | A tok/s (rounds) | B tok/s (rounds) | B/A |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench_ab.") as work:
         stats = Path(work) / "stats.json"
         for n in lengths:
-            prompt = long_prompt(n)
+            prompt = ids_prompt(a.model, n) if a.ids else long_prompt(n)
             got = {k: {"prefill": [], "decode": []} for k in builds}
             prompt_tokens = None
             for rnd in range(a.rounds):
                 for k in (list(builds) if rnd % 2 == 0 else list(builds)[::-1]):
-                    st = run(builds[k], prompt, a, stats)
+                    st = run(builds[k], models[k], prompt, a, stats)
                     prompt_tokens = st["prefill"]["tokens"]
                     got[k]["prefill"].append(st["prefill"]["tokens_per_s"])
                     got[k]["decode"].append(st["decode"]["tokens_per_s"])

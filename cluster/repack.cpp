@@ -77,7 +77,7 @@ void repack_layer(const fs::path& model_dir, int layer, const ExpertMap& new_map
     for (uint32_t s = 0; s < new_h.n_experts; ++s) {
       const uint32_t from = old_map.physical(new_map.logical(s));
       pread_all(in.get(), slot.data(), slot.size(), old_h.slot_offset(from), src);
-      if (expert_checksum(slot.data(), old_h.expert_bytes) != old_h.slot_checksums[from])
+      if (expert_checksum(old_h.payload_hash, slot.data(), old_h.expert_bytes) != old_h.slot_checksums[from])
         throw FormatError(src.string() + ": checksum mismatch in slot " + std::to_string(from) +
                           " (offset " + std::to_string(old_h.slot_offset(from)) +
                           "): refusing to repack a damaged file");
@@ -91,7 +91,7 @@ void repack_layer(const fs::path& model_dir, int layer, const ExpertMap& new_map
   std::string slot(back.expert_bytes, '\0');
   for (uint32_t s = 0; s < back.n_experts; ++s) {
     pread_all(check.get(), slot.data(), slot.size(), back.slot_offset(s), dst);
-    if (expert_checksum(slot.data(), slot.size()) != new_h.slot_checksums[s])
+    if (expert_checksum(back.payload_hash, slot.data(), slot.size()) != new_h.slot_checksums[s])
       throw FormatError(dst.string() + ": verification failed in slot " + std::to_string(s));
   }
   write_expert_map(staging / expert_map_path(model_dir, layer).filename(),

@@ -26,6 +26,7 @@ namespace {
 ExpertFileHeader sample_header() {
   ExpertFileHeader h{.quant = QuantType::kQ8, .layer = 3, .n_experts = 5, .hidden = 67, .intermediate = 45,
                      .slot_checksums = {}};
+  h.payload_hash = PayloadHash::kXxh64;  // version 1: what earlier builds wrote
   h.expert_bytes = ExpertLayout::make(h.quant, h.hidden, h.intermediate).bytes;
   h.expert_stride = (h.expert_bytes + 4095) / 4096 * 4096;
   h.data_offset = 4096;
@@ -112,8 +113,11 @@ ExpertFileHeader typed_header() {
   return h;
 }
 
-TEST(ExpertFile, UniformPackTypesStayVersion1AndGgmlTypesNeedVersion2) {
+TEST(ExpertFile, OnlyXxh64UniformPackFilesAreVersion1) {
   ExpertFileHeader h;
+  h.set_types(ExpertTypes::uniform(QuantType::kQ4));  // XXH3 checksums: a version-2 flag
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  h.payload_hash = PayloadHash::kXxh64;
   h.set_types(ExpertTypes::uniform(QuantType::kQ4));
   EXPECT_EQ(h.version, kExpertFileVersion);
   EXPECT_EQ(h.table_offset(), 64u);
@@ -150,7 +154,7 @@ TEST(ExpertFile, EveryCorruptedTypedFieldIsRejectedByName) {
       {"quant", 12, 0x100 + 4, 4},            // a retired ggml id
       {"up_quant", 64, 0x100 + 99, 4},        // an unknown ggml id
       {"down_quant", 68, 17, 4},              // neither a pack type nor a ggml one
-      {"flags", 72, 2, 4},                    // an undefined flag bit
+      {"flags", 72, 4 | 2, 4},                // an undefined flag bit
       {"expert_bytes", 72, 1, 4},             // the bias flag: the payload would be longer
       {"reserved", 76, 1, 4},
       {"expert_bytes", 68, 0x100 + 8, 4},     // down Q8_0 instead of F16: another size
@@ -174,6 +178,41 @@ TEST(ExpertFile, EveryCorruptedTypedFieldIsRejectedByName) {
   EXPECT_NE(msg.find("'quant'"), std::string::npos) << msg;
   // Too short for version 2's 80 bytes.
   EXPECT_THROW(decode_expert_header(good.substr(0, 70), h.file_bytes(), "f"), FormatError);
+}
+
+// Writers hash with XXH3-64 (flags bit 1); a version-2 header without the bit, as earlier builds
+// wrote it, reads back as XXH64, and so does every version-1 header.
+TEST(ExpertFile, SlotChecksumsFollowTheFilesHash) {
+  TempDir d;
+  const ExpertLayout lay = ExpertLayout::make(QuantType::kQ8, 64, 96);
+  const fs::path p = d.path() / "layer_000.bin";
+  std::vector<uint8_t> payload(lay.bytes);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 13 + 5);
+  {
+    ExpertFileWriter w(p, QuantType::kQ8, 0, 1, 64, 96);
+    w.write_expert(0, payload.data());
+    w.finish();
+  }
+  const ExpertFileHeader h = read_expert_header(p);
+  EXPECT_EQ(h.version, kExpertFileVersionTyped);
+  EXPECT_EQ(h.payload_hash, PayloadHash::kXxh3);
+  EXPECT_EQ(h.slot_checksums[0], expert_checksum(PayloadHash::kXxh3, payload.data(), payload.size()));
+  EXPECT_NE(h.slot_checksums[0], expert_checksum(PayloadHash::kXxh64, payload.data(), payload.size()));
+  uint32_t flags = 0;
+  {
+    std::ifstream in(p, std::ios::binary);
+    in.seekg(72);
+    in.read(reinterpret_cast<char*>(&flags), 4);
+  }
+  EXPECT_EQ(flags, 2u);
+
+  ExpertFileHeader old = typed_header();
+  old.payload_hash = PayloadHash::kXxh64;
+  const std::string bytes = encode_expert_header(old);
+  EXPECT_EQ(decode_expert_header(bytes, old.file_bytes(), "old.bin").payload_hash, PayloadHash::kXxh64);
+  const ExpertFileHeader v1 = sample_header();
+  EXPECT_EQ(decode_expert_header(encode_expert_header(v1), v1.file_bytes(), "v1.bin").payload_hash,
+            PayloadHash::kXxh64);
 }
 
 TEST(ExpertFileWriter, TypedFileWithAWiderStrideReadsBack) {

@@ -212,6 +212,34 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
   EXPECT_GT(hi - lo, 1e-3f);
 }
 
+// --payload-hash xxh64 writes the version-1 files earlier builds read; the default, XXH3, version
+// 2; the same weights either way, so the same logits.
+TEST(SynthModelCli, PayloadHashPicksTheChecksumsAndChangesNoWeight) {
+  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  TempDir d;
+  std::vector<std::vector<float>> logits;
+  for (const char* hash : {"xxh3", "xxh64"}) {
+    const fs::path out = d.path() / hash;
+    const test::CliResult r = run_synth(std::string("--shape olmoe-1b-7b --layers 1 --scale-down 16 -q -t 1 ") +
+                                        "--payload-hash " + hash + " " + out.string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    const ExpertFileHeader h = read_expert_header(expert_file_path(out, 0));
+    const bool x3 = std::string(hash) == "xxh3";
+    EXPECT_EQ(h.payload_hash, x3 ? PayloadHash::kXxh3 : PayloadHash::kXxh64) << hash;
+    EXPECT_EQ(h.version, x3 ? kExpertFileVersionTyped : kExpertFileVersion) << hash;
+    ModelOptions mo;
+    mo.n_threads = 1;
+    mo.max_context = 16;
+    auto model = Model::load(out, mo);  // verifies every expert it uses against its checksum
+    logits.emplace_back(size_t(model->config().vocab_size));
+    model->forward(std::vector<int>{1, 17, 300}, logits.back());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  const test::CliResult bad = run_synth("--shape olmoe-1b-7b --payload-hash md5 " + (d.path() / "x").string());
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--payload-hash"), std::string::npos) << bad.output;
+}
+
 TEST(ModelShapes, Glm45AirHasItsDenseFirstLayerSharedExpertAndGroupedRouter) {
   // GLM-4.5-Air: 46 layers, layer 0 a dense MLP of 10944; 45 MoE layers x 128 experts of
   // 3 x 1408 x 4096 (q4), one ungated 1408-wide shared expert per MoE layer in the dense file.

@@ -31,6 +31,7 @@ struct Args {
   int layers = 0, max_context = 0, threads = 0, scale_down = 1;
   uint64_t seed = 1;
   bool force = false, quiet = false;
+  std::string hash = "xxh3";
 };
 
 double gb(uint64_t b) { return double(b) / 1e9; }
@@ -52,6 +53,7 @@ void fsync_dir(const fs::path& dir) {
 }
 
 int run(const Args& a) {
+  const PayloadHash hash = a.hash == "xxh64" ? PayloadHash::kXxh64 : PayloadHash::kXxh3;
   ModelConfig cfg = known_shape(a.shape);
   const int real_layers = cfg.n_layers;
   if (a.layers > 0) set_layer_count(cfg, a.layers);
@@ -74,13 +76,13 @@ int run(const Args& a) {
     throw ConfigError(out.string() + " exists and is not empty; pass --force to replace it");
   fs::create_directories(parent);
 
-  const uint64_t total = synthetic_model_bytes(cfg), dense = synthetic_dense_bytes(cfg);
+  const uint64_t total = synthetic_model_bytes(cfg, hash), dense = synthetic_dense_bytes(cfg);
   const uint64_t per_layer = cfg.n_moe_layers() > 0 ? (total - dense) / uint64_t(cfg.n_moe_layers()) : 0;
   const uint64_t avail = fs::space(parent).available;
   if (total + kSlackBytes > avail) {
     // What would fit: the dense file grows with layers too, so count it per layer.
     const ModelConfig one = [&] { ModelConfig c = cfg; c.n_layers = 1; return c; }();
-    const uint64_t per_layer_all = synthetic_model_bytes(one);
+    const uint64_t per_layer_all = synthetic_model_bytes(one, hash);
     const uint64_t fits = avail > kSlackBytes ? (avail - kSlackBytes) / per_layer_all : 0;
     throw IoError("not enough disk space on " + parent.string() + ": " + a.shape + " with " +
                   std::to_string(cfg.n_layers) + " layers needs " + gb_text(total) +
@@ -109,7 +111,7 @@ int run(const Args& a) {
                     s > 0 ? double(done) / s / 1e6 : 0.0);
       progress.update(done, all, detail);
     };
-    write_synthetic_model(tmp, cfg, a.seed, a.threads, show);
+    write_synthetic_model(tmp, cfg, a.seed, a.threads, show, hash);
     show(total, total);  // the last line, whatever the last callback reported
   } catch (...) {
     std::error_code ec;
@@ -157,6 +159,10 @@ int main(int argc, char** argv) {
       ->check(in_range(1, kMaxContext));
   app.add_option("-t,--threads", a.threads, "encoding threads; 0 = all cores")->capture_default_str()
       ->check(in_range(0, kMaxThreads));
+  app.add_option("--payload-hash", a.hash,
+                 "the expert files' slot checksums: xxh3 (what every writer uses) or xxh64 (the files "
+                 "builds before 2026-12-04 wrote and read)")
+      ->capture_default_str()->check(CLI::IsMember({"xxh3", "xxh64"}));
   app.add_flag("--force", a.force, "replace OUT_DIR when it exists");
   app.add_flag("-q,--quiet", a.quiet, "no progress line");
   // Tests only: divides hidden, expert width and vocab, keeping every count, so a CI test can

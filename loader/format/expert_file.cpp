@@ -21,6 +21,7 @@ constexpr size_t kFixedHeaderBytes = 64;       // version 1; also where version 
 constexpr size_t kFixedHeaderBytesTyped = 80;  // version 2
 constexpr size_t kChecksumFieldOffset = 56;
 constexpr uint32_t kFlagBias = 1;              // version-2 flags bit 0: f32 expert biases after down
+constexpr uint32_t kFlagXxh3 = 2;              // version-2 flags bit 1: slot checksums are XXH3-64
 // Sanity bounds: far above any published MoE (Qwen3-235B: 128 experts, D 4096, F 1536) but low
 // enough that no size computed from them can overflow 64 bits.
 constexpr uint32_t kMaxExperts = 1u << 16;
@@ -113,7 +114,7 @@ QuantType parse_stored_quant(std::string_view name) {
 
 void ExpertFileHeader::set_types(const ExpertTypes& t) {
   const bool uniform_pack = is_pack_quant(t.gate) && t.up == t.gate && t.down == t.gate && !t.bias;
-  version = uniform_pack ? kExpertFileVersion : kExpertFileVersionTyped;
+  version = uniform_pack && payload_hash == PayloadHash::kXxh64 ? kExpertFileVersion : kExpertFileVersionTyped;
   bias = t.bias;
   quant = t.gate;
   up_quant = t.up;
@@ -176,6 +177,7 @@ std::string encode_expert_header(const ExpertFileHeader& h) {
   MOE_ASSERT(h.data_offset == expert_data_offset(h.version, h.n_experts),
              "data_offset must be align_up(table offset + 8*n_experts, 4096)");
   MOE_ASSERT(h.version == kExpertFileVersionTyped || is_pack_quant(h.quant), "a ggml type needs version 2");
+  MOE_ASSERT(h.version == kExpertFileVersionTyped || h.payload_hash == PayloadHash::kXxh64, "XXH3 checksums need version 2");
   std::string out(h.data_offset, '\0');
   std::memcpy(out.data(), kExpertFileMagic, 8);
   put<uint32_t>(out, 8, h.version);
@@ -190,7 +192,7 @@ std::string encode_expert_header(const ExpertFileHeader& h) {
   if (h.version == kExpertFileVersionTyped) {
     put<uint32_t>(out, 64, static_cast<uint32_t>(h.up_quant));
     put<uint32_t>(out, 68, static_cast<uint32_t>(h.down_quant));
-    put<uint32_t>(out, 72, h.bias ? kFlagBias : 0u);
+    put<uint32_t>(out, 72, (h.bias ? kFlagBias : 0u) | (h.payload_hash == PayloadHash::kXxh3 ? kFlagXxh3 : 0u));
   }
   const uint64_t table = h.table_offset();
   for (uint32_t i = 0; i < h.n_experts; ++i) put<uint64_t>(out, table + 8 * i, h.slot_checksums[i]);
@@ -206,6 +208,7 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
   if (std::memcmp(bytes.data(), kExpertFileMagic, 8) != 0)
     bad_field(path, "magic", 0, "expected \"MOEXPRT\\0\", this is not a moestream expert file");
   ExpertFileHeader h;
+  h.payload_hash = PayloadHash::kXxh64;  // version 1, and version 2 without flags bit 1
   h.version = get<uint32_t>(bytes, 8);
   if (h.version != kExpertFileVersion && h.version != kExpertFileVersionTyped)
     bad_field(path, "version", 8, "expected " + std::to_string(kExpertFileVersion) + " or " +
@@ -230,9 +233,11 @@ ExpertFileHeader decode_expert_header(std::string_view bytes, uint64_t file_size
     h.up_quant = type_at("up_quant", 64);
     h.down_quant = type_at("down_quant", 68);
     const uint32_t flags = get<uint32_t>(bytes, 72);
-    if ((flags & ~kFlagBias) != 0)
-      bad_field(path, "flags", 72, "has unknown bits set: " + std::to_string(flags) + " (only bit 0, biases, is defined)");
+    if ((flags & ~(kFlagBias | kFlagXxh3)) != 0)
+      bad_field(path, "flags", 72, "has unknown bits set: " + std::to_string(flags) +
+                                       " (bit 0, biases, and bit 1, XXH3 checksums, are defined)");
     h.bias = (flags & kFlagBias) != 0;
+    h.payload_hash = (flags & kFlagXxh3) != 0 ? PayloadHash::kXxh3 : PayloadHash::kXxh64;
     if (get<uint32_t>(bytes, 76) != 0) bad_field(path, "reserved", 76, "expected 0");
   }
   h.layer = get<uint32_t>(bytes, 16);
@@ -321,7 +326,9 @@ ExpertFileHeader read_expert_header(const std::filesystem::path& path) {
   return decode_expert_header(bytes, file_size, path);
 }
 
-uint64_t expert_checksum(const void* data, size_t bytes) { return XXH64(data, bytes, 0); }
+uint64_t expert_checksum(PayloadHash hash, const void* data, size_t bytes) {
+  return hash == PayloadHash::kXxh3 ? XXH3_64bits(data, bytes) : XXH64(data, bytes, 0);
+}
 
 uint64_t slot_table_hash(const std::vector<uint64_t>& slot_checksums) {
   // The table as stored: little-endian hosts only, as the format states.

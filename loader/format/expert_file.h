@@ -14,10 +14,12 @@
 //   40      8           expert_stride: bytes between slots, a multiple of 4096, >= expert_bytes
 //   48      8           data_offset: start of slot 0, a multiple of 4096
 //   56      8           header checksum: XXH64 (seed 0) of bytes [0, 56) followed by [64, T + 8*n_experts)
-//   T       8*n_experts per-slot XXH64 (seed 0) of the expert_bytes payload held in that slot,
-//                       at T = 64 in version 1 and T = 80 in version 2, which adds:
+//   T       8*n_experts per-slot checksum of the expert_bytes payload held in that slot: XXH64
+//                       (seed 0), or XXH3-64 (seed 0) with flags bit 1; at T = 64 in version 1 and
+//                       T = 80 in version 2, which adds:
 //     64    4           up's type, 68: down's type (QuantType: a pack type or kGgmlQuantBase + ggml id)
-//     72    4           flags: bit 0 = the payload ends with an f32 bias section (below); others zero
+//     72    4           flags: bit 0 = the payload ends with an f32 bias section (below); bit 1 =
+//                       the slot checksums are XXH3-64, not XXH64; others zero
 //     76    4           reserved, zero
 //   ...     zero padding up to data_offset = align_up(T + 8*n_experts, 4096)
 //   data_offset + s*expert_stride: the expert in physical slot s, zero padded to the stride.
@@ -43,8 +45,9 @@
 //         largest magnitude (sign kept). 4.5 bits per weight.
 //   ggml types (version 2, from a GGUF): R rows of ggml_row_bytes(type, C), ggml's block layout
 //   (loader/format/ggml_types.h), C a whole number of the type's blocks.
-//   Version 1 is written whenever all three matrices have the same pack type, so such files stay
-//   readable by older builds; every reader takes both versions.
+//   Writers hash payloads with XXH3-64 (about twice XXH64's speed from memory: a first use's
+//   check and a streamed expert's cost half), so they write version 2; version 1 (XXH64, one pack
+//   type) and version 2 with XXH64 are what earlier builds wrote, and every reader takes all three.
 //   Each row is self-contained so that a row range [r0, r1) is one contiguous byte range
 //   (threads, partial reads) and a matvec needs no total row count.
 #pragma once
@@ -109,6 +112,9 @@ struct ExpertLayout {
   static ExpertLayout make(const ExpertTypes& types, size_t hidden, size_t intermediate);
 };
 
+// How a file's slot checksums hash a payload (seed 0 either way).
+enum class PayloadHash : uint8_t { kXxh64, kXxh3 };
+
 struct ExpertFileHeader {
   uint32_t version = kExpertFileVersion;
   QuantType quant = QuantType::kF32;  // version 1: all three matrices; version 2: gate
@@ -122,13 +128,14 @@ struct ExpertFileHeader {
   std::vector<uint64_t> slot_checksums;  // indexed by physical slot
   QuantType up_quant = QuantType::kF32, down_quant = QuantType::kF32;  // version 2 only
   bool bias = false;  // version 2 only: flags bit 0
+  PayloadHash payload_hash = PayloadHash::kXxh3;  // kXxh3: version 2 flags bit 1; what writers use
 
   ExpertTypes types() const {
     return version == kExpertFileVersion ? ExpertTypes::uniform(quant)
                                          : ExpertTypes{quant, up_quant, down_quant, bias};
   }
-  // Sets the matrices' types and the version they need (1 when one pack type covers all three
-  // and there are no biases).
+  // Sets the matrices' types and the version they need (1 only when one pack type covers all
+  // three, there are no biases and the payloads hash with XXH64).
   void set_types(const ExpertTypes& t);
   // Start of the slot checksum table: 64 (version 1) or 80 (version 2).
   uint64_t table_offset() const;
@@ -155,8 +162,8 @@ ExpertFileHeader read_expert_header(const std::filesystem::path& path);
 // order): an identity of which payload sits in which slot, what an expert map is bound to.
 uint64_t slot_table_hash(const std::vector<uint64_t>& slot_checksums);
 
-// XXH64 (seed 0) of an expert payload.
-uint64_t expert_checksum(const void* data, size_t bytes);
+// The slot checksum of an expert payload: XXH64 or XXH3-64 (seed 0), as the file says.
+uint64_t expert_checksum(PayloadHash hash, const void* data, size_t bytes);
 
 // Path of layer `layer`'s expert file inside a packed model directory: experts/layer_NNN.bin.
 std::filesystem::path expert_file_path(const std::filesystem::path& model_dir, int layer);

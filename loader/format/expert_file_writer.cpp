@@ -19,10 +19,12 @@ ExpertFileWriter::ExpertFileWriter(std::filesystem::path path, QuantType quant, 
     : ExpertFileWriter(std::move(path), ExpertTypes::uniform(quant), layer, n_experts, hidden, intermediate) {}
 
 ExpertFileWriter::ExpertFileWriter(std::filesystem::path path, const ExpertTypes& types, uint32_t layer,
-                                   uint32_t n_experts, uint32_t hidden, uint32_t intermediate, uint64_t min_stride)
+                                   uint32_t n_experts, uint32_t hidden, uint32_t intermediate, uint64_t min_stride,
+                                   PayloadHash hash)
     : path_(std::move(path)) {
   MOE_ASSERT(n_experts > 0 && hidden > 0 && intermediate > 0, "empty expert file");
   layout_ = ExpertLayout::make(types, hidden, intermediate);
+  header_.payload_hash = hash;
   header_.set_types(types);
   header_.layer = layer;
   header_.n_experts = n_experts;
@@ -57,7 +59,7 @@ void ExpertFileWriter::write_expert(uint32_t slot, const uint8_t* payload) {
   MOE_ASSERT(slot < header_.n_experts && !written_[slot], "slot out of range or written twice");
   MOE_ASSERT(fd_ >= 0, "write_expert after finish");
   pwrite_all(fd_, payload, layout_.bytes, header_.slot_offset(slot), tmp_);
-  header_.slot_checksums[slot] = expert_checksum(payload, layout_.bytes);
+  header_.slot_checksums[slot] = expert_checksum(header_.payload_hash, payload, layout_.bytes);
   written_[slot] = true;
 }
 

@@ -14,11 +14,14 @@ class ExpertFileWriter {
   // Creates `path.tmp.<pid>` sized for n_experts slots; throws IoError naming the path.
   ExpertFileWriter(std::filesystem::path path, QuantType quant, uint32_t layer, uint32_t n_experts,
                    uint32_t hidden, uint32_t intermediate);
-  // A type per matrix (a version-2 file unless one pack type covers all three). `min_stride`: a
-  // slot stride of at least this many bytes (rounded up to 4096), for a pack whose layers have
-  // experts of several sizes: the engine reads every slot with one buffer size, the largest.
+  // A type per matrix. `min_stride`: a slot stride of at least this many bytes (rounded up to
+  // 4096), for a pack whose layers have experts of several sizes: the engine reads every slot
+  // with one buffer size, the largest. `hash`: the slot checksums' hash; XXH3 makes a version-2
+  // file, XXH64 a version-1 file where one pack type covers all three matrices (what builds
+  // before 2026-12-04 read).
   ExpertFileWriter(std::filesystem::path path, const ExpertTypes& types, uint32_t layer, uint32_t n_experts,
-                   uint32_t hidden, uint32_t intermediate, uint64_t min_stride = 0);
+                   uint32_t hidden, uint32_t intermediate, uint64_t min_stride = 0,
+                   PayloadHash hash = PayloadHash::kXxh3);
   ~ExpertFileWriter();  // removes the temp file unless finish() succeeded
   ExpertFileWriter(const ExpertFileWriter&) = delete;
   ExpertFileWriter& operator=(const ExpertFileWriter&) = delete;

@@ -635,7 +635,7 @@ class EngineExpertStore final : public ExpertStore {
         const Layer& L = layers_[size_t(f.layer)];
         if (f.due[index] && r.result == ReadResult::kOk) {
           auto c0 = std::chrono::steady_clock::now();
-          f.checksum[index] = expert_checksum(static_cast<const uint8_t*>(r.dest), L.layout.bytes);
+          f.checksum[index] = expert_checksum(L.header.payload_hash, static_cast<const uint8_t*>(r.dest), L.layout.bytes);
           dt = seconds_since(c0);
         }
         {

@@ -42,15 +42,15 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
     for (size_t i = 0; i < n; ++i) {
       Item& it = f.items[f.first_use[i]];
       if (!pending.holds(layer, it.slot))
-        pending.add(layer, it.slot, ms[i].gate - L.layout.gate_offset, L.layout.bytes, verified.epoch(L.verified),
-                    post);
+        pending.add(layer, it.slot, L.header.payload_hash, ms[i].gate - L.layout.gate_offset, L.layout.bytes,
+                    verified.epoch(L.verified), post);
       hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
     }
     return;
   }
   std::vector<uint64_t> got(n, 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto hash = [&](size_t i) { got[i] = expert_checksum(ms[i].gate - L.layout.gate_offset, L.layout.bytes); };
+  const auto hash = [&](size_t i) { got[i] = expert_checksum(L.header.payload_hash, ms[i].gate - L.layout.gate_offset, L.layout.bytes); };
   if (pf && n > 1) {
     pf(n, hash);
   } else {

@@ -20,7 +20,7 @@ void PendingChecks::run(Entry& e) {
   int s = kQueued;
   if (!e.state.compare_exchange_strong(s, kRunning, std::memory_order_acq_rel)) return;
   const auto t0 = std::chrono::steady_clock::now();
-  e.got = expert_checksum(e.data, e.bytes);
+  e.got = expert_checksum(e.hash, e.data, e.bytes);
   e.seconds = seconds_since(t0);
   e.state.store(kDone, std::memory_order_release);
   e.state.notify_all();
@@ -32,11 +32,12 @@ void PendingChecks::wait_done(Entry& e) {
     e.state.wait(s, std::memory_order_acquire);
 }
 
-void PendingChecks::add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, uint64_t epoch,
-                        const Post& post) {
+void PendingChecks::add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data, uint64_t bytes,
+                        uint64_t epoch, const Post& post) {
   auto e = std::make_shared<Entry>();
   e->layer = layer;
   e->slot = slot;
+  e->hash = hash;
   e->data = data;
   e->bytes = bytes;
   e->epoch = epoch;

@@ -1,6 +1,6 @@
 // First uses whose hash runs beside their compute (issue 19; ExpertStore::set_deferred_checks):
 // the engine store hands a resident, never verified expert out in place at once and queues its
-// XXH64 on the lender's threads, which take it between the caller's parallel sections; the
+// checksum on the lender's threads, which take it between the caller's parallel sections; the
 // caller's verify_pending() then waits for every hash and compares. Each hash is held by a shared
 // entry, so a queued task that outlives the store finds it cancelled instead of reading the
 // store's unmapped pages; the store's destructor cancels what has not started and waits for what
@@ -14,6 +14,8 @@
 #include <memory>
 #include <vector>
 
+#include "loader/format/expert_file.h"
+
 namespace moestream {
 
 class PendingChecks {
@@ -22,10 +24,11 @@ class PendingChecks {
   struct Entry {
     int layer = 0;
     uint32_t slot = 0;
+    PayloadHash hash = PayloadHash::kXxh3;  // its file's slot checksum
     const uint8_t* data = nullptr;  // the payload in the mapping
     uint64_t bytes = 0;
     uint64_t epoch = 0;   // VerifiedPages::epoch of its file when queued
-    uint64_t got = 0;     // its XXH64, once done
+    uint64_t got = 0;     // its checksum, once done
     double seconds = 0;   // the hash's time
     std::atomic<int> state{kQueued};
   };
@@ -35,9 +38,10 @@ class PendingChecks {
   PendingChecks(const PendingChecks&) = delete;
   PendingChecks& operator=(const PendingChecks&) = delete;
 
-  // Queues the hash of `bytes` at `data` (expert `slot` of `layer`, its file at `epoch`) through
-  // `post` (never null).
-  void add(int layer, uint32_t slot, const uint8_t* data, uint64_t bytes, uint64_t epoch, const Post& post);
+  // Queues the hash of `bytes` at `data` (expert `slot` of `layer`, its file at `epoch`, whose
+  // checksums are `hash`) through `post` (never null).
+  void add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data, uint64_t bytes, uint64_t epoch,
+           const Post& post);
   bool empty() const { return entries_.empty(); }
   bool holds(int layer, uint32_t slot) const;
   // Waits for every queued hash (running here those no thread has started) and returns the

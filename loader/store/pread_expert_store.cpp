@@ -64,7 +64,7 @@ class PreadExpertStore final : public ExpertStore {
       read_exact(L, dst, expert_bytes, off);
       if (opts_.verify_checksums) {
         auto c0 = std::chrono::steady_clock::now();
-        uint64_t got = expert_checksum(dst, expert_bytes);
+        uint64_t got = expert_checksum(L.header.payload_hash, dst, expert_bytes);
         stats_.checksum_seconds += seconds_since(c0);
         uint64_t want = L.header.slot_checksums[slot];
         if (got != want)

@@ -126,11 +126,12 @@ std::vector<TensorSpec> dense_tensors(const ModelConfig& cfg) {
 
 DType dense_dtype_of(const ModelConfig& cfg) { return cfg.dense_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
 
-uint64_t expert_file_bytes(const ModelConfig& cfg) {
+uint64_t expert_file_bytes(const ModelConfig& cfg, PayloadHash hash) {
   const ExpertLayout layout = cfg.expert_layout(0);
   auto align = [](uint64_t v) { return (v + kExpertAlign - 1) / kExpertAlign * kExpertAlign; };
   const uint64_t E = uint64_t(cfg.n_experts);
   ExpertFileHeader h;
+  h.payload_hash = hash;
   h.set_types(layout.types);
   return expert_data_offset(h.version, uint32_t(E)) + E * align(layout.bytes);
 }
@@ -149,18 +150,18 @@ uint64_t synthetic_dense_bytes(const ModelConfig& cfg) {
   return n;
 }
 
-uint64_t synthetic_model_bytes(const ModelConfig& cfg) {
-  return synthetic_dense_bytes(cfg) + uint64_t(cfg.n_moe_layers()) * expert_file_bytes(cfg);
+uint64_t synthetic_model_bytes(const ModelConfig& cfg, PayloadHash hash) {
+  return synthetic_dense_bytes(cfg) + uint64_t(cfg.n_moe_layers()) * expert_file_bytes(cfg, hash);
 }
 
 void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& cfg, uint64_t seed,
-                           int n_threads, const SyntheticProgressFn& progress) {
+                           int n_threads, const SyntheticProgressFn& progress, PayloadHash hash) {
   namespace fs = std::filesystem;
   fs::create_directories(dir / cfg.experts_dir);
   const size_t D = size_t(cfg.hidden_size);
   const size_t F = size_t(cfg.moe_intermediate_size), E = size_t(cfg.n_experts);
   const DType dt = dense_dtype_of(cfg);
-  const uint64_t total = synthetic_model_bytes(cfg);
+  const uint64_t total = synthetic_model_bytes(cfg, hash);
   uint64_t done = 0;
   const std::vector<TensorSpec> tensors = dense_tensors(cfg);
   {
@@ -190,7 +191,7 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
   std::vector<std::vector<float>> scratch(kBatch, std::vector<float>(F * D));
   for (int l = 0; l < cfg.n_moe_layers(); ++l) {  // expert files number MoE layers (model_config.h)
     ExpertFileWriter writer(expert_file_path(dir, l), layout.types, uint32_t(l), uint32_t(E),
-                            uint32_t(D), uint32_t(F));
+                            uint32_t(D), uint32_t(F), 0, hash);
     for (size_t e0 = 0; e0 < E; e0 += kBatch) {
       const size_t n = std::min(kBatch, E - e0);
       pool.parallel_for(n, [&](size_t i) {
@@ -214,7 +215,7 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
       if (progress) progress(done, total);
     }
     writer.finish();
-    done = synthetic_dense_bytes(cfg) + uint64_t(l + 1) * expert_file_bytes(cfg);
+    done = synthetic_dense_bytes(cfg) + uint64_t(l + 1) * expert_file_bytes(cfg, hash);
   }
   cfg.save(dir);
 }

@@ -380,6 +380,10 @@ def _ab(s):
     r = s.run([sys.executable, "bench/ab.py", "--a", s.exe("infer"), "--b", s.exe("infer"), "-m", DEMO,
                "--prompt-tokens", "3,6", "--tokens", 2, "--threads", 1, "--rounds", 1])
     assert r.stdout.count("| prefill |") == 2 and r.stdout.count("| decode |") == 2, r.stdout
+    # One build on two models (here the same one twice) with token-id prompts, as for synth_model's.
+    r = s.run([sys.executable, "bench/ab.py", "--a", s.exe("infer"), "--b", s.exe("infer"), "-m", DEMO,
+               "--model-b", DEMO, "--ids", "--prompt-tokens", "5", "--tokens", 2, "--threads", 1, "--rounds", 1])
+    assert "| 5 | prefill |" in r.stdout and "| 5 | decode |" in r.stdout, r.stdout
 
 
 @case("bench/report.py")

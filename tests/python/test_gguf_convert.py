@@ -200,7 +200,7 @@ def test_corrupt_version_fields_are_refused_by_name(tool, packs, tmp_path):
     cases = [("experts/layer_001.bin", 8, b"\x03\x00\x00\x00", "'version'"),
              ("experts/layer_001.bin", 64, b"\x05\x01\x00\x00", "'up_quant'"),
              ("experts/layer_000.bin", 68, b"\x09\x00\x00\x00", "'down_quant'"),
-             ("experts/layer_000.bin", 72, b"\x02", "'flags'"),      # an undefined flag bit
+             ("experts/layer_000.bin", 72, b"\x06", "'flags'"),      # an undefined flag bit (4)
              ("experts/layer_000.bin", 72, b"\x01", "'expert_bytes'"),  # biases the payload lacks
              ("experts/layer_000.bin", 76, b"\x01", "'reserved'")]
     for i, (rel, off, data, needle) in enumerate(cases):

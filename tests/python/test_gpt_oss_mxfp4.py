@@ -56,7 +56,7 @@ def test_mxfp4_payload_dequantises_bit_exactly_to_transformers(tool, tmp_path):
         version, = struct.unpack_from("<I", blob, 8)
         stride, data_offset = struct.unpack_from("<QQ", blob, 40)
         flags, = struct.unpack_from("<I", blob, 72)
-        assert version == 2 and flags == 1
+        assert version == 2 and flags == 3  # biases, XXH3 slot checksums
         gu = deq[f"layers.{l}.gate_up_proj"]  # [E, D, 2F]: x @ W, columns 2f gate and 2f+1 up
         dn = deq[f"layers.{l}.down_proj"]     # [E, F, D]
         p = f"model.layers.{l}.mlp.experts."

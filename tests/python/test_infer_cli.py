@@ -122,16 +122,34 @@ def test_wrong_magic(model_copy):
     assert_one_line_error(infer("-m", model_copy, "--prompt-ids", "1", "--print-ids"), str(f), "magic")
 
 
-def test_checksum_mismatch(model_copy):
-    f = model_copy / "experts" / "layer_002.bin"
+def corrupt_every_slot(f):
     data = bytearray(f.read_bytes())
     n_experts, = struct.unpack_from("<I", data, 20)
     stride, data_offset = struct.unpack_from("<QQ", data, 40)
     for s in range(n_experts):  # every slot, whichever the router picks
         data[data_offset + s * stride + 10] ^= 0xFF
     f.write_bytes(bytes(data))
+
+
+def test_checksum_mismatch(model_copy):
+    f = model_copy / "experts" / "layer_002.bin"
+    version, = struct.unpack_from("<I", f.read_bytes(), 8)
+    flags, = struct.unpack_from("<I", f.read_bytes(), 72)
+    assert version == 2 and flags & 2, "a new pack's slot checksums are XXH3 (flags bit 1)"
+    corrupt_every_slot(f)
     assert_one_line_error(infer("-m", model_copy, "--prompt-ids", "1,2,3", "--print-ids"), str(f),
                           "checksum")
+
+
+def test_checksum_mismatch_in_an_xxh64_file(tmp_path):
+    """The shipped demo model is version 1 (XXH64 checksums, as earlier builds wrote them)."""
+    model = tmp_path / "demo"
+    shutil.copytree(ROOT / "models" / "demo", model)
+    f = model / "experts" / "layer_002.bin"
+    assert struct.unpack_from("<I", f.read_bytes(), 8) == (1,)
+    assert infer("-m", model, "--prompt-ids", "1,2,3", "-n", "1", "--print-ids").returncode == 0
+    corrupt_every_slot(f)
+    assert_one_line_error(infer("-m", model, "--prompt-ids", "1,2,3", "--print-ids"), str(f), "checksum")
 
 
 def test_bad_options(packed):
