@@ -38,6 +38,14 @@ void* device_alloc(size_t bytes) {
   return p;
 }
 
+// A device copy of h (freed by the caller).
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  auto* d = static_cast<T*>(device_alloc(h.size() * sizeof(T)));
+  CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
 // Device buffer of n random floats (normal, scaled), filled on the host in chunks.
 float* random_device_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   auto* d = static_cast<float*>(device_alloc(n * sizeof(float)));
@@ -190,17 +198,14 @@ void prefill_products() {
       std::vector<uint8_t> h(stride * n_experts);
       std::mt19937 rng(7);
       for (int e = 0; e < n_experts; ++e) fill_matrix(qt, rows, cols, rng, h.data() + stride * e);
-      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
-      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      auto* w = to_device(h);
       std::vector<const uint8_t*> ptrs;
       for (int e = 0; e < n_experts; ++e) ptrs.push_back(w + stride * size_t(e));
-      auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
-      CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      auto** dptrs = to_device(ptrs);
       for (int m : {2, 4, 8, 16, 32, 64}) {
         std::vector<int> rs(n_experts + 1);
         for (int g = 0; g <= n_experts; ++g) rs[size_t(g)] = g * m;
-        int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
-        CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+        int* drs = to_device(rs);
         float* x = random_device_floats(size_t(n_experts) * m * cols, 9);
         auto* y = static_cast<float*>(device_alloc(size_t(n_experts) * m * rows * sizeof(float)));
         compare("expert_gemm " + tn + " " + name + ", 128 experts x " + std::to_string(m) + " rows",
@@ -219,8 +224,7 @@ void prefill_products() {
     std::vector<uint8_t> h(mbytes);
     std::mt19937 rng(11);
     fill_matrix(qt, rows, cols, rng, h.data());
-    auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
-    CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+    auto* w = to_device(h);
     for (int n : {8, 32, 128, 512}) {
       float* x = random_device_floats(size_t(n) * cols, 12);
       auto* y = static_cast<float*>(device_alloc(size_t(n) * rows * sizeof(float)));
@@ -339,20 +343,17 @@ int main() {
         for (int e = 0; e < n_experts; ++e)
           fill_matrix(qt, gc.rows, gc.cols, rng, h.data() + stride * e);
       }
-      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
-      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      auto* w = to_device(h);
       // Pointer tables for the n_experts / k_active rotations.
       const int n_sets = n_experts / k_active;
       std::vector<const uint8_t*> ptrs;
       for (int s = 0; s < n_sets; ++s)
         for (int g = 0; g < k_active; ++g) ptrs.push_back(w + stride * size_t(s * k_active + g));
-      auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
-      CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+      auto** dptrs = to_device(ptrs);
       for (int m : {1, 64}) {
         std::vector<int> rs(k_active + 1);
         for (int g = 0; g <= k_active; ++g) rs[size_t(g)] = g * m;
-        int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
-        CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+        int* drs = to_device(rs);
         float* x = random_device_floats(size_t(k_active) * m * gc.cols, 9);
         auto* y = static_cast<float*>(device_alloc(size_t(k_active) * m * gc.rows * sizeof(float)));
         const double us = time_us([&](int i) {
@@ -396,16 +397,13 @@ int main() {
       fill_matrix(qt, rows, cols, rng, h.data() + stride * e);
       fill_matrix(qt, rows, cols, rng, h.data() + stride * e + up_off);
     }
-    auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
-    CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+    auto* w = to_device(h);
     std::vector<const uint8_t*> ptrs;
     for (int e = 0; e < n_experts; ++e) ptrs.push_back(w + stride * size_t(e));
-    auto** dptrs = static_cast<const uint8_t**>(device_alloc(ptrs.size() * sizeof(void*)));
-    CHECK(cudaMemcpy(dptrs, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    auto** dptrs = to_device(ptrs);
     std::vector<int> rs(k_active + 1);
     for (int g = 0; g <= k_active; ++g) rs[size_t(g)] = g;
-    int* drs = static_cast<int*>(device_alloc(rs.size() * sizeof(int)));
-    CHECK(cudaMemcpy(drs, rs.data(), rs.size() * sizeof(int), cudaMemcpyHostToDevice));
+    int* drs = to_device(rs);
     float* x = random_device_floats(size_t(2) * k_active * cols, 14);
     auto* y = static_cast<float*>(device_alloc(size_t(2) * k_active * rows * sizeof(float)));
     const double us = time_us([&](int i) {
@@ -479,8 +477,7 @@ int main() {
       std::mt19937 rng(11);
       for (int c = 0; c < dc.copies; ++c)
         fill_matrix(qt, dc.rows, dc.cols, rng, h.data() + stride * c);
-      auto* w = static_cast<uint8_t*>(device_alloc(h.size()));
-      CHECK(cudaMemcpy(w, h.data(), h.size(), cudaMemcpyHostToDevice));
+      auto* w = to_device(h);
       float* x = random_device_floats(size_t(dc.n_tokens) * dc.cols, 12);
       auto* y = static_cast<float*>(device_alloc(size_t(dc.n_tokens) * dc.rows * sizeof(float)));
       const double us = time_us(
