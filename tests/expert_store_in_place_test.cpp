@@ -241,6 +241,45 @@ TEST_F(InPlace, FirstUsesHandedOutBeforeTheirHashAreVerifiedByVerifyPending) {
   q.tasks[2]();
 }
 
+// The hand-out carries its queued hash (ExpertMatrices::unverified): the thread about to compute
+// it runs the hash first (PendingChecks::run_now), the queued task then finds it taken, and
+// verify_pending compares it as any other; a verified expert carries none.
+TEST_F(InPlace, TheComputingThreadRunsAFirstUsesQueuedHash) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
+  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");  // expert 3 corrupt in the page cache
+  warm(f);
+  Queue q;
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  s->set_deferred_checks(q.post());
+  const ExpertLayout lay = c.expert_layout(0);
+  const auto hand_out = [&](const std::vector<int>& ids) {
+    std::vector<ExpertMatrices> ms(ids.size());
+    s->begin_fetch_matrices(0, ids);
+    size_t i = 0;
+    ExpertMatrices m;
+    while (s->next_ready_matrices(&i, &m, lay, true)) ms[i] = m;
+    return ms;
+  };
+  std::vector<ExpertMatrices> ms = hand_out({1, 3});
+  ASSERT_NE(ms[0].unverified, nullptr);
+  ASSERT_NE(ms[1].unverified, nullptr);
+  ASSERT_EQ(q.tasks.size(), 2u);
+  for (const ExpertMatrices& m : ms) PendingChecks::run_now(*m.unverified);  // as ExpertCompute does
+  EXPECT_TRUE(ms[0].unverified->done() && ms[1].unverified->done());
+  for (auto& t : q.tasks) t();  // taken already: nothing
+  const std::string msg = test::error_message<FormatError>([&] { s->verify_pending(); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  EXPECT_EQ(s->stats().verified_in_place, 1u);
+  ms = hand_out({1});  // verified: nothing queued, nothing carried
+  EXPECT_EQ(ms[0].unverified, nullptr);
+  EXPECT_EQ(q.tasks.size(), 2u);
+}
+
 TEST_F(InPlace, ACorruptPageComputedBeforeItsHashIsCaughtByVerifyPending) {
   const fs::path f = expert_file_path(d.path(), 0);
   const ExpertFileHeader h = read_expert_header(f);

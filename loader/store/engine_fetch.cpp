@@ -41,9 +41,10 @@ void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std:
   if (post) {  // computed now, checked by settle_pending before the caller returns a result
     for (size_t i = 0; i < n; ++i) {
       Item& it = f.items[f.first_use[i]];
-      if (!pending.holds(layer, it.slot))
-        pending.add(layer, it.slot, L.header.payload_hash, ms[i].gate - L.layout.gate_offset, L.layout.bytes,
-                    verified.epoch(L.verified), post);
+      ms[i].unverified = pending.find(layer, it.slot);
+      if (ms[i].unverified == nullptr)
+        ms[i].unverified = pending.add(layer, it.slot, L.header.payload_hash, ms[i].gate - L.layout.gate_offset,
+                                       L.layout.bytes, verified.epoch(L.verified), post);
       hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
     }
     return;

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "loader/format/model_config.h"
+#include "loader/store/pending_checks.h"
 
 namespace moestream {
 
@@ -33,6 +34,9 @@ struct ExpertMatrices {
   const uint8_t* down = nullptr;
   // gpt-oss: f32 gate_bias [F], up_bias [F], down_bias [D] (ExpertLayout::bias_offset); else null.
   const float* bias = nullptr;
+  // A first use handed out before its hash ran (ExpertStore::set_deferred_checks): the thread
+  // that computes it first runs the hash (PendingChecks::run_now). Valid until verify_pending().
+  PendingChecks::Entry* unverified = nullptr;
   static ExpertMatrices of_payload(const uint8_t* p, const ExpertLayout& lay) {
     return {p + lay.gate_offset, p + lay.up_offset, p + lay.down_offset,
             lay.types.bias ? reinterpret_cast<const float*>(p + lay.bias_offset) : nullptr};

@@ -32,8 +32,8 @@ void PendingChecks::wait_done(Entry& e) {
     e.state.wait(s, std::memory_order_acquire);
 }
 
-void PendingChecks::add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data, uint64_t bytes,
-                        uint64_t epoch, const Post& post) {
+PendingChecks::Entry* PendingChecks::add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data,
+                                         uint64_t bytes, uint64_t epoch, const Post& post) {
   auto e = std::make_shared<Entry>();
   e->layer = layer;
   e->slot = slot;
@@ -43,13 +43,15 @@ void PendingChecks::add(int layer, uint32_t slot, PayloadHash hash, const uint8_
   e->epoch = epoch;
   entries_.push_back(e);
   post([e] { run(*e); });
+  return e.get();
 }
 
-bool PendingChecks::holds(int layer, uint32_t slot) const {
+PendingChecks::Entry* PendingChecks::find(int layer, uint32_t slot) const {
   for (const auto& e : entries_)
-    if (e->layer == layer && e->slot == slot) return true;
-  return false;
+    if (e->layer == layer && e->slot == slot) return e.get();
+  return nullptr;
 }
+
 
 std::vector<std::shared_ptr<PendingChecks::Entry>> PendingChecks::settle() {
   for (const auto& e : entries_) {

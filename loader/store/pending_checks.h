@@ -31,6 +31,7 @@ class PendingChecks {
     uint64_t got = 0;     // its checksum, once done
     double seconds = 0;   // the hash's time
     std::atomic<int> state{kQueued};
+    bool done() const { return state.load(std::memory_order_acquire) == kDone; }
   };
 
   PendingChecks() = default;
@@ -39,11 +40,17 @@ class PendingChecks {
   PendingChecks& operator=(const PendingChecks&) = delete;
 
   // Queues the hash of `bytes` at `data` (expert `slot` of `layer`, its file at `epoch`, whose
-  // checksums are `hash`) through `post` (never null).
-  void add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data, uint64_t bytes, uint64_t epoch,
-           const Post& post);
+  // checksums are `hash`) through `post` (never null). The entry lives until settle().
+  Entry* add(int layer, uint32_t slot, PayloadHash hash, const uint8_t* data, uint64_t bytes, uint64_t epoch,
+             const Post& post);
   bool empty() const { return entries_.empty(); }
-  bool holds(int layer, uint32_t slot) const;
+  // The entry queued for expert `slot` of `layer`, or null.
+  Entry* find(int layer, uint32_t slot) const;
+  // Runs e's hash on the calling thread unless a thread has started it (then returns at once):
+  // the thread about to compute a first use hashes it first, so its compute finds the payload in
+  // the cache the hash just read it through, instead of the hash reading it from memory again
+  // later. Any thread, while e lives.
+  static void run_now(Entry& e) { run(e); }
   // Waits for every queued hash (running here those no thread has started) and returns the
   // entries, all done, in the order they were added; none is pending afterwards.
   std::vector<std::shared_ptr<Entry>> settle();

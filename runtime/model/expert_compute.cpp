@@ -121,6 +121,7 @@ void ExpertCompute::run(ThreadPool& pool, const ExpertLayout& lay, const ExpertP
     const size_t p = task / gate_tasks, r0 = (task % gate_tasks) * gate_slice;
     const size_t r1 = std::min(size_t(F_), r0 + gate_slice);
     const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[p])];
+    if (e.unverified != nullptr) PendingChecks::run_now(*e.unverified);  // see ExpertMatrices
     const float* xt = x + size_t(pairs.token_of_pair[p]) * D_;
     float* g = act_.row(Eigen::Index(p)).data();
     float* u = up_.row(Eigen::Index(p)).data();
@@ -162,6 +163,7 @@ void ExpertCompute::run_by_expert(ThreadPool& pool, const ExpertLayout& lay, con
     const size_t g = task / gate_tasks, r0 = (task % gate_tasks) * kGateUpSlice;
     const size_t r1 = std::min(F, r0 + kGateUpSlice);
     const ExpertMatrices& e = pairs.payloads[size_t(pairs.expert_of_pair[group_start_[g]])];
+    if (e.unverified != nullptr) PendingChecks::run_now(*e.unverified);  // see ExpertMatrices
     for (size_t p0 = group_start_[g]; p0 < group_start_[g + 1]; p0 += kTokensPerProduct) {
       const size_t n = std::min(kTokensPerProduct, group_start_[g + 1] - p0);
       const float* xs = token_rows(x, D, pairs.token_of_pair.subspan(p0, n));
