@@ -68,6 +68,15 @@ std::vector<std::vector<uint8_t>> fetch_matrices(ExpertStore& s, const ModelConf
   return got;
 }
 
+// Deferred checks (ExpertStore::set_deferred_checks, the CPU pass): first uses are handed out in
+// place before their hash ran; the hashes queue on the lent post and verify_pending settles them.
+struct Queue {
+  std::vector<std::function<void()>> tasks;
+  ExpertStore::Post post() {
+    return [this](std::function<void()> t) { tasks.push_back(std::move(t)); };
+  }
+};
+
 class InPlace : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -85,6 +94,7 @@ class InPlace : public ::testing::Test {
     for (size_t i = 0; i < ids.size(); ++i)
       EXPECT_EQ(got[i], want[size_t(layer)][size_t(ids[i])]) << "layer " << layer << " expert " << ids[i];
   }
+  std::unique_ptr<ExpertStore> deferred_store_with_corrupt_expert3(Queue& q);
   TempDir d{"expert_store_in_place_test"};
   ModelConfig c;
   test::Payloads want;
@@ -202,12 +212,6 @@ TEST_F(InPlace, AFileChangedAfterVerificationIsHashedAgainAndTheCorruptionCaught
 
 // Deferred checks (ExpertStore::set_deferred_checks, the CPU pass): first uses are handed out in
 // place before their hash ran; the hashes queue on the lent post and verify_pending settles them.
-struct Queue {
-  std::vector<std::function<void()>> tasks;
-  ExpertStore::Post post() {
-    return [this](std::function<void()> t) { tasks.push_back(std::move(t)); };
-  }
-};
 
 TEST_F(InPlace, FirstUsesHandedOutBeforeTheirHashAreVerifiedByVerifyPending) {
   const fs::path f = expert_file_path(d.path(), 0);
@@ -241,21 +245,30 @@ TEST_F(InPlace, FirstUsesHandedOutBeforeTheirHashAreVerifiedByVerifyPending) {
   q.tasks[2]();
 }
 
+// A store with deferred checks over layer 0 whose expert 3 is corrupt in the page cache; null
+// when the page cache does not report the file resident after a read (the caller skips).
+std::unique_ptr<ExpertStore> InPlace::deferred_store_with_corrupt_expert3(Queue& q) {
+  const fs::path f = expert_file_path(d.path(), 0);
+  const ExpertFileHeader h = read_expert_header(f);
+  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
+  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
+  warm(f);  // the corrupt byte is in the page cache
+  auto s = open_engine_expert_store(d.path(), c, opts(true));
+  std::vector<ExpertTier> tiers(size_t(c.n_experts));
+  s->residency(0, tiers);
+  if (tiers[3] != ExpertTier::kPageCache) return nullptr;
+  s->set_deferred_checks(q.post());
+  return s;
+}
+
 // The hand-out carries its queued hash (ExpertMatrices::unverified): the thread about to compute
 // it runs the hash first (PendingChecks::run_now), the queued task then finds it taken, and
 // verify_pending compares it as any other; a verified expert carries none.
 TEST_F(InPlace, TheComputingThreadRunsAFirstUsesQueuedHash) {
   const fs::path f = expert_file_path(d.path(), 0);
-  const ExpertFileHeader h = read_expert_header(f);
-  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
-  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");  // expert 3 corrupt in the page cache
-  warm(f);
   Queue q;
-  auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
-  s->set_deferred_checks(q.post());
+  auto s = deferred_store_with_corrupt_expert3(q);
+  if (!s) GTEST_SKIP() << "the file is not reported resident after a read";
   const ExpertLayout lay = c.expert_layout(0);
   const auto hand_out = [&](const std::vector<int>& ids) {
     std::vector<ExpertMatrices> ms(ids.size());
@@ -282,16 +295,9 @@ TEST_F(InPlace, TheComputingThreadRunsAFirstUsesQueuedHash) {
 
 TEST_F(InPlace, ACorruptPageComputedBeforeItsHashIsCaughtByVerifyPending) {
   const fs::path f = expert_file_path(d.path(), 0);
-  const ExpertFileHeader h = read_expert_header(f);
-  const uint32_t slot = read_expert_map(expert_map_path(d.path(), 0)).physical(3);
-  test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
-  warm(f);  // the corrupt byte is in the page cache
   Queue q;
-  auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
-  s->set_deferred_checks(q.post());
+  auto s = deferred_store_with_corrupt_expert3(q);
+  if (!s) GTEST_SKIP() << "the file is not reported resident after a read";
   const std::vector<int> ids{1, 3};
   (void)fetch_matrices(*s, c, 0, ids);  // handed out: the caller must not return what it computes
   for (auto& t : q.tasks) t();
