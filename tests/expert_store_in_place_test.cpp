@@ -265,7 +265,6 @@ std::unique_ptr<ExpertStore> InPlace::deferred_store_with_corrupt_expert3(Queue&
 // it runs the hash first (PendingChecks::run_now), the queued task then finds it taken, and
 // verify_pending compares it as any other; a verified expert carries none.
 TEST_F(InPlace, TheComputingThreadRunsAFirstUsesQueuedHash) {
-  const fs::path f = expert_file_path(d.path(), 0);
   Queue q;
   auto s = deferred_store_with_corrupt_expert3(q);
   if (!s) GTEST_SKIP() << "the file is not reported resident after a read";
