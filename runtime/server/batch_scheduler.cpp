@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/timing.h"
-#include "runtime/model/sampler.h"
+#include "runtime/engine/generate.h"  // Sampler
 #include "runtime/server/stop_matcher.h"
 
 namespace moestream {
@@ -35,7 +35,7 @@ struct BatchScheduler::Active {
 BatchScheduler::BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics& metrics, size_t capacity,
                                int parallel, bool prefix_reuse)
     : model_(model), tok_(tok), metrics_(metrics), capacity_(capacity), parallel_(parallel),
-      prefix_reuse_(prefix_reuse) {
+      prefix_reuse_(prefix_reuse), jobs_([&metrics](const Job&) { metrics.request_cancelled_waiting(); }) {
   if (parallel < 1 || parallel > model.max_sequences())
     throw ConfigError("--parallel " + std::to_string(parallel) + " must be in [1, " +
                       std::to_string(model.max_sequences()) + "] (the model's sequence slots)");
@@ -56,15 +56,7 @@ BatchScheduler::~BatchScheduler() {
 
 bool BatchScheduler::submit(std::shared_ptr<Job> job) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_) return false;
-  std::erase_if(jobs_, [this](const std::shared_ptr<Job>& j) {  // as JobQueue: leavers free places
-    if (!j->cancelled()) return false;
-    j->finish(JobResult{"cancelled"});
-    metrics_.request_cancelled_waiting();
-    return true;
-  });
-  if (jobs_.size() >= capacity_ + size_t(parallel_ - n_active_)) return false;
-  jobs_.push_back(std::move(job));
+  if (stopping_ || !jobs_.push(std::move(job), capacity_ + size_t(parallel_ - n_active_))) return false;
   cv_.notify_all();
   return true;
 }
@@ -72,17 +64,12 @@ bool BatchScheduler::submit(std::shared_ptr<Job> job) {
 void BatchScheduler::cancel(const std::shared_ptr<Job>& job) {
   job->cancel();
   std::lock_guard<std::mutex> lk(mu_);
-  if (std::erase(jobs_, job) > 0) {
-    job->finish(JobResult{"cancelled"});
-    metrics_.request_cancelled_waiting();
-  }
+  jobs_.remove(job);
 }
 
 size_t BatchScheduler::waiting() const {
   std::lock_guard<std::mutex> lk(mu_);
-  size_t n = 0;
-  for (const auto& j : jobs_) n += !j->cancelled();
-  return n;
+  return jobs_.live();
 }
 
 bool BatchScheduler::running() const {
@@ -101,10 +88,10 @@ void BatchScheduler::shutdown() {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
-    dropped.swap(jobs_);
+    dropped = jobs_.take_all();
     cv_.notify_all();
   }
-  for (auto& j : dropped) j->fail(ApiError(503, "shutting_down", "the server is shutting down"));
+  WaitingJobs::fail_all(dropped);
   if (worker_.joinable()) worker_.join();
 }
 
@@ -115,14 +102,9 @@ void BatchScheduler::loop() {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !jobs_.empty() || n_active_ > 0; });
       if (n_active_ == 0 && jobs_.empty()) return;  // stopping, nothing left to finish
-      while (!jobs_.empty() && n_active_ < parallel_) {  // join between steps, in arrival order
-        std::shared_ptr<Job> j = jobs_.front();
-        jobs_.pop_front();
-        if (j->cancelled()) {
-          j->finish(JobResult{"cancelled"});
-          metrics_.request_cancelled_waiting();
-          continue;
-        }
+      while (n_active_ < parallel_) {  // join between steps, in arrival order
+        std::shared_ptr<Job> j = jobs_.pop();
+        if (!j) break;
         ++n_active_;
         joining.push_back(std::move(j));
       }

@@ -11,7 +11,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,6 +21,7 @@
 #include "runtime/server/job_runner.h"
 #include "runtime/server/request_replay.h"
 #include "runtime/server/server_metrics.h"
+#include "runtime/server/waiting_jobs.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
@@ -75,7 +75,7 @@ class BatchScheduler final : public JobRunner {
   std::vector<std::unique_ptr<Active>> active_;  // per slot; null = free (worker thread only)
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> jobs_;  // waiting
+  WaitingJobs jobs_;                       // waiting
   int n_active_ = 0;                       // slots in use, under mu_
   bool stopping_ = false;
   std::function<uint64_t(int, int)> on_start_;

@@ -4,27 +4,13 @@
 namespace moestream {
 
 JobQueue::JobQueue(size_t capacity, std::function<void(Job&)> run, std::function<void(const Job&)> dropped)
-    : capacity_(capacity), run_(std::move(run)), dropped_(std::move(dropped)), worker_([this] { loop(); }) {}
-
-void JobQueue::drop(Job& job) {
-  job.finish(JobResult{"cancelled"});
-  if (dropped_) dropped_(job);
-}
+    : capacity_(capacity), run_(std::move(run)), jobs_(std::move(dropped)), worker_([this] { loop(); }) {}
 
 JobQueue::~JobQueue() { shutdown(); }
 
 bool JobQueue::submit(std::shared_ptr<Job> job) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_) return false;
-  // Jobs whose client already left still hold a place until the worker pops them; drop them
-  // here so that a disconnect frees its slot at once.
-  std::erase_if(jobs_, [this](const std::shared_ptr<Job>& j) {
-    if (!j->cancelled()) return false;
-    drop(*j);
-    return true;
-  });
-  if (jobs_.size() >= capacity_ + (running_ ? 0 : 1)) return false;
-  jobs_.push_back(std::move(job));
+  if (stopping_ || !jobs_.push(std::move(job), capacity_ + (running_ ? 0 : 1))) return false;
   cv_.notify_all();
   return true;
 }
@@ -32,14 +18,12 @@ bool JobQueue::submit(std::shared_ptr<Job> job) {
 void JobQueue::cancel(const std::shared_ptr<Job>& job) {
   job->cancel();
   std::lock_guard<std::mutex> lk(mu_);
-  if (std::erase(jobs_, job) > 0) drop(*job);
+  jobs_.remove(job);
 }
 
 size_t JobQueue::waiting() const {
   std::lock_guard<std::mutex> lk(mu_);
-  size_t n = 0;
-  for (const auto& j : jobs_) n += !j->cancelled();
-  return n;
+  return jobs_.live();
 }
 
 bool JobQueue::running() const {
@@ -53,10 +37,10 @@ void JobQueue::shutdown() {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_ && !worker_.joinable()) return;
     stopping_ = true;
-    dropped.swap(jobs_);
+    dropped = jobs_.take_all();
     cv_.notify_all();
   }
-  for (auto& j : dropped) j->fail(ApiError(503, "shutting_down", "the server is shutting down"));
+  WaitingJobs::fail_all(dropped);
   if (worker_.joinable()) worker_.join();
 }
 
@@ -66,12 +50,10 @@ void JobQueue::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping
-      job = jobs_.front();
-      jobs_.pop_front();
-      if (job->cancelled()) {
-        drop(*job);
-        continue;
+      job = jobs_.pop();
+      if (!job) {
+        if (stopping_) return;
+        continue;  // only cancelled ones waited
       }
       running_ = true;
     }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -11,6 +10,7 @@
 
 #include "runtime/server/job.h"
 #include "runtime/server/job_runner.h"
+#include "runtime/server/waiting_jobs.h"
 
 namespace moestream {
 
@@ -35,14 +35,12 @@ class JobQueue final : public JobRunner {
 
  private:
   void loop();
-  void drop(Job& job);  // a cancelled waiter
 
   const size_t capacity_;
   std::function<void(Job&)> run_;
-  std::function<void(const Job&)> dropped_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> jobs_;
+  WaitingJobs jobs_;  // under mu_
   bool running_ = false, stopping_ = false;
   std::thread worker_;
 };
