@@ -19,7 +19,9 @@
 #include "loader/store/store_options.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
+#include "runtime/model/forward_pass.h"
+#include "tests/support/batch_harness.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
@@ -35,48 +37,13 @@ constexpr int kChunk = 8;  // prefill chunk: the solo model's max_batch, the bat
 ModelConfig shape(const std::string& kind) {
   ModelConfig c = test::tiny_moe_config({.vocab = 97, .hidden = 45, .layers = 3, .head_dim = 14,
                                          .intermediate = 37, .top_k = 3, .max_positions = 256});
-  if (kind == "bf16+shared") {
-    c.dense_dtype = "bf16";
-    c.arch = Arch::kQwen2Moe;
-    c.qk_norm = QkNorm::kNone;
-    c.qkv_bias = true;
-    c.shared_expert_intermediate_size = 50;
-  }
-  if (kind == "bf16+glm") {
-    c.dense_dtype = "bf16";
-    c.arch = Arch::kGlm4Moe;
-    c.qkv_bias = true;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
-    c.shared_expert_intermediate_size = 40;
-    c.shared_expert_gated = false;
-    c.first_k_dense_replace = 1;
-    c.intermediate_size = 60;
-    c.rotary_dim = 10;
-  }
-  if (kind == "bf16+mla") {  // DeepSeek-V3: MLA's latent cache per slot (q LoRA, YaRN mscale)
-    c.dense_dtype = "bf16";
-    c.arch = Arch::kDeepseekV3;
-    c.qk_norm = QkNorm::kNone;
-    c.n_kv_heads = c.n_heads;
-    c.q_lora_rank = 20;
-    c.kv_lora_rank = 18;
-    c.qk_nope_head_dim = 8;
-    c.qk_rope_head_dim = 6;  // head_dim 14 = nope + rope
-    c.v_head_dim = 10;
-    c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
-                                 .mscale = 1, .mscale_all_dim = 1};
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
-    c.shared_expert_intermediate_size = 40;
-    c.shared_expert_gated = false;
-    c.first_k_dense_replace = 1;
-    c.intermediate_size = 60;
-  }
+  if (kind != "f32") c.dense_dtype = "bf16";
+  if (kind == "bf16+shared") test::as_qwen2_moe(c, 50);
+  if (kind == "bf16+glm") test::as_glm4_moe(c, {.shared = 40, .dense_intermediate = 60, .rotary_dim = 10});
+  // DeepSeek-V3: MLA's latent cache per slot (head_dim 14 = nope 8 + rope 6)
+  if (kind == "bf16+mla")
+    test::as_deepseek_v3(c, {.q_lora = 20, .kv_lora = 18, .nope = 8, .rope = 6, .v = 10, .shared = 40,
+                             .dense_intermediate = 60});
   return c;
 }
 
@@ -91,99 +58,18 @@ std::unique_ptr<Model> load(const fs::path& dir, int max_batch, int max_context 
   return Model::load(dir, o, open_store_for(dir, ModelConfig::load(dir), sc));
 }
 
-int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+using test::BatchRequest;
+using test::four_requests;
+using test::random_log;
+using test::replaying;
+using test::random_tokens;
+using test::run_alone;
 
-std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::vector<int> t(static_cast<size_t>(n));
-  for (int& x : t) x = int(rng() % unsigned(vocab));
-  return t;
-}
-
-// A greedy request: its prompt, the step it joins at, and the logits of every forward it ran.
-struct Request {
-  std::vector<int> prompt;
-  int join_step = 0;
-  int n_new = 0;
-  std::vector<std::vector<float>> logits;  // one per call that produced logits
-};
-
-// The request alone: prompt through forward() (chunks of the model's max_batch), then greedy decode.
-void run_alone(Model& m, Request& r) {
-  const size_t V = size_t(m.config().vocab_size);
-  m.reset();
-  std::vector<float> l(V);
-  m.forward(r.prompt, l);
-  r.logits.push_back(l);
-  for (int i = 0; i < r.n_new; ++i) {
-    const int tok = argmax(l);
-    m.forward(std::span<const int>(&tok, 1), l);
-    r.logits.push_back(l);
-  }
-}
-
-// All requests through forward_batch: each joins at its step, prefills kChunk tokens per step
-// beside the others' decode tokens, decodes greedily, and leaves (freeing its slot) when done.
-// on_create(i, sequence): request i got its sequence (e.g. to give it its routing replay).
-void run_batched(Model& m, std::vector<Request>& rs, const std::function<void(size_t, int)>& on_create = {}) {
-  const size_t V = size_t(m.config().vocab_size);
-  struct Live { int seq = -1; size_t fed = 0; int token = -1; std::vector<float> l; bool done = false; };
-  std::vector<Live> live(rs.size());
-  for (int step = 0;; ++step) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < rs.size(); ++i) {
-      Request& r = rs[i];
-      Live& s = live[i];
-      if (s.done || step < r.join_step) continue;
-      if (s.seq < 0) {
-        s.seq = m.create_sequence();
-        if (on_create) on_create(i, s.seq);
-      }
-      s.l.assign(V, 0.0f);
-      SequenceInput in;
-      in.sequence = s.seq;
-      if (s.fed < r.prompt.size()) {
-        const size_t n = std::min(r.prompt.size() - s.fed, size_t(kChunk));
-        in.tokens = std::span<const int>(r.prompt.data() + s.fed, n);
-        s.fed += n;
-        if (s.fed == r.prompt.size()) in.logits = s.l;  // only the prompt's last chunk predicts
-      } else {
-        in.tokens = std::span<const int>(&s.token, 1);
-        in.logits = s.l;
-      }
-      batch.push_back(in);
-      who.push_back(i);
-    }
-    if (batch.empty()) {
-      if (std::all_of(live.begin(), live.end(), [](const Live& s) { return s.done; })) return;
-      continue;
-    }
-    m.forward_batch(batch);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Request& r = rs[who[b]];
-      Live& s = live[who[b]];
-      if (batch[b].logits.empty()) continue;
-      r.logits.push_back(s.l);
-      s.token = argmax(s.l);
-      if (int(r.logits.size()) == r.n_new + 1) {
-        m.free_sequence(s.seq);
-        s.done = true;
-      }
-    }
-  }
+void run_batched(Model& m, std::vector<BatchRequest>& rs, const std::function<void(size_t, int)>& on_create = {}) {
+  test::run_batched(m, rs, kChunk, on_create);
 }
 
 class BatchForward : public ::testing::TestWithParam<std::string> {};
-
-// Four requests of different prompt lengths (one longer than a chunk, one of a single token) that
-// join at different steps; the fourth joins after the first left, in its freed slot.
-std::vector<Request> four_requests(unsigned seed, int vocab) {
-  std::mt19937 rng(seed);
-  return {{random_tokens(rng, 5, vocab), 0, 6, {}},
-          {random_tokens(rng, 19, vocab), 1, 5, {}},
-          {random_tokens(rng, 1, vocab), 1, 7, {}},
-          {random_tokens(rng, 9, vocab), 8, 4, {}}};
-}
 
 // four_requests batched: every logit of every step is bitwise that of the request run alone.
 TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
@@ -192,9 +78,9 @@ TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   write_synthetic_model(d.path(), c, 41, 2);
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
-  std::vector<Request> rs = four_requests(7, c.vocab_size);
-  std::vector<Request> alone = rs;
-  for (Request& r : alone) run_alone(*solo, r);
+  std::vector<BatchRequest> rs = four_requests(7, c.vocab_size);
+  std::vector<BatchRequest> alone = rs;
+  for (BatchRequest& r : alone) run_alone(*solo, r);
   run_batched(*batched, rs);
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;
@@ -211,39 +97,6 @@ TEST_P(BatchForward, EachSequenceMatchesItsRunAloneBitwise) {
   EXPECT_EQ(batched->n_past(), 0);  // forward()'s own sequence is untouched by batches
 }
 
-// A routing log of `requests` requests x `positions` tokens over c's counts, ids drawn at random
-// (distinct per token): traffic unlike any router's.
-RoutingLog random_log(const ModelConfig& c, int requests, int positions, unsigned seed) {
-  std::mt19937 rng(seed);
-  RoutingLog log;
-  log.header = {1, uint32_t(c.n_moe_layers()), uint32_t(c.n_experts), uint32_t(c.n_experts_per_tok),
-                uint32_t(c.hidden_size)};
-  for (int r = 0; r < requests; ++r)
-    for (int p = 0; p < positions; ++p)
-      for (int l = 0; l < c.n_moe_layers(); ++l) {
-        RoutingRecord rec;
-        rec.request_id = uint64_t(100 + r);
-        rec.position = uint32_t(p);
-        rec.layer = uint16_t(l);
-        std::vector<int> all(size_t(c.n_experts));
-        for (int e = 0; e < c.n_experts; ++e) all[size_t(e)] = e;
-        std::shuffle(all.begin(), all.end(), rng);
-        float sum = 0;
-        for (int j = 0; j < c.n_experts_per_tok; ++j) {
-          rec.ids.push_back(uint16_t(all[size_t(j)]));
-          rec.weights.push_back(0.1f + float(rng() % 1000) / 1000.0f);
-          sum += rec.weights.back();
-        }
-        for (float& w : rec.weights) w /= sum;
-        log.records.push_back(rec);
-      }
-  return log;
-}
-
-RoutingOverrideFn replaying(const RoutingReplay& r, size_t request) {
-  return [&r, request](int l, uint64_t pos, int n, int* ids, float* w) { r.route_request(request, l, pos, n, ids, w); };
-}
-
 // Each sequence of a batch replays its own request of a routing log (Model::set_sequence_routing):
 // every logit equals, bitwise, that of the request run alone through forward() replaying the
 // same log request, the routing events of the batch carry the replayed experts at each sequence's
@@ -256,9 +109,9 @@ TEST_P(BatchForward, ReplayedSequencesMatchTheirRunsAloneBitwise) {
   ASSERT_EQ(replay.n_requests(), 5u);
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
-  std::vector<Request> rs = four_requests(17, c.vocab_size);
+  std::vector<BatchRequest> rs = four_requests(17, c.vocab_size);
   const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
-  std::vector<Request> alone = rs, router = rs;
+  std::vector<BatchRequest> alone = rs, router = rs;
   run_alone(*solo, router[0]);
   for (size_t i = 0; i < rs.size(); ++i) {
     solo->set_sequence_routing(-1, replaying(replay, request_of[i]));
@@ -305,13 +158,13 @@ TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
   auto batched = load(demo, 4 * kChunk, 256);
   const int V = solo->config().vocab_size;
   std::mt19937 rng(13);
-  std::vector<Request> rs = {{random_tokens(rng, 12, V), 0, 8, {}},
-                             {random_tokens(rng, 3, V), 0, 10, {}},
-                             {random_tokens(rng, 20, V), 2, 6, {}},
-                             {random_tokens(rng, 5, V), 9, 6, {}}};
-  std::vector<Request> alone = rs;
+  std::vector<BatchRequest> rs = {{random_tokens(rng, 12, V), 0, 8, {}},
+                                  {random_tokens(rng, 3, V), 0, 10, {}},
+                                  {random_tokens(rng, 20, V), 2, 6, {}},
+                                  {random_tokens(rng, 5, V), 9, 6, {}}};
+  std::vector<BatchRequest> alone = rs;
   const uint64_t solo0 = solo->expert_stats().experts_fetched();
-  for (Request& r : alone) run_alone(*solo, r);
+  for (BatchRequest& r : alone) run_alone(*solo, r);
   const uint64_t solo_experts = solo->expert_stats().experts_fetched() - solo0;
   const uint64_t batch0 = batched->expert_stats().experts_fetched();
   run_batched(*batched, rs);
@@ -332,12 +185,12 @@ TEST(BatchForwardThreads, OneAndThreeThreadsGiveTheSameLogits) {
   TempDir d("batch_thr");
   const ModelConfig c = shape("f32");
   write_synthetic_model(d.path(), c, 43, 2);
-  std::vector<std::vector<Request>> runs;
+  std::vector<std::vector<BatchRequest>> runs;
   for (int threads : {1, 3}) {
     auto m = load(d.path(), 4 * kChunk, 0, threads);
     std::mt19937 rng(9);
-    std::vector<Request> rs = {{random_tokens(rng, 6, c.vocab_size), 0, 4, {}},
-                               {random_tokens(rng, 3, c.vocab_size), 2, 4, {}}};
+    std::vector<BatchRequest> rs = {{random_tokens(rng, 6, c.vocab_size), 0, 4, {}},
+                                    {random_tokens(rng, 3, c.vocab_size), 2, 4, {}}};
     run_batched(*m, rs);
     runs.push_back(rs);
   }

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/engine_session.h"
 #include "tests/support/strict_skip.h"

@@ -15,7 +15,7 @@
 #include "loader/store/engine_expert_store.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/routing.h"
 #include "runtime/model/sampler.h"
 #include "runtime/convert/synthetic_model.h"
 #include "tests/support/test_model.h"

@@ -18,7 +18,7 @@
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/cache_aware_router.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/routing.h"
 #include "tests/support/test_model.h"
 
 using namespace moestream;

@@ -90,45 +90,12 @@ TEST(DecodeAllocations, WarmDecodeStepsAllocateNothing) {
     ModelConfig c = test::tiny_moe_config({.vocab = 301, .hidden = 96, .head_dim = 24, .intermediate = 70,
                                            .experts = 16, .top_k = 4, .quant = QuantType::kQ4});
     c.dense_dtype = dense.substr(0, dense.find('+'));
-    if (dense == "bf16+shared") {
-      c.arch = Arch::kQwen2Moe;
-      c.qk_norm = QkNorm::kNone;
-      c.qkv_bias = true;
-      c.shared_expert_intermediate_size = 150;
-    }
-    if (dense == "bf16+glm") {  // grouped sigmoid routing, a dense first layer, partial rotary
-      c.arch = Arch::kGlm4Moe;
-      c.qkv_bias = true;
-      c.router_scoring = RouterScoring::kSigmoid;
-      c.n_group = 4;
-      c.topk_group = 2;
-      c.routed_scaling_factor = 2.5;
-      c.shared_expert_intermediate_size = 70;
-      c.shared_expert_gated = false;
-      c.first_k_dense_replace = 1;
-      c.intermediate_size = 130;
-      c.rotary_dim = 12;
-    }
-    if (dense == "bf16+mla") {  // DeepSeek-V3: MLA (q LoRA, YaRN mscale), grouped sigmoid routing,
-      c.arch = Arch::kDeepseekV3;  // an ungated shared expert, a dense first layer
-      c.qk_norm = QkNorm::kNone;
-      c.n_kv_heads = c.n_heads;
-      c.q_lora_rank = 40;
-      c.kv_lora_rank = 36;
-      c.qk_nope_head_dim = 16;
-      c.qk_rope_head_dim = 8;
-      c.v_head_dim = 20;
-      c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
-                                   .mscale = 1, .mscale_all_dim = 1};
-      c.router_scoring = RouterScoring::kSigmoid;
-      c.n_group = 4;
-      c.topk_group = 2;
-      c.routed_scaling_factor = 2.5;
-      c.shared_expert_intermediate_size = 70;
-      c.shared_expert_gated = false;
-      c.first_k_dense_replace = 1;
-      c.intermediate_size = 90;
-    }
+    if (dense == "bf16+shared") test::as_qwen2_moe(c, 150);
+    // grouped sigmoid routing, a dense first layer, partial rotary
+    if (dense == "bf16+glm") test::as_glm4_moe(c, {.shared = 70, .dense_intermediate = 130, .rotary_dim = 12});
+    if (dense == "bf16+mla")  // DeepSeek-V3: MLA (head_dim 24 = nope 16 + rope 8) over GLM-4.5's routing
+      test::as_deepseek_v3(c, {.q_lora = 40, .kv_lora = 36, .nope = 16, .rope = 8, .v = 20, .shared = 70,
+                               .dense_intermediate = 90});
     write_synthetic_model(d.path(), c, 77);
     ModelOptions o;
     o.n_threads = 2;

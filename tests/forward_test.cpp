@@ -17,7 +17,7 @@
 #include "common/file_util.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/routing.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/rope.h"
 #include "loader/format/safetensors.h"

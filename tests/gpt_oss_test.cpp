@@ -22,7 +22,8 @@
 #include "runtime/convert/hf_config.h"
 #include "runtime/convert/model_shapes.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/expert_compute.h"  // clamped_swiglu
+#include "runtime/model/routing.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 

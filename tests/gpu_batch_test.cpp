@@ -21,6 +21,8 @@
 #include "loader/store/store_options.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/routing_replay.h"
+#include "tests/support/batch_harness.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
@@ -58,24 +60,9 @@ ModelConfig shape(const std::string& kind) {
   if (kind == "bf16+shared") {  // Qwen2-MoE: gated shared expert, QKV bias, bf16 experts
     c.dense_dtype = "bf16";
     c.expert_quant = QuantType::kBF16;
-    c.arch = Arch::kQwen2Moe;
-    c.qk_norm = QkNorm::kNone;
-    c.qkv_bias = true;
-    c.shared_expert_intermediate_size = 96;
+    test::as_qwen2_moe(c, 96);
   }
-  if (kind == "glm") {  // GLM-4.5: grouped sigmoid routing, ungated shared expert, dense first layer
-    c.arch = Arch::kGlm4Moe;
-    c.qkv_bias = true;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
-    c.shared_expert_intermediate_size = 64;
-    c.shared_expert_gated = false;
-    c.first_k_dense_replace = 1;
-    c.intermediate_size = 96;
-    c.rotary_dim = 8;
-  }
+  if (kind == "glm") test::as_glm4_moe(c, {.shared = 64, .dense_intermediate = 96, .rotary_dim = 8});
   if (kind == "odd-head") c.head_dim = 14;  // zero-padded heads on the device
   return c;
 }
@@ -97,80 +84,9 @@ std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb 
   return Model::load(dir, o, open_store_for(dir, ModelConfig::load(dir), sc));
 }
 
-std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab) {
-  std::vector<int> t(static_cast<size_t>(n));
-  for (int& x : t) x = int(rng() % unsigned(vocab));
-  return t;
-}
-
-// A request: its prompt, the step it joins at, the tokens it decodes (fixed, so the batch and the
-// run alone see the same inputs even where a near tie would pick another argmax) and the logits
-// of every call that produced some.
-struct Request {
-  std::vector<int> prompt;
-  int join_step = 0;
-  std::vector<int> decode;
-  std::vector<std::vector<float>> logits;
-};
-
-// Alone: the prompt in chunks of the model's max_batch (forward()), then each decode token.
-void run_alone(Model& m, Request& r) {
-  std::vector<float> l(size_t(m.config().vocab_size));
-  m.reset();
-  m.forward(r.prompt, l);
-  r.logits.push_back(l);
-  for (int tok : r.decode) {
-    m.forward(std::span<const int>(&tok, 1), l);
-    r.logits.push_back(l);
-  }
-}
-
-// All requests through forward_batch: each joins at its step, prefills kChunk tokens per step
-// beside the others' decode tokens, and leaves (freeing its slot) after its last token.
-void run_batched(Model& m, std::vector<Request>& rs) {
-  const size_t V = size_t(m.config().vocab_size);
-  struct Live { int seq = -1; size_t fed = 0, decoded = 0; std::vector<float> l; bool done = false; };
-  std::vector<Live> live(rs.size());
-  for (int step = 0;; ++step) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < rs.size(); ++i) {
-      Request& r = rs[i];
-      Live& s = live[i];
-      if (s.done || step < r.join_step) continue;
-      if (s.seq < 0) s.seq = m.create_sequence();
-      s.l.assign(V, 0.0f);
-      SequenceInput in;
-      in.sequence = s.seq;
-      if (s.fed < r.prompt.size()) {
-        const size_t n = std::min(r.prompt.size() - s.fed, size_t(kChunk));
-        in.tokens = std::span<const int>(r.prompt.data() + s.fed, n);
-        s.fed += n;
-        if (s.fed == r.prompt.size()) in.logits = s.l;
-      } else {
-        in.tokens = std::span<const int>(&r.decode[s.decoded++], 1);
-        in.logits = s.l;
-      }
-      batch.push_back(in);
-      who.push_back(i);
-    }
-    if (batch.empty()) {
-      if (std::all_of(live.begin(), live.end(), [](const Live& s) { return s.done; })) return;
-      continue;
-    }
-    m.forward_batch(batch);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Request& r = rs[who[b]];
-      Live& s = live[who[b]];
-      if (batch[b].logits.empty()) continue;
-      r.logits.push_back(s.l);
-      if (s.decoded == r.decode.size()) {
-        m.free_sequence(s.seq);
-        s.done = true;
-      }
-    }
-  }
-}
+using test::BatchRequest;
+using test::random_tokens;
+using test::run_alone;
 
 // Four requests of different prompt lengths (two longer than a chunk) join at different steps;
 // the fourth joins after the first left, in its freed slot. Every logit of every step matches
@@ -180,14 +96,10 @@ void batch_against_alone(const fs::path& dir, size_t cache_mb, uint32_t seed, co
   auto solo = load(dir, kChunk, cache_mb);
   auto batched = load(dir, 4 * kChunk, cache_mb);
   const ModelConfig& c = solo->config();
-  std::mt19937 rng(seed);
-  std::vector<Request> rs = {{random_tokens(rng, 5, c.vocab_size), 0, random_tokens(rng, 6, c.vocab_size), {}},
-                             {random_tokens(rng, 19, c.vocab_size), 1, random_tokens(rng, 5, c.vocab_size), {}},
-                             {random_tokens(rng, 1, c.vocab_size), 1, random_tokens(rng, 7, c.vocab_size), {}},
-                             {random_tokens(rng, 9, c.vocab_size), 8, random_tokens(rng, 4, c.vocab_size), {}}};
-  std::vector<Request> alone = rs;
-  for (Request& r : alone) run_alone(*solo, r);
-  run_batched(*batched, rs);
+  std::vector<BatchRequest> rs = test::four_requests(seed, c.vocab_size, /*fixed_decode=*/true);
+  std::vector<BatchRequest> alone = rs;
+  for (BatchRequest& r : alone) run_alone(*solo, r);
+  test::run_batched(*batched, rs, kChunk);
   double worst = 0;
   size_t rows = 0, bitwise = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
@@ -282,13 +194,63 @@ TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
               static_cast<unsigned long long>(p.demand_hits), static_cast<unsigned long long>(p.demand_misses));
 }
 
+// Each sequence of a GPU batch replays its own request of a routing log (Model::set_sequence_routing,
+// through the routing step the CPU pass runs too): the batch's routing events carry the replayed
+// experts at each sequence's positions, every logit matches the request run alone on the GPU with
+// the same replay, and the replay changes the output (the router would choose otherwise).
+TEST(GpuBatchReplay, ReplayedSequencesMatchTheirRunsAlone) {
+  REQUIRE_GPU();
+  TempDir d("gpu_batch_replay");
+  const ModelConfig c = shape("q8");
+  write_synthetic_model(d.path(), c, 51, 2);
+  const RoutingReplay replay(test::random_log(c, 5, 40, 3), c, "random.log");
+  auto solo = load(d.path(), kChunk);
+  auto batched = load(d.path(), 4 * kChunk);
+  std::vector<BatchRequest> rs = test::four_requests(17, c.vocab_size, /*fixed_decode=*/true);
+  const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
+  std::vector<BatchRequest> alone = rs, router = rs;
+  run_alone(*solo, router[0]);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    solo->set_sequence_routing(-1, test::replaying(replay, request_of[i]));
+    run_alone(*solo, alone[i]);
+  }
+  solo->set_sequence_routing(-1, {});
+  EXPECT_NE(alone[0].logits, router[0].logits) << "the replay changed nothing: the test could not fail";
+  std::map<int, size_t> request_of_seq;
+  int mismatched = 0, events = 0;
+  batched->set_routing_callback([&](const RoutingEvent& ev) {
+    std::vector<int> ids(size_t(ev.top_k));
+    std::vector<float> w(size_t(ev.top_k));
+    for (int t = 0; t < ev.n_tokens; ++t, ++events) {
+      replay.route_request(request_of_seq.at(ev.sequence), ev.layer, uint64_t(ev.position + t), 1, ids.data(), w.data());
+      mismatched += !std::equal(ids.begin(), ids.end(), ev.ids + size_t(t) * size_t(ev.top_k));
+    }
+  });
+  test::run_batched(*batched, rs, kChunk, [&](size_t i, int seq) {
+    request_of_seq[seq] = request_of[i];
+    batched->set_sequence_routing(seq, test::replaying(replay, request_of[i]));
+  });
+  EXPECT_GT(events, 0);
+  EXPECT_EQ(mismatched, 0);
+  double worst = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;
+    for (size_t s = 0; s < rs[i].logits.size(); ++s) {
+      const double diff = rel_diff(alone[i].logits[s], rs[i].logits[s]);
+      worst = std::max(worst, diff);
+      EXPECT_LE(diff, tolerance(c.expert_layout(0).types.gate)) << "request " << i << " step " << s;
+    }
+  }
+  std::printf("[ gpu batch replay ] rel max |dlogit| batch vs alone = %.3g\n", worst);
+}
+
 // Issue 22 item 3 on the GPU: cache-aware routing in a batch step runs the CPU pass's
 // CacheAwareRouter with forward_batch's rows as the sequences, so the union rule holds there too.
 // The demo on the pread store (no host tier) with a 4 MiB GPU cache (of its 17.9 MB of experts):
 // only the GPU cache makes an expert resident. Final ids per (slot, layer), in step order.
 using BatchIds = std::map<std::pair<int, int>, std::vector<int>>;
 
-BatchIds batch_routing(Model& m, std::vector<Request> rs, const CacheAwareOptions& ca) {
+BatchIds batch_routing(Model& m, std::vector<BatchRequest> rs, const CacheAwareOptions& ca) {
   m.set_cache_aware(ca);
   m.reset_cache_aware_stats();
   BatchIds ids;
@@ -296,15 +258,15 @@ BatchIds batch_routing(Model& m, std::vector<Request> rs, const CacheAwareOption
     auto& v = ids[{e.sequence, e.layer}];
     v.insert(v.end(), e.ids, e.ids + size_t(e.n_tokens) * size_t(e.top_k));
   });
-  run_batched(m, rs);
+  test::run_batched(m, rs, kChunk);
   m.set_routing_callback({});
   return ids;
 }
 
-std::vector<Request> three_requests(const ModelConfig& c) {
+std::vector<BatchRequest> three_requests(const ModelConfig& c) {
   std::mt19937 rng(29);
-  std::vector<Request> rs;
-  for (int n : {5, 7, 3}) rs.push_back({random_tokens(rng, n, c.vocab_size), 0, random_tokens(rng, 12, c.vocab_size), {}});
+  std::vector<BatchRequest> rs;
+  for (int n : {5, 7, 3}) rs.push_back({random_tokens(rng, n, c.vocab_size), 0, 0, random_tokens(rng, 12, c.vocab_size), {}});
   return rs;
 }
 
@@ -312,7 +274,7 @@ TEST(GpuBatchCacheAware, UnionAtToleranceZeroRoutesAsThePlainBatchAndWideSubstit
   REQUIRE_GPU();
   auto plain = load(kDemo, 4 * kChunk, 4, 256, true);
   auto uni = load(kDemo, 4 * kChunk, 4, 256, true);
-  const std::vector<Request> rs = three_requests(plain->config());
+  const std::vector<BatchRequest> rs = three_requests(plain->config());
   CacheAwareOptions zero{true, 0.0f};
   const BatchIds a = batch_routing(*plain, rs, zero);
   zero.batch_union = true;
@@ -342,7 +304,7 @@ TEST(GpuBatchCacheAware, ASequenceAloneInABatchRoutesAsOneSequence) {
   // tile; see tolerance() above), so near agreement of the final ids, not bits.
   auto solo = load(kDemo, kChunk, 4, 256, true);
   auto batched = load(kDemo, 4 * kChunk, 4, 256, true);
-  Request r = three_requests(solo->config())[1];
+  BatchRequest r = three_requests(solo->config())[1];
   solo->set_cache_aware({true, 0.5f});
   std::map<int, std::vector<int>> want;
   solo->set_routing_callback([&](const RoutingEvent& e) {

@@ -18,10 +18,10 @@
 #include "loader/format/expert_file.h"
 #include "runtime/model/dense_ops.h"
 #include "loader/format/model_config.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/expert_compute.h"  // clamped_swiglu
+#include "runtime/model/routing.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/rope.h"
-#include "runtime/model/routing.h"
 
 namespace moestream {
 namespace {

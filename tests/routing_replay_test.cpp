@@ -1,4 +1,4 @@
-// Tests of runtime/model/routing_replay.h and Model::set_routing_override: a log replayed on its own
+// Tests of runtime/engine/routing_replay.h and Model::set_routing_override: a log replayed on its own
 // shape reproduces the recorded experts exactly; the mapping rule onto other counts; infer's CLI.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include "common/file_util.h"
 #include "loader/format/routing_log.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/convert/synthetic_model.h"
 #include "tests/support/test_model.h"
 

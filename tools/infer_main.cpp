@@ -19,7 +19,7 @@
 #include "loader/format/routing_log.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/model_tokenizer.h"
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
                  "(loader/format/routing_log.h; created if absent, must be of this model)");
   app.add_option("--replay-routing", a.replay_routing,
                  "take every layer's experts from this routing log (as --collect-routing writes) "
-                 "instead of the router, mapped onto this model's counts (runtime/model/routing_replay.h: "
+                 "instead of the router, mapped onto this model's counts (runtime/engine/routing_replay.h: "
                  "layer l <- l mod log layers, expert e -> e mod experts, collisions to the next "
                  "free id); tokens cycle through the log's tokens in order. Outputs say 'replay'");
   app.add_flag("--lookahead-replayed", a.lookahead_replayed,

@@ -19,7 +19,7 @@
 #include "loader/format/routing_log.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -153,9 +153,6 @@ int run(Args& a) {
   if (!a.replay_routing.empty()) {
     if (a.engine.cache_aware)
       throw ConfigError("--replay-routing and --cache-aware exclude each other (the replay fixes the experts)");
-    if (mo.gpu && a.server.parallel > 1)
-      throw ConfigError("--replay-routing with --gpu and --parallel " + std::to_string(a.server.parallel) +
-                        ": batched sequences replay their routing on the CPU pass only; drop --gpu or --parallel");
     replay = std::make_shared<const RoutingReplay>(RoutingReplay::load(a.replay_routing, cfg));
     std::fprintf(stderr, "moestream-server: routing: %s; request i replays log request i mod %zu (or its "
                  "replay_request); prefix reuse off\n", replay->describe().c_str(), replay->n_requests());

@@ -1,11 +1,12 @@
 // gpt-oss's kernels beside the common ones: the router that takes the softmax over the selected
 // top-k logits, the clamped SwiGLU, and the per-expert biases added to grouped expert rows.
-// References: runtime/model/moe_layer.cpp route_token_topk_softmax and clamped_swiglu.
+// References: runtime/model/routing.cpp route_token_topk_softmax and clamped_swiglu.
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/router_select.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace moestream::gpu {
@@ -28,15 +29,8 @@ __global__ void router_topk_softmax_kernel(const float* __restrict__ logits, int
   float* out_w = weights + size_t(blockIdx.x) * k;
   float sel[kMaxK];
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bv = 0;
-    for (int e = lane; e < n_experts; e += 32)
-      if (!taken[e] && (best < 0 || l[e] > bv)) best = e, bv = l[e];
-    for (int o = 16; o > 0; o >>= 1) {
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-    }
+    float bv;
+    const int best = warp_pick_best(l, taken, nullptr, 1, n_experts, lane, &bv);
     if (lane == 0) {
       out_ids[j] = best;
       taken[best] = 1;

@@ -39,7 +39,7 @@ void qk_norm_rope(const float* q_in, const float* k_in, const float* q_norm, con
 
 // Router of n_tokens tokens: softmax over n_experts logits, the k largest probabilities (ties:
 // lower id first), renormalised to sum 1 when `normalize` (norm_topk_prob). ids/weights get
-// n_tokens*k entries, token-major, as runtime/model/moe_layer.h route_token.
+// n_tokens*k entries, token-major, as runtime/model/routing.h route_token.
 void router_topk(const float* logits, int n_tokens, int n_experts, int k, bool normalize,
                  int* ids, float* weights, Stream s);
 // The grouped sigmoid router (GLM-4.5, DeepSeek-V3) of n_tokens tokens, as
@@ -212,7 +212,7 @@ void gated_add(float* y, const float* x, const float* gate, int n_tokens, int di
 void embed_rows(const float* table, const int* ids, int n, int dim, float* out, Stream s);
 
 // gpt-oss (kernels/cuda/gpt_oss.cu). Router: the k largest logits (ties: lower id first), weights
-// the softmax over those k (runtime/model/moe_layer.h route_token_topk_softmax); k <= 64.
+// the softmax over those k (runtime/model/routing.h route_token_topk_softmax); k <= 64.
 void router_topk_softmax(const float* logits, int n_tokens, int n_experts, int k, int* ids, float* weights,
                          Stream s);
 // out[i] = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).

@@ -1,6 +1,6 @@
-// Internal to kernels/: the selection steps the one-warp-per-token routers share
-// (router_grouped.cu, router_grouped_softmax.cu), each in its CPU reference's order
-// (runtime/model/routing.cpp), so the choices match it exactly.
+// Internal to kernels/: the selection steps the one-warp-per-token routers share (router_topk.cu,
+// router_grouped.cu, router_grouped_softmax.cu, gpt_oss.cu): the one top-k of the GPU, in its CPU
+// reference's order (runtime/model/routing.cpp select_top_k), so the choices match it exactly.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,8 +23,8 @@ __device__ __forceinline__ void keep_top_groups(const float* gscore, unsigned ch
   __syncwarp();
 }
 
-// The expert of largest value among kept groups (groups of `per` consecutive ids) not yet taken;
-// equal values go to the lower id. Every lane returns it (with its value in *v); the caller marks
+// The expert of largest value among kept groups (groups of `per` consecutive ids; kept null:
+// every expert competes) not yet taken; equal values go to the lower id. Every lane returns it (with its value in *v); the caller marks
 // it taken. Ends with the warp in sync.
 __device__ __forceinline__ int warp_pick_best(const float* value, const unsigned char* taken,
                                               const unsigned char* kept, int per, int n_experts, int lane,
@@ -32,7 +32,7 @@ __device__ __forceinline__ int warp_pick_best(const float* value, const unsigned
   int best = -1;
   float bv = 0;
   for (int e = lane; e < n_experts; e += 32)
-    if (kept[e / per] && !taken[e] && (best < 0 || value[e] > bv)) best = e, bv = value[e];
+    if ((kept == nullptr || kept[e / per]) && !taken[e] && (best < 0 || value[e] > bv)) best = e, bv = value[e];
   for (int o = 16; o > 0; o >>= 1) {
     const int ob = __shfl_xor_sync(0xffffffffu, best, o);
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);

@@ -1,9 +1,10 @@
 // The MoE router on the GPU: softmax over a token's expert logits, the top-k by selection (ties:
-// lower id first), optional renormalisation. Reference: runtime/model/moe_layer.cpp route_token.
+// lower id first), optional renormalisation. Reference: runtime/model/routing.cpp route_token.
 #include <string>
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
+#include "kernels/cuda/router_select.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace moestream::gpu {
@@ -38,16 +39,8 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int n_exper
   float* out_w = weights + size_t(blockIdx.x) * k;
   float wsum = 0;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float bp = 0;
-    for (int e = lane; e < n_experts; e += 32)
-      if (!taken[e] && (best < 0 || probs[e] > bp)) best = e, bp = probs[e];
-    // Warp argmax: larger probability wins, equal probabilities go to the lower id.
-    for (int o = 16; o > 0; o >>= 1) {
-      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      if (ob >= 0 && (best < 0 || op > bp || (op == bp && ob < best))) best = ob, bp = op;
-    }
+    float bp;
+    const int best = warp_pick_best(probs, taken, nullptr, 1, n_experts, lane, &bp);
     if (lane == 0) {
       out_ids[j] = best;
       out_w[j] = bp;

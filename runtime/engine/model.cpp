@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "loader/store/store_options.h"
+#include "runtime/engine/sequence_slots.h"
+#include "runtime/gpu/gpu_forward.h"
 #include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 #include "runtime/model/cpu_forward.h"
 #include "runtime/model/dense_weights.h"
@@ -165,9 +167,6 @@ void Model::set_sequence_routing(int sequence, RoutingOverrideFn fn) {
     return;
   }
   (void)m.slots.n_past(sequence);  // ConfigError naming the sequence when it is not live
-  if (fn && m.gpu)
-    throw ConfigError("set_sequence_routing: replayed routing of batched sequences runs on the CPU pass "
-                      "(not --gpu)");
   if (m.sequence_routing.size() <= size_t(sequence)) m.sequence_routing.resize(size_t(sequence) + 1);
   m.sequence_routing[size_t(sequence)] = std::move(fn);
 }

@@ -10,14 +10,14 @@
 #include <span>
 #include <string>
 
-#include "runtime/model/cache_aware_router.h"
+#include "loader/format/model_config.h"
 #include "loader/store/expert_store.h"
 #include "loader/store/store_options.h"
-#include "runtime/gpu/gpu_forward.h"  // GpuForwardInfo/Stats, gpu_unavailable_reason()
-#include "loader/format/model_config.h"
-#include "runtime/model/forward_pass.h"  // ForwardTimes, RoutingEvent, RoutingCallback
+#include "runtime/engine/sequence_input.h"
+#include "runtime/gpu/gpu_stats.h"  // GpuForwardInfo/Stats, gpu_unavailable_reason()
+#include "runtime/model/cache_aware_options.h"
+#include "runtime/model/forward_types.h"  // ForwardTimes, RoutingEvent, RoutingCallback
 #include "runtime/model/routing_override.h"
-#include "runtime/engine/sequence_slots.h"  // SequenceInput
 
 namespace moestream {
 

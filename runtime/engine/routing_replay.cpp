@@ -1,6 +1,6 @@
-// Implementation of runtime/model/routing_replay.h: steps are gathered once at load and mapped onto the
+// Implementation of runtime/engine/routing_replay.h: steps are gathered once at load and mapped onto the
 // model's counts up front, so route() is a copy.
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 
 #include <algorithm>
 #include <map>

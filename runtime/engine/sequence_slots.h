@@ -5,19 +5,11 @@
 #include <span>
 #include <vector>
 
+#include "runtime/engine/sequence_input.h"
 #include "runtime/engine/sliding_kv_horizon.h"
 #include "runtime/model/forward_pass.h"
 
 namespace moestream {
-
-// One sequence's part of a batch step (Model::forward_batch).
-struct SequenceInput {
-  int sequence = -1;            // a live id from Model::create_sequence()
-  std::span<const int> tokens;  // appended at the sequence's position (at least one)
-  // The last token's logits (vocab_size floats) or, with all_logits, every token's; empty = none.
-  std::span<float> logits;
-  bool all_logits = false;
-};
 
 class SequenceSlots {
  public:

@@ -10,31 +10,10 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "loader/store/expert_store.h"
 #include "loader/store/lfru_policy.h"
+#include "runtime/gpu/gpu_stats.h"
 #include "loader/format/model_config.h"
 
 namespace moestream {
-
-struct GpuCacheTelemetry {
-  CacheStats policy;                 // from LfruPolicy::stats()
-  uint64_t h2d_bytes = 0, h2d_copies = 0;   // copies after merging contiguous slot ranges
-  uint64_t h2d_direct_bytes = 0;     // of h2d_bytes, copied straight from page-locked page cache
-  uint64_t prefetch_issued = 0;      // predicted experts that were not resident and got a slot
-  uint64_t prefetch_used = 0;        // of those, later demanded while still resident
-  uint64_t prefetch_dropped = 0;     // refused by the eviction guard
-  uint64_t prefetch_ignored = 0;     // ids outside [0, n_experts)
-  uint64_t scratch_uses = 0;         // demanded experts that got no slot (went to scratch)
-  double demand_wait_s = 0;          // host time blocked reading misses for demand
-  uint64_t prefetch_cancelled = 0;   // predictions still unread when their layer's demand
-                                     // came without them: never copied
-  uint64_t prefetch_refills = 0;     // predictions read by demand after all (a miss): cancelled
-                                     // ones demanded later, and ones the worker had not begun
-                                     // reading when demanded (taken back from its queue)
-  uint64_t prefetch_waits = 0;       // demanded experts whose prefetch the worker had not yet
-                                     // copied: the host waited for it to issue the copy
-  double prefetch_wait_s = 0;        // host time of those waits
-  uint64_t prefetch_h2d_bytes = 0;   // of h2d_bytes, copied by the prefetch worker
-  uint64_t alloc_retries = 0;        // device allocations that failed and succeeded after a flush
-};
 
 // Tuning knobs beyond the budget; the defaults suit the engine, tests shrink them.
 struct GpuExpertCacheOptions {

@@ -58,12 +58,20 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
-      rope(c), Fs(c.shared_expert_intermediate_size),
-      cache_aware_router(c.n_experts, c.n_experts_per_tok, c.norm_topk_prob) {
+      rope(c), Fs(c.shared_expert_intermediate_size), routing_step(c) {
   I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
   sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
   router_params = RouterParams::of(c);
-  if (grouped_cache_aware(router_params)) cache_aware_router.set_grouped(router_params);
+  // Cache-aware routing's residency: an expert whose bytes the GPU cache holds in place or,
+  // below it, a host tier of the store, as the CPU pass counts its tiers. Sampled once per layer
+  // per chunk, before the chunk's acquire (so a prefill chunk sees one snapshot, as on the CPU).
+  // A look-ahead prediction counts as resident only once its copy completed, so with
+  // --moe-lookahead the substitutions may vary from run to run.
+  residency = [this](int layer, std::span<uint8_t> resident) {
+    store.residency(layer, std::span<ExpertTier>(tiers));
+    for (int e = 0; e < E; ++e)
+      resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage || cache->resident_payload(layer, e) != nullptr;
+  };
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
     throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
@@ -158,7 +166,6 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   predicted.reserve(size_t(std::max(N, 1)));
   in_prediction.assign(size_t(E), 0);
   tiers.resize(size_t(E));
-  resident.resize(size_t(E));
 
   // The expert cache's budget (issue 8): as asked, else everything when it fits, else 80%.
   size_t free_b = 0, total_b = 0;
@@ -222,7 +229,8 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   bool skip_attention = false;  // ... from its MoE on (a resident step met a miss there)
   step_misses = 0;
   h_normed = false;
-  if (resident_step_allowed(c, routing)) {
+  routing_step.begin_chunk(routing, c, ca_stats);
+  if (resident_step_allowed(c)) {
     first = resident_step(c, times);
     if (first == cfg.n_layers) return;  // all hits: logits are in place
     skip_attention = true;
@@ -230,7 +238,7 @@ void CudaForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rou
   }
   for (int l = first; l < cfg.n_layers; ++l) {
     if (!(skip_attention && l == first)) attention_layer(l, T, n_past, times);
-    moe_layer(c, routing, l, times, ca_stats);
+    moe_layer(c, l, times);
   }
   // The next decode step tries the resident path when this one read nothing.
   resident_next = decode && step_misses == 0;
@@ -303,20 +311,12 @@ void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times)
   times.attention_s += seconds_since(ta);
 }
 
-// Layer l's sparse MLP through the host: the router's top-k comes back (one sync), the override,
-// cache-aware substitution and on_routing see it, the expert cache acquires the experts, then
-// the expert kernels, the shared expert and the residual add.
-void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l,
-                            ForwardTimes& times, CacheAwareStats& ca_stats) {
-  const int T = c.n_tokens, n_past = c.n_past;
-  const bool decode = T == 1, prefill = c.prefill;
-  const RoutingCallback& on_routing = routing.on_routing;
-  const RoutingOverrideFn* override = routing.override ? &routing.override : nullptr;
-  const uint64_t ordinal = c.ordinal;
-  const bool substitute = override == nullptr && routing.cache_aware.enabled;
-  if (substitute && cfg.router_softmax_topk)  // as the CPU pass
-    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
-                      "softmax over the selected top-k (gpt-oss)");
+// Layer l's sparse MLP through the host: the router's top-k comes back (one sync), the routing
+// step (override, id check, cache-aware substitution, events) sees it, the expert cache acquires
+// the experts, then the expert kernels, the shared expert and the residual add.
+void CudaForward::moe_layer(const ForwardChunk& c, int l, ForwardTimes& times) {
+  const int T = c.n_tokens;
+  const bool decode = T == 1;
   const size_t pairs = size_t(B) * size_t(K);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
   if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
@@ -348,7 +348,7 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   const size_t route_bytes = (2 * pairs + (lookahead ? size_t(N) : 0)) * 4;
   MOE_CUDA_CHECK(cudaMemcpyAsync(route_host.as<int>(), ids_d, route_bytes,
                                  cudaMemcpyDeviceToHost, stream));
-  if (substitute)
+  if (routing_step.substitutes())
     MOE_CUDA_CHECK(cudaMemcpyAsync(logits_host.as<float>(), rlog, size_t(T) * E * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
   if (cpu_experts && decode && !batch_step)  // the row the CPU computes misses on (cpu_misses)
@@ -356,30 +356,17 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   int* ids_h = route_host.as<int>();
   float* wts_h = reinterpret_cast<float*>(ids_h + pairs);
-  // Weights the host wrote go back to the device once, after every host step of the layer.
-  bool upload_weights = false;
-  if (override != nullptr) {  // replayed routing: the weights go back to the device
-    (*override)(moe_l, ordinal, T, ids_h, wts_h);
-    upload_weights = true;
-  }
-  for (int i = 0; i < T * K; ++i)
-    if (ids_h[i] < 0 || ids_h[i] >= E)
-      throw FormatError("layer " + std::to_string(l) + " (MoE layer " + std::to_string(moe_l) + "): expert id " + std::to_string(ids_h[i]) +
-                        " outside [0, " + std::to_string(E) + ") from the " +
-                        (override ? "routing override" : "router"));
-  // Substituted ids stay on the host (moe() plans from them); new weights go to the device.
-  if (substitute && apply_cache_aware(moe_l, T, routing.cache_aware, ca_stats,
-                                      sigmoid_routing ? lw.router_bias.data() : nullptr))
-    upload_weights = true;
-  if (upload_weights)
+  // Weights the host wrote (an override, a substitution) go back to the device once; the ids stay
+  // on the host (moe() plans from them).
+  if (routing_step.decide(moe_l, ids_h, wts_h, logits_host.as<const float>(),
+                          sigmoid_routing ? lw.router_bias.data() : nullptr, residency))
     MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
                                    cudaMemcpyHostToDevice, stream));
-  if (on_routing) {
+  if (routing_step.observed()) {
     router_inputs.resize(size_t(T) * D);
     MOE_CUDA_CHECK(cudaMemcpy(router_inputs.data(), h, router_inputs.size() * 4,
                               cudaMemcpyDeviceToHost));
-    RoutingEvent ev{moe_l, n_past, T, K, D, prefill, ids_h, wts_h, router_inputs.data()};
-    on_routing(ev);
+    routing_step.publish(moe_l, ids_h, wts_h, router_inputs.data());
   }
   times.router_s += seconds_since(tr);
 
@@ -413,28 +400,6 @@ void CudaForward::moe_layer(const ForwardChunk& c, const RoutingControl& routing
   moe(moe_l, T, lookahead, times);
   if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
   if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(T) * D, stream);  // GLM-4.5: ungated
-}
-
-// Cache-aware routing of layer `layer`: the exact top-k in route_host against what the GPU cache
-// holds with its bytes in place or, below it, a host tier of the store, as the CPU pass does
-// against its tiers. Sampled once per layer per chunk, before the chunk's acquire (so a prefill
-// chunk sees one snapshot, as on the CPU). A look-ahead prediction counts as resident only once
-// its copy completed, so with --moe-lookahead the substitutions may vary from run to run.
-// In a batch step with the union rule (batch_union) the sequences are forward_batch's rows
-// (batch_splits), in the step's order, as the CPU pass hands them to the same router.
-// Returns whether any slot changed (the weights in route_host then need uploading).
-bool CudaForward::apply_cache_aware(int layer, int T, const CacheAwareOptions& o, CacheAwareStats& stats,
-                                    const float* bias) {
-  store.residency(layer, std::span<ExpertTier>(tiers));
-  for (int e = 0; e < E; ++e)
-    resident[size_t(e)] = tiers[size_t(e)] != ExpertTier::kStorage ||
-                          cache->resident_payload(layer, e) != nullptr;
-  int* ids_h = route_host.as<int>();
-  float* wts_h = reinterpret_cast<float*>(ids_h + size_t(B) * size_t(K));
-  const std::span<const int> sequences =
-      o.batch_union && batch_step ? std::span<const int>(batch_splits) : std::span<const int>{};
-  return cache_aware_router.apply(resident, logits_host.as<const float>(), T, o.tolerance, ids_h,
-                                  wts_h, stats, bias, sequences) > 0;
 }
 
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts

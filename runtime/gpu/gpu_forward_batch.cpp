@@ -109,14 +109,17 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
                       std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
   MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");
   h_normed = false;
-  MOE_ASSERT(!routing.override, "routing overrides run one sequence at a time");
+  MOE_ASSERT(!routing.override, "the model's routing override has one clock: batches take per-sequence ones");
   const int n = b.n_entries;
   batch_splits.assign(1, 0);
+  batch_sequences.clear();
   bool any_decode = false;
   for (int i = 0; i < n; ++i) {
     const ForwardChunk& c = b.entries[i].chunk;
     MOE_ASSERT(c.n_tokens > 0 && c.n_past >= 0 && c.n_past + c.n_tokens <= opts.max_context);
     for (int j = 0; j < i; ++j) MOE_ASSERT(b.entries[j].slot != b.entries[i].slot, "slot twice in a batch");
+    batch_sequences.push_back(RoutingSequence{batch_splits.back(), c.n_tokens, c.n_past, c.prefill,
+                                              b.entries[i].slot, b.entries[i].override, c.ordinal});
     batch_splits.push_back(batch_splits.back() + c.n_tokens);
     MOE_ASSERT(batch_splits.back() <= B, "batch larger than max_batch");
     any_decode |= c.n_tokens == 1;  // as forward_chunk: one token is a demand (and ends a step)
@@ -140,22 +143,10 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
   embed(T);
   times.other_s += seconds_since(t0);
 
-  // moe_layer() runs the step's rows as one chunk of T rows; its routing event splits here into
-  // one per sequence, tagged with the slot, at the sequence's own position.
-  RoutingControl rc;
-  rc.cache_aware = routing.cache_aware;  // one residency snapshot per layer for the whole step
-  if (routing.on_routing)
-    rc.on_routing = [&](const RoutingEvent& all) {
-      for (int i = 0; i < n; ++i) {
-        const ForwardChunk& c = b.entries[i].chunk;
-        const size_t r0 = size_t(batch_splits[size_t(i)]);
-        RoutingEvent ev{all.layer, c.n_past, c.n_tokens, all.top_k, all.hidden, c.prefill,
-                        all.ids + r0 * size_t(all.top_k), all.weights + r0 * size_t(all.top_k),
-                        all.router_inputs + r0 * size_t(all.hidden)};
-        ev.sequence = b.entries[i].slot;
-        routing.on_routing(ev);
-      }
-    };
+  // moe_layer() runs the step's rows as one chunk of T rows; the routing step replays each
+  // sequence's override on its rows, takes one residency snapshot per layer for the whole step,
+  // and splits the routing events into one per sequence, tagged with the slot.
+  routing_step.begin_chunk(routing, batch_sequences, ca_stats);
   ForwardChunk rows;  // the whole step as moe_layer sees it
   rows.n_tokens = T;
   rows.n_past = 0;
@@ -171,7 +162,7 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
   } restore{*this};
   for (int l = 0; l < cfg.n_layers; ++l) {
     batch_attention_layer(b, l, times);
-    moe_layer(rows, rc, l, times, ca_stats);
+    moe_layer(rows, l, times);
   }
   if (any_decode) cache->end_step();
 

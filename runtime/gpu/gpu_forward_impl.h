@@ -20,6 +20,7 @@
 #include "runtime/model/expert_compute.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
+#include "runtime/model/routing_step.h"
 
 namespace moestream::detail {
 
@@ -91,15 +92,16 @@ struct CudaForward final : GpuForward {
   int predicted_layer = -1;
   std::vector<uint8_t> in_prediction;  // [E]
   GpuLookaheadStats la_stats;
-  // Cache-aware routing: the router's logits [B*E] on the host, the layer's residency, the step
-  // the CPU pass runs too.
+  // Cache-aware routing: the router's logits [B*E] on the host.
   PinnedBuffer logits_host;
   // Greedy decoding (ForwardChunk::argmax): the last token's id, picked on the device.
   DeviceBuffer argmax_dev;  // gpu::ArgmaxState, zeroed at construction
   PinnedBuffer argmax_host;
   std::vector<ExpertTier> tiers;   // [E]: the store's (host) tiers
-  std::vector<uint8_t> resident;   // [E]: in the GPU cache or a host tier
-  CacheAwareRouter cache_aware_router;
+  // The chunk's routing step (override, id check, cache-aware substitution, events), begun by
+  // forward_chunk and forward_batch; residency: the GPU cache or a host tier (the constructor).
+  RoutingStep routing_step;
+  ResidencyFn residency;
   // Resident decode (gpu_forward_resident.cpp, docs/gpu.md): a decode step whose experts were
   // all resident last step runs every layer without a host sync, reading this table.
   bool resident_capable = false;  // every expert matrix takes the grouped GEMM (device pointers)
@@ -184,11 +186,9 @@ struct CudaForward final : GpuForward {
     cpu_miss_stats = {};
   }
   const GpuForwardInfo& info() const override { return info_; }
-  bool apply_cache_aware(int layer, int T, const CacheAwareOptions& o, CacheAwareStats& stats, const float* bias);
   void moe(int layer, int T, bool lookahead, ForwardTimes& times);
   void attention_layer(int l, int T, int n_past, ForwardTimes& times);
-  void moe_layer(const ForwardChunk& c, const RoutingControl& routing, int l, ForwardTimes& times,
-                 CacheAwareStats& ca_stats);
+  void moe_layer(const ForwardChunk& c, int l, ForwardTimes& times);
   void enqueue_logits(const ForwardChunk& c);
   // enqueue_logits without the copy to c.logits: final norm and lm_head into `logits`.
   void enqueue_lm_head(const ForwardChunk& c);
@@ -197,7 +197,7 @@ struct CudaForward final : GpuForward {
   bool expert_gemm_takes(const ExpertLayout& lay) const;
   void init_resident();
   void preload_experts();
-  bool resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const;
+  bool resident_step_allowed(const ForwardChunk& c) const;
   int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);
   void shared_expert(const GpuLayerWeights& lw, int T);
@@ -210,6 +210,7 @@ struct CudaForward final : GpuForward {
   // rows in the shared scratch, entry i at rows batch_splits[i]..batch_splits[i+1].
   std::vector<DeviceBuffer> slot_kv;
   std::vector<int> batch_splits;
+  std::vector<RoutingSequence> batch_sequences;  // the entries as the routing step sees them
   // Set by forward_batch while its layers run. batch_step: moe_layer predicts nothing (no
   // look-ahead) and moe(), with more experts than one acquire takes, acquires the resident ones
   // first so their kernels run while the misses are read. batch_demand: the union is a demand

@@ -41,9 +41,9 @@ void CudaForward::init_resident() {
   MOE_CUDA_CHECK(cudaEventCreate(&step_end));
 }
 
-bool CudaForward::resident_step_allowed(const ForwardChunk& c, const RoutingControl& routing) const {
-  return resident_capable && resident_next && c.n_tokens == 1 && !routing.on_routing &&
-         !routing.override && !routing.cache_aware.enabled;
+bool CudaForward::resident_step_allowed(const ForwardChunk& c) const {
+  return resident_capable && resident_next && c.n_tokens == 1 && !routing_step.observed() &&
+         routing_step.router_only();
 }
 
 // Layer l of a resident step: attention, then the MoE on the device's own routing (or the

@@ -1,10 +1,9 @@
-// Implementation of runtime/model/cache_aware_router.h: the substitution rule, the weights of the
-// final selection and the per-chunk step of both passes. Plain loops: k <= 8 and n_experts <= a
-// few hundred per (token, layer).
+// Implementation of runtime/model/cache_aware_router.h: the per-chunk cache-aware step of both
+// passes over the substitution rules of routing.h. Plain loops: k <= 8 and n_experts <= a few
+// hundred per (token, layer).
 #include "runtime/model/cache_aware_router.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "common/error.h"
 
@@ -19,45 +18,6 @@ CacheAwareStats& CacheAwareStats::operator+=(const CacheAwareStats& o) {
   misses_before += o.misses_before;
   misses_after += o.misses_after;
   return *this;
-}
-
-int substitute_resident(const float* logits, int n_experts, int k, std::span<const uint8_t> resident,
-                        float tolerance, int* ids) {
-  MOE_ASSERT(resident.size() == size_t(n_experts), "resident must hold n_experts flags");
-  k = std::min(k, n_experts);
-  if (k <= 0 || !(tolerance > 0)) return 0;
-  // ids arrive best first, so the range is first minus last.
-  const float range = logits[ids[0]] - logits[ids[k - 1]];
-  const float allowance = k == 1 ? tolerance : tolerance * range;
-  int changed = 0;
-  for (int j = k - 1; j >= 0; --j) {  // weakest first: it has the most to gain and least to lose
-    const int s = ids[j];
-    if (resident[size_t(s)]) continue;
-    int best = -1;
-    for (int c = 0; c < n_experts; ++c) {
-      if (!resident[size_t(c)] || std::find(ids, ids + k, c) != ids + k) continue;
-      if (best < 0 || logits[c] > logits[best]) best = c;  // strict: ties keep the lower id
-    }
-    if (best >= 0 && logits[s] - logits[best] <= allowance) {
-      ids[j] = best;
-      ++changed;
-    }
-  }
-  return changed;
-}
-
-void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
-                     float* weights, float* probs) {
-  float m = logits[0];
-  for (int e = 1; e < n_experts; ++e) m = std::max(m, logits[e]);
-  float sum = 0;
-  for (int e = 0; e < n_experts; ++e) sum += probs[e] = std::exp(logits[e] - m);
-  for (int j = 0; j < k; ++j) weights[j] = probs[ids[j]] / sum;
-  if (normalize) {
-    float s = 0;
-    for (int j = 0; j < k; ++j) s += weights[j];
-    for (int j = 0; j < k; ++j) weights[j] /= s;
-  }
 }
 
 CacheAwareRouter::CacheAwareRouter(int n_experts, int top_k, bool normalize)

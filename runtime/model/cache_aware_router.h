@@ -6,52 +6,10 @@
 #include <span>
 #include <vector>
 
+#include "runtime/model/cache_aware_options.h"
 #include "runtime/model/routing.h"
 
 namespace moestream {
-
-// The tolerance applies to raw router LOGITS (before softmax): a resident expert c may replace a
-// selected, non-resident expert s when logit[s] - logit[c] <= tolerance * (logit[top1] -
-// logit[topk]) (the top-k logit range); with k = 1 the range is 0, so tolerance is then an
-// absolute logit difference. Logits, not probabilities, because a logit gap bounds the
-// probability ratio: p_c >= p_s * exp(-allowed gap), whatever the rest of the distribution.
-struct CacheAwareOptions {
-  bool enabled = false;
-  float tolerance = 0.10f;  // 0 = never substitute (routing identical to cache-aware off)
-  // Batches of sequences (--cache-aware-union): an expert an earlier sequence of the same step
-  // finally chose counts as resident too (the step reads it once for all). One sequence alone
-  // routes exactly as without it (docs/cache_aware.md "Batches: the union rule").
-  bool batch_union = false;
-};
-
-// Counters over (token, layer) routings since the last reset. Misses count distinct experts of a
-// layer's forward chunk that are not resident (one read each), before and after substitution.
-struct CacheAwareStats {
-  uint64_t routings = 0;        // (token, layer) pairs routed
-  uint64_t slots = 0;           // (token, layer, slot) choices: routings * k
-  uint64_t slots_unchanged = 0; // choices left as exact top-k chose them
-  uint64_t substitutions = 0;   // slots - slots_unchanged
-  uint64_t layer_chunks = 0;    // residency snapshots taken (one per layer per forward chunk)
-  uint64_t misses_before = 0;   // distinct non-resident experts exact top-k would read
-  uint64_t misses_after = 0;    // distinct non-resident experts actually read
-  double agreement() const { return slots ? double(slots_unchanged) / double(slots) : 1.0; }
-  CacheAwareStats& operator+=(const CacheAwareStats& o);
-};
-
-// Rewrites ids[0..k) (exact top-k, best first) in place: for each slot whose expert is not
-// resident, weakest slot first, the best resident expert not already selected whose logit is within
-// the allowance (see CacheAwareOptions) takes that slot; ties go to the lower id. resident[e] != 0
-// marks expert e resident. A substituted slot keeps its position. Returns the number of slots
-// changed. tolerance <= 0 or k <= 0 changes nothing; k is clamped to n_experts.
-int substitute_resident(const float* logits, int n_experts, int k, std::span<const uint8_t> resident,
-                        float tolerance, int* ids);
-
-// Router weights of the experts in ids[0..k), as the architecture computes them: softmax over all
-// logits, each selected expert's probability, renormalised to sum 1 when `normalize`
-// (Qwen3 norm_topk_prob; Mixtral's softmax over the top-k logits is the same thing). probs_scratch
-// holds n_experts floats.
-void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
-                     float* weights, float* probs_scratch);
 
 // The cache-aware step of one layer's forward chunk, the same in the CPU and the GPU pass: every
 // token's exact top-k against one residency snapshot (substitute_resident), the weights of the

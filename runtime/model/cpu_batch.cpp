@@ -18,8 +18,9 @@ void ForwardPass::forward_batch(const ForwardBatch&, const RoutingControl&, Forw
 }
 
 CpuBatchPass::CpuBatchPass(const ModelConfig& cfg, const DenseWeights& w, const Rope& rope,
-                           MoeLayer& moe, ThreadPool& pool, int max_context, int max_batch)
-    : cfg_(cfg), w_(w), rope_(rope), moe_(moe), pool_(pool), max_context_(max_context),
+                           MoeLayer& moe, RoutingStep& routing_step, ThreadPool& pool, int max_context,
+                           int max_batch)
+    : cfg_(cfg), w_(w), rope_(rope), moe_(moe), routing_step_(routing_step), pool_(pool), max_context_(max_context),
       max_batch_(max_batch) {
   x_.resize(max_batch, cfg.hidden_size);
   h_.resize(max_batch, cfg.hidden_size);
@@ -43,8 +44,7 @@ CpuBatchPass::CpuBatchPass(const ModelConfig& cfg, const DenseWeights& w, const 
     mlp_scratch_.resize(max_batch, cfg.intermediate_size);
   }
   splits_.reserve(size_t(max_batch) + 1);
-  overrides_.reserve(size_t(max_batch));
-  ordinals_.reserve(size_t(max_batch));
+  sequences_.reserve(size_t(max_batch));
 }
 
 CpuBatchPass::~CpuBatchPass() = default;
@@ -121,14 +121,11 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
   MOE_ASSERT(!routing.override, "the model's routing override has one clock: batches take per-sequence ones");
   // Entry i owns rows splits_[i]..splits_[i+1] of every scratch matrix.
   splits_.assign(1, 0);
-  overrides_.clear();
-  ordinals_.clear();
-  bool any_override = false;
+  sequences_.clear();
   for (int i = 0; i < n; ++i) {
     const ForwardChunk& c = b.entries[i].chunk;
-    overrides_.push_back(b.entries[i].override);
-    ordinals_.push_back(c.ordinal);
-    any_override |= b.entries[i].override != nullptr;
+    sequences_.push_back(RoutingSequence{splits_.back(), c.n_tokens, c.n_past, c.prefill, b.entries[i].slot,
+                                         b.entries[i].override, c.ordinal});
     MOE_ASSERT(c.n_tokens > 0 && c.n_past >= 0 && c.n_past + c.n_tokens <= max_context_);
     for (int j = 0; j < i; ++j) MOE_ASSERT(b.entries[j].slot != b.entries[i].slot, "slot twice in a batch");
     splits_.push_back(splits_.back() + c.n_tokens);
@@ -149,12 +146,9 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
   }
   times.other_s += seconds_since(t0);
 
-  MoeRouting mr{nullptr, 0, routing.cache_aware, &cache_aware, splits_};
-  if (any_override) {
-    MOE_ASSERT(!routing.cache_aware.enabled, "per-sequence overrides exclude cache-aware routing");
-    mr.range_overrides = overrides_;
-    mr.range_ordinals = ordinals_;
-  }
+  routing_step_.begin_chunk(routing, sequences_, cache_aware);
+  MoeRouting mr;
+  mr.row_splits = splits_;
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerWeights& lw = w_.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();
@@ -174,19 +168,10 @@ void CpuBatchPass::forward(const ForwardBatch& b, const RoutingControl& routing,
     }
     const int moe_l = cfg_.moe_layer_index(l);
     const PhaseTimes before = moe_times_;
-    moe_.forward(pool_, moe_l, lw, h_.data(), T, tmp_.data(), moe_times_, mr);
-    if (routing.on_routing) {
+    moe_.forward(pool_, moe_l, lw, h_.data(), T, tmp_.data(), moe_times_, routing_step_, mr);
+    if (routing_step_.observed()) {  // one event per sequence, tagged with its slot
       moe_.verify_pending(pool_, moe_times_.expert_io_s);  // the events hand out this layer's input
-      const int K = cfg_.n_experts_per_tok;
-      for (int i = 0; i < n; ++i) {  // one event per sequence, tagged with its slot
-        const ForwardChunk& c = b.entries[i].chunk;
-        const size_t r0 = size_t(splits_[size_t(i)]);
-        RoutingEvent ev{moe_l, c.n_past, c.n_tokens, K, D, c.prefill,
-                        moe_.last_ids().data() + r0 * K, moe_.last_weights().data() + r0 * K,
-                        h_.data() + r0 * D};
-        ev.sequence = b.entries[i].slot;
-        routing.on_routing(ev);
-      }
+      routing_step_.publish(moe_l, moe_.last_ids().data(), moe_.last_weights().data(), h_.data());
     }
     x_.topRows(T) += tmp_.topRows(T);
     const double moe_total = seconds_since(tm);

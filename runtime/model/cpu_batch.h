@@ -30,10 +30,10 @@ inline constexpr int kMaxBatchSlots = 1024;
 
 class CpuBatchPass {
  public:
-  // Borrows CpuForward's weights, RoPE tables and MoE layer (the batch and the single sequence
-  // never run at once); sizes its own scratch for max_batch tokens.
+  // Borrows CpuForward's weights, RoPE tables, MoE layer and routing step (the batch and the
+  // single sequence never run at once); sizes its own scratch for max_batch tokens.
   CpuBatchPass(const ModelConfig& cfg, const DenseWeights& w, const Rope& rope, MoeLayer& moe,
-               ThreadPool& pool, int max_context, int max_batch);
+               RoutingStep& routing_step, ThreadPool& pool, int max_context, int max_batch);
   ~CpuBatchPass();
 
   // ForwardPass::forward_batch of the CPU pass. A slot's KV cache is allocated on its first use
@@ -58,6 +58,7 @@ class CpuBatchPass {
   const DenseWeights& w_;
   const Rope& rope_;
   MoeLayer& moe_;
+  RoutingStep& routing_step_;
   ThreadPool& pool_;
   int max_context_, max_batch_;
   std::vector<Slot> slots_;  // by slot id; empty until first used
@@ -72,8 +73,7 @@ class CpuBatchPass {
   RowMatrix mlp_act_, mlp_up_, mlp_scratch_;  // [max_batch, intermediate_size]: dense-MLP layers
   std::vector<float> cos_, sin_;   // [max_batch, half_dim]
   std::vector<int> splits_;        // row boundaries of the entries (MoeRouting::row_splits)
-  std::vector<const RoutingOverrideFn*> overrides_;  // per entry (MoeRouting::range_overrides)
-  std::vector<uint64_t> ordinals_;                   // per entry: its first token's position
+  std::vector<RoutingSequence> sequences_;  // the entries as the routing step sees them
 };
 
 }  // namespace moestream

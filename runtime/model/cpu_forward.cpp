@@ -32,6 +32,7 @@ struct CpuForward::Impl {
   std::unique_ptr<Attention> attention;  // one of the two: standard, or MLA (DeepSeek-V3)
   std::unique_ptr<MlaAttention> mla;
   MoeLayer moe;
+  RoutingStep routing_step;  // the chunk's (or a batch step's) override, id check, cache-aware swap, events
   PhaseTimes moe_times;
   RowMatrix x, h, tmp;          // [max_batch, D]
   RowMatrix mlp_act, mlp_up;    // [max_batch, intermediate_size]: dense-MLP layers (GLM-4.5)
@@ -44,7 +45,7 @@ struct CpuForward::Impl {
   Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
        ThreadPool& p, int max_context, int max_batch_)
       : cfg(c), store(store), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
-        moe(c, store, max_batch_), max_context(max_context) {
+        moe(c, store, max_batch_), routing_step(c), max_context(max_context) {
     if (cfg.has_mla()) mla = std::make_unique<MlaAttention>(cfg, max_context, max_batch);
     else attention = std::make_unique<Attention>(cfg, max_context, max_batch);
     x.resize(max_batch, cfg.hidden_size);
@@ -104,7 +105,8 @@ void CpuForward::forward_batch(const ForwardBatch& batch, const RoutingControl& 
                                ForwardTimes& times, CacheAwareStats& cache_aware) {
   Impl& m = *impl_;
   if (!m.batch)
-    m.batch = std::make_unique<CpuBatchPass>(m.cfg, m.w, m.rope, m.moe, m.pool, m.max_context, m.max_batch);
+    m.batch = std::make_unique<CpuBatchPass>(m.cfg, m.w, m.rope, m.moe, m.routing_step, m.pool, m.max_context,
+                                             m.max_batch);
   m.batch->forward(batch, routing, times, cache_aware);
 }
 
@@ -123,8 +125,8 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   m.rope.fill(c.n_past, T, m.cos.data(), m.sin.data());
   times.other_s += seconds_since(t0);
 
-  MoeRouting mr{routing.override ? &routing.override : nullptr, c.ordinal,
-                routing.cache_aware, &cache_aware, {}};
+  m.routing_step.begin_chunk(routing, c, cache_aware);
+  MoeRouting mr;
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = m.w.layers[size_t(l)];
     auto ta = std::chrono::steady_clock::now();
@@ -152,12 +154,10 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     mr.lookahead_next = ahead ? &m.w.layers[size_t(l) + 1] : nullptr;
     mr.lookahead_layer = ahead ? cfg.moe_layer_index(l + 1) : -1;
     mr.lookahead_from_override = m.lookahead_from_override;
-    m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, mr);
-    if (routing.on_routing) {
+    m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, m.routing_step, mr);
+    if (m.routing_step.observed()) {
       m.moe.verify_pending(m.pool, m.moe_times.expert_io_s);  // the event hands out this layer's input
-      RoutingEvent ev{moe_l, c.n_past, T, cfg.n_experts_per_tok, D, c.prefill,
-                      m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data()};
-      routing.on_routing(ev);
+      m.routing_step.publish(moe_l, m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data());
     }
     m.x.topRows(T) += m.tmp.topRows(T);
     const double moe_total = seconds_since(tm);

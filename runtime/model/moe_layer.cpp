@@ -28,52 +28,16 @@ int check_top_k(const ModelConfig& cfg) {
 
 }  // namespace
 
-void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
-                 float* weights, float* probs) {
-  float m = logits[0];
-  for (int e = 1; e < n_experts; ++e) m = std::max(m, logits[e]);
-  float sum = 0;
-  for (int e = 0; e < n_experts; ++e) sum += probs[e] = std::exp(logits[e] - m);
-  for (int e = 0; e < n_experts; ++e) probs[e] /= sum;
-  for (int j = 0; j < k; ++j) {  // k is small (<= 8 in practice): selection beats a sort
-    int best = -1;
-    for (int e = 0; e < n_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-    }
-    ids[j] = best;
-    weights[j] = probs[best];
-  }
-  if (normalize) {
-    float s = 0;
-    for (int j = 0; j < k; ++j) s += weights[j];
-    for (int j = 0; j < k; ++j) weights[j] /= s;
-  }
-}
-
-void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights) {
-  for (int j = 0; j < k; ++j) {  // selection as route_token: ties go to the lower id
-    int best = -1;
-    for (int e = 0; e < n_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-    }
-    ids[j] = best;
-  }
-  const float m = logits[ids[0]];  // the largest
-  float sum = 0;
-  for (int j = 0; j < k; ++j) sum += weights[j] = std::exp(logits[ids[j]] - m);
-  for (int j = 0; j < k; ++j) weights[j] /= sum;
-}
-
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
-      E_(cfg.n_experts), K_(cfg.n_experts_per_tok), max_batch_(max_batch), router_(RouterParams::of(cfg)),
-      cache_aware_(cfg.n_experts, check_top_k(cfg), cfg.norm_topk_prob),
+      E_(cfg.n_experts), K_(check_top_k(cfg)), max_batch_(max_batch), router_(RouterParams::of(cfg)),
       compute_(cfg, max_batch * cfg.n_experts_per_tok) {
-  if (grouped_cache_aware(router_)) cache_aware_.set_grouped(router_);  // DeepSeek-V2's softmax groups too
+  // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot
+  // change until this chunk's fetch starts, so every token of a prefill chunk sees one snapshot.
+  residency_ = [this](int layer, std::span<uint8_t> resident) {
+    store_.residency(layer, std::span<ExpertTier>(tiers_));
+    for (int e = 0; e < E_; ++e) resident[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
+  };
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
   probs_.resize(router_.scratch_floats());
@@ -89,7 +53,6 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   token_of_pair_.reserve(max_pairs);
   y_.resize(Eigen::Index(max_pairs), D_);
   tiers_.resize(size_t(E_));
-  resident_now_.resize(size_t(E_));
   if (cfg.has_shared_expert()) {
     shared_act_.resize(max_batch_, cfg.shared_expert_intermediate_size);
     shared_up_.resize(max_batch_, cfg.shared_expert_intermediate_size);
@@ -128,7 +91,7 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
 // The look-ahead's rule, as the GPU's (gpu_forward.cpp): layer L+1's router on layer L's normalised
 // input, ranked by logit (gpt-oss's logit bias added) for every router kind, the N best (ties: the
 // lower id), whatever the routing of layer L+1 then does. Only reads are affected, never a value.
-void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& r) {
+void MoeLayer::predict_next(ThreadPool& pool, const float* x, const RoutingStep& step, const MoeRouting& r) {
   const LayerWeights& next = *r.lookahead_next;
   MOE_ASSERT(next.router.rows() == cfg_.n_experts && r.lookahead <= E_, "look-ahead without the next router");
   if (la_ids_.empty()) {
@@ -140,9 +103,9 @@ void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& 
   linear(pool, ConstRowMap(x, 1, D_), next.router, logits);
   if (cfg_.router_bias) logits.row(0) += next.router_bias.transpose();
   route_token_topk_softmax(la_logits_.data(), E_, r.lookahead, la_ids_.data(), la_weights_.data());
-  if (r.lookahead_from_override && r.override != nullptr && *r.override) {
+  if (const RoutingOverrideFn* o = step.chunk_override(); r.lookahead_from_override && o != nullptr) {
     la_exact_.assign(size_t(K_), 0);
-    (*r.override)(r.lookahead_layer, r.ordinal, 1, la_exact_.data(), la_weights_.data());
+    (*o)(r.lookahead_layer, step.chunk_ordinal(), 1, la_exact_.data(), la_weights_.data());
     for (int j = 0; j < r.lookahead; ++j) la_exact_.push_back(la_ids_[size_t(j)]);
     size_t n = 0;  // distinct ids, the override's first, up to the width
     for (size_t i = 0; i < la_exact_.size() && n < size_t(r.lookahead); ++i)
@@ -150,23 +113,6 @@ void MoeLayer::predict_next(ThreadPool& pool, const float* x, const MoeRouting& 
         la_ids_[n++] = la_exact_[i];
   }
   store_.prefetch_predicted(r.lookahead_layer, std::span<const int>(la_ids_.data(), size_t(r.lookahead)));
-}
-
-// Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot change
-// until this chunk's fetch starts, so every token of a prefill chunk sees the same snapshot.
-void MoeLayer::apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T,
-                                 const MoeRouting& r) {
-  MOE_ASSERT(r.stats != nullptr, "cache-aware routing needs its counters");
-  if (cfg_.router_softmax_topk)
-    throw ConfigError("cache-aware routing (--cache-aware) is not implemented for a router that takes the "
-                      "softmax over the selected top-k (gpt-oss)");
-  store_.residency(layer, std::span<ExpertTier>(tiers_));
-  for (int e = 0; e < E_; ++e) resident_now_[size_t(e)] = tiers_[size_t(e)] != ExpertTier::kStorage;
-  // The union rule: a batch's sequences (row_splits) in the step's order; one sequence: none.
-  cache_aware_.apply(resident_now_, logits.data(), T, r.cache_aware.tolerance, ids_.data(),
-                     weights_.data(), *r.stats,
-                     router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr,
-                     r.cache_aware.batch_union ? r.row_splits : std::span<const int>{});
 }
 
 void MoeLayer::verify_pending(ThreadPool& pool, double& wait_s) {
@@ -177,7 +123,7 @@ void MoeLayer::verify_pending(ThreadPool& pool, double& wait_s) {
 }
 
 void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-                       float* out, PhaseTimes& times, const MoeRouting& routing) {
+                       float* out, PhaseTimes& times, RoutingStep& step, const MoeRouting& routing) {
   MOE_ASSERT(T > 0 && T <= max_batch_ && layer >= 0 && layer < int(layouts_.size()));
   check_moe_weights(cfg_, w);
   auto t0 = std::chrono::steady_clock::now();
@@ -195,21 +141,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     else
       route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
-  if (routing.override && *routing.override) {
-    (*routing.override)(layer, routing.ordinal, T, ids_.data(), weights_.data());
-  } else if (!routing.range_overrides.empty()) {  // each sequence of a batch its own replay
-    MOE_ASSERT(routing.range_overrides.size() + 1 == routing.row_splits.size() &&
-                   routing.range_ordinals.size() == routing.range_overrides.size() && !routing.cache_aware.enabled,
-               "per-sequence overrides need one per row range, and no cache-aware routing");
-    for (size_t i = 0; i < routing.range_overrides.size(); ++i) {
-      const RoutingOverrideFn* o = routing.range_overrides[i];
-      if (o == nullptr || !*o) continue;
-      const size_t r0 = size_t(routing.row_splits[i]);
-      (*o)(layer, routing.range_ordinals[i], routing.row_splits[i + 1] - int(r0), ids_.data() + r0 * K_,
-           weights_.data() + r0 * K_);
-    }
-  } else if (routing.cache_aware.enabled)
-    apply_cache_aware(layer, w, logits, T, routing);
+  step.decide(layer, ids_.data(), weights_.data(), logits.data(), selection_bias, residency_);
   for (int t = 0; t < T; ++t) {
     const int* ids = ids_.data() + size_t(t) * K_;
     for (int j = 0; j < K_; ++j) {
@@ -235,7 +167,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // Decode: the next layer's likely experts start loading while this layer's load and compute.
     if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr) {
       const auto tp = std::chrono::steady_clock::now();
-      predict_next(pool, x, routing);
+      predict_next(pool, x, step, routing);
       const double dt = seconds_since(tp);
       times.router_s += dt;  // the next router's product: router time, not I/O wait
       times.expert_io_s -= dt;

@@ -9,12 +9,11 @@
 
 #include "kernels/cpu/matvec_input.h"
 #include "runtime/model/expert_compute.h"
-#include "runtime/model/cache_aware_router.h"
 #include "runtime/model/dense_ops.h"
 #include "loader/store/expert_store.h"
 #include "loader/format/model_config.h"
 #include "runtime/model/routing.h"
-#include "runtime/model/routing_override.h"
+#include "runtime/model/routing_step.h"
 
 namespace moestream {
 
@@ -23,30 +22,13 @@ struct PhaseTimes {
   double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
 };
 
-// Top-k routing of one token: softmax over all experts, the k largest (ties: lower id first),
-// renormalised to sum 1 when `normalize`. ids/weights receive k entries.
-void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
-                 float* weights, float* probs_scratch);
-
-// gpt-oss's router: the k largest logits (ties: lower id first), weights = softmax over those k.
-void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights);
-
-// How one forward() picks its experts after the router (CpuForward fills it per chunk).
+// What one forward() needs beside the routing step (CpuForward and CpuBatchPass fill it per chunk).
 struct MoeRouting {
-  const RoutingOverrideFn* override = nullptr;  // set and non-empty: replaces the router
-  uint64_t ordinal = 0;              // tokens routed before the chunk (RoutingOverrideFn)
-  CacheAwareOptions cache_aware;     // without an override: substitute resident experts
-  CacheAwareStats* stats = nullptr;  // cache-aware counters are added here (enabled: required)
   // Batches (runtime/model/cpu_batch.h): row boundaries of the sequences, 0 first and T last;
   // the dense products (router, shared expert) run once over all rows through linear_ranges, so
   // each sequence gets the numbers of its run alone. Empty: one range. Experts are fetched once
   // for all rows either way.
-  // cache_aware.batch_union: the sequences of the union rule, in this order.
   std::span<const int> row_splits;
-  // Batches: per range of row_splits, that sequence's override (null: the router's choice) and
-  // the ordinal it is called with. Empty: none. Excludes `override` and cache_aware.
-  std::span<const RoutingOverrideFn* const> range_overrides{};
-  std::span<const uint64_t> range_ordinals{};
   // Look-ahead (issue 19, CPU --moe-lookahead), decode chunks of one token only: while this
   // layer's experts load and compute, the next MoE layer's router (lookahead_next, MoE layer
   // lookahead_layer) ranks its experts on this layer's input, and the `lookahead` best are
@@ -54,8 +36,8 @@ struct MoeRouting {
   const LayerWeights* lookahead_next = nullptr;
   int lookahead_layer = -1;
   int lookahead = 0;
-  // Benchmarks with a replayed routing (override): predict from the override of the next layer
-  // (its ids first, then the router's ranking up to `lookahead`): a perfect predictor.
+  // Benchmarks with a replayed routing (the chunk's override): predict from the override of the
+  // next layer (its ids first, then the router's ranking up to `lookahead`): a perfect predictor.
   bool lookahead_from_override = false;
 };
 
@@ -63,10 +45,11 @@ class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
 
-  // x: T normalised rows [T, D]; writes out [T, D]. Experts as `routing` says. `layer` is the MoE
-  // layer index (ModelConfig::moe_layer_index), w the decoder layer's weights.
+  // x: T normalised rows [T, D]; writes out [T, D]. Experts as the router and `step` (begun for
+  // this chunk) decide. `layer` is the MoE layer index (ModelConfig::moe_layer_index), w the
+  // decoder layer's weights.
   void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-               float* out, PhaseTimes& times, const MoeRouting& routing);
+               float* out, PhaseTimes& times, RoutingStep& step, const MoeRouting& routing);
 
   // Deferred first-use checks (ExpertStore::set_deferred_checks, set by CpuForward): the hashes
   // queued on `pool` during forward() run there (those no thread took yet), then the store
@@ -103,14 +86,12 @@ class MoeLayer {
   RowMatrix shared_scratch_;          // [max_batch, Fs]: swiglu_ranges of a batch
   RowMatrix shared_y_;                // [max_batch, D]
   RowMatrix shared_logit_;            // [max_batch, 1]
-  // Cache-aware routing: the step, and the residency snapshot of this chunk.
-  void apply_cache_aware(int layer, const LayerWeights& w, const RowMap& logits, int T, const MoeRouting& routing);
-  CacheAwareRouter cache_aware_;
   ExpertCompute compute_;  // the pairs' products (decode: inputs rounded once)
-  std::vector<ExpertTier> tiers_;       // [E]
-  std::vector<uint8_t> resident_now_;   // [E]: not on storage at the chunk's start
+  // Cache-aware routing's residency snapshot: experts not on storage at the chunk's start.
+  std::vector<ExpertTier> tiers_;  // [E]
+  ResidencyFn residency_;
   // Look-ahead: the next layer's router logits and its best ids (MoeRouting::lookahead).
-  void predict_next(ThreadPool& pool, const float* x, const MoeRouting& routing);
+  void predict_next(ThreadPool& pool, const float* x, const RoutingStep& step, const MoeRouting& routing);
   RowMatrix la_logits_;                   // [1, E]
   std::vector<int> la_ids_;               // [E]
   std::vector<float> la_weights_;         // [E] (unused: the ranking is by logit)

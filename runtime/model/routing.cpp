@@ -7,14 +7,29 @@
 #include <cstdint>
 
 #include "common/error.h"
-#include "runtime/model/cache_aware_router.h"
-#include "runtime/model/moe_layer.h"
 
 namespace moestream {
 
 namespace {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// probs[e] = softmax(logits)[e] over n entries (max subtracted first).
+void softmax(const float* logits, int n, float* probs) {
+  float m = logits[0];
+  for (int e = 1; e < n; ++e) m = std::max(m, logits[e]);
+  float sum = 0;
+  for (int e = 0; e < n; ++e) sum += probs[e] = std::exp(logits[e] - m);
+  for (int e = 0; e < n; ++e) probs[e] /= sum;
+}
+
+// The selected weights divided by their sum when normalize (plus eps), then times scaling.
+void finish_weights(float* weights, int k, bool normalize, float scaling, float eps = 0.0f) {
+  float s = 0;
+  for (int j = 0; j < k; ++j) s += weights[j];
+  const float denom = normalize ? s + eps : 1.0f;
+  for (int j = 0; j < k; ++j) weights[j] = weights[j] / denom * scaling;
+}
 
 // Fills choice[E] (biased scores) and kept[n_group] (1: the group competes). scratch layout:
 // [choice E][E floats: substitute_resident_grouped's candidate flags][group score G][kept G].
@@ -66,11 +81,7 @@ GroupedChoice softmax_grouped_choice(const RouterParams& p, const float* logits,
   float* probs = scratch.data();
   float* gscore = scratch.data() + 2 * size_t(E);
   float* kept = gscore + G;
-  float m = logits[0];
-  for (int e = 1; e < E; ++e) m = std::max(m, logits[e]);
-  float sum = 0;
-  for (int e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - m);
-  for (int e = 0; e < E; ++e) probs[e] /= sum;
+  softmax(logits, E, probs);
   for (int g = 0; g < G; ++g) {
     float best = -INFINITY;
     for (int e = g * per; e < (g + 1) * per; ++e) best = std::max(best, probs[e]);
@@ -99,30 +110,76 @@ int substitute_resident_softmax_grouped(const RouterParams& p, const float* logi
 
 }  // namespace
 
+void select_top_k(const float* values, int n, int k, int* ids, const float* kept_groups, int group_size) {
+  MOE_ASSERT(k >= 0 && k <= n && group_size >= 1);
+  for (int j = 0; j < k; ++j) {  // k is small (<= 8 in practice): selection beats a sort
+    int best = -1;
+    for (int e = 0; e < n; ++e) {
+      if (kept_groups != nullptr && kept_groups[e / group_size] == 0) continue;
+      if (std::find(ids, ids + j, e) != ids + j) continue;
+      if (best < 0 || values[e] > values[best]) best = e;  // strict: ties keep the lower index
+    }
+    MOE_ASSERT(best >= 0, "fewer than k candidates (kept groups too small)");
+    ids[j] = best;
+  }
+}
+
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids, float* weights,
+                 float* probs) {
+  softmax(logits, n_experts, probs);
+  select_top_k(probs, n_experts, k, ids);
+  for (int j = 0; j < k; ++j) weights[j] = probs[ids[j]];
+  finish_weights(weights, k, normalize, 1.0f);
+}
+
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights) {
+  select_top_k(logits, n_experts, k, ids);
+  const float m = logits[ids[0]];  // the largest
+  float sum = 0;
+  for (int j = 0; j < k; ++j) sum += weights[j] = std::exp(logits[ids[j]] - m);
+  for (int j = 0; j < k; ++j) weights[j] /= sum;
+}
+
+int substitute_resident(const float* logits, int n_experts, int k, std::span<const uint8_t> resident,
+                        float tolerance, int* ids) {
+  MOE_ASSERT(resident.size() == size_t(n_experts), "resident must hold n_experts flags");
+  k = std::min(k, n_experts);
+  if (k <= 0 || !(tolerance > 0)) return 0;
+  // ids arrive best first, so the range is first minus last.
+  const float range = logits[ids[0]] - logits[ids[k - 1]];
+  const float allowance = k == 1 ? tolerance : tolerance * range;
+  int changed = 0;
+  for (int j = k - 1; j >= 0; --j) {  // weakest first: it has the most to gain and least to lose
+    const int s = ids[j];
+    if (resident[size_t(s)]) continue;
+    int best = -1;
+    for (int c = 0; c < n_experts; ++c) {
+      if (!resident[size_t(c)] || std::find(ids, ids + k, c) != ids + k) continue;
+      if (best < 0 || logits[c] > logits[best]) best = c;  // strict: ties keep the lower id
+    }
+    if (best >= 0 && logits[s] - logits[best] <= allowance) {
+      ids[j] = best;
+      ++changed;
+    }
+  }
+  return changed;
+}
+
+void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
+                     float* weights, float* probs) {
+  softmax(logits, n_experts, probs);
+  for (int j = 0; j < k; ++j) weights[j] = probs[ids[j]];
+  finish_weights(weights, k, normalize, 1.0f);
+}
+
 void route_softmax_grouped(const RouterParams& p, const float* logits, int* ids, float* weights,
                            std::span<float> scratch) {
   MOE_ASSERT(p.k > 0 && p.k <= p.n_experts && p.n_group > 0 && p.n_experts % p.n_group == 0 &&
              p.topk_group >= 1 && p.topk_group <= p.n_group);
   const GroupedChoice gc = softmax_grouped_choice(p, logits, scratch);
-  const int per = p.n_experts / p.n_group;
-  for (int j = 0; j < p.k; ++j) {  // repeated argmax, as route_token: ties to the lower id
-    int best = -1;
-    for (int e = 0; e < p.n_experts; ++e) {
-      if (gc.kept[e / per] == 0) continue;
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (!taken && (best < 0 || gc.choice[e] > gc.choice[best])) best = e;
-    }
-    MOE_ASSERT(best >= 0, "kept groups hold fewer than k experts");
-    ids[j] = best;
-    weights[j] = gc.choice[best];
-  }
-  if (p.normalize) {
-    float s = 0;
-    for (int j = 0; j < p.k; ++j) s += weights[j];
-    for (int j = 0; j < p.k; ++j) weights[j] /= s;
-  }
-  for (int j = 0; j < p.k; ++j) weights[j] *= p.scaling;
+  select_top_k(gc.choice, p.n_experts, p.k, ids, gc.kept, p.n_experts / p.n_group);
+  for (int j = 0; j < p.k; ++j) weights[j] = gc.choice[ids[j]];
+  finish_weights(weights, p.k, p.normalize, p.scaling);
 }
 
 void grouped_routing_weights(const RouterParams& p, const float* logits, const int* ids, float* weights,
@@ -133,12 +190,7 @@ void grouped_routing_weights(const RouterParams& p, const float* logits, const i
   }
   const float* probs = softmax_grouped_choice(p, logits, scratch).choice;
   for (int j = 0; j < p.k; ++j) weights[j] = probs[ids[j]];
-  if (p.normalize) {
-    float s = 0;
-    for (int j = 0; j < p.k; ++j) s += weights[j];
-    for (int j = 0; j < p.k; ++j) weights[j] /= s;
-  }
-  for (int j = 0; j < p.k; ++j) weights[j] *= p.scaling;
+  finish_weights(weights, p.k, p.normalize, p.scaling);
 }
 
 RouterParams RouterParams::of(const ModelConfig& cfg) {
@@ -154,28 +206,15 @@ RouterParams RouterParams::of(const ModelConfig& cfg) {
 }
 
 void sigmoid_routing_weights(const RouterParams& p, const float* logits, const int* ids, float* weights) {
-  float sum = 0;
-  for (int j = 0; j < p.k; ++j) sum += weights[j] = sigmoid(logits[ids[j]]);
-  const float denom = p.normalize ? sum + 1e-20f : 1.0f;
-  for (int j = 0; j < p.k; ++j) weights[j] = weights[j] / denom * p.scaling;
+  for (int j = 0; j < p.k; ++j) weights[j] = sigmoid(logits[ids[j]]);
+  finish_weights(weights, p.k, p.normalize, p.scaling, 1e-20f);
 }
 
 void route_sigmoid_grouped(const RouterParams& p, const float* logits, const float* bias, int* ids,
                            float* weights, std::span<float> scratch) {
   MOE_ASSERT(p.k > 0 && p.k <= p.n_experts && p.n_group > 0 && p.n_experts % p.n_group == 0);
   const GroupedChoice gc = grouped_choice(p, logits, bias, scratch);
-  const int per = p.n_experts / p.n_group;
-  for (int j = 0; j < p.k; ++j) {
-    int best = -1;
-    for (int e = 0; e < p.n_experts; ++e) {
-      if (gc.kept[e / per] == 0) continue;
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (!taken && (best < 0 || gc.choice[e] > gc.choice[best])) best = e;
-    }
-    MOE_ASSERT(best >= 0, "kept groups hold fewer than k experts");
-    ids[j] = best;
-  }
+  select_top_k(gc.choice, p.n_experts, p.k, ids, gc.kept, p.n_experts / p.n_group);
   sigmoid_routing_weights(p, logits, ids, weights);
 }
 

@@ -1,14 +1,32 @@
-// Router scoring and top-k selection by architecture: softmax top-k (Qwen3, OLMoE, Mixtral,
-// Qwen2-MoE) and the grouped sigmoid router of GLM-4.5 and DeepSeek-V3, with its correction bias.
-// One definition for the CPU pass, the GPU kernel's reference and cache-aware routing.
+// The router primitives: scoring and top-k selection by architecture (softmax top-k of Qwen3,
+// OLMoE, Mixtral, Qwen2-MoE; gpt-oss's softmax over the selected logits; the grouped sigmoid
+// router of GLM-4.5 and DeepSeek-V3 with its correction bias; DeepSeek-V2's grouped softmax), the
+// cache-aware substitution rules and the weights of a given selection. One definition for the
+// CPU pass, the GPU kernels' reference and cache-aware routing; pure functions of their inputs.
+// The per-chunk orchestration around them is runtime/model/routing_step.h.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "loader/format/model_config.h"
 
 namespace moestream {
+
+// The one top-k of the CPU: the k largest values[0..n) by repeated argmax, best first, ties to
+// the lower index. With kept_groups set, only indices e whose group kept_groups[e / group_size] is
+// non-zero compete (the grouped routers). ids receives k entries; asserts that k candidates exist.
+void select_top_k(const float* values, int n, int k, int* ids, const float* kept_groups = nullptr,
+                  int group_size = 1);
+
+// Top-k routing of one token: softmax over all experts, the k largest (ties: lower id first),
+// renormalised to sum 1 when `normalize`. ids/weights receive k entries; probs_scratch: n_experts.
+void route_token(const float* logits, int n_experts, int k, bool normalize, int* ids,
+                 float* weights, float* probs_scratch);
+
+// gpt-oss's router: the k largest logits (ties: lower id first), weights = softmax over those k.
+void route_token_topk_softmax(const float* logits, int n_experts, int k, int* ids, float* weights);
 
 // The routing fields of a ModelConfig.
 struct RouterParams {
@@ -49,6 +67,26 @@ void route(const RouterParams& p, const float* logits, const float* bias, int* i
 // The sigmoid router's weights of a given selection ids[0..k) (cache-aware routing recomputes
 // them after a substitution): unbiased sigmoid scores, normalised, scaled.
 void sigmoid_routing_weights(const RouterParams& p, const float* logits, const int* ids, float* weights);
+
+// The tolerance applies to raw router LOGITS (before softmax): a resident expert c may replace a
+// selected, non-resident expert s when logit[s] - logit[c] <= tolerance * (logit[top1] -
+// logit[topk]) (the top-k logit range); with k = 1 the range is 0, so tolerance is then an
+// absolute logit difference. Logits, not probabilities, because a logit gap bounds the
+// probability ratio: p_c >= p_s * exp(-allowed gap), whatever the rest of the distribution.
+// Rewrites ids[0..k) (exact top-k, best first) in place: for each slot whose expert is not
+// resident, weakest slot first, the best resident expert not already selected whose logit is within
+// the allowance takes that slot; ties go to the lower id. resident[e] != 0 marks expert e
+// resident. A substituted slot keeps its position. Returns the number of slots changed.
+// tolerance <= 0 or k <= 0 changes nothing; k is clamped to n_experts.
+int substitute_resident(const float* logits, int n_experts, int k, std::span<const uint8_t> resident,
+                        float tolerance, int* ids);
+
+// Router weights of the experts in ids[0..k), as the architecture computes them: softmax over all
+// logits, each selected expert's probability, renormalised to sum 1 when `normalize`
+// (Qwen3 norm_topk_prob; Mixtral's softmax over the top-k logits is the same thing). probs_scratch
+// holds n_experts floats.
+void routing_weights(const float* logits, int n_experts, const int* ids, int k, bool normalize,
+                     float* weights, float* probs_scratch);
 
 // Whether cache-aware routing takes the grouped rule below (substitute_resident_grouped, and
 // grouped_routing_weights for the weights): the sigmoid router, and the softmax router with

@@ -10,7 +10,7 @@
 
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {

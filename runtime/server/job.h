@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/cache_aware_router.h"
-#include "runtime/model/sampler.h"
+#include "runtime/engine/generate.h"  // SamplerParams
+#include "runtime/engine/model.h"     // CacheAwareOptions
 #include "runtime/server/api_error.h"
 
 namespace moestream {

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "runtime/engine/model.h"
-#include "runtime/model/routing_replay.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/server/job.h"
 
 namespace moestream {

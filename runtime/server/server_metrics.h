@@ -7,9 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "runtime/model/cache_aware_router.h"
-#include "runtime/model/forward_pass.h"
-#include "loader/store/expert_store.h"
+#include "runtime/engine/model.h"  // CacheAwareStats, ForwardTimes, ExpertStoreStats
 #include "runtime/server/job.h"
 
 namespace moestream {

@@ -25,6 +25,46 @@ ModelConfig tiny_moe_config(const TinyShape& s) {
                            QkNorm::kPerHead, s.quant);
 }
 
+void as_qwen2_moe(ModelConfig& c, int shared) {
+  c.arch = Arch::kQwen2Moe;
+  c.qk_norm = QkNorm::kNone;
+  c.qkv_bias = true;
+  c.shared_expert_intermediate_size = shared;
+}
+
+// The routing, shared expert and dense first layer GLM-4.5 and DeepSeek-V3 share.
+static void grouped_sigmoid_with_dense_first_layer(ModelConfig& c, int shared, int dense_intermediate) {
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.routed_scaling_factor = 2.5;
+  c.shared_expert_intermediate_size = shared;
+  c.shared_expert_gated = false;
+  c.first_k_dense_replace = 1;
+  c.intermediate_size = dense_intermediate;
+}
+
+void as_glm4_moe(ModelConfig& c, const GlmShape& s) {
+  c.arch = Arch::kGlm4Moe;
+  c.qkv_bias = true;
+  grouped_sigmoid_with_dense_first_layer(c, s.shared, s.dense_intermediate);
+  c.rotary_dim = s.rotary_dim;
+}
+
+void as_deepseek_v3(ModelConfig& c, const MlaShape& s) {
+  c.arch = Arch::kDeepseekV3;
+  c.qk_norm = QkNorm::kNone;
+  c.n_kv_heads = c.n_heads;
+  c.q_lora_rank = s.q_lora;
+  c.kv_lora_rank = s.kv_lora;
+  c.qk_nope_head_dim = s.nope;
+  c.qk_rope_head_dim = s.rope;
+  c.v_head_dim = s.v;
+  c.rope_scaling = RopeScaling{.type = "yarn", .factor = 4, .original_max_position_embeddings = 32,
+                               .mscale = 1, .mscale_all_dim = 1};
+  grouped_sigmoid_with_dense_first_layer(c, s.shared, s.dense_intermediate);
+}
+
 ModelConfig grouped_q8_config() {
   return tiny_moe_config({.hidden = 128, .layers = 3, .head_dim = 32, .intermediate = 256,
                           .experts = 16, .top_k = 4, .max_positions = 256});

@@ -23,6 +23,22 @@ struct TinyShape {
   QuantType quant = QuantType::kQ8;
 };
 ModelConfig tiny_moe_config(const TinyShape& s);
+// The families' quirks on a tiny config (the sizes each test picks for its own widths):
+// Qwen2-MoE: a gated shared expert of `shared` rows, QKV bias, no q/k norm.
+void as_qwen2_moe(ModelConfig& c, int shared);
+// GLM-4.5: grouped sigmoid routing (4 groups, 2 kept, scaling 2.5), QKV bias, an ungated shared
+// expert, one dense first layer of `dense_intermediate`, partial rotary of `rotary_dim`.
+struct GlmShape {
+  int shared = 0, dense_intermediate = 0, rotary_dim = 0;
+};
+void as_glm4_moe(ModelConfig& c, const GlmShape& s);
+// DeepSeek-V3: MLA (q LoRA, YaRN mscale 1 of factor 4 over 32 positions; n_kv_heads = n_heads)
+// over GLM-4.5's routing, shared expert and dense first layer. head_dim must be nope + rope.
+struct MlaShape {
+  int q_lora = 0, kv_lora = 0, nope = 0, rope = 0, v = 0, shared = 0, dense_intermediate = 0;
+};
+void as_deepseek_v3(ModelConfig& c, const MlaShape& s);
+
 // A q8 shape whose expert matrices all take the GPU's grouped GEMM (widths multiples of 32; the
 // demo's expert width of 80 takes the per-row matvec): 3 layers, 16 experts of about 105 KiB,
 // top-4. The GPU resident-decode and preload tests.

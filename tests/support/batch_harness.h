@@ -1,0 +1,55 @@
+// The batch harness of the CPU and GPU batch tests: requests that join a running batch at a step,
+// prefill in chunks beside the others' decode tokens and leave when done, against the same
+// requests run alone through Model::forward.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "loader/format/routing_log.h"
+#include "runtime/engine/model.h"
+#include "runtime/engine/routing_replay.h"
+
+namespace moestream::test {
+
+std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab);
+
+// A request: its prompt, the step it joins at, what it decodes, and the logits of every call that
+// produced some (the prompt's last chunk, then each decode token). It decodes `decode` when given
+// (fixed inputs, so the batch and the run alone see the same tokens even where a near tie would
+// pick another argmax), else n_new greedy tokens.
+struct BatchRequest {
+  std::vector<int> prompt;
+  int join_step = 0;
+  int n_new = 0;
+  std::vector<int> decode;
+  std::vector<std::vector<float>> logits;
+
+  int decode_tokens() const { return decode.empty() ? n_new : int(decode.size()); }
+};
+
+// Four requests of different prompt lengths (5, 19, 1 and 9 tokens: one longer than two chunks of
+// 8, one of a single token) joining at steps 0, 1, 1 and 8; the fourth joins after the first
+// left, in its freed slot. Greedy (n_new 6, 5, 7, 4), or with fixed decode tokens of those counts.
+std::vector<BatchRequest> four_requests(unsigned seed, int vocab, bool fixed_decode = false);
+
+// Alone: the prompt through forward() (chunks of the model's max_batch), then each decode token.
+void run_alone(Model& m, BatchRequest& r);
+
+// All requests through forward_batch: each joins at its step, prefills `chunk` tokens per step
+// beside the others' decode tokens, and leaves (freeing its slot) after its last token.
+// on_create(i, sequence): request i got its sequence (e.g. to give it its routing replay).
+void run_batched(Model& m, std::vector<BatchRequest>& rs, int chunk,
+                 const std::function<void(size_t, int)>& on_create = {});
+
+// A routing log of `requests` requests x `positions` tokens over c's counts, ids drawn at random
+// (distinct per token), weights normalised: traffic unlike any router's.
+RoutingLog random_log(const ModelConfig& c, int requests, int positions, unsigned seed);
+
+// Request `request` of a replay as a routing override (Model::set_sequence_routing); r must
+// outlive it.
+RoutingOverrideFn replaying(const RoutingReplay& r, size_t request);
+
+}  // namespace moestream::test
