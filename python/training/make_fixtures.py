@@ -362,6 +362,23 @@ def mxfp4_experts(model):
     return packed, dequantized
 
 
+def save_mxfp4_checkpoint(model, packed, dest):
+    """Writes gpt-oss's MXFP4 checkpoint of `model` into dest: config.json with its
+    quantization_config, model.safetensors with the `packed` experts (mxfp4_experts) and every other
+    tensor in f32 (a tied lm_head left to the embeddings)."""
+    sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
+          if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    sd.update(packed)
+    model.config.save_pretrained(dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file(sd, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+
 @torch.no_grad()
 def reference(model, prompts):
     logits_all, greedy_all, margins = [], [], []
@@ -425,15 +442,7 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                 raise RuntimeError(f"{name}: save_pretrained did not write gate_up_proj")
         elif layout == "mxfp4":
             packed, dequantized = mxfp4_experts(model)
-            sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
-                  if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
-            sd.update(packed)
-            model.config.save_pretrained(tmp)
-            cfg = json.loads((tmp / "config.json").read_text())
-            cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-            (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_mxfp4_checkpoint(model, packed, tmp)  # the fixture's embeddings are not tied
             save_file(dequantized, str(tmp / "mxfp4_dequantized.safetensors"), metadata={"format": "pt"})
             from transformers import Mxfp4Config
             mxfp4_reload = Mxfp4Config(dequantize=True)
