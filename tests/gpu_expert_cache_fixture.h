@@ -45,10 +45,11 @@ class GpuExpertCacheTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  // Options with the prefetch worker's store.
-  GpuExpertCacheOptions with_worker() {
+  // Options with the prefetch worker's store (the fixture's, open, unless a test gives its own).
+  GpuExpertCacheOptions with_worker() { return with_worker(pf_store_); }
+  static GpuExpertCacheOptions with_worker(ExpertStore& prefetch_store) {
     GpuExpertCacheOptions o;
-    o.prefetch_store = &pf_store_;
+    o.prefetch_store = &prefetch_store;
     return o;
   }
 
