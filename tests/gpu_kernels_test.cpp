@@ -22,6 +22,7 @@
 #include "kernels/cpu/quant.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
+#include "tests/support/router_params.h"
 
 namespace moestream {
 namespace {
@@ -124,15 +125,7 @@ struct GroupedCase {
   float scaling;
   // The CPU router's parameters for this shape and `scoring`.
   RouterParams params(RouterScoring scoring) const {
-    RouterParams p;
-    p.scoring = scoring;
-    p.n_experts = experts;
-    p.k = k;
-    p.normalize = normalize;
-    p.n_group = groups;
-    p.topk_group = keep;
-    p.scaling = scaling;
-    return p;
+    return test::grouped_router(scoring, experts, k, groups, keep, normalize, scaling);
   }
 };
 

@@ -17,21 +17,14 @@
 #include "loader/format/model_config.h"
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/routing.h"
+#include "tests/support/router_params.h"
 
 using namespace moestream;
 
 namespace {
 
 RouterParams grouped(int E, int k, int G, int topk_group, bool normalize = true, float scaling = 1.0f) {
-  RouterParams p;
-  p.scoring = RouterScoring::kSigmoid;
-  p.n_experts = E;
-  p.k = k;
-  p.normalize = normalize;
-  p.n_group = G;
-  p.topk_group = topk_group;
-  p.scaling = scaling;
-  return p;
+  return test::grouped_router(RouterScoring::kSigmoid, E, k, G, topk_group, normalize, scaling);
 }
 
 struct Routed {
