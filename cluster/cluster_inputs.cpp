@@ -39,25 +39,38 @@ PackedLayout read_packed_layout(const fs::path& dir, const IoEngineOptions& read
   return out;
 }
 
-std::vector<RoutingLog> load_routing_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
-                                          const fs::path& model, bool shape_only,
-                                          const std::function<void(const std::string&)>& notice) {
+std::vector<RoutingLog> read_routing_logs(const std::vector<std::string>& paths,
+                                          const std::function<void(const std::string&)>& notice,
+                                          const std::function<void(const std::string& path, RoutingLog& log)>& accept) {
   if (paths.empty()) throw ConfigError("routing: no routing log given");
   std::vector<RoutingLog> logs;
   for (const std::string& p : paths) {
     if (notice) notice("reading " + p);
     RoutingLog log = read_routing_log(p);
     if (notice && !log.warning.empty()) notice("warning: " + log.warning);
-    const RoutingLogHeader& h = log.header;
-    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
-      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) + ", " +
-                        std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) + " experts) than " +
-                        model.string() + " (model_hash " + std::to_string(want.model_hash) + ", " +
-                        std::to_string(want.n_layers) + " layers, " + std::to_string(want.n_experts) + " experts)");
+    accept(p, log);
     if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
     logs.push_back(std::move(log));
   }
   return logs;
+}
+
+ConfigError another_model_error(const std::string& path, const RoutingLogHeader& got, const fs::path& model,
+                                const std::string& want_hashes, const RoutingLogHeader& want) {
+  return ConfigError(path + ": routing log of another model (model_hash " + std::to_string(got.model_hash) + ", " +
+                     std::to_string(got.n_layers) + " layers, " + std::to_string(got.n_experts) + " experts) than " +
+                     model.string() + " (model_hash " + want_hashes + ", " + std::to_string(want.n_layers) +
+                     " layers, " + std::to_string(want.n_experts) + " experts)");
+}
+
+std::vector<RoutingLog> load_routing_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
+                                          const fs::path& model, bool shape_only,
+                                          const std::function<void(const std::string&)>& notice) {
+  return read_routing_logs(paths, notice, [&](const std::string& p, const RoutingLog& log) {
+    const RoutingLogHeader& h = log.header;
+    if ((!shape_only && h.model_hash != want.model_hash) || h.n_layers != want.n_layers || h.n_experts != want.n_experts)
+      throw another_model_error(p, h, model, std::to_string(want.model_hash), want);
+  });
 }
 
 IoProfile io_profile_of(const fs::path& profile_json, double op_latency_us, double bandwidth_gbps) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "cluster/io_cost_model.h"
+#include "common/error.h"
 #include "loader/format/expert_map.h"
 #include "loader/format/routing_log.h"
 #include "loader/io/io_engine.h"
@@ -36,6 +37,20 @@ PackedLayout read_packed_layout(const std::filesystem::path& dir, const IoEngine
 std::vector<RoutingLog> load_routing_logs(const std::vector<std::string>& paths, const RoutingLogHeader& want,
                                           const std::filesystem::path& model, bool shape_only,
                                           const std::function<void(const std::string&)>& notice = {});
+
+// What load_routing_logs and load_gguf_routing_logs share: the logs at `paths` read in turn
+// (ConfigError when there is none; `notice` as above), each handed to `accept`, which throws for
+// a log of another model (another_model_error) or adapts it to this one, then refused when it
+// holds no records.
+std::vector<RoutingLog> read_routing_logs(const std::vector<std::string>& paths,
+                                          const std::function<void(const std::string&)>& notice,
+                                          const std::function<void(const std::string& path, RoutingLog& log)>& accept);
+
+// "<path>: routing log of another model (its hash, layers, experts) than <model> (model_hash
+// <want_hashes>, want's layers and experts)"; want_hashes is the hash or hashes `model` accepts.
+ConfigError another_model_error(const std::string& path, const RoutingLogHeader& got,
+                                const std::filesystem::path& model, const std::string& want_hashes,
+                                const RoutingLogHeader& want);
 
 // The device profile in `profile_json` (load_io_profile; IoProfile's defaults when empty), then
 // each of latency and bandwidth overridden where > 0.

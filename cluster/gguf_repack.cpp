@@ -135,24 +135,17 @@ GgufLayout read_gguf_layout(const fs::path& path, const IoEngineOptions& reads) 
 std::vector<RoutingLog> load_gguf_routing_logs(const std::vector<std::string>& paths, const GgufLayout& layout,
                                                const fs::path& model, bool shape_only,
                                                const std::function<void(const std::string&)>& notice) {
-  if (paths.empty()) throw ConfigError("routing: no routing log given");
   const RoutingLogHeader& want = layout.packed.want;
-  std::vector<RoutingLog> logs;
-  for (const std::string& p : paths) {
-    if (notice) notice("reading " + p);
-    RoutingLog log = read_routing_log(p);
-    if (notice && !log.warning.empty()) notice("warning: " + log.warning);
+  return read_routing_logs(paths, notice, [&](const std::string& p, RoutingLog& log) {
     const RoutingLogHeader& h = log.header;
     const bool same_shape = h.n_layers == want.n_layers && h.n_experts == want.n_experts;
     const bool of_original = layout.source_hash && h.model_hash == *layout.source_hash;
     if (!same_shape || (h.model_hash != want.model_hash && !of_original && !shape_only))
-      throw ConfigError(p + ": routing log of another model (model_hash " + std::to_string(h.model_hash) + ", " +
-                        std::to_string(h.n_layers) + " layers, " + std::to_string(h.n_experts) + " experts) than " +
-                        model.string() + " (model_hash " + std::to_string(want.model_hash) +
-                        (layout.source_hash ? " or its original's " + std::to_string(*layout.source_hash) : "") +
-                        ", " + std::to_string(want.n_layers) + " layers, " + std::to_string(want.n_experts) +
-                        " experts)");
-    if (log.records.empty()) throw ConfigError(p + ": routing log holds no records");
+      throw another_model_error(
+          p, h, model,
+          std::to_string(want.model_hash) +
+              (layout.source_hash ? " or its original's " + std::to_string(*layout.source_hash) : ""),
+          want);
     if (of_original && h.model_hash != want.model_hash) {
       // Original ids -> this file's positions, through the inverse of the recorded permutation.
       std::vector<std::vector<uint16_t>> pos(want.n_layers, std::vector<uint16_t>(want.n_experts));
@@ -162,9 +155,7 @@ std::vector<RoutingLog> load_gguf_routing_logs(const std::vector<std::string>& p
         for (uint16_t& id : r.ids) id = pos[r.layer][id];  // layer and ids were checked by the reader
       if (notice) notice(p + ": recorded on the original model; expert ids mapped through the recorded permutation");
     }
-    logs.push_back(std::move(log));
-  }
-  return logs;
+  });
 }
 
 GgufRepackResult repack_gguf_experts(const fs::path& src, const fs::path& out,

@@ -4,22 +4,13 @@
 # fixture's 16 greedy tokens from `infer` on the CPU path, with --gpu, and with --gpu from a pack
 # converted by convert_model, each against llama.cpp's tokens stored beside the fixture.
 # Summary in $OUT/summary.txt (also printed), logs in $OUT/logs.tgz.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-W=$(mktemp -d /tmp/device_gguf.XXXXXX)
-mkdir -p "$O"
-S="$O/summary.txt"
-say() { echo "$*" | tee -a "$S"; }
-finish() { tar -czf "$O/logs.tgz" -C "$W" . 2>/dev/null; }
-trap finish EXIT
+source "$(dirname "$0")/device_gpu_env.sh" device_gguf
+keep_logs
 say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores"
 t0=$(date +%s)
-DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" BUILD_DIR=build-device-gpu \
-  bash scripts/device_build.sh gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_gguf_test gpu_mla_test gpu_gguf_arch_test \
-  gpu_expert_cache_test infer convert_model >"$W/build.log" 2>&1 || { tail -80 "$W/build.log" | tee -a "$S"; exit 1; }
+gpu_build 80 gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_gguf_test gpu_mla_test gpu_gguf_arch_test \
+  gpu_expert_cache_test infer convert_model
 say "build: $(( $(date +%s) - t0 )) s"
-B=build-device-gpu/bin
 rc=0
 for t in gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_mla_test gpu_expert_cache_test gpu_gguf_test gpu_gguf_arch_test; do
   timeout 600 "$B/$t" >"$W/$t.log" 2>&1; r=$?

@@ -6,32 +6,21 @@
 # interleaved rounds (default 2, order reversed every other round). Decode tok/s per run, medians,
 # ratios to --gpu-pin-page-cache, and whether the three modes chose the same tokens, in
 # $OUT/summary.txt; each run's stats JSON beside it.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-W=$(mktemp -d /tmp/device_cpu_misses.XXXXXX)
+source "$(dirname "$0")/device_gpu_env.sh" device_cpu_misses
 LAYERS=${LAYERS:-6}
 ROUNDS=${ROUNDS:-2}
 NTOK=${NTOK:-64}
 PROMPT=${PROMPT:-512}
 THREADS=${THREADS:-$(nproc)}
-mkdir -p "$O"
-S="$O/summary.txt"
-say() { echo "$*" | tee -a "$S"; }
 t0=$(date +%s)
-DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" \
-  BUILD_DIR=build-device-gpu bash scripts/device_build.sh infer synth_model >"$W/build.log" 2>&1 ||
-  { tail -40 "$W/build.log" | tee -a "$S"; exit 1; }
+gpu_build 40 infer synth_model
 say "build: $(( $(date +%s) - t0 )) s"
-B=build-device-gpu/bin
-M=$W/q30
-"$B/synth_model" --shape qwen3-30b-a3b --layers "$LAYERS" --quant q8 -q --max-context 4096 "$M" >"$W/synth.log" 2>&1 ||
-  { tail -5 "$W/synth.log" | tee -a "$S"; exit 1; }
+synth_q30
 EXP_MB=$(du -sm --apparent-size "$M"/experts* 2>/dev/null | awk '{s+=$1} END {print s}')
 C25=$((EXP_MB / 4))
 say "model: qwen3-30b-a3b shape, $LAYERS layers, q8 experts $EXP_MB MiB; cache $C25 MiB; -t $THREADS"
 cat "$M"/* "$M"/*/* >/dev/null 2>&1  # warm the page cache
-PF=(--prompt-ids "$(python3 -c "print(','.join(str((7919 * i + 11) % 151936) for i in range($PROMPT)))")")
+PF=(--prompt-ids "$(q30_prompt "$PROMPT")")
 run() {  # mode round flags...
   local m=$1 r=$2; shift 2
   "$B/infer" -m "$M" "${PF[@]}" -n "$NTOK" --temp 0 --ignore-eos --print-ids --gpu --gpu-cache-mb "$C25" -t "$THREADS" \
@@ -51,26 +40,12 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 python3 - "$O" "$ROUNDS" <<'PY' | tee -a "$S"
-import json, statistics, sys
-o, rounds = sys.argv[1], int(sys.argv[2])
-med = {}
-for m in ("copy", "pin", "cpu"):
-    runs = []
-    for r in range(1, rounds + 1):
-        try:
-            runs.append(json.load(open(f"{o}/{m}.{r}.json")))
-        except OSError:
-            pass
-    if not runs:
-        print(f"{m}: no run"); continue
-    tps = [x["decode"]["tokens_per_s"] for x in runs]
-    med[m] = statistics.median(tps)
-    d = runs[-1]["decode"]
-    g = d.get("gpu_cache", {})
-    keys = ("cpu_miss_experts", "cpu_miss_layers", "h2d_bytes", "h2d_direct_bytes", "demand_wait_s")
-    print(f"{m:5s} decode tok/s {' '.join(f'{t:.1f}' for t in tps)} (median {med[m]:.1f}); prefill "
-          f"{runs[-1]['prefill']['tokens_per_s']:.0f} tok/s; phases_s {json.dumps({k: round(v, 3) for k, v in d['phases_s'].items()})}; "
-          f"gpu {json.dumps({k: g.get(k) for k in keys})}")
+import sys
+sys.path.insert(0, "scripts")
+from decode_rounds import print_medians
+med = print_medians(sys.argv[1], int(sys.argv[2]), ("copy", "pin", "cpu"),
+                    ("cpu_miss_experts", "cpu_miss_layers", "h2d_bytes", "h2d_direct_bytes", "demand_wait_s"),
+                    prefill=True)
 for m in ("copy", "cpu"):
     if m in med and "pin" in med:
         print(f"{m} / pin: {med[m] / med['pin']:.2f}x")

@@ -7,27 +7,16 @@
 # and forward tests (gpu_kernels_test, gpu_decode_gemv_test, gpu_fused_ops_test,
 # gpu_forward_test; SKIP_TESTS=1 skips them). Output:
 # $OUT/summary.txt, the runs' stats JSON and the test logs.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-W=$(mktemp -d /tmp/device_resident.XXXXXX)
+source "$(dirname "$0")/device_gpu_env.sh" device_resident
 LAYERS=${LAYERS:-6}
 ROUNDS=${ROUNDS:-3}
 NTOK=${NTOK:-256}
-mkdir -p "$O"
-S="$O/summary.txt"
-say() { echo "$*" | tee -a "$S"; }
 t0=$(date +%s)
-DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" \
-  BUILD_DIR=build-device-gpu bash scripts/device_build.sh infer synth_model gpu_forward_test gpu_kernels_test gpu_decode_gemv_test gpu_fused_ops_test >"$W/build.log" 2>&1 ||
-  { tail -60 "$W/build.log" | tee -a "$S"; exit 1; }
+gpu_build 60 infer synth_model gpu_forward_test gpu_kernels_test gpu_decode_gemv_test gpu_fused_ops_test
 say "build: $(( $(date +%s) - t0 )) s"
-B=build-device-gpu/bin
-M=$W/q30
-"$B/synth_model" --shape qwen3-30b-a3b --layers "$LAYERS" --quant q8 -q --max-context 4096 "$M" >"$W/synth.log" 2>&1 ||
-  { tail -5 "$W/synth.log" | tee -a "$S"; exit 1; }
+synth_q30
 say "model: qwen3-30b-a3b shape, $LAYERS layers, q8 experts, $(du -sh "$M" | cut -f1)"
-PF=(--prompt-ids "$(python3 -c "print(','.join(str((7919 * i + 11) % 151936) for i in range(512)))")")
+PF=(--prompt-ids "$(q30_prompt 512)")
 for r in $(seq 1 "$ROUNDS"); do
   for mode in resident synced; do
     extra=(); [ "$mode" = synced ] && extra=(--gpu-sync-layers)
@@ -38,17 +27,13 @@ for r in $(seq 1 "$ROUNDS"); do
   cmp -s "$W/resident.$r.ids" "$W/synced.$r.ids" && say "round $r: identical tokens" || say "round $r: TOKENS DIFFER"
 done
 python3 - "$O" "$ROUNDS" <<'PY' | tee -a "$S"
-import json, statistics, sys
-o, rounds = sys.argv[1], int(sys.argv[2])
-res = {}
-for mode in ("resident", "synced"):
-    runs = [json.load(open(f"{o}/{mode}.{r}.json")) for r in range(1, rounds + 1)]
-    tps = [x["decode"]["tokens_per_s"] for x in runs]
-    res[mode] = statistics.median(tps)
-    d = runs[-1]["decode"]
-    print(f"{mode:9s} decode tok/s {' '.join(f'{t:.1f}' for t in tps)} (median {res[mode]:.1f});"
-          f" last run phases_s {json.dumps({k: round(v, 3) for k, v in d['phases_s'].items()})}; gpu {json.dumps({k: d['gpu_cache'].get(k) for k in ('resident_steps', 'resident_redone', 'gpu_misses')})}")
-print(f"resident / synced decode: {res['resident'] / res['synced']:.2f}x (medians of {rounds} interleaved rounds)")
+import sys
+sys.path.insert(0, "scripts")
+from decode_rounds import print_medians
+rounds = int(sys.argv[2])
+res = print_medians(sys.argv[1], rounds, ("resident", "synced"), ("resident_steps", "resident_redone", "gpu_misses"))
+if "resident" in res and "synced" in res:
+    print(f"resident / synced decode: {res['resident'] / res['synced']:.2f}x (medians of {rounds} interleaved rounds)")
 PY
 [ "${SKIP_TESTS:-0}" = 1 ] && exit 0
 for t in gpu_kernels_test gpu_decode_gemv_test gpu_fused_ops_test gpu_forward_test; do

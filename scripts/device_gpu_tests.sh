@@ -6,23 +6,13 @@
 # $OUT/summary.txt, each binary's verdict, its failures and the measured lines the tests print
 # ("[ gpu_vs_cpu ... ]", "[ measured ] ..."); full logs in $OUT/logs.tgz.
 # TESTS="a b" runs only those binaries; FILTER passes --gtest_filter to each.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-O=${OUT:-/tmp/moestream_out}
-W=$(mktemp -d /tmp/device_gpu_tests.XXXXXX)
-mkdir -p "$O"
-S="$O/summary.txt"
-say() { echo "$*" | tee -a "$S"; }
-finish() { tar -czf "$O/logs.tgz" -C "$W" . 2>/dev/null; }
-trap finish EXIT
+source "$(dirname "$0")/device_gpu_env.sh" device_gpu_tests
+keep_logs
 say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores"
 read -r -a tests <<<"${TESTS:-$(grep -o 'moestream_test(gpu_[a-z0-9_]*_test' tests/CMakeLists.txt | cut -d'(' -f2 | grep -v '_fake_test$' | sort -u | tr '\n' ' ')}"
 t0=$(date +%s)
-DEVICE_CMAKE_ARGS="-DMOESTREAM_CUDA=ON -DMOESTREAM_TESTS=ON -DGTest_DIR=${DEPS_DIR:-/tmp/deps}/usr/lib/x86_64-linux-gnu/cmake/GTest" \
-  BUILD_DIR=build-device-gpu bash scripts/device_build.sh "${tests[@]}" infer >"$W/build.log" 2>&1 ||
-  { tail -80 "$W/build.log" | tee -a "$S"; exit 1; }
+gpu_build 80 "${tests[@]}" infer
 say "build: $(( $(date +%s) - t0 )) s (${tests[*]})"
-B=build-device-gpu/bin
 rc=0
 for t in "${tests[@]}"; do
   t1=$(date +%s)

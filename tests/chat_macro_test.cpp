@@ -8,36 +8,13 @@
 
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/chat/chat_template.h"
+#include "tests/support/chat_render.h"
 
 namespace moestream {
 namespace {
 
 using OJ = nlohmann::ordered_json;
-
-std::string render(const std::string& source, const OJ& ctx = OJ::object()) {
-  return ChatTemplate(source).render(ctx);
-}
-
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const ChatTemplateError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
-void expect_render_error(const std::string& source, const std::string& needle, const OJ& ctx = OJ::object()) {
-  ChatTemplate t(source);
-  expect_error([&] { t.render(ctx); }, needle);
-}
-
-std::string repeat(const std::string& s, int n) {
-  std::string out;
-  for (int i = 0; i < n; ++i) out += s;
-  return out;
-}
+using namespace test;  // render, expect_error, expect_render_error, repeat
 
 TEST(ChatMacro, PositionalKeywordAndDefaultArguments) {
   // A default may use the parameters before it; a missing argument is undefined.

@@ -12,42 +12,13 @@
 
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/chat/chat_template.h"
+#include "tests/support/chat_render.h"
 
 namespace moestream {
 namespace {
 
 using OJ = nlohmann::ordered_json;
-
-std::string repeat(const std::string& s, size_t n) {
-  std::string out;
-  out.reserve(s.size() * n);
-  for (size_t i = 0; i < n; ++i) out += s;
-  return out;
-}
-
-std::string render(const std::string& source, const OJ& ctx = OJ::object()) {
-  return ChatTemplate(source).render(ctx);
-}
-
-// Expects a ChatTemplateError whose message contains `needle` (the limit or the operation).
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const ChatTemplateError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
-void expect_parse_error(const std::string& source, const std::string& needle) {
-  expect_error([&] { ChatTemplate t(source); }, needle);
-}
-
-void expect_render_error(const std::string& source, const std::string& needle, const OJ& ctx = OJ::object()) {
-  ChatTemplate t(source);
-  expect_error([&] { t.render(ctx); }, needle);
-}
+using namespace test;  // render, expect_error, expect_parse_error, expect_render_error, repeat
 
 // [[[...]]] with `levels` lists; built without recursion.
 OJ nested_lists(int levels) {

@@ -55,6 +55,8 @@ struct Gate {
   }
 };
 
+bool direct(const ExpertStore& s) { return s.describe().find("O_DIRECT") != std::string::npos; }
+
 // O_DIRECT files (so the page cache never holds a guess), with or without a host cache.
 class Lookahead : public ::testing::TestWithParam<bool> {
  protected:
@@ -76,6 +78,15 @@ class Lookahead : public ::testing::TestWithParam<bool> {
     const ExpertFileHeader h = read_expert_header(expert_file_path(d.path(), layer));
     return h.slot_offset(read_expert_map(expert_map_path(d.path(), layer)).physical(uint32_t(expert)));
   }
+  // A store whose read of (layer, expert) is held at `gate`; null, with the gate opened, where
+  // the filesystem refuses O_DIRECT (the caller skips).
+  std::unique_ptr<ExpertStore> open_holding(Gate& gate, int layer, int expert) {
+    gate.offset = slot_offset(layer, expert);
+    auto s = open(&gate);
+    if (direct(*s)) return s;
+    gate.release();
+    return nullptr;
+  }
   void expect_fetch(ExpertStore& s, int layer, const std::vector<int>& ids) {
     std::vector<const uint8_t*> out;
     s.fetch(layer, ids, out);
@@ -87,8 +98,6 @@ class Lookahead : public ::testing::TestWithParam<bool> {
   ModelConfig c;
   test::Payloads want;
 };
-
-bool direct(const ExpertStore& s) { return s.describe().find("O_DIRECT") != std::string::npos; }
 
 TEST_P(Lookahead, OverlappingIdsAreTakenNotReadAgain) {
   auto s = open();
@@ -145,12 +154,8 @@ TEST_P(Lookahead, AGuessForAnotherLayerIsDiscarded) {
 
 TEST_P(Lookahead, AnExpertInFlightIsAwaitedNotReadTwice) {
   Gate gate;
-  gate.offset = slot_offset(1, 5);
-  auto s = open(&gate);
-  if (!direct(*s)) {
-    gate.release();
-    GTEST_SKIP() << "O_DIRECT refused on this filesystem";
-  }
+  auto s = open_holding(gate, 1, 5);
+  if (!s) GTEST_SKIP() << "O_DIRECT refused on this filesystem";
   s->prefetch_predicted(1, std::vector<int>{5});
   gate.wait_reached();  // the guess's read of 5 is in flight and held
   s->begin_fetch(1, std::vector<int>{5, 0});
@@ -172,12 +177,8 @@ TEST_P(Lookahead, AnExpertInFlightIsAwaitedNotReadTwice) {
 
 TEST_P(Lookahead, AGuessNotStartedWhenItsLayerComesIsCancelled) {
   Gate gate;
-  gate.offset = slot_offset(1, 5);
-  auto s = open(&gate);
-  if (!direct(*s)) {
-    gate.release();
-    GTEST_SKIP() << "O_DIRECT refused on this filesystem";
-  }
+  auto s = open_holding(gate, 1, 5);
+  if (!s) GTEST_SKIP() << "O_DIRECT refused on this filesystem";
   s->prefetch_predicted(1, std::vector<int>{5});
   gate.wait_reached();  // the look-ahead's thread is held on this guess
   s->prefetch_predicted(1, std::vector<int>{6});  // replaces it; queued behind it
@@ -227,8 +228,8 @@ TEST_P(Lookahead, ACorruptGuessIsStillCaught) {
   }
   // Taken while still in flight: the demand fetch throws where it would have read it.
   Gate gate;
-  gate.offset = slot_offset(1, 3);
-  auto s = open(&gate);
+  auto s = open_holding(gate, 1, 3);
+  ASSERT_TRUE(s);  // O_DIRECT was accepted above
   s->prefetch_predicted(1, std::vector<int>{3});
   gate.wait_reached();
   s->begin_fetch(1, std::vector<int>{3});

@@ -34,6 +34,27 @@ ExpertFileHeader sample_header() {
   return h;
 }
 
+// A header field overwritten in its encoding: `width` bytes of `value` at `offset`.
+struct FieldPatch {
+  const char* field;
+  size_t offset;
+  uint64_t value;
+  size_t width;
+};
+
+// Each patch of h's encoding alone is refused with an error naming its field and `file`.
+void expect_each_patch_rejected_by_name(const ExpertFileHeader& h, std::initializer_list<FieldPatch> patches,
+                                        const std::string& file) {
+  const std::string good = encode_expert_header(h);
+  for (const FieldPatch& c : patches) {
+    std::string bad = good;
+    std::memcpy(bad.data() + c.offset, &c.value, c.width);
+    const std::string msg = test::error_message([&] { decode_expert_header(bad, h.file_bytes(), file); });
+    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  }
+}
+
 // Odd widths: no dimension is a multiple of a quant block.
 ModelConfig tiny_config(QuantType q) {
   return test::tiny_moe_config(
@@ -71,30 +92,18 @@ TEST(ExpertFile, HeaderRoundTrips) {
 }
 
 TEST(ExpertFile, EveryCorruptedFieldIsRejectedByName) {
-  const ExpertFileHeader h = sample_header();
-  const std::string good = encode_expert_header(h);
-  struct Case {
-    const char* field;
-    size_t offset;
-    uint64_t value;
-    size_t width;
-  };
-  const Case cases[] = {
-      {"magic", 0, 0x58, 1},          {"version", 8, 3, 4},
-      {"quant", 12, 9, 4},            {"n_experts", 20, 0, 4},
-      {"hidden", 24, 0, 4},           {"intermediate", 28, 1u << 30, 4},
-      {"expert_bytes", 32, 12345, 8}, {"expert_stride", 40, 4095, 8},
-      {"data_offset", 48, 8192, 8},   {"header_checksum", 56, 7, 8},
-      {"header_checksum", 64, 1, 8},  // a slot checksum: covered by the header checksum
-      {"header_checksum", 16, 4, 4},  // the layer index has no own check beyond the checksum
-  };
-  for (const Case& c : cases) {
-    std::string bad = good;
-    std::memcpy(bad.data() + c.offset, &c.value, c.width);
-    std::string msg = test::error_message([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_003.bin"); });
-    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
-    EXPECT_NE(msg.find("dir/layer_003.bin"), std::string::npos) << msg;
-  }
+  expect_each_patch_rejected_by_name(
+      sample_header(),
+      {
+          {"magic", 0, 0x58, 1},          {"version", 8, 3, 4},
+          {"quant", 12, 9, 4},            {"n_experts", 20, 0, 4},
+          {"hidden", 24, 0, 4},           {"intermediate", 28, 1u << 30, 4},
+          {"expert_bytes", 32, 12345, 8}, {"expert_stride", 40, 4095, 8},
+          {"data_offset", 48, 8192, 8},   {"header_checksum", 56, 7, 8},
+          {"header_checksum", 64, 1, 8},  // a slot checksum: covered by the header checksum
+          {"header_checksum", 16, 4, 4},  // the layer index has no own check beyond the checksum
+      },
+      "dir/layer_003.bin");
 }
 
 // Version 2 (a pack converted from a GGUF): a ggml type per matrix.
@@ -143,33 +152,22 @@ TEST(ExpertFile, TypedHeaderRoundTrips) {
 TEST(ExpertFile, EveryCorruptedTypedFieldIsRejectedByName) {
   const ExpertFileHeader h = typed_header();
   const std::string good = encode_expert_header(h);
-  struct Case {
-    const char* field;
-    size_t offset;
-    uint64_t value;
-    size_t width;
-  };
-  const Case cases[] = {
-      {"version", 8, 7, 4},
-      {"quant", 12, 0x100 + 4, 4},            // a retired ggml id
-      {"up_quant", 64, 0x100 + 99, 4},        // an unknown ggml id
-      {"down_quant", 68, 17, 4},              // neither a pack type nor a ggml one
-      {"flags", 72, 4 | 2, 4},                // an undefined flag bit
-      {"expert_bytes", 72, 1, 4},             // the bias flag: the payload would be longer
-      {"reserved", 76, 1, 4},
-      {"expert_bytes", 68, 0x100 + 8, 4},     // down Q8_0 instead of F16: another size
-      {"quant", 64, 0x100 + 12, 4},           // up Q4_K: 64 columns are not whole 256-blocks
-      {"header_checksum", 80, 1, 8},          // a slot checksum, now at 80
-      {"data_offset", 48, 4096 * 2, 8},
-  };
-  for (const Case& c : cases) {
-    std::string bad = good;
-    std::memcpy(bad.data() + c.offset, &c.value, c.width);
-    const std::string msg =
-        test::error_message([&] { decode_expert_header(bad, h.file_bytes(), "dir/layer_001.bin"); });
-    EXPECT_NE(msg.find(std::string("'") + c.field + "'"), std::string::npos) << c.field << ": " << msg;
-    EXPECT_NE(msg.find("dir/layer_001.bin"), std::string::npos) << msg;
-  }
+  expect_each_patch_rejected_by_name(
+      h,
+      {
+          {"version", 8, 7, 4},
+          {"quant", 12, 0x100 + 4, 4},            // a retired ggml id
+          {"up_quant", 64, 0x100 + 99, 4},        // an unknown ggml id
+          {"down_quant", 68, 17, 4},              // neither a pack type nor a ggml one
+          {"flags", 72, 4 | 2, 4},                // an undefined flag bit
+          {"expert_bytes", 72, 1, 4},             // the bias flag: the payload would be longer
+          {"reserved", 76, 1, 4},
+          {"expert_bytes", 68, 0x100 + 8, 4},     // down Q8_0 instead of F16: another size
+          {"quant", 64, 0x100 + 12, 4},           // up Q4_K: 64 columns are not whole 256-blocks
+          {"header_checksum", 80, 1, 8},          // a slot checksum, now at 80
+          {"data_offset", 48, 4096 * 2, 8},
+      },
+      "dir/layer_001.bin");
   // A version-1 header may not name a ggml type.
   std::string v1 = encode_expert_header(sample_header());
   const uint32_t q = 0x100 + 8;

@@ -40,6 +40,25 @@ json fixture_config() {
   return json::parse(read_file(kFixture / "config.json"));
 }
 
+// The fixture converted to an f32 pack at `out` (nothing rounded: transformers' numbers).
+void convert_fixture_f32(const fs::path& out) {
+  ConvertOptions co;
+  co.progress = false;
+  co.quant = QuantType::kF32;
+  co.dense_dtype = "f32";
+  convert_model(kFixture, out, co);
+}
+
+// Options whose sliding layers' KV rings hold window + 1 positions (max_batch 2; the fixture's
+// window is 6): a prompt of more than 7 tokens wraps them.
+ModelOptions two_token_batch_options(int max_context) {
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_batch = 2;
+  mo.max_context = max_context;
+  return mo;
+}
+
 }  // namespace
 
 TEST(GptOssConfig, MapsEveryPieceOfTheMaths) {
@@ -302,16 +321,8 @@ TEST(GptOssForward, SlidingRingCacheKeepsTheReferenceResults) {
   if (!fs::exists(kFixture / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
   const json ref = json::parse(read_file(kFixture / "reference.json"));
   TempDir d("gpt_oss_ring");
-  ConvertOptions co;
-  co.progress = false;
-  co.quant = QuantType::kF32;
-  co.dense_dtype = "f32";
-  convert_model(kFixture, d.path() / "p", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_batch = 2;
-  mo.max_context = 256;
-  auto model = Model::load(d.path() / "p", mo);
+  convert_fixture_f32(d.path() / "p");
+  auto model = Model::load(d.path() / "p", two_token_batch_options(256));
   const size_t V = size_t(model->config().vocab_size);
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
     const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
@@ -348,15 +359,8 @@ TEST(GptOssForward, SlidingRingCacheKeepsTheReferenceResults) {
 TEST(GptOssForward, ARewindPastTheRingKeepsNothingAndOneWithinItKeepsTheFreshLogits) {
   if (!fs::exists(kFixture / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << kFixture << " absent";
   TempDir d("gpt_oss_rewind");
-  ConvertOptions co;
-  co.progress = false;
-  co.quant = QuantType::kF32;
-  co.dense_dtype = "f32";
-  convert_model(kFixture, d.path() / "p", co);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_batch = 2;  // rings of 6 + 2 - 1 = 7 positions
-  mo.max_context = 64;
+  convert_fixture_f32(d.path() / "p");
+  const ModelOptions mo = two_token_batch_options(64);  // rings of 6 + 2 - 1 = 7 positions
   auto model = Model::load(d.path() / "p", mo);
   auto fresh = Model::load(d.path() / "p", mo);
   const size_t V = size_t(model->config().vocab_size);

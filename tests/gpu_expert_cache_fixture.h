@@ -45,10 +45,21 @@ class GpuExpertCacheTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  // Options with the prefetch worker's store.
-  GpuExpertCacheOptions with_worker() {
+  // A step's use of `ids` of `layer`: acquired (`fill`) and the kernels that read them enqueued;
+  // their device pointers.
+  static std::vector<const uint8_t*> use(GpuExpertCache& cache, int layer, const std::vector<int>& ids,
+                                         CacheFill fill = CacheFill::kDemand) {
+    std::vector<const uint8_t*> dev(ids.size());
+    cache.acquire(layer, ids, fill, dev);
+    cache.kernels_enqueued();
+    return dev;
+  }
+
+  // Options with the prefetch worker's store (the fixture's, open, unless a test gives its own).
+  GpuExpertCacheOptions with_worker() { return with_worker(pf_store_); }
+  static GpuExpertCacheOptions with_worker(ExpertStore& prefetch_store) {
     GpuExpertCacheOptions o;
-    o.prefetch_store = &pf_store_;
+    o.prefetch_store = &prefetch_store;
     return o;
   }
 

@@ -107,9 +107,7 @@ TEST_F(GpuExpertCacheTest, PrefetchWithoutAPrefetchStoreIsConfigError) {
 TEST_F(GpuExpertCacheTest, PrefetchReturnsBeforeItsReadAndDemandWaitsForTheWorker) {
   SKIP_WITHOUT_GPU();
   GatedStore gated(cfg_);
-  GpuExpertCacheOptions o;
-  o.prefetch_store = &gated;
-  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_, o);
+  GpuExpertCache cache(cfg_, store_, 4 * bytes_, stream_, with_worker(gated));
   std::vector<int> predicted{6, 4};
   // The worker blocks in the store's begin_fetch until gated.open() below: a prefetch that
   // waited for its read would never return, so getting past it is the check (no clock needed).
@@ -137,9 +135,7 @@ TEST_F(GpuExpertCacheTest, PrefetchReturnsBeforeItsReadAndDemandWaitsForTheWorke
 TEST_F(GpuExpertCacheTest, UnaskedPredictionsAreCancelledAndReadOnlyWhenDemandedLater) {
   SKIP_WITHOUT_GPU();
   GatedStore gated(cfg_);
-  GpuExpertCacheOptions o;
-  o.prefetch_store = &gated;
-  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, with_worker(gated));
   std::vector<int> p0{1}, p1{5, 6};
   cache.prefetch(0, p0);  // the worker takes this group and blocks reading it
   gated.wait_entered(1);
@@ -172,9 +168,7 @@ TEST_F(GpuExpertCacheTest, UnaskedPredictionsAreCancelledAndReadOnlyWhenDemanded
 TEST_F(GpuExpertCacheTest, DemandedPredictionStillQueuedIsReadByDemandWithoutWaiting) {
   SKIP_WITHOUT_GPU();
   GatedStore gated(cfg_);
-  GpuExpertCacheOptions o;
-  o.prefetch_store = &gated;
-  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
+  GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, with_worker(gated));
   std::vector<int> p0{1}, p1{2, 3};
   cache.prefetch(0, p0);
   gated.wait_entered(1);  // the worker is stuck on layer 0

@@ -82,14 +82,11 @@ TEST_F(GpuExpertCacheTest, NothingIsCopiedWhenEveryExpertIsResident) {
   SKIP_WITHOUT_GPU();
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
   std::vector<int> ids{3, 9, 1};
-  std::vector<const uint8_t*> dev(3), again(3);
-  cache.acquire(1, ids, CacheFill::kDemand, dev);
-  cache.kernels_enqueued();
+  const std::vector<const uint8_t*> dev = use(cache, 1, ids);
   const GpuCacheTelemetry t1 = cache.telemetry();
   const uint64_t fetched = store_.stats().experts_requested;
   EXPECT_EQ(t1.h2d_bytes, 3 * bytes_);
-  cache.acquire(1, ids, CacheFill::kDemand, again);
-  cache.kernels_enqueued();
+  const std::vector<const uint8_t*> again = use(cache, 1, ids);
   const GpuCacheTelemetry t2 = cache.telemetry();
   EXPECT_EQ(t2.h2d_copies, t1.h2d_copies);
   EXPECT_EQ(t2.h2d_bytes, t1.h2d_bytes);
@@ -250,10 +247,7 @@ TEST_F(GpuExpertCacheTest, EachMissIsCopiedAsSoonAsItsReadLands) {
 TEST_F(GpuExpertCacheTest, BeginAcquireHandsOutHitsBeforeAnyMissIsRead) {
   SKIP_WITHOUT_GPU();
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_);
-  std::vector<int> warm{1, 2};
-  std::vector<const uint8_t*> dev(2);
-  cache.acquire(2, warm, CacheFill::kDemand, dev);
-  cache.kernels_enqueued();
+  const std::vector<const uint8_t*> dev = use(cache, 2, {1, 2});  // warm
   const uint64_t requested = store_.stats().experts_requested;
 
   std::vector<int> ids{1, 5, 2, 6, 5};
@@ -306,9 +300,8 @@ TEST_F(GpuExpertCacheTest, ExpertsGoToScratchWhenEverySlotIsPinned) {
   StreamGate gate;
   CUDA_OK(cudaLaunchHostFunc(stream_, &StreamGate::wait, &gate));
   std::vector<int> first{0, 1}, second{2, 3};
-  std::vector<const uint8_t*> d1(2), d2(2);
-  cache.acquire(0, first, CacheFill::kDemand, d1);
-  cache.kernels_enqueued();  // their kernels sit behind the gate: both slots stay pinned
+  std::vector<const uint8_t*> d2(2);
+  const std::vector<const uint8_t*> d1 = use(cache, 0, first);  // kernels behind the gate: both slots pinned
   cache.acquire(0, second, CacheFill::kDemand, d2);
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.scratch_uses, 2u);
@@ -335,14 +328,9 @@ TEST_F(GpuExpertCacheTest, ExpertsGoToScratchWhenEverySlotIsPinned) {
 TEST_F(GpuExpertCacheTest, PrefillFillsFreeBudgetButNeverEvicts) {
   SKIP_WITHOUT_GPU();
   GpuExpertCache cache(cfg_, store_, 3 * bytes_, stream_);
-  std::vector<int> decode{0, 1};
-  std::vector<const uint8_t*> d(2);
-  cache.acquire(0, decode, CacheFill::kDemand, d);
-  cache.kernels_enqueued();
-  std::vector<int> prompt{2, 3, 4, 5};
-  std::vector<const uint8_t*> p(4);
-  cache.acquire(0, prompt, CacheFill::kPrefill, p);
-  cache.kernels_enqueued();
+  use(cache, 0, {0, 1});  // decode
+  const std::vector<int> prompt{2, 3, 4, 5};
+  const std::vector<const uint8_t*> p = use(cache, 0, prompt, CacheFill::kPrefill);
   const GpuCacheTelemetry t = cache.telemetry();
   EXPECT_EQ(t.policy.prefill_fills, 1u);
   EXPECT_EQ(t.policy.prefill_no_room, 3u);
@@ -359,13 +347,10 @@ TEST_F(GpuExpertCacheTest, AllocationFailureReleasesEverySlotAndRetriesOnce) {
   GpuExpertCacheOptions o;
   o.chunk_bytes = 2 * bytes_;  // each pair of new experts needs a new cudaMalloc
   GpuExpertCache cache(cfg_, store_, 8 * bytes_, stream_, o);
-  std::vector<const uint8_t*> d(2);
-  std::vector<int> a{0, 1}, b{2, 3}, c{4, 5};
-  cache.acquire(0, a, CacheFill::kDemand, d);  // the chunk made at construction
-  cache.kernels_enqueued();
+  use(cache, 0, {0, 1});  // the chunk made at construction
   cache.inject_alloc_failures(1);
-  cache.acquire(0, b, CacheFill::kDemand, d);
-  cache.kernels_enqueued();
+  std::vector<const uint8_t*> d = use(cache, 0, {2, 3});
+  std::vector<int> c{4, 5};
   EXPECT_EQ(cache.telemetry().alloc_retries, 1u);
   EXPECT_EQ(cache.resident_payload(0, 0), nullptr);  // released by the flush
   CUDA_OK(cudaStreamSynchronize(stream_));

@@ -25,6 +25,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 
 #include "tests/support/greedy_compare.h"
+#include "tests/support/grouped_q8_pack.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
@@ -472,18 +473,11 @@ TEST(GpuForward, DenseMatricesStayInTheirStoredTypeOnTheDevice) {
 namespace {
 
 // A q8 pack whose expert matrices all take the grouped GEMM (test::grouped_q8_config).
-class GpuResident : public ::testing::Test {
+class GpuResident : public test::GroupedQ8Pack {
  protected:
-  void SetUp() override {
-    REQUIRE_GPU();
-    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
-  }
+  GpuResident() : GroupedQ8Pack("gpu_resident") {}
   std::unique_ptr<Model> load(size_t cache_mb, bool sync_layers) {
-    ModelOptions mo;
-    mo.n_threads = 2;
-    mo.max_context = 256;
-    mo.gpu = true;
-    mo.gpu_cache_mb = cache_mb;
+    ModelOptions mo = gpu_options(cache_mb, 256);
     mo.gpu_sync_layers = sync_layers;
     return Model::load(dir_.path(), mo);
   }
@@ -491,7 +485,6 @@ class GpuResident : public ::testing::Test {
   void decode_both(Model& a, Model& b, int steps) {
     test::greedy_both_bitwise(a, b, prompt_ids(5, a.config().vocab_size), steps);
   }
-  TempDir dir_{"gpu_resident"};
 };
 
 }  // namespace

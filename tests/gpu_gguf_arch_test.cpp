@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/engine/model.h"
+#include "tests/support/cpu_and_gpu.h"
 #include "tests/support/fixture_manifest.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
@@ -63,12 +64,7 @@ TEST_P(GpuGgufArch, LogitsMatchTheCpuAndFloatFilesGiveTransformersTokens) {
   ASSERT_NE(it, m["fixtures"].end());
   const fs::path file = kRoot / (*it)["file"].get<std::string>();
   const nlohmann::json ref = nlohmann::json::parse(read_file(kRoot / (*it)["reference"].get<std::string>()));
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 256;
-  auto cpu = Model::load(file, mo);
-  mo.gpu = true;
-  auto gpu = Model::load(file, mo);
+  const auto [cpu, gpu] = test::load_cpu_and_gpu(file, 256);
   ASSERT_NE(gpu->gpu_info(), nullptr);
   const size_t V = size_t(cpu->config().vocab_size);
   const bool exact = name.ends_with("-F32") || name.ends_with("-BF16");

@@ -24,6 +24,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/gpu/gpu_expert_cache.h"
 
+#include "tests/support/cpu_and_gpu.h"
 #include "tests/support/fixture_manifest.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
@@ -88,12 +89,7 @@ TEST_P(GpuGgufTest, LogitsAndGreedyTokensMatchTheCpuPath) {
   const fs::path file = kGguf / d["files"][0].get<std::string>();
   const std::vector<int> prompt = d["prompt_ids"].get<std::vector<int>>();
   const int n_new = int(d["generated_ids"].size());
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 256;
-  auto cpu = Model::load(file, mo);
-  mo.gpu = true;
-  auto gpu = Model::load(file, mo);
+  const auto [cpu, gpu] = test::load_cpu_and_gpu(file, 256);
   ASSERT_NE(gpu->gpu_info(), nullptr);
   const std::string kind = gguf_kind(name);
   const double tol = gguf_tolerance(kind);

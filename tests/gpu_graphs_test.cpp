@@ -16,6 +16,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/greedy_compare.h"
+#include "tests/support/grouped_q8_pack.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
@@ -25,18 +26,11 @@ namespace {
 
 // A q8 pack whose experts take the grouped GEMM, so decode can run resident
 // (test::grouped_q8_config): 3 layers, so 4 graph segments per resident step.
-class GpuGraphs : public ::testing::Test {
+class GpuGraphs : public test::GroupedQ8Pack {
  protected:
-  void SetUp() override {
-    REQUIRE_GPU();
-    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
-  }
+  GpuGraphs() : GroupedQ8Pack("gpu_graphs") {}
   std::unique_ptr<Model> load(size_t cache_mb, bool graphs) {
-    ModelOptions mo;
-    mo.n_threads = 2;
-    mo.max_context = 512;
-    mo.gpu = true;
-    mo.gpu_cache_mb = cache_mb;
+    ModelOptions mo = gpu_options(cache_mb, 512);
     mo.gpu_no_graphs = !graphs;
     return Model::load(dir_.path(), mo);
   }
@@ -46,7 +40,6 @@ class GpuGraphs : public ::testing::Test {
     for (int i = 0; i < n_prompt; ++i) prompt[size_t(i)] = (7 * i + 3) % a.config().vocab_size;
     test::greedy_both_bitwise(a, b, prompt, steps);
   }
-  TempDir dir_{"gpu_graphs"};
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "runtime/model/routing.h"
 #include "kernels/cpu/quant.h"
 #include "runtime/model/rope.h"
+#include "tests/support/router_params.h"
 
 namespace moestream {
 namespace {
@@ -117,22 +118,25 @@ TEST(GpuKernels, RouterTopkBreaksTiesTowardLowerId) {
   EXPECT_EQ(di.download(), (std::vector<int>{66, 0, 1, 2}));
 }
 
+// A grouped router's shape, as the grouped router tests sweep it.
+struct GroupedCase {
+  int experts, k, groups, keep;
+  bool normalize;
+  float scaling;
+  // The CPU router's parameters for this shape and `scoring`.
+  RouterParams params(RouterScoring scoring) const {
+    return test::grouped_router(scoring, experts, k, groups, keep, normalize, scaling);
+  }
+};
+
 // Against routing.h: DeepSeek-V3's grouping (8 groups, 4 kept, top-8 of 256) and GLM's (one
 // group), with a correction bias large enough to change the selection, and the scaling.
 TEST(GpuKernels, RouterGroupedMatchesTheCpuRouter) {
   SKIP_WITHOUT_GPU();
-  struct Case { int experts, k, groups, keep; bool normalize; float scaling; };
-  for (const Case c : {Case{256, 8, 8, 4, true, 2.5f}, Case{128, 8, 1, 1, true, 1.0f},
-                       Case{64, 6, 4, 2, false, 1.5f}}) {
+  for (const GroupedCase c : {GroupedCase{256, 8, 8, 4, true, 2.5f}, GroupedCase{128, 8, 1, 1, true, 1.0f},
+                              GroupedCase{64, 6, 4, 2, false, 1.5f}}) {
     const int n_tokens = 11;
-    RouterParams p;
-    p.scoring = RouterScoring::kSigmoid;
-    p.n_experts = c.experts;
-    p.k = c.k;
-    p.normalize = c.normalize;
-    p.n_group = c.groups;
-    p.topk_group = c.keep;
-    p.scaling = c.scaling;
+    const RouterParams p = c.params(RouterScoring::kSigmoid);
     auto logits = random_floats(size_t(n_tokens) * c.experts, 5, 2.0f);
     auto bias = random_floats(size_t(c.experts), 6, 0.3f);
     std::vector<int> ref_ids(size_t(n_tokens) * c.k);
@@ -158,18 +162,10 @@ TEST(GpuKernels, RouterGroupedMatchesTheCpuRouter) {
 // renormalisation, and one group (the plain softmax top-k, scaled).
 TEST(GpuKernels, RouterGroupedSoftmaxMatchesTheCpuRouter) {
   SKIP_WITHOUT_GPU();
-  struct Case { int experts, k, groups, keep; bool normalize; float scaling; };
-  for (const Case c : {Case{160, 6, 8, 3, false, 16.0f}, Case{12, 3, 4, 2, false, 2.5f},
-                       Case{63, 5, 7, 2, true, 1.0f}, Case{64, 6, 1, 1, false, 2.0f}}) {
+  for (const GroupedCase c : {GroupedCase{160, 6, 8, 3, false, 16.0f}, GroupedCase{12, 3, 4, 2, false, 2.5f},
+                              GroupedCase{63, 5, 7, 2, true, 1.0f}, GroupedCase{64, 6, 1, 1, false, 2.0f}}) {
     const int n_tokens = 13;
-    RouterParams p;
-    p.scoring = RouterScoring::kSoftmax;
-    p.n_experts = c.experts;
-    p.k = c.k;
-    p.normalize = c.normalize;
-    p.n_group = c.groups;
-    p.topk_group = c.keep;
-    p.scaling = c.scaling;
+    const RouterParams p = c.params(RouterScoring::kSoftmax);
     auto logits = random_floats(size_t(n_tokens) * c.experts, 7, 3.0f);
     std::vector<int> ref_ids(size_t(n_tokens) * c.k);
     std::vector<float> ref_w(ref_ids.size()), scratch(p.scratch_floats());

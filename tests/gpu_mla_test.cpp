@@ -19,35 +19,11 @@
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/mla_ops.h"
 #include "loader/format/expert_file.h"
+#include "tests/gpu_test_util.h"
 #include "tests/support/require_gpu.h"
 
 namespace moestream {
 namespace {
-
-// A device copy of a host vector, freed on scope exit.
-template <class T>
-class DeviceVec {
- public:
-  explicit DeviceVec(const std::vector<T>& h) : n_(h.size()) {
-    if (cudaMalloc(&p_, std::max<size_t>(n_, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
-    if (p_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  explicit DeviceVec(size_t n) : DeviceVec(std::vector<T>(n)) {}
-  ~DeviceVec() { cudaFree(p_); }
-  DeviceVec(const DeviceVec&) = delete;
-  DeviceVec& operator=(const DeviceVec&) = delete;
-  T* get() const { return p_; }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
 
 std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);

@@ -1,6 +1,6 @@
 // Helpers of the GPU kernel tests (gpu_kernels_test, gpu_decode_gemv_test, gpu_fused_ops_test,
-// gpu_ggml_test): a device vector (its download fails the test when a kernel failed), random
-// data, and the comparisons that print each check's worst error / tolerance line.
+// gpu_ggml_test, gpu_mla_test, ...): a device vector (its download fails the test when a kernel
+// failed), random data, and the comparisons that print each check's worst error / tolerance line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,16 +25,15 @@ namespace moestream {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-// A device copy of a host vector, freed on scope exit.
+// A device copy of a host vector (or n zeros), freed on scope exit.
 template <class T>
 class DeviceVec {
  public:
-  explicit DeviceVec(size_t n) : n_(n) {
-    if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
-  }
-  explicit DeviceVec(const std::vector<T>& h) : DeviceVec(h.size()) {
+  explicit DeviceVec(const std::vector<T>& h) : n_(h.size()) {
+    if (cudaMalloc(&p_, std::max<size_t>(n_, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
     if (p_ && n_) cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
   }
+  explicit DeviceVec(size_t n) : DeviceVec(std::vector<T>(n)) {}
   ~DeviceVec() { cudaFree(p_); }
   DeviceVec(const DeviceVec&) = delete;
   DeviceVec& operator=(const DeviceVec&) = delete;

@@ -17,21 +17,14 @@
 #include "loader/format/model_config.h"
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/routing.h"
+#include "tests/support/router_params.h"
 
 using namespace moestream;
 
 namespace {
 
 RouterParams grouped(int E, int k, int G, int topk_group, bool normalize = true, float scaling = 1.0f) {
-  RouterParams p;
-  p.scoring = RouterScoring::kSigmoid;
-  p.n_experts = E;
-  p.k = k;
-  p.normalize = normalize;
-  p.n_group = G;
-  p.topk_group = topk_group;
-  p.scaling = scaling;
-  return p;
+  return test::grouped_router(RouterScoring::kSigmoid, E, k, G, topk_group, normalize, scaling);
 }
 
 struct Routed {
@@ -44,6 +37,22 @@ Routed run(const RouterParams& p, const std::vector<float>& logits, const std::v
   std::vector<float> scratch(p.scratch_floats());
   route(p, logits.data(), bias.empty() ? nullptr : bias.data(), r.ids.data(), r.weights.data(), scratch);
   return r;
+}
+
+// The step both grouped definitions below share, as sorts (stable: ties to the lower index): the
+// topk_group groups of the best group_score, then the k experts of the best score in them.
+template <class T>
+std::vector<int> best_in_best_groups(const RouterParams& p, const std::vector<T>& group_score,
+                                     const std::vector<T>& score) {
+  const int E = p.n_experts, G = p.n_group, per = E / G;
+  std::vector<int> gi(static_cast<size_t>(G));
+  std::iota(gi.begin(), gi.end(), 0);
+  std::stable_sort(gi.begin(), gi.end(), [&](int a, int b) { return group_score[size_t(a)] > group_score[size_t(b)]; });
+  std::vector<int> cand;
+  for (int e = 0; e < E; ++e)
+    if (std::find(gi.begin(), gi.begin() + p.topk_group, e / per) != gi.begin() + p.topk_group) cand.push_back(e);
+  std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return score[size_t(a)] > score[size_t(b)]; });
+  return std::vector<int>(cand.begin(), cand.begin() + p.k);
 }
 
 // transformers' definition written as sorts (stable: ties to the lower index).
@@ -60,15 +69,8 @@ Routed reference(const RouterParams& p, const std::vector<float>& logits, const 
     std::sort(v.begin(), v.end(), std::greater<float>());
     gs[size_t(g)] = v[0] + v[1];
   }
-  std::vector<int> gi(static_cast<size_t>(G));
-  std::iota(gi.begin(), gi.end(), 0);
-  std::stable_sort(gi.begin(), gi.end(), [&](int a, int b) { return gs[size_t(a)] > gs[size_t(b)]; });
-  std::vector<int> cand;
-  for (int e = 0; e < E; ++e)
-    if (std::find(gi.begin(), gi.begin() + p.topk_group, e / per) != gi.begin() + p.topk_group) cand.push_back(e);
-  std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return c[size_t(a)] > c[size_t(b)]; });
   Routed r;
-  r.ids.assign(cand.begin(), cand.begin() + p.k);
+  r.ids = best_in_best_groups(p, gs, c);
   double sum = 0;
   for (int id : r.ids) sum += s[size_t(id)];
   for (int id : r.ids) r.weights.push_back(float(s[size_t(id)] / (p.normalize ? sum + 1e-20 : 1.0) * p.scaling));
@@ -219,15 +221,8 @@ Routed softmax_grouped_reference(const RouterParams& p, const std::vector<float>
   for (double& v : pr) v /= z;
   std::vector<double> gs(static_cast<size_t>(G), 0.0);
   for (int e = 0; e < E; ++e) gs[size_t(e / per)] = std::max(gs[size_t(e / per)], pr[size_t(e)]);
-  std::vector<int> gi(static_cast<size_t>(G));
-  std::iota(gi.begin(), gi.end(), 0);
-  std::stable_sort(gi.begin(), gi.end(), [&](int a, int b) { return gs[size_t(a)] > gs[size_t(b)]; });
-  std::vector<int> cand;
-  for (int e = 0; e < E; ++e)
-    if (std::find(gi.begin(), gi.begin() + p.topk_group, e / per) != gi.begin() + p.topk_group) cand.push_back(e);
-  std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return pr[size_t(a)] > pr[size_t(b)]; });
   Routed r;
-  r.ids.assign(cand.begin(), cand.begin() + p.k);
+  r.ids = best_in_best_groups(p, gs, pr);
   double sum = 0;
   for (int id : r.ids) sum += pr[size_t(id)];
   for (int id : r.ids) r.weights.push_back(float(pr[size_t(id)] / (p.normalize ? sum : 1.0) * p.scaling));

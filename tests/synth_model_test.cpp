@@ -35,6 +35,34 @@ uint64_t dir_bytes(const fs::path& d) {
   return n;
 }
 
+// The written model loads (every tensor present with its shape) and runs `prompt` on 2 threads:
+// its logits are finite and vary.
+void expect_loads_and_runs(const fs::path& out, const std::vector<int>& prompt, int max_context) {
+  ModelOptions mo;
+  mo.n_threads = 2;
+  mo.max_context = max_context;
+  auto model = Model::load(out, mo);
+  std::vector<float> logits(size_t(model->config().vocab_size));
+  model->forward(prompt, logits);
+  float lo = logits[0], hi = logits[0];
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  EXPECT_GT(hi - lo, 1e-3f);
+}
+
+// The synth_model CLI's tests: skipped (failed in strict mode) where the CLI is not built; each
+// writes into its own temp dir d_.
+class SynthModelCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
+  }
+  TempDir d_;
+};
+
 }  // namespace
 
 TEST(ModelShapes, ExpertBytesMatchTheReleasedModelsSizes) {
@@ -110,10 +138,8 @@ TEST(ModelShapes, GptOssShapesAreMxfp4WithItsWholeMaths) {
   EXPECT_EQ(small.moe_intermediate_size, 160);
 }
 
-TEST(SynthModelCli, GptOssShapeLoadsAndRuns) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "g";
+TEST_F(SynthModelCli, GptOssShapeLoadsAndRuns) {
+  const fs::path out = d_.path() / "g";
   const test::CliResult r = run_synth("--shape gpt-oss-20b --layers 3 --scale-down 32 -q --seed 9 " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const ModelConfig cfg = ModelConfig::load(out);
@@ -121,19 +147,7 @@ TEST(SynthModelCli, GptOssShapeLoadsAndRuns) {
   EXPECT_EQ(cfg.expert_quant, ggml_quant(GgmlType::kMXFP4));
   ASSERT_EQ(cfg.sliding_layers.size(), 3u);  // one layer type per written layer
   EXPECT_TRUE(read_expert_header(expert_file_path(out, 0)).bias);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 8;
-  auto model = Model::load(out, mo);  // sinks, biases, router bias present with their shapes
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  model->forward(std::vector<int>{3, 99, 5}, logits);
-  float lo = logits[0], hi = logits[0];
-  for (float v : logits) {
-    ASSERT_TRUE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  EXPECT_GT(hi - lo, 1e-3f);
+  expect_loads_and_runs(out, {3, 99, 5}, 8);  // sinks, biases, router bias present with their shapes
 }
 
 TEST(ModelShapes, UnknownNameListsTheKnownOnes) {
@@ -160,10 +174,8 @@ TEST(ModelShapes, ScaleDownKeepsEveryCount) {
   EXPECT_THROW(scaled_down(full, 0), ConfigError);
 }
 
-TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "q";
+TEST_F(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
+  const fs::path out = d_.path() / "q";
   const test::CliResult r = run_synth("--shape qwen3-30b-a3b --layers 2 --scale-down 16 -q --seed 5 " +
                                 out.string());
   ASSERT_EQ(r.status, 0) << r.output;
@@ -193,33 +205,18 @@ TEST(SynthModelCli, WritesTheShapesStructureWithExactFileSizes) {
   EXPECT_LE(printed, on_disk);
   EXPECT_LT(on_disk - printed, uint64_t(64) << 10);
   // Nothing left beside it.
-  for (const auto& e : fs::directory_iterator(d.path())) EXPECT_EQ(e.path(), out);
+  for (const auto& e : fs::directory_iterator(d_.path())) EXPECT_EQ(e.path(), out);
 
   // It runs: the forward pass accepts the structure, and the logits are finite and vary.
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 16;
-  auto model = Model::load(out, mo);
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  const std::vector<int> prompt = {1, 17, 300};
-  model->forward(prompt, logits);
-  float lo = logits[0], hi = logits[0];
-  for (float v : logits) {
-    ASSERT_TRUE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  EXPECT_GT(hi - lo, 1e-3f);
+  expect_loads_and_runs(out, {1, 17, 300}, 16);
 }
 
 // --payload-hash xxh64 writes the version-1 files earlier builds read; the default, XXH3, version
 // 2; the same weights either way, so the same logits.
-TEST(SynthModelCli, PayloadHashPicksTheChecksumsAndChangesNoWeight) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
+TEST_F(SynthModelCli, PayloadHashPicksTheChecksumsAndChangesNoWeight) {
   std::vector<std::vector<float>> logits;
   for (const char* hash : {"xxh3", "xxh64"}) {
-    const fs::path out = d.path() / hash;
+    const fs::path out = d_.path() / hash;
     const test::CliResult r = run_synth(std::string("--shape olmoe-1b-7b --layers 1 --scale-down 16 -q -t 1 ") +
                                         "--payload-hash " + hash + " " + out.string());
     ASSERT_EQ(r.status, 0) << r.output;
@@ -235,7 +232,7 @@ TEST(SynthModelCli, PayloadHashPicksTheChecksumsAndChangesNoWeight) {
     model->forward(std::vector<int>{1, 17, 300}, logits.back());
   }
   EXPECT_EQ(logits[0], logits[1]);
-  const test::CliResult bad = run_synth("--shape olmoe-1b-7b --payload-hash md5 " + (d.path() / "x").string());
+  const test::CliResult bad = run_synth("--shape olmoe-1b-7b --payload-hash md5 " + (d_.path() / "x").string());
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("--payload-hash"), std::string::npos) << bad.output;
 }
@@ -263,10 +260,8 @@ TEST(ModelShapes, Glm45AirHasItsDenseFirstLayerSharedExpertAndGroupedRouter) {
   EXPECT_GT(double(synthetic_dense_bytes(g)), dense_mlp + shared + 2.0 * 151552 * 4096 * 2);
 }
 
-TEST(SynthModelCli, Glm45AirShapeLoadsAndRunsAndNeedsAnMoeLayer) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "glm";
+TEST_F(SynthModelCli, Glm45AirShapeLoadsAndRunsAndNeedsAnMoeLayer) {
+  const fs::path out = d_.path() / "glm";
   const test::CliResult one = run_synth("--shape glm-4.5-air --layers 1 --scale-down 32 -q " + out.string());
   EXPECT_NE(one.status, 0);
   EXPECT_NE(one.output.find("--layers 1"), std::string::npos) << one.output;
@@ -276,19 +271,7 @@ TEST(SynthModelCli, Glm45AirShapeLoadsAndRunsAndNeedsAnMoeLayer) {
   EXPECT_EQ(cfg.n_moe_layers(), 2);
   EXPECT_TRUE(fs::exists(expert_file_path(out, 1)));
   EXPECT_FALSE(fs::exists(expert_file_path(out, 2)));  // expert files number MoE layers only
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 8;
-  auto model = Model::load(out, mo);  // dense MLP, router bias and shared expert present, shapes checked
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  model->forward(std::vector<int>{3, 99}, logits);
-  float lo = logits[0], hi = logits[0];
-  for (float v : logits) {
-    ASSERT_TRUE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  EXPECT_GT(hi - lo, 1e-3f);
+  expect_loads_and_runs(out, {3, 99}, 8);  // dense MLP, router bias and shared expert present, shapes checked
 }
 
 TEST(ModelShapes, DeepseekV3AndKimiK2AreTheirReleasedSizes) {
@@ -320,72 +303,40 @@ TEST(ModelShapes, DeepseekV3AndKimiK2AreTheirReleasedSizes) {
   }
 }
 
-TEST(SynthModelCli, DeepseekV3ShapeLoadsAndRuns) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "ds";
+TEST_F(SynthModelCli, DeepseekV3ShapeLoadsAndRuns) {
+  const fs::path out = d_.path() / "ds";
   const test::CliResult r = run_synth("--shape deepseek-v3 --layers 4 --scale-down 32 -q --seed 7 " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const ModelConfig cfg = ModelConfig::load(out);
   EXPECT_TRUE(cfg.has_mla());
   EXPECT_EQ(cfg.n_moe_layers(), 1);  // layers 0-2 dense
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 8;
-  auto model = Model::load(out, mo);  // every MLA tensor present with its shape
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  model->forward(std::vector<int>{3, 99, 7}, logits);
-  float lo = logits[0], hi = logits[0];
-  for (float v : logits) {
-    ASSERT_TRUE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  EXPECT_GT(hi - lo, 1e-3f);
+  expect_loads_and_runs(out, {3, 99, 7}, 8);  // every MLA tensor present with its shape
 }
 
-TEST(SynthModelCli, Qwen2MoeShapeLoadsAndRuns) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "q2";
+TEST_F(SynthModelCli, Qwen2MoeShapeLoadsAndRuns) {
+  const fs::path out = d_.path() / "q2";
   const test::CliResult r = run_synth("--shape qwen2-57b-a14b --layers 2 --scale-down 32 -q --seed 7 " +
                                       out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const ModelConfig cfg = ModelConfig::load(out);
   EXPECT_EQ(cfg.arch, Arch::kQwen2Moe);
   EXPECT_EQ(cfg.shared_expert_intermediate_size, 640);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.max_context = 8;
-  auto model = Model::load(out, mo);  // every bias and shared-expert tensor present, shapes checked
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  model->forward(std::vector<int>{3, 99}, logits);
-  float lo = logits[0], hi = logits[0];
-  for (float v : logits) {
-    ASSERT_TRUE(std::isfinite(v));
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-  }
-  EXPECT_GT(hi - lo, 1e-3f);
+  expect_loads_and_runs(out, {3, 99}, 8);  // every bias and shared-expert tensor present, shapes checked
 }
 
-TEST(SynthModelCli, SameSeedSameBytesOtherSeedOtherBytes) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
+TEST_F(SynthModelCli, SameSeedSameBytesOtherSeedOtherBytes) {
   const std::string common = "--shape olmoe-1b-7b --layers 1 --scale-down 32 -q ";
-  ASSERT_EQ(run_synth(common + "--seed 3 " + (d.path() / "a").string()).status, 0);
-  ASSERT_EQ(run_synth(common + "--seed 3 -t 1 " + (d.path() / "b").string()).status, 0);
-  ASSERT_EQ(run_synth(common + "--seed 4 " + (d.path() / "c").string()).status, 0);
-  const std::string a = read_file(expert_file_path(d.path() / "a", 0));
-  EXPECT_EQ(a, read_file(expert_file_path(d.path() / "b", 0)));  // thread count does not matter
-  EXPECT_NE(a, read_file(expert_file_path(d.path() / "c", 0)));
-  EXPECT_EQ(ModelConfig::load(d.path() / "a").qk_norm, QkNorm::kFull);
+  ASSERT_EQ(run_synth(common + "--seed 3 " + (d_.path() / "a").string()).status, 0);
+  ASSERT_EQ(run_synth(common + "--seed 3 -t 1 " + (d_.path() / "b").string()).status, 0);
+  ASSERT_EQ(run_synth(common + "--seed 4 " + (d_.path() / "c").string()).status, 0);
+  const std::string a = read_file(expert_file_path(d_.path() / "a", 0));
+  EXPECT_EQ(a, read_file(expert_file_path(d_.path() / "b", 0)));  // thread count does not matter
+  EXPECT_NE(a, read_file(expert_file_path(d_.path() / "c", 0)));
+  EXPECT_EQ(ModelConfig::load(d_.path() / "a").qk_norm, QkNorm::kFull);
 }
 
-TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  const fs::path out = d.path() / "m";
+TEST_F(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
+  const fs::path out = d_.path() / "m";
   fs::create_directories(out);
   write_file_atomic(out / "keep.txt", "mine");
   const std::string args = "--shape mixtral-8x7b --layers 1 --scale-down 64 -q ";
@@ -397,17 +348,15 @@ TEST(SynthModelCli, RefusesToOverwriteWithoutForceAndReplacesWithIt) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_FALSE(fs::exists(out / "keep.txt"));
   EXPECT_EQ(ModelConfig::load(out).n_experts, 8);
-  for (const auto& e : fs::directory_iterator(d.path())) EXPECT_EQ(e.path(), out);
+  for (const auto& e : fs::directory_iterator(d_.path())) EXPECT_EQ(e.path(), out);
 }
 
-TEST(SynthModelCli, BadArgumentsExitNonZeroWithTheReason) {
-  if (!have_cli()) MOESTREAM_SKIP_OR_FAIL() << "synth_model not built in " << MOESTREAM_BIN_DIR;
-  TempDir d;
-  test::CliResult r = run_synth("--shape gpt-moe " + (d.path() / "x").string());
+TEST_F(SynthModelCli, BadArgumentsExitNonZeroWithTheReason) {
+  test::CliResult r = run_synth("--shape gpt-moe " + (d_.path() / "x").string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("qwen3-30b-a3b"), std::string::npos) << r.output;
-  r = run_synth("--shape olmoe-1b-7b --quant bf16 " + (d.path() / "x").string());
+  r = run_synth("--shape olmoe-1b-7b --quant bf16 " + (d_.path() / "x").string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("q4 or q8"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(d.path() / "x"));
+  EXPECT_FALSE(fs::exists(d_.path() / "x"));
 }

@@ -135,41 +135,32 @@ struct BtMXFP4 : LegacyCols {
   }
 };
 
-// Calls f(BT{}, gemm launch name, dequantize launch name) for the block type of t; false when t
-// is not one of this file's types.
-#define MOE_GGML_CASE(T)                                              \
-  case GgmlType::k##T:                                                \
-    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">",                \
-      "launch of dequantize_rows_kernel<" #T ">");                    \
-    return true;
-template <class F>
-bool with_legacy_type(GgmlType t, F&& f) {
-  switch (t) {
-    MOE_GGML_CASE(Q4_0)
-    MOE_GGML_CASE(Q4_1)
-    MOE_GGML_CASE(Q5_0)
-    MOE_GGML_CASE(Q5_1)
-    MOE_GGML_CASE(Q8_0)
-    MOE_GGML_CASE(IQ4_NL)
-    MOE_GGML_CASE(MXFP4)
-    default: return false;
+// This file's types (MOE_GGML_CASE, ggml_codec.cuh).
+struct LegacyTypes {
+  template <class F>
+  static bool with(GgmlType t, F&& f) {
+    switch (t) {
+      MOE_GGML_CASE(Q4_0)
+      MOE_GGML_CASE(Q4_1)
+      MOE_GGML_CASE(Q5_0)
+      MOE_GGML_CASE(Q5_1)
+      MOE_GGML_CASE(Q8_0)
+      MOE_GGML_CASE(IQ4_NL)
+      MOE_GGML_CASE(MXFP4)
+      default: return false;
+    }
   }
-}
-#undef MOE_GGML_CASE
+};
 
 }  // namespace
 
 bool gemm_ggml_legacy_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
                            cudaStream_t s) {
-  return with_legacy_type(t, [&](auto bt, const char* gemm_name, const char*) {
-    launch_ggml_gemm<decltype(bt)>(a, n_groups, max_rows_per_group, gemm_name, s);
-  });
+  return launch_ggml_family_gemm<LegacyTypes>(t, a, n_groups, max_rows_per_group, s);
 }
 
 bool dequantize_rows_ggml_legacy_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s) {
-  return with_legacy_type(t, [&](auto bt, const char*, const char* dequantize_name) {
-    launch_ggml_dequantize<decltype(bt)>(a, dequantize_name, s);
-  });
+  return launch_ggml_family_dequantize<LegacyTypes>(t, a, s);
 }
 
 }  // namespace moestream::gpu

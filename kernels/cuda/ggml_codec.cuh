@@ -119,4 +119,29 @@ void launch_ggml_dequantize(const DequantArgs& a, const char* name, cudaStream_t
   launch_dequantize_rows<GgmlCodec<BT>>(a, name, s);
 }
 
+// A case of a family's type switch (Family::with(t, f), one per .cu file): calls
+// f(BT{}, gemm launch name, dequantize launch name) for the block type BtT of ggml type T.
+#define MOE_GGML_CASE(T)                                              \
+  case GgmlType::k##T:                                                \
+    f(Bt##T{}, "launch of expert_gemm_kernel<" #T ">",                \
+      "launch of dequantize_rows_kernel<" #T ">");                    \
+    return true;
+
+// The launchers of a family of block types: Family::with(t, f) calls f as above for t's block
+// type and returns true, or returns false when t is not one of the family's types.
+template <class Family>
+bool launch_ggml_family_gemm(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
+                             cudaStream_t s) {
+  return Family::with(t, [&](auto bt, const char* gemm_name, const char*) {
+    launch_ggml_gemm<decltype(bt)>(a, n_groups, max_rows_per_group, gemm_name, s);
+  });
+}
+
+template <class Family>
+bool launch_ggml_family_dequantize(GgmlType t, const DequantArgs& a, cudaStream_t s) {
+  return Family::with(t, [&](auto bt, const char*, const char* dequantize_name) {
+    launch_ggml_dequantize<decltype(bt)>(a, dequantize_name, s);
+  });
+}
+
 }  // namespace moestream::gpu

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import mxfp4_experts, randomise  # noqa: E402
+from make_fixtures import mxfp4_experts, randomise, save_mxfp4_checkpoint  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,19 +213,8 @@ def build_checkpoint(arch, kw, opts, seed, dest):
     if config.tie_word_embeddings and model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         raise RuntimeError("tie_word_embeddings did not tie lm_head")
     if opts["mxfp4"]:
-        from safetensors.torch import save_file
         packed, _ = mxfp4_experts(model)
-        sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
-              if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
-        if config.tie_word_embeddings:
-            sd.pop("lm_head.weight", None)
-        sd.update(packed)
-        model.config.save_pretrained(dest)
-        cfg = json.loads((dest / "config.json").read_text())
-        cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-        (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        save_file(sd, str(dest / "model.safetensors"), metadata={"format": "pt"})
+        save_mxfp4_checkpoint(model, packed, dest)
         # The same model with the dequantised experts as a plain checkpoint: its f32 pack must
         # match strictly (the MXFP4 pack's own product rounds activations to 8 bits).
         model.save_pretrained(dest.parent / "hf_dequantized", safe_serialization=True)

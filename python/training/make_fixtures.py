@@ -146,31 +146,23 @@ def fixture_specs():
     # DeepSeek-V2-Lite's form: MLA without q LoRA (a plain q_proj), complex (interleaved) RoPE with
     # YaRN mscale = mscale_all_dim, softmax top-k without renormalisation, two ungated shared
     # experts, a dense first layer.
-    deepseek2 = DeepseekV2Config(
+    deepseek2_form = dict(
         vocab_size=337, hidden_size=48, intermediate_size=70, num_attention_heads=3,
         num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=12,
         qk_rope_head_dim=6, v_head_dim=10, moe_intermediate_size=21, n_routed_experts=12,
-        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
-        routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False, n_group=1, topk_group=1,
+        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1, norm_topk_prob=False,
         attention_bias=False,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
                          "mscale": 0.707, "mscale_all_dim": 0.707},
         **common)
+    deepseek2 = DeepseekV2Config(routed_scaling_factor=1.0, topk_method="greedy", n_group=1, topk_group=1,
+                                 **deepseek2_form)
     # DeepSeek-V2's group-limited greedy router (issue 20): softmax over all experts, each group
     # scored by its best probability, the 2 best of 4 groups kept, top-3 inside them, the
     # probabilities times routed_scaling_factor (not renormalised); otherwise deepseek_v2's form.
-    deepseek2_grouped = DeepseekV2Config(
-        vocab_size=337, hidden_size=48, intermediate_size=70, num_attention_heads=3,
-        num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=18, qk_nope_head_dim=12,
-        qk_rope_head_dim=6, v_head_dim=10, moe_intermediate_size=21, n_routed_experts=12,
-        num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
-        routed_scaling_factor=2.5, topk_method="group_limited_greedy", norm_topk_prob=False, n_group=4,
-        topk_group=2, attention_bias=False,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
-                         "mscale": 0.707, "mscale_all_dim": 0.707},
-        **common)
+    deepseek2_grouped = DeepseekV2Config(routed_scaling_factor=2.5, topk_method="group_limited_greedy", n_group=4,
+                                         topk_group=2, **deepseek2_form)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -370,6 +362,23 @@ def mxfp4_experts(model):
     return packed, dequantized
 
 
+def save_mxfp4_checkpoint(model, packed, dest):
+    """Writes gpt-oss's MXFP4 checkpoint of `model` into dest: config.json with its
+    quantization_config, model.safetensors with the `packed` experts (mxfp4_experts) and every other
+    tensor in f32 (a tied lm_head left to the embeddings)."""
+    sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
+          if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    sd.update(packed)
+    model.config.save_pretrained(dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file(sd, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+
 @torch.no_grad()
 def reference(model, prompts):
     logits_all, greedy_all, margins = [], [], []
@@ -433,15 +442,7 @@ def write_fixture(name, cls, config, seed, layout, out_root):
                 raise RuntimeError(f"{name}: save_pretrained did not write gate_up_proj")
         elif layout == "mxfp4":
             packed, dequantized = mxfp4_experts(model)
-            sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
-                  if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
-            sd.update(packed)
-            model.config.save_pretrained(tmp)
-            cfg = json.loads((tmp / "config.json").read_text())
-            cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-            (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_mxfp4_checkpoint(model, packed, tmp)  # the fixture's embeddings are not tied
             save_file(dequantized, str(tmp / "mxfp4_dequantized.safetensors"), metadata={"format": "pt"})
             from transformers import Mxfp4Config
             mxfp4_reload = Mxfp4Config(dequantize=True)

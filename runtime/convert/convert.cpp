@@ -443,16 +443,13 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   copy_if_present(hf_dir / "tokenizer.json", tmp.path / "tokenizer.json", c.tokenizer_file);
   copy_if_present(hf_dir / "tokenizer_config.json", tmp.path / "tokenizer_config.json", c.tokenizer_config_file);
   merge_chat_template_file(hf_dir, tmp.path, c.tokenizer_config_file);
-  nlohmann::json mj = c.to_json();
-  mj["source"] = {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
-                  {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},
-                  {"dtype", std::string(dtype_name(src_dtype))},
-                  {"expert_layout", mxfp4 ? "mxfp4" : gpt_oss || (!sources.empty() && sources[0].fused) ? "fused"
-                                                                                                    : "per_expert"},
-                  {"shards", ck.n_shards()},
-                  {"converter", "convert_model"}};
-  write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");
-  publish_output(tmp, out_dir, c.experts_dir);
+  publish_model(tmp, out_dir, c,
+                {{"hf_dir", fs::absolute(hf_dir).lexically_normal().string()},
+                 {"architecture", hf.contains("architectures") ? hf["architectures"] : nlohmann::json(nullptr)},
+                 {"dtype", std::string(dtype_name(src_dtype))},
+                 {"expert_layout", mxfp4 ? "mxfp4" : gpt_oss || (!sources.empty() && sources[0].fused) ? "fused"
+                                                                                                   : "per_expert"},
+                 {"shards", ck.n_shards()}});
   bar.finish();
   return c;
 }
@@ -480,6 +477,14 @@ void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string&
   tmp.keep = true;
   if (!old.empty()) fs::remove_all(old);
   fsync_path(fs::absolute(out_dir).parent_path());
+}
+
+void publish_model(TempOutput& tmp, const fs::path& out_dir, const ModelConfig& c, const nlohmann::json& source) {
+  nlohmann::json mj = c.to_json();
+  mj["source"] = source;
+  mj["source"]["converter"] = "convert_model";
+  write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");
+  publish_output(tmp, out_dir, c.experts_dir);
 }
 
 }  // namespace moestream

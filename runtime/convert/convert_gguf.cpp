@@ -239,13 +239,10 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
     w.finish();
   }
 
-  nlohmann::json mj = c.to_json();
-  mj["source"] = {{"gguf", fs::absolute(files.paths().front()).lexically_normal().string()},
-                  {"architecture", md.get_string("general.architecture")},
-                  {"shards", files.shard_count()},
-                  {"converter", "convert_model"}};
-  write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");
-  publish_output(tmp, out_dir, c.experts_dir);
+  publish_model(tmp, out_dir, c,
+                {{"gguf", fs::absolute(files.paths().front()).lexically_normal().string()},
+                 {"architecture", md.get_string("general.architecture")},
+                 {"shards", files.shard_count()}});
   bar.finish();
   return c;
 }

@@ -1,6 +1,6 @@
 // What both converters (Hugging Face checkpoints, GGUF files) share about their output: a progress
 // bar on stderr, a temp directory removed unless the conversion completed, and the crash-safe
-// publication of the finished directory.
+// publication of the finished directory with its model.json.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,10 @@
 #include <string>
 #include <system_error>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/progress.h"
+#include "loader/format/model_config.h"
 
 namespace moestream {
 
@@ -44,5 +47,10 @@ std::filesystem::path make_temp_output(const std::filesystem::path& out_dir, con
 // fsyncs tmp (and tmp/experts_dir), then renames it to out_dir (an existing out_dir moved aside
 // first and removed after): the new directory appears whole or not at all. Sets tmp.keep.
 void publish_output(TempOutput& tmp, const std::filesystem::path& out_dir, const std::string& experts_dir);
+
+// Writes tmp/model.json (c, and under "source" what it was converted from, by convert_model), then
+// publishes tmp as out_dir (publish_output).
+void publish_model(TempOutput& tmp, const std::filesystem::path& out_dir, const ModelConfig& c,
+                   const nlohmann::json& source);
 
 }  // namespace moestream

@@ -156,12 +156,17 @@ def test_encode_decode_match_reference(name, corpus, tmp_path):
     assert streamed == ref_decoded[:300]
 
 
+def _inputs(tmp_path, tokenizer_json, text):
+    """tmp_path/tokenizer.json and tmp_path/t.txt, written with the given contents."""
+    tj, t = tmp_path / "tokenizer.json", tmp_path / "t.txt"
+    tj.write_text(tokenizer_json)
+    t.write_text(text)
+    return tj, t
+
+
 def test_unknown_component_is_rejected_naming_field(tmp_path):
     exe = _tokenize_exe()
-    bad = tmp_path / "tokenizer.json"
-    bad.write_text('{"model": {"type": "Unigram", "vocab": []}, "added_tokens": []}')
-    text = tmp_path / "t.txt"
-    text.write_text("hi")
+    bad, text = _inputs(tmp_path, '{"model": {"type": "Unigram", "vocab": []}, "added_tokens": []}', "hi")
     res = subprocess.run([str(exe), "encode", "-t", str(bad), "-i", str(text)], capture_output=True)
     assert res.returncode != 0
     err = res.stderr.decode()
@@ -172,10 +177,8 @@ def test_output_to_a_pipe_writes_through_it(tmp_path):
     """`-o` naming a FIFO (like /dev/null) must write into it, not rename a file over it."""
     import threading
     exe = _tokenize_exe()
-    tj = tmp_path / "tokenizer.json"
-    tj.write_text('{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}}')
-    text = tmp_path / "t.txt"
-    text.write_text("abab")
+    tj, text = _inputs(tmp_path, '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}}',
+                       "abab")
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     got = []
