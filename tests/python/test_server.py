@@ -210,7 +210,8 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "unknown_field": 1}, 400, "unknown_field"),
     ("/v1/completions", {"prompt": [999999]}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
@@ -250,7 +251,8 @@ def test_deeply_nested_json_in_any_field_gets_400_and_the_server_stays_up():
         for path, body in bodies:
             assert_json_error(s.post(path, body), 400, "json_too_deep", "64")
             assert s.get("/health").status_code == 200
-        ok = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "unused": [[[[1]]]]})
+        ok = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                                             "chat_template_kwargs": {"unused": [[[[1]]]]}})
         assert ok.status_code == 200, ok.text
     finally:
         s.stop()
