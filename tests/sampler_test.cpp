@@ -114,6 +114,20 @@ SamplerParams plain(float temperature) {
   return p;
 }
 
+// Every step of the order switched on (the bias is each test's).
+SamplerParams every_step() {
+  SamplerParams p = plain(0.8f);
+  p.top_k = 400;
+  p.top_p = 0.9f;
+  p.min_p = 0.01f;
+  p.typical_p = 0.9f;
+  p.repeat_penalty = 1.3f;
+  p.repeat_last_n = 8;
+  p.presence_penalty = 0.2f;
+  p.frequency_penalty = 0.1f;
+  return p;
+}
+
 TEST(Sampler, MinPKeepsTokensAboveAFractionOfTheMostLikely) {
   const std::vector<float> l = normal_logits(300, 5, 1.5f);
   SamplerParams p = plain(0.9f);
@@ -139,13 +153,7 @@ TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
 
 TEST(Sampler, AllFiltersInTheDocumentedOrder) {
   const std::vector<float> l = normal_logits(2000, 7, 1.7f);
-  SamplerParams p = plain(0.8f);
-  p.top_k = 400;
-  p.top_p = 0.9f;
-  p.min_p = 0.01f;
-  p.typical_p = 0.9f;
-  p.repeat_penalty = 1.3f;
-  p.repeat_last_n = 8;
+  SamplerParams p = every_step();
   p.logit_bias = {{1, 2.5f}, {int(Sampler::argmax(l)), -100.0f}, {17, -1.0f}};
   std::vector<int> prompt;
   for (int i = 0; i < 12; ++i) prompt.push_back(int(std::max_element(l.begin(), l.end()) - l.begin()) + i % 3);
@@ -278,14 +286,7 @@ TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
 
 TEST(Sampler, SeedReproducesEveryFilterAndPenalty) {
   const std::vector<float> l = normal_logits(500, 10, 1.0f);
-  SamplerParams p = plain(1.1f);
-  p.top_k = 200;
-  p.top_p = 0.95f;
-  p.min_p = 0.02f;
-  p.typical_p = 0.95f;
-  p.repeat_penalty = 1.1f;
-  p.presence_penalty = 0.2f;
-  p.frequency_penalty = 0.1f;
+  SamplerParams p = every_step();
   p.logit_bias = {{3, 2.0f}};
   auto run = [&](uint64_t seed) {
     p.seed = seed;
