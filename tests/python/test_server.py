@@ -136,6 +136,15 @@ def test_seeded_sampling_repeats(server):
         server.post("/v1/completions", body).json()["choices"][0]["text"]
 
 
+def test_n_choices_run_one_after_the_other_without_parallel(server):
+    # Queue 1 + the running one: n = 2 fits, choice i is the request of seed 7 + i; n = 3 does not.
+    body = {"prompt": "In the morning", "max_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    two = server.post("/v1/completions", {**body, "n": 2, "seed": 7}).json()
+    singles = [server.post("/v1/completions", {**body, "seed": s}).json()["choices"][0]["text"] for s in (7, 8)]
+    assert [c["text"] for c in two["choices"]] == singles and singles[0] != singles[1]
+    assert_json_error(server.post("/v1/completions", {**body, "n": 3}), 400, "n")
+
+
 def test_chat_uses_the_template_and_reference_token_count(server):
     jinja2 = pytest.importorskip("jinja2")
     tokenizers = pytest.importorskip("tokenizers")
