@@ -33,6 +33,8 @@ TEST(CompletionRequest, UnknownAndRefusedFieldsAre400NamingThem) {
   EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x"}], "functions": []})", true), "functions");
   EXPECT_EQ(refused_field(R"({"prompt": "x", "top_logprobs": 2})", false), "top_logprobs");
   EXPECT_EQ(refused_field(R"({"prompt": "x", "echo": true})", false), "echo");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "stream_options": {"include_usage": true, "x": 1}})", false),
+            "stream_options.x");
   EXPECT_EQ(refused_field(R"({"prompt": "x", "best_of": 2})", false), "best_of");
   EXPECT_EQ(refused_field(R"({"prompt": "x", "suffix": "y"})", false), "suffix");
   EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true),

@@ -273,6 +273,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const OJ& so = j["stream_options"];
     if (!so.is_object()) bad("stream_options", "must be an object");
+    for (const auto& [key, value] : so.items())
+      if (key != "include_usage" && !value.is_null()) bad("stream_options." + key, "unknown field (only include_usage)");
     if (so.contains("include_usage")) r.include_usage = boolean(so["include_usage"], "stream_options.include_usage");
   }
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) r.ignore_eos = boolean(j["ignore_eos"], "ignore_eos");
