@@ -251,6 +251,8 @@ TEST(Sampler, LogitBiasShiftsAndBans) {
   SamplerParams all = plain(1.0f);
   all.logit_bias = {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}, {3, -100.0f}};
   EXPECT_THROW(Sampler(all).sample(l), ConfigError);
+  all.temperature = 0;  // greedy too: never a banned token
+  EXPECT_THROW(Sampler(all).sample(l), ConfigError);
   all.logit_bias = {{4, 1.0f}};
   EXPECT_THROW(Sampler(all).sample(l), ConfigError);
   std::vector<float> huge = l;

@@ -19,6 +19,9 @@ auto logit_before(std::span<const float> logits) {
     return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
   };
 }
+[[noreturn]] void throw_all_banned() {
+  throw ConfigError("logit_bias bans every token of the vocabulary: nothing is left to sample");
+}
 }  // namespace
 
 Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {
@@ -118,6 +121,7 @@ int Sampler::sample(std::span<const float> raw) {
   const std::span<const float> logits = adjusted(raw);
   if (p_.temperature == 0) {
     const int id = argmax(logits);
+    if (!p_.logit_bias.empty() && !(logits[size_t(id)] > -INFINITY)) throw_all_banned();
     remember(id, true);
     return id;
   }
@@ -139,8 +143,7 @@ int Sampler::sample(std::span<const float> raw) {
   // Weights relative to the largest logit, so every one is at most 1. No sort of the whole
   // vocabulary: at 151,936 ids std::sort took 17 ms a token, more than a decode step.
   const double top = logits[size_t(n < V ? cand_[0].id : argmax(logits))];
-  if (!(top > -INFINITY))
-    throw ConfigError("logit_bias bans every token of the vocabulary: nothing is left to sample");
+  if (!(top > -INFINITY)) throw_all_banned();
   double sum = 0;
   for (int i = 0; i < n; ++i) {
     Candidate& c = cand_[size_t(i)];
