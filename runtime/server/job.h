@@ -54,9 +54,11 @@ class Job {
   std::chrono::steady_clock::time_point created() const { return created_; }
 
   // Worker side.
+  // Also wakes the reader for logprobs pushed before it, so a token's entry and its text come in
+  // one update (text held back by the decoder or a stop string comes later).
   void push_text(const std::string& text) {
-    if (text.empty()) return;
     std::lock_guard<std::mutex> lk(mu_);
+    if (text.empty() && tokens_.empty()) return;
     text_ += text;
     cv_.notify_all();
   }
@@ -66,14 +68,13 @@ class Job {
     ids_.push_back(id);
     cv_.notify_all();
   }
-  // Before the token's text (push_text), when params().logprobs >= 0; `logits` are the raw ones
-  // the token was sampled from.
+  // Before the token's text (push_text or push_token_id, which wake the reader), when
+  // params().logprobs >= 0; `logits` are the raw ones the token was sampled from.
   void push_logprobs(std::span<const float> logits, int id) {
     if (params_.logprobs < 0) return;
     SampledToken t{id, Sampler::logprobs(logits, id, params_.logprobs)};
     std::lock_guard<std::mutex> lk(mu_);
     tokens_.push_back(std::move(t));
-    cv_.notify_all();
   }
   void finish(const JobResult& r) {
     std::lock_guard<std::mutex> lk(mu_);

@@ -135,6 +135,19 @@ def test_chat_logprobs_streamed_and_not(server):
     assert plain["choices"][0]["logprobs"] is None
 
 
+def test_a_streamed_token_comes_with_its_logprobs(server):
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    whole = completion(server, **body)["choices"][0]
+    with server.post("/v1/completions", {**body, "stream": True}, stream=True) as s:
+        chunks = [ev["choices"][0] for ev in sse_events(s) if ev != "[DONE]" and ev["choices"][0]["text"]]
+    # Plain ASCII text, no stop string: nothing is held back, so each chunk carries its tokens'
+    # entries with their text (a chunk may hold several tokens when the reader falls behind).
+    assert all(c["text"] == "".join(c["logprobs"]["tokens"]) for c in chunks), chunks
+    lp = [c["logprobs"] for c in chunks]
+    assert sum((x["tokens"] for x in lp), []) == whole["logprobs"]["tokens"]
+    assert sum((x["text_offset"] for x in lp), []) == whole["logprobs"]["text_offset"]
+
+
 def test_n_choices_are_the_single_requests_of_seeds_seed_plus_i(server):
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "ignore_eos": True}
     many = completion(server, n=3, seed=11, **body)
