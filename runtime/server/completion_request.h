@@ -62,7 +62,7 @@ struct RequestField {
   std::string_view name;
   FieldEndpoint endpoint;
   FieldUse use;
-  std::string_view note;  // kDefaultOnly: the accepted value
+  std::string_view note;  // kDefaultOnly: the accepted value; else what is done with it, if not plain
 };
 std::span<const RequestField> request_fields();
 

@@ -384,6 +384,10 @@ def test_a_model_without_a_tokenizer_takes_and_answers_token_ids(server, tmp_pat
                                                    "ignore_eos": True, "stream": True}, stream=True))
         assert ev[-1] == "[DONE]"
         assert [i for e in ev[:-1] for i in e["choices"][0]["token_ids"]] == c["token_ids"]
+        lp = s.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                        "logprobs": 1}).json()["choices"][0]["logprobs"]
+        assert lp["tokens"] == [f"token_id:{i}" for i in c["token_ids"]]
+        assert [list(t) for t in lp["top_logprobs"]] == [[t] for t in lp["tokens"]]  # greedy: the top one
         assert_json_error(s.post("/v1/completions", {"prompt": "text", "max_tokens": 2}), 400, "no_tokenizer")
         assert_json_error(s.post("/v1/completions", {"prompt": ids, "stop": ["x"]}), 400, "no_tokenizer")
         assert_json_error(s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
