@@ -25,7 +25,6 @@
 #include "runtime/convert/synthetic_model.h"
 #include "common/thread_pool.h"
 #include "common/timing.h"
-#include "tests/support/argmax_reference.h"
 #include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
@@ -462,123 +461,6 @@ TEST(Router, PicksTopKBySoftmaxAndRenormalisesOnRequest) {
   route_token(logits, 6, 3, true, ids, w, probs);
   EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
   EXPECT_NEAR(w[2], std::exp(1.5) / (2 * std::exp(2.0) + std::exp(1.5)), 1e-6);
-}
-
-TEST(Sampler, ZeroTemperatureIsArgmax) {
-  std::vector<float> l{0.1f, 3.0f, -2.0f, 2.9f};
-  Sampler s(SamplerParams{0.0f, 0, 1.0f, 5});
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.sample(l), 1);
-}
-
-TEST(Sampler, ArgmaxTakesTheFirstOfTheLargestAndSkipsNaN) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  for (size_t n : {1u, 15u, 16u, 17u, 1023u, 1024u, 1025u, 5000u, 151936u}) {
-    SCOPED_TRACE(n);
-    std::vector<float> v(n);
-    for (float& x : v) x = normal(rng);
-    EXPECT_EQ(Sampler::argmax(v), test::argmax_reference(v));
-    // A tie of the maximum in a later block, in the same block and at the very end.
-    const int first = test::argmax_reference(v);
-    for (size_t at : {n - 1, size_t(first) / 2, std::min(n - 1, size_t(first) + 1024)}) {
-      std::vector<float> t = v;
-      t[at] = t[size_t(first)];
-      EXPECT_EQ(Sampler::argmax(t), std::min(int(at), first));
-    }
-    std::vector<float> nan = v;  // NaN first, and beside the maximum
-    nan[0] = NAN;
-    if (n > 1) nan[size_t(first) == n - 1 ? n - 2 : size_t(first) + 1] = NAN;
-    EXPECT_EQ(Sampler::argmax(nan), test::argmax_reference(nan));
-  }
-  const float inf = INFINITY;
-  EXPECT_EQ(Sampler::argmax(std::vector<float>{NAN, -inf, -inf}), 1);
-  EXPECT_EQ(Sampler::argmax(std::vector<float>{NAN, NAN}), 0);
-  EXPECT_EQ(Sampler::argmax(std::vector<float>(3000, -inf)), 0);
-  std::vector<float> late(3000, -inf);
-  late[2500] = inf;
-  late[2999] = inf;
-  EXPECT_EQ(Sampler::argmax(late), 2500);
-}
-
-TEST(Sampler, SameSeedSameSequenceOtherSeedDiffers) {
-  std::vector<float> l(50);
-  for (size_t i = 0; i < l.size(); ++i) l[i] = float(std::sin(double(i))) * 2;
-  auto draw = [&](uint64_t seed) {
-    Sampler s(SamplerParams{1.0f, 0, 1.0f, seed});
-    std::vector<int> out;
-    for (int i = 0; i < 64; ++i) out.push_back(s.sample(l));
-    return out;
-  };
-  EXPECT_EQ(draw(123), draw(123));
-  EXPECT_NE(draw(123), draw(124));
-}
-
-TEST(Sampler, TopKAndTopPRestrictTheCandidates) {
-  std::vector<float> l{1.0f, 4.0f, 3.0f, 0.0f, 3.5f};
-  Sampler k2(SamplerParams{1.0f, 2, 1.0f, 1});
-  Sampler p(SamplerParams{1.0f, 0, 0.45f, 2});  // token 1 alone holds 49%
-  for (int i = 0; i < 200; ++i) {
-    int a = k2.sample(l);
-    EXPECT_TRUE(a == 1 || a == 4) << a;
-    EXPECT_EQ(p.sample(l), 1);
-  }
-}
-
-TEST(Sampler, FrequenciesFollowTheTemperedSoftmax) {
-  std::vector<float> l{0.0f, 1.0f, 2.0f};
-  const float temp = 2.0f;
-  Sampler s(SamplerParams{temp, 0, 1.0f, 99});
-  std::vector<int> n(3, 0);
-  const int draws = 30000;
-  for (int i = 0; i < draws; ++i) ++n[size_t(s.sample(l))];
-  double z = 0;
-  for (float x : l) z += std::exp(x / temp);
-  for (size_t i = 0; i < 3; ++i) {
-    const double p = std::exp(l[i] / temp) / z;
-    EXPECT_NEAR(double(n[i]) / draws, p, 0.015) << "token " << i;
-  }
-}
-
-TEST(Sampler, TopPOverTheWholeVocabularyDrawsFromItsNucleus) {
-  // Without top-k the nucleus is found by selection, not a sort: the same set as the sorted
-  // prefix, each member drawn in proportion to its weight.
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.5f);
-  std::vector<float> l(3000);
-  for (float& x : l) x = normal(rng);
-  const float top_p = 0.3f;
-  std::vector<int> order(l.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
-  const float top = l[size_t(order[0])];
-  double total = 0;
-  for (float x : l) total += std::exp(double(x) - top);
-  std::map<int, double> nucleus;  // id -> weight
-  double cum = 0;
-  for (int id : order) {
-    nucleus[id] = std::exp(double(l[size_t(id)]) - top);
-    cum += nucleus[id];
-    if (cum >= top_p * total) break;
-  }
-  ASSERT_GT(nucleus.size(), 20u);
-  Sampler s(SamplerParams{1.0f, 0, top_p, 11});
-  std::map<int, int> seen;
-  const int draws = 40000;
-  for (int i = 0; i < draws; ++i) {
-    const int id = s.sample(l);
-    ASSERT_TRUE(nucleus.count(id)) << "token " << id << " is outside the nucleus";
-    ++seen[id];
-  }
-  for (const auto& [id, w] : nucleus) {
-    const double p = w / cum, f = double(seen[id]) / draws;
-    EXPECT_NEAR(f, p, 4 * std::sqrt(p * (1 - p) / draws) + 1e-3) << "token " << id;
-  }
-}
-
-TEST(Sampler, RejectsOutOfRangeParameters) {
-  EXPECT_THROW(Sampler(SamplerParams{-1.0f, 0, 1.0f, 0}), ConfigError);
-  EXPECT_THROW(Sampler(SamplerParams{1.0f, -3, 1.0f, 0}), ConfigError);
-  EXPECT_THROW(Sampler(SamplerParams{1.0f, 0, 0.0f, 0}), ConfigError);
 }
 
 TEST(Rope, LinearScalingDividesEveryFrequency) {

@@ -166,7 +166,8 @@ TEST(CompletionRequest, DeepNestingInAnyFieldGets400BeforeAnyRecursiveCode) {
 TEST(CompletionRequest, DepthLimitCountsOnlyBracketsOutsideStrings) {
   // The body object is level 1: a field may nest kMaxRequestJsonDepth - 1 more levels.
   const int inner = kMaxRequestJsonDepth - 1;
-  EXPECT_EQ(error_of(R"({"prompt": "x", "extra": )" + nested(inner) + "}", false).status(), 0);
+  // Within the limit the depth check passes and the unknown field is what is refused.
+  EXPECT_EQ(error_of(R"({"prompt": "x", "extra": )" + nested(inner) + "}", false).param(), "extra");
   EXPECT_EQ(error_of(R"({"prompt": "x", "extra": )" + nested(inner + 1) + "}", false).code(), "json_too_deep");
   // Brackets inside strings, after escaped quotes and backslashes, are text.
   const std::string text = std::string(1000, '[') + R"(\\\" [[[ {{{ \\)";

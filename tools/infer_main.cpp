@@ -53,6 +53,26 @@ std::vector<int> parse_ids(const std::string& s) {
   return ids;
 }
 
+// --logit-bias ID:BIAS, repeated.
+std::vector<LogitBias> parse_logit_bias(const std::vector<std::string>& items) {
+  std::vector<LogitBias> out;
+  for (const std::string& item : items) {
+    const size_t colon = item.find(':');
+    size_t used_id = 0, used_bias = 0;
+    LogitBias b{-1, 0};
+    try {
+      b.id = std::stoi(item.substr(0, colon), &used_id);
+      b.bias = std::stof(item.substr(colon + 1), &used_bias);
+    } catch (const std::exception&) {
+      used_id = 0;
+    }
+    if (colon == std::string::npos || used_id != colon || used_id == 0 || used_bias != item.size() - colon - 1)
+      throw ConfigError("--logit-bias: '" + item + "' is not ID:BIAS (e.g. 42:-1.5, or 42:-100 to ban token 42)");
+    out.push_back(b);
+  }
+  return out;
+}
+
 Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
   std::optional<Tokenizer> tok = load_model_tokenizer(dir, cfg);
   if (!tok)
@@ -68,6 +88,8 @@ struct Args {
   uint64_t seed = 0;
   float temp = 0.8f, top_p = 0.95f;
   int top_k = 40;
+  SamplerParams sampling;  // the options below the four above (defaults: SamplerParams')
+  std::vector<std::string> logit_bias;  // ID:BIAS
   bool timing = false, print_ids = false, ignore_eos = false;
   std::string collect_routing, replay_routing;
   bool collect_router_inputs = false;
@@ -122,7 +144,8 @@ int run(const Args& a) {
   if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
   if (!a.prompt.empty() && !a.prompt_ids.empty())
     throw ConfigError("give either -p or --prompt-ids, not both");
-  SamplerParams sp;
+  SamplerParams sp = a.sampling;
+  sp.logit_bias = parse_logit_bias(a.logit_bias);
   sp.temperature = a.temp;
   sp.top_k = a.top_k;
   sp.top_p = a.top_p;
@@ -251,6 +274,24 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str()
       ->check(in_range<int>(0, INT_MAX));
   app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
+  app.add_option("--min-p", a.sampling.min_p,
+                 "keep tokens whose probability is at least this fraction of the most likely one's; 0 = off")
+      ->capture_default_str();
+  app.add_option("--typical-p", a.sampling.typical_p,
+                 "locally typical sampling mass in (0, 1]; 1 = off")->capture_default_str();
+  app.add_option("--repeat-penalty", a.sampling.repeat_penalty,
+                 "divide positive logits and multiply negative ones by this for each distinct token of "
+                 "the last --repeat-last-n (prompt included); 1 = off")->capture_default_str();
+  app.add_option("--repeat-last-n", a.sampling.repeat_last_n,
+                 "tokens --repeat-penalty looks back over; -1 = all, 0 = off")->capture_default_str();
+  app.add_option("--presence-penalty", a.sampling.presence_penalty,
+                 "subtract this from the logit of every token generated so far (the prompt not counted)")
+      ->capture_default_str();
+  app.add_option("--frequency-penalty", a.sampling.frequency_penalty,
+                 "subtract this times its count from the logit of every token generated so far")
+      ->capture_default_str();
+  app.add_option("--logit-bias", a.logit_bias,
+                 "ID:BIAS, repeatable: add BIAS (in [-100, 100]) to token ID's logit; -100 bans the token");
   app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str()
       ->check(in_range(0, kMaxThreads));
   app.add_option("--ctx", a.ctx,

@@ -1,7 +1,7 @@
 # Type stubs for moestream (the pybind11 module `moestream._moestream`), so editors complete and
 # type checkers see the signatures of the compiled API.
 import os
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -74,7 +74,16 @@ class Model:
         *,
         top_k: int = 40,
         ignore_eos: bool = False,
-    ) -> str | list[int] | GenerationStream: ...
+        min_p: float = 0.0,
+        typical_p: float = 1.0,
+        repeat_penalty: float = 1.0,
+        repeat_last_n: int = 64,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+    ) -> str | list[int] | GenerationStream:
+        """The sampler of `infer` and the server (runtime/model/sampler.h): the same parameters,
+        the same order of operations and, for a seed, the same tokens."""
     def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
         """[len(token_ids), vocab_size] logits of every position, from an empty cache."""
     def perplexity(self, text: str | Sequence[int], *, ctx: int = 0, stride: int = 0) -> dict[str, float | int]: ...

@@ -8,6 +8,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -400,15 +401,6 @@ class GenerationStream {
   std::exception_ptr error_;
 };
 
-SamplerParams sampler_params(float temperature, float top_p, int top_k, uint64_t seed) {
-  SamplerParams sp;
-  sp.temperature = temperature;
-  sp.top_p = top_p;
-  sp.top_k = top_k;
-  sp.seed = seed;
-  return sp;
-}
-
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -486,18 +478,27 @@ void bind_model(py::module_& m) {
            py::arg("gpu_pin_page_cache") = false, py::arg("gpu_cpu_misses") = false,
            py::arg("auto_direct") = kStoreDefaults.auto_direct)
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
-                          uint64_t seed, bool stream, int top_k, bool ignore_eos) -> py::object {
+                          uint64_t seed, bool stream, int top_k, bool ignore_eos, float min_p, float typical_p,
+                          float repeat_penalty, int repeat_last_n, float presence_penalty, float frequency_penalty,
+                          const std::optional<std::map<int, float>>& logit_bias) -> py::object {
              std::vector<int> ids = self.prompt_ids(prompt);
              GenerateOptions go = self.generate_options(max_tokens, ignore_eos);
-             SamplerParams sp = sampler_params(temperature, top_p, top_k, seed);
+             SamplerParams sp{.temperature = temperature, .top_k = top_k, .top_p = top_p, .seed = seed,
+                              .min_p = min_p, .typical_p = typical_p, .repeat_penalty = repeat_penalty,
+                              .repeat_last_n = repeat_last_n, .presence_penalty = presence_penalty,
+                              .frequency_penalty = frequency_penalty, .logit_bias = {}};
+             for (const auto& [id, bias] : logit_bias.value_or(std::map<int, float>())) sp.logit_bias.push_back({id, bias});
              if (stream) return py::cast(new GenerationStream(py::cast(&self, py::return_value_policy::reference),
                                                               self, std::move(ids), go, sp),
                                          py::return_value_policy::take_ownership);
              return self.generate_all(ids, go, sp);
            },
+           // The sampler's keywords and defaults are infer's flags (--min-p ... --logit-bias).
            py::arg("prompt"), py::arg("max_tokens") = 64, py::arg("temperature") = 0.8f, py::arg("top_p") = 0.95f,
            py::arg("seed") = 0, py::arg("stream") = false, py::kw_only(), py::arg("top_k") = 40,
-           py::arg("ignore_eos") = false)
+           py::arg("ignore_eos") = false, py::arg("min_p") = 0.0f, py::arg("typical_p") = 1.0f,
+           py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64, py::arg("presence_penalty") = 0.0f,
+           py::arg("frequency_penalty") = 0.0f, py::arg("logit_bias") = py::none())
       .def("logits", &PyModel::logits, py::arg("token_ids"))
       .def("perplexity", &PyModel::perplexity_of, py::arg("text"), py::kw_only(), py::arg("ctx") = 0,
            py::arg("stride") = 0)

@@ -27,6 +27,7 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   // Greedy: the pass picks each token (on the GPU, only the id comes back); else the sampler
   // reads the logits.
   const bool greedy = sampler.greedy();
+  sampler.add_prompt(prompt);
   std::vector<float> logits(greedy ? 0 : size_t(model.config().vocab_size));
   model.reset();
   model.reset_times();

@@ -33,7 +33,8 @@ struct GenerateOptions {
 };
 
 // Resets the model, runs the prompt (prefill), then samples up to n_new tokens, feeding each back
-// (decode). on_token is called with every sampled id as soon as it is chosen.
+// (decode). The prompt goes to the sampler's repeat-penalty window (Sampler::add_prompt) first.
+// on_token is called with every sampled id as soon as it is chosen.
 GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
                        Sampler& sampler, const std::function<void(int)>& on_token,
                        std::vector<int>* generated = nullptr);

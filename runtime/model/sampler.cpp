@@ -12,12 +12,78 @@
 
 namespace moestream {
 
+namespace {
+// Descending logit, ascending id on ties: a total order (without NaN), so choices are deterministic.
+auto logit_before(std::span<const float> logits) {
+  return [logits](int a, int b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  };
+}
+[[noreturn]] void throw_all_banned() {
+  throw ConfigError("logit_bias bans every token of the vocabulary: nothing is left to sample");
+}
+}  // namespace
+
 Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
     throw ConfigError("--temp must be >= 0, got " + std::to_string(p.temperature));
   if (p.top_k < 0) throw ConfigError("--top-k must be >= 0, got " + std::to_string(p.top_k));
   if (!(p.top_p > 0 && p.top_p <= 1))
     throw ConfigError("--top-p must be in (0, 1], got " + std::to_string(p.top_p));
+  if (!(p.min_p >= 0 && p.min_p <= 1))
+    throw ConfigError("--min-p must be in [0, 1], got " + std::to_string(p.min_p));
+  if (!(p.typical_p > 0 && p.typical_p <= 1))
+    throw ConfigError("--typical-p must be in (0, 1], got " + std::to_string(p.typical_p));
+  if (!(p.repeat_penalty > 0) || !std::isfinite(p.repeat_penalty))
+    throw ConfigError("--repeat-penalty must be > 0, got " + std::to_string(p.repeat_penalty));
+  if (p.repeat_last_n < -1)
+    throw ConfigError("--repeat-last-n must be >= -1, got " + std::to_string(p.repeat_last_n));
+  if (!std::isfinite(p.presence_penalty))
+    throw ConfigError("--presence-penalty must be finite, got " + std::to_string(p.presence_penalty));
+  if (!std::isfinite(p.frequency_penalty))
+    throw ConfigError("--frequency-penalty must be finite, got " + std::to_string(p.frequency_penalty));
+  for (const LogitBias& b : p.logit_bias)
+    if (b.id < 0 || !(b.bias >= kLogitBan && b.bias <= -kLogitBan))
+      throw ConfigError("--logit-bias " + std::to_string(b.id) + ":" + std::to_string(b.bias) +
+                        ": the id must be >= 0 and the bias in [-100, 100]");
+}
+
+void Sampler::add_prompt(std::span<const int> prompt) {
+  if (p_.repeat_penalty == 1 || p_.repeat_last_n == 0) return;
+  const size_t keep = p_.repeat_last_n < 0 ? prompt.size() : std::min(prompt.size(), size_t(p_.repeat_last_n));
+  for (int id : prompt.subspan(prompt.size() - keep)) remember(id, false);
+}
+
+// The repeat window slides by one token; the output counts only grow.
+void Sampler::remember(int id, bool output) {
+  if (output && (p_.presence_penalty != 0 || p_.frequency_penalty != 0)) ++generated_[id];
+  if (p_.repeat_penalty == 1 || p_.repeat_last_n == 0) return;
+  window_.push_back(id);
+  ++in_window_[id];
+  if (p_.repeat_last_n > 0 && window_.size() > size_t(p_.repeat_last_n)) {
+    const auto it = in_window_.find(window_.front());
+    if (--it->second == 0) in_window_.erase(it);
+    window_.pop_front();
+  }
+}
+
+std::span<const float> Sampler::adjusted(std::span<const float> logits) {
+  if (!changes_logits()) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  float* l = adjusted_.data();
+  const int V = int(logits.size());
+  for (const LogitBias& b : p_.logit_bias) {
+    if (b.id >= V)
+      throw ConfigError("logit_bias: token id " + std::to_string(b.id) + " is outside the vocabulary of " +
+                        std::to_string(V));
+    l[b.id] = b.bias == kLogitBan ? -INFINITY : l[b.id] + b.bias;
+  }
+  // Each distinct token once, whatever the order of the map: the result does not depend on it.
+  for (const auto& [id, n] : in_window_)
+    if (id < V) l[id] = l[id] > 0 ? l[id] / p_.repeat_penalty : l[id] * p_.repeat_penalty;
+  for (const auto& [id, n] : generated_)
+    if (id < V) l[id] -= p_.frequency_penalty * float(n) + p_.presence_penalty;
+  return adjusted_;
 }
 
 int Sampler::argmax(std::span<const float> logits) {
@@ -51,13 +117,16 @@ int Sampler::argmax(std::span<const float> logits) {
   return static_cast<int>(i);
 }
 
-int Sampler::sample(std::span<const float> logits) {
-  if (p_.temperature == 0) return argmax(logits);
+int Sampler::sample(std::span<const float> raw) {
+  const std::span<const float> logits = adjusted(raw);
+  if (p_.temperature == 0) {
+    const int id = argmax(logits);
+    if (!p_.logit_bias.empty() && !(logits[size_t(id)] > -INFINITY)) throw_all_banned();
+    remember(id, true);
+    return id;
+  }
   const int V = static_cast<int>(logits.size());
-  // Descending logit, ascending id on ties: a total order, so the candidates are deterministic.
-  const auto id_before = [&](int a, int b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  };
+  const auto id_before = logit_before(logits);
   const auto before = [&](const Candidate& a, const Candidate& b) { return id_before(a.id, b.id); };
   int n = V;
   if (p_.top_k > 0 && p_.top_k < V) {  // the k best ids, sorted (a heap of k over 4-byte ids)
@@ -74,23 +143,90 @@ int Sampler::sample(std::span<const float> logits) {
   // Weights relative to the largest logit, so every one is at most 1. No sort of the whole
   // vocabulary: at 151,936 ids std::sort took 17 ms a token, more than a decode step.
   const double top = logits[size_t(n < V ? cand_[0].id : argmax(logits))];
+  if (!(top > -INFINITY)) throw_all_banned();
   double sum = 0;
   for (int i = 0; i < n; ++i) {
     Candidate& c = cand_[size_t(i)];
     sum += c.p = static_cast<float>(std::exp((logits[size_t(c.id)] - top) / p_.temperature));
   }
-  if (p_.top_p < 1) {
-    n = nucleus_to_front(n, p_.top_p * sum, before);
+  const auto mass = [&] {
     sum = 0;
     for (int i = 0; i < n; ++i) sum += cand_[size_t(i)].p;
+  };
+  if (p_.top_p < 1) {
+    n = nucleus_to_front(n, p_.top_p * sum, before);
+    mass();
+  }
+  if (p_.min_p > 0) {
+    n = min_p_to_front(n);
+    mass();
+  }
+  if (p_.typical_p < 1) {
+    n = typical_to_front(n, sum);
+    mass();
   }
   const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
   double cum = 0;
+  int id = cand_[size_t(n - 1)].id;  // u rounding past the last bucket
   for (int i = 0; i < n; ++i) {
     cum += cand_[size_t(i)].p;
-    if (u < cum) return cand_[size_t(i)].id;
+    if (u < cum) {
+      id = cand_[size_t(i)].id;
+      break;
+    }
   }
-  return cand_[size_t(n - 1)].id;  // u rounding past the last bucket
+  remember(id, true);
+  return id;
+}
+
+// min_p: the candidates whose weight is at least min_p x the largest, moved to the front.
+int Sampler::min_p_to_front(int n) {
+  float largest = 0;
+  for (int i = 0; i < n; ++i) largest = std::max(largest, cand_[size_t(i)].p);
+  const float floor = p_.min_p * largest;
+  const auto end = std::partition(cand_.begin(), cand_.begin() + n, [&](const Candidate& c) { return c.p >= floor; });
+  return int(end - cand_.begin());
+}
+
+// typical_p: in order of |-log p - H| (p normalised over the n candidates, H their entropy), the
+// smallest prefix holding typical_p of the mass, moved to the front.
+int Sampler::typical_to_front(int n, double sum) {
+  const double log_sum = std::log(sum);
+  double entropy = 0;
+  for (int i = 0; i < n; ++i) {
+    const double w = cand_[size_t(i)].p;
+    if (w > 0) entropy -= w / sum * (std::log(w) - log_sum);
+  }
+  const auto surprise_gap = [&](const Candidate& c) {
+    return c.p > 0 ? std::abs(log_sum - std::log(double(c.p)) - entropy) : INFINITY;
+  };
+  const auto before = [&](const Candidate& a, const Candidate& b) {
+    const double da = surprise_gap(a), db = surprise_gap(b);
+    return da < db || (da == db && a.id < b.id);
+  };
+  return nucleus_to_front(n, p_.typical_p * sum, before);
+}
+
+TokenLogprobs Sampler::logprobs(std::span<const float> logits, int id, int n_top) {
+  MOE_ASSERT(id >= 0 && size_t(id) < logits.size());
+  const float m = logits[size_t(argmax(logits))];
+  double z = 0;
+  for (float x : logits) z += std::exp(double(x) - m);
+  const double lse = m + std::log(z);
+  TokenLogprobs out;
+  out.logprob = float(logits[size_t(id)] - lse);
+  // The n_top best by one pass with a small sorted list: most entries fail the first compare.
+  const size_t k = std::min(size_t(std::max(n_top, 0)), logits.size());
+  std::vector<int> best;
+  best.reserve(k + 1);
+  const auto better = logit_before(logits);
+  for (int i = 0; k > 0 && i < int(logits.size()); ++i) {
+    if (best.size() == k && !better(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+    if (best.size() > k) best.pop_back();
+  }
+  for (int b : best) out.top.push_back({b, float(logits[size_t(b)] - lse)});
+  return out;
 }
 
 // Weighted quickselect: the order's smallest prefix of cand_[0, n) whose weight reaches target,

@@ -28,6 +28,7 @@ struct BatchScheduler::Active {
       : job(std::move(j)), sampler(job->params().sampler), stop(job->params().stop),
         logits(size_t(vocab)), t_start(std::chrono::steady_clock::now()) {
     if (tok) decoder.emplace(*tok, /*skip_special_tokens=*/true);
+    sampler.add_prompt(job->params().prompt);
   }
   bool prefilling() const { return fed < job->params().prompt.size(); }
 };
@@ -263,6 +264,7 @@ bool BatchScheduler::step() {
       finish(s, "stop");
       continue;
     }
+    a.job->push_logprobs(a.logits, id);
     if (a.decoder) a.job->push_text(a.stop.feed(a.decoder->push(id)));
     else a.job->push_token_id(id);
     if (a.stop.stopped()) finish(s, "stop");

@@ -1,12 +1,64 @@
 // Implementation of runtime/server/completion_request.h.
 #include "runtime/server/completion_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace moestream {
 
 namespace {
 using OJ = nlohmann::ordered_json;
+using enum FieldEndpoint;
+using enum FieldUse;
+
+// OpenAI's fields of both endpoints, then the extensions (llama.cpp's and vLLM's names).
+constexpr RequestField kRequestFields[] = {
+    {"model", kBoth, kHonoured, ""},
+    {"prompt", kCompletions, kHonoured, ""},
+    {"messages", kChat, kHonoured, ""},
+    {"max_tokens", kBoth, kHonoured, ""},
+    {"max_completion_tokens", kBoth, kHonoured, ""},
+    {"temperature", kBoth, kHonoured, ""},
+    {"top_p", kBoth, kHonoured, ""},
+    {"seed", kBoth, kHonoured, ""},
+    {"stop", kBoth, kHonoured, ""},
+    {"stream", kBoth, kHonoured, ""},
+    {"stream_options", kBoth, kHonoured, ""},
+    {"n", kBoth, kHonoured, ""},
+    {"presence_penalty", kBoth, kHonoured, ""},
+    {"frequency_penalty", kBoth, kHonoured, ""},
+    {"logit_bias", kBoth, kHonoured, ""},
+    {"logprobs", kBoth, kHonoured, ""},
+    {"top_logprobs", kChat, kHonoured, ""},
+    {"tools", kChat, kHonoured, ""},
+    {"user", kBoth, kHonoured, "a label: checked to be a string, no effect on the output"},
+    {"echo", kCompletions, kDefaultOnly, "false"},
+    {"best_of", kCompletions, kDefaultOnly, "equal to n"},
+    {"suffix", kCompletions, kDefaultOnly, "\"\""},
+    {"tool_choice", kChat, kDefaultOnly, "\"auto\""},
+    {"response_format", kChat, kDefaultOnly, "{\"type\": \"text\"}"},
+    {"store", kChat, kDefaultOnly, "false"},
+    {"parallel_tool_calls", kChat, kRefused, ""},
+    {"functions", kChat, kRefused, ""},
+    {"function_call", kChat, kRefused, ""},
+    {"metadata", kChat, kRefused, ""},
+    {"modalities", kChat, kRefused, ""},
+    {"audio", kChat, kRefused, ""},
+    {"prediction", kChat, kRefused, ""},
+    {"reasoning_effort", kChat, kRefused, ""},
+    {"service_tier", kBoth, kRefused, ""},
+    {"web_search_options", kChat, kRefused, ""},
+    {"top_k", kBoth, kHonoured, ""},
+    {"min_p", kBoth, kHonoured, ""},
+    {"typical_p", kBoth, kHonoured, ""},
+    {"repeat_penalty", kBoth, kHonoured, ""},
+    {"repetition_penalty", kBoth, kHonoured, ""},
+    {"repeat_last_n", kBoth, kHonoured, ""},
+    {"ignore_eos", kBoth, kHonoured, ""},
+    {"replay_request", kBoth, kHonoured, ""},
+    {"chat_template_kwargs", kChat, kHonoured, ""},
+};
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
   throw ApiError(400, "invalid_request_error", param + ": " + msg, param);
@@ -66,7 +118,49 @@ OJ parse_messages(const OJ& m) {
   }
   return out;
 }
+// Every non-null field must be known for this endpoint and not refused.
+void check_fields(const OJ& j, bool chat) {
+  for (const auto& [key, value] : j.items()) {
+    if (value.is_null()) continue;
+    const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
+                                [&](const RequestField& r) { return r.name == key; });
+    if (f == std::end(kRequestFields) || f->endpoint == (chat ? kCompletions : kChat))
+      bad(key, std::string("unknown field for ") + (chat ? "/v1/chat/completions" : "/v1/completions") +
+                   " (docs/server.md lists the fields this server takes)");
+    if (f->use == kRefused) bad(key, "is not supported by this server");
+  }
+}
+
+// A kDefaultOnly field: accepted only when `ok` (its no-op value).
+void default_only(const OJ& j, const char* key, bool (*ok)(const OJ&, const CompletionRequest&),
+                  const CompletionRequest& r) {
+  if (!j.contains(key) || j[key].is_null() || ok(j[key], r)) return;
+  const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
+                              [&](const RequestField& x) { return x.name == key; });
+  bad(key, "only " + std::string(f->note) + " is supported, got " + j[key].dump());
+}
+
+std::vector<LogitBias> parse_logit_bias(const OJ& b) {
+  if (!b.is_object()) bad("logit_bias", "must be an object of token id (a string) to bias");
+  if (b.size() > 1024) bad("logit_bias", "at most 1024 entries");
+  std::vector<LogitBias> out;
+  for (const auto& [key, value] : b.items()) {
+    const std::string name = "logit_bias." + key;
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX) bad(name, "keys must be token ids");
+    out.push_back({int(id), float(number(value, name, -100, 100))});
+  }
+  return out;
+}
 }  // namespace
+
+std::span<const RequestField> request_fields() { return kRequestFields; }
 
 void check_json_depth(std::string_view body, int max_depth) {
   int depth = 0;
@@ -98,6 +192,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     throw ApiError(400, "invalid_json", std::string("request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "invalid_json", "request body must be a JSON object");
+  check_fields(j, chat);
   CompletionRequest r;
   r.chat = chat;
   if (j.contains("model")) {
@@ -143,11 +238,43 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   }
   if (j.contains("top_k") && !j["top_k"].is_null()) r.top_k = int(integer(j["top_k"], "top_k", 0, 1 << 20));
   if (j.contains("seed") && !j["seed"].is_null()) r.seed = uint64_t(integer(j["seed"], "seed", INT64_MIN, INT64_MAX));
-  if (j.contains("n") && !j["n"].is_null() && integer(j["n"], "n", 1, 128) != 1) bad("n", "only n = 1 is supported");
+  const auto given = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  if (given("n")) r.n = int(integer(j["n"], "n", 1, 128));
+  if (given("min_p")) r.min_p = float(number(j["min_p"], "min_p", 0, 1));
+  if (given("typical_p")) {
+    r.typical_p = float(number(j["typical_p"], "typical_p", 0, 1));
+    if (r.typical_p <= 0) bad("typical_p", "must be > 0");
+  }
+  if (given("repeat_penalty") && given("repetition_penalty"))
+    bad("repetition_penalty", "give repeat_penalty or repetition_penalty, not both");
+  for (const char* key : {"repeat_penalty", "repetition_penalty"})
+    if (given(key)) {
+      r.repeat_penalty = float(number(j[key], key, 0, 10));
+      if (r.repeat_penalty <= 0) bad(key, "must be > 0");
+    }
+  if (given("repeat_last_n")) r.repeat_last_n = int(integer(j["repeat_last_n"], "repeat_last_n", -1, 1 << 24));
+  if (given("presence_penalty")) r.presence_penalty = float(number(j["presence_penalty"], "presence_penalty", -2, 2));
+  if (given("frequency_penalty")) r.frequency_penalty = float(number(j["frequency_penalty"], "frequency_penalty", -2, 2));
+  if (given("logit_bias")) r.logit_bias = parse_logit_bias(j["logit_bias"]);
+  if (given("logprobs")) {
+    if (chat) {
+      r.logprobs = boolean(j["logprobs"], "logprobs");
+    } else {  // the legacy API: the number of most likely tokens to list
+      r.top_logprobs = int(integer(j["logprobs"], "logprobs", 0, 20));
+      r.logprobs = true;
+    }
+  }
+  if (given("top_logprobs")) {
+    r.top_logprobs = int(integer(j["top_logprobs"], "top_logprobs", 0, 20));
+    if (!r.logprobs) bad("top_logprobs", "needs logprobs: true");
+  }
+  if (given("user") && !j["user"].is_string()) bad("user", "must be a string");
   if (j.contains("stream") && !j["stream"].is_null()) r.stream = boolean(j["stream"], "stream");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const OJ& so = j["stream_options"];
     if (!so.is_object()) bad("stream_options", "must be an object");
+    for (const auto& [key, value] : so.items())
+      if (key != "include_usage" && !value.is_null()) bad("stream_options." + key, "unknown field (only include_usage)");
     if (so.contains("include_usage")) r.include_usage = boolean(so["include_usage"], "stream_options.include_usage");
   }
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) r.ignore_eos = boolean(j["ignore_eos"], "ignore_eos");
@@ -168,12 +295,14 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     for (const auto& s1 : r.stop)
       if (s1.empty()) bad("stop", "stop strings must not be empty");
   }
-  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false && j["logprobs"] != 0)
-    bad("logprobs", "log probabilities are not supported");
-  if (j.contains("echo") && !j["echo"].is_null() && boolean(j["echo"], "echo")) bad("echo", "echo is not supported");
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (j.contains(key) && !j[key].is_null() && number(j[key], key, -2, 2) != 0)
-      bad(key, "penalties are not supported; leave it at 0");
+  default_only(j, "echo", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
+  default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
+  default_only(j, "suffix", [](const OJ& v, const CompletionRequest&) { return v == ""; }, r);
+  default_only(j, "tool_choice", [](const OJ& v, const CompletionRequest&) { return v == "auto"; }, r);
+  default_only(j, "response_format", [](const OJ& v, const CompletionRequest&) {
+    return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
+  }, r);
+  default_only(j, "store", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   return r;
 }
 

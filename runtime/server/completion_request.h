@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/model/sampler.h"
 #include "runtime/server/api_error.h"
 
 namespace moestream {
@@ -30,13 +32,39 @@ struct CompletionRequest {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int top_k = 0;                         // extension; 0 = no limit
+  float min_p = 0.0f;                    // extension; 0 = off
+  float typical_p = 1.0f;                // extension; 1 = off
+  float repeat_penalty = 1.0f;           // extension (llama.cpp; vLLM's repetition_penalty); 1 = off
+  int repeat_last_n = 64;                // extension: repeat_penalty's window; -1 = all tokens
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<LogitBias> logit_bias;     // ids unchecked against the vocabulary (the server does that)
   std::optional<uint64_t> seed;
+  int n = 1;                             // choices
+  // Log-probabilities of each generated token and of the `top_logprobs` most likely ones
+  // (chat: logprobs + top_logprobs; completions: logprobs = the count).
+  bool logprobs = false;
+  int top_logprobs = 0;
   bool stream = false;
   bool include_usage = false;            // stream_options.include_usage
   bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
   std::vector<std::string> stop;
   std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (--replay-routing)
 };
+
+// Every request field this server knows, in one place: where it applies and what it does with it.
+// A field not listed (or listed for the other endpoint) and a kRefused one are a 400 naming it;
+// kDefaultOnly ones are accepted at their no-op value only (the note says which). A null value is
+// the field's absence. docs/server.md lists the same (server_test checks it).
+enum class FieldEndpoint : uint8_t { kBoth, kCompletions, kChat };
+enum class FieldUse : uint8_t { kHonoured, kDefaultOnly, kRefused };
+struct RequestField {
+  std::string_view name;
+  FieldEndpoint endpoint;
+  FieldUse use;
+  std::string_view note;  // kDefaultOnly: the accepted value; else what is done with it, if not plain
+};
+std::span<const RequestField> request_fields();
 
 // Deepest nesting of arrays and objects a request body may have, in any field (ignored ones
 // included). Copying, comparing and dumping a JSON value recurse once per level, so an unbounded

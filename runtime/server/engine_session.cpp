@@ -50,6 +50,7 @@ void EngineSession::run(Job& job) {
   r.queue_s = seconds_since(job.created());
   try {
     Sampler sampler(p.sampler);
+    sampler.add_prompt(p.prompt);
     const CacheAwareStats ca0 = model_.cache_aware_stats();
     if (on_start_) r.routing_request_id = on_start_(-1, int(p.prompt.size()));
     // A replay is kept after the request (the next one replaces it): the KV cache the next
@@ -80,6 +81,7 @@ void EngineSession::run(Job& job) {
         r.finish_reason = "stop";
         break;
       }
+      job.push_logprobs(logits_, id);
       if (decoder) job.push_text(stop.feed(decoder->push(id)));
       else job.push_token_id(id);
       if (stop.stopped()) {

@@ -20,6 +20,7 @@
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
+#include "runtime/server/logprobs_json.h"
 #include "runtime/server/server_metrics.h"
 
 namespace moestream {
@@ -270,6 +271,24 @@ struct ApiServer::Impl {
     p.sampler.top_p = r.top_p;
     p.sampler.top_k = r.top_k;
     p.sampler.seed = r.seed ? *r.seed : std::random_device{}();
+    p.sampler.min_p = r.min_p;
+    p.sampler.typical_p = r.typical_p;
+    p.sampler.repeat_penalty = r.repeat_penalty;
+    p.sampler.repeat_last_n = r.repeat_last_n;
+    p.sampler.presence_penalty = r.presence_penalty;
+    p.sampler.frequency_penalty = r.frequency_penalty;
+    p.sampler.logit_bias = r.logit_bias;
+    size_t bans = 0;
+    for (const LogitBias& b : r.logit_bias) {
+      if (b.id >= model.config().vocab_size)
+        throw ApiError(400, "invalid_request_error", "logit_bias: token id " + std::to_string(b.id) +
+                       " is outside the vocabulary of " + std::to_string(model.config().vocab_size),
+                       "logit_bias." + std::to_string(b.id));
+      bans += b.bias == kLogitBan;
+    }
+    if (bans >= size_t(model.config().vocab_size))
+      throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
+    p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
     p.stop = r.stop;
     if (r.replay_request) {
@@ -285,11 +304,14 @@ struct ApiServer::Impl {
     return p;
   }
 
-  json usage(const JobResult& r) const {
-    return json{{"prompt_tokens", r.prompt_tokens},
-                {"completion_tokens", r.completion_tokens},
-                {"total_tokens", r.prompt_tokens + r.completion_tokens},
-                {"prompt_tokens_details", {{"cached_tokens", r.prompt_tokens_reused}}}};
+  // The prompt counts once, as OpenAI counts it for n choices; its cache reuse is the first choice's.
+  json usage(const std::vector<JobResult>& rs) const {
+    int completion = 0;
+    for (const JobResult& r : rs) completion += r.completion_tokens;
+    return json{{"prompt_tokens", rs[0].prompt_tokens},
+                {"completion_tokens", completion},
+                {"total_tokens", rs[0].prompt_tokens + completion},
+                {"prompt_tokens_details", {{"cached_tokens", rs[0].prompt_tokens_reused}}}};
   }
   json timings(const JobResult& r) const {
     json t{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
@@ -306,17 +328,18 @@ struct ApiServer::Impl {
     return t;
   }
 
-  json chunk(bool chat, const std::string& id, const std::string& text, const json& finish, bool first,
-             const std::vector<int>& ids = {}) const {
-    json choice{{"index", 0}, {"finish_reason", finish}};
+  json chunk(bool chat, const std::string& id, size_t index, const std::string& text, const json& finish, bool first,
+             const std::vector<int>& ids = {}, const json& logprobs = nullptr) const {
+    json choice{{"index", index}, {"finish_reason", finish}};
     if (chat) {
       json delta = json::object();
       if (first) delta["role"] = "assistant";
       if (!text.empty() || first) delta["content"] = text;
       choice["delta"] = delta;
+      if (!logprobs.is_null()) choice["logprobs"] = logprobs;
     } else {
       choice["text"] = text;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = logprobs;
       if (!tok) choice["token_ids"] = ids;
     }
     return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -358,101 +381,173 @@ struct ApiServer::Impl {
     return false;
   }
 
-  // `body`: the request's, read by read_body.
-  void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
-    std::shared_ptr<Job> job;
-    CompletionRequest r;
-    try {
-      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
-      r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
-      job = std::make_shared<Job>(job_params(r));
-      if (!queue->submit(job)) {
+  // One job per choice (n), choice i sampling with seed + i, so a seeded request is reproducible;
+  // they run as any requests do (side by side with --parallel). All or none are queued.
+  std::vector<std::shared_ptr<Job>> submit_choices(const CompletionRequest& r) {
+    const size_t most = queue->capacity() + size_t(std::max(1, opts.parallel));
+    if (size_t(r.n) > most)
+      throw ApiError(400, "invalid_request_error", "n: " + std::to_string(r.n) + " choices exceed the " +
+                     std::to_string(most) + " requests this server holds at once (--queue-size + --parallel)", "n");
+    const JobParams base = job_params(r);
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < r.n; ++i) {
+      JobParams p = base;
+      if (i > 0) p.sampler.seed = r.seed ? *r.seed + uint64_t(i) : std::random_device{}();
+      jobs.push_back(std::make_shared<Job>(std::move(p)));
+      if (!queue->submit(jobs.back())) {
+        for (const auto& j : jobs) queue->cancel(j);
         metrics.request_rejected();
         throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue->capacity()) +
                                               " requests are already waiting; retry later");
       }
+    }
+    return jobs;
+  }
+
+  // News from the unfinished jobs (done[i] is set as each ends): every one is asked at once, and
+  // only when none has any is the first unfinished one waited on, up to `timeout`.
+  static std::vector<Job::Update> poll(const std::vector<std::shared_ptr<Job>>& jobs, std::vector<char>& done,
+                                       std::chrono::milliseconds timeout) {
+    std::vector<Job::Update> out(jobs.size());
+    bool news = false;
+    for (int pass = 0; pass < 2 && !news; ++pass)
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (done[i]) continue;
+        out[i] = jobs[i]->wait(pass == 0 ? 0ms : timeout);
+        done[i] = out[i].done;
+        news = news || out[i].done || !out[i].text.empty() || !out[i].ids.empty() || !out[i].tokens.empty();
+        if (pass == 1) break;
+      }
+    return out;
+  }
+
+  static bool all(const std::vector<char>& done) { return std::find(done.begin(), done.end(), 0) == done.end(); }
+
+  static std::vector<JobResult> results(const std::vector<std::shared_ptr<Job>>& jobs) {
+    std::vector<JobResult> rs;
+    for (const auto& j : jobs) rs.push_back(*j->result());
+    return rs;
+  }
+
+  // `body`: the request's, read by read_body.
+  void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    CompletionRequest r;
+    try {
+      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
+      r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
+      jobs = submit_choices(r);
     } catch (const ApiError& e) {
       if (e.status() < 500) metrics.client_error();
       send_error(res, e);
       return;
     }
     const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
-    if (!r.stream) {
-      // Nothing is written until the end, so a client that leaves is seen by probing its socket:
-      // between tokens, and every 100 ms while the job waits in the queue.
-      const ClientConnection client =
-          ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-      std::string text;
-      std::vector<int> ids;
-      while (true) {
-        Job::Update u = job->wait(100ms);
-        text += u.text;
-        ids.insert(ids.end(), u.ids.begin(), u.ids.end());
-        if (u.done) break;
-        if (!client.alive()) {
-          // The worker stops after the current token (counted there as cancelled); a waiting job
-          // gives back its place at once. Nobody reads an answer: return without waiting.
-          queue->cancel(job);
-          // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
-          send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
-          res.set_header("Connection", "close");
-          return;
-        }
+    if (r.stream) stream(jobs, id, chat_endpoint, r, res);
+    else respond(req, jobs, id, chat_endpoint, r, res);
+  }
+
+  void respond(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
+               bool chat_endpoint, const CompletionRequest& r, httplib::Response& res) {
+    // Nothing is written until the end, so a client that leaves is seen by probing its socket:
+    // between tokens, and every 100 ms while the jobs wait in the queue.
+    const ClientConnection client =
+        ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+    const size_t n = jobs.size();
+    std::vector<std::string> text(n);
+    std::vector<std::vector<int>> ids(n);
+    std::vector<std::vector<SampledToken>> tokens(n);
+    std::vector<char> done(n, 0);
+    while (true) {
+      std::vector<Job::Update> u = poll(jobs, done, 100ms);
+      for (size_t i = 0; i < n; ++i) {
+        text[i] += u[i].text;
+        ids[i].insert(ids[i].end(), u[i].ids.begin(), u[i].ids.end());
+        tokens[i].insert(tokens[i].end(), u[i].tokens.begin(), u[i].tokens.end());
       }
-      if (auto err = job->error()) {
+      if (all(done)) break;
+      if (!client.alive()) {
+        // The worker stops after the current token (counted there as cancelled); a waiting job
+        // gives back its place at once. Nobody reads an answer: return without waiting.
+        for (const auto& j : jobs) queue->cancel(j);
+        // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
+        send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
+        res.set_header("Connection", "close");
+        return;
+      }
+    }
+    for (const auto& j : jobs)
+      if (auto err = j->error()) {
         send_error(res, *err);
         return;
       }
-      const JobResult jr = *job->result();
-      json choice{{"index", 0}, {"finish_reason", jr.finish_reason}};
-      if (chat_endpoint) choice["message"] = json{{"role", "assistant"}, {"content", text}};
-      else choice["text"] = text, choice["logprobs"] = nullptr;
-      if (!tok) choice["token_ids"] = ids;
-      send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
-                               {"created", std::time(nullptr)}, {"model", opts.model_id},
-                               {"choices", json::array({choice})}, {"usage", usage(jr)},
-                               {"timings", timings(jr)}});
-      return;
+    const std::vector<JobResult> rs = results(jobs);
+    json choices = json::array();
+    for (size_t i = 0; i < n; ++i) {
+      json choice{{"index", i}, {"finish_reason", rs[i].finish_reason}};
+      if (chat_endpoint) choice["message"] = json{{"role", "assistant"}, {"content", text[i]}};
+      else choice["text"] = text[i];
+      choice["logprobs"] = r.logprobs ? LogprobsJson(tok, chat_endpoint).next(tokens[i]) : json(nullptr);
+      if (!tok) choice["token_ids"] = ids[i];
+      choices.push_back(std::move(choice));
     }
+    send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
+                             {"created", std::time(nullptr)}, {"model", opts.model_id},
+                             {"choices", std::move(choices)}, {"usage", usage(rs)}, {"timings", timings(rs[0])}});
+  }
+
+  void stream(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id, bool chat_endpoint,
+              const CompletionRequest& r, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");
-    auto first = std::make_shared<bool>(true);
+    struct State {
+      std::vector<char> done, first;
+      std::vector<LogprobsJson> logprobs;
+    };
+    auto st = std::make_shared<State>();
+    st->done.assign(jobs.size(), 0);
+    st->first.assign(jobs.size(), 1);
+    st->logprobs.assign(jobs.size(), LogprobsJson(tok, chat_endpoint));
     open_streams++;
-    const bool include_usage = r.include_usage;
+    const bool include_usage = r.include_usage, want_logprobs = r.logprobs;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, id, chat_endpoint, first, include_usage](size_t, httplib::DataSink& sink) {
+        [this, jobs, id, chat_endpoint, st, include_usage, want_logprobs](size_t, httplib::DataSink& sink) {
           // A comment line every 200 ms while nothing comes: a client that left makes the write
-          // fail, which cancels the job and frees its place in the queue.
-          Job::Update u = job->wait(200ms);
+          // fail, which cancels the jobs and frees their places in the queue.
+          std::vector<Job::Update> us = poll(jobs, st->done, 200ms);
           std::string out;
-          if (!u.text.empty() || !u.ids.empty() || (*first && chat_endpoint && !u.done)) {
-            out += sse(chunk(chat_endpoint, id, u.text, nullptr, *first, u.ids));
-            *first = false;
-          } else if (!u.done) {
-            out += ": waiting\n\n";
+          bool failed = false;
+          for (size_t i = 0; i < jobs.size(); ++i) {
+            const Job::Update& u = us[i];
+            if (!u.text.empty() || !u.ids.empty() || !u.tokens.empty() || (st->first[i] && chat_endpoint && !u.done)) {
+              const json lp = want_logprobs && !u.tokens.empty() ? st->logprobs[i].next(u.tokens) : json(nullptr);
+              out += sse(chunk(chat_endpoint, id, i, u.text, nullptr, st->first[i], u.ids, lp));
+              st->first[i] = false;
+            }
+            if (!u.done) continue;
+            if (auto err = jobs[i]->error()) out += sse(err->body());
+            else out += sse(chunk(chat_endpoint, id, i, "", jobs[i]->result()->finish_reason, false));
           }
-          if (u.done) {
-            if (auto err = job->error()) {
-              out += sse(err->body());
-            } else {
-              const JobResult jr = *job->result();
-              out += sse(chunk(chat_endpoint, id, "", jr.finish_reason, false));
-              if (include_usage) {
-                json last = chunk(chat_endpoint, id, "", nullptr, false);
-                last["choices"] = json::array();
-                last["usage"] = usage(jr);
-                last["timings"] = timings(jr);
-                out += sse(last);
-              }
+          const bool finished = all(st->done);
+          if (out.empty() && !finished) out = ": waiting\n\n";
+          if (finished) {
+            for (const auto& j : jobs) failed = failed || j->error();
+            if (include_usage && !failed) {
+              const std::vector<JobResult> rs = results(jobs);
+              json last = chunk(chat_endpoint, id, 0, "", nullptr, false);
+              last["choices"] = json::array();
+              last["usage"] = usage(rs);
+              last["timings"] = timings(rs[0]);
+              out += sse(last);
             }
             out += "data: [DONE]\n\n";
           }
           if (!sink.write(out.data(), out.size())) return false;
-          if (u.done) sink.done();
+          if (finished) sink.done();
           return true;
         },
-        [this, job](bool) {
-          queue->cancel(job);  // after the end a no-op; on a disconnect it frees the slot
+        [this, jobs](bool) {
+          for (const auto& j : jobs) queue->cancel(j);  // after the end a no-op; on a disconnect it frees the slots
           open_streams--;
         });
   }

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,16 @@ struct JobParams {
   SamplerParams sampler;
   std::vector<int> stop_ids;          // sampling one of these ends generation (not shown)
   std::vector<std::string> stop;      // stop strings
+  int logprobs = -1;                  // >= 0: report each shown token's logprob and this many top ones
   // --replay-routing: the log request this one replays (the body's replay_request); none = the
   // next in turn (runtime/server/request_replay.h).
   std::optional<size_t> replay_request;
+};
+
+// A generated token with its log-probabilities (JobParams::logprobs).
+struct SampledToken {
+  int id;
+  TokenLogprobs lp;
 };
 
 struct JobResult {
@@ -46,9 +54,11 @@ class Job {
   std::chrono::steady_clock::time_point created() const { return created_; }
 
   // Worker side.
+  // Also wakes the reader for logprobs pushed before it, so a token's entry and its text come in
+  // one update (text held back by the decoder or a stop string comes later).
   void push_text(const std::string& text) {
-    if (text.empty()) return;
     std::lock_guard<std::mutex> lk(mu_);
+    if (text.empty() && tokens_.empty()) return;
     text_ += text;
     cv_.notify_all();
   }
@@ -57,6 +67,14 @@ class Job {
     std::lock_guard<std::mutex> lk(mu_);
     ids_.push_back(id);
     cv_.notify_all();
+  }
+  // Before the token's text (push_text or push_token_id, which wake the reader), when
+  // params().logprobs >= 0; `logits` are the raw ones the token was sampled from.
+  void push_logprobs(std::span<const float> logits, int id) {
+    if (params_.logprobs < 0) return;
+    SampledToken t{id, Sampler::logprobs(logits, id, params_.logprobs)};
+    std::lock_guard<std::mutex> lk(mu_);
+    tokens_.push_back(std::move(t));
   }
   void finish(const JobResult& r) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -83,14 +101,16 @@ class Job {
   struct Update {
     std::string text;      // new since the previous wait()
     std::vector<int> ids;  // new token ids since the previous wait() (only without a tokenizer)
+    std::vector<SampledToken> tokens;  // new logprobs since the previous wait() (JobParams::logprobs)
     bool done = false;
   };
   Update wait(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, timeout, [&] { return done_ || !text_.empty() || !ids_.empty(); });
+    cv_.wait_for(lk, timeout, [&] { return done_ || !text_.empty() || !ids_.empty() || !tokens_.empty(); });
     Update u;
     u.text.swap(text_);
     u.ids.swap(ids_);
+    u.tokens.swap(tokens_);
     u.done = done_;
     return u;
   }
@@ -110,6 +130,7 @@ class Job {
   std::condition_variable cv_;
   std::string text_;
   std::vector<int> ids_;
+  std::vector<SampledToken> tokens_;
   bool done_ = false, cancelled_ = false;
   std::optional<JobResult> result_;
   std::optional<ApiError> error_;

@@ -56,6 +56,14 @@ def assert_refused(r, *needles):
     (["--coalesce-gap-kb", str(U64_MAX)], ["--coalesce-gap-kb"]),
     (["--gpu-cache-mb", str(U64_MAX)], ["--gpu-cache-mb"]),
     (["--temp", "nan"], ["--temp", "nan"]),
+    (["--min-p", "nan"], ["--min-p", "nan"]),
+    (["--typical-p", "0"], ["--typical-p"]),
+    (["--repeat-penalty", "inf"], ["--repeat-penalty", "inf"]),
+    (["--repeat-last-n", "-2"], ["--repeat-last-n", "-2"]),
+    (["--presence-penalty", "nan"], ["--presence-penalty", "nan"]),
+    (["--frequency-penalty", "-inf"], ["--frequency-penalty", "inf"]),
+    (["--logit-bias", "5:101"], ["--logit-bias", "5:"]),
+    (["--logit-bias", "five:1"], ["--logit-bias", "five:1"]),
     (["-n", "-3"], ["--n-predict", "-3"]),
 ])
 def test_infer_refuses_bad_numbers_naming_the_flag(tool, demo, args, needles):

@@ -136,6 +136,15 @@ def test_seeded_sampling_repeats(server):
         server.post("/v1/completions", body).json()["choices"][0]["text"]
 
 
+def test_n_choices_run_one_after_the_other_without_parallel(server):
+    # Queue 1 + the running one: n = 2 fits, choice i is the request of seed 7 + i; n = 3 does not.
+    body = {"prompt": "In the morning", "max_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    two = server.post("/v1/completions", {**body, "n": 2, "seed": 7}).json()
+    singles = [server.post("/v1/completions", {**body, "seed": s}).json()["choices"][0]["text"] for s in (7, 8)]
+    assert [c["text"] for c in two["choices"]] == singles and singles[0] != singles[1]
+    assert_json_error(server.post("/v1/completions", {**body, "n": 3}), 400, "n")
+
+
 def test_chat_uses_the_template_and_reference_token_count(server):
     jinja2 = pytest.importorskip("jinja2")
     tokenizers = pytest.importorskip("tokenizers")
@@ -210,7 +219,8 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "stop": 3}, 400, "stop"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "unknown_field": 1}, 400, "unknown_field"),
     ("/v1/completions", {"prompt": [999999]}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model_not_found"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
@@ -250,7 +260,8 @@ def test_deeply_nested_json_in_any_field_gets_400_and_the_server_stays_up():
         for path, body in bodies:
             assert_json_error(s.post(path, body), 400, "json_too_deep", "64")
             assert s.get("/health").status_code == 200
-        ok = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "unused": [[[[1]]]]})
+        ok = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                                             "chat_template_kwargs": {"unused": [[[[1]]]]}})
         assert ok.status_code == 200, ok.text
     finally:
         s.stop()
@@ -373,6 +384,10 @@ def test_a_model_without_a_tokenizer_takes_and_answers_token_ids(server, tmp_pat
                                                    "ignore_eos": True, "stream": True}, stream=True))
         assert ev[-1] == "[DONE]"
         assert [i for e in ev[:-1] for i in e["choices"][0]["token_ids"]] == c["token_ids"]
+        lp = s.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                        "logprobs": 1}).json()["choices"][0]["logprobs"]
+        assert lp["tokens"] == [f"token_id:{i}" for i in c["token_ids"]]
+        assert [list(t) for t in lp["top_logprobs"]] == [[t] for t in lp["tokens"]]  # greedy: the top one
         assert_json_error(s.post("/v1/completions", {"prompt": "text", "max_tokens": 2}), 400, "no_tokenizer")
         assert_json_error(s.post("/v1/completions", {"prompt": ids, "stop": ["x"]}), 400, "no_tokenizer")
         assert_json_error(s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
