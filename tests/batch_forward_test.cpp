@@ -110,30 +110,11 @@ TEST_P(BatchForward, ReplayedSequencesMatchTheirRunsAloneBitwise) {
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
   std::vector<BatchRequest> rs = four_requests(17, c.vocab_size);
-  const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
-  std::vector<BatchRequest> alone = rs, router = rs;
-  run_alone(*solo, router[0]);
-  for (size_t i = 0; i < rs.size(); ++i) {
-    solo->set_sequence_routing(-1, replaying(replay, request_of[i]));
-    run_alone(*solo, alone[i]);
-  }
-  EXPECT_NE(alone[0].logits, router[0].logits) << "the replay changed nothing: the test could not fail";
-  std::map<int, size_t> request_of_seq;
-  int mismatched = 0, events = 0;
-  batched->set_routing_callback([&](const RoutingEvent& ev) {
-    std::vector<int> ids(size_t(ev.top_k));
-    std::vector<float> w(size_t(ev.top_k));
-    for (int t = 0; t < ev.n_tokens; ++t, ++events) {
-      replay.route_request(request_of_seq.at(ev.sequence), ev.layer, uint64_t(ev.position + t), 1, ids.data(), w.data());
-      mismatched += !std::equal(ids.begin(), ids.end(), ev.ids + size_t(t) * size_t(ev.top_k));
-    }
-  });
-  run_batched(*batched, rs, [&](size_t i, int seq) {
-    request_of_seq[seq] = request_of[i];
-    batched->set_sequence_routing(seq, replaying(replay, request_of[i]));
-  });
-  EXPECT_GT(events, 0);
-  EXPECT_EQ(mismatched, 0);
+  const test::ReplayedRuns runs = test::run_replayed(*solo, *batched, rs, replay, {4, 0, 2, 1}, kChunk);
+  const std::vector<BatchRequest>& alone = runs.alone;
+  EXPECT_NE(alone[0].logits, runs.first_on_router.logits) << "the replay changed nothing: the test could not fail";
+  EXPECT_GT(runs.events, 0);
+  EXPECT_EQ(runs.mismatched, 0);
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;
     for (size_t s = 0; s < rs[i].logits.size(); ++s)
@@ -158,10 +139,10 @@ TEST(BatchForwardDemo, GreedyRequestsMatchTheirRunsAloneAndReadLess) {
   auto batched = load(demo, 4 * kChunk, 256);
   const int V = solo->config().vocab_size;
   std::mt19937 rng(13);
-  std::vector<BatchRequest> rs = {{random_tokens(rng, 12, V), 0, 8, {}},
-                                  {random_tokens(rng, 3, V), 0, 10, {}},
-                                  {random_tokens(rng, 20, V), 2, 6, {}},
-                                  {random_tokens(rng, 5, V), 9, 6, {}}};
+  std::vector<BatchRequest> rs = {{random_tokens(rng, 12, V), 0, 8, {}, {}},
+                                  {random_tokens(rng, 3, V), 0, 10, {}, {}},
+                                  {random_tokens(rng, 20, V), 2, 6, {}, {}},
+                                  {random_tokens(rng, 5, V), 9, 6, {}, {}}};
   std::vector<BatchRequest> alone = rs;
   const uint64_t solo0 = solo->expert_stats().experts_fetched();
   for (BatchRequest& r : alone) run_alone(*solo, r);
@@ -189,8 +170,8 @@ TEST(BatchForwardThreads, OneAndThreeThreadsGiveTheSameLogits) {
   for (int threads : {1, 3}) {
     auto m = load(d.path(), 4 * kChunk, 0, threads);
     std::mt19937 rng(9);
-    std::vector<BatchRequest> rs = {{random_tokens(rng, 6, c.vocab_size), 0, 4, {}},
-                                    {random_tokens(rng, 3, c.vocab_size), 2, 4, {}}};
+    std::vector<BatchRequest> rs = {{random_tokens(rng, 6, c.vocab_size), 0, 4, {}, {}},
+                                    {random_tokens(rng, 3, c.vocab_size), 2, 4, {}, {}}};
     run_batched(*m, rs);
     runs.push_back(rs);
   }

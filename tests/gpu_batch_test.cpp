@@ -207,31 +207,11 @@ TEST(GpuBatchReplay, ReplayedSequencesMatchTheirRunsAlone) {
   auto solo = load(d.path(), kChunk);
   auto batched = load(d.path(), 4 * kChunk);
   std::vector<BatchRequest> rs = test::four_requests(17, c.vocab_size, /*fixed_decode=*/true);
-  const size_t request_of[4] = {4, 0, 2, 1};  // the log request each replays
-  std::vector<BatchRequest> alone = rs, router = rs;
-  run_alone(*solo, router[0]);
-  for (size_t i = 0; i < rs.size(); ++i) {
-    solo->set_sequence_routing(-1, test::replaying(replay, request_of[i]));
-    run_alone(*solo, alone[i]);
-  }
-  solo->set_sequence_routing(-1, {});
-  EXPECT_NE(alone[0].logits, router[0].logits) << "the replay changed nothing: the test could not fail";
-  std::map<int, size_t> request_of_seq;
-  int mismatched = 0, events = 0;
-  batched->set_routing_callback([&](const RoutingEvent& ev) {
-    std::vector<int> ids(size_t(ev.top_k));
-    std::vector<float> w(size_t(ev.top_k));
-    for (int t = 0; t < ev.n_tokens; ++t, ++events) {
-      replay.route_request(request_of_seq.at(ev.sequence), ev.layer, uint64_t(ev.position + t), 1, ids.data(), w.data());
-      mismatched += !std::equal(ids.begin(), ids.end(), ev.ids + size_t(t) * size_t(ev.top_k));
-    }
-  });
-  test::run_batched(*batched, rs, kChunk, [&](size_t i, int seq) {
-    request_of_seq[seq] = request_of[i];
-    batched->set_sequence_routing(seq, test::replaying(replay, request_of[i]));
-  });
-  EXPECT_GT(events, 0);
-  EXPECT_EQ(mismatched, 0);
+  const test::ReplayedRuns runs = test::run_replayed(*solo, *batched, rs, replay, {4, 0, 2, 1}, kChunk);
+  const std::vector<BatchRequest>& alone = runs.alone;
+  EXPECT_NE(alone[0].logits, runs.first_on_router.logits) << "the replay changed nothing: the test could not fail";
+  EXPECT_GT(runs.events, 0);
+  EXPECT_EQ(runs.mismatched, 0);
   double worst = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
     ASSERT_EQ(rs[i].logits.size(), alone[i].logits.size()) << "request " << i;

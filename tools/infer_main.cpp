@@ -283,7 +283,8 @@ int main(int argc, char** argv) {
                  "divide positive logits and multiply negative ones by this for each distinct token of "
                  "the last --repeat-last-n (prompt included); 1 = off")->capture_default_str();
   app.add_option("--repeat-last-n", a.sampling.repeat_last_n,
-                 "tokens --repeat-penalty looks back over; -1 = all, 0 = off")->capture_default_str();
+                 "tokens --repeat-penalty looks back over; -1 = all, 0 = off")->capture_default_str()
+      ->check(in_range<int>(-1, INT_MAX));
   app.add_option("--presence-penalty", a.sampling.presence_penalty,
                  "subtract this from the logit of every token generated so far (the prompt not counted)")
       ->capture_default_str();

@@ -27,19 +27,7 @@ __global__ void router_grouped_softmax_kernel(const float* __restrict__ logits, 
   __shared__ unsigned char kept[kMaxGroups];
   const float* l = logits + size_t(blockIdx.x) * n_experts;
   const int lane = threadIdx.x, per = n_experts / n_group;
-  float m = -INFINITY;
-  for (int e = lane; e < n_experts; e += 32) m = fmaxf(m, l[e]);
-  m = warp_max(m);
-  float sum = 0;
-  for (int e = lane; e < n_experts; e += 32) {
-    const float p = expf(l[e] - m);
-    probs[e] = p;
-    taken[e] = 0;
-    sum += p;
-  }
-  sum = warp_sum(sum);
-  for (int e = lane; e < n_experts; e += 32) probs[e] /= sum;
-  __syncwarp();
+  warp_softmax(l, n_experts, lane, probs, taken);
   for (int g = lane; g < n_group; g += 32) {
     float best = -INFINITY;
     for (int e = g * per; e < (g + 1) * per; ++e) best = fmaxf(best, probs[e]);

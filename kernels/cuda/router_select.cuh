@@ -5,7 +5,28 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/warp_reduce.cuh"
+
 namespace moestream::gpu {
+
+// probs[e] = softmax(logits)[e] over n_experts (max subtracted first, as the CPU's softmax), and
+// taken[e] = 0, by one warp; ends with the warp in sync.
+__device__ __forceinline__ void warp_softmax(const float* logits, int n_experts, int lane, float* probs,
+                                             unsigned char* taken) {
+  float m = -INFINITY;
+  for (int e = lane; e < n_experts; e += 32) m = fmaxf(m, logits[e]);
+  m = warp_max(m);
+  float sum = 0;
+  for (int e = lane; e < n_experts; e += 32) {
+    const float p = expf(logits[e] - m);
+    probs[e] = p;
+    taken[e] = 0;
+    sum += p;
+  }
+  sum = warp_sum(sum);
+  for (int e = lane; e < n_experts; e += 32) probs[e] /= sum;
+  __syncwarp();
+}
 
 // kept[g] = 1 for the topk_group groups of highest gscore (repeated argmax: ties to the lower
 // group); every group is kept when n_group is 1. Lane 0 decides; the warp syncs after.

@@ -22,19 +22,7 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int n_exper
   auto* taken = reinterpret_cast<unsigned char*>(probs + n_experts);
   const float* l = logits + size_t(blockIdx.x) * n_experts;
   const int lane = threadIdx.x;
-  float m = -INFINITY;
-  for (int e = lane; e < n_experts; e += 32) m = fmaxf(m, l[e]);
-  m = warp_max(m);
-  float sum = 0;
-  for (int e = lane; e < n_experts; e += 32) {
-    const float p = expf(l[e] - m);
-    probs[e] = p;
-    taken[e] = 0;
-    sum += p;
-  }
-  sum = warp_sum(sum);
-  for (int e = lane; e < n_experts; e += 32) probs[e] /= sum;
-  __syncwarp();
+  warp_softmax(l, n_experts, lane, probs, taken);
   int* out_ids = ids + size_t(blockIdx.x) * k;
   float* out_w = weights + size_t(blockIdx.x) * k;
   float wsum = 0;

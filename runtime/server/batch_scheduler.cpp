@@ -35,8 +35,8 @@ struct BatchScheduler::Active {
 
 BatchScheduler::BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics& metrics, size_t capacity,
                                int parallel, bool prefix_reuse)
-    : model_(model), tok_(tok), metrics_(metrics), capacity_(capacity), parallel_(parallel),
-      prefix_reuse_(prefix_reuse), jobs_([&metrics](const Job&) { metrics.request_cancelled_waiting(); }) {
+    : QueuedRunner(capacity, [&metrics](const Job&) { metrics.request_cancelled_waiting(); }), model_(model),
+      tok_(tok), metrics_(metrics), parallel_(parallel), prefix_reuse_(prefix_reuse) {
   if (parallel < 1 || parallel > model.max_sequences())
     throw ConfigError("--parallel " + std::to_string(parallel) + " must be in [1, " +
                       std::to_string(model.max_sequences()) + "] (the model's sequence slots)");
@@ -47,30 +47,12 @@ BatchScheduler::BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics
   for (int i = 0; i < parallel; ++i) seqs_.push_back(model.create_sequence());
   cached_.resize(size_t(parallel));
   active_.resize(size_t(parallel));
-  worker_ = std::thread([this] { loop(); });
+  start_worker([this] { loop(); });
 }
 
 BatchScheduler::~BatchScheduler() {
   shutdown();
   for (int s : seqs_) model_.free_sequence(s);
-}
-
-bool BatchScheduler::submit(std::shared_ptr<Job> job) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_ || !jobs_.push(std::move(job), capacity_ + size_t(parallel_ - n_active_))) return false;
-  cv_.notify_all();
-  return true;
-}
-
-void BatchScheduler::cancel(const std::shared_ptr<Job>& job) {
-  job->cancel();
-  std::lock_guard<std::mutex> lk(mu_);
-  jobs_.remove(job);
-}
-
-size_t BatchScheduler::waiting() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return jobs_.live();
 }
 
 bool BatchScheduler::running() const {
@@ -81,19 +63,6 @@ bool BatchScheduler::running() const {
 size_t BatchScheduler::running_count() const {
   std::lock_guard<std::mutex> lk(mu_);
   return size_t(n_active_);
-}
-
-void BatchScheduler::shutdown() {
-  std::deque<std::shared_ptr<Job>> dropped;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stopping_ && !worker_.joinable()) return;
-    stopping_ = true;
-    dropped = jobs_.take_all();
-    cv_.notify_all();
-  }
-  WaitingJobs::fail_all(dropped);
-  if (worker_.joinable()) worker_.join();
 }
 
 void BatchScheduler::loop() {

@@ -9,16 +9,12 @@
 // nothing beside it: a cancelled or failing request never changes another's output.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "runtime/engine/model.h"
-#include "runtime/server/job_runner.h"
 #include "runtime/server/request_replay.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/server/waiting_jobs.h"
@@ -26,7 +22,7 @@
 
 namespace moestream {
 
-class BatchScheduler final : public JobRunner {
+class BatchScheduler final : public QueuedRunner {
  public:
   // capacity: jobs that may wait while all `parallel` slots run. The model needs max_sequences >=
   // parallel and max_batch >= parallel (ConfigError otherwise). tok may be null (token ids out).
@@ -36,13 +32,8 @@ class BatchScheduler final : public JobRunner {
                  int parallel, bool prefix_reuse);
   ~BatchScheduler() override;  // shutdown()
 
-  bool submit(std::shared_ptr<Job> job) override;
-  void cancel(const std::shared_ptr<Job>& job) override;
-  size_t waiting() const override;
   bool running() const override;
   size_t running_count() const override;
-  size_t capacity() const override { return capacity_; }
-  void shutdown() override;
 
   int parallel() const { return parallel_; }
   // max_batch - (parallel - 1): a chunk always fits beside every other slot's decode token.
@@ -56,6 +47,7 @@ class BatchScheduler final : public JobRunner {
 
  private:
   struct Active;  // one running request (batch_scheduler.cpp)
+  size_t free_slots() const override { return size_t(parallel_ - n_active_); }
   void loop();
   void start(std::shared_ptr<Job> job);  // into a free slot (worker thread)
   bool step();                           // one forward_batch; false when nothing ran
@@ -66,21 +58,15 @@ class BatchScheduler final : public JobRunner {
   Model& model_;
   const Tokenizer* tok_;
   ServerMetrics& metrics_;
-  const size_t capacity_;
   const int parallel_;
   const bool prefix_reuse_;
   int chunk_ = 1;
   std::vector<int> seqs_;                        // the model's sequence per slot, held for good
   std::vector<std::vector<int>> cached_;         // per slot: tokens whose KV rows are in it
   std::vector<std::unique_ptr<Active>> active_;  // per slot; null = free (worker thread only)
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  WaitingJobs jobs_;                       // waiting
   int n_active_ = 0;                       // slots in use, under mu_
-  bool stopping_ = false;
   std::function<uint64_t(int, int)> on_start_;
   RequestReplays* replays_ = nullptr;
-  std::thread worker_;  // last: starts once the rest is built
 };
 
 }  // namespace moestream

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/model/sampler.h"
+#include "runtime/engine/generate.h"  // SamplerParams
 #include "runtime/server/api_error.h"
 
 namespace moestream {

@@ -4,44 +4,13 @@
 namespace moestream {
 
 JobQueue::JobQueue(size_t capacity, std::function<void(Job&)> run, std::function<void(const Job&)> dropped)
-    : capacity_(capacity), run_(std::move(run)), jobs_(std::move(dropped)), worker_([this] { loop(); }) {}
-
-JobQueue::~JobQueue() { shutdown(); }
-
-bool JobQueue::submit(std::shared_ptr<Job> job) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_ || !jobs_.push(std::move(job), capacity_ + (running_ ? 0 : 1))) return false;
-  cv_.notify_all();
-  return true;
-}
-
-void JobQueue::cancel(const std::shared_ptr<Job>& job) {
-  job->cancel();
-  std::lock_guard<std::mutex> lk(mu_);
-  jobs_.remove(job);
-}
-
-size_t JobQueue::waiting() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return jobs_.live();
+    : QueuedRunner(capacity, std::move(dropped)), run_(std::move(run)) {
+  start_worker([this] { loop(); });
 }
 
 bool JobQueue::running() const {
   std::lock_guard<std::mutex> lk(mu_);
   return running_;
-}
-
-void JobQueue::shutdown() {
-  std::deque<std::shared_ptr<Job>> dropped;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (stopping_ && !worker_.joinable()) return;
-    stopping_ = true;
-    dropped = jobs_.take_all();
-    cv_.notify_all();
-  }
-  WaitingJobs::fail_all(dropped);
-  if (worker_.joinable()) worker_.join();
 }
 
 void JobQueue::loop() {

@@ -48,4 +48,40 @@ void WaitingJobs::fail_all(std::deque<std::shared_ptr<Job>>& jobs) {
   jobs.clear();
 }
 
+QueuedRunner::QueuedRunner(size_t capacity, std::function<void(const Job&)> on_dropped)
+    : capacity_(capacity), jobs_(std::move(on_dropped)) {}
+
+QueuedRunner::~QueuedRunner() { shutdown(); }
+
+bool QueuedRunner::submit(std::shared_ptr<Job> job) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_ || !jobs_.push(std::move(job), capacity_ + free_slots())) return false;
+  cv_.notify_all();
+  return true;
+}
+
+void QueuedRunner::cancel(const std::shared_ptr<Job>& job) {
+  job->cancel();
+  std::lock_guard<std::mutex> lk(mu_);
+  jobs_.remove(job);
+}
+
+size_t QueuedRunner::waiting() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return jobs_.live();
+}
+
+void QueuedRunner::shutdown() {
+  std::deque<std::shared_ptr<Job>> dropped;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+    dropped = jobs_.take_all();
+    cv_.notify_all();
+  }
+  WaitingJobs::fail_all(dropped);
+  if (worker_.joinable()) worker_.join();
+}
+
 }  // namespace moestream

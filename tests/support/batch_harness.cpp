@@ -132,4 +132,32 @@ RoutingOverrideFn replaying(const RoutingReplay& r, size_t request) {
   return [&r, request](int l, uint64_t pos, int n, int* ids, float* w) { r.route_request(request, l, pos, n, ids, w); };
 }
 
+ReplayedRuns run_replayed(Model& solo, Model& batched, std::vector<BatchRequest>& rs, const RoutingReplay& replay,
+                          const std::vector<size_t>& request_of, int chunk) {
+  ReplayedRuns out;
+  out.alone = rs;
+  out.first_on_router = rs.front();
+  run_alone(solo, out.first_on_router);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    solo.set_sequence_routing(-1, replaying(replay, request_of[i]));
+    run_alone(solo, out.alone[i]);
+  }
+  solo.set_sequence_routing(-1, {});
+  std::map<int, size_t> request_of_seq;
+  batched.set_routing_callback([&](const RoutingEvent& ev) {
+    std::vector<int> ids(size_t(ev.top_k));
+    std::vector<float> w(size_t(ev.top_k));
+    for (int t = 0; t < ev.n_tokens; ++t, ++out.events) {
+      replay.route_request(request_of_seq.at(ev.sequence), ev.layer, uint64_t(ev.position + t), 1, ids.data(), w.data());
+      out.mismatched += !std::equal(ids.begin(), ids.end(), ev.ids + size_t(t) * size_t(ev.top_k));
+    }
+  });
+  run_batched(batched, rs, chunk, [&](size_t i, int seq) {
+    request_of_seq[seq] = request_of[i];
+    batched.set_sequence_routing(seq, replaying(replay, request_of[i]));
+  });
+  batched.set_routing_callback({});
+  return out;
+}
+
 }  // namespace moestream::test

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -51,5 +52,18 @@ RoutingLog random_log(const ModelConfig& c, int requests, int positions, unsigne
 // Request `request` of a replay as a routing override (Model::set_sequence_routing); r must
 // outlive it.
 RoutingOverrideFn replaying(const RoutingReplay& r, size_t request);
+
+// Each request i of rs replays log request request_of[i] of `replay`: alone on `solo` (through
+// set_sequence_routing(-1)), then batched on `batched` (each sequence its own replay), which
+// fills rs. Returns the runs alone, the first request run alone on the router (the replay must
+// change it, or a test of it could not fail), and how many routing events of the batch carried
+// ids other than the replay's at their sequence's positions.
+struct ReplayedRuns {
+  std::vector<BatchRequest> alone;
+  BatchRequest first_on_router;
+  int events = 0, mismatched = 0;
+};
+ReplayedRuns run_replayed(Model& solo, Model& batched, std::vector<BatchRequest>& rs, const RoutingReplay& replay,
+                          const std::vector<size_t>& request_of, int chunk);
 
 }  // namespace moestream::test
