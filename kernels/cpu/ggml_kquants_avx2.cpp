@@ -1,4 +1,4 @@
-// AVX2/FMA/F16C products of the K-quant types and IQ4_XS, and the AVX2 rounding of their int8
+// AVX2/FMA/F16C products of the K-quant types, IQ4_XS and the lattice/ternary types, and the AVX2 rounding of their int8
 // activations; compiled with -mavx2 -mfma -mf16c and called only when detail::avx2_usable().
 // Same integer sums per super-block as kquant_rows_scalar; only the float summation order differs.
 //
@@ -220,6 +220,16 @@ struct Q6K {
   __m256i dot(const int8_t* xq, const int16_t* bsums) const { return dot8_offset<5>(u, sc, sc16, xq, bsums); }
 };
 
+// Signed weights w (|w| = aw) against int8 inputs: the sign moves onto x so maddubs gets |w|.
+inline __m256i signed_dot8(const __m256i* w, const __m256i* aw, const __m256i* sc, const int8_t* xq) {
+  __m256i s = _mm256_setzero_si256();
+  for (int v = 0; v < 8; ++v) {
+    const __m256i sx = _mm256_sign_epi8(loadu(xq + 32 * v), w[v]);
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[v], sx), sc[v]));
+  }
+  return s;
+}
+
 alignas(16) constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
 
@@ -254,14 +264,34 @@ struct Iq4Xs {
   float d() const { return d_; }
   float dmin() const { return 0.0f; }
   __m256i mins() const { return _mm256_setzero_si256(); }
-  __m256i dot(const int8_t* xq, const int16_t*) const {
-    __m256i s = _mm256_setzero_si256();
+  __m256i dot(const int8_t* xq, const int16_t*) const { return signed_dot8(w, aw, sc, xq); }
+};
+
+// The lattice and ternary types (ggml_iquants.cpp): the scalar decoder's signed levels, dotted as
+// IQ4_XS's. |q| <= 62 (IQ3_XXS) and scales 2s + 1 <= 31 keep the pair sums and madds in range.
+// The grid look-ups are one load per 4 or 8 columns either way; the vectors take the products.
+template <KDecodeFn kDecode, size_t kBlockBytes>
+struct Levels {
+  static constexpr size_t kBytes = kBlockBytes;
+  static constexpr bool kMin = false;
+  float d_;
+  __m256i w[8], aw[8], sc[8];
+  void load(const uint8_t* b) {
+    KBlock k;
+    kDecode(b, k);
     for (int v = 0; v < 8; ++v) {
-      const __m256i sx = _mm256_sign_epi8(loadu(xq + 32 * v), w[v]);
-      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[v], sx), sc[v]));
+      w[v] = loadu(k.q + 32 * v);
+      aw[v] = _mm256_abs_epi8(w[v]);
     }
-    return s;
+    // [s0-3 s8-11 | s4-7 s12-15] -> s0..s15 in order
+    const __m256i p = _mm256_packs_epi32(loadu(k.scale), loadu(k.scale + 8));
+    pair_scales(_mm256_permute4x64_epi64(p, 0xd8), sc);
+    d_ = k.d;
   }
+  float d() const { return d_; }
+  float dmin() const { return 0.0f; }
+  __m256i mins() const { return _mm256_setzero_si256(); }
+  __m256i dot(const int8_t* xq, const int16_t*) const { return signed_dot8(w, aw, sc, xq); }
 };
 
 // Rows [r0, r1) against inputs [i0, i0 + NI): each super-block decoded once for the NI inputs.
@@ -327,6 +357,15 @@ void kquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivati
     case GgmlType::kQ5_K: rows<Q5K>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
     case GgmlType::kQ6_K: rows<Q6K>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
     case GgmlType::kIQ4_XS: rows<Iq4Xs>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ2_XXS: rows<Levels<decode_iq2_xxs, 66>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ2_XS: rows<Levels<decode_iq2_xs, 74>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ2_S: rows<Levels<decode_iq2_s, 82>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ3_XXS: rows<Levels<decode_iq3_xxs, 98>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ3_S: rows<Levels<decode_iq3_s, 110>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ1_S: rows<Levels<decode_iq1_s, 50>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kIQ1_M: rows<Levels<decode_iq1_m, 56>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kTQ1_0: rows<Levels<decode_tq1_0, 54>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
+    case GgmlType::kTQ2_0: rows<Levels<decode_tq2_0, 66>>(w, cols, xa, n, y, y_stride, row_begin, row_end); break;
     default: break;  // the table in ggml_kquants.cpp only routes these types here
   }
 }
