@@ -15,6 +15,7 @@ moestream = pytest.importorskip("moestream", reason="moestream module not built 
 gguf = pytest.importorskip("gguf", reason="the gguf package (scripts/setup.sh installs it)")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
+from gguf_copy import copy_gguf  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "tests" / "fixtures" / "gguf" / "qwen3moe-k-Q4_K.gguf"
@@ -60,17 +61,9 @@ def random_blocks(name, n_blocks, rng, d_scale):
 def rewrite(dst, retype, rng, dequantised=False):
     """SRC with the tensors of `retype` (name -> type) replaced by random blocks of that type, or by
     their F32 dequantisation (the same rng draws) when `dequantised`."""
-    r = gguf.GGUFReader(str(SRC))
-    w = gguf.GGUFWriter(str(dst), arch=r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, f.contents(), f.types[0], sub)
-    for t in r.tensors:
+    def replace(t):
         if t.name not in retype:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-            continue
+            return None
         qt = Q[retype[t.name]]
         block = GGML_QUANT_SIZES[qt][0]
         ne = [int(x) for x in t.shape]  # row length first
@@ -78,14 +71,8 @@ def rewrite(dst, retype, rng, dequantised=False):
         # Weights of ~0.1: the lattice types' levels reach 8 x 2s+1 x 43 times d, the ternary ones 1.
         d_scale = 2.0 ** -3 if qt.name.startswith("TQ") else 2.0 ** -9
         raw = random_blocks(qt.name, rows * ne[0] // block, rng, d_scale).reshape(*reversed(ne[1:]), -1)
-        if dequantised:
-            w.add_tensor(t.name, gguf.quants.dequantize(raw, qt).astype(np.float32))
-        else:
-            w.add_tensor(t.name, raw, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        return (gguf.quants.dequantize(raw, qt).astype(np.float32), None) if dequantised else (raw, qt)
+    copy_gguf(gguf, SRC, dst, replace)
 
 
 def test_lattice_and_ternary_tensors_compute_as_their_dequantisation(tmp_path):
