@@ -73,6 +73,9 @@ void kquant_rows_scalar(GgmlType t, const uint8_t* w, size_t cols, const KActiva
                         float* y, size_t y_stride, size_t row_begin, size_t row_end);
 void kquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
                       float* y, size_t y_stride, size_t row_begin, size_t row_end);
+// The lattice and ternary types' part of kquant_rows_avx2 (ggml_iquants_avx2.cpp).
+void iquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
+                      float* y, size_t y_stride, size_t row_begin, size_t row_end);
 
 // The scalar dequantisation of one K-quant type (n a multiple of 256).
 void kquant_dequantize(GgmlType t, const uint8_t* src, size_t n, float* dst);
