@@ -160,6 +160,31 @@ TEST(GgmlKquants, LatticeBlocksDecodeByHand) {
   EXPECT_EQ(out[7], -7.0f);
   EXPECT_EQ(out[8], 7.0f);    // sign index 0 for columns 8-15
   EXPECT_EQ(out[32], 1.0f);   // group 1: scale 0, (1 / 8) * 1 * 8
+  // IQ3_XXS: d = 1, index 5 = {62, 12, 4, 4} for columns 0-3, index 0 = {4, 4, 4, 4} next; sign
+  // index 3 (byte 0x03: columns 0 and 1 negative), scale 1: d * 1.5 * 0.5 = 0.75.
+  b.assign(98, 0);
+  std::memcpy(&b[0], &one, 2);
+  b[2] = 5;
+  const uint32_t aux3 = 3u | (1u << 28);
+  std::memcpy(&b[66], &aux3, 4);
+  ggml_dequantize_row(GgmlType::kIQ3_XXS, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], -46.5f);
+  EXPECT_EQ(out[1], -9.0f);
+  EXPECT_EQ(out[2], 3.0f);
+  EXPECT_EQ(out[4], 3.0f);
+  // IQ1_M: d = 1 (0x3c00) in the top nibbles of the u16 at 48..55, scale 0 = 2 (factor 5) for
+  // columns 0-15. Columns 0-7: index 1 (= {1, -1, ...}), delta +1/8; columns 8-15: index 0 (all
+  // -1), delta -1/8 (bit 3 of qh[0]'s high nibble); column 16: scale 1 = 0 (factor 1), delta +1/8.
+  b.assign(56, 0);
+  b[0] = 1;
+  b[32] = 0x80;
+  const uint16_t words[4] = {0x0002, 0x0000, 0xc000, 0x3000};
+  std::memcpy(&b[48], words, 8);
+  ggml_dequantize_row(GgmlType::kIQ1_M, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], 5.625f);
+  EXPECT_EQ(out[1], -4.375f);
+  EXPECT_EQ(out[8], -5.625f);
+  EXPECT_EQ(out[16], -0.875f);
   // TQ2_0: d = 1, byte 0 = 0b00'10'01'00: column 0 -> -1, 32 -> 0, 64 -> 1, 96 -> -1.
   b.assign(66, 0x55);  // 1 everywhere: value 0
   b[0] = 0x24;
