@@ -1,9 +1,10 @@
-// Single-thread throughput of the ggml K-quant products (Q2_K..Q6_K, IQ4_XS): GB/s of weight bytes
+// Single-thread throughput of the ggml super-block products (Q2_K..Q6_K, IQ4_XS, the lattice
+// types IQ1_S..IQ3_S and TQ1_0, TQ2_0): GB/s of weight bytes
 // for the AVX2 and scalar matvec, and the AVX2 matmul per input (prefill), on a 4096 x 4096 and a
 // 2048 x 768 matrix (rows x cols). Repetitions of the variants are interleaved; medians reported.
 // Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID): the development machine is shared,
 // and wall time would count the intervals this thread spent descheduled.
-//   bench_ggml_kquants_matvec [--reps 9] [--sample-ms 20] [--inputs 8]
+//   bench_ggml_kquants_matvec [--reps 9] [--sample-ms 20] [--inputs 8] [--types Q4_K,IQ2_XXS,...]
 #include <time.h>
 
 #include <algorithm>
@@ -15,10 +16,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/half.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
+#include "tests/support/random_blocks.h"
 
 using namespace moestream;
 
@@ -28,23 +29,11 @@ struct Shape {
   size_t rows, cols;
 };
 
-// Random quant bytes with moderate f16 factors (their offsets per type); the speed of these
-// kernels does not depend on the values.
+// Random quant bytes with moderate f16 factors; the speed of these kernels does not depend on the
+// values.
 std::vector<uint8_t> random_weights(GgmlType t, size_t rows, size_t cols, std::mt19937& rng) {
-  const auto info = *ggml_type_info(uint32_t(t));
   std::vector<uint8_t> w(*ggml_row_bytes(t, cols) * rows);
-  for (auto& b : w) b = static_cast<uint8_t>(rng());
-  std::vector<size_t> f16_at;
-  switch (t) {
-    case GgmlType::kQ2_K: f16_at = {80, 82}; break;
-    case GgmlType::kQ3_K: f16_at = {108}; break;
-    case GgmlType::kQ6_K: f16_at = {208}; break;
-    case GgmlType::kIQ4_XS: f16_at = {0}; break;
-    default: f16_at = {0, 2}; break;  // Q4_K, Q5_K
-  }
-  const uint16_t h = f32_to_f16(0.01f);
-  for (size_t b = 0; b < w.size() / info.block_bytes; ++b)
-    for (size_t off : f16_at) std::memcpy(&w[b * info.block_bytes + off], &h, 2);
+  test::fill_random_blocks(t, w.data(), w.size(), 0.01f, rng);
   return w;
 }
 
@@ -84,15 +73,26 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "Interleaved repetitions of each variant (median reported)");
   app.add_option("--sample-ms", sample_ms, "Length of one timed sample");
   app.add_option("--inputs", inputs, "Inputs of the matmul (prefill) measurement");
+  std::vector<std::string> names = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                                    "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"};
+  app.add_option("--types", names, "Types to measure, by ggml name")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  std::vector<GgmlType> types;
+  for (const std::string& n : names) {
+    const auto info = ggml_type_info_by_name(n);
+    if (!info || detail::ggml_kquant_kernels(info->type) == nullptr) {
+      std::fprintf(stderr, "bench_ggml_kquants_matvec: %s is not a super-block type this build computes\n", n.c_str());
+      return 2;
+    }
+    types.push_back(info->type);
+  }
 
   const bool avx2 = detail::avx2_usable();
   std::printf("one thread, AVX2 %s; GB/s of weight bytes per thread CPU second, median of %zu interleaved samples\n",
               avx2 ? "yes" : "no (AVX2 columns repeat the scalar kernel)", reps);
   std::printf("%-7s %-11s %9s %10s %10s %8s %16s\n", "type", "rows x cols", "MiB", "AVX2", "scalar", "x", "matmul/input");
   std::mt19937 rng(1);
-  for (GgmlType t : {GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                     GgmlType::kIQ4_XS}) {
+  for (GgmlType t : types) {
     const auto& k = *detail::ggml_kquant_kernels(t);
     const auto matvec_fast = avx2 && k.matvec_avx2 ? k.matvec_avx2 : k.matvec_scalar;
     const auto matmul_fast = avx2 && k.matmul_avx2 ? k.matmul_avx2 : k.matmul_scalar;

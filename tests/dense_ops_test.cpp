@@ -94,6 +94,9 @@ void check_group(const std::vector<GgmlType>& types, size_t T, int threads, cons
 TEST(LinearGroup, OneKindIsFusedAndEachMatrixGetsItsOwnBits) {
   for (int threads : {1, 3})
     check_group({GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ8_0}, 1, threads, "q8_0/q4_0/q8_0, one row");
+  for (int threads : {1, 3})  // the super-block kind: K-quants beside the lattice and ternary types
+    check_group({GgmlType::kIQ2_XXS, GgmlType::kQ4_K, GgmlType::kIQ1_M, GgmlType::kTQ2_0}, 1, threads,
+                "iq2_xxs/q4_k/iq1_m/tq2_0, one row");
 }
 
 TEST(LinearGroup, MixedKindsAndSeveralRowsGoOneByOne) {

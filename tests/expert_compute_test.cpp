@@ -163,6 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Case{"Q8_0", ExpertTypes::uniform(ggml_quant(GgmlType::kQ8_0))},
                     Case{"Q4_K_Q4_K_Q6_K", {ggml_quant(GgmlType::kQ4_K), ggml_quant(GgmlType::kQ4_K),
                                             ggml_quant(GgmlType::kQ6_K)}},
+                    Case{"IQ2_XXS_IQ3_XXS_IQ1_M", {ggml_quant(GgmlType::kIQ2_XXS), ggml_quant(GgmlType::kIQ3_XXS),
+                                                   ggml_quant(GgmlType::kIQ1_M)}},
                     Case{"BF16", ExpertTypes::uniform(ggml_quant(GgmlType::kBF16))},
                     Case{"Q8_0_biases_clamped", ExpertTypes::uniform(ggml_quant(GgmlType::kQ8_0)), 7.0},
                     Case{"pack_q8", ExpertTypes::uniform(QuantType::kQ8)}),

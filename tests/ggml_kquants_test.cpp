@@ -1,4 +1,5 @@
-// Tests of the K-quant kernels (kernels/cpu/ggml_kquants*.cpp): the AVX2 activation rounding and
+// Tests of the super-block kernels (kernels/cpu/ggml_kquants*.cpp, ggml_iquants.cpp: K-quants,
+// IQ4_XS, the IQ1/IQ2/IQ3 lattice types, TQ1_0, TQ2_0): the AVX2 activation rounding and
 // products against the scalar reference, both against f64 maths on the dequantised weights, matmul
 // against matvec, odd row ranges, and no allocation once the scratch is reserved. Bit-exactness of
 // the dequantisation against the gguf package is tests/python/test_ggml_kquants.py.
@@ -38,7 +39,7 @@ namespace {
 
 struct TypeCase {
   GgmlType type;
-  std::vector<size_t> f16_at;  // byte offsets of the f16 factors in a block
+  std::vector<size_t> f16_at;  // byte offsets of the f16 factors in a block (IQ1_M: see set_f16)
   std::vector<std::pair<size_t, size_t>> quant_bytes;  // [begin, end) of the quant bits (mins types)
 };
 
@@ -49,7 +50,31 @@ const TypeCase kTypes[] = {
     {GgmlType::kQ5_K, {0, 2}, {{16, 176}}},
     {GgmlType::kQ6_K, {208}, {}},
     {GgmlType::kIQ4_XS, {0}, {}},
+    {GgmlType::kIQ2_XXS, {0}, {}},
+    {GgmlType::kIQ2_XS, {0}, {}},
+    {GgmlType::kIQ2_S, {0}, {}},
+    {GgmlType::kIQ3_XXS, {0}, {}},
+    {GgmlType::kIQ3_S, {0}, {}},
+    {GgmlType::kIQ1_S, {0}, {}},
+    {GgmlType::kIQ1_M, {48}, {}},
+    {GgmlType::kTQ1_0, {52}, {}},
+    {GgmlType::kTQ2_0, {64}, {}},
 };
+
+// Writes the f16 h as the factor at `off` of a block. IQ1_M keeps its d in the top nibbles of the
+// four u16 at 48..55 (nibble w = bits 4w..4w+3), below them the scales, which stay.
+void set_f16(GgmlType t, uint8_t* block, size_t off, uint16_t h) {
+  if (t != GgmlType::kIQ1_M) {
+    std::memcpy(block + off, &h, 2);
+    return;
+  }
+  for (int w = 0; w < 4; ++w) {
+    uint16_t v;
+    std::memcpy(&v, block + off + 2 * w, 2);
+    v = static_cast<uint16_t>((v & 0x0fff) | (((h >> (4 * w)) & 0xf) << 12));
+    std::memcpy(block + off + 2 * w, &v, 2);
+  }
+}
 
 size_t block_bytes(GgmlType t) { return ggml_type_info(uint32_t(t))->block_bytes; }
 
@@ -62,8 +87,7 @@ std::vector<uint8_t> random_matrix(const TypeCase& tc, size_t rows, size_t cols,
   std::uniform_real_distribution<float> mag(1.0f / 4096, 1.0f / 16);
   for (size_t b = 0; b < n_blocks; ++b) {
     for (size_t off : tc.f16_at) {
-      const uint16_t h = f32_to_f16((rng() & 1) ? mag(rng) : -mag(rng));
-      std::memcpy(&w[b * bb + off], &h, 2);
+      set_f16(tc.type, &w[b * bb], off, f32_to_f16((rng() & 1) ? mag(rng) : -mag(rng)));
     }
   }
   return w;
@@ -113,7 +137,64 @@ TEST(GgmlKquants, TableCoversExactlyTheSuperBlockTypes) {
   }
   EXPECT_EQ(detail::ggml_kquant_kernels(GgmlType::kQ8_K), nullptr);
   EXPECT_EQ(detail::ggml_kquant_kernels(GgmlType::kQ4_0), nullptr);
-  EXPECT_EQ(detail::ggml_kquant_kernels(GgmlType::kIQ2_XXS), nullptr);
+  EXPECT_EQ(detail::ggml_kquant_kernels(GgmlType::kIQ4_NL), nullptr);
+  EXPECT_FALSE(ggml_type_computable(GgmlType::kQ8_K));  // an activation type: no file stores it
+  for (GgmlType t : {GgmlType::kI8, GgmlType::kI16, GgmlType::kI32, GgmlType::kI64, GgmlType::kF64})
+    EXPECT_FALSE(ggml_type_computable(t)) << ggml_type_name(t);
+}
+
+// One value by hand per lattice type, from the tables' first entries and the layouts of
+// docs/format.md (gguf's bit-exact comparison is tests/python/test_ggml_iquants.py).
+TEST(GgmlKquants, LatticeBlocksDecodeByHand) {
+  std::vector<float> out(256);
+  const uint16_t one = f32_to_f16(1.0f);
+  // IQ2_XXS: d = 1, group 0: grid index 0 (all 8s) for columns 0-7, sign index 1 (byte 0x81:
+  // columns 0 and 7 negative), scale 3: (1 / 8) * 7 * 8 = 7.
+  std::vector<uint8_t> b(66, 0);
+  std::memcpy(&b[0], &one, 2);
+  const uint32_t aux = 1u | (3u << 28);
+  std::memcpy(&b[6], &aux, 4);
+  ggml_dequantize_row(GgmlType::kIQ2_XXS, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], -7.0f);
+  EXPECT_EQ(out[1], 7.0f);
+  EXPECT_EQ(out[7], -7.0f);
+  EXPECT_EQ(out[8], 7.0f);    // sign index 0 for columns 8-15
+  EXPECT_EQ(out[32], 1.0f);   // group 1: scale 0, (1 / 8) * 1 * 8
+  // IQ3_XXS: d = 1, index 5 = {62, 12, 4, 4} for columns 0-3, index 0 = {4, 4, 4, 4} next; sign
+  // index 3 (byte 0x03: columns 0 and 1 negative), scale 1: d * 1.5 * 0.5 = 0.75.
+  b.assign(98, 0);
+  std::memcpy(&b[0], &one, 2);
+  b[2] = 5;
+  const uint32_t aux3 = 3u | (1u << 28);
+  std::memcpy(&b[66], &aux3, 4);
+  ggml_dequantize_row(GgmlType::kIQ3_XXS, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], -46.5f);
+  EXPECT_EQ(out[1], -9.0f);
+  EXPECT_EQ(out[2], 3.0f);
+  EXPECT_EQ(out[4], 3.0f);
+  // IQ1_M: d = 1 (0x3c00) in the top nibbles of the u16 at 48..55, scale 0 = 2 (factor 5) for
+  // columns 0-15. Columns 0-7: index 1 (= {1, -1, ...}), delta +1/8; columns 8-15: index 0 (all
+  // -1), delta -1/8 (bit 3 of qh[0]'s high nibble); column 16: scale 1 = 0 (factor 1), delta +1/8.
+  b.assign(56, 0);
+  b[0] = 1;
+  b[32] = 0x80;
+  const uint16_t words[4] = {0x0002, 0x0000, 0xc000, 0x3000};
+  std::memcpy(&b[48], words, 8);
+  ggml_dequantize_row(GgmlType::kIQ1_M, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], 5.625f);
+  EXPECT_EQ(out[1], -4.375f);
+  EXPECT_EQ(out[8], -5.625f);
+  EXPECT_EQ(out[16], -0.875f);
+  // TQ2_0: d = 1, byte 0 = 0b00'10'01'00: column 0 -> -1, 32 -> 0, 64 -> 1, 96 -> -1.
+  b.assign(66, 0x55);  // 1 everywhere: value 0
+  b[0] = 0x24;
+  std::memcpy(&b[64], &one, 2);
+  ggml_dequantize_row(GgmlType::kTQ2_0, b.data(), 256, out.data());
+  EXPECT_EQ(out[0], -1.0f);
+  EXPECT_EQ(out[32], 0.0f);
+  EXPECT_EQ(out[64], 1.0f);
+  EXPECT_EQ(out[96], -1.0f);
+  EXPECT_EQ(out[1], 0.0f);
 }
 
 TEST(GgmlKquants, Q4KBlockDecodesByHand) {

@@ -1,7 +1,8 @@
 // Internal to kernels/cpu/ggml_*.cpp and their tests: each ggml type's kernels as a table entry.
 // Two families fill the table: ggml_legacy.cpp (plain types, the 32-element block types, IQ4_NL,
-// MXFP4) and ggml_kquants.cpp (the 256-element super-block types Q2_K..Q6_K, IQ4_XS), each with
-// its AVX2 file. ggml_quant.cpp dispatches and picks the AVX2 entry when the CPU has it.
+// MXFP4) and ggml_kquants.cpp (the 256-element super-block types Q2_K..Q6_K, IQ4_XS, and with
+// ggml_iquants.cpp's decoders IQ1_S..IQ3_S, TQ1_0, TQ2_0), each with its AVX2 file(s).
+// ggml_quant.cpp dispatches and picks the AVX2 entry when the CPU has it.
 #pragma once
 
 #include <cstddef>

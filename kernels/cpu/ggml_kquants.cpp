@@ -1,6 +1,7 @@
-// The 256-element super-block types of ggml (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): block
-// decoding, the bit-exact dequantisation, the int8 activation rounding and the scalar products,
-// and their GgmlKernels entries (the AVX2 products are in ggml_kquants_avx2.cpp).
+// The 256-element super-block types of ggml (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and through
+// the decoders of ggml_iquants.cpp IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0,
+// TQ2_0): block decoding, the bit-exact dequantisation, the int8 activation rounding and the
+// scalar products, and their GgmlKernels entries (the AVX2 products are in ggml_kquants_avx2.cpp).
 //
 // Every type decodes a super-block to 256 small integers q, a scale per 16 columns, a minimum per
 // 16 columns (Q2_K, Q4_K, Q5_K; 0 for the others) and two float32 factors d and dmin (f16 in the
@@ -25,13 +26,6 @@ namespace {
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
-struct Decoded {
-  int8_t q[kSuperBlock];
-  int32_t scale[16];  // per 16 columns
-  int32_t min[16];    // per 16 columns; 0 for types without a minimum
-  float d = 0, dmin = 0;
-};
-
 float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -50,7 +44,7 @@ void k4_scales_mins(const uint8_t* s, int32_t* sc, int32_t* m) {
   }
 }
 
-void decode_q2_k(const uint8_t* b, Decoded& o) {
+void decode_q2_k(const uint8_t* b, KBlock& o) {
   const uint8_t* qs = b + 16;
   for (int k = 0; k < 16; ++k) {
     o.scale[k] = b[k] & 0xf;
@@ -63,7 +57,7 @@ void decode_q2_k(const uint8_t* b, Decoded& o) {
   o.dmin = f16_at(b + 82);
 }
 
-void decode_q3_k(const uint8_t* b, Decoded& o) {
+void decode_q3_k(const uint8_t* b, KBlock& o) {
   const uint8_t* hm = b;
   const uint8_t* qs = b + 32;
   const uint8_t* s = b + 96;
@@ -85,7 +79,7 @@ void decode_q3_k(const uint8_t* b, Decoded& o) {
 }
 
 // Q4_K and Q5_K share the header (d, dmin, 12 scale bytes) and the nibble order.
-void decode_k4_header(const uint8_t* b, Decoded& o) {
+void decode_k4_header(const uint8_t* b, KBlock& o) {
   int32_t sc[8], m[8];
   k4_scales_mins(b + 4, sc, m);
   for (int k = 0; k < 16; ++k) {
@@ -96,7 +90,7 @@ void decode_k4_header(const uint8_t* b, Decoded& o) {
   o.dmin = f16_at(b + 2);
 }
 
-void decode_q4_k(const uint8_t* b, Decoded& o) {
+void decode_q4_k(const uint8_t* b, KBlock& o) {
   decode_k4_header(b, o);
   const uint8_t* qs = b + 16;
   for (int c = 0; c < 4; ++c)
@@ -106,7 +100,7 @@ void decode_q4_k(const uint8_t* b, Decoded& o) {
     }
 }
 
-void decode_q5_k(const uint8_t* b, Decoded& o) {
+void decode_q5_k(const uint8_t* b, KBlock& o) {
   decode_k4_header(b, o);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + 48;
@@ -118,7 +112,7 @@ void decode_q5_k(const uint8_t* b, Decoded& o) {
     }
 }
 
-void decode_q6_k(const uint8_t* b, Decoded& o) {
+void decode_q6_k(const uint8_t* b, KBlock& o) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   for (int k = 0; k < 16; ++k) {
@@ -137,7 +131,7 @@ void decode_q6_k(const uint8_t* b, Decoded& o) {
   o.dmin = 0;
 }
 
-void decode_iq4_xs(const uint8_t* b, Decoded& o) {
+void decode_iq4_xs(const uint8_t* b, KBlock& o) {
   uint16_t sh;
   std::memcpy(&sh, b + 2, 2);
   const uint8_t* sl = b + 4;
@@ -156,10 +150,8 @@ void decode_iq4_xs(const uint8_t* b, Decoded& o) {
   o.dmin = 0;
 }
 
-using DecodeFn = void (*)(const uint8_t*, Decoded&);
-
 struct TypeDesc {
-  DecodeFn decode;
+  KDecodeFn decode;
   size_t block_bytes;
   bool has_min;
 };
@@ -172,6 +164,15 @@ TypeDesc desc_of(GgmlType t) {
     case GgmlType::kQ5_K: return {decode_q5_k, 176, true};
     case GgmlType::kQ6_K: return {decode_q6_k, 210, false};
     case GgmlType::kIQ4_XS: return {decode_iq4_xs, 136, false};
+    case GgmlType::kIQ2_XXS: return {decode_iq2_xxs, 66, false};
+    case GgmlType::kIQ2_XS: return {decode_iq2_xs, 74, false};
+    case GgmlType::kIQ2_S: return {decode_iq2_s, 82, false};
+    case GgmlType::kIQ3_XXS: return {decode_iq3_xxs, 98, false};
+    case GgmlType::kIQ3_S: return {decode_iq3_s, 110, false};
+    case GgmlType::kIQ1_S: return {decode_iq1_s, 50, false};
+    case GgmlType::kIQ1_M: return {decode_iq1_m, 56, false};
+    case GgmlType::kTQ1_0: return {decode_tq1_0, 54, false};
+    case GgmlType::kTQ2_0: return {decode_tq2_0, 66, false};
     default: break;
   }
   MOE_ASSERT(false, "not a K-quant type: " + std::string(ggml_type_name(t)));
@@ -183,7 +184,7 @@ TypeDesc desc_of(GgmlType t) {
 void kquant_dequantize(GgmlType t, const uint8_t* src, size_t n, float* dst) {
   MOE_ASSERT(n % kSuperBlock == 0, "K-quant row of " + std::to_string(n) + " elements");
   const TypeDesc td = desc_of(t);
-  Decoded blk;
+  KBlock blk;
   for (size_t b = 0; b < n / kSuperBlock; ++b) {
     td.decode(src + b * td.block_bytes, blk);
     float* out = dst + b * kSuperBlock;
@@ -226,7 +227,7 @@ void kquant_rows_scalar(GgmlType t, const uint8_t* w, size_t cols, const KActiva
   const TypeDesc td = desc_of(t);
   const size_t nb = cols / kSuperBlock;
   constexpr size_t kInputs = 8;  // inputs sharing one decoded super-block
-  Decoded blk;
+  KBlock blk;
   for (size_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = w + r * nb * td.block_bytes;
     for (size_t i0 = 0; i0 < n; i0 += kInputs) {
@@ -337,6 +338,15 @@ constexpr GgmlKernels kQ4K = entry<GgmlType::kQ4_K>();
 constexpr GgmlKernels kQ5K = entry<GgmlType::kQ5_K>();
 constexpr GgmlKernels kQ6K = entry<GgmlType::kQ6_K>();
 constexpr GgmlKernels kIq4Xs = entry<GgmlType::kIQ4_XS>();
+constexpr GgmlKernels kIq2Xxs = entry<GgmlType::kIQ2_XXS>();
+constexpr GgmlKernels kIq2Xs = entry<GgmlType::kIQ2_XS>();
+constexpr GgmlKernels kIq2S = entry<GgmlType::kIQ2_S>();
+constexpr GgmlKernels kIq3Xxs = entry<GgmlType::kIQ3_XXS>();
+constexpr GgmlKernels kIq3S = entry<GgmlType::kIQ3_S>();
+constexpr GgmlKernels kIq1S = entry<GgmlType::kIQ1_S>();
+constexpr GgmlKernels kIq1M = entry<GgmlType::kIQ1_M>();
+constexpr GgmlKernels kTq1 = entry<GgmlType::kTQ1_0>();
+constexpr GgmlKernels kTq2 = entry<GgmlType::kTQ2_0>();
 
 }  // namespace
 
@@ -348,6 +358,15 @@ const GgmlKernels* ggml_kquant_kernels(GgmlType t) {
     case GgmlType::kQ5_K: return &kQ5K;
     case GgmlType::kQ6_K: return &kQ6K;
     case GgmlType::kIQ4_XS: return &kIq4Xs;
+    case GgmlType::kIQ2_XXS: return &kIq2Xxs;
+    case GgmlType::kIQ2_XS: return &kIq2Xs;
+    case GgmlType::kIQ2_S: return &kIq2S;
+    case GgmlType::kIQ3_XXS: return &kIq3Xxs;
+    case GgmlType::kIQ3_S: return &kIq3S;
+    case GgmlType::kIQ1_S: return &kIq1S;
+    case GgmlType::kIQ1_M: return &kIq1M;
+    case GgmlType::kTQ1_0: return &kTq1;
+    case GgmlType::kTQ2_0: return &kTq2;
     default: return nullptr;
   }
 }

@@ -1,5 +1,7 @@
-// Internal to kernels/cpu/ggml_kquants*.cpp and their tests: the int8 activation format the
-// K-quant (and IQ4_XS) products consume, and the row kernels behind the GgmlKernels entries.
+// Internal to kernels/cpu/ggml_kquants*.cpp, ggml_iquants.cpp and their tests: the int8 activation
+// format the products of the 256-element super-block types consume (K-quants, IQ4_XS, the
+// IQ1/IQ2/IQ3 lattice types and the ternary TQ types), their decoded block, and the row kernels
+// behind the GgmlKernels entries.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +14,30 @@ namespace moestream::detail {
 
 constexpr size_t kSuperBlock = 256;  // elements of a K-quant super-block
 constexpr size_t kSubBlock16 = 16;   // the granularity of the activation sums
+
+// A super-block decoded: 256 small signed integers q, an integer scale per 16 columns, a minimum
+// per 16 columns (0 for types without one) and two float32 factors. The value of column e is
+// (d * scale[e / 16]) * q[e] - dmin * min[e / 16], each step rounded to float32.
+struct KBlock {
+  int8_t q[kSuperBlock];
+  int32_t scale[16];
+  int32_t min[16];
+  float d = 0, dmin = 0;
+};
+using KDecodeFn = void (*)(const uint8_t* block, KBlock& out);
+
+// The decoders of the types whose levels come from a lattice or a base-3/base-4 code
+// (ggml_iquants.cpp). Their factor d is the stored f16 times a power of two, their scales odd
+// (2s + 1) and their minimums 0, so every value is an exact float32 product (see there).
+void decode_iq2_xxs(const uint8_t* b, KBlock& o);
+void decode_iq2_xs(const uint8_t* b, KBlock& o);
+void decode_iq2_s(const uint8_t* b, KBlock& o);
+void decode_iq3_xxs(const uint8_t* b, KBlock& o);
+void decode_iq3_s(const uint8_t* b, KBlock& o);
+void decode_iq1_s(const uint8_t* b, KBlock& o);
+void decode_iq1_m(const uint8_t* b, KBlock& o);
+void decode_tq1_0(const uint8_t* b, KBlock& o);
+void decode_tq2_0(const uint8_t* b, KBlock& o);
 
 // n inputs of cols columns each rounded to int8 per super-block of 256: d = amax / 127 (float32),
 // q = nearbyint(x * (127 / amax)) clamped to [-127, 127] (|q| <= 127 keeps every maddubs pair sum
@@ -46,6 +72,9 @@ void kquant_round_activations_avx2(const float* x, size_t cols, float* d, int8_t
 void kquant_rows_scalar(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
                         float* y, size_t y_stride, size_t row_begin, size_t row_end);
 void kquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
+                      float* y, size_t y_stride, size_t row_begin, size_t row_end);
+// The lattice and ternary types' part of kquant_rows_avx2 (ggml_iquants_avx2.cpp).
+void iquant_rows_avx2(GgmlType t, const uint8_t* w, size_t cols, const KActivations& xa, size_t n,
                       float* y, size_t y_stride, size_t row_begin, size_t row_end);
 
 // The scalar dequantisation of one K-quant type (n a multiple of 256).

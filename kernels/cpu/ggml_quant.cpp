@@ -24,6 +24,12 @@ bool ggml_type_computable(GgmlType t) {
   return detail::ggml_legacy_kernels(t) != nullptr || detail::ggml_kquant_kernels(t) != nullptr;
 }
 
+void require_ggml_computable(GgmlType t, const std::string& file, const std::string& tensor) {
+  if (!ggml_type_computable(t))
+    throw ConfigError(file + ": tensor '" + tensor + "' has type " + std::string(ggml_type_name(t)) +
+                      ", which this build cannot compute");
+}
+
 void ggml_dequantize_row(GgmlType t, const uint8_t* src, size_t n, float* dst) {
   kernels_of(t).dequantize(src, n, dst);
 }

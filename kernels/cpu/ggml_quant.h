@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "loader/format/ggml_types.h"
 
@@ -17,6 +18,9 @@ namespace moestream {
 // True when this build can dequantise and multiply type t. Others are refused by the loader with
 // an error naming the tensor and the type.
 bool ggml_type_computable(GgmlType t);
+// Throws ConfigError "<file>: tensor '<tensor>' has type <T>, which this build cannot compute" for a
+// type ggml_type_computable refuses (how the loaders and the converter name such a tensor).
+void require_ggml_computable(GgmlType t, const std::string& file, const std::string& tensor);
 
 // Decodes n elements (a multiple of the type's block) from src into dst. Bit for bit the
 // dequantisation of the `gguf` PyPI package (gguf.quants.dequantize).

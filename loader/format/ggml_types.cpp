@@ -23,6 +23,7 @@ constexpr std::array kTypes = {
     GgmlTypeInfo{T::kF64, "F64", 1, 8},          GgmlTypeInfo{T::kIQ1_M, "IQ1_M", 256, 56},
     GgmlTypeInfo{T::kBF16, "BF16", 1, 2},        GgmlTypeInfo{T::kTQ1_0, "TQ1_0", 256, 54},
     GgmlTypeInfo{T::kTQ2_0, "TQ2_0", 256, 66},   GgmlTypeInfo{T::kMXFP4, "MXFP4", 32, 17},
+    GgmlTypeInfo{T::kNVFP4, "NVFP4", 64, 36},
 };
 
 }  // namespace

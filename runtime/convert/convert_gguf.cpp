@@ -160,11 +160,7 @@ ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, con
   std::vector<const GgufTensor*> src_tensors;
   std::vector<GgufTensorSpec> specs;
   // A pack this build could not run is refused now, naming the tensor (as infer would at load).
-  auto computable = [&](const GgufTensor& t) {
-    if (!ggml_type_computable(t.type))
-      throw ConfigError(files.path_of(t).string() + ": tensor '" + t.name + "' has type " +
-                        std::string(ggml_type_name(t.type)) + ", which this build cannot compute");
-  };
+  auto computable = [&](const GgufTensor& t) { require_ggml_computable(t.type, files.path_of(t).string(), t.name); };
   for (int l = 0; l < c.n_moe_layers(); ++l)
     for (const char* p : {"gate", "up", "down"})
       computable(files.tensor("blk." + std::to_string(c.first_k_dense_replace + l) + ".ffn_" + p + "_exps.weight"));

@@ -251,9 +251,7 @@ bool load_derived(const GgufModel& g, const DenseTensorSpec& t, DenseWeights& w,
   const std::vector<uint64_t> want = t.shape.size() == 2 ? std::vector<uint64_t>{cols, rows} : std::vector<uint64_t>{cols};
   if (d->dims != want)
     throw FormatError(file.string() + ": the tensor built for '" + t.name + "' does not have the engine's shape");
-  if (!ggml_type_computable(d->type))
-    throw ConfigError(file.string() + ": tensor '" + t.name + "' has type " + std::string(ggml_type_name(d->type)) +
-                      ", which this build cannot compute");
+  require_ggml_computable(d->type, file.string(), t.name);
   const QuantType q = compute_type(d->type);
   if (d->bytes.size() != quant_matrix_bytes(q, rows, cols))
     throw FormatError(file.string() + ": the tensor built for '" + t.name + "' has the wrong size");
@@ -293,9 +291,7 @@ DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, cons
                         std::to_string(gt.dims.size()) + " dims " + std::to_string(gt.dims.empty() ? 0 : gt.dims[0]) +
                         " x " + std::to_string(gt.rows()) + ", expected " + std::to_string(cols) + " x " +
                         std::to_string(rows));
-    if (!ggml_type_computable(gt.type))
-      throw ConfigError(file.string() + ": tensor '" + gt.name + "' has type " + std::string(ggml_type_name(gt.type)) +
-                        ", which this build cannot compute");
+    require_ggml_computable(gt.type, file.string(), gt.name);
     const QuantType q = compute_type(gt.type);
     const size_t bytes = quant_matrix_bytes(q, rows, cols);
     if (gt.bytes != bytes)
@@ -324,6 +320,14 @@ DenseWeights load_gguf(const GgufModelFiles& files, const GgufModel* model, cons
 DenseWeights DenseWeights::load(const std::filesystem::path& path, const ModelConfig& cfg) {
   if (cfg.format == ModelFormat::kGguf) {
     const GgufModel g(path);
+    // The expert tensors too: the expert store only reads their bytes, and a type the kernels
+    // cannot compute must be refused at load by name, not at the first token.
+    for (int l = 0; l < cfg.n_moe_layers(); ++l)
+      for (const char* p : {"gate", "up", "down"}) {
+        const GgufTensor& t = g.files().tensor("blk." + std::to_string(cfg.first_k_dense_replace + l) + ".ffn_" + p +
+                                               "_exps.weight");
+        require_ggml_computable(t.type, g.files().path_of(t).string(), t.name);
+      }
     return load_gguf(g.files(), &g, cfg);
   }
   if (cfg.dense_dtype == "gguf") return load_gguf(GgufModelFiles(path), nullptr, cfg);

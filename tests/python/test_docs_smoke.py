@@ -540,6 +540,8 @@ skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,
         "regenerates runtime/tokenizer/unicode_ranges.h from unicodedata2 16.0 and Unicode 9.0 tables")
+skipped("scripts/gen_ggml_iquant_grids.py", COVERED,
+        "test_ggml_kquants.py::test_grid_headers_match_the_gguf_package runs its --check")
 
 # --- Python: package, examples, training ---
 

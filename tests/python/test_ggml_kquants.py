@@ -1,6 +1,12 @@
-"""ggml K-quant block types (Q2_K..Q6_K, IQ4_XS) computed by moestream against the `gguf` package:
-dequantisation bit for bit equal to gguf.quants.dequantize, and the int8-activation products
-within the rounding bound of f64 maths on the dequantised weights (docs/format.md states it)."""
+"""ggml's 256-element super-block types (Q2_K..Q6_K, IQ4_XS, the lattice types IQ2_XXS, IQ2_XS,
+IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M and the ternary TQ1_0, TQ2_0) computed by moestream against
+the `gguf` package: dequantisation bit for bit equal to gguf.quants.dequantize (which also checks
+the lattice tables of kernels/cpu/ggml_iq*_grid*.h entry by entry), and the int8-activation
+products within the rounding bound of f64 maths on the dequantised weights (docs/format.md)."""
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,7 +16,9 @@ gguf = pytest.importorskip("gguf", reason="the gguf package (the block-format or
 from gguf import quants as gq  # noqa: E402
 from moestream import _moestream as _m  # noqa: E402
 
-# Block bytes and the byte offsets of each block's f16 factors (d, and dmin where the type has one).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Block bytes and the byte offsets of each block's f16 factors (d, and dmin where the type has one;
+# IQ1_M's d is spread over the top nibbles of the four u16 at 48, see put_f16).
 TYPES = {
     "Q2_K": (84, [80, 82]),
     "Q3_K": (110, [108]),
@@ -18,7 +26,18 @@ TYPES = {
     "Q5_K": (176, [0, 2]),
     "Q6_K": (210, [208]),
     "IQ4_XS": (136, [0]),
+    "IQ2_XXS": (66, [0]),
+    "IQ2_XS": (74, [0]),
+    "IQ2_S": (82, [0]),
+    "IQ3_XXS": (98, [0]),
+    "IQ3_S": (110, [0]),
+    "IQ1_S": (50, [0]),
+    "IQ1_M": (56, [48]),
+    "TQ1_0": (54, [52]),
+    "TQ2_0": (66, [64]),
 }
+# The types whose levels come from a table (kernels/cpu/ggml_iq1_grid.h, ggml_iq2_iq3_grids.h).
+LATTICE = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 # Rounding an activation to a step s leaves an error uniform in [-s/2, s/2] (variance s^2/12), so
 # the product's error has the predicted deviation sqrt(sum w^2 s^2 / 12). The RMS of the errors
 # measured in units of it is ~1 for a correct kernel (0.6-1.25 here); a wrong one gives >> 1.
@@ -34,6 +53,17 @@ def qtype(name):
     return gguf.GGMLQuantizationType[name]
 
 
+def put_f16(name, raw, off, h):
+    """Writes the f16 patterns h (one per block) as the factor at byte `off` of each block."""
+    if name != "IQ1_M":
+        raw[:, off:off + 2] = h.astype("<u2").view(np.uint8).reshape(-1, 2)
+        return
+    words = raw[:, off:off + 8].copy().view("<u2")  # the 3-bit scales stay in the low 12 bits
+    for w in range(4):
+        words[:, w] = (words[:, w] & 0x0FFF) | (((h.astype(np.uint16) >> (4 * w)) & 0xF) << 12)
+    raw[:, off:off + 8] = words.view(np.uint8)
+
+
 def random_blocks(name, n_blocks, rng, f16_values=None):
     """Random bytes with finite f16 factors (random finite patterns unless f16_values is given)."""
     block_bytes, f16_at = TYPES[name]
@@ -44,7 +74,7 @@ def random_blocks(name, n_blocks, rng, f16_values=None):
             h = np.where((h & 0x7C00) == 0x7C00, h & ~np.uint16(0x4000), h)  # inf/NaN -> finite
         else:
             h = f16_values[rng.integers(0, len(f16_values), size=n_blocks)]
-        raw[:, off:off + 2] = h.astype("<u2").view(np.uint8).reshape(n_blocks, 2)
+        put_f16(name, raw, off, h)
     return raw
 
 
@@ -67,6 +97,23 @@ def test_dequantize_random_blocks_bit_exact(name):
     rng = np.random.default_rng(1000 + list(TYPES).index(name))
     ours, ref = dequantize_both(name, random_blocks(name, 512, rng))
     assert_same_bits(name, ours, ref)
+
+
+@pytest.mark.parametrize("name", LATTICE)
+def test_dequantize_meets_every_grid_entry_bit_exact(name):
+    """Enough random blocks that every entry of the type's grid is used (a wrong table entry, a
+    wrong sign byte or a wrong index bit shows as differing values)."""
+    rng = np.random.default_rng(3000 + LATTICE.index(name))
+    ours, ref = dequantize_both(name, random_blocks(name, 4096, rng))
+    assert_same_bits(name, ours, ref)
+
+
+def test_grid_headers_match_the_gguf_package():
+    """kernels/cpu's generated tables are what scripts/gen_ggml_iquant_grids.py makes of the
+    installed gguf package."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_ggml_iquant_grids.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("name", list(TYPES))

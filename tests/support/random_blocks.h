@@ -13,16 +13,24 @@
 namespace moestream::test {
 
 // `bytes` bytes of blocks of type t: random level bytes, each block's float16 scale d (at its
-// start; Q6_K's ends its block) scale x N(0, 1), and for the types with a min (Q2_K, Q4_K, Q5_K)
-// the float16 dmin after d, scale / 2 x N(0, 1). Finite scales, so every product is finite.
+// start; Q6_K's, TQ1_0's and TQ2_0's end their block, IQ1_M's is the top nibbles of its last 4
+// u16) scale x N(0, 1), and for the types with a min (Q2_K, Q4_K, Q5_K) the float16 dmin after d,
+// scale / 2 x N(0, 1). Finite scales, so every product is finite.
 inline void fill_random_blocks(GgmlType t, uint8_t* dst, size_t bytes, float scale, std::mt19937& rng) {
   std::normal_distribution<float> g(0.0f, 1.0f);
   for (size_t i = 0; i < bytes; ++i) dst[i] = static_cast<uint8_t>(rng());
   const size_t block = ggml_type_info(uint32_t(t))->block_bytes;
-  const size_t scale_at = t == GgmlType::kQ6_K ? 208 : 0;
+  const size_t scale_at = t == GgmlType::kQ6_K ? 208 : t == GgmlType::kTQ1_0 || t == GgmlType::kTQ2_0 ? block - 2 : 0;
   const bool has_min = t == GgmlType::kQ2_K || t == GgmlType::kQ4_K || t == GgmlType::kQ5_K;
   for (size_t off = 0; off < bytes; off += block) {
     const uint16_t d = f32_to_f16(scale * g(rng));
+    if (t == GgmlType::kIQ1_M) {
+      for (size_t w = 0; w < 4; ++w) {  // the 3-bit scales below each nibble stay random
+        uint8_t* hi = dst + off + 48 + 2 * w + 1;
+        *hi = static_cast<uint8_t>((*hi & 0x0f) | (((d >> (4 * w)) & 0xf) << 4));
+      }
+      continue;
+    }
     std::memcpy(dst + off + scale_at, &d, 2);
     if (has_min) {
       const uint16_t dmin = f32_to_f16(0.5f * scale * g(rng));
