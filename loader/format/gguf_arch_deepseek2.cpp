@@ -50,20 +50,20 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   // as key_length / value_length.
   const uint64_t C = m.get_u32(a + "attention.kv_lora_rank"), r = m.get_u32(a + "rope.dimension_count");
   const uint64_t Q = m.find_u32(a + "attention.q_lora_rank").value_or(0);
-  uint64_t qk = 0, v = 0;
-  if (const auto k_mla = m.find_u32(a + "attention.key_length_mla")) {
-    qk = *k_mla;
-    v = m.get_u32(a + "attention.value_length_mla");
+  const auto k_mla = m.find_u32(a + "attention.key_length_mla");
+  const uint64_t qk = k_mla ? *k_mla : m.get_u32(a + "attention.key_length");
+  const uint64_t v = m.get_u32(a + (k_mla ? "attention.value_length_mla" : "attention.value_length"));
+  // The rope width's own rule first (it is qk_rope_head_dim, inside each head's key), then the
+  // MQA view's sizes it enters.
+  if (C == 0 || r == 0 || r % 2 != 0 || qk <= r || v == 0)
+    gguf_arch_error(where, "MLA sizes kv_lora_rank " + std::to_string(C) + ", rope dims " + std::to_string(r) + " (" +
+                               a + "rope.dimension_count), key length " + std::to_string(qk) + ", value length " +
+                               std::to_string(v) +
+                               " are not a valid latent attention (rope dims even, key length > rope dims)");
+  if (k_mla) {
     gguf_arch_agree(m, where, a + "attention.key_length", C + r);
     gguf_arch_agree(m, where, a + "attention.value_length", C);
-  } else {
-    qk = m.get_u32(a + "attention.key_length");
-    v = m.get_u32(a + "attention.value_length");
   }
-  if (C == 0 || r == 0 || r % 2 != 0 || qk <= r || v == 0)
-    gguf_arch_error(where, "MLA sizes kv_lora_rank " + std::to_string(C) + ", rope dims " + std::to_string(r) +
-                               ", key length " + std::to_string(qk) + ", value length " + std::to_string(v) +
-                               " are not a valid latent attention (rope dims even, key length > rope dims)");
   c.kv_lora_rank = int(C);
   c.q_lora_rank = int(Q);
   c.qk_rope_head_dim = int(r);

@@ -41,6 +41,11 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   const std::string where = path.string();
   const std::string& arch_s = m.get_string("general.architecture");
   const GgufArch& traits = find_gguf_arch(where, arch_s);
+  const std::string a = arch_s + ".";
+  // Every architecture counts its blocks (MTP blocks included) in {arch}.block_count; a tensor of
+  // a block past it would be silently left out of the model.
+  const uint64_t n_blocks = m.get_u64(a + "block_count");
+  gguf_arch_check_block_count(files_, where, a + "block_count", n_blocks);
   if (traits.read != nullptr) {  // gpt-oss, deepseek2: readers of their own (gguf_arch.h)
     GgufArchModel r;
     traits.read(files_, where, r);
@@ -54,12 +59,10 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     cfg_.experts_dir.clear();
     return;
   }
-  const std::string a = arch_s + ".";
   qk_interleaved_ = traits.qk_interleaved;
 
   // Decoder layers: block_count less the MTP blocks after them (GLM-4.5's nextn layers, unused
   // by decoding), the first `lead` of them with a dense MLP instead of experts.
-  const uint64_t n_blocks = m.get_u64(a + "block_count");
   const uint64_t n_nextn = m.find_u64(a + "nextn_predict_layers").value_or(0);
   if (n_nextn >= n_blocks)
     bad(where, a + "nextn_predict_layers (" + std::to_string(n_nextn) + ") leaves none of " + std::to_string(n_blocks) +
@@ -120,6 +123,9 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     rope["scaling"] = s;
   }
   j["rope"] = rope;
+  // Checked against head_dim here; the attention tensors' shapes confirm head_dim below.
+  if (const uint64_t rot = gguf_arch_rope_dims(m, where, a, head_dim, traits.partial_rotary); rot != head_dim)
+    j["rotary_dim"] = rot;
   const bool tied = files_.find_tensor("output.weight") == nullptr;
   j["tie_word_embeddings"] = tied;
   // Placeholders model.json requires; the GGUF-specific fields are set after validation.
