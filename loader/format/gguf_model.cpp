@@ -3,6 +3,7 @@
 #include "loader/format/gguf_model.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,18 +24,54 @@ using json = nlohmann::json;
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) { gguf_arch_error(where, what); }
 
+std::string file_type_name(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
 
-bool is_gguf_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char magic[4] = {};
-  const ssize_t r = ::pread(fd, magic, 4, 0);
+ModelPathProbe probe_model_path(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return {ModelPathKind::kMissing, "no such file or directory"};
+    throw_errno("cannot stat model", path);
+  }
+  if (S_ISDIR(st.st_mode)) return {ModelPathKind::kDirectory, {}};
+  if (!S_ISREG(st.st_mode)) return {ModelPathKind::kOther, file_type_name(st.st_mode)};
+  // O_NONBLOCK: a path swapped for a FIFO since the stat does not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw_errno("cannot open model", path);
+  if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat model", path);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return {ModelPathKind::kOther, file_type_name(st.st_mode)};
+  }
+  unsigned char magic[4] = {};
+  ssize_t r;
+  size_t got = 0;
+  while (got < sizeof magic && (r = ::pread(fd, magic + got, sizeof magic - got, off_t(got))) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      close_and_throw_errno(fd, "cannot read the first " + std::to_string(sizeof magic) + " bytes (offset " +
+                                    std::to_string(got) + ") of model",
+                            path);
+    got += size_t(r);
+  }
   ::close(fd);
-  return r == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  if (got == 0) return {ModelPathKind::kOther, "an empty file"};
+  if (got < sizeof magic) return {ModelPathKind::kOther, "a " + std::to_string(got) + "-byte file"};
+  if (std::memcmp(magic, "GGUF", 4) == 0) return {ModelPathKind::kGguf, {}};
+  static const char* kDigits = "0123456789abcdef";
+  std::string hex = "0x";
+  for (unsigned char b : magic) hex += {kDigits[b >> 4], kDigits[b & 15]};
+  return {ModelPathKind::kOther, "a file that starts " + hex + " (a GGUF starts \"GGUF\")"};
 }
+
+bool is_gguf_file(const std::filesystem::path& path) { return probe_model_path(path).kind == ModelPathKind::kGguf; }
 
 GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   const GgufMetadata& m = files_.metadata();

@@ -6,6 +6,7 @@ router row of layer l at position i equal to the source's slice perm[l][i], the 
 and the same greedy tokens from `infer`. Then a second repack composes, a log of the original
 maps onto a repack, and bad input is refused with a clear message and the source untouched."""
 import json
+import os
 import pathlib
 import shutil
 import struct
@@ -217,6 +218,22 @@ def test_python_cluster_on_a_gguf(tool, tmp_path):
     with pytest.raises(moestream.ConfigError, match="needs a .gguf model"):
         moestream.cluster(ROOT / "models" / "demo", [log], out=tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_model_is_named_for_what_it_is_before_any_option(tool, tmp_path):
+    """A --model that is no GGUF and no directory is refused for what it is (not for --out)."""
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    log = tmp_path / "r.log"
+    log.write_bytes(b"")
+    for model, what in ((fifo, "is a FIFO"), (empty, "is an empty file")):
+        r = tool("cluster_experts", "--model", model, "--routing", log, "--out", tmp_path / "out.gguf")
+        assert r.returncode == 1, r.stderr
+        assert str(model) in r.stderr and what in r.stderr, r.stderr
+        assert "--out" not in r.stderr, r.stderr
+    assert not (tmp_path / "out.gguf").exists()
 
 
 def with_extra_keys(src, dst, n_keys):
