@@ -145,4 +145,35 @@ TEST_F(GgufModelChecks, BlockCountBelowTheTensorsIsRefusedNamingBoth) {
   }
 }
 
+// nextn_predict_layers makes the last blocks MTP blocks, which are not read: one that holds a
+// decoder layer (no blk.N.nextn.* tensor) would be left out of the model; one stripped of every
+// tensor is fine (glm4moe's, below).
+TEST_F(GgufModelChecks, NextnBlocksMustBeMtpBlocks) {
+  for (const ArchFixture& a : kArchs) {
+    if (std::string(a.arch) == "gpt-oss" || std::string(a.arch) == "glm4moe") continue;  // none; has one
+    const std::string key = std::string(a.arch) + ".nextn_predict_layers";
+    const std::string msg = error_with(a, key, 1);
+    EXPECT_NE(msg.find("metadata " + key + " = 1 makes block " + std::to_string(a.blocks - 1) +
+                       " an MTP block, but the tensors hold a decoder layer there (tensor 'blk." +
+                       std::to_string(a.blocks - 1) + "."),
+              std::string::npos)
+        << msg;
+  }
+  test::GgufRewrite stripped;  // glm4moe's MTP block without its tensors: still block 3 of 4
+  stripped.tensor = [](GgufTensorSpec& t) { return !t.name.starts_with("blk.3."); };
+  test::rewrite_gguf(kFixtures / kArchs[5].file, x_, stripped);
+  EXPECT_EQ(test::gguf_load_error(x_), "<no exception>");
+}
+
+// deepseek2 attends through one latent: head_count_kv is 1 (the converter's MQA view) or, in older
+// files, the head count; anything else is refused naming both.
+TEST_F(GgufModelChecks, DeepseekKvHeadsAreOneOrTheHeads) {
+  const ArchFixture& a = kArchs[6];
+  const std::string key = "deepseek2.attention.head_count_kv";
+  const std::string msg = error_with(a, key, 2);
+  EXPECT_NE(msg.find(key + " = 2 is neither 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("deepseek2.attention.head_count = 3"), std::string::npos) << msg;
+  EXPECT_EQ(error_with(a, key, 3), "<no exception>");
+}
+
 }  // namespace

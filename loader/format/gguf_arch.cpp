@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -183,22 +184,31 @@ uint64_t gguf_arch_rope_dims(const GgufMetadata& m, const std::string& where, co
   return rot;
 }
 
+namespace {
+
+// The block of a per-block tensor (blk.N. with N decimal digits, as llama.cpp names them).
+std::optional<uint64_t> block_of(const std::string& name) {
+  if (!name.starts_with("blk.")) return std::nullopt;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4 || dot > 4 + 9) return std::nullopt;
+  uint64_t n = 0;
+  for (size_t i = 4; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    n = n * 10 + uint64_t(name[i] - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
 void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& where, const std::string& key,
                                  uint64_t block_count) {
-  // blk.N. with N decimal digits, as llama.cpp names every per-block tensor.
   const GgufTensor* past = nullptr;
   uint64_t past_block = 0, n_blocks = 0;
   for (const GgufTensor& t : f.tensors()) {
-    if (!t.name.starts_with("blk.")) continue;
-    const size_t dot = t.name.find('.', 4);
-    if (dot == std::string::npos || dot == 4 || dot > 4 + 9) continue;
-    uint64_t n = 0;
-    bool digits = true;
-    for (size_t i = 4; i < dot; ++i) {
-      digits = digits && t.name[i] >= '0' && t.name[i] <= '9';
-      n = n * 10 + uint64_t(t.name[i] - '0');
-    }
-    if (!digits) continue;
+    const std::optional<uint64_t> b = block_of(t.name);
+    if (!b) continue;
+    const uint64_t n = *b;
     n_blocks = std::max(n_blocks, n + 1);
     if (n >= block_count && past == nullptr) {
       past = &t;
@@ -209,6 +219,26 @@ void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& whe
     gguf_arch_error(where, "metadata " + key + " = " + std::to_string(block_count) + " contradicts the tensors, which " +
                                "hold " + std::to_string(n_blocks) + " blocks (tensor '" + past->name + "' is in block " +
                                std::to_string(past_block) + ")");
+}
+
+void gguf_arch_check_mtp_blocks(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                uint64_t n_layers, uint64_t block_count) {
+  if (n_layers >= block_count) return;
+  std::vector<const GgufTensor*> decoder(block_count - n_layers, nullptr);
+  std::vector<bool> mtp(block_count - n_layers, false);
+  for (const GgufTensor& t : f.tensors()) {
+    const std::optional<uint64_t> b = block_of(t.name);
+    if (!b || *b < n_layers || *b >= block_count) continue;
+    const size_t i = size_t(*b - n_layers);
+    if (t.name.compare(t.name.find('.', 4) + 1, 6, "nextn.") == 0) mtp[i] = true;
+    else if (decoder[i] == nullptr) decoder[i] = &t;
+  }
+  for (size_t i = 0; i < mtp.size(); ++i)
+    if (!mtp[i] && decoder[i] != nullptr)
+      gguf_arch_error(where, "metadata " + key + " = " + std::to_string(block_count - n_layers) + " makes block " +
+                                 std::to_string(n_layers + i) + " an MTP block, but the tensors hold a decoder layer " +
+                                 "there (tensor '" + decoder[i]->name + "', no blk." + std::to_string(n_layers + i) +
+                                 ".nextn.* tensor)");
 }
 
 std::vector<double> gguf_arch_floats(const GgufMetadata& m, const std::string& key) {

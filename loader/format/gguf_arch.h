@@ -109,6 +109,12 @@ uint64_t gguf_arch_rope_dims(const GgufMetadata& m, const std::string& where, co
 // hold. Blocks the metadata counts but the file lacks are missing tensors, named where read.
 void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& where, const std::string& key,
                                  uint64_t block_count);
+// The blocks [n_layers, block_count) that `key` (nextn_predict_layers) makes MTP blocks, which
+// are not read: each must hold a blk.N.nextn.* tensor, or no tensor at all (stripped). FormatError
+// naming the key, its value and a decoder tensor of such a block otherwise (a decoder layer would
+// be left out of the model).
+void gguf_arch_check_mtp_blocks(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                uint64_t n_layers, uint64_t block_count);
 // A float value or array of float values (one per layer); empty when absent.
 std::vector<double> gguf_arch_floats(const GgufMetadata& m, const std::string& key);
 // YaRN / linear RoPE scaling from {arch}.rope.scaling.*; nullopt for none.

@@ -25,6 +25,7 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   const uint64_t nextn = m.find_u32(a + "nextn_predict_layers").value_or(0);  // MTP layers after the last
   if (nextn >= block_count) gguf_arch_error(where, a + "nextn_predict_layers leaves no decoder layer");
   c.n_layers = int(block_count - nextn);
+  gguf_arch_check_mtp_blocks(f, where, a + "nextn_predict_layers", uint64_t(c.n_layers), block_count);
   c.first_k_dense_replace = int(m.find_u32(a + "leading_dense_block_count").value_or(0));
   if (c.first_k_dense_replace >= c.n_layers)
     gguf_arch_error(where, a + "leading_dense_block_count " + std::to_string(c.first_k_dense_replace) +
@@ -39,6 +40,10 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   c.n_heads = int(m.get_u32(a + "attention.head_count"));
   if (c.n_heads <= 0) gguf_arch_error(where, a + "attention.head_count must be positive");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
+  // The converter's MQA view states 1; older files the head count (transformers' config).
+  if (const auto kv = m.find_u32(a + "attention.head_count_kv"); kv && *kv != 1 && int(*kv) != c.n_heads)
+    gguf_arch_error(where, a + "attention.head_count_kv = " + std::to_string(*kv) + " is neither 1 (the MQA view of " +
+                               "the latent) nor " + a + "attention.head_count = " + std::to_string(c.n_heads));
   c.n_experts_per_tok = int(m.get_u32(a + "expert_used_count"));
   c.rms_norm_eps = m.get_f64(a + "attention.layer_norm_rms_epsilon");
   c.max_position_embeddings = int(m.get_u32(a + "context_length"));

@@ -105,6 +105,7 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     bad(where, a + "nextn_predict_layers (" + std::to_string(n_nextn) + ") leaves none of " + std::to_string(n_blocks) +
                    " blocks");
   const uint64_t n_layers = n_blocks - n_nextn;
+  gguf_arch_check_mtp_blocks(files_, where, a + "nextn_predict_layers", n_layers, n_blocks);
   const uint64_t lead = m.find_u64(a + "leading_dense_block_count").value_or(0);
   if (lead >= n_layers)
     bad(where, a + "leading_dense_block_count (" + std::to_string(lead) + ") leaves no MoE layer of " +
