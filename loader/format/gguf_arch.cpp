@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -223,21 +224,20 @@ void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& whe
 
 void gguf_arch_check_mtp_blocks(const GgufModelFiles& f, const std::string& where, const std::string& key,
                                 uint64_t n_layers, uint64_t block_count) {
-  if (n_layers >= block_count) return;
-  std::vector<const GgufTensor*> decoder(block_count - n_layers, nullptr);
-  std::vector<bool> mtp(block_count - n_layers, false);
+  // Per block that holds tensors (the count comes from the metadata: never sized by it).
+  std::map<uint64_t, std::pair<bool, const GgufTensor*>> blocks;  // has a nextn tensor, a decoder tensor
   for (const GgufTensor& t : f.tensors()) {
     const std::optional<uint64_t> b = block_of(t.name);
     if (!b || *b < n_layers || *b >= block_count) continue;
-    const size_t i = size_t(*b - n_layers);
-    if (t.name.compare(t.name.find('.', 4) + 1, 6, "nextn.") == 0) mtp[i] = true;
-    else if (decoder[i] == nullptr) decoder[i] = &t;
+    auto& [mtp, decoder] = blocks[*b];
+    if (t.name.compare(t.name.find('.', 4) + 1, 6, "nextn.") == 0) mtp = true;
+    else if (decoder == nullptr) decoder = &t;
   }
-  for (size_t i = 0; i < mtp.size(); ++i)
-    if (!mtp[i] && decoder[i] != nullptr)
+  for (const auto& [b, kinds] : blocks)
+    if (!kinds.first)
       gguf_arch_error(where, "metadata " + key + " = " + std::to_string(block_count - n_layers) + " makes block " +
-                                 std::to_string(n_layers + i) + " an MTP block, but the tensors hold a decoder layer " +
-                                 "there (tensor '" + decoder[i]->name + "', no blk." + std::to_string(n_layers + i) +
+                                 std::to_string(b) + " an MTP block, but the tensors hold a decoder layer there " +
+                                 "(tensor '" + kinds.second->name + "', no blk." + std::to_string(b) +
                                  ".nextn.* tensor)");
 }
 
