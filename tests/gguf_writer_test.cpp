@@ -220,6 +220,7 @@ TEST_F(GgufWriterTest, BadTensorsAndAlignmentAreRefusedNamingThem) {
   const GgufMetadata md = all_types(std::nullopt);
   refused({{"x", GgmlType::kF32, {4}}, {"x", GgmlType::kF32, {4}}}, md, "'x': name given twice");
   refused({{"zero", GgmlType::kF32, {4, 0}}}, md, "'zero': a dim is 0");
+  refused({{"", GgmlType::kF32, {4}}}, md, "'': name empty or too long");  // the reader refuses it
   refused({{"five", GgmlType::kF32, {1, 1, 1, 1, 1}}}, md, "'five'");
   refused({{"q", GgmlType::kQ8_0, {33}}}, md, "'q': row of 33");
   refused({{"big", GgmlType::kF32, {1ull << 32, 1ull << 32, 1ull << 32}}}, md, "'big': size overflows");

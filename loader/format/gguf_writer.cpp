@@ -124,7 +124,7 @@ GgufWriter::GgufWriter(fs::path path, const GgufMetadata& md, std::vector<GgufTe
   uint64_t off = 0;
   for (const GgufTensorSpec& t : tensors_) {
     const std::string what = "GGUF writer: tensor '" + t.name + "'";
-    if (t.name.size() > kGgufMaxKeyBytes) throw ConfigError(what + ": name too long");
+    if (t.name.empty() || t.name.size() > kGgufMaxKeyBytes) throw ConfigError(what + ": name empty or too long");
     if (!names.insert(t.name).second) throw ConfigError(what + ": name given twice");
     if (t.dims.empty() || t.dims.size() > kGgufMaxDims) throw ConfigError(what + ": needs 1 to 4 dims");
     uint64_t rows = 1;
