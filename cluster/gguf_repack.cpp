@@ -276,12 +276,8 @@ GgufRepackResult repack_gguf_experts(const fs::path& src, const fs::path& out,
     }
   }
   if (opts.fault) opts.fault("before commit");
-  w.commit();
+  w.commit();  // reads the result back (every tensor where written) before it appears as `out`
   res.bytes_written = w.file_bytes();
-  const GgufFile check(out);  // the result parses and holds every tensor
-  if (check.tensors().size() != f.tensors().size())
-    throw FormatError(out.string() + ": written with " + std::to_string(check.tensors().size()) + " tensors, expected " +
-                      std::to_string(f.tensors().size()));
   return res;
 }
 

@@ -11,7 +11,9 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/gguf_file.h"
+#include "tests/support/gguf_rewrite.h"
 #include "tests/support/strict_skip.h"
+#include "tests/support/test_model.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
@@ -149,6 +151,24 @@ TEST_F(GgufRepackTest, BadOrdersAndTheSourceAsOutputAreRefused) {
   expect_only({"src.gguf"});
   EXPECT_EQ(order_of_slots({2, 0, 1}), (std::vector<uint32_t>{1, 2, 0}));
   EXPECT_THROW(order_of_slots({0, 0}), ConfigError);
+}
+
+// The reader takes at most kGgufMaxKeys metadata keys; the repack adds its permutation keys to the
+// source's, so a source at the limit has no output this build could read: refused before any
+// output or temp file exists (it was written, then refused by the check after the rename, and left).
+TEST_F(GgufRepackTest, ASourceAtTheKeyLimitGetsNoOutputTheReaderWouldRefuse) {
+  const fs::path wide = dir_.path() / "wide.gguf";
+  test::GgufRewrite r;
+  for (uint64_t n = GgufFile(src_).metadata().size(); n < kGgufMaxKeys; ++n)
+    r.meta["pad." + std::to_string(n)] = GgufValue::from_unsigned(GgufValueType::kU8, 1);
+  test::rewrite_gguf(src_, wide, r);
+  ASSERT_EQ(GgufFile(wide).metadata().size(), kGgufMaxKeys);
+  const std::string msg = test::error_message<ConfigError>([&] { repack_gguf_experts(wide, dir_.path() / "out.gguf", rotation(1)); });
+  EXPECT_NE(msg.find(std::to_string(kGgufMaxKeys + 1 + n_layers_) + " metadata keys, over the limit of " +
+                     std::to_string(kGgufMaxKeys)),
+            std::string::npos)
+      << msg;
+  expect_only({"src.gguf", "wide.gguf"});
 }
 
 }  // namespace

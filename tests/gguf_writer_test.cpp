@@ -220,6 +220,7 @@ TEST_F(GgufWriterTest, BadTensorsAndAlignmentAreRefusedNamingThem) {
   const GgufMetadata md = all_types(std::nullopt);
   refused({{"x", GgmlType::kF32, {4}}, {"x", GgmlType::kF32, {4}}}, md, "'x': name given twice");
   refused({{"zero", GgmlType::kF32, {4, 0}}}, md, "'zero': a dim is 0");
+  refused({{"", GgmlType::kF32, {4}}}, md, "'': name empty or too long");  // the reader refuses it
   refused({{"five", GgmlType::kF32, {1, 1, 1, 1, 1}}}, md, "'five'");
   refused({{"q", GgmlType::kQ8_0, {33}}}, md, "'q': row of 33");
   refused({{"big", GgmlType::kF32, {1ull << 32, 1ull << 32, 1ull << 32}}}, md, "'big': size overflows");
@@ -227,6 +228,55 @@ TEST_F(GgufWriterTest, BadTensorsAndAlignmentAreRefusedNamingThem) {
   GgufMetadata wrong_type("m");
   wrong_type.add("general.alignment", GgufValue::from_unsigned(VT::kU64, 32));
   refused({{"x", GgmlType::kF32, {4}}}, wrong_type, "general.alignment");
+}
+
+// What the reader would refuse is refused before any file exists: a key count over its limit, a
+// key longer than its limit (which used to be found after the temp file was created, leaving it).
+TEST_F(GgufWriterTest, MetadataOverTheReadersLimitsIsRefusedBeforeAnyFileExists) {
+  const fs::path p = dir_.path() / "m.gguf";
+  auto refused = [&](const GgufMetadata& md, const std::string& needle) {
+    try {
+      GgufWriter w(p, md, specs());
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(fs::is_empty(dir_.path())) << needle;
+  };
+  GgufMetadata wide = all_types(std::nullopt);
+  while (wide.size() <= kGgufMaxKeys) wide.add("pad." + std::to_string(wide.size()), GgufValue::from_unsigned(VT::kU8, 1));
+  refused(wide, std::to_string(kGgufMaxKeys + 1) + " metadata keys, over the limit of " + std::to_string(kGgufMaxKeys));
+  GgufMetadata long_key = all_types(std::nullopt);
+  long_key.add(std::string(kGgufMaxKeyBytes + 1, 'k'), GgufValue::from_unsigned(VT::kU8, 1));
+  refused(long_key, "over the limit of " + std::to_string(kGgufMaxKeyBytes));
+  // At the limit: written and read back.
+  GgufMetadata full = all_types(std::nullopt);
+  while (full.size() < kGgufMaxKeys) full.add("pad." + std::to_string(full.size()), GgufValue::from_unsigned(VT::kU8, 1));
+  write_model(p, full, 4096);
+  EXPECT_EQ(GgufFile(p).metadata().size(), kGgufMaxKeys);
+}
+
+// commit() reads the temp file back before it appears at the path: bytes changed under the writer
+// (the temp file's magic, overwritten once the writer flushed its first 8 MiB) fail the commit with
+// the reader's error, and neither the path nor the temp file is left.
+TEST_F(GgufWriterTest, ACommitThatDoesNotReadBackLeavesNothing) {
+  const fs::path p = dir_.path() / "m.gguf";
+  const std::vector<GgufTensorSpec> big = {{"big.weight", GgmlType::kF32, {1024, 2100}},  // 8.2 MiB: flushed
+                                           {"small.weight", GgmlType::kF32, {4}}};
+  {
+    GgufWriter w(p, all_types(std::nullopt), big);
+    const std::string d = pattern(w.tensor_bytes(0), 1);
+    w.write(d.data(), d.size());
+    ASSERT_GE(fs::file_size(w.temp_path()), 4u) << "the writer flushed nothing yet";
+    test::overwrite_bytes(w.temp_path(), 0, "GGUX");
+    const std::string s = pattern(w.tensor_bytes(1), 2);
+    w.write(s.data(), s.size());
+    const std::string msg = test::error_message<FormatError>([&] { w.commit(); });
+    EXPECT_NE(msg.find(w.temp_path().string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bad magic"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(p));
+  }
+  EXPECT_TRUE(fs::is_empty(dir_.path()));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "loader/format/gguf_model.h"
+#include "loader/format/model_config.h"
 #include "loader/store/store_options.h"
 #include "loader/format/expert_prior.h"
 #include "tools/cli_range.h"
@@ -44,6 +45,7 @@ struct Args {
 
 int run(const Args& a) {
   const fs::path dir = a.model;
+  require_model_location(dir);  // what --model is, before any option is judged by it
   if (a.bind_legacy) {
     const int n = bind_legacy_maps(dir);
     std::fprintf(stderr, "cluster_experts: bound %d version-1 map(s) under %s/experts to their layer files\n", n,

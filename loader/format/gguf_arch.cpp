@@ -3,7 +3,10 @@
 // from the stored ones on demand).
 #include "loader/format/gguf_arch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -17,14 +20,15 @@ namespace {
 
 // The architectures this build runs from GGUF (general.architecture), one entry each.
 constexpr GgufArch kGgufArchs[] = {
-    {"qwen3moe", nullptr, Arch::kQwen3Moe, true, false, "expert_feed_forward_length", nullptr},
-    {"olmoe", nullptr, Arch::kOlmoe, false, false, "feed_forward_length", nullptr},
-    {"llama", nullptr, Arch::kMixtral, true, true, "feed_forward_length", nullptr},  // Mixtral: with expert tensors
-    {"qwen2moe", nullptr, Arch::kQwen2Moe, false, false, "expert_feed_forward_length", extend_gguf_qwen2moe},
-    {"glm4moe", nullptr, Arch::kGlm4Moe, false, false, "expert_feed_forward_length", extend_gguf_glm4moe},
-    // Readers of their own: these fields are theirs to set.
-    {"gpt-oss", read_gguf_gpt_oss, Arch::kGptOss, false, false, "", nullptr},
-    {"deepseek2", read_gguf_deepseek2, Arch::kDeepseekV3, false, false, "", nullptr},
+    {"qwen3moe", nullptr, Arch::kQwen3Moe, true, false, "expert_feed_forward_length", false, nullptr},
+    {"olmoe", nullptr, Arch::kOlmoe, false, false, "feed_forward_length", false, nullptr},
+    {"llama", nullptr, Arch::kMixtral, true, true, "feed_forward_length", false, nullptr},  // Mixtral: with expert tensors
+    {"qwen2moe", nullptr, Arch::kQwen2Moe, false, false, "expert_feed_forward_length", false, extend_gguf_qwen2moe},
+    {"glm4moe", nullptr, Arch::kGlm4Moe, false, false, "expert_feed_forward_length", true, extend_gguf_glm4moe},
+    // Readers of their own: these fields are theirs to set (gpt-oss rotates whole heads; deepseek2's
+    // rope dimension is MLA's qk_rope_head_dim, checked by its reader).
+    {"gpt-oss", read_gguf_gpt_oss, Arch::kGptOss, false, false, "", false, nullptr},
+    {"deepseek2", read_gguf_deepseek2, Arch::kDeepseekV3, false, false, "", false, nullptr},
 };
 
 }  // namespace
@@ -161,6 +165,80 @@ GgufExpertMatrix gguf_arch_experts(const std::string& where, const GgufTensor& t
   if (n_experts == 0 || t.bytes % n_experts != 0)
     gguf_arch_error(where, "tensor '" + t.name + "' does not split into " + std::to_string(n_experts) + " experts");
   return GgufExpertMatrix{t.shard, t.offset, t.bytes / n_experts};
+}
+
+uint64_t gguf_arch_rope_dims(const GgufMetadata& m, const std::string& where, const std::string& a, uint64_t head_dim,
+                             bool partial) {
+  const std::string key = a + "rope.dimension_count";
+  const uint64_t rot = m.find_u64(key).value_or(head_dim);
+  const std::string head = "the head width " + std::to_string(head_dim) + " (" + a + "attention.key_length, or " + a +
+                           "embedding_length / " + a + "attention.head_count, as the attention tensors hold it)";
+  if (head_dim % 2 != 0)
+    gguf_arch_error(where, head + " is odd: RoPE turns pairs of a head's elements (" + key + " = " +
+                               std::to_string(rot) + ")");
+  if (partial && (rot < 2 || rot > head_dim || rot % 2 != 0))
+    gguf_arch_error(where, key + " = " + std::to_string(rot) + " is not an even width in [2, " +
+                               std::to_string(head_dim) + "], " + head);
+  if (!partial && rot != head_dim)
+    gguf_arch_error(where, key + " = " + std::to_string(rot) + " differs from " + head + ": this architecture " +
+                               "rotates whole heads (partial rotary is glm4moe's)");
+  return rot;
+}
+
+namespace {
+
+// The block of a per-block tensor (blk.N. with N decimal digits, as llama.cpp names them).
+std::optional<uint64_t> block_of(const std::string& name) {
+  if (!name.starts_with("blk.")) return std::nullopt;
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4 || dot > 4 + 9) return std::nullopt;
+  uint64_t n = 0;
+  for (size_t i = 4; i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    n = n * 10 + uint64_t(name[i] - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                 uint64_t block_count) {
+  const GgufTensor* past = nullptr;
+  uint64_t past_block = 0, n_blocks = 0;
+  for (const GgufTensor& t : f.tensors()) {
+    const std::optional<uint64_t> b = block_of(t.name);
+    if (!b) continue;
+    const uint64_t n = *b;
+    n_blocks = std::max(n_blocks, n + 1);
+    if (n >= block_count && past == nullptr) {
+      past = &t;
+      past_block = n;
+    }
+  }
+  if (past != nullptr)
+    gguf_arch_error(where, "metadata " + key + " = " + std::to_string(block_count) + " contradicts the tensors, which " +
+                               "hold " + std::to_string(n_blocks) + " blocks (tensor '" + past->name + "' is in block " +
+                               std::to_string(past_block) + ")");
+}
+
+void gguf_arch_check_mtp_blocks(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                uint64_t n_layers, uint64_t block_count) {
+  // Per block that holds tensors (the count comes from the metadata: never sized by it).
+  std::map<uint64_t, std::pair<bool, const GgufTensor*>> blocks;  // has a nextn tensor, a decoder tensor
+  for (const GgufTensor& t : f.tensors()) {
+    const std::optional<uint64_t> b = block_of(t.name);
+    if (!b || *b < n_layers || *b >= block_count) continue;
+    auto& [mtp, decoder] = blocks[*b];
+    if (t.name.compare(t.name.find('.', 4) + 1, 6, "nextn.") == 0) mtp = true;
+    else if (decoder == nullptr) decoder = &t;
+  }
+  for (const auto& [b, kinds] : blocks)
+    if (!kinds.first)
+      gguf_arch_error(where, "metadata " + key + " = " + std::to_string(block_count - n_layers) + " makes block " +
+                                 std::to_string(b) + " an MTP block, but the tensors hold a decoder layer there " +
+                                 "(tensor '" + kinds.second->name + "', no blk." + std::to_string(b) +
+                                 ".nextn.* tensor)");
 }
 
 std::vector<double> gguf_arch_floats(const GgufMetadata& m, const std::string& key) {

@@ -43,6 +43,9 @@ struct GgufArch {
   bool norm_topk_prob;                // what the architecture's reference implementation does
   bool qk_interleaved;                // llama.cpp's converter permuted Q/K rows for interleaved RoPE
   std::string_view expert_width_key;  // the metadata key that states F, after "{arch}."
+  // {arch}.rope.dimension_count may rotate part of each head (glm4moe: GLM-4.5 rotates 64 of
+  // 128); otherwise it must be the whole head (gguf_arch_rope_dims).
+  bool partial_rotary;
   // Adds to `j` (model.json fields, before validation) what the architecture states beyond the
   // llama-like reader's fields (`a` is "<architecture>."); FormatError naming the key for a value
   // this build does not compute. nullptr: nothing.
@@ -95,6 +98,23 @@ void gguf_arch_agree(const GgufMetadata& m, const std::string& where, const std:
 void gguf_arch_refuse(const GgufMetadata& m, const std::string& where, const std::string& key, const std::string& why);
 // Expert e's slice of a stacked tensor of n_experts (its bytes must divide evenly).
 GgufExpertMatrix gguf_arch_experts(const std::string& where, const GgufTensor& t, uint64_t n_experts);
+// The rotated width {a}rope.dimension_count states (absent: the whole head), checked against the
+// head width `head_dim` the tensors confirm: FormatError naming the key and both values unless it
+// equals head_dim or, where `partial`, is an even width in [2, head_dim]; an odd head_dim is
+// refused either way (RoPE turns pairs).
+uint64_t gguf_arch_rope_dims(const GgufMetadata& m, const std::string& where, const std::string& a, uint64_t head_dim,
+                             bool partial);
+// FormatError when a tensor of the files names a block (blk.N.) at or past `block_count`, the
+// value of metadata `key`: naming the key, its value, the tensor and how many blocks the tensors
+// hold. Blocks the metadata counts but the file lacks are missing tensors, named where read.
+void gguf_arch_check_block_count(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                 uint64_t block_count);
+// The blocks [n_layers, block_count) that `key` (nextn_predict_layers) makes MTP blocks, which
+// are not read: each must hold a blk.N.nextn.* tensor, or no tensor at all (stripped). FormatError
+// naming the key, its value and a decoder tensor of such a block otherwise (a decoder layer would
+// be left out of the model).
+void gguf_arch_check_mtp_blocks(const GgufModelFiles& f, const std::string& where, const std::string& key,
+                                uint64_t n_layers, uint64_t block_count);
 // A float value or array of float values (one per layer); empty when absent.
 std::vector<double> gguf_arch_floats(const GgufMetadata& m, const std::string& key);
 // YaRN / linear RoPE scaling from {arch}.rope.scaling.*; nullopt for none.

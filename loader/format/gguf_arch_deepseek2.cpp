@@ -25,6 +25,7 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   const uint64_t nextn = m.find_u32(a + "nextn_predict_layers").value_or(0);  // MTP layers after the last
   if (nextn >= block_count) gguf_arch_error(where, a + "nextn_predict_layers leaves no decoder layer");
   c.n_layers = int(block_count - nextn);
+  gguf_arch_check_mtp_blocks(f, where, a + "nextn_predict_layers", uint64_t(c.n_layers), block_count);
   c.first_k_dense_replace = int(m.find_u32(a + "leading_dense_block_count").value_or(0));
   if (c.first_k_dense_replace >= c.n_layers)
     gguf_arch_error(where, a + "leading_dense_block_count " + std::to_string(c.first_k_dense_replace) +
@@ -39,6 +40,10 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   c.n_heads = int(m.get_u32(a + "attention.head_count"));
   if (c.n_heads <= 0) gguf_arch_error(where, a + "attention.head_count must be positive");
   c.n_kv_heads = c.n_heads;  // every head reads the one latent
+  // The converter's MQA view states 1; older files the head count (transformers' config).
+  if (const auto kv = m.find_u32(a + "attention.head_count_kv"); kv && *kv != 1 && int(*kv) != c.n_heads)
+    gguf_arch_error(where, a + "attention.head_count_kv = " + std::to_string(*kv) + " is neither 1 (the MQA view of " +
+                               "the latent) nor " + a + "attention.head_count = " + std::to_string(c.n_heads));
   c.n_experts_per_tok = int(m.get_u32(a + "expert_used_count"));
   c.rms_norm_eps = m.get_f64(a + "attention.layer_norm_rms_epsilon");
   c.max_position_embeddings = int(m.get_u32(a + "context_length"));
@@ -50,20 +55,20 @@ void read_gguf_deepseek2(const GgufModelFiles& f, const std::string& where, Gguf
   // as key_length / value_length.
   const uint64_t C = m.get_u32(a + "attention.kv_lora_rank"), r = m.get_u32(a + "rope.dimension_count");
   const uint64_t Q = m.find_u32(a + "attention.q_lora_rank").value_or(0);
-  uint64_t qk = 0, v = 0;
-  if (const auto k_mla = m.find_u32(a + "attention.key_length_mla")) {
-    qk = *k_mla;
-    v = m.get_u32(a + "attention.value_length_mla");
+  const auto k_mla = m.find_u32(a + "attention.key_length_mla");
+  const uint64_t qk = k_mla ? *k_mla : m.get_u32(a + "attention.key_length");
+  const uint64_t v = m.get_u32(a + (k_mla ? "attention.value_length_mla" : "attention.value_length"));
+  // The rope width's own rule first (it is qk_rope_head_dim, inside each head's key), then the
+  // MQA view's sizes it enters.
+  if (C == 0 || r == 0 || r % 2 != 0 || qk <= r || v == 0)
+    gguf_arch_error(where, "MLA sizes kv_lora_rank " + std::to_string(C) + ", rope dims " + std::to_string(r) + " (" +
+                               a + "rope.dimension_count), key length " + std::to_string(qk) + ", value length " +
+                               std::to_string(v) +
+                               " are not a valid latent attention (rope dims even, key length > rope dims)");
+  if (k_mla) {
     gguf_arch_agree(m, where, a + "attention.key_length", C + r);
     gguf_arch_agree(m, where, a + "attention.value_length", C);
-  } else {
-    qk = m.get_u32(a + "attention.key_length");
-    v = m.get_u32(a + "attention.value_length");
   }
-  if (C == 0 || r == 0 || r % 2 != 0 || qk <= r || v == 0)
-    gguf_arch_error(where, "MLA sizes kv_lora_rank " + std::to_string(C) + ", rope dims " + std::to_string(r) +
-                               ", key length " + std::to_string(qk) + ", value length " + std::to_string(v) +
-                               " are not a valid latent attention (rope dims even, key length > rope dims)");
   c.kv_lora_rank = int(C);
   c.q_lora_rank = int(Q);
   c.qk_rope_head_dim = int(r);

@@ -56,8 +56,8 @@ void read_gguf_gpt_oss(const GgufModelFiles& f, const std::string& where, GgufAr
   c.head_dim = int(m.find_u32(a + "attention.key_length").value_or(uint32_t(D / uint64_t(c.n_heads))));
   if (const auto v = m.find_u32(a + "attention.value_length"); v && int(*v) != c.head_dim)
     gguf_arch_error(where, a + "attention.value_length differs from key_length: not supported");
-  if (const auto r = m.find_u32(a + "rope.dimension_count"); r && int(*r) != c.head_dim)
-    gguf_arch_error(where, a + "rope.dimension_count " + std::to_string(*r) + " (partial rotary) is not supported for gpt-oss");
+  if (c.head_dim <= 0) gguf_arch_error(where, a + "attention.key_length must be positive");
+  gguf_arch_rope_dims(m, where, a, uint64_t(c.head_dim), false);  // gpt-oss rotates whole heads
   c.n_experts_per_tok = int(m.get_u32(a + "expert_used_count"));
   c.rms_norm_eps = m.get_f64(a + "attention.layer_norm_rms_epsilon");
   c.max_position_embeddings = int(m.get_u32(a + "context_length"));

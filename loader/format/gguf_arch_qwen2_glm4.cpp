@@ -17,7 +17,8 @@
 //             {arch}.expert_gating_func 2 (sigmoid; absent means sigmoid) with the selection-only
 //             correction bias blk.N.exp_probs_b.bias; {arch}.expert_group_count /
 //             expert_group_used_count (n_group, topk_group); {arch}.expert_weights_norm;
-//             {arch}.rope.dimension_count (partial rotary);
+//             {arch}.rope.dimension_count (partial rotary: the table's partial_rotary, read
+//             with the shared fields);
 //             the post-attention norm is blk.N.post_attention_norm.weight; attention biases and
 //             per-head QK-norm when present.
 //
@@ -49,12 +50,9 @@ constexpr uint64_t kGatingSoftmax = 1, kGatingSigmoid = 2;
 
 void qwen2moe_fields(const GgufModelFiles& f, const std::string& where, const std::string& a, json& j) {
   const GgufMetadata& m = f.metadata();
-  const uint64_t D = j["hidden_size"].get<uint64_t>(), head_dim = j["head_dim"].get<uint64_t>();
+  const uint64_t D = j["hidden_size"].get<uint64_t>();
   if (const auto g = m.find_u64(a + "expert_gating_func"); g && *g != 0 && *g != kGatingSoftmax)
     gguf_arch_error(where, a + "expert_gating_func = " + std::to_string(*g) + ": qwen2moe routes by softmax (1)");
-  if (const auto r = m.find_u64(a + "rope.dimension_count"); r && *r != head_dim)
-    gguf_arch_error(where, a + "rope.dimension_count = " + std::to_string(*r) + ": partial rotary (head_dim " +
-                    std::to_string(head_dim) + ") is not qwen2moe's");
   // The shared expert every Qwen2-MoE has (llama.cpp requires it): its width from the tensor, which
   // the metadata, when it states one, must agree with.
   const GgufTensor* sg = f.find_tensor("blk.0.ffn_gate_shexp.weight");
@@ -71,7 +69,7 @@ void qwen2moe_fields(const GgufModelFiles& f, const std::string& where, const st
 
 void glm4moe_fields(const GgufModelFiles& f, const std::string& where, const std::string& a, json& j) {
   const GgufMetadata& m = f.metadata();
-  const uint64_t F = j["moe_intermediate_size"].get<uint64_t>(), head_dim = j["head_dim"].get<uint64_t>();
+  const uint64_t F = j["moe_intermediate_size"].get<uint64_t>();
   if (const auto g = m.find_u64(a + "expert_gating_func"); g && *g != 0 && *g != kGatingSigmoid)
     gguf_arch_error(where, a + "expert_gating_func = " + std::to_string(*g) +
                     ": glm4moe is computed with sigmoid routing (2) only");
@@ -89,12 +87,6 @@ void glm4moe_fields(const GgufModelFiles& f, const std::string& where, const std
     j["shared_expert_intermediate_size"] = n_shared * F;
     j["shared_expert_gated"] = false;
   }
-  const uint64_t rot = m.find_u64(a + "rope.dimension_count").value_or(head_dim);
-  if (rot == 0 || rot > head_dim || rot % 2 != 0)
-    gguf_arch_error(where, a + "rope.dimension_count = " + std::to_string(rot) +
-                               " is not an even width in [2, head_dim " +
-                    std::to_string(head_dim) + "]");
-  if (rot != head_dim) j["rotary_dim"] = rot;
   if (m.find(a + "rope.dimension_sections") != nullptr)
     gguf_arch_error(where, a + "rope.dimension_sections: multimodal RoPE sections (GLM-4.5V) are not supported");
 }

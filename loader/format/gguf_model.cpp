@@ -3,6 +3,7 @@
 #include "loader/format/gguf_model.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,24 +24,65 @@ using json = nlohmann::json;
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) { gguf_arch_error(where, what); }
 
+std::string file_type_name(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
 
-bool is_gguf_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char magic[4] = {};
-  const ssize_t r = ::pread(fd, magic, 4, 0);
+ModelPathProbe probe_model_path(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return {ModelPathKind::kMissing, "no such file or directory"};
+    throw_errno("cannot stat model", path);
+  }
+  if (S_ISDIR(st.st_mode)) return {ModelPathKind::kDirectory, {}};
+  if (!S_ISREG(st.st_mode)) return {ModelPathKind::kOther, file_type_name(st.st_mode)};
+  // O_NONBLOCK: a path swapped for a FIFO since the stat does not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw_errno("cannot open model", path);
+  if (::fstat(fd, &st) != 0) close_and_throw_errno(fd, "cannot stat model", path);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return {ModelPathKind::kOther, file_type_name(st.st_mode)};
+  }
+  unsigned char magic[4] = {};
+  ssize_t r;
+  size_t got = 0;
+  while (got < sizeof magic && (r = ::pread(fd, magic + got, sizeof magic - got, off_t(got))) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      close_and_throw_errno(fd, "cannot read the first " + std::to_string(sizeof magic) + " bytes (offset " +
+                                    std::to_string(got) + ") of model",
+                            path);
+    got += size_t(r);
+  }
   ::close(fd);
-  return r == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+  if (got == 0) return {ModelPathKind::kOther, "an empty file"};
+  if (got < sizeof magic) return {ModelPathKind::kOther, "a " + std::to_string(got) + "-byte file"};
+  if (std::memcmp(magic, "GGUF", 4) == 0) return {ModelPathKind::kGguf, {}};
+  static const char* kDigits = "0123456789abcdef";
+  std::string hex = "0x";
+  for (unsigned char b : magic) hex += {kDigits[b >> 4], kDigits[b & 15]};
+  return {ModelPathKind::kOther, "a file that starts " + hex + " (a GGUF starts \"GGUF\")"};
 }
+
+bool is_gguf_file(const std::filesystem::path& path) { return probe_model_path(path).kind == ModelPathKind::kGguf; }
 
 GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
   const GgufMetadata& m = files_.metadata();
   const std::string where = path.string();
   const std::string& arch_s = m.get_string("general.architecture");
   const GgufArch& traits = find_gguf_arch(where, arch_s);
+  const std::string a = arch_s + ".";
+  // Every architecture counts its blocks (MTP blocks included) in {arch}.block_count; a tensor of
+  // a block past it would be silently left out of the model.
+  const uint64_t n_blocks = m.get_u64(a + "block_count");
+  gguf_arch_check_block_count(files_, where, a + "block_count", n_blocks);
   if (traits.read != nullptr) {  // gpt-oss, deepseek2: readers of their own (gguf_arch.h)
     GgufArchModel r;
     traits.read(files_, where, r);
@@ -54,17 +96,16 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     cfg_.experts_dir.clear();
     return;
   }
-  const std::string a = arch_s + ".";
   qk_interleaved_ = traits.qk_interleaved;
 
   // Decoder layers: block_count less the MTP blocks after them (GLM-4.5's nextn layers, unused
   // by decoding), the first `lead` of them with a dense MLP instead of experts.
-  const uint64_t n_blocks = m.get_u64(a + "block_count");
   const uint64_t n_nextn = m.find_u64(a + "nextn_predict_layers").value_or(0);
   if (n_nextn >= n_blocks)
     bad(where, a + "nextn_predict_layers (" + std::to_string(n_nextn) + ") leaves none of " + std::to_string(n_blocks) +
                    " blocks");
   const uint64_t n_layers = n_blocks - n_nextn;
+  gguf_arch_check_mtp_blocks(files_, where, a + "nextn_predict_layers", n_layers, n_blocks);
   const uint64_t lead = m.find_u64(a + "leading_dense_block_count").value_or(0);
   if (lead >= n_layers)
     bad(where, a + "leading_dense_block_count (" + std::to_string(lead) + ") leaves no MoE layer of " +
@@ -120,6 +161,9 @@ GgufModel::GgufModel(const std::filesystem::path& path) : files_(path) {
     rope["scaling"] = s;
   }
   j["rope"] = rope;
+  // Checked against head_dim here; the attention tensors' shapes confirm head_dim below.
+  if (const uint64_t rot = gguf_arch_rope_dims(m, where, a, head_dim, traits.partial_rotary); rot != head_dim)
+    j["rotary_dim"] = rot;
   const bool tied = files_.find_tensor("output.weight") == nullptr;
   j["tie_word_embeddings"] = tied;
   // Placeholders model.json requires; the GGUF-specific fields are set after validation.

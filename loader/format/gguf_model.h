@@ -99,8 +99,22 @@ class GgufModel {
   std::map<std::string, GgufDerivedSpec> derived_;
 };
 
+// What a path given as a model is, from its type and first four bytes (nothing else is read, and
+// a FIFO or device is never opened).
+enum class ModelPathKind { kMissing, kDirectory, kGguf, kOther };
+struct ModelPathProbe {
+  ModelPathKind kind = ModelPathKind::kMissing;
+  // For kOther, what it is instead, for messages: "a FIFO (pipe)", "a character device",
+  // "an empty file", "a 3-byte file", "a file that starts 0x7f454c46 (a GGUF starts "GGUF")".
+  std::string what;
+};
+// IoError naming the path, the offset and strerror when it exists but cannot be examined: stat
+// fails other than for a missing path, or a regular file cannot be opened or its first bytes
+// read (EIO, EACCES): its kind is then unknown, and saying "not a GGUF" would hide the cause.
+ModelPathProbe probe_model_path(const std::filesystem::path& path);
+
 // True when `path` is a regular file that starts with the GGUF magic (what `infer -m` checks to
-// tell a GGUF from a packed model directory).
+// tell a GGUF from a packed model directory); probe_model_path's IoError when that cannot be read.
 bool is_gguf_file(const std::filesystem::path& path);
 
 }  // namespace moestream

@@ -37,15 +37,24 @@ void put_string(std::string& s, std::string_view v, uint64_t max, const std::str
   s.append(v);
 }
 
-void put_array(std::string& s, const GgufArray& a, const std::string& key, uint32_t depth) {
+// `nested` counts the arrays inside arrays written so far (the reader's kGgufMaxNestedArrays).
+void put_array(std::string& s, const GgufArray& a, const std::string& key, uint32_t depth, uint64_t& nested) {
   if (depth > kGgufMaxNesting) throw ConfigError("GGUF writer: key '" + key + "': arrays nested too deeply");
+  if (a.size() > kGgufMaxArrayElems)
+    throw ConfigError("GGUF writer: key '" + key + "': an array of " + std::to_string(a.size()) +
+                      " elements, over the limit of " + std::to_string(kGgufMaxArrayElems));
   put_le<uint32_t>(s, static_cast<uint32_t>(a.elem_type()));
   put_le<uint64_t>(s, a.size());
   const GgufValueType t = a.elem_type();
   if (t == GgufValueType::kString) {
     for (uint64_t i = 0; i < a.size(); ++i) put_string(s, a.string_at(i), kGgufMaxStringBytes, "a string of key '" + key + "'");
   } else if (t == GgufValueType::kArray) {
-    for (uint64_t i = 0; i < a.size(); ++i) put_array(s, *a.element(i).to_array(), key, depth + 1);
+    for (uint64_t i = 0; i < a.size(); ++i) {
+      if (++nested > kGgufMaxNestedArrays)
+        throw ConfigError("GGUF writer: key '" + key + "': more than " + std::to_string(kGgufMaxNestedArrays) +
+                          " arrays inside arrays");
+      put_array(s, *a.element(i).to_array(), key, depth + 1, nested);
+    }
   } else {
     // Fixed-size elements are kept as the packed little-endian bytes GGUF stores.
     if (a.raw().size() != a.size() * gguf_value_type_bytes(t))
@@ -54,7 +63,7 @@ void put_array(std::string& s, const GgufArray& a, const std::string& key, uint3
   }
 }
 
-void put_value(std::string& s, const GgufValue& v, const std::string& key) {
+void put_value(std::string& s, const GgufValue& v, const std::string& key, uint64_t& nested) {
   auto bad = [&]() -> ConfigError { return ConfigError("GGUF writer: key '" + key + "': value " + v.describe() + " cannot be encoded"); };
   switch (v.type()) {
     case GgufValueType::kU8: put_le<uint8_t>(s, uint8_t(v.to_unsigned().value())); break;
@@ -69,7 +78,7 @@ void put_value(std::string& s, const GgufValue& v, const std::string& key) {
     case GgufValueType::kF64: put_le<double>(s, v.to_float().value()); break;
     case GgufValueType::kBool: put_le<uint8_t>(s, v.to_bool().value() ? 1 : 0); break;
     case GgufValueType::kString: put_string(s, *v.to_string(), kGgufMaxStringBytes, "the string of key '" + key + "'"); break;
-    case GgufValueType::kArray: put_array(s, *v.to_array(), key, 1); break;
+    case GgufValueType::kArray: put_array(s, *v.to_array(), key, 1, nested); break;
     default: throw bad();
   }
 }
@@ -79,11 +88,20 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 std::string encode_gguf_metadata(const GgufMetadata& md) {
+  // The reader's limits (gguf_file.h), so that no file written here is one it refuses.
+  if (md.size() > kGgufMaxKeys)
+    throw ConfigError("GGUF writer: " + std::to_string(md.size()) + " metadata keys, over the limit of " +
+                      std::to_string(kGgufMaxKeys) + " a GGUF may hold here");
   std::string s;
+  uint64_t nested = 0;
   for (const GgufKv& kv : md.entries()) {
+    if (kv.key.empty()) throw ConfigError("GGUF writer: an empty metadata key");
     put_string(s, kv.key, kGgufMaxKeyBytes, "key '" + kv.key.substr(0, 64) + "'");
     put_le<uint32_t>(s, static_cast<uint32_t>(kv.value.type()));
-    put_value(s, kv.value, kv.key);
+    put_value(s, kv.value, kv.key, nested);
+    if (s.size() > kGgufMaxMetadataBytes)
+      throw ConfigError("GGUF writer: the metadata exceed the limit of " + std::to_string(kGgufMaxMetadataBytes) +
+                        " bytes at key '" + kv.key.substr(0, 64) + "'");
   }
   return s;
 }
@@ -106,7 +124,7 @@ GgufWriter::GgufWriter(fs::path path, const GgufMetadata& md, std::vector<GgufTe
   uint64_t off = 0;
   for (const GgufTensorSpec& t : tensors_) {
     const std::string what = "GGUF writer: tensor '" + t.name + "'";
-    if (t.name.size() > kGgufMaxKeyBytes) throw ConfigError(what + ": name too long");
+    if (t.name.empty() || t.name.size() > kGgufMaxKeyBytes) throw ConfigError(what + ": name empty or too long");
     if (!names.insert(t.name).second) throw ConfigError(what + ": name given twice");
     if (t.dims.empty() || t.dims.size() > kGgufMaxDims) throw ConfigError(what + ": needs 1 to 4 dims");
     uint64_t rows = 1;
@@ -125,11 +143,8 @@ GgufWriter::GgufWriter(fs::path path, const GgufMetadata& md, std::vector<GgufTe
     off += bytes;
   }
   check_not_protected();
-  tmp_ = path_;
-  tmp_ += ".tmp." + std::to_string(::getpid());
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw_errno("cannot create GGUF temp file", tmp_);
-
+  // Everything the reader could refuse is refused before the temp file exists (a constructor that
+  // throws runs no destructor to remove it).
   std::string head("GGUF", 4);
   put_le<uint32_t>(head, opts_.version);
   put_le<uint64_t>(head, tensors_.size());
@@ -143,6 +158,10 @@ GgufWriter::GgufWriter(fs::path path, const GgufMetadata& md, std::vector<GgufTe
     put_le<uint32_t>(head, static_cast<uint32_t>(t.type));
     put_le<uint64_t>(head, offsets_[i]);
   }
+  tmp_ = path_;
+  tmp_ += ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_errno("cannot create GGUF temp file", tmp_);
   put(head.data(), head.size());
   pad_to_alignment();
   data_offset_ = end_;
@@ -161,6 +180,21 @@ void GgufWriter::check_not_protected() const {
     if (same_name || same_file)
       throw ConfigError("GGUF writer: refusing to overwrite the source " + p.string() + " (output " + path_.string() + ")");
   }
+}
+
+void GgufWriter::verify_temp() const {
+  const GgufFile check(tmp_);  // FormatError naming the temp file and what the reader refuses
+  bool same = check.tensors().size() == tensors_.size() && check.data_offset() == data_offset_ &&
+              check.file_bytes() == end_;
+  for (size_t i = 0; same && i < tensors_.size(); ++i) {
+    const GgufTensor& t = check.tensors()[i];
+    same = t.name == tensors_[i].name && t.offset == data_offset_ + offsets_[i] && t.bytes == bytes_[i];
+  }
+  if (!same)
+    throw FormatError("GGUF writer: " + tmp_.string() + " reads back with " + std::to_string(check.tensors().size()) +
+                      " tensors, data at " + std::to_string(check.data_offset()) + ", " +
+                      std::to_string(check.file_bytes()) + " bytes; written: " + std::to_string(tensors_.size()) +
+                      " tensors, data at " + std::to_string(data_offset_) + ", " + std::to_string(end_) + " bytes");
 }
 
 void GgufWriter::put(const void* p, uint64_t n) {
@@ -214,6 +248,7 @@ void GgufWriter::commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) throw_errno("cannot close", tmp_);
+  verify_temp();
   check_not_protected();  // again: the output path may have become a source's link meanwhile
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) throw_errno("cannot rename " + tmp_.string() + " to", path_);
   committed_ = true;

@@ -8,6 +8,11 @@
 // the tensor table and after every tensor's bytes. The alignment is `general.alignment` when the
 // metadata hold it (a power of two in [1, kGgufMaxAlignment], else ConfigError), else 32.
 //
+// The metadata and tensors are held to the reader's limits (gguf_file.h: key count, metadata
+// bytes, array lengths and nesting) before anything is created (ConfigError naming the limit),
+// and commit() reads the finished temp file back with GgufFile before renaming it: a file this
+// build writes is one it reads.
+//
 // Crash safety: everything goes to `<path>.tmp.<pid>` (created exclusively); commit() checks that
 // every tensor got all its bytes, fsyncs, renames over `path` and fsyncs the directory. Until
 // commit() an existing `path` is untouched; a writer destroyed without commit() removes its temp
@@ -54,7 +59,9 @@ class GgufWriter {
   // The next n bytes of tensor data, in tensor order; a tensor that is complete is padded and the
   // next one begins. ConfigError when n runs past the last tensor.
   void write(const void* data, uint64_t n);
-  void commit();  // ConfigError when a tensor is incomplete; IoError when fsync or rename fails
+  // ConfigError when a tensor is incomplete; FormatError when the temp file does not read back as
+  // written; IoError when fsync or rename fails. The temp file is removed on any failure.
+  void commit();
 
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }            // absolute start of the data section
@@ -69,6 +76,7 @@ class GgufWriter {
   void pad_to_alignment();
   void flush();
   void check_not_protected() const;
+  void verify_temp() const;  // the finished temp file through GgufFile: what it reads is what was written
 
   std::filesystem::path path_, tmp_;
   GgufWriterOptions opts_;

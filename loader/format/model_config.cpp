@@ -281,10 +281,10 @@ void gpt_oss_from_json(const json& j, const std::string& where, ModelConfig& c) 
 std::string_view arch_name(Arch a) { return enum_name(kArchNames, a, "unknown"); }
 
 void require_model_location(const std::filesystem::path& model) {
-  std::error_code ec;
-  if (!std::filesystem::exists(model, ec)) throw IoError("model " + model.string() + " does not exist");
-  if (!std::filesystem::is_directory(model, ec) && !is_gguf_file(model))
-    throw IoError("model " + model.string() + " is neither a packed model directory nor a GGUF file");
+  const ModelPathProbe p = probe_model_path(model);  // IoError naming an unreadable path's errno
+  if (p.kind == ModelPathKind::kMissing) throw IoError("model " + model.string() + " does not exist");
+  if (p.kind == ModelPathKind::kOther)
+    throw IoError("model " + model.string() + " is " + p.what + ": neither a packed model directory nor a GGUF file");
 }
 
 ExpertLayout ModelConfig::expert_layout(int layer) const {

@@ -194,9 +194,10 @@ struct ModelConfig {
 
 std::string_view arch_name(Arch a);
 
-// What every front end checks first of a -m argument: IoError "model X does not exist", or "... is
-// neither a packed model directory nor a GGUF file".
-void require_model_location(const std::filesystem::path& model);  // "qwen3_moe", "olmoe", "mixtral"
+// What every front end checks first of a -m argument: IoError "model X does not exist", "model X
+// is <what it is>: neither a packed model directory nor a GGUF file" (a FIFO, a device, an empty
+// file, other magic: probe_model_path), or the errno of a path that cannot be examined.
+void require_model_location(const std::filesystem::path& model);
 
 // The sizes a model is made of, in ModelConfig's field order: what a known shape, a benchmark's
 // synthetic model or a test picks (all required by model.json, none has a usable default).

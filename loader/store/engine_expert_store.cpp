@@ -241,7 +241,6 @@ class EngineExpertStore final : public ExpertStore {
   }
 
  private:
-
   // The layers of a GGUF: every shard goes into the engine once (engine_fetch.h gguf_layers).
   void open_gguf(const std::filesystem::path& path, const ModelConfig& cfg) {
     const GgufModel g(path);
@@ -312,8 +311,12 @@ class EngineExpertStore final : public ExpertStore {
         mine = f.landed_head < f.landed.size();
         r = mine ? f.landed[f.landed_head++] : p->landed[p->landed_head++];
       }
-      if (mine) land(f, r);
-      else land_prediction(*p, r, &f);
+      try {
+        mine ? land(f, r) : land_prediction(*p, r, &f);
+      } catch (const Error&) {
+        pending_.abandon();  // the pass fails: its first uses' hashes vouch for no later one
+        throw;
+      }
     }
     const size_t pos = f.ready[f.ready_head++];
     *index = pos;

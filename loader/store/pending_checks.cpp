@@ -10,10 +10,22 @@
 namespace moestream {
 
 PendingChecks::~PendingChecks() {
-  for (const auto& e : entries_) {
+  for (const auto& e : entries_) cancel_or_wait(*e);
+  for (const auto& e : abandoned_) cancel_or_wait(*e);
+}
+
+void PendingChecks::cancel_or_wait(Entry& e) {
+  int s = kQueued;
+  if (!e.state.compare_exchange_strong(s, kCancelled, std::memory_order_acq_rel) && s != kCancelled) wait_done(e);
+}
+
+void PendingChecks::abandon() {
+  for (auto& e : entries_) {
     int s = kQueued;
-    if (!e->state.compare_exchange_strong(s, kCancelled, std::memory_order_acq_rel)) wait_done(*e);
+    e->state.compare_exchange_strong(s, kCancelled, std::memory_order_acq_rel);
+    abandoned_.push_back(std::move(e));
   }
+  entries_.clear();
 }
 
 void PendingChecks::run(Entry& e) {
@@ -52,8 +64,9 @@ PendingChecks::Entry* PendingChecks::find(int layer, uint32_t slot) const {
   return nullptr;
 }
 
-
 std::vector<std::shared_ptr<PendingChecks::Entry>> PendingChecks::settle() {
+  for (const auto& e : abandoned_) cancel_or_wait(*e);
+  abandoned_.clear();
   for (const auto& e : entries_) {
     run(*e);  // not started yet: hashed here
     wait_done(*e);

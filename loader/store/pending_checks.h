@@ -54,12 +54,20 @@ class PendingChecks {
   // Waits for every queued hash (running here those no thread has started) and returns the
   // entries, all done, in the order they were added; none is pending afterwards.
   std::vector<std::shared_ptr<Entry>> settle();
+  // The caller's pass failed (a read of it threw): nothing computed from its first uses will be
+  // returned, and a hash one of them took may be of pages the failure's cause changed (a file
+  // truncated under it). Those not started are cancelled; none is returned by find() or settle()
+  // again, and each lives until the next settle() (which waits out a hash still running), as a
+  // handed-out entry must.
+  void abandon();
 
  private:
   static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kCancelled = 3;
   static void run(Entry& e);  // queued -> running -> done; nothing when another thread took it
   static void wait_done(Entry& e);
+  static void cancel_or_wait(Entry& e);  // queued -> cancelled, else waits out a running hash
   std::vector<std::shared_ptr<Entry>> entries_;
+  std::vector<std::shared_ptr<Entry>> abandoned_;
 };
 
 }  // namespace moestream

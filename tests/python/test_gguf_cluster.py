@@ -6,8 +6,10 @@ router row of layer l at position i equal to the source's slice perm[l][i], the 
 and the same greedy tokens from `infer`. Then a second repack composes, a log of the original
 maps onto a repack, and bad input is refused with a clear message and the source untouched."""
 import json
+import os
 import pathlib
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -216,3 +218,51 @@ def test_python_cluster_on_a_gguf(tool, tmp_path):
     with pytest.raises(moestream.ConfigError, match="needs a .gguf model"):
         moestream.cluster(ROOT / "models" / "demo", [log], out=tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_model_is_named_for_what_it_is_before_any_option(tool, tmp_path):
+    """A --model that is no GGUF and no directory is refused for what it is (not for --out)."""
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    log = tmp_path / "r.log"
+    log.write_bytes(b"")
+    for model, what in ((fifo, "is a FIFO"), (empty, "is an empty file")):
+        r = tool("cluster_experts", "--model", model, "--routing", log, "--out", tmp_path / "out.gguf")
+        assert r.returncode == 1, r.stderr
+        assert str(model) in r.stderr and what in r.stderr, r.stderr
+        assert "--out" not in r.stderr, r.stderr
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def with_extra_keys(src, dst, n_keys):
+    """src with u8 keys added after its metadata up to n_keys in all: 32-byte entries, so the tensor
+    table and data keep their alignment (the fixture's is 32) and offsets."""
+    r = gguf.GGUFReader(src)
+    if "general.alignment" in r.fields:
+        pytest.skip("the fixture sets its own alignment")
+    last = max(r.fields.values(), key=lambda f: f.offset)
+    end = last.offset + sum(p.nbytes for p in last.parts)
+    data = src.read_bytes()
+    n_kv = struct.unpack_from("<Q", data, 16)[0]
+    extra = b"".join(struct.pack("<Q", 19) + f"pad.{i:015d}".encode() + struct.pack("<IB", 0, 1)
+                     for i in range(n_keys - n_kv))
+    dst.write_bytes(data[:16] + struct.pack("<Q", n_keys) + data[24:end] + extra + data[end:])
+
+
+def test_a_source_at_the_key_limit_gets_no_output_the_reader_would_refuse(tool, tmp_path):
+    """The reader takes at most 65,536 keys; a repack adds its permutation keys to the source's, so
+    a source at the limit is refused before any output or temp file exists."""
+    src, prompt = fixture(tmp_path, "qwen3moe-tiny-Q8_0")
+    wide = tmp_path / "wide.gguf"
+    with_extra_keys(src, wide, 65536)
+    assert sum(not k.startswith("GGUF.") for k in gguf.GGUFReader(wide).fields) == 65536
+    log = tmp_path / "wide.log"
+    greedy(tool, wide, prompt, log)  # the source itself is read
+    out = tmp_path / "out.gguf"
+    r = tool("cluster_experts", "--model", wide, "--routing", log, "--out", out)
+    assert r.returncode == 1, r.stderr
+    assert "metadata keys, over the limit of 65536" in r.stderr, r.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob("*.tmp.*"))

@@ -100,6 +100,47 @@ def test_missing_model_dir(tmp_path):
     assert_one_line_error(infer("-m", missing, "--prompt-ids", "1"), str(missing))
 
 
+def proc_mem_gives_eio():
+    """/proc/self/mem is a regular file whose offset 0 (an unmapped address) reads as EIO: a real
+    I/O error at a GGUF header's first byte, without a failing disk."""
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.pread(fd, 4, 0)
+    except OSError as e:
+        return e.errno == 5
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_an_io_error_on_the_model_names_errno_and_offset():
+    if not proc_mem_gives_eio():
+        pytest.skip("/proc/self/mem does not give EIO at offset 0 here")
+    r = infer("-m", "/proc/self/mem", "--prompt-ids", "1")
+    assert_one_line_error(r, "/proc/self/mem", "offset 0", "Input/output error")
+    assert "neither" not in r.stderr
+
+
+def test_a_device_or_pipe_as_model_says_what_it_is(tmp_path):
+    assert_one_line_error(infer("-m", "/dev/urandom", "--prompt-ids", "1"), "/dev/urandom", "is a character device")
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    assert_one_line_error(infer("-m", fifo, "--prompt-ids", "1"), str(fifo), "is a FIFO")
+    # An anonymous pipe on stdin, named as a path (a shell's `-m /dev/stdin` or `<(...)`).
+    r = subprocess.run([str(_exe("infer")), "-m", "/dev/stdin", "--prompt-ids", "1"], input="GGUF",
+                       capture_output=True, text=True, timeout=120)
+    assert_one_line_error(r, "/dev/stdin", "is a FIFO")
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    assert_one_line_error(infer("-m", empty, "--prompt-ids", "1"), str(empty), "is an empty file")
+    elf = tmp_path / "x.gguf"
+    elf.write_bytes(b"\x7fELF" + bytes(60))
+    assert_one_line_error(infer("-m", elf, "--prompt-ids", "1"), str(elf), "starts 0x7f454c46")
+
+
 def test_missing_model_json_field(model_copy):
     cfg = json.loads((model_copy / "model.json").read_text())
     del cfg["hidden_size"]
