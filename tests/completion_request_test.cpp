@@ -56,6 +56,17 @@ TEST(CompletionRequest, UnknownAndRefusedFieldsAre400NamingThem) {
   }
 }
 
+// One token, one spelling: "05" or "+5" would add a second bias to token 5 past the range check.
+// The legacy endpoint's logprobs: false asks for none, as before logprobs existed here.
+TEST(CompletionRequest, LogitBiasKeysAreCanonicalIdsAndLogprobsFalseIsOff) {
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "logit_bias": {"5": 100, "05": 100}})", false), "logit_bias.05");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "logit_bias": {"+5": 1}})", false), "logit_bias.+5");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "logit_bias": {" 5": 1}})", false), "logit_bias. 5");
+  const CompletionRequest r = parse_completion_request(R"({"prompt": "x", "logprobs": false})", false, kLimits);
+  EXPECT_FALSE(r.logprobs);
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "logprobs": true})", false), "logprobs");
+}
+
 TEST(CompletionRequest, ParsesEverySamplingField) {
   const CompletionRequest r = parse_completion_request(
       R"({"prompt": "x", "min_p": 0.05, "typical_p": 0.9, "repetition_penalty": 1.3, "repeat_last_n": -1,

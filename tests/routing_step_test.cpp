@@ -79,7 +79,7 @@ TEST(RoutingStep, AnIdOutsideTheExpertsIsAnErrorNamingLayerAndSource) {
   Choices c(1);
   const std::string msg = test::error_message<FormatError>(
       [&] { step.decide(7, c.ids.data(), c.w.data(), nullptr, nullptr, kNoResidency); });
-  EXPECT_NE(msg.find("MoE layer 7: expert id 6 outside [0, 6) from the routing override"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MoE layer 7 (decoder layer 7): expert id 6 outside [0, 6) from the routing override"), std::string::npos) << msg;
   // The router's own ids are checked as well (the GPU's came back over the bus).
   RoutingControl plain;
   step.begin_chunk(plain, chunk, stats);
@@ -90,6 +90,20 @@ TEST(RoutingStep, AnIdOutsideTheExpertsIsAnErrorNamingLayerAndSource) {
               step.decide(0, bad.ids.data(), bad.w.data(), nullptr, nullptr, kNoResidency);
             }).find("from the router"),
             std::string::npos);
+  // In a batch, the row's own sequence names the source; a dense first layer shifts the decoder
+  // layer the message names.
+  ModelConfig dense_first = config();
+  dense_first.first_k_dense_replace = 1;
+  RoutingStep batch_step(dense_first);
+  const RoutingOverrideFn keep = [](int, uint64_t, int, int*, float*) {};
+  const std::vector<RoutingSequence> seqs = {{0, 1, 0, false, 0, &keep, 0}, {1, 1, 0, false, 1, nullptr, 0}};
+  batch_step.begin_chunk(plain, seqs, stats);
+  Choices two(2);
+  two.ids[2] = 99;  // row 1: the router's sequence
+  const std::string m = test::error_message<FormatError>(
+      [&] { batch_step.decide(3, two.ids.data(), two.w.data(), nullptr, nullptr, kNoResidency); });
+  EXPECT_NE(m.find("MoE layer 3 (decoder layer 4): expert id 99 outside [0, 6) from the router"), std::string::npos)
+      << m;
 }
 
 TEST(RoutingStep, CacheAwareAtToleranceZeroChangesNothingAndCounts) {

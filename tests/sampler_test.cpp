@@ -265,6 +265,22 @@ TEST(Sampler, LogitBiasShiftsAndBans) {
   }
 }
 
+// Logits with no finite value (a broken model) are an error naming the model, not logit_bias,
+// at any temperature; the server fails that request alone (BatchScheduler::step).
+TEST(Sampler, NoFiniteLogitIsAnErrorNamingTheModelNotTheBias) {
+  const std::vector<float> nan(4, std::nanf(""));
+  for (float t : {0.0f, 1.0f}) {
+    try {
+      Sampler(plain(t)).sample(nan);
+      ADD_FAILURE() << "no error at temperature " << t;
+    } catch (const ConfigError& e) {
+      ADD_FAILURE() << "blamed the request: " << e.what();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no finite value"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   std::vector<float> l = normal_logits(1500, 9, 3.0f);
   l[100] = l[200] = *std::max_element(l.begin(), l.end()) + 1;  // a tie at the top: lower id first

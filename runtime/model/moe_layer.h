@@ -44,6 +44,8 @@ struct MoeRouting {
 class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
+  MoeLayer(const MoeLayer&) = delete;  // residency_ calls back into this object
+  MoeLayer& operator=(const MoeLayer&) = delete;
 
   // x: T normalised rows [T, D]; writes out [T, D]. Experts as the router and `step` (begun for
   // this chunk) decide. `layer` is the MoE layer index (ModelConfig::moe_layer_index), w the

@@ -8,7 +8,7 @@
 namespace moestream {
 
 RoutingStep::RoutingStep(const ModelConfig& cfg)
-    : E_(cfg.n_experts), K_(cfg.n_experts_per_tok), D_(cfg.hidden_size),
+    : E_(cfg.n_experts), K_(cfg.n_experts_per_tok), D_(cfg.hidden_size), first_dense_(cfg.first_k_dense_replace),
       softmax_topk_router_(cfg.router_softmax_topk),
       cache_aware_(cfg.n_experts, cfg.n_experts_per_tok, cfg.norm_topk_prob), resident_(size_t(cfg.n_experts)) {
   const RouterParams p = RouterParams::of(cfg);
@@ -62,11 +62,13 @@ bool RoutingStep::decide(int layer, int* ids, float* weights, const float* logit
     (*s.override)(layer, s.ordinal, s.n_rows, ids + r0, weights + r0);
     changed = true;
   }
-  for (int i = 0; i < T * K_; ++i)
-    if (ids[i] < 0 || ids[i] >= E_)
-      throw FormatError("MoE layer " + std::to_string(layer) + ": expert id " + std::to_string(ids[i]) +
-                        " outside [0, " + std::to_string(E_) + ") from the " +
-                        (any_override_ ? "routing override" : "router"));
+  for (const RoutingSequence& s : sequences_)
+    for (int i = s.row0 * K_; i < (s.row0 + s.n_rows) * K_; ++i)
+      if (ids[i] < 0 || ids[i] >= E_)
+        throw FormatError("MoE layer " + std::to_string(layer) + " (decoder layer " +
+                          std::to_string(layer + first_dense_) + "): expert id " + std::to_string(ids[i]) +
+                          " outside [0, " + std::to_string(E_) + ") from the " +
+                          (s.override != nullptr && *s.override ? "routing override" : "router"));
   if (!substitute_) return changed;
   MOE_ASSERT(logits != nullptr, "cache-aware routing needs the router's logits");
   residency(layer, std::span<uint8_t>(resident_));

@@ -33,6 +33,8 @@ using ResidencyFn = std::function<void(int layer, std::span<uint8_t> resident)>;
 class RoutingStep {
  public:
   explicit RoutingStep(const ModelConfig& cfg);
+  RoutingStep(const RoutingStep&) = delete;  // sequences_ may point at its own one_
+  RoutingStep& operator=(const RoutingStep&) = delete;
 
   // Per chunk, before its first layer: what decides (control) and whose rows these are
   // (sequences, in row order, covering every row). cache-aware counters go to `stats`.
@@ -67,7 +69,7 @@ class RoutingStep {
   void publish(int layer, const int* ids, const float* weights, const float* router_inputs) const;
 
  private:
-  int E_, K_, D_;
+  int E_, K_, D_, first_dense_;
   bool softmax_topk_router_;
   const RoutingControl* control_ = nullptr;
   CacheAwareStats* stats_ = nullptr;

@@ -19,8 +19,10 @@ auto logit_before(std::span<const float> logits) {
     return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
   };
 }
-[[noreturn]] void throw_all_banned() {
-  throw ConfigError("logit_bias bans every token of the vocabulary: nothing is left to sample");
+// No finite logit is left: logit_bias banned them all, or the model gave none (NaN, -inf).
+[[noreturn]] void throw_nothing_to_sample(bool biased) {
+  if (biased) throw ConfigError("logit_bias bans every token of the vocabulary: nothing is left to sample");
+  throw Error("the model's logits hold no finite value (NaN or -inf): nothing to sample");
 }
 }  // namespace
 
@@ -121,7 +123,7 @@ int Sampler::sample(std::span<const float> raw) {
   const std::span<const float> logits = adjusted(raw);
   if (p_.temperature == 0) {
     const int id = argmax(logits);
-    if (!p_.logit_bias.empty() && !(logits[size_t(id)] > -INFINITY)) throw_all_banned();
+    if (!(logits[size_t(id)] > -INFINITY)) throw_nothing_to_sample(!p_.logit_bias.empty());
     remember(id, true);
     return id;
   }
@@ -143,7 +145,7 @@ int Sampler::sample(std::span<const float> raw) {
   // Weights relative to the largest logit, so every one is at most 1. No sort of the whole
   // vocabulary: at 151,936 ids std::sort took 17 ms a token, more than a decode step.
   const double top = logits[size_t(n < V ? cand_[0].id : argmax(logits))];
-  if (!(top > -INFINITY)) throw_all_banned();
+  if (!(top > -INFINITY)) throw_nothing_to_sample(!p_.logit_bias.empty());
   double sum = 0;
   for (int i = 0; i < n; ++i) {
     Candidate& c = cand_[size_t(i)];

@@ -227,7 +227,13 @@ bool BatchScheduler::step() {
       }
     }
     // As EngineSession: sample, stop ids, text through the stop strings, the length limit.
-    const int id = a.sampler.sample(a.logits);
+    int id = -1;
+    try {  // a request's own failure (no finite logit left) fails that request, not the server
+      id = a.sampler.sample(a.logits);
+    } catch (const Error& e) {
+      fail(s, e.what());
+      continue;
+    }
     ++a.r.completion_tokens;
     if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
       finish(s, "stop");

@@ -153,7 +153,9 @@ std::vector<LogitBias> parse_logit_bias(const OJ& b) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX) bad(name, "keys must be token ids");
+    // The id's own spelling only: "5", "05" and "+5" would otherwise be three entries for one token.
+    if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX || key != std::to_string(id))
+      bad(name, "keys must be token ids in decimal, without sign or leading zeros");
     out.push_back({int(id), float(number(value, name, -100, 100))});
   }
   return out;
@@ -259,7 +261,8 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   if (given("logprobs")) {
     if (chat) {
       r.logprobs = boolean(j["logprobs"], "logprobs");
-    } else {  // the legacy API: the number of most likely tokens to list
+    } else if (!(j["logprobs"].is_boolean() && !j["logprobs"].get<bool>())) {
+      // The legacy API: the number of most likely tokens to list (false: none asked, as before).
       r.top_logprobs = int(integer(j["logprobs"], "logprobs", 0, 20));
       r.logprobs = true;
     }
