@@ -275,16 +275,22 @@ TEST(GgufArchConfig, DeepseekUnsplitKvBMatchesTheSplitForm) {
                           "deepseek_v3 attn_kv_b");
 }
 
-TEST(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
+// Each case writes a fixture with one edit to x.gguf and expects its load error to name the fault.
+class GgufArchErrors : public ::testing::Test {
+ protected:
+  void expect(const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
+    test::rewrite_gguf(src, x_, r);
+    const std::string msg = test::gguf_load_error(x_);
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
+
+  TempDir tmp_{"gguf_arch_test"};
+  const fs::path x_ = tmp_.path() / "x.gguf";
+};
+
+TEST_F(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32");
   if (!fs::exists(oss) || !fs::exists(ds)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  TempDir tmp("gguf_arch_test");
-  const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
-    test::rewrite_gguf(src, x, r);
-    const std::string msg = test::gguf_load_error(x);
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  };
   test::GgufRewrite r;
   r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.attn_sinks.weight"); };
   expect(oss, r, "tensor 'blk.1.attn_sinks.weight' is missing");
@@ -326,16 +332,9 @@ TEST(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   expect(ds, r, "tensor 'blk.0.attn_q_b.weight' has shape [24, 53], expected [24, 54]");
 }
 
-TEST(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
+TEST_F(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32"), v2 = fixture("deepseek_v2-F32");
   if (!fs::exists(oss) || !fs::exists(ds) || !fs::exists(v2)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  TempDir tmp("gguf_arch_test");
-  const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
-    test::rewrite_gguf(src, x, r);
-    const std::string msg = test::gguf_load_error(x);
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  };
   test::GgufRewrite r;
   r.meta["deepseek2.expert_gating_func"] = u32(4);
   expect(ds, r, "deepseek2.expert_gating_func 4 is not supported");
