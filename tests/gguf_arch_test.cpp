@@ -29,6 +29,8 @@
 #include "runtime/model/sampler.h"
 #include "tests/support/fixture_manifest.h"
 #include "tests/support/gguf_rewrite.h"
+#include "tests/support/greedy_compare.h"
+#include "tests/support/logit_compare.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 
@@ -79,31 +81,17 @@ void check_against_reference(Model& model, const json& ref, const Tolerance& tol
       const std::vector<float> w = ref["logits"][p][t].get<std::vector<float>>();
       ASSERT_EQ(w.size(), V);
       const float* g = got.data() + t * V;
-      double scale = 0, err = 0;
-      for (size_t v = 0; v < V; ++v) {
-        scale = std::max(scale, double(std::fabs(w[v])));
-        err = std::max(err, double(std::fabs(w[v] - g[v])));
-      }
-      worst = std::max(worst, err / scale);
+      const test::RowError e = test::row_error(w, g);
+      worst = std::max(worst, e.err / e.scale);
       ++positions;
-      top1_same += size_t(std::max_element(w.begin(), w.end()) - w.begin()) == size_t(std::max_element(g, g + V) - g);
+      top1_same += test::same_top1(w, g);
       if (tol.exact) {
-        EXPECT_LE(err, tol.max_rel_err * scale) << what << " prompt " << p << " position " << t;
+        EXPECT_LE(e.err, tol.max_rel_err * e.scale) << what << " prompt " << p << " position " << t;
       }
     }
     const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<int> ids;
-    std::vector<float> last(V);
-    model.reset();
-    model.forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = Sampler::argmax(last);
-      ids.push_back(next);
-      if (i + 1 < want.size()) model.forward(std::span<const int>(&next, 1), last);
-    }
-    size_t same = 0;
-    while (same < ids.size() && ids[same] == want[same]) ++same;
-    greedy_same += same;
+    const std::vector<int> ids = test::greedy_tokens(model, prompt, want.size());
+    greedy_same += test::matching_prefix(ids, want);
     greedy_total += want.size();
     if (tol.exact) {
       EXPECT_EQ(ids, want) << what << " prompt " << p << " greedy tokens differ";
