@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_server import Server, requests
+from test_server import Server, requests, serving
 
 TIMEOUT = 20
 
@@ -100,10 +100,7 @@ HTTP = [
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--queue-size", "2", "--max-body-kb", "1024")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--queue-size", "2", "--max-body-kb", "1024")
 
 
 def test_malformed_http_gets_4xx_or_a_close_never_a_crash_or_hang(server):

@@ -69,13 +69,22 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
 
+    def stop_cleanly(self):
+        """stop(); the server must have exited with status 0 (its stderr is the message)."""
+        self.stop()
+        assert self.proc.returncode == 0, self.proc.stderr.read()
+
+
+def serving(*args, **kw):
+    """A module fixture's body: a Server(*args, **kw) for its tests, stopped cleanly after them."""
+    s = Server(*args, **kw)
+    yield s
+    s.stop_cleanly()
+
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--queue-size", "1", "--max-body-kb", "64")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--queue-size", "1", "--max-body-kb", "64")
 
 
 def sse_events(resp):
