@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/median.h"
 #include "common/half.h"
 #include "common/timing.h"
 #include "kernels/cpu/ggml_kernels.h"
@@ -19,13 +20,9 @@
 #include "kernels/cpu/quant_kernels.h"
 
 using namespace moestream;
+using bench::median;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
