@@ -19,6 +19,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 
+#include "tests/support/greedy_compare.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/strict_skip.h"
@@ -129,20 +130,10 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
   mo.n_threads = 2;
   mo.gpu = true;
   auto gpu = Model::load(packed, mo);
-  const size_t V = size_t(gpu->config().vocab_size);
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
     const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
     const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<float> last(V);
-    std::vector<int> got;
-    gpu->reset();
-    gpu->forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
-      got.push_back(next);
-      if (i + 1 < want.size()) gpu->forward(std::span<const int>(&next, 1), last);
-    }
-    EXPECT_EQ(got, want) << "prompt " << p;
+    EXPECT_EQ(test::greedy_tokens(*gpu, prompt, want.size()), want) << "prompt " << p;
   }
 }
 
