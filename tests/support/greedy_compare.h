@@ -1,5 +1,5 @@
-// Test support: greedy decoding, and two models fed the same prompt and the same greedy tokens,
-// their logits compared bit for bit after the prompt and after every decode step (the GPU suites'
+// Test support: greedy decoding, two models' prefill logits compared, and two models fed the same
+// prompt and the same greedy tokens, their logits compared bit for bit after the prompt and after every decode step (the GPU suites'
 // "the same bits as the other path" checks). Header-only; needs runtime/engine (Model) and gtest.
 #pragma once
 
@@ -11,6 +11,7 @@
 
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/logit_compare.h"
 
 namespace moestream::test {
 
@@ -27,6 +28,15 @@ inline std::vector<int> greedy_tokens(Model& m, const std::vector<int>& prompt, 
     if (i + 1 < n) m.forward(std::span<const int>(&next, 1), last);
   }
   return ids;
+}
+
+// Both models prefill `prompt` (every position's logits): rel_max_diff of b's logits from a's.
+inline double prefill_rel_diff(Model& a, Model& b, const std::vector<int>& prompt) {
+  const size_t V = size_t(a.config().vocab_size);
+  std::vector<float> la(prompt.size() * V), lb(prompt.size() * V);
+  a.forward(prompt, la, true);
+  b.forward(prompt, lb, true);
+  return rel_max_diff(la, lb, V);
 }
 
 // How many leading tokens of got equal want's.
