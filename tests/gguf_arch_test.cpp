@@ -147,8 +147,6 @@ namespace {
 
 fs::path fixture(const std::string& name) { return kRoot / (name + ".gguf"); }
 
-bool keep_all_but(GgufTensorSpec& s, const std::string& name) { return s.name != name; }
-
 GgufValue u32(uint32_t v) { return GgufValue::from_unsigned(GgufValueType::kU32, v); }
 
 }  // namespace
@@ -279,74 +277,44 @@ class GgufArchErrors : public ::testing::Test {
 TEST_F(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32");
   if (!fs::exists(oss) || !fs::exists(ds)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  test::GgufRewrite r;
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.attn_sinks.weight"); };
-  expect(oss, r, "tensor 'blk.1.attn_sinks.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.2.ffn_up_exps.bias") s.dims = {31, 8};
-    return true;
-  };
-  expect(oss, r, "tensor 'blk.2.ffn_up_exps.bias' has shape [31, 8], expected [32, 8]");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.0.ffn_down_exps.bias") s.type = GgmlType::kF16;
-    return true;
-  };
-  expect(oss, r, "blk.0.ffn_down_exps.bias' has type F16; expert biases must be F32");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.0.post_attention_norm.weight"); };
-  expect(oss, r, "blk.0.post_attention_norm.weight' is missing");
+  expect(oss, test::dropping("blk.1.attn_sinks.weight"), "tensor 'blk.1.attn_sinks.weight' is missing");
+  expect(oss, test::reshaping("blk.2.ffn_up_exps.bias", {31, 8}),
+         "tensor 'blk.2.ffn_up_exps.bias' has shape [31, 8], expected [32, 8]");
+  expect(oss, test::retyping("blk.0.ffn_down_exps.bias", GgmlType::kF16),
+         "blk.0.ffn_down_exps.bias' has type F16; expert biases must be F32");
+  expect(oss, test::dropping("blk.0.post_attention_norm.weight"), "blk.0.post_attention_norm.weight' is missing");
 
-  r.tensor = [](GgufTensorSpec& s) {
+  test::GgufRewrite fused;
+  fused.tensor = [](GgufTensorSpec& s) {
     if (s.name == "blk.0.ffn_gate_exps.weight") s.name = "blk.0.ffn_gate_up_exps.weight";
     return true;
   };
-  expect(oss, r, "'blk.0.ffn_gate_up_exps.weight' holds gate and up fused");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.ffn_gate_exps.weight"); };
-  expect(ds, r, "tensor 'blk.1.ffn_gate_exps.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.2.attn_k_b.weight"); };
-  expect(ds, r, "tensor 'blk.2.attn_k_b.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.1.attn_v_b.weight") s.dims = {20, 11, 3};
-    return true;
-  };
-  expect(ds, r, "tensor 'blk.1.attn_v_b.weight' has shape [20, 11, 3], expected [20, 12, 3]");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.0.ffn_gate.weight"); };
-  expect(ds, r, "tensor 'blk.0.ffn_gate.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.2.ffn_up_shexp.weight"); };
-  expect(ds, r, "tensor 'blk.2.ffn_up_shexp.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.0.attn_q_b.weight") s.dims = {24, 53};
-    return true;
-  };
-  expect(ds, r, "tensor 'blk.0.attn_q_b.weight' has shape [24, 53], expected [24, 54]");
+  expect(oss, fused, "'blk.0.ffn_gate_up_exps.weight' holds gate and up fused");
+  expect(ds, test::dropping("blk.1.ffn_gate_exps.weight"), "tensor 'blk.1.ffn_gate_exps.weight' is missing");
+  expect(ds, test::dropping("blk.2.attn_k_b.weight"), "tensor 'blk.2.attn_k_b.weight' is missing");
+  expect(ds, test::reshaping("blk.1.attn_v_b.weight", {20, 11, 3}),
+         "tensor 'blk.1.attn_v_b.weight' has shape [20, 11, 3], expected [20, 12, 3]");
+  expect(ds, test::dropping("blk.0.ffn_gate.weight"), "tensor 'blk.0.ffn_gate.weight' is missing");
+  expect(ds, test::dropping("blk.2.ffn_up_shexp.weight"), "tensor 'blk.2.ffn_up_shexp.weight' is missing");
+  expect(ds, test::reshaping("blk.0.attn_q_b.weight", {24, 53}),
+         "tensor 'blk.0.attn_q_b.weight' has shape [24, 53], expected [24, 54]");
 }
 
 TEST_F(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32"), v2 = fixture("deepseek_v2-F32");
   if (!fs::exists(oss) || !fs::exists(ds) || !fs::exists(v2)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  test::GgufRewrite r;
-  r.meta["deepseek2.expert_gating_func"] = u32(4);
-  expect(ds, r, "deepseek2.expert_gating_func 4 is not supported");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.expert_group_count"] = u32(4);
-  expect(v2, r, "softmax routing with expert groups (4)");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.attention.key_length"] = u32(30);
-  expect(ds, r, "deepseek2.attention.key_length = 30 contradicts the tensors (28)");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.leading_dense_block_count"] = u32(3);
-  expect(ds, r, "leading_dense_block_count 3 leaves no MoE layer of 3");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.swiglu_clamp_exp"] = GgufValue::from_float(GgufValueType::kF32, -1.0);
-  expect(oss, r, "gpt-oss.swiglu_clamp_exp must be one positive limit");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.rope.freq_base_swa"] = GgufValue::from_float(GgufValueType::kF32, 10000.0);
-  expect(oss, r, "rope.freq_base_swa differs from rope.freq_base");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.expert_count"] = u32(9);
-  expect(oss, r, "gpt-oss.expert_count = 9 contradicts the tensors (8)");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.attention.sliding_window"] = std::nullopt;
-  expect(oss, r, "gpt-oss.attention.sliding_window");
+  expect(ds, test::setting("deepseek2.expert_gating_func", u32(4)), "deepseek2.expert_gating_func 4 is not supported");
+  expect(v2, test::setting("deepseek2.expert_group_count", u32(4)), "softmax routing with expert groups (4)");
+  expect(ds, test::setting("deepseek2.attention.key_length", u32(30)),
+         "deepseek2.attention.key_length = 30 contradicts the tensors (28)");
+  expect(ds, test::setting("deepseek2.leading_dense_block_count", u32(3)),
+         "leading_dense_block_count 3 leaves no MoE layer of 3");
+  expect(oss, test::setting("gpt-oss.swiglu_clamp_exp", GgufValue::from_float(GgufValueType::kF32, -1.0)),
+         "gpt-oss.swiglu_clamp_exp must be one positive limit");
+  expect(oss, test::setting("gpt-oss.rope.freq_base_swa", GgufValue::from_float(GgufValueType::kF32, 10000.0)),
+         "rope.freq_base_swa differs from rope.freq_base");
+  expect(oss, test::setting("gpt-oss.expert_count", u32(9)), "gpt-oss.expert_count = 9 contradicts the tensors (8)");
+  expect(oss, test::setting("gpt-oss.attention.sliding_window", std::nullopt), "gpt-oss.attention.sliding_window");
 }
 
 // cluster_experts on a GGUF permutes the expert ids themselves (cluster/gguf_repack.h): with the
