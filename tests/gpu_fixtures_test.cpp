@@ -117,22 +117,31 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("deepseek_v2"), QuantType::kQ8}),
     [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
 
+// The gpt_oss fixture packed (bf16 experts, f32 dense) for each test, and its transformers reference.
+class GpuGptOss : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    if (!fs::exists(src_ / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src_ << " absent";
+    ref_ = nlohmann::json::parse(read_file(src_ / "reference.json"));
+    packed_ = pack(src_, tmp_, QuantType::kBF16, "f32");
+  }
+  const fs::path src_ = kSource / "tests" / "fixtures" / "gpt_oss";
+  TempDir tmp_{"gpu_gpt_oss"};
+  nlohmann::json ref_;
+  fs::path packed_;
+};
+
 // gpt-oss's decode path on the GPU (one query row, the window sliding past old keys, sinks in the
 // split merge): the 32 greedy tokens of each reference prompt, as transformers generated them.
-TEST(GpuGptOss, GreedyTokensMatchTransformers) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss");
-  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
+TEST_F(GpuGptOss, GreedyTokensMatchTransformers) {
   ModelOptions mo;
   mo.n_threads = 2;
   mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
+  auto gpu = Model::load(packed_, mo);
+  for (size_t p = 0; p < ref_["prompts"].size(); ++p) {
+    const std::vector<int> prompt = ref_["prompts"][p].get<std::vector<int>>();
+    const std::vector<int> want = ref_["greedy"][p].get<std::vector<int>>();
     EXPECT_EQ(test::greedy_tokens(*gpu, prompt, want.size()), want) << "prompt " << p;
   }
 }
@@ -141,20 +150,14 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
 // (issue 21): with max_batch 4 the fixture's window of 6 lives in 9 rows, which a 12-token prompt
 // (chunks of 4), 40 decode steps and a rewind of 3 tokens re-prefilled as one chunk all wrap. The
 // logits stay within the fixture tolerance of the CPU path's at every step.
-TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss_ring");
-  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
+TEST_F(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_context = 256;
   mo.max_batch = 4;
-  auto cpu = Model::load(packed, mo);
+  auto cpu = Model::load(packed_, mo);
   mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
+  auto gpu = Model::load(packed_, mo);
   const ModelConfig& c = gpu->config();
   ASSERT_EQ(c.sliding_window, 6);
   // The device holds 9 rows for each sliding layer, 256 for each full one.
@@ -163,7 +166,7 @@ TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
   EXPECT_EQ(gpu->gpu_info()->kv_bytes, 2 * rows * size_t(c.n_kv_heads) * size_t((c.head_dim + 3) / 4 * 4) * 4);
   const size_t V = size_t(c.vocab_size);
   const double tol = fixture_tolerance(QuantType::kBF16);
-  const std::vector<int> prompt = ref["prompts"][2].get<std::vector<int>>();
+  const std::vector<int> prompt = ref_["prompts"][2].get<std::vector<int>>();
   std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
   cpu->forward(prompt, lc, true);
   gpu->forward(prompt, lg, true);
