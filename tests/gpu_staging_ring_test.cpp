@@ -141,6 +141,16 @@ TEST_F(GpuStagingRingTest, EventOfABatchInFlightLetsAnotherStreamWaitForIt) {
   EXPECT_EQ(ring.n_in_flight(), 0u);
 }
 
+// The experts of layer 1 the read tests ask for, in that order.
+const std::vector<int> kFiveIds{9, 2, 14, 5, 7};
+
+// Copies of n experts of b bytes each into consecutive slots from `slots`, slot i for the i-th.
+std::vector<GpuCopy> copies_into(uint8_t* slots, size_t b, size_t n) {
+  std::vector<GpuCopy> cs;
+  for (size_t i = 0; i < n; ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  return cs;
+}
+
 TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   const ModelConfig cfg = small_config();
   const size_t b = expert_bytes(cfg);
@@ -149,9 +159,8 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   uint8_t* slots = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&slots), 8 * b), cudaSuccess);
   GpuStagingRing ring(8 * b, copy_, events_, true);
-  const std::vector<int> ids{9, 2, 14, 5, 7};
-  std::vector<GpuCopy> cs;
-  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  const std::vector<int> ids = kFiveIds;
+  std::vector<GpuCopy> cs = copies_into(slots, b, ids.size());
   GpuCacheTelemetry tel;
   std::vector<uint64_t> seq_of(ids.size(), 0);
   const GpuExpertParts parts = GpuExpertParts::of(cfg.expert_layout(1), 64, 96);
@@ -180,9 +189,8 @@ GpuCacheTelemetry read_five(FakeStore& store, const ModelConfig& cfg, GpuEventPo
   uint8_t* slots = nullptr;
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&slots), 8 * b), cudaSuccess);
   GpuStagingRing ring(8 * b, copy, events, true);
-  const std::vector<int> ids{9, 2, 14, 5, 7};
-  std::vector<GpuCopy> cs;
-  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  const std::vector<int> ids = kFiveIds;
+  std::vector<GpuCopy> cs = copies_into(slots, b, ids.size());
   GpuCacheTelemetry tel;
   const ExpertLayout lay = cfg.expert_layout(1);
   const GpuExpertParts parts = GpuExpertParts::of(lay, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size));
