@@ -16,12 +16,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/median.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
 #include "tests/support/random_blocks.h"
 
 using namespace moestream;
+using bench::median;
 
 namespace {
 
@@ -57,11 +59,6 @@ size_t calls_for(double ms, Fn&& fn) {
   fn();  // warm up (page faults, caches, the per-thread scratch)
   const double one = time_calls(3, fn);
   return std::max<size_t>(1, size_t(ms / 1e3 / std::max(one, 1e-9)));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

@@ -12,20 +12,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/median.h"
 #include "common/half.h"
 #include "common/timing.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
+#include "tests/support/random_blocks.h"
 
 using namespace moestream;
+using bench::median;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double best(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
@@ -43,17 +41,8 @@ std::vector<uint8_t> random_matrix(GgmlType t, size_t rows, size_t cols, std::mt
   const GgmlTypeInfo info = *ggml_type_info(static_cast<uint32_t>(t));
   const size_t bytes = *ggml_row_bytes(t, cols) * rows;
   std::vector<uint8_t> m(bytes);
-  std::normal_distribution<float> g(0.0f, 0.02f);
   if (info.block_elems == 1) {
-    for (size_t i = 0; i < rows * cols; ++i) {
-      const float v = g(rng);
-      if (t == GgmlType::kF32) {
-        std::memcpy(&m[4 * i], &v, 4);
-      } else {
-        const uint16_t h = t == GgmlType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
-        std::memcpy(&m[2 * i], &h, 2);
-      }
-    }
+    test::fill_random_floats(t, m.data(), rows * cols, 0.02f, rng);
     return m;
   }
   for (auto& b : m) b = static_cast<uint8_t>(rng());

@@ -31,12 +31,14 @@
 #include "common/error.h"
 #include "common/file_util.h"
 #include "bench/io_profile_cells.h"
+#include "bench/median.h"
 #include "common/timing.h"
 #include "loader/io/io_engine.h"
 #include "loader/io/residency.h"
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using bench::median;
 
 namespace {
 
@@ -140,11 +142,6 @@ void set_latency(Cell& c, std::vector<double>& lat_us) {
   double sum = 0;
   for (double x : lat_us) sum += x;
   c.lat_mean_us = sum / lat_us.size();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // The expert pattern: reqs.size() distinct random experts of the layer file (slots of `stride`

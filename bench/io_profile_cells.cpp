@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/median.h"
 #include "common/error.h"
 #include "common/timing.h"
 #include "loader/io/io_engine.h"
@@ -93,11 +94,6 @@ std::vector<double> single_reads_us(IoEngine& e, uint64_t file_bytes, uint64_t b
   return us;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 void add_profile_options(CLI::App& app, ProfileArgs& a) {
@@ -126,14 +122,14 @@ ProfileRun measure_io_profile(const fs::path& path, uint64_t file_bytes, const P
   // single_bytes reads: what one read alone moves.
   auto qd1 = direct_engine(path, 1, uring);
   const std::vector<double> lat_us = single_reads_us(*qd1, file_bytes, a.small_bytes, a.seconds, rng);
-  const double p50 = median_of(lat_us);
+  const double p50 = median(lat_us);
   std::printf("profile  latency    QD 1, %llu-byte random O_DIRECT reads: p50 %.1f us (%zu reads)\n",
               static_cast<unsigned long long>(a.small_bytes), p50, lat_us.size());
   const uint64_t single_bytes = std::min(a.single_kb << 10, quarter);
   const std::vector<double> single_us = single_reads_us(*qd1, file_bytes, single_bytes, a.seconds, rng);
-  const double single_gbps = double(single_bytes) / median_of(single_us) / 1e3;
+  const double single_gbps = double(single_bytes) / median(single_us) / 1e3;
   std::printf("profile  single     QD 1, %llu-byte random O_DIRECT reads: p50 %.1f us, %.3f GB/s (%zu reads)\n",
-              static_cast<unsigned long long>(single_bytes), median_of(single_us), single_gbps, single_us.size());
+              static_cast<unsigned long long>(single_bytes), median(single_us), single_gbps, single_us.size());
   auto deep = direct_engine(path, a.queue_depth, uring);
   // Batches of 4x the depth keep the queue full for most of each batch.
   const Rate iops = measure_rate(*deep, file_bytes, a.small_bytes, 4 * a.queue_depth, a.seconds, rng);

@@ -13,11 +13,13 @@
 #include <span>
 #include <vector>
 
+#include "bench/median.h"
 #include "runtime/model/sampler.h"
 
 namespace {
 
 using moestream::SamplerParams;
+using moestream::bench::median;
 
 // The earlier sampler: candidates sorted by (logit desc, id asc), weights in that order, the
 // nucleus as the sorted prefix, the draw walking it.
@@ -77,11 +79,6 @@ double us_per_draw(S& s, std::vector<float>& logits, int draws) {
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (sink == -1) std::printf("unreachable\n");  // keeps the draws
   return us / draws;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

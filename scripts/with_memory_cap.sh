@@ -99,20 +99,24 @@ if ! why=$(pick_hierarchy); then
   exit 3
 fi
 pick_hierarchy >/dev/null
+# On exit from the cgroup $cg: report_and_remove LIMIT_NAME PEAK_FILE OOM_FILE prints the cap, the
+# peak usage (PEAK_FILE, bytes) and the OOM kills (the oom_kill line of OOM_FILE) to stderr, then
+# removes $cg.
+report_and_remove() {
+  local peak="" kills=""
+  [[ -r "$cg/$2" ]] && peak=$(( $(cat "$cg/$2") >> 20 ))
+  [[ -r "$cg/$3" ]] && kills=$(awk '$1=="oom_kill"{print $2}' "$cg/$3")
+  echo "with_memory_cap: $1 ${limit_mb} MiB, peak ${peak:-?} MiB, oom_kill ${kills:-?}" >&2
+  # Any process left in it (none, normally) keeps it alive: move them out first.
+  if [[ -r "$cg/cgroup.procs" ]]; then
+    while read -r p; do echo "$p" >"$root/cgroup.procs" 2>/dev/null; done <"$cg/cgroup.procs"
+  fi
+  rmdir "$cg" 2>/dev/null || echo "with_memory_cap: warning: could not remove $cg" >&2
+}
 if [[ $version == 1 ]]; then
   cg="$root/moestream-cap-$$"
   mkdir "$cg" 2>/dev/null || { echo "with_memory_cap: unavailable: cannot create $cg" >&2; exit 3; }
-  cleanup_v1() {
-    local peak="" kills=""
-    [[ -r "$cg/memory.max_usage_in_bytes" ]] && peak=$(( $(cat "$cg/memory.max_usage_in_bytes") >> 20 ))
-    [[ -r "$cg/memory.oom_control" ]] && kills=$(awk '$1=="oom_kill"{print $2}' "$cg/memory.oom_control")
-    echo "with_memory_cap: cgroup-v1 memory.limit_in_bytes ${limit_mb} MiB, peak ${peak:-?} MiB, oom_kill ${kills:-?}" >&2
-    if [[ -r "$cg/cgroup.procs" ]]; then
-      while read -r p; do echo "$p" >"$root/cgroup.procs" 2>/dev/null; done <"$cg/cgroup.procs"
-    fi
-    rmdir "$cg" 2>/dev/null || echo "with_memory_cap: warning: could not remove $cg" >&2
-  }
-  trap cleanup_v1 EXIT
+  trap 'report_and_remove "cgroup-v1 memory.limit_in_bytes" memory.max_usage_in_bytes memory.oom_control' EXIT
   echo $(( limit_mb << 20 )) >"$cg/memory.limit_in_bytes" ||
     { echo "with_memory_cap: cannot write $cg/memory.limit_in_bytes" >&2; exit 3; }
   # memory+swap at the same limit: no swap (present only when the kernel accounts swap).
@@ -132,18 +136,7 @@ if ! mkdir "$cg" 2>/dev/null; then
   echo "with_memory_cap: unavailable: cannot create $cg" >&2
   exit 3
 fi
-cleanup() {
-  local peak="" events=""
-  [[ -r "$cg/memory.peak" ]] && peak=$(( $(cat "$cg/memory.peak") >> 20 ))
-  [[ -r "$cg/memory.events" ]] && events=$(awk '$1=="oom_kill"{print $2}' "$cg/memory.events")
-  echo "with_memory_cap: cgroup-v2 memory.max ${limit_mb} MiB, peak ${peak:-?} MiB, oom_kill ${events:-?}" >&2
-  # Any process left in it (none, normally) keeps it alive: move them out first.
-  if [[ -r "$cg/cgroup.procs" ]]; then
-    while read -r p; do echo "$p" >"$root/cgroup.procs" 2>/dev/null; done <"$cg/cgroup.procs"
-  fi
-  rmdir "$cg" 2>/dev/null || echo "with_memory_cap: warning: could not remove $cg" >&2
-}
-trap cleanup EXIT
+trap 'report_and_remove "cgroup-v2 memory.max" memory.peak memory.events' EXIT
 echo $(( limit_mb << 20 )) >"$cg/memory.max" || { echo "with_memory_cap: cannot write $cg/memory.max" >&2; exit 3; }
 [[ -w "$cg/memory.swap.max" ]] && echo 0 >"$cg/memory.swap.max"
 run_in "$cg" "$@"

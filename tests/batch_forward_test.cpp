@@ -62,8 +62,10 @@ using test::BatchRequest;
 using test::four_requests;
 using test::random_log;
 using test::replaying;
+using test::prefill_each;
 using test::random_tokens;
 using test::run_alone;
+using test::StepUnion;
 
 void run_batched(Model& m, std::vector<BatchRequest>& rs, const std::function<void(size_t, int)>& on_create = {}) {
   test::run_batched(m, rs, kChunk, on_create);
@@ -193,35 +195,23 @@ TEST(BatchForwardIo, AStepReadsTheUnionOfItsSequencesExperts) {
   const int next[3] = {5, 17, 60};
 
   auto m = load(d.path(), 4 * kChunk);
-  std::vector<int> seqs;
-  std::vector<float> l(V);
-  for (auto& p : prompts) {
-    seqs.push_back(m->create_sequence());
-    const SequenceInput in{seqs.back(), p, l, false};
-    m->forward_batch(std::span<const SequenceInput>(&in, 1));
-  }
-  std::vector<std::set<int>> union_of(size_t(c.n_moe_layers()));
-  std::set<int> seen_seqs;
-  m->set_routing_callback([&](const RoutingEvent& ev) {
-    EXPECT_FALSE(ev.prefill);
-    EXPECT_EQ(ev.n_tokens, 1);
-    seen_seqs.insert(ev.sequence);
-    for (int j = 0; j < ev.top_k; ++j) union_of[size_t(ev.layer)].insert(ev.ids[j]);
-  });
+  const std::vector<int> seqs = prefill_each(*m, prompts);
+  StepUnion routed;
+  routed.record(*m);
   std::vector<std::vector<float>> out(3, std::vector<float>(V));
   std::vector<SequenceInput> step;
   for (int i = 0; i < 3; ++i) step.push_back({seqs[size_t(i)], std::span<const int>(&next[i], 1), out[size_t(i)], false});
   const ExpertStoreStats before = m->expert_stats();
   m->forward_batch(step);
   const ExpertStoreStats after = m->expert_stats();
-  size_t union_experts = 0;
-  for (const auto& u : union_of) union_experts += u.size();
-  EXPECT_EQ(seen_seqs, std::set<int>(seqs.begin(), seqs.end()));
+  const size_t union_experts = routed.experts();
+  EXPECT_EQ(routed.sequences, std::set<int>(seqs.begin(), seqs.end()));
   EXPECT_EQ(after.experts_fetched() - before.experts_fetched(), union_experts);
   const uint64_t batch_experts = after.experts_fetched() - before.experts_fetched();
 
   // The same three steps one sequence at a time (a second model in the same state).
   auto alone = load(d.path(), 4 * kChunk);
+  std::vector<float> l(V);
   uint64_t solo_experts = 0;
   for (int i = 0; i < 3; ++i) {
     const int s = alone->create_sequence();

@@ -257,14 +257,7 @@ TEST(CacheAwareGlm, ToleranceZeroGivesTheSameTokensAsCacheAwareOff) {
   TempDir dir("cacheaware_glm");
   ModelConfig c = small_config();
   c.arch = Arch::kGlm4Moe;
-  c.router_scoring = RouterScoring::kSigmoid;
-  c.n_group = 4;
-  c.topk_group = 2;
-  c.routed_scaling_factor = 2.5;
-  c.shared_expert_intermediate_size = 32;
-  c.shared_expert_gated = false;
-  c.first_k_dense_replace = 1;
-  c.intermediate_size = 40;
+  test::grouped_sigmoid_with_dense_first_layer(c, 32, 40);
   write_synthetic_model(dir.path(), c, 99, 2);
   expect_tolerance_zero_keeps_every_token(dir.path(), 6);
 }

@@ -51,6 +51,19 @@ RoutingLog log_of(uint32_t n_experts, uint32_t k, const std::vector<std::vector<
   return log;
 }
 
+// `n_tokens` tokens, each routed to k distinct experts of n_experts drawn from rng (the first k of
+// a shuffle).
+std::vector<std::vector<uint16_t>> random_routes(std::mt19937& rng, int n_tokens, uint16_t n_experts, size_t k) {
+  std::vector<std::vector<uint16_t>> ts;
+  for (int t = 0; t < n_tokens; ++t) {
+    std::vector<uint16_t> all(n_experts);
+    std::iota(all.begin(), all.end(), uint16_t(0));
+    std::shuffle(all.begin(), all.end(), rng);
+    ts.emplace_back(all.begin(), all.begin() + long(k));
+  }
+  return ts;
+}
+
 TEST(Coactivation, CountsSameTokenPairsAndWeightedNeighbourPairs) {
   std::vector<RoutingLog> logs{log_of(4, 2, {{0, 1}, {2, 3}, {0, 1}})};
   auto s = coactivation(logs);
@@ -177,13 +190,7 @@ TEST(IoCostModel, TheDirectReadCapSplitsReadsAsTheEngineDoes) {
 // (one token, a layer, the local search) must handle it and agree with the engine's planner.
 TEST(IoCostModel, TopKAbove64IsPricedLikeAnyOther) {
   std::mt19937 rng(17);
-  std::vector<std::vector<uint16_t>> ts;
-  for (int t = 0; t < 40; ++t) {
-    std::vector<uint16_t> all(256);
-    std::iota(all.begin(), all.end(), uint16_t(0));
-    std::shuffle(all.begin(), all.end(), rng);
-    ts.emplace_back(all.begin(), all.begin() + 100);
-  }
+  const std::vector<std::vector<uint16_t>> ts = random_routes(rng, 40, 256, 100);
   const RoutingLog log = log_of(256, 100, ts);
   const LayerStats s = coactivation({log})[0];
   ASSERT_EQ(s.token_sets.size(), 40u);
@@ -283,13 +290,7 @@ TEST(Ordering, GreedyChainStartsAtTheMostUsedAndFollowsTheStrongestPair) {
 
 TEST(Ordering, LocalSearchNeverWorsensTheModelledCost) {
   std::mt19937 rng(9);
-  std::vector<std::vector<uint16_t>> ts;
-  for (int t = 0; t < 500; ++t) {
-    std::vector<uint16_t> all(16);
-    std::iota(all.begin(), all.end(), uint16_t(0));
-    std::shuffle(all.begin(), all.end(), rng);
-    ts.push_back({all[0], all[1], all[2]});
-  }
+  const std::vector<std::vector<uint16_t>> ts = random_routes(rng, 500, 16, 3);
   LayerStats s = coactivation({log_of(16, 3, ts)})[0];
   const SlotGeometry g = geometry();
   const IoProfile p;

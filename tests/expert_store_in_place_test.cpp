@@ -94,6 +94,13 @@ class InPlace : public ::testing::Test {
     for (size_t i = 0; i < ids.size(); ++i)
       EXPECT_EQ(got[i], want[size_t(layer)][size_t(ids[i])]) << "layer " << layer << " expert " << ids[i];
   }
+  // Where s reports expert e of `layer`: a test that needs it resident (or evicted) skips where a
+  // warmed (or dropped) file is not reported so.
+  ExpertTier tier(ExpertStore& s, int layer, int e) const {
+    std::vector<ExpertTier> tiers(size_t(c.n_experts));
+    s.residency(layer, tiers);
+    return tiers[size_t(e)];
+  }
   std::unique_ptr<ExpertStore> deferred_store_with_corrupt_expert3(Queue& q);
   TempDir d{"expert_store_in_place_test"};
   ModelConfig c;
@@ -103,9 +110,7 @@ class InPlace : public ::testing::Test {
 TEST_F(InPlace, ResidentExpertsOfAnUncheckedPackAreNeitherReadNorCopied) {
   warm(expert_file_path(d.path(), 1));
   auto s = open_engine_expert_store(d.path(), c, opts(false));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(1, tiers);
-  if (tiers[2] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  if (tier(*s, 1, 2) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
   const std::vector<int> ids{2, 5, 2, 7};  // a duplicate shares one expert
   expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
   const ExpertStoreStats st = s->stats();
@@ -124,9 +129,7 @@ TEST_F(InPlace, ChecksummedPackIsVerifiedWhereItLiesAndACorruptPageIsCaught) {
   warm(expert_file_path(d.path(), 0));
   {
     auto s = open_engine_expert_store(d.path(), c, opts(true));
-    std::vector<ExpertTier> tiers(size_t(c.n_experts));
-    s->residency(0, tiers);
-    if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+    if (tier(*s, 0, 3) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
     const std::vector<int> ids{0, 3};
     expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // resident: hashed in place, not read
     EXPECT_EQ(s->stats().experts_in_place, 2u);
@@ -157,9 +160,7 @@ TEST_F(InPlace, ChecksummedExpertsVerifiedOnceAreThenUsedWithoutANewChecksum) {
   const fs::path f = expert_file_path(d.path(), 0);
   warm(f);
   auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  if (tier(*s, 0, 3) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
   // The hashing runs on the threads the caller lends (one call for both first uses).
   std::vector<size_t> lent;
   s->set_parallel_for([&](size_t n, const std::function<void(size_t)>& fn) {
@@ -218,9 +219,7 @@ TEST_F(InPlace, FirstUsesHandedOutBeforeTheirHashAreVerifiedByVerifyPending) {
   warm(f);
   Queue q;
   auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  if (tier(*s, 0, 3) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
   s->set_deferred_checks(q.post());
   const std::vector<int> ids{0, 3};
   expect_payloads(fetch_matrices(*s, c, 0, ids), 0, ids);  // at once, in place, not yet hashed
@@ -254,9 +253,7 @@ std::unique_ptr<ExpertStore> InPlace::deferred_store_with_corrupt_expert3(Queue&
   test::overwrite_bytes(f, h.slot_offset(slot) + 9, "\x77");
   warm(f);  // the corrupt byte is in the page cache
   auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) return nullptr;
+  if (tier(*s, 0, 3) != ExpertTier::kPageCache) return nullptr;
   s->set_deferred_checks(q.post());
   return s;
 }
@@ -321,9 +318,7 @@ TEST_F(InPlace, AFirstUseWhoseFileChangedBeforeItsCheckIsNotMarked) {
   warm(f);
   Queue q;
   auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[1] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  if (tier(*s, 0, 1) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
   s->set_deferred_checks(q.post());
   (void)fetch_matrices(*s, c, 0, {1});  // queued with the file as it was
   const ExpertFileHeader h = read_expert_header(f);
@@ -346,8 +341,7 @@ TEST_F(InPlace, VerifiedExpertsWhosePagesLeftAreReadAndHashedAgain) {
   auto s = open_engine_expert_store(d.path(), c, opts(true));
   const std::vector<int> ids{0, 6};
   expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  if (!drop(f) || (s->residency(1, tiers), tiers[0] != ExpertTier::kStorage || tiers[6] != ExpertTier::kStorage))
+  if (!drop(f) || tier(*s, 1, 0) != ExpertTier::kStorage || tier(*s, 1, 6) != ExpertTier::kStorage)
     GTEST_SKIP() << "the page cache cannot be dropped here";
   expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
   EXPECT_EQ(s->stats().experts_read, 4u);
@@ -360,8 +354,7 @@ TEST_F(InPlace, EvictedExpertsAreReadAndTheMmapBackendFaultsThemIn) {
   const std::vector<int> ids{0, 1, 6};
   {
     auto s = open_engine_expert_store(d.path(), c, opts(false));
-    std::vector<ExpertTier> tiers(size_t(c.n_experts));
-    if (!drop(f) || (s->residency(1, tiers), tiers[0] != ExpertTier::kStorage || tiers[6] != ExpertTier::kStorage))
+    if (!drop(f) || tier(*s, 1, 0) != ExpertTier::kStorage || tier(*s, 1, 6) != ExpertTier::kStorage)
       GTEST_SKIP() << "the page cache cannot be dropped here";
     expect_payloads(fetch_matrices(*s, c, 1, ids), 1, ids);
     EXPECT_EQ(s->stats().experts_read, 3u);
@@ -395,9 +388,7 @@ TEST_F(InPlace, AFailedPassLeavesNoHashForTheNextToReuse) {
   const std::string whole = read_file(f);
   warm(f);
   auto s = open_engine_expert_store(d.path(), c, opts(true));
-  std::vector<ExpertTier> tiers(size_t(c.n_experts));
-  s->residency(0, tiers);
-  if (tiers[3] != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
+  if (tier(*s, 0, 3) != ExpertTier::kPageCache) GTEST_SKIP() << "the file is not reported resident after a read";
   s->set_deferred_checks([](std::function<void()> t) { t(); });  // hashed at once, as an idle lent thread may
   // The cut: inside the last page of the second-to-last slot's payload (that page stays resident,
   // zeros past the cut); the last slot is gone, and reading it fails the pass.

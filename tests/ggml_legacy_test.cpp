@@ -24,6 +24,7 @@
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
+#include "tests/support/random_blocks.h"
 
 namespace moestream {
 namespace {
@@ -52,19 +53,11 @@ std::vector<uint8_t> random_matrix(GgmlType t, size_t rows, size_t cols, std::mt
   const GgmlTypeInfo info = info_of(t);
   const size_t bytes = *ggml_row_bytes(t, cols) * rows;
   std::vector<uint8_t> m(bytes);
-  std::normal_distribution<float> g(0.0f, 1.0f);
   if (info.block_elems == 1) {
-    for (size_t i = 0; i < rows * cols; ++i) {
-      const float v = g(rng);
-      if (t == GgmlType::kF32) std::memcpy(&m[4 * i], &v, 4);
-      if (t == GgmlType::kF16) put_f16(&m[2 * i], v);
-      if (t == GgmlType::kBF16) {
-        const uint16_t h = f32_to_bf16(v);
-        std::memcpy(&m[2 * i], &h, 2);
-      }
-    }
+    test::fill_random_floats(t, m.data(), rows * cols, 1.0f, rng);
     return m;
   }
+  std::normal_distribution<float> g(0.0f, 1.0f);
   for (auto& b : m) b = static_cast<uint8_t>(rng());
   for (size_t off = 0; off < bytes; off += info.block_bytes) {
     if (t == GgmlType::kMXFP4) {

@@ -29,6 +29,8 @@
 #include "runtime/model/sampler.h"
 #include "tests/support/fixture_manifest.h"
 #include "tests/support/gguf_rewrite.h"
+#include "tests/support/greedy_compare.h"
+#include "tests/support/logit_compare.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 
@@ -79,31 +81,17 @@ void check_against_reference(Model& model, const json& ref, const Tolerance& tol
       const std::vector<float> w = ref["logits"][p][t].get<std::vector<float>>();
       ASSERT_EQ(w.size(), V);
       const float* g = got.data() + t * V;
-      double scale = 0, err = 0;
-      for (size_t v = 0; v < V; ++v) {
-        scale = std::max(scale, double(std::fabs(w[v])));
-        err = std::max(err, double(std::fabs(w[v] - g[v])));
-      }
-      worst = std::max(worst, err / scale);
+      const test::RowError e = test::row_error(w, g);
+      worst = std::max(worst, e.err / e.scale);
       ++positions;
-      top1_same += size_t(std::max_element(w.begin(), w.end()) - w.begin()) == size_t(std::max_element(g, g + V) - g);
+      top1_same += test::same_top1(w, g);
       if (tol.exact) {
-        EXPECT_LE(err, tol.max_rel_err * scale) << what << " prompt " << p << " position " << t;
+        EXPECT_LE(e.err, tol.max_rel_err * e.scale) << what << " prompt " << p << " position " << t;
       }
     }
     const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<int> ids;
-    std::vector<float> last(V);
-    model.reset();
-    model.forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = Sampler::argmax(last);
-      ids.push_back(next);
-      if (i + 1 < want.size()) model.forward(std::span<const int>(&next, 1), last);
-    }
-    size_t same = 0;
-    while (same < ids.size() && ids[same] == want[same]) ++same;
-    greedy_same += same;
+    const std::vector<int> ids = test::greedy_tokens(model, prompt, want.size());
+    greedy_same += test::matching_prefix(ids, want);
     greedy_total += want.size();
     if (tol.exact) {
       EXPECT_EQ(ids, want) << what << " prompt " << p << " greedy tokens differ";
@@ -158,8 +146,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufArchReference, ::testing::ValuesIn(cases(
 namespace {
 
 fs::path fixture(const std::string& name) { return kRoot / (name + ".gguf"); }
-
-bool keep_all_but(GgufTensorSpec& s, const std::string& name) { return s.name != name; }
 
 GgufValue u32(uint32_t v) { return GgufValue::from_unsigned(GgufValueType::kU32, v); }
 
@@ -275,91 +261,60 @@ TEST(GgufArchConfig, DeepseekUnsplitKvBMatchesTheSplitForm) {
                           "deepseek_v3 attn_kv_b");
 }
 
-TEST(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
+// Each case writes a fixture with one edit to x.gguf and expects its load error to name the fault.
+class GgufArchErrors : public ::testing::Test {
+ protected:
+  void expect(const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
+    test::rewrite_gguf(src, x_, r);
+    const std::string msg = test::gguf_load_error(x_);
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
+
+  TempDir tmp_{"gguf_arch_test"};
+  const fs::path x_ = tmp_.path() / "x.gguf";
+};
+
+TEST_F(GgufArchErrors, MissingOrMisshapenTensorsAreNamed) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32");
   if (!fs::exists(oss) || !fs::exists(ds)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  TempDir tmp("gguf_arch_test");
-  const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
-    test::rewrite_gguf(src, x, r);
-    const std::string msg = test::gguf_load_error(x);
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  };
-  test::GgufRewrite r;
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.attn_sinks.weight"); };
-  expect(oss, r, "tensor 'blk.1.attn_sinks.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.2.ffn_up_exps.bias") s.dims = {31, 8};
-    return true;
-  };
-  expect(oss, r, "tensor 'blk.2.ffn_up_exps.bias' has shape [31, 8], expected [32, 8]");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.0.ffn_down_exps.bias") s.type = GgmlType::kF16;
-    return true;
-  };
-  expect(oss, r, "blk.0.ffn_down_exps.bias' has type F16; expert biases must be F32");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.0.post_attention_norm.weight"); };
-  expect(oss, r, "blk.0.post_attention_norm.weight' is missing");
+  expect(oss, test::dropping("blk.1.attn_sinks.weight"), "tensor 'blk.1.attn_sinks.weight' is missing");
+  expect(oss, test::reshaping("blk.2.ffn_up_exps.bias", {31, 8}),
+         "tensor 'blk.2.ffn_up_exps.bias' has shape [31, 8], expected [32, 8]");
+  expect(oss, test::retyping("blk.0.ffn_down_exps.bias", GgmlType::kF16),
+         "blk.0.ffn_down_exps.bias' has type F16; expert biases must be F32");
+  expect(oss, test::dropping("blk.0.post_attention_norm.weight"), "blk.0.post_attention_norm.weight' is missing");
 
-  r.tensor = [](GgufTensorSpec& s) {
+  test::GgufRewrite fused;
+  fused.tensor = [](GgufTensorSpec& s) {
     if (s.name == "blk.0.ffn_gate_exps.weight") s.name = "blk.0.ffn_gate_up_exps.weight";
     return true;
   };
-  expect(oss, r, "'blk.0.ffn_gate_up_exps.weight' holds gate and up fused");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.1.ffn_gate_exps.weight"); };
-  expect(ds, r, "tensor 'blk.1.ffn_gate_exps.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.2.attn_k_b.weight"); };
-  expect(ds, r, "tensor 'blk.2.attn_k_b.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.1.attn_v_b.weight") s.dims = {20, 11, 3};
-    return true;
-  };
-  expect(ds, r, "tensor 'blk.1.attn_v_b.weight' has shape [20, 11, 3], expected [20, 12, 3]");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.0.ffn_gate.weight"); };
-  expect(ds, r, "tensor 'blk.0.ffn_gate.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) { return keep_all_but(s, "blk.2.ffn_up_shexp.weight"); };
-  expect(ds, r, "tensor 'blk.2.ffn_up_shexp.weight' is missing");
-  r.tensor = [](GgufTensorSpec& s) {
-    if (s.name == "blk.0.attn_q_b.weight") s.dims = {24, 53};
-    return true;
-  };
-  expect(ds, r, "tensor 'blk.0.attn_q_b.weight' has shape [24, 53], expected [24, 54]");
+  expect(oss, fused, "'blk.0.ffn_gate_up_exps.weight' holds gate and up fused");
+  expect(ds, test::dropping("blk.1.ffn_gate_exps.weight"), "tensor 'blk.1.ffn_gate_exps.weight' is missing");
+  expect(ds, test::dropping("blk.2.attn_k_b.weight"), "tensor 'blk.2.attn_k_b.weight' is missing");
+  expect(ds, test::reshaping("blk.1.attn_v_b.weight", {20, 11, 3}),
+         "tensor 'blk.1.attn_v_b.weight' has shape [20, 11, 3], expected [20, 12, 3]");
+  expect(ds, test::dropping("blk.0.ffn_gate.weight"), "tensor 'blk.0.ffn_gate.weight' is missing");
+  expect(ds, test::dropping("blk.2.ffn_up_shexp.weight"), "tensor 'blk.2.ffn_up_shexp.weight' is missing");
+  expect(ds, test::reshaping("blk.0.attn_q_b.weight", {24, 53}),
+         "tensor 'blk.0.attn_q_b.weight' has shape [24, 53], expected [24, 54]");
 }
 
-TEST(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
+TEST_F(GgufArchErrors, UnsupportedSettingsAreRefusedByName) {
   const fs::path oss = fixture("gpt_oss-F32"), ds = fixture("deepseek_v3-F32"), v2 = fixture("deepseek_v2-F32");
   if (!fs::exists(oss) || !fs::exists(ds) || !fs::exists(v2)) MOESTREAM_SKIP_OR_FAIL() << "fixtures absent";
-  TempDir tmp("gguf_arch_test");
-  const fs::path x = tmp.path() / "x.gguf";
-  auto expect = [&](const fs::path& src, const test::GgufRewrite& r, const std::string& needle) {
-    test::rewrite_gguf(src, x, r);
-    const std::string msg = test::gguf_load_error(x);
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-  };
-  test::GgufRewrite r;
-  r.meta["deepseek2.expert_gating_func"] = u32(4);
-  expect(ds, r, "deepseek2.expert_gating_func 4 is not supported");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.expert_group_count"] = u32(4);
-  expect(v2, r, "softmax routing with expert groups (4)");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.attention.key_length"] = u32(30);
-  expect(ds, r, "deepseek2.attention.key_length = 30 contradicts the tensors (28)");
-  r = test::GgufRewrite{};
-  r.meta["deepseek2.leading_dense_block_count"] = u32(3);
-  expect(ds, r, "leading_dense_block_count 3 leaves no MoE layer of 3");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.swiglu_clamp_exp"] = GgufValue::from_float(GgufValueType::kF32, -1.0);
-  expect(oss, r, "gpt-oss.swiglu_clamp_exp must be one positive limit");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.rope.freq_base_swa"] = GgufValue::from_float(GgufValueType::kF32, 10000.0);
-  expect(oss, r, "rope.freq_base_swa differs from rope.freq_base");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.expert_count"] = u32(9);
-  expect(oss, r, "gpt-oss.expert_count = 9 contradicts the tensors (8)");
-  r = test::GgufRewrite{};
-  r.meta["gpt-oss.attention.sliding_window"] = std::nullopt;
-  expect(oss, r, "gpt-oss.attention.sliding_window");
+  expect(ds, test::setting("deepseek2.expert_gating_func", u32(4)), "deepseek2.expert_gating_func 4 is not supported");
+  expect(v2, test::setting("deepseek2.expert_group_count", u32(4)), "softmax routing with expert groups (4)");
+  expect(ds, test::setting("deepseek2.attention.key_length", u32(30)),
+         "deepseek2.attention.key_length = 30 contradicts the tensors (28)");
+  expect(ds, test::setting("deepseek2.leading_dense_block_count", u32(3)),
+         "leading_dense_block_count 3 leaves no MoE layer of 3");
+  expect(oss, test::setting("gpt-oss.swiglu_clamp_exp", GgufValue::from_float(GgufValueType::kF32, -1.0)),
+         "gpt-oss.swiglu_clamp_exp must be one positive limit");
+  expect(oss, test::setting("gpt-oss.rope.freq_base_swa", GgufValue::from_float(GgufValueType::kF32, 10000.0)),
+         "rope.freq_base_swa differs from rope.freq_base");
+  expect(oss, test::setting("gpt-oss.expert_count", u32(9)), "gpt-oss.expert_count = 9 contradicts the tensors (8)");
+  expect(oss, test::setting("gpt-oss.attention.sliding_window", std::nullopt), "gpt-oss.attention.sliding_window");
 }
 
 // cluster_experts on a GGUF permutes the expert ids themselves (cluster/gguf_repack.h): with the

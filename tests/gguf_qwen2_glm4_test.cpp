@@ -30,6 +30,9 @@
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using test::dropping;
+using test::reshaping;
+using test::setting;
 
 namespace {
 
@@ -48,25 +51,6 @@ class GgufQwen2Glm4 : public ::testing::Test {
     const fs::path out = dir_.path() / (name + "-edited.gguf");
     test::rewrite_gguf(kFixtures / "gguf_hf" / (name + ".gguf"), out, r);
     return out;
-  }
-  static test::GgufRewrite dropping(const std::string& tensor) {
-    test::GgufRewrite r;
-    r.tensor = [tensor](GgufTensorSpec& s) { return s.name != tensor; };
-    return r;
-  }
-  static test::GgufRewrite reshaping(const std::string& tensor, const std::vector<uint64_t>& dims) {
-    test::GgufRewrite r;
-    r.tensor = [tensor, dims](GgufTensorSpec& s) {
-      if (s.name == tensor) s.dims = dims;
-      return true;
-    };
-    return r;
-  }
-  // Metadata `key` replaced by (or, with no value, dropped for) `v`.
-  static test::GgufRewrite setting(const std::string& key, const std::optional<GgufValue>& v) {
-    test::GgufRewrite r;
-    r.meta[key] = v;
-    return r;
   }
   static std::string error_of(const fs::path& path) { return test::gguf_load_error(path); }
 

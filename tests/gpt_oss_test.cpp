@@ -24,6 +24,8 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/expert_compute.h"  // clamped_swiglu
 #include "runtime/model/routing.h"
+#include "tests/support/greedy_compare.h"
+#include "tests/support/logit_compare.h"
 #include "tests/support/strict_skip.h"
 #include "tests/support/test_model.h"
 
@@ -331,24 +333,12 @@ TEST(GptOssForward, SlidingRingCacheKeepsTheReferenceResults) {
     model->forward(prompt, got, true);
     for (size_t t = 0; t < prompt.size(); ++t) {
       const std::vector<float> w = ref["logits"][p][t].get<std::vector<float>>();
-      double scale = 0, err = 0;
-      for (size_t v = 0; v < V; ++v) {
-        scale = std::max(scale, double(std::fabs(w[v])));
-        err = std::max(err, double(std::fabs(w[v] - got[t * V + v])));
-      }
-      EXPECT_LE(err, 1e-3 * scale) << "prompt " << p << " position " << t;
+      ASSERT_EQ(w.size(), V);
+      const test::RowError e = test::row_error(w, got.data() + t * V);
+      EXPECT_LE(e.err, 1e-3 * e.scale) << "prompt " << p << " position " << t;
     }
     const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<int> ids;
-    std::vector<float> last(V);
-    model->reset();
-    model->forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
-      ids.push_back(next);
-      if (i + 1 < want.size()) model->forward(std::span<const int>(&next, 1), last);
-    }
-    EXPECT_EQ(ids, want) << "prompt " << p;
+    EXPECT_EQ(test::greedy_tokens(*model, prompt, want.size()), want) << "prompt " << p;
   }
 }
 

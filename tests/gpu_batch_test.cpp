@@ -85,8 +85,10 @@ std::unique_ptr<Model> load(const fs::path& dir, int max_batch, size_t cache_mb 
 }
 
 using test::BatchRequest;
+using test::prefill_each;
 using test::random_tokens;
 using test::run_alone;
+using test::StepUnion;
 
 // Four requests of different prompt lengths (two longer than a chunk) join at different steps;
 // the fourth joins after the first left, in its freed slot. Every logit of every step matches
@@ -156,23 +158,11 @@ TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
   auto m = load(d.path(), 4 * kChunk);
   std::mt19937 rng(11);
   const size_t V = size_t(c.vocab_size);
-  std::vector<int> seqs;
-  std::vector<float> l(V);
-  for (int i = 0; i < 3; ++i) {
-    const std::vector<int> p = random_tokens(rng, 4 + i, c.vocab_size);
-    seqs.push_back(m->create_sequence());
-    const SequenceInput in{seqs.back(), p, l, false};
-    m->forward_batch(std::span<const SequenceInput>(&in, 1));
-  }
-  std::vector<std::set<int>> union_of(size_t(c.n_moe_layers()));
-  std::set<int> seen;
-  m->set_routing_callback([&](const RoutingEvent& ev) {
-    EXPECT_FALSE(ev.prefill);
-    EXPECT_EQ(ev.n_tokens, 1);
-    EXPECT_EQ(ev.position, m->sequence_n_past(ev.sequence));
-    seen.insert(ev.sequence);
-    for (int j = 0; j < ev.top_k; ++j) union_of[size_t(ev.layer)].insert(ev.ids[j]);
-  });
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(random_tokens(rng, 4 + i, c.vocab_size));
+  const std::vector<int> seqs = prefill_each(*m, prompts);
+  StepUnion routed;
+  routed.record(*m);
   const int next[3] = {5, 17, 60};
   std::vector<std::vector<float>> out(3, std::vector<float>(V));
   std::vector<SequenceInput> step;
@@ -182,9 +172,8 @@ TEST(GpuBatchCache, AStepAcquiresTheUnionOfItsSequencesExpertsOnce) {
   m->forward_batch(step);
   const uint64_t fetched = m->expert_stats().experts_fetched() - before.experts_fetched();
   const CacheStats p = m->gpu_stats().cache.policy;
-  size_t union_experts = 0;
-  for (const auto& u : union_of) union_experts += u.size();
-  EXPECT_EQ(seen, std::set<int>(seqs.begin(), seqs.end()));
+  const size_t union_experts = routed.experts();
+  EXPECT_EQ(routed.sequences, std::set<int>(seqs.begin(), seqs.end()));
   EXPECT_EQ(p.demand_hits + p.demand_misses, union_experts);
   EXPECT_EQ(fetched, p.demand_misses);
   EXPECT_EQ(p.prefill_hits + p.prefill_fills + p.prefill_no_room, 0u);  // a decode step is a demand

@@ -18,6 +18,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/greedy_compare.h"
+#include "tests/support/grouped_q8_pack.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
@@ -26,22 +27,15 @@ using namespace moestream;
 
 namespace {
 
-class GpuCpuMisses : public ::testing::Test {
+class GpuCpuMisses : public test::GroupedQ8Pack {
  protected:
-  void SetUp() override {
-    REQUIRE_GPU();
-    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 11, 2);
-  }
+  GpuCpuMisses() : GroupedQ8Pack("gpu_cpu_misses", 11) {}
   std::unique_ptr<Model> load(bool gpu, size_t cache_mb, bool cpu_misses) {
-    ModelOptions mo;
-    mo.n_threads = 2;
-    mo.max_context = 256;
+    ModelOptions mo = gpu_options(cache_mb, 256);
     mo.gpu = gpu;
-    mo.gpu_cache_mb = cache_mb;
     mo.gpu_cpu_misses = cpu_misses;
     return Model::load(dir_.path(), mo);
   }
-  TempDir dir_{"gpu_cpu_misses"};
 };
 
 }  // namespace

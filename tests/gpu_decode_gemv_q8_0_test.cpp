@@ -67,8 +67,7 @@ void expect_near_cpu(const std::vector<float>& got, const std::vector<float>& wa
 // Groups of `sizes` token rows, each its own expert (payloads at `offset` in 256-aligned slots).
 void check_grouped(int rows, int cols, const std::vector<int>& sizes, uint32_t seed) {
   const int n_groups = int(sizes.size());
-  std::vector<int> row_start(1, 0);
-  for (int n : sizes) row_start.push_back(row_start.back() + n);
+  const std::vector<int> row_start = group_row_starts(sizes);
   const int n_rows = row_start.back();
   const size_t offset = 192, mbytes = size_t(rows) * size_t(cols / 32) * 34;
   const size_t stride = (offset + mbytes + 255) / 256 * 256;
@@ -80,14 +79,11 @@ void check_grouped(int rows, int cols, const std::vector<int>& sizes, uint32_t s
   }
   const auto x = random_floats(size_t(n_rows) * cols, seed + 100);
   std::vector<float> want(size_t(n_rows) * rows);
-  DeviceVec<uint8_t> dp(pay);
-  std::vector<const uint8_t*> ptrs;
-  for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
-  DeviceVec<const uint8_t*> dw(ptrs);
-  DeviceVec<int> drs(row_start);
+  const DeviceGroups groups(pay, stride, row_start);
   DeviceVec<float> dx(x), dy(want.size());
   CUDA_OK(cudaMemset(dy.get(), 0xff, want.size() * sizeof(float)));  // NaN: an unwritten row shows
-  gpu::expert_gemm(kQ8_0, dw.get(), offset, drs.get(), n_groups, 1, rows, cols, dx.get(), dy.get(), nullptr);
+  gpu::expert_gemm(kQ8_0, groups.weights(), offset, groups.row_start(), n_groups, 1, rows, cols, dx.get(), dy.get(),
+                   nullptr);
   std::string name = "Q8_0 expert_gemm " + std::to_string(rows) + "x" + std::to_string(cols) + " groups";
   for (int n : sizes) name += " " + std::to_string(n);
   const auto got = dy.download();
@@ -103,9 +99,10 @@ void check_grouped(int rows, int cols, const std::vector<int>& sizes, uint32_t s
   DeviceVec<float> g1(want.size()), u1(want.size()), u2(want.size());
   const auto xu = random_floats(x.size(), seed + 200);
   DeviceVec<float> dxu(xu);
-  gpu::expert_gemm_gate_up(kQ8_0, dw.get(), offset, offset, drs.get(), n_groups, 1, rows, cols, dx.get(),
-                           dxu.get(), g1.get(), u1.get(), nullptr);
-  gpu::expert_gemm(kQ8_0, dw.get(), offset, drs.get(), n_groups, 1, rows, cols, dxu.get(), u2.get(), nullptr);
+  gpu::expert_gemm_gate_up(kQ8_0, groups.weights(), offset, offset, groups.row_start(), n_groups, 1, rows, cols,
+                           dx.get(), dxu.get(), g1.get(), u1.get(), nullptr);
+  gpu::expert_gemm(kQ8_0, groups.weights(), offset, groups.row_start(), n_groups, 1, rows, cols, dxu.get(), u2.get(),
+                   nullptr);
   expect_exact(g1.download(), dy.download(), (name + ": gate_up's gate vs expert_gemm").c_str());
   expect_exact(u1.download(), u2.download(), (name + ": gate_up's up vs expert_gemm").c_str());
 }

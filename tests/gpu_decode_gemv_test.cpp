@@ -60,8 +60,7 @@ void reference_rows(const std::vector<float>& deq, int rows, int cols, const flo
 void check_decode_expert_gemm(QuantType q, int rows, int cols, const std::vector<int>& sizes,
                               uint32_t seed) {
   const int n_groups = int(sizes.size());
-  std::vector<int> row_start(1, 0);
-  for (int n : sizes) row_start.push_back(row_start.back() + n);
+  const std::vector<int> row_start = group_row_starts(sizes);
   const int n_rows = row_start.back();
   const Matrices m = make_matrices(q, n_groups, rows, cols, 192, seed);
   const auto x = random_floats(size_t(n_rows) * cols, seed + 1);
@@ -70,14 +69,10 @@ void check_decode_expert_gemm(QuantType q, int rows, int cols, const std::vector
     for (int t = row_start[size_t(g)]; t < row_start[size_t(g) + 1]; ++t)
       reference_rows(m.deq[size_t(g)], rows, cols, x.data() + size_t(t) * cols,
                      ref.data() + size_t(t) * rows);
-  DeviceVec<uint8_t> dp(m.bytes);
-  std::vector<const uint8_t*> ptrs;
-  for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + m.stride * size_t(g));
-  DeviceVec<const uint8_t*> dw(ptrs);
-  DeviceVec<int> drs(row_start);
+  const DeviceGroups groups(m.bytes, m.stride, row_start);
   DeviceVec<float> dx(x), dy(ref.size());
   CUDA_OK(cudaMemset(dy.get(), 0xff, ref.size() * sizeof(float)));  // NaN: an unwritten row shows
-  gpu::expert_gemm(q, dw.get(), m.offset, drs.get(), n_groups, 1, rows, cols, dx.get(), dy.get(),
+  gpu::expert_gemm(q, groups.weights(), m.offset, groups.row_start(), n_groups, 1, rows, cols, dx.get(), dy.get(),
                    nullptr);
   std::string name = "decode expert_gemm " + std::string(quant_name(q)) + " " +
                      std::to_string(rows) + "x" + std::to_string(cols) + " groups";
@@ -118,18 +113,14 @@ TEST(GpuDecodeGemv, GateUpInOneLaunchEqualsTwoExpertGemmsBitForBit) {
     const std::vector<int> row_start = {0, 1, 2, 2, 3, 4};  // one empty group
     const int n_rows = row_start.back();
     const auto xg = random_floats(size_t(n_rows) * cols, 90), xu = random_floats(xg.size(), 91);
-    DeviceVec<uint8_t> dp(pay);
-    std::vector<const uint8_t*> ptrs;
-    for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
-    DeviceVec<const uint8_t*> dw(ptrs);
-    DeviceVec<int> drs(row_start);
+    const DeviceGroups groups(pay, stride, row_start);
     DeviceVec<float> dxg(xg), dxu(xu), g1(size_t(n_rows) * rows), u1(size_t(n_rows) * rows),
         g2(size_t(n_rows) * rows), u2(size_t(n_rows) * rows);
-    gpu::expert_gemm_gate_up(q, dw.get(), gate_off, up_off, drs.get(), n_groups, 1, rows, cols,
+    gpu::expert_gemm_gate_up(q, groups.weights(), gate_off, up_off, groups.row_start(), n_groups, 1, rows, cols,
                              dxg.get(), dxu.get(), g1.get(), u1.get(), nullptr);
-    gpu::expert_gemm(q, dw.get(), gate_off, drs.get(), n_groups, 1, rows, cols, dxg.get(), g2.get(),
+    gpu::expert_gemm(q, groups.weights(), gate_off, groups.row_start(), n_groups, 1, rows, cols, dxg.get(), g2.get(),
                      nullptr);
-    gpu::expert_gemm(q, dw.get(), up_off, drs.get(), n_groups, 1, rows, cols, dxu.get(), u2.get(),
+    gpu::expert_gemm(q, groups.weights(), up_off, groups.row_start(), n_groups, 1, rows, cols, dxu.get(), u2.get(),
                      nullptr);
     const std::string name = "expert_gemm_gate_up " + std::string(quant_name(q));
     expect_exact(g1.download(), g2.download(), (name + " gate vs expert_gemm").c_str());

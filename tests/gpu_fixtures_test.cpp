@@ -19,6 +19,7 @@
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
 
+#include "tests/support/greedy_compare.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/strict_skip.h"
@@ -46,6 +47,31 @@ fs::path pack(const fs::path& src, const TempDir& tmp, QuantType quant, const st
   return tmp.path() / "packed";
 }
 
+// A fixture of tests/fixtures with its transformers reference, packed under a temp dir of the test.
+struct PackedFixture {
+  // Packs fixture `name` with these expert and dense types; false (nothing done) when its
+  // reference is absent.
+  bool open(const std::string& name, QuantType quant, const std::string& dense) {
+    src = kSource / "tests" / "fixtures" / name;
+    if (!fs::exists(src / "reference.json")) return false;
+    ref = nlohmann::json::parse(read_file(src / "reference.json"));
+    packed = pack(src, tmp, quant, dense);
+    return true;
+  }
+  // The pack on 2 CPU threads, the pass on the GPU with `gpu`; max_batch 0 keeps the default.
+  std::unique_ptr<Model> load(bool gpu, int max_batch = 0) const {
+    ModelOptions mo;
+    mo.n_threads = 2;
+    mo.gpu = gpu;
+    if (max_batch > 0) mo.max_batch = max_batch;
+    return Model::load(packed, mo);
+  }
+  fs::path src;
+  nlohmann::json ref;
+  TempDir tmp{"gpu_fixtures_test"};
+  fs::path packed;
+};
+
 }  // namespace
 
 // Each fixture (tests/fixtures: qwen3_moe, olmoe, mixtral, fused qwen3, qwen2_moe, glm4_moe, gpt_oss, deepseek) packed with bf16 and q8
@@ -55,16 +81,11 @@ class GpuFixtureTest : public ::testing::TestWithParam<std::pair<std::string, Qu
 TEST_P(GpuFixtureTest, LogitsMatchCpuAndTransformers) {
   REQUIRE_GPU();
   const auto& [name, quant] = GetParam();
-  const fs::path src = kSource / "tests" / "fixtures" / name;
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_fixtures_test");
-  const fs::path packed = pack(src, tmp, quant, "f32");  // as before bf16 became the default
-  ModelOptions mo;
-  mo.n_threads = 2;
-  auto cpu = Model::load(packed, mo);
-  mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
+  PackedFixture f;
+  if (!f.open(name, quant, "f32"))  // f32 dense: as before bf16 became the default
+    MOESTREAM_SKIP_OR_FAIL() << "fixture " << f.src << " absent";
+  const nlohmann::json& ref = f.ref;
+  auto cpu = f.load(false), gpu = f.load(true);
   const size_t V = size_t(cpu->config().vocab_size);
   double worst_cpu = 0, worst_hf = 0;
   for (size_t p = 0; p < ref["prompts"].size(); ++p) {
@@ -116,33 +137,24 @@ INSTANTIATE_TEST_SUITE_P(
                       std::pair{std::string("deepseek_v2"), QuantType::kQ8}),
     [](const auto& i) { return i.param.first + "_" + std::string(quant_name(i.param.second)); });
 
+// The gpt_oss fixture packed (bf16 experts, f32 dense) for each test, with its transformers reference.
+class GpuGptOss : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    if (!f_.open("gpt_oss", QuantType::kBF16, "f32")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << f_.src << " absent";
+  }
+  PackedFixture f_;
+};
+
 // gpt-oss's decode path on the GPU (one query row, the window sliding past old keys, sinks in the
 // split merge): the 32 greedy tokens of each reference prompt, as transformers generated them.
-TEST(GpuGptOss, GreedyTokensMatchTransformers) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss");
-  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
-  ModelOptions mo;
-  mo.n_threads = 2;
-  mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
-  const size_t V = size_t(gpu->config().vocab_size);
-  for (size_t p = 0; p < ref["prompts"].size(); ++p) {
-    const std::vector<int> prompt = ref["prompts"][p].get<std::vector<int>>();
-    const std::vector<int> want = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<float> last(V);
-    std::vector<int> got;
-    gpu->reset();
-    gpu->forward(prompt, last);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const int next = int(std::max_element(last.begin(), last.end()) - last.begin());
-      got.push_back(next);
-      if (i + 1 < want.size()) gpu->forward(std::span<const int>(&next, 1), last);
-    }
-    EXPECT_EQ(got, want) << "prompt " << p;
+TEST_F(GpuGptOss, GreedyTokensMatchTransformers) {
+  auto gpu = f_.load(true);
+  for (size_t p = 0; p < f_.ref["prompts"].size(); ++p) {
+    const std::vector<int> prompt = f_.ref["prompts"][p].get<std::vector<int>>();
+    const std::vector<int> want = f_.ref["greedy"][p].get<std::vector<int>>();
+    EXPECT_EQ(test::greedy_tokens(*gpu, prompt, want.size()), want) << "prompt " << p;
   }
 }
 
@@ -150,20 +162,14 @@ TEST(GpuGptOss, GreedyTokensMatchTransformers) {
 // (issue 21): with max_batch 4 the fixture's window of 6 lives in 9 rows, which a 12-token prompt
 // (chunks of 4), 40 decode steps and a rewind of 3 tokens re-prefilled as one chunk all wrap. The
 // logits stay within the fixture tolerance of the CPU path's at every step.
-TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
-  REQUIRE_GPU();
-  const fs::path src = kSource / "tests" / "fixtures" / "gpt_oss";
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_gpt_oss_ring");
-  const fs::path packed = pack(src, tmp, QuantType::kBF16, "f32");
+TEST_F(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
   ModelOptions mo;
   mo.n_threads = 2;
   mo.max_context = 256;
   mo.max_batch = 4;
-  auto cpu = Model::load(packed, mo);
+  auto cpu = Model::load(f_.packed, mo);
   mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
+  auto gpu = Model::load(f_.packed, mo);
   const ModelConfig& c = gpu->config();
   ASSERT_EQ(c.sliding_window, 6);
   // The device holds 9 rows for each sliding layer, 256 for each full one.
@@ -172,7 +178,7 @@ TEST(GpuGptOss, SlidingRingKvMatchesTheCpuPastTheWindowAndAcrossARewind) {
   EXPECT_EQ(gpu->gpu_info()->kv_bytes, 2 * rows * size_t(c.n_kv_heads) * size_t((c.head_dim + 3) / 4 * 4) * 4);
   const size_t V = size_t(c.vocab_size);
   const double tol = fixture_tolerance(QuantType::kBF16);
-  const std::vector<int> prompt = ref["prompts"][2].get<std::vector<int>>();
+  const std::vector<int> prompt = f_.ref["prompts"][2].get<std::vector<int>>();
   std::vector<float> lc(prompt.size() * V), lg(prompt.size() * V);
   cpu->forward(prompt, lc, true);
   gpu->forward(prompt, lg, true);
@@ -220,18 +226,10 @@ class GpuMlaTest : public ::testing::TestWithParam<std::pair<std::string, std::s
 TEST_P(GpuMlaTest, LogitsAndGreedyTokensMatchTheCpuPass) {
   REQUIRE_GPU();
   const auto& [name, dense] = GetParam();
-  const fs::path src = kSource / "tests" / "fixtures" / name;
-  if (!fs::exists(src / "reference.json")) MOESTREAM_SKIP_OR_FAIL() << "fixture " << src << " absent";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(src / "reference.json"));
-  TempDir tmp("gpu_mla_test");
-  const fs::path packed = pack(src, tmp, QuantType::kBF16, dense);
-  ModelOptions mo;
-  mo.n_threads = 2;
-  auto cpu = Model::load(packed, mo);
-  mo.gpu = true;
-  auto gpu = Model::load(packed, mo);
-  mo.max_batch = 4;
-  auto gpu4 = Model::load(packed, mo);
+  PackedFixture f;
+  if (!f.open(name, QuantType::kBF16, dense)) MOESTREAM_SKIP_OR_FAIL() << "fixture " << f.src << " absent";
+  const nlohmann::json& ref = f.ref;
+  auto cpu = f.load(false), gpu = f.load(true), gpu4 = f.load(true, 4);
   ASSERT_TRUE(cpu->config().has_mla());
   const size_t V = size_t(cpu->config().vocab_size);
   double worst_prefill = 0, worst_chunked = 0, worst_decode = 0;

@@ -32,25 +32,13 @@
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using test::greedy_tokens;
 using test::prompt_ids;
 using test::rel_max_diff;
 
 namespace {
 
 const fs::path kDemo = fs::path(MOESTREAM_SOURCE_DIR) / "models" / "demo";
-
-std::vector<int> greedy(Model& m, const std::vector<int>& prompt, int n) {
-  std::vector<int> out;
-  std::vector<float> logits(size_t(m.config().vocab_size));
-  m.reset();
-  m.forward(prompt, logits);
-  for (int i = 0; i < n; ++i) {
-    const int next = Sampler::argmax(logits);
-    out.push_back(next);
-    if (i + 1 < n) m.forward(std::span<const int>(&next, 1), logits);
-  }
-  return out;
-}
 
 size_t demo_expert_bytes() {
   const ModelConfig c = ModelConfig::load(kDemo);
@@ -193,7 +181,7 @@ TEST(GpuForward, DemoLogitsMatchCpuAndGreedyTokensAreIdentical) {
   const Tokenizer tok = Tokenizer::load(kDemo / "tokenizer.json", kDemo / "tokenizer_config.json");
   std::vector<int> text_ids;
   for (int32_t id : tok.encode(text, true)) text_ids.push_back(id);
-  const std::vector<int> gc = greedy(*cpu, text_ids, 64), gg = greedy(*gpu, text_ids, 64);
+  const std::vector<int> gc = greedy_tokens(*cpu, text_ids, 64), gg = greedy_tokens(*gpu, text_ids, 64);
   size_t same = 0;
   while (same < gc.size() && gc[same] == gg[same]) ++same;
   std::printf("[ gpu_vs_cpu demo q8 ] greedy tokens identical after the held-out text: %zu/64\n", same);
@@ -204,12 +192,7 @@ TEST(GpuForward, ChunkedPrefillMatchesOneChunk) {
   REQUIRE_GPU();
   auto one = load_demo(true, 0, 0, 64);
   auto chunked = load_demo(true, 0, 0, 7);  // 50 tokens = 7 chunks, the last one short
-  const size_t V = size_t(one->config().vocab_size);
-  const std::vector<int> prompt = prompt_ids(50, int(V));
-  std::vector<float> a(prompt.size() * V), b(prompt.size() * V);
-  one->forward(prompt, a, true);
-  chunked->forward(prompt, b, true);
-  const double rel = rel_max_diff(a, b, V);
+  const double rel = test::prefill_rel_diff(*one, *chunked, prompt_ids(50, one->config().vocab_size));
   std::printf("[ gpu chunked prefill ] rel max |dlogit| 7-token vs 64-token chunks = %.3g\n", rel);
   // cuBLAS's blocking differs with the chunk length; the int8 input rounding of q8 experts turns
   // that 1e-6 noise into a few flipped quant steps (measured 0.0068; 1.3e-6 without rounding).
@@ -223,7 +206,7 @@ TEST(GpuForward, LookaheadNeverChangesTokensAndReportsRecall) {
   auto plain = load_demo(true, cache_mb, 0);
   auto ahead = load_demo(true, cache_mb, 6);
   const std::vector<int> prompt = prompt_ids(21, plain->config().vocab_size);
-  EXPECT_EQ(greedy(*plain, prompt, 48), greedy(*ahead, prompt, 48));
+  EXPECT_EQ(greedy_tokens(*plain, prompt, 48), greedy_tokens(*ahead, prompt, 48));
 
   const GpuForwardStats p = plain->gpu_stats(), a = ahead->gpu_stats();
   EXPECT_EQ(p.cache.prefetch_issued + p.cache.prefetch_dropped, 0u);
@@ -306,8 +289,8 @@ TEST(GpuForward, RoutingCallbackSeesTheCpuRouting) {
   gpu->set_routing_callback([&](const RoutingEvent& e) {
     ids_gpu.insert(ids_gpu.end(), e.ids, e.ids + size_t(e.n_tokens) * e.top_k);
   });
-  greedy(*cpu, prompt_ids(12, cpu->config().vocab_size), 8);
-  greedy(*gpu, prompt_ids(12, gpu->config().vocab_size), 8);
+  greedy_tokens(*cpu, prompt_ids(12, cpu->config().vocab_size), 8);
+  greedy_tokens(*gpu, prompt_ids(12, gpu->config().vocab_size), 8);
   ASSERT_EQ(ids_cpu.size(), ids_gpu.size());
   size_t same = 0;
   for (size_t i = 0; i < ids_cpu.size(); ++i) same += ids_cpu[i] == ids_gpu[i];
@@ -335,12 +318,8 @@ TEST(GpuForward, RoutingOverrideIsHonouredAsOnTheCpu) {
   gpu->set_routing_callback([&](const RoutingEvent& e) {
     if (e.layer == 2) seen.insert(seen.end(), e.ids, e.ids + size_t(e.n_tokens) * e.top_k);
   });
-  const size_t V = size_t(cpu->config().vocab_size);
-  const std::vector<int> prompt = prompt_ids(9, int(V));
-  std::vector<float> a(prompt.size() * V), b(prompt.size() * V);
-  cpu->forward(prompt, a, true);
-  gpu->forward(prompt, b, true);
-  const double rel = rel_max_diff(a, b, V);
+  const std::vector<int> prompt = prompt_ids(9, cpu->config().vocab_size);
+  const double rel = test::prefill_rel_diff(*cpu, *gpu, prompt);
   std::printf("[ gpu routing override ] rel max |dlogit| vs CPU = %.3g\n", rel);
   EXPECT_LE(rel, kDemoTolerance);
   ASSERT_EQ(seen.size(), prompt.size() * size_t(K));
@@ -365,8 +344,8 @@ TEST(GpuCacheAware, ToleranceZeroGivesThePlainGpuTokensAndTheGpuCacheIsConsulted
   auto cpu_wide = load_demo_on_pread_store(mo);
   const std::vector<int> prompt = prompt_ids(21, plain->config().vocab_size);
   const int n_new = 48;
-  const std::vector<int> p = greedy(*plain, prompt, n_new);
-  EXPECT_EQ(greedy(*zero, prompt, n_new), p);
+  const std::vector<int> p = greedy_tokens(*plain, prompt, n_new);
+  EXPECT_EQ(greedy_tokens(*zero, prompt, n_new), p);
   const CacheAwareStats& z = zero->cache_aware_stats();
   const int L = zero->config().n_layers, K = zero->config().n_experts_per_tok;
   EXPECT_EQ(z.routings, uint64_t(21 + n_new - 1) * uint64_t(L));  // prompt + fed-back tokens
@@ -375,8 +354,8 @@ TEST(GpuCacheAware, ToleranceZeroGivesThePlainGpuTokensAndTheGpuCacheIsConsulted
   EXPECT_EQ(z.misses_after, z.misses_before);
   EXPECT_GT(z.misses_before, 0u) << "the quarter cache never missed: the test is too easy";
 
-  greedy(*wide, prompt, n_new);
-  greedy(*cpu_wide, prompt, n_new);
+  greedy_tokens(*wide, prompt, n_new);
+  greedy_tokens(*cpu_wide, prompt, n_new);
   const CacheAwareStats& w = wide->cache_aware_stats();
   std::printf("[ gpu cache-aware 0.5, cache %zu MiB ] substitutions %llu of %llu slots, misses "
               "%llu -> %llu; GPU demand misses %llu (tolerance 0: %llu)\n",

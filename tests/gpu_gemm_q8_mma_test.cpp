@@ -130,14 +130,10 @@ std::vector<float> run_grouped(QuantType q, int rows, int cols, const Grouped& g
   std::vector<uint8_t> payloads(g.stride * g.mats.size(), 0xa5);
   for (size_t i = 0; i < g.mats.size(); ++i)
     std::memcpy(&payloads[i * g.stride + kOffset], g.mats[i].data(), g.mats[i].size());
-  DeviceVec<uint8_t> dp(payloads);
-  std::vector<const uint8_t*> ptrs;
-  for (size_t i = 0; i < g.mats.size(); ++i) ptrs.push_back(dp.get() + i * g.stride);
-  DeviceVec<const uint8_t*> dw(ptrs);
-  DeviceVec<int> drs(g.row_start);
+  const DeviceGroups groups(payloads, g.stride, g.row_start);
   DeviceVec<float> dx(x), dy(size_t(g.n_rows) * rows + 64);  // 64 guard floats past the end
   EXPECT_EQ(cudaMemset(dy.get(), 0xff, (size_t(g.n_rows) * rows + 64) * sizeof(float)), cudaSuccess);
-  gpu::expert_gemm(q, dw.get(), kOffset, drs.get(), int(g.mats.size()), max_rows, rows, cols,
+  gpu::expert_gemm(q, groups.weights(), kOffset, groups.row_start(), int(g.mats.size()), max_rows, rows, cols,
                    dx.get(), dy.get(), nullptr, kernel);
   std::vector<float> y = dy.download();
   for (size_t i = size_t(g.n_rows) * rows; i < y.size(); ++i) {

@@ -313,18 +313,13 @@ TEST(GpuGgml, ExpertGemmMatchesF64PerGroup) {
         std::memcpy(&payloads[g * stride + kOffset], w.data(), mbytes);
         wf[g] = dequantize(c.q, w, rows, c.cols);
       }
-      std::vector<int> row_start{0};
-      for (int s : sizes) row_start.push_back(row_start.back() + s);
+      const std::vector<int> row_start = group_row_starts(sizes);
       const size_t n_rows = size_t(row_start.back());
       const int max_rows = *std::max_element(sizes.begin(), sizes.end());
       const auto x = random_x(n_rows * c.cols, rng);
-      DeviceVec<uint8_t> dp(payloads);
-      std::vector<const uint8_t*> ptrs(n_groups);
-      for (size_t g = 0; g < n_groups; ++g) ptrs[g] = dp.get() + g * stride;
-      DeviceVec<const uint8_t*> dptrs(ptrs);
-      DeviceVec<int> drs(row_start);
+      const DeviceGroups groups(payloads, stride, row_start);
       DeviceVec<float> dx(x), dy(n_rows * rows);
-      gpu::expert_gemm(c.q, dptrs.get(), kOffset, drs.get(), int(n_groups), max_rows, int(rows),
+      gpu::expert_gemm(c.q, groups.weights(), kOffset, groups.row_start(), int(n_groups), max_rows, int(rows),
                        int(c.cols), dx.get(), dy.get(), nullptr);
       const auto y = dy.download();
       Reference ref;

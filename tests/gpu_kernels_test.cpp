@@ -320,8 +320,7 @@ TEST(GpuKernels, AttentionPrefillIsCausalAtOddSizes) {
 void check_expert_gemm(QuantType q, int rows, int cols, const std::vector<int>& sizes,
                        uint32_t seed, int max_rows_hint = 0) {
   const int n_groups = int(sizes.size());
-  std::vector<int> row_start(1, 0);
-  for (int n : sizes) row_start.push_back(row_start.back() + n);
+  const std::vector<int> row_start = group_row_starts(sizes);
   const int n_rows = row_start.back();
   const size_t offset = 192, mbytes = quant_matrix_bytes(q, size_t(rows), size_t(cols));
   const size_t stride = (offset + mbytes + 255) / 256 * 256;
@@ -346,16 +345,12 @@ void check_expert_gemm(QuantType q, int rows, int cols, const std::vector<int>& 
           acc += double(deq[size_t(g)][size_t(r) * cols + c]) * x[size_t(t) * cols + c];
         ref[size_t(t) * rows + r] = float(acc);
       }
-  DeviceVec<uint8_t> dp(payloads);
-  std::vector<const uint8_t*> ptrs;
-  for (int g = 0; g < n_groups; ++g) ptrs.push_back(dp.get() + stride * size_t(g));
-  DeviceVec<const uint8_t*> dw(ptrs);
-  DeviceVec<int> drs(row_start);
+  const DeviceGroups groups(payloads, stride, row_start);
   DeviceVec<float> dx(x), dy(ref.size());
   CUDA_OK(cudaMemset(dy.get(), 0xff, ref.size() * sizeof(float)));
   const int max_rows =
       max_rows_hint > 0 ? max_rows_hint : *std::max_element(sizes.begin(), sizes.end());
-  gpu::expert_gemm(q, dw.get(), offset, drs.get(), n_groups, max_rows, rows, cols, dx.get(),
+  gpu::expert_gemm(q, groups.weights(), offset, groups.row_start(), n_groups, max_rows, rows, cols, dx.get(),
                    dy.get(), nullptr);
   std::string name = "expert_gemm_" + std::string(quant_name(q)) + " " + std::to_string(rows) +
                      "x" + std::to_string(cols) + " groups";

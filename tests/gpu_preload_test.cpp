@@ -15,6 +15,7 @@
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/grouped_q8_pack.h"
 #include "tests/support/require_gpu.h"
 #include "tests/support/test_model.h"
 
@@ -24,18 +25,11 @@ namespace {
 
 // A q8 pack whose experts take the grouped GEMM, so decode can run resident
 // (test::grouped_q8_config).
-class GpuPreload : public ::testing::Test {
+class GpuPreload : public test::GroupedQ8Pack {
  protected:
-  void SetUp() override {
-    REQUIRE_GPU();
-    write_synthetic_model(dir_.path(), test::grouped_q8_config(), 7, 2);
-  }
+  GpuPreload() : GroupedQ8Pack("gpu_preload") {}
   std::unique_ptr<Model> load(size_t cache_mb, bool preload, std::vector<int>* progress = nullptr) {
-    ModelOptions mo;
-    mo.n_threads = 2;
-    mo.max_context = 256;
-    mo.gpu = true;
-    mo.gpu_cache_mb = cache_mb;
+    ModelOptions mo = gpu_options(cache_mb, 256);
     mo.gpu_preload = preload;
     if (progress) mo.on_gpu_preload = [progress](int done, int total) {
       progress->push_back(done);
@@ -43,7 +37,6 @@ class GpuPreload : public ::testing::Test {
     };
     return Model::load(dir_.path(), mo);
   }
-  TempDir dir_{"gpu_preload"};
 };
 
 }  // namespace

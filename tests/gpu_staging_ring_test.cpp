@@ -141,17 +141,38 @@ TEST_F(GpuStagingRingTest, EventOfABatchInFlightLetsAnotherStreamWaitForIt) {
   EXPECT_EQ(ring.n_in_flight(), 0u);
 }
 
+// The experts of layer 1 the read tests ask for, in that order.
+const std::vector<int> kFiveIds{9, 2, 14, 5, 7};
+
+// Device memory for the read tests' expert slots, freed on scope exit (p is null when
+// cudaMalloc failed).
+struct DeviceSlots {
+  explicit DeviceSlots(size_t bytes) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), bytes) != cudaSuccess) p = nullptr;
+  }
+  ~DeviceSlots() { cudaFree(p); }
+  DeviceSlots(const DeviceSlots&) = delete;
+  DeviceSlots& operator=(const DeviceSlots&) = delete;
+  uint8_t* p = nullptr;
+};
+
+// Copies of n experts of b bytes each into consecutive slots from `slots`, slot i for the i-th.
+std::vector<GpuCopy> copies_into(uint8_t* slots, size_t b, size_t n) {
+  std::vector<GpuCopy> cs;
+  for (size_t i = 0; i < n; ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  return cs;
+}
+
 TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   const ModelConfig cfg = small_config();
   const size_t b = expert_bytes(cfg);
   FakeStore store(cfg);
   store.trickle_ = 2;  // each waiting next_ready() lands two experts
-  uint8_t* slots = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&slots), 8 * b), cudaSuccess);
+  const DeviceSlots slots(8 * b);
+  ASSERT_NE(slots.p, nullptr) << "cudaMalloc";
   GpuStagingRing ring(8 * b, copy_, events_, true);
-  const std::vector<int> ids{9, 2, 14, 5, 7};
-  std::vector<GpuCopy> cs;
-  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  const std::vector<int> ids = kFiveIds;
+  std::vector<GpuCopy> cs = copies_into(slots.p, b, ids.size());
   GpuCacheTelemetry tel;
   std::vector<uint64_t> seq_of(ids.size(), 0);
   const GpuExpertParts parts = GpuExpertParts::of(cfg.expert_layout(1), 64, 96);
@@ -166,10 +187,9 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
   ASSERT_EQ(cudaStreamSynchronize(copy_), cudaSuccess);
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<uint8_t> host(b);
-    cudaMemcpy(host.data(), slots + i * b, b, cudaMemcpyDeviceToHost);
+    cudaMemcpy(host.data(), slots.p + i * b, b, cudaMemcpyDeviceToHost);
     EXPECT_EQ(host, store.payload(1, ids[i])) << "expert " << ids[i];
   }
-  cudaFree(slots);
 }
 
 // Reads experts 9, 2, 14, 5, 7 of layer 1 of `store` through a ring into five device slots and
@@ -177,12 +197,11 @@ TEST_F(GpuStagingRingTest, ReadAndUploadCopiesEachGroupAsSoonAsItLands) {
 GpuCacheTelemetry read_five(FakeStore& store, const ModelConfig& cfg, GpuEventPool& events,
                             cudaStream_t copy, const GpuPinnedMappings* pinned) {
   const size_t b = expert_bytes(cfg);
-  uint8_t* slots = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&slots), 8 * b), cudaSuccess);
+  const DeviceSlots slots(8 * b);
+  EXPECT_NE(slots.p, nullptr) << "cudaMalloc";
   GpuStagingRing ring(8 * b, copy, events, true);
-  const std::vector<int> ids{9, 2, 14, 5, 7};
-  std::vector<GpuCopy> cs;
-  for (size_t i = 0; i < ids.size(); ++i) cs.push_back(GpuCopy{slots + i * b, nullptr, b, int(i), 0, slots});
+  const std::vector<int> ids = kFiveIds;
+  std::vector<GpuCopy> cs = copies_into(slots.p, b, ids.size());
   GpuCacheTelemetry tel;
   const ExpertLayout lay = cfg.expert_layout(1);
   const GpuExpertParts parts = GpuExpertParts::of(lay, size_t(cfg.hidden_size), size_t(cfg.moe_intermediate_size));
@@ -192,13 +211,12 @@ GpuCacheTelemetry read_five(FakeStore& store, const ModelConfig& cfg, GpuEventPo
   const size_t len[] = {parts.gate_bytes, parts.up_bytes, parts.down_bytes};
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<uint8_t> host(b);
-    cudaMemcpy(host.data(), slots + i * b, b, cudaMemcpyDeviceToHost);
+    cudaMemcpy(host.data(), slots.p + i * b, b, cudaMemcpyDeviceToHost);
     const std::vector<uint8_t>& want = store.payload(1, ids[i]);
     for (int k = 0; k < 3; ++k)
       EXPECT_EQ(std::memcmp(host.data() + from[k], want.data() + from[k], len[k]), 0)
           << "expert " << ids[i] << ", matrix " << k;
   }
-  cudaFree(slots);
   return tel;
 }
 

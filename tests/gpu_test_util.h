@@ -50,6 +50,34 @@ class DeviceVec {
   size_t n_;
 };
 
+// A grouped expert GEMM's layout (gpu::expert_gemm): group g's token rows start at row g of the
+// result, 0 then the running sums of `sizes`.
+inline std::vector<int> group_row_starts(const std::vector<int>& sizes) {
+  std::vector<int> row_start(1, 0);
+  for (int n : sizes) row_start.push_back(row_start.back() + n);
+  return row_start;
+}
+
+// A grouped expert GEMM's weights and row starts on the device: `payloads` holds one slot of
+// `stride` bytes per group; weights() is the array of the slots' addresses the kernel takes.
+class DeviceGroups {
+ public:
+  DeviceGroups(const std::vector<uint8_t>& payloads, size_t stride, const std::vector<int>& row_start)
+      : bytes_(payloads), slots_(slot_addresses(bytes_.get(), stride, row_start.size() - 1)), row_start_(row_start) {}
+  const uint8_t* const* weights() const { return slots_.get(); }
+  const int* row_start() const { return row_start_.get(); }
+
+ private:
+  static std::vector<const uint8_t*> slot_addresses(const uint8_t* base, size_t stride, size_t n_groups) {
+    std::vector<const uint8_t*> p;
+    for (size_t g = 0; g < n_groups; ++g) p.push_back(base + stride * g);
+    return p;
+  }
+  DeviceVec<uint8_t> bytes_;
+  DeviceVec<const uint8_t*> slots_;
+  DeviceVec<int> row_start_;
+};
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, scale);

@@ -22,6 +22,8 @@
 #include "runtime/convert/convert.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
+#include "tests/support/greedy_compare.h"
+#include "tests/support/logit_compare.h"
 #include "tests/support/strict_skip.h"
 
 namespace fs = std::filesystem;
@@ -102,37 +104,21 @@ TEST_P(ReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
       const std::vector<float> w = want[t].get<std::vector<float>>();
       ASSERT_EQ(w.size(), V);
       const float* g = got.data() + t * V;
-      double scale = 0, err = 0;
-      for (size_t v = 0; v < V; ++v) {
-        scale = std::max(scale, double(std::fabs(w[v])));
-        err = std::max(err, double(std::fabs(w[v] - g[v])));
-      }
-      worst_rel = std::max(worst_rel, err / scale);
-      rel_errs.push_back(err / scale);
+      const test::RowError e = test::row_error(w, g);
+      worst_rel = std::max(worst_rel, e.err / e.scale);
+      rel_errs.push_back(e.err / e.scale);
       ++positions;
-      const size_t top_want = size_t(std::max_element(w.begin(), w.end()) - w.begin());
-      const size_t top_got = size_t(std::max_element(g, g + V) - g);
-      top1_same += top_want == top_got;
+      top1_same += test::same_top1(w, g);
       if (exact) {
-        EXPECT_LE(err, 1e-3 * scale) << "prompt " << p << " position " << t << ": max |dlogit| "
-                                     << err << ", max |logit| " << scale;
+        EXPECT_LE(e.err, 1e-3 * e.scale) << "prompt " << p << " position " << t << ": max |dlogit| "
+                                         << e.err << ", max |logit| " << e.scale;
       }
     }
 
     // 32 greedy tokens through the KV cache, as the reference generated them.
     const std::vector<int> want_ids = ref["greedy"][p].get<std::vector<int>>();
-    std::vector<int> ids;
-    std::vector<float> last(V);
-    model->reset();
-    model->forward(prompt, last);
-    for (size_t i = 0; i < want_ids.size(); ++i) {
-      const int next = Sampler::argmax(last);
-      ids.push_back(next);
-      if (i + 1 < want_ids.size()) model->forward(std::span<const int>(&next, 1), last);
-    }
-    size_t same = 0;
-    while (same < ids.size() && ids[same] == want_ids[same]) ++same;  // matching prefix
-    greedy_same += same;
+    const std::vector<int> ids = test::greedy_tokens(*model, prompt, want_ids.size());
+    greedy_same += test::matching_prefix(ids, want_ids);
     greedy_total += want_ids.size();
     if (exact) {
       EXPECT_EQ(ids, want_ids) << "prompt " << p << " greedy tokens differ";

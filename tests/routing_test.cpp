@@ -18,6 +18,7 @@
 #include "runtime/model/cache_aware_router.h"
 #include "runtime/model/routing.h"
 #include "tests/support/router_params.h"
+#include "tests/support/test_model.h"
 
 using namespace moestream;
 
@@ -322,14 +323,7 @@ nlohmann::json base_json() {
                                                      .head_dim = 8, .expert_width = 16, .experts = 16, .top_k = 4,
                                                      .max_positions = 128},
                                     QkNorm::kPerHead, QuantType::kBF16);
-  c.router_scoring = RouterScoring::kSigmoid;
-  c.n_group = 4;
-  c.topk_group = 2;
-  c.routed_scaling_factor = 2.5;
-  c.shared_expert_intermediate_size = 16;
-  c.shared_expert_gated = false;
-  c.first_k_dense_replace = 1;
-  c.intermediate_size = 40;
+  test::grouped_sigmoid_with_dense_first_layer(c, 16, 40);
   c.rotary_dim = 4;
   return c.to_json();
 }

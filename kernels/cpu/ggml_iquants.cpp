@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/load_le.h"
 #include "kernels/cpu/ggml_iq1_grid.h"
 #include "kernels/cpu/ggml_iq2_iq3_grids.h"
 #include "kernels/cpu/ggml_kquants_kernels.h"
@@ -24,17 +25,9 @@ float f16_at(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-uint16_t u16_at(const uint8_t* p) {  // little-endian, as GGUF stores it (x86 is too)
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+uint16_t u16_at(const uint8_t* p) { return load_le<uint16_t>(p); }
 
-uint32_t u32_at(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+uint32_t u32_at(const uint8_t* p) { return load_le<uint32_t>(p); }
 
 // The `width` values of a grid entry (byte j = element j, unsigned), negated where bit j of
 // `signs` is set.

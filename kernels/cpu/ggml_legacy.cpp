@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "common/load_le.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
 #include "kernels/cpu/quant_kernels.h"
@@ -21,17 +22,9 @@ namespace {
 constexpr size_t kBlock = 32;
 constexpr size_t kHalf = 16;
 
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+uint16_t load_u16(const uint8_t* p) { return load_le<uint16_t>(p); }
 
-uint32_t load_u32(const uint8_t* p) {  // little-endian, as GGUF stores it (x86 is too)
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+uint32_t load_u32(const uint8_t* p) { return load_le<uint32_t>(p); }
 
 float f16_at(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
 

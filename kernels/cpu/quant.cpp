@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "common/load_le.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
 
@@ -28,11 +29,7 @@ void load_block(const float* row, size_t cols, size_t b, float out[kQuantBlock])
   }
 }
 
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+uint16_t load_u16(const uint8_t* p) { return load_le<uint16_t>(p); }
 
 // Round to nearest (ties to even: nearbyint compiles to one instruction, lround is a libm call).
 int8_t round_clamp(float v, float lo, float hi) {

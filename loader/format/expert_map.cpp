@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/load_le.h"
 #include "loader/format/expert_file.h"
 
 namespace moestream {
@@ -16,16 +17,8 @@ namespace {
 
 constexpr size_t kHeaderBytes = 16;
 
-uint32_t load_u32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);  // little-endian hosts only (x86-64, aarch64), as the format states
-  return v;
-}
-uint64_t load_u64(const char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+uint32_t load_u32(const char* p) { return load_le<uint32_t>(p); }
+uint64_t load_u64(const char* p) { return load_le<uint64_t>(p); }
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
 void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
 

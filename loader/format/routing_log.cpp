@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
+#include "common/load_le.h"
 #include "loader/format/gguf_file.h"
 #include "loader/format/gguf_model.h"
 
@@ -21,21 +22,9 @@ constexpr char kRecordTag[4] = {'R', 'R', 'E', 'C'};
 constexpr size_t kRecordFixed = 24;  // tag .. layer
 constexpr uint8_t kFlagRouterInput = 1;
 
-uint16_t load_u16(const char* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);  // little-endian hosts only, as the format states
-  return v;
-}
-uint32_t load_u32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-uint64_t load_u64(const char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+uint16_t load_u16(const char* p) { return load_le<uint16_t>(p); }
+uint32_t load_u32(const char* p) { return load_le<uint32_t>(p); }
+uint64_t load_u64(const char* p) { return load_le<uint64_t>(p); }
 template <class T>
 void put(std::string& s, T v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);

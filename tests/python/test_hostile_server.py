@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_server import Server, requests
+from test_server import Server, requests, serving
 
 TIMEOUT = 20
 
@@ -100,10 +100,7 @@ HTTP = [
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--queue-size", "2", "--max-body-kb", "1024")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--queue-size", "2", "--max-body-kb", "1024")
 
 
 def test_malformed_http_gets_4xx_or_a_close_never_a_crash_or_hang(server):
@@ -157,31 +154,29 @@ def test_a_keep_alive_connection_after_503_is_closed_or_answered_again():
     # 1 HTTP thread held, 1 waiting place held: the next connection is an overflow one. Its first
     # request gets 503 with Connection: close; a client that ignores it and sends a second
     # request on the same connection must see the close or another answer, never silence.
-    s = Server("--http-threads", "1", "--max-waiting-connections", "1", "--queue-size", "1")
-    host, port = s.url[len("http://"):].rsplit(":", 1)
-    holders = []
-    try:
-        holders = [_holder(s.url)]
-        time.sleep(0.2)
-        holders.append(_holder(s.url))
-        time.sleep(0.2)
-        req = post("/v1/completions", GOOD).replace(b"Host: x\r\n", b"Host: x\r\nConnection: keep-alive\r\n")
-        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as c:
-            c.sendall(req)
-            first = _read_response(c)
-            assert first is not None and first[0] == 503, first
-            assert first[1].get(b"connection") == b"close", first[1]
-            try:
+    with Server("--http-threads", "1", "--max-waiting-connections", "1", "--queue-size", "1") as s:
+        host, port = s.url[len("http://"):].rsplit(":", 1)
+        holders = []
+        try:
+            holders = [_holder(s.url)]
+            time.sleep(0.2)
+            holders.append(_holder(s.url))
+            time.sleep(0.2)
+            req = post("/v1/completions", GOOD).replace(b"Host: x\r\n", b"Host: x\r\nConnection: keep-alive\r\n")
+            with socket.create_connection((host, int(port)), timeout=TIMEOUT) as c:
                 c.sendall(req)
-                second = _read_response(c)
-            except (ConnectionResetError, BrokenPipeError):
-                second = None
-            assert second is None or second[0] == 503, second  # closed, or answered again
-    finally:
-        for h in holders:
-            h.close()
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+                first = _read_response(c)
+                assert first is not None and first[0] == 503, first
+                assert first[1].get(b"connection") == b"close", first[1]
+                try:
+                    c.sendall(req)
+                    second = _read_response(c)
+                except (ConnectionResetError, BrokenPipeError):
+                    second = None
+                assert second is None or second[0] == 503, second  # closed, or answered again
+        finally:
+            for h in holders:
+                h.close()
 
 
 def test_a_full_job_queue_answers_every_request_on_a_keep_alive_connection():
@@ -190,60 +185,56 @@ def test_a_full_job_queue_answers_every_request_on_a_keep_alive_connection():
     # streams must outlast the requests: 400 tokens of the demo model could end first once the
     # sampler stopped sorting the vocabulary (a CI run saw 200), so they ask for 4000 in a
     # 4096-token context.
-    s = Server("--queue-size", "1", ctx=4096)
-    host, port = s.url[len("http://"):].rsplit(":", 1)
-    streams = []
-    try:
-        for _ in range(2):
-            r = requests.post(s.url + "/v1/completions", data=json.dumps(
-                {"prompt": "Long", "max_tokens": 4000, "ignore_eos": True, "stream": True}), stream=True,
-                timeout=TIMEOUT)
-            streams.append(r)
-            time.sleep(0.2)
-        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as c:
-            for _ in range(3):
-                c.sendall(post("/v1/completions", GOOD))
-                got = _read_response(c)
-                assert got is not None and got[0] == 503, got
-                assert json.loads(got[2])["error"]["code"] == "queue_full", got
-    finally:
-        for r in streams:
-            r.close()
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    with Server("--queue-size", "1", ctx=4096) as s:
+        host, port = s.url[len("http://"):].rsplit(":", 1)
+        streams = []
+        try:
+            for _ in range(2):
+                r = requests.post(s.url + "/v1/completions", data=json.dumps(
+                    {"prompt": "Long", "max_tokens": 4000, "ignore_eos": True, "stream": True}), stream=True,
+                    timeout=TIMEOUT)
+                streams.append(r)
+                time.sleep(0.2)
+            with socket.create_connection((host, int(port)), timeout=TIMEOUT) as c:
+                for _ in range(3):
+                    c.sendall(post("/v1/completions", GOOD))
+                    got = _read_response(c)
+                    assert got is not None and got[0] == 503, got
+                    assert json.loads(got[2])["error"]["code"] == "queue_full", got
+        finally:
+            for r in streams:
+                r.close()
 
 
 def test_many_slow_clients_do_not_keep_good_clients_from_an_answer():
     # 2 HTTP threads, 2 waiting places, and the 8 overflow threads: 20 clients that send half a
     # request and then nothing hold all of them (each up to httplib's 5 s read timeout). Good
     # clients that come meanwhile must each get an answer (200 or 503), none a reset or silence.
-    s = Server("--http-threads", "2", "--max-waiting-connections", "2")
-    holders = []
-    try:
-        for _ in range(20):
-            holders.append(_holder(s.url))
-        results, lock = [], threading.Lock()
+    with Server("--http-threads", "2", "--max-waiting-connections", "2") as s:
+        holders = []
+        try:
+            for _ in range(20):
+                holders.append(_holder(s.url))
+            results, lock = [], threading.Lock()
 
-        def good(i):
-            try:
-                r = requests.post(s.url + "/v1/completions", data=json.dumps(
-                    {"prompt": f"Good {i}", "max_tokens": 1}), timeout=60)
-                out = r.status_code
-            except requests.RequestException as e:
-                out = repr(e)
-            with lock:
-                results.append(out)
+            def good(i):
+                try:
+                    r = requests.post(s.url + "/v1/completions", data=json.dumps(
+                        {"prompt": f"Good {i}", "max_tokens": 1}), timeout=60)
+                    out = r.status_code
+                except requests.RequestException as e:
+                    out = repr(e)
+                with lock:
+                    results.append(out)
 
-        threads = [threading.Thread(target=good, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=90)
-        assert not any(t.is_alive() for t in threads)
-        assert len(results) == 6 and set(results) <= {200, 503}, results
-        assert s.proc.poll() is None
-    finally:
-        for h in holders:
-            h.close()
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+            threads = [threading.Thread(target=good, args=(i,)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=90)
+            assert not any(t.is_alive() for t in threads)
+            assert len(results) == 6 and set(results) <= {200, 503}, results
+            assert s.proc.poll() is None
+        finally:
+            for h in holders:
+                h.close()

@@ -69,13 +69,32 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
 
+    def stop_cleanly(self):
+        """stop(); the server must have exited with status 0 (its stderr is the message)."""
+        self.stop()
+        assert self.proc.returncode == 0, self.proc.stderr.read()
+
+    # `with Server(...) as s:` stops it on leaving; after a block that did not raise, cleanly.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.stop_cleanly()
+        else:
+            self.stop()
+
+
+def serving(*args, **kw):
+    """A module fixture's body: a Server(*args, **kw) for its tests, stopped cleanly after them."""
+    s = Server(*args, **kw)
+    yield s
+    s.stop_cleanly()
+
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--queue-size", "1", "--max-body-kb", "64")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--queue-size", "1", "--max-body-kb", "64")
 
 
 def sse_events(resp):
@@ -255,17 +274,13 @@ def test_deeply_nested_json_in_any_field_gets_400_and_the_server_stays_up():
         ("/v1/chat/completions", '{"messages": [%s], "tools": [%s]}' % (user, deep)),
         ("/v1/chat/completions", '{"messages": [%s], "chat_template_kwargs": {"k": %s}}' % (user, deep)),
     ]
-    s = Server("--max-body-kb", "1024")
-    try:
+    with Server("--max-body-kb", "1024") as s:
         for path, body in bodies:
             assert_json_error(s.post(path, body), 400, "json_too_deep", "64")
             assert s.get("/health").status_code == 200
         ok = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
                                              "chat_template_kwargs": {"unused": [[[[1]]]]}})
         assert ok.status_code == 200, ok.text
-    finally:
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
 
 
 def test_an_engine_failure_answers_500_with_an_error_id_and_no_server_path(tmp_path):
@@ -524,8 +539,7 @@ def test_a_non_streaming_client_that_disconnects_frees_the_engine_and_its_place(
     # client leaves: its place is free at once. A's client leaves: generation stops within a
     # token and the next queued request (C) runs at once. Both count as cancelled.
     big = 4096
-    s = Server("--queue-size", "1", ctx=big)
-    try:
+    with Server("--queue-size", "1", ctx=big) as s:
         m0 = s.metrics()
         a = _raw_post(s.url, "/v1/completions", {"prompt": "Once", "max_tokens": big - 16,
                                                  "ignore_eos": True, "temperature": 0})
@@ -559,9 +573,6 @@ def test_a_non_streaming_client_that_disconnects_frees_the_engine_and_its_place(
         # The worker marks itself idle just after C's answer is handed out: the gauge follows.
         assert _wait_for(lambda: s.metrics()["moestream_requests_running"] == 0, 2.0)
         assert s.metrics()["moestream_queue_length"] == 0
-    finally:
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
 
 
 def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
@@ -569,9 +580,8 @@ def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
     # threads (httplib waits up to its 5 s read timeout); of 10 more concurrent clients, 2 wait
     # for a thread and 8 are answered 503 at once by the overflow threads. Once the half-open
     # clients go away, both waiting clients get their 200.
-    s = Server("--queue-size", "8", "--http-threads", "2", "--max-waiting-connections", "2")
-    host, port = s.url[len("http://"):].rsplit(":", 1)
-    try:
+    with Server("--queue-size", "8", "--http-threads", "2", "--max-waiting-connections", "2") as s:
+        host, port = s.url[len("http://"):].rsplit(":", 1)
         holders = []
         for _ in range(2):
             sock = socket.create_connection((host, int(port)), timeout=10)
@@ -614,9 +624,6 @@ def test_connections_beyond_threads_and_backlog_get_503_at_once_and_none_hang():
         assert sorted(r[0] for r in results) == [200] * 2 + [503] * 8, results
         m = s.metrics()
         assert m["moestream_requests_rejected_total"] == 8
-    finally:
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
 
 
 def test_overload_answers_503_to_every_complete_request_even_with_a_large_body():
@@ -625,10 +632,9 @@ def test_overload_answers_503_to_every_complete_request_even_with_a_large_body()
     # body was read; closing a socket with unread data resets the connection, and some clients saw
     # the reset instead of the answer. Every one must get its 503 (or, for the waiting one, a 400:
     # the prompt is longer than the context).
-    s = Server("--queue-size", "1", "--http-threads", "1", "--max-waiting-connections", "1",
-               "--max-body-kb", "2048")
-    host, port = s.url[len("http://"):].rsplit(":", 1)
-    try:
+    with Server("--queue-size", "1", "--http-threads", "1", "--max-waiting-connections", "1",
+               "--max-body-kb", "2048") as s:
+        host, port = s.url[len("http://"):].rsplit(":", 1)
         holder = socket.create_connection((host, int(port)), timeout=10)
         holder.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never end
         time.sleep(0.3)
@@ -654,29 +660,24 @@ def test_overload_answers_503_to_every_complete_request_even_with_a_large_body()
         n503 = sum(r[0] == 503 for r in results)
         assert len(results) == 60 and n503 >= 58, results
         assert s.metrics()["moestream_requests_rejected_total"] == n503
-    finally:
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
 
 
 def test_slow_overflow_clients_do_not_stall_the_answers_to_others():
     # 1 HTTP thread, 1 waiting place. Three half-sent requests take the thread, the place and an
     # overflow thread (each is held up to httplib's 5 s read timeout); a complete request that
     # comes next still gets its 503 at once, not after the holders time out.
-    s = Server("--http-threads", "1", "--max-waiting-connections", "1")
-    host, port = s.url[len("http://"):].rsplit(":", 1)
-    holders = []
-    try:
-        for _ in range(3):
-            h = socket.create_connection((host, int(port)), timeout=10)
-            h.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-            holders.append(h)
-            time.sleep(0.2)  # taken from its FIFO before the next one comes
-        r = requests.post(s.url + "/v1/completions", data=json.dumps({"prompt": "x", "max_tokens": 1}),
-                          timeout=3)  # well inside the holders' 5 s
-        assert_json_error(r, 503, "server_overloaded")
-    finally:
-        for h in holders:
-            h.close()
-        s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    with Server("--http-threads", "1", "--max-waiting-connections", "1") as s:
+        host, port = s.url[len("http://"):].rsplit(":", 1)
+        holders = []
+        try:
+            for _ in range(3):
+                h = socket.create_connection((host, int(port)), timeout=10)
+                h.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                holders.append(h)
+                time.sleep(0.2)  # taken from its FIFO before the next one comes
+            r = requests.post(s.url + "/v1/completions", data=json.dumps({"prompt": "x", "max_tokens": 1}),
+                              timeout=3)  # well inside the holders' 5 s
+            assert_json_error(r, 503, "server_overloaded")
+        finally:
+            for h in holders:
+                h.close()

@@ -27,8 +27,7 @@ def run_server(*args):
     try:
         return chats(s), s.metrics()
     finally:
-        s.stop()
-        assert s.proc.returncode == 0, s.proc.stderr.read()
+        s.stop_cleanly()
 
 
 def test_tolerance_zero_answers_exactly_as_the_plain_server():
@@ -99,8 +98,7 @@ def together(*args):
             t.join(timeout=120)
         return got, s.metrics()
     finally:
-        s.stop()
-        assert s.proc.returncode == 0, s.proc.stderr.read()
+        s.stop_cleanly()
 
 
 def test_union_at_tolerance_zero_answers_concurrent_requests_as_the_plain_server():

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from test_server import CTX, DEMO, Server, requests
+from test_server import CTX, DEMO, requests, serving
 
 openai = pytest.importorskip("openai", reason="the openai client (PyPI) is what these tests exercise")
 
@@ -15,10 +15,7 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--api-key", KEY, "--queue-size", "1")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--api-key", KEY, "--queue-size", "1")
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from test_server import DEMO, Server, sse_events
+from test_server import DEMO, serving, sse_events
 
 PROMPT = "Once upon a time there was a little"
 
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--parallel", "2", "--queue-size", "4")
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.proc.stderr.read()
+    yield from serving("--parallel", "2", "--queue-size", "4")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 // Implementation of tests/support/batch_harness.h.
 #include "tests/support/batch_harness.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <span>
 
@@ -16,6 +18,35 @@ std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab) {
   std::vector<int> t(static_cast<size_t>(n));
   for (int& x : t) x = int(rng() % unsigned(vocab));
   return t;
+}
+
+std::vector<int> prefill_each(Model& m, const std::vector<std::vector<int>>& prompts) {
+  std::vector<int> seqs;
+  std::vector<float> l(size_t(m.config().vocab_size));
+  for (const auto& p : prompts) {
+    seqs.push_back(m.create_sequence());
+    const SequenceInput in{seqs.back(), p, l, false};
+    m.forward_batch(std::span<const SequenceInput>(&in, 1));
+  }
+  return seqs;
+}
+
+void StepUnion::record(Model& m) {
+  per_layer.assign(size_t(m.config().n_moe_layers()), {});
+  sequences.clear();
+  m.set_routing_callback([this, &m](const RoutingEvent& ev) {
+    EXPECT_FALSE(ev.prefill);
+    EXPECT_EQ(ev.n_tokens, 1);
+    EXPECT_EQ(ev.position, m.sequence_n_past(ev.sequence));
+    sequences.insert(ev.sequence);
+    for (int j = 0; j < ev.top_k; ++j) per_layer[size_t(ev.layer)].insert(ev.ids[j]);
+  });
+}
+
+size_t StepUnion::experts() const {
+  size_t n = 0;
+  for (const auto& u : per_layer) n += u.size();
+  return n;
 }
 
 std::vector<BatchRequest> four_requests(unsigned seed, int vocab, bool fixed_decode) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "loader/format/routing_log.h"
@@ -16,6 +17,20 @@
 namespace moestream::test {
 
 std::vector<int> random_tokens(std::mt19937& rng, int n, int vocab);
+
+// One new sequence per prompt, each prefilled alone; their ids in the prompts' order.
+std::vector<int> prefill_each(Model& m, const std::vector<std::vector<int>>& prompts);
+
+// What a decode step of several sequences routed: each MoE layer's experts (the union over the
+// sequences) and the sequences that routed. record() installs m's routing callback, which also
+// checks that each event is one decode token at its sequence's position.
+struct StepUnion {
+  std::vector<std::set<int>> per_layer;
+  std::set<int> sequences;
+
+  void record(Model& m);
+  size_t experts() const;  // summed over the layers
+};
 
 // A request: its prompt, the step it joins at, what it decodes, and the logits of every call that
 // produced some (the prompt's last chunk, then each decode token). It decodes `decode` when given

@@ -57,6 +57,36 @@ void rewrite_gguf(const fs::path& src, const fs::path& dst, const GgufRewrite& r
   w.commit();
 }
 
+GgufRewrite dropping(const std::string& tensor) {
+  GgufRewrite r;
+  r.tensor = [tensor](GgufTensorSpec& s) { return s.name != tensor; };
+  return r;
+}
+
+GgufRewrite reshaping(const std::string& tensor, const std::vector<uint64_t>& dims) {
+  GgufRewrite r;
+  r.tensor = [tensor, dims](GgufTensorSpec& s) {
+    if (s.name == tensor) s.dims = dims;
+    return true;
+  };
+  return r;
+}
+
+GgufRewrite retyping(const std::string& tensor, GgmlType type) {
+  GgufRewrite r;
+  r.tensor = [tensor, type](GgufTensorSpec& s) {
+    if (s.name == tensor) s.type = type;
+    return true;
+  };
+  return r;
+}
+
+GgufRewrite setting(const std::string& key, const std::optional<GgufValue>& v) {
+  GgufRewrite r;
+  r.meta[key] = v;
+  return r;
+}
+
 std::string gguf_load_error(const fs::path& path) {
   return error_message<FormatError>([&] { GgufModel g(path); });
 }

@@ -27,6 +27,13 @@ struct GgufRewrite {
 
 void rewrite_gguf(const std::filesystem::path& src, const std::filesystem::path& dst, const GgufRewrite& r);
 
+// The one-edit rewrites: tensor `tensor` dropped, given `dims` or given `type`; metadata `key`
+// replaced by (or, with no value, dropped for) `v`.
+GgufRewrite dropping(const std::string& tensor);
+GgufRewrite reshaping(const std::string& tensor, const std::vector<uint64_t>& dims);
+GgufRewrite retyping(const std::string& tensor, GgmlType type);
+GgufRewrite setting(const std::string& key, const std::optional<GgufValue>& v);
+
 // The FormatError message opening `path` as a GgufModel gives ("<no exception>" when it opens).
 std::string gguf_load_error(const std::filesystem::path& path);
 

@@ -1,5 +1,6 @@
 // Test support: how far one pass's logits are from another's, and a deterministic prompt. The GPU
-// suites compare --gpu against the CPU pass (and transformers) with these. Header-only.
+// suites compare --gpu against the CPU pass, the reference tests the CPU pass against transformers'
+// logits with these. Header-only.
 #pragma once
 
 #include <algorithm>
@@ -10,16 +11,31 @@
 
 namespace moestream::test {
 
+// One row of logits against its reference: max |want - got| and max |want| (the row's scale).
+struct RowError {
+  double err = 0, scale = 0;
+};
+inline RowError row_error(std::span<const float> want, const float* got) {
+  RowError r;
+  for (size_t v = 0; v < want.size(); ++v) {
+    r.scale = std::max(r.scale, double(std::fabs(want[v])));
+    r.err = std::max(r.err, double(std::fabs(want[v] - got[v])));
+  }
+  return r;
+}
+
+// Whether the two rows of logits put their largest value at the same id (the first on ties).
+inline bool same_top1(std::span<const float> want, const float* got) {
+  return std::max_element(want.begin(), want.end()) - want.begin() ==
+         std::max_element(got, got + want.size()) - got;
+}
+
 // Max over rows of max |a - b| / max |a| (the row's logit scale), a and b rows of V logits.
 inline double rel_max_diff(std::span<const float> a, std::span<const float> b, size_t V) {
   double worst = 0;
   for (size_t r = 0; r * V < a.size(); ++r) {
-    double scale = 0, err = 0;
-    for (size_t v = r * V; v < (r + 1) * V; ++v) {
-      scale = std::max(scale, double(std::fabs(a[v])));
-      err = std::max(err, double(std::fabs(a[v] - b[v])));
-    }
-    worst = std::max(worst, err / scale);
+    const RowError e = row_error(a.subspan(r * V, V), b.data() + r * V);
+    worst = std::max(worst, e.err / e.scale);
   }
   return worst;
 }

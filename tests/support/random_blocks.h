@@ -1,5 +1,5 @@
-// Test support: random bytes for a matrix in one of ggml's block types, for kernel and product
-// tests that compare paths with each other (not against llama.cpp). Header-only.
+// Test support: random bytes for a matrix in one of ggml's block or plain types, for kernel and
+// product tests that compare paths with each other (not against llama.cpp). Header-only.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +11,20 @@
 #include "loader/format/ggml_types.h"
 
 namespace moestream::test {
+
+// n elements of a plain type (F32, F16 or BF16) at dst: N(0, sigma) floats, each rounded to the type.
+inline void fill_random_floats(GgmlType t, uint8_t* dst, size_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> g(0.0f, sigma);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = g(rng);
+    if (t == GgmlType::kF32) {
+      std::memcpy(dst + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = t == GgmlType::kF16 ? f32_to_f16(v) : f32_to_bf16(v);
+      std::memcpy(dst + 2 * i, &h, 2);
+    }
+  }
+}
 
 // `bytes` bytes of blocks of type t: random level bytes, each block's float16 scale d (at its
 // start; Q6_K's, TQ1_0's and TQ2_0's end their block, IQ1_M's is the top nibbles of its last 4

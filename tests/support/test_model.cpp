@@ -32,8 +32,7 @@ void as_qwen2_moe(ModelConfig& c, int shared) {
   c.shared_expert_intermediate_size = shared;
 }
 
-// The routing, shared expert and dense first layer GLM-4.5 and DeepSeek-V3 share.
-static void grouped_sigmoid_with_dense_first_layer(ModelConfig& c, int shared, int dense_intermediate) {
+void grouped_sigmoid_with_dense_first_layer(ModelConfig& c, int shared, int dense_intermediate) {
   c.router_scoring = RouterScoring::kSigmoid;
   c.n_group = 4;
   c.topk_group = 2;

@@ -26,6 +26,10 @@ ModelConfig tiny_moe_config(const TinyShape& s);
 // The families' quirks on a tiny config (the sizes each test picks for its own widths):
 // Qwen2-MoE: a gated shared expert of `shared` rows, QKV bias, no q/k norm.
 void as_qwen2_moe(ModelConfig& c, int shared);
+// The routing, shared expert and dense first layer GLM-4.5 and DeepSeek-V3 share: grouped sigmoid
+// routing (4 groups, 2 kept, scaling 2.5), an ungated shared expert of `shared` rows, one dense
+// first layer of `dense_intermediate`.
+void grouped_sigmoid_with_dense_first_layer(ModelConfig& c, int shared, int dense_intermediate);
 // GLM-4.5: grouped sigmoid routing (4 groups, 2 kept, scaling 2.5), QKV bias, an ungated shared
 // expert, one dense first layer of `dense_intermediate`, partial rotary of `rotary_dim`.
 struct GlmShape {
