@@ -128,7 +128,7 @@ TEST(GpuDecodeGemv, GateUpInOneLaunchEqualsTwoExpertGemmsBitForBit) {
     // Groups [0, 2) and [2, 5) in separate launches (a cache too small for the token): same bits.
     DeviceVec<float> g3(size_t(n_rows) * rows), u3(size_t(n_rows) * rows);
     for (auto [a, b] : {std::pair{0, 2}, std::pair{2, 5}})
-      gpu::expert_gemm_gate_up(q, dw.get() + a, gate_off, up_off, drs.get() + a, b - a, 1, rows,
+      gpu::expert_gemm_gate_up(q, groups.weights() + a, gate_off, up_off, groups.row_start() + a, b - a, 1, rows,
                                cols, dxg.get(), dxu.get(), g3.get(), u3.get(), nullptr);
     expect_exact(g3.download(), g2.download(), (name + " split launches").c_str());
     expect_exact(u3.download(), u2.download(), (name + " split launches, up").c_str());
