@@ -120,8 +120,9 @@ OJ parse_messages(const OJ& m) {
 }
 // Every non-null field must be known for this endpoint and not refused.
 void check_fields(const OJ& j, bool chat) {
-  for (const auto& [key, value] : j.items()) {
-    if (value.is_null()) continue;
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // a plain reference: clang 14 cannot capture a structured binding
+    if (item.value().is_null()) continue;
     const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
                                 [&](const RequestField& r) { return r.name == key; });
     if (f == std::end(kRequestFields) || f->endpoint == (chat ? kCompletions : kChat))
