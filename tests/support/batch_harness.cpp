@@ -81,6 +81,7 @@ void run_batched(Model& m, std::vector<BatchRequest>& rs, int chunk,
     int seq = -1;
     size_t fed = 0, decoded = 0;
     int token = -1;  // the next decode input
+    int produced = 0;  // logits rows this run added to the request (it may hold earlier ones)
     std::vector<float> l;
     bool done = false;
   };
@@ -124,7 +125,7 @@ void run_batched(Model& m, std::vector<BatchRequest>& rs, int chunk,
       if (batch[b].logits.empty()) continue;
       r.logits.push_back(s.l);
       s.token = argmax(s.l);
-      if (int(r.logits.size()) == r.decode_tokens() + 1) {
+      if (++s.produced == r.decode_tokens() + 1) {
         m.free_sequence(s.seq);
         s.done = true;
       }
