@@ -311,12 +311,8 @@ class EngineExpertStore final : public ExpertStore {
         mine = f.landed_head < f.landed.size();
         r = mine ? f.landed[f.landed_head++] : p->landed[p->landed_head++];
       }
-      try {
-        mine ? land(f, r) : land_prediction(*p, r, &f);
-      } catch (const Error&) {
-        pending_.abandon();  // the pass fails: its first uses' hashes vouch for no later one
-        throw;
-      }
+      // A failed read fails the pass: its first uses' hashes vouch for no later one.
+      pending_.abandon_if_throws([&] { mine ? land(f, r) : land_prediction(*p, r, &f); });
     }
     const size_t pos = f.ready[f.ready_head++];
     *index = pos;

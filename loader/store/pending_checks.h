@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/error.h"
 #include "loader/format/expert_file.h"
 
 namespace moestream {
@@ -60,6 +61,16 @@ class PendingChecks {
   // again, and each lives until the next settle() (which waits out a hash still running), as a
   // handed-out entry must.
   void abandon();
+  // Runs step(); when it throws (a read of the pass failed), abandon() and rethrow.
+  template <class Step>
+  void abandon_if_throws(Step&& step) {
+    try {
+      step();
+    } catch (const Error&) {
+      abandon();
+      throw;
+    }
+  }
 
  private:
   static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kCancelled = 3;
