@@ -17,6 +17,7 @@
 #endif
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
@@ -53,7 +54,7 @@ ThreadPool::ThreadPool(int n_threads) {
     // std::thread destroyed would terminate the process).
     stop_and_join();
     throw ConfigError("cannot start " + std::to_string(n_threads - 1) + " worker threads (" + e.what() +
-                      "); ask for fewer (--threads, threads=)");
+                      "); ask for fewer (" + option_ref("threads") + ")");
   }
 }
 

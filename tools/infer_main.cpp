@@ -26,6 +26,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 #include "tools/cli_range.h"
 #include "tools/engine_cli.h"
+#include "tools/option_cli.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
@@ -81,21 +82,16 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
   return std::move(*tok);
 }
 
+// infer's own options (the table's rows for infer that are not engine options); their initial
+// values are the defaults.
 struct Args {
   std::string model, prompt, prompt_ids, stats_json, perplexity_file;
-  int n_predict = 64, threads = 0, ctx = 0, stride = 0;
-  EngineCliArgs engine;
-  uint64_t seed = 0;
-  float temp = 0.8f, top_p = 0.95f;
-  int top_k = 40;
-  SamplerParams sampling;  // the options below the four above (defaults: SamplerParams')
+  int n_predict = 64, stride = 0;
+  EngineSettings engine;  // threads, ctx, batch, the store, cache-aware, GPU, sampling, routing logs
   std::vector<std::string> logit_bias;  // ID:BIAS
   bool timing = false, print_ids = false, ignore_eos = false;
-  std::string collect_routing, replay_routing;
-  bool collect_router_inputs = false;
-  int batch = 0;  // tokens per forward chunk; 0 = the model's default
-  int parallel = 1;  // --parallel: perplexity windows at once
-  bool lookahead_replayed = false;  // --lookahead-replayed (benchmarks: a perfect predictor)
+  int parallel = 1;  // perplexity windows at once
+  bool lookahead_replayed = false;  // benchmarks: a perfect predictor
 };
 
 // Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
@@ -120,36 +116,21 @@ void attach_routing_log(Model& model, RoutingLogWriter& log, bool inputs) {
   });
 }
 
-int run(const Args& a) {
+int run(const Args& a, const OptionCli& cli) {
   const fs::path dir = a.model;
   require_model_location(dir);
-  ModelOptions mo;
-  mo.n_threads = a.threads;
-  mo.max_context = a.ctx;
-  apply_engine_options(a.engine, mo);
-  if (a.lookahead_replayed && (a.replay_routing.empty() || a.engine.moe_lookahead == 0 || a.engine.gpu))
-    throw ConfigError("--lookahead-replayed needs --replay-routing and --moe-lookahead N, without --gpu");
+  cli.check_rules();  // the table's cross-option rules, before any slow work
+  ModelOptions mo = engine_model_options(a.engine);
   mo.moe_lookahead_replayed = a.lookahead_replayed;
-  mo.max_batch = a.batch > 0 ? a.batch : default_max_batch(a.engine.gpu);
   if (a.parallel > 1) {  // perplexity over a batch of windows
-    if (a.perplexity_file.empty() || !a.prompt.empty() || !a.prompt_ids.empty())
-      throw ConfigError("--parallel N scores --perplexity windows N at a time; it does not apply to -p / --prompt-ids");
-    if (!a.replay_routing.empty() || !a.collect_routing.empty())
-      throw ConfigError("--parallel N runs perplexity windows as a batch, without --replay-routing or --collect-routing");
     mo.max_sequences = std::max(mo.max_sequences, a.parallel);
     mo.max_batch = std::max(mo.max_batch, a.parallel);
   }
   const bool want_ppl = !a.perplexity_file.empty();
   const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
   if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
-  if (!a.prompt.empty() && !a.prompt_ids.empty())
-    throw ConfigError("give either -p or --prompt-ids, not both");
-  SamplerParams sp = a.sampling;
+  SamplerParams sp = a.engine.sampling;
   sp.logit_bias = parse_logit_bias(a.logit_bias);
-  sp.temperature = a.temp;
-  sp.top_k = a.top_k;
-  sp.top_p = a.top_p;
-  sp.seed = a.seed;
   Sampler sampler(sp);  // validates the sampling options (NaN included) before the (slow) model load
 
   std::vector<int> prompt;
@@ -162,11 +143,8 @@ int run(const Args& a) {
 
   // The log (cheap) before the weights (slow): a bad log is reported at once.
   std::optional<RoutingReplay> replay;
-  if (!a.replay_routing.empty()) {
-    if (a.engine.cache_aware)
-      throw ConfigError("--replay-routing and --cache-aware exclude each other (the replay fixes "
-                        "the experts)");
-    replay.emplace(RoutingReplay::load(a.replay_routing, header_cfg));
+  if (!a.engine.replay_routing.empty()) {
+    replay.emplace(RoutingReplay::load(a.engine.replay_routing, header_cfg));
     std::fprintf(stderr, "infer: routing: %s\n", replay->describe().c_str());
   }
   auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, header_cfg, "infer"));
@@ -179,20 +157,18 @@ int run(const Args& a) {
     std::printf("# replay: %s\n", replay->describe().c_str());
   }
   std::optional<RoutingLogWriter> routing;
-  if (!a.collect_routing.empty()) {
+  if (!a.engine.collect_routing.empty()) {
     RoutingLogHeader rh{model_identity_hash(dir), uint32_t(cfg.n_moe_layers()), uint32_t(cfg.n_experts),
                         uint32_t(cfg.n_experts_per_tok), uint32_t(cfg.hidden_size)};
-    routing.emplace(a.collect_routing, rh);
+    routing.emplace(a.engine.collect_routing, rh);
     if (!routing->warning().empty()) std::fprintf(stderr, "infer: warning: %s\n", routing->warning().c_str());
-    attach_routing_log(*model, *routing, a.collect_router_inputs);
-  } else if (a.collect_router_inputs) {
-    throw ConfigError("--collect-router-inputs needs --collect-routing FILE");
+    attach_routing_log(*model, *routing, a.engine.collect_router_inputs);
   }
   RunInfo info{dir.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                model->n_threads(), model->max_context(), model->expert_store().describe(), "", ""};
   if (replay) info.routing = replay->describe();
   if (const GpuForwardInfo* g = model->gpu_info()) {
-    info.gpu = g->describe();
+    info.gpu = render_options(g->describe(), OptionCaller::kCli);
     std::fprintf(stderr, "infer: gpu: %s\n", info.gpu.c_str());
   }
   std::optional<GenerateStats> gen;
@@ -234,7 +210,7 @@ int run(const Args& a) {
     const std::string text = read_file(a.perplexity_file);
     std::vector<int> ids;
     for (int32_t id : tok->encode(text, true)) ids.push_back(id);
-    const int ctx = a.ctx > 0 ? a.ctx : std::min(model->max_context(), 512);
+    const int ctx = a.engine.model.max_context > 0 ? a.engine.model.max_context : std::min(model->max_context(), 512);
     if (a.parallel > 1 && a.stride > 0 && a.stride != ctx)
       throw ConfigError("--parallel " + std::to_string(a.parallel) + " scores disjoint windows: give no --stride, "
                         "or --stride equal to the context (" + std::to_string(ctx) + ")");
@@ -263,72 +239,24 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"moestream infer: run a packed Mixture-of-Experts model on the CPU (or the GPU: --gpu)"};
   Args a;
-  app.add_option("-m,--model", a.model, "packed model directory (convert_model output) or GGUF file (any shard of a split set)")->required();
-  app.add_option("-p,--prompt", a.prompt, "prompt text");
-  app.add_option("--prompt-ids", a.prompt_ids, "prompt as comma-separated token ids (no tokenizer needed)");
-  app.add_option("-n,--n-predict", a.n_predict, "tokens to generate")->capture_default_str()
-      ->check(in_range(0, kMaxContext));
-  app.add_option("--seed", a.seed, "sampling seed: the same seed gives the same tokens")->capture_default_str()
-      ->check(in_range<uint64_t>(0, UINT64_MAX));
-  app.add_option("--temp", a.temp, "temperature; 0 = greedy")->capture_default_str();
-  app.add_option("--top-k", a.top_k, "keep the k most likely tokens; 0 = all")->capture_default_str()
-      ->check(in_range<int>(0, INT_MAX));
-  app.add_option("--top-p", a.top_p, "nucleus sampling mass in (0, 1]; 1 = off")->capture_default_str();
-  app.add_option("--min-p", a.sampling.min_p,
-                 "keep tokens whose probability is at least this fraction of the most likely one's; 0 = off")
-      ->capture_default_str();
-  app.add_option("--typical-p", a.sampling.typical_p,
-                 "locally typical sampling mass in (0, 1]; 1 = off")->capture_default_str();
-  app.add_option("--repeat-penalty", a.sampling.repeat_penalty,
-                 "divide positive logits and multiply negative ones by this for each distinct token of "
-                 "the last --repeat-last-n (prompt included); 1 = off")->capture_default_str();
-  app.add_option("--repeat-last-n", a.sampling.repeat_last_n,
-                 "tokens --repeat-penalty looks back over; -1 = all, 0 = off")->capture_default_str()
-      ->check(in_range<int>(-1, INT_MAX));
-  app.add_option("--presence-penalty", a.sampling.presence_penalty,
-                 "subtract this from the logit of every token generated so far (the prompt not counted)")
-      ->capture_default_str();
-  app.add_option("--frequency-penalty", a.sampling.frequency_penalty,
-                 "subtract this times its count from the logit of every token generated so far")
-      ->capture_default_str();
-  app.add_option("--logit-bias", a.logit_bias,
-                 "ID:BIAS, repeatable: add BIAS (in [-100, 100]) to token ID's logit; -100 bans the token");
-  app.add_option("-t,--threads", a.threads, "threads; 0 = all cores")->capture_default_str()
-      ->check(in_range(0, kMaxThreads));
-  app.add_option("--ctx", a.ctx,
-                 "context length (KV cache); also the perplexity window (default min(model, 512))")
-      ->check(in_range(0, kMaxContext));
-  app.add_option("--stride", a.stride, "perplexity window stride (default ctx/2)")
-      ->check(in_range(0, kMaxContext));
-  app.add_flag("--timing", a.timing, "print per-phase times and tokens/s to stderr");
-  app.add_option("--stats-json", a.stats_json, "write the timing figures as JSON to this file");
-  app.add_option("--perplexity", a.perplexity_file, "report the perplexity of this text file");
-  app.add_flag("--print-ids", a.print_ids, "print generated token ids instead of text");
-  app.add_flag("--ignore-eos", a.ignore_eos, "keep generating past the end-of-sequence token");
-  add_engine_options(app, a.engine);
-  app.add_option("--collect-routing", a.collect_routing,
-                 "append every token's per-layer expert choices to this routing log "
-                 "(loader/format/routing_log.h; created if absent, must be of this model)");
-  app.add_option("--replay-routing", a.replay_routing,
-                 "take every layer's experts from this routing log (as --collect-routing writes) "
-                 "instead of the router, mapped onto this model's counts (runtime/engine/routing_replay.h: "
-                 "layer l <- l mod log layers, expert e -> e mod experts, collisions to the next "
-                 "free id); tokens cycle through the log's tokens in order. Outputs say 'replay'");
-  app.add_flag("--lookahead-replayed", a.lookahead_replayed,
-               "benchmarks, CPU: the look-ahead (--moe-lookahead N) predicts layer L+1 from the "
-               "replayed log instead of its router (a perfect predictor: the upper bound of what "
-               "look-ahead can gain); the log's ids first, then the router's ranking up to N");
-  app.add_flag("--collect-router-inputs", a.collect_router_inputs,
-               "also log each router input vector (hidden floats per token and layer)");
-  app.add_option("--batch", a.batch,
-                 "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route "
-                 "token by token like decode; 0 = default: 64, or 512 with --gpu (its prefill reads each "
-                 "expert once per chunk)")
-      ->capture_default_str()->check(in_range(0, 1 << 20));
-  app.add_option("--parallel", a.parallel,
-                 "with --perplexity: score N disjoint windows of --ctx at once, one token per window per "
-                 "step, as N decoding sequences of one batch (what --cache-aware-union costs in quality); "
-                 "1 = the windows one by one (--stride applies)")
-      ->capture_default_str()->check(in_range(1, 64));
-  return run_tool("infer", app, argc, argv, [&] { return run(a); });
+  OptionCli cli(kToolInfer);
+  cli.bind("model", a.model);
+  cli.bind("prompt", a.prompt);
+  cli.bind("prompt_ids", a.prompt_ids);
+  cli.bind("max_tokens", a.n_predict);
+  cli.bind("print_ids", a.print_ids);
+  cli.bind("ignore_eos", a.ignore_eos);
+  cli.bind("perplexity", a.perplexity_file);
+  cli.bind("stride", a.stride);
+  cli.bind("parallel", a.parallel);
+  cli.bind("logit_bias", a.logit_bias);
+  cli.bind("timing", a.timing);
+  cli.bind("stats_json", a.stats_json);
+  cli.bind("lookahead_replayed", a.lookahead_replayed);
+  cli.add_to(app, a.engine);
+  return run_tool("infer", app, argc, argv, [&] {
+    if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;
+    if (a.model.empty()) throw ConfigError("--model is required");
+    return run(a, cli);
+  }, [](std::string_view text) { return render_options(text, OptionCaller::kCli); });
 }

@@ -25,6 +25,7 @@
 #include "runtime/tokenizer/tokenizer.h"
 #include "tools/cli_range.h"
 #include "tools/engine_cli.h"
+#include "tools/option_cli.h"
 #include "tools/tool_main.h"
 
 namespace fs = std::filesystem;
@@ -32,11 +33,11 @@ using namespace moestream;
 
 namespace {
 
+// The server's own options (the table's rows for the server that are not engine options); their
+// initial values (ServerOptions') are the defaults.
 struct Args {
-  std::string model, collect_routing, replay_routing;
-  int threads = 0, ctx = 0;
-  bool no_prefix_reuse = false;
-  EngineCliArgs engine;
+  std::string model;
+  EngineSettings engine;  // threads, ctx, the store, cache-aware, GPU, routing logs
   uint64_t max_body_kb = 4096;
   ServerOptions server;
 };
@@ -102,7 +103,7 @@ class ServerRoutingLog {
   std::map<int, Open> open_;  // by model sequence (-1: forward()'s)
 };
 
-int run(Args& a) {
+int run(Args& a, const OptionCli& cli) {
   // SIGINT/SIGTERM are taken by one thread (sigwait) so the shutdown runs outside a handler;
   // blocked before any thread starts (the engine's pools inherit the mask).
   sigset_t sigs;
@@ -113,6 +114,7 @@ int run(Args& a) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   const fs::path dir = a.model;
   require_model_location(dir);
+  cli.check_rules();
   const ModelConfig cfg = ModelConfig::load(dir);
   // A model without a tokenizer (synth_model's) is still served: token-id prompts in, ids out.
   std::optional<Tokenizer> tok;
@@ -137,10 +139,8 @@ int run(Args& a) {
   if (tok && (!chat || !chat->has_template()))
     std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");
 
-  ModelOptions mo;
-  mo.n_threads = a.threads;
-  mo.max_context = a.ctx;
-  apply_engine_options(a.engine, mo);
+  ModelOptions mo = engine_model_options(a.engine);
+  mo.max_batch = ModelOptions{}.max_batch;  // the server has no --batch: 64-token steps, with --gpu too
   // The GPU's batches (runtime/gpu/gpu_forward_batch.cpp) have standard attention only.
   if (a.server.parallel > 1 && mo.gpu && cfg.has_mla())
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " with --gpu: " +
@@ -150,10 +150,8 @@ int run(Args& a) {
   mo.max_sequences = std::max(mo.max_sequences, a.server.parallel);
   // The log (cheap) before the weights (slow): a bad log is reported at once.
   std::shared_ptr<const RoutingReplay> replay;
-  if (!a.replay_routing.empty()) {
-    if (a.engine.cache_aware)
-      throw ConfigError("--replay-routing and --cache-aware exclude each other (the replay fixes the experts)");
-    replay = std::make_shared<const RoutingReplay>(RoutingReplay::load(a.replay_routing, cfg));
+  if (!a.engine.replay_routing.empty()) {
+    replay = std::make_shared<const RoutingReplay>(RoutingReplay::load(a.engine.replay_routing, cfg));
     std::fprintf(stderr, "moestream-server: routing: %s; request i replays log request i mod %zu (or its "
                  "replay_request); prefix reuse off\n", replay->describe().c_str(), replay->n_requests());
   }
@@ -166,11 +164,11 @@ int run(Args& a) {
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
   if (opts.model_id.empty()) opts.model_id = "moestream";
   opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
-  opts.prefix_reuse = !a.no_prefix_reuse;
+
   opts.replay = replay;
   std::optional<ServerRoutingLog> routing;
-  if (!a.collect_routing.empty()) {
-    routing.emplace(a.collect_routing, dir, *model);
+  if (!a.engine.collect_routing.empty()) {
+    routing.emplace(a.engine.collect_routing, dir, *model);
     opts.on_request_start = [&routing](int sequence, int prompt_tokens) { return routing->start(sequence, prompt_tokens); };
   }
 
@@ -213,39 +211,23 @@ int run(Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"moestream-server: an OpenAI-compatible HTTP server over a packed MoE model"};
   Args a;
-  app.add_option("-m,--model", a.model, "packed model directory (convert_model output) or GGUF file (any shard of a split set)")->required();
-  app.add_option("--host", a.server.host, "address to bind; the default keeps it on this machine")->capture_default_str();
-  app.add_option("--port", a.server.port, "TCP port; 0 = any free port (printed)")->capture_default_str()
-      ->check(in_range(0, 65535));
-  app.add_option("--api-key", a.server.api_key, "require 'Authorization: Bearer KEY' (all but /health)");
-  app.add_option("--model-id", a.server.model_id, "model name in /v1/models (default: the directory name)");
-  app.add_option("--queue-size", a.server.queue_size, "requests that may wait behind the running one; more get 503")
-      ->capture_default_str()->check(in_range(size_t(0), size_t(1024)));
-  app.add_option("--parallel", a.server.parallel,
-                 "requests run at once in one batch (continuous batching, CPU pass); 1 = one at a time")
-      ->capture_default_str()->check(in_range(1, 64));
-  app.add_option("--http-threads", a.server.http_threads, "HTTP connection threads; 0 = queue size + parallel + 3")
-      ->capture_default_str()->check(in_range(0, 1024));
-  app.add_option("--max-waiting-connections", a.server.max_waiting_connections,
-                 "accepted connections that may wait for an HTTP thread; more get 503 at once; 0 = 2 x threads")
-      ->capture_default_str()->check(in_range(size_t(0), size_t(4096)));
-  app.add_option("--max-body-kb", a.max_body_kb, "largest request body; larger get 413")->capture_default_str()
-      ->check(in_range(uint64_t(1), uint64_t(1) << 20));
-  app.add_option("--default-max-tokens", a.server.default_max_tokens, "max_tokens when a request gives none")
-      ->capture_default_str()->check(in_range(1, 1 << 20));
-  app.add_flag("--no-prefix-reuse", a.no_prefix_reuse, "run every prompt from an empty KV cache (for comparison)");
-  app.add_option("-t,--threads", a.threads, "engine threads; 0 = all cores")->capture_default_str()
-      ->check(in_range(0, kMaxThreads));
-  app.add_option("--ctx", a.ctx, "context length (KV cache); 0 = min(model, 4096)")->capture_default_str()
-      ->check(in_range(0, kMaxContext));
-  app.add_option("--collect-routing", a.collect_routing,
-                 "append every request's routing to this routing log (infer's format), one request id per "
-                 "request (timings.routing_request_id), concurrent requests apart with --parallel");
-  app.add_option("--replay-routing", a.replay_routing,
-                 "routing log (infer --collect-routing) or a directory of them: each request replays one of "
-                 "its requests on its own sequence instead of the router (request i takes log request i mod n, "
-                 "or the body's replay_request), e.g. a trained model's traffic over a synthetic one; "
-                 "turns prefix reuse off");
-  add_engine_options(app, a.engine);  // as infer; residency persists across requests
-  return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
+  OptionCli cli(kToolServer);
+  cli.bind("model", a.model);
+  cli.bind("host", a.server.host);
+  cli.bind("port", a.server.port);
+  cli.bind("api_key", a.server.api_key);
+  cli.bind("model_id", a.server.model_id);
+  cli.bind("queue_size", a.server.queue_size);
+  cli.bind("parallel", a.server.parallel);
+  cli.bind("http_threads", a.server.http_threads);
+  cli.bind("max_waiting_connections", a.server.max_waiting_connections);
+  cli.bind("max_body_kb", a.max_body_kb);
+  cli.bind("default_max_tokens", a.server.default_max_tokens);
+  cli.bind("prefix_reuse", a.server.prefix_reuse);
+  cli.add_to(app, a.engine);  // as infer's; residency persists across requests
+  return run_tool("moestream-server", app, argc, argv, [&] {
+    if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;
+    if (a.model.empty()) throw ConfigError("--model is required");
+    return run(a, cli);
+  }, [](std::string_view text) { return render_options(text, OptionCaller::kCli); });
 }

@@ -5,14 +5,20 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
-// stdout is flushed before the message so that text already generated comes out first.
-template <typename Run>
-int run_tool(const char* name, CLI::App& app, int argc, char** argv, Run&& run) {
+// stdout is flushed before the message so that text already generated comes out first. Option
+// marks in a message (common/option_ref.h) are spelled by `render` (infer and the server: the
+// option table's flags), else by the plain flag rule.
+template <typename Run, typename Render = std::string (*)(std::string_view)>
+int run_tool(const char* name, CLI::App& app, int argc, char** argv, Run&& run,
+             Render render = &render_option_refs_as_flags) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -22,10 +28,10 @@ int run_tool(const char* name, CLI::App& app, int argc, char** argv, Run&& run) 
     return run();
   } catch (const Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name, render(e.what()).c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "%s: unexpected error: %s\n", name, e.what());
+    std::fprintf(stderr, "%s: unexpected error: %s\n", name, render(e.what()).c_str());
   }
   return 1;
 }

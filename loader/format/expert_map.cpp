@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/file_util.h"
 #include "common/load_le.h"
 #include "loader/format/expert_file.h"
@@ -167,7 +168,7 @@ ExpertMap load_bound_expert_map(const std::filesystem::path& map_path, const Exp
                     "their layer files) with a non-identity order, and nothing shows that " +
                     file.string() + " was repacked in that order; reading through it could fetch "
                     "the wrong experts. If this model was repacked by that earlier moestream and "
-                    "its experts/ files were not changed since, run cluster_experts --model DIR "
+                    "its experts/ files were not changed since, run cluster_experts " + option_ref("model") + " DIR "
                     "--bind-legacy-maps once to bind the maps; otherwise remove the map");
 }
 

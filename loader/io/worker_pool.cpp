@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream::io {
 
@@ -19,7 +20,7 @@ WorkerPool::WorkerPool(unsigned n_workers) : n_workers_(std::max(1u, n_workers))
     // waiters would block its destruction).
     stop_and_join();
     throw ConfigError("the read engine: cannot start " + std::to_string(n_workers_ - 1) +
-                      " worker threads (" + e.what() + "); ask for fewer (--io-rings, --io-threads)");
+                      " worker threads (" + e.what() + "); ask for fewer (" + option_ref("io_rings") + ", " + option_ref("io_threads") + ")");
   }
 }
 

@@ -8,19 +8,18 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "loader/format/gguf_file.h"
 
 namespace moestream {
 namespace {
 
-struct Namer {
-  OptionSpelling spelling;
-  std::string operator()(std::string_view field) const { return store_option_name(field, spelling); }
-};
+// Options are named with marks (common/option_ref.h), spelled by the front end.
+std::string name(std::string_view field) { return option_ref(field); }
 
 template <class T>
-void check_range(const Namer& name, std::string_view field, T value, T lo, T hi) {
-  moestream::check_range(name(field), value, lo, hi);
+void check_field(std::string_view field, T value, T lo, T hi) {
+  check_range(name(field), value, lo, hi);
 }
 
 // The model's bytes on disk: its experts' payloads (every MoE layer) and the rest (dense weights
@@ -53,28 +52,18 @@ ModelBytes model_bytes(const std::filesystem::path& model, const ModelConfig& cf
 
 }  // namespace
 
-std::string store_option_name(std::string_view field, OptionSpelling spelling) {
-  std::string s(field);
-  if (spelling == OptionSpelling::kPython) return s;
-  for (char& ch : s)
-    if (ch == '_') ch = '-';
-  return "--" + s;
-}
-
-EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpelling spelling,
-                                             const StoreNoticeFn& notice) {
-  const Namer name{spelling};
+EngineExpertStoreOptions build_store_options(const StoreConfig& c, const StoreNoticeFn& notice) {
   const bool simple = c.io == "simple";
   if (!simple && c.io != "auto" && c.io != "uring" && c.io != "pread" && c.io != "mmap")
     throw ConfigError("unknown " + name("io") + " value '" + c.io +
                       "' (expected simple, auto, uring, pread or mmap)");
-  check_range(name, "io_qd", c.io_qd, 1u, kMaxIoQueueDepth);
-  check_range(name, "io_rings", c.io_rings, 0u, kMaxIoWorkers);
-  check_range(name, "io_threads", c.io_threads, 0u, kMaxIoWorkers);
-  check_range(name, "max_read_kb", c.max_read_kb, kMinReadKb, kMaxReadKb);
-  check_range(name, "direct_max_read_kb", c.direct_max_read_kb, kMinReadKb, kMaxReadKb);
-  check_range(name, "coalesce_gap_kb", c.coalesce_gap_kb, uint64_t(0), kMaxCoalesceGapKb);
-  check_range(name, "host_cache_mb", c.host_cache_mb, uint64_t(0), kMaxHostCacheMb);
+  check_field("io_qd", c.io_qd, 1u, kMaxIoQueueDepth);
+  check_field("io_rings", c.io_rings, 0u, kMaxIoWorkers);
+  check_field("io_threads", c.io_threads, 0u, kMaxIoWorkers);
+  check_field("max_read_kb", c.max_read_kb, kMinReadKb, kMaxReadKb);
+  check_field("direct_max_read_kb", c.direct_max_read_kb, kMinReadKb, kMaxReadKb);
+  check_field("coalesce_gap_kb", c.coalesce_gap_kb, uint64_t(0), kMaxCoalesceGapKb);
+  check_field("host_cache_mb", c.host_cache_mb, uint64_t(0), kMaxHostCacheMb);
 
   // The engine's notices and ours take one path, so a front end sees them all the same way.
   auto say = [&](const std::string& line) {
@@ -84,7 +73,7 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
       std::fprintf(stderr, "moestream: %s\n", line.c_str());
   };
   if (simple && (c.io_direct || c.host_cache_mb > 0))
-    say(name("io") + " simple reads through the page cache: " + name("io_direct") + " and " +
+    say(option_ref("io", "simple") + " reads through the page cache: " + name("io_direct") + " and " +
         name("host_cache_mb") + " do not apply");
   else if (c.host_cache_mb > 0 && !c.io_direct)
     say(name("host_cache_mb") + " without " + name("io_direct") +
@@ -101,9 +90,9 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
   so.io.max_read_bytes = kib_to_bytes(c.max_read_kb, name("max_read_kb"));
   so.io.direct_max_read_bytes = kib_to_bytes(c.direct_max_read_kb, name("direct_max_read_kb"));
   if (!c.io_profile.empty()) {
-    if (simple) say(name("io") + " simple reads one expert at a time: " + name("io_profile") + " does not apply");
+    if (simple) say(option_ref("io", "simple") + " reads one expert at a time: " + name("io_profile") + " does not apply");
     else if (c.coalesce_gap_kb == 0)
-      say(name("coalesce_gap_kb") + " 0 turns merging off: " + name("io_profile") + " does not apply");
+      say(option_ref("coalesce_gap_kb", "0") + " turns merging off: " + name("io_profile") + " does not apply");
     so.io.profile = load_io_profile(c.io_profile);
   }
   so.io.notice = notice;  // empty: the engine's own "moestream: <line>" on stderr
@@ -114,7 +103,7 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, OptionSpellin
 uint64_t fit_reserve_bytes(uint64_t room_bytes) { return std::max(uint64_t(384) << 20, room_bytes / 8); }
 
 StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig& cfg, StoreConfig c,
-                          const std::optional<MemoryRoom>& room, OptionSpelling spelling, const StoreNoticeFn& notice) {
+                          const std::optional<MemoryRoom>& room, const StoreNoticeFn& notice) {
   if (!c.auto_direct || c.io_direct || c.host_cache_mb > 0 || !room) return c;
   if (c.io != "auto" && c.io != "uring" && c.io != "pread") return c;
   // Experts on tmpfs are memory already, outside MemAvailable (so they would never seem to fit):
@@ -128,14 +117,12 @@ StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig&
   const uint64_t cache = std::min(room->bytes > held ? room->bytes - held : 0, room->bytes / 2);
   c.io_direct = true;
   c.host_cache_mb = std::min(cache >> 20, kMaxHostCacheMb);
-  const Namer name{spelling};
   const std::string line =
       "the model's files (" + gib_text(b.experts + b.dense) + ": experts " + gib_text(b.experts) + ", the rest " + gib_text(b.dense) +
       ") exceed the memory this process may fill (" + gib_text(room->bytes) + ", " + room->source +
       "): experts are read with O_DIRECT into a host cache of " + std::to_string(c.host_cache_mb) + " MiB (as " +
-      name("io_direct") + (spelling == OptionSpelling::kPython ? "=True " : " ") + name("host_cache_mb") +
-      (spelling == OptionSpelling::kPython ? "=" : " ") + std::to_string(c.host_cache_mb) + "); " +
-      (spelling == OptionSpelling::kPython ? "auto_direct=False" : "--no-auto-direct") + " keeps the page cache";
+      option_ref("io_direct", "true") + " " + option_ref("host_cache_mb", std::to_string(c.host_cache_mb)) + "); " +
+      option_ref("auto_direct", "false") + " keeps the page cache";
   if (notice)
     notice(line);
   else
@@ -144,32 +131,31 @@ StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig&
 }
 
 std::unique_ptr<ExpertStore> open_store_for(const std::filesystem::path& model_dir, const ModelConfig& cfg,
-                                            const StoreConfig& given, OptionSpelling spelling,
-                                            const StoreNoticeFn& notice) {
-  const StoreConfig c = fit_to_memory(model_dir, cfg, given, memory_room(), spelling, notice);
-  const EngineExpertStoreOptions so = build_store_options(c, spelling, notice);
-  const std::string source = store_option_name("host_cache_mb", spelling) + " " + std::to_string(c.host_cache_mb) +
+                                            const StoreConfig& given, const StoreNoticeFn& notice) {
+  const StoreConfig c = fit_to_memory(model_dir, cfg, given, memory_room(), notice);
+  const EngineExpertStoreOptions so = build_store_options(c, notice);
+  const std::string source = option_ref("host_cache_mb", std::to_string(c.host_cache_mb)) +
                              " and the expert sizes of " + (model_dir / "model.json").string();
   return allocating("the expert store's buffers and host cache", so.host_cache_bytes, source,
                     [&] { return open_expert_store(c.io, model_dir, cfg, so); });
 }
 
-// Declared in engine_expert_store.h (the store picked by an --io name).
+// Declared in engine_expert_store.h (the store picked by the io option's name).
 std::unique_ptr<ExpertStore> open_expert_store(std::string_view io,
                                                const std::filesystem::path& model_dir,
                                                const ModelConfig& cfg,
                                                EngineExpertStoreOptions opts) {
   if (io == "simple") {
     if (cfg.format == ModelFormat::kGguf)
-      throw ConfigError("--io simple reads packed models only; a GGUF is read by the engine (--io auto, uring, "
-                        "pread or mmap)");
+      throw ConfigError(option_ref("io", "simple") + " reads packed models only; a GGUF is read by the engine (" +
+                        option_ref("io") + " auto, uring, pread or mmap)");
     return open_pread_expert_store(model_dir, cfg, opts.store);
   }
   IoBackend b;
   try {
     b = parse_io_backend(io);
   } catch (const ConfigError&) {
-    throw ConfigError("unknown --io value '" + std::string(io) +
+    throw ConfigError("unknown " + option_ref("io") + " value '" + std::string(io) +
                       "' (expected simple, auto, uring, pread or mmap)");
   }
   opts.io.backend = b;

@@ -36,7 +36,7 @@ IoEngineOptions engine_read_options(uint64_t coalesce_gap_kb, uint64_t max_read_
   const StoreConfig reads{.io_direct = io_direct, .coalesce_gap_kb = coalesce_gap_kb, .max_read_kb = max_read_kb,
                           .direct_max_read_kb = direct_max_read_kb,
                           .io_profile = io_profile ? io_profile->string() : std::string()};
-  return build_store_options(reads, OptionSpelling::kPython).io;
+  return build_store_options(reads).io;
 }
 
 std::vector<std::string> paths_of(const py::object& routing) {

@@ -1,9 +1,13 @@
-// moestream.Model and moestream.Tokenizer: loading with infer's options, generation (whole text or
+// moestream.Model and moestream.Tokenizer: loading with the option table's keywords, generation (whole text or
 // streamed pieces), logits, perplexity and stats. The GIL is released while C++ runs.
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
 #include <condition_variable>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
+#include <variant>
 #include <cstdio>
 #include <deque>
 #include <exception>
@@ -17,12 +21,14 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/routing_log.h"
 #include "python/src/bindings.h"
 #include "loader/store/store_options.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/model_tokenizer.h"
@@ -33,22 +39,115 @@ namespace fs = std::filesystem;
 namespace moestream::py_bindings {
 namespace {
 
-// infer's flags, as keyword arguments of Model(...).
-struct PyModelOptions {
-  StoreConfig store;  // io ... direct_max_read_kb; verify_checksums is copied in from below
-  bool cache_aware = false;
-  float cache_tolerance = 0.10f;
-  int threads = 0, ctx = 0, batch = 0;
-  bool verify_checksums = true;
-  fs::path collect_routing;
-  bool collect_router_inputs = false;
-  bool gpu = false;
-  uint64_t gpu_cache_mb = 0;  // 0 = automatic
-  int moe_lookahead = 0;
-  bool gpu_preload = false;
-  bool gpu_pin_page_cache = false;
-  bool gpu_cpu_misses = false;
-};
+// One keyword's value into its field: a bool for a flag, an int (not a bool) in the type's and the
+// option's range, a number for a float, a str or os.PathLike for text (None: the default).
+void set_from_python(const OptionSpec& spec, const OptionTarget& t, const py::handle& v) {
+  const std::string name(spec.name);
+  const auto wrong = [&](const char* want) {
+    return py::type_error(name + " must be " + want + ", got " + py::str(py::type::of(v).attr("__name__")).cast<std::string>());
+  };
+  std::visit([&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!py::isinstance<py::bool_>(v)) throw wrong("a bool");
+      *p = v.cast<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) throw wrong("an int");
+      // Through Python's own comparison, so a value beyond 64 bits is refused by range, not wrapped.
+      const long double lo = spec.lo != spec.hi ? spec.lo : static_cast<long double>(std::numeric_limits<T>::min());
+      const long double hi = spec.lo != spec.hi ? spec.hi : static_cast<long double>(std::numeric_limits<T>::max());
+      const py::int_ lo_i(static_cast<long long>(lo)), hi_i = py::reinterpret_steal<py::int_>(
+          PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(hi)));
+      if (v < lo_i || v > hi_i)
+        throw ConfigError(option_ref(spec.name) + " must be in [" + detail::number_text(static_cast<T>(lo)) + ", " +
+                          detail::number_text(static_cast<T>(hi)) + "], got " + py::str(v).cast<std::string>());
+      *p = v.cast<T>();
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (!(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) || py::isinstance<py::bool_>(v))
+        throw wrong("a number");
+      *p = v.cast<float>();
+      if (spec.lo != spec.hi) check_range(option_ref(spec.name), *p, float(spec.lo), float(spec.hi));
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (v.is_none()) return;
+      if (!py::isinstance<py::str>(v) && !py::hasattr(v, "__fspath__")) throw wrong("a str or os.PathLike");
+      *p = py::str(py::module_::import("os").attr("fspath")(v)).cast<std::string>();
+    } else {
+      throw wrong("a list");  // no Model keyword is a list
+    }
+  }, t);
+}
+
+// Model(...)'s keywords: every option of the table for Python (runtime/engine/options.h), each
+// checked for its type and range, then the table's rules; a keyword not given takes the option's
+// environment variable, else its default. Errors name the keyword.
+EngineSettings settings_from_keywords(const py::kwargs& kw) {
+  EngineSettings s;
+  EngineSettings defaults;
+  std::vector<OptionValue> values;
+  for (const auto& [key, value] : kw) {
+    const std::string name = py::cast<std::string>(key);
+    const OptionSpec* spec = find_option(name);
+    if (spec == nullptr || !(spec->tools & kToolPythonModel))
+      throw py::type_error("Model() got an unexpected keyword argument '" + name + "'");
+  }
+  for (const OptionSpec& spec : option_table()) {
+    if (!(spec.tools & kToolPythonModel)) continue;
+    MOE_ASSERT(spec.engine != nullptr, "a Python keyword with no engine field");
+    const OptionTarget t = spec.engine(s);
+    const std::string name(spec.name);
+    if (kw.contains(name.c_str())) {
+      set_from_python(spec, t, kw[name.c_str()]);
+    } else if (spec.env) {
+      if (const char* env = std::getenv(option_env_name(spec).c_str()))
+        set_option_text(spec, t, env, option_env_name(spec));
+    }
+    values.push_back({&spec, option_value_text(t) != option_value_text(spec.engine(defaults))});
+  }
+  check_option_rules(values, kToolPythonModel);
+  return s;
+}
+
+// Model's docstring: its keywords, from the table, with defaults and environment variables.
+std::string model_doc() {
+  std::string d = "A packed model (convert_model output) or GGUF file, with infer's options as keywords:\n";
+  EngineSettings defaults;
+  for (const OptionSpec& s : option_table()) {
+    if (!(s.tools & kToolPythonModel)) continue;
+    const std::string def = option_value_text(s.engine(defaults));
+    d += "\n" + std::string(s.name) + " (default " + (def.empty() ? "None" : def) +
+         (s.env ? ", env " + option_env_name(s) : "") + "): " +
+         (s.negated ? "False: " : "") + render_options(s.help, OptionCaller::kPython);
+  }
+  return d;
+}
+
+// The table's Python options, for tests and tools: name, where (Model or generate), type, default
+// (engine options), environment variable, group, help.
+py::list python_options() {
+  py::list out;
+  EngineSettings defaults;
+  for (const OptionSpec& s : option_table()) {
+    if (!(s.tools & (kToolPythonModel | kToolPythonGenerate))) continue;
+    py::dict d;
+    d["name"] = std::string(s.name);
+    d["where"] = s.tools & kToolPythonModel ? "Model" : "generate";
+    d["type"] = std::string(s.type == OptionType::kFlag ? "bool" : s.type == OptionType::kFloat ? "float"
+                            : s.type == OptionType::kText ? "str" : s.type == OptionType::kList ? "dict" : "int");
+    if (s.engine != nullptr) {
+      const OptionTarget t = s.engine(defaults);
+      d["default"] = std::visit([](auto* p) -> py::object {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) return p->empty() ? py::none() : py::cast(*p);
+        else return py::cast(*p);
+      }, t);
+    }
+    d["env"] = s.env ? py::cast(option_env_name(s)) : py::none();
+    d["group"] = std::string(option_group_title(s.group));
+    d["help"] = render_options(s.help, OptionCaller::kPython);
+    out.append(d);
+  }
+  return out;
+}
 
 // The store builder's warnings and the read engine's notices. While the model loads (GIL released)
 // they are collected, then raised as Python UserWarnings; later ones come from I/O threads, where
@@ -76,33 +175,9 @@ class NoticeSink {
 
 class PyModel {
  public:
-  PyModel(const fs::path& path, const PyModelOptions& o) : dir_(path) {
-    // infer's bounds (common/checked.h), in Python's spelling, before the slow load.
-    check_range("cache_tolerance", o.cache_tolerance, 0.0f, kMaxCacheTolerance);
-    check_range("threads", o.threads, 0, kMaxThreads);
-    check_range("ctx", o.ctx, 0, kMaxContext);
-    check_range("batch", o.batch, 0, 1 << 20);
-    check_range("gpu_cache_mb", o.gpu_cache_mb, uint64_t(0), kMaxGpuCacheMb);
-    if (o.collect_router_inputs && o.collect_routing.empty())
-      throw ConfigError("collect_router_inputs needs collect_routing=PATH");
-    ModelOptions mo;
-    mo.n_threads = o.threads;
-    mo.max_context = o.ctx;
-    mo.verify_checksums = o.verify_checksums;
-    mo.cache_aware.enabled = o.cache_aware;
-    mo.cache_aware.tolerance = o.cache_tolerance;
-    mo.max_batch = o.batch > 0 ? o.batch : default_max_batch(o.gpu);
-    mo.gpu = o.gpu;
-    mo.gpu_cache_mb = size_t(o.gpu_cache_mb);
-    mo.moe_lookahead = o.moe_lookahead;
-    mo.gpu_preload = o.gpu_preload;
-    mo.gpu_pin_page_cache = o.gpu_pin_page_cache;
-    mo.gpu_cpu_misses = o.gpu_cpu_misses;
-    // infer's checks, before the slow load, in Python's spelling of the options.
-    check_gpu_options(mo, {.gpu = "gpu=True", .gpu_cache_mb = "gpu_cache_mb",
-                           .moe_lookahead = "moe_lookahead", .gpu_preload = "gpu_preload=True",
-                           .gpu_pin_page_cache = "gpu_pin_page_cache=True",
-                           .gpu_cpu_misses = "gpu_cpu_misses=True", .assign = "="});
+  PyModel(const fs::path& path, const EngineSettings& o) : dir_(path) {
+    const ModelOptions mo = o.model_options();
+    check_model_options(mo);  // before the slow load
     const StoreConfig sc = store_config_for(mo, o.store);
     auto sink = std::make_shared<NoticeSink>();
     {
@@ -110,13 +185,13 @@ class PyModel {
       require_model_location(dir_);
       const ModelConfig header_cfg = ModelConfig::load(dir_);
       tok_ = load_model_tokenizer(dir_, header_cfg);
-      auto store = open_store_for(dir_, header_cfg, sc, OptionSpelling::kPython,
-                                  [sink](const std::string& line) { sink->add(line); });
+      auto store = open_store_for(dir_, header_cfg, sc, [sink](const std::string& line) { sink->add(line); });
       model_ = Model::load(dir_, mo, std::move(store));
       if (!o.collect_routing.empty()) attach_routing(o.collect_routing, o.collect_router_inputs);
     }
     for (const std::string& line : sink->stop_collecting())
-      if (PyErr_WarnEx(PyExc_UserWarning, line.c_str(), 1) != 0) throw py::error_already_set();
+      if (PyErr_WarnEx(PyExc_UserWarning, render_options(line, OptionCaller::kPython).c_str(), 1) != 0)
+        throw py::error_already_set();
   }
 
   ~PyModel() {
@@ -257,7 +332,7 @@ class PyModel {
       const ModelConfig& cfg = model_->config();
       RunInfo info{dir_.string(), std::string(arch_name(cfg.arch)), std::string(quant_name(cfg.expert_quant)),
                    model_->n_threads(), model_->max_context(), model_->expert_store().describe(), "", ""};
-      if (const GpuForwardInfo* g = model_->gpu_info()) info.gpu = g->describe();
+      if (const GpuForwardInfo* g = model_->gpu_info()) info.gpu = render_options(g->describe(), OptionCaller::kPython);
       j = run_stats_json(info, last_gen_, last_ppl_);
       const ExpertStoreStats s = model_->expert_stats();
       j["expert_store"] = {{"fetch_calls", s.fetch_calls}, {"experts_requested", s.experts_requested},
@@ -404,6 +479,8 @@ class GenerationStream {
 }  // namespace
 
 void bind_model(py::module_& m) {
+  const SamplerParams kSampling;
+  const GenerateOptions kGenerate;
   py::class_<Tokenizer>(m, "Tokenizer", "A Hugging Face tokenizer.json, id-for-id with `tokenizers`.")
       .def_static("load", [](const fs::path& path, const std::optional<fs::path>& config) {
             py::gil_scoped_release nogil;
@@ -432,51 +509,13 @@ void bind_model(py::module_& m) {
       .def("__iter__", [](GenerationStream& s) -> GenerationStream& { return s; })
       .def("__next__", &GenerationStream::next);
 
-  const StoreConfig kStoreDefaults;
-  py::class_<PyModel>(m, "Model", "A packed model (convert_model output), with infer's options.")
-      .def(py::init([](const fs::path& path, const std::string& io, bool io_direct, uint64_t host_cache_mb,
-                       bool cache_aware, float cache_tolerance, int threads, int ctx, int batch,
-                       bool verify_checksums, uint32_t io_qd, uint32_t io_rings, uint32_t io_threads,
-                       uint64_t coalesce_gap_kb, uint64_t max_read_kb, uint64_t direct_max_read_kb,
-                       std::optional<fs::path> collect_routing, bool collect_router_inputs, bool gpu,
-                       uint64_t gpu_cache_mb, int moe_lookahead, std::optional<fs::path> io_profile,
-                       bool gpu_preload, bool gpu_pin_page_cache, bool gpu_cpu_misses, bool auto_direct) {
-             PyModelOptions o;
-             o.store = {.io = io, .io_direct = io_direct, .host_cache_mb = host_cache_mb, .io_qd = io_qd,
-                        .io_rings = io_rings, .io_threads = io_threads, .coalesce_gap_kb = coalesce_gap_kb,
-                        .max_read_kb = max_read_kb, .direct_max_read_kb = direct_max_read_kb,
-                        .io_profile = io_profile ? io_profile->string() : std::string(),
-                        .auto_direct = auto_direct};
-             o.cache_aware = cache_aware;
-             o.cache_tolerance = cache_tolerance;
-             o.threads = threads;
-             o.ctx = ctx;
-             o.batch = batch;
-             o.verify_checksums = verify_checksums;
-             o.collect_routing = collect_routing.value_or(fs::path());
-             o.collect_router_inputs = collect_router_inputs;
-             o.gpu = gpu;
-             o.gpu_cache_mb = gpu_cache_mb;
-             o.moe_lookahead = moe_lookahead;
-             o.gpu_preload = gpu_preload;
-             o.gpu_pin_page_cache = gpu_pin_page_cache;
-             o.gpu_cpu_misses = gpu_cpu_misses;
-             return std::make_unique<PyModel>(path, o);
+  m.def("options", &python_options, "The engine options Python takes (the option table's rows).");
+  py::class_<PyModel>(m, "Model", model_doc().c_str())
+      .def(py::init([](const fs::path& path, const py::kwargs& kw) {
+             return std::make_unique<PyModel>(path, settings_from_keywords(kw));
            }),
-           // The store keywords' defaults are the builder's (infer's flags have the same).
-           py::arg("path"), py::kw_only(), py::arg("io") = kStoreDefaults.io,
-           py::arg("io_direct") = kStoreDefaults.io_direct, py::arg("host_cache_mb") = kStoreDefaults.host_cache_mb,
-           py::arg("cache_aware") = false, py::arg("cache_tolerance") = 0.10f,
-           py::arg("threads") = 0, py::arg("ctx") = 0, py::arg("batch") = 0, py::arg("verify_checksums") = true,
-           py::arg("io_qd") = kStoreDefaults.io_qd, py::arg("io_rings") = kStoreDefaults.io_rings,
-           py::arg("io_threads") = kStoreDefaults.io_threads, py::arg("coalesce_gap_kb") = kStoreDefaults.coalesce_gap_kb,
-           py::arg("max_read_kb") = kStoreDefaults.max_read_kb,
-           py::arg("direct_max_read_kb") = kStoreDefaults.direct_max_read_kb,
-           py::arg("collect_routing") = py::none(), py::arg("collect_router_inputs") = false,
-           py::arg("gpu") = false, py::arg("gpu_cache_mb") = 0, py::arg("moe_lookahead") = 0,
-           py::arg("io_profile") = py::none(), py::arg("gpu_preload") = false,
-           py::arg("gpu_pin_page_cache") = false, py::arg("gpu_cpu_misses") = false,
-           py::arg("auto_direct") = kStoreDefaults.auto_direct)
+           py::arg("path"))
+      // The sampler's keywords and defaults are the option table's (SamplerParams'), as infer's flags.
       .def("generate", [](PyModel& self, const py::object& prompt, int max_tokens, float temperature, float top_p,
                           uint64_t seed, bool stream, int top_k, bool ignore_eos, float min_p, float typical_p,
                           float repeat_penalty, int repeat_last_n, float presence_penalty, float frequency_penalty,
@@ -493,12 +532,13 @@ void bind_model(py::module_& m) {
                                          py::return_value_policy::take_ownership);
              return self.generate_all(ids, go, sp);
            },
-           // The sampler's keywords and defaults are infer's flags (--min-p ... --logit-bias).
-           py::arg("prompt"), py::arg("max_tokens") = 64, py::arg("temperature") = 0.8f, py::arg("top_p") = 0.95f,
-           py::arg("seed") = 0, py::arg("stream") = false, py::kw_only(), py::arg("top_k") = 40,
-           py::arg("ignore_eos") = false, py::arg("min_p") = 0.0f, py::arg("typical_p") = 1.0f,
-           py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64, py::arg("presence_penalty") = 0.0f,
-           py::arg("frequency_penalty") = 0.0f, py::arg("logit_bias") = py::none())
+           py::arg("prompt"), py::arg("max_tokens") = kGenerate.n_new, py::arg("temperature") = kSampling.temperature,
+           py::arg("top_p") = kSampling.top_p, py::arg("seed") = kSampling.seed, py::arg("stream") = false,
+           py::kw_only(), py::arg("top_k") = kSampling.top_k, py::arg("ignore_eos") = false,
+           py::arg("min_p") = kSampling.min_p, py::arg("typical_p") = kSampling.typical_p,
+           py::arg("repeat_penalty") = kSampling.repeat_penalty, py::arg("repeat_last_n") = kSampling.repeat_last_n,
+           py::arg("presence_penalty") = kSampling.presence_penalty,
+           py::arg("frequency_penalty") = kSampling.frequency_penalty, py::arg("logit_bias") = py::none())
       .def("logits", &PyModel::logits, py::arg("token_ids"))
       .def("perplexity", &PyModel::perplexity_of, py::arg("text"), py::kw_only(), py::arg("ctx") = 0,
            py::arg("stride") = 0)

@@ -1,11 +1,17 @@
 // Entry point of the pybind11 extension `moestream._moestream`: registers the exception classes
-// (moestream C++ errors keep their kind and message) and the wrapped areas of the API.
+// (moestream C++ errors keep their kind and message, options named as keywords) and the wrapped areas of the API.
 #include "python/src/bindings.h"
 
 #include "common/error.h"
+#include "runtime/engine/options.h"
 
 namespace py = pybind11;
 using namespace moestream;
+
+namespace {
+// A message's option marks (common/option_ref.h) as Python keywords.
+std::string python_text(const Error& e) { return render_options(e.what(), OptionCaller::kPython); }
+}  // namespace
 
 PYBIND11_MODULE(_moestream, m) {
   m.doc() = "moestream: Mixture-of-Experts inference with experts streamed from SSD";
@@ -25,13 +31,13 @@ PYBIND11_MODULE(_moestream, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const IoError& e) {
-      PyErr_SetString(io_error.ptr(), e.what());
+      PyErr_SetString(io_error.ptr(), python_text(e).c_str());
     } catch (const FormatError& e) {
-      PyErr_SetString(format_error.ptr(), e.what());
+      PyErr_SetString(format_error.ptr(), python_text(e).c_str());
     } catch (const ConfigError& e) {
-      PyErr_SetString(config_error.ptr(), e.what());
+      PyErr_SetString(config_error.ptr(), python_text(e).c_str());
     } catch (const Error& e) {
-      PyErr_SetString(error.ptr(), e.what());
+      PyErr_SetString(error.ptr(), python_text(e).c_str());
     }
   });
   py_bindings::bind_model(m);

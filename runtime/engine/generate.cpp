@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 
 namespace moestream {
@@ -18,11 +19,11 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
                        Sampler& sampler, const std::function<void(int)>& on_token,
                        std::vector<int>* generated) {
   if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
-  if (opts.n_new < 0) throw ConfigError("-n must be >= 0, got " + std::to_string(opts.n_new));
+  if (opts.n_new < 0) throw ConfigError(option_ref("max_tokens") + " must be >= 0, got " + std::to_string(opts.n_new));
   if (prompt.size() + size_t(opts.n_new) > size_t(model.max_context()))
-    throw ConfigError("prompt (" + std::to_string(prompt.size()) + " tokens) + -n " +
+    throw ConfigError("prompt (" + std::to_string(prompt.size()) + " tokens) + " + option_ref("max_tokens") + " " +
                       std::to_string(opts.n_new) + " exceed the context of " +
-                      std::to_string(model.max_context()) + " (raise --ctx)");
+                      std::to_string(model.max_context()) + " (raise " + option_ref("ctx") + ")");
   GenerateStats st;
   // Greedy: the pass picks each token (on the GPU, only the id comes back); else the sampler
   // reads the logits.
@@ -80,7 +81,7 @@ double nll_of(const float* row, size_t V, int target) {
 void check_perplexity_input(const Model& model, std::span<const int> tokens, int ctx) {
   if (tokens.size() < 2) throw ConfigError("perplexity needs at least 2 tokens of text");
   if (ctx < 2 || ctx > model.max_context())
-    throw ConfigError("--ctx for perplexity must be in [2, " + std::to_string(model.max_context()) +
+    throw ConfigError(option_ref("ctx") + " for perplexity must be in [2, " + std::to_string(model.max_context()) +
                       "], got " + std::to_string(ctx));
 }
 
@@ -141,7 +142,7 @@ PerplexityResult perplexity_batched(Model& model, std::span<const int> tokens, i
                                     const std::function<void(size_t done, size_t total)>& progress) {
   check_perplexity_input(model, tokens, ctx);
   if (n_parallel < 1 || n_parallel > model.max_sequences() || n_parallel > model.max_batch())
-    throw ConfigError("perplexity over a batch: --parallel must be in [1, " +
+    throw ConfigError("perplexity over a batch: " + option_ref("parallel") + " must be in [1, " +
                       std::to_string(std::min(model.max_sequences(), model.max_batch())) + "], got " +
                       std::to_string(n_parallel));
   const size_t V = size_t(model.config().vocab_size), N = tokens.size(), W = size_t(ctx);

@@ -2,6 +2,7 @@
 // around one ForwardPass, picked at load (CPU, or GPU with ModelOptions::gpu), over chunks of at
 // most max_batch tokens.
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 
 #include <algorithm>
 #include <limits>
@@ -10,6 +11,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/thread_pool.h"
 #include "loader/store/store_options.h"
 #include "runtime/engine/sequence_slots.h"
@@ -79,21 +81,6 @@ struct Model::Impl {
   }
 };
 
-void check_gpu_options(const ModelOptions& o, const GpuOptionNames& n) {
-  if (o.moe_lookahead < 0)
-    throw ConfigError(n.moe_lookahead + " must be >= 0, got " + std::to_string(o.moe_lookahead));
-  if (o.gpu_cache_mb > 0 && !o.gpu) throw ConfigError(n.gpu_cache_mb + " needs " + n.gpu);
-  if (o.gpu_sync_layers && !o.gpu) throw ConfigError(n.gpu_sync_layers + " needs " + n.gpu);
-  if (o.gpu_preload && !o.gpu) throw ConfigError(n.gpu_preload + " needs " + n.gpu);
-  if (o.gpu_no_graphs && !o.gpu) throw ConfigError(n.gpu_no_graphs + " needs " + n.gpu);
-  if (o.gpu_pin_page_cache && !o.gpu) throw ConfigError(n.gpu_pin_page_cache + " needs " + n.gpu);
-  if (o.gpu_cpu_misses && !o.gpu) throw ConfigError(n.gpu_cpu_misses + " needs " + n.gpu);
-  if (o.gpu) {
-    const std::string why = gpu_unavailable_reason();
-    if (!why.empty()) throw ConfigError(n.gpu + ": " + why);
-  }
-}
-
 Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 
@@ -125,7 +112,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   check_range("ModelOptions.max_batch", opts.max_batch, 1, 1 << 20);
   opts.max_batch = std::min(opts.max_batch, opts.max_context);
   check_range("ModelOptions.max_sequences", opts.max_sequences, 1, kMaxBatchSlots);
-  check_gpu_options(opts);
+  check_model_options(opts);  // options.h: front ends check first, in their spelling
   MOE_ASSERT(store != nullptr);
   // A GGUF is its own dense file.
   const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
@@ -219,7 +206,7 @@ void Model::Impl::forward(std::span<const int> tokens, std::span<float> logits, 
   if (size_t(m.n_past) + tokens.size() > size_t(m.opts.max_context))
     throw ConfigError("context full: " + std::to_string(m.n_past) + " + " +
                       std::to_string(tokens.size()) + " tokens exceed the context of " +
-                      std::to_string(m.opts.max_context) + " (raise --ctx)");
+                      std::to_string(m.opts.max_context) + " (raise " + option_ref("ctx") + ")");
   const bool prefill = m.n_past == 0;
   // A replay of this sequence's own (set_sequence_routing(-1)): its clock is the position.
   std::optional<RoutingControl> solo;

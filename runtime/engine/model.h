@@ -54,19 +54,6 @@ struct ModelOptions {
 // Qwen3-30B-A3B's shapes, most of it the chunk's logits rows).
 inline int default_max_batch(bool gpu) { return gpu ? 512 : 64; }
 
-// How a front end spells the GPU options, for its error messages (defaults: infer's flags).
-struct GpuOptionNames {
-  std::string gpu = "--gpu", gpu_cache_mb = "--gpu-cache-mb", moe_lookahead = "--moe-lookahead";
-  std::string gpu_sync_layers = "--gpu-sync-layers", gpu_preload = "--gpu-preload",
-              gpu_no_graphs = "--gpu-no-graphs",
-              gpu_pin_page_cache = "--gpu-pin-page-cache", gpu_cpu_misses = "--gpu-cpu-misses";
-  std::string assign = " ";  // between an option and its value: "--moe-lookahead 4"
-};
-// Throws ConfigError for GPU options that cannot work: a negative look-ahead, a GPU cache size
-// without gpu, gpu without a usable device (look-ahead also works on the CPU). Model::load calls it; front ends call
-// it before their own slow work so the error comes first and in their spelling.
-void check_gpu_options(const ModelOptions& opts, const GpuOptionNames& names = {});
-
 // The store options a model loaded with `opts` needs, from the front end's `c`: opts' checksum
 // choice, and no automatic O_DIRECT beside gpu_pin_page_cache (the pin locks the page cache's own
 // pages, and refuses itself, naming why, a model larger than memory). Every front end's store

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
@@ -77,7 +78,7 @@ ForwardBatch SequenceSlots::plan(std::span<const SequenceInput> batch, std::vect
     if (size_t(past) + in.tokens.size() > size_t(max_context_))
       throw ConfigError(who + ": context full: " + std::to_string(past) + " + " +
                         std::to_string(in.tokens.size()) + " tokens exceed the context of " +
-                        std::to_string(max_context_) + " (raise --ctx)");
+                        std::to_string(max_context_) + " (raise " + option_ref("ctx") + ")");
     const size_t need = in.all_logits ? in.tokens.size() * size_t(vocab_) : size_t(vocab_);
     if (!in.logits.empty() && in.logits.size() < need)
       throw ConfigError(who + ": logits buffer too small (" + std::to_string(in.logits.size()) +

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/gpu/gpu_forward_impl.h"
@@ -15,9 +16,9 @@ namespace moestream::detail {
 
 void CudaForward::init_cpu_misses() {
   if (!opts.cpu_misses) return;
-  if (opts.cpu_pool == nullptr) throw ConfigError("--gpu-cpu-misses: no CPU thread pool was given to the GPU pass");
+  if (opts.cpu_pool == nullptr) throw ConfigError(option_ref("gpu_cpu_misses") + ": no CPU thread pool was given to the GPU pass");
   if (N > 0)
-    throw ConfigError("--gpu-cpu-misses with --moe-lookahead: the look-ahead copies predicted experts into VRAM, "
+    throw ConfigError(option_ref("gpu_cpu_misses") + " with " + option_ref("moe_lookahead") + ": the look-ahead copies predicted experts into VRAM, "
                       "which this mode never does for a miss; use one");
   cpu_experts = std::make_unique<ExpertCompute>(cfg, K);
   h_host = PinnedBuffer(size_t(D) * sizeof(float));

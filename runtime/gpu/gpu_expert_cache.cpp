@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/gpu/gpu_expert_cache_impl.h"
 
@@ -67,7 +68,7 @@ void GpuExpertCache::Impl::init() {
   if (budget < max_slot)
     throw ConfigError("gpu cache: budget of " + std::to_string(budget) +
                       " bytes holds no expert (the largest is " + std::to_string(max_slot) +
-                      " bytes); raise --gpu-cache-mb");
+                      " bytes); raise " + option_ref("gpu_cache_mb"));
   if (opts.chunk_bytes == 0) throw ConfigError("gpu cache: chunk_bytes must be > 0");
   policy.emplace(budget, cfg.n_experts, layer_slot_bytes);
   std::vector<size_t> class_bytes;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
@@ -74,22 +75,22 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   };
   const char* why = "";
   if (gpu::device_count(&why) <= 0)
-    throw ConfigError(std::string("--gpu: no usable CUDA device (") + why + ")");
+    throw ConfigError(std::string(option_ref("gpu") + ": no usable CUDA device (") + why + ")");
   // warm_up() checks that the kernels take each layer's types; a pack's f32 experts (not a GGUF's
   // ggml F32) have none and are refused before the slow load, with the way out.
   for (int l = 0; l < c.n_moe_layers(); ++l) {  // by MoE layer index (model_config.h)
     layouts.push_back(c.expert_layout(l));
     const ExpertTypes& t = layouts.back().types;
     if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
-      throw ConfigError("--gpu: experts are f32, which has no GPU kernel; convert the model with "
+      throw ConfigError(option_ref("gpu") + ": experts are f32, which has no GPU kernel; convert the model with "
                         "--quant q8, q4 or bf16");
     gate_up_round_apart |= gpu::activation_rounding(t.gate) != gpu::activation_rounding(t.up);
   }
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)
-    throw ConfigError("--gpu: bad context " + std::to_string(opts.max_context) + " or batch " +
+    throw ConfigError(option_ref("gpu") + ": bad context " + std::to_string(opts.max_context) + " or batch " +
                       std::to_string(B));
   if (N < 0 || N > E)
-    throw ConfigError("--moe-lookahead " + std::to_string(N) + " is outside [0, n_experts=" +
+    throw ConfigError(option_ref("moe_lookahead") + " " + std::to_string(N) + " is outside [0, n_experts=" +
                       std::to_string(E) + "]");
   MOE_CUDA_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
@@ -177,7 +178,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   const size_t share = size_t(double(free_b) * kAutoBudgetShare);
   if (opts.cache_mb > 0) {
     info_.cache_bytes = opts.cache_mb << 20;
-    info_.cache_rule = "--gpu-cache-mb; " + mib(info_.expert_bytes_total) + " of experts, " +
+    info_.cache_rule = option_ref("gpu_cache_mb") + "; " + mib(info_.expert_bytes_total) + " of experts, " +
                        mib(free_b) + " free";
   } else if (slot_total <= share) {
     info_.cache_bytes = slot_total;
@@ -191,7 +192,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
   if (N > 0) {  // look-ahead reads on the cache's worker thread, through a store of its own
     prefetch_store = store.reopen();
     if (!prefetch_store)
-      throw ConfigError("--moe-lookahead: the expert store (" + store.describe() +
+      throw ConfigError(option_ref("moe_lookahead") + ": the expert store (" + store.describe() +
                         ") cannot open a second instance for the prefetch worker");
     co.prefetch_store = prefetch_store.get();
   }

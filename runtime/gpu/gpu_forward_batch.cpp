@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
@@ -31,11 +32,11 @@ float* CudaForward::slot_kv_of(int slot) {
     try {
       kvs = DeviceBuffer(bytes);
     } catch (const Error& e) {
-      throw ConfigError("--gpu: the KV cache of sequence slot " + std::to_string(slot) + " (" +
+      throw ConfigError(option_ref("gpu") + ": the KV cache of sequence slot " + std::to_string(slot) + " (" +
                         std::to_string(bytes >> 20) + " MiB for a context of " +
                         std::to_string(opts.max_context) +
-                        ") does not fit beside the expert cache; lower --gpu-cache-mb, --ctx or "
-                        "--parallel (" + e.what() + ")");
+                        ") does not fit beside the expert cache; lower " + option_ref("gpu_cache_mb") + ", " + option_ref("ctx") + " or " +
+                        option_ref("parallel") + " (" + e.what() + ")");
     }
     if (padded) MOE_CUDA_CHECK(cudaMemsetAsync(kvs.get(), 0, bytes, stream));  // pad columns stay zero
   }
@@ -105,8 +106,8 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
                                 CacheAwareStats& ca_stats) {
   // Unreachable while create() refuses MLA; a GPU MLA pass must give its batches a latent KV slot.
   if (cfg.has_mla())
-    throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; " +
-                      std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
+    throw ConfigError(option_ref("gpu") + ": batches of sequences (" + option_ref("parallel") + ") run standard attention on the GPU; " +
+                      std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop " + option_ref("gpu") + ")");
   MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");
   h_normed = false;
   MOE_ASSERT(!routing.override, "the model's routing override has one clock: batches take per-sequence ones");

@@ -6,6 +6,7 @@
 #include "common/checked.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/gpu/gpu_forward_impl.h"
+#include "common/option_ref.h"
 
 namespace moestream::detail {
 
@@ -18,7 +19,7 @@ void CudaForward::init_kv() {
     const int rows = window > 0 ? int(std::min<int64_t>(max_ctx, int64_t(window) + B - 1)) : max_ctx;
     kv_rows.push_back(rows);
     kv_offset.push_back(floats);
-    floats += checked_product({2, uint64_t(rows), uint64_t(KV), uint64_t(hd_p)}, "--gpu: the KV cache");
+    floats += checked_product({2, uint64_t(rows), uint64_t(KV), uint64_t(hd_p)}, option_ref("gpu") + ": the KV cache");
   }
   kv = DeviceBuffer(floats * sizeof(float));
   info_.kv_bytes = kv.bytes();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/round_activations.h"
@@ -51,7 +52,7 @@ void CudaForward::warm_up() {
     try {
       launch();
     } catch (const ConfigError& e) {
-      throw ConfigError("--gpu: " + what + " (" + std::string(quant_name(q)) + "): " + e.what());
+      throw ConfigError(option_ref("gpu") + ": " + what + " (" + std::string(quant_name(q)) + "): " + e.what());
     }
   };
   int* ids_d = route_dev.as<int>();

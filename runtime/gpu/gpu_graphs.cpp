@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "kernels/cuda/cuda_check.cuh"
 
 namespace moestream {
@@ -33,7 +34,7 @@ void GpuGraphSegments::run(size_t i, cudaStream_t stream, const std::function<vo
   if (e != cudaSuccess || !g) {
     cudaGetLastError();
     throw Error(std::string("gpu: the resident decode step could not be captured as a CUDA graph (") +
-                cudaGetErrorString(e) + "); --gpu-no-graphs runs it without graphs");
+                cudaGetErrorString(e) + "); " + option_ref("gpu_no_graphs") + " runs it without graphs");
   }
   cudaGraphExec_t& x = execs_[i];
   bool updated = false;

@@ -9,6 +9,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/memory_room.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
@@ -17,19 +18,19 @@ namespace moestream {
 
 GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion>& regions) {
   if (regions.empty())
-    throw ConfigError("--gpu-pin-page-cache: the store maps no file (O_DIRECT reads have no page cache "
-                      "to pin); drop --io-direct or --gpu-pin-page-cache");
+    throw ConfigError(option_ref("gpu_pin_page_cache") + ": the store maps no file (O_DIRECT reads have no page cache "
+                      "to pin); drop " + option_ref("io_direct") + " or " + option_ref("gpu_pin_page_cache"));
   int dev = 0, ro = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
   MOE_CUDA_CHECK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dev));
   if (!ro)
-    throw ConfigError("--gpu-pin-page-cache: this device cannot register read-only host memory "
+    throw ConfigError(option_ref("gpu_pin_page_cache") + ": this device cannot register read-only host memory "
                       "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
   uint64_t total = 0;  // what locking adds to memory: files on tmpfs are in it already
   for (const auto& r : regions) total += on_memory_filesystem(r.path) ? 0 : r.size;
   // The room, not MemAvailable alone: locked file pages count against a cgroup's limit too.
   if (const auto room = memory_room(); room && total > room->bytes)
-    throw ConfigError("--gpu-pin-page-cache: the model's files (" + gib_text(total) +
+    throw ConfigError(option_ref("gpu_pin_page_cache") + ": the model's files (" + gib_text(total) +
                       ") would stay locked in RAM, more than the " + gib_text(room->bytes) + " this process may fill (" +
                       room->source + "); drop the flag to stream them");
   const auto t0 = std::chrono::steady_clock::now();
@@ -39,7 +40,7 @@ GpuPinnedMappings::GpuPinnedMappings(const std::vector<ExpertStore::MappedRegion
     if (e != cudaSuccess) {
       cudaGetLastError();
       release();
-      throw ConfigError("--gpu-pin-page-cache: CUDA could not page-lock " + r.path.string() + " (" +
+      throw ConfigError(option_ref("gpu_pin_page_cache") + ": CUDA could not page-lock " + r.path.string() + " (" +
                         gib_text(r.size) + "): " + cudaGetErrorString(e));
     }
     regions_.emplace_back(r.data, r.size);

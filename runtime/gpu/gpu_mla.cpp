@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "kernels/cuda/mla_ops.h"
@@ -27,7 +28,7 @@ GpuMla::GpuMla(const ModelConfig& cfg, const GpuDenseWeights& w, int max_context
       max_batch_(max_batch), eps_(float(cfg.rms_norm_eps)), scale_(mla_softmax_scale(cfg)) {
   if (r_ <= 0 || r_ % 2 != 0 || n_ <= 0 || v_ <= 0 || C_ <= 0 || Q_ < 0 || lat_ > gpu::kMlaMaxLatent ||
       n_ > gpu::kMlaMaxLatent)
-    throw ConfigError("--gpu: MLA dimensions kv_lora_rank " + std::to_string(C_) + ", qk_rope_head_dim " +
+    throw ConfigError(option_ref("gpu") + ": MLA dimensions kv_lora_rank " + std::to_string(C_) + ", qk_rope_head_dim " +
                       std::to_string(r_) + ", qk_nope_head_dim " + std::to_string(n_) + ", v_head_dim " +
                       std::to_string(v_) + " are outside what the GPU kernels take (rope even, kv_lora_rank + "
                       "qk_rope_head_dim and qk_nope_head_dim at most " + std::to_string(gpu::kMlaMaxLatent) + ")");
@@ -103,7 +104,7 @@ void GpuMla::warm_up(CudaForward& f, int T) {
       try {
         launch();
       } catch (const ConfigError& e) {
-        throw ConfigError("--gpu: " + p + what + " (" + std::string(quant_name(q)) + "): " + e.what());
+        throw ConfigError(option_ref("gpu") + ": " + p + what + " (" + std::string(quant_name(q)) + "): " + e.what());
       }
     };
     if (Q_ > 0) {

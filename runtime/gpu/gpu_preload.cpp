@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/gpu/gpu_cache_common.h"
@@ -26,9 +27,9 @@ void CudaForward::preload_experts() {
   size_t need = 0;
   for (const ExpertLayout& lay : layouts) need += size_t(E) * gpu_slot_bytes(lay.bytes);
   if (need > info_.cache_bytes)
-    throw ConfigError("--gpu-preload: the model's experts need " + std::to_string(need >> 20) +
+    throw ConfigError(option_ref("gpu_preload") + ": the model's experts need " + std::to_string(need >> 20) +
                       " MiB of GPU cache, the budget is " + std::to_string(info_.cache_bytes >> 20) +
-                      " MiB (" + info_.cache_rule + "); raise --gpu-cache-mb or drop --gpu-preload");
+                      " MiB (" + info_.cache_rule + "); raise " + option_ref("gpu_cache_mb") + " or drop " + option_ref("gpu_preload"));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int> ids(static_cast<size_t>(E));
   std::iota(ids.begin(), ids.end(), 0);
@@ -50,7 +51,7 @@ void CudaForward::preload_experts() {
   for (int m = 0; m < M; ++m)
     for (int e = 0; e < E; ++e) absent += cache->resident_payload(m, e) == nullptr;
   if (absent > 0)
-    throw Error("--gpu-preload: " + std::to_string(absent) + " of " + std::to_string(M * E) +
+    throw Error(option_ref("gpu_preload") + ": " + std::to_string(absent) + " of " + std::to_string(M * E) +
                 " experts did not stay in the GPU cache after the preload");
   const GpuCacheTelemetry t = cache->telemetry();
   info_.preload_experts = uint64_t(M) * uint64_t(E);

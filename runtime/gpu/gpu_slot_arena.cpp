@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "kernels/cuda/cuda_check.cuh"
 #include "runtime/gpu/gpu_cache_common.h"
 
@@ -169,7 +170,7 @@ std::string GpuSlotArena::memory_report() const {
 void GpuSlotArena::throw_exhausted(size_t bytes) const {
   throw Error("gpu cache: cannot allocate " + gpu_cache_mib(bytes) + " (" + std::to_string(bytes) +
               " bytes) of device memory for experts, even after releasing every cached expert (" +
-              memory_report() + "); lower --gpu-cache-mb");
+              memory_report() + "); lower " + option_ref("gpu_cache_mb"));
 }
 
 }  // namespace moestream

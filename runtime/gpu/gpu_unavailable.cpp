@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "runtime/gpu/gpu_forward.h"
 
 namespace moestream {
@@ -13,7 +14,7 @@ std::string gpu_unavailable_reason() {
 
 std::unique_ptr<GpuForward> GpuForward::create(const ModelConfig&, const std::filesystem::path&,
                                                ExpertStore&, const GpuForwardOptions&) {
-  throw ConfigError("--gpu: " + gpu_unavailable_reason());
+  throw ConfigError(option_ref("gpu") + ": " + gpu_unavailable_reason());
 }
 
 }  // namespace moestream

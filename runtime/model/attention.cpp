@@ -7,6 +7,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "runtime/model/rope.h"
 
 namespace moestream {
@@ -19,7 +20,7 @@ Attention::Attention(const ModelConfig& cfg, int max_context, int max_batch)
     throw ConfigError("model.json: n_heads (" + std::to_string(H_) +
                       ") must be a multiple of n_kv_heads (" + std::to_string(KV_) + ")");
   const std::string source = "the context length " + std::to_string(max_ctx_) +
-                             " (--ctx, ctx=) and model.json's n_layers x n_kv_heads x head_dim";
+                             " (" + option_ref("ctx") + ") and model.json's n_layers x n_kv_heads x head_dim";
   // A sliding layer (gpt-oss) keeps only the positions a chunk can still see: its window plus
   // the chunk's other tokens, as a ring (position p in slot p % capacity).
   for (int l = 0; l < cfg.n_layers; ++l) {

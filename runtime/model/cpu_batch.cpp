@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "runtime/model/dense_ops.h"
 
@@ -14,7 +15,7 @@ namespace moestream {
 void ForwardPass::forward_batch(const ForwardBatch&, const RoutingControl&, ForwardTimes&,
                                 CacheAwareStats&) {
   throw ConfigError("this forward pass runs one sequence at a time: batches of sequences "
-                    "(Model::forward_batch) need the CPU pass (not --gpu)");
+                    "(Model::forward_batch) need the CPU pass (not " + option_ref("gpu") + ")");
 }
 
 CpuBatchPass::CpuBatchPass(const ModelConfig& cfg, const DenseWeights& w, const Rope& rope,

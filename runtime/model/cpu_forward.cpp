@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
@@ -95,7 +96,7 @@ CpuForward::~CpuForward() = default;
 
 void CpuForward::set_moe_lookahead(int n, bool from_override) {
   if (n < 0 || n > impl_->cfg.n_experts)
-    throw ConfigError("--moe-lookahead " + std::to_string(n) + " is outside [0, n_experts=" +
+    throw ConfigError(option_ref("moe_lookahead") + " " + std::to_string(n) + " is outside [0, n_experts=" +
                       std::to_string(impl_->cfg.n_experts) + "]");
   impl_->moe_lookahead = n;
   impl_->lookahead_from_override = from_override;

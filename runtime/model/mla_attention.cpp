@@ -7,6 +7,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "runtime/model/rope.h"
 
 namespace moestream {
@@ -32,7 +33,7 @@ MlaAttention::MlaAttention(const ModelConfig& cfg, int max_context, int max_batc
   if (r_ <= 0 || r_ % 2 != 0)
     throw ConfigError("model.json: mla.qk_rope_head_dim must be positive and even, got " + std::to_string(r_));
   const std::string source = "the context length " + std::to_string(max_ctx_) +
-                             " (--ctx, ctx=) and model.json's n_layers x (mla.kv_lora_rank + mla.qk_rope_head_dim)";
+                             " (" + option_ref("ctx") + ") and model.json's n_layers x (mla.kv_lora_rank + mla.qk_rope_head_dim)";
   const size_t per_layer =
       checked_product({uint64_t(max_ctx_), mla_cache_floats_per_token(cfg)}, "the latent KV cache of " + source);
   const uint64_t total_bytes =

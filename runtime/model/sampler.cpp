@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
@@ -28,25 +29,25 @@ auto logit_before(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
-    throw ConfigError("--temp must be >= 0, got " + std::to_string(p.temperature));
-  if (p.top_k < 0) throw ConfigError("--top-k must be >= 0, got " + std::to_string(p.top_k));
+    throw ConfigError(option_ref("temperature") + " must be >= 0, got " + std::to_string(p.temperature));
+  if (p.top_k < 0) throw ConfigError(option_ref("top_k") + " must be >= 0, got " + std::to_string(p.top_k));
   if (!(p.top_p > 0 && p.top_p <= 1))
-    throw ConfigError("--top-p must be in (0, 1], got " + std::to_string(p.top_p));
+    throw ConfigError(option_ref("top_p") + " must be in (0, 1], got " + std::to_string(p.top_p));
   if (!(p.min_p >= 0 && p.min_p <= 1))
-    throw ConfigError("--min-p must be in [0, 1], got " + std::to_string(p.min_p));
+    throw ConfigError(option_ref("min_p") + " must be in [0, 1], got " + std::to_string(p.min_p));
   if (!(p.typical_p > 0 && p.typical_p <= 1))
-    throw ConfigError("--typical-p must be in (0, 1], got " + std::to_string(p.typical_p));
+    throw ConfigError(option_ref("typical_p") + " must be in (0, 1], got " + std::to_string(p.typical_p));
   if (!(p.repeat_penalty > 0) || !std::isfinite(p.repeat_penalty))
-    throw ConfigError("--repeat-penalty must be > 0, got " + std::to_string(p.repeat_penalty));
+    throw ConfigError(option_ref("repeat_penalty") + " must be > 0, got " + std::to_string(p.repeat_penalty));
   if (p.repeat_last_n < -1)
-    throw ConfigError("--repeat-last-n must be >= -1, got " + std::to_string(p.repeat_last_n));
+    throw ConfigError(option_ref("repeat_last_n") + " must be >= -1, got " + std::to_string(p.repeat_last_n));
   if (!std::isfinite(p.presence_penalty))
-    throw ConfigError("--presence-penalty must be finite, got " + std::to_string(p.presence_penalty));
+    throw ConfigError(option_ref("presence_penalty") + " must be finite, got " + std::to_string(p.presence_penalty));
   if (!std::isfinite(p.frequency_penalty))
-    throw ConfigError("--frequency-penalty must be finite, got " + std::to_string(p.frequency_penalty));
+    throw ConfigError(option_ref("frequency_penalty") + " must be finite, got " + std::to_string(p.frequency_penalty));
   for (const LogitBias& b : p.logit_bias)
     if (b.id < 0 || !(b.bias >= kLogitBan && b.bias <= -kLogitBan))
-      throw ConfigError("--logit-bias " + std::to_string(b.id) + ":" + std::to_string(b.bias) +
+      throw ConfigError(option_ref("logit_bias") + " " + std::to_string(b.id) + ":" + std::to_string(b.bias) +
                         ": the id must be >= 0 and the bias in [-100, 100]");
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/timing.h"
 #include "runtime/engine/generate.h"  // Sampler
 #include "runtime/server/stop_matcher.h"
@@ -38,10 +39,10 @@ BatchScheduler::BatchScheduler(Model& model, const Tokenizer* tok, ServerMetrics
     : QueuedRunner(capacity, [&metrics](const Job&) { metrics.request_cancelled_waiting(); }), model_(model),
       tok_(tok), metrics_(metrics), parallel_(parallel), prefix_reuse_(prefix_reuse) {
   if (parallel < 1 || parallel > model.max_sequences())
-    throw ConfigError("--parallel " + std::to_string(parallel) + " must be in [1, " +
+    throw ConfigError(option_ref("parallel") + " " + std::to_string(parallel) + " must be in [1, " +
                       std::to_string(model.max_sequences()) + "] (the model's sequence slots)");
   if (parallel > model.max_batch())
-    throw ConfigError("--parallel " + std::to_string(parallel) + " exceeds the batch of " +
+    throw ConfigError(option_ref("parallel") + " " + std::to_string(parallel) + " exceeds the batch of " +
                       std::to_string(model.max_batch()) + " tokens per step");
   chunk_ = model.max_batch() - (parallel - 1);
   for (int i = 0; i < parallel; ++i) seqs_.push_back(model.create_sequence());
@@ -194,7 +195,7 @@ bool BatchScheduler::step() {
       const int past = model_.sequence_n_past(in.sequence);
       if (past + int(in.tokens.size()) > ctx) {
         fail(s, "context full: " + std::to_string(past) + " + " + std::to_string(in.tokens.size()) +
-                    " tokens exceed the context of " + std::to_string(ctx) + " (raise --ctx)");
+                    " tokens exceed the context of " + std::to_string(ctx) + " (raise " + option_ref("ctx") + ")");
         continue;
       }
       budget -= int(in.tokens.size());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
@@ -24,7 +25,7 @@ ConnectionQueue::ConnectionQueue(size_t threads, size_t max_waiting, size_t over
   } catch (const std::exception& e) {  // std::system_error (no more threads) or bad_alloc
     shutdown();  // no destructor for a throwing constructor: join what started
     throw ConfigError("cannot start " + std::to_string(threads + overflow_threads) + " HTTP threads (" +
-                      e.what() + "); ask for fewer (--http-threads)");
+                      e.what() + "); ask for fewer (" + option_ref("http_threads") + ")");
   }
 }
 

@@ -22,6 +22,7 @@
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
 #include "runtime/server/server_metrics.h"
+#include "common/option_ref.h"
 
 namespace moestream {
 
@@ -293,7 +294,7 @@ struct ApiServer::Impl {
     p.stop = r.stop;
     if (r.replay_request) {
       if (!replays)
-        throw ApiError(400, "invalid_request_error", "replay_request needs a server started with --replay-routing",
+        throw ApiError(400, "invalid_request_error", "replay_request needs a server started with " + option_ref("replay_routing"),
                        "replay_request");
       if (uint64_t(*r.replay_request) >= replays->n_requests())
         throw ApiError(400, "invalid_request_error", "replay_request " + std::to_string(*r.replay_request) +
@@ -387,7 +388,7 @@ struct ApiServer::Impl {
     const size_t most = queue->capacity() + size_t(std::max(1, opts.parallel));
     if (size_t(r.n) > most)
       throw ApiError(400, "invalid_request_error", "n: " + std::to_string(r.n) + " choices exceed the " +
-                     std::to_string(most) + " requests this server holds at once (--queue-size + --parallel)", "n");
+                     std::to_string(most) + " requests this server holds at once (" + option_ref("queue_size") + " + " + option_ref("parallel") + ")", "n");
     const JobParams base = job_params(r);
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < r.n; ++i) {

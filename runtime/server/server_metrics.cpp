@@ -3,6 +3,9 @@
 
 #include <cstdio>
 
+#include "common/option_ref.h"
+#include "runtime/engine/options.h"
+
 namespace moestream {
 
 void ServerMetrics::request_done(const JobResult& r, const ExpertStoreStats& experts) {
@@ -34,11 +37,12 @@ void ServerMetrics::set_cache_aware(const CacheAwareOptions& opts) {
 }
 
 namespace {
-void metric(std::string& out, const char* name, const char* type, const char* help, double v,
+// help names the server's options with marks, spelled here as its flags.
+void metric(std::string& out, const char* name, const char* type, const std::string& help, double v,
             const char* labels = "") {
   char buf[512];
-  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type,
-                name, labels, v);
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name,
+                render_options(help, OptionCaller::kCli).c_str(), name, type, name, labels, v);
   out += buf;
 }
 void sample(std::string& out, const char* name, const char* labels, double v) {
@@ -88,11 +92,11 @@ std::string ServerMetrics::prometheus(size_t queue_waiting, bool running, size_t
   metric(o, "moestream_expert_reads_total", "counter", "Experts read from files.", double(e.experts_read));
   metric(o, "moestream_expert_bytes_read_total", "counter", "Expert payload bytes read from files.", double(e.bytes_read));
   metric(o, "moestream_expert_io_wait_seconds_total", "counter", "Time the engine blocked on expert reads.", e.io_wait_seconds);
-  metric(o, "moestream_cache_aware_enabled", "gauge", "1 when routing substitutes resident experts (--cache-aware).", cache_aware_opts_.enabled ? 1 : 0);
+  metric(o, "moestream_cache_aware_enabled", "gauge", "1 when routing substitutes resident experts (" + option_ref("cache_aware") + ").", cache_aware_opts_.enabled ? 1 : 0);
   if (cache_aware_opts_.enabled) {
     const auto& c = cache_aware_;
-    metric(o, "moestream_cache_aware_tolerance", "gauge", "--cache-tolerance: fraction of the top-k router logit range.", double(cache_aware_opts_.tolerance));
-    metric(o, "moestream_cache_aware_union", "gauge", "1 when a batch step's earlier choices count as resident (--cache-aware-union).", cache_aware_opts_.batch_union ? 1 : 0);
+    metric(o, "moestream_cache_aware_tolerance", "gauge", option_ref("cache_tolerance") + ": fraction of the top-k router logit range.", double(cache_aware_opts_.tolerance));
+    metric(o, "moestream_cache_aware_union", "gauge", "1 when a batch step's earlier choices count as resident (" + option_ref("cache_aware_union") + ").", cache_aware_opts_.batch_union ? 1 : 0);
     metric(o, "moestream_cache_aware_routings_total", "counter", "(token, layer) routings under cache-aware routing.", double(c.routings));
     metric(o, "moestream_cache_aware_slots_total", "counter", "(token, layer, slot) expert choices.", double(c.slots));
     metric(o, "moestream_cache_aware_slots_unchanged_total", "counter", "Expert choices left as exact top-k chose them.", double(c.slots_unchanged));
@@ -123,8 +127,8 @@ void ServerMetrics::forward_times(const ForwardTimes& times) {
 std::string ServerMetrics::prometheus_engine(size_t running_sequences) const {
   std::lock_guard<std::mutex> lk(mu_);
   std::string o;
-  metric(o, "moestream_sequences_running", "gauge", "Sequences in the running batch now (--parallel; 0 or 1 without).", double(running_sequences));
-  metric(o, "moestream_batch_steps_total", "counter", "Batch forward steps (--parallel > 1).", double(batch_steps_));
+  metric(o, "moestream_sequences_running", "gauge", "Sequences in the running batch now (" + option_ref("parallel") + "; 0 or 1 without).", double(running_sequences));
+  metric(o, "moestream_batch_steps_total", "counter", "Batch forward steps (" + option_ref("parallel") + " > 1).", double(batch_steps_));
   metric(o, "moestream_batch_sequences_total", "counter", "Sequences summed over batch steps (/ steps = mean batch size).", double(batch_sequences_));
   metric(o, "moestream_batch_tokens_total", "counter", "Tokens summed over batch steps (decode tokens and prefill chunks).", double(batch_tokens_));
   o += "# HELP moestream_forward_seconds_total Wall time of the model's forward passes per phase (expert_io: waiting for expert reads).\n";
