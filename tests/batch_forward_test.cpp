@@ -302,7 +302,7 @@ TEST(BatchForwardErrors, PassesWithoutBatchesRefuseThem) {
   ForwardTimes t;
   CacheAwareStats s;
   const std::string msg = test::error_message<ConfigError>([&] { pass.forward_batch({}, {}, t, s); });
-  EXPECT_NE(msg.find("need the CPU pass (not --gpu)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("need the CPU pass (not `gpu`)"), std::string::npos) << msg;
 }
 
 }  // namespace

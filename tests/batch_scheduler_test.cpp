@@ -305,7 +305,7 @@ TEST(BatchScheduler, QueueRefusesWhenFullAndParallelIsChecked) {
   auto model = load(kMaxBatch);
   ServerMetrics metrics;
   EXPECT_NE(test::error_message<ConfigError>([&] { BatchScheduler s(*model, nullptr, metrics, 1, kParallel + 1, false); })
-                .find("--parallel 4 must be in [1, 3]"),
+                .find("`parallel` 4 must be in [1, 3]"),
             std::string::npos);
   // One waiting place beside the slots: long jobs fill the slots and the queue, the next is refused.
   BatchScheduler sched(*model, nullptr, metrics, 1, 2, false);

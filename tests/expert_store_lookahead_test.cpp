@@ -285,7 +285,7 @@ TEST(LookaheadModel, AWidthBeyondTheExpertsIsRefused) {
   ModelOptions mo;
   mo.moe_lookahead = 33;  // the demo has 32 experts
   const std::string msg = test::error_message<ConfigError>([&] { Model::load(kDemo, mo); });
-  EXPECT_NE(msg.find("--moe-lookahead 33 is outside [0, n_experts=32]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("`moe_lookahead` 33 is outside [0, n_experts=32]"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "common/file_util.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/greedy_compare.h"
 #include "tests/support/grouped_q8_pack.h"
@@ -79,9 +80,9 @@ TEST(GpuCpuMissesOptions, WithoutGpuItIsAConfigErrorNamingBoth) {
   ModelOptions mo;
   mo.gpu_cpu_misses = true;
   try {
-    check_gpu_options(mo);
+    check_model_options(mo);
     ADD_FAILURE() << "--gpu-cpu-misses without --gpu accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--gpu-cpu-misses needs --gpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("`gpu_cpu_misses=true` needs `gpu=true`"), std::string::npos) << e.what();
   }
 }

@@ -19,6 +19,7 @@
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 #include "runtime/model/dense_weights.h"
 #include "loader/store/engine_expert_store.h"
 #include "runtime/model/sampler.h"
@@ -504,6 +505,6 @@ TEST_F(GpuResident, AMissInAResidentStepIsFinishedThroughTheSyncedPath) {
 TEST(GpuForwardOptions, SyncLayersWithoutGpuIsRefused) {
   ModelOptions mo;
   mo.gpu_sync_layers = true;
-  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-sync-layers needs --gpu"),
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_model_options(mo); }).find("`gpu_sync_layers=true` needs `gpu=true`"),
             std::string::npos);
 }

@@ -14,6 +14,7 @@
 #include "common/file_util.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/greedy_compare.h"
 #include "tests/support/grouped_q8_pack.h"
@@ -120,6 +121,6 @@ TEST_F(GpuGraphs, TheDevicesGreedyPickIsTheArgmaxOfTheLogits) {
 TEST(GpuGraphsOptions, NoGraphsWithoutGpuIsRefused) {
   ModelOptions mo;
   mo.gpu_no_graphs = true;
-  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-no-graphs needs --gpu"),
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_model_options(mo); }).find("`gpu_no_graphs=true` needs `gpu=true`"),
             std::string::npos);
 }

@@ -14,6 +14,7 @@
 #include "common/file_util.h"
 #include "runtime/convert/synthetic_model.h"
 #include "runtime/engine/model.h"
+#include "runtime/engine/options.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/grouped_q8_pack.h"
 #include "tests/support/require_gpu.h"
@@ -72,14 +73,14 @@ TEST_F(GpuPreload, NothingIsReadAfterLoadAndTheLogitsAreThoseOfTheOnDemandRun) {
 TEST_F(GpuPreload, ABudgetBelowTheExpertsIsRefusedNamingBoth) {
   // 48 experts of ~105 KiB need ~5 MiB; 2 MiB holds fewer than half.
   const std::string m = test::error_message<ConfigError>([&] { load(2, true); });
-  EXPECT_NE(m.find("--gpu-preload"), std::string::npos) << m;
+  EXPECT_NE(m.find("`gpu_preload`"), std::string::npos) << m;
   EXPECT_NE(m.find("budget is 2 MiB"), std::string::npos) << m;
-  EXPECT_NE(m.find("--gpu-cache-mb"), std::string::npos) << m;
+  EXPECT_NE(m.find("`gpu_cache_mb`"), std::string::npos) << m;
 }
 
 TEST(GpuPreloadOptions, PreloadWithoutGpuIsRefused) {
   ModelOptions mo;
   mo.gpu_preload = true;
-  EXPECT_NE(test::error_message<ConfigError>([&] { check_gpu_options(mo); }).find("--gpu-preload needs --gpu"),
+  EXPECT_NE(test::error_message<ConfigError>([&] { check_model_options(mo); }).find("`gpu_preload=true` needs `gpu=true`"),
             std::string::npos);
 }

@@ -166,7 +166,7 @@ TEST_F(GpuSlotArenaTest, VramRetryReleasesEverythingAndRetriesOnce) {
   arena.inject_failures(2);  // fails again after the release: a clear error, released again
   const std::string what = error_of([&] { arena.with_vram_retry(op, release, retries); });
   EXPECT_NE(what.find("even after releasing every cached expert"), std::string::npos) << what;
-  EXPECT_NE(what.find("lower --gpu-cache-mb"), std::string::npos) << what;
+  EXPECT_NE(what.find("lower `gpu_cache_mb`"), std::string::npos) << what;
   EXPECT_EQ(ops, 2);
   EXPECT_EQ(releases, 2);
   EXPECT_EQ(retries, 2u);

@@ -255,7 +255,7 @@ TEST(GpuPinnedMappings, NoMappedFileIsAConfigErrorNamingIoDirect) {
     GpuPinnedMappings none({});
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--io-direct"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("`io_direct`"), std::string::npos) << e.what();
   }
 }
 

@@ -42,10 +42,10 @@ struct Notices {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// The ConfigError message of build_store_options(c, spelling); fails the test when none is thrown.
-std::string config_error(const StoreConfig& c, OptionSpelling spelling) {
+// The ConfigError message of build_store_options(c); fails the test when none is thrown.
+std::string config_error(const StoreConfig& c) {
   try {
-    build_store_options(c, spelling, [](const std::string&) {});
+    build_store_options(c, [](const std::string&) {});
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -84,7 +84,7 @@ TEST(StoreOptions, MapsEveryOption) {
   c.direct_max_read_kb = 512;
   c.verify_checksums = false;
   Notices n;
-  const EngineExpertStoreOptions so = build_store_options(c, OptionSpelling::kCli, n.fn());
+  const EngineExpertStoreOptions so = build_store_options(c, n.fn());
   EXPECT_TRUE(so.io.direct);
   EXPECT_EQ(so.host_cache_bytes, 3u << 20);
   EXPECT_EQ(so.io.queue_depth, 7u);
@@ -104,7 +104,9 @@ TEST(StoreOptions, MapsEveryOption) {
   EXPECT_FALSE(build_store_options(c).io.coalesce);
 }
 
-TEST(StoreOptions, BadValuesNameTheOptionInEachSpelling) {
+// Messages name options with marks (common/option_ref.h); each front end spells them
+// (options_test.cpp: flags, keywords, JSON fields).
+TEST(StoreOptions, BadValuesNameTheOption) {
   struct Case {
     std::function<void(StoreConfig&)> set;
     std::string field, value;
@@ -124,14 +126,10 @@ TEST(StoreOptions, BadValuesNameTheOptionInEachSpelling) {
   for (const Case& k : cases) {
     StoreConfig c;
     k.set(c);
-    const std::string py = config_error(c, OptionSpelling::kPython);
-    EXPECT_TRUE(contains(py, k.field)) << py;
-    EXPECT_TRUE(contains(py, k.value)) << py;
-    const std::string cli = config_error(c, OptionSpelling::kCli);
-    EXPECT_TRUE(contains(cli, store_option_name(k.field, OptionSpelling::kCli))) << cli;
+    const std::string msg = config_error(c);
+    EXPECT_TRUE(contains(msg, "`" + k.field + "`")) << msg;
+    EXPECT_TRUE(contains(msg, k.value)) << msg;
   }
-  EXPECT_EQ(store_option_name("direct_max_read_kb", OptionSpelling::kCli), "--direct-max-read-kb");
-  EXPECT_EQ(store_option_name("direct_max_read_kb", OptionSpelling::kPython), "direct_max_read_kb");
   // The edges of each range are accepted.
   StoreConfig edge;
   edge.io_qd = kMaxIoQueueDepth;
@@ -147,13 +145,13 @@ TEST(StoreOptions, LargestSizesConvertToBytesExactly) {
   c.host_cache_mb = kMaxHostCacheMb;
   c.max_read_kb = kMaxReadKb;
   c.coalesce_gap_kb = kMaxCoalesceGapKb;
-  const EngineExpertStoreOptions so = build_store_options(c, OptionSpelling::kCli, [](const std::string&) {});
+  const EngineExpertStoreOptions so = build_store_options(c, [](const std::string&) {});
   EXPECT_EQ(so.host_cache_bytes, kMaxHostCacheMb << 20);
   EXPECT_EQ(so.io.max_read_bytes, kMaxReadKb << 10);
   EXPECT_EQ(so.io.coalesce_gap_bytes, kMaxCoalesceGapKb << 10);
   // 2^64 - 1 MiB would wrap to a tiny cache if shifted: refused with the option's name.
   c.host_cache_mb = ~uint64_t(0);
-  const std::string msg = config_error(c, OptionSpelling::kPython);
+  const std::string msg = config_error(c);
   EXPECT_TRUE(contains(msg, "host_cache_mb") && contains(msg, "18446744073709551615")) << msg;
 }
 
@@ -161,23 +159,18 @@ TEST(StoreOptions, HostCacheWithBufferedReadsWarnsOfDoubleCaching) {
   StoreConfig c;
   c.host_cache_mb = 4;
   Notices n;
-  build_store_options(c, OptionSpelling::kPython, n.fn());
+  build_store_options(c, n.fn());
   ASSERT_EQ(n.lines.size(), 1u);
-  EXPECT_TRUE(contains(n.lines[0], "host_cache_mb without io_direct")) << n.lines[0];
+  EXPECT_TRUE(contains(n.lines[0], "`host_cache_mb` without `io_direct`")) << n.lines[0];
   EXPECT_TRUE(contains(n.lines[0], "cached twice")) << n.lines[0];
 
   n.lines.clear();
-  build_store_options(c, OptionSpelling::kCli, n.fn());
-  ASSERT_EQ(n.lines.size(), 1u);
-  EXPECT_TRUE(contains(n.lines[0], "--host-cache-mb without --io-direct")) << n.lines[0];
-
-  n.lines.clear();
   c.io_direct = true;  // the intended use: no page cache below the host cache
-  build_store_options(c, OptionSpelling::kCli, n.fn());
+  build_store_options(c, n.fn());
   EXPECT_TRUE(n.lines.empty());
 
   c.io = "simple";  // the simple store has neither O_DIRECT nor a host cache
-  build_store_options(c, OptionSpelling::kCli, n.fn());
+  build_store_options(c, n.fn());
   ASSERT_EQ(n.lines.size(), 1u);
   EXPECT_TRUE(contains(n.lines[0], "do not apply")) << n.lines[0];
 }
@@ -187,7 +180,7 @@ class StoreOptionsOnModel : public ::testing::Test {
  protected:
   void SetUp() override { write_synthetic_model(dir_.path(), cfg_, 5); }
   std::unique_ptr<ExpertStore> open(const StoreConfig& c) {
-    return open_store_for(dir_.path(), cfg_, c, OptionSpelling::kCli, notices_.fn());
+    return open_store_for(dir_.path(), cfg_, c, notices_.fn());
   }
   std::vector<std::string> notice_lines() {  // so far (the engine may add from its threads)
     std::lock_guard lock(notices_.mu);
@@ -251,15 +244,14 @@ TEST_F(StoreOptionsOnModel, AModelLargerThanTheRoomIsReadDirectIntoAHostCacheOfW
   EXPECT_TRUE(defaults.auto_direct);
 
   // Fits: nothing changes, nothing said.
-  StoreConfig c = fit_to_memory(dir_.path(), cfg_, defaults, MemoryRoom{model, "MemAvailable"}, OptionSpelling::kCli,
-                                notices_.fn());
+  StoreConfig c = fit_to_memory(dir_.path(), cfg_, defaults, MemoryRoom{model, "MemAvailable"}, notices_.fn());
   EXPECT_FALSE(c.io_direct);
   EXPECT_EQ(c.host_cache_mb, 0u);
   EXPECT_TRUE(notice_lines().empty());
 
   // One byte short: direct, and the host cache is min(room - dense - reserve, room / 2), in MiB.
   const MemoryRoom room{model - 1, "cgroup v1 /x (memory.limit_in_bytes 1 MiB)"};
-  c = fit_to_memory(dir_.path(), cfg_, defaults, room, OptionSpelling::kCli, notices_.fn());
+  c = fit_to_memory(dir_.path(), cfg_, defaults, room, notices_.fn());
   EXPECT_TRUE(c.io_direct);
   const uint64_t held = dense + fit_reserve_bytes(room.bytes);
   const uint64_t want = std::min(room.bytes > held ? room.bytes - held : 0, room.bytes / 2) >> 20;
@@ -268,40 +260,34 @@ TEST_F(StoreOptionsOnModel, AModelLargerThanTheRoomIsReadDirectIntoAHostCacheOfW
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_TRUE(contains(lines[0], "exceed the memory this process may fill")) << lines[0];
   EXPECT_TRUE(contains(lines[0], "cgroup v1 /x")) << lines[0];
-  EXPECT_TRUE(contains(lines[0], "--io-direct --host-cache-mb " + std::to_string(want))) << lines[0];
-  EXPECT_TRUE(contains(lines[0], "--no-auto-direct keeps the page cache")) << lines[0];
-  // Python's spelling.
-  (void)fit_to_memory(dir_.path(), cfg_, defaults, room, OptionSpelling::kPython, notices_.fn());
-  lines = notice_lines();
-  ASSERT_EQ(lines.size(), 2u);
-  EXPECT_TRUE(contains(lines[1], "io_direct=True host_cache_mb=")) << lines[1];
-  EXPECT_TRUE(contains(lines[1], "auto_direct=False keeps the page cache")) << lines[1];
+  EXPECT_TRUE(contains(lines[0], "`io_direct=true` `host_cache_mb=" + std::to_string(want) + "`")) << lines[0];
+  EXPECT_TRUE(contains(lines[0], "`auto_direct=false` keeps the page cache")) << lines[0];
 
   // Nothing changes where the user chose, the backend cannot, or the room is unknown.
   StoreConfig chose = defaults;
   chose.host_cache_mb = 3;
-  EXPECT_EQ(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct, false);
+  EXPECT_EQ(fit_to_memory(dir_.path(), cfg_, chose, room, {}).io_direct, false);
   chose = defaults;
   chose.auto_direct = false;
-  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct);
+  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, {}).io_direct);
   for (const char* io : {"mmap", "simple"}) {
     chose = defaults;
     chose.io = io;
-    EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, OptionSpelling::kCli, {}).io_direct) << io;
+    EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, chose, room, {}).io_direct) << io;
   }
-  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, defaults, std::nullopt, OptionSpelling::kCli, {}).io_direct);
-  EXPECT_EQ(notice_lines().size(), 2u);
+  EXPECT_FALSE(fit_to_memory(dir_.path(), cfg_, defaults, std::nullopt, {}).io_direct);
+  EXPECT_EQ(notice_lines().size(), 1u) << "only the first call changed anything";
 
   // The cache's size on a model of many GiB (the sizes come from the config and the dense file).
   ModelConfig huge = cfg_;
   huge.n_experts = 1 << 20;
   const uint64_t gib = uint64_t(1) << 30;
   // 8 GiB: the reserve is 1 GiB, so half the room (4 GiB) is the smaller bound.
-  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{8 * gib, "m"}, OptionSpelling::kCli, {}).host_cache_mb,
+  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{8 * gib, "m"}, {}).host_cache_mb,
             4096u);
   // 700 MiB: the reserve is 384 MiB, so the room less the dense file and the reserve is smaller.
   const uint64_t small = uint64_t(700) << 20;
-  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{small, "m"}, OptionSpelling::kCli, {}).host_cache_mb,
+  EXPECT_EQ(fit_to_memory(dir_.path(), huge, defaults, MemoryRoom{small, "m"}, {}).host_cache_mb,
             (small - dense - (uint64_t(384) << 20)) >> 20);
 }
 
@@ -325,11 +311,11 @@ TEST(StoreOptions, AModelOnAMemoryFilesystemIsNeverStreamed) {
   TempDir disk("store_options");
   write_synthetic_model(disk.path(), cfg, 5);
   const MemoryRoom room{1, "MemAvailable"};  // smaller than any model
-  const StoreConfig on_shm = fit_to_memory(shm, cfg, StoreConfig{}, room, OptionSpelling::kCli, {});
+  const StoreConfig on_shm = fit_to_memory(shm, cfg, StoreConfig{}, room, {});
   EXPECT_FALSE(on_shm.io_direct);
   EXPECT_EQ(on_shm.host_cache_mb, 0u);
   if (on_memory_filesystem(disk.path())) GTEST_SKIP() << "the temporary directory is on tmpfs too";
-  EXPECT_TRUE(fit_to_memory(disk.path(), cfg, StoreConfig{}, room, OptionSpelling::kCli, {}).io_direct);
+  EXPECT_TRUE(fit_to_memory(disk.path(), cfg, StoreConfig{}, room, {}).io_direct);
 }
 
 TEST(StoreOptions, TheFitReserveIs384MiBOrAnEighthOfTheRoom) {

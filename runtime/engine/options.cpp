@@ -123,7 +123,7 @@ std::string render_options(std::string_view text, OptionCaller caller) {
       case OptionCaller::kServerRequest:
         // The operator's flags as flags; the rest are the request's own JSON fields.
         if (s->tools & kToolServer) return spell_cli(*s, v);
-        return v ? std::string(s->name) + " " + std::string(*v) : std::string(s->name);
+        return v ? std::string(s->name) + "=" + std::string(*v) : std::string(s->name);
     }
     return std::nullopt;
   });

@@ -17,14 +17,9 @@ class ApiError : public Error {
   int status() const { return status_; }
   const std::string& code() const { return code_; }
   const std::string& param() const { return param_; }
-  // OpenAI's error types: 4xx are the caller's fault, 5xx the server's.
-  nlohmann::json body() const {
-    nlohmann::json e{{"message", what()},
-                     {"type", status_ >= 500 ? "server_error" : "invalid_request_error"},
-                     {"param", param_.empty() ? nlohmann::json(nullptr) : nlohmann::json(param_)},
-                     {"code", code_}};
-    return nlohmann::json{{"error", e}};
-  }
+  // OpenAI's error types: 4xx are the caller's fault, 5xx the server's. Option marks in the
+  // message are spelled for a client: JSON fields, or the server's flags (runtime/engine/options.h).
+  nlohmann::json body() const;
 
  private:
   int status_;
