@@ -106,9 +106,11 @@ TEST(OptionRules, ABrokenRuleNamesBothOptionsAndWhy) {
   const std::vector<OptionValue> both = {{&option("cache_aware_union"), true}, {&option("cache_aware"), true}};
   EXPECT_NO_THROW(check_option_rules(both, kToolInfer));
   // A rule of one tool binds no other: infer's --parallel needs --perplexity, the server's does not.
-  const std::vector<OptionValue> parallel = {{&option("parallel"), true}};
+  const std::vector<OptionValue> parallel = {{&option("parallel"), true}, {&option("perplexity"), false}};
   EXPECT_THROW(check_option_rules(parallel, kToolInfer), ConfigError);
   EXPECT_NO_THROW(check_option_rules(parallel, kToolServer));
+  // A rule naming an option the caller does not have is not its rule (Model::load's check).
+  EXPECT_NO_THROW(check_option_rules(std::vector<OptionValue>{{&option("parallel"), true}}, kToolInfer));
 }
 
 TEST(OptionRules, TheEngineChecksModelOptionsItself) {
@@ -129,7 +131,7 @@ TEST(OptionValues, EnvironmentTextIsCheckedLikeAFlag) {
   set_option_text(qd, qd.engine(s), "8", "MOESTREAM_IO_QD");
   EXPECT_EQ(s.store.io_qd, 8u);
   const std::string msg = test::error_message<ConfigError>([&] { set_option_text(qd, qd.engine(s), "0", "env"); });
-  EXPECT_NE(msg.find("`io_qd` must be in [1, 4096], got 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("`io_qd` from env must be in [1, 4096], got 0"), std::string::npos) << msg;
   EXPECT_THROW(set_option_text(qd, qd.engine(s), "8x", "env"), ConfigError);
   EXPECT_THROW(set_option_text(qd, qd.engine(s), "-1", "env"), ConfigError);
   const OptionSpec& gpu = option("gpu");

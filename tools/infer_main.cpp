@@ -91,7 +91,6 @@ struct Args {
   std::vector<std::string> logit_bias;  // ID:BIAS
   bool timing = false, print_ids = false, ignore_eos = false;
   int parallel = 1;  // perplexity windows at once
-  bool lookahead_replayed = false;  // benchmarks: a perfect predictor
 };
 
 // Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
@@ -121,7 +120,6 @@ int run(const Args& a, const OptionCli& cli) {
   require_model_location(dir);
   cli.check_rules();  // the table's cross-option rules, before any slow work
   ModelOptions mo = engine_model_options(a.engine);
-  mo.moe_lookahead_replayed = a.lookahead_replayed;
   if (a.parallel > 1) {  // perplexity over a batch of windows
     mo.max_sequences = std::max(mo.max_sequences, a.parallel);
     mo.max_batch = std::max(mo.max_batch, a.parallel);
@@ -252,7 +250,6 @@ int main(int argc, char** argv) {
   cli.bind("logit_bias", a.logit_bias);
   cli.bind("timing", a.timing);
   cli.bind("stats_json", a.stats_json);
-  cli.bind("lookahead_replayed", a.lookahead_replayed);
   cli.add_to(app, a.engine);
   return run_tool("infer", app, argc, argv, [&] {
     if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;

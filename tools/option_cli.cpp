@@ -94,8 +94,8 @@ std::string OptionCli::markdown() const {
     const OptionSpec& s = *b.spec;
     if (first || s.group != group) {
       out += std::string(first ? "" : "\n") + "### " + std::string(option_group_title(s.group)) + "\n\n";
-      out += "| Flag | Python | Type, range | Default | Environment | Description |\n";
-      out += "| --- | --- | --- | --- | --- | --- |\n";
+      out += "| Flag | Python | Tools | Type, range | Default | Environment | Description |\n";
+      out += "| --- | --- | --- | --- | --- | --- | --- |\n";
       group = s.group;
       first = false;
     }
@@ -114,7 +114,10 @@ std::string OptionCli::markdown() const {
     for (const std::string& n : CLI::detail::split(option_cli_names(s), ','))
       names += (names.empty() ? "" : ", ") + ("`" + n + "`");
     const std::string def = s.type == OptionType::kFlag ? (b.default_text == "true" ? "on" : "off") : b.default_text;
-    out += "| " + names + " | " + python + " | " + type + " | " + (def.empty() ? "" : "`" + def + "`") + " | " +
+    std::string tools;
+    if (s.tools & kToolInfer) tools = "infer";
+    if (s.tools & kToolServer) tools += tools.empty() ? "server" : ", server";
+    out += "| " + names + " | " + python + " | " + tools + " | " + type + " | " + (def.empty() ? "" : "`" + def + "`") + " | " +
            (s.env ? "`" + option_env_name(s) + "`" : "") + " | " +
            escape_cell(render_options(s.help, OptionCaller::kCli)) + " |\n";
   }

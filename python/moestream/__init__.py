@@ -16,12 +16,13 @@ from ._moestream import (  # noqa: F401
     cluster,
     cost,
     load_io_profile,
+    options,
     token_read_cost,
 )
 
 __all__ = [
     "Error", "IoError", "FormatError", "ConfigError",
     "Model", "Tokenizer", "GenerationStream", "RoutingLog",
-    "cluster", "cost", "token_read_cost", "load_io_profile",
+    "cluster", "cost", "token_read_cost", "load_io_profile", "options",
     "PHASE_PREFILL", "PHASE_DECODE",
 ]

@@ -37,31 +37,38 @@ class Model:
         self,
         path: str | os.PathLike[str],  # a packed model directory, or a GGUF file (any shard of a split set)
         *,
-        io: str = "auto",  # auto | uring | pread | mmap | simple (simple: packs only)
-        io_direct: bool = False,
-        host_cache_mb: int = 0,  # without io_direct: a UserWarning (experts cached twice)
-        cache_aware: bool = False,
-        cache_tolerance: float = 0.10,
+        # The option table's Model keywords (runtime/engine/options_table.cpp, docs/options.md), in
+        # its order; tests/python/test_options.py checks this list against moestream.options().
         threads: int = 0,
         ctx: int = 0,
         batch: int = 0,
-        verify_checksums: bool = True,
+        io: str = "auto",  # auto | uring | pread | mmap | simple (simple: packs only)
+        io_direct: bool = False,
+        host_cache_mb: int = 0,  # without io_direct: a UserWarning (experts cached twice)
+        auto_direct: bool = True,  # a model larger than the memory room: O_DIRECT into a host cache, with a warning (False: page cache)
         io_qd: int = 32,
         io_rings: int = 0,
         io_threads: int = 0,
         coalesce_gap_kb: int = 64,
         max_read_kb: int = 1024,
         direct_max_read_kb: int = 4096,  # largest single read of an O_DIRECT file (io_direct=True)
-        collect_routing: str | os.PathLike[str] | None = None,
-        collect_router_inputs: bool = False,
+        io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
+        verify_checksums: bool = True,
+        moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
         gpu: bool = False,  # whole forward pass on the GPU; ConfigError without CUDA or a GPU
         gpu_cache_mb: int = 0,  # GPU expert cache in MiB; 0 = automatic (needs gpu=True)
-        moe_lookahead: int = 0,  # experts of layer L+1 read ahead during layer L (GPU cache with gpu=True, else the host tiers)
-        io_profile: str | os.PathLike[str] | None = None,  # device profile (bench_io --profile-out): per-batch merge rule
+        gpu_sync_layers: bool = False,  # read every layer's routing on the host (needs gpu=True; same tokens)
         gpu_preload: bool = False,  # every expert into the GPU cache at load (needs gpu=True; error if they do not fit)
-        gpu_pin_page_cache: bool = False,  # page-lock the model's files so GPU misses copy from the page cache by DMA (needs gpu=True; error if they exceed available memory)
+        gpu_no_graphs: bool = False,  # resident decode without CUDA graphs (needs gpu=True; same tokens)
+        gpu_pin_page_cache: bool = False,  # page-lock the model's files so GPU misses copy from the page cache by DMA (needs gpu=True)
         gpu_cpu_misses: bool = False,  # decode experts the GPU cache lacks computed on the CPU where their pages lie (needs gpu=True)
-        auto_direct: bool = True,  # a model larger than the memory room: O_DIRECT into a host cache, with a warning (False: page cache)
+        cache_aware: bool = False,
+        cache_tolerance: float = 0.1,
+        cache_aware_union: bool = False,  # batches only (needs cache_aware=True)
+        collect_routing: str | os.PathLike[str] | None = None,
+        collect_router_inputs: bool = False,
+        replay_routing: str | os.PathLike[str] | None = None,  # every layer's experts from a routing log
+        lookahead_replayed: bool = False,  # benchmarks: the look-ahead predicts from the replayed log
     ) -> None: ...
     def generate(
         self,
@@ -164,3 +171,6 @@ def token_read_cost(
     direct: bool = False,
 ) -> tuple[int, int]: ...
 def load_io_profile(path: str | os.PathLike[str]) -> dict[str, float]: ...
+def options() -> list[dict[str, object]]:
+    """The option table's Python rows: name, where ("Model" or "generate"), type, default,
+    env (its environment variable or None), group and help, as docs/options.md lists them."""

@@ -29,6 +29,7 @@
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/engine/options.h"
+#include "runtime/engine/routing_replay.h"
 #include "runtime/engine/run_stats.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/model_tokenizer.h"
@@ -138,6 +139,7 @@ py::list python_options() {
       d["default"] = std::visit([](auto* p) -> py::object {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>) return p->empty() ? py::none() : py::cast(*p);
+        else if constexpr (std::is_same_v<T, float>) return py::float_(std::stod(detail::number_text(*p)));  // 0.8, not 0.800000011920929
         else return py::cast(*p);
       }, t);
     }
@@ -186,7 +188,15 @@ class PyModel {
       const ModelConfig header_cfg = ModelConfig::load(dir_);
       tok_ = load_model_tokenizer(dir_, header_cfg);
       auto store = open_store_for(dir_, header_cfg, sc, [sink](const std::string& line) { sink->add(line); });
+      // The log (cheap) before the weights (slow), as infer: a bad log is reported at once.
+      if (!o.replay_routing.empty()) replay_.emplace(RoutingReplay::load(o.replay_routing, header_cfg));
       model_ = Model::load(dir_, mo, std::move(store));
+      if (replay_) {
+        RoutingReplay* replay = &*replay_;
+        model_->set_routing_override([replay](int layer, uint64_t ordinal, int n, int* ids, float* w) {
+          replay->route(layer, ordinal, n, ids, w);
+        });
+      }
       if (!o.collect_routing.empty()) attach_routing(o.collect_routing, o.collect_router_inputs);
     }
     for (const std::string& line : sink->stop_collecting())
@@ -377,6 +387,7 @@ class PyModel {
 
  private:
   fs::path dir_;
+  std::optional<RoutingReplay> replay_;  // replay_routing: every layer's experts from a log (outlives model_)
   std::unique_ptr<Model> model_;
   std::optional<Tokenizer> tok_;
   std::optional<RoutingLogWriter> routing_;

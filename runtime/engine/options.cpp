@@ -161,7 +161,8 @@ T parse_number(const OptionSpec& s, std::string_view text, std::string_view sour
   if (!ok)
     throw ConfigError(option_ref(s.name) + " from " + std::string(source) + ": '" + std::string(text) +
                       "' is not a valid number");
-  if (s.lo != s.hi) check_range(option_ref(s.name), v, static_cast<T>(s.lo), static_cast<T>(s.hi));
+  if (s.lo != s.hi)
+    check_range(option_ref(s.name) + " from " + std::string(source), v, static_cast<T>(s.lo), static_cast<T>(s.hi));
   return v;
 }
 }  // namespace
@@ -195,14 +196,15 @@ std::string rule_ref(const OptionSpec& s) {
 }  // namespace
 
 void check_option_rules(std::span<const OptionValue> values, unsigned tool) {
-  const auto in_effect = [&](std::string_view name) {
+  const auto in_effect = [&](std::string_view name) -> std::optional<bool> {
     for (const OptionValue& v : values)
       if (v.spec->name == name) return v.in_effect;
-    return false;
+    return std::nullopt;
   };
   for (const OptionRule& r : option_rules()) {
-    if (!(r.tools & tool) || !in_effect(r.option)) continue;
-    const bool other = in_effect(r.other);
+    const std::optional<bool> one = in_effect(r.option), other_given = in_effect(r.other);
+    if (!(r.tools & tool) || !one || !other_given || !*one) continue;
+    const bool other = *other_given;
     if (r.kind == RuleKind::kRequires && other) continue;
     if (r.kind == RuleKind::kExcludes && !other) continue;
     std::string msg = rule_ref(option(r.option)) +
@@ -215,14 +217,18 @@ void check_option_rules(std::span<const OptionValue> values, unsigned tool) {
 void check_model_options(const ModelOptions& opts) {
   if (opts.moe_lookahead < 0)
     throw ConfigError(option_ref("moe_lookahead") + " must be >= 0, got " + std::to_string(opts.moe_lookahead));
-  // The rules on the options ModelOptions holds: every other engine option stays at its default,
-  // so it is not in effect.
+  // The rules between options ModelOptions holds (those naming another are the front ends').
   EngineSettings now, defaults;
   now.model = opts;
+  const auto* begin = reinterpret_cast<const char*>(&now.model);
   std::vector<OptionValue> values;
-  for (const OptionSpec& s : option_table())
-    if (s.engine != nullptr)
-      values.push_back({&s, option_value_text(s.engine(now)) != option_value_text(s.engine(defaults))});
+  for (const OptionSpec& s : option_table()) {
+    if (s.engine == nullptr) continue;
+    const OptionTarget t = s.engine(now);
+    const auto* at = std::visit([](auto* p) { return reinterpret_cast<const char*>(p); }, t);
+    if (std::less_equal<>()(begin, at) && std::less<>()(at, begin + sizeof(ModelOptions)))
+      values.push_back({&s, option_value_text(t) != option_value_text(s.engine(defaults))});
+  }
   check_option_rules(values, kToolPythonModel | kToolInfer | kToolServer);
   if (opts.gpu) {
     const std::string why = gpu_unavailable_reason();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -96,8 +97,8 @@ struct OptionValue {
   const OptionSpec* spec;
   bool in_effect;  // differs from the default
 };
-// Throws ConfigError (with marks) for the first rule of `tool` the values break; options absent
-// from `values` are not in effect.
+// Throws ConfigError (with marks) for the first rule of `tool` the values break; a rule naming an
+// option absent from `values` is not checked.
 void check_option_rules(std::span<const OptionValue> values, unsigned tool);
 
 // The text of a value (the default column of --help and the docs, and "in effect").

@@ -156,7 +156,7 @@ constexpr OptionSpec kOptions[] = {
      "server request (timings.routing_request_id), concurrent requests apart with `parallel`"},
     {"collect_router_inputs", "", kFlag, 0, 0, kRouting, kToolInfer | kToolPythonModel, false, false,
      AT(collect_router_inputs), "also log each router input vector (hidden floats per token and layer)"},
-    {"replay_routing", "", kText, 0, 0, kRouting, kCli, false, false, AT(replay_routing),
+    {"replay_routing", "", kText, 0, 0, kRouting, kEngine, false, false, AT(replay_routing),
      "take every layer's experts from this routing log (as `collect_routing` writes; the server also "
      "takes a directory of them) instead of the router, mapped onto this model's counts "
      "(runtime/engine/routing_replay.h: layer l <- l mod log layers, expert e -> e mod experts, "
@@ -168,7 +168,8 @@ constexpr OptionSpec kOptions[] = {
      "print per-phase times and tokens/s to stderr"},
     {"stats_json", "", kText, 0, 0, kBenchmarking, kToolInfer, false, false, nullptr,
      "write the timing figures as JSON to this file"},
-    {"lookahead_replayed", "", kFlag, 0, 0, kBenchmarking, kToolInfer, false, false, nullptr,
+    {"lookahead_replayed", "", kFlag, 0, 0, kBenchmarking, kToolInfer | kToolPythonModel, false, false,
+     AT(model.moe_lookahead_replayed),
      "CPU: the look-ahead (`moe_lookahead`) predicts layer L+1 from the replayed log instead of its "
      "router (a perfect predictor: the upper bound of what look-ahead can gain); the log's ids first, "
      "then the router's ranking up to N"},
@@ -205,10 +206,10 @@ constexpr OptionRule kRules[] = {
     {kRequires, "gpu_cpu_misses", "gpu", kEngine, ""},
     {kRequires, "cache_aware_union", "cache_aware", kEngine, "it is a rule of cache-aware routing"},
     {kRequires, "collect_router_inputs", "collect_routing", kToolInfer | kToolPythonModel, ""},
-    {kExcludes, "replay_routing", "cache_aware", kCli, "the replay fixes the experts"},
-    {kRequires, "lookahead_replayed", "replay_routing", kToolInfer, ""},
-    {kRequires, "lookahead_replayed", "moe_lookahead", kToolInfer, ""},
-    {kExcludes, "lookahead_replayed", "gpu", kToolInfer, "the CPU's look-ahead only"},
+    {kExcludes, "replay_routing", "cache_aware", kEngine, "the replay fixes the experts"},
+    {kRequires, "lookahead_replayed", "replay_routing", kToolInfer | kToolPythonModel, ""},
+    {kRequires, "lookahead_replayed", "moe_lookahead", kToolInfer | kToolPythonModel, ""},
+    {kExcludes, "lookahead_replayed", "gpu", kToolInfer | kToolPythonModel, "the CPU's look-ahead only"},
     {kExcludes, "prompt", "prompt_ids", kToolInfer, "give one of them"},
     {kRequires, "parallel", "perplexity", kToolInfer, "it scores perplexity windows N at a time"},
     {kExcludes, "parallel", "prompt", kToolInfer, "it applies to perplexity windows only"},
