@@ -486,6 +486,13 @@ def check_or_skip(script, *args, missing):
     assert r.returncode == 0, f"{script} --check exited {r.returncode}: {r.stdout}{r.stderr}"
 
 
+@case("scripts/options_doc.py")
+def _options_doc(s):
+    """--check: docs/options.md is what the option table makes (through infer's and the server's
+    --help-markdown)."""
+    s.run([sys.executable, "scripts/options_doc.py", "--check"], quiet_ok=True)
+
+
 @case("scripts/with_memory_cap.sh")
 def _memory_cap(s):
     """--check; where a cgroup memory controller is writable, a capped `true` too."""
