@@ -37,7 +37,7 @@ CacheHints make_lookahead_hints(const RoutingLog& log, bool decode_only,
     if (r.router_input.size() != hidden)
       throw ConfigError("look-ahead: a routing record (request " + std::to_string(r.request_id) +
                         ", layer " + std::to_string(r.layer) +
-                        ") has no router input: collect with infer " + option_ref("collect_router_inputs"));
+                        ") has no router input: collect the log with " + option_ref("collect_router_inputs", "true"));
     out.group_begin.push_back(uint32_t(out.layer.size()));
     for (int j = self_width > 0 ? 0 : 1; j <= depth && size_t(r.layer) + size_t(j) < h.n_layers; ++j) {
       // j = 0: the layer's own router, all its scores ranked: a guess of its next step.

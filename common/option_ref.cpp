@@ -44,14 +44,18 @@ std::string render_option_refs(std::string_view text, const OptionSpeller& spell
   return out;
 }
 
+std::string option_flag_by_rule(std::string_view name, std::optional<std::string_view> v) {
+  std::string flag(name);
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  if (v && *v == "true") return "--" + flag;
+  if (v && *v == "false") return "--no-" + flag;
+  return "--" + flag + (v ? " " + std::string(*v) : std::string());
+}
+
 std::string render_option_refs_as_flags(std::string_view text) {
   return render_option_refs(text, [](std::string_view name, std::optional<std::string_view> v) {
-    std::string flag(name);
-    for (char& c : flag)
-      if (c == '_') c = '-';
-    if (v && *v == "true") return std::optional<std::string>("--" + flag);
-    if (v && *v == "false") return std::optional<std::string>("--no-" + flag);
-    return std::optional<std::string>("--" + flag + (v ? " " + std::string(*v) : std::string()));
+    return std::optional<std::string>(option_flag_by_rule(name, v));
   });
 }
 

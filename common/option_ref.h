@@ -21,6 +21,11 @@ using OptionSpeller = std::function<std::optional<std::string>(std::string_view 
                                                                 std::optional<std::string_view> value)>;
 std::string render_option_refs(std::string_view text, const OptionSpeller& spell);
 
+// One mark as a flag by the plain rule: `io_qd` -> --io-qd, `io_qd=4` -> --io-qd 4, `gpu=true`
+// -> --gpu, `auto_direct=false` -> --no-auto-direct. Also how front ends spell a mark of
+// another tool's flag (`force`: convert_model's --force), which no option table row holds.
+std::string option_flag_by_rule(std::string_view name, std::optional<std::string_view> value);
+
 // The marks as command-line flags by the plain rule, for tools without the option table:
 // `io_qd` -> --io-qd, `io_qd=4` -> --io-qd 4, `gpu=true` -> --gpu, `auto_direct=false` ->
 // --no-auto-direct. infer and the server spell them from the table (render_options).

@@ -24,7 +24,6 @@
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
-#include "tools/cli_range.h"
 #include "tools/engine_cli.h"
 #include "tools/option_cli.h"
 #include "tools/tool_main.h"
@@ -86,7 +85,7 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
 // values are the defaults.
 struct Args {
   std::string model, prompt, prompt_ids, stats_json, perplexity_file;
-  int n_predict = 64, stride = 0;
+  int n_predict = GenerateOptions{}.n_new, stride = 0;
   EngineSettings engine;  // threads, ctx, batch, the store, cache-aware, GPU, sampling, routing logs
   std::vector<std::string> logit_bias;  // ID:BIAS
   bool timing = false, print_ids = false, ignore_eos = false;

@@ -23,7 +23,6 @@
 #include "runtime/chat/chat_prompt.h"
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer/tokenizer.h"
-#include "tools/cli_range.h"
 #include "tools/engine_cli.h"
 #include "tools/option_cli.h"
 #include "tools/tool_main.h"

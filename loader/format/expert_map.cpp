@@ -155,7 +155,7 @@ ExpertMap load_bound_expert_map(const std::filesystem::path& map_path, const Exp
       throw FormatError(map_path.string() + " does not describe " + file.string() +
                         ": the map is bound to a layer file whose slot checksum table hashes to " +
                         hex64(*binding) + ", this file's hashes to " + hex64(actual) +
-                        ". The map was written for another slot order (a --maps-out map of a file "
+                        ". The map was written for another slot order (a " + option_ref("maps_out") + " map of a file "
                         "that was not repacked, or a map of another layer or model, or the file "
                         "was replaced since its repack); reading through it would fetch the wrong "
                         "experts. Remove the map if the file is in its original order, or repack "
@@ -168,7 +168,7 @@ ExpertMap load_bound_expert_map(const std::filesystem::path& map_path, const Exp
                     "their layer files) with a non-identity order, and nothing shows that " +
                     file.string() + " was repacked in that order; reading through it could fetch "
                     "the wrong experts. If this model was repacked by that earlier moestream and "
-                    "its experts/ files were not changed since, run cluster_experts " + option_ref("model") + " DIR "
+                    "its experts/ files were not changed since, run cluster_experts --model DIR "
                     "--bind-legacy-maps once to bind the maps; otherwise remove the map");
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/file_util.h"
 
 namespace moestream {
@@ -54,7 +55,7 @@ IoProfile parse_io_profile(const std::string& text, const std::string& where) {
   if (!j.contains("format")) {
     throw FormatError(where + ": no \"format\": \"" + kIoProfileFormat + "\" (" +
                       (j.contains("sweep") ? "a bench_io results file without a profile: rerun bench_io, which "
-                                             "now writes one (--profile-out)"
+                                             "now writes one (" + option_ref("profile_out") + ")"
                                            : "not an I/O profile") + ")");
   }
   if (!j["format"].is_string() || j["format"].get<std::string>() != kIoProfileFormat)

@@ -70,7 +70,7 @@ EngineExpertStoreOptions build_store_options(const StoreConfig& c, const StoreNo
     if (notice)
       notice(line);
     else
-      std::fprintf(stderr, "moestream: %s\n", line.c_str());
+      std::fprintf(stderr, "moestream: %s\n", render_option_refs_as_flags(line).c_str());  // no front end: flags
   };
   if (simple && (c.io_direct || c.host_cache_mb > 0))
     say(option_ref("io", "simple") + " reads through the page cache: " + name("io_direct") + " and " +
@@ -126,7 +126,7 @@ StoreConfig fit_to_memory(const std::filesystem::path& model, const ModelConfig&
   if (notice)
     notice(line);
   else
-    std::fprintf(stderr, "moestream: %s\n", line.c_str());
+    std::fprintf(stderr, "moestream: %s\n", render_option_refs_as_flags(line).c_str());  // no front end: flags
   return c;
 }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/thread_pool.h"
 #include "common/file_util.h"
 #include "loader/format/expert_file_writer.h"
@@ -299,7 +300,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   }
   ModelConfig c = model_config_from_hf(hf, config_path.string());
   if (fs::exists(out_dir) && !opts.overwrite)
-    throw ConfigError("output directory " + out_dir.string() + " already exists (pass --force to replace it)");
+    throw ConfigError("output directory " + out_dir.string() + " already exists (pass " + option_ref("force") + " to replace it)");
 
   HfCheckpoint ck(hf_dir);
   const DType src_dtype = ck.main_dtype();

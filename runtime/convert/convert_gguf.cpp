@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/option_ref.h"
 #include "common/file_util.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
@@ -116,13 +117,13 @@ void check_output_is_not_source(const fs::path& out_dir, const GgufModelFiles& f
 
 ModelConfig convert_gguf_model(const fs::path& src, const fs::path& out_dir, const ConvertOptions& opts) {
   if (!opts.dense_dtype.empty())
-    throw ConfigError(src.string() + ": --dense-quant applies to Hugging Face checkpoints; a GGUF's dense tensors "
+    throw ConfigError(src.string() + ": " + option_ref("dense_quant") + " applies to Hugging Face checkpoints; a GGUF's dense tensors "
                       "keep their stored types");
   const GgufModel g(src);
   const GgufModelFiles& files = g.files();
   check_output_is_not_source(out_dir, files);
   if (fs::exists(out_dir) && !opts.overwrite)
-    throw ConfigError("output directory " + out_dir.string() + " already exists (pass --force to replace it)");
+    throw ConfigError("output directory " + out_dir.string() + " already exists (pass " + option_ref("force") + " to replace it)");
 
   ModelConfig c = g.config();
   c.format = ModelFormat::kPack;

@@ -116,7 +116,7 @@ std::string render_options(std::string_view text, OptionCaller caller) {
   return render_option_refs(text, [caller](std::string_view name, std::optional<std::string_view> v)
                                       -> std::optional<std::string> {
     const OptionSpec* s = find_option(name);
-    if (s == nullptr) return std::nullopt;
+    if (s == nullptr) return option_flag_by_rule(name, v);  // another tool's flag (convert_model --quant)
     switch (caller) {
       case OptionCaller::kCli: return spell_cli(*s, v);
       case OptionCaller::kPython: return spell_keyword(*s, v);

@@ -89,7 +89,8 @@ std::string option_cli_names(const OptionSpec& s);     // CLI11's names: "-t,--t
 
 // `text` with its option marks in `caller`'s spelling: a flag ("--gpu", "--moe-lookahead 4",
 // "--no-auto-direct" for `auto_direct=false`), a keyword ("gpu=True", "moe_lookahead=4"), or for
-// a server request a JSON field (options that are no server flag) or the server's flag.
+// a server request a JSON field (options that are no server flag) or the server's flag. A mark
+// the table does not hold names another tool's flag, spelled as a flag for every caller.
 std::string render_options(std::string_view text, OptionCaller caller);
 
 // An option's current and default value, for the rules.

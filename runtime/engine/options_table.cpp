@@ -100,7 +100,7 @@ constexpr OptionSpec kOptions[] = {
      AT(store.direct_max_read_kb),
      "largest single read with `io_direct` (whole experts read faster from a device than 1 MiB pieces)"},
     {"io_profile", "", kText, 0, 0, kIoStore, kEngine, true, false, AT(store.io_profile),
-     "device profile JSON (bench_io --profile-out): each batch then reads through a gap when the profile "
+     "device profile JSON (bench_io `profile_out`): each batch then reads through a gap when the profile "
      "says one read is cheaper than two, and O_DIRECT reads of adjacent experts merge past "
      "`direct_max_read_kb`; default: the fixed `coalesce_gap_kb` and read caps"},
     {"verify_checksums", "--no-verify", kFlag, 0, 0, kIoStore, kEngine, false, true, AT(model.verify_checksums),

@@ -82,8 +82,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     layouts.push_back(c.expert_layout(l));
     const ExpertTypes& t = layouts.back().types;
     if (t.gate == QuantType::kF32 || t.up == QuantType::kF32 || t.down == QuantType::kF32)
-      throw ConfigError(option_ref("gpu") + ": experts are f32, which has no GPU kernel; convert the model with "
-                        "--quant q8, q4 or bf16");
+      throw ConfigError(option_ref("gpu") + ": experts are f32, which has no GPU kernel; convert the model with " +
+                        option_ref("quant") + " q8, q4 or bf16");
     gate_up_round_apart |= gpu::activation_rounding(t.gate) != gpu::activation_rounding(t.up);
   }
   if (opts.max_context <= 0 || B <= 0 || B > opts.max_context)

@@ -83,9 +83,12 @@ def test_no_library_string_spells_a_flag():
                         code = line[:m.start()]
                         break
                 for s in literal.findall(code):
-                    for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", s):
-                        if f in flags:
-                            found.append(f"{p.relative_to(ROOT)}:{i}: {f}")
+                    for m in re.finditer(r"(?<![\w-])--[a-z][\w-]*", s):
+                        # A command line of another tool to type ("run cluster_experts --model DIR
+                        # ...") is spelled as that tool takes it, whoever reads the message.
+                        if m.group() in flags and not re.search(r"\b(cluster_experts|convert_model|bench_io)\b",
+                                                                  s[:m.start()]):
+                            found.append(f"{p.relative_to(ROOT)}:{i}: {m.group()}")
     assert not found, "\n".join(found)
 
 
