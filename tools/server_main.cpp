@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <thread>
 
+#include "common/checked.h"
 #include "common/error.h"
 #include "loader/format/gguf_file.h"
 #include "loader/format/gguf_model.h"
