@@ -118,4 +118,14 @@ void GpuMla::warm_up(CudaForward& f, int T) {
   }
 }
 
+namespace {
+[[noreturn]] void refuse_batches() {
+  throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; MLA batches run on "
+                    "the CPU path (drop --gpu)");
+}
+}  // namespace
+
+void GpuMla::batch_layer(CudaForward&, const ForwardBatch&, int) { refuse_batches(); }
+void GpuMla::prepare_slot(CudaForward&, int) { refuse_batches(); }
+
 }  // namespace moestream::detail
