@@ -1,4 +1,4 @@
-// Implementation of runtime/gpu/gpu_mla.h: the steps of MlaAttention::forward
+// Implementation of runtime/gpu/gpu_mla.h: the steps of MlaAttention (one sequence)
 // (runtime/model/mla_attention.cpp) on the forward pass's stream, in the same order and with the
 // same constants (softmax scale with YaRN's mscale, the RoPE tables of Rope::fill).
 #include "runtime/gpu/gpu_mla.h"
