@@ -28,7 +28,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
   TinyHf m;
   m.arch = arch;
   m.L = 3, m.E = 8, m.V = 53, m.H = 4, m.KV = 2, m.F = 21;
-  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe || arch == Arch::kMinimaxM2;
   m.D = given_hd ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
   m.hd = given_hd ? 8 : m.D / m.H;
   std::mt19937 rng(seed);
@@ -78,6 +78,15 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
                            {"mlp_only_layers", json::array()}, {"use_sliding_window", false},
                            {"sliding_window", 32768}, {"max_window_layers", 21}});
       break;
+    case Arch::kMinimaxM2:  // as MiniMax-M2's release: the remote code's keys, partial rotary as rotary_dim
+      m.config.update(json{{"architectures", json::array({"MiniMaxM2ForCausalLM"})}, {"model_type", "minimax_m2"},
+                           {"head_dim", m.hd}, {"rotary_dim", m.hd / 2}, {"intermediate_size", m.F},
+                           {"num_local_experts", m.E}, {"rope_theta", 5000000.0}, {"use_qk_norm", true},
+                           {"qk_norm_type", "per_layer"}, {"scoring_func", "sigmoid"}, {"use_routing_bias", true},
+                           {"shared_intermediate_size", 0}, {"attn_type_list", json::array({1, 1, 1})},
+                           {"sliding_window", nullptr}});
+      moe = "block_sparse_moe.";
+      break;
     default:  // the other architectures have checkpoints of their own (their fixtures and tests)
       throw std::invalid_argument("hf_model: no synthetic checkpoint for " + std::string(arch_name(arch)));
   }
@@ -95,11 +104,12 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
     if (arch == Arch::kQwen3Moe) {
       add(p + "self_attn.q_norm.weight", {m.hd});
       add(p + "self_attn.k_norm.weight", {m.hd});
-    } else if (arch == Arch::kOlmoe) {
+    } else if (arch == Arch::kOlmoe || arch == Arch::kMinimaxM2) {
       add(p + "self_attn.q_norm.weight", {m.H * m.hd});
       add(p + "self_attn.k_norm.weight", {m.KV * m.hd});
     }
     add(p + moe + "gate.weight", {m.E, m.D});
+    if (arch == Arch::kMinimaxM2) add(p + moe + "e_score_correction_bias", {m.E});  // beside the gate
     if (arch == Arch::kQwen2Moe) {
       add(p + "self_attn.q_proj.bias", {m.H * m.hd});
       add(p + "self_attn.k_proj.bias", {m.KV * m.hd});
@@ -111,7 +121,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
     }
     for (int e = 0; e < m.E; ++e) {
       std::string x = p + moe + "experts." + std::to_string(e) + ".";
-      if (arch == Arch::kMixtral) {
+      if (arch == Arch::kMixtral || arch == Arch::kMinimaxM2) {
         add(x + "w1.weight", {m.F, m.D});
         add(x + "w3.weight", {m.F, m.D});
         add(x + "w2.weight", {m.D, m.F});
@@ -128,7 +138,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
 // gate, up, down of expert e in layer l, from the per-expert tensors.
 std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
   std::string p = "model.layers." + std::to_string(l) + ".";
-  if (m.arch == Arch::kMixtral) {
+  if (m.arch == Arch::kMixtral || m.arch == Arch::kMinimaxM2) {
     std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
     return {&m.tensors.at(x + "w1.weight"), &m.tensors.at(x + "w3.weight"), &m.tensors.at(x + "w2.weight")};
   }
@@ -138,7 +148,7 @@ std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
 }
 
 // The tensors as transformers v5 saves them: experts fused into [E, 2F, D] and [E, D, F], and
-// Mixtral's block_sparse_moe renamed to mlp.
+// Mixtral's and MiniMax-M2's block_sparse_moe renamed to mlp.
 std::map<std::string, Tensor> fused_layout(const TinyHf& m) {
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : m.tensors)
