@@ -50,6 +50,7 @@ OJ normalize_messages(const OJ& messages) {
 
 ChatPrompt::ChatPrompt(const std::string& template_source, OJ special_tokens)
     : tpl_(ChatTemplate(template_source)),
+      reply_format_(detect_reply_format(template_source)),
       special_tokens_(special_tokens.is_object() ? std::move(special_tokens) : OJ::object()) {}
 
 ChatPrompt ChatPrompt::load(const std::filesystem::path& path) {
@@ -85,6 +86,7 @@ ChatPrompt ChatPrompt::load(const std::filesystem::path& path) {
   }
   try {
     p.tpl_.emplace(*source);
+    p.reply_format_ = detect_reply_format(*source);
   } catch (const ChatTemplateError& e) {
     throw ChatTemplateError(path.string() + ": field chat_template: " + e.what());
   }
