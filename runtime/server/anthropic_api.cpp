@@ -18,7 +18,9 @@ using OJ = nlohmann::ordered_json;
 constexpr std::string_view kPassed[] = {"model", "max_tokens", "stream", "temperature", "top_p", "top_k",
                                         "seed", "chat_template_kwargs", "forced_output"};
 // Known fields of the Messages API this server does not do.
-constexpr std::string_view kRefused[] = {"thinking", "service_tier", "container", "mcp_servers", "context_management"};
+constexpr std::string_view kRefused[] = {"thinking", "service_tier", "container", "mcp_servers", "context_management",
+                                         "output_config", "inference_geo", "speed", "diagnostics", "user_profile_id",
+                                         "workspace_id"};
 
 // Block keys that change nothing here: prompt caching is automatic (KV prefix reuse).
 bool no_op_key(const std::string& k) { return k == "cache_control" || k == "citations"; }
@@ -156,7 +158,7 @@ OJ anthropic_to_chat_body(const OJ& body) {
       bad(k, "is not supported by this server");
     const bool known = std::find(std::begin(kPassed), std::end(kPassed), k) != std::end(kPassed) ||
                        k == "messages" || k == "system" || k == "tools" || k == "tool_choice" ||
-                       k == "stop_sequences" || k == "metadata";
+                       k == "stop_sequences" || k == "metadata" || no_op_key(k);
     if (!known) bad(k, "unknown field for /v1/messages (docs/server.md lists the fields this server takes)");
     if (std::find(std::begin(kPassed), std::end(kPassed), k) != std::end(kPassed)) chat[k] = item.value();
   }
