@@ -28,7 +28,8 @@ class ChatPrompt {
   // Renders messages (and optional tools); `extra` adds template variables (enable_thinking, ...)
   // without overriding messages/tools/add_generation_prompt. Messages are prepared as transformers'
   // apply_chat_template prepares them (null-valued keys dropped; reasoning_content, thinking or
-  // reasoning aliased to both thinking and reasoning_content); `documents` is none unless given.
+  // reasoning aliased to both thinking and reasoning_content; a tool call's arguments as the
+  // template reads them: JSON text for DeepSeek-V3.1's, else as given); `documents` is none unless given.
   // Throws ChatTemplateError.
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                      const nlohmann::ordered_json& tools = nullptr,
