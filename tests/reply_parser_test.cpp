@@ -3,8 +3,11 @@
 // to the whole reply's parse, so no markup ever shows as content).
 #include "runtime/chat/reply_parser.h"
 
+#include "runtime/chat/chat_prompt.h"
+
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -166,6 +169,36 @@ TEST(ReplyParser, StreamedPiecesNeverHoldTextThatCannotStartMarkup) {
 TEST(ReplyParser, PlainIsTextAsGenerated) {
   check(ReplyFormat::kPlain, tools_on(), "  <think>x</think> <tool_call>{}</tool_call> ",
         {"", "  <think>x</think> <tool_call>{}</tool_call> ", {}});
+}
+
+}  // namespace
+}  // namespace moestream
+
+namespace moestream {
+namespace {
+
+// What Qwen3's own template (shared/tokenizers/qwen3) writes for an assistant turn with reasoning,
+// text and two calls is read back by the parser as those calls: the format is the template's.
+TEST(ReplyParser, ReadsBackWhatTheRealQwen3TemplateWrites) {
+  const std::string config = std::string(MOESTREAM_SOURCE_DIR) + "/../shared/tokenizers/qwen3/tokenizer_config.json";
+  if (!std::ifstream(config)) GTEST_SKIP() << config << " is not here (shared/ holds the real Qwen3 config)";
+  const ChatPrompt chat = ChatPrompt::load(config);
+  ASSERT_EQ(chat.reply_format(), ReplyFormat::kHermes);
+  const OJ messages = OJ::parse(R"([{"role": "user", "content": "Weather in Paris and Oslo?"},
+      {"role": "assistant", "content": "Checking both.", "reasoning_content": "Two cities, two calls.",
+       "tool_calls": [{"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                      {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]}])");
+  const std::string text = chat.render(messages, false, tools_on().tools);
+  const std::string open = "<|im_start|>assistant\n";
+  const size_t from = text.rfind(open) + open.size(), to = text.rfind("<|im_end|>");
+  ASSERT_LT(from, to) << text;
+  const std::string reply = text.substr(from, to - from);
+  check(ReplyFormat::kHermes, tools_on(), reply,
+        {"Two cities, two calls.", "Checking both.",
+         {{"call_0", "get_weather", R"({"city":"Paris"})"}, {"call_1", "get_weather", R"({"city":"Oslo","days":2})"}}});
+  // The generation prompt without thinking closes an empty <think>: the reply starts as content.
+  const std::string prompt = chat.render(OJ::array({messages[0]}), true, nullptr, OJ{{"enable_thinking", false}});
+  EXPECT_FALSE(prompt_opens_reasoning(prompt));
 }
 
 }  // namespace
