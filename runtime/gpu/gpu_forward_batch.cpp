@@ -15,7 +15,6 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/gpu/gpu_forward_impl.h"
-#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 
 namespace moestream::detail {
 
@@ -62,24 +61,26 @@ bool CudaForward::linear_f32_per_sequence(const float* xin, const float* W, int 
 // rows written to its slot at its position and attention against that slot; o_proj over all rows
 // added to the residual x.
 void CudaForward::batch_attention_layer(const ForwardBatch& b, int l, ForwardTimes& times) {
-  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
+  const AttentionSpec& spec = plan[size_t(l)].attention;
+  const bool qk_norm = spec.qk_norm != QkNorm::kNone;
   const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
   const int T = batch_splits.back();
   auto ta = std::chrono::steady_clock::now();
   gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
   linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_tok, v_tok);
-  if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
+  if (spec.qkv_bias) {  // before QK-norm and RoPE, as the CPU
     add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
     add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_tok);
     add_bias(lw.bv, T, KV * hd, v_tok);
   }
-  norm_and_rope(lw, T, k_tok);
+  norm_and_rope(spec, lw, T, k_tok);
   const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
   // Zero-padded heads (odd head_dim): the queries once for all rows, the outputs back after.
   if (padded)
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers over the slot's full cache
+  const int window = spec.window;  // gpt-oss: sinks and sliding layers over the slot's full cache
+  const float* sinks = spec.sinks ? lw.sinks : nullptr;
   for (int i = 0; i < b.n_entries; ++i) {
     const ForwardChunk& c = b.entries[i].chunk;
     const size_t r0 = size_t(batch_splits[size_t(i)]);
@@ -92,19 +93,19 @@ void CudaForward::batch_attention_layer(const ForwardBatch& b, int l, ForwardTim
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_tok + r0 * KV * hd, w_b, w_b, heads, cudaMemcpyDeviceToDevice, stream));
     const float* qi = padded ? q_pad + r0 * H * hd_p : q + r0 * H * hd;
     float* oi = padded ? attn_pad + r0 * H * hd_p : attn + r0 * H * hd;
-    gpu::attention(qi, kc, vc, c.n_tokens, c.n_past, H, KV, hd_p, scale, oi, stream, lw.sinks, window);
+    gpu::attention(qi, kc, vc, c.n_tokens, c.n_past, H, KV, hd_p, scale, oi, stream, sinks, window);
   }
   if (padded)
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
   linear(attn, lw.wo, T, x, true);  // the residual add
-  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);
+  if (spec.o_bias) add_bias(lw.bo, T, D, x);
   times.attention_s += seconds_since(ta);
 }
 
 void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& routing, ForwardTimes& times,
                                 CacheAwareStats& ca_stats) {
   // Unreachable while create() refuses MLA; a GPU MLA pass must give its batches a latent KV slot.
-  if (cfg.has_mla())
+  if (any_attention(plan, AttentionKind::kMla))
     throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; " +
                       std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
   MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");

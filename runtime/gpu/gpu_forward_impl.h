@@ -18,6 +18,7 @@
 #include "runtime/gpu/gpu_mla.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/expert_compute.h"
+#include "runtime/model/layer_plan.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
 #include "runtime/model/routing_step.h"
@@ -38,6 +39,9 @@ struct CudaForward final : GpuForward {
   bool padded;   // hd_p != hd: heads are copied into zero-padded rows around attention
   float eps, scale;
   std::vector<ExpertLayout> layouts;  // by layer: a GGUF's expert types may differ per layer and matrix
+  // The layers' block kinds and options (runtime/model/layer_plan.h), as the CPU pass builds them:
+  // every per-layer choice below reads its layer's spec, never a model-wide flag.
+  std::vector<LayerSpec> plan;
   Rope rope;
   GpuForwardInfo info_;
 
@@ -61,13 +65,10 @@ struct CudaForward final : GpuForward {
   int Fs = 0;
   float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
   DeviceBuffer ones;
-  // GLM-4.5 / DeepSeek-V3: a dense first layer's gate/up/SwiGLU rows [B, I] (unallocated without
-  // one); the grouped sigmoid router (gpu::router_grouped, the device twin of routing.h) instead
-  // of the softmax top-k; router_params serve cache-aware substitution on the host.
+  // Dense-MLP layers (FfnKind::kDense: GLM-4.5's and DeepSeek's first ones): gate/up/SwiGLU rows
+  // [B, I] (unallocated without one).
   int I = 0;
   float *mlp_g = nullptr, *mlp_u = nullptr, *mlp_a = nullptr;
-  bool sigmoid_routing = false;
-  RouterParams router_params;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -154,7 +155,7 @@ struct CudaForward final : GpuForward {
   ~CudaForward() override;
   void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
   // QK-norm and RoPE of qraw/q and kraw/k (gpu_forward.cpp).
-  void norm_and_rope(const GpuLayerWeights& lw, int T, float* k);
+  void norm_and_rope(const AttentionSpec& spec, const GpuLayerWeights& lw, int T, float* k);
   // q, k and v of the layer from xin: one launch where the three share type and width and T is
   // 1 (gpu::dense_gemm_shared_input), else three linear() calls; the same bits either way.
   void linear_qkv(const float* xin, const GpuLayerWeights& lw, int T, float* yq, float* yk,
@@ -200,9 +201,11 @@ struct CudaForward final : GpuForward {
   bool resident_step_allowed(const ForwardChunk& c) const;
   int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);
-  void shared_expert(const GpuLayerWeights& lw, int T);
+  void shared_expert(SharedExpertKind kind, const GpuLayerWeights& lw, int T);
+  // The shared expert's output added to x after the routed sum, as the CPU (gated or not).
+  void add_shared_expert(SharedExpertKind kind, int T);
   void dense_mlp(const GpuLayerWeights& lw, int T);
-  void route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
+  void route_on_device(const RouterSpec& router, const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
   void warm_up();
 
   // Batches of sequences (gpu_forward_batch.cpp; docs/gpu.md "Batches of sequences"): each slot's

@@ -13,7 +13,7 @@ void CudaForward::init_kv() {
   const int max_ctx = opts.max_context;
   size_t floats = 0;
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const int window = cfg.window_of(l);
+    const int window = plan[size_t(l)].attention.window;
     // A chunk of B tokens reads its first query's window and its own keys: window + B - 1 rows.
     const int rows = window > 0 ? int(std::min<int64_t>(max_ctx, int64_t(window) + B - 1)) : max_ctx;
     kv_rows.push_back(rows);
