@@ -19,6 +19,7 @@
 #include "runtime/server/completion_request.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
+#include "runtime/server/cors.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
@@ -202,7 +203,7 @@ struct ApiServer::Impl {
       send_error(res, ApiError(404, "model_not_found", "model '" + req.matches[1].str() + "' does not exist; this "
                                "server serves '" + opts.model_id + "'", "model"));
     });
-    cors_routes();
+    enable_cors(http, opts.cors_origins);
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (refuse(req, res)) return;
       res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()) +
@@ -261,33 +262,6 @@ struct ApiServer::Impl {
   ReplyParser reply_parser(bool chat_endpoint, ReplyParserOptions o) const {
     o.id_prefix = new_id("call") + "-";
     return ReplyParser(chat_endpoint ? reply_format() : ReplyFormat::kPlain, std::move(o));
-  }
-
-  // CORS (--cors-origin): allowed origins get Access-Control-Allow-Origin on every answer; a
-  // preflight (OPTIONS, answered without an API key) gets 204 and, for them, what may be sent.
-  void cors_routes() {
-    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      const std::string origin = req.get_header_value("Origin");
-      if (origin.empty() || !cors_allowed(origin)) return;
-      res.set_header("Access-Control-Allow-Origin", cors_allowed("*") ? "*" : origin);
-      res.set_header("Vary", "Origin");
-    });
-    http.Options(".*", [this](const httplib::Request& req, httplib::Response& res) {
-      res.status = 204;
-      res.set_header("Allow", "GET, POST, OPTIONS");
-      if (!cors_allowed(req.get_header_value("Origin"))) return;
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
-      res.set_header("Access-Control-Allow-Headers",
-                     asked.empty() ? "Authorization, Content-Type, x-api-key, anthropic-version" : asked);
-      res.set_header("Access-Control-Max-Age", "600");
-    });
-  }
-
-  bool cors_allowed(const std::string& origin) const {
-    if (origin.empty()) return false;
-    return std::any_of(opts.cors_origins.begin(), opts.cors_origins.end(),
-                       [&](const std::string& o) { return o == "*" || o == origin; });
   }
 
   // Request -> job parameters; throws ApiError for anything the client got wrong. `reply` gets
