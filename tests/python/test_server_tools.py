@@ -222,3 +222,21 @@ def test_cors_is_off_by_default_and_preflight_needs_no_key():
         pre = requests.options(s.url + "/v1/models", timeout=10, headers={"Origin": "http://app.test"})
         assert pre.status_code == 204 and "Access-Control-Allow-Origin" not in pre.headers
         assert s.get("/v1/models").status_code == 401
+
+
+def test_anthropic_stop_sequence_names_the_one_that_matched(claude):
+    m = claude.messages.create(model="demo", max_tokens=50, messages=[{"role": "user", "content": "x"}],
+                               stop_sequences=["NEVER", "STOP"], extra_body=forced("Hello STOP world"))
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "STOP"
+    assert m.content[0].text == "Hello"  # the whitespace before the cut is trimmed with the format's markup
+
+
+def test_a_batched_server_parses_tool_calls_too():
+    with Server("--parallel", "2", "--reply-format", "hermes", "--test-forced-output") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Weather?"}],
+                                           tools=[WEATHER], max_tokens=200, n=2, extra_body=forced(CALL_TEXT))
+        for choice in r.choices:
+            assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+            assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+        assert r.choices[0].message.tool_calls[0].id != r.choices[1].message.tool_calls[0].id
