@@ -47,6 +47,7 @@ const TypeCase kCases[] = {
     {gq(GgmlType::kQ8_0), 320},   {gq(GgmlType::kQ4_0), 352}, {gq(GgmlType::kQ4_1), 352},
     {gq(GgmlType::kQ5_0), 352},   {gq(GgmlType::kQ5_1), 352}, {gq(GgmlType::kIQ4_NL), 352},
     {gq(GgmlType::kMXFP4), 352},  {gq(GgmlType::kMXFP4), 288}, {gq(GgmlType::kQ2_K), 768},
+    {gq(GgmlType::kNVFP4), 320},  {gq(GgmlType::kNVFP4), 256},
     {gq(GgmlType::kQ3_K), 768},   {gq(GgmlType::kQ4_K), 768}, {gq(GgmlType::kQ5_K), 768},
     {gq(GgmlType::kQ6_K), 768},   {gq(GgmlType::kQ6_K), 512}, {gq(GgmlType::kIQ4_XS), 768},
     {gq(GgmlType::kIQ2_XXS), 768}, {gq(GgmlType::kIQ2_XS), 768}, {gq(GgmlType::kIQ2_S), 768},
@@ -86,7 +87,8 @@ std::vector<size_t> f16_fields(GgmlType t) {
 // A valid random rows x cols matrix of type q: the plain and pack types encode N(0,1) floats;
 // the ggml block types are random bytes with every scale field set to a finite value of either
 // sign (f16 factors of magnitude 1/4096..1/16, IQ1_M's d spread over four nibbles; MXFP4
-// exponents mostly near 2^0, some at the subnormal end 0/1 and some at 2^32).
+// exponents mostly near 2^0, some at the subnormal end 0/1 and some at 2^32; NVFP4's UE4M3
+// scale bytes stay random: every byte decodes to a finite scale).
 std::vector<uint8_t> random_matrix(QuantType q, size_t rows, size_t cols, std::mt19937& rng) {
   std::normal_distribution<float> g(0.0f, 1.0f);
   const size_t bytes = quant_matrix_bytes(q, rows, cols);
@@ -225,8 +227,8 @@ TEST(GpuGgml, UnsupportedTypesAndWidthsAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  // Q8_K is an activation type no file stores: refused by name.
-  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kNVFP4}) {
+  // Q8_K is an activation type no file stores, Q8_1 likewise: refused by name.
+  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kQ8_1}) {
     const std::string name(ggml_type_name(t));
     expect_config_error([&] { gpu::dense_gemm(ggml_quant(t), w, 4, 256, x, 1, y, nullptr); }, name);
     expect_config_error([&] { gpu::dequantize_rows(ggml_quant(t), w, 256, ids, 1, y, nullptr); },

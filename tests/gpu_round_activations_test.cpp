@@ -72,7 +72,7 @@ TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
                               GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
                               GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ2_S,
                               GgmlType::kIQ3_XXS, GgmlType::kIQ3_S, GgmlType::kIQ1_S, GgmlType::kIQ1_M,
-                              GgmlType::kTQ1_0, GgmlType::kTQ2_0};
+                              GgmlType::kTQ1_0, GgmlType::kTQ2_0, GgmlType::kNVFP4};
   for (GgmlType t : rounded) {
     const QuantType q = ggml_quant(t);
     ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);

@@ -26,8 +26,8 @@ void check_pack_block_cols(QuantType q, int cols, const char* op, const std::str
   throw ConfigError(std::string(op) + ": quant type '" + std::string(quant_name(q)) +
                     "' has no GPU kernel here (bf16, q8, q4 and the ggml types F32, F16, BF16, "
                     "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, "
-                    "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 "
-                    "do)");
+                    "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, "
+                    "NVFP4 do)");
 }
 
 bool ggml_type_has_kernel(GgmlType t) {
@@ -38,7 +38,7 @@ bool ggml_type_has_kernel(GgmlType t) {
     case GgmlType::kQ6_K: case GgmlType::kIQ4_NL: case GgmlType::kIQ4_XS: case GgmlType::kMXFP4:
     case GgmlType::kIQ2_XXS: case GgmlType::kIQ2_XS: case GgmlType::kIQ2_S: case GgmlType::kIQ3_XXS:
     case GgmlType::kIQ3_S: case GgmlType::kIQ1_S: case GgmlType::kIQ1_M: case GgmlType::kTQ1_0:
-    case GgmlType::kTQ2_0:
+    case GgmlType::kTQ2_0: case GgmlType::kNVFP4:
       return true;
     default: return false;
   }
