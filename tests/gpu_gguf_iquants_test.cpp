@@ -4,14 +4,18 @@
 // two differ only by summation order: prefill and decode logits within 1e-3 of each position's
 // largest |logit| (measured on the fixtures of gpu_gguf_test: 1e-7..8e-7; a wrong block decoder
 // or a wrong activation rounding moves them by far more), and the same greedy tokens unless the
-// CPU's top two are near-tied. The kernels themselves: gpu_ggml_test (bit-exact dequantisation).
+// CPU's top two are near-tied; and the file's two expert sizes (layer 0: 56,320 bytes, layer 1:
+// 78,848) as two size classes of a GPU cache under one budget of three experts. The kernels
+// themselves: gpu_ggml_test (bit-exact dequantisation).
 // Fixtures made by llama.cpp's quantizer for these types are issue 40's item 2. Skips without a
 // CUDA device.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -21,7 +25,9 @@
 
 #include "common/file_util.h"
 #include "loader/format/gguf_model.h"
+#include "loader/store/engine_expert_store.h"
 #include "runtime/engine/model.h"
+#include "runtime/gpu/gpu_expert_cache.h"
 #include "runtime/model/sampler.h"
 #include "tests/support/cpu_and_gpu.h"
 #include "tests/support/gguf_rewrite.h"
@@ -132,4 +138,41 @@ TEST(GpuGgufIquants, EveryNewTypeOnTheGpuMatchesTheCpuPath) {
   std::printf("[ gpu_vs_cpu gguf lattice/ternary/NVFP4 ] prefill rel max |dlogit| %.3g, decode %.3g "
               "(tolerance %.0e); greedy equal %d/16\n",
               prefill_rel, decode_rel, kTolerance, same);
+}
+
+TEST(GpuGgufIquants, ExpertsOfTwoSizesShareOneGpuCacheBudget) {
+  REQUIRE_GPU();
+  if (!fs::exists(kSource)) MOESTREAM_SKIP_OR_FAIL() << kSource << " absent";
+  TempDir dir("gpu_gguf_iquants_test");
+  const fs::path file = dir.path() / "iquants.gguf";
+  write_retyped(file);
+  const ModelConfig c = ModelConfig::load(file);
+  ASSERT_NE(c.expert_layout(0).bytes, c.expert_layout(1).bytes) << "the layers no longer differ in size";
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  {
+    auto store = open_engine_expert_store(file, c);
+    auto reference = open_engine_expert_store(file, c);
+    GpuExpertCache cache(c, *store, 3 * c.max_expert_bytes() + 64, s);
+    std::vector<const uint8_t*> dev(2), host;
+    for (int step = 0; step < 40; ++step) {
+      const int layer = step % 2;
+      const std::vector<int> ids{step % 4, (step / 2 + 1) % 4};
+      cache.acquire(layer, ids, CacheFill::kDemand, dev);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ASSERT_EQ(cache.expert_bytes(layer), c.expert_layout(layer).bytes);
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(dev[i]) % 16, 0u) << "expert payload not 16-byte aligned";
+        reference->fetch(layer, std::span<const int>(&ids[i], 1), host);
+        std::vector<uint8_t> got(cache.expert_bytes(layer));
+        ASSERT_EQ(cudaMemcpy(got.data(), dev[i], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(std::memcmp(got.data(), host[0], got.size()), 0)
+            << "layer " << layer << " expert " << ids[i] << " at step " << step;
+      }
+      cache.kernels_enqueued();
+      cache.end_step();
+    }
+    EXPECT_GT(cache.telemetry().policy.evictions, 0u) << "the budget never filled: the test is too easy";
+  }
+  cudaStreamDestroy(s);
 }
