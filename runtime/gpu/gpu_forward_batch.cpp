@@ -15,7 +15,6 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/gpu/gpu_forward_impl.h"
-#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 
 namespace moestream::detail {
 

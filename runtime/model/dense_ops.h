@@ -46,6 +46,10 @@ void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w,
                    std::span<const int> splits);
 void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y,
                    std::span<const int> splits);
+// linear_group over the ranges of `splits`: one range (or none) is linear_group, several are
+// linear_ranges per matrix; either way each range gets the bits linear() gives it alone.
+void linear_group_ranges(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
+                         std::span<RowMap* const> ys, std::span<const int> splits);
 
 // SwiGLU's activation in place: gate = silu(gate) * up over a block of rows (`up` alike,
 // contiguous), as one Eigen expression (a vectorised exp from the block's first aligned element
