@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Generates the lattice tables of ggml's IQ types (kernels/cpu/ggml_iq1_grid.h and
-kernels/cpu/ggml_iq2_iq3_grids.h, which the CPU kernels and the CUDA codecs both include) from the installed `gguf` package (gguf.quants), which holds
+"""Generates the lattice tables of ggml's IQ types (loader/format/ggml_iq1_grid.h and
+loader/format/ggml_iq2_iq3_grids.h: format data, which the CPU kernels and the CUDA codecs both
+include) from the installed `gguf` package (gguf.quants), which holds
 them as format data: IQ2_XXS/IQ2_XS/IQ2_S's grids of 8 values, IQ3_XXS/IQ3_S's grids of 4,
 IQ1_S/IQ1_M's grid of 8 values in {-1, 0, 1}, and the 128 sign bytes of IQ2_XXS/IQ2_XS/IQ3_XXS.
 
@@ -15,7 +16,7 @@ import numpy as np
 from gguf import quants
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / "kernels" / "cpu"
+OUT_DIR = ROOT / "loader" / "format"
 
 
 def grid_of(cls):

@@ -25,7 +25,7 @@
 
 #include "common/half.h"
 #include "kernels/cpu/ggml_kernels.h"
-#include "kernels/cpu/ggml_nvfp4.h"
+#include "loader/format/ggml_nvfp4.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
 #include "tests/support/random_blocks.h"

@@ -13,8 +13,8 @@
 
 #include <cstring>
 
-#include "kernels/cpu/ggml_iq1_grid.h"
-#include "kernels/cpu/ggml_iq2_iq3_grids.h"
+#include "loader/format/ggml_iq1_grid.h"
+#include "loader/format/ggml_iq2_iq3_grids.h"
 #include "kernels/cpu/ggml_kquants_avx2.h"
 
 namespace moestream::detail {

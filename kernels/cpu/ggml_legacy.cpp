@@ -15,7 +15,7 @@
 #include "common/load_le.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
-#include "kernels/cpu/ggml_nvfp4.h"
+#include "kernels/cpu/ggml_nvfp4_kernels.h"
 #include "kernels/cpu/quant_kernels.h"
 
 namespace moestream::detail {

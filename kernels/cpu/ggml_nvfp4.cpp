@@ -1,8 +1,9 @@
-// NVFP4 on the CPU (layout: ggml_nvfp4.h, docs/format.md): the bit-exact dequantisation and the
-// scalar reference products, plus the table entry that picks the AVX2 ones (ggml_nvfp4_avx2.cpp).
+// NVFP4 on the CPU (layout: loader/format/ggml_nvfp4.h, docs/format.md): the bit-exact
+// dequantisation and the scalar reference products, plus the table entry that picks the AVX2 ones
+// (ggml_nvfp4_avx2.cpp).
 // Products take the legacy family's inputs (int8 per 32 columns, float16-rounded scales): a block
 // meets two input blocks, each sub-block of 16 half of one.
-#include "kernels/cpu/ggml_nvfp4.h"
+#include "kernels/cpu/ggml_nvfp4_kernels.h"
 
 #include <algorithm>
 #include <string>

@@ -14,7 +14,7 @@
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
-#include "kernels/cpu/ggml_nvfp4.h"
+#include "kernels/cpu/ggml_nvfp4_kernels.h"
 
 namespace moestream::detail {
 namespace {

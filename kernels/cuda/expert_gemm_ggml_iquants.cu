@@ -3,14 +3,14 @@
 // A warp takes one 256-column super-block per step; lane l decodes columns 8l..8l+7, which in the
 // lattice types are one 8-value grid entry (IQ2, IQ1) or two 4-value ones (IQ3). Layouts: docs/
 // format.md and the CPU decoders (kernels/cpu/ggml_iquants.cpp), whose grids and sign bytes these
-// share (kernels/cpu/ggml_iq*_grid*.h, generated from the gguf package).
+// share (loader/format/ggml_iq*_grid*.h, generated from the gguf package).
 //
 // Values are (d * 2^-k * (2s + 1)) * q with q a signed integer level, as the CPU computes them:
 // every product is exact in float32 (see ggml_iquants.cpp), so dequantize_rows equals the CPU bit
 // for bit. The levels are assembled as int8 bytes in two words and read by sbyte (no
 // int-to-float converter: expert_gemm.cuh).
-#include "kernels/cpu/ggml_iq1_grid.h"
-#include "kernels/cpu/ggml_iq2_iq3_grids.h"
+#include "loader/format/ggml_iq1_grid.h"
+#include "loader/format/ggml_iq2_iq3_grids.h"
 #include "kernels/cuda/ggml_codec.cuh"
 
 namespace moestream::gpu {

@@ -3,7 +3,7 @@
 // lanes share a 32-element block; lane sub takes columns 4*sub..4*sub+3 and 16+4*sub..16+4*sub+3,
 // i.e. the low and high nibbles of quant bytes 4*sub..4*sub+3 in the nibble types (element j low,
 // j+16 high, as gguf stores them).
-#include "kernels/cpu/ggml_nvfp4.h"
+#include "loader/format/ggml_nvfp4.h"
 #include "kernels/cuda/ggml_codec.cuh"
 
 namespace moestream::gpu {
@@ -137,8 +137,8 @@ struct BtMXFP4 : LegacyCols {
   }
 };
 
-// NVFP4's UE4M3 scales as half their value, the CPU's table (kernels/cpu/ggml_nvfp4.h) copied at
-// compile time; in global memory, as lanes read different entries.
+// NVFP4's UE4M3 scales as half their value: the format's table (loader/format/ggml_nvfp4.h),
+// copied at compile time; in global memory, as lanes read different entries.
 __device__ const detail::Nvfp4HalfScales kNvfp4HalfScalesGpu = detail::kNvfp4HalfScales;
 
 // NVFP4 (36 bytes, 4-byte aligned): 4 UE4M3 scale bytes (one per 16 columns), 32 bytes of E2M1

@@ -1,6 +1,6 @@
-// Internal to kernels/: NVFP4, ggml's 64-element FP4 block with one UE4M3 scale per 16 elements.
-// Its scale decoding as a table (plain C++17, included by the CUDA codec as well), and the CPU
-// kernels' entry points (ggml_nvfp4.cpp: scalar reference; ggml_nvfp4_avx2.cpp).
+// NVFP4, ggml's 64-element FP4 block with one UE4M3 scale per 16 elements: its layout and the
+// decoding of its scales as tables, plain C++17 data that the CPU kernels (kernels/cpu/
+// ggml_nvfp4*.cpp) and the CUDA codec (kernels/cuda/expert_gemm_ggml_legacy.cu) both read.
 //
 // Block (36 bytes): 4 scale bytes (sub-block s of 16 elements: byte s), then 32 bytes of E2M1
 // nibbles: sub-block s is bytes 4 + 8s..4 + 8s + 7, element j the low nibble of byte j, element
@@ -41,16 +41,5 @@ alignas(64) inline constexpr Nvfp4HalfScales kNvfp4HalfScales = make_nvfp4_half_
 
 // The doubled E2M1 values of the 16 nibbles.
 inline constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-struct GgmlActivations;  // ggml_legacy_kernels.h
-struct GgmlKernels;      // ggml_kernels.h
-
-// The kernels of NVFP4 (ggml_nvfp4.cpp), an entry of the legacy family's table: its products take
-// the family's int8 inputs per 32 columns (two per block), so rounded inputs serve it too.
-GgmlKernels nvfp4_kernels();
-
-// The AVX2 products (ggml_nvfp4_avx2.cpp), same integer sums per sub-block as the scalar ones.
-void nvfp4_rounded_rows_avx2(const uint8_t* w, const GgmlActivations& a, size_t first, size_t n, float* y,
-                             size_t y_stride, size_t row_begin, size_t row_end);
 
 }  // namespace moestream::detail
