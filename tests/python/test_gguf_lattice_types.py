@@ -6,6 +6,7 @@ The lattice case rewrites the Q4_K fixture with random blocks of those types and
 logits with a twin whose tensors are gguf.quants' F32 dequantisation of the same bytes: the only
 difference left is the int8 rounding of the activations (docs/format.md, "Products and their
 accuracy")."""
+import json
 import pathlib
 
 import numpy as np
@@ -108,6 +109,23 @@ def test_nvfp4_tensors_compute_as_their_dequantisation(tmp_path):
     err = np.abs(la - lb).max() / np.std(lb)
     assert err < 0.5, f"max |logit difference| = {err:.3f} std"
     assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.995
+
+
+def test_a_pack_converted_from_them_computes_exactly_what_the_gguf_computes(tool, tmp_path):
+    # convert_model keeps every expert matrix's type per layer (gate NVFP4 next to up IQ2_XXS and
+    # down IQ3_XXS in layer 1): the pack reads the same bytes with the same kernels.
+    retype = dict(LATTICE, **{"blk.1.ffn_gate_exps.weight": "NVFP4", "blk.1.attn_q.weight": "NVFP4"})
+    src, pack = tmp_path / "lattice.gguf", tmp_path / "pack"
+    rewrite(src, retype, np.random.default_rng(44))
+    r = tool("convert_model", "-q", src, pack)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((pack / "model.json").read_text())
+    assert cfg["experts"]["layer_types"] == [[retype[f"blk.{layer}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")]
+                                             for layer in (0, 1)]
+    seq = [1, 17, 230, 5, 99, 311, 42, 7]
+    la = moestream.Model(src, threads=2).logits(seq)
+    lb = moestream.Model(pack, threads=2).logits(seq)
+    assert la.shape == lb.shape and np.array_equal(la, lb), float(np.abs(la - lb).max())
 
 
 @pytest.mark.parametrize("tensor,type_name", [
