@@ -2,8 +2,8 @@
 // (TQ1_0, TQ2_0) on the GPU: the block decoders of the GgmlCodec tile loop (ggml_codec.cuh).
 // A warp takes one 256-column super-block per step; lane l decodes columns 8l..8l+7, which in the
 // lattice types are one 8-value grid entry (IQ2, IQ1) or two 4-value ones (IQ3). Layouts: docs/
-// format.md and the CPU decoders (kernels/cpu/ggml_iquants.cpp), whose grids and sign bytes these
-// share (loader/format/ggml_iq*_grid*.h, generated from the gguf package).
+// format.md and the CPU decoders (kernels/cpu/ggml_iquants.cpp), whose grids these share
+// (loader/format/ggml_iq*_grid*.h, generated from the gguf package).
 //
 // Values are (d * 2^-k * (2s + 1)) * q with q a signed integer level, as the CPU computes them:
 // every product is exact in float32 (see ggml_iquants.cpp), so dequantize_rows equals the CPU bit
@@ -24,7 +24,10 @@ __device__ const detail::Iq2sGrid kIq2sGridGpu = detail::kIq2sGrid;
 __device__ const detail::Iq3xxsGrid kIq3xxsGridGpu = detail::kIq3xxsGrid;
 __device__ const detail::Iq3sGrid kIq3sGridGpu = detail::kIq3sGrid;
 __device__ const detail::Iq1sGrid kIq1sGridGpu = detail::kIq1sGrid;
-__device__ const detail::IqSigns kIqSignsGpu = detail::kIqSigns;
+
+// The sign byte of a 7-bit sign index (kIqSigns[i]): the index with bit 7 making the count of set
+// bits even, which the generator checks of the table; computed, not looked up.
+__device__ __forceinline__ uint32_t iq_signs(uint32_t i) { return i | ((__popc(i) & 1u) << 7); }
 
 struct EightPerLaneCols {
   static constexpr int kBlockElems = 256;
@@ -73,7 +76,7 @@ struct BtIQ2_XXS : EightPerLaneCols {
     const float d = __fmul_rn(load_half(blk), 0.125f);
     const uint32_t aux = ld_u32(blk + 6 + 8 * g);
     const uint64_t entry = kIq2xxsGridGpu.v[__ldg(blk + 2 + 8 * g + t)];
-    grid8_values(entry, __ldg(&kIqSignsGpu.v[(aux >> (7 * t)) & 127]), odd_scale(d, aux >> 28), w);
+    grid8_values(entry, iq_signs((aux >> (7 * t)) & 127), odd_scale(d, aux >> 28), w);
   }
 };
 
@@ -85,7 +88,7 @@ struct BtIQ2_XS : EightPerLaneCols {
     const float d = __fmul_rn(load_half(blk), 0.125f);
     const uint32_t v = __ldg(reinterpret_cast<const unsigned short*>(blk + 2 + 2 * lane));
     const uint32_t s = (__ldg(blk + 66 + (lane >> 2)) >> (4 * ((lane >> 1) & 1))) & 0xfu;
-    grid8_values(kIq2xsGridGpu.v[v & 511], __ldg(&kIqSignsGpu.v[v >> 9]), odd_scale(d, s), w);
+    grid8_values(kIq2xsGridGpu.v[v & 511], iq_signs(v >> 9), odd_scale(d, s), w);
   }
 };
 
@@ -110,7 +113,7 @@ struct BtIQ3_XXS : EightPerLaneCols {
     const int g = lane >> 2, t = lane & 3;
     const float d = __fmul_rn(load_half(blk), 0.25f);
     const uint32_t aux = ld_u32(blk + 66 + 4 * g);
-    const uint32_t signs = __ldg(&kIqSignsGpu.v[(aux >> (7 * t)) & 127]);
+    const uint32_t signs = iq_signs((aux >> (7 * t)) & 127);
     const uint32_t lo = __ldg(&kIq3xxsGridGpu.v[__ldg(blk + 2 + 2 * lane)]);
     const uint32_t hi = __ldg(&kIq3xxsGridGpu.v[__ldg(blk + 3 + 2 * lane)]);
     signed_values(negate_where(lo, sign_mask4(signs)), negate_where(hi, sign_mask4(signs >> 4)),
