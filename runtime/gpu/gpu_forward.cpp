@@ -2,6 +2,8 @@
 // syncs once per layer to read the router's top-k ids (the expert cache needs them on the host).
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/gpu/gpu_forward_impl.h"
+#include "runtime/gpu/gpu_gqa_attention.h"
+#include "runtime/gpu/gpu_mla.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -102,13 +104,16 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
 
   w = GpuDenseWeights::load(cfg, dense_path);
   info_.dense_bytes = w.bytes();
-  if (any_attention(plan, AttentionKind::kMla)) {  // DeepSeek-V2/V3: the latent cache instead of per-head keys and values
-    mla = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
-    info_.kv_bytes = mla->cache_bytes();
-  } else {
-    init_kv();
-    attn_scratch = DeviceBuffer(gpu::attention_scratch_floats(1, H, hd_p, opts.max_context) * sizeof(float));
-  }
+  // Each attention kind the layers take, with its device state (gpu_attention.h).
+  if (any_attention(plan, AttentionKind::kGqa)) gqa_attention = std::make_unique<GpuGqaAttention>(*this, plan);
+  if (any_attention(plan, AttentionKind::kMla))
+    mla_attention = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
+  size_t attention_scratch = 0;
+  for (GpuAttention* a : {gqa_attention.get(), mla_attention.get()})
+    if (a != nullptr) {
+      info_.kv_bytes += a->state_bytes();
+      attention_scratch += a->scratch_bytes();
+    }
 
   // Activations, one allocation carved into arrays.
   const size_t b = size_t(B), pairs = size_t(B) * size_t(K);
@@ -129,7 +134,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     *dst[i] = p;
     p += (n_floats[i] + 63) / 64 * 64;
   }
-  info_.scratch_bytes = act.bytes() + (mla ? mla->scratch_bytes() : 0);
+  info_.scratch_bytes = act.bytes() + attention_scratch;
   if (cfg.qkv_bias || cfg.o_bias || cfg.router_bias) {
     const std::vector<float> ones_h(b, 1.0f);
     ones = DeviceBuffer(b * sizeof(float));
@@ -262,52 +267,9 @@ void CudaForward::norm_into_h(const float* weight, int rows, int first) {
 }
 
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {
-  const AttentionSpec& spec = plan[size_t(l)].attention;
-  if (spec.kind == AttentionKind::kMla) {  // DeepSeek-V2/V3: norm, then the latent attention (gpu_mla.h) into the residual
-    auto tm = std::chrono::steady_clock::now();
-    norm_into_h(w.layers[size_t(l)].attn_norm, T);
-    mla->layer(*this, l, T, n_past);
-    times.attention_s += seconds_since(tm);
-    return;
-  }
-  const bool qk_norm = spec.qk_norm != QkNorm::kNone;
-  const GpuLayerWeights& lw = w.layers[size_t(l)];
   auto ta = std::chrono::steady_clock::now();
-  float* kc = kv_keys(l);
-  float* vc = kv_values(l);
-  // A sliding layer's ring (gpt-oss): position p in row p % ring; 0 where rows are positions.
-  const int ring = kv_rows[size_t(l)] < opts.max_context ? kv_rows[size_t(l)] : 0;
-  // Unpadded heads of a full layer go straight into the cache (position-major: the chunk's rows
-  // are contiguous); padded heads and a ring's are built contiguous, then copied (append_kv).
-  const bool staged = padded || ring > 0;
-  float* k_dst = staged ? k_tok : kc + size_t(n_past) * KV * hd_p;
-  float* v_dst = staged ? v_tok : vc + size_t(n_past) * KV * hd_p;
-  norm_into_h(lw.attn_norm, T);
-  linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_dst, v_dst);
-  if (spec.qkv_bias) {  // before QK-norm and RoPE, as the CPU
-    add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
-    add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
-    add_bias(lw.bv, T, KV * hd, v_dst);
-  }
-  norm_and_rope(spec, lw, T, k_dst);
-  const int window = spec.window;  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
-  const float* sinks = spec.sinks ? lw.sinks : nullptr;
-  if (staged) append_kv(l, T, n_past, k_dst, v_dst);
-  float* const scr = T == 1 ? attn_scratch.as<float>() : nullptr;  // decode: no pool allocation
-  const size_t scr_n = T == 1 ? attn_scratch.bytes() / sizeof(float) : 0;
-  if (!padded) {
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, sinks, window, ring, scr, scr_n);
-  } else {
-    // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
-    // head_dim; released models have 64 or 128).
-    const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, sinks, window, ring, scr,
-                   scr_n);
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-  }
-  linear(attn, lw.wo, T, x, true);  // the residual add
-  if (spec.o_bias) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
+  norm_into_h(w.layers[size_t(l)].attn_norm, T);
+  attention_of(l).layer(*this, l, T, n_past);
   times.attention_s += seconds_since(ta);
 }
 
@@ -572,30 +534,6 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   auto tc = std::chrono::steady_clock::now();
   gpu::moe_combine_add(y, plan_d + pairs, wts_d, T, K, D, x, stream);
   times.expert_compute_s += seconds_since(tc);
-}
-
-// QK-norm (when the model has it) and RoPE of the chunk's q (qraw -> q, or q in place) and k
-// (kraw -> k, or k in place): Qwen3's per-head norm with full rotary in one launch
-// (gpu::qk_norm_rope), otherwise rms_norm and rope_neox(_partial) launches.
-void CudaForward::norm_and_rope(const AttentionSpec& spec, const GpuLayerWeights& lw, int T, float* k) {
-  if (spec.qk_norm == QkNorm::kPerHead && 2 * half == hd) {
-    gpu::qk_norm_rope(qraw, kraw, lw.q_norm, lw.k_norm, T, H, KV, hd, eps, cos_d, sin_d, q, k, stream);
-    return;
-  }
-  if (spec.qk_norm == QkNorm::kPerHead) {
-    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k, stream);
-  } else if (spec.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
-    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k, stream);
-  }
-  if (2 * half == hd) {
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k, T, KV, half, cos_d, sin_d, stream);
-  } else {  // GLM's partial rotary: the first 2*half dims of each head
-    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
-    gpu::rope_neox_partial(k, T, KV, half, hd, cos_d, sin_d, stream);
-  }
 }
 
 // y[T, n] += bias[n] on every row: a rank-1 product ones[T] x bias[n] accumulated by cuBLAS.

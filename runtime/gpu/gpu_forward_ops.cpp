@@ -89,11 +89,8 @@ void CudaForward::warm_up() {
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
     linear_f32(h, w.layers[size_t(cfg.first_k_dense_replace)].router, T, D, E, rlog);  // the first MoE layer's
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    if (!mla) norm_and_rope(plan[0].attention, lw, T, k_tok);  // Qwen3's fused QK-norm + RoPE among them
-    if (mla) mla->warm_up(*this, T);
-    else
-      gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
-                     padded ? attn_pad : attn, stream);
+    for (GpuAttention* a : {gqa_attention.get(), mla_attention.get()})
+      if (a != nullptr) a->warm_up(*this, T);
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);
