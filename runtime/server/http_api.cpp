@@ -23,7 +23,7 @@
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
-#include "runtime/server/reply_json.h"
+#include "runtime/server/response_json.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/server/tokenize_api.h"
 
@@ -363,29 +363,6 @@ struct ApiServer::Impl {
     return p;
   }
 
-  // The prompt counts once, as OpenAI counts it for n choices; its cache reuse is the first choice's.
-  json usage(const std::vector<JobResult>& rs) const {
-    int completion = 0;
-    for (const JobResult& r : rs) completion += r.completion_tokens;
-    return json{{"prompt_tokens", rs[0].prompt_tokens},
-                {"completion_tokens", completion},
-                {"total_tokens", rs[0].prompt_tokens + completion},
-                {"prompt_tokens_details", {{"cached_tokens", rs[0].prompt_tokens_reused}}}};
-  }
-  json timings(const JobResult& r) const {
-    json t{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
-           {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
-           {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
-    if (r.routing_request_id) t["routing_request_id"] = *r.routing_request_id;
-    if (r.replay_request) t["replay_request"] = *r.replay_request;
-    if (r.cache_aware) {
-      const CacheAwareStats& c = *r.cache_aware;
-      t["cache_aware"] = json{{"substitutions", c.substitutions}, {"misses_before", c.misses_before},
-                              {"misses_after", c.misses_after}, {"slots", c.slots},
-                              {"agreement", c.agreement()}};
-    }
-    return t;
-  }
 
   // `body`: chat, the delta object; completions, the text.
   json chunk(bool chat, const std::string& id, size_t index, json body, const json& finish,
@@ -572,7 +549,7 @@ struct ApiServer::Impl {
     }
     send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
                              {"created", std::time(nullptr)}, {"model", opts.model_id},
-                             {"choices", std::move(choices)}, {"usage", usage(rs)}, {"timings", timings(rs[0])}});
+                             {"choices", std::move(choices)}, {"usage", openai_usage(rs)}, {"timings", openai_timings(rs[0])}});
   }
 
   void stream(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id, bool chat_endpoint,
@@ -634,8 +611,8 @@ struct ApiServer::Impl {
               const std::vector<JobResult> rs = results(jobs);
               json last = chunk(chat_endpoint, id, 0, chat_endpoint ? json::object() : json(""), nullptr);
               last["choices"] = json::array();
-              last["usage"] = usage(rs);
-              last["timings"] = timings(rs[0]);
+              last["usage"] = openai_usage(rs);
+              last["timings"] = openai_timings(rs[0]);
               out += sse(last);
             }
             out += "data: [DONE]\n\n";

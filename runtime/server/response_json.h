@@ -1,12 +1,14 @@
-// A parsed chat reply (runtime/chat/reply_parser.h) in OpenAI's shapes: the message of a
-// response, the delta of a streamed chunk, and the finish reason.
+// OpenAI's response shapes: a parsed chat reply (runtime/chat/reply_parser.h) as the message of
+// a response, the delta of a streamed chunk and the finish reason; usage and our timings.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/chat/reply_parser.h"
+#include "runtime/server/job.h"
 
 namespace moestream {
 
@@ -19,5 +21,9 @@ nlohmann::json openai_message(const ReplyDelta& whole);
 void add_openai_delta(nlohmann::json& delta, const ReplyDelta& d, int& next_call);
 // "tool_calls" when the reply ended (not cut by max_tokens) after calling tools, else the engine's.
 std::string reply_finish_reason(const std::string& engine_reason, int n_calls);
+// The prompt counts once, as OpenAI counts it for n choices; its cache reuse is the first choice's.
+nlohmann::json openai_usage(const std::vector<JobResult>& choices);
+// The response's timings object (an extension): queue, prefill, decode, routing ids, cache-aware.
+nlohmann::json openai_timings(const JobResult& r);
 
 }  // namespace moestream
