@@ -19,8 +19,6 @@
 
 #include "common/error.h"
 #include "common/file_util.h"
-#include "loader/format/gguf_metadata.h"
-#include "loader/format/gguf_writer.h"
 #include "runtime/convert/convert.h"
 #include "runtime/engine/model.h"
 #include "tests/support/logit_compare.h"
@@ -172,69 +170,6 @@ double worst_error(const std::vector<float>& got, const std::vector<double>& wan
   return worst;
 }
 
-// The tiny checkpoint as llama.cpp's converter writes a minimax-m2 GGUF (docs/format.md): F32
-// tensors, ne0 first, experts stacked per layer, the correction bias as exp_probs_b.bias.
-void write_minimax_gguf(const TinyHf& m, const fs::path& path) {
-  const uint64_t D = uint64_t(m.D), V = uint64_t(m.V), H = uint64_t(m.H), KV = uint64_t(m.KV), hd = uint64_t(m.hd);
-  const uint64_t E = uint64_t(m.E), F = uint64_t(m.F);
-  GgufMetadata md;
-  auto u32 = [&](const std::string& k, uint64_t v) { md.add(k, GgufValue::from_unsigned(GgufValueType::kU32, v)); };
-  auto f32 = [&](const std::string& k, double v) { md.add(k, GgufValue::from_float(GgufValueType::kF32, v)); };
-  md.add("general.architecture", GgufValue::from_string("minimax-m2"));
-  const std::string a = "minimax-m2.";
-  u32(a + "block_count", uint64_t(m.L));
-  u32(a + "context_length", 256);
-  u32(a + "embedding_length", D);
-  u32(a + "feed_forward_length", F);
-  u32(a + "attention.head_count", H);
-  u32(a + "attention.head_count_kv", KV);
-  u32(a + "attention.key_length", hd);
-  u32(a + "attention.value_length", hd);
-  f32(a + "rope.freq_base", 5e6);
-  f32(a + "attention.layer_norm_rms_epsilon", 1e-6);
-  u32(a + "expert_count", E);
-  u32(a + "expert_used_count", 2);
-  u32(a + "expert_feed_forward_length", F);
-  u32(a + "rope.dimension_count", hd / 2);
-
-  std::vector<GgufTensorSpec> specs;
-  std::vector<std::vector<float>> data;
-  auto add = [&](const std::string& name, std::vector<uint64_t> dims, std::vector<float> v) {
-    specs.push_back({name, GgmlType::kF32, std::move(dims)});
-    data.push_back(std::move(v));
-  };
-  add("token_embd.weight", {D, V}, m.tensors.at("model.embed_tokens.weight").data);
-  add("output_norm.weight", {D}, m.tensors.at("model.norm.weight").data);
-  add("output.weight", {D, V}, m.tensors.at("lm_head.weight").data);
-  for (int l = 0; l < int(m.L); ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";
-    auto t = [&](const std::string& n) { return m.tensors.at(p + n).data; };
-    add(b + "attn_norm.weight", {D}, t("input_layernorm.weight"));
-    add(b + "attn_q.weight", {D, H * hd}, t("self_attn.q_proj.weight"));
-    add(b + "attn_k.weight", {D, KV * hd}, t("self_attn.k_proj.weight"));
-    add(b + "attn_v.weight", {D, KV * hd}, t("self_attn.v_proj.weight"));
-    add(b + "attn_output.weight", {H * hd, D}, t("self_attn.o_proj.weight"));
-    add(b + "attn_q_norm.weight", {H * hd}, t("self_attn.q_norm.weight"));
-    add(b + "attn_k_norm.weight", {KV * hd}, t("self_attn.k_norm.weight"));
-    add(b + "ffn_norm.weight", {D}, t("post_attention_layernorm.weight"));
-    add(b + "ffn_gate_inp.weight", {D, E}, t("block_sparse_moe.gate.weight"));
-    add(b + "exp_probs_b.bias", {E}, t("block_sparse_moe.e_score_correction_bias"));
-    const char* which[3][2] = {{"ffn_gate_exps.weight", "w1"}, {"ffn_up_exps.weight", "w3"}, {"ffn_down_exps.weight", "w2"}};
-    for (auto [gguf_name, hf_name] : which) {
-      std::vector<float> stacked;
-      for (uint64_t e = 0; e < E; ++e) {
-        const std::vector<float> x = t("block_sparse_moe.experts." + std::to_string(e) + "." + hf_name + ".weight");
-        stacked.insert(stacked.end(), x.begin(), x.end());
-      }
-      const bool down = std::string(hf_name) == "w2";
-      add(b + gguf_name, down ? std::vector<uint64_t>{F, D, E} : std::vector<uint64_t>{D, F, E}, std::move(stacked));
-    }
-  }
-  GgufWriter w(path, md, specs);
-  for (const std::vector<float>& v : data) w.write(v.data(), v.size() * sizeof(float));
-  w.commit();
-}
-
 // The converted tiny checkpoint computes transformers' maths; the reference would tell a pass that
 // ignored the correction bias or rotated whole heads (both move the logits far beyond the bound).
 TEST(MinimaxM2Forward, ConvertedCheckpointMatchesAPlainReference) {
@@ -281,7 +216,7 @@ TEST(MinimaxM2Gguf, RunsInPlaceToTheReferenceLogits) {
   TempDir d("minimax_m2_gguf");
   save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
   const ModelConfig pack = convert_model(d.path() / "hf", d.path() / "pack", f32_options());
-  write_minimax_gguf(m, d.path() / "m.gguf");
+  write_minimax_m2_gguf(m, d.path() / "m.gguf");
   const ModelConfig g = ModelConfig::load(d.path() / "m.gguf");
   EXPECT_EQ(g.arch, Arch::kMinimaxM2);
   EXPECT_EQ(g.qk_norm, QkNorm::kFull);
