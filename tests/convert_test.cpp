@@ -203,7 +203,8 @@ TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
     EXPECT_EQ(dense.to_float("embed"), m.tensors.at("model.embed_tokens.weight").data);
     EXPECT_EQ(dense.to_float("layers.2.wk"), m.tensors.at("model.layers.2.self_attn.k_proj.weight").data);
     const bool mixtral_names = arch == Arch::kMixtral || arch == Arch::kMinimaxM2;
-    std::string router = mixtral_names ? "model.layers.1.block_sparse_moe.gate.weight" : "model.layers.1.mlp.gate.weight";
+    std::string router =
+        mixtral_names ? "model.layers.1.block_sparse_moe.gate.weight" : "model.layers.1.mlp.gate.weight";
     EXPECT_EQ(dense.to_float("layers.1.router"), m.tensors.at(router).data);
     EXPECT_EQ(dense.contains("layers.0.q_norm"),
               arch == Arch::kQwen3Moe || arch == Arch::kOlmoe || arch == Arch::kMinimaxM2);

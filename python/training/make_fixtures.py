@@ -68,9 +68,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
-                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
-                          MiniMaxM2Config, MiniMaxM2ForCausalLM, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MiniMaxM2Config,
+                          MiniMaxM2ForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -230,8 +230,9 @@ W_NAMES = {"1": "gate", "2": "down", "3": "up"}  # Mixtral-style expert matrices
 @torch.no_grad()
 def to_fp8_checkpoint(model, sd, block):
     """DeepSeek-V3's (and MiniMax-M2's) FP8 release layout of sd (per-expert names): every linear
-    layer's weight but the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv` block scales. The
-    in-memory model is set to the dequantised values, so the reference is what the file holds."""
+    layer's weight but the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv`
+    block scales. The in-memory model is set to the dequantised values, so the reference is what
+    the file holds."""
     params = dict(model.named_parameters())
     out = {}
     for k, v in sd.items():

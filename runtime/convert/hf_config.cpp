@@ -229,13 +229,14 @@ void read_partial_rotary(const json& hf, ModelConfig& c, const std::string& wher
   double factor = 1.0;
   if (const json* r = find(hf, "rotary_dim")) {
     if (!r->is_number_integer() || r->get<long long>() <= 0 || r->get<long long>() > c.head_dim)
-      throw FormatError(where + ": field 'rotary_dim' must be an integer in [1, head_dim " + std::to_string(c.head_dim) +
-                        "], got " + r->dump());
+      throw FormatError(where + ": field 'rotary_dim' must be an integer in [1, head_dim " +
+                        std::to_string(c.head_dim) + "], got " + r->dump());
     factor = double(r->get<int>()) / double(c.head_dim);
   }
   factor = opt_num(hf, "partial_rotary_factor", where, factor);
   for (const char* key : {"rope_parameters", "rope_scaling"})
-    if (const json* rp = find(hf, key); rp && rp->is_object()) factor = opt_num(*rp, "partial_rotary_factor", where, factor);
+    if (const json* rp = find(hf, key); rp && rp->is_object())
+      factor = opt_num(*rp, "partial_rotary_factor", where, factor);
   if (!(factor > 0 && factor <= 1)) throw FormatError(where + ": 'partial_rotary_factor' must be in (0, 1]");
   c.rotary_dim = int(c.head_dim * factor);  // int(), as transformers
   if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
@@ -258,14 +259,16 @@ void read_minimax_m2(const json& hf, ModelConfig& c, const std::string& where) {
   require("qk_norm_type", "per_layer", "(transformers normalises over all heads)");
   require("scoring_func", "sigmoid", "(transformers' MiniMax-M2 router is sigmoid)");
   require("use_routing_bias", true, "(transformers always adds e_score_correction_bias)");
-  if (opt_count(hf, "shared_intermediate_size", where, 0) != 0) unsupported(where, "shared_intermediate_size", "(shared experts)");
+  if (opt_count(hf, "shared_intermediate_size", where, 0) != 0)
+    unsupported(where, "shared_intermediate_size", "(shared experts)");
   if (const json* t = find(hf, "attn_type_list")) {
     if (!t->is_array() || t->size() < size_t(c.n_layers))
       throw FormatError(where + ": 'attn_type_list' must be an array of at least num_hidden_layers integers");
     for (int l = 0; l < c.n_layers; ++l)
       if ((*t)[size_t(l)] != 1)
-        unsupported(where, "attn_type_list", "entry " + std::to_string(l) + " = " + (*t)[size_t(l)].dump() +
-                                                 " (1 is softmax attention; others are MiniMax-01's lightning attention)");
+        unsupported(where, "attn_type_list",
+                    "entry " + std::to_string(l) + " = " + (*t)[size_t(l)].dump() +
+                        " (1 is softmax attention; others are MiniMax-01's lightning attention)");
   }
   c.norm_topk_prob = true;
   c.router_scoring = RouterScoring::kSigmoid;

@@ -252,7 +252,8 @@ void write_minimax_m2_gguf(const TinyHf& m, const fs::path& path) {
     add(b + "ffn_norm.weight", {D}, t("post_attention_layernorm.weight"));
     add(b + "ffn_gate_inp.weight", {D, E}, t("block_sparse_moe.gate.weight"));
     add(b + "exp_probs_b.bias", {E}, t("block_sparse_moe.e_score_correction_bias"));
-    const char* which[3][2] = {{"ffn_gate_exps.weight", "w1"}, {"ffn_up_exps.weight", "w3"}, {"ffn_down_exps.weight", "w2"}};
+    const char* which[3][2] = {
+        {"ffn_gate_exps.weight", "w1"}, {"ffn_up_exps.weight", "w3"}, {"ffn_down_exps.weight", "w2"}};
     for (auto [gguf_name, hf_name] : which) {
       std::vector<float> stacked;
       for (uint64_t e = 0; e < E; ++e) {
