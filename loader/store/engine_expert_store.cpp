@@ -75,16 +75,16 @@ class EngineExpertStore final : public ExpertStore {
     return std::make_unique<EngineExpertStore>(model_dir_, cfg_, o);
   }
 
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
-    begin_fetch(layer, ids);
-    out.assign(ids.size(), nullptr);
-    size_t i = 0;
-    const uint8_t* p = nullptr;
-    while (next_ready(&i, &p, true)) out[i] = p;
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
+    begin(layer, ids, form == FetchForm::kMatrices);
   }
 
-  void begin_fetch(int layer, std::span<const int> ids) override { begin(layer, ids, false); }
-  void begin_fetch_matrices(int layer, std::span<const int> ids) override { begin(layer, ids, true); }
+  bool next_ready(size_t* index, ExpertMatrices* m, bool wait) override {
+    const Item* it = nullptr;
+    if (!next_item(index, &it, wait)) return false;
+    *m = it->mapped ? it->in_place : ExpertMatrices::of_payload(it->data, files_.layer(cur_->layer).layout);
+    return true;
+  }
 
   void prefetch_predicted(int layer, std::span<const int> ids) override {
     check_layer(layer);
@@ -122,21 +122,6 @@ class EngineExpertStore final : public ExpertStore {
     Fetch& f = free_fetch();
     start(f, layer, ids, cur_->matrices);  // read ahead for the same kind of caller
     next_ = &f;
-  }
-
-  bool next_ready(size_t* index, const uint8_t** payload, bool wait) override {
-    const Item* it = nullptr;
-    if (!next_item(index, &it, wait)) return false;
-    MOE_ASSERT(!it->mapped, "an expert handed out in place needs next_ready_matrices");
-    *payload = it->data;
-    return true;
-  }
-
-  bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& layout, bool wait) override {
-    const Item* it = nullptr;
-    if (!next_item(index, &it, wait)) return false;
-    *m = it->mapped ? it->in_place : ExpertMatrices::of_payload(it->data, layout);
-    return true;
   }
 
   void residency(int layer, std::span<ExpertTier> out) const override {

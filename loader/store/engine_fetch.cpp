@@ -16,10 +16,9 @@ void plan(Fetch& f, const Layer& L, std::span<const int> ids, bool matrices) {
   f.payload_bytes = L.layout.bytes;
   f.matrices = matrices;
   f.ids.assign(ids.begin(), ids.end());
-  std::vector<uint32_t> slots;
-  slots_in_file_order(L, ids, slots, f.position_item);
-  f.items.assign(slots.size(), Item{});
-  for (size_t k = 0; k < slots.size(); ++k) f.items[k].slot = slots[k];
+  slots_in_file_order(L, ids, f.slots, f.position_item);
+  f.items.assign(f.slots.size(), Item{});
+  for (size_t k = 0; k < f.slots.size(); ++k) f.items[k].slot = f.slots[k];
   for (size_t i = 0; i < ids.size(); ++i) f.items[f.position_item[i]].expert = ids[i];
   f.ready.clear();
   f.ready_head = 0;

@@ -44,10 +44,11 @@ struct Fetch {
   int layer = 0;
   PayloadHash hash = PayloadHash::kXxh3;  // the layer's checksums, for the I/O threads
   uint64_t payload_bytes = 0;             // the layer's payload size
-  bool matrices = false;                 // begin_fetch_matrices: resident experts in place
+  bool matrices = false;                 // FetchForm::kMatrices: resident experts in place
   std::vector<int> ids;                  // as asked (a read-ahead is adopted on an exact match)
   std::vector<Item> items;
   std::vector<uint32_t> position_item;   // ids position -> item
+  std::vector<uint32_t> slots;           // the items' slots (plan's, kept for its capacity)
   std::vector<size_t> ready;             // positions ready to hand out
   size_t ready_head = 0, handed = 0;
   std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)

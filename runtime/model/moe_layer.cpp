@@ -163,7 +163,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
     // As matrices: experts already in host memory are computed where they are, not copied.
-    store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n), FetchForm::kMatrices);
     // Decode: the next layer's likely experts start loading while this layer's load and compute.
     if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr) {
       const auto tp = std::chrono::steady_clock::now();
@@ -192,7 +192,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // its own row of y_, so the grouping never changes the result.
     for (size_t got = 0; got < n;) {
       t1 = std::chrono::steady_clock::now();
-      store_.take_ready_matrices(lay, payloads_, ready_);
+      store_.take_ready(payloads_, ready_);
       got += ready_.size();
       times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
 
