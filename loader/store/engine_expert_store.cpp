@@ -10,7 +10,6 @@
 #include "loader/store/engine_expert_store.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -144,20 +143,7 @@ class EngineExpertStore final : public ExpertStore {
   }
 
   ExpertStoreStats stats() const override {
-    const engine_store::FetchQueue::Counters c = queue_.counters();  // waits for batches in flight
-    ExpertStoreStats s = stats_;
-    s.io_seconds += c.io_seconds;
-    s.checksum_seconds += c.checksum_seconds;
-    s.io_wait_seconds += c.io_wait_seconds;
-    s.lookahead_read += c.lookahead_read;
-    s.lookahead_cancelled += c.lookahead_cancelled;
-    s.experts_read += c.lookahead_read;
-    s.bytes_read += c.lookahead_bytes;
-    const IoEngineStats e = engine_.stats();
-    s.read_ops_requested = e.requests;
-    s.read_ops_issued = e.reads_issued;
-    s.bytes_transferred = e.bytes_read;
-    return s;
+    return queue_.with_counters(stats_);  // waits for batches in flight
   }
 
  private:
@@ -250,14 +236,7 @@ class EngineExpertStore final : public ExpertStore {
     const size_t k = f.req_item[r];
     Item& it = f.items[k];
     const Layer& L = files_.layer(f.layer);
-    if (q.result != ReadResult::kOk) {
-      std::string where = engine_.file_path(q.file) + " at offset " + std::to_string(q.offset) + " length " +
-                          std::to_string(q.length);
-      if (q.result == ReadResult::kTruncated)
-        throw IoError("truncated file: read of " + where + " hit end of file (file has " +
-                      std::to_string(engine_.file_size(q.file)) + " bytes at open)");
-      throw IoError("read of " + where + " failed: " + std::strerror(q.error));
-    }
+    if (q.result != ReadResult::kOk) throw engine_store::read_error(engine_, q);
     if (--it.pieces_left > 0) return;  // the expert's other slices are still in flight
     if (f.due[r] && f.checksum[r] != L.header.slot_checksums[it.slot])
       throw expert_checksum_error(L, it.slot, L.layout.bytes, f.checksum[r]);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <string>
 
 #include "common/timing.h"
 #include "loader/format/expert_file.h"
@@ -88,6 +90,32 @@ FetchQueue::Counters FetchQueue::counters() const {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return n_busy_ == 0; });
   return counters_;
+}
+
+ExpertStoreStats FetchQueue::with_counters(const ExpertStoreStats& caller) const {
+  const Counters c = counters();
+  const IoEngineStats engine = engine_.stats();  // after the batches: every read counted
+  ExpertStoreStats s = caller;
+  s.io_seconds += c.io_seconds;
+  s.checksum_seconds += c.checksum_seconds;
+  s.io_wait_seconds += c.io_wait_seconds;
+  s.lookahead_read += c.lookahead_read;
+  s.lookahead_cancelled += c.lookahead_cancelled;
+  s.experts_read += c.lookahead_read;
+  s.bytes_read += c.lookahead_bytes;
+  s.read_ops_requested = engine.requests;
+  s.read_ops_issued = engine.reads_issued;
+  s.bytes_transferred = engine.bytes_read;
+  return s;
+}
+
+IoError read_error(const IoEngine& engine, const ReadRequest& q) {
+  const std::string where =
+      engine.file_path(q.file) + " at offset " + std::to_string(q.offset) + " length " + std::to_string(q.length);
+  if (q.result == ReadResult::kTruncated)
+    return IoError("truncated file: read of " + where + " hit end of file (file has " +
+                   std::to_string(engine.file_size(q.file)) + " bytes at open)");
+  return IoError("read of " + where + " failed: " + std::strerror(q.error));
 }
 
 // Runs queued batches in order; the look-ahead's thread (predictions) takes only look-aheads,

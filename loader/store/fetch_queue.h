@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/error.h"
 #include "loader/io/io_engine.h"
 #include "loader/store/engine_fetch.h"
 
@@ -46,6 +47,9 @@ class FetchQueue {
     uint64_t lookahead_read = 0, lookahead_bytes = 0, lookahead_cancelled = 0;
   };
   Counters counters() const;
+  // `caller`'s counts (the caller's thread's) with the threads' counters and then the engine's
+  // read counts: the store's stats. Waits for every batch first, as counters() does.
+  ExpertStoreStats with_counters(const ExpertStoreStats& caller) const;
 
  private:
   void io_loop(bool predictions);
@@ -60,5 +64,9 @@ class FetchQueue {
   std::thread io_threads_[2];
   std::thread pred_thread_;
 };
+
+// The IoError for a read that did not return its bytes: file, offset, length, and the file's
+// size at open (truncated) or strerror.
+IoError read_error(const IoEngine& engine, const ReadRequest& q);
 
 }  // namespace moestream::engine_store
