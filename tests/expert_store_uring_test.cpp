@@ -148,6 +148,26 @@ TEST_F(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
   }
 }
 
+// A fetch whose read failed is over: asked again, next_ready hands out nothing (not the expert
+// whose bytes failed, nor one of the fetch's that landed later) and does not wait for a read
+// that will never land (it blocked for good); the next fetch reads as usual.
+TEST_F(EngineExpertStore, AFetchThatFailedHandsOutNothingMore) {
+  write_layers(QuantType::kQ8, true);
+  ExpertMap m = read_expert_map(expert_map_path(d.path(), 0));
+  fs::path f = expert_file_path(d.path(), 0);
+  ExpertFileHeader h = read_expert_header(f);
+  test::overwrite_bytes(f, h.slot_offset(m.physical(3)) + 5, "\x5a");
+  auto store = open_expert_store("pread", d.path(), c);
+  store->begin_fetch(0, std::vector<int>{3});
+  size_t i = 0;
+  const uint8_t* p = nullptr;
+  const std::string msg = test::error_message([&] { test::next_payload(*store, &i, &p, true); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  EXPECT_FALSE(test::next_payload(*store, &i, &p, true));
+  std::vector<const uint8_t*> out;
+  EXPECT_NO_THROW(store->fetch(0, std::vector<int>{0, 1}, out));
+}
+
 // Greedy tokens of the packed model in `dir` with its experts read through `store`; `stats`
 // (optional) receives the store's counters after the run.
 std::vector<int> greedy_tokens(const fs::path& dir, std::unique_ptr<ExpertStore> store, int n_threads,

@@ -125,16 +125,7 @@ class EngineExpertStore final : public ExpertStore {
 
   void residency(int layer, std::span<ExpertTier> out) const override {
     check_layer(layer);
-    const Layer& L = files_.layer(layer);
-    MOE_ASSERT(out.size() == L.header.n_experts, "residency: out must hold n_experts entries");
-    for (uint32_t e = 0; e < L.header.n_experts; ++e) {
-      if (cache_ && cache_->holds(ExpertKey{layer, int(e)}))
-        out[e] = ExpertTier::kHostCache;
-      else if (L.in_page_cache(L.map.physical(e)))
-        out[e] = ExpertTier::kPageCache;
-      else
-        out[e] = ExpertTier::kStorage;
-    }
+    engine_store::tiers(files_.layer(layer), cache_.get(), out);
   }
 
   std::string describe() const override {
@@ -219,8 +210,15 @@ class EngineExpertStore final : public ExpertStore {
       size_t r;
       bool mine;
       if (!queue_.next_landed(f, p, wait, &mine, &r)) return false;
-      // A failed read fails the pass: its first uses' hashes vouch for no later one.
-      trust_.abandon_if_throws([&] { mine ? land(f, r) : land_prediction(*p, r, &f); });
+      // A failed read fails the pass: its first uses' hashes vouch for no later one, and the
+      // fetch hands out nothing more (asked again, it neither waits for what will not come).
+      try {
+        trust_.abandon_if_throws([&] { mine ? land(f, r) : land_prediction(*p, r, &f); });
+      } catch (const Error&) {
+        f.ready_head = f.ready.size();
+        f.handed = f.ids.size();
+        throw;
+      }
     }
     const size_t pos = f.ready[f.ready_head++];
     *index = pos;

@@ -63,6 +63,18 @@ void take_predicted(Fetch& f, HostCache* cache, ExpertStoreStats& stats) {
   }
 }
 
+void tiers(const Layer& L, const HostCache* cache, std::span<ExpertTier> out) {
+  MOE_ASSERT(out.size() == L.header.n_experts, "residency: out must hold n_experts entries");
+  for (uint32_t e = 0; e < L.header.n_experts; ++e) {
+    if (cache != nullptr && cache->holds(ExpertKey{L.index, int(e)}))
+      out[e] = ExpertTier::kHostCache;
+    else if (L.in_page_cache(L.map.physical(e)))
+      out[e] = ExpertTier::kPageCache;
+    else
+      out[e] = ExpertTier::kStorage;
+  }
+}
+
 std::string describe(const IoEngine& engine, const HostCache* cache, bool gguf, bool verify_checksums) {
   std::string s = "engine " + std::string(io_backend_name(engine.backend()));
   const IoEngineOptions& o = engine.options();

@@ -90,6 +90,10 @@ bool holds(const Fetch* f, int layer, int id);
 // taken key as it would have without the guess. Counts lookahead_used / lookahead_awaited.
 void take_predicted(Fetch& f, HostCache* cache, ExpertStoreStats& stats);
 
+// The tier of every logical expert of L (out.size() must be its n_experts; ExpertStore::residency):
+// the host cache, else the page cache (sampled), else storage.
+void tiers(const Layer& L, const HostCache* cache, std::span<ExpertTier> out);
+
 // One line on how the store reads (ExpertStore::describe): backend after any fallback, O_DIRECT,
 // read sizes, host cache, GGUF or unchecked packs.
 std::string describe(const IoEngine& engine, const HostCache* cache, bool gguf, bool verify_checksums);
