@@ -36,7 +36,7 @@ namespace {
 // The server's own options (the table's rows for the server that are not engine options); their
 // initial values (ServerOptions') are the defaults.
 struct Args {
-  std::string model;
+  std::string model, reply_format = "auto";
   EngineSettings engine;  // threads, ctx, the store, cache-aware, GPU, routing logs
   uint64_t max_body_kb = 4096;
   ServerOptions server;
@@ -115,6 +115,9 @@ int run(Args& a, const OptionCli& cli) {
   const fs::path dir = a.model;
   require_model_location(dir);
   cli.check_rules();
+  if (a.reply_format != "auto" && !reply_format_named(a.reply_format))
+    throw ConfigError("--reply-format: unknown '" + a.reply_format +
+                      "' (expected auto, plain, hermes, glm45, harmony, kimi_k2 or deepseek_v31)");
   const ModelConfig cfg = ModelConfig::load(dir);
   // A model without a tokenizer (synth_model's) is still served: token-id prompts in, ids out.
   std::optional<Tokenizer> tok;
@@ -161,6 +164,10 @@ int run(Args& a, const OptionCli& cli) {
   auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;
+  if (a.reply_format != "auto") opts.reply_format = reply_format_named(a.reply_format);
+  if (chat && chat->has_template())
+    std::fprintf(stderr, "moestream-server: chat replies parsed as %s (tool calls, reasoning)\n",
+                 std::string(reply_format_name(opts.reply_format.value_or(chat->reply_format()))).c_str());
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
   if (opts.model_id.empty()) opts.model_id = "moestream";
   opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
@@ -224,6 +231,9 @@ int main(int argc, char** argv) {
   cli.bind("max_body_kb", a.max_body_kb);
   cli.bind("default_max_tokens", a.server.default_max_tokens);
   cli.bind("prefix_reuse", a.server.prefix_reuse);
+  cli.bind("reply_format", a.reply_format);
+  cli.bind("cors_origin", a.server.cors_origins);
+  cli.bind("test_forced_output", a.server.allow_forced_output);
   cli.add_to(app, a.engine);  // as infer's; residency persists across requests
   return run_tool("moestream-server", app, argc, argv, [&] {
     if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;

@@ -193,6 +193,13 @@ constexpr OptionSpec kOptions[] = {
      "max_tokens when a request gives none"},
     {"prefix_reuse", "", kFlag, 0, 0, kServer, kToolServer, false, true, nullptr,
      "run every prompt from an empty KV cache (for comparison)"},
+    {"reply_format", "", kText, 0, 0, kServer, kToolServer, false, false, nullptr,
+     "markup of the model's chat replies, parsed into tool_calls and reasoning_content: auto (from the chat "
+     "template), plain, hermes, glm45, harmony, kimi_k2, deepseek_v31"},
+    {"cors_origin", "", kList, 0, 0, kServer, kToolServer, false, false, nullptr,
+     "a browser origin allowed to call the API (repeatable; * = any); default: no CORS headers"},
+    {"test_forced_output", "", kFlag, 0, 0, kServer, kToolServer, false, false, nullptr,
+     "tests only: a request's forced_output is decoded as its reply instead of sampled"},
 };
 #undef AT
 
