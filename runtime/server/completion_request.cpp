@@ -58,7 +58,7 @@ constexpr RequestField kRequestFields[] = {
     {"ignore_eos", kBoth, kHonoured, ""},
     {"replay_request", kBoth, kHonoured, ""},
     {"chat_template_kwargs", kChat, kHonoured, ""},
-    {"forced_output", kBoth, kHonoured, "test only: refused unless the server runs with --test-forced-output"},
+    {"forced_output", kBoth, kHonoured, "test only: refused unless the server runs with `test_forced_output`"},
 };
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
