@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libutf8proc-dev
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf)  # matplotlib: test_bindings runs python/examples
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf jsonschema pydantic)  # matplotlib: test_bindings runs python/examples
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -33,4 +33,6 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   echo "setup: installing Python packages: ${need_pip[*]}"
   "$PY" -m pip install -q --disable-pip-version-check "${need_pip[@]}"
 fi
+# runtime/grammar builds xgrammar's C++ core from its PyPI sdist (.deps/xgrammar-VERSION).
+bash "$(dirname "$0")/xgrammar_source.sh"
 echo "setup: all dependencies present"

@@ -18,6 +18,7 @@ struct BatchScheduler::Active {
   Sampler sampler;
   StopMatcher stop;
   std::optional<StreamDecoder> decoder;
+  std::optional<ConstraintMatcher> constraint;  // this sequence's place in its response_format/grammar
   JobResult r;
   size_t fed = 0;          // prompt tokens in the slot's KV cache
   int token = -1;          // the sampled token the next step feeds
@@ -28,6 +29,7 @@ struct BatchScheduler::Active {
       : job(std::move(j)), sampler(job->params().sampler), stop(job->params().stop),
         logits(size_t(vocab)), t_start(std::chrono::steady_clock::now()) {
     if (tok) decoder.emplace(*tok, /*skip_special_tokens=*/true);
+    if (job->params().constraint) constraint.emplace(job->params().constraint);
     sampler.add_prompt(job->params().prompt);
   }
   bool prefilling() const { return fed < job->params().prompt.size(); }
@@ -229,7 +231,9 @@ bool BatchScheduler::step() {
     // As EngineSession: sample, stop ids, text through the stop strings, the length limit.
     int id = -1;
     try {  // a request's own failure (no finite logit left) fails that request, not the server
+      if (a.constraint) a.constraint->mask(a.logits);
       id = a.sampler.sample(a.logits);
+      if (a.constraint) a.constraint->accept(id);
     } catch (const Error& e) {
       fail(s, e.what());
       continue;

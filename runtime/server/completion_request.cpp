@@ -37,7 +37,7 @@ constexpr RequestField kRequestFields[] = {
     {"best_of", kCompletions, kDefaultOnly, "equal to n"},
     {"suffix", kCompletions, kDefaultOnly, "\"\""},
     {"tool_choice", kChat, kDefaultOnly, "\"auto\""},
-    {"response_format", kChat, kDefaultOnly, "{\"type\": \"text\"}"},
+    {"response_format", kBoth, kHonoured, "text, json_object, json_schema (strict or not): enforced token by token"},
     {"store", kChat, kDefaultOnly, "false"},
     {"parallel_tool_calls", kChat, kRefused, ""},
     {"functions", kChat, kRefused, ""},
@@ -58,6 +58,7 @@ constexpr RequestField kRequestFields[] = {
     {"ignore_eos", kBoth, kHonoured, ""},
     {"replay_request", kBoth, kHonoured, ""},
     {"chat_template_kwargs", kChat, kHonoured, ""},
+    {"grammar", kBoth, kHonoured, "xgrammar EBNF (GBNF-like), enforced token by token"},
 };
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
@@ -139,6 +140,48 @@ void default_only(const OJ& j, const char* key, bool (*ok)(const OJ&, const Comp
   const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
                               [&](const RequestField& x) { return x.name == key; });
   bad(key, "only " + std::string(f->note) + " is supported, got " + j[key].dump());
+}
+
+// response_format: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+// {"name", "schema", "strict", "description"}}; text is no constraint.
+std::optional<ConstraintSpec> parse_response_format(const OJ& f) {
+  if (!f.is_object()) bad("response_format", "must be an object with a \"type\"");
+  if (!f.contains("type") || !f["type"].is_string()) bad("response_format.type", "must be a string");
+  const std::string type = f["type"].get<std::string>();
+  const auto only = [&](std::initializer_list<std::string_view> keys) {
+    for (const auto& item : f.items()) {
+      const std::string& key = item.key();
+      if (std::find(keys.begin(), keys.end(), key) == keys.end() && !item.value().is_null())
+        bad("response_format." + key, "unknown field for type \"" + type + "\"");
+    }
+  };
+  if (type == "text") {
+    only({"type"});
+    return std::nullopt;
+  }
+  if (type == "json_object") {
+    only({"type"});
+    return ConstraintSpec{ConstraintSpec::Kind::kJsonObject, "", false};
+  }
+  if (type != "json_schema")
+    bad("response_format.type", "must be text, json_object or json_schema, got \"" + type + "\"");
+  only({"type", "json_schema"});
+  if (!f.contains("json_schema") || !f["json_schema"].is_object())
+    bad("response_format.json_schema", "must be an object with a \"schema\"");
+  const OJ& js = f["json_schema"];
+  for (const auto& item : js.items()) {
+    const std::string& key = item.key();
+    if (key != "name" && key != "schema" && key != "strict" && key != "description" && !item.value().is_null())
+      bad("response_format.json_schema." + key, "unknown field (name, schema, strict, description)");
+  }
+  if (js.contains("name") && !js["name"].is_null() && !js["name"].is_string())
+    bad("response_format.json_schema.name", "must be a string");
+  if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+    bad("response_format.json_schema.schema", "is required: a JSON Schema object");
+  ConstraintSpec spec{ConstraintSpec::Kind::kJsonSchema, js["schema"].dump(), false};
+  if (js.contains("strict") && !js["strict"].is_null())
+    spec.strict = boolean(js["strict"], "response_format.json_schema.strict");
+  return spec;
 }
 
 std::vector<LogitBias> parse_logit_bias(const OJ& b) {
@@ -303,9 +346,19 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
   default_only(j, "suffix", [](const OJ& v, const CompletionRequest&) { return v == ""; }, r);
   default_only(j, "tool_choice", [](const OJ& v, const CompletionRequest&) { return v == "auto"; }, r);
-  default_only(j, "response_format", [](const OJ& v, const CompletionRequest&) {
-    return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
-  }, r);
+  if (given("response_format")) {
+    r.constraint = parse_response_format(j["response_format"]);
+    r.constraint_field = "response_format";
+  }
+  if (given("grammar")) {
+    if (!j["grammar"].is_string() || j["grammar"].get<std::string>().empty())
+      bad("grammar", "must be a non-empty string (xgrammar EBNF, docs/server.md)");
+    if (r.constraint) bad("grammar", "give response_format (json_object/json_schema) or grammar, not both");
+    r.constraint = ConstraintSpec{ConstraintSpec::Kind::kGrammar, j["grammar"].get<std::string>(), true};
+    r.constraint_field = "grammar";
+  }
+  if (r.constraint && r.ignore_eos)
+    bad("ignore_eos", "cannot be combined with " + r.constraint_field + ": a constrained output ends at the model's end token");
   default_only(j, "store", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   return r;
 }

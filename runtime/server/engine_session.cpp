@@ -69,13 +69,17 @@ void EngineSession::run(Job& job) {
     std::optional<StreamDecoder> decoder;
     if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/true);
     StopMatcher stop(p.stop);
+    std::optional<ConstraintMatcher> constraint;
+    if (p.constraint) constraint.emplace(p.constraint);
     r.finish_reason = "length";
     for (int i = 0; i < p.max_tokens; ++i) {
       if (job.cancelled()) {
         r.finish_reason = "cancelled";
         break;
       }
+      if (constraint) constraint->mask(logits_);
       const int id = sampler.sample(logits_);
+      if (constraint) constraint->accept(id);
       ++r.completion_tokens;
       if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
         r.finish_reason = "stop";

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <ctime>
 #include <random>
 #include <thread>
@@ -79,6 +80,9 @@ struct ApiServer::Impl {
   const std::time_t started = std::time(nullptr);
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet fully written
+  // Built at the first constrained request (its vocabulary tables cost time on a large vocabulary).
+  std::once_flag constraints_once;
+  std::unique_ptr<ConstraintCompiler> constraints;
 
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
@@ -220,6 +224,23 @@ struct ApiServer::Impl {
     http.Delete(".*", not_found);
   }
 
+  std::shared_ptr<const CompiledConstraint> compile_constraint(const ConstraintSpec& spec, const std::string& field) {
+    if (!tok)
+      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: " + field + " cannot be enforced", field);
+    if (eos_ids.empty())
+      throw ApiError(400, "invalid_request_error", "this model has no end-of-text token: " + field +
+                     " cannot end its output", field);
+    std::call_once(constraints_once, [this] {
+      constraints = std::make_unique<ConstraintCompiler>(*tok, model.config().vocab_size, eos_ids);
+    });
+    try {
+      return constraints->compile(spec);
+    } catch (const ConstraintError& e) {
+      const std::string param = spec.kind == ConstraintSpec::Kind::kJsonSchema ? field + ".json_schema.schema" : field;
+      throw ApiError(400, "invalid_request_error", param + ": " + e.what(), param);
+    }
+  }
+
   // Request -> job parameters; throws ApiError for anything the client got wrong.
   JobParams job_params(const CompletionRequest& r) {
     JobParams p;
@@ -290,6 +311,7 @@ struct ApiServer::Impl {
       throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
     p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
+    if (r.constraint) p.constraint = compile_constraint(*r.constraint, r.constraint_field);
     p.stop = r.stop;
     if (r.replay_request) {
       if (!replays)

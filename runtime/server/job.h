@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -12,6 +13,7 @@
 
 #include "runtime/engine/generate.h"  // SamplerParams
 #include "runtime/engine/model.h"     // CacheAwareOptions
+#include "runtime/grammar/output_constraint.h"
 #include "runtime/server/api_error.h"
 
 namespace moestream {
@@ -26,6 +28,8 @@ struct JobParams {
   // --replay-routing: the log request this one replays (the body's replay_request); none = the
   // next in turn (runtime/server/request_replay.h).
   std::optional<size_t> replay_request;
+  // response_format / grammar: each sequence masks its logits with its own ConstraintMatcher.
+  std::shared_ptr<const CompiledConstraint> constraint;
 };
 
 // A generated token with its log-probabilities (JobParams::logprobs).
