@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/grammar/output_constraint.h"
+#include "runtime/model/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 using namespace moestream;
@@ -155,6 +157,13 @@ TEST(OutputConstraint, BadSchemasAndGrammarsAreRefusedWithAMessage) {
   };
   EXPECT_NE(message({ConstraintSpec::Kind::kJsonSchema, "{not json", true}), "");
   EXPECT_NE(message({ConstraintSpec::Kind::kJsonSchema, R"({"type": "no-such-type"})", true}), "");
+  // Keywords the decoder would not enforce are refused, not ignored; a property of that name is fine.
+  EXPECT_NE(message({ConstraintSpec::Kind::kJsonSchema,
+                     R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})", true})
+                .find("uniqueItems\" at /properties/a"), std::string::npos);
+  EXPECT_NE(message({ConstraintSpec::Kind::kJsonSchema, R"({"anyOf": [{"not": {"type": "null"}}]})", true}), "");
+  EXPECT_EQ(message({ConstraintSpec::Kind::kJsonSchema,
+                     R"({"type": "object", "properties": {"not": {"enum": ["if"]}}, "required": ["not"]})", true}), "");
   EXPECT_NE(message({ConstraintSpec::Kind::kGrammar, "root ::= ", true}), "");
   EXPECT_NE(message({ConstraintSpec::Kind::kGrammar, R"(root ::= undefined_rule)", true}), "");
   EXPECT_NE(message({ConstraintSpec::Kind::kGrammar, R"(start ::= "a")", true}), "");  // no root
@@ -171,4 +180,70 @@ TEST(OutputConstraint, MatchersOfOneConstraintAreIndependent) {
   EXPECT_NE(std::find(first.begin(), first.end(), *a), first.end());  // m2 has not moved
   const std::vector<int> after_a = allowed(m1);
   for (int id : after_a) EXPECT_EQ(demo_tokenizer().decode(std::vector<int32_t>{id}), "b");
+}
+
+namespace {
+// Seeded random logits over the demo vocabulary.
+std::vector<float> random_logits(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  std::vector<float> l(static_cast<size_t>(logits_width()));
+  for (float& x : l) x = n(rng);
+  return l;
+}
+std::vector<int> letter_ids() {
+  std::vector<int> ids;
+  for (const char* t : {"a", "b", "c", "d", "e"}) ids.push_back(*demo_tokenizer().token_id(t));
+  return ids;
+}
+}  // namespace
+
+// ConstraintMatcher::sample draws from the raw logits first and masks only on a refusal; the
+// draws must still follow softmax over the allowed tokens (within 4 sigma over 20000 draws).
+TEST(OutputConstraint, SampleFollowsTheMaskedDistribution) {
+  const auto c = compiler().compile({ConstraintSpec::Kind::kGrammar, "root ::= [a-e]", true});
+  std::vector<float> logits = random_logits(3);
+  const std::vector<int> ids = letter_ids();
+  logits[size_t(ids[0])] = 6.0f;  // one allowed token likely enough that the raw draw often keeps it
+  double z = 0;
+  for (int id : ids) z += std::exp(double(logits[size_t(id)]));
+  SamplerParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.seed = 11;
+  Sampler sampler(sp);
+  std::map<int, int> count;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    ConstraintMatcher m(c);
+    ++count[m.sample(sampler, logits)];
+  }
+  for (const auto& [id, k] : count) EXPECT_NE(std::find(ids.begin(), ids.end(), id), ids.end()) << id;
+  for (int id : ids) {
+    const double p = std::exp(double(logits[size_t(id)])) / z;
+    const double sigma = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(count[id], n * p, 4 * sigma + 1) << "token " << id;
+  }
+}
+
+// Greedy takes the largest allowed logit; with filters (top_k 1) the mask comes before them.
+TEST(OutputConstraint, GreedyAndFilteredSamplesTakeTheBestAllowedToken) {
+  const auto c = compiler().compile({ConstraintSpec::Kind::kGrammar, "root ::= [a-e]", true});
+  const std::vector<float> logits = random_logits(5);
+  const std::vector<int> ids = letter_ids();
+  int best = ids[0];
+  for (int id : ids)
+    if (logits[size_t(id)] > logits[size_t(best)]) best = id;
+  for (const auto& [temperature, top_k] : {std::pair{0.0f, 0}, std::pair{1.0f, 1}}) {
+    SamplerParams sp;
+    sp.temperature = temperature;
+    sp.top_k = top_k;
+    sp.top_p = 1.0f;
+    Sampler sampler(sp);
+    ASSERT_EQ(sampler.filters(), top_k == 1);
+    ConstraintMatcher m(c);
+    EXPECT_EQ(m.sample(sampler, logits), best) << "temperature " << temperature;
+    EXPECT_EQ(allowed(m), (std::vector<int>{kEos, kImEnd}));  // the token was accepted
+  }
 }

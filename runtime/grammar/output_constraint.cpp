@@ -4,22 +4,29 @@
 
 #include <xgrammar/xgrammar.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <limits>
 #include <thread>
 
+#include "runtime/model/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
 
 class CompiledConstraint {
  public:
-  explicit CompiledConstraint(xgrammar::CompiledGrammar g, std::vector<int> stop_ids, int vocab_size)
-      : grammar(std::move(g)), stop_ids(std::move(stop_ids)), vocab_size(vocab_size) {}
+  CompiledConstraint(xgrammar::CompiledGrammar g, std::vector<int> stop_ids, int vocab_size,
+                     std::shared_ptr<const std::vector<bool>> never)
+      : grammar(std::move(g)), stop_ids(std::move(stop_ids)), vocab_size(vocab_size), never(std::move(never)) {}
   xgrammar::CompiledGrammar grammar;
   std::vector<int> stop_ids;
   int vocab_size;
+  // Ids no output may hold (special tokens other than the stops, padding): refused before
+  // xgrammar sees them, which would log a warning for each.
+  std::shared_ptr<const std::vector<bool>> never;
 };
 
 namespace {
@@ -57,16 +64,45 @@ xgrammar::TokenizerInfo tokenizer_info(const Tokenizer& tok, int vocab_size, con
                                  std::vector<int32_t>(stop_ids.begin(), stop_ids.end()));
 }
 
+// xgrammar ignores these keywords (a warning at most): a schema using them would be accepted and
+// not enforced, so they are refused here, with where they are.
+constexpr const char* kUnenforcedKeywords[] = {"not", "if", "then", "else", "dependentRequired",
+                                              "dependentSchemas", "contains", "minContains",
+                                              "maxContains", "uniqueItems"};
+
+// Walks the subschemas of `s` (not property names or enum values, which may spell a keyword).
+void refuse_unenforced(const nlohmann::json& s, const std::string& at) {
+  if (!s.is_object()) return;
+  for (const char* k : kUnenforcedKeywords)
+    if (s.contains(k) && !(std::string_view(k) == "uniqueItems" && s[k] == false))
+      throw ConstraintError("keyword \"" + std::string(k) + "\" at " + (at.empty() ? "/" : at) +
+                            " is not supported by the constrained decoder");
+  for (const char* k : {"properties", "patternProperties", "$defs", "definitions"})
+    if (s.contains(k) && s[k].is_object())
+      for (const auto& item : s[k].items()) refuse_unenforced(item.value(), at + "/" + k + "/" + item.key());
+  for (const char* k : {"additionalProperties", "items", "propertyNames", "unevaluatedProperties"})
+    if (s.contains(k)) refuse_unenforced(s[k], at + "/" + k);
+  for (const char* k : {"anyOf", "oneOf", "allOf", "prefixItems"})
+    if (s.contains(k) && s[k].is_array())
+      for (size_t i = 0; i < s[k].size(); ++i) refuse_unenforced(s[k][i], at + "/" + k + "/" + std::to_string(i));
+}
+
 }  // namespace
 
 struct ConstraintCompiler::Impl {
   std::vector<int> stop_ids;
   int vocab_size;
+  std::shared_ptr<const std::vector<bool>> never;  // before compiler: make_compiler sets it
   xgrammar::GrammarCompiler compiler;
   Impl(const Tokenizer& tok, int vocab, std::vector<int> stops)
-      : stop_ids(std::move(stops)), vocab_size(vocab),
-        compiler(tokenizer_info(tok, vocab, stop_ids),
-                 int(std::max(1u, std::min(8u, std::thread::hardware_concurrency())))) {}
+      : stop_ids(std::move(stops)), vocab_size(vocab), compiler(make_compiler(tok)) {}
+  xgrammar::GrammarCompiler make_compiler(const Tokenizer& tok) {
+    xgrammar::TokenizerInfo info = tokenizer_info(tok, vocab_size, stop_ids);
+    auto n = std::make_shared<std::vector<bool>>(size_t(vocab_size), false);
+    for (int32_t id : info.GetSpecialTokenIds()) (*n)[size_t(id)] = true;
+    never = std::move(n);
+    return xgrammar::GrammarCompiler(info, int(std::max(1u, std::min(8u, std::thread::hardware_concurrency()))));
+  }
 };
 
 ConstraintCompiler::ConstraintCompiler(const Tokenizer& tok, int vocab_size, std::vector<int> stop_ids)
@@ -82,6 +118,9 @@ std::shared_ptr<const CompiledConstraint> ConstraintCompiler::compile(const Cons
           return impl_->compiler.CompileJSONSchema(R"({"type": "object"})", kAnyWhitespace,
                                                    std::nullopt, std::nullopt, /*strict_mode=*/false);
         case ConstraintSpec::Kind::kJsonSchema:
+          if (nlohmann::json j = nlohmann::json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
+              !j.is_discarded())
+            refuse_unenforced(j, "");  // unparsable text: xgrammar's message says why
           return impl_->compiler.CompileJSONSchema(spec.text, kAnyWhitespace, std::nullopt,
                                                    std::nullopt, spec.strict);
         case ConstraintSpec::Kind::kGrammar:
@@ -89,7 +128,7 @@ std::shared_ptr<const CompiledConstraint> ConstraintCompiler::compile(const Cons
       }
       throw ConstraintError("unknown constraint kind");
     }();
-    return std::make_shared<const CompiledConstraint>(std::move(g), impl_->stop_ids, impl_->vocab_size);
+    return std::make_shared<const CompiledConstraint>(std::move(g), impl_->stop_ids, impl_->vocab_size, impl_->never);
   } catch (const ConstraintError&) {
     throw;
   } catch (const std::exception& e) {  // xgrammar reports bad input as exceptions with a message
@@ -101,6 +140,7 @@ struct ConstraintMatcher::Impl {
   std::shared_ptr<const CompiledConstraint> c;
   xgrammar::GrammarMatcher matcher;
   std::vector<int32_t> bitmask;  // bit i of word i/32: token i may come next
+  std::vector<float> masked;     // sample()'s copy of the logits, masked
   explicit Impl(std::shared_ptr<const CompiledConstraint> cc)
       : c(std::move(cc)), matcher(c->grammar, c->stop_ids),
         bitmask(size_t(xgrammar::GetBitmaskSize(c->vocab_size))) {}
@@ -139,9 +179,32 @@ void ConstraintMatcher::mask(std::span<float> logits) {
 }
 
 void ConstraintMatcher::accept(int id) {
-  if (!impl_->matcher.AcceptToken(id))
+  if (!try_accept(id))
     throw ConstraintError("constrained decoding: token " + std::to_string(id) +
                           " does not continue the output's grammar");
+}
+
+bool ConstraintMatcher::try_accept(int id) {
+  const CompiledConstraint& c = *impl_->c;
+  if (id < 0 || id >= c.vocab_size || (*c.never)[size_t(id)]) return false;
+  return impl_->matcher.AcceptToken(id);
+}
+
+int ConstraintMatcher::sample(Sampler& sampler, std::span<const float> logits) {
+  if (!sampler.filters()) {
+    const int id = sampler.draw(logits);
+    if (try_accept(id)) {
+      sampler.record(id);
+      return id;
+    }
+  }
+  std::vector<float>& m = impl_->masked;
+  m.assign(logits.begin(), logits.end());
+  mask(m);
+  const int id = sampler.draw(m);
+  accept(id);
+  sampler.record(id);
+  return id;
 }
 
 bool ConstraintMatcher::terminated() const { return impl_->matcher.IsTerminated(); }

@@ -13,6 +13,7 @@
 
 namespace moestream {
 
+class Sampler;
 class Tokenizer;
 
 // What a request asks its output to match.
@@ -68,8 +69,18 @@ class ConstraintMatcher {
   void mask(std::span<float> logits);
   // Advances past `id`, which mask() allowed. Throws ConstraintError for a token it forbade.
   void accept(int id);
+  // Advances past `id` when it can continue the output; false (nothing changes) when it cannot.
+  bool try_accept(int id);
   // True once a stop token was accepted: the output is complete.
   bool terminated() const;
+
+  // The next token from `sampler` over `logits` (left as they are, for logprobs) under this
+  // constraint, accepted and recorded. The draw is exactly a draw from the masked logits: without
+  // the sampler's filters (or at temperature 0) the raw logits are drawn from first and the mask
+  // is computed only when that token cannot continue the output (a draw from p, kept when
+  // allowed, else redrawn from p over the allowed set, picks t with probability p(t) / p(allowed));
+  // with filters the mask comes first, as they must see the masked distribution.
+  int sample(Sampler& sampler, std::span<const float> logits);
 
  private:
   struct Impl;

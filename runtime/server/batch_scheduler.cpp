@@ -231,9 +231,7 @@ bool BatchScheduler::step() {
     // As EngineSession: sample, stop ids, text through the stop strings, the length limit.
     int id = -1;
     try {  // a request's own failure (no finite logit left) fails that request, not the server
-      if (a.constraint) a.constraint->mask(a.logits);
-      id = a.sampler.sample(a.logits);
-      if (a.constraint) a.constraint->accept(id);
+      id = a.constraint ? a.constraint->sample(a.sampler, a.logits) : a.sampler.sample(a.logits);
     } catch (const Error& e) {
       fail(s, e.what());
       continue;

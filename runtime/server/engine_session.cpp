@@ -77,9 +77,7 @@ void EngineSession::run(Job& job) {
         r.finish_reason = "cancelled";
         break;
       }
-      if (constraint) constraint->mask(logits_);
-      const int id = sampler.sample(logits_);
-      if (constraint) constraint->accept(id);
+      const int id = constraint ? constraint->sample(sampler, logits_) : sampler.sample(logits_);
       ++r.completion_tokens;
       if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
         r.finish_reason = "stop";
