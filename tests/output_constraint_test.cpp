@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/grammar/output_constraint.h"
+#include "runtime/grammar/tool_call_constraint.h"
 #include "runtime/model/sampler.h"
 #include "runtime/tokenizer/tokenizer.h"
 
@@ -246,4 +248,85 @@ TEST(OutputConstraint, GreedyAndFilteredSamplesTakeTheBestAllowedToken) {
     EXPECT_EQ(m.sample(sampler, logits), best) << "temperature " << temperature;
     EXPECT_EQ(allowed(m), (std::vector<int>{kEos, kImEnd}));  // the token was accepted
   }
+}
+
+namespace {
+const nlohmann::ordered_json kTools = nlohmann::ordered_json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": false}}},
+  {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+    "properties": {"zone": {"const": "UTC"}}, "required": ["zone"], "additionalProperties": false}}}])");
+
+// The calls of a Hermes-markup reply: (name, arguments) each; fails the test on other text.
+std::vector<std::pair<std::string, nlohmann::json>> hermes_calls(const std::string& text) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  const std::string open = "<tool_call>\n", close = "\n</tool_call>";
+  size_t pos = 0;
+  while (pos < text.size()) {
+    if (!out.empty()) {
+      EXPECT_EQ(text[pos], '\n') << text;
+      ++pos;
+    }
+    EXPECT_EQ(text.compare(pos, open.size(), open), 0) << text;
+    const size_t end = text.find(close, pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unclosed call: " << text;
+      break;
+    }
+    const nlohmann::json call = nlohmann::json::parse(text.substr(pos + open.size(), end - pos - open.size()));
+    out.emplace_back(call.at("name").get<std::string>(), call.at("arguments"));
+    pos = end + close.size();
+  }
+  return out;
+}
+}  // namespace
+
+TEST(ToolCallConstraint, RequiredGivesCallsOfListedToolsWithValidArguments) {
+  const ConstraintSpec spec = tool_call_constraint(ToolCallMarkup::kHermes, kTools, {});
+  std::set<std::string> seen;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const auto calls = hermes_calls(random_walk(spec, seed));
+    ASSERT_FALSE(calls.empty());
+    for (const auto& [name, args] : calls) {
+      seen.insert(name);
+      if (name == "get_weather") {
+        EXPECT_TRUE(args.at("city") == "Paris" || args.at("city") == "Oslo") << args;
+        EXPECT_GE(args.at("days").get<int>(), 1);
+        EXPECT_LE(args.at("days").get<int>(), 7);
+        EXPECT_EQ(args.size(), 2u);
+      } else {
+        EXPECT_EQ(name, "get_time");
+        EXPECT_EQ(args, nlohmann::json({{"zone", "UTC"}}));
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 2u);  // both tools are reachable
+}
+
+TEST(ToolCallConstraint, ANamedFunctionIsCalledOnce) {
+  const ConstraintSpec spec = tool_call_constraint(ToolCallMarkup::kHermes, kTools, {"get_time"});
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    const auto calls = hermes_calls(random_walk(spec, seed));
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].first, "get_time");
+  }
+}
+
+TEST(ToolCallConstraint, ThinkingMayComeFirst) {
+  const ConstraintSpec spec = tool_call_constraint(ToolCallMarkup::kHermes, kTools, {"get_time", true, true});
+  ConstraintMatcher m(compiler().compile(spec));
+  const std::vector<int32_t> think = demo_tokenizer().encode("<think>\nhm\n</think>\n\n", false);
+  for (int32_t id : think) ASSERT_TRUE(m.try_accept(id)) << "token " << id;
+  for (int32_t id : demo_tokenizer().encode("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_call>", false))
+    ASSERT_TRUE(m.try_accept(id)) << "token " << id;
+  EXPECT_TRUE(m.try_accept(kImEnd));
+  EXPECT_TRUE(m.terminated());
+}
+
+TEST(ToolCallConstraint, BadToolsAndUnknownNamesAreRefused) {
+  EXPECT_THROW(tool_call_constraint(ToolCallMarkup::kHermes, nlohmann::ordered_json::array(), {}), ConstraintError);
+  EXPECT_THROW(tool_call_constraint(ToolCallMarkup::kHermes, kTools, {"nope"}), ConstraintError);
+  EXPECT_THROW(tool_call_constraint(ToolCallMarkup::kHermes, nlohmann::ordered_json::parse(R"([{"type": "function"}])"), {}),
+               ConstraintError);
 }

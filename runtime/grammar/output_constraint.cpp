@@ -125,6 +125,8 @@ std::shared_ptr<const CompiledConstraint> ConstraintCompiler::compile(const Cons
                                                    std::nullopt, spec.strict);
         case ConstraintSpec::Kind::kGrammar:
           return impl_->compiler.CompileGrammar(spec.text, "root");
+        case ConstraintSpec::Kind::kStructuralTag:
+          return impl_->compiler.CompileStructuralTag(spec.text);
       }
       throw ConstraintError("unknown constraint kind");
     }();

@@ -18,10 +18,11 @@ class Tokenizer;
 
 // What a request asks its output to match.
 struct ConstraintSpec {
-  enum class Kind { kJsonObject, kJsonSchema, kGrammar };
+  enum class Kind { kJsonObject, kJsonSchema, kGrammar, kStructuralTag };
   Kind kind = Kind::kJsonObject;
   // kJsonSchema: the schema as JSON text; kGrammar: xgrammar's EBNF (GBNF-like: `root ::= ...`,
-  // "literals", [classes], ( ) * + ? |, rule references); kJsonObject: unused.
+  // "literals", [classes], ( ) * + ? |, rule references); kStructuralTag: xgrammar's structural
+  // tag JSON (tool_call_constraint.h builds them); kJsonObject: unused.
   std::string text;
   // kJsonSchema: true = OpenAI's strict mode (objects take only the listed properties and arrays
   // only the listed items unless the schema says otherwise); false = JSON Schema's defaults.

@@ -36,7 +36,7 @@ constexpr RequestField kRequestFields[] = {
     {"echo", kCompletions, kDefaultOnly, "false"},
     {"best_of", kCompletions, kDefaultOnly, "equal to n"},
     {"suffix", kCompletions, kDefaultOnly, "\"\""},
-    {"tool_choice", kChat, kDefaultOnly, "\"auto\""},
+    {"tool_choice", kChat, kHonoured, "auto, required or a named function (the last two enforced)"},
     {"response_format", kBoth, kHonoured, "text, json_object, json_schema (strict or not): enforced token by token"},
     {"store", kChat, kDefaultOnly, "false"},
     {"parallel_tool_calls", kChat, kRefused, ""},
@@ -345,7 +345,6 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   default_only(j, "echo", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
   default_only(j, "suffix", [](const OJ& v, const CompletionRequest&) { return v == ""; }, r);
-  default_only(j, "tool_choice", [](const OJ& v, const CompletionRequest&) { return v == "auto"; }, r);
   if (given("response_format")) {
     r.constraint = parse_response_format(j["response_format"]);
     r.constraint_field = "response_format";
@@ -357,6 +356,20 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     r.constraint = ConstraintSpec{ConstraintSpec::Kind::kGrammar, j["grammar"].get<std::string>(), true};
     r.constraint_field = "grammar";
   }
+  if (given("tool_choice")) {
+    const OJ& tc = j["tool_choice"];
+    if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") && tc["function"].is_object() &&
+        tc["function"].contains("name") && tc["function"]["name"].is_string())
+      r.forced_tool = tc["function"]["name"].get<std::string>();
+    else if (tc == "required")
+      r.forced_tool = "";
+    else if (tc != "auto")
+      bad("tool_choice", "must be \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + tc.dump());
+    if (r.forced_tool && (r.tools.is_null() || r.tools.empty())) bad("tool_choice", "needs tools");
+    if (r.forced_tool && r.constraint)
+      bad("tool_choice", "cannot be combined with " + r.constraint_field + " (both constrain the reply)");
+  }
+  if (r.forced_tool && r.ignore_eos) bad("ignore_eos", "cannot be combined with tool_choice");
   if (r.constraint && r.ignore_eos)
     bad("ignore_eos", "cannot be combined with " + r.constraint_field + ": a constrained output ends at the model's end token");
   default_only(j, "store", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);

@@ -55,6 +55,9 @@ struct CompletionRequest {
   // and the field it came from (for a 400 when it does not compile).
   std::optional<ConstraintSpec> constraint;
   std::string constraint_field;
+  // tool_choice "required" ("") or {"type": "function", "function": {"name": N}} (N): the reply
+  // must be tool calls (one of N), enforced like response_format (the server builds the grammar).
+  std::optional<std::string> forced_tool;
 };
 
 // Every request field this server knows, in one place: where it applies and what it does with it.

@@ -20,6 +20,7 @@
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/engine_session.h"
+#include "runtime/grammar/tool_call_constraint.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
 #include "runtime/server/server_metrics.h"
@@ -241,6 +242,29 @@ struct ApiServer::Impl {
     }
   }
 
+  // tool_choice required / named: the template's tool-call markup (told apart by what it renders
+  // for a probe tool) around each tool's parameters schema.
+  ConstraintSpec forced_tool_calls(const CompletionRequest& r, const std::vector<int>& prompt) {
+    const OJ probe_tools = OJ::parse(R"([{"type": "function", "function": {"name": "probe", "parameters": {}}}])");
+    std::string probe;
+    try {
+      probe = chat->render(OJ::parse(R"([{"role": "user", "content": "x"}])"), true, probe_tools, r.template_kwargs);
+    } catch (const ChatTemplateError&) {
+    }
+    if (probe.find("<tool_call>") == std::string::npos)
+      throw ApiError(400, "invalid_request_error", "tool_choice: required and named functions are enforced for "
+                     "Hermes-style tool calls (<tool_call>, Qwen2.5/Qwen3 templates); this model's template "
+                     "is not one", "tool_choice");
+    // A reply may open with a reasoning block when the vocabulary has one and the prompt did not close it.
+    const std::string tail = tok->decode(std::vector<int32_t>(prompt.end() - std::min<size_t>(prompt.size(), 8), prompt.end()));
+    ToolCallChoice choice{*r.forced_tool, true, tok->token_id("<think>").has_value() && tail.find("</think>") == std::string::npos};
+    try {
+      return tool_call_constraint(ToolCallMarkup::kHermes, r.tools, choice);
+    } catch (const ConstraintError& e) {
+      throw ApiError(400, "invalid_request_error", std::string("tool_choice: ") + e.what(), "tool_choice");
+    }
+  }
+
   // Request -> job parameters; throws ApiError for anything the client got wrong.
   JobParams job_params(const CompletionRequest& r) {
     JobParams p;
@@ -312,6 +336,7 @@ struct ApiServer::Impl {
     p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
     if (r.constraint) p.constraint = compile_constraint(*r.constraint, r.constraint_field);
+    if (r.forced_tool) p.constraint = compile_constraint(forced_tool_calls(r, p.prompt), "tool_choice");
     p.stop = r.stop;
     if (r.replay_request) {
       if (!replays)

@@ -143,3 +143,76 @@ def test_bad_schema_or_grammar_is_a_400_naming_the_field(server, body, param):
     r = server.post("/v1/chat/completions", dict({"messages": MESSAGES}, **body))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+# A Hermes-style template (the markup of Qwen2.5/Qwen3's), on the demo model's weights.
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
+    "{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools>\nAnswer with "
+    "<tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}},
+]
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    from test_server import DEMO
+    d = tmp_path_factory.mktemp("hermes_demo")
+    import shutil
+    for name in ("model.json", "dense.safetensors", "tokenizer.json"):  # the server refuses links out of the dir
+        shutil.copy2(DEMO / name, d / name)
+    shutil.copytree(DEMO / "experts", d / "experts")
+    cfg = json.loads((DEMO / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = HERMES_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    yield from serving("--parallel", 2, model=d, ctx=1024)
+
+
+def _calls(text):
+    calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, re.S)
+    assert calls and re.fullmatch(r"(<tool_call>\n.*?\n</tool_call>\n?)+", text, re.S), text
+    return [json.loads(c) for c in calls]
+
+
+def test_tool_choice_required_and_named_are_enforced(hermes):
+    schemas_by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for seed in range(4):
+        for choice, names in [("required", set(schemas_by_name)),
+                              ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})]:
+            r = hermes.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS, "tool_choice": choice,
+                                                     "max_tokens": 300, "seed": seed})
+            assert r.status_code == 200, r.text
+            c = r.json()["choices"][0]
+            text = c["message"]["content"] or ""
+            if c["message"].get("tool_calls"):  # a server that parses calls out of the reply
+                calls = [{"name": t["function"]["name"], "arguments": json.loads(t["function"]["arguments"])}
+                         for t in c["message"]["tool_calls"]]
+            else:
+                calls = _calls(text)
+            assert c["finish_reason"] in ("stop", "tool_calls"), c
+            for call in calls:
+                assert call["name"] in names, call
+                jsonschema.validate(call["arguments"], schemas_by_name[call["name"]])
+            if not isinstance(choice, str):
+                assert len(calls) == 1
+
+
+def test_tool_choice_errors_name_the_field(hermes, server):
+    msgs = [{"role": "user", "content": "x"}]
+    for s, body in [(hermes, {"tool_choice": "required"}),  # no tools
+                    (hermes, {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                    (hermes, {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}),
+                    (server, {"tools": TOOLS, "tool_choice": "required"})]:  # the demo template has no tool markup
+        r = s.post("/v1/chat/completions", dict({"messages": msgs}, **body))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "tool_choice", r.text
