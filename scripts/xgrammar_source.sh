@@ -12,7 +12,10 @@ TGZ=.deps/xgrammar-$VERSION.tar.gz
 PY=${PYTHON:-python3}
 die() { echo "xgrammar_source: $*" >&2; exit 1; }
 
-[ -f "$DIR/include/xgrammar/xgrammar.h" ] && exit 0
+if [ -f "$DIR/include/xgrammar/xgrammar.h" ]; then
+  echo "xgrammar_source: sources present in $DIR"
+  exit 0
+fi
 mkdir -p .deps
 if [ ! -f "$TGZ" ]; then
   # pip prepares an sdist's metadata before saving it; the backend (scikit-build-core with
