@@ -11,7 +11,9 @@ OJ hermes_call(const std::string& name, const OJ& parameters) {
   // The name as the template writes it: a JSON string.
   return OJ{{"type", "tag"},
             {"begin", "<tool_call>\n{\"name\": " + OJ(name).dump() + ", \"arguments\": "},
-            {"content", {{"type", "json_schema"}, {"json_schema", parameters}}},
+            // Whitespace between JSON tokens at most one character at a time: unbounded, a small
+            // model can spend max_tokens on newlines.
+            {"content", {{"type", "json_schema"}, {"json_schema", parameters}, {"max_whitespace_cnt", 1}}},
             {"end", "}\n</tool_call>"}};
 }
 }  // namespace

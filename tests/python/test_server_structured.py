@@ -216,3 +216,14 @@ def test_tool_choice_errors_name_the_field(hermes, server):
         r = s.post("/v1/chat/completions", dict({"messages": msgs}, **body))
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "tool_choice", r.text
+
+
+def test_n_choices_each_follow_the_schema(batched):
+    schema = schemas(1, seed=3)[0]
+    r = batched.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 300, "n": 3, "seed": 5,
+                                              "response_format": _schema_format(schema)})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert len(choices) == 3
+    for c in choices:
+        _check(schema, c["message"]["content"], c["finish_reason"], f"choice {c['index']}")
