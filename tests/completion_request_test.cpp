@@ -168,3 +168,51 @@ TEST(CompletionRequest, ResponseFormatAndGrammarParseIntoAConstraint) {
   EXPECT_EQ(refused_field(chat + R"("grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})", true), "grammar");
   EXPECT_EQ(refused_field(R"({"prompt": "x", "grammar": "root ::= \"a\"", "ignore_eos": true})", false), "ignore_eos");
 }
+
+TEST(CompletionRequest, ToolsAreCheckedAndToolChoiceNoneWithdrawsThem) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
+  const CompletionRequest a = parse_completion_request("{" + msgs + ", " + tools + "}", true, kLimits);
+  EXPECT_TRUE(a.parse_tool_calls);
+  EXPECT_EQ(a.tools.size(), 1u);
+  const CompletionRequest b = parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", true, kLimits);
+  EXPECT_FALSE(b.parse_tool_calls);
+  EXPECT_TRUE(b.tools.is_null());  // not offered to the template either
+  // required and a named function are enforced (the server builds the grammar): parsed here.
+  EXPECT_EQ(*parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+                                      true, kLimits).forced_tool, "f");
+  EXPECT_EQ(*parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", true, kLimits).forced_tool, "");
+  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function"}})", true), "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": "required", "grammar": "root ::= \"a\""})", true),
+            "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tool_choice": "sometimes"})", true), "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tools": [{"type": "function", "function": {}}]})", true), "tools[0].function.name");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tools": [{"type": "retrieval"}]})", true), "tools[0].type");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "parallel_tool_calls": false})", true), "parallel_tool_calls");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "parallel_tool_calls": true})", true), "");
+}
+
+// A call sent back has its arguments as a JSON string; templates get the object.
+TEST(CompletionRequest, AssistantToolCallsComeBackWithParsedArguments) {
+  const CompletionRequest r = parse_completion_request(R"({"messages": [{"role": "user", "content": "x"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "f", "arguments": "{\"a\": [1, 2]}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})", true, kLimits);
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"]["a"][1], 2);
+  EXPECT_EQ(r.messages[1]["content"], "");
+  EXPECT_EQ(r.messages[2]["tool_call_id"], "c1");
+  const auto call = [](const std::string& fn) {
+    return refused_field(R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": )" +
+                         fn + "}]}]}", true);
+  };
+  EXPECT_EQ(call(R"({"name": "f", "arguments": "[1]"})"), "messages[0].tool_calls[0].function.arguments");
+  EXPECT_EQ(call(R"({"name": "f", "arguments": {"a": 1}})"), "messages[0].tool_calls[0].function.arguments");
+  EXPECT_EQ(call(R"({"arguments": "{}"})"), "messages[0].tool_calls[0].function.name");
+  EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", true),
+            "messages[0].tool_calls");
+}
+
+TEST(CompletionRequest, ForcedOutputIsAString) {
+  EXPECT_EQ(*parse_completion_request(R"({"prompt": "x", "forced_output": "y"})", false, kLimits).forced_output, "y");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "forced_output": 1})", false), "forced_output");
+}

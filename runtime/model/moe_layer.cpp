@@ -172,7 +172,7 @@ void MoeLayer::forward(const LayerStep& ls, const FfnSpec& spec, const LayerWeig
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
     // As matrices: experts already in host memory are computed where they are, not copied.
-    store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n), FetchForm::kMatrices);
     // Decode: the next layer's likely experts start loading while this layer's load and compute.
     if (c0 == 0 && T == 1 && ls.lookahead.width > 0 && ls.lookahead.next != nullptr) {
       const auto tp = std::chrono::steady_clock::now();
@@ -201,7 +201,7 @@ void MoeLayer::forward(const LayerStep& ls, const FfnSpec& spec, const LayerWeig
     // its own row of y_, so the grouping never changes the result.
     for (size_t got = 0; got < n;) {
       t1 = std::chrono::steady_clock::now();
-      store_.take_ready_matrices(lay, payloads_, ready_);
+      store_.take_ready(payloads_, ready_);
       got += ready_.size();
       times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
 

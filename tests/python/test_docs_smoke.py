@@ -558,6 +558,8 @@ for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gp
               "same_tokens", "verify_overlap", "kernel_profile", "kernel_detail", "gpu_cpu_misses"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the device machine (docs/gpu.md, docs/results.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
+skipped("scripts/device_fixtures.sh", DEVICE,
+        "makes transformers fixtures on the device machine (torch; transformers 5.23 from carried wheels)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,
