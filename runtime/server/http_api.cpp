@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <ctime>
 #include <random>
 #include <thread>
@@ -22,9 +21,9 @@
 #include "runtime/server/connection_queue.h"
 #include "runtime/server/cors.h"
 #include "runtime/server/engine_session.h"
-#include "runtime/grammar/tool_call_constraint.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
+#include "runtime/server/request_constraint.h"
 #include "runtime/server/response_json.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/server/tokenize_api.h"
@@ -87,14 +86,12 @@ struct ApiServer::Impl {
   const std::time_t started = std::time(nullptr);
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet fully written
-  // Built at the first constrained request (its vocabulary tables cost time on a large vocabulary).
-  std::once_flag constraints_once;
-  std::unique_ptr<ConstraintCompiler> constraints;
+  RequestConstraints constraints;  // response_format, grammar, forced tool_choice
 
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
-        eos_ids(stop_ids(m, t)) {
+        eos_ids(stop_ids(m, t)), constraints(t, m.config().vocab_size, eos_ids) {
     if (opts.replay) replays.emplace(opts.replay);
     session.set_request_start_hook(opts.on_request_start);
     session.set_replays(replays ? &*replays : nullptr);
@@ -259,41 +256,6 @@ struct ApiServer::Impl {
     http.Delete(".*", not_found);
   }
 
-  std::shared_ptr<const CompiledConstraint> compile_constraint(const ConstraintSpec& spec, const std::string& field) {
-    if (!tok)
-      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: " + field + " cannot be enforced", field);
-    if (eos_ids.empty())
-      throw ApiError(400, "invalid_request_error", "this model has no end-of-text token: " + field +
-                     " cannot end its output", field);
-    std::call_once(constraints_once, [this] {
-      constraints = std::make_unique<ConstraintCompiler>(*tok, model.config().vocab_size, eos_ids);
-    });
-    try {
-      return constraints->compile(spec);
-    } catch (const ConstraintError& e) {
-      const std::string param = spec.kind == ConstraintSpec::Kind::kJsonSchema ? field + ".json_schema.schema" : field;
-      throw ApiError(400, "invalid_request_error", param + ": " + e.what(), param);
-    }
-  }
-
-  // tool_choice required / named: the template's tool-call markup around each tool's parameters
-  // schema. Hermes markup only (the other families' markers are special tokens, which a
-  // constrained output may not hold).
-  ConstraintSpec forced_tool_calls(const CompletionRequest& r, const std::vector<int>& prompt) {
-    if (reply_format() != ReplyFormat::kHermes)
-      throw ApiError(400, "invalid_request_error", "tool_choice: required and named functions are enforced for "
-                     "Hermes-style tool calls (<tool_call>, Qwen2.5/Qwen3 templates); this model's template "
-                     "writes " + std::string(reply_format_name(reply_format())) + " markup", "tool_choice");
-    // A reply may open with a reasoning block when the vocabulary has one and the prompt did not close it.
-    const std::string tail = tok->decode(std::vector<int32_t>(prompt.end() - std::min<size_t>(prompt.size(), 8), prompt.end()));
-    ToolCallChoice choice{*r.forced_tool, true, tok->token_id("<think>").has_value() && tail.find("</think>") == std::string::npos};
-    try {
-      return tool_call_constraint(ToolCallMarkup::kHermes, r.tools, choice);
-    } catch (const ConstraintError& e) {
-      throw ApiError(400, "invalid_request_error", std::string("tool_choice: ") + e.what(), "tool_choice");
-    }
-  }
-
   ReplyFormat reply_format() const {
     return opts.reply_format ? *opts.reply_format : chat ? chat->reply_format() : ReplyFormat::kPlain;
   }
@@ -381,8 +343,7 @@ struct ApiServer::Impl {
       throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
     p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
-    if (r.constraint) p.constraint = compile_constraint(*r.constraint, r.constraint_field);
-    if (r.forced_tool) p.constraint = compile_constraint(forced_tool_calls(r, p.prompt), "tool_choice");
+    p.constraint = constraints.compile(r, reply_format(), p.prompt);
     if (r.forced_output) {
       if (!opts.allow_forced_output)
         throw ApiError(400, "invalid_request_error", "forced_output is a test hook: the server must run with "
