@@ -10,6 +10,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "common/thread_pool.h"
 #include "loader/store/store_options.h"
 #include "runtime/engine/sequence_slots.h"
@@ -76,6 +77,7 @@ struct Model::Impl {
       pass = std::move(cpu);
     }
     dense_bytes_per_token = active_dense_bytes(cfg, dense_path);  // after the pass checked the file
+    check_mapped_files();  // the load read (or uploaded) every dense weight from the mappings
   }
 };
 
@@ -240,6 +242,9 @@ void Model::Impl::forward(std::span<const int> tokens, std::span<float> logits, 
     c.prefill = prefill;
     c.ordinal = solo ? uint64_t(m.n_past) : m.tokens_routed;
     m.pass->forward_chunk(c, solo ? *solo : m.routing, m.times, m.cache_aware_stats);
+    // Before the logits leave: a page of a mapped file that faulted (read as zeros) or a file
+    // changed since it was mapped fails the call; n_past stays, so nothing of it is kept.
+    check_mapped_files();
     m.tokens_routed += uint64_t(T);
     m.horizon.wrote(m.n_past, T);
     m.n_past += T;
@@ -272,6 +277,7 @@ void Model::forward_batch(std::span<const SequenceInput> batch) {
                         "excludes cache-aware routing (the replay fixes the experts)");
   }
   m.pass->forward_batch(b, m.routing, m.times, m.cache_aware_stats);
+  check_mapped_files();  // as forward's, before any sequence advances
   m.tokens_routed += uint64_t(b.n_tokens());
   m.slots.advance(batch);
 }
