@@ -208,12 +208,20 @@ std::string MappingGuard::problem() const {
   if (slot_ < 0) return "";
   const Slot& s = g_slots[slot_];
   if (s.faults.load(std::memory_order_acquire) > 0) {
+    // The signal does not say why: a read of the same byte does (EIO, or the end of the file).
+    const uint64_t at = s.first_fault.load(std::memory_order_relaxed);
+    uint8_t byte = 0;
+    const ssize_t got = ::pread(fd_, &byte, 1, off_t(at));
     struct stat st {};
-    const std::string now = ::fstat(fd_, &st) == 0 ? ", the file now holds " + std::to_string(st.st_size) + " bytes" : "";
-    return "cannot read " + path_.string() + " at offset " + std::to_string(s.first_fault.load(std::memory_order_relaxed)) +
-           ": the mapped page could not be read (SIGBUS: the file was truncated, or the device returned an I/O "
-           "error, while it was mapped; " + std::to_string(size_) + " bytes when mapped" + now +
-           "); what was computed from it is discarded";
+    const std::string size_now = ::fstat(fd_, &st) == 0 ? std::to_string(st.st_size) : "?";
+    const std::string why =
+        got < 0 ? std::string(std::strerror(errno)) + " (the device failed the read)"
+        : got == 0 ? "past the end of the file: it was truncated from " + std::to_string(size_) + " to " + size_now +
+                         " bytes while mapped"
+                   : "the page could not be read while mapped (it reads now: a transient device error, or the "
+                     "file was truncated and grown again)";
+    return "cannot read " + path_.string() + " at offset " + std::to_string(at) + ": " + why +
+           " (SIGBUS on its mapping); what was computed from it is discarded";
   }
   if (!watch_) return "";
   return stat_problem(path_, fd_, ino_, dev_, size_, mtime_ns_);
