@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libutf8proc-dev
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf)  # matplotlib: test_bindings runs python/examples
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf xxhash)  # matplotlib: test_bindings runs python/examples; xxhash: the oracle of test_dense_checksum
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "common/file_util.h"
+#include "loader/format/dense_checksum.h"
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
@@ -480,7 +481,9 @@ void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string&
 }
 
 void publish_model(TempOutput& tmp, const fs::path& out_dir, const ModelConfig& c, const nlohmann::json& source) {
-  nlohmann::json mj = c.to_json();
+  ModelConfig hashed = c;  // the dense file is final here: its checksum goes into model.json
+  hashed.dense_xxh3 = dense_file_checksum(tmp.path / c.dense_file);
+  nlohmann::json mj = hashed.to_json();
   mj["source"] = source;
   mj["source"]["converter"] = "convert_model";
   write_file_atomic(tmp.path / "model.json", mj.dump(2) + "\n");

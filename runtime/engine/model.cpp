@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/mapping_guard.h"
 #include "common/thread_pool.h"
+#include "loader/format/dense_checksum.h"
 #include "loader/store/store_options.h"
 #include "runtime/engine/sequence_slots.h"
 #include "runtime/gpu/gpu_forward.h"
@@ -129,6 +130,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   check_range("ModelOptions.max_sequences", opts.max_sequences, 1, kMaxBatchSlots);
   check_gpu_options(opts);
   MOE_ASSERT(store != nullptr);
+  // A pack's dense weights against model.json's checksum, before anything maps them (a GGUF
+  // records none; its files are watched for changes as every mapped file is).
+  if (opts.verify_checksums) verify_dense_checksum(dir, cfg);
   // A GGUF is its own dense file.
   const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
   return std::unique_ptr<Model>(
