@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/thread_pool.h"
 #include "common/file_util.h"
+#include "common/mapping_guard.h"
 #include "loader/format/dense_checksum.h"
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
@@ -467,6 +468,9 @@ fs::path make_temp_output(const fs::path& out_dir, const std::string& experts_di
 }
 
 void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string& experts_dir) {
+  // A source page that could not be read (SIGBUS, read as zeros) or a source changed under the
+  // conversion fails it here, before the output is published (common/mapping_guard.h).
+  check_mapped_files();
   fsync_path(tmp.path / experts_dir);
   fsync_path(tmp.path);
   fs::path old;
