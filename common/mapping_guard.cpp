@@ -39,6 +39,8 @@ std::once_flag g_install_once;
 int g_install_errno = 0;
 
 // The live guards, for check_mapped_files (never touched by the handler).
+std::atomic<uint64_t> g_next_owner{1};
+thread_local uint64_t t_owner = 0;  // never read by the handler
 std::mutex g_live_mu;
 std::set<const MappingGuard*> g_live;
 
@@ -125,7 +127,7 @@ std::string stat_problem(const std::filesystem::path& path, int fd, uint64_t ino
 }  // namespace
 
 MappingGuard::MappingGuard(const void* base, uint64_t bytes, std::filesystem::path path, int fd, bool watch_changes)
-    : watch_(watch_changes), path_(std::move(path)) {
+    : owner_(t_owner), watch_(watch_changes), path_(std::move(path)) {
   std::call_once(g_install_once, install_handler);
   if (g_install_errno != 0)
     throw IoError("cannot install the SIGBUS handler that guards " + path_.string() + ": " +
@@ -188,6 +190,7 @@ MappingGuard& MappingGuard::operator=(MappingGuard&& o) noexcept {
     g_live.insert(this);
   }
   slot_ = o.slot_;
+  owner_ = o.owner_;
   fd_ = o.fd_;
   watch_ = o.watch_;
   path_ = std::move(o.path_);
@@ -232,9 +235,15 @@ void MappingGuard::check() const {
   if (!p.empty()) throw IoError(p);
 }
 
-void check_mapped_files() {
+uint64_t new_mapping_owner() { return g_next_owner.fetch_add(1, std::memory_order_relaxed); }
+uint64_t current_mapping_owner() { return t_owner; }
+MappingOwnerScope::MappingOwnerScope(uint64_t owner) : previous_(t_owner) { t_owner = owner; }
+MappingOwnerScope::~MappingOwnerScope() { t_owner = previous_; }
+
+void check_mapped_files(uint64_t owner) {
   std::lock_guard<std::mutex> lock(g_live_mu);
-  for (const MappingGuard* g : g_live) g->check();
+  for (const MappingGuard* g : g_live)
+    if (g->owner() == owner || g->owner() == 0) g->check();
 }
 
 uint64_t mapped_fault_count() { return g_faults.load(std::memory_order_acquire); }

@@ -40,6 +40,8 @@ class MappingGuard {
   MappingGuard& operator=(const MappingGuard&) = delete;
 
   bool registered() const { return slot_ >= 0; }
+  // The MappingOwnerScope in force on the thread that registered it (0: none).
+  uint64_t owner() const { return owner_; }
   // Faults taken in this mapping since it was registered (monotonic: compare before and after).
   uint64_t fault_count() const;
   // IoError naming the file and the first faulting offset when a page of this mapping faulted,
@@ -54,6 +56,7 @@ class MappingGuard {
   void release() noexcept;
 
   int slot_ = -1;
+  uint64_t owner_ = 0;
   int fd_ = -1;
   bool watch_ = true;
   std::filesystem::path path_;
@@ -61,10 +64,27 @@ class MappingGuard {
   int64_t mtime_ns_ = 0;
 };
 
-// check() of every live mapping: IoError for the first that faulted or whose file changed.
-// One load when nothing faulted, plus one fstat per live mapping (tens of microseconds for a
-// model of 60 layer files); the passes call it once per forward call, before logits return.
-void check_mapped_files();
+// Which mappings belong to whom: a Model (or a conversion) takes a fresh owner id and holds a
+// MappingOwnerScope on its thread while it opens its files, so its check looks at its own files
+// only: a file that changed under one loaded model does not fail another loaded after it.
+uint64_t new_mapping_owner();
+uint64_t current_mapping_owner();  // the innermost scope's owner on this thread; 0 when none
+class MappingOwnerScope {
+ public:
+  explicit MappingOwnerScope(uint64_t owner);
+  ~MappingOwnerScope();
+  MappingOwnerScope(const MappingOwnerScope&) = delete;
+  MappingOwnerScope& operator=(const MappingOwnerScope&) = delete;
+
+ private:
+  uint64_t previous_;
+};
+
+// check() of every live mapping of `owner`, and of every mapping registered outside any scope
+// (nobody else would check those): IoError for the first that faulted or whose file changed.
+// One fstat and one stat per such mapping (tens of microseconds for a model of 60 layer
+// files); Model calls it once per forward call, before logits return.
+void check_mapped_files(uint64_t owner);
 
 // Faults taken in registered mappings since the process started (tests; /metrics).
 uint64_t mapped_fault_count();

@@ -9,6 +9,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,7 @@ TEST(MappingGuard, TruncatedFileReadsZerosAndCheckNamesFileAndOffset) {
   EXPECT_NE(msg.find("at offset " + std::to_string(kBytes / 2 + 10)), std::string::npos) << msg;
   EXPECT_NE(msg.find("SIGBUS"), std::string::npos) << msg;
   EXPECT_NE(msg.find("truncated from " + std::to_string(kBytes) + " to " + std::to_string(kBytes / 2)), std::string::npos) << msg;
-  EXPECT_THROW(check_mapped_files(), IoError);
+  EXPECT_THROW(check_mapped_files(0), IoError);
 }
 
 TEST(MappingGuard, UnmappedFileNoLongerFailsTheProcessWideCheck) {
@@ -68,9 +69,9 @@ TEST(MappingGuard, UnmappedFileNoLongerFailsTheProcessWideCheck) {
     MappedFile f(p);
     ASSERT_EQ(::truncate(p.c_str(), 0), 0);
     EXPECT_EQ(static_cast<const volatile uint8_t*>(f.range(0, kBytes, "all"))[100], 0);
-    EXPECT_THROW(check_mapped_files(), IoError);
+    EXPECT_THROW(check_mapped_files(0), IoError);
   }
-  EXPECT_NO_THROW(check_mapped_files());
+  EXPECT_NO_THROW(check_mapped_files(0));
 }
 
 TEST(MappingGuard, FileRewrittenInPlaceIsRefused) {
@@ -97,6 +98,25 @@ TEST(MappingGuard, FileReplacedByRenameIsRefused) {
   fs::rename(q, p);
   const std::string msg = message_of(f);
   EXPECT_NE(msg.find("the file was replaced"), std::string::npos) << msg;
+}
+
+TEST(MappingGuard, EachOwnerChecksItsOwnMappingsOnly) {
+  TempDir dir;
+  const fs::path p = write_file(dir.path(), "weights.bin", kBytes);
+  const timespec old[2] = {{1000, 0}, {1000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), old, 0), 0);
+  const uint64_t first = new_mapping_owner(), second = new_mapping_owner();
+  std::unique_ptr<MappedFile> stale;
+  {
+    const MappingOwnerScope scope(first);
+    stale = std::make_unique<MappedFile>(p);
+  }
+  EXPECT_EQ(current_mapping_owner(), 0u);
+  { std::fstream(p, std::ios::in | std::ios::out | std::ios::binary).put('x'); }
+  const MappingOwnerScope scope(second);  // a second model loaded after the change
+  MappedFile fresh(p);
+  EXPECT_NO_THROW(check_mapped_files(second));
+  EXPECT_THROW(check_mapped_files(first), IoError);
 }
 
 TEST(MappingGuardDeathTest, FaultOutsideEveryRegisteredMappingStillKillsWithSigbus) {

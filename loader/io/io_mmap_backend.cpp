@@ -99,6 +99,8 @@ class MmapBackend final : public Backend {
 
  private:
   static void remap(Mapping& m, int fd, uint64_t size, const std::string& path) {
+    // A remap at a batch runs on a lane thread: the new mapping keeps the first one's owner.
+    const MappingOwnerScope owner(m.guard.registered() ? m.guard.owner() : current_mapping_owner());
     m.guard = MappingGuard();
     if (m.data) ::munmap(m.data, m.bytes);
     m = Mapping{};
