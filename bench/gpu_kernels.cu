@@ -331,7 +331,11 @@ int main() {
                                   ggml_quant(GgmlType::kQ4_K),
                                   ggml_quant(GgmlType::kQ6_K),
                                   ggml_quant(GgmlType::kQ2_K),
-                                  ggml_quant(GgmlType::kMXFP4)};
+                                  ggml_quant(GgmlType::kMXFP4),
+                                  ggml_quant(GgmlType::kNVFP4),
+                                  ggml_quant(GgmlType::kIQ2_XXS),
+                                  ggml_quant(GgmlType::kIQ3_XXS),
+                                  ggml_quant(GgmlType::kIQ1_M)};
   for (QuantType qt : gemm_types) {
     for (const GemmCase gc : {GemmCase{"gate 768x2048", 768, 2048},
                               GemmCase{"down 2048x768", 2048, 768}}) {

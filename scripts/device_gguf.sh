@@ -9,16 +9,17 @@ keep_logs
 say "== $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nproc) cores"
 t0=$(date +%s)
 gpu_build 80 gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_gguf_test gpu_mla_test gpu_gguf_arch_test \
-  gpu_expert_cache_test infer convert_model
+  gpu_gguf_iquants_test gpu_expert_cache_test infer convert_model
 say "build: $(( $(date +%s) - t0 )) s"
 rc=0
-for t in gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_mla_test gpu_expert_cache_test gpu_gguf_test gpu_gguf_arch_test; do
+for t in gpu_round_activations_test gpu_ggml_test gpu_kernels_test gpu_mla_test gpu_expert_cache_test gpu_gguf_test gpu_gguf_arch_test \
+    gpu_gguf_iquants_test; do
   timeout 600 "$B/$t" >"$W/$t.log" 2>&1; r=$?
   [ $r -eq 0 ] || rc=1
   say "$t: exit $r, $(grep -E '^\[  PASSED  \]' "$W/$t.log" | head -1) $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$W/$t.log") failed"
   grep -E '^\[  FAILED  \] [A-Za-z]|Failure$' -A3 "$W/$t.log" | head -40 | tee -a "$S"
 done
-grep -E '^\[ gpu_vs_cpu gguf' "$W/gpu_gguf_test.log" | tee -a "$S"
+grep -E '^\[ gpu_vs_cpu gguf' "$W/gpu_gguf_test.log" "$W/gpu_gguf_iquants_test.log" | tee -a "$S"
 
 say "== greedy tokens vs llama.cpp (16 each): CPU path | --gpu | --gpu on a converted pack"
 python3 - "$B" "$W" <<'PY' | tee -a "$S"

@@ -11,7 +11,9 @@ APT_PACKAGES=(
   libutf8proc-dev
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf xxhash)  # matplotlib: test_bindings runs python/examples; xxhash: the oracle of test_dense_checksum
+# matplotlib: test_bindings runs python/examples; anthropic, langchain-openai: test_server_tools's clients;
+# xxhash: the oracle of test_dense_checksum
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf anthropic langchain-openai xxhash)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -27,7 +29,7 @@ fi
 PY=${PYTHON:-python3}
 need_pip=()
 for p in "${PIP_PACKAGES[@]}"; do
-  "$PY" -c "import $p" 2>/dev/null || need_pip+=("$p")
+  "$PY" -c "import ${p//-/_}" 2>/dev/null || need_pip+=("$p")  # the module name of langchain-openai is langchain_openai
 done
 if [ ${#need_pip[@]} -gt 0 ]; then
   echo "setup: installing Python packages: ${need_pip[*]}"

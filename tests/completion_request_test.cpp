@@ -129,3 +129,46 @@ TEST(CompletionRequest, DocsListEveryField) {
     EXPECT_NE(doc.find(quoted), std::string::npos) << "docs/server.md does not name " << quoted;
   }
 }
+
+TEST(CompletionRequest, ToolsAreCheckedAndToolChoiceNoneWithdrawsThem) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
+  const CompletionRequest a = parse_completion_request("{" + msgs + ", " + tools + "}", true, kLimits);
+  EXPECT_TRUE(a.parse_tool_calls);
+  EXPECT_EQ(a.tools.size(), 1u);
+  const CompletionRequest b = parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", true, kLimits);
+  EXPECT_FALSE(b.parse_tool_calls);
+  EXPECT_TRUE(b.tools.is_null());  // not offered to the template either
+  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})", true),
+            "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tool_choice": "sometimes"})", true), "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tools": [{"type": "function", "function": {}}]})", true), "tools[0].function.name");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "tools": [{"type": "retrieval"}]})", true), "tools[0].type");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "parallel_tool_calls": false})", true), "parallel_tool_calls");
+  EXPECT_EQ(refused_field("{" + msgs + R"(, "parallel_tool_calls": true})", true), "");
+}
+
+// A call sent back has its arguments as a JSON string; templates get the object.
+TEST(CompletionRequest, AssistantToolCallsComeBackWithParsedArguments) {
+  const CompletionRequest r = parse_completion_request(R"({"messages": [{"role": "user", "content": "x"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "f", "arguments": "{\"a\": [1, 2]}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})", true, kLimits);
+  EXPECT_EQ(r.messages[1]["tool_calls"][0]["function"]["arguments"]["a"][1], 2);
+  EXPECT_EQ(r.messages[1]["content"], "");
+  EXPECT_EQ(r.messages[2]["tool_call_id"], "c1");
+  const auto call = [](const std::string& fn) {
+    return refused_field(R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": )" +
+                         fn + "}]}]}", true);
+  };
+  EXPECT_EQ(call(R"({"name": "f", "arguments": "[1]"})"), "messages[0].tool_calls[0].function.arguments");
+  EXPECT_EQ(call(R"({"name": "f", "arguments": {"a": 1}})"), "messages[0].tool_calls[0].function.arguments");
+  EXPECT_EQ(call(R"({"arguments": "{}"})"), "messages[0].tool_calls[0].function.name");
+  EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})", true),
+            "messages[0].tool_calls");
+}
+
+TEST(CompletionRequest, ForcedOutputIsAString) {
+  EXPECT_EQ(*parse_completion_request(R"({"prompt": "x", "forced_output": "y"})", false, kLimits).forced_output, "y");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "forced_output": 1})", false), "forced_output");
+}

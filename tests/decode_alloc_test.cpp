@@ -138,16 +138,32 @@ class InMemoryGgufStore : public ExpertStore {
         layer.push_back(std::move(p));
       }
       experts_.push_back(std::move(layer));
+      layouts_.push_back(lay);
     }
   }
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
-    out.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = experts_.at(size_t(layer)).at(size_t(ids[i])).data();
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
+    (void)form;  // always payloads
+    layer_ = layer;
+    ids_.assign(ids.begin(), ids.end());
+    next_ = 0;
+  }
+  bool next_ready(size_t* index, ExpertMatrices* m, bool wait) override {
+    (void)wait;  // everything is in memory
+    if (next_ >= ids_.size()) return false;
+    *index = next_;
+    *m = ExpertMatrices::of_payload(experts_.at(size_t(layer_)).at(size_t(ids_[next_])).data(),
+                                    layouts_[size_t(layer_)]);
+    ++next_;
+    return true;
   }
   ExpertStoreStats stats() const override { return {}; }
 
  private:
   ModelConfig cfg_;
+  std::vector<ExpertLayout> layouts_;
+  int layer_ = 0;
+  std::vector<int> ids_;  // the current fetch's, handed out from next_
+  size_t next_ = 0;
   std::vector<std::vector<std::vector<uint8_t>>> experts_;
 };
 

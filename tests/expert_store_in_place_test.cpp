@@ -1,5 +1,5 @@
-// Tests of the in-place path of loader/store/engine_expert_store.h (begin_fetch_matrices /
-// next_ready_matrices): experts of files without due checksums that sit in the page cache are
+// Tests of the in-place path of loader/store/engine_expert_store.h (begin_fetch / next_ready of
+// FetchForm::kMatrices): experts of files without due checksums that sit in the page cache are
 // handed out as the file's mapped pages, neither read nor copied; checksummed packs are still read
 // and verified once, then used in place while their pages stay and their file is unchanged (a
 // corrupt page is caught, a changed file or evicted pages are hashed again); O_DIRECT files are
@@ -53,10 +53,10 @@ std::vector<std::vector<uint8_t>> fetch_matrices(ExpertStore& s, const ModelConf
                                                  const std::vector<int>& ids) {
   const ExpertLayout lay = c.expert_layout(layer);
   std::vector<std::vector<uint8_t>> got(ids.size());
-  s.begin_fetch_matrices(layer, ids);
+  s.begin_fetch(layer, ids, FetchForm::kMatrices);
   size_t i = 0, n = 0;
   ExpertMatrices m;
-  while (s.next_ready_matrices(&i, &m, lay, true)) {
+  while (s.next_ready(&i, &m, true)) {
     EXPECT_TRUE(got[i].empty()) << "position " << i << " handed out twice";
     got[i].resize(lay.bytes);
     std::memcpy(got[i].data() + lay.gate_offset, m.gate, lay.up_offset - lay.gate_offset);
@@ -265,13 +265,12 @@ TEST_F(InPlace, TheComputingThreadRunsAFirstUsesQueuedHash) {
   Queue q;
   auto s = deferred_store_with_corrupt_expert3(q);
   if (!s) GTEST_SKIP() << "the file is not reported resident after a read";
-  const ExpertLayout lay = c.expert_layout(0);
   const auto hand_out = [&](const std::vector<int>& ids) {
     std::vector<ExpertMatrices> ms(ids.size());
-    s->begin_fetch_matrices(0, ids);
+    s->begin_fetch(0, ids, FetchForm::kMatrices);
     size_t i = 0;
     ExpertMatrices m;
-    while (s->next_ready_matrices(&i, &m, lay, true)) ms[i] = m;
+    while (s->next_ready(&i, &m, true)) ms[i] = m;
     return ms;
   };
   std::vector<ExpertMatrices> ms = hand_out({1, 3});

@@ -17,6 +17,7 @@
 #include "loader/format/expert_file.h"
 #include "loader/format/expert_map.h"
 #include "loader/store/engine_expert_store.h"
+#include "tests/support/store_payloads.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "runtime/model/sampler.h"
@@ -162,14 +163,14 @@ TEST_P(Lookahead, AnExpertInFlightIsAwaitedNotReadTwice) {
   // Expert 0 is read by the demand's own batch and lands while 5 is still held.
   size_t i = 9;
   const uint8_t* p = nullptr;
-  ASSERT_TRUE(s->next_ready(&i, &p, true));
+  ASSERT_TRUE(test::next_payload(*s, &i, &p, true));
   EXPECT_EQ(i, 1u);
-  EXPECT_FALSE(s->next_ready(&i, &p, false));
+  EXPECT_FALSE(test::next_payload(*s, &i, &p, false));
   gate.release();
-  ASSERT_TRUE(s->next_ready(&i, &p, true));
+  ASSERT_TRUE(test::next_payload(*s, &i, &p, true));
   EXPECT_EQ(i, 0u);
   EXPECT_EQ(std::memcmp(p, want[1][5].data(), want[1][5].size()), 0);
-  EXPECT_FALSE(s->next_ready(&i, &p, true));
+  EXPECT_FALSE(test::next_payload(*s, &i, &p, true));
   const ExpertStoreStats st = s->stats();
   EXPECT_EQ(st.lookahead_awaited, 1u);
   EXPECT_EQ(st.experts_read, 2u);
@@ -186,7 +187,7 @@ TEST_P(Lookahead, AGuessNotStartedWhenItsLayerComesIsCancelled) {
   gate.release();
   size_t i = 0;
   const uint8_t* p = nullptr;
-  ASSERT_TRUE(s->next_ready(&i, &p, true));
+  ASSERT_TRUE(test::next_payload(*s, &i, &p, true));
   EXPECT_EQ(std::memcmp(p, want[1][6].data(), want[1][6].size()), 0);
   const ExpertStoreStats st = s->stats();
   EXPECT_EQ(st.lookahead_cancelled, 1u);
@@ -236,7 +237,7 @@ TEST_P(Lookahead, ACorruptGuessIsStillCaught) {
   gate.release();
   size_t i = 0;
   const uint8_t* p = nullptr;
-  const std::string msg = test::error_message([&] { s->next_ready(&i, &p, true); });
+  const std::string msg = test::error_message([&] { test::next_payload(*s, &i, &p, true); });
   EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
 }
 

@@ -20,6 +20,7 @@
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/expert_map.h"
 #include "loader/store/engine_expert_store.h"
+#include "tests/support/store_payloads.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/model.h"
 #include "loader/format/model_config.h"
@@ -145,6 +146,26 @@ TEST_F(EngineExpertStore, ChecksumMismatchNamesLogicalExpertAndSlot) {
     EXPECT_NE(msg.find("physical slot " + std::to_string(slot)), std::string::npos) << msg;
     EXPECT_NE(msg.find("layer_000.bin"), std::string::npos) << msg;
   }
+}
+
+// A fetch whose read failed is over: asked again, next_ready hands out nothing (not the expert
+// whose bytes failed, nor one of the fetch's that landed later) and does not wait for a read
+// that will never land (it blocked for good); the next fetch reads as usual.
+TEST_F(EngineExpertStore, AFetchThatFailedHandsOutNothingMore) {
+  write_layers(QuantType::kQ8, true);
+  ExpertMap m = read_expert_map(expert_map_path(d.path(), 0));
+  fs::path f = expert_file_path(d.path(), 0);
+  ExpertFileHeader h = read_expert_header(f);
+  test::overwrite_bytes(f, h.slot_offset(m.physical(3)) + 5, "\x5a");
+  auto store = open_expert_store("pread", d.path(), c);
+  store->begin_fetch(0, std::vector<int>{3});
+  size_t i = 0;
+  const uint8_t* p = nullptr;
+  const std::string msg = test::error_message([&] { test::next_payload(*store, &i, &p, true); });
+  EXPECT_NE(msg.find("checksum mismatch for expert 3"), std::string::npos) << msg;
+  EXPECT_FALSE(test::next_payload(*store, &i, &p, true));
+  std::vector<const uint8_t*> out;
+  EXPECT_NO_THROW(store->fetch(0, std::vector<int>{0, 1}, out));
 }
 
 // Greedy tokens of the packed model in `dir` with its experts read through `store`; `stats`
@@ -289,17 +310,17 @@ TEST_F(EngineExpertStore, NextReadyHandsOutHitsAtOnceAndEveryExpertOnce) {
     size_t i = 0;
     const uint8_t* p = nullptr;
     for (int hit = 0; hit < 2; ++hit) {
-      ASSERT_TRUE(store->next_ready(&i, &p, false));
+      ASSERT_TRUE(test::next_payload(*store, &i, &p, false));
       EXPECT_TRUE(ids[i] == 2 || ids[i] == 6) << ids[i];
       EXPECT_EQ(std::memcmp(p, want[0][ids[i]].data(), want[0][ids[i]].size()), 0);
       ++count[i];
     }
-    while (store->next_ready(&i, &p, true)) {
+    while (test::next_payload(*store, &i, &p, true)) {
       EXPECT_EQ(std::memcmp(p, want[0][ids[i]].data(), want[0][ids[i]].size()), 0) << ids[i];
       ++count[i];
     }
     for (size_t k = 0; k < ids.size(); ++k) EXPECT_EQ(count[k], 1) << ids[k];
-    EXPECT_FALSE(store->next_ready(&i, &p, false));
+    EXPECT_FALSE(test::next_payload(*store, &i, &p, false));
     EXPECT_EQ(store->stats().host_cache_hits, 2u);
   }
 }
@@ -379,7 +400,7 @@ void expect_handed_out(ExpertStore& store, const Payloads& want, int layer, cons
   std::vector<int> count(ids.size(), 0);
   size_t i = 0;
   const uint8_t* p = nullptr;
-  while (store.next_ready(&i, &p, true)) {
+  while (test::next_payload(store, &i, &p, true)) {
     ASSERT_LT(i, ids.size());
     EXPECT_EQ(std::memcmp(p, want[layer][ids[i]].data(), want[layer][ids[i]].size()), 0)
         << "layer " << layer << " expert " << ids[i];
@@ -458,7 +479,7 @@ TEST_F(EngineExpertStore, FailedReadAheadThrowsWhenItsGroupIsFetched) {
   std::string msg = test::error_message([&] {
     size_t i = 0;
     const uint8_t* p = nullptr;
-    while (store->next_ready(&i, &p, true)) {
+    while (test::next_payload(*store, &i, &p, true)) {
     }
   });
   EXPECT_NE(msg.find("layer_001.bin"), std::string::npos) << msg;

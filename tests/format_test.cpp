@@ -368,6 +368,35 @@ TEST(ExpertStore, FileTruncatedAfterOpenIsAnIoErrorNamingFileAndOffset) {
   EXPECT_NE(msg.find(std::to_string(h.slot_offset(5))), std::string::npos) << msg;
 }
 
+// A fetch whose read fails hands out nothing: not the experts read before the failure, not the
+// half-read one, not the last fetch's (issue 47 item 4: a failed read never leaves bytes a later
+// request can reuse). The store's synchronous default used to keep the failed fetch's buffer
+// list and its hand-out position, so next_ready went on handing out from it. Once the file is
+// whole again the same fetch returns the right bytes.
+TEST(ExpertStore, AFailedFetchHandsOutNothingAndTheRestoredFileReadsRight) {
+  TempDir d;
+  ModelConfig c = tiny_config(QuantType::kQ4);
+  const test::Payloads want = write_experts(d.path(), c);
+  auto store = open_pread_expert_store(d.path(), c);
+  const fs::path p = expert_file_path(d.path(), 1);
+  const std::string whole = read_file(p);
+  const ExpertFileHeader h = read_expert_header(p);
+  const uint64_t bytes = c.expert_layout(1).bytes;
+  std::vector<const uint8_t*> out;
+  store->fetch(1, std::vector<int>{0, 3}, out);
+  fs::resize_file(p, h.slot_offset(h.n_experts - 1) + bytes / 2);  // the last slot's expert is cut in half
+  const std::vector<int> ids = {0, 1, 2, 3, 4, 5};
+  const std::string msg = test::error_message<IoError>([&] { store->begin_fetch(1, ids); });
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  size_t i = 0;
+  ExpertMatrices m;
+  EXPECT_FALSE(store->next_ready(&i, &m, false)) << "handed out position " << i << " of a failed fetch";
+  test::overwrite_bytes(p, 0, whole);  // back byte for byte
+  store->fetch(1, ids, out);
+  for (size_t k = 0; k < ids.size(); ++k)
+    EXPECT_EQ(std::memcmp(out[k], want[1][size_t(ids[k])].data(), bytes), 0) << ids[k];
+}
+
 TEST(ExpertStore, HeaderThatDisagreesWithModelJsonIsRejected) {
   TempDir d;
   ModelConfig c = tiny_config(QuantType::kQ4);

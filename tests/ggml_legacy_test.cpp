@@ -1,11 +1,13 @@
 // The legacy ggml family (kernels/cpu/ggml_legacy*.cpp): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, IQ4_NL, MXFP4. Dequantisation is checked bit for bit against the gguf package in
+// Q8_0, IQ4_NL, MXFP4, and NVFP4 (ggml_nvfp4*.cpp: 64-element blocks on the family's int8 inputs).
+// Dequantisation is checked bit for bit against the gguf package in
 // tests/python/test_ggml_legacy.py; here: known blocks decoded by hand, and the products against
 // float64 dot products over the dequantised weights, scalar against AVX2, matmul against matvec.
 //
 // Tolerances (docs/format.md, "ggml block types"):
 // - order: any summation order of the f32 kernels is within (nb + 16) * 2^-23 * mag of the exact
-//   sum over the same terms (nb = blocks per row, or cols for the plain types), where mag is
+//   sum over the same terms (nb = blocks per row, NVFP4's sub-blocks of 16, or cols for the plain
+//   types), where mag is
 //   sum_c (|w_c| + 2 |c_b|) * |x_c|, c_b the offset the AVX2 kernel splits off a block (the min
 //   of Q4_1/Q5_1, 8d, 16d, 12d for Q4_0, Q5_0, MXFP4, else 0). Checked against the float64 dot
 //   with the int8-rounded input, which both kernels multiply.
@@ -13,6 +15,7 @@
 //   amax/254 of its block, so y moves by at most sum_c |w_c| * amax_b / 254 (plus the order term).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -22,6 +25,7 @@
 
 #include "common/half.h"
 #include "kernels/cpu/ggml_kernels.h"
+#include "loader/format/ggml_nvfp4.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant_kernels.h"
 #include "tests/support/random_blocks.h"
@@ -30,7 +34,8 @@ namespace moestream {
 namespace {
 
 constexpr GgmlType kTypes[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,   GgmlType::kQ4_1,
-                               GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4};
+                               GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4,
+                               GgmlType::kNVFP4};
 
 GgmlTypeInfo info_of(GgmlType t) { return *ggml_type_info(static_cast<uint32_t>(t)); }
 std::string name_of(GgmlType t) { return std::string(ggml_type_name(t)); }
@@ -64,6 +69,10 @@ std::vector<uint8_t> random_matrix(GgmlType t, size_t rows, size_t cols, std::mt
       m[off] = static_cast<uint8_t>(118 + rng() % 8);
       continue;
     }
+    if (t == GgmlType::kNVFP4) {  // UE4M3 scales 2^-4..2^2 (exponent bits 3..9), any mantissa
+      for (size_t s = 0; s < 4; ++s) m[off + s] = static_cast<uint8_t>((3 + rng() % 7) << 3 | (rng() & 7));
+      continue;
+    }
     put_f16(&m[off], 0.01f * g(rng));
     if (t == GgmlType::kQ4_1 || t == GgmlType::kQ5_1) put_f16(&m[off + 2], 0.1f * g(rng));
   }
@@ -93,7 +102,9 @@ struct Reference {
 Reference reference(GgmlType t, const std::vector<uint8_t>& w, size_t rows, size_t cols, const float* x) {
   const GgmlTypeInfo info = info_of(t);
   const bool blocks = info.block_elems > 1;
-  const size_t nb = blocks ? cols / 32 : cols, row_bytes = *ggml_row_bytes(t, cols);
+  // Terms each output sums: one per block, per NVFP4 sub-block of 16, per column.
+  const size_t nb = t == GgmlType::kNVFP4 ? cols / 16 : blocks ? cols / 32 : cols;
+  const size_t row_bytes = *ggml_row_bytes(t, cols);
   std::vector<double> xr(x, x + cols), step(cols, 0.0);
   if (blocks) {  // the kernels' rounding of x (quantize_activations, tested in quant_test), with
                  // the block scale then rounded to float16 as llama.cpp's q8_0 activations carry it
@@ -115,7 +126,7 @@ Reference reference(GgmlType t, const std::vector<uint8_t>& w, size_t rows, size
     ggml_dequantize_row(t, row, cols, wd.data());
     double ex = 0, rd = 0, mag = 0, act = 0;
     for (size_t c = 0; c < cols; ++c) {
-      const double off = blocks ? offset_magnitude(t, row + (c / 32) * info.block_bytes) : 0.0;
+      const double off = info.block_elems == 32 ? offset_magnitude(t, row + (c / 32) * info.block_bytes) : 0.0;
       ex += double(wd[c]) * x[c];
       rd += double(wd[c]) * xr[c];
       mag += (std::fabs(wd[c]) + 2 * off) * std::fabs(xr[c]);
@@ -143,6 +154,7 @@ struct Shape {
 
 std::vector<Shape> shapes_for(GgmlType t) {
   if (info_of(t).block_elems == 1) return {{5, 1}, {9, 7}, {13, 37}, {6, 256}, {11, 1000}};
+  if (t == GgmlType::kNVFP4) return {{1, 64}, {7, 64}, {5, 128}, {9, 192}, {6, 320}, {13, 1216}, {4, 2048}};
   return {{1, 32}, {7, 32}, {5, 64}, {9, 96}, {6, 224}, {13, 1184}, {4, 2048}};
 }
 
@@ -183,6 +195,18 @@ TEST(GgmlLegacy, DequantizesHandBuiltBlocks) {
     for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(j << 4 | j);
     ggml_dequantize_row(GgmlType::kMXFP4, b, 32, out.data());
     for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], 2 * e2m1[j % 16]) << j;
+  }
+  {  // NVFP4, from the format's definition: UE4M3 scale per 16 elements (exponent bits 3-6, bias
+     // 7; e = 0 subnormal m/8 * 2^-6; 0x7F is NaN, which gguf.quants decodes as 0), E2M1 levels.
+     // Scales 0x38 = 1, 0x01 = 2^-9, 0x7F, 0xCC = 1.5 * 2^2 (bit 7 unused); nibble = j % 16.
+    const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    const float scale[4] = {1.0f, 0x1p-9f, 0.0f, 6.0f};
+    uint8_t b[36] = {0x38, 0x01, 0x7f, 0xcc};
+    for (int s = 0; s < 4; ++s)
+      for (int j = 0; j < 8; ++j) b[4 + 8 * s + j] = static_cast<uint8_t>((8 + j) << 4 | j);
+    std::vector<float> out64(64);
+    ggml_dequantize_row(GgmlType::kNVFP4, b, 64, out64.data());
+    for (int j = 0; j < 64; ++j) EXPECT_EQ(out64[j], scale[j / 16] * e2m1[j % 16]) << j;
   }
   {  // IQ4_NL: d = -1, nibble j%16: element = -table[j%16]
     const int table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -256,17 +280,20 @@ TEST(GgmlLegacy, ExtremeScalesAndLevels) {
 // block with the largest scale moves the result past it.
 TEST(GgmlLegacy, OrderToleranceCatchesOneWrongLevel) {
   std::mt19937 rng(3);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ5_1, GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4,
+                     GgmlType::kNVFP4}) {
     const size_t cols = 256;
     std::vector<uint8_t> w = random_matrix(t, 1, cols, rng);
     const std::vector<float> x = random_input(cols, 1, rng);
     const Reference ref = reference(t, w, 1, cols, x.data());
     const size_t bb = info_of(t).block_bytes;
     size_t big = 0;
-    auto scale = [&](size_t b) {
+    auto scale = [&](size_t b) {  // NVFP4: the smaller scale of sub-blocks 2 and 3 (changed below)
+      if (t == GgmlType::kNVFP4) return double(std::min(detail::kNvfp4HalfScales.v[w[b * bb + 2]],
+                                                        detail::kNvfp4HalfScales.v[w[b * bb + 3]]));
       return t == GgmlType::kMXFP4 ? std::ldexp(1.0, int{w[b * bb]} - 128) : std::fabs(f16_at(&w[b * bb]));
     };
-    for (size_t b = 0; b < cols / 32; ++b)
+    for (size_t b = 0; b < cols / info_of(t).block_elems; ++b)
       if (scale(b) > scale(big)) big = b;
     for (size_t j = bb - 16; j < bb; ++j) w[big * bb + j] ^= 0x77;
     float y = 0;
@@ -283,7 +310,10 @@ TEST(GgmlLegacy, MatmulEqualsMatvecInputByInput) {
   for (GgmlType t : kTypes) {
     const detail::GgmlKernels& k = *detail::ggml_legacy_kernels(t);
     const bool blocks = info_of(t).block_elems > 1;
-    for (size_t cols : blocks ? std::vector<size_t>{32, 288, 2048} : std::vector<size_t>{3, 40, 1001}) {
+    const std::vector<size_t> widths = t == GgmlType::kNVFP4 ? std::vector<size_t>{64, 320, 2048}
+                                       : blocks                ? std::vector<size_t>{32, 288, 2048}
+                                                               : std::vector<size_t>{3, 40, 1001};
+    for (size_t cols : widths) {
       const size_t rows = 11, stride = 13, row_begin = 3, row_end = 10;
       const std::vector<uint8_t> w = random_matrix(t, rows, cols, rng);
       for (size_t n : {1, 2, 3, 4, 5, 9}) {

@@ -47,7 +47,7 @@ inline ModelConfig mixed_config() {
 // index, not arrival order.
 class FakeStore : public ExpertStore {
  public:
-  explicit FakeStore(const ModelConfig& c) : n_experts_(c.n_experts) {
+  explicit FakeStore(const ModelConfig& c) : cfg_(c), n_experts_(c.n_experts) {
     std::mt19937_64 rng(12345);
     data_.resize(size_t(c.n_layers) * size_t(c.n_experts));
     for (size_t i = 0; i < data_.size(); ++i) {
@@ -58,17 +58,19 @@ class FakeStore : public ExpertStore {
   const std::vector<uint8_t>& payload(int layer, int e) const {
     return data_[size_t(layer) * size_t(n_experts_) + size_t(e)];
   }
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
-    out.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = payload(layer, ids[i]).data();
+  // With split_matrices_ (and FetchForm::kMatrices), each expert comes as its three matrices
+  // apart (as a GGUF computed in place: three tensors), from copies of its payload's parts; else
+  // as one payload.
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
+    pending_.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) pending_[i] = payload(layer, ids[i]).data();
     ++stats_.fetch_calls;
     stats_.experts_requested += ids.size();
-  }
-  void begin_fetch(int layer, std::span<const int> ids) override {
-    fetch(layer, ids, pending_);
+    layout_ = cfg_.expert_layout(layer);
+    split_now_ = split_matrices_ && form == FetchForm::kMatrices;
     next_ = pending_.size();
   }
-  bool next_ready(size_t* index, const uint8_t** p, bool wait) override {
+  bool next_ready(size_t* index, ExpertMatrices* m, bool wait) override {
     if (wait) {
       if (on_wait_) on_wait_();
       since_wait_ = 0;
@@ -79,16 +81,9 @@ class FakeStore : public ExpertStore {
     ++since_wait_;
     --next_;
     *index = next_;
-    *p = pending_[next_];
-    return true;
-  }
-  ExpertStoreStats stats() const override { return stats_; }
-  // With split_matrices_, each expert comes as its three matrices apart (as a GGUF computed in
-  // place: three tensors), from copies of its payload's parts; else as one payload.
-  bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& lay, bool wait) override {
-    const uint8_t* p = nullptr;
-    if (!next_ready(index, &p, wait)) return false;
-    if (!split_matrices_) {
+    const uint8_t* p = pending_[next_];
+    const ExpertLayout& lay = layout_;
+    if (!split_now_) {
       *m = ExpertMatrices::of_payload(p, lay);
       return true;
     }
@@ -98,6 +93,7 @@ class FakeStore : public ExpertStore {
     *m = ExpertMatrices{parts[0].data(), parts[1].data(), parts[2].data()};
     return true;
   }
+  ExpertStoreStats stats() const override { return stats_; }
   // With map_payloads_, every payload is one "mapped" region (for GpuPinnedMappings).
   std::vector<MappedRegion> mapped_regions() const override {
     std::vector<MappedRegion> out;
@@ -115,7 +111,10 @@ class FakeStore : public ExpertStore {
  private:
   std::deque<std::vector<std::vector<uint8_t>>> parts_;  // split matrices handed out (kept alive)
   size_t since_wait_ = 0;
+  ModelConfig cfg_;
   int n_experts_;
+  ExpertLayout layout_;     // the current fetch's layer's
+  bool split_now_ = false;  // the current fetch hands out split matrices
   std::vector<std::vector<uint8_t>> data_;
   std::vector<const uint8_t*> pending_;
   size_t next_ = 0;
@@ -127,7 +126,7 @@ class FakeStore : public ExpertStore {
 class GatedStore : public FakeStore {
  public:
   explicit GatedStore(const ModelConfig& c, bool open = false) : FakeStore(c), open_(open) {}
-  void begin_fetch(int layer, std::span<const int> ids) override {
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
     {
       std::unique_lock<std::mutex> lk(mu_);
       layers_.push_back(layer);
@@ -136,7 +135,7 @@ class GatedStore : public FakeStore {
     if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     if (layer == fail_layer_)
       throw IoError("layer_" + std::to_string(layer) + ".bin: injected read error at offset 0");
-    FakeStore::begin_fetch(layer, ids);
+    FakeStore::begin_fetch(layer, ids, form);
   }
   void open() {
     std::lock_guard<std::mutex> lk(mu_);

@@ -67,13 +67,10 @@ std::unique_ptr<Model> load_demo(bool gpu, size_t cache_mb = 0, int lookahead = 
 class FixedResidencyStore final : public ExpertStore {
  public:
   explicit FixedResidencyStore(std::unique_ptr<ExpertStore> inner) : inner_(std::move(inner)) {}
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
-    inner_->fetch(layer, ids, out);
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
+    inner_->begin_fetch(layer, ids, form);
   }
-  void begin_fetch(int layer, std::span<const int> ids) override { inner_->begin_fetch(layer, ids); }
-  bool next_ready(size_t* index, const uint8_t** payload, bool wait = true) override {
-    return inner_->next_ready(index, payload, wait);
-  }
+  bool next_ready(size_t* index, ExpertMatrices* m, bool wait) override { return inner_->next_ready(index, m, wait); }
   void read_ahead(int layer, std::span<const int> ids) override { inner_->read_ahead(layer, ids); }
   void residency(int layer, std::span<ExpertTier> out) const override {
     for (size_t e = 0; e < out.size(); ++e)

@@ -47,8 +47,13 @@ const TypeCase kCases[] = {
     {gq(GgmlType::kQ8_0), 320},   {gq(GgmlType::kQ4_0), 352}, {gq(GgmlType::kQ4_1), 352},
     {gq(GgmlType::kQ5_0), 352},   {gq(GgmlType::kQ5_1), 352}, {gq(GgmlType::kIQ4_NL), 352},
     {gq(GgmlType::kMXFP4), 352},  {gq(GgmlType::kMXFP4), 288}, {gq(GgmlType::kQ2_K), 768},
+    {gq(GgmlType::kNVFP4), 320},  {gq(GgmlType::kNVFP4), 256},
     {gq(GgmlType::kQ3_K), 768},   {gq(GgmlType::kQ4_K), 768}, {gq(GgmlType::kQ5_K), 768},
     {gq(GgmlType::kQ6_K), 768},   {gq(GgmlType::kQ6_K), 512}, {gq(GgmlType::kIQ4_XS), 768},
+    {gq(GgmlType::kIQ2_XXS), 768}, {gq(GgmlType::kIQ2_XS), 768}, {gq(GgmlType::kIQ2_S), 768},
+    {gq(GgmlType::kIQ3_XXS), 768}, {gq(GgmlType::kIQ3_XXS), 512}, {gq(GgmlType::kIQ3_S), 768},
+    {gq(GgmlType::kIQ1_S), 768},  {gq(GgmlType::kIQ1_M), 768}, {gq(GgmlType::kIQ1_M), 256},
+    {gq(GgmlType::kTQ1_0), 768},  {gq(GgmlType::kTQ1_0), 512}, {gq(GgmlType::kTQ2_0), 768},
     {QuantType::kQ8, 352},        {QuantType::kQ8, 320},      {QuantType::kQ4, 352},
     {QuantType::kBF16, 333},      {QuantType::kBF16, 336},    {QuantType::kF32, 333},
 };
@@ -66,20 +71,24 @@ void put_f16(uint8_t* p, float v) {
 std::vector<size_t> f16_fields(GgmlType t) {
   switch (t) {
     case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0: case GgmlType::kIQ4_NL:
-    case GgmlType::kIQ4_XS: return {0};
+    case GgmlType::kIQ4_XS: case GgmlType::kIQ2_XXS: case GgmlType::kIQ2_XS: case GgmlType::kIQ2_S:
+    case GgmlType::kIQ3_XXS: case GgmlType::kIQ3_S: case GgmlType::kIQ1_S: return {0};
     case GgmlType::kQ4_1: case GgmlType::kQ5_1: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
       return {0, 2};
     case GgmlType::kQ2_K: return {80, 82};
     case GgmlType::kQ3_K: return {108};
     case GgmlType::kQ6_K: return {208};
+    case GgmlType::kTQ1_0: return {52};
+    case GgmlType::kTQ2_0: return {64};
     default: return {};
   }
 }
 
 // A valid random rows x cols matrix of type q: the plain and pack types encode N(0,1) floats;
 // the ggml block types are random bytes with every scale field set to a finite value of either
-// sign (f16 factors of magnitude 1/4096..1/16; MXFP4 exponents mostly near 2^0, some at the
-// subnormal end 0/1 and some at 2^32).
+// sign (f16 factors of magnitude 1/4096..1/16, IQ1_M's d spread over four nibbles; MXFP4
+// exponents mostly near 2^0, some at the subnormal end 0/1 and some at 2^32; NVFP4's UE4M3
+// scale bytes stay random: every byte decodes to a finite scale).
 std::vector<uint8_t> random_matrix(QuantType q, size_t rows, size_t cols, std::mt19937& rng) {
   std::normal_distribution<float> g(0.0f, 1.0f);
   const size_t bytes = quant_matrix_bytes(q, rows, cols);
@@ -106,6 +115,11 @@ std::vector<uint8_t> random_matrix(QuantType q, size_t rows, size_t cols, std::m
   std::uniform_real_distribution<float> mag(1.0f / 4096, 1.0f / 16);
   for (size_t off = 0; off < bytes; off += info.block_bytes) {
     for (size_t f : f16_fields(*t)) put_f16(&m[off + f], (rng() & 1) ? mag(rng) : -mag(rng));
+    if (*t == GgmlType::kIQ1_M) {  // d's nibbles are the top nibbles of the u16 at 48 + 2w
+      const uint16_t h = f32_to_f16((rng() & 1) ? mag(rng) : -mag(rng));
+      for (int w = 0; w < 4; ++w)
+        m[off + 49 + 2 * w] = uint8_t((m[off + 49 + 2 * w] & 0x0f) | (((h >> (4 * w)) & 0xf) << 4));
+    }
     if (*t == GgmlType::kMXFP4) {
       const uint32_t r = rng() % 16;
       m[off] = r == 0 ? 0 : r == 1 ? 1 : r == 2 ? 160 : uint8_t(120 + rng() % 12);
@@ -213,9 +227,8 @@ TEST(GpuGgml, UnsupportedTypesAndWidthsAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  // The CPU computes the lattice and ternary types; the CUDA kernels do not (yet): refused by name.
-  for (GgmlType t : {GgmlType::kIQ2_XXS, GgmlType::kIQ3_XXS, GgmlType::kIQ1_M, GgmlType::kQ8_K, GgmlType::kIQ1_S,
-                     GgmlType::kTQ2_0, GgmlType::kNVFP4}) {
+  // Q8_K is an activation type no file stores, Q8_1 likewise: refused by name.
+  for (GgmlType t : {GgmlType::kQ8_K, GgmlType::kQ8_1}) {
     const std::string name(ggml_type_name(t));
     expect_config_error([&] { gpu::dense_gemm(ggml_quant(t), w, 4, 256, x, 1, y, nullptr); }, name);
     expect_config_error([&] { gpu::dequantize_rows(ggml_quant(t), w, 256, ids, 1, y, nullptr); },
@@ -230,6 +243,8 @@ TEST(GpuGgml, UnsupportedTypesAndWidthsAreConfigErrors) {
       [&] { gpu::dense_gemm(gq(GgmlType::kQ4_K), w, 4, 288, x, 1, y, nullptr); }, "Q4_K");
   expect_config_error(
       [&] { gpu::dequantize_rows(gq(GgmlType::kQ5_0), w, 48, ids, 1, y, nullptr); }, "Q5_0");
+  expect_config_error(
+      [&] { gpu::dense_gemm(gq(GgmlType::kIQ2_XXS), w, 4, 288, x, 1, y, nullptr); }, "IQ2_XXS");
   // Pack f32 experts have no GEMM (dequantize_rows takes them).
   expect_config_error([&] { gpu::dense_gemm(QuantType::kF32, w, 4, 64, x, 1, y, nullptr); },
                       "f32");

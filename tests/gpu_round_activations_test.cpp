@@ -70,7 +70,9 @@ TEST(GpuRoundActivations, EveryGgmlTypeRoundsAsTheCpuKernels) {
   const GgmlType rounded[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                               GgmlType::kQ8_0, GgmlType::kIQ4_NL, GgmlType::kMXFP4, GgmlType::kQ2_K,
                               GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
-                              GgmlType::kIQ4_XS};
+                              GgmlType::kIQ4_XS, GgmlType::kIQ2_XXS, GgmlType::kIQ2_XS, GgmlType::kIQ2_S,
+                              GgmlType::kIQ3_XXS, GgmlType::kIQ3_S, GgmlType::kIQ1_S, GgmlType::kIQ1_M,
+                              GgmlType::kTQ1_0, GgmlType::kTQ2_0, GgmlType::kNVFP4};
   for (GgmlType t : rounded) {
     const QuantType q = ggml_quant(t);
     ASSERT_EQ(cudaMemcpy(dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);

@@ -36,6 +36,7 @@ std::vector<Case> cases() {
       {g(GgmlType::kQ4_1), {0, 2}},   {g(GgmlType::kQ5_0), {0}},        {g(GgmlType::kQ5_1), {0, 2}},
       {g(GgmlType::kIQ4_NL), {0}},    {g(GgmlType::kMXFP4), {}, true},  {g(GgmlType::kQ4_K), {0, 2}},
       {g(GgmlType::kQ6_K), {208}},    {g(GgmlType::kQ2_K), {80, 82}},   {g(GgmlType::kIQ4_XS), {0}},
+      {g(GgmlType::kNVFP4), {}},  // every scale byte is finite
   };
 }
 
@@ -84,7 +85,8 @@ std::vector<size_t> widths(QuantType q) {
   switch (matvec_input_kind(q)) {
     case MatvecInputKind::kGgmlSuper: return {256, 768};
     case MatvecInputKind::kFloat: return quant_ggml_type(q) ? std::vector<size_t>{96, 2048} : std::vector<size_t>{37, 2048};
-    default: return {32, 352, 2048};
+    default: return quant_ggml_type(q) == GgmlType::kNVFP4 ? std::vector<size_t>{64, 384, 2048}
+                                                           : std::vector<size_t>{32, 352, 2048};
   }
 }
 
@@ -150,7 +152,7 @@ TEST(MatvecInput, RoundedKernelsOfTheTableEqualTheirMatvec) {
     if (matvec_input_kind(c.q) != MatvecInputKind::kGgmlBlocks) continue;
     const GgmlType t = *quant_ggml_type(c.q);
     const detail::GgmlKernels& k = *detail::ggml_legacy_kernels(t);
-    const size_t rows = 11, cols = 352;
+    const size_t rows = 11, cols = t == GgmlType::kNVFP4 ? 384 : 352;
     const std::vector<uint8_t> w = random_matrix(c, rows, cols, rng);
     const std::vector<float> x = normal(3 * cols, rng);
     detail::GgmlActivationBuffers b;

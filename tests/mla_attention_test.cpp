@@ -177,16 +177,22 @@ TEST_P(MlaAttentionTest, AbsorbedEqualsNaiveOverPrefillAndDecode) {
   const RowMatrix want = naive_mla(c, w, x);
 
   ThreadPool pool(3);
-  MlaAttention attn(c, /*max_context=*/16, /*max_batch=*/prefill);
+  MlaScratch scratch(c, /*max_context=*/16, /*max_batch=*/prefill);
+  MlaAttention attn(c, scratch, /*max_context=*/16, /*max_batch=*/prefill);
   const Rope ro(c);
   RowMatrix got(T, c.hidden_size);
   std::vector<float> cs(size_t(prefill * ro.half_dim())), sn(cs.size());
-  // Layer 1 (layer 0's cache stays unused: the layers' caches must not mix); a 4-token prefill,
-  // then one token at a time as decode runs.
+  // The state of batch slot 0 (the pass's own sequence's stays unused: states must not mix); a
+  // 4-token prefill, then one token at a time as decode runs.
+  attn.prepare(kOwnSequence);
+  attn.prepare(batch_state(0));
   int pos = 0;
   for (int chunk : {prefill, 1, 1, 1}) {
     ro.fill(pos, chunk, cs.data(), sn.data());
-    attn.forward(pool, 1, w.lw, x.row(pos).data(), chunk, pos, cs.data(), sn.data(), got.row(pos).data());
+    const int splits[2] = {0, chunk};
+    const StepSequence seq{batch_state(0), 0, chunk, pos};
+    const LayerStep step{pool, chunk, splits, std::span<const StepSequence>(&seq, 1), cs.data(), sn.data()};
+    attn.forward(step, w.lw, x.row(pos).data(), got.row(pos).data());
     pos += chunk;
   }
   ASSERT_EQ(pos, T);
@@ -194,7 +200,7 @@ TEST_P(MlaAttentionTest, AbsorbedEqualsNaiveOverPrefillAndDecode) {
   for (int t = 0; t < T; ++t)
     for (int d = 0; d < c.hidden_size; ++d) EXPECT_NEAR(got(t, d), want(t, d), tol) << "token " << t << " dim " << d;
   EXPECT_GT(want.cwiseAbs().maxCoeff(), 0.1f);  // a non-trivial output
-  EXPECT_EQ(attn.cache_bytes(), size_t(2) * 16 * (12 + 4) * sizeof(float));
+  EXPECT_EQ(attn.state_bytes(), size_t(2) * 16 * (12 + 4) * sizeof(float));  // two states
 }
 
 INSTANTIATE_TEST_SUITE_P(QLoraAndStoredTypes, MlaAttentionTest,

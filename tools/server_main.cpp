@@ -34,7 +34,7 @@ using namespace moestream;
 namespace {
 
 struct Args {
-  std::string model, collect_routing, replay_routing;
+  std::string model, collect_routing, replay_routing, reply_format = "auto";
   int threads = 0, ctx = 0;
   bool no_prefix_reuse = false;
   EngineCliArgs engine;
@@ -165,6 +165,10 @@ int run(Args& a) {
   auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;
+  if (a.reply_format != "auto") opts.reply_format = reply_format_named(a.reply_format);
+  if (chat && chat->has_template())
+    std::fprintf(stderr, "moestream-server: chat replies parsed as %s (tool calls, reasoning)\n",
+                 std::string(reply_format_name(opts.reply_format.value_or(chat->reply_format()))).c_str());
   if (opts.model_id.empty()) opts.model_id = fs::absolute(dir).lexically_normal().filename().string();
   if (opts.model_id.empty()) opts.model_id = "moestream";
   opts.max_body_bytes = size_t(kib_to_bytes(a.max_body_kb, "--max-body-kb"));
@@ -248,6 +252,15 @@ int main(int argc, char** argv) {
                  "its requests on its own sequence instead of the router (request i takes log request i mod n, "
                  "or the body's replay_request), e.g. a trained model's traffic over a synthetic one; "
                  "turns prefix reuse off");
+  app.add_option("--reply-format", a.reply_format,
+                 "markup of the model's chat replies, parsed into tool_calls and reasoning_content: auto (from "
+                 "the chat template), plain, hermes, glm45, harmony, kimi_k2, deepseek_v31")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "plain", "hermes", "glm45", "harmony", "kimi_k2", "deepseek_v31"}));
+  app.add_option("--cors-origin", a.server.cors_origins,
+                 "a browser origin allowed to call the API (repeatable; * = any); default: no CORS headers");
+  app.add_flag("--test-forced-output", a.server.allow_forced_output,
+               "tests only: a request's forced_output is decoded as its reply instead of sampled");
   add_engine_options(app, a.engine);  // as infer; residency persists across requests
   return run_tool("moestream-server", app, argc, argv, [&] { return run(a); });
 }

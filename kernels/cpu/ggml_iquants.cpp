@@ -12,8 +12,8 @@
 
 #include "common/half.h"
 #include "common/load_le.h"
-#include "kernels/cpu/ggml_iq1_grid.h"
-#include "kernels/cpu/ggml_iq2_iq3_grids.h"
+#include "loader/format/ggml_iq1_grid.h"
+#include "loader/format/ggml_iq2_iq3_grids.h"
 #include "kernels/cpu/ggml_kquants_kernels.h"
 
 namespace moestream::detail {

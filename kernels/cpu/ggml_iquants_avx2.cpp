@@ -13,8 +13,8 @@
 
 #include <cstring>
 
-#include "kernels/cpu/ggml_iq1_grid.h"
-#include "kernels/cpu/ggml_iq2_iq3_grids.h"
+#include "loader/format/ggml_iq1_grid.h"
+#include "loader/format/ggml_iq2_iq3_grids.h"
 #include "kernels/cpu/ggml_kquants_avx2.h"
 
 namespace moestream::detail {
@@ -109,7 +109,7 @@ struct Iq2Xxs : SignedBlock {
     for (int g = 0; g < 8; ++g) {
       const uint8_t* p = b + 2 + 8 * g;
       const uint32_t aux = u32_at(p + 4);
-      set_unsigned(g, grid8(kIq2xxsGrid, p[0], p[1], p[2], p[3]), sign_of_indices(aux));
+      set_unsigned(g, grid8(kIq2xxsGrid.v, p[0], p[1], p[2], p[3]), sign_of_indices(aux));
       sc[g] = scale32(aux >> 28);
     }
     d_ = load_f16(b) * 0.125f;
@@ -122,7 +122,7 @@ struct Iq2Xs : SignedBlock {
     for (int g = 0; g < 8; ++g) {
       uint16_t v[4];
       std::memcpy(v, b + 2 + 8 * g, 8);
-      set_unsigned(g, grid8(kIq2xsGrid, v[0] & 511u, v[1] & 511u, v[2] & 511u, v[3] & 511u),
+      set_unsigned(g, grid8(kIq2xsGrid.v, v[0] & 511u, v[1] & 511u, v[2] & 511u, v[3] & 511u),
                    sign_of_indices(v[0] >> 9, v[1] >> 9, v[2] >> 9, v[3] >> 9));
       sc[g] = scale16(b[66 + g] & 0xfu, b[66 + g] >> 4);
     }
@@ -137,7 +137,7 @@ struct Iq2S : SignedBlock {
       const uint8_t* qs = b + 2 + 4 * g;
       const uint32_t h = b[66 + g];
       set_unsigned(g,
-                   grid8(kIq2sGrid, qs[0] | (h & 3u) << 8, qs[1] | (h >> 2 & 3u) << 8, qs[2] | (h >> 4 & 3u) << 8,
+                   grid8(kIq2sGrid.v, qs[0] | (h & 3u) << 8, qs[1] | (h >> 2 & 3u) << 8, qs[2] | (h >> 4 & 3u) << 8,
                          qs[3] | (h >> 6) << 8),
                    sign_of(u32_at(b + 34 + 4 * g)));
       sc[g] = scale16(b[74 + g] & 0xfu, b[74 + g] >> 4);
@@ -153,7 +153,7 @@ struct Iq3Xxs : SignedBlock {
       uint32_t idx[8];
       for (int m = 0; m < 8; ++m) idx[m] = b[2 + 8 * g + m];
       const uint32_t aux = u32_at(b + 66 + 4 * g);
-      set_unsigned(g, grid4(kIq3xxsGrid, idx), sign_of_indices(aux));
+      set_unsigned(g, grid4(kIq3xxsGrid.v, idx), sign_of_indices(aux));
       sc[g] = scale32(aux >> 28);
     }
     d_ = load_f16(b) * 0.25f;
@@ -166,7 +166,7 @@ struct Iq3S : SignedBlock {
     for (int g = 0; g < 8; ++g) {
       uint32_t idx[8];
       for (int m = 0; m < 8; ++m) idx[m] = b[2 + 8 * g + m] | ((b[66 + g] >> m) & 1u) << 8;
-      set_unsigned(g, grid4(kIq3sGrid, idx), sign_of(u32_at(b + 74 + 4 * g)));
+      set_unsigned(g, grid4(kIq3sGrid.v, idx), sign_of(u32_at(b + 74 + 4 * g)));
       sc[g] = scale32((b[106 + g / 2] >> (4 * (g % 2))) & 0xfu);
     }
     d_ = load_f16(b);
@@ -195,7 +195,7 @@ struct Iq1S : SignedBlock {
       const uint32_t h = u16_at(b + 34 + 2 * g);
       const uint8_t* qs = b + 2 + 4 * g;
       const __m256i delta = mask8((h & 0x8000) ? -1 : 1);
-      const __m256i grid = grid8(kIq1sGrid, qs[0] | (h & 7u) << 8, qs[1] | (h >> 3 & 7u) << 8, qs[2] | (h >> 6 & 7u) << 8,
+      const __m256i grid = grid8(kIq1sGrid.v, qs[0] | (h & 7u) << 8, qs[1] | (h >> 3 & 7u) << 8, qs[2] | (h >> 6 & 7u) << 8,
                                  qs[3] | (h >> 9 & 7u) << 8);
       set_signed(g, iq1_levels(grid, delta));
       sc[g] = scale32((h >> 12) & 7);
@@ -212,7 +212,7 @@ struct Iq1M : SignedBlock {
     for (int g = 0; g < 8; ++g) {
       const uint32_t h = uint32_t{b[32 + 2 * g]} | uint32_t{b[33 + 2 * g]} << 8;  // 4 nibbles, one per 8 columns
       const uint8_t* qs = b + 4 * g;
-      const __m256i grid = grid8(kIq1sGrid, qs[0] | (h & 7u) << 8, qs[1] | (h >> 4 & 7u) << 8,
+      const __m256i grid = grid8(kIq1sGrid.v, qs[0] | (h & 7u) << 8, qs[1] | (h >> 4 & 7u) << 8,
                                  qs[2] | (h >> 8 & 7u) << 8, qs[3] | (h >> 12 & 7u) << 8);
       const uint32_t minus = (h >> 3 & 1) | (h >> 6 & 2) | (h >> 9 & 4) | (h >> 12 & 8);  // bit 3 of each nibble
       set_signed(g, iq1_levels(grid, _mm256_load_si256(reinterpret_cast<const __m256i*>(kIq1Deltas.of[minus]))));

@@ -1,6 +1,6 @@
 // Internal to kernels/cpu/ggml_*.cpp and their tests: each ggml type's kernels as a table entry.
 // Two families fill the table: ggml_legacy.cpp (plain types, the 32-element block types, IQ4_NL,
-// MXFP4) and ggml_kquants.cpp (the 256-element super-block types Q2_K..Q6_K, IQ4_XS, and with
+// MXFP4, and NVFP4 from ggml_nvfp4.cpp) and ggml_kquants.cpp (the 256-element super-block types Q2_K..Q6_K, IQ4_XS, and with
 // ggml_iquants.cpp's decoders IQ1_S..IQ3_S, TQ1_0, TQ2_0), each with its AVX2 file(s).
 // ggml_quant.cpp dispatches and picks the AVX2 entry when the CPU has it.
 #pragma once
@@ -20,7 +20,7 @@ using GgmlMatmulFn = void (*)(const uint8_t* w, size_t cols, const float* x, siz
 
 struct GgmlActivations;  // ggml_legacy_kernels.h
 // y[r] = W[r] . input `input` of `a` (inputs rounded once, shared by threads and matrices) for r in
-// [row_begin, row_end); the 32-element block types only. Equal bit for bit to the matvec of the
+// [row_begin, row_end); the 32-element block types and NVFP4 only. Equal bit for bit to the matvec of the
 // same type on the float input that `a` was rounded from.
 using GgmlRoundedMatvecFn = void (*)(const uint8_t* w, const GgmlActivations& a, size_t input, float* y,
                                      size_t row_begin, size_t row_end);

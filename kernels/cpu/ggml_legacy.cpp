@@ -1,6 +1,7 @@
 // The legacy family of ggml types: the plain types (F32, F16, BF16) and the 32-element block types
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4). Dequantisation (bit-exact to gguf.quants), the
-// scalar reference products, the per-thread input scratch and the kernel table.
+// scalar reference products, the per-thread input scratch and the kernel table, which also holds
+// NVFP4 (ggml_nvfp4.cpp), whose products take the same int8 inputs.
 //
 // Compiled with -ffp-contract=off: gguf.quants rounds d*q and then +m (Q4_1, Q5_1) separately,
 // and a fused multiply-add under -march=native would round once and differ in the last bit.
@@ -14,6 +15,7 @@
 #include "common/load_le.h"
 #include "kernels/cpu/ggml_kernels.h"
 #include "kernels/cpu/ggml_legacy_kernels.h"
+#include "kernels/cpu/ggml_nvfp4_kernels.h"
 #include "kernels/cpu/quant_kernels.h"
 
 namespace moestream::detail {
@@ -240,6 +242,7 @@ struct Table {
   GgmlKernels q8_0 = block_kernels<Q8_0>();
   GgmlKernels iq4_nl = block_kernels<IQ4_NL>();
   GgmlKernels mxfp4 = block_kernels<MXFP4>();
+  GgmlKernels nvfp4 = nvfp4_kernels();  // ggml_nvfp4.cpp: 64-element blocks on these inputs
 
   GgmlKernels* find(GgmlType t) {
     switch (t) {
@@ -253,6 +256,7 @@ struct Table {
       case GgmlType::kQ8_0: return &q8_0;
       case GgmlType::kIQ4_NL: return &iq4_nl;
       case GgmlType::kMXFP4: return &mxfp4;
+      case GgmlType::kNVFP4: return &nvfp4;
       default: return nullptr;
     }
   }

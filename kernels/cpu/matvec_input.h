@@ -19,8 +19,8 @@ enum class MatvecInputKind {
   kNone,        // nothing rounded yet
   kFloat,       // as is: f32, bf16 and ggml's F32, F16, BF16
   kPackInt8,    // the q8/q4 pack types: int8 per 32 columns, float32 scales
-  kGgmlBlocks,  // ggml's 32-element block types (Q4_0..Q8_0, IQ4_NL, MXFP4): float16-rounded scales
-  kGgmlSuper,   // ggml's 256-element super-block types (Q2_K..Q6_K, IQ4_XS)
+  kGgmlBlocks,  // ggml's 32-element block types (Q4_0..Q8_0, IQ4_NL, MXFP4) and NVFP4: float16-rounded scales
+  kGgmlSuper,   // ggml's 256-element super-block types (Q2_K..Q6_K, IQ4_XS, the lattice and TQ types)
 };
 
 // The kind of input quant type q's products take; ConfigError for a type no kernel computes.

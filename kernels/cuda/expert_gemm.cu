@@ -25,8 +25,9 @@ void check_pack_block_cols(QuantType q, int cols, const char* op, const std::str
 [[noreturn]] void throw_no_kernel(QuantType q, const char* op) {
   throw ConfigError(std::string(op) + ": quant type '" + std::string(quant_name(q)) +
                     "' has no GPU kernel here (bf16, q8, q4 and the ggml types F32, F16, BF16, "
-                    "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, "
-                    "MXFP4 do)");
+                    "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, "
+                    "IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, "
+                    "NVFP4 do)");
 }
 
 bool ggml_type_has_kernel(GgmlType t) {
@@ -35,6 +36,9 @@ bool ggml_type_has_kernel(GgmlType t) {
     case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
     case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: case GgmlType::kIQ4_NL: case GgmlType::kIQ4_XS: case GgmlType::kMXFP4:
+    case GgmlType::kIQ2_XXS: case GgmlType::kIQ2_XS: case GgmlType::kIQ2_S: case GgmlType::kIQ3_XXS:
+    case GgmlType::kIQ3_S: case GgmlType::kIQ1_S: case GgmlType::kIQ1_M: case GgmlType::kTQ1_0:
+    case GgmlType::kTQ2_0: case GgmlType::kNVFP4:
       return true;
     default: return false;
   }
@@ -62,7 +66,8 @@ bool ggml_gemm_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows, c
   }
   return gemm_plain_cuda(t, a, n_groups, max_rows, s) ||
          gemm_ggml_legacy_cuda(t, a, n_groups, max_rows, s) ||
-         gemm_ggml_kquant_cuda(t, a, n_groups, max_rows, s);
+         gemm_ggml_kquant_cuda(t, a, n_groups, max_rows, s) ||
+         gemm_ggml_iquant_cuda(t, a, n_groups, max_rows, s);
 }
 
 bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s) {
@@ -71,7 +76,7 @@ bool ggml_dequantize_rows_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s)
     return true;
   }
   return dequantize_rows_plain_cuda(t, a, s) || dequantize_rows_ggml_legacy_cuda(t, a, s) ||
-         dequantize_rows_ggml_kquant_cuda(t, a, s);
+         dequantize_rows_ggml_kquant_cuda(t, a, s) || dequantize_rows_ggml_iquant_cuda(t, a, s);
 }
 
 // Launches the GEMM of a, or throws ConfigError when q has no kernel.

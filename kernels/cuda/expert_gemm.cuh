@@ -240,8 +240,9 @@ bool gemm_q8_mma_fits(QuantType q, int cols);
 void gemm_q8_mma_cuda(QuantType q, const GemmArgs& a, int n_groups, int max_rows_per_group,
                       cudaStream_t s);
 // ggml's types by family, each false for a type outside it: expert_gemm_plain.cu (F32, F16),
-// expert_gemm_ggml_legacy.cu (the 32-element blocks), expert_gemm_ggml_kquants.cu (the
-// 256-element super-blocks). BF16 is the pack's bf16 encoding.
+// expert_gemm_ggml_legacy.cu (the 32-element blocks and NVFP4), expert_gemm_ggml_kquants.cu (the
+// 256-element K-quant super-blocks), expert_gemm_ggml_iquants.cu (the lattice and ternary
+// super-blocks). BF16 is the pack's bf16 encoding.
 bool gemm_plain_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
                      cudaStream_t s);
 bool dequantize_rows_plain_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s);
@@ -251,5 +252,8 @@ bool dequantize_rows_ggml_legacy_cuda(GgmlType t, const DequantArgs& a, cudaStre
 bool gemm_ggml_kquant_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
                            cudaStream_t s);
 bool dequantize_rows_ggml_kquant_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s);
+bool gemm_ggml_iquant_cuda(GgmlType t, const GemmArgs& a, int n_groups, int max_rows_per_group,
+                           cudaStream_t s);
+bool dequantize_rows_ggml_iquant_cuda(GgmlType t, const DequantArgs& a, cudaStream_t s);
 
 }  // namespace moestream::gpu

@@ -1,7 +1,9 @@
-// ggml's 32-element block types on the GPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4): the
-// block decoders of the GgmlCodec tile loop (ggml_codec.cuh). Four lanes share a block; lane sub
-// takes columns 4*sub..4*sub+3 and 16+4*sub..16+4*sub+3, i.e. the low and high nibbles of quant
-// bytes 4*sub..4*sub+3 in the nibble types (element j low, j+16 high, as gguf stores them).
+// ggml's 32-element block types on the GPU (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) and
+// NVFP4's 64-element blocks: the block decoders of the GgmlCodec tile loop (ggml_codec.cuh). Four
+// lanes share a 32-element block; lane sub takes columns 4*sub..4*sub+3 and 16+4*sub..16+4*sub+3,
+// i.e. the low and high nibbles of quant bytes 4*sub..4*sub+3 in the nibble types (element j low,
+// j+16 high, as gguf stores them).
+#include "loader/format/ggml_nvfp4.h"
 #include "kernels/cuda/ggml_codec.cuh"
 
 namespace moestream::gpu {
@@ -135,6 +137,29 @@ struct BtMXFP4 : LegacyCols {
   }
 };
 
+// NVFP4's UE4M3 scales as half their value: the format's table (loader/format/ggml_nvfp4.h),
+// copied at compile time; in global memory, as lanes read different entries.
+__device__ const detail::Nvfp4HalfScales kNvfp4HalfScalesGpu = detail::kNvfp4HalfScales;
+
+// NVFP4 (36 bytes, 4-byte aligned): 4 UE4M3 scale bytes (one per 16 columns), 32 bytes of E2M1
+// nibbles; sub-block s is bytes 4 + 8s..+7, element j the low nibble of byte j, 8 + j the high
+// one. Eight lanes share a block: lane sub takes sub-block s = sub / 2, columns 16s + 4h..+3 (low
+// nibbles of bytes 4 + 4*sub..+3, h = sub % 2) and 16s + 8 + 4h..+3 (their high nibbles). The
+// value is (scale / 2) * doubled E2M1 value, exact as on the CPU.
+struct BtNVFP4 {
+  static constexpr int kBlockElems = 64;
+  static constexpr int kLanes = 8;
+  static constexpr int kBytes = 36;
+  __device__ static void cols(int sub, int& a, int& b) {
+    a = 16 * (sub >> 1) + 4 * (sub & 1);
+    b = a + 8;
+  }
+  __device__ static void decode(const uint8_t* blk, int sub, float* w) {
+    book_decode(ld_u32_aligned(blk + 4 + 4 * sub), __ldg(&kNvfp4HalfScalesGpu.v[__ldg(blk + (sub >> 1))]),
+                0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu, w);
+  }
+};
+
 // This file's types (MOE_GGML_CASE, ggml_codec.cuh).
 struct LegacyTypes {
   template <class F>
@@ -147,6 +172,7 @@ struct LegacyTypes {
       MOE_GGML_CASE(Q8_0)
       MOE_GGML_CASE(IQ4_NL)
       MOE_GGML_CASE(MXFP4)
+      MOE_GGML_CASE(NVFP4)
       default: return false;
     }
   }

@@ -1,19 +1,20 @@
 // Internal to kernels/: the tile-loop codec of ggml's block types (loader/format/ggml_types.h,
-// layouts in docs/format.md), shared by expert_gemm_ggml_{legacy,kquants}.cu. A block type BT
+// layouts in docs/format.md), shared by expert_gemm_ggml_{legacy,kquants,iquants}.cu. A block type BT
 // says how one lane decodes 8 weights of a block; GgmlCodec<BT> maps a warp step onto blocks and
 // serves expert_gemm, dense_gemm and dequantize_rows alike.
 //
-// Every step covers 256 columns: 8 blocks of 32 (4 lanes per block) or one super-block of 256
-// (32 lanes). A lane's 8 weights are two runs of 4 consecutive columns (BT::cols), so its
+// Every step covers 256 columns: 8 blocks of 32 (4 lanes per block), 4 NVFP4 blocks of 64 (8
+// lanes) or one super-block of 256 (32 lanes). A lane's 8 weights are two runs of 4 consecutive columns (BT::cols), so its
 // activations are two float4 loads. Weights round as the CPU reference (kernels/cpu/
 // ggml_{legacy,kquants}.cpp) does, each product and sum on its own (__fmul_rn, __fadd_rn: no
 // contraction into a fused multiply-add), so dequantize_rows equals ggml_dequantize_row bit for
 // bit.
 //
 // Alignment: matrices start 16-byte aligned (dense_gemm/dequantize_rows check it; expert payloads
-// and matrix offsets are 64-aligned), but a block of 18, 22, 34, 110, 210 or 17 bytes starts only
-// 2- or 1-byte aligned; those types load words with ld_u32 (two aligned loads and a funnel shift).
-// Types with 4-byte-multiple blocks (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, IQ4_XS) load aligned words.
+// and matrix offsets are 64-aligned), but a block of 18, 22, 34, 110, 210 or 17 bytes (or the
+// lattice and ternary types' 50, 54, 66, 74, 82, 98) starts only 2- or 1-byte aligned; those
+// types load words with ld_u32 (two aligned loads and a funnel shift). Types with 4-byte-multiple
+// blocks (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, IQ4_XS, IQ1_M, NVFP4) load aligned words.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -114,10 +114,12 @@ ActivationRounding activation_rounding(QuantType q) {
   if (!t) return ActivationRounding::kNone;  // f32, bf16: their kernels take float inputs
   switch (*t) {
     case GgmlType::kQ4_0: case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1:
-    case GgmlType::kQ8_0: case GgmlType::kIQ4_NL: case GgmlType::kMXFP4:
+    case GgmlType::kQ8_0: case GgmlType::kIQ4_NL: case GgmlType::kMXFP4: case GgmlType::kNVFP4:
       return ActivationRounding::kBlock32F16;
     case GgmlType::kQ2_K: case GgmlType::kQ3_K: case GgmlType::kQ4_K: case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: case GgmlType::kIQ4_XS:
+    case GgmlType::kQ6_K: case GgmlType::kIQ4_XS: case GgmlType::kIQ2_XXS: case GgmlType::kIQ2_XS:
+    case GgmlType::kIQ2_S: case GgmlType::kIQ3_XXS: case GgmlType::kIQ3_S: case GgmlType::kIQ1_S:
+    case GgmlType::kIQ1_M: case GgmlType::kTQ1_0: case GgmlType::kTQ2_0:
       return ActivationRounding::kBlock256;
     default:
       return ActivationRounding::kNone;  // F32, F16, BF16: multiplied as floats on the CPU too

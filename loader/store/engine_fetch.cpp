@@ -2,26 +2,28 @@
 #include "loader/store/engine_fetch.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <string>
 
 #include "common/error.h"
-#include "common/timing.h"
 
 namespace moestream::engine_store {
 
-ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
-                               const std::vector<std::unique_ptr<MappedFile>>& maps) {
-  const auto at = [&](const Piece& p, uint64_t n) {
-    return maps[p.file]->range(p.at(slot), n, "expert slot " + std::to_string(slot) + " of layer " +
-                                                  std::to_string(layer));
-  };
-  if (L.pieces.size() == 1) return ExpertMatrices::of_payload(at(L.pieces[0], L.layout.bytes), L.layout);
-  MOE_ASSERT(L.pieces.size() == 3, "a GGUF expert is three slices");
-  return {at(L.pieces[0], L.pieces[0].length), at(L.pieces[1], L.pieces[1].length),
-          at(L.pieces[2], L.pieces[2].length)};
+void plan(Fetch& f, const Layer& L, std::span<const int> ids, bool matrices) {
+  f.in_use = true;
+  f.layer = L.index;
+  f.hash = L.header.payload_hash;
+  f.payload_bytes = L.layout.bytes;
+  f.matrices = matrices;
+  f.ids.assign(ids.begin(), ids.end());
+  slots_in_file_order(L, ids, f.slots, f.position_item);
+  f.items.assign(f.slots.size(), Item{});
+  for (size_t k = 0; k < f.slots.size(); ++k) f.items[k].slot = f.slots[k];
+  for (size_t i = 0; i < ids.size(); ++i) f.items[f.position_item[i]].expert = ids[i];
+  f.ready.clear();
+  f.ready_head = 0;
+  f.handed = 0;
+  f.reread.assign(f.items.size(), 0);
 }
 
 void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, ExpertStoreStats& stats) {
@@ -29,113 +31,6 @@ void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, Expert
   it.mapped = it.ready = true;
   ++stats.experts_in_place;
   stats.page_cache_hits += count_hit;
-}
-
-void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, PendingChecks& pending,
-                     const ExpertStore::Post& post, bool count_page_cache_hits, ExpertStoreStats& stats) {
-  const size_t n = f.first_use.size();
-  if (n == 0) return;
-  std::vector<ExpertMatrices> ms(n);
-  for (size_t i = 0; i < n; ++i) ms[i] = mapped_matrices(L, layer, f.items[f.first_use[i]].slot, maps);
-  if (post) {  // computed now, checked by settle_pending before the caller returns a result
-    for (size_t i = 0; i < n; ++i) {
-      Item& it = f.items[f.first_use[i]];
-      ms[i].unverified = pending.find(layer, it.slot);
-      if (ms[i].unverified == nullptr)
-        ms[i].unverified = pending.add(layer, it.slot, L.header.payload_hash, ms[i].gate - L.layout.gate_offset,
-                                       L.layout.bytes, verified.epoch(L.verified), post);
-      hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
-    }
-    return;
-  }
-  std::vector<uint64_t> got(n, 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto hash = [&](size_t i) { got[i] = expert_checksum(L.header.payload_hash, ms[i].gate - L.layout.gate_offset, L.layout.bytes); };
-  if (pf && n > 1) {
-    pf(n, hash);
-  } else {
-    for (size_t i = 0; i < n; ++i) hash(i);
-  }
-  stats.checksum_seconds += seconds_since(t0);
-  for (size_t i = 0; i < n; ++i) {
-    Item& it = f.items[f.first_use[i]];
-    if (got[i] != L.header.slot_checksums[it.slot]) continue;
-    verified.mark(L.verified, it.slot);
-    hand_out_in_place(it, ms[i], count_page_cache_hits, stats);
-    ++stats.verified_in_place;
-  }
-}
-
-void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
-                    ExpertStoreStats& stats, std::mutex& stats_mu) {
-  const auto settled = pending.settle();
-  double seconds = 0;
-  for (const auto& e : settled) seconds += e->seconds;
-  {
-    std::lock_guard<std::mutex> lock(stats_mu);
-    stats.checksum_seconds += seconds;
-  }
-  const PendingChecks::Entry* bad = nullptr;
-  for (const auto& e : settled) {
-    const Layer& L = layers[size_t(e->layer)];
-    if (e->got != L.header.slot_checksums[e->slot]) {
-      if (bad == nullptr) bad = e.get();
-      continue;
-    }
-    // Its file changed since the hash was queued: those bytes passed, but the pages may not be
-    // the same now, so the expert is not marked (its next use is hashed again).
-    if (verified.refresh(L.verified) && verified.epoch(L.verified) == e->epoch)
-      verified.mark(L.verified, e->slot);
-    ++stats.verified_in_place;
-  }
-  if (bad != nullptr) throw expert_checksum_error(layers[size_t(bad->layer)], bad->slot, bad->bytes, bad->got);
-}
-
-std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps) {
-  std::vector<ExpertStore::MappedRegion> out;
-  for (const auto& m : maps)
-    if (m && m->size() > 0) out.push_back({m->path(), m->range(0, m->size(), "the whole file"), m->size()});
-  return out;
-}
-
-bool in_place_allowed(const Layer& L, const std::vector<std::unique_ptr<MappedFile>>& maps) {
-  if (L.pieces.size() > 3) return false;  // gpt-oss's GGUF biases: three slices, not one bias section
-  for (const Piece& p : L.pieces)
-    if (!maps[p.file]) return false;
-  return true;
-}
-
-bool in_page_cache(const Layer& L, uint32_t slot) {
-  for (const Piece& p : L.pieces)
-    if (p.page_cache == nullptr || !p.page_cache->sample(p.at(slot), std::min(p.length, L.layout.bytes), 2).fully_resident())
-      return false;
-  return true;
-}
-
-std::vector<Layer> gguf_layers(const GgufModel& g, const ModelConfig& cfg, std::span<const uint32_t> files,
-                               const std::vector<std::unique_ptr<PageCacheResidency>>& page_caches) {
-  std::vector<Layer> layers;
-  const size_t F4 = size_t(cfg.moe_intermediate_size) * sizeof(float);
-  for (int l = 0; l < cfg.n_moe_layers(); ++l) {
-    Layer L;
-    L.path = g.files().paths().front();
-    L.header.n_experts = uint32_t(cfg.n_experts);
-    L.map = ExpertMap::identity(uint32_t(cfg.n_experts));
-    L.layout = cfg.expert_layout(l);
-    const GgufLayerExperts& x = g.experts()[size_t(l)];
-    std::vector<std::pair<const GgufExpertMatrix*, size_t>> slices = {
-        {&x.gate, L.layout.gate_offset}, {&x.up, L.layout.up_offset}, {&x.down, L.layout.down_offset}};
-    if (x.bias)  // gpt-oss: three f32 bias slices into the payload's bias section
-      slices.insert(slices.end(), {{&x.gate_bias, L.layout.bias_offset},
-                                   {&x.up_bias, L.layout.bias_offset + F4},
-                                   {&x.down_bias, L.layout.bias_offset + 2 * F4}});
-    for (const auto& [m, dest] : slices)
-      L.pieces.push_back(Piece{files[m->shard], m->offset, m->expert_bytes, m->expert_bytes, dest,
-                               page_caches[files[m->shard]].get()});
-    layers.push_back(std::move(L));
-  }
-  return layers;
 }
 
 void push_ready(Fetch& f, size_t k) {
@@ -148,7 +43,7 @@ bool holds(const Fetch* f, int layer, int id) {
   return std::any_of(f->items.begin(), f->items.end(), [&](const Item& it) { return it.expert == id; });
 }
 
-void take_predicted(Fetch& f, CachePolicy* policy, ExpertStoreStats& stats) {
+void take_predicted(Fetch& f, HostCache* cache, ExpertStoreStats& stats) {
   Fetch& p = *f.awaits;
   for (size_t k = 0; k < f.items.size(); ++k) {
     Item& it = f.items[k];
@@ -164,7 +59,19 @@ void take_predicted(Fetch& f, CachePolicy* policy, ExpertStoreStats& stats) {
       q->awaited_by = int32_t(k);
       ++stats.lookahead_awaited;
     }
-    if (policy != nullptr) (void)policy->lookup(ExpertKey{f.layer, it.expert}, CacheFill::kDemand);
+    if (cache != nullptr) cache->heat(ExpertKey{f.layer, it.expert});
+  }
+}
+
+void tiers(const Layer& L, const HostCache* cache, std::span<ExpertTier> out) {
+  MOE_ASSERT(out.size() == L.header.n_experts, "residency: out must hold n_experts entries");
+  for (uint32_t e = 0; e < L.header.n_experts; ++e) {
+    if (cache != nullptr && cache->holds(ExpertKey{L.index, int(e)}))
+      out[e] = ExpertTier::kHostCache;
+    else if (L.in_page_cache(L.map.physical(e)))
+      out[e] = ExpertTier::kPageCache;
+    else
+      out[e] = ExpertTier::kStorage;
   }
 }
 

@@ -1,69 +1,24 @@
-// Parts of the engine expert store (loader/store/engine_expert_store.cpp) that need none of its
-// threads: what an expert read is (Piece), a layer's files (Layer), an expert of a fetch (Item),
-// a fetch's buffers and read queue (Fetch), the look-ahead's rules on them (issue 19: which
-// guessed experts a demand fetch takes over, the recall count), and the store's description.
+// A fetch of the engine expert store (loader/store/engine_expert_store.cpp): an expert of it
+// (Item), its buffers and reads (Fetch), the ids it was asked for mapped to its items, and the
+// look-ahead's rules on fetches (issue 19: which guessed experts a demand fetch takes over, the
+// recall count).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "common/mapped_file.h"
-#include "loader/format/expert_layer_file.h"
-#include "loader/format/gguf_model.h"
+#include "loader/format/expert_file.h"
 #include "loader/io/io_engine.h"
-#include "loader/io/residency.h"
-#include "loader/store/cache_policy.h"
 #include "loader/store/expert_buffer.h"
-#include "loader/store/expert_store.h"
-#include "loader/store/pending_checks.h"
-#include "loader/store/verified_pages.h"
+#include "loader/store/expert_layers.h"
 #include "loader/store/host_cache.h"
+#include "loader/store/expert_store.h"
 
 namespace moestream::engine_store {
-
-// One read of an expert: `length` bytes at offset + slot*stride of `file`, landing at
-// dest_offset in the expert's payload. A pack expert is one piece, a GGUF expert three.
-struct Piece {
-  uint32_t file = 0;
-  uint64_t offset = 0, stride = 0, length = 0, dest_offset = 0;
-  const PageCacheResidency* page_cache = nullptr;  // null for O_DIRECT files
-  uint64_t at(uint32_t slot) const { return offset + uint64_t{slot} * stride; }
-};
-// A layer's experts. A pack layer keeps its file header (checksums, map); a GGUF layer has an
-// empty checksum table and an identity map.
-struct Layer : ExpertLayerFile {
-  ExpertLayout layout;
-  std::vector<Piece> pieces;
-  int verified = -1;  // VerifiedPages index: a checksummed pack layer read through the page cache
-  bool checksummed() const { return !header.slot_checksums.empty(); }
-};
-
-// The whole-file mappings (null entries skipped), as ExpertStore::mapped_regions hands them out.
-std::vector<ExpertStore::MappedRegion> regions_of(const std::vector<std::unique_ptr<MappedFile>>& maps);
-
-// Whether the experts of L may be handed out as mapped pages: every piece's file is buffered
-// (mapped in `maps`). Where a checksum is due, only experts whose resident pages were verified
-// (verified_pages.h) go in place; a GGUF has none.
-bool in_place_allowed(const Layer& L, const std::vector<std::unique_ptr<MappedFile>>& maps);
-
-// Whether every piece of the expert in `slot` is in the page cache (sampled).
-bool in_page_cache(const Layer& L, uint32_t slot);
-// The matrices of the expert in `slot` in the mapped files `maps` (per engine file; FormatError
-// when a slice lies outside its file: offsets come from the file). A pack's expert is one piece at
-// the layout's offsets, a GGUF's three pieces in gate, up, down order.
-ExpertMatrices mapped_matrices(const Layer& L, int layer, uint32_t slot,
-                               const std::vector<std::unique_ptr<MappedFile>>& maps);
-
-// The MoE layers of a GGUF: each expert is slices of its layer's three expert tensors (and
-// gpt-oss's three bias tensors, into the payload's bias section), possibly in different shards;
-// files[s] is shard s's engine file, page_caches its residency probe (null for O_DIRECT).
-std::vector<Layer> gguf_layers(const GgufModel& g, const ModelConfig& cfg, std::span<const uint32_t> files,
-                               const std::vector<std::unique_ptr<PageCacheResidency>>& page_caches);
 
 struct Item {
   uint32_t slot = 0;               // physical slot in the layer file
@@ -87,19 +42,20 @@ struct Item {
 // are in use.
 struct Fetch {
   int layer = 0;
-  bool matrices = false;                 // begin_fetch_matrices: resident experts in place
+  PayloadHash hash = PayloadHash::kXxh3;  // the layer's checksums, for the I/O threads
+  uint64_t payload_bytes = 0;             // the layer's payload size
+  bool matrices = false;                 // FetchForm::kMatrices: resident experts in place
   std::vector<int> ids;                  // as asked (a read-ahead is adopted on an exact match)
   std::vector<Item> items;
   std::vector<uint32_t> position_item;   // ids position -> item
+  std::vector<uint32_t> slots;           // the items' slots (plan's, kept for its capacity)
   std::vector<size_t> ready;             // positions ready to hand out
   size_t ready_head = 0, handed = 0;
   std::vector<ReadRequest> reqs;         // the misses' reads (read by the I/O thread)
   std::vector<uint32_t> req_item;        // request -> item
   std::vector<uint64_t> checksum;        // request -> XXH64 computed where it landed
   std::vector<uint8_t> due;              // request -> its checksum is to be verified
-  std::vector<int> pinned;               // cache slots this fetch hands out
   std::vector<uint8_t> reread;           // item -> resident but still loading elsewhere
-  std::vector<size_t> first_use;         // items hashed in place (resident, never verified)
   ExpertBuffer scratch;                  // misses the cache does not take
   // Look-ahead (prefetch_predicted): this fetch is one; or the one whose reads it awaits.
   bool prediction = false;
@@ -114,26 +70,13 @@ struct Fetch {
   bool submitted = false;      // an I/O thread took its batch
 };
 
+// Sets up idle fetch f for `ids` of layer L: one item per distinct physical slot, in file order,
+// nothing ready yet.
+void plan(Fetch& f, const Layer& L, std::span<const int> ids, bool matrices);
+
 // Item `it` handed out as the mapping's pages `m` (counted in place, and as a page-cache hit
 // when `count_hit`).
 void hand_out_in_place(Item& it, const ExpertMatrices& m, bool count_hit, ExpertStoreStats& stats);
-
-// The first uses in f.first_use (resident experts never verified). Without `post`: each hashed
-// from its mapped pages (on pf's threads when set), then marked in `verified` and handed out in
-// place where it matches its slot's checksum; one that does not stays for the read path, whose
-// checksum then names it. Counts verified_in_place and checksum_seconds. With `post` (deferred
-// checks): each is handed out in place at once and its hash queued in `pending` (unless one is
-// pending already); settle_pending checks them.
-void verify_in_place(Fetch& f, const Layer& L, int layer, const std::vector<std::unique_ptr<MappedFile>>& maps,
-                     VerifiedPages& verified, const ExpertStore::ParallelFor& pf, PendingChecks& pending,
-                     const ExpertStore::Post& post, bool count_page_cache_hits, ExpertStoreStats& stats);
-
-// Waits for the deferred hashes in `pending`, marks those that match in `verified` (counted in
-// verified_in_place; their time in checksum_seconds) and throws the checksum FormatError of the
-// first that does not (ExpertStore::verify_pending). checksum_seconds is written under stats_mu
-// (the I/O threads add theirs).
-void settle_pending(PendingChecks& pending, const std::vector<Layer>& layers, VerifiedPages& verified,
-                    ExpertStoreStats& stats, std::mutex& stats_mu);
 
 // Every position of `ids` that names item k becomes ready.
 void push_ready(Fetch& f, size_t k);
@@ -145,7 +88,11 @@ bool holds(const Fetch* f, int layer, int id);
 // read successfully or is still reading: landed ones are ready now, the others are marked
 // awaited (and the guess's item points back at them). With a host cache, the demand heats each
 // taken key as it would have without the guess. Counts lookahead_used / lookahead_awaited.
-void take_predicted(Fetch& f, CachePolicy* policy, ExpertStoreStats& stats);
+void take_predicted(Fetch& f, HostCache* cache, ExpertStoreStats& stats);
+
+// The tier of every logical expert of L (out.size() must be its n_experts; ExpertStore::residency):
+// the host cache, else the page cache (sampled), else storage.
+void tiers(const Layer& L, const HostCache* cache, std::span<ExpertTier> out);
 
 // One line on how the store reads (ExpertStore::describe): backend after any fallback, O_DIRECT,
 // read sizes, host cache, GGUF or unchecked packs.

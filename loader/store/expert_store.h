@@ -1,6 +1,6 @@
 // The runtime's only way to get expert weights: per layer it asks for the selected expert ids and
-// receives pointers to their encoded payloads (loader/format/expert_file.h layout), all at once or one
-// by one as they land; it can also ask which experts sit in which memory tier.
+// receives their encoded payloads (loader/format/expert_file.h layout) or their three matrices in
+// place, one by one as they land; it can also ask which experts sit in which memory tier.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +25,17 @@ enum class ExpertTier : uint8_t {
   kHostCache,  // in the store's own host cache (O_DIRECT mode): a fetch does no I/O at all
 };
 
+// How a caller takes the experts of a fetch (ExpertStore::begin_fetch).
+enum class FetchForm : uint8_t {
+  // Each expert as one contiguous payload (ExpertMatrices::payload is set): for a caller that
+  // copies whole experts (the GPU cache's look-ahead worker, fetch()).
+  kPayload,
+  // Only the three matrices are read (the CPU pass, the GPU's staging and CPU misses): a store
+  // may leave an expert whose pages are already in host memory where it is (a read-only mapping
+  // of the file) instead of copying it into a payload; payload is then null.
+  kMatrices,
+};
+
 // An expert's three matrices where they can be read: inside one payload (at its ExpertLayout's
 // offsets) or, when a store computes in place, in the file's mapped pages (a GGUF expert's three
 // slices lie in three tensors).
@@ -37,14 +48,17 @@ struct ExpertMatrices {
   // A first use handed out before its hash ran (ExpertStore::set_deferred_checks): the thread
   // that computes it first runs the hash (PendingChecks::run_now). Valid until verify_pending().
   PendingChecks::Entry* unverified = nullptr;
+  // The whole payload (ExpertLayout::make(quant, D, F).bytes bytes) when the expert is one; null
+  // when it is handed out in place (FetchForm::kMatrices only).
+  const uint8_t* payload = nullptr;
   static ExpertMatrices of_payload(const uint8_t* p, const ExpertLayout& lay) {
     return {p + lay.gate_offset, p + lay.up_offset, p + lay.down_offset,
-            lay.types.bias ? reinterpret_cast<const float*>(p + lay.bias_offset) : nullptr};
+            lay.types.bias ? reinterpret_cast<const float*>(p + lay.bias_offset) : nullptr, nullptr, p};
   }
 };
 
 struct ExpertStoreStats {
-  uint64_t fetch_calls = 0;     // fetch() / begin_fetch() calls
+  uint64_t fetch_calls = 0;     // begin_fetch() calls (fetch() makes one)
   uint64_t experts_requested = 0;
   uint64_t experts_read = 0;    // experts that had to be read from a file
   uint64_t bytes_read = 0;      // expert payload bytes read from files
@@ -80,59 +94,45 @@ struct ExpertStoreStats {
   }
 };
 
+// One fetch protocol: begin_fetch() starts making a layer's experts available and next_ready()
+// hands them out one by one as they land (fetch() and take_ready() are the two ways of waiting
+// for them, written once here). The rest are hints that never change what a fetch hands out
+// (read_ahead: the exact next fetch, adopted whole; prefetch_predicted: a guess at another
+// layer, taken expert by expert and never evicting), questions (residency, stats, describe,
+// mapped_regions), a second store for a second thread (reopen), and the caller's threads lent
+// for checksums (set_parallel_for, set_deferred_checks / verify_pending).
 class ExpertStore {
  public:
   virtual ~ExpertStore() = default;
 
-  // Makes logical experts `ids` of `layer` available. On return out[i] points to the payload of
-  // ids[i] (ExpertLayout::make(quant, D, F).bytes bytes). Pointers stay valid until the next
-  // fetch() call on this store. Throws IoError/FormatError (checksum) naming file and offset.
-  virtual void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) = 0;
-
-  // Asynchronous form, for overlapping compute with reads: starts making `ids` available and
-  // returns; experts already in host memory are ready at once, the others as their reads land.
-  // Then next_ready() hands them out one by one. Payloads stay valid until the next
-  // begin_fetch()/fetch(). The default fetches everything synchronously here.
-  virtual void begin_fetch(int layer, std::span<const int> ids) {
-    fetch(layer, ids, sync_payloads_);
-    sync_next_ = 0;
-  }
+  // Starts making logical experts `ids` of `layer` available and returns; experts already in
+  // host memory are ready at once, the others as their reads land. Experts handed out stay valid
+  // until the next begin_fetch(). With FetchForm::kMatrices a store may hand out experts in place.
+  virtual void begin_fetch(int layer, std::span<const int> ids, FetchForm form = FetchForm::kPayload) = 0;
   // Hands out one more expert of the last begin_fetch(): true with its position in `ids` and its
-  // payload. With `wait`, blocks until one is ready and returns false only once every one was
-  // handed out; without, returns false when none is ready right now. Throws IoError /
-  // FormatError (checksum) naming file and offset for a failed expert.
-  virtual bool next_ready(size_t* index, const uint8_t** payload, bool wait = true) {
-    (void)wait;  // everything is ready after the synchronous begin_fetch()
-    if (sync_next_ >= sync_payloads_.size()) return false;
-    *index = sync_next_;
-    *payload = sync_payloads_[sync_next_++];
-    return true;
-  }
+  // matrices (and payload, FetchForm). With `wait`, blocks until one is ready and returns false
+  // only once every one was handed out; without, returns false when none is ready right now.
+  // Throws IoError / FormatError (checksum) naming file and offset for a failed expert.
+  virtual bool next_ready(size_t* index, ExpertMatrices* m, bool wait = true) = 0;
 
-  // The form of begin_fetch/next_ready for a caller that only reads the three matrices (the CPU
-  // forward pass): a store may then leave an expert whose pages are already in host memory
-  // where it is (a read-only mapping of the file) instead of copying it into a payload. Same
-  // rules as begin_fetch/next_ready (validity until the next fetch, errors, read-ahead
-  // adoption); `layout` is the layer's. The default copies: begin_fetch, then next_ready's
-  // payload at the layout's offsets.
-  virtual void begin_fetch_matrices(int layer, std::span<const int> ids) { begin_fetch(layer, ids); }
-  virtual bool next_ready_matrices(size_t* index, ExpertMatrices* m, const ExpertLayout& layout,
-                                   bool wait = true) {
-    const uint8_t* p = nullptr;
-    if (!next_ready(index, &p, wait)) return false;
-    *m = ExpertMatrices::of_payload(p, layout);
-    return true;
+  // Every expert of `ids` as its payload: out[i] points to the payload of ids[i], valid until the
+  // next begin_fetch()/fetch(). Same errors as next_ready.
+  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) {
+    begin_fetch(layer, ids, FetchForm::kPayload);
+    out.assign(ids.size(), nullptr);
+    size_t i = 0;
+    ExpertMatrices m;
+    while (next_ready(&i, &m, true)) out[i] = m.payload;
   }
   // The experts that landed together: waits for one of the current fetch's, then takes every
-  // other one ready by then; each one's matrices go to payloads[index] and its index is appended
-  // to `ready` (cleared first). A compute loop calls it until it has every expert it asked for.
-  void take_ready_matrices(const ExpertLayout& layout, std::vector<ExpertMatrices>& payloads,
-                           std::vector<int>& ready) {
+  // other one ready by then; each one goes to experts[index] and its index is appended to
+  // `ready` (cleared first). A compute loop calls it until it has every expert it asked for.
+  void take_ready(std::vector<ExpertMatrices>& experts, std::vector<int>& ready) {
     ready.clear();
     size_t i = 0;
     ExpertMatrices m;
-    for (bool wait = true; next_ready_matrices(&i, &m, layout, wait); wait = false) {
-      payloads[i] = m;
+    for (bool wait = true; next_ready(&i, &m, wait); wait = false) {
+      experts[i] = m;
       ready.push_back(int(i));
     }
     MOE_ASSERT(!ready.empty(), "expert store handed out fewer experts than asked");
@@ -179,7 +179,7 @@ class ExpertStore {
   // --timing and --stats-json.
   virtual std::string describe() const { return "one pread per expert"; }
 
-  // The read-only mappings of the files next_ready_matrices() hands out pages of (buffered
+  // The read-only mappings of the files next_ready() hands out pages of (FetchForm::kMatrices, buffered
   // reads; none for O_DIRECT files or a store that never computes in place). They live as long
   // as the store. The GPU cache may page-lock them (--gpu-pin-page-cache).
   struct MappedRegion {
@@ -197,7 +197,7 @@ class ExpertStore {
   virtual void set_parallel_for(ParallelFor pf) { (void)pf; }
 
   // Deferred first-use checks (issue 19: the CPU forward pass). With `post` set, a store may hand
-  // out through next_ready_matrices an expert whose checksum is still due (a first use of
+  // out through next_ready (FetchForm::kMatrices) an expert whose checksum is still due (a first use of
   // resident pages) before its hash ran: it queues the hash through `post` (ThreadPool::post:
   // taken by threads a parallel section leaves idle) and then the caller MUST call
   // verify_pending() before it returns anything computed from the experts handed out. Unset (the default, and every caller but the CPU
@@ -208,10 +208,6 @@ class ExpertStore {
   // checksum FormatError naming file, slot and logical id of the first that does not match; the
   // ones that match count as verified (verified_in_place). Nothing to do: returns at once.
   virtual void verify_pending() {}
-
- private:
-  std::vector<const uint8_t*> sync_payloads_;
-  size_t sync_next_ = 0;
 };
 
 struct ExpertStoreOptions {

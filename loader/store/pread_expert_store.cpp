@@ -48,13 +48,17 @@ class PreadExpertStore final : public ExpertStore {
     return std::make_unique<PreadExpertStore>(model_dir_, cfg_, opts_);
   }
 
-  void fetch(int layer, std::span<const int> ids, std::vector<const uint8_t*>& out) override {
+  // Reads every expert here, one blocking pread each; next_ready then hands them out in order. A
+  // read that fails leaves nothing to hand out.
+  void begin_fetch(int layer, std::span<const int> ids, FetchForm form) override {
+    (void)form;  // always payloads: nothing is mapped
     MOE_ASSERT(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer out of range");
     const Layer& L = layers_[layer];
     const size_t expert_bytes = L.expert_bytes;
     auto t0 = std::chrono::steady_clock::now();
+    n_ready_ = next_ = 0;
     uint8_t* const buf = buf_.reserve(ids.size(), buf_stride_, kMatrixAlign);
-    out.resize(ids.size());
+    out_.resize(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {
       const int id = ids[i];
       MOE_ASSERT(id >= 0 && static_cast<uint32_t>(id) < L.header.n_experts, "expert id out of range");
@@ -70,7 +74,7 @@ class PreadExpertStore final : public ExpertStore {
         if (got != want)
           throw expert_checksum_error(L, slot, expert_bytes, got);
       }
-      out[i] = dst;
+      out_[i] = dst;
       stats_.bytes_read += expert_bytes;
       stats_.bytes_transferred += expert_bytes;
     }
@@ -83,6 +87,16 @@ class PreadExpertStore final : public ExpertStore {
     stats_.read_ops_issued += ids.size();
     stats_.io_seconds += waited;
     stats_.io_wait_seconds += waited;
+    layout_ = cfg_.expert_layout(layer);
+    n_ready_ = ids.size();
+  }
+
+  bool next_ready(size_t* index, ExpertMatrices* m, bool wait) override {
+    (void)wait;  // everything is ready after begin_fetch()
+    if (next_ >= n_ready_) return false;
+    *index = next_;
+    *m = ExpertMatrices::of_payload(out_[next_++], layout_);
+    return true;
   }
 
   ExpertStoreStats stats() const override { return stats_; }
@@ -123,6 +137,10 @@ class PreadExpertStore final : public ExpertStore {
   size_t buf_stride_ = 0;
   std::vector<Layer> layers_;
   ExpertBuffer buf_;
+  std::vector<const uint8_t*> out_;  // the last begin_fetch()'s payloads, handed out from next_
+  size_t n_ready_ = 0;               // how many: 0 until every read of the fetch passed
+  size_t next_ = 0;
+  ExpertLayout layout_;              // their layer's
   ExpertStoreStats stats_;
 };
 

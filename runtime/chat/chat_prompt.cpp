@@ -19,8 +19,10 @@ std::optional<std::string> token_string(const OJ& v) {
 // What transformers' apply_chat_template does to each message before rendering: keys whose value
 // is None are dropped (_normalize_chat_messages), and reasoning given as reasoning_content,
 // thinking or reasoning is exposed under both `thinking` (first) and `reasoning_content`
-// (_alias_reasoning_fields), the names templates read.
-OJ normalize_messages(const OJ& messages) {
+// (_alias_reasoning_fields), the names templates read. With `arguments_as_text`, tool calls'
+// arguments objects become JSON text again (DeepSeek-V3.1's template concatenates them as strings;
+// the others iterate over or re-serialize an object).
+OJ normalize_messages(const OJ& messages, bool arguments_as_text) {
   if (!messages.is_array()) return messages;
   OJ out = OJ::array();
   for (const OJ& m : messages) {
@@ -31,6 +33,11 @@ OJ normalize_messages(const OJ& messages) {
     OJ kept = OJ::object();
     for (auto it = m.begin(); it != m.end(); ++it)
       if (!it.value().is_null()) kept[it.key()] = it.value();
+    if (arguments_as_text && kept.contains("tool_calls") && kept["tool_calls"].is_array())
+      for (OJ& call : kept["tool_calls"])
+        if (call.is_object() && call.contains("function") && call["function"].is_object() &&
+            call["function"].contains("arguments") && !call["function"]["arguments"].is_string())
+          call["function"]["arguments"] = call["function"]["arguments"].dump();
     const OJ* reasoning = nullptr;
     for (const char* key : {"reasoning_content", "thinking", "reasoning"})
       if (!reasoning && kept.contains(key)) reasoning = &kept[key];
@@ -50,6 +57,7 @@ OJ normalize_messages(const OJ& messages) {
 
 ChatPrompt::ChatPrompt(const std::string& template_source, OJ special_tokens)
     : tpl_(ChatTemplate(template_source)),
+      reply_format_(detect_reply_format(template_source)),
       special_tokens_(special_tokens.is_object() ? std::move(special_tokens) : OJ::object()) {}
 
 ChatPrompt ChatPrompt::load(const std::filesystem::path& path) {
@@ -85,6 +93,7 @@ ChatPrompt ChatPrompt::load(const std::filesystem::path& path) {
   }
   try {
     p.tpl_.emplace(*source);
+    p.reply_format_ = detect_reply_format(*source);
   } catch (const ChatTemplateError& e) {
     throw ChatTemplateError(path.string() + ": field chat_template: " + e.what());
   }
@@ -103,7 +112,7 @@ std::string ChatPrompt::render(const OJ& messages, bool add_generation_prompt, c
   if (extra.is_object())
     for (auto it = extra.begin(); it != extra.end(); ++it) ctx[it.key()] = it.value();
   if (!ctx.contains("documents")) ctx["documents"] = nullptr;  // transformers always passes it
-  ctx["messages"] = normalize_messages(messages);
+  ctx["messages"] = normalize_messages(messages, reply_format_ == ReplyFormat::kDeepSeekV31);
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (!tools.is_null()) ctx["tools"] = tools;
   else ctx["tools"] = nullptr;

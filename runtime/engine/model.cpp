@@ -16,7 +16,6 @@
 #include "loader/store/store_options.h"
 #include "runtime/engine/sequence_slots.h"
 #include "runtime/gpu/gpu_forward.h"
-#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 #include "runtime/model/cpu_forward.h"
 #include "runtime/model/dense_weights.h"
 

@@ -33,7 +33,7 @@ void CudaForward::cpu_misses(int layer, int g0, int g1, int y_row0, ForwardTimes
   MOE_ASSERT(n <= K, "cpu_misses: more experts than top-k in a decode step");
   const ExpertLayout& lay = layouts[size_t(layer)];
   auto ti = std::chrono::steady_clock::now();
-  store.begin_fetch_matrices(layer, std::span<const int>(unique_ids.data() + g0, size_t(n)));
+  store.begin_fetch(layer, std::span<const int>(unique_ids.data() + g0, size_t(n)), FetchForm::kMatrices);
   times.expert_io_s += seconds_since(ti);
   const float* row = h_host.as<float>();
   float* out = y_host.as<float>();  // row i: the i-th missed expert's output
@@ -42,7 +42,7 @@ void CudaForward::cpu_misses(int layer, int g0, int g1, int y_row0, ForwardTimes
   // As the CPU pass: each batch of experts that has landed is computed while the rest load.
   for (int got = 0; got < n;) {
     ti = std::chrono::steady_clock::now();
-    store.take_ready_matrices(lay, miss_payloads, miss_ready);
+    store.take_ready(miss_payloads, miss_ready);
     got += int(miss_ready.size());
     times.expert_io_s += seconds_since(ti);
     const auto tc = std::chrono::steady_clock::now();

@@ -2,6 +2,8 @@
 // syncs once per layer to read the router's top-k ids (the expert cache needs them on the host).
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/gpu/gpu_forward_impl.h"
+#include "runtime/gpu/gpu_gqa_attention.h"
+#include "runtime/gpu/gpu_mla.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -58,10 +60,8 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
       F(c.moe_intermediate_size), V(c.vocab_size), N(o.moe_lookahead), B(o.max_batch),
       hd_p((c.head_dim + 3) / 4 * 4), padded(hd_p != c.head_dim),
       eps(float(c.rms_norm_eps)), scale(1.0f / std::sqrt(float(c.head_dim))),
-      rope(c), Fs(c.shared_expert_intermediate_size), routing_step(c) {
-  I = c.first_k_dense_replace > 0 ? c.intermediate_size : 0;
-  sigmoid_routing = c.router_scoring == RouterScoring::kSigmoid;
-  router_params = RouterParams::of(c);
+      rope(c), plan(plan_layers(c)), Fs(c.shared_expert_intermediate_size), routing_step(c) {
+  I = any_ffn(plan, FfnKind::kDense) ? c.intermediate_size : 0;
   // Cache-aware routing's residency: an expert whose bytes the GPU cache holds in place or,
   // below it, a host tier of the store, as the CPU pass counts its tiers. Sampled once per layer
   // per chunk, before the chunk's acquire (so a prefill chunk sees one snapshot, as on the CPU).
@@ -104,13 +104,16 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
 
   w = GpuDenseWeights::load(cfg, dense_path);
   info_.dense_bytes = w.bytes();
-  if (cfg.has_mla()) {  // DeepSeek-V2/V3: the latent cache instead of per-head keys and values
-    mla = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
-    info_.kv_bytes = mla->cache_bytes();
-  } else {
-    init_kv();
-    attn_scratch = DeviceBuffer(gpu::attention_scratch_floats(1, H, hd_p, opts.max_context) * sizeof(float));
-  }
+  // Each attention kind the layers take, with its device state (gpu_attention.h).
+  if (any_attention(plan, AttentionKind::kGqa)) gqa_attention = std::make_unique<GpuGqaAttention>(*this, plan);
+  if (any_attention(plan, AttentionKind::kMla))
+    mla_attention = std::make_unique<GpuMla>(cfg, w, opts.max_context, B);
+  size_t attention_scratch = 0;
+  for (GpuAttention* a : {gqa_attention.get(), mla_attention.get()})
+    if (a != nullptr) {
+      info_.kv_bytes += a->state_bytes();
+      attention_scratch += a->scratch_bytes();
+    }
 
   // Activations, one allocation carved into arrays.
   const size_t b = size_t(B), pairs = size_t(B) * size_t(K);
@@ -131,7 +134,7 @@ CudaForward::CudaForward(const ModelConfig& c, const std::filesystem::path& dens
     *dst[i] = p;
     p += (n_floats[i] + 63) / 64 * 64;
   }
-  info_.scratch_bytes = act.bytes() + (mla ? mla->scratch_bytes() : 0);
+  info_.scratch_bytes = act.bytes() + attention_scratch;
   if (cfg.qkv_bias || cfg.o_bias || cfg.router_bias) {
     const std::vector<float> ones_h(b, 1.0f);
     ones = DeviceBuffer(b * sizeof(float));
@@ -264,50 +267,9 @@ void CudaForward::norm_into_h(const float* weight, int rows, int first) {
 }
 
 void CudaForward::attention_layer(int l, int T, int n_past, ForwardTimes& times) {
-  if (mla) {  // DeepSeek-V2/V3: norm, then the latent attention (gpu_mla.h) into the residual
-    auto tm = std::chrono::steady_clock::now();
-    norm_into_h(w.layers[size_t(l)].attn_norm, T);
-    mla->layer(*this, l, T, n_past);
-    times.attention_s += seconds_since(tm);
-    return;
-  }
-  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
-  const GpuLayerWeights& lw = w.layers[size_t(l)];
   auto ta = std::chrono::steady_clock::now();
-  float* kc = kv_keys(l);
-  float* vc = kv_values(l);
-  // A sliding layer's ring (gpt-oss): position p in row p % ring; 0 where rows are positions.
-  const int ring = kv_rows[size_t(l)] < opts.max_context ? kv_rows[size_t(l)] : 0;
-  // Unpadded heads of a full layer go straight into the cache (position-major: the chunk's rows
-  // are contiguous); padded heads and a ring's are built contiguous, then copied (append_kv).
-  const bool staged = padded || ring > 0;
-  float* k_dst = staged ? k_tok : kc + size_t(n_past) * KV * hd_p;
-  float* v_dst = staged ? v_tok : vc + size_t(n_past) * KV * hd_p;
-  norm_into_h(lw.attn_norm, T);
-  linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_dst, v_dst);
-  if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
-    add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
-    add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_dst);
-    add_bias(lw.bv, T, KV * hd, v_dst);
-  }
-  norm_and_rope(lw, T, k_dst);
-  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers (null / 0 otherwise)
-  if (staged) append_kv(l, T, n_past, k_dst, v_dst);
-  float* const scr = T == 1 ? attn_scratch.as<float>() : nullptr;  // decode: no pool allocation
-  const size_t scr_n = T == 1 ? attn_scratch.bytes() / sizeof(float) : 0;
-  if (!padded) {
-    gpu::attention(q, kc, vc, T, n_past, H, KV, hd, scale, attn, stream, lw.sinks, window, ring, scr, scr_n);
-  } else {
-    // Zero pad columns add nothing to q.k or to the weighted sum of v (the test fixtures' odd
-    // head_dim; released models have 64 or 128).
-    const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-    gpu::attention(q_pad, kc, vc, T, n_past, H, KV, hd_p, scale, attn_pad, stream, lw.sinks, window, ring,
-                   scr, scr_n);
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-  }
-  linear(attn, lw.wo, T, x, true);  // the residual add
-  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);  // gpt-oss: wo's bias joins the residual too
+  norm_into_h(w.layers[size_t(l)].attn_norm, T);
+  attention_of(l).layer(*this, l, T, n_past);
   times.attention_s += seconds_since(ta);
 }
 
@@ -319,14 +281,15 @@ void CudaForward::moe_layer(const ForwardChunk& c, int l, ForwardTimes& times) {
   const bool decode = T == 1;
   const size_t pairs = size_t(B) * size_t(K);
   const GpuLayerWeights& lw = w.layers[size_t(l)];
-  if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
+  const FfnSpec& ffn = plan[size_t(l)].ffn;
+  if (ffn.kind == FfnKind::kDense) {  // GLM-4.5 / DeepSeek-V3's dense first layers: no routing
     const auto tm = std::chrono::steady_clock::now();
     gpu::rms_norm(x, lw.ffn_norm, T, D, eps, h, stream);
     dense_mlp(lw, T);
     times.expert_compute_s += seconds_since(tm);
     return;
   }
-  const int moe_l = cfg.moe_layer_index(l);  // experts, cache, logs and overrides number MoE layers
+  const int moe_l = ffn.moe_layer;  // experts, cache, logs and overrides number MoE layers
   // Router of this layer and, for decode with look-ahead, layer l+1's router on the same
   // normalised row: both top-k lists come back in the layer's one D2H.
   auto tr = std::chrono::steady_clock::now();
@@ -336,11 +299,13 @@ void CudaForward::moe_layer(const ForwardChunk& c, int l, ForwardTimes& times) {
   float* wts_d = reinterpret_cast<float*>(ids_d + pairs);
   int* la_ids_d = ids_d + 2 * pairs;
   float* la_w_d = reinterpret_cast<float*>(la_ids_d + std::max(N, 1));
-  route_on_device(lw, T, ids_d, wts_d);
-  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers && !batch_step;
+  route_on_device(ffn.router, lw, T, ids_d, wts_d);
+  const bool lookahead = decode && N > 0 && l + 1 < cfg.n_layers && !batch_step &&
+                         plan[size_t(l) + 1].ffn.kind == FfnKind::kRouted;
   if (lookahead) {
     linear_f32(h, w.layers[size_t(l) + 1].router, 1, D, E, la_log);
-    if (cfg.router_bias) add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);  // gpt-oss
+    if (plan[size_t(l) + 1].ffn.router.logit_bias)  // gpt-oss
+      add_bias(w.layers[size_t(l) + 1].router_bias_dev, 1, E, la_log);
     gpu::router_topk(la_log, 1, E, N, false, la_ids_d, la_w_d, stream);
   }
   // The look-ahead's ranking is by logits (softmax top-N; gpt-oss's logit bias added) for every
@@ -359,7 +324,8 @@ void CudaForward::moe_layer(const ForwardChunk& c, int l, ForwardTimes& times) {
   // Weights the host wrote (an override, a substitution) go back to the device once; the ids stay
   // on the host (moe() plans from them).
   if (routing_step.decide(moe_l, ids_h, wts_h, logits_host.as<const float>(),
-                          sigmoid_routing ? lw.router_bias.data() : nullptr, residency))
+                          ffn.router.params.scoring == RouterScoring::kSigmoid ? lw.router_bias.data() : nullptr,
+                          residency))
     MOE_CUDA_CHECK(cudaMemcpyAsync(wts_d, wts_h, size_t(T) * K * sizeof(float),
                                    cudaMemcpyHostToDevice, stream));
   if (routing_step.observed()) {
@@ -392,14 +358,13 @@ void CudaForward::moe_layer(const ForwardChunk& c, int l, ForwardTimes& times) {
     la_stats.predicted += uint64_t(N);
   }
   // The shared expert's kernels go on the stream now: they run while moe() reads the misses.
-  if (Fs > 0) {
+  if (ffn.shared != SharedExpertKind::kNone) {
     const auto ts = std::chrono::steady_clock::now();
-    shared_expert(lw, T);
+    shared_expert(ffn.shared, lw, T);
     times.expert_compute_s += seconds_since(ts);
   }
   moe(moe_l, T, lookahead, times);
-  if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);  // after the routed sum, as the CPU
-  if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(T) * D, stream);  // GLM-4.5: ungated
+  add_shared_expert(ffn.shared, T);
 }
 
 // The sparse MLP of layer `layer` for the T routed rows in h: rows grouped by expert, experts
@@ -571,30 +536,6 @@ void CudaForward::moe(int layer, int T, bool lookahead, ForwardTimes& times) {
   times.expert_compute_s += seconds_since(tc);
 }
 
-// QK-norm (when the model has it) and RoPE of the chunk's q (qraw -> q, or q in place) and k
-// (kraw -> k, or k in place): Qwen3's per-head norm with full rotary in one launch
-// (gpu::qk_norm_rope), otherwise rms_norm and rope_neox(_partial) launches.
-void CudaForward::norm_and_rope(const GpuLayerWeights& lw, int T, float* k) {
-  if (cfg.qk_norm == QkNorm::kPerHead && 2 * half == hd) {
-    gpu::qk_norm_rope(qraw, kraw, lw.q_norm, lw.k_norm, T, H, KV, hd, eps, cos_d, sin_d, q, k, stream);
-    return;
-  }
-  if (cfg.qk_norm == QkNorm::kPerHead) {
-    gpu::rms_norm(qraw, lw.q_norm, T * H, hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T * KV, hd, eps, k, stream);
-  } else if (cfg.qk_norm == QkNorm::kFull) {  // OLMoE: over all heads of the token
-    gpu::rms_norm(qraw, lw.q_norm, T, H * hd, eps, q, stream);
-    gpu::rms_norm(kraw, lw.k_norm, T, KV * hd, eps, k, stream);
-  }
-  if (2 * half == hd) {
-    gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    gpu::rope_neox(k, T, KV, half, cos_d, sin_d, stream);
-  } else {  // GLM's partial rotary: the first 2*half dims of each head
-    gpu::rope_neox_partial(q, T, H, half, hd, cos_d, sin_d, stream);
-    gpu::rope_neox_partial(k, T, KV, half, hd, cos_d, sin_d, stream);
-  }
-}
-
 // y[T, n] += bias[n] on every row: a rank-1 product ones[T] x bias[n] accumulated by cuBLAS.
 void CudaForward::add_bias(const float* bias, int T, int n, float* yout) {
   linear_f32(ones.as<float>(), bias, T, 1, n, yout, 1.0f);
@@ -602,22 +543,29 @@ void CudaForward::add_bias(const float* bias, int T, int n, float* yout) {
 
 // Qwen2-MoE's shared expert on the normalised rows h: sh_y = down(silu(gate h) * up h) and its
 // gate logit sh_logit = shared_expert_gate . h (the sigmoid is applied by gated_add).
-void CudaForward::shared_expert(const GpuLayerWeights& lw, int T) {
+void CudaForward::shared_expert(SharedExpertKind kind, const GpuLayerWeights& lw, int T) {
   linear(h, lw.shared_gate, T, sh_gate);
   linear(h, lw.shared_up, T, sh_up);
   gpu::swiglu(sh_gate, sh_up, size_t(T) * Fs, sh_act, stream);
   linear(sh_act, lw.shared_down, T, sh_y);
-  if (cfg.shared_expert_gated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+  if (kind == SharedExpertKind::kGated) linear_f32(h, lw.shared_expert_gate, T, D, 1, sh_logit);
+}
+
+void CudaForward::add_shared_expert(SharedExpertKind kind, int T) {
+  if (kind == SharedExpertKind::kGated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);
+  if (kind == SharedExpertKind::kUngated) gpu::add_inplace(x, sh_y, size_t(T) * D, stream);  // GLM-4.5
 }
 
 // The layer's router on the device: softmax top-k, the grouped sigmoid router with the layer's
 // correction bias (GLM-4.5, DeepSeek-V3), or gpt-oss's softmax over the top-k of the logits plus
 // their bias (added into rlog, which cache-aware routing would copy back), from the logits in rlog.
-void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d) {
-  if (cfg.router_bias) add_bias(lw.router_bias_dev, T, E, rlog);  // gpt-oss
-  if (cfg.router_softmax_topk)
+void CudaForward::route_on_device(const RouterSpec& router, const GpuLayerWeights& lw, int T, int* ids_d,
+                                  float* wts_d) {
+  const RouterParams& router_params = router.params;
+  if (router.logit_bias) add_bias(lw.router_bias_dev, T, E, rlog);  // gpt-oss
+  if (router.softmax_of_top_k)
     gpu::router_topk_softmax(rlog, T, E, K, ids_d, wts_d, stream);
-  else if (sigmoid_routing)
+  else if (router_params.scoring == RouterScoring::kSigmoid)
     gpu::router_grouped(rlog, lw.router_bias_dev, T, E, K, router_params.n_group,
                         router_params.topk_group, router_params.normalize, router_params.scaling,
                         ids_d, wts_d, stream);
@@ -625,7 +573,7 @@ void CudaForward::route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, 
     gpu::router_grouped_softmax(rlog, T, E, K, router_params.n_group, router_params.topk_group,
                                 router_params.normalize, router_params.scaling, ids_d, wts_d, stream);
   else
-    gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, wts_d, stream);
+    gpu::router_topk(rlog, T, E, K, router_params.normalize, ids_d, wts_d, stream);
 }
 
 // A dense first layer's SwiGLU MLP on the normalised rows h, added to the residual x.

@@ -15,32 +15,8 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gpu_ops.h"
 #include "runtime/gpu/gpu_forward_impl.h"
-#include "runtime/model/cpu_batch.h"  // kMaxBatchSlots
 
 namespace moestream::detail {
-
-// Slot `slot`'s KV cache, allocated on its first use and kept for the slot's next sequence (as
-// the CPU's batch pass). Outside the expert cache's budget: the automatic budget leaves 20% of
-// the free VRAM for this and the like.
-float* CudaForward::slot_kv_of(int slot) {
-  MOE_ASSERT(slot >= 0 && slot < kMaxBatchSlots, "batch slot out of range");
-  if (size_t(slot) >= slot_kv.size()) slot_kv.resize(size_t(slot) + 1);
-  DeviceBuffer& kvs = slot_kv[size_t(slot)];
-  if (kvs.get() == nullptr) {
-    const size_t bytes = size_t(cfg.n_layers) * 2 * size_t(opts.max_context) * size_t(KV) * size_t(hd_p) * sizeof(float);
-    try {
-      kvs = DeviceBuffer(bytes);
-    } catch (const Error& e) {
-      throw ConfigError("--gpu: the KV cache of sequence slot " + std::to_string(slot) + " (" +
-                        std::to_string(bytes >> 20) + " MiB for a context of " +
-                        std::to_string(opts.max_context) +
-                        ") does not fit beside the expert cache; lower --gpu-cache-mb, --ctx or "
-                        "--parallel (" + e.what() + ")");
-    }
-    if (padded) MOE_CUDA_CHECK(cudaMemsetAsync(kvs.get(), 0, bytes, stream));  // pad columns stay zero
-  }
-  return kvs.as<float>();
-}
 
 // linear_f32 over each sequence's rows apart (split_rows): the same cuBLAS call, row count and
 // 16-byte alignment (hidden sizes are multiples of 4) as the sequence's run alone. False when one
@@ -57,54 +33,19 @@ bool CudaForward::linear_f32_per_sequence(const float* xin, const float* W, int 
   return true;
 }
 
-// Layer l's attention block over the step's rows: norm, QKV (biases, QK-norm) and RoPE over all
-// rows at once (each row has its own position in the cos/sin tables), then per sequence its KV
-// rows written to its slot at its position and attention against that slot; o_proj over all rows
-// added to the residual x.
+// Layer l's attention over the step's rows: the norm, then the layer's attention block, each
+// sequence against its slot's state (gpu_attention.h).
 void CudaForward::batch_attention_layer(const ForwardBatch& b, int l, ForwardTimes& times) {
-  const bool qk_norm = cfg.qk_norm != QkNorm::kNone;
-  const size_t kv_layer = size_t(opts.max_context) * size_t(KV) * size_t(hd_p);
-  const GpuLayerWeights& lw = w.layers[size_t(l)];
-  const int T = batch_splits.back();
   auto ta = std::chrono::steady_clock::now();
-  gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
-  linear_qkv(h, lw, T, qk_norm ? qraw : q, qk_norm ? kraw : k_tok, v_tok);
-  if (cfg.qkv_bias) {  // before QK-norm and RoPE, as the CPU
-    add_bias(lw.bq, T, H * hd, qk_norm ? qraw : q);
-    add_bias(lw.bk, T, KV * hd, qk_norm ? kraw : k_tok);
-    add_bias(lw.bv, T, KV * hd, v_tok);
-  }
-  norm_and_rope(lw, T, k_tok);
-  const size_t w_b = size_t(hd) * 4, wp = size_t(hd_p) * 4;
-  // Zero-padded heads (odd head_dim): the queries once for all rows, the outputs back after.
-  if (padded)
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(q_pad, wp, q, w_b, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-  const int window = cfg.window_of(l);  // gpt-oss: sinks and sliding layers over the slot's full cache
-  for (int i = 0; i < b.n_entries; ++i) {
-    const ForwardChunk& c = b.entries[i].chunk;
-    const size_t r0 = size_t(batch_splits[size_t(i)]);
-    float* kc = slot_kv_of(b.entries[i].slot) + size_t(2 * l) * kv_layer;
-    float* vc = kc + kv_layer;
-    float* k_new = kc + size_t(c.n_past) * KV * hd_p;
-    float* v_new = vc + size_t(c.n_past) * KV * hd_p;
-    const size_t heads = size_t(c.n_tokens) * KV;
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(k_new, wp, k_tok + r0 * KV * hd, w_b, w_b, heads, cudaMemcpyDeviceToDevice, stream));
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(v_new, wp, v_tok + r0 * KV * hd, w_b, w_b, heads, cudaMemcpyDeviceToDevice, stream));
-    const float* qi = padded ? q_pad + r0 * H * hd_p : q + r0 * H * hd;
-    float* oi = padded ? attn_pad + r0 * H * hd_p : attn + r0 * H * hd;
-    gpu::attention(qi, kc, vc, c.n_tokens, c.n_past, H, KV, hd_p, scale, oi, stream, lw.sinks, window);
-  }
-  if (padded)
-    MOE_CUDA_CHECK(cudaMemcpy2DAsync(attn, w_b, attn_pad, wp, w_b, size_t(T) * H, cudaMemcpyDeviceToDevice, stream));
-  linear(attn, lw.wo, T, x, true);  // the residual add
-  if (lw.bo != nullptr) add_bias(lw.bo, T, D, x);
+  gpu::rms_norm(x, w.layers[size_t(l)].attn_norm, batch_splits.back(), D, eps, h, stream);
+  attention_of(l).batch_layer(*this, b, l);
   times.attention_s += seconds_since(ta);
 }
 
 void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& routing, ForwardTimes& times,
                                 CacheAwareStats& ca_stats) {
   // Unreachable while create() refuses MLA; a GPU MLA pass must give its batches a latent KV slot.
-  if (cfg.has_mla())
+  if (any_attention(plan, AttentionKind::kMla))
     throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; " +
                       std::string(arch_name(cfg.arch)) + "'s MLA batches run on the CPU path (drop --gpu)");
   MOE_ASSERT(b.n_entries > 0 && b.entries != nullptr, "empty batch");
@@ -135,7 +76,9 @@ void CudaForward::forward_batch(const ForwardBatch& b, const RoutingControl& rou
     const size_t r0 = size_t(batch_splits[size_t(i)]);
     std::copy(c.tokens, c.tokens + c.n_tokens, tok_h + r0);
     rope.fill(c.n_past, c.n_tokens, cos_h + r0 * half, sin_h + r0 * half);
-    slot_kv_of(b.entries[i].slot);  // allocated before the timed layers
+    for (int l = 0; l < cfg.n_layers; ++l)  // allocated before the timed layers
+      if (l == 0 || plan[size_t(l)].attention.kind != plan[size_t(l) - 1].attention.kind)
+        attention_of(l).prepare_slot(*this, b.entries[i].slot);
   }
   MOE_CUDA_CHECK(cudaMemcpyAsync(in_dev.get(), tok_h, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   MOE_CUDA_CHECK(cudaMemcpyAsync(cos_d, cos_h, size_t(T) * half * 4, cudaMemcpyHostToDevice, stream));

@@ -15,9 +15,10 @@
 #include "runtime/gpu/gpu_cache_common.h"
 #include "runtime/gpu/gpu_forward.h"
 #include "runtime/gpu/gpu_graphs.h"
-#include "runtime/gpu/gpu_mla.h"
+#include "runtime/gpu/gpu_attention.h"
 #include "runtime/gpu/gpu_weights.h"
 #include "runtime/model/expert_compute.h"
+#include "runtime/model/layer_plan.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/routing.h"
 #include "runtime/model/routing_step.h"
@@ -39,12 +40,14 @@ struct CudaForward final : GpuForward {
   float eps, scale;
   std::vector<ExpertLayout> layouts;  // by layer: a GGUF's expert types may differ per layer and matrix
   Rope rope;
+  // The layers' block kinds and options (runtime/model/layer_plan.h), as the CPU pass builds them:
+  // every per-layer choice below reads its layer's spec, never a model-wide flag.
+  std::vector<LayerSpec> plan;
   GpuForwardInfo info_;
 
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
   GpuDenseWeights w;
-  DeviceBuffer kv;  // per layer: K then V, [kv_rows[l]][KV][hd_p] each (gpu_forward_kv.cpp)
   DeviceBuffer act;
   float *x = nullptr, *h = nullptr, *tmp = nullptr, *qraw = nullptr, *q = nullptr,
         *kraw = nullptr, *attn = nullptr, *k_tok = nullptr, *v_tok = nullptr, *q_pad = nullptr,
@@ -61,13 +64,10 @@ struct CudaForward final : GpuForward {
   int Fs = 0;
   float *sh_gate = nullptr, *sh_up = nullptr, *sh_act = nullptr, *sh_y = nullptr, *sh_logit = nullptr;
   DeviceBuffer ones;
-  // GLM-4.5 / DeepSeek-V3: a dense first layer's gate/up/SwiGLU rows [B, I] (unallocated without
-  // one); the grouped sigmoid router (gpu::router_grouped, the device twin of routing.h) instead
-  // of the softmax top-k; router_params serve cache-aware substitution on the host.
+  // Dense-MLP layers (FfnKind::kDense: GLM-4.5's and DeepSeek's first ones): gate/up/SwiGLU rows
+  // [B, I] (unallocated without one).
   int I = 0;
   float *mlp_g = nullptr, *mlp_u = nullptr, *mlp_a = nullptr;
-  bool sigmoid_routing = false;
-  RouterParams router_params;
   // Router outputs, one block so that one D2H brings all: ids [B*K] | weights [B*K] |
   // look-ahead ids [N] | look-ahead weights [N].
   DeviceBuffer route_dev;
@@ -122,9 +122,6 @@ struct CudaForward final : GpuForward {
   bool h_normed = false;
   // Its kernels as CUDA graphs, one segment per layer and one for lm_head (opts.graphs).
   std::unique_ptr<GpuGraphSegments> graphs;
-  // Split-context partials of a decode token's attention (gpu::attention's scratch), so that
-  // no step allocates from the stream-ordered pool (a captured allocation defeats graph updates).
-  DeviceBuffer attn_scratch;
   void resident_layer(int l, const ForwardChunk& c, ForwardTimes& times);
   // --gpu-cpu-misses (gpu_cpu_misses.cpp): decode experts the cache lacks, computed on the CPU.
   // The token's normalised row comes back with the router's ids (h_host); the outputs go up from
@@ -137,24 +134,18 @@ struct CudaForward final : GpuForward {
   void init_cpu_misses();
   // Groups [g0, g1) of MoE layer `layer`'s plan (unique_ids; one row each, from row y_row0).
   void cpu_misses(int layer, int g0, int g1, int y_row0, ForwardTimes& times);
-  // DeepSeek-V2/V3 (Kimi K2): multi-head latent attention with its latent KV cache instead of kv
-  // (gpu_mla.h); null for every other architecture.
-  std::unique_ptr<GpuMla> mla;
-  // Bounded sliding-window KV (issue 21, gpu_forward_kv.cpp): rows a layer's cache keeps
-  // (max_context, or a ring of window + B - 1 for a sliding layer) and its offset in kv (floats).
-  std::vector<int> kv_rows;
-  std::vector<size_t> kv_offset;
-  void init_kv();
-  float* kv_keys(int l);
-  float* kv_values(int l);
-  void append_kv(int l, int T, int n_past, const float* k_src, const float* v_src);
+  // The attention blocks (gpu_attention.h), one per kind the layers take, each with its device
+  // state: grouped-query attention's KV caches (gpu_gqa_attention.h), DeepSeek-V2/V3's latent
+  // cache (gpu_mla.h). attention_of(l) is layer l's, by its spec.
+  std::unique_ptr<GpuAttention> gqa_attention, mla_attention;
+  GpuAttention& attention_of(int l) {
+    return plan[size_t(l)].attention.kind == AttentionKind::kMla ? *mla_attention : *gqa_attention;
+  }
 
   CudaForward(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& s,
               const GpuForwardOptions& o);
   ~CudaForward() override;
   void linear(const float* xin, const GpuMatrix& W, int T, float* yout, bool accumulate = false);
-  // QK-norm and RoPE of qraw/q and kraw/k (gpu_forward.cpp).
-  void norm_and_rope(const GpuLayerWeights& lw, int T, float* k);
   // q, k and v of the layer from xin: one launch where the three share type and width and T is
   // 1 (gpu::dense_gemm_shared_input), else three linear() calls; the same bits either way.
   void linear_qkv(const float* xin, const GpuLayerWeights& lw, int T, float* yq, float* yk,
@@ -200,15 +191,16 @@ struct CudaForward final : GpuForward {
   bool resident_step_allowed(const ForwardChunk& c) const;
   int resident_step(const ForwardChunk& c, ForwardTimes& times);
   void add_bias(const float* bias, int T, int n, float* yout);
-  void shared_expert(const GpuLayerWeights& lw, int T);
+  void shared_expert(SharedExpertKind kind, const GpuLayerWeights& lw, int T);
+  // The shared expert's output added to x after the routed sum, as the CPU (gated or not).
+  void add_shared_expert(SharedExpertKind kind, int T);
   void dense_mlp(const GpuLayerWeights& lw, int T);
-  void route_on_device(const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
+  void route_on_device(const RouterSpec& router, const GpuLayerWeights& lw, int T, int* ids_d, float* wts_d);
   void warm_up();
 
   // Batches of sequences (gpu_forward_batch.cpp; docs/gpu.md "Batches of sequences"): each slot's
-  // KV cache [n_layers][2][max_ctx][KV][hd_p], allocated on the slot's first use; the step's
-  // rows in the shared scratch, entry i at rows batch_splits[i]..batch_splits[i+1].
-  std::vector<DeviceBuffer> slot_kv;
+  // attention state is its attention block's; the step's rows in the shared scratch, entry i at
+  // rows batch_splits[i]..batch_splits[i+1].
   std::vector<int> batch_splits;
   std::vector<RoutingSequence> batch_sequences;  // the entries as the routing step sees them
   // Set by forward_batch while its layers run. batch_step: moe_layer predicts nothing (no
@@ -226,7 +218,6 @@ struct CudaForward final : GpuForward {
                                float beta);
   void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
-  float* slot_kv_of(int slot);
   void batch_attention_layer(const ForwardBatch& b, int l, ForwardTimes& times);
 };
 

@@ -60,23 +60,24 @@ void CudaForward::warm_up() {
     named("lm_head", w.lm_head.type, [&] { linear(h, w.lm_head, T, logits); });
     for (int l = 0; l < cfg.n_layers; ++l) {
       const GpuLayerWeights& lw = w.layers[size_t(l)];
+      const LayerSpec& spec = plan[size_t(l)];
       const std::string p = "layer " + std::to_string(l) + " ";
-      if (!mla) {  // MLA's projections: GpuMla::warm_up below
+      if (spec.attention.kind == AttentionKind::kGqa) {  // MLA's projections: GpuMla::warm_up below
         named(p + "wq", lw.wq.type, [&] { linear(h, lw.wq, T, qraw); });
         named(p + "wk", lw.wk.type, [&] { linear(h, lw.wk, T, kraw); });
         named(p + "wv", lw.wv.type, [&] { linear(h, lw.wv, T, kraw); });
         named(p + "wo", lw.wo.type, [&] { linear(attn, lw.wo, T, x, true); });
       }
-      if (cfg.qkv_bias) add_bias(lw.bq, T, H * hd, qraw);
-      if (!cfg.is_moe_layer(l)) {  // a dense first layer: its MLP, no experts
+      if (spec.attention.qkv_bias) add_bias(lw.bq, T, H * hd, qraw);
+      if (spec.ffn.kind == FfnKind::kDense) {  // a dense first layer: its MLP, no experts
         named(p + "dense MLP", lw.mlp_gate.type, [&] { dense_mlp(lw, T); });
         continue;
       }
-      if (Fs > 0) {
-        named(p + "shared expert", lw.shared_gate.type, [&] { shared_expert(lw, T); });
-        if (cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, T, D, stream);
+      if (spec.ffn.shared != SharedExpertKind::kNone) {
+        named(p + "shared expert", lw.shared_gate.type, [&] { shared_expert(spec.ffn.shared, lw, T); });
+        add_shared_expert(spec.ffn.shared, T);
       }
-      const ExpertLayout& lay = layouts[size_t(cfg.moe_layer_index(l))];
+      const ExpertLayout& lay = layouts[size_t(spec.ffn.moe_layer)];
       named(p + "experts' gate", lay.types.gate,
             [&] { expert_matmul(lay.types.gate, lay.gate_offset, 0, 1, 1, F, D, xg, gate); });
       named(p + "experts' up", lay.types.up,
@@ -88,11 +89,8 @@ void CudaForward::warm_up() {
     gpu::rms_norm(x, lw.attn_norm, T, D, eps, h, stream);
     linear_f32(h, w.layers[size_t(cfg.first_k_dense_replace)].router, T, D, E, rlog);  // the first MoE layer's
     gpu::rope_neox(q, T, H, half, cos_d, sin_d, stream);
-    if (!mla) norm_and_rope(lw, T, k_tok);  // Qwen3's fused QK-norm + RoPE among them
-    if (mla) mla->warm_up(*this, T);
-    else
-      gpu::attention(padded ? q_pad : q, kv.as<float>(), kv.as<float>(), T, 0, H, KV, hd_p, scale,
-                     padded ? attn_pad : attn, stream);
+    for (GpuAttention* a : {gqa_attention.get(), mla_attention.get()})
+      if (a != nullptr) a->warm_up(*this, T);
     gpu::router_topk(rlog, T, E, K, cfg.norm_topk_prob, ids_d, reinterpret_cast<float*>(ids_d + pairs), stream);
     if (N > 0) gpu::router_topk(la_log, 1, E, N, false, ids_d + 2 * pairs,
                                 reinterpret_cast<float*>(ids_d + 2 * pairs + N), stream);

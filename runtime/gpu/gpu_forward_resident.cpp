@@ -59,23 +59,25 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
   attention_layer(l, 1, c.n_past, times);
   auto tm = std::chrono::steady_clock::now();
   const GpuLayerWeights& lw = w.layers[size_t(l)];
-  if (!cfg.is_moe_layer(l)) {
+  const FfnSpec& ffn = this->plan[size_t(l)].ffn;  // `plan` below is the device's expert plan
+  if (ffn.kind == FfnKind::kDense) {
     gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
     dense_mlp(lw, 1);
     times.expert_compute_s += seconds_since(tm);
     return;
   }
-  const int m = cfg.moe_layer_index(l);
+  const int m = ffn.moe_layer;
   const ExpertLayout& lay = layouts[size_t(m)];
   int* ids_l = ids_d + size_t(l) * K;
   float* wts_l = wts_d + size_t(l) * K;
   gpu::rms_norm(x, lw.ffn_norm, 1, D, eps, h, stream);
   linear_f32(h, lw.router, 1, D, E, rlog);
-  route_on_device(lw, 1, ids_l, wts_l);
+  route_on_device(ffn.router, lw, 1, ids_l, wts_l);
   gpu::moe_plan_decode(ids_l, K, table_d + size_t(m) * E, E, fallback_expert.as<const uint8_t>(),
                        plan, plan + pairs, plan + 2 * pairs, ptr_dev.as<const uint8_t*>(),
                        missed_d + l, x, snapshot.as<float>() + size_t(l) * D, D, stream);
-  if (Fs > 0) shared_expert(lw, 1);
+  const bool shared = ffn.shared != SharedExpertKind::kNone;
+  if (shared) shared_expert(ffn.shared, lw, 1);
   // The kernels moe() launches for an all-hit token, on the same plan: the same bits.
   const float* x_up = gather_expert_inputs(lay, plan, K, true);
   expert_gate_up(lay, 0, K, 1, x_up);
@@ -92,13 +94,12 @@ void CudaForward::resident_layer(int l, const ForwardChunk& c, ForwardTimes& tim
   // The norm that starts the next layer (or lm_head) joins the combine in one launch, unless a
   // shared expert's output comes between them.
   const float* next_norm = l + 1 < L ? w.layers[size_t(l) + 1].attn_norm : c.logits ? w.final_norm : nullptr;
-  if (Fs == 0 && next_norm != nullptr && K <= gpu::kMaxFusedCombineK) {
+  if (!shared && next_norm != nullptr && K <= gpu::kMaxFusedCombineK) {
     gpu::moe_combine_add_norm(y, plan + pairs, wts_l, K, D, x, next_norm, eps, h, stream);
     h_normed = true;
   } else {
     gpu::moe_combine_add(y, plan + pairs, wts_l, 1, K, D, x, stream);
-    if (Fs > 0 && cfg.shared_expert_gated) gpu::gated_add(x, sh_y, sh_logit, 1, D, stream);
-    if (Fs > 0 && !cfg.shared_expert_gated) gpu::add_inplace(x, sh_y, size_t(D), stream);
+    add_shared_expert(ffn.shared, 1);
   }
   times.expert_compute_s += seconds_since(tm);
 }
@@ -154,10 +155,10 @@ int CudaForward::resident_step(const ForwardChunk& c, ForwardTimes& times) {
   // recency); nothing is read, nothing waits.
   auto** ptr_h = ptr_host.as<const uint8_t*>();
   for (int l = 0; l < l0; ++l) {
-    if (!cfg.is_moe_layer(l)) continue;
+    if (plan[size_t(l)].ffn.kind != FfnKind::kRouted) continue;
     unique_ids.assign(ids_h + size_t(l) * K, ids_h + size_t(l + 1) * K);
     std::sort(unique_ids.begin(), unique_ids.end());
-    cache->acquire(cfg.moe_layer_index(l), unique_ids, CacheFill::kDemand, std::span<const uint8_t*>(ptr_h, size_t(K)));
+    cache->acquire(plan[size_t(l)].ffn.moe_layer, unique_ids, CacheFill::kDemand, std::span<const uint8_t*>(ptr_h, size_t(K)));
     cache->kernels_enqueued();
   }
   if (l0 < L) {

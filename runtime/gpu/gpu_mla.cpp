@@ -1,4 +1,4 @@
-// Implementation of runtime/gpu/gpu_mla.h: the steps of MlaAttention::forward
+// Implementation of runtime/gpu/gpu_mla.h: the steps of MlaAttention (one sequence)
 // (runtime/model/mla_attention.cpp) on the forward pass's stream, in the same order and with the
 // same constants (softmax scale with YaRN's mscale, the RoPE tables of Rope::fill).
 #include "runtime/gpu/gpu_mla.h"
@@ -117,5 +117,15 @@ void GpuMla::warm_up(CudaForward& f, int T) {
     named("wkv_b", lw.wkv_b.type, [&] { layer(f, l, T, 0); });
   }
 }
+
+namespace {
+[[noreturn]] void refuse_batches() {
+  throw ConfigError("--gpu: batches of sequences (--parallel) run standard attention on the GPU; MLA batches run on "
+                    "the CPU path (drop --gpu)");
+}
+}  // namespace
+
+void GpuMla::batch_layer(CudaForward&, const ForwardBatch&, int) { refuse_batches(); }
+void GpuMla::prepare_slot(CudaForward&, int) { refuse_batches(); }
 
 }  // namespace moestream::detail

@@ -9,13 +9,14 @@
 #include <string>
 
 #include "loader/format/model_config.h"
+#include "runtime/gpu/gpu_attention.h"
 #include "runtime/gpu/gpu_weights.h"
 
 namespace moestream::detail {
 
 struct CudaForward;
 
-class GpuMla {
+class GpuMla final : public GpuAttention {
  public:
   // Allocates the latent cache for max_context positions of every layer and the scratch of
   // max_batch tokens; ConfigError when a dimension is outside what the kernels take.
@@ -24,14 +25,18 @@ class GpuMla {
   // Layer l's attention for the chunk's T normalised rows in f.h at positions n_past..: the
   // latent rows appended to the cache, wo . o added to the residual f.x (all on f.stream, no
   // host sync, so resident decode runs it too).
-  void layer(CudaForward& f, int l, int T, int n_past);
+  void layer(CudaForward& f, int l, int T, int n_past) override;
+  // Batches of sequences need a latent state per slot, which the GPU pass does not keep:
+  // ConfigError (Model::create refuses --parallel with --gpu on an MLA model first).
+  void batch_layer(CudaForward& f, const ForwardBatch& b, int l) override;
+  void prepare_slot(CudaForward& f, int slot) override;
   // Every layer's matrices and kernels once on T scratch rows (positions 0..T-1 of the cache,
   // rewritten before any forward reads them); a matrix type the kernels do not take is a
   // ConfigError naming the layer and tensor.
-  void warm_up(CudaForward& f, int T);
+  void warm_up(CudaForward& f, int T) override;
 
-  size_t cache_bytes() const { return cache_.bytes(); }
-  size_t scratch_bytes() const { return act_.bytes() + wkv_b_f32_.bytes() + row_ids_.bytes(); }
+  size_t state_bytes() const override { return cache_.bytes(); }
+  size_t scratch_bytes() const override { return act_.bytes() + wkv_b_f32_.bytes() + row_ids_.bytes(); }
   // The widest input of an MLA projection (the caller's rounding scratch covers it).
   static int max_input_width(const ModelConfig& cfg);
 

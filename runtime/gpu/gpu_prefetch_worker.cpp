@@ -75,8 +75,8 @@ void GpuPrefetchWorker::loop() {
     try {
       store_.begin_fetch(group[0]->layer, ids);
       size_t i = 0;
-      const uint8_t* payload = nullptr;
-      while (store_.next_ready(&i, &payload, true)) {
+      ExpertMatrices m;
+      while (store_.next_ready(&i, &m, true)) {
         MOE_ASSERT(i < group.size(), "store handed out an expert it was not asked for");
         Job& j = *group[i];
         {
@@ -84,7 +84,7 @@ void GpuPrefetchWorker::loop() {
           if (j.state != JobState::kReading) continue;  // cancelled: nothing to copy
           j.state = JobState::kCopying;
         }
-        copy_prediction(j, payload);
+        copy_prediction(j, m.payload);
         {
           std::lock_guard<std::mutex> lk(mu_);
           j.state = JobState::kIssued;

@@ -154,7 +154,7 @@ uint64_t GpuStagingRing::read_and_upload(ExpertStore& store, int layer, const st
                                          const GpuPinnedMappings* pinned, GpuCacheTelemetry& tel,
                                          const std::function<void(const GpuCopy&)>& on_copied) {
   const ExpertLayout& lay = parts.layout;
-  store.begin_fetch_matrices(layer, ids);
+  store.begin_fetch(layer, ids, FetchForm::kMatrices);
   std::vector<GpuCopy> landed;
   std::vector<uint8_t> taken(cs.size(), 0);
   size_t index = 0, got = 0;
@@ -189,12 +189,12 @@ uint64_t GpuStagingRing::read_and_upload(ExpertStore& store, int layer, const st
   };
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
-    const bool any = store.next_ready_matrices(&index, &m, lay, true);
+    const bool any = store.next_ready(&index, &m, true);
     tel.demand_wait_s += seconds_since(t0);
     if (!any) break;
     landed.clear();
     take();
-    while (store.next_ready_matrices(&index, &m, lay, false)) take();
+    while (store.next_ready(&index, &m, false)) take();
     last = upload(landed, tel.h2d_copies, tel.h2d_bytes);
     for (const GpuCopy& c : landed) on_copied(c);
   }

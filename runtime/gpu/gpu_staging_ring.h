@@ -62,7 +62,7 @@ class GpuStagingRing {
   uint64_t upload(std::vector<GpuCopy>& cs, uint64_t& h2d_copies, uint64_t& h2d_bytes);
   // Reads cs[i] = expert ids[i] of `layer` through `store` (host tiers first; the matrices
   // form, so page-cache pages verified earlier come as the mapping's own pages, never read into
-  // a buffer) and uploads each as soon as it has landed: one next_ready_matrices() that waits,
+  // a buffer) and uploads each as soon as it has landed: one next_ready() that waits,
   // plus every other expert ready by then, is one upload, so the copies of early experts overlap
   // the reads of late ones. Parts inside `pinned` (when set) are copied from there; the rest
   // are staged. on_copied(copy) follows each upload, for each of its copies (seq set; an expert

@@ -1,5 +1,13 @@
-// Implementation of runtime/model/cpu_forward.h: embedding, per-layer attention and MoE with
-// residuals, final norm and lm_head, for one chunk of at most max_batch tokens.
+// Implementation of runtime/model/cpu_forward.h: embedding, the layer stack, final norm and
+// lm_head, for a chunk of one sequence or a step of several (at most max_batch rows either way).
+//
+// A batch (continuous batching) runs the dense products once over all of the step's rows, each
+// sequence's attention against its own state, then every token routed and the union of the
+// selected experts fetched once. Each sequence's numbers equal, bitwise, those of its run alone
+// with the same chunks, by construction: linear_ranges gives each sequence's rows the product
+// its run alone computes (dense_ops.h), a sequence's attention runs on its own rows at the start
+// of a scratch, and the MoE layer computes each (expert, token) pair and each token's weighted
+// sum on its own.
 #include "runtime/model/cpu_forward.h"
 
 #include <algorithm>
@@ -11,52 +19,50 @@
 #include "common/timing.h"
 #include "kernels/cpu/ggml_quant.h"
 #include "kernels/cpu/quant.h"
-#include "runtime/model/attention.h"
-#include "runtime/model/cpu_batch.h"
-#include "runtime/model/mla_attention.h"
 #include "runtime/model/dense_ops.h"
 #include "runtime/model/dense_weights.h"
-#include "runtime/model/moe_layer.h"
+#include "runtime/model/layer_stack.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/routing_step.h"
 #include "runtime/model/sampler.h"
 
 namespace moestream {
+
+void ForwardPass::forward_batch(const ForwardBatch&, const RoutingControl&, ForwardTimes&, CacheAwareStats&) {
+  throw ConfigError("this forward pass runs one sequence at a time: batches of sequences "
+                    "(Model::forward_batch) need the CPU pass (not --gpu)");
+}
 
 struct CpuForward::Impl {
   const ModelConfig& cfg;
   ExpertStore& store;
   ThreadPool& pool;
-  int max_batch;
+  int max_batch, max_context;
   DenseWeights w;
   Rope rope;
-  std::unique_ptr<Attention> attention;  // one of the two: standard, or MLA (DeepSeek-V3)
-  std::unique_ptr<MlaAttention> mla;
-  MoeLayer moe;
+  LayerStack stack;
   RoutingStep routing_step;  // the chunk's (or a batch step's) override, id check, cache-aware swap, events
-  PhaseTimes moe_times;
-  RowMatrix x, h, tmp;          // [max_batch, D]
-  RowMatrix mlp_act, mlp_up;    // [max_batch, intermediate_size]: dense-MLP layers (GLM-4.5)
-  std::vector<float> cos, sin;  // [max_batch, head_dim/2]
-  int max_context;
-  std::unique_ptr<CpuBatchPass> batch;  // forward_batch's slots and scratch, made on first use
+  RowMatrix x, h;               // [max_batch, D]: the residual stream, the final norm's rows
+  RowMatrix logits;             // [rows, vocab]: lm_head of a batch step, grown to the most rows asked
+  std::vector<float> cos, sin;  // [max_batch, rope half]
+  std::vector<int> splits, logit_splits;
+  std::vector<StepSequence> sequences;
+  std::vector<RoutingSequence> routed;  // the batch's entries as the routing step sees them
   int moe_lookahead = 0;                // set_moe_lookahead
   bool lookahead_from_override = false;
 
-  Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store,
-       ThreadPool& p, int max_context, int max_batch_)
-      : cfg(c), store(store), pool(p), max_batch(max_batch_), w(DenseWeights::load(dense_path, c)), rope(c),
-        moe(c, store, max_batch_), routing_step(c), max_context(max_context) {
-    if (cfg.has_mla()) mla = std::make_unique<MlaAttention>(cfg, max_context, max_batch);
-    else attention = std::make_unique<Attention>(cfg, max_context, max_batch);
+  Impl(const ModelConfig& c, const std::filesystem::path& dense_path, ExpertStore& store, ThreadPool& p,
+       int max_context, int max_batch_)
+      : cfg(c), store(store), pool(p), max_batch(max_batch_), max_context(max_context),
+        w(DenseWeights::load(dense_path, c)), rope(c), stack(c, w, store, max_context, max_batch_), routing_step(c) {
     x.resize(max_batch, cfg.hidden_size);
     h.resize(max_batch, cfg.hidden_size);
-    tmp.resize(max_batch, cfg.hidden_size);
     cos.resize(size_t(max_batch) * size_t(rope.half_dim()));
     sin.resize(cos.size());
-    if (cfg.first_k_dense_replace > 0) {
-      mlp_act.resize(max_batch, cfg.intermediate_size);
-      mlp_up.resize(max_batch, cfg.intermediate_size);
-    }
+    splits.reserve(size_t(max_batch) + 1);
+    logit_splits.reserve(size_t(max_batch) + 1);
+    sequences.reserve(size_t(max_batch));
+    routed.reserve(size_t(max_batch));
     // Every pool thread sizes its matvec scratch now, so a decode step allocates nothing even
     // on a thread that first takes a task many steps in (as on a loaded machine).
     // The ggml kernels' scratch (dense matrices in a ggml type, GGUF experts) for up to max_batch
@@ -75,16 +81,13 @@ struct CpuForward::Impl {
   }
   ~Impl() { store.set_deferred_checks({}); }  // the pool may go before the store
 
-  // The dense SwiGLU MLP of a layer below first_k_dense_replace: h -> tmp.
-  void dense_mlp(const LayerWeights& lw, int T) {
-    const int I = cfg.intermediate_size, D = cfg.hidden_size;
-    const ConstRowMap hm(h.data(), T, D);
-    RowMap act(mlp_act.data(), T, I), up(mlp_up.data(), T, I);
-    const DenseMatrix* ws[2] = {&lw.mlp_gate, &lw.mlp_up};
-    RowMap* ys[2] = {&act, &up};
-    linear_group(pool, hm, ws, ys);
-    swiglu(act, up.data());
-    linear(pool, ConstRowMap(act.data(), T, I), lw.mlp_down, RowMap(tmp.data(), T, D));
+  // Row t of x: token id's embedding.
+  void embed(int t, int token) {
+    MOE_ASSERT(token >= 0 && size_t(token) < w.embed.rows, "token id outside the vocabulary");
+    w.embed.decode_row(size_t(token), x.row(t).data());
+  }
+  LayerStep step(int T) {
+    return LayerStep{pool, T, splits, sequences, cos.data(), sin.data(), &routing_step, nullptr, {}};
   }
 };
 
@@ -101,15 +104,6 @@ void CpuForward::set_moe_lookahead(int n, bool from_override) {
   impl_->lookahead_from_override = from_override;
 }
 
-void CpuForward::forward_batch(const ForwardBatch& batch, const RoutingControl& routing,
-                               ForwardTimes& times, CacheAwareStats& cache_aware) {
-  Impl& m = *impl_;
-  if (!m.batch)
-    m.batch = std::make_unique<CpuBatchPass>(m.cfg, m.w, m.rope, m.moe, m.routing_step, m.pool, m.max_context,
-                                             m.max_batch);
-  m.batch->forward(batch, routing, times, cache_aware);
-}
-
 void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& routing,
                                ForwardTimes& times, CacheAwareStats& cache_aware) {
   Impl& m = *impl_;
@@ -118,55 +112,15 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
   MOE_ASSERT(T > 0 && T <= m.max_batch);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   auto t0 = std::chrono::steady_clock::now();
-  for (int t = 0; t < T; ++t) {
-    MOE_ASSERT(c.tokens[t] >= 0 && size_t(c.tokens[t]) < m.w.embed.rows, "token id outside the vocabulary");
-    m.w.embed.decode_row(size_t(c.tokens[t]), m.x.row(t).data());
-  }
+  for (int t = 0; t < T; ++t) m.embed(t, c.tokens[t]);
   m.rope.fill(c.n_past, T, m.cos.data(), m.sin.data());
+  m.splits.assign({0, T});
+  m.sequences.assign({StepSequence{kOwnSequence, 0, T, c.n_past}});
   times.other_s += seconds_since(t0);
 
   m.routing_step.begin_chunk(routing, c, cache_aware);
-  MoeRouting mr;
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const LayerWeights& lw = m.w.layers[size_t(l)];
-    auto ta = std::chrono::steady_clock::now();
-    for (int t = 0; t < T; ++t)
-      rms_norm(m.x.row(t).data(), lw.attn_norm.data(), D, eps, m.h.row(t).data());
-    if (m.mla) m.mla->forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(), m.tmp.data());
-    else m.attention->forward(m.pool, l, lw, m.h.data(), T, c.n_past, m.cos.data(), m.sin.data(), m.tmp.data());
-    m.x.topRows(T) += m.tmp.topRows(T);
-    times.attention_s += seconds_since(ta);
-
-    auto tm = std::chrono::steady_clock::now();
-    for (int t = 0; t < T; ++t)
-      rms_norm(m.x.row(t).data(), lw.ffn_norm.data(), D, eps, m.h.row(t).data());
-    if (!cfg.is_moe_layer(l)) {  // GLM-4.5 / DeepSeek-V3's first layers: no experts, no routing
-      m.dense_mlp(lw, T);
-      m.x.topRows(T) += m.tmp.topRows(T);
-      times.expert_compute_s += seconds_since(tm);
-      continue;
-    }
-    const int moe_l = cfg.moe_layer_index(l);  // experts, logs and overrides number MoE layers
-    PhaseTimes before = m.moe_times;
-    // Look-ahead: the next decoder layer's router, when that layer has experts.
-    const bool ahead = m.moe_lookahead > 0 && l + 1 < cfg.n_layers && cfg.is_moe_layer(l + 1);
-    mr.lookahead = ahead ? m.moe_lookahead : 0;
-    mr.lookahead_next = ahead ? &m.w.layers[size_t(l) + 1] : nullptr;
-    mr.lookahead_layer = ahead ? cfg.moe_layer_index(l + 1) : -1;
-    mr.lookahead_from_override = m.lookahead_from_override;
-    m.moe.forward(m.pool, moe_l, lw, m.h.data(), T, m.tmp.data(), m.moe_times, m.routing_step, mr);
-    if (m.routing_step.observed()) {
-      m.moe.verify_pending(m.pool, m.moe_times.expert_io_s);  // the event hands out this layer's input
-      m.routing_step.publish(moe_l, m.moe.last_ids().data(), m.moe.last_weights().data(), m.h.data());
-    }
-    m.x.topRows(T) += m.tmp.topRows(T);
-    const double moe_total = seconds_since(tm);
-    const double router = m.moe_times.router_s - before.router_s;
-    const double io = m.moe_times.expert_io_s - before.expert_io_s;
-    times.router_s += router;
-    times.expert_io_s += io;
-    times.expert_compute_s += moe_total - router - io;  // norm and residual count as compute
-  }
+  LayerStep step = m.step(T);
+  m.stack.forward(step, m.x.data(), m.moe_lookahead, m.lookahead_from_override, times);
 
   if (c.logits != nullptr) {
     auto tl = std::chrono::steady_clock::now();
@@ -174,17 +128,78 @@ void CpuForward::forward_chunk(const ForwardChunk& c, const RoutingControl& rout
     const int rows = T - first;
     for (int t = first; t < T; ++t)
       rms_norm(m.x.row(t).data(), m.w.final_norm.data(), D, eps, m.h.row(t - first).data());
-    linear(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(),
-           RowMap(c.logits, rows, cfg.vocab_size));
+    linear(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(), RowMap(c.logits, rows, cfg.vocab_size));
     times.other_s += seconds_since(tl);
   }
   // After lm_head, whose sections the last layer's hashes overlapped: nothing leaves the pass
   // (logits, KV entries for the next chunk) before every first use it computed passed.
-  m.moe.verify_pending(m.pool, times.expert_io_s);
+  m.stack.verify_pending(m.pool, times.expert_io_s);
   if (c.argmax != nullptr) {
     MOE_ASSERT(c.logits != nullptr && !c.all_logits, "forward_chunk: argmax needs the last token's logits");
     *c.argmax = Sampler::argmax(std::span<const float>(c.logits, size_t(cfg.vocab_size)));
   }
+}
+
+void CpuForward::forward_batch(const ForwardBatch& b, const RoutingControl& routing, ForwardTimes& times,
+                               CacheAwareStats& cache_aware) {
+  Impl& m = *impl_;
+  const int D = m.cfg.hidden_size, half = m.rope.half_dim(), n = b.n_entries;
+  MOE_ASSERT(n > 0 && b.entries != nullptr, "empty batch");
+  MOE_ASSERT(!routing.override, "the model's routing override has one clock: batches take per-sequence ones");
+  // Entry i owns rows splits[i]..splits[i+1] of every scratch matrix.
+  auto t0 = std::chrono::steady_clock::now();
+  m.splits.assign(1, 0);
+  m.sequences.clear();
+  m.routed.clear();
+  for (int i = 0; i < n; ++i) {
+    const BatchEntry& e = b.entries[i];
+    const ForwardChunk& c = e.chunk;
+    MOE_ASSERT(e.slot >= 0 && e.slot < kMaxBatchSlots, "batch slot out of range");
+    MOE_ASSERT(c.n_tokens > 0 && c.n_past >= 0 && c.n_past + c.n_tokens <= m.max_context);
+    for (int j = 0; j < i; ++j) MOE_ASSERT(b.entries[j].slot != e.slot, "slot twice in a batch");
+    const int r0 = m.splits.back();
+    MOE_ASSERT(r0 + c.n_tokens <= m.max_batch, "batch larger than max_batch");
+    m.routed.push_back(RoutingSequence{r0, c.n_tokens, c.n_past, c.prefill, e.slot, e.override, c.ordinal});
+    m.sequences.push_back(StepSequence{batch_state(e.slot), r0, c.n_tokens, c.n_past});
+    m.splits.push_back(r0 + c.n_tokens);
+    for (int t = 0; t < c.n_tokens; ++t) m.embed(r0 + t, c.tokens[t]);
+    m.rope.fill(c.n_past, c.n_tokens, m.cos.data() + size_t(r0) * half, m.sin.data() + size_t(r0) * half);
+    m.stack.prepare(batch_state(e.slot));  // allocated before the timed layers
+  }
+  const int T = m.splits.back();
+  const float eps = static_cast<float>(m.cfg.rms_norm_eps);
+  times.other_s += seconds_since(t0);
+
+  m.routing_step.begin_chunk(routing, m.routed, cache_aware);
+  LayerStep step = m.step(T);
+  m.stack.forward(step, m.x.data(), 0, false, times);
+
+  // lm_head once over the rows every sequence asks logits for, then out to each one's buffer.
+  auto tl = std::chrono::steady_clock::now();
+  m.logit_splits.assign(1, 0);
+  for (int i = 0; i < n; ++i) {
+    const ForwardChunk& c = b.entries[i].chunk;
+    if (c.logits == nullptr) continue;
+    const int r0 = m.splits[size_t(i)], first = c.all_logits ? 0 : c.n_tokens - 1;
+    for (int t = first; t < c.n_tokens; ++t)
+      rms_norm(m.x.row(r0 + t).data(), m.w.final_norm.data(), D, eps, m.h.row(m.logit_splits.back() + t - first).data());
+    m.logit_splits.push_back(m.logit_splits.back() + c.n_tokens - first);
+  }
+  const int rows = m.logit_splits.back(), V = m.cfg.vocab_size;
+  if (rows > 0) {
+    if (m.logits.rows() < rows) m.logits.resize(rows, V);  // grows to the most rows a step asked
+    linear_ranges(m.pool, ConstRowMap(m.h.data(), rows, D), m.w.output(), RowMap(m.logits.data(), rows, V),
+                  m.logit_splits);
+    for (int i = 0, j = 0; i < n; ++i) {
+      const ForwardChunk& c = b.entries[i].chunk;
+      if (c.logits == nullptr) continue;
+      const int r = m.logit_splits[size_t(j)], k = m.logit_splits[size_t(j) + 1] - r;
+      std::copy_n(m.logits.row(r).data(), size_t(k) * size_t(V), c.logits);
+      ++j;
+    }
+  }
+  times.other_s += seconds_since(tl);
+  m.stack.verify_pending(m.pool, times.expert_io_s);  // every first use checked before the step returns
 }
 
 }  // namespace moestream

@@ -26,15 +26,15 @@ class CpuForward final : public ForwardPass {
   // Cache-aware residency: the store's tiers (any but kStorage).
   void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
-  // Batches of sequences, each in its own KV slot (runtime/model/cpu_batch.h); the slots are
+  // Batches of sequences, each with its own attention state (a batch step of the layer stack); the slots are
   // separate from forward_chunk's sequence.
   void forward_batch(const ForwardBatch& batch, const RoutingControl& routing, ForwardTimes& times,
                      CacheAwareStats& cache_aware) override;
 
   // Look-ahead (issue 19, --moe-lookahead N): during each decode step's layer L, predict layer
-  // L+1's N most likely experts and have the store read them ahead (MoeRouting::lookahead).
+  // L+1's N most likely experts and have the store read them ahead (Lookahead in blocks.h).
   // 0 = off. ConfigError outside [0, n_experts]. Never changes the output. `from_override`:
-  // with a routing override, predict from it (MoeRouting::lookahead_from_override).
+  // with a routing override, predict from it (Lookahead::from_override).
   void set_moe_lookahead(int n, bool from_override = false);
 
  private:

@@ -103,6 +103,12 @@ void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w,
   linear_f32_ranges(pool, x, m, y, splits);
 }
 
+void linear_group_ranges(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
+                         std::span<RowMap* const> ys, std::span<const int> splits) {
+  if (splits.size() <= 2) return linear_group(pool, x, ws, ys);
+  for (size_t m = 0; m < ws.size(); ++m) linear_ranges(pool, x, *ws[m], *ys[m], splits);
+}
+
 void swiglu(RowMap gate, const float* up) {
   const ConstRowMap u(up, gate.rows(), gate.cols());
   gate.array() = gate.array() / (1.0f + (-gate.array()).exp()) * u.array();

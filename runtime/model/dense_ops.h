@@ -35,7 +35,7 @@ void linear(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w, RowMap
 void linear_group(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
                   std::span<RowMap* const> ys);
 
-// Batches of sequences (runtime/model/cpu_batch.h): the same over the rows of several sequences
+// Batches of sequences (runtime/model/cpu_forward.cpp): the same over the rows of several sequences
 // at once, `splits` their row boundaries (0 first, x.rows() last), each range's rows getting the
 // bits linear() gives that range alone, while W is read once for all of them. A stored type's
 // kernel computes each input row on its own (ggml_matmul equals ggml_matvec input by input), so
@@ -46,6 +46,10 @@ void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const DenseMatrix& w,
                    std::span<const int> splits);
 void linear_ranges(ThreadPool& pool, const ConstRowMap& x, const RowMatrix& w, RowMap y,
                    std::span<const int> splits);
+// linear_group over the ranges of `splits`: one range (or none) is linear_group, several are
+// linear_ranges per matrix; either way each range gets the bits linear() gives it alone.
+void linear_group_ranges(ThreadPool& pool, const ConstRowMap& x, std::span<const DenseMatrix* const> ws,
+                         std::span<RowMap* const> ys, std::span<const int> splits);
 
 // SwiGLU's activation in place: gate = silu(gate) * up over a block of rows (`up` alike,
 // contiguous), as one Eigen expression (a vectorised exp from the block's first aligned element

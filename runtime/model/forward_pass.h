@@ -35,6 +35,9 @@ struct RoutingControl {
   CacheAwareOptions cache_aware;  // residency: the tiers the pass reads experts through
 };
 
+// Slots a batch pass accepts; Model bounds them lower (ModelOptions::max_sequences).
+inline constexpr int kMaxBatchSlots = 1024;
+
 // Batches of sequences (continuous batching): one step carries tokens of several sequences, each
 // at its own position in its own KV slot. RoutingControl::override (one clock for the model)
 // refuses batches; a sequence replays its own routing through `override` instead.
@@ -62,7 +65,7 @@ class ForwardPass {
   // phase to `times` and cache-aware counters to `cache_aware`.
   virtual void forward_chunk(const ForwardChunk& chunk, const RoutingControl& routing,
                              ForwardTimes& times, CacheAwareStats& cache_aware) = 0;
-  // Runs one step of several sequences (runtime/model/cpu_batch.h), each entry appending its KV
+  // Runs one step of several sequences (runtime/model/cpu_forward.cpp), each entry appending its KV
   // rows to its slot's cache, independent of forward_chunk's sequence. The default refuses
   // (ConfigError): passes that run one sequence at a time (the GPU's, for now).
   virtual void forward_batch(const ForwardBatch& batch, const RoutingControl& routing,

@@ -24,35 +24,77 @@ size_t mla_cache_floats_per_token(const ModelConfig& cfg) {
   return size_t(cfg.kv_lora_rank) + size_t(cfg.qk_rope_head_dim);
 }
 
-MlaAttention::MlaAttention(const ModelConfig& cfg, int max_context, int max_batch)
-    : D_(cfg.hidden_size), H_(cfg.n_heads), Q_(cfg.q_lora_rank), C_(cfg.kv_lora_rank), n_(cfg.qk_nope_head_dim),
-      r_(cfg.qk_rope_head_dim), v_(cfg.v_head_dim), max_ctx_(max_context), max_batch_(max_batch),
-      eps_(static_cast<float>(cfg.rms_norm_eps)), scale_(mla_softmax_scale(cfg)) {
+namespace {
+std::string latent_source(int max_context) {
+  return "the context length " + std::to_string(max_context) +
+         " (--ctx, ctx=) and model.json's n_layers x (mla.kv_lora_rank + mla.qk_rope_head_dim)";
+}
+}  // namespace
+
+MlaScratch::MlaScratch(const ModelConfig& cfg, int max_context, int max_batch) {
+  const int H = cfg.n_heads, C = cfg.kv_lora_rank, r = cfg.qk_rope_head_dim;
+  if (cfg.q_lora_rank > 0) qa.resize(max_batch, cfg.q_lora_rank);
+  q.resize(max_batch, H * (cfg.qk_nope_head_dim + r));
+  kva.resize(max_batch, C + r);
+  q_abs.resize(max_batch, H * (C + r));
+  ctx.resize(max_batch, H * C);
+  o.resize(max_batch, H * cfg.v_head_dim);
+  scores.resize(H, max_context);
+  row_buf.resize(H, C);
+  in.resize(max_batch, cfg.hidden_size);
+  out.resize(max_batch, cfg.hidden_size);
+}
+
+void check_latent_cache_size(const ModelConfig& cfg, int max_context) {
+  const std::string source = latent_source(max_context);
+  const uint64_t per_layer =
+      checked_product({uint64_t(max_context), mla_cache_floats_per_token(cfg)}, "the latent KV cache of " + source);
+  checked_product({uint64_t(cfg.n_layers), per_layer, sizeof(float)}, "the latent KV cache of " + source);
+}
+
+MlaAttention::MlaAttention(const ModelConfig& cfg, MlaScratch& scratch, int max_context, int max_batch)
+    : s_(scratch), D_(cfg.hidden_size), H_(cfg.n_heads), Q_(cfg.q_lora_rank), C_(cfg.kv_lora_rank),
+      n_(cfg.qk_nope_head_dim), r_(cfg.qk_rope_head_dim), v_(cfg.v_head_dim), max_ctx_(max_context),
+      max_batch_(max_batch), eps_(static_cast<float>(cfg.rms_norm_eps)), scale_(mla_softmax_scale(cfg)) {
   if (!cfg.has_mla()) throw ConfigError("model.json: MLA attention needs mla.kv_lora_rank > 0");
   if (r_ <= 0 || r_ % 2 != 0)
     throw ConfigError("model.json: mla.qk_rope_head_dim must be positive and even, got " + std::to_string(r_));
-  const std::string source = "the context length " + std::to_string(max_ctx_) +
-                             " (--ctx, ctx=) and model.json's n_layers x (mla.kv_lora_rank + mla.qk_rope_head_dim)";
-  const size_t per_layer =
-      checked_product({uint64_t(max_ctx_), mla_cache_floats_per_token(cfg)}, "the latent KV cache of " + source);
-  const uint64_t total_bytes =
-      checked_product({uint64_t(cfg.n_layers), per_layer, sizeof(float)}, "the latent KV cache of " + source);
-  allocating("the latent KV cache", total_bytes, source, [&] {
-    // Untouched pages cost address space only, as in Attention.
-    for (int l = 0; l < cfg.n_layers; ++l) cache_.emplace_back(new float[per_layer]);
-  });
-  if (Q_ > 0) qa_.resize(max_batch_, Q_);
-  q_.resize(max_batch_, H_ * (n_ + r_));
-  kva_.resize(max_batch_, C_ + r_);
-  q_abs_.resize(max_batch_, H_ * (C_ + r_));
-  ctx_.resize(max_batch_, H_ * C_);
-  o_.resize(max_batch_, H_ * v_);
-  scores_.resize(H_, max_ctx_);
-  row_buf_.resize(H_, C_);
+  check_latent_cache_size(cfg, max_context);
 }
 
-size_t MlaAttention::cache_bytes() const {
-  return cache_.size() * size_t(max_ctx_) * size_t(C_ + r_) * sizeof(float);
+void MlaAttention::prepare(int state) {
+  MOE_ASSERT(state >= 0, "state index");
+  if (size_t(state) >= states_.size()) states_.resize(size_t(state) + 1);
+  auto& cache = states_[size_t(state)];
+  if (cache) return;
+  const size_t n = size_t(max_ctx_) * size_t(C_ + r_);
+  // Untouched pages cost address space only, as in GqaAttention.
+  allocating("the latent KV cache", n * sizeof(float), latent_source(max_ctx_), [&] { cache.reset(new float[n]); });
+}
+
+size_t MlaAttention::state_bytes() const {
+  size_t n = 0;
+  for (const auto& c : states_)
+    if (c) n += size_t(max_ctx_) * size_t(C_ + r_) * sizeof(float);
+  return n;
+}
+
+void MlaAttention::forward(const LayerStep& step, const LayerWeights& w, const float* h, float* out) {
+  const int half = r_ / 2;
+  for (const StepSequence& sq : step.sequences) {
+    MOE_ASSERT(size_t(sq.state) < states_.size() && states_[size_t(sq.state)], "latent state not prepared");
+    float* cache = states_[size_t(sq.state)].get();
+    const float* cos = step.cos + size_t(sq.row0) * half;
+    const float* sin = step.sin + size_t(sq.row0) * half;
+    const int r0 = sq.row0, n = sq.n_tokens;
+    if (r0 == 0) {  // at the start of the step's rows already, as its run alone has them
+      sequence(step.pool, w, cache, h, n, sq.n_past, cos, sin, out);
+      continue;
+    }
+    s_.in.topRows(n) = ConstRowMap(h, step.T, D_).middleRows(r0, n);
+    sequence(step.pool, w, cache, s_.in.data(), n, sq.n_past, cos, sin, s_.out.data());
+    RowMap(out, step.T, D_).middleRows(r0, n) = s_.out.topRows(n);
+  }
 }
 
 namespace {
@@ -64,24 +106,23 @@ const float* row_f32(const DenseMatrix& m, size_t r, float* buf) {
 }
 }  // namespace
 
-void MlaAttention::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T, int n_past,
-                           const float* cos, const float* sin, float* out) {
+void MlaAttention::sequence(ThreadPool& pool, const LayerWeights& w, float* cache, const float* x, int T,
+                            int n_past, const float* cos, const float* sin, float* out) {
   MOE_ASSERT(T > 0 && T <= max_batch_ && n_past + T <= max_ctx_);
   MOE_ASSERT(w.wkv_b.rows == size_t(H_) * size_t(n_ + v_) && w.wkv_b.cols == size_t(C_));
   const int qk = n_ + r_, lat = C_ + r_, half = r_ / 2;
   ConstRowMap xm(x, T, D_);
-  RowMap q(q_.data(), T, H_ * qk), kva(kva_.data(), T, lat);
+  RowMap q(s_.q.data(), T, H_ * qk), kva(s_.kva.data(), T, lat);
   if (Q_ > 0) {  // q LoRA: down-projection, its RMSNorm, up-projection
-    RowMap qa(qa_.data(), T, Q_);
+    RowMap qa(s_.qa.data(), T, Q_);
     linear(pool, xm, w.wq_a, qa);
     for (int t = 0; t < T; ++t) rms_norm(qa.row(t).data(), w.q_a_norm.data(), Q_, eps_, qa.row(t).data());
-    linear(pool, ConstRowMap(qa_.data(), T, Q_), w.wq_b, q);
+    linear(pool, ConstRowMap(s_.qa.data(), T, Q_), w.wq_b, q);
   } else {
     linear(pool, xm, w.wq, q);
   }
   linear(pool, xm, w.wkv_a, kva);
 
-  float* cache = cache_[static_cast<size_t>(layer)].get();
   for (int t = 0; t < T; ++t) {
     const float* ct = cos + size_t(t) * half;
     const float* st = sin + size_t(t) * half;
@@ -93,15 +134,15 @@ void MlaAttention::forward(ThreadPool& pool, int layer, const LayerWeights& w, c
     for (int h = 0; h < H_; ++h) {
       float* qr = q.row(t).data() + size_t(h) * qk + n_;
       Rope::apply(qr, ct, st, half);
-      std::copy(qr, qr + r_, q_abs_.row(t).data() + size_t(h) * lat + C_);
+      std::copy(qr, qr + r_, s_.q_abs.row(t).data() + size_t(h) * lat + C_);
     }
   }
 
   ConstRowMap K(cache, max_ctx_, lat);
-  RowMap qa_abs(q_abs_.data(), T, H_ * lat), ctx(ctx_.data(), T, H_ * C_), o(o_.data(), T, H_ * v_);
+  RowMap qa_abs(s_.q_abs.data(), T, H_ * lat), ctx(s_.ctx.data(), T, H_ * C_), o(s_.o.data(), T, H_ * v_);
   pool.parallel_for(static_cast<size_t>(H_), [&](size_t hi) {
     const int h = static_cast<int>(hi);
-    float* buf = row_buf_.row(h).data();
+    float* buf = s_.row_buf.row(h).data();
     const size_t base = size_t(h) * size_t(n_ + v_);
     // Absorb W_UK: q_lat = sum_i q_nope[i] * wkv_b[key row i], so q_lat . latent = q_nope . k_nope.
     for (int t = 0; t < T; ++t) qa_abs.row(t).segment(Eigen::Index(h) * lat, C_).setZero();
@@ -110,7 +151,7 @@ void MlaAttention::forward(ThreadPool& pool, int layer, const LayerWeights& w, c
       for (int t = 0; t < T; ++t)
         qa_abs.row(t).segment(Eigen::Index(h) * lat, C_) += q(t, Eigen::Index(h) * qk + i) * wr;
     }
-    auto s_row = scores_.row(h);
+    auto s_row = s_.scores.row(h);
     for (int t = 0; t < T; ++t) {
       const int len = n_past + t + 1;  // causal
       auto s = s_row.head(len);
@@ -128,7 +169,7 @@ void MlaAttention::forward(ThreadPool& pool, int layer, const LayerWeights& w, c
     }
   });
   RowMap om(out, T, D_);
-  linear(pool, ConstRowMap(o_.data(), T, H_ * v_), w.wo, om);
+  linear(pool, ConstRowMap(s_.o.data(), T, H_ * v_), w.wo, om);
 }
 
 }  // namespace moestream

@@ -30,7 +30,7 @@ int check_top_k(const ModelConfig& cfg) {
 
 MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
     : cfg_(cfg), store_(store), D_(cfg.hidden_size), F_(cfg.moe_intermediate_size),
-      E_(cfg.n_experts), K_(check_top_k(cfg)), max_batch_(max_batch), router_(RouterParams::of(cfg)),
+      E_(cfg.n_experts), K_(check_top_k(cfg)), max_batch_(max_batch),
       compute_(cfg, max_batch * cfg.n_experts_per_tok) {
   // Residency is sampled once per layer per forward chunk, before any fetch: the tiers cannot
   // change until this chunk's fetch starts, so every token of a prefill chunk sees one snapshot.
@@ -40,7 +40,7 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
   };
   for (int l = 0; l < cfg.n_moe_layers(); ++l) layouts_.push_back(cfg.expert_layout(l));
   logits_.resize(max_batch_, E_);
-  probs_.resize(router_.scratch_floats());
+  probs_.resize(RouterParams::of(cfg).scratch_floats());
   ids_.resize(size_t(max_batch_) * K_);
   weights_.resize(size_t(max_batch_) * K_);
   const size_t max_pairs = size_t(max_batch_) * K_;
@@ -64,18 +64,20 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch)
 
 // Every layer's weights were checked against the config at load; this catches a caller mixing
 // models or a dense-MLP layer reaching the MoE.
-static void check_moe_weights(const ModelConfig& cfg, const LayerWeights& w) {
-  MOE_ASSERT(w.router.rows() == cfg.n_experts, "MoE layer without its router");
-  MOE_ASSERT(cfg.router_scoring != RouterScoring::kSigmoid || w.router_bias.size() == cfg.n_experts,
+static void check_moe_weights(const FfnSpec& spec, const LayerWeights& w) {
+  const int E = spec.router.params.n_experts;
+  MOE_ASSERT(spec.kind == FfnKind::kRouted && w.router.rows() == E, "MoE layer without its router");
+  MOE_ASSERT(spec.router.params.scoring != RouterScoring::kSigmoid || w.router_bias.size() == E,
              "sigmoid router without its correction bias");
-  MOE_ASSERT(!cfg.router_bias || w.router_bias.size() == cfg.n_experts, "router without its bias (gpt-oss)");
+  MOE_ASSERT(!spec.router.logit_bias || w.router_bias.size() == E, "router without its bias (gpt-oss)");
+  MOE_ASSERT(spec.shared == SharedExpertKind::kNone || !w.shared_gate.empty(), "shared expert weights missing");
 }
 
-void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T,
-                             std::span<const int> splits) {
-  const int Fs = cfg_.shared_expert_intermediate_size;
-  MOE_ASSERT(!w.shared_gate.empty() && (!cfg_.shared_expert_gated || w.shared_expert_gate.rows() == 1),
-             "shared expert weights missing");
+void MoeLayer::shared_expert(const LayerStep& step, SharedExpertKind kind, const LayerWeights& w, const float* x) {
+  const int Fs = cfg_.shared_expert_intermediate_size, T = step.T;
+  ThreadPool& pool = step.pool;
+  const std::span<const int> splits = step.splits;
+  MOE_ASSERT(kind != SharedExpertKind::kGated || w.shared_expert_gate.rows() == 1, "shared expert gate missing");
   const ConstRowMap xm(x, T, D_);
   RowMap act(shared_act_.data(), T, Fs), up(shared_up_.data(), T, Fs), y(shared_y_.data(), T, D_);
   RowMap logit(shared_logit_.data(), T, 1);
@@ -83,7 +85,7 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
   linear_ranges(pool, xm, w.shared_up, up, splits);
   swiglu_ranges(act, up.data(), splits, shared_scratch_);
   linear_ranges(pool, ConstRowMap(act.data(), T, Fs), w.shared_down, y, splits);
-  if (!cfg_.shared_expert_gated) return;  // GLM-4.5 / DeepSeek-V3: added as is
+  if (kind == SharedExpertKind::kUngated) return;  // GLM-4.5 / DeepSeek: added as is
   linear_ranges(pool, xm, w.shared_expert_gate, logit, splits);
   for (int t = 0; t < T; ++t) y.row(t) *= 1.0f / (1.0f + std::exp(-logit(t, 0)));
 }
@@ -91,28 +93,30 @@ void MoeLayer::shared_expert(ThreadPool& pool, const LayerWeights& w, const floa
 // The look-ahead's rule, as the GPU's (gpu_forward.cpp): layer L+1's router on layer L's normalised
 // input, ranked by logit (gpt-oss's logit bias added) for every router kind, the N best (ties: the
 // lower id), whatever the routing of layer L+1 then does. Only reads are affected, never a value.
-void MoeLayer::predict_next(ThreadPool& pool, const float* x, const RoutingStep& step, const MoeRouting& r) {
-  const LayerWeights& next = *r.lookahead_next;
-  MOE_ASSERT(next.router.rows() == cfg_.n_experts && r.lookahead <= E_, "look-ahead without the next router");
+void MoeLayer::predict_next(const LayerStep& ls, const float* x) {
+  const Lookahead& r = ls.lookahead;
+  const RoutingStep& step = *ls.routing;
+  const LayerWeights& next = *r.next;
+  MOE_ASSERT(next.router.rows() == cfg_.n_experts && r.width <= E_, "look-ahead without the next router");
   if (la_ids_.empty()) {
     la_logits_.resize(1, E_);
     la_ids_.resize(size_t(E_));
     la_weights_.resize(size_t(E_));
   }
   RowMap logits(la_logits_.data(), 1, E_);
-  linear(pool, ConstRowMap(x, 1, D_), next.router, logits);
-  if (cfg_.router_bias) logits.row(0) += next.router_bias.transpose();
-  route_token_topk_softmax(la_logits_.data(), E_, r.lookahead, la_ids_.data(), la_weights_.data());
-  if (const RoutingOverrideFn* o = step.chunk_override(); r.lookahead_from_override && o != nullptr) {
+  linear(ls.pool, ConstRowMap(x, 1, D_), next.router, logits);
+  if (r.logit_bias) logits.row(0) += next.router_bias.transpose();
+  route_token_topk_softmax(la_logits_.data(), E_, r.width, la_ids_.data(), la_weights_.data());
+  if (const RoutingOverrideFn* o = step.chunk_override(); r.from_override && o != nullptr) {
     la_exact_.assign(size_t(K_), 0);
-    (*o)(r.lookahead_layer, step.chunk_ordinal(), 1, la_exact_.data(), la_weights_.data());
-    for (int j = 0; j < r.lookahead; ++j) la_exact_.push_back(la_ids_[size_t(j)]);
+    (*o)(r.layer, step.chunk_ordinal(), 1, la_exact_.data(), la_weights_.data());
+    for (int j = 0; j < r.width; ++j) la_exact_.push_back(la_ids_[size_t(j)]);
     size_t n = 0;  // distinct ids, the override's first, up to the width
-    for (size_t i = 0; i < la_exact_.size() && n < size_t(r.lookahead); ++i)
+    for (size_t i = 0; i < la_exact_.size() && n < size_t(r.width); ++i)
       if (std::find(la_ids_.begin(), la_ids_.begin() + ptrdiff_t(n), la_exact_[i]) == la_ids_.begin() + ptrdiff_t(n))
         la_ids_[n++] = la_exact_[i];
   }
-  store_.prefetch_predicted(r.lookahead_layer, std::span<const int>(la_ids_.data(), size_t(r.lookahead)));
+  store_.prefetch_predicted(r.layer, std::span<const int>(la_ids_.data(), size_t(r.width)));
 }
 
 void MoeLayer::verify_pending(ThreadPool& pool, double& wait_s) {
@@ -122,24 +126,29 @@ void MoeLayer::verify_pending(ThreadPool& pool, double& wait_s) {
   wait_s += seconds_since(t0);
 }
 
-void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-                       float* out, PhaseTimes& times, RoutingStep& step, const MoeRouting& routing) {
+void MoeLayer::forward(const LayerStep& ls, const FfnSpec& spec, const LayerWeights& w, const float* x, float* out) {
+  const int T = ls.T, layer = spec.moe_layer;
   MOE_ASSERT(T > 0 && T <= max_batch_ && layer >= 0 && layer < int(layouts_.size()));
-  check_moe_weights(cfg_, w);
+  check_moe_weights(spec, w);
+  ThreadPool& pool = ls.pool;
+  RoutingStep& step = *ls.routing;
+  PhaseTimes& times = *ls.expert_times;
+  const RouterParams& router = spec.router.params;
+  const bool shared = spec.shared != SharedExpertKind::kNone;
   auto t0 = std::chrono::steady_clock::now();
   RowMap logits(logits_.data(), T, E_);
-  linear_ranges(pool, ConstRowMap(x, T, D_), w.router, logits, routing.row_splits);
-  if (cfg_.router_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
+  linear_ranges(pool, ConstRowMap(x, T, D_), w.router, logits, ls.splits);
+  if (spec.router.logit_bias) logits.rowwise() += w.router_bias.transpose();  // gpt-oss: a logit bias
   // The sigmoid router's correction bias: selection only (routing.h).
-  const float* selection_bias = router_.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
+  const float* selection_bias = router.scoring == RouterScoring::kSigmoid ? w.router_bias.data() : nullptr;
   for (auto& s : slots_of_expert_) s.clear();
   unique_ids_.clear();
   for (int t = 0; t < T; ++t) {
     int* ids = ids_.data() + size_t(t) * K_;
-    if (cfg_.router_softmax_topk)
+    if (spec.router.softmax_of_top_k)
       route_token_topk_softmax(logits.row(t).data(), E_, K_, ids, weights_.data() + size_t(t) * K_);
     else
-      route(router_, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
+      route(router, logits.row(t).data(), selection_bias, ids, weights_.data() + size_t(t) * K_, probs_);
   }
   step.decide(layer, ids_.data(), weights_.data(), logits.data(), selection_bias, residency_);
   for (int t = 0; t < T; ++t) {
@@ -163,11 +172,11 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     const size_t n = std::min(kMaxExpertsPerFetch, unique_ids_.size() - c0);
     auto t1 = std::chrono::steady_clock::now();
     // As matrices: experts already in host memory are computed where they are, not copied.
-    store_.begin_fetch_matrices(layer, std::span<const int>(unique_ids_.data() + c0, n));
+    store_.begin_fetch(layer, std::span<const int>(unique_ids_.data() + c0, n), FetchForm::kMatrices);
     // Decode: the next layer's likely experts start loading while this layer's load and compute.
-    if (c0 == 0 && T == 1 && routing.lookahead > 0 && routing.lookahead_next != nullptr) {
+    if (c0 == 0 && T == 1 && ls.lookahead.width > 0 && ls.lookahead.next != nullptr) {
       const auto tp = std::chrono::steady_clock::now();
-      predict_next(pool, x, step, routing);
+      predict_next(ls, x);
       const double dt = seconds_since(tp);
       times.router_s += dt;  // the next router's product: router time, not I/O wait
       times.expert_io_s -= dt;
@@ -181,9 +190,9 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     times.expert_io_s += seconds_since(t1);
     // The shared expert's weights are dense (in RAM): computed while the first group's reads
     // are in flight.
-    if (c0 == 0 && cfg_.has_shared_expert()) {
+    if (c0 == 0 && shared) {
       const auto ts = std::chrono::steady_clock::now();
-      shared_expert(pool, w, x, T, routing.row_splits);
+      shared_expert(ls, spec.shared, w, x);
       times.expert_compute_s += seconds_since(ts);
     }
     payloads_.assign(n, ExpertMatrices{});
@@ -192,7 +201,7 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     // its own row of y_, so the grouping never changes the result.
     for (size_t got = 0; got < n;) {
       t1 = std::chrono::steady_clock::now();
-      store_.take_ready_matrices(lay, payloads_, ready_);
+      store_.take_ready(payloads_, ready_);
       got += ready_.size();
       times.expert_io_s += seconds_since(t1);  // only the wait that compute did not hide
 
@@ -219,9 +228,13 @@ void MoeLayer::forward(ThreadPool& pool, int layer, const LayerWeights& w, const
     om.row(t).setZero();
     for (int j = 0; j < K_; ++j)
       om.row(t) += weights_[size_t(t) * K_ + j] * y_.row(t * K_ + j);
-    if (cfg_.has_shared_expert()) om.row(t) += shared_y_.row(t);  // after the routed sum, as transformers
+    if (shared) om.row(t) += shared_y_.row(t);  // after the routed sum, as transformers
   }
   times.expert_compute_s += seconds_since(t3);
+  if (step.observed()) {
+    verify_pending(pool, times.expert_io_s);  // the events hand out this layer's input
+    step.publish(layer, ids_.data(), weights_.data(), x);
+  }
 }
 
 }  // namespace moestream

@@ -1,14 +1,18 @@
-// The sparse MLP of one decoder layer: router (softmax, top-k, optional renormalisation), the
-// selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum, plus
-// the shared expert (Qwen2-MoE's gated one, GLM-4.5's ungated one) from the dense weights when the
-// model has one. GLM-4.5 / DeepSeek-V3 route through the grouped sigmoid router (routing.h).
+// The routed experts of a layer (FfnKind::kRouted) on the CPU: the router (the layer's RouterSpec:
+// softmax top-k, gpt-oss's softmax over the selected logits, the grouped routers of routing.h),
+// the selected experts fetched from the ExpertStore, SwiGLU through quant_matvec, weighted sum,
+// plus the shared expert (gated or not) from the dense weights. MoeLayer is the engine every
+// routed layer of a pass shares (its scratch, the store, the residency snapshot); RoutedExperts
+// is a layer's block over it.
 #pragma once
 
 #include <span>
 #include <vector>
 
 #include "kernels/cpu/matvec_input.h"
+#include "runtime/model/blocks.h"
 #include "runtime/model/expert_compute.h"
+#include "runtime/model/layer_plan.h"
 #include "runtime/model/dense_ops.h"
 #include "loader/store/expert_store.h"
 #include "loader/format/model_config.h"
@@ -17,41 +21,18 @@
 
 namespace moestream {
 
-// Wall seconds per phase of the forward pass, summed over calls.
-struct PhaseTimes {
-  double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
-};
-
-// What one forward() needs beside the routing step (CpuForward and CpuBatchPass fill it per chunk).
-struct MoeRouting {
-  // Batches (runtime/model/cpu_batch.h): row boundaries of the sequences, 0 first and T last;
-  // the dense products (router, shared expert) run once over all rows through linear_ranges, so
-  // each sequence gets the numbers of its run alone. Empty: one range. Experts are fetched once
-  // for all rows either way.
-  std::span<const int> row_splits;
-  // Look-ahead (issue 19, CPU --moe-lookahead), decode chunks of one token only: while this
-  // layer's experts load and compute, the next MoE layer's router (lookahead_next, MoE layer
-  // lookahead_layer) ranks its experts on this layer's input, and the `lookahead` best are
-  // handed to ExpertStore::prefetch_predicted. Never changes the output.
-  const LayerWeights* lookahead_next = nullptr;
-  int lookahead_layer = -1;
-  int lookahead = 0;
-  // Benchmarks with a replayed routing (the chunk's override): predict from the override of the
-  // next layer (its ids first, then the router's ranking up to `lookahead`): a perfect predictor.
-  bool lookahead_from_override = false;
-};
-
 class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, ExpertStore& store, int max_batch);
   MoeLayer(const MoeLayer&) = delete;  // residency_ calls back into this object
   MoeLayer& operator=(const MoeLayer&) = delete;
 
-  // x: T normalised rows [T, D]; writes out [T, D]. Experts as the router and `step` (begun for
-  // this chunk) decide. `layer` is the MoE layer index (ModelConfig::moe_layer_index), w the
-  // decoder layer's weights.
-  void forward(ThreadPool& pool, int layer, const LayerWeights& w, const float* x, int T,
-               float* out, PhaseTimes& times, RoutingStep& step, const MoeRouting& routing);
+  // x: the step's T normalised rows [T, D]; writes out [T, D]. Experts as the router (`spec`)
+  // and the step's routing (begun for this step) decide; w is the decoder layer's weights. The
+  // dense products (router, shared expert) run over each sequence's rows as its run alone
+  // (step.splits); experts are fetched once for all rows. Then, when the routing is observed,
+  // this layer's first uses are verified and its choices published.
+  void forward(const LayerStep& step, const FfnSpec& spec, const LayerWeights& w, const float* x, float* out);
 
   // Deferred first-use checks (ExpertStore::set_deferred_checks, set by CpuForward): the hashes
   // queued on `pool` during forward() run there (those no thread took yet), then the store
@@ -69,7 +50,6 @@ class MoeLayer {
   const ModelConfig& cfg_;
   ExpertStore& store_;
   int D_, F_, E_, K_, max_batch_;
-  RouterParams router_;  // softmax or grouped sigmoid, scaling
   std::vector<ExpertLayout> layouts_;  // per layer: a GGUF's types may differ between layers
   RowMatrix logits_;          // [max_batch, E]
   std::vector<float> probs_;  // router scratch: RouterParams::scratch_floats()
@@ -83,7 +63,7 @@ class MoeLayer {
   RowMatrix y_;            // [max_batch*K, D]: expert output per token slot
   // The shared expert: down(silu(gate x) * up x) into shared_y_, times sigmoid(shared_expert_gate . x)
   // when gated.
-  void shared_expert(ThreadPool& pool, const LayerWeights& w, const float* x, int T, std::span<const int> splits);
+  void shared_expert(const LayerStep& step, SharedExpertKind kind, const LayerWeights& w, const float* x);
   RowMatrix shared_act_, shared_up_;  // [max_batch, Fs]
   RowMatrix shared_scratch_;          // [max_batch, Fs]: swiglu_ranges of a batch
   RowMatrix shared_y_;                // [max_batch, D]
@@ -92,12 +72,24 @@ class MoeLayer {
   // Cache-aware routing's residency snapshot: experts not on storage at the chunk's start.
   std::vector<ExpertTier> tiers_;  // [E]
   ResidencyFn residency_;
-  // Look-ahead: the next layer's router logits and its best ids (MoeRouting::lookahead).
-  void predict_next(ThreadPool& pool, const float* x, const RoutingStep& step, const MoeRouting& routing);
+  // Look-ahead: the next layer's router logits and its best ids (LayerStep::lookahead).
+  void predict_next(const LayerStep& step, const float* x);
   RowMatrix la_logits_;                   // [1, E]
   std::vector<int> la_ids_;               // [E]
   std::vector<float> la_weights_;         // [E] (unused: the ranking is by logit)
   std::vector<int> la_exact_;             // [K + E]: lookahead_from_override's ids, then the ranking
+};
+
+class RoutedExperts final : public FfnBlock {
+ public:
+  RoutedExperts(const FfnSpec& spec, MoeLayer& engine) : spec_(spec), engine_(engine) {}
+  void forward(const LayerStep& step, const LayerWeights& w, const float* h, float* out) override {
+    engine_.forward(step, spec_, w, h, out);
+  }
+
+ private:
+  FfnSpec spec_;
+  MoeLayer& engine_;
 };
 
 }  // namespace moestream

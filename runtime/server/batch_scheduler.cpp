@@ -27,7 +27,7 @@ struct BatchScheduler::Active {
   Active(std::shared_ptr<Job> j, const Tokenizer* tok, int vocab)
       : job(std::move(j)), sampler(job->params().sampler), stop(job->params().stop),
         logits(size_t(vocab)), t_start(std::chrono::steady_clock::now()) {
-    if (tok) decoder.emplace(*tok, /*skip_special_tokens=*/true);
+    if (tok) decoder.emplace(*tok, /*skip_special_tokens=*/!job->params().keep_special_tokens);
     sampler.add_prompt(job->params().prompt);
   }
   bool prefilling() const { return fed < job->params().prompt.size(); }
@@ -136,6 +136,7 @@ void BatchScheduler::release(int slot) {
 void BatchScheduler::finish(int slot, const char* reason) {
   Active& a = *active_[size_t(slot)];
   a.r.finish_reason = reason;
+  a.r.stop_string = a.stop.matched();
   if (a.decoder && a.r.finish_reason != "cancelled" && !a.stop.stopped())
     a.job->push_text(a.stop.feed(a.decoder->flush()) + a.stop.flush());
   a.r.decode_s = a.prefilling() ? 0 : seconds_since(a.t_decode);
@@ -229,7 +230,7 @@ bool BatchScheduler::step() {
     // As EngineSession: sample, stop ids, text through the stop strings, the length limit.
     int id = -1;
     try {  // a request's own failure (no finite logit left) fails that request, not the server
-      id = a.sampler.sample(a.logits);
+      id = p.pick(a.sampler, a.logits, a.r.completion_tokens);
     } catch (const Error& e) {
       fail(s, e.what());
       continue;

@@ -31,15 +31,15 @@ constexpr RequestField kRequestFields[] = {
     {"logit_bias", kBoth, kHonoured, ""},
     {"logprobs", kBoth, kHonoured, ""},
     {"top_logprobs", kChat, kHonoured, ""},
-    {"tools", kChat, kHonoured, ""},
+    {"tools", kChat, kHonoured, "rendered by the template; the reply's calls parsed into tool_calls"},
+    {"tool_choice", kChat, kHonoured, "\"auto\" or \"none\" (tools not offered); \"required\" and a named function are refused"},
+    {"parallel_tool_calls", kChat, kDefaultOnly, "true"},
     {"user", kBoth, kHonoured, "a label: checked to be a string, no effect on the output"},
     {"echo", kCompletions, kDefaultOnly, "false"},
     {"best_of", kCompletions, kDefaultOnly, "equal to n"},
     {"suffix", kCompletions, kDefaultOnly, "\"\""},
-    {"tool_choice", kChat, kDefaultOnly, "\"auto\""},
     {"response_format", kChat, kDefaultOnly, "{\"type\": \"text\"}"},
     {"store", kChat, kDefaultOnly, "false"},
-    {"parallel_tool_calls", kChat, kRefused, ""},
     {"functions", kChat, kRefused, ""},
     {"function_call", kChat, kRefused, ""},
     {"metadata", kChat, kRefused, ""},
@@ -58,6 +58,7 @@ constexpr RequestField kRequestFields[] = {
     {"ignore_eos", kBoth, kHonoured, ""},
     {"replay_request", kBoth, kHonoured, ""},
     {"chat_template_kwargs", kChat, kHonoured, ""},
+    {"forced_output", kBoth, kHonoured, "test only: refused unless the server runs with --test-forced-output"},
 };
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg) {
@@ -101,6 +102,50 @@ std::string content_text(const OJ& c, const std::string& name) {
   return out;
 }
 
+// An assistant message's tool_calls as the client sends them back (arguments a JSON string),
+// with the arguments parsed into an object: templates iterate over or re-serialize them.
+OJ parse_tool_calls(const OJ& calls, const std::string& name) {
+  if (!calls.is_array()) bad(name, "must be a list");
+  OJ out = OJ::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string cn = name + "[" + std::to_string(i) + "]";
+    const OJ& c = calls[i];
+    if (!c.is_object()) bad(cn, "must be an object");
+    if (c.value("type", OJ("function")) != "function") bad(cn + ".type", "must be \"function\"");
+    if (c.contains("id") && !c["id"].is_string()) bad(cn + ".id", "must be a string");
+    if (!c.contains("function") || !c["function"].is_object()) bad(cn + ".function", "must be an object");
+    const OJ& f = c["function"];
+    if (!f.contains("name") || !f["name"].is_string()) bad(cn + ".function.name", "must be a string");
+    OJ args = OJ::object();
+    if (f.contains("arguments") && !f["arguments"].is_null()) {
+      if (!f["arguments"].is_string()) bad(cn + ".function.arguments", "must be a string of JSON");
+      args = OJ::parse(f["arguments"].get<std::string>(), nullptr, false);
+      if (!args.is_object()) bad(cn + ".function.arguments", "must be a JSON object");
+    }
+    OJ call = c;
+    call["type"] = "function";
+    call["function"]["arguments"] = std::move(args);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
+void check_tools(const OJ& tools) {
+  if (!tools.is_array()) bad("tools", "must be a list");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string tn = "tools[" + std::to_string(i) + "]";
+    const OJ& t = tools[i];
+    if (!t.is_object() || t.value("type", OJ("")) != "function") bad(tn + ".type", "must be \"function\"");
+    if (!t.contains("function") || !t["function"].is_object()) bad(tn + ".function", "must be an object");
+    const OJ& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+      bad(tn + ".function.name", "must be a non-empty string");
+    if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+      bad(tn + ".function.parameters", "must be a JSON schema object");
+  }
+}
+
 OJ parse_messages(const OJ& m) {
   if (!m.is_array() || m.empty()) bad("messages", "must be a non-empty list");
   OJ out = OJ::array();
@@ -114,6 +159,12 @@ OJ parse_messages(const OJ& m) {
       bad(name + ".role", "must be system, user, assistant, tool or developer, got '" + role + "'");
     if (!msg.contains("content") && role != "assistant") bad(name + ".content", "is required");
     msg["content"] = content_text(msg.value("content", OJ(nullptr)), name + ".content");
+    if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
+      if (role != "assistant") bad(name + ".tool_calls", "only an assistant message has tool_calls");
+      msg["tool_calls"] = parse_tool_calls(msg["tool_calls"], name + ".tool_calls");
+    }
+    if (msg.contains("tool_call_id") && !msg["tool_call_id"].is_null() && !msg["tool_call_id"].is_string())
+      bad(name + ".tool_call_id", "must be a string");
     out.push_back(std::move(msg));
   }
   return out;
@@ -209,9 +260,18 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     if (!j.contains("messages")) bad("messages", "is required");
     r.messages = parse_messages(j["messages"]);
     if (j.contains("tools") && !j["tools"].is_null()) {
-      if (!j["tools"].is_array()) bad("tools", "must be a list");
+      check_tools(j["tools"]);
       r.tools = j["tools"];
     }
+    if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
+      const OJ& tc = j["tool_choice"];
+      if (tc == "required" || tc.is_object())
+        bad("tool_choice", "\"required\" and a named function need constrained decoding, which this server does "
+                           "not have yet; use \"auto\" or \"none\"");
+      if (tc != "auto" && tc != "none") bad("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
+      if (tc == "none") r.tools = nullptr;  // not offered: the template shows none, the reply is not parsed
+    }
+    r.parse_tool_calls = !r.tools.is_null() && !r.tools.empty();
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
       if (!j["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "must be an object");
       r.template_kwargs = j["chat_template_kwargs"];
@@ -284,6 +344,10 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) r.ignore_eos = boolean(j["ignore_eos"], "ignore_eos");
   if (j.contains("replay_request") && !j["replay_request"].is_null())
     r.replay_request = integer(j["replay_request"], "replay_request", 0, INT64_MAX);
+  if (given("forced_output")) {
+    if (!j["forced_output"].is_string()) bad("forced_output", "must be a string");
+    r.forced_output = j["forced_output"].get<std::string>();
+  }
   if (j.contains("stop") && !j["stop"].is_null()) {
     const OJ& s = j["stop"];
     if (s.is_string()) {
@@ -302,7 +366,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   default_only(j, "echo", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
   default_only(j, "suffix", [](const OJ& v, const CompletionRequest&) { return v == ""; }, r);
-  default_only(j, "tool_choice", [](const OJ& v, const CompletionRequest&) { return v == "auto"; }, r);
+  default_only(j, "parallel_tool_calls", [](const OJ& v, const CompletionRequest&) { return v == true; }, r);
   default_only(j, "response_format", [](const OJ& v, const CompletionRequest&) {
     return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
   }, r);

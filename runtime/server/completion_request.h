@@ -26,7 +26,8 @@ struct CompletionRequest {
   std::string prompt;                    // completions: prompt text
   std::vector<int> prompt_ids;           // completions: prompt given as token ids
   nlohmann::ordered_json messages;       // chat: messages with content flattened to strings
-  nlohmann::ordered_json tools;          // chat: passed to the template (null when absent)
+  nlohmann::ordered_json tools;          // chat: passed to the template (null when absent or tool_choice none)
+  bool parse_tool_calls = false;         // chat: tools offered, so the reply's tool calls are parsed
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   std::optional<int> max_tokens;
   float temperature = 1.0f;
@@ -50,6 +51,9 @@ struct CompletionRequest {
   bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
   std::vector<std::string> stop;
   std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (--replay-routing)
+  // Test hook (server flag --test-forced-output): the reply's text, decoded token by token
+  // through the normal path instead of sampled, then the end of the turn.
+  std::optional<std::string> forced_output;
 };
 
 // Every request field this server knows, in one place: where it applies and what it does with it.

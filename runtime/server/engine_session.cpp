@@ -67,7 +67,7 @@ void EngineSession::run(Job& job) {
     r.prefill_s = seconds_since(t0);
     auto t1 = std::chrono::steady_clock::now();
     std::optional<StreamDecoder> decoder;
-    if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/true);
+    if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/!p.keep_special_tokens);
     StopMatcher stop(p.stop);
     r.finish_reason = "length";
     for (int i = 0; i < p.max_tokens; ++i) {
@@ -75,7 +75,7 @@ void EngineSession::run(Job& job) {
         r.finish_reason = "cancelled";
         break;
       }
-      const int id = sampler.sample(logits_);
+      const int id = p.pick(sampler, logits_, i);
       ++r.completion_tokens;
       if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
         r.finish_reason = "stop";
@@ -86,6 +86,7 @@ void EngineSession::run(Job& job) {
       else job.push_token_id(id);
       if (stop.stopped()) {
         r.finish_reason = "stop";
+        r.stop_string = stop.matched();
         break;
       }
       if (i + 1 == p.max_tokens) break;  // the last token needs no forward pass

@@ -14,14 +14,18 @@
 #include <random>
 #include <thread>
 
+#include "runtime/server/anthropic_api.h"
 #include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
+#include "runtime/server/cors.h"
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
+#include "runtime/server/response_json.h"
 #include "runtime/server/server_metrics.h"
+#include "runtime/server/tokenize_api.h"
 
 namespace moestream {
 
@@ -50,7 +54,8 @@ std::string new_id(const char* prefix) {
 }
 
 // Ids whose sampling ends a reply: the model's EOS and the end-of-turn tokens of the chat formats
-// we know (ChatML, Llama-2, Llama-3), when the vocabulary has them as special tokens.
+// we know (ChatML, Llama-2, Llama-3; harmony's <|return|> and <|call|>, after which a tool runs;
+// GLM-4.5's <|user|> and <|observation|>), when the vocabulary has them as special tokens.
 std::vector<int> stop_ids(const Model& model, const Tokenizer* tok) {
   std::vector<int> ids;
   auto add = [&](int id) {
@@ -59,7 +64,8 @@ std::vector<int> stop_ids(const Model& model, const Tokenizer* tok) {
   if (model.config().eos_token_id) add(*model.config().eos_token_id);
   if (!tok) return ids;
   if (tok->eos_id()) add(*tok->eos_id());
-  for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"})
+  for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|return|>", "<|call|>", "<|user|>",
+                        "<|observation|>"})
     if (auto id = tok->token_id(t); id && tok->is_special(*id)) add(*id);
   return ids;
 }
@@ -122,7 +128,8 @@ struct ApiServer::Impl {
       res.set_header("Connection", "close");
       return true;
     }
-    if (req.path == "/health" || authorized(req)) return false;
+    // A CORS preflight never carries credentials.
+    if (req.path == "/health" || req.method == "OPTIONS" || authorized(req)) return false;
     metrics.client_error();
     send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
     return true;
@@ -183,12 +190,20 @@ struct ApiServer::Impl {
       send_json(res, stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"}});
     });
     // A GET with a body skipped refuse() before routing.
-    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    const json model_object{{"id", opts.model_id}, {"object", "model"}, {"created", started},
+                            {"owned_by", "moestream"}, {"max_model_len", model.max_context()}};
+    http.Get("/v1/models", [this, model_object](const httplib::Request& req, httplib::Response& res) {
       if (refuse(req, res)) return;
-      json m{{"id", opts.model_id}, {"object", "model"}, {"created", started}, {"owned_by", "moestream"},
-             {"max_model_len", model.max_context()}};
-      send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
+      send_json(res, 200, json{{"object", "list"}, {"data", json::array({model_object})}});
     });
+    http.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
+      if (refuse(req, res)) return;
+      if (req.matches[1] == opts.model_id) return send_json(res, 200, model_object);
+      metrics.client_error();
+      send_error(res, ApiError(404, "model_not_found", "model '" + req.matches[1].str() + "' does not exist; this "
+                               "server serves '" + opts.model_id + "'", "model"));
+    });
+    enable_cors(http, opts.cors_origins);
     http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (refuse(req, res)) return;
       res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()) +
@@ -206,6 +221,25 @@ struct ApiServer::Impl {
       std::string body;
       if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, true);
     });
+    http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body) && !refuse(req, res)) handle_messages(req, body, res);
+    });
+    const auto tokenize_route = [this](json (*reply)(const std::string&, const TokenizeContext&)) {
+      return [this, reply](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
+        std::string body;
+        if (!read_body(req, res, reader, body) || refuse(req, res)) return;
+        try {
+          send_json(res, 200, reply(body, TokenizeContext{tok, chat ? &*chat : nullptr, opts.model_id,
+                                                          model.max_context(), model.config().vocab_size}));
+        } catch (const ApiError& e) {
+          metrics.client_error();
+          send_error(res, e);
+        }
+      };
+    };
+    http.Post("/tokenize", tokenize_route(tokenize_reply));
+    http.Post("/detokenize", tokenize_route(detokenize_reply));
     // Every other request with a body: read it (bounded, so that closing does not reset the
     // connection), then 404.
     auto not_found = [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
@@ -220,8 +254,19 @@ struct ApiServer::Impl {
     http.Delete(".*", not_found);
   }
 
-  // Request -> job parameters; throws ApiError for anything the client got wrong.
-  JobParams job_params(const CompletionRequest& r) {
+  ReplyFormat reply_format() const {
+    return opts.reply_format ? *opts.reply_format : chat ? chat->reply_format() : ReplyFormat::kPlain;
+  }
+
+  // A chat reply's parser (plain text for completions); call ids unique to the choice.
+  ReplyParser reply_parser(bool chat_endpoint, ReplyParserOptions o) const {
+    o.id_prefix = new_id("call") + "-";
+    return ReplyParser(chat_endpoint ? reply_format() : ReplyFormat::kPlain, std::move(o));
+  }
+
+  // Request -> job parameters; throws ApiError for anything the client got wrong. `reply` gets
+  // what the chat reply's parser needs to know of the request and its prompt.
+  JobParams job_params(const CompletionRequest& r, ReplyParserOptions* reply = nullptr) {
     JobParams p;
     if (!tok && (r.chat || r.prompt_ids.empty()))
       throw ApiError(400, "no_tokenizer", "this model has no tokenizer: send the prompt to /v1/completions as a "
@@ -241,6 +286,12 @@ struct ApiServer::Impl {
         for (int32_t id : tok->encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
       } catch (const Error& e) {
         throw ApiError(400, "invalid_text", e.what(), "messages");
+      }
+      p.keep_special_tokens = reply_format() != ReplyFormat::kPlain;  // the parser takes the markup apart
+      if (reply) {
+        reply->parse_tool_calls = r.parse_tool_calls;
+        reply->tools = r.tools;
+        reply->starts_in_reasoning = prompt_opens_reasoning(text);
       }
     } else if (!r.prompt_ids.empty()) {
       for (int id : r.prompt_ids)
@@ -290,6 +341,14 @@ struct ApiServer::Impl {
       throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
     p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
+    if (r.forced_output) {
+      if (!opts.allow_forced_output)
+        throw ApiError(400, "invalid_request_error", "forced_output is a test hook: the server must run with "
+                       "--test-forced-output", "forced_output");
+      if (!tok) throw ApiError(400, "no_tokenizer", "forced_output needs a tokenizer", "forced_output");
+      for (int32_t id : tok->encode(*r.forced_output, /*add_special_tokens=*/false)) p.forced.push_back(id);
+      if (!eos_ids.empty()) p.forced.push_back(eos_ids[0]);  // then the turn ends
+    }
     p.stop = r.stop;
     if (r.replay_request) {
       if (!replays)
@@ -304,41 +363,16 @@ struct ApiServer::Impl {
     return p;
   }
 
-  // The prompt counts once, as OpenAI counts it for n choices; its cache reuse is the first choice's.
-  json usage(const std::vector<JobResult>& rs) const {
-    int completion = 0;
-    for (const JobResult& r : rs) completion += r.completion_tokens;
-    return json{{"prompt_tokens", rs[0].prompt_tokens},
-                {"completion_tokens", completion},
-                {"total_tokens", rs[0].prompt_tokens + completion},
-                {"prompt_tokens_details", {{"cached_tokens", rs[0].prompt_tokens_reused}}}};
-  }
-  json timings(const JobResult& r) const {
-    json t{{"queue_s", r.queue_s}, {"prefill_s", r.prefill_s}, {"decode_s", r.decode_s},
-           {"prompt_tokens_processed", r.prompt_tokens - r.prompt_tokens_reused},
-           {"decode_tokens_per_s", r.decode_s > 0 && r.completion_tokens > 1 ? (r.completion_tokens - 1) / r.decode_s : 0.0}};
-    if (r.routing_request_id) t["routing_request_id"] = *r.routing_request_id;
-    if (r.replay_request) t["replay_request"] = *r.replay_request;
-    if (r.cache_aware) {
-      const CacheAwareStats& c = *r.cache_aware;
-      t["cache_aware"] = json{{"substitutions", c.substitutions}, {"misses_before", c.misses_before},
-                              {"misses_after", c.misses_after}, {"slots", c.slots},
-                              {"agreement", c.agreement()}};
-    }
-    return t;
-  }
 
-  json chunk(bool chat, const std::string& id, size_t index, const std::string& text, const json& finish, bool first,
+  // `body`: chat, the delta object; completions, the text.
+  json chunk(bool chat, const std::string& id, size_t index, json body, const json& finish,
              const std::vector<int>& ids = {}, const json& logprobs = nullptr) const {
     json choice{{"index", index}, {"finish_reason", finish}};
     if (chat) {
-      json delta = json::object();
-      if (first) delta["role"] = "assistant";
-      if (!text.empty() || first) delta["content"] = text;
-      choice["delta"] = delta;
+      choice["delta"] = std::move(body);
       if (!logprobs.is_null()) choice["logprobs"] = logprobs;
     } else {
-      choice["text"] = text;
+      choice["text"] = std::move(body);
       choice["logprobs"] = logprobs;
       if (!tok) choice["token_ids"] = ids;
     }
@@ -383,12 +417,12 @@ struct ApiServer::Impl {
 
   // One job per choice (n), choice i sampling with seed + i, so a seeded request is reproducible;
   // they run as any requests do (side by side with --parallel). All or none are queued.
-  std::vector<std::shared_ptr<Job>> submit_choices(const CompletionRequest& r) {
+  std::vector<std::shared_ptr<Job>> submit_choices(const CompletionRequest& r, ReplyParserOptions* reply = nullptr) {
     const size_t most = queue->capacity() + size_t(std::max(1, opts.parallel));
     if (size_t(r.n) > most)
       throw ApiError(400, "invalid_request_error", "n: " + std::to_string(r.n) + " choices exceed the " +
                      std::to_string(most) + " requests this server holds at once (--queue-size + --parallel)", "n");
-    const JobParams base = job_params(r);
+    const JobParams base = job_params(r, reply);
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < r.n; ++i) {
       JobParams p = base;
@@ -433,39 +467,47 @@ struct ApiServer::Impl {
   void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
     std::vector<std::shared_ptr<Job>> jobs;
     CompletionRequest r;
+    ReplyParserOptions reply;
     try {
       if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
       r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
-      jobs = submit_choices(r);
+      jobs = submit_choices(r, &reply);
     } catch (const ApiError& e) {
       if (e.status() < 500) metrics.client_error();
       send_error(res, e);
       return;
     }
     const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
-    if (r.stream) stream(jobs, id, chat_endpoint, r, res);
-    else respond(req, jobs, id, chat_endpoint, r, res);
+    if (r.stream) stream(jobs, id, chat_endpoint, r, reply, res);
+    else respond(req, jobs, id, chat_endpoint, r, reply, res);
   }
 
-  void respond(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
-               bool chat_endpoint, const CompletionRequest& r, httplib::Response& res) {
+  struct Collected {
+    std::vector<std::string> text;
+    std::vector<std::vector<int>> ids;
+    std::vector<std::vector<SampledToken>> tokens;
+  };
+
+  // Waits for the jobs' whole output; false (and the jobs cancelled) when the client left.
+  bool collect(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, httplib::Response& res,
+               Collected& c) {
     // Nothing is written until the end, so a client that leaves is seen by probing its socket:
     // between tokens, and every 100 ms while the jobs wait in the queue.
     const ClientConnection client =
         ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
     const size_t n = jobs.size();
-    std::vector<std::string> text(n);
-    std::vector<std::vector<int>> ids(n);
-    std::vector<std::vector<SampledToken>> tokens(n);
+    c.text.assign(n, "");
+    c.ids.assign(n, {});
+    c.tokens.assign(n, {});
     std::vector<char> done(n, 0);
     while (true) {
       std::vector<Job::Update> u = poll(jobs, done, 100ms);
       for (size_t i = 0; i < n; ++i) {
-        text[i] += u[i].text;
-        ids[i].insert(ids[i].end(), u[i].ids.begin(), u[i].ids.end());
-        tokens[i].insert(tokens[i].end(), u[i].tokens.begin(), u[i].tokens.end());
+        c.text[i] += u[i].text;
+        c.ids[i].insert(c.ids[i].end(), u[i].ids.begin(), u[i].ids.end());
+        c.tokens[i].insert(c.tokens[i].end(), u[i].tokens.begin(), u[i].tokens.end());
       }
-      if (all(done)) break;
+      if (all(done)) return true;
       if (!client.alive()) {
         // The worker stops after the current token (counted there as cancelled); a waiting job
         // gives back its place at once. Nobody reads an answer: return without waiting.
@@ -473,9 +515,16 @@ struct ApiServer::Impl {
         // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
         send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
         res.set_header("Connection", "close");
-        return;
+        return false;
       }
     }
+  }
+
+  void respond(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
+               bool chat_endpoint, const CompletionRequest& r, const ReplyParserOptions& reply,
+               httplib::Response& res) {
+    Collected c;
+    if (!collect(req, jobs, res, c)) return;
     for (const auto& j : jobs)
       if (auto err = j->error()) {
         send_error(res, *err);
@@ -483,30 +532,41 @@ struct ApiServer::Impl {
       }
     const std::vector<JobResult> rs = results(jobs);
     json choices = json::array();
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
       json choice{{"index", i}, {"finish_reason", rs[i].finish_reason}};
-      if (chat_endpoint) choice["message"] = json{{"role", "assistant"}, {"content", text[i]}};
-      else choice["text"] = text[i];
-      choice["logprobs"] = r.logprobs ? LogprobsJson(tok, chat_endpoint).next(tokens[i]) : json(nullptr);
-      if (!tok) choice["token_ids"] = ids[i];
+      if (chat_endpoint) {
+        ReplyParser parser = reply_parser(true, reply);
+        ReplyDelta whole = parser.feed(c.text[i]);
+        whole.append(parser.finish());
+        choice["message"] = openai_message(whole);
+        choice["finish_reason"] = reply_finish_reason(rs[i].finish_reason, parser.n_calls());
+      } else {
+        choice["text"] = c.text[i];
+      }
+      choice["logprobs"] = r.logprobs ? LogprobsJson(tok, chat_endpoint).next(c.tokens[i]) : json(nullptr);
+      if (!tok) choice["token_ids"] = c.ids[i];
       choices.push_back(std::move(choice));
     }
     send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
                              {"created", std::time(nullptr)}, {"model", opts.model_id},
-                             {"choices", std::move(choices)}, {"usage", usage(rs)}, {"timings", timings(rs[0])}});
+                             {"choices", std::move(choices)}, {"usage", openai_usage(rs)}, {"timings", openai_timings(rs[0])}});
   }
 
   void stream(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id, bool chat_endpoint,
-              const CompletionRequest& r, httplib::Response& res) {
+              const CompletionRequest& r, const ReplyParserOptions& reply, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");
     struct State {
       std::vector<char> done, first;
       std::vector<LogprobsJson> logprobs;
+      std::vector<ReplyParser> replies;  // chat: each choice's text split into content, reasoning, calls
+      std::vector<int> next_call;
     };
     auto st = std::make_shared<State>();
     st->done.assign(jobs.size(), 0);
     st->first.assign(jobs.size(), 1);
     st->logprobs.assign(jobs.size(), LogprobsJson(tok, chat_endpoint));
+    for (size_t i = 0; i < jobs.size(); ++i) st->replies.push_back(reply_parser(chat_endpoint, reply));
+    st->next_call.assign(jobs.size(), 0);
     open_streams++;
     const bool include_usage = r.include_usage, want_logprobs = r.logprobs;
     res.set_chunked_content_provider(
@@ -519,14 +579,29 @@ struct ApiServer::Impl {
           bool failed = false;
           for (size_t i = 0; i < jobs.size(); ++i) {
             const Job::Update& u = us[i];
-            if (!u.text.empty() || !u.ids.empty() || !u.tokens.empty() || (st->first[i] && chat_endpoint && !u.done)) {
+            json body = u.text;
+            bool news = !u.text.empty();
+            if (chat_endpoint) {  // markup that may start a tool call is held back by the parser
+              ReplyDelta d = st->replies[i].feed(u.text);
+              if (u.done) d.append(st->replies[i].finish());
+              body = json::object();
+              if (st->first[i]) body["role"] = "assistant";
+              add_openai_delta(body, d, st->next_call[i]);
+              if (st->first[i] && !body.contains("content")) body["content"] = "";
+              news = !d.empty() || (st->first[i] && !u.done);
+            }
+            if (news || !u.ids.empty() || !u.tokens.empty()) {
               const json lp = want_logprobs && !u.tokens.empty() ? st->logprobs[i].next(u.tokens) : json(nullptr);
-              out += sse(chunk(chat_endpoint, id, i, u.text, nullptr, st->first[i], u.ids, lp));
+              out += sse(chunk(chat_endpoint, id, i, std::move(body), nullptr, u.ids, lp));
               st->first[i] = false;
             }
             if (!u.done) continue;
-            if (auto err = jobs[i]->error()) out += sse(err->body());
-            else out += sse(chunk(chat_endpoint, id, i, "", jobs[i]->result()->finish_reason, false));
+            if (auto err = jobs[i]->error()) {
+              out += sse(err->body());
+              continue;
+            }
+            const std::string reason = reply_finish_reason(jobs[i]->result()->finish_reason, st->replies[i].n_calls());
+            out += sse(chunk(chat_endpoint, id, i, chat_endpoint ? json::object() : json(""), reason));
           }
           const bool finished = all(st->done);
           if (out.empty() && !finished) out = ": waiting\n\n";
@@ -534,10 +609,10 @@ struct ApiServer::Impl {
             for (const auto& j : jobs) failed = failed || j->error();
             if (include_usage && !failed) {
               const std::vector<JobResult> rs = results(jobs);
-              json last = chunk(chat_endpoint, id, 0, "", nullptr, false);
+              json last = chunk(chat_endpoint, id, 0, chat_endpoint ? json::object() : json(""), nullptr);
               last["choices"] = json::array();
-              last["usage"] = usage(rs);
-              last["timings"] = timings(rs[0]);
+              last["usage"] = openai_usage(rs);
+              last["timings"] = openai_timings(rs[0]);
               out += sse(last);
             }
             out += "data: [DONE]\n\n";
@@ -548,6 +623,62 @@ struct ApiServer::Impl {
         },
         [this, jobs](bool) {
           for (const auto& j : jobs) queue->cancel(j);  // after the end a no-op; on a disconnect it frees the slots
+          open_streams--;
+        });
+  }
+
+  // POST /v1/messages (Anthropic): the request as the chat request it means, the reply in
+  // Anthropic's shapes (runtime/server/anthropic_api.h).
+  void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    CompletionRequest r;
+    ReplyParserOptions reply;
+    try {
+      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
+      check_json_depth(body);
+      const OJ j = OJ::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) throw ApiError(400, "invalid_json", "request body is not valid JSON");
+      const std::string chat_body = anthropic_to_chat_body(j).dump();
+      r = parse_completion_request(chat_body, true, RequestLimits{opts.model_id, model.max_context()});
+      jobs = submit_choices(r, &reply);
+    } catch (const ApiError& e) {
+      if (e.status() < 500) metrics.client_error();
+      send_json(res, e.status(), anthropic_error_body(e));
+      if (e.status() == 503) res.set_header("Retry-After", "1");
+      return;
+    }
+    const std::string id = new_id("msg");
+    if (r.stream) return stream_messages(jobs, id, reply, res);
+    Collected c;
+    if (!collect(req, jobs, res, c)) return;
+    if (auto err = jobs[0]->error()) return send_json(res, err->status(), anthropic_error_body(*err));
+    ReplyParser parser = reply_parser(true, reply);
+    send_json(res, 200, anthropic_response(id, opts.model_id, parser, c.text[0], *jobs[0]->result()));
+  }
+
+  void stream_messages(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
+                       const ReplyParserOptions& reply, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    struct State {
+      std::vector<char> done{0};
+      AnthropicEvents events;
+      ReplyParser reply;
+    };
+    auto st = std::make_shared<State>(State{{0}, {}, reply_parser(true, reply)});
+    const int input_tokens = int(jobs[0]->params().prompt.size());
+    open_streams++;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, jobs, id, st, input_tokens](size_t, httplib::DataSink& sink) {
+          const Job::Update u = poll(jobs, st->done, 200ms)[0];
+          std::string out = st->events.next(id, opts.model_id, input_tokens, st->reply, u.text, u.done, *jobs[0]);
+          if (out.empty()) out = ": waiting\n\n";
+          if (!sink.write(out.data(), out.size())) return false;
+          if (u.done) sink.done();
+          return true;
+        },
+        [this, jobs](bool) {
+          for (const auto& j : jobs) queue->cancel(j);
           open_streams--;
         });
   }

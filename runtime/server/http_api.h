@@ -1,5 +1,6 @@
 // The OpenAI-compatible HTTP API over cpp-httplib: /v1/completions, /v1/chat/completions (JSON or
-// server-sent events), /v1/models, /health, /metrics; API key, body limit, JSON errors, 503.
+// server-sent events), Anthropic's /v1/messages, /v1/models, /tokenize, /detokenize, /health,
+// /metrics; API key, CORS, body limit, JSON errors, 503.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/engine/model.h"
 #include "runtime/chat/chat_prompt.h"
@@ -42,6 +44,13 @@ struct ServerOptions {
   // (replay_request); answered in timings.replay_request. Prefix reuse is off with it (a cached
   // prefix was computed under another request's replay). Null = the router's choice.
   std::shared_ptr<const RoutingReplay> replay;
+  // The markup of the model's replies (tool calls, reasoning); nullopt = the chat template's
+  // (ChatPrompt::reply_format).
+  std::optional<ReplyFormat> reply_format;
+  // Browser origins allowed to call the API (CORS); "*" = any; empty = no CORS headers.
+  std::vector<std::string> cors_origins;
+  // Test only: honour a request's forced_output (the reply's text decoded instead of sampled).
+  bool allow_forced_output = false;
 };
 
 class ApiServer {

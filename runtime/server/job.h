@@ -26,6 +26,15 @@ struct JobParams {
   // --replay-routing: the log request this one replays (the body's replay_request); none = the
   // next in turn (runtime/server/request_replay.h).
   std::optional<size_t> replay_request;
+  // Special tokens stay in the text (a chat format's markup, e.g. harmony's <|channel|>, which the
+  // reply parser takes apart); false: skipped, as the tokenizer's decode(skip_special_tokens).
+  bool keep_special_tokens = false;
+  // Test hook (--test-forced-output): token i of the reply is forced[i] instead of a sample;
+  // the logits are still computed step by step.
+  std::vector<int> forced;
+  int pick(Sampler& sampler, std::span<const float> logits, int step) const {
+    return size_t(step) < forced.size() ? forced[size_t(step)] : sampler.sample(logits);
+  }
 };
 
 // A generated token with its log-probabilities (JobParams::logprobs).
@@ -36,6 +45,7 @@ struct SampledToken {
 
 struct JobResult {
   std::string finish_reason;          // "stop", "length" or "cancelled"
+  std::string stop_string;            // the stop string the text was cut at ("" for none)
   int prompt_tokens = 0;
   int prompt_tokens_reused = 0;       // served from the KV cache of the previous request
   int completion_tokens = 0;

@@ -9,7 +9,11 @@ std::string StopMatcher::feed(const std::string& text) {
   if (stopped_) return "";
   pending_ += text;
   size_t cut = std::string::npos;
-  for (const auto& s : stops_) cut = std::min(cut, pending_.find(s));
+  for (const auto& s : stops_)
+    if (const size_t at = pending_.find(s); at < cut) {
+      cut = at;
+      matched_ = s;
+    }
   if (cut != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, cut);

@@ -16,10 +16,13 @@ class StopMatcher {
   // The text held back at the end of generation.
   std::string flush();
   bool stopped() const { return stopped_; }
+  // The stop string the output was cut at ("" before).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

@@ -36,7 +36,7 @@ TYPES = {
     "TQ1_0": (54, [52]),
     "TQ2_0": (66, [64]),
 }
-# The types whose levels come from a table (kernels/cpu/ggml_iq1_grid.h, ggml_iq2_iq3_grids.h).
+# The types whose levels come from a table (loader/format/ggml_iq1_grid.h, ggml_iq2_iq3_grids.h).
 LATTICE = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 # Rounding an activation to a step s leaves an error uniform in [-s/2, s/2] (variance s^2/12), so
 # the product's error has the predicted deviation sqrt(sum w^2 s^2 / 12). The RMS of the errors

@@ -1,4 +1,4 @@
-"""The legacy ggml block types (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) against
+"""The legacy ggml block types (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, NVFP4) against
 the `gguf` package's reference: dequantisation bit for bit, and the matrix product within the
 tolerance of docs/format.md ("ggml block types") of numpy's on the dequantised weights."""
 import numpy as np
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
 M = moestream._moestream
-TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"]
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "NVFP4"]
 BLOCK_TYPES = TYPES[3:]
 # Byte offsets of the float16 fields of a block: the scale d and, where there is one, the min.
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0]}
@@ -41,11 +41,14 @@ def theirs(name, raw):
 
 def random_blocks(name, n_blocks, rng):
     """Random bytes, every float16 field finite (random normal scales, SPECIAL_F16 among them);
-    MXFP4 scale bytes cover 0..255, all of E8M0 including its subnormal and largest exponents."""
+    MXFP4 scale bytes cover 0..255, all of E8M0 including its subnormal and largest exponents;
+    NVFP4's four scale bytes per block too, all of UE4M3 (subnormals, 0x7F, bit 7 set)."""
     block, type_size = sizes(name)
     raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
     if name == "MXFP4":
         raw[:, 0] = np.arange(n_blocks) % 256
+    if name == "NVFP4":
+        raw[:, :4] = (np.arange(n_blocks * 4) % 256).reshape(n_blocks, 4)
     for off in SCALE_FIELDS.get(name, []):
         h = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16).view(np.uint16)
         k = min(n_blocks, len(SPECIAL_F16))
@@ -97,6 +100,12 @@ def tolerance(name, wq, w, x):
     rows, cols = w.shape
     aw = np.abs(w.astype(np.float64))
     ax = np.abs(x.astype(np.float64))
+    if name == "NVFP4":  # no offset; one float term per sub-block of 16
+        nb = cols // 32
+        step = ax.reshape(x.shape[0], nb, 32).max(axis=2) / 254
+        step_c = np.repeat(step, 32, axis=1)
+        act = (step_c * (1 + 1e-5) + ax * 2.0**-20) @ aw.T
+        return act + (cols // 16 + 16) * 2.0**-23 * ((ax + step_c) @ aw.T)
     if name in BLOCK_TYPES:
         nb = cols // 32
         blocks = wq.reshape(rows, nb, type_size)
@@ -119,7 +128,11 @@ def tolerance(name, wq, w, x):
 @pytest.mark.parametrize("rows,cols,n", [(1, 32, 1), (7, 32, 3), (13, 96, 1), (37, 512, 5), (9, 2048, 9)])
 def test_matmul_within_tolerance_of_numpy(name, rows, cols, n):
     rng = np.random.default_rng(rows * 1000 + cols + n)
-    if name in ("IQ4_NL",):  # the package cannot quantize IQ4_NL: random blocks
+    if name == "NVFP4":  # the package cannot quantize NVFP4: random blocks, 64-column rows
+        cols = (cols + 63) // 64 * 64
+        wq = random_blocks(name, rows * cols // 64, rng)
+        wq.reshape(-1, 36)[:, :4] = rng.integers(0x18, 0x48, size=(rows * cols // 64, 4), dtype=np.uint8)
+    elif name in ("IQ4_NL",):  # the package cannot quantize IQ4_NL: random blocks
         wq = random_blocks(name, rows * cols // 32, rng)
         wq.reshape(-1, 18)[:, :2] = (rng.standard_normal((rows * cols // 32, 1)) * 0.01).astype(
             np.float16).view(np.uint8)

@@ -1,11 +1,12 @@
-"""GGUF files run in place with ggml's lattice and ternary types (IQ1_S..IQ3_S, TQ1_0, TQ2_0) in
-dense and expert tensors, and files holding a type this build does not compute (Q8_K, NVFP4),
-refused at load with an error naming the tensor and the type.
+"""GGUF files run in place with ggml's lattice and ternary types (IQ1_S..IQ3_S, TQ1_0, TQ2_0) and
+NVFP4 in dense and expert tensors, and files holding a type this build does not compute (Q8_K,
+Q8_1), refused at load with an error naming the tensor and the type.
 
 The lattice case rewrites the Q4_K fixture with random blocks of those types and compares its
 logits with a twin whose tensors are gguf.quants' F32 dequantisation of the same bytes: the only
 difference left is the int8 rounding of the activations (docs/format.md, "Products and their
 accuracy")."""
+import json
 import pathlib
 
 import numpy as np
@@ -21,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "tests" / "fixtures" / "gguf" / "qwen3moe-k-Q4_K.gguf"
 # Byte offset of each type's f16 d in a block (IQ1_M: the top nibbles of the 4 u16 at 48).
 D_AT = {"IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0, "IQ1_S": 0, "IQ1_M": 48,
-        "TQ1_0": 52, "TQ2_0": 64, "Q8_K": 0, "NVFP4": None}
+        "TQ1_0": 52, "TQ2_0": 64, "Q8_K": 0, "Q8_1": 0, "NVFP4": None}
 # A type per rewritten tensor: every lattice and ternary type in a dense or an expert matrix.
 LATTICE = {
     "token_embd.weight": "TQ2_0",
@@ -43,6 +44,8 @@ def random_blocks(name, n_blocks, rng, d_scale):
     """Random level bytes and a random f16 d of either sign and magnitude ~d_scale per block."""
     block_bytes = GGML_QUANT_SIZES[Q[name]][1]
     raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    if name == "NVFP4":  # four UE4M3 scales 2^-8..2^-5 (half-scales of levels up to 12: weights ~0.1)
+        raw[:, :4] = rng.integers(0x10, 0x20, size=(n_blocks, 4), dtype=np.uint8)
     at = D_AT[name]
     if at is None:
         return raw
@@ -92,11 +95,44 @@ def test_lattice_and_ternary_tensors_compute_as_their_dequantisation(tmp_path):
     assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.995
 
 
+def test_nvfp4_tensors_compute_as_their_dequantisation(tmp_path):
+    retype = {"blk.0.attn_q.weight": "NVFP4", "output.weight": "NVFP4", "blk.0.ffn_gate_exps.weight": "NVFP4",
+              "blk.1.ffn_down_exps.weight": "NVFP4"}
+    a, b = tmp_path / "nvfp4.gguf", tmp_path / "f32.gguf"
+    rewrite(a, retype, np.random.default_rng(43))
+    rewrite(b, retype, np.random.default_rng(43), dequantised=True)
+    seq = [1, 17, 230, 5, 99, 311, 42, 7]
+    la = moestream.Model(a, threads=2).logits(seq).astype(np.float64)
+    lb = moestream.Model(b, threads=2).logits(seq).astype(np.float64)
+    assert np.all(np.isfinite(la)) and np.std(lb) > 0
+    # The same bound as above: only the int8 rounding of the activations differs.
+    err = np.abs(la - lb).max() / np.std(lb)
+    assert err < 0.5, f"max |logit difference| = {err:.3f} std"
+    assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.995
+
+
+def test_a_pack_converted_from_them_computes_exactly_what_the_gguf_computes(tool, tmp_path):
+    # convert_model keeps every expert matrix's type per layer (gate NVFP4 next to up IQ2_XXS and
+    # down IQ3_XXS in layer 1): the pack reads the same bytes with the same kernels.
+    retype = dict(LATTICE, **{"blk.1.ffn_gate_exps.weight": "NVFP4", "blk.1.attn_q.weight": "NVFP4"})
+    src, pack = tmp_path / "lattice.gguf", tmp_path / "pack"
+    rewrite(src, retype, np.random.default_rng(44))
+    r = tool("convert_model", "-q", src, pack)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((pack / "model.json").read_text())
+    assert cfg["experts"]["layer_types"] == [[retype[f"blk.{layer}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")]
+                                             for layer in (0, 1)]
+    seq = [1, 17, 230, 5, 99, 311, 42, 7]
+    la = moestream.Model(src, threads=2).logits(seq)
+    lb = moestream.Model(pack, threads=2).logits(seq)
+    assert la.shape == lb.shape and np.array_equal(la, lb), float(np.abs(la - lb).max())
+
+
 @pytest.mark.parametrize("tensor,type_name", [
     ("blk.0.attn_q.weight", "Q8_K"),
     ("blk.1.ffn_down_exps.weight", "Q8_K"),
-    ("output.weight", "NVFP4"),
-    ("blk.0.ffn_gate_exps.weight", "NVFP4"),
+    ("output.weight", "Q8_1"),
+    ("blk.0.ffn_gate_exps.weight", "Q8_1"),
 ])
 def test_a_type_this_build_does_not_compute_is_refused_by_name(tmp_path, tensor, type_name):
     path = tmp_path / "x.gguf"
