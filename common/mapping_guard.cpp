@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -106,7 +107,7 @@ void install_handler() {
 }
 
 std::string stat_problem(const std::filesystem::path& path, int fd, uint64_t ino, uint64_t dev, uint64_t size,
-                         int64_t mtime_ns) {
+                         int64_t mtime_ns, bool by_path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0)
     return "cannot stat the mapped file " + path.string() + ": " + std::strerror(errno);
@@ -115,6 +116,7 @@ std::string stat_problem(const std::filesystem::path& path, int fd, uint64_t ino
     return path.string() + ": the file changed while this process had it mapped (size " + std::to_string(size) +
            " -> " + std::to_string(st.st_size) + " bytes, mtime " + std::to_string(mtime_ns) + " -> " +
            std::to_string(mtime) + " ns); its weights can no longer be trusted: restart to load it again";
+  if (!by_path) return "";
   struct stat now {};
   if (::stat(path.c_str(), &now) != 0)
     return path.string() + ": the mapped file is gone (" + std::strerror(errno) + "); restart to load the model again";
@@ -207,7 +209,7 @@ uint64_t MappingGuard::fault_count() const {
   return slot_ < 0 ? 0 : g_slots[slot_].faults.load(std::memory_order_acquire);
 }
 
-std::string MappingGuard::problem() const {
+std::string MappingGuard::problem(bool by_path) const {
   if (slot_ < 0) return "";
   const Slot& s = g_slots[slot_];
   if (s.faults.load(std::memory_order_acquire) > 0) {
@@ -227,11 +229,11 @@ std::string MappingGuard::problem() const {
            " (SIGBUS on its mapping); what was computed from it is discarded";
   }
   if (!watch_) return "";
-  return stat_problem(path_, fd_, ino_, dev_, size_, mtime_ns_);
+  return stat_problem(path_, fd_, ino_, dev_, size_, mtime_ns_, by_path);
 }
 
-void MappingGuard::check() const {
-  const std::string p = problem();
+void MappingGuard::check(bool by_path) const {
+  const std::string p = problem(by_path);
   if (!p.empty()) throw IoError(p);
 }
 
@@ -241,9 +243,17 @@ MappingOwnerScope::MappingOwnerScope(uint64_t owner) : previous_(t_owner) { t_ow
 MappingOwnerScope::~MappingOwnerScope() { t_owner = previous_; }
 
 void check_mapped_files(uint64_t owner) {
+  // The path's inode at most every 100 ms: a file replaced by rename leaves the mapped inode
+  // intact (what is computed stays consistent), so it may be noticed a call later; an in-place
+  // change (the descriptor's size and mtime) is checked on every call.
+  using Clock = std::chrono::steady_clock;
+  static std::atomic<int64_t> last_path_check{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  int64_t last = last_path_check.load(std::memory_order_relaxed);
+  const bool by_path = now - last >= 100 && last_path_check.compare_exchange_strong(last, now);
   std::lock_guard<std::mutex> lock(g_live_mu);
   for (const MappingGuard* g : g_live)
-    if (g->owner() == owner || g->owner() == 0) g->check();
+    if (g->owner() == owner || g->owner() == 0) g->check(by_path);
 }
 
 uint64_t mapped_fault_count() { return g_faults.load(std::memory_order_acquire); }

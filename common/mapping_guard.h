@@ -45,10 +45,11 @@ class MappingGuard {
   // Faults taken in this mapping since it was registered (monotonic: compare before and after).
   uint64_t fault_count() const;
   // IoError naming the file and the first faulting offset when a page of this mapping faulted,
-  // or the file's inode, size or mtime when it changed since it was mapped; nothing otherwise.
-  void check() const;
+  // or the file's size or mtime (and with by_path, the inode its path names) when it changed
+  // since it was mapped; nothing otherwise.
+  void check(bool by_path = true) const;
   // The message check() throws, or "" when it would not throw.
-  std::string problem() const;
+  std::string problem(bool by_path = true) const;
 
   static constexpr int kMaxMappings = 4096;
 
@@ -82,8 +83,8 @@ class MappingOwnerScope {
 
 // check() of every live mapping of `owner`, and of every mapping registered outside any scope
 // (nobody else would check those): IoError for the first that faulted or whose file changed.
-// One fstat and one stat per such mapping (tens of microseconds for a model of 60 layer
-// files); Model calls it once per forward call, before logits return.
+// One fstat per such mapping (about 1 us each), and a stat of its path at most every 100 ms;
+// Model calls it once per forward call, before logits return.
 void check_mapped_files(uint64_t owner);
 
 // Faults taken in registered mappings since the process started (tests; /metrics).
