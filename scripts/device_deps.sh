@@ -13,6 +13,7 @@ PACKAGES=(
   pkgconf pkgconf-bin libpkgconf3   # the device image may have no pkg-config
   libgtest-dev libgmock-dev         # gpu_kernels_test (scripts/device_kernels.sh)
 )
+bash scripts/xgrammar_source.sh   # runtime/grammar: xgrammar sources, carried in .deps too
 mkdir -p .deps
 cd .deps
 missing=()

@@ -12,8 +12,8 @@ APT_PACKAGES=(
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
 # matplotlib: test_bindings runs python/examples; anthropic, langchain-openai: test_server_tools's clients;
-# xxhash: the oracle of test_dense_checksum
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf anthropic langchain-openai xxhash)
+# jsonschema, pydantic: test_server_structured; xxhash: the oracle of test_dense_checksum
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf anthropic langchain-openai jsonschema pydantic xxhash)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -35,4 +35,6 @@ if [ ${#need_pip[@]} -gt 0 ]; then
   echo "setup: installing Python packages: ${need_pip[*]}"
   "$PY" -m pip install -q --disable-pip-version-check "${need_pip[@]}"
 fi
+# runtime/grammar builds xgrammar's C++ core from its PyPI sdist (.deps/xgrammar-VERSION).
+bash "$(dirname "$0")/xgrammar_source.sh"
 echo "setup: all dependencies present"

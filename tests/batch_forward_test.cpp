@@ -40,6 +40,7 @@ ModelConfig shape(const std::string& kind) {
   if (kind != "f32") c.dense_dtype = "bf16";
   if (kind == "bf16+shared") test::as_qwen2_moe(c, 50);
   if (kind == "bf16+glm") test::as_glm4_moe(c, {.shared = 40, .dense_intermediate = 60, .rotary_dim = 10});
+  if (kind == "bf16+minimax") test::as_minimax_m2(c, 6);  // full-width QK-norm, partial rotary, sigmoid
   // DeepSeek-V3: MLA's latent cache per slot (head_dim 14 = nope 8 + rope 6)
   if (kind == "bf16+mla")
     test::as_deepseek_v3(c, {.q_lora = 20, .kv_lora = 18, .nope = 8, .rope = 6, .v = 10, .shared = 40,
@@ -125,7 +126,8 @@ TEST_P(BatchForward, ReplayedSequencesMatchTheirRunsAloneBitwise) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward, ::testing::Values("f32", "bf16+shared", "bf16+glm", "bf16+mla"),
+INSTANTIATE_TEST_SUITE_P(Shapes, BatchForward,
+                         ::testing::Values("f32", "bf16+shared", "bf16+glm", "bf16+mla", "bf16+minimax"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '+', '_');

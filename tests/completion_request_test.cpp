@@ -39,8 +39,8 @@ TEST(CompletionRequest, UnknownAndRefusedFieldsAre400NamingThem) {
   EXPECT_EQ(refused_field(R"({"prompt": "x", "suffix": "y"})", false), "suffix");
   EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})", true),
             "tool_choice");
-  EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})", true),
-            "response_format");
+  EXPECT_EQ(refused_field(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "bogus"}})", true),
+            "response_format.type");
   // Their no-op values, null (= absent) and what OpenAI clients send by default pass.
   EXPECT_EQ(refused_field(R"({"prompt": "x", "echo": false, "best_of": 2, "n": 2, "suffix": "", "user": "u",
                               "foo": null, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": null})", false), "");
@@ -130,6 +130,45 @@ TEST(CompletionRequest, DocsListEveryField) {
   }
 }
 
+// response_format and grammar become one ConstraintSpec; anything malformed is a 400 naming the
+// exact field (the schema's own validity is checked where it compiles: ServerTest).
+TEST(CompletionRequest, ResponseFormatAndGrammarParseIntoAConstraint) {
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}], )";
+  CompletionRequest r = parse_completion_request(chat + R"("response_format": {"type": "json_object"}})", true, kLimits);
+  ASSERT_TRUE(r.constraint);
+  EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonObject);
+  EXPECT_EQ(r.constraint_field, "response_format");
+  r = parse_completion_request(chat + R"("response_format": {"type": "json_schema", "json_schema":
+      {"name": "p", "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}})",
+                               true, kLimits);
+  ASSERT_TRUE(r.constraint);
+  EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kJsonSchema);
+  EXPECT_TRUE(r.constraint->strict);
+  EXPECT_EQ(nlohmann::json::parse(r.constraint->text)["properties"]["a"]["type"], "integer");
+  r = parse_completion_request(chat + R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})",
+                               true, kLimits);
+  EXPECT_FALSE(r.constraint->strict);  // OpenAI's default
+  r = parse_completion_request(R"({"prompt": "x", "grammar": "root ::= \"a\""})", false, kLimits);
+  ASSERT_TRUE(r.constraint);
+  EXPECT_EQ(r.constraint->kind, ConstraintSpec::Kind::kGrammar);
+  EXPECT_EQ(r.constraint->text, "root ::= \"a\"");
+  EXPECT_FALSE(parse_completion_request(chat + R"("response_format": {"type": "text"}})", true, kLimits).constraint);
+
+  EXPECT_EQ(refused_field(chat + R"("response_format": "json"})", true), "response_format");
+  EXPECT_EQ(refused_field(chat + R"("response_format": {"type": "json_object", "x": 1}})", true), "response_format.x");
+  EXPECT_EQ(refused_field(chat + R"("response_format": {"type": "json_schema"}})", true), "response_format.json_schema");
+  EXPECT_EQ(refused_field(chat + R"("response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})", true),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(refused_field(chat + R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": 1}}})", true),
+            "response_format.json_schema.strict");
+  EXPECT_EQ(refused_field(chat + R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}, "z": 1}}})", true),
+            "response_format.json_schema.z");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "grammar": 3})", false), "grammar");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "grammar": ""})", false), "grammar");
+  EXPECT_EQ(refused_field(chat + R"("grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})", true), "grammar");
+  EXPECT_EQ(refused_field(R"({"prompt": "x", "grammar": "root ::= \"a\"", "ignore_eos": true})", false), "ignore_eos");
+}
+
 TEST(CompletionRequest, ToolsAreCheckedAndToolChoiceNoneWithdrawsThem) {
   const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
@@ -139,7 +178,12 @@ TEST(CompletionRequest, ToolsAreCheckedAndToolChoiceNoneWithdrawsThem) {
   const CompletionRequest b = parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", true, kLimits);
   EXPECT_FALSE(b.parse_tool_calls);
   EXPECT_TRUE(b.tools.is_null());  // not offered to the template either
-  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})", true),
+  // required and a named function are enforced (the server builds the grammar): parsed here.
+  EXPECT_EQ(*parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+                                      true, kLimits).forced_tool, "f");
+  EXPECT_EQ(*parse_completion_request("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", true, kLimits).forced_tool, "");
+  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function"}})", true), "tool_choice");
+  EXPECT_EQ(refused_field("{" + msgs + ", " + tools + R"(, "tool_choice": "required", "grammar": "root ::= \"a\""})", true),
             "tool_choice");
   EXPECT_EQ(refused_field("{" + msgs + R"(, "tool_choice": "sometimes"})", true), "tool_choice");
   EXPECT_EQ(refused_field("{" + msgs + R"(, "tools": [{"type": "function", "function": {}}]})", true), "tools[0].function.name");

@@ -171,7 +171,7 @@ TEST(Convert, Glm4MoeSkipsTheMtpLayerAndKeepsTheRouterBiasFloat) {
 // ---- convert_model ----
 
 TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
-  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral, Arch::kQwen2Moe}) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral, Arch::kQwen2Moe, Arch::kMinimaxM2}) {
     TempDir d;
     TinyHf m = make_tiny(arch);
     save_tiny(d.path() / "hf", m, DType::kF32, false, 1);
@@ -202,12 +202,21 @@ TEST(Convert, PacksEveryArchitectureWithExactF32Experts) {
     SafetensorsFile dense(d.path() / "out" / "dense.safetensors");
     EXPECT_EQ(dense.to_float("embed"), m.tensors.at("model.embed_tokens.weight").data);
     EXPECT_EQ(dense.to_float("layers.2.wk"), m.tensors.at("model.layers.2.self_attn.k_proj.weight").data);
-    std::string router = arch == Arch::kMixtral ? "model.layers.1.block_sparse_moe.gate.weight"
-                                                : "model.layers.1.mlp.gate.weight";
+    const bool mixtral_names = arch == Arch::kMixtral || arch == Arch::kMinimaxM2;
+    std::string router =
+        mixtral_names ? "model.layers.1.block_sparse_moe.gate.weight" : "model.layers.1.mlp.gate.weight";
     EXPECT_EQ(dense.to_float("layers.1.router"), m.tensors.at(router).data);
-    EXPECT_EQ(dense.contains("layers.0.q_norm"), arch == Arch::kQwen3Moe || arch == Arch::kOlmoe);
+    EXPECT_EQ(dense.contains("layers.0.q_norm"),
+              arch == Arch::kQwen3Moe || arch == Arch::kOlmoe || arch == Arch::kMinimaxM2);
     if (arch == Arch::kOlmoe) {
       EXPECT_EQ(dense.info("layers.0.k_norm").shape, (std::vector<int64_t>{18}));
+    }
+    if (arch == Arch::kMinimaxM2) {  // full-width QK-norm; the correction bias beside the gate, float
+      EXPECT_EQ(dense.info("layers.0.q_norm").shape, (std::vector<int64_t>{m.H * m.hd}));
+      EXPECT_EQ(dense.info("layers.0.k_norm").shape, (std::vector<int64_t>{m.KV * m.hd}));
+      EXPECT_EQ(dense.info("layers.2.router_bias").dtype, DType::kF32);
+      EXPECT_EQ(dense.to_float("layers.2.router_bias"),
+                m.tensors.at("model.layers.2.block_sparse_moe.e_score_correction_bias").data);
     }
   }
 }
@@ -252,7 +261,7 @@ TEST(Convert, Qwen2MoeBiasesAndSharedExpertGoToTheDenseFile) {
 }
 
 TEST(Convert, EveryLayoutDtypeAndShardingGivesIdenticalExperts) {
-  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral}) {
+  for (Arch arch : {Arch::kQwen3Moe, Arch::kOlmoe, Arch::kMixtral, Arch::kMinimaxM2}) {
     TempDir d;
     TinyHf m = make_tiny(arch, 7);
     struct Variant {

@@ -63,6 +63,7 @@ ModelConfig shape(const std::string& kind) {
     test::as_qwen2_moe(c, 96);
   }
   if (kind == "glm") test::as_glm4_moe(c, {.shared = 64, .dense_intermediate = 96, .rotary_dim = 8});
+  if (kind == "minimax") test::as_minimax_m2(c, 8);  // full-width QK-norm, partial rotary, one-group sigmoid
   if (kind == "odd-head") c.head_dim = 14;  // zero-padded heads on the device
   return c;
 }
@@ -129,7 +130,7 @@ TEST_P(GpuBatch, EachSequenceMatchesItsRunAloneOnTheGpu) {
   batch_against_alone(d.path(), 0, 7, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuBatch, ::testing::Values("q8", "bf16+shared", "glm", "odd-head"),
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuBatch, ::testing::Values("q8", "bf16+shared", "glm", "odd-head", "minimax"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '+', '_');

@@ -144,6 +144,103 @@ TEST(HfConfig, MapsGlm4MoeRoutingSharedExpertDenseLayersAndPartialRotary) {
   }
 }
 
+// MiniMax-M2's config.json as released (the keys of MiniMaxAI/MiniMax-M2, MTP fields included):
+// the remote code's keys are checked, transformers' maths is what is read.
+json minimax_m2_released() {
+  json attn = json::array();
+  for (int l = 0; l < 62; ++l) attn.push_back(1);
+  return json{{"architectures", json::array({"MiniMaxM2ForCausalLM"})}, {"model_type", "minimax_m2"},
+              {"attn_type_list", attn}, {"head_dim", 128}, {"hidden_act", "silu"}, {"hidden_size", 3072},
+              {"intermediate_size", 1536}, {"max_position_embeddings", 196608}, {"num_attention_heads", 48},
+              {"num_experts_per_tok", 8}, {"num_hidden_layers", 62}, {"num_key_value_heads", 8},
+              {"num_local_experts", 256}, {"num_mtp_modules", 3}, {"mtp_transformer_layers", 1},
+              {"use_mtp", true}, {"qk_norm_type", "per_layer"}, {"rms_norm_eps", 1e-6},
+              {"rope_theta", 5000000}, {"rotary_dim", 64}, {"scoring_func", "sigmoid"},
+              {"shared_intermediate_size", 0}, {"tie_word_embeddings", false}, {"use_qk_norm", true},
+              {"use_routing_bias", true}, {"vocab_size", 200064}, {"bos_token_id", 200034},
+              {"eos_token_id", 200020}, {"router_aux_loss_coef", 0.001}, {"router_jitter_noise", 0.0},
+              {"output_router_logits", false}};
+}
+
+TEST(HfConfig, MapsMinimaxM2AsTransformersComputesIt) {
+  const ModelConfig c = model_config_from_hf(minimax_m2_released(), "c");
+  EXPECT_EQ(c.arch, Arch::kMinimaxM2);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.n_heads, 48);
+  EXPECT_EQ(c.n_kv_heads, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 1536);  // intermediate_size is the expert width
+  EXPECT_EQ(c.n_experts, 256);
+  EXPECT_EQ(c.n_experts_per_tok, 8);
+  EXPECT_EQ(c.qk_norm, QkNorm::kFull);  // q_norm over H * head_dim, k_norm over KV * head_dim
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.rope_theta, 5e6);
+  EXPECT_EQ(c.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.routed_scaling_factor, 1.0);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_FALSE(c.has_shared_expert());
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.first_k_dense_replace, 0);
+  EXPECT_EQ(c.bos_token_id, 200034);
+  // model.json keeps every piece.
+  EXPECT_EQ(ModelConfig::from_json(c.to_json(), "m").to_json(), c.to_json());
+
+  // transformers 5's own spelling: no rotary_dim, the factor in rope_parameters; head_dim by default 128.
+  json v5 = minimax_m2_released();
+  for (const char* k : {"rotary_dim", "rope_theta", "head_dim", "use_qk_norm", "qk_norm_type", "scoring_func",
+                        "use_routing_bias", "attn_type_list", "shared_intermediate_size"})
+    v5.erase(k);
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
+  const ModelConfig c5 = model_config_from_hf(v5, "c");
+  EXPECT_EQ(c5.head_dim, 128);
+  EXPECT_EQ(c5.rotary_dim, 32);
+  EXPECT_EQ(c5.rope_theta, 1e6);
+  EXPECT_EQ(c5.qk_norm, QkNorm::kFull);
+  // rope_parameters' factor wins over rotary_dim, as in transformers; a factor of 1 rotates whole heads.
+  v5["rotary_dim"] = 64;
+  EXPECT_EQ(model_config_from_hf(v5, "c").rotary_dim, 32);
+  v5["rope_parameters"].erase("partial_rotary_factor");
+  EXPECT_EQ(model_config_from_hf(v5, "c").rotary_dim, 64);
+  v5.erase("rotary_dim");
+  EXPECT_EQ(model_config_from_hf(v5, "c").rope_dim(), 128);
+  // The tiny checkpoint of the converter's tests maps too.
+  const ModelConfig t = model_config_from_hf(make_tiny(Arch::kMinimaxM2).config, "c");
+  EXPECT_EQ(t.head_dim, 8);
+  EXPECT_EQ(t.rotary_dim, 4);
+}
+
+TEST(HfConfig, MinimaxM2KeysThatWouldChangeTheMathsAreRefusedByName) {
+  struct Bad {
+    const char* key;
+    json value;
+    const char* expect;
+  };
+  const Bad cases[] = {
+      {"use_qk_norm", false, "use_qk_norm"},
+      {"qk_norm_type", "per_head", "qk_norm_type"},
+      {"scoring_func", "softmax", "scoring_func"},
+      {"use_routing_bias", false, "use_routing_bias"},
+      {"shared_intermediate_size", 512, "shared_intermediate_size"},
+      {"attention_bias", true, "attention_bias"},
+      {"rotary_dim", 63, "not even"},
+      {"rotary_dim", 0, "rotary_dim"},
+      {"rotary_dim", 256, "rotary_dim"},
+      {"hidden_act", "gelu", "hidden_act"},
+  };
+  for (const Bad& b : cases) {
+    json hf = minimax_m2_released();
+    hf[b.key] = b.value;
+    const std::string msg = message_of([&] { model_config_from_hf(hf, "cfg.json"); });
+    EXPECT_NE(msg.find(b.expect), std::string::npos) << b.key << ": " << msg;
+    EXPECT_NE(msg.find("cfg.json"), std::string::npos) << msg;
+  }
+  json lightning = minimax_m2_released();
+  lightning["attn_type_list"][5] = 0;  // MiniMax-01's linear attention layer
+  const std::string msg = message_of([&] { model_config_from_hf(lightning, "c"); });
+  EXPECT_NE(msg.find("attn_type_list"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("entry 5"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, ReadsRopeParametersOfTransformersV5) {
   json c = make_tiny(Arch::kQwen3Moe).config;
   c.erase("rope_theta");

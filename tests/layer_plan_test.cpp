@@ -42,6 +42,37 @@ TEST(LayerPlan, GlmHasADenseFirstLayerAndNumbersMoeLayersAfterIt) {
   EXPECT_TRUE(any_ffn(plan, FfnKind::kDense));
 }
 
+// MiniMax-M2 composes existing blocks only: OLMoE's full-width QK-norm, GLM-4.5's partial rotary and
+// sigmoid router (one group, no scaling), no shared expert, experts in every layer.
+TEST(LayerPlan, MinimaxM2IsGqaWithFullQkNormThenSigmoidRoutedExpertsInEveryLayer) {
+  ModelConfig c = tiny_moe_config({.layers = 3, .head_dim = 8});
+  test::as_minimax_m2(c, 4);
+  const std::vector<LayerSpec> plan = plan_layers(c);
+  ASSERT_EQ(plan.size(), 3u);
+  for (int l = 0; l < 3; ++l) {
+    const LayerSpec& s = plan[size_t(l)];
+    EXPECT_EQ(s.attention.kind, AttentionKind::kGqa);
+    EXPECT_EQ(s.attention.qk_norm, QkNorm::kFull);
+    EXPECT_EQ(s.attention.window, 0);
+    EXPECT_FALSE(s.attention.sinks || s.attention.qkv_bias || s.attention.o_bias);
+    EXPECT_EQ(s.ffn.kind, FfnKind::kRouted);
+    EXPECT_EQ(s.ffn.moe_layer, l);
+    EXPECT_EQ(s.ffn.shared, SharedExpertKind::kNone);
+    const RouterParams& r = s.ffn.router.params;
+    EXPECT_EQ(r.scoring, RouterScoring::kSigmoid);
+    EXPECT_EQ(r.n_group, 1);
+    EXPECT_TRUE(r.normalize);
+    EXPECT_EQ(r.scaling, 1.0f);
+    EXPECT_FALSE(s.ffn.router.logit_bias || s.ffn.router.softmax_of_top_k);
+  }
+  EXPECT_EQ(c.rope_dim(), 4);  // the attention block rotates rope_dim() of each head
+  // A dense layer is refused as for every family without one.
+  c.first_k_dense_replace = 1;
+  c.intermediate_size = 24;
+  const std::string msg = error_message<ConfigError>([&] { plan_layers(c); });
+  EXPECT_NE(msg.find("minimax_m2, layer 0"), std::string::npos) << msg;
+}
+
 TEST(LayerPlan, DeepseekIsLatentAttentionInEveryLayer) {
   ModelConfig c = tiny_moe_config({.layers = 2, .heads = 4, .kv_heads = 4, .head_dim = 12});
   test::as_deepseek_v3(c, {.q_lora = 16, .kv_lora = 12, .nope = 8, .rope = 4, .v = 8, .shared = 16,

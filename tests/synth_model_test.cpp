@@ -303,6 +303,34 @@ TEST(ModelShapes, DeepseekV3AndKimiK2AreTheirReleasedSizes) {
   }
 }
 
+TEST(ModelShapes, MinimaxM2IsItsReleasedSize) {
+  // MiniMax-M2: "230B total parameters" (MiniMax's figure; 228.6B counted from its config): 62 x
+  // 256 experts of 3 x 1536 x 3072 routed, attention and embeddings in the bf16 dense file.
+  const ModelConfig c = known_shape("minimax-m2");
+  EXPECT_EQ(c.arch, Arch::kMinimaxM2);
+  EXPECT_EQ(c.n_moe_layers(), 62);
+  EXPECT_EQ(c.qk_norm, QkNorm::kFull);
+  EXPECT_EQ(c.rope_dim(), 64);
+  EXPECT_EQ(c.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_FALSE(c.has_shared_expert());
+  const double expert_weights = 62.0 * 256 * 3 * 1536 * 3072;
+  EXPECT_NEAR(double(synthetic_model_bytes(c) - synthetic_dense_bytes(c)), expert_weights * 4.5 / 8,
+              expert_weights * 0.01);
+  const double params = double(synthetic_dense_bytes(c)) / 2 + expert_weights;  // bf16 dense
+  EXPECT_NEAR(params, 230.0e9, 230.0e9 * 0.01);
+}
+
+TEST_F(SynthModelCli, MinimaxM2ShapeLoadsAndRuns) {
+  const fs::path out = d_.path() / "mm";
+  const test::CliResult r = run_synth("--shape minimax-m2 --layers 2 --scale-down 32 -q --seed 7 " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ModelConfig cfg = ModelConfig::load(out);
+  EXPECT_EQ(cfg.arch, Arch::kMinimaxM2);
+  EXPECT_EQ(cfg.rope_dim(), 64);
+  expect_loads_and_runs(out, {3, 99, 7}, 8);  // full-width q/k norms and the router bias present, shapes checked
+}
+
 TEST_F(SynthModelCli, DeepseekV3ShapeLoadsAndRuns) {
   const fs::path out = d_.path() / "ds";
   const test::CliResult r = run_synth("--shape deepseek-v3 --layers 4 --scale-down 32 -q --seed 7 " + out.string());

@@ -25,6 +25,8 @@ constexpr GgufArch kGgufArchs[] = {
     {"llama", nullptr, Arch::kMixtral, true, true, "feed_forward_length", false, nullptr},  // Mixtral: with expert tensors
     {"qwen2moe", nullptr, Arch::kQwen2Moe, false, false, "expert_feed_forward_length", false, extend_gguf_qwen2moe},
     {"glm4moe", nullptr, Arch::kGlm4Moe, false, false, "expert_feed_forward_length", true, extend_gguf_glm4moe},
+    {"minimax-m2", nullptr, Arch::kMinimaxM2, true, false, "expert_feed_forward_length", true,
+     extend_gguf_minimax_m2},
     // Readers of their own: these fields are theirs to set (gpt-oss rotates whole heads; deepseek2's
     // rope dimension is MLA's qk_rope_head_dim, checked by its reader).
     {"gpt-oss", read_gguf_gpt_oss, Arch::kGptOss, false, false, "", false, nullptr},
@@ -57,7 +59,8 @@ std::string gguf_dense_name(Arch arch, const std::string& n) {
       if (post_norm && field == "ffn_norm") return blk + "post_attention_norm.weight";
       if (field == "router_bias") {
         if (arch == Arch::kGptOss) return blk + "ffn_gate_inp.bias";  // added to the logits
-        if (arch == Arch::kGlm4Moe || deepseek) return blk + "exp_probs_b.bias";  // selection only
+        if (arch == Arch::kGlm4Moe || arch == Arch::kMinimaxM2 || deepseek)
+          return blk + "exp_probs_b.bias";  // selection only
       }
       // DeepSeek's MLA projections.
       static constexpr std::pair<std::string_view, std::string_view> kMla[] = {
@@ -181,7 +184,7 @@ uint64_t gguf_arch_rope_dims(const GgufMetadata& m, const std::string& where, co
                                std::to_string(head_dim) + "], " + head);
   if (!partial && rot != head_dim)
     gguf_arch_error(where, key + " = " + std::to_string(rot) + " differs from " + head + ": this architecture " +
-                               "rotates whole heads (partial rotary is glm4moe's)");
+                               "rotates whole heads (partial rotary is glm4moe's and minimax-m2's)");
   return rot;
 }
 

@@ -67,6 +67,8 @@ void extend_gguf_qwen2moe(const GgufModelFiles& files, const std::string& where,
                           nlohmann::json& j);
 void extend_gguf_glm4moe(const GgufModelFiles& files, const std::string& where, const std::string& a,
                          nlohmann::json& j);
+void extend_gguf_minimax_m2(const GgufModelFiles& files, const std::string& where, const std::string& a,
+                            nlohmann::json& j);
 // For the llama-like reader: every dense tensor cfg's extra fields call for (attention biases,
 // shared experts and their gate, the correction bias, the dense MLP of the leading layers) exists
 // with its shape; FormatError naming the file and tensor otherwise.

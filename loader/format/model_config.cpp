@@ -131,7 +131,7 @@ double get_opt_num(const json& j, const std::string& key, const std::string& whe
 constexpr EnumName<Arch> kArchNames[] = {
     {Arch::kQwen3Moe, "qwen3_moe"}, {Arch::kOlmoe, "olmoe"}, {Arch::kMixtral, "mixtral"},
     {Arch::kQwen2Moe, "qwen2_moe"}, {Arch::kGlm4Moe, "glm4_moe"}, {Arch::kDeepseekV3, "deepseek_v3"},
-    {Arch::kDeepseekV2, "deepseek_v2"}, {Arch::kGptOss, "gpt_oss"}};
+    {Arch::kDeepseekV2, "deepseek_v2"}, {Arch::kGptOss, "gpt_oss"}, {Arch::kMinimaxM2, "minimax_m2"}};
 constexpr EnumName<QkNorm> kQkNormNames[] = {
     {QkNorm::kNone, "none"}, {QkNorm::kPerHead, "per_head"}, {QkNorm::kFull, "full"}};
 constexpr EnumName<RouterScoring> kScoringNames[] = {

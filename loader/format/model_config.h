@@ -4,7 +4,7 @@
 // model.json (keys, all required unless marked optional):
 //   format: "moestream", format_version: 1, or 2 when the pack holds ggml block types (below)
 //   architecture: "qwen3_moe" | "olmoe" | "mixtral" | "qwen2_moe" | "glm4_moe" | "deepseek_v3" |
-//     "deepseek_v2" | "gpt_oss"
+//     "deepseek_v2" | "gpt_oss" | "minimax_m2"
 //   vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim,
 //   moe_intermediate_size, n_experts, n_experts_per_tok            (positive integers)
 //   norm_topk_prob (bool), rms_norm_eps (number), max_position_embeddings (int)
@@ -91,6 +91,7 @@ enum class Arch { kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe,
   kDeepseekV3,  // DeepSeek-V3, Kimi K2: multi-head latent attention (MLA)
   kDeepseekV2,  // DeepSeek-V2(-Lite): MLA with a softmax router
   kGptOss,
+  kMinimaxM2,  // MiniMax-M2: full-width QK-norm, partial rotary, sigmoid router with correction bias
 };
 // Where a model's weights are: a packed directory (model.json, dense.safetensors, experts/) or a
 // GGUF file (or split set) run in place (loader/format/gguf_model.h).

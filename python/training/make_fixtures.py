@@ -1,5 +1,5 @@
 # Builds the tiny random-weight reference models (Qwen3-MoE, OLMoE, Mixtral, Qwen2-MoE, GLM-4.5,
-# DeepSeek-V3, gpt-oss) with transformers
+# DeepSeek-V3, gpt-oss, MiniMax-M2) with transformers
 # itself and writes them, with reference logits and greedy tokens, to tests/fixtures/<name>/.
 """Test fixtures for the converter and the forward pass, made by Hugging Face transformers.
 
@@ -42,6 +42,15 @@ saved in the released checkpoints' layout (`*_blocks` [E, rows, cols/32, 16], `*
 from the model holding transformers' own dequantisation of those blocks
 (integrations.mxfp4.convert_moe_packed_tensors), saved too as mxfp4_dequantized.safetensors
 (`layers.N.gate_up_proj` [E, D, 2F], `layers.N.down_proj` [E, F, D], f32) for bit-exact checks.
+minimax_m2 (MiniMax-M2, transformers >= 5.23) has QK-norm over all heads before the head split,
+partial rotary (8 of 16 dims), the sigmoid router with a random e_score_correction_bias (selection
+only) and renormalised top-k, no shared expert; saved in the released layout (Mixtral's
+block_sparse_moe.experts.N.w1/w2/w3, block_sparse_moe.gate, block_sparse_moe.e_score_correction_bias)
+with a config.json in the released style (rotary_dim, rope_theta, use_qk_norm, qk_norm_type,
+scoring_func, use_routing_bias, shared_intermediate_size, attn_type_list at the top level).
+minimax_m2_fp8 is the same model as MiniMax-M2's FP8 release stores it: every projection and expert
+matrix float8_e4m3fn with `weight_scale_inv` blocks (16 x 16 here, 128 x 128 released) and
+quantization_config fmt "float8_e4m3fn"; the router and the correction bias stay float.
 Run on a machine with torch + transformers >= 5 (the device machine): python3 make_fixtures.py
 (--only NAME ... remakes some fixtures and leaves the others as they are).
 """
@@ -59,9 +68,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
-                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig, GptOssForCausalLM, MiniMaxM2Config,
+                          MiniMaxM2ForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 N_GREEDY = 32
 PROMPT_LENGTHS = (5, 9, 12)
@@ -163,6 +172,14 @@ def fixture_specs():
     # probabilities times routed_scaling_factor (not renormalised); otherwise deepseek_v2's form.
     deepseek2_grouped = DeepseekV2Config(routed_scaling_factor=2.5, topk_method="group_limited_greedy", n_group=4,
                                          topk_group=2, **deepseek2_form)
+    # MiniMax-M2: 12 experts, top-3, sigmoid scores with a correction bias (randomise), renormalised;
+    # q_norm over all 4 x 16 query dims and k_norm over 2 x 16 key dims; RoPE on 8 of 16 dims.
+    minimax = MiniMaxM2Config(
+        vocab_size=347, hidden_size=51, intermediate_size=29, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=12, num_experts_per_tok=3,
+        router_jitter_noise=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+        **common)
     return {
         "qwen3_moe": (Qwen3MoeForCausalLM, qwen, 1001, "per_expert"),
         "olmoe": (OlmoeForCausalLM, olmoe, 1002, "per_expert"),
@@ -177,6 +194,8 @@ def fixture_specs():
         "deepseek_v2_grouped": (DeepseekV2ForCausalLM, deepseek2_grouped, 1010, "per_expert"),
         "gpt_oss": (GptOssForCausalLM, gpt_oss, 1006, "gpt_oss"),
         "gpt_oss_mxfp4": (GptOssForCausalLM, gpt_oss, 1006, "mxfp4"),
+        "minimax_m2": (MiniMaxM2ForCausalLM, minimax, 1014, "per_expert"),
+        "minimax_m2_fp8": (MiniMaxM2ForCausalLM, minimax, 1015, "per_expert_fp8"),
     }
 
 
@@ -205,20 +224,28 @@ def fp8_block_quantize(w, block):
     return q, s, q.to(torch.float32) * full
 
 
+W_NAMES = {"1": "gate", "2": "down", "3": "up"}  # Mixtral-style expert matrices
+
+
 @torch.no_grad()
 def to_fp8_checkpoint(model, sd, block):
-    """DeepSeek-V3's FP8 release layout of sd (per-expert names): every linear layer's weight but
-    the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv` block scales. The
-    in-memory model is set to the dequantised values, so the reference is what the file holds."""
+    """DeepSeek-V3's (and MiniMax-M2's) FP8 release layout of sd (per-expert names): every linear
+    layer's weight but the embedding, lm_head and the router in F8_E4M3 with `<name>_scale_inv`
+    block scales. The in-memory model is set to the dequantised values, so the reference is what
+    the file holds."""
     params = dict(model.named_parameters())
     out = {}
     for k, v in sd.items():
-        if v.dim() != 2 or not k.endswith(("_proj.weight", "_proj_with_mqa.weight")):
+        if v.dim() != 2 or not k.endswith(("_proj.weight", "_proj_with_mqa.weight", ".w1.weight", ".w2.weight",
+                                           ".w3.weight")):
             out[k] = v
             continue
         q, s, deq = fp8_block_quantize(v, block)
         out[k], out[k + "_scale_inv"] = q, s
-        m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", k)
+        # MiniMax-M2 / Mixtral names: block_sparse_moe.experts.N.w1 (gate), w3 (up), w2 (down).
+        k_std = re.sub(r"\.block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$",
+                       lambda x: f".mlp.experts.{x.group(1)}.{W_NAMES[x.group(2)]}_proj.weight", k)
+        m = re.match(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", k_std)
         if m is None:
             params[k].copy_(deq)
         elif m.group(3) == "down":
@@ -263,6 +290,10 @@ def randomise(model, seed):
             b.copy_((torch.randn(b.shape, generator=g) * 0.3).to(torch.bfloat16).to(torch.float32))
 
 
+# Architectures whose released checkpoints keep Mixtral's names (block_sparse_moe, w1/w2/w3).
+MIXTRAL_NAMES = ("mixtral", "minimax_m2")
+
+
 def per_expert_state_dict(model, arch):
     """The published-checkpoint layout, converted from the fused in-memory tensors."""
     out = {}
@@ -274,7 +305,7 @@ def per_expert_state_dict(model, arch):
             f = two_f // 2
             for e in range(n_e):
                 gate, up = t[e, :f].contiguous(), t[e, f:].contiguous()
-                if arch == "mixtral":
+                if arch in MIXTRAL_NAMES:
                     out[f"{prefix}.block_sparse_moe.experts.{e}.w1.weight"] = gate
                     out[f"{prefix}.block_sparse_moe.experts.{e}.w3.weight"] = up
                 else:
@@ -283,11 +314,13 @@ def per_expert_state_dict(model, arch):
         elif ".mlp.experts.down_proj" in name:
             prefix = name.replace(".mlp.experts.down_proj", "")
             for e in range(t.shape[0]):
-                key = (f"{prefix}.block_sparse_moe.experts.{e}.w2.weight" if arch == "mixtral"
+                key = (f"{prefix}.block_sparse_moe.experts.{e}.w2.weight" if arch in MIXTRAL_NAMES
                        else f"{prefix}.mlp.experts.{e}.down_proj.weight")
                 out[key] = t[e].contiguous()
-        elif arch == "mixtral" and ".mlp.gate.weight" in name:
+        elif arch in MIXTRAL_NAMES and ".mlp.gate.weight" in name:
             out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+        elif arch == "minimax_m2" and name.endswith(".mlp.e_score_correction_bias"):  # beside the gate
+            out[name.replace(".mlp.", ".block_sparse_moe.")] = t
         else:
             out[name] = t
     return out
@@ -306,7 +339,7 @@ def published_style_config(path, arch):
     rope = cfg.pop("rope_parameters")
     cfg["rope_theta"] = rope["rope_theta"]
     cfg["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
-    if arch not in ("mixtral", "deepseek_v3", "deepseek_v2") and "num_local_experts" in cfg:
+    if arch not in ("mixtral", "deepseek_v3", "deepseek_v2", "minimax_m2") and "num_local_experts" in cfg:
         cfg["num_experts"] = cfg.pop("num_local_experts")
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
     if arch == "qwen2_moe":  # released Qwen1.5-MoE / Qwen2-MoE configs predate both keys
@@ -319,6 +352,11 @@ def published_style_config(path, arch):
             cfg["num_nextn_predict_layers"] = cfg.pop("num_mtp_layers")
         if "num_local_experts" in cfg:
             cfg["n_routed_experts"] = cfg.pop("num_local_experts")
+    if arch == "minimax_m2":  # MiniMax-M2's config.json: the remote code's keys, partial rotary as rotary_dim
+        cfg["rotary_dim"] = int(cfg["head_dim"] * rope["partial_rotary_factor"])
+        cfg["rope_scaling"] = None
+        cfg.update(use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
+                   shared_intermediate_size=0, attn_type_list=[1] * cfg["num_hidden_layers"])
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -477,7 +515,9 @@ def write_fixture(name, cls, config, seed, layout, out_root):
             if layout == "per_expert_fp8":
                 sd = to_fp8_checkpoint(model, sd, FP8_BLOCK)
                 cfg = json.loads((tmp / "config.json").read_text())
-                cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
+                # MiniMax-M2's release spells the format by its torch dtype.
+                fmt = "float8_e4m3fn" if arch == "minimax_m2" else "e4m3"
+                cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": fmt,
                                               "quant_method": "fp8", "weight_block_size": list(FP8_BLOCK)}
                 (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
             save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})

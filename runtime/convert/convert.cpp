@@ -53,7 +53,7 @@ std::string expand(const std::string& pattern, int e) {
 ExpertSource find_experts(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   const std::string p = layer_prefix(l);
   std::vector<ExpertSource> candidates;
-  if (c.arch == Arch::kMixtral) {
+  if (c.arch == Arch::kMixtral || c.arch == Arch::kMinimaxM2) {  // released: w1 gate, w3 up, w2 down
     candidates.push_back({false, p + "block_sparse_moe.experts.{e}.w1.weight",
                           p + "block_sparse_moe.experts.{e}.w3.weight",
                           p + "block_sparse_moe.experts.{e}.w2.weight"});
@@ -71,9 +71,19 @@ ExpertSource find_experts(const HfCheckpoint& ck, const ModelConfig& c, int l) {
                     candidates.back().gate + "'): no experts found for layer " + std::to_string(l));
 }
 
+// The sigmoid router's correction bias: MiniMax-M2's releases keep it beside the gate, in
+// block_sparse_moe (transformers' fused layout: mlp.e_score_correction_bias); GLM-4.5 and
+// DeepSeek-V3 inside it.
+std::string router_bias_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
+  const std::string p = layer_prefix(l);
+  if (c.arch != Arch::kMinimaxM2) return p + "mlp.gate.e_score_correction_bias";
+  return ck.contains(p + "mlp.e_score_correction_bias") ? p + "mlp.e_score_correction_bias"
+                                                         : p + "block_sparse_moe.e_score_correction_bias";
+}
+
 std::string router_name(const HfCheckpoint& ck, const ModelConfig& c, int l) {
   const std::string p = layer_prefix(l);
-  if (c.arch == Arch::kMixtral && ck.contains(p + "block_sparse_moe.gate.weight"))
+  if ((c.arch == Arch::kMixtral || c.arch == Arch::kMinimaxM2) && ck.contains(p + "block_sparse_moe.gate.weight"))
     return p + "block_sparse_moe.gate.weight";
   if (c.arch == Arch::kGptOss) return p + "mlp.router.weight";
   return p + "mlp.gate.weight";
@@ -199,7 +209,7 @@ std::vector<DenseTensor> dense_tensors(const HfCheckpoint& ck, const ModelConfig
     }
     t.push_back({o + "router", router_name(ck, c, l), {c.n_experts, D}, true});
     if (c.router_scoring == RouterScoring::kSigmoid)  // float, as the router
-      t.push_back({o + "router_bias", p + "mlp.gate.e_score_correction_bias", {c.n_experts}, true, true});
+      t.push_back({o + "router_bias", router_bias_name(ck, c, l), {c.n_experts}, true, true});
     if (c.has_shared_expert() && !c.shared_expert_gated) {  // GLM-4.5: n_shared_experts, no gate
       const int64_t fs = c.shared_expert_intermediate_size;
       t.push_back({o + "shared_gate", p + "mlp.shared_experts.gate_proj.weight", {fs, D}});
@@ -224,8 +234,9 @@ Fp8BlockSize fp8_block_size(const nlohmann::json& q, const std::string& where) {
   const std::string method = q.value("quant_method", std::string());
   if (method != "fp8")
     throw ConfigError(where + ": quantization_config.quant_method '" + method + "' is not supported (only fp8)");
-  if (q.value("fmt", std::string("e4m3")) != "e4m3")
-    throw ConfigError(where + ": quantization_config.fmt '" + q.value("fmt", std::string()) + "' is not supported (only e4m3)");
+  // MiniMax-M2's releases spell the format by its torch dtype.
+  if (const std::string fmt = q.value("fmt", std::string("e4m3")); fmt != "e4m3" && fmt != "float8_e4m3fn")
+    throw ConfigError(where + ": quantization_config.fmt '" + fmt + "' is not supported (only e4m3, float8_e4m3fn)");
   Fp8BlockSize b;
   if (const auto bs = q.find("weight_block_size"); bs != q.end() && !bs->is_null()) {
     if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() || !(*bs)[1].is_number_integer() ||

@@ -93,10 +93,11 @@ Arch detect_arch(const json& hf, const std::string& where) {
   if (name == "DeepseekV3ForCausalLM" || name == "deepseek_v3" || name == "kimi_k2") return Arch::kDeepseekV3;
   if (name == "DeepseekV2ForCausalLM" || name == "deepseek_v2") return Arch::kDeepseekV2;
   if (name == "GptOssForCausalLM" || name == "gpt_oss") return Arch::kGptOss;
+  if (name == "MiniMaxM2ForCausalLM" || name == "minimax_m2") return Arch::kMinimaxM2;
   throw ConfigError(where + ": unsupported architecture '" + (name.empty() ? "<none>" : name) +
                     "' (supported: Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM, "
                     "Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, "
-                    "GptOssForCausalLM)");
+                    "GptOssForCausalLM, MiniMaxM2ForCausalLM)");
 }
 
 // transformers v4 keeps `rope_theta` and `rope_scaling`; v5 folds both into `rope_parameters`.
@@ -120,7 +121,7 @@ void read_rope(const json& hf, ModelConfig& c, double default_theta, const std::
       "truncate"};
   for (auto& [k, v] : sc->items())
     if (!kKnown.count(k) && !v.is_null() &&
-        !(k == "partial_rotary_factor" && c.arch == Arch::kGlm4Moe))  // read by read_glm4_moe (sweep-a)
+        !(k == "partial_rotary_factor" && (c.arch == Arch::kGlm4Moe || c.arch == Arch::kMinimaxM2)))  // read below
       unsupported(where, "rope_scaling." + k, "(changes RoPE)");
   RopeScaling s;
   s.type = type;
@@ -163,6 +164,8 @@ MoeKeys moe_keys(Arch a) {
       return {"moe_intermediate_size", "n_routed_experts", "num_local_experts", 1e-6, 10000.0, QkNorm::kNone};
     case Arch::kGptOss:
       return {"intermediate_size", "num_local_experts", "num_experts", 1e-5, 150000.0, QkNorm::kNone};
+    case Arch::kMinimaxM2:  // MiniMaxM2Config: intermediate_size is the expert width
+      return {"intermediate_size", "num_local_experts", "num_experts", 1e-6, 5000000.0, QkNorm::kFull};
     case Arch::kMixtral:
       break;
   }
@@ -217,6 +220,61 @@ void read_glm4_moe(const json& hf, ModelConfig& c, const std::string& where) {
   if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
     throw ConfigError(where + ": partial_rotary_factor " + std::to_string(factor) + " x head_dim " +
                       std::to_string(c.head_dim) + " is not an even rotary width");
+}
+
+// The partial rotary width as transformers 5 resolves it: rope_parameters' (or rope_scaling's)
+// partial_rotary_factor, else the top-level one, else rotary_dim / head_dim (MiniMax-M2's released
+// key), else 1; the width is int(head_dim * factor), which must be even.
+void read_partial_rotary(const json& hf, ModelConfig& c, const std::string& where) {
+  double factor = 1.0;
+  if (const json* r = find(hf, "rotary_dim")) {
+    if (!r->is_number_integer() || r->get<long long>() <= 0 || r->get<long long>() > c.head_dim)
+      throw FormatError(where + ": field 'rotary_dim' must be an integer in [1, head_dim " +
+                        std::to_string(c.head_dim) + "], got " + r->dump());
+    factor = double(r->get<int>()) / double(c.head_dim);
+  }
+  factor = opt_num(hf, "partial_rotary_factor", where, factor);
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (const json* rp = find(hf, key); rp && rp->is_object())
+      factor = opt_num(*rp, "partial_rotary_factor", where, factor);
+  if (!(factor > 0 && factor <= 1)) throw FormatError(where + ": 'partial_rotary_factor' must be in (0, 1]");
+  c.rotary_dim = int(c.head_dim * factor);  // int(), as transformers
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    throw ConfigError(where + ": a rotary width of " + std::to_string(c.rotary_dim) + " of head_dim " +
+                      std::to_string(c.head_dim) + " is not even");
+  if (c.rotary_dim == c.head_dim) c.rotary_dim = 0;  // whole heads
+}
+
+// MiniMaxM2ForCausalLM as transformers 5.23 computes it (modeling_minimax_m2.py): q_norm and k_norm
+// over all heads' projections before the head split, partial rotary, a sigmoid router whose
+// e_score_correction_bias joins the scores for selection only, the chosen sigmoid scores divided by
+// their sum (no groups, no scaling), no shared expert, every layer full softmax attention. The
+// released config.json also carries keys the original remote code read and transformers does not:
+// each must state what transformers computes, or the model is refused naming the key.
+void read_minimax_m2(const json& hf, ModelConfig& c, const std::string& where) {
+  auto require = [&](const char* key, const json& want, const std::string& why) {
+    if (const json* v = find(hf, key); v && *v != want) unsupported(where, key, v->dump() + " " + why);
+  };
+  require("use_qk_norm", true, "(transformers always normalises q and k)");
+  require("qk_norm_type", "per_layer", "(transformers normalises over all heads)");
+  require("scoring_func", "sigmoid", "(transformers' MiniMax-M2 router is sigmoid)");
+  require("use_routing_bias", true, "(transformers always adds e_score_correction_bias)");
+  if (opt_count(hf, "shared_intermediate_size", where, 0) != 0)
+    unsupported(where, "shared_intermediate_size", "(shared experts)");
+  if (const json* t = find(hf, "attn_type_list")) {
+    if (!t->is_array() || t->size() < size_t(c.n_layers))
+      throw FormatError(where + ": 'attn_type_list' must be an array of at least num_hidden_layers integers");
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((*t)[size_t(l)] != 1)
+        unsupported(where, "attn_type_list",
+                    "entry " + std::to_string(l) + " = " + (*t)[size_t(l)].dump() +
+                        " (1 is softmax attention; others are MiniMax-01's lightning attention)");
+  }
+  c.norm_topk_prob = true;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = c.topk_group = 1;
+  c.routed_scaling_factor = 1.0;
+  read_partial_rotary(hf, c, where);
 }
 
 // DeepSeek-V2's group_limited_greedy (issue 20): n_group groups (null or absent: 1) of which
@@ -406,7 +464,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
   c.n_experts = req_int_any(hf, {k.experts, k.experts_alt}, where);
   c.n_experts_per_tok = req_int(hf, "num_experts_per_tok", where);
   // Mixtral renormalises the top-k weights by construction.
-  c.norm_topk_prob = c.arch == Arch::kMixtral || opt_bool(hf, "norm_topk_prob", where, false);
+  c.norm_topk_prob = c.arch == Arch::kMixtral || opt_bool(hf, "norm_topk_prob", where, false);  // MiniMax-M2: below
   c.rms_norm_eps = opt_num(hf, "rms_norm_eps", where, k.rms_norm_eps);
   c.qk_norm = k.qk_norm;
   read_rope(hf, c, k.rope_theta, where);
@@ -442,6 +500,7 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
       read_gpt_oss(hf, c, where);
       break;
     case Arch::kGlm4Moe:
+    case Arch::kMinimaxM2:
       break;  // after head_dim, below
     case Arch::kDeepseekV3:
     case Arch::kDeepseekV2:
@@ -454,10 +513,11 @@ ModelConfig model_config_from_hf(const json& hf, const std::string& where) {
         unsupported(where, "sliding_window", w->dump() + " (< max_position_embeddings)");
       break;
   }
-  // Glm4MoeConfig's head_dim defaults to 128, not hidden / heads (sweep-a: as transformers).
-  const int default_head_dim = c.arch == Arch::kGlm4Moe ? 128 : c.hidden_size / c.n_heads;
-  c.head_dim = opt_int(hf, "head_dim", where, default_head_dim);
+  // Glm4MoeConfig's and MiniMaxM2Config's head_dim default to 128, not hidden / heads (as transformers).
+  const bool head_128 = c.arch == Arch::kGlm4Moe || c.arch == Arch::kMinimaxM2;
+  c.head_dim = opt_int(hf, "head_dim", where, head_128 ? 128 : c.hidden_size / c.n_heads);
   if (c.arch == Arch::kGlm4Moe) read_glm4_moe(hf, c, where);
+  if (c.arch == Arch::kMinimaxM2) read_minimax_m2(hf, c, where);
   // MLA's query/key head (transformers' DeepseekV3Config saves head_dim as the RoPE part only).
   if (c.has_mla()) c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
   if (c.n_heads % c.n_kv_heads != 0)

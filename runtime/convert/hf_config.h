@@ -1,8 +1,9 @@
 // Maps a Hugging Face `config.json` (Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM,
-// Qwen2MoeForCausalLM, Glm4MoeForCausalLM) to a ModelConfig, rejecting every setting that would change the maths and
-// that the runtime does not implement (dense MLP layers but GLM-4.5's first ones, sliding window in
-// use, biases other than Qwen2-MoE's and GLM-4.5's QKV ones, shared experts other than Qwen2-MoE's
-// gated and GLM-4.5's ungated ones, clip_qkv, ...).
+// Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepSeek-V2/V3, gpt-oss, MiniMaxM2ForCausalLM) to a
+// ModelConfig, rejecting every setting that would change the maths and that the runtime does not
+// implement (dense MLP layers but GLM-4.5's first ones, sliding window in use, biases other than
+// Qwen2-MoE's and GLM-4.5's QKV ones, shared experts other than Qwen2-MoE's gated and GLM-4.5's
+// ungated ones, clip_qkv, ...).
 #pragma once
 
 #include <string>

@@ -1,7 +1,7 @@
 // Implementation of runtime/convert/model_shapes.h. Values checked against each model's config.json on
 // the Hugging Face hub (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, mistralai/Mixtral-8x7B-v0.1,
 // allenai/OLMoE-1B-7B-0924, Qwen/Qwen2-57B-A14B, zai-org/GLM-4.5-Air, deepseek-ai/DeepSeek-V3,
-// moonshotai/Kimi-K2-Instruct, openai/gpt-oss-120b, openai/gpt-oss-20b).
+// moonshotai/Kimi-K2-Instruct, openai/gpt-oss-120b, openai/gpt-oss-20b, MiniMaxAI/MiniMax-M2).
 #include "runtime/convert/model_shapes.h"
 
 #include <algorithm>
@@ -40,6 +40,21 @@ ModelConfig glm45_air() {
   c.first_k_dense_replace = 1;
   c.intermediate_size = 10944;
   c.rotary_dim = 64;
+  return c;
+}
+
+// MiniMax-M2 (MiniMaxAI/MiniMax-M2 config.json): 62 layers of 256 experts (top-8) of width 1536,
+// 48 query and 8 KV heads of 128 with one RMSNorm over all heads of q and of k, RoPE (theta 5e6) on
+// the first 64 dims of each head, sigmoid routing with a correction bias in one group, renormalised
+// and unscaled; no shared expert, no dense layer. Its MTP modules are not part of the decoder.
+ModelConfig minimax_m2() {
+  ModelConfig c = make_model_config(Arch::kMinimaxM2, {200064, 3072, 62, 48, 8, 128, 1536, 256, 8, 196608},
+                                    QkNorm::kFull, QuantType::kQ4);
+  c.norm_topk_prob = true;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 5e6;
+  c.rotary_dim = 64;
+  c.router_scoring = RouterScoring::kSigmoid;
   return c;
 }
 
@@ -127,12 +142,19 @@ std::vector<std::string> known_shape_names() {
   names.emplace_back("glm-4.5-air");
   names.emplace_back("deepseek-v3");
   names.emplace_back("kimi-k2");
+  names.emplace_back("minimax-m2");
   return names;
 }
 
 ModelConfig known_shape(std::string_view name) {
   if (name == "glm-4.5-air") {
     ModelConfig c = glm45_air();
+    c.tie_word_embeddings = false;
+    c.dense_dtype = "bf16";
+    return c;
+  }
+  if (name == "minimax-m2") {
+    ModelConfig c = minimax_m2();
     c.tie_word_embeddings = false;
     c.dense_dtype = "bf16";
     return c;

@@ -120,11 +120,18 @@ int Sampler::argmax(std::span<const float> logits) {
 }
 
 int Sampler::sample(std::span<const float> raw) {
+  const int id = draw(raw);
+  remember(id, true);
+  return id;
+}
+
+void Sampler::record(int id) { remember(id, true); }
+
+int Sampler::draw(std::span<const float> raw) {
   const std::span<const float> logits = adjusted(raw);
   if (p_.temperature == 0) {
     const int id = argmax(logits);
     if (!(logits[size_t(id)] > -INFINITY)) throw_nothing_to_sample(!p_.logit_bias.empty());
-    remember(id, true);
     return id;
   }
   const int V = static_cast<int>(logits.size());
@@ -177,7 +184,6 @@ int Sampler::sample(std::span<const float> raw) {
       break;
     }
   }
-  remember(id, true);
   return id;
 }
 

@@ -63,6 +63,16 @@ class Sampler {
   // Chooses the next token and records it for the penalties. Throws ConfigError when logit_bias
   // names a token outside the vocabulary or bans every token.
   int sample(std::span<const float> logits);
+  // sample() in two halves, for a caller that may refuse the choice and draw again from other
+  // logits (constrained decoding, runtime/grammar): draw() chooses without recording, record()
+  // records the token kept.
+  int draw(std::span<const float> logits);
+  void record(int id);
+  // True when steps 5's filters (top_k, top_p, min_p, typical_p) may cut the distribution at
+  // temperature > 0: then removing tokens from the logits first changes what the filters keep.
+  bool filters() const {
+    return p_.temperature != 0 && (p_.top_k > 0 || p_.top_p < 1 || p_.min_p > 0 || p_.typical_p < 1);
+  }
   // True when sample() is argmax() of the logits as given (temperature 0, no bias or penalty), so
   // a caller may let the forward pass pick the token (Model::forward_argmax) instead of copying
   // the logits out.

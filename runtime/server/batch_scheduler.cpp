@@ -18,6 +18,7 @@ struct BatchScheduler::Active {
   Sampler sampler;
   StopMatcher stop;
   std::optional<StreamDecoder> decoder;
+  std::optional<ConstraintMatcher> constraint;  // this sequence's place in its response_format/grammar
   JobResult r;
   size_t fed = 0;          // prompt tokens in the slot's KV cache
   int token = -1;          // the sampled token the next step feeds
@@ -28,6 +29,7 @@ struct BatchScheduler::Active {
       : job(std::move(j)), sampler(job->params().sampler), stop(job->params().stop),
         logits(size_t(vocab)), t_start(std::chrono::steady_clock::now()) {
     if (tok) decoder.emplace(*tok, /*skip_special_tokens=*/!job->params().keep_special_tokens);
+    if (job->params().constraint) constraint.emplace(job->params().constraint);
     sampler.add_prompt(job->params().prompt);
   }
   bool prefilling() const { return fed < job->params().prompt.size(); }
@@ -230,7 +232,7 @@ bool BatchScheduler::step() {
     // As EngineSession: sample, stop ids, text through the stop strings, the length limit.
     int id = -1;
     try {  // a request's own failure (no finite logit left) fails that request, not the server
-      id = p.pick(a.sampler, a.logits, a.r.completion_tokens);
+      id = p.pick(a.sampler, a.logits, a.r.completion_tokens, a.constraint ? &*a.constraint : nullptr);
     } catch (const Error& e) {
       fail(s, e.what());
       continue;

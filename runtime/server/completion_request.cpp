@@ -32,13 +32,13 @@ constexpr RequestField kRequestFields[] = {
     {"logprobs", kBoth, kHonoured, ""},
     {"top_logprobs", kChat, kHonoured, ""},
     {"tools", kChat, kHonoured, "rendered by the template; the reply's calls parsed into tool_calls"},
-    {"tool_choice", kChat, kHonoured, "\"auto\" or \"none\" (tools not offered); \"required\" and a named function are refused"},
+    {"tool_choice", kChat, kHonoured, "\"auto\", \"none\" (tools not offered), \"required\" or a named function (enforced)"},
     {"parallel_tool_calls", kChat, kDefaultOnly, "true"},
     {"user", kBoth, kHonoured, "a label: checked to be a string, no effect on the output"},
     {"echo", kCompletions, kDefaultOnly, "false"},
     {"best_of", kCompletions, kDefaultOnly, "equal to n"},
     {"suffix", kCompletions, kDefaultOnly, "\"\""},
-    {"response_format", kChat, kDefaultOnly, "{\"type\": \"text\"}"},
+    {"response_format", kBoth, kHonoured, "text, json_object, json_schema (strict or not): enforced token by token"},
     {"store", kChat, kDefaultOnly, "false"},
     {"functions", kChat, kRefused, ""},
     {"function_call", kChat, kRefused, ""},
@@ -58,6 +58,7 @@ constexpr RequestField kRequestFields[] = {
     {"ignore_eos", kBoth, kHonoured, ""},
     {"replay_request", kBoth, kHonoured, ""},
     {"chat_template_kwargs", kChat, kHonoured, ""},
+    {"grammar", kBoth, kHonoured, "xgrammar EBNF (GBNF-like), enforced token by token"},
     {"forced_output", kBoth, kHonoured, "test only: refused unless the server runs with --test-forced-output"},
 };
 
@@ -192,6 +193,48 @@ void default_only(const OJ& j, const char* key, bool (*ok)(const OJ&, const Comp
   bad(key, "only " + std::string(f->note) + " is supported, got " + j[key].dump());
 }
 
+// response_format: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+// {"name", "schema", "strict", "description"}}; text is no constraint.
+std::optional<ConstraintSpec> parse_response_format(const OJ& f) {
+  if (!f.is_object()) bad("response_format", "must be an object with a \"type\"");
+  if (!f.contains("type") || !f["type"].is_string()) bad("response_format.type", "must be a string");
+  const std::string type = f["type"].get<std::string>();
+  const auto only = [&](std::initializer_list<std::string_view> keys) {
+    for (const auto& item : f.items()) {
+      const std::string& key = item.key();
+      if (std::find(keys.begin(), keys.end(), key) == keys.end() && !item.value().is_null())
+        bad("response_format." + key, "unknown field for type \"" + type + "\"");
+    }
+  };
+  if (type == "text") {
+    only({"type"});
+    return std::nullopt;
+  }
+  if (type == "json_object") {
+    only({"type"});
+    return ConstraintSpec{ConstraintSpec::Kind::kJsonObject, "", false};
+  }
+  if (type != "json_schema")
+    bad("response_format.type", "must be text, json_object or json_schema, got \"" + type + "\"");
+  only({"type", "json_schema"});
+  if (!f.contains("json_schema") || !f["json_schema"].is_object())
+    bad("response_format.json_schema", "must be an object with a \"schema\"");
+  const OJ& js = f["json_schema"];
+  for (const auto& item : js.items()) {
+    const std::string& key = item.key();
+    if (key != "name" && key != "schema" && key != "strict" && key != "description" && !item.value().is_null())
+      bad("response_format.json_schema." + key, "unknown field (name, schema, strict, description)");
+  }
+  if (js.contains("name") && !js["name"].is_null() && !js["name"].is_string())
+    bad("response_format.json_schema.name", "must be a string");
+  if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+    bad("response_format.json_schema.schema", "is required: a JSON Schema object");
+  ConstraintSpec spec{ConstraintSpec::Kind::kJsonSchema, js["schema"].dump(), false};
+  if (js.contains("strict") && !js["strict"].is_null())
+    spec.strict = boolean(js["strict"], "response_format.json_schema.strict");
+  return spec;
+}
+
 std::vector<LogitBias> parse_logit_bias(const OJ& b) {
   if (!b.is_object()) bad("logit_bias", "must be an object of token id (a string) to bias");
   if (b.size() > 1024) bad("logit_bias", "at most 1024 entries");
@@ -265,11 +308,19 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     }
     if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
       const OJ& tc = j["tool_choice"];
-      if (tc == "required" || tc.is_object())
-        bad("tool_choice", "\"required\" and a named function need constrained decoding, which this server does "
-                           "not have yet; use \"auto\" or \"none\"");
-      if (tc != "auto" && tc != "none") bad("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
-      if (tc == "none") r.tools = nullptr;  // not offered: the template shows none, the reply is not parsed
+      if (tc.is_object()) {  // {"type": "function", "function": {"name": N}}: one call of N, enforced
+        if (tc.value("type", "") != "function" || !tc.contains("function") || !tc["function"].is_object() ||
+            !tc["function"].contains("name") || !tc["function"]["name"].is_string())
+          bad("tool_choice", "a named function is {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + tc.dump());
+        r.forced_tool = tc["function"]["name"].get<std::string>();
+      } else if (tc == "required") {  // one or more calls, enforced
+        r.forced_tool = "";
+      } else if (tc == "none") {
+        r.tools = nullptr;  // not offered: the template shows none, the reply is not parsed
+      } else if (tc != "auto") {
+        bad("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
+      }
+      if (r.forced_tool && (r.tools.is_null() || r.tools.empty())) bad("tool_choice", "needs tools");
     }
     r.parse_tool_calls = !r.tools.is_null() && !r.tools.empty();
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
@@ -366,10 +417,23 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   default_only(j, "echo", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
   default_only(j, "suffix", [](const OJ& v, const CompletionRequest&) { return v == ""; }, r);
+  if (given("response_format")) {
+    r.constraint = parse_response_format(j["response_format"]);
+    r.constraint_field = "response_format";
+  }
+  if (given("grammar")) {
+    if (!j["grammar"].is_string() || j["grammar"].get<std::string>().empty())
+      bad("grammar", "must be a non-empty string (xgrammar EBNF, docs/server.md)");
+    if (r.constraint) bad("grammar", "give response_format (json_object/json_schema) or grammar, not both");
+    r.constraint = ConstraintSpec{ConstraintSpec::Kind::kGrammar, j["grammar"].get<std::string>(), true};
+    r.constraint_field = "grammar";
+  }
+  if (r.forced_tool && r.constraint)
+    bad("tool_choice", "cannot be combined with " + r.constraint_field + " (both constrain the reply)");
+  if (r.forced_tool && r.ignore_eos) bad("ignore_eos", "cannot be combined with tool_choice");
+  if (r.constraint && r.ignore_eos)
+    bad("ignore_eos", "cannot be combined with " + r.constraint_field + ": a constrained output ends at the model's end token");
   default_only(j, "parallel_tool_calls", [](const OJ& v, const CompletionRequest&) { return v == true; }, r);
-  default_only(j, "response_format", [](const OJ& v, const CompletionRequest&) {
-    return v.is_object() && v.size() == 1 && v.value("type", "") == "text";
-  }, r);
   default_only(j, "store", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   return r;
 }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine/generate.h"  // SamplerParams
+#include "runtime/grammar/output_constraint.h"  // ConstraintSpec
 #include "runtime/server/api_error.h"
 
 namespace moestream {
@@ -51,6 +52,13 @@ struct CompletionRequest {
   bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
   std::vector<std::string> stop;
   std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (--replay-routing)
+  // response_format json_object/json_schema or the `grammar` extension: what the output must match,
+  // and the field it came from (for a 400 when it does not compile).
+  std::optional<ConstraintSpec> constraint;
+  std::string constraint_field;
+  // tool_choice "required" ("") or {"type": "function", "function": {"name": N}} (N): the reply
+  // must be tool calls (one of N), enforced like response_format (the server builds the grammar).
+  std::optional<std::string> forced_tool;
   // Test hook (server flag --test-forced-output): the reply's text, decoded token by token
   // through the normal path instead of sampled, then the end of the turn.
   std::optional<std::string> forced_output;

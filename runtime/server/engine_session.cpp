@@ -69,13 +69,15 @@ void EngineSession::run(Job& job) {
     std::optional<StreamDecoder> decoder;
     if (tok_) decoder.emplace(*tok_, /*skip_special_tokens=*/!p.keep_special_tokens);
     StopMatcher stop(p.stop);
+    std::optional<ConstraintMatcher> constraint;
+    if (p.constraint) constraint.emplace(p.constraint);
     r.finish_reason = "length";
     for (int i = 0; i < p.max_tokens; ++i) {
       if (job.cancelled()) {
         r.finish_reason = "cancelled";
         break;
       }
-      const int id = p.pick(sampler, logits_, i);
+      const int id = p.pick(sampler, logits_, i, constraint ? &*constraint : nullptr);
       ++r.completion_tokens;
       if (std::find(p.stop_ids.begin(), p.stop_ids.end(), id) != p.stop_ids.end()) {
         r.finish_reason = "stop";

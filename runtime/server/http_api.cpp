@@ -23,6 +23,7 @@
 #include "runtime/server/engine_session.h"
 #include "runtime/server/job_queue.h"
 #include "runtime/server/logprobs_json.h"
+#include "runtime/server/request_constraint.h"
 #include "runtime/server/response_json.h"
 #include "runtime/server/server_metrics.h"
 #include "runtime/server/tokenize_api.h"
@@ -85,11 +86,12 @@ struct ApiServer::Impl {
   const std::time_t started = std::time(nullptr);
   std::atomic<bool> stopping{false};
   std::atomic<int> open_streams{0};  // SSE responses not yet fully written
+  RequestConstraints constraints;  // response_format, grammar, forced tool_choice
 
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
-        eos_ids(stop_ids(m, t)) {
+        eos_ids(stop_ids(m, t)), constraints(t, m.config().vocab_size, eos_ids) {
     if (opts.replay) replays.emplace(opts.replay);
     session.set_request_start_hook(opts.on_request_start);
     session.set_replays(replays ? &*replays : nullptr);
@@ -341,6 +343,7 @@ struct ApiServer::Impl {
       throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
     p.logprobs = r.logprobs ? r.top_logprobs : -1;
     if (!r.ignore_eos) p.stop_ids = eos_ids;
+    p.constraint = constraints.compile(r, reply_format(), p.prompt);
     if (r.forced_output) {
       if (!opts.allow_forced_output)
         throw ApiError(400, "invalid_request_error", "forced_output is a test hook: the server must run with "

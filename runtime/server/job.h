@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -12,6 +13,7 @@
 
 #include "runtime/engine/generate.h"  // SamplerParams
 #include "runtime/engine/model.h"     // CacheAwareOptions
+#include "runtime/grammar/output_constraint.h"
 #include "runtime/server/api_error.h"
 
 namespace moestream {
@@ -26,14 +28,20 @@ struct JobParams {
   // --replay-routing: the log request this one replays (the body's replay_request); none = the
   // next in turn (runtime/server/request_replay.h).
   std::optional<size_t> replay_request;
+  // response_format / grammar / forced tool_choice: each sequence masks its logits with its own
+  // ConstraintMatcher.
+  std::shared_ptr<const CompiledConstraint> constraint;
   // Special tokens stay in the text (a chat format's markup, e.g. harmony's <|channel|>, which the
   // reply parser takes apart); false: skipped, as the tokenizer's decode(skip_special_tokens).
   bool keep_special_tokens = false;
   // Test hook (--test-forced-output): token i of the reply is forced[i] instead of a sample;
-  // the logits are still computed step by step.
+  // the logits are still computed step by step. Forced tokens do not advance a constraint.
   std::vector<int> forced;
-  int pick(Sampler& sampler, std::span<const float> logits, int step) const {
-    return size_t(step) < forced.size() ? forced[size_t(step)] : sampler.sample(logits);
+  // The token of `step`: forced, else drawn by `sampler` (through `constraint`, the sequence's
+  // matcher of `constraint` above, when there is one).
+  int pick(Sampler& sampler, std::span<const float> logits, int step, ConstraintMatcher* matcher) const {
+    if (size_t(step) < forced.size()) return forced[size_t(step)];
+    return matcher ? matcher->sample(sampler, logits) : sampler.sample(logits);
   }
 };
 

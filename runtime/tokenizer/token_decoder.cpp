@@ -15,6 +15,7 @@ constexpr const char* kReplacementChar = "\xEF\xBF\xBD";
 
 class ByteLevelDec : public TokenDecoder {
  public:
+  VocabEncoding encoding() const override { return VocabEncoding::kByteLevel; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     const ByteLevelMap& m = byte_level_map();
     std::string bytes;
@@ -46,6 +47,7 @@ class MetaspaceDec : public TokenDecoder {
  public:
   MetaspaceDec(std::string replacement, bool prepend) : replacement_(std::move(replacement)),
                                                        prepend_(prepend) {}
+  VocabEncoding encoding() const override { return VocabEncoding::kMetaspace; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t k = 0; k < tokens.size(); ++k) {
       std::string out;
@@ -70,6 +72,7 @@ class MetaspaceDec : public TokenDecoder {
 
 class ByteFallbackDec : public TokenDecoder {
  public:
+  VocabEncoding encoding() const override { return VocabEncoding::kMetaspace; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     std::string bytes;
@@ -188,6 +191,11 @@ class SequenceDec : public TokenDecoder {
       : steps_(std::move(steps)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& s : steps_) s->decode_chain(tokens);
+  }
+  VocabEncoding encoding() const override {
+    for (const auto& s : steps_)
+      if (s->encoding() != VocabEncoding::kRaw) return s->encoding();
+    return VocabEncoding::kRaw;
   }
 
  private:

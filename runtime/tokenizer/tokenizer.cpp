@@ -120,4 +120,8 @@ bool Tokenizer::is_special(int32_t id) const {
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;
 }
 
+VocabEncoding Tokenizer::vocab_encoding() const {
+  return impl_->decoder ? impl_->decoder->encoding() : VocabEncoding::kRaw;
+}
+
 }  // namespace moestream

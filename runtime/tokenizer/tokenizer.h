@@ -27,6 +27,12 @@ namespace moestream {
 
 struct GgufVocab;  // runtime/tokenizer/gguf_vocab.h
 
+// How the decoder turns vocabulary strings (token_text) into bytes, for code that needs each
+// token's bytes on its own (constrained decoding): kByteLevel maps each char to a byte (GPT-2's
+// table), kMetaspace turns U+2581 into a space and "<0xNN>" into byte NN (SentencePiece with byte
+// fallback), kRaw takes the string as it is.
+enum class VocabEncoding { kRaw, kByteLevel, kMetaspace };
+
 class Tokenizer {
  public:
   // Reads tokenizer.json (and tokenizer_config.json: bos/eos, add_bos/add_eos, chat template).
@@ -61,6 +67,8 @@ class Tokenizer {
   std::optional<int32_t> token_id(std::string_view token) const;
   // True for added tokens marked "special" (skipped by decode(..., skip_special_tokens=true)).
   bool is_special(int32_t id) const;
+  // The decoder's VocabEncoding (kRaw without a decoder).
+  VocabEncoding vocab_encoding() const;
 
   struct Impl;
 

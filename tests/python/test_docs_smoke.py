@@ -316,6 +316,20 @@ def _sampler(s):
     s.run([s.exe("bench_sampler"), "--vocab", 4096, "--rounds", 1, "--draws", 2])
 
 
+@case("bin/bench_constrained_decode")
+def _constrained_decode(s):
+    """One round of 8 tokens on the demo, unconstrained and under the schema."""
+    r = s.run([s.exe("bench_constrained_decode"), "-m", DEMO, "--tokens", 8, "--rounds", 1])
+    assert "median per-round ratio" in r.stdout
+
+
+@case("scripts/xgrammar_source.sh")
+def _xgrammar_source(s):
+    """Idempotent: the sources scripts/setup.sh unpacked are found (nothing fetched again)."""
+    s.run(["bash", "scripts/xgrammar_source.sh"])
+    assert (ROOT / ".deps" / "xgrammar-0.2.8" / "include" / "xgrammar" / "xgrammar.h").is_file()
+
+
 @case("bin/bench_gpu_kernels")
 def _gpu_kernels(s):
     """The CUDA kernel benchmark; needs a GPU."""
@@ -421,6 +435,14 @@ def _bench_server(s):
                "--clients", 1, "--requests", 1, "--max-tokens", 2, "--turns", 2, "--server-args", "-t 1"],
               timeout=300)
     assert "|" in r.stdout
+
+
+@case("bench/server/bench_constrained.py")
+def _bench_constrained(s):
+    """One interleaved round of 8 tokens against its own server."""
+    r = s.run([sys.executable, "bench/server/bench_constrained.py", "--exe", s.exe("moestream-server"),
+               "--tokens", 8, "--rounds", 1], timeout=300)
+    assert "constrained/unconstrained" in r.stdout
 
 
 @case("bench/server/bench_streams.py")
@@ -536,6 +558,8 @@ for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gp
               "same_tokens", "verify_overlap", "kernel_profile", "kernel_detail", "gpu_cpu_misses"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the device machine (docs/gpu.md, docs/results.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
+skipped("scripts/device_fixtures.sh", DEVICE,
+        "makes transformers fixtures on the device machine (torch; transformers 5.23 from carried wheels)")
 skipped("scripts/llama_cpp_tool.sh", LLAMA, "downloads and builds llama.cpp (~23 min, outside the repository)")
 skipped("scripts/make_gguf_fixtures.py", LLAMA, "rebuilds tests/fixtures/gguf with llama.cpp and torch")
 skipped("scripts/gen_tokenizer_unicode.py", ONE_OFF,

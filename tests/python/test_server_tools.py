@@ -79,16 +79,23 @@ def test_openai_streamed_tool_call_shows_no_markup(client):
     assert finish == "tool_calls"
 
 
-def test_tool_choice_none_leaves_the_text_unparsed_and_required_is_refused(client):
+def test_tool_choice_none_leaves_the_text_unparsed_and_required_is_enforced(client):
     r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Weather?"}],
                                        tools=[WEATHER], tool_choice="none", max_tokens=200,
                                        extra_body=forced("<tool_call>\n{}\n</tool_call>"))
     assert r.choices[0].message.content == "<tool_call>\n{}\n</tool_call>"
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}],
-                                       tools=[WEATHER], tool_choice="required")
-    assert e.value.body["param"] == "tool_choice"
+    # required: the reply is calls (constrained decoding, runtime/grammar), parsed into tool_calls.
+    bounded = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}
+    r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}],
+                                       tools=[bounded], tool_choice="required", max_tokens=200, seed=1)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls, r
+    for c in calls:
+        assert c.function.name == "get_weather"
+        city = json.loads(c.function.arguments)["city"]
+        assert isinstance(city, str) and len(city) <= 12
 
 
 def test_forced_output_needs_the_server_flag():

@@ -50,6 +50,16 @@ void as_glm4_moe(ModelConfig& c, const GlmShape& s) {
   c.rotary_dim = s.rotary_dim;
 }
 
+void as_minimax_m2(ModelConfig& c, int rotary_dim) {
+  c.arch = Arch::kMinimaxM2;
+  c.qk_norm = QkNorm::kFull;
+  c.rotary_dim = rotary_dim;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.n_group = c.topk_group = 1;
+  c.routed_scaling_factor = 1.0;
+  c.norm_topk_prob = true;
+}
+
 void as_deepseek_v3(ModelConfig& c, const MlaShape& s) {
   c.arch = Arch::kDeepseekV3;
   c.qk_norm = QkNorm::kNone;

@@ -36,6 +36,9 @@ struct GlmShape {
   int shared = 0, dense_intermediate = 0, rotary_dim = 0;
 };
 void as_glm4_moe(ModelConfig& c, const GlmShape& s);
+// MiniMax-M2: QK-norm over all heads, partial rotary of `rotary_dim`, the sigmoid router with its
+// correction bias in one group (renormalised, unscaled), no shared expert, no dense layer.
+void as_minimax_m2(ModelConfig& c, int rotary_dim);
 // DeepSeek-V3: MLA (q LoRA, YaRN mscale 1 of factor 4 over 32 positions; n_kv_heads = n_heads)
 // over GLM-4.5's routing, shared expert and dense first layer. head_dim must be nope + rope.
 struct MlaShape {

@@ -9,6 +9,8 @@
 
 #include "common/file_util.h"
 #include "common/half.h"
+#include "loader/format/gguf_metadata.h"
+#include "loader/format/gguf_writer.h"
 
 namespace moestream::test {
 
@@ -28,7 +30,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
   TinyHf m;
   m.arch = arch;
   m.L = 3, m.E = 8, m.V = 53, m.H = 4, m.KV = 2, m.F = 21;
-  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe;
+  const bool given_hd = arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe || arch == Arch::kMinimaxM2;
   m.D = given_hd ? 37 : 36;  // OLMoE/Mixtral derive head_dim = D / H
   m.hd = given_hd ? 8 : m.D / m.H;
   std::mt19937 rng(seed);
@@ -78,6 +80,15 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
                            {"mlp_only_layers", json::array()}, {"use_sliding_window", false},
                            {"sliding_window", 32768}, {"max_window_layers", 21}});
       break;
+    case Arch::kMinimaxM2:  // as MiniMax-M2's release: the remote code's keys, partial rotary as rotary_dim
+      m.config.update(json{{"architectures", json::array({"MiniMaxM2ForCausalLM"})}, {"model_type", "minimax_m2"},
+                           {"head_dim", m.hd}, {"rotary_dim", m.hd / 2}, {"intermediate_size", m.F},
+                           {"num_local_experts", m.E}, {"rope_theta", 5000000.0}, {"use_qk_norm", true},
+                           {"qk_norm_type", "per_layer"}, {"scoring_func", "sigmoid"}, {"use_routing_bias", true},
+                           {"shared_intermediate_size", 0}, {"attn_type_list", json::array({1, 1, 1})},
+                           {"sliding_window", nullptr}});
+      moe = "block_sparse_moe.";
+      break;
     default:  // the other architectures have checkpoints of their own (their fixtures and tests)
       throw std::invalid_argument("hf_model: no synthetic checkpoint for " + std::string(arch_name(arch)));
   }
@@ -95,11 +106,12 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
     if (arch == Arch::kQwen3Moe) {
       add(p + "self_attn.q_norm.weight", {m.hd});
       add(p + "self_attn.k_norm.weight", {m.hd});
-    } else if (arch == Arch::kOlmoe) {
+    } else if (arch == Arch::kOlmoe || arch == Arch::kMinimaxM2) {
       add(p + "self_attn.q_norm.weight", {m.H * m.hd});
       add(p + "self_attn.k_norm.weight", {m.KV * m.hd});
     }
     add(p + moe + "gate.weight", {m.E, m.D});
+    if (arch == Arch::kMinimaxM2) add(p + moe + "e_score_correction_bias", {m.E});  // beside the gate
     if (arch == Arch::kQwen2Moe) {
       add(p + "self_attn.q_proj.bias", {m.H * m.hd});
       add(p + "self_attn.k_proj.bias", {m.KV * m.hd});
@@ -111,7 +123,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
     }
     for (int e = 0; e < m.E; ++e) {
       std::string x = p + moe + "experts." + std::to_string(e) + ".";
-      if (arch == Arch::kMixtral) {
+      if (arch == Arch::kMixtral || arch == Arch::kMinimaxM2) {
         add(x + "w1.weight", {m.F, m.D});
         add(x + "w3.weight", {m.F, m.D});
         add(x + "w2.weight", {m.D, m.F});
@@ -128,7 +140,7 @@ TinyHf make_tiny(Arch arch, uint32_t seed) {
 // gate, up, down of expert e in layer l, from the per-expert tensors.
 std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
   std::string p = "model.layers." + std::to_string(l) + ".";
-  if (m.arch == Arch::kMixtral) {
+  if (m.arch == Arch::kMixtral || m.arch == Arch::kMinimaxM2) {
     std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
     return {&m.tensors.at(x + "w1.weight"), &m.tensors.at(x + "w3.weight"), &m.tensors.at(x + "w2.weight")};
   }
@@ -138,7 +150,7 @@ std::array<const Tensor*, 3> expert_tensors(const TinyHf& m, int l, int e) {
 }
 
 // The tensors as transformers v5 saves them: experts fused into [E, 2F, D] and [E, D, F], and
-// Mixtral's block_sparse_moe renamed to mlp.
+// Mixtral's and MiniMax-M2's block_sparse_moe renamed to mlp.
 std::map<std::string, Tensor> fused_layout(const TinyHf& m) {
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : m.tensors)
@@ -191,6 +203,70 @@ void save_hf(const fs::path& dir, const json& config, const std::map<std::string
 
 void save_tiny(const fs::path& dir, const TinyHf& m, DType dtype, bool fused, int n_shards) {
   save_hf(dir, m.config, fused ? fused_layout(m) : m.tensors, dtype, n_shards);
+}
+
+// The tiny checkpoint as llama.cpp's converter writes a minimax-m2 GGUF (docs/format.md): F32
+// tensors, ne0 first, experts stacked per layer, the correction bias as exp_probs_b.bias.
+void write_minimax_m2_gguf(const TinyHf& m, const fs::path& path) {
+  const uint64_t D = uint64_t(m.D), V = uint64_t(m.V), H = uint64_t(m.H), KV = uint64_t(m.KV), hd = uint64_t(m.hd);
+  const uint64_t E = uint64_t(m.E), F = uint64_t(m.F);
+  GgufMetadata md;
+  auto u32 = [&](const std::string& k, uint64_t v) { md.add(k, GgufValue::from_unsigned(GgufValueType::kU32, v)); };
+  auto f32 = [&](const std::string& k, double v) { md.add(k, GgufValue::from_float(GgufValueType::kF32, v)); };
+  md.add("general.architecture", GgufValue::from_string("minimax-m2"));
+  const std::string a = "minimax-m2.";
+  u32(a + "block_count", uint64_t(m.L));
+  u32(a + "context_length", 256);
+  u32(a + "embedding_length", D);
+  u32(a + "feed_forward_length", F);
+  u32(a + "attention.head_count", H);
+  u32(a + "attention.head_count_kv", KV);
+  u32(a + "attention.key_length", hd);
+  u32(a + "attention.value_length", hd);
+  f32(a + "rope.freq_base", 5e6);
+  f32(a + "attention.layer_norm_rms_epsilon", 1e-6);
+  u32(a + "expert_count", E);
+  u32(a + "expert_used_count", 2);
+  u32(a + "expert_feed_forward_length", F);
+  u32(a + "rope.dimension_count", hd / 2);
+
+  std::vector<GgufTensorSpec> specs;
+  std::vector<std::vector<float>> data;
+  auto add = [&](const std::string& name, std::vector<uint64_t> dims, std::vector<float> v) {
+    specs.push_back({name, GgmlType::kF32, std::move(dims)});
+    data.push_back(std::move(v));
+  };
+  add("token_embd.weight", {D, V}, m.tensors.at("model.embed_tokens.weight").data);
+  add("output_norm.weight", {D}, m.tensors.at("model.norm.weight").data);
+  add("output.weight", {D, V}, m.tensors.at("lm_head.weight").data);
+  for (int l = 0; l < int(m.L); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".", b = "blk." + std::to_string(l) + ".";
+    auto t = [&](const std::string& n) { return m.tensors.at(p + n).data; };
+    add(b + "attn_norm.weight", {D}, t("input_layernorm.weight"));
+    add(b + "attn_q.weight", {D, H * hd}, t("self_attn.q_proj.weight"));
+    add(b + "attn_k.weight", {D, KV * hd}, t("self_attn.k_proj.weight"));
+    add(b + "attn_v.weight", {D, KV * hd}, t("self_attn.v_proj.weight"));
+    add(b + "attn_output.weight", {H * hd, D}, t("self_attn.o_proj.weight"));
+    add(b + "attn_q_norm.weight", {H * hd}, t("self_attn.q_norm.weight"));
+    add(b + "attn_k_norm.weight", {KV * hd}, t("self_attn.k_norm.weight"));
+    add(b + "ffn_norm.weight", {D}, t("post_attention_layernorm.weight"));
+    add(b + "ffn_gate_inp.weight", {D, E}, t("block_sparse_moe.gate.weight"));
+    add(b + "exp_probs_b.bias", {E}, t("block_sparse_moe.e_score_correction_bias"));
+    const char* which[3][2] = {
+        {"ffn_gate_exps.weight", "w1"}, {"ffn_up_exps.weight", "w3"}, {"ffn_down_exps.weight", "w2"}};
+    for (auto [gguf_name, hf_name] : which) {
+      std::vector<float> stacked;
+      for (uint64_t e = 0; e < E; ++e) {
+        const std::vector<float> x = t("block_sparse_moe.experts." + std::to_string(e) + "." + hf_name + ".weight");
+        stacked.insert(stacked.end(), x.begin(), x.end());
+      }
+      const bool down = std::string(hf_name) == "w2";
+      add(b + gguf_name, down ? std::vector<uint64_t>{F, D, E} : std::vector<uint64_t>{D, F, E}, std::move(stacked));
+    }
+  }
+  GgufWriter w(path, md, specs);
+  for (const std::vector<float>& v : data) w.write(v.data(), v.size() * sizeof(float));
+  w.commit();
 }
 
 }  // namespace moestream::test

@@ -49,4 +49,7 @@ void save_hf(const std::filesystem::path& dir, const nlohmann::json& config,
              const std::map<std::string, Tensor>& tensors, DType dtype, int n_shards);
 void save_tiny(const std::filesystem::path& dir, const TinyHf& m, DType dtype, bool fused, int n_shards);
 
+// A make_tiny(Arch::kMinimaxM2) checkpoint as llama.cpp's converter writes a minimax-m2 GGUF (F32).
+void write_minimax_m2_gguf(const TinyHf& m, const std::filesystem::path& path);
+
 }  // namespace moestream::test

@@ -9,7 +9,7 @@
 namespace moestream::families {
 
 extern const FamilyDescription kQwen3Moe, kOlmoe, kMixtral, kQwen2Moe, kGlm4Moe, kDeepseekV3, kDeepseekV2,
-    kGptOss;
+    kGptOss, kMinimaxM2;
 
 std::span<const FamilyDescription* const> all();
 
