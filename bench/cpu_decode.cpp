@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "common/file_util.h"
 #include <nlohmann/json.hpp>
 
@@ -151,6 +152,7 @@ int main(int argc, char** argv) {
       StoreConfig sc;
       sc.io = io;
       sc.verify_checksums = verify;
+      const MappingOwnerScope owner(new_mapping_owner());
       auto model = Model::load(dir, mo, open_store_for(dir, ModelConfig::load(dir), sc));
       Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
       std::vector<int> prompt{1, 2, 3, 4, 5, 6, 7, 8};

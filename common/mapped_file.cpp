@@ -24,11 +24,19 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
     if (m == MAP_FAILED) close_and_throw_errno(fd, "cannot mmap", path);
     data_ = static_cast<const uint8_t*>(m);
     size_ = bytes;
+    try {
+      guard_ = MappingGuard(data_, size_, path, fd);
+    } catch (...) {
+      ::munmap(m, static_cast<size_t>(bytes));
+      ::close(fd);
+      throw;
+    }
   }
   ::close(fd);  // the mapping keeps the file
 }
 
 MappedFile::~MappedFile() {
+  guard_ = MappingGuard();  // no fault may be taken for this range once it is unmapped
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
 }
 

@@ -1,10 +1,14 @@
 // A read-only shared mapping of a whole file: weights computed in place from the page cache, as
 // stored, with no private copy (the pages stay reclaimable; several processes share them).
+// Registered with common/mapping_guard.h: a page that cannot be read is a recorded fault, not a
+// dead process, and check() says so (or that the file changed since it was mapped).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <string>
+
+#include "common/mapping_guard.h"
 
 namespace moestream {
 
@@ -22,11 +26,15 @@ class MappedFile {
   // The bytes [offset, offset + n) of the file; FormatError naming the file, `what` and the range
   // when they do not lie inside it (offsets come from file headers: never trusted).
   const uint8_t* range(uint64_t offset, uint64_t n, const std::string& what) const;
+  // IoError naming the file and offset when a page of the mapping faulted, or the file changed
+  // (size, mtime, inode) since it was mapped.
+  void check() const { guard_.check(); }
 
  private:
   std::filesystem::path path_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  MappingGuard guard_;  // unregistered before the destructor's munmap (declared last)
 };
 
 }  // namespace moestream

@@ -12,8 +12,8 @@ APT_PACKAGES=(
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer and clang's sanitizer runtimes
 )
 # matplotlib: test_bindings runs python/examples; anthropic, langchain-openai: test_server_tools's clients;
-# jsonschema, pydantic: test_server_structured
-PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf anthropic langchain-openai jsonschema pydantic)
+# jsonschema, pydantic: test_server_structured; xxhash: the oracle of test_dense_checksum
+PIP_PACKAGES=(tokenizers numpy pytest requests jinja2 matplotlib openai gguf anthropic langchain-openai jsonschema pydantic xxhash)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

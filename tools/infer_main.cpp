@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "common/file_util.h"
 #include "common/progress.h"
 #include "loader/format/routing_log.h"
@@ -144,6 +145,7 @@ int run(const Args& a, const OptionCli& cli) {
     replay.emplace(RoutingReplay::load(a.engine.replay_routing, header_cfg));
     std::fprintf(stderr, "infer: routing: %s\n", replay->describe().c_str());
   }
+  const MappingOwnerScope owner(new_mapping_owner());  // the store's and the model's mappings
   auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, header_cfg, "infer"));
   const ModelConfig& cfg = model->config();
   if (replay) {

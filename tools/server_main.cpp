@@ -15,6 +15,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "loader/format/gguf_file.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/routing_log.h"
@@ -161,6 +162,7 @@ int run(Args& a, const OptionCli& cli) {
   if (a.server.parallel > mo.max_batch)
     throw ConfigError("--parallel " + std::to_string(a.server.parallel) + " exceeds the " +
                       std::to_string(mo.max_batch) + " tokens of one step");
+  const MappingOwnerScope owner(new_mapping_owner());  // the store's and the model's mappings
   auto model = Model::load(dir, mo, open_engine_store(a.engine, mo, dir, cfg, "moestream-server"));
 
   ServerOptions opts = a.server;

@@ -389,6 +389,7 @@ nlohmann::json ModelConfig::to_json() const {
     j["mla"] = {{"q_lora_rank", q_lora_rank}, {"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}};
   j["dense"] = {{"file", dense_file}, {"dtype", dense_dtype}};
+  if (!dense_xxh3.empty()) j["dense"]["xxh3"] = dense_xxh3;
   j["experts"] = {{"dir", experts_dir}, {"quant", std::string(quant_name(expert_quant))}};
   if (expert_bias) j["experts"]["bias"] = true;
   if (!layer_expert_types.empty()) {
@@ -498,6 +499,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& j, const std::string& w
   if (c.dense_dtype != "f32" && c.dense_dtype != "bf16" && !(typed && c.dense_dtype == "gguf"))
     bad(where, "dense.dtype", "is '" + c.dense_dtype + "', expected f32 or bf16" +
                                   std::string(typed ? " or gguf" : " (gguf needs format_version 2)"));
+  if (dense.contains("xxh3")) {
+    c.dense_xxh3 = get_str(dense, "xxh3", where + " dense");
+    if (c.dense_xxh3.size() != 16 || c.dense_xxh3.find_first_not_of("0123456789abcdef") != std::string::npos)
+      bad(where, "dense.xxh3", "is '" + c.dense_xxh3 + "', expected 16 lowercase hex digits");
+  }
   if (c.dense_dtype == "gguf" && parse_gguf_split_name(c.dense_file))
     bad(where, "dense.file", "is '" + c.dense_file + "': a pack's dense.gguf is one file, not a split set");
   const json& experts = get_obj(j, "experts", where);

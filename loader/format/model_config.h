@@ -144,6 +144,9 @@ struct ModelConfig {
   double swiglu_alpha = 1.702;
   std::string dense_file = "dense.safetensors";
   std::string dense_dtype = "f32";
+  // XXH3-64 of the whole dense file, 16 lowercase hex digits (loader/format/dense_checksum.h);
+  // empty: none recorded (packs written before it; GGUF models).
+  std::string dense_xxh3;
   std::string experts_dir = "experts";
   QuantType expert_quant = QuantType::kF32;
   // Per layer, when the experts' types differ between layers or between gate, up and down (a

@@ -108,14 +108,25 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   fd_ = open_for_read(path, "safetensors file", &file_bytes);
   map_bytes_ = static_cast<size_t>(file_bytes);
   auto fail = [&](const std::string& msg) {
+    // A header that could not be read is an I/O error, not a format one.
+    const std::string io = guard_.problem();
+    guard_ = MappingGuard();
     if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
     ::close(fd_);
+    if (!io.empty()) throw IoError(io);
     throw FormatError(path.string() + ": " + msg);
   };
   if (map_bytes_ < 8) fail("file is " + std::to_string(map_bytes_) + " bytes, too short for a safetensors header");
   void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
   if (m == MAP_FAILED) close_and_throw_errno(fd_, "cannot mmap", path);
   map_ = static_cast<const uint8_t*>(m);
+  try {
+    guard_ = MappingGuard(map_, map_bytes_, path, fd_);
+  } catch (...) {
+    ::munmap(m, map_bytes_);
+    ::close(fd_);
+    throw;
+  }
   uint64_t n;
   std::memcpy(&n, map_, 8);
   if (n > kMaxHeaderBytes || n > map_bytes_ - 8)
@@ -172,9 +183,11 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     t.bytes = want;
     tensors_.emplace(name, std::move(t));
   }
+  if (guard_.fault_count() > 0) fail("header unreadable");  // fail() throws the IoError
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  guard_ = MappingGuard();
   if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -205,6 +218,7 @@ void SafetensorsFile::read_float(const std::string& name, uint64_t first, uint64
   uint64_t n = t.numel();
   MOE_ASSERT(first <= n && count <= n - first, "read_float range outside tensor " + name);
   convert_to_float(t.dtype, map_ + t.offset + first * dtype_bytes(t.dtype), count, dst);
+  if (guard_.fault_count() > 0) guard_.check();
 }
 
 void SafetensorsFile::release(const std::string& name, uint64_t first, uint64_t count) const {

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "common/mapping_guard.h"
+
 namespace moestream {
 
 enum class DType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool,
@@ -67,12 +69,17 @@ class SafetensorsFile {
   // Like to_float, and checks the shape first: FormatError naming tensor, expected and actual.
   std::vector<float> to_float_checked(const std::string& name, const std::vector<int64_t>& shape) const;
   void check_shape(const std::string& name, const std::vector<int64_t>& shape) const;
+  // IoError naming the file and offset when a page of the mapping could not be read (SIGBUS,
+  // common/mapping_guard.h), or the file changed since it was opened. raw()'s callers call it
+  // after reading; read_float and the header parse check their own reads.
+  void check() const { guard_.check(); }
 
  private:
   std::filesystem::path path_;
   int fd_ = -1;
   const uint8_t* map_ = nullptr;
   size_t map_bytes_ = 0;
+  MappingGuard guard_;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -21,6 +21,7 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "common/option_ref.h"
 #include "loader/format/expert_file.h"
 #include "loader/format/routing_log.h"
@@ -184,6 +185,7 @@ class PyModel {
     auto sink = std::make_shared<NoticeSink>();
     {
       py::gil_scoped_release nogil;
+      const MappingOwnerScope owner(new_mapping_owner());  // the store's and the model's mappings
       require_model_location(dir_);
       const ModelConfig header_cfg = ModelConfig::load(dir_);
       tok_ = load_model_tokenizer(dir_, header_cfg);

@@ -19,6 +19,8 @@
 #include "common/option_ref.h"
 #include "common/thread_pool.h"
 #include "common/file_util.h"
+#include "common/mapping_guard.h"
+#include "loader/format/dense_checksum.h"
 #include "loader/format/expert_file_writer.h"
 #include "loader/format/gguf_model.h"
 #include "loader/format/gguf_writer.h"
@@ -313,6 +315,7 @@ ModelConfig convert_model(const fs::path& hf_dir, const fs::path& out_dir, const
   if (fs::exists(out_dir) && !opts.overwrite)
     throw ConfigError("output directory " + out_dir.string() + " already exists (pass " + option_ref("force") + " to replace it)");
 
+  const MappingOwnerScope owner(new_mapping_owner());  // publish_output checks the sources' mappings
   HfCheckpoint ck(hf_dir);
   const DType src_dtype = ck.main_dtype();
   const std::string dense_quant = opts.dense_dtype.empty() ? "bf16" : opts.dense_dtype;
@@ -478,6 +481,9 @@ fs::path make_temp_output(const fs::path& out_dir, const std::string& experts_di
 }
 
 void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string& experts_dir) {
+  // A source page that could not be read (SIGBUS, read as zeros) or a source changed under the
+  // conversion fails it here, before the output is published (common/mapping_guard.h).
+  check_mapped_files(current_mapping_owner());
   fsync_path(tmp.path / experts_dir);
   fsync_path(tmp.path);
   fs::path old;
@@ -491,7 +497,8 @@ void publish_output(TempOutput& tmp, const fs::path& out_dir, const std::string&
   fsync_path(fs::absolute(out_dir).parent_path());
 }
 
-void publish_model(TempOutput& tmp, const fs::path& out_dir, const ModelConfig& c, const nlohmann::json& source) {
+void publish_model(TempOutput& tmp, const fs::path& out_dir, ModelConfig& c, const nlohmann::json& source) {
+  c.dense_xxh3 = dense_file_checksum(tmp.path / c.dense_file);  // the dense file is final here
   nlohmann::json mj = c.to_json();
   mj["source"] = source;
   mj["source"]["converter"] = "convert_model";

@@ -48,9 +48,9 @@ std::filesystem::path make_temp_output(const std::filesystem::path& out_dir, con
 // first and removed after): the new directory appears whole or not at all. Sets tmp.keep.
 void publish_output(TempOutput& tmp, const std::filesystem::path& out_dir, const std::string& experts_dir);
 
-// Writes tmp/model.json (c, and under "source" what it was converted from, by convert_model), then
-// publishes tmp as out_dir (publish_output).
-void publish_model(TempOutput& tmp, const std::filesystem::path& out_dir, const ModelConfig& c,
+// Sets c.dense_xxh3 from the dense file in tmp, writes tmp/model.json (c, and under "source" what
+// it was converted from, by convert_model), then publishes tmp as out_dir (publish_output).
+void publish_model(TempOutput& tmp, const std::filesystem::path& out_dir, ModelConfig& c,
                    const nlohmann::json& source);
 
 }  // namespace moestream

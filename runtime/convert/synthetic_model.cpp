@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "loader/format/dense_checksum.h"
 #include "loader/format/expert_file_writer.h"
 #include "runtime/convert/convert_gpt_oss.h"
 #include "kernels/cpu/quant.h"
@@ -217,7 +218,9 @@ void write_synthetic_model(const std::filesystem::path& dir, const ModelConfig& 
     writer.finish();
     done = synthetic_dense_bytes(cfg) + uint64_t(l + 1) * expert_file_bytes(cfg, hash);
   }
-  cfg.save(dir);
+  ModelConfig saved = cfg;  // the dense file is final here: its checksum goes into model.json
+  saved.dense_xxh3 = dense_file_checksum(dir / cfg.dense_file);
+  saved.save(dir);
 }
 
 }  // namespace moestream

@@ -11,8 +11,10 @@
 
 #include "common/checked.h"
 #include "common/error.h"
+#include "common/mapping_guard.h"
 #include "common/option_ref.h"
 #include "common/thread_pool.h"
+#include "loader/format/dense_checksum.h"
 #include "loader/store/store_options.h"
 #include "runtime/engine/sequence_slots.h"
 #include "runtime/gpu/gpu_forward.h"
@@ -40,13 +42,14 @@ struct Model::Impl {
   std::vector<RoutingOverrideFn> sequence_routing;  // by sequence (set_sequence_routing)
   RoutingOverrideFn solo_routing;                   // forward()'s sequence (-1)
   std::vector<float> argmax_logits;                 // forward_argmax's logits scratch
+  uint64_t mapping_owner = 0;                       // this model's file mappings (mapping_guard.h)
 
   void forward(std::span<const int> tokens, std::span<float> logits, bool all_logits, int* argmax);
 
   Impl(ModelConfig c, const ModelOptions& o, std::unique_ptr<ExpertStore> s,
-       const std::filesystem::path& dense_path)
+       const std::filesystem::path& dense_path, uint64_t owner)
       : cfg(std::move(c)), opts(o), store(std::move(s)), pool(o.n_threads),
-        slots(o.max_sequences, o.max_context, o.max_batch, cfg.vocab_size) {
+        slots(o.max_sequences, o.max_context, o.max_batch, cfg.vocab_size), mapping_owner(owner) {
     routing.cache_aware = o.cache_aware;
     // The store hashes an expert's first use from its resident pages on these threads (between
     // the pass's parallel sections: the store is called from this thread only).
@@ -77,6 +80,7 @@ struct Model::Impl {
       pass = std::move(cpu);
     }
     dense_bytes_per_token = active_dense_bytes(cfg, dense_path);  // after the pass checked the file
+    check_mapped_files(mapping_owner);  // the load read (or uploaded) every dense weight from them
   }
 };
 
@@ -92,6 +96,7 @@ StoreConfig store_config_for(const ModelOptions& opts, StoreConfig c) {
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opts) {
   // infer's default store (--io auto and its defaults), through the same builder.
   ModelConfig cfg = ModelConfig::load(dir);
+  const MappingOwnerScope owner(new_mapping_owner());  // the store's mappings are this model's
   return load(dir, opts, open_store_for(dir, cfg, store_config_for(opts, StoreConfig{})));
 }
 
@@ -113,10 +118,16 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
   check_range("ModelOptions.max_sequences", opts.max_sequences, 1, kMaxBatchSlots);
   check_model_options(opts);  // options.h: front ends check first, in their spelling
   MOE_ASSERT(store != nullptr);
+  // A pack's dense weights against model.json's checksum, before anything maps them (a GGUF
+  // records none; its files are watched for changes as every mapped file is).
+  if (opts.verify_checksums) verify_dense_checksum(dir, cfg);
   // A GGUF is its own dense file.
   const std::filesystem::path dense_path = cfg.format == ModelFormat::kGguf ? dir : dir / cfg.dense_file;
+  // The caller's scope when it opened the store in one (infer, the server, Python), else a new one.
+  const uint64_t owner = current_mapping_owner() != 0 ? current_mapping_owner() : new_mapping_owner();
+  const MappingOwnerScope scope(owner);
   return std::unique_ptr<Model>(
-      new Model(std::make_unique<Impl>(std::move(cfg), opts, std::move(store), dense_path)));
+      new Model(std::make_unique<Impl>(std::move(cfg), opts, std::move(store), dense_path, owner)));
 }
 
 const ModelConfig& Model::config() const { return impl_->cfg; }
@@ -226,6 +237,9 @@ void Model::Impl::forward(std::span<const int> tokens, std::span<float> logits, 
     c.prefill = prefill;
     c.ordinal = solo ? uint64_t(m.n_past) : m.tokens_routed;
     m.pass->forward_chunk(c, solo ? *solo : m.routing, m.times, m.cache_aware_stats);
+    // Before the logits leave: a page of a mapped file that faulted (read as zeros) or a file
+    // changed since it was mapped fails the call; n_past stays, so nothing of it is kept.
+    check_mapped_files(m.mapping_owner);
     m.tokens_routed += uint64_t(T);
     m.horizon.wrote(m.n_past, T);
     m.n_past += T;
@@ -258,6 +272,7 @@ void Model::forward_batch(std::span<const SequenceInput> batch) {
                         "excludes cache-aware routing (the replay fixes the experts)");
   }
   m.pass->forward_batch(b, m.routing, m.times, m.cache_aware_stats);
+  check_mapped_files(m.mapping_owner);  // as forward's, before any sequence advances
   m.tokens_routed += uint64_t(b.n_tokens());
   m.slots.advance(batch);
 }
