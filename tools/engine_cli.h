@@ -4,10 +4,13 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "loader/store/expert_store.h"
+#include "runtime/chat/chat_prompt.h"
 #include "runtime/engine/model.h"
 #include "runtime/engine/options.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace moestream {
 
@@ -21,5 +24,12 @@ ModelOptions engine_model_options(const EngineSettings& s);
 std::unique_ptr<ExpertStore> open_engine_store(const EngineSettings& s, const ModelOptions& mo,
                                                const std::filesystem::path& dir, const ModelConfig& cfg,
                                                const char* tool);
+
+// The model's chat template: a GGUF's tokenizer.chat_template metadata (a pack's dense.gguf keeps
+// a converted GGUF's) with its bos/eos tokens, as llama-server takes them, else the pack's
+// tokenizer_config.json; nullopt when there is neither (ChatPrompt::load may give one without a
+// template too: check has_template()).
+std::optional<ChatPrompt> load_model_chat_prompt(const std::filesystem::path& dir, const ModelConfig& cfg,
+                                                 const Tokenizer& tok);
 
 }  // namespace moestream

@@ -2,6 +2,7 @@
 // or computes perplexity of a text file; optional timing and a JSON stats file.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,8 @@
 #include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tools/engine_cli.h"
+#include "tools/infer_chat.h"
+#include "tools/llama_flags.h"
 #include "tools/option_cli.h"
 #include "tools/tool_main.h"
 
@@ -85,13 +88,31 @@ Tokenizer load_tokenizer(const fs::path& dir, const ModelConfig& cfg) {
 // infer's own options (the table's rows for infer that are not engine options); their initial
 // values are the defaults.
 struct Args {
-  std::string model, prompt, prompt_ids, stats_json, perplexity_file;
+  std::string model, prompt, prompt_file, prompt_ids, stats_json, perplexity_file, system_prompt;
   int n_predict = GenerateOptions{}.n_new, stride = 0;
   EngineSettings engine;  // threads, ctx, batch, the store, cache-aware, GPU, sampling, routing logs
   std::vector<std::string> logit_bias;  // ID:BIAS
-  bool timing = false, print_ids = false, ignore_eos = false;
+  bool timing = false, print_ids = false, ignore_eos = false, conversation = false;
   int parallel = 1;  // perplexity windows at once
 };
+
+// The prompt text: -p's, -p - reads stdin, -f a file; "" when none is given.
+std::string read_prompt(const Args& a) {
+  if (!a.prompt.empty() && !a.prompt_file.empty()) throw ConfigError("give -p or -f (--file), not both");
+  if (!a.prompt_file.empty()) {
+    std::string text = read_file(a.prompt_file);
+    if (text.empty()) throw ConfigError("-f " + a.prompt_file + ": the file is empty");
+    return text;
+  }
+  if (a.prompt != "-" || a.conversation) return a.prompt;
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) text.append(buf, n);
+  if (std::ferror(stdin)) throw IoError(std::string("-p -: reading stdin: ") + std::strerror(errno));
+  if (text.empty()) throw ConfigError("-p -: stdin is empty: no prompt");
+  return text;
+}
 
 // Appends every layer's routing to a routing log; each prompt or perplexity window (a forward
 // from an empty cache) is a new request.
@@ -125,8 +146,17 @@ int run(const Args& a, const OptionCli& cli) {
     mo.max_batch = std::max(mo.max_batch, a.parallel);
   }
   const bool want_ppl = !a.perplexity_file.empty();
-  const bool want_gen = !a.prompt.empty() || !a.prompt_ids.empty();
-  if (!want_gen && !want_ppl) throw ConfigError("nothing to do: give -p, --prompt-ids or --perplexity");
+  const std::string prompt_text = read_prompt(a);
+  const bool want_chat = a.conversation;
+  const bool want_gen = !want_chat && (!prompt_text.empty() || !a.prompt_ids.empty());
+  if (!want_gen && !want_ppl && !want_chat)
+    throw ConfigError("nothing to do: give -p, -f, --prompt-ids, --perplexity or -cnv (--conversation)");
+  if (want_chat && (want_ppl || !a.prompt_ids.empty() || a.print_ids))
+    throw ConfigError("--conversation chats in text: it takes no --perplexity, --prompt-ids or --print-ids");
+  if (want_chat && a.prompt == "-")
+    throw ConfigError("--conversation reads its turns from stdin: -p - cannot read a prompt from it too");
+  if (!a.system_prompt.empty() && !want_chat)
+    throw ConfigError("--system-prompt (-sys) is for --conversation (-cnv)");
   SamplerParams sp = a.engine.sampling;
   sp.logit_bias = parse_logit_bias(a.logit_bias);
   Sampler sampler(sp);  // validates the sampling options (NaN included) before the (slow) model load
@@ -136,7 +166,7 @@ int run(const Args& a, const OptionCli& cli) {
   // The tokenizer (cheap) before the weights (slow): a missing one is reported at once.
   const ModelConfig header_cfg = ModelConfig::load(dir);
   std::optional<Tokenizer> tok;
-  const bool need_tok = !a.prompt.empty() || want_ppl || (want_gen && !a.print_ids);
+  const bool need_tok = !prompt_text.empty() || want_ppl || want_chat || (want_gen && !a.print_ids);
   if (need_tok) tok.emplace(load_tokenizer(dir, header_cfg));
 
   // The log (cheap) before the weights (slow): a bad log is reported at once.
@@ -174,8 +204,8 @@ int run(const Args& a, const OptionCli& cli) {
   std::optional<PerplexityResult> ppl;
 
   if (want_gen) {
-    if (!a.prompt.empty())
-      for (int32_t id : tok->encode(a.prompt, true)) prompt.push_back(id);
+    if (!prompt_text.empty())
+      for (int32_t id : tok->encode(prompt_text, true)) prompt.push_back(id);
     GenerateOptions go;
     go.n_new = a.n_predict;
     if (!a.ignore_eos) {
@@ -186,7 +216,7 @@ int run(const Args& a, const OptionCli& cli) {
     std::optional<StreamDecoder> stream;
     if (!a.print_ids) {
       stream.emplace(*tok);
-      std::fputs(a.prompt.c_str(), stdout);
+      std::fputs(prompt_text.c_str(), stdout);
       std::fflush(stdout);
     }
     gen = generate(*model, prompt, go, sampler, [&](int id) {
@@ -204,6 +234,18 @@ int run(const Args& a, const OptionCli& cli) {
       std::printf("\n");
     }
     std::fflush(stdout);
+  }
+  if (want_chat) {
+    const std::optional<ChatPrompt> chat = load_model_chat_prompt(dir, header_cfg, *tok);
+    if (!chat) throw ConfigError(dir.string() + ": the model has no chat template: --conversation needs one");
+    ChatSettings cs;
+    cs.system_prompt = a.system_prompt;
+    cs.first_message = prompt_text;
+    cs.max_tokens = a.n_predict;
+    cs.sampling = sp;
+    if (!a.ignore_eos) cs.end_tokens = end_of_turn_ids(cfg.eos_token_id, &*tok);
+    cs.timing = a.timing;
+    gen = run_chat(*model, *tok, *chat, cs, stdin);
   }
   if (want_ppl) {
     const std::string text = read_file(a.perplexity_file);
@@ -241,7 +283,10 @@ int main(int argc, char** argv) {
   OptionCli cli(kToolInfer);
   cli.bind("model", a.model);
   cli.bind("prompt", a.prompt);
+  cli.bind("prompt_file", a.prompt_file);
   cli.bind("prompt_ids", a.prompt_ids);
+  cli.bind("conversation", a.conversation);
+  cli.bind("system_prompt", a.system_prompt);
   cli.bind("max_tokens", a.n_predict);
   cli.bind("print_ids", a.print_ids);
   cli.bind("ignore_eos", a.ignore_eos);
@@ -252,7 +297,16 @@ int main(int argc, char** argv) {
   cli.bind("timing", a.timing);
   cli.bind("stats_json", a.stats_json);
   cli.add_to(app, a.engine);
-  return run_tool("infer", app, argc, argv, [&] {
+  std::vector<std::string> args;
+  try {
+    args = translate_llama_flags(app, argc, argv, kToolInfer);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "infer: error: %s\n", e.what());
+    return 1;
+  }
+  std::vector<const char*> argv2{argv[0]};
+  for (const std::string& s : args) argv2.push_back(s.c_str());
+  return run_tool("infer", app, int(argv2.size()), const_cast<char**>(argv2.data()), [&] {
     if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;
     if (a.model.empty()) throw ConfigError("--model is required");
     return run(a, cli);

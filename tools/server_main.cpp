@@ -127,18 +127,8 @@ int run(Args& a, const OptionCli& cli) {
   if (!tok) {
     std::fprintf(stderr, "moestream-server: %s/model.json has no tokenizer: /v1/completions takes prompts as token-id "
                  "lists and answers choices[].token_ids; text prompts and chat answer 400\n", dir.c_str());
-  } else if (cfg.format == ModelFormat::kGguf || is_gguf_file(dir / cfg.tokenizer_file)) {
-    // The template and its special tokens from the GGUF's metadata (a pack's dense.gguf keeps a
-    // converted GGUF's), as llama-server takes them.
-    const GgufModelFiles files(cfg.format == ModelFormat::kGguf ? dir : dir / cfg.tokenizer_file);
-    if (const std::string* t = files.metadata().find_string("tokenizer.chat_template")) {
-      nlohmann::ordered_json special = nlohmann::ordered_json::object();
-      if (tok->bos_id()) special["bos_token"] = tok->token_text(*tok->bos_id());
-      if (tok->eos_id()) special["eos_token"] = tok->token_text(*tok->eos_id());
-      chat.emplace(*t, std::move(special));
-    }
-  } else if (!cfg.tokenizer_config_file.empty()) {
-    chat = ChatPrompt::load(dir / cfg.tokenizer_config_file);
+  } else {
+    chat = load_model_chat_prompt(dir, cfg, *tok);
   }
   if (tok && (!chat || !chat->has_template()))
     std::fprintf(stderr, "moestream-server: the model has no chat template: /v1/chat/completions answers 400\n");

@@ -13,24 +13,26 @@
 namespace moestream {
 
 namespace {
-}  // namespace
 
-GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
-                       Sampler& sampler, const std::function<void(int)>& on_token,
-                       std::vector<int>* generated) {
+// Runs prompt[n_keep..] after the first n_keep tokens already in the KV cache, then decodes.
+GenerateStats run_from(Model& model, std::span<const int> prompt, size_t n_keep, const GenerateOptions& opts,
+                       Sampler& sampler, const std::function<void(int)>& on_token, std::vector<int>* generated,
+                       std::vector<int>* fed) {
   if (prompt.empty()) throw ConfigError("the prompt is empty: give at least one token");
   if (opts.n_new < 0) throw ConfigError(option_ref("max_tokens") + " must be >= 0, got " + std::to_string(opts.n_new));
   if (prompt.size() + size_t(opts.n_new) > size_t(model.max_context()))
     throw ConfigError("prompt (" + std::to_string(prompt.size()) + " tokens) + " + option_ref("max_tokens") + " " +
                       std::to_string(opts.n_new) + " exceed the context of " +
                       std::to_string(model.max_context()) + " (raise " + option_ref("ctx") + ")");
+  MOE_ASSERT(n_keep < prompt.size() && int(n_keep) <= model.n_past(), "kept prefix out of range");
   GenerateStats st;
   // Greedy: the pass picks each token (on the GPU, only the id comes back); else the sampler
   // reads the logits.
   const bool greedy = sampler.greedy();
   sampler.add_prompt(prompt);
   std::vector<float> logits(greedy ? 0 : size_t(model.config().vocab_size));
-  model.reset();
+  if (n_keep == 0) model.reset();
+  else model.truncate(int(n_keep));
   model.reset_times();
   model.reset_cache_aware_stats();
   const GpuForwardStats gpu0 = model.gpu_stats();
@@ -38,11 +40,12 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   const auto step = [&](std::span<const int> tokens) {
     if (greedy) next = model.forward_argmax(tokens);
     else model.forward(tokens, logits);
+    if (fed) fed->insert(fed->end(), tokens.begin(), tokens.end());
   };
   auto t0 = std::chrono::steady_clock::now();
-  step(prompt);
+  step(prompt.subspan(n_keep));
   st.prefill.seconds = seconds_since(t0);
-  st.prefill.tokens = int(prompt.size());
+  st.prefill.tokens = int(prompt.size() - n_keep);
   st.prefill.times = model.times();
   st.prefill.routing = model.cache_aware_stats();
   st.experts_after_prefill = model.expert_stats();
@@ -53,10 +56,12 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
 
   auto t1 = std::chrono::steady_clock::now();
   for (int i = 0; i < opts.n_new; ++i) {
+    if (opts.interrupted && opts.interrupted()) break;
     const int id = greedy ? next : sampler.sample(logits);
     if (generated) generated->push_back(id);
     if (on_token) on_token(id);
     if (opts.stop_token && id == *opts.stop_token) break;
+    if (std::find(opts.end_tokens.begin(), opts.end_tokens.end(), id) != opts.end_tokens.end()) break;
     if (i + 1 == opts.n_new) break;  // the last token needs no forward pass
     step(std::span<const int>(&id, 1));
     ++st.decode.tokens;
@@ -67,6 +72,31 @@ GenerateStats generate(Model& model, std::span<const int> prompt, const Generate
   st.experts = model.expert_stats();
   st.decode.gpu = model.gpu_stats() - gpu1;
   return st;
+}
+
+}  // namespace
+
+GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
+                       Sampler& sampler, const std::function<void(int)>& on_token,
+                       std::vector<int>* generated) {
+  return run_from(model, prompt, 0, opts, sampler, on_token, generated, nullptr);
+}
+
+GenerateStats generate_continued(Model& model, std::span<const int> prompt, std::vector<int>& cached,
+                                 const GenerateOptions& opts, Sampler& sampler,
+                                 const std::function<void(int)>& on_token, std::vector<int>* generated) {
+  MOE_ASSERT(cached.size() == size_t(model.n_past()), "cached tokens differ from the KV cache");
+  size_t keep = 0;
+  while (keep < cached.size() && keep < prompt.size() && cached[keep] == prompt[keep]) ++keep;
+  if (!prompt.empty() && keep == prompt.size()) --keep;  // the last prompt token gives the logits
+  cached.resize(keep);
+  try {
+    return run_from(model, prompt, keep, opts, sampler, on_token, generated, &cached);
+  } catch (...) {  // the cache's contents are unknown: the next turn starts afresh
+    model.reset();
+    cached.clear();
+    throw;
+  }
 }
 
 namespace {

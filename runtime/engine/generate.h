@@ -30,6 +30,9 @@ struct GenerateStats {
 struct GenerateOptions {
   int n_new = 64;                // tokens to generate
   std::optional<int> stop_token; // stop after sampling this id (EOS), unless unset
+  std::vector<int> end_tokens;   // also stop after sampling any of these (a chat template's end of turn)
+  // Polled before each sampled token: true ends the reply there (Ctrl-C in infer's chat).
+  std::function<bool()> interrupted;
 };
 
 // Resets the model, runs the prompt (prefill), then samples up to n_new tokens, feeding each back
@@ -38,6 +41,15 @@ struct GenerateOptions {
 GenerateStats generate(Model& model, std::span<const int> prompt, const GenerateOptions& opts,
                        Sampler& sampler, const std::function<void(int)>& on_token,
                        std::vector<int>* generated = nullptr);
+
+// generate() for a conversation: `cached` holds the tokens now in the model's KV cache (the last
+// turn's prompt and reply). The longest prefix that `prompt` shares with it is kept (at least one
+// prompt token is run), the rest of the cache dropped (Model::truncate) and only the new tokens
+// run; stats.prefill.tokens counts those recomputed. On return `cached` holds what the KV cache
+// holds: the prompt and the reply's tokens that were fed back (not the last one sampled).
+GenerateStats generate_continued(Model& model, std::span<const int> prompt, std::vector<int>& cached,
+                                 const GenerateOptions& opts, Sampler& sampler,
+                                 const std::function<void(int)>& on_token, std::vector<int>* generated = nullptr);
 
 struct PerplexityResult {
   double perplexity = 0;

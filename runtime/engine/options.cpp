@@ -19,6 +19,7 @@ namespace moestream {
 std::string_view option_group_title(OptionGroup g) {
   switch (g) {
     case OptionGroup::kModel: return "Model and run";
+    case OptionGroup::kChat: return "Chat in the terminal";
     case OptionGroup::kSampling: return "Sampling";
     case OptionGroup::kIoStore: return "I/O and store";
     case OptionGroup::kGpu: return "GPU";

@@ -24,7 +24,7 @@ namespace moestream {
 enum class OptionType { kFlag, kInt, kUint32, kUint64, kFloat, kText, kList };
 
 // The sections of --help and docs/options.md, in this order.
-enum class OptionGroup { kModel, kSampling, kIoStore, kGpu, kRouting, kBenchmarking, kServer };
+enum class OptionGroup { kModel, kChat, kSampling, kIoStore, kGpu, kRouting, kBenchmarking, kServer };
 std::string_view option_group_title(OptionGroup g);
 
 // Where an option applies (a bit set).

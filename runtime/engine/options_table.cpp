@@ -25,13 +25,16 @@ constexpr OptionSpec kOptions[] = {
      "packed model directory (convert_model output) or GGUF file (any shard of a split set)"},
     {"threads", "-t", kInt, 0, kMaxThreads, kModel, kEngine, true, false, AT(model.n_threads),
      "engine threads; 0 = all cores"},
-    {"ctx", "", kInt, 0, kMaxContext, kModel, kEngine, true, false, AT(model.max_context),
+    {"ctx", "-c", kInt, 0, kMaxContext, kModel, kEngine, true, false, AT(model.max_context),
      "context length (KV cache); 0 = min(model, 4096); infer's perplexity window too (0 there: "
      "min(model, 512))"},
     {"batch", "", kInt, 0, 1 << 20, kModel, kToolInfer | kToolPythonModel, true, false, AT(batch),
      "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route token by token like "
      "decode; 0 = default: 64, or 512 with `gpu` (its prefill reads each expert once per chunk)"},
-    {"prompt", "-p", kText, 0, 0, kModel, kToolInfer, false, false, nullptr, "prompt text"},
+    {"prompt", "-p", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
+     "prompt text; - reads it from stdin"},
+    {"prompt_file", "-f,--file", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
+     "read the prompt from this file; `prompt` - reads it from stdin"},
     {"prompt_ids", "", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
      "prompt as comma-separated token ids (no tokenizer needed)"},
     {"max_tokens", "-n,--n-predict", kInt, 0, kMaxContext, kModel, kToolInfer | kToolPythonGenerate, false, false, nullptr,
@@ -48,6 +51,15 @@ constexpr OptionSpec kOptions[] = {
      "sequences run at once in one batch, one token each per step: the server's concurrent requests "
      "(continuous batching), or infer's `perplexity` windows of `ctx`, N at a time (what "
      "`cache_aware_union` costs in quality); 1 = one at a time (infer's `stride` applies)"},
+    // Chat in the terminal
+    {"conversation", "", kFlag, 0, 0, kChat, kToolInfer, false, false, nullptr,
+     "chat in the terminal with the model's chat template (llama-cli's -cnv too): each line read from "
+     "stdin is a user turn (`prompt` or `prompt_file`, if given, the first), the reply streams back and "
+     "stops at the template's end of turn; the conversation stays in the KV cache, so each turn runs "
+     "only its new tokens (`timing` prints how many per turn); Ctrl-C stops a reply, at the prompt it "
+     "ends the chat, as does the end of input"},
+    {"system_prompt", "", kText, 0, 0, kChat, kToolInfer, false, false, nullptr,
+     "system message that opens the conversation, with `conversation` (llama-cli's -sys too)"},
     // Sampling (the server takes these per request, as JSON fields)
     {"temperature", "--temp", kFloat, 0, 0, kSampling, kGen, false, false, AT(sampling.temperature),
      "temperature, >= 0; 0 = greedy"},

@@ -16,6 +16,7 @@
 
 #include "runtime/server/anthropic_api.h"
 #include "runtime/server/client_connection.h"
+#include "runtime/tokenizer/model_tokenizer.h"
 #include "runtime/server/completion_request.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
@@ -55,22 +56,6 @@ std::string new_id(const char* prefix) {
   return buf;
 }
 
-// Ids whose sampling ends a reply: the model's EOS and the end-of-turn tokens of the chat formats
-// we know (ChatML, Llama-2, Llama-3; harmony's <|return|> and <|call|>, after which a tool runs;
-// GLM-4.5's <|user|> and <|observation|>), when the vocabulary has them as special tokens.
-std::vector<int> stop_ids(const Model& model, const Tokenizer* tok) {
-  std::vector<int> ids;
-  auto add = [&](int id) {
-    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
-  };
-  if (model.config().eos_token_id) add(*model.config().eos_token_id);
-  if (!tok) return ids;
-  if (tok->eos_id()) add(*tok->eos_id());
-  for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|return|>", "<|call|>", "<|user|>",
-                        "<|observation|>"})
-    if (auto id = tok->token_id(t); id && tok->is_special(*id)) add(*id);
-  return ids;
-}
 }  // namespace
 
 struct ApiServer::Impl {
@@ -92,7 +77,7 @@ struct ApiServer::Impl {
   Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
       : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
         session(m, t, metrics, opts.prefix_reuse),
-        eos_ids(stop_ids(m, t)), constraints(t, m.config().vocab_size, eos_ids) {
+        eos_ids(end_of_turn_ids(m.config().eos_token_id, t)), constraints(t, m.config().vocab_size, eos_ids) {
     if (opts.replay) replays.emplace(opts.replay);
     session.set_request_start_hook(opts.on_request_start);
     session.set_replays(replays ? &*replays : nullptr);

@@ -1,6 +1,7 @@
 // Implementation of runtime/tokenizer/model_tokenizer.h.
 #include "runtime/tokenizer/model_tokenizer.h"
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
@@ -30,6 +31,20 @@ std::optional<Tokenizer> load_model_tokenizer(const std::filesystem::path& model
     throw ConfigError(source.string() + ": eos token id " + std::to_string(*eos) +
                       " is outside the model's vocabulary [0, vocab_size=" + std::to_string(cfg.vocab_size) + ")");
   return tok;
+}
+
+std::vector<int> end_of_turn_ids(std::optional<int> model_eos, const Tokenizer* tok) {
+  std::vector<int> ids;
+  auto add = [&](int id) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  if (model_eos) add(*model_eos);
+  if (!tok) return ids;
+  if (tok->eos_id()) add(*tok->eos_id());
+  for (const char* t : {"<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|return|>", "<|call|>", "<|user|>",
+                        "<|observation|>"})
+    if (auto id = tok->token_id(t); id && tok->is_special(*id)) add(*id);
+  return ids;
 }
 
 }  // namespace moestream
