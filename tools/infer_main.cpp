@@ -297,16 +297,9 @@ int main(int argc, char** argv) {
   cli.bind("timing", a.timing);
   cli.bind("stats_json", a.stats_json);
   cli.add_to(app, a.engine);
-  std::vector<std::string> args;
-  try {
-    args = translate_llama_flags(app, argc, argv, kToolInfer);
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "infer: error: %s\n", e.what());
-    return 1;
-  }
-  std::vector<const char*> argv2{argv[0]};
-  for (const std::string& s : args) argv2.push_back(s.c_str());
-  return run_tool("infer", app, int(argv2.size()), const_cast<char**>(argv2.data()), [&] {
+  TranslatedArgs args("infer", app, argc, argv, kToolInfer);  // llama-cli's spellings
+  if (!args.ok()) return 1;
+  return run_tool("infer", app, args.argc(), args.argv(), [&] {
     if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;
     if (a.model.empty()) throw ConfigError("--model is required");
     return run(a, cli);

@@ -2,6 +2,7 @@
 #include "tools/llama_flags.h"
 
 #include <cctype>
+#include <cstdio>
 #include <string_view>
 
 #include "common/error.h"
@@ -112,6 +113,18 @@ std::vector<std::string> translate_llama_flags(const CLI::App& app, int argc, co
     if (value_next && i + 1 < argc) out.push_back(argv[++i]);
   }
   return out;
+}
+
+TranslatedArgs::TranslatedArgs(const char* tool_name, const CLI::App& app, int argc, char** argv, OptionTool tool) {
+  try {
+    words_ = translate_llama_flags(app, argc, argv, tool);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool_name, e.what());
+    return;
+  }
+  words_.insert(words_.begin(), argv[0]);
+  for (std::string& w : words_) ptrs_.push_back(w.data());
+  ok_ = true;
 }
 
 }  // namespace moestream

@@ -21,4 +21,19 @@ namespace moestream {
 std::vector<std::string> translate_llama_flags(const CLI::App& app, int argc, const char* const* argv,
                                                OptionTool tool);
 
+// A command line after translate_llama_flags, for run_tool; a refused flag prints "<tool>: error:
+// ..." on stderr and leaves ok() false (the tool exits 1).
+class TranslatedArgs {
+ public:
+  TranslatedArgs(const char* tool_name, const CLI::App& app, int argc, char** argv, OptionTool tool);
+  bool ok() const { return ok_; }
+  int argc() const { return int(ptrs_.size()); }
+  char** argv() { return ptrs_.data(); }
+
+ private:
+  std::vector<std::string> words_;
+  std::vector<char*> ptrs_;
+  bool ok_ = false;
+};
+
 }  // namespace moestream

@@ -26,6 +26,7 @@
 #include "runtime/server/http_api.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tools/engine_cli.h"
+#include "tools/llama_flags.h"
 #include "tools/option_cli.h"
 #include "tools/tool_main.h"
 
@@ -227,7 +228,9 @@ int main(int argc, char** argv) {
   cli.bind("cors_origin", a.server.cors_origins);
   cli.bind("test_forced_output", a.server.allow_forced_output);
   cli.add_to(app, a.engine);  // as infer's; residency persists across requests
-  return run_tool("moestream-server", app, argc, argv, [&] {
+  TranslatedArgs args("moestream-server", app, argc, argv, kToolServer);  // llama-server's spellings
+  if (!args.ok()) return 1;
+  return run_tool("moestream-server", app, args.argc(), args.argv(), [&] {
     if (cli.markdown_asked()) return std::fputs(cli.markdown().c_str(), stdout) < 0 ? 1 : 0;
     if (a.model.empty()) throw ConfigError("--model is required");
     return run(a, cli);
