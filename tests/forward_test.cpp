@@ -534,6 +534,47 @@ TEST(Generate, GreedyDecodingEqualsArgmaxOfFreshForwardPasses) {
   EXPECT_EQ(stopped.size(), 2u);
 }
 
+TEST(Generate, ContinuedRunsOnlyTheNewTokensAndSaysWhatAFreshRunSays) {
+  TempDir d("fwd");
+  ModelConfig cfg = tiny_config(QkNorm::kFull, QuantType::kBF16);
+  write_synthetic_model(d.path(), cfg, 23);
+  auto m = Model::load(d.path());
+  Sampler greedy(SamplerParams{0.0f, 0, 1.0f, 0});
+  GenerateOptions go;
+  go.n_new = 4;
+  std::vector<int> cached, turn1;
+  const std::vector<int> prompt1 = test_tokens(6, cfg.vocab_size, 1);
+  GenerateStats st = generate_continued(*m, prompt1, cached, go, greedy, nullptr, &turn1);
+  EXPECT_EQ(st.prefill.tokens, 6);
+  ASSERT_EQ(turn1.size(), 4u);
+  // The cache holds the prompt and the three reply tokens fed back (not the last one sampled).
+  std::vector<int> expect = prompt1;
+  expect.insert(expect.end(), turn1.begin(), turn1.end() - 1);
+  EXPECT_EQ(cached, expect);
+  EXPECT_EQ(m->n_past(), int(expect.size()));
+  // Turn 2 shares the prompt and the first two reply tokens, then differs: 8 tokens reused.
+  std::vector<int> prompt2(prompt1);
+  prompt2.insert(prompt2.end(), turn1.begin(), turn1.begin() + 2);
+  for (int t : test_tokens(3, cfg.vocab_size, 7)) prompt2.push_back(t);
+  prompt2[8] = (turn1[2] + 1) % cfg.vocab_size;
+  std::vector<int> turn2, fresh;
+  st = generate_continued(*m, prompt2, cached, go, greedy, nullptr, &turn2);
+  EXPECT_EQ(st.prefill.tokens, int(prompt2.size()) - 8);
+  generate(*m, prompt2, go, greedy, nullptr, &fresh);
+  EXPECT_EQ(turn2, fresh);
+  // A prompt the cache holds whole still runs its last token, for the logits.
+  cached = prompt2;
+  m->reset();
+  m->forward_argmax(prompt2);
+  st = generate_continued(*m, prompt2, cached, go, greedy, nullptr, nullptr);
+  EXPECT_EQ(st.prefill.tokens, 1);
+  // Interrupted before the first token: nothing sampled.
+  go.interrupted = [] { return true; };
+  std::vector<int> none;
+  generate_continued(*m, prompt2, cached, go, greedy, nullptr, &none);
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(Perplexity, SlidingWindowsScoreEveryTokenOnceWithTheirWindowContext) {
   TempDir d("fwd");
   ModelConfig cfg = tiny_config(QkNorm::kPerHead, QuantType::kQ8);
