@@ -141,7 +141,8 @@ def skipped(key, category, why):
 
 @case("bin/infer")
 def _infer(s):
-    """README's demo runs (greedy, sampled), a GGUF file in place, --perplexity, --timing, --stats-json."""
+    """README's demo runs (greedy, sampled), a GGUF file in place, --perplexity, --timing, --stats-json,
+    the terminal chat (-cnv, turns piped in)."""
     r = s.infer("-m", DEMO, "-p", PROMPT, "-n", 4, "--temp", 0)
     assert r.stdout.startswith(PROMPT)
     s.infer("-m", DEMO, "-p", "The kernel driver", "-n", 4, "--seed", 1, "--temp", 0.8)
@@ -152,6 +153,10 @@ def _infer(s):
     assert "perplexity" in (r.stdout + r.stderr).lower()
     s.infer("-m", DEMO, "-p", PROMPT, "-n", 2, "--timing", "--stats-json", s.tmp / "stats.json")
     assert json.loads((s.tmp / "stats.json").read_text())
+    # README's chat in the terminal: turns piped in, -sys, --timing's per-turn line.
+    r = s.infer("-m", DEMO, "-cnv", "-sys", "You are terse.", "-n", 4, "--timing", stdin="Hello\nTell me more\n",
+                free_text=True)
+    assert "chat: turn 2:" in r.stderr
 
 
 @case("bin/infer --gpu")
