@@ -178,6 +178,7 @@ TEST_P(MlaAttentionTest, AbsorbedEqualsNaiveOverPrefillAndDecode) {
 
   ThreadPool pool(3);
   MlaScratch scratch(c, /*max_context=*/16, /*max_batch=*/prefill);
+  scratch.allocate();
   MlaAttention attn(c, scratch, /*max_context=*/16, /*max_batch=*/prefill);
   const Rope ro(c);
   RowMatrix got(T, c.hidden_size);

@@ -19,11 +19,15 @@ std::string kv_source(int max_context) {
 }
 }  // namespace
 
-GqaScratch::GqaScratch(const ModelConfig& cfg, int max_context, int max_batch) {
+void GqaScratch::allocate() {
   const int Q = cfg.n_heads * cfg.head_dim, KV = cfg.n_kv_heads * cfg.head_dim;
-  for (RowMatrix* m : {&q, &attn, &seq_q, &seq_attn}) m->resize(max_batch, Q);
-  for (RowMatrix* m : {&k, &v, &seq_k, &seq_v}) m->resize(max_batch, KV);
-  scores.resize(cfg.n_heads, max_context);
+  const uint64_t bytes = sizeof(float) * (uint64_t(cfg.n_heads) * uint64_t(max_context) +
+                                          4 * uint64_t(max_batch) * uint64_t(Q + KV));
+  allocating("the attention scratch", bytes, kv_source(max_context), [&] {
+    for (RowMatrix* m : {&q, &attn, &seq_q, &seq_attn}) m->resize(max_batch, Q);
+    for (RowMatrix* m : {&k, &v, &seq_k, &seq_v}) m->resize(max_batch, KV);
+    scores.resize(cfg.n_heads, max_context);
+  });
 }
 
 void check_kv_cache_size(const ModelConfig& cfg, int max_context) {

@@ -16,9 +16,15 @@
 
 namespace moestream {
 
-// Scratch every GQA layer of a pass shares (one layer runs at a time).
+// Scratch every GQA layer of a pass shares (one layer runs at a time). allocate() sizes it (after
+// the states: a context too long for memory then fails naming the KV cache first); ConfigError
+// naming the context when it does not fit.
 struct GqaScratch {
-  GqaScratch(const ModelConfig& cfg, int max_context, int max_batch);
+  GqaScratch(const ModelConfig& cfg, int max_context, int max_batch)
+      : cfg(cfg), max_context(max_context), max_batch(max_batch) {}
+  void allocate();
+  const ModelConfig& cfg;
+  int max_context, max_batch;
   RowMatrix q, k, v, attn;                  // the step's rows: [max_batch, H*hd] / [max_batch, KV*hd]
   RowMatrix seq_q, seq_k, seq_v, seq_attn;  // one sequence's rows at an aligned start, as alone
   RowMatrix scores;                         // [H, max_ctx]: one row per head task

@@ -30,7 +30,9 @@ LayerStack::LayerStack(const ModelConfig& cfg, const DenseWeights& w, ExpertStor
   }
   h_.resize(max_batch, cfg.hidden_size);
   tmp_.resize(max_batch, cfg.hidden_size);
-  prepare(kOwnSequence);
+  prepare(kOwnSequence);  // the states first: a context too long fails naming the KV cache
+  if (gqa_scratch_) gqa_scratch_->allocate();
+  if (mla_scratch_) mla_scratch_->allocate();
 }
 
 void LayerStack::prepare(int state) {

@@ -32,7 +32,12 @@ std::string latent_source(int max_context) {
 }
 }  // namespace
 
-MlaScratch::MlaScratch(const ModelConfig& cfg, int max_context, int max_batch) {
+void MlaScratch::allocate() {
+  allocating("the attention scratch", sizeof(float) * uint64_t(cfg.n_heads) * uint64_t(max_context),
+             latent_source(max_context), [&] { allocate_now(); });
+}
+
+void MlaScratch::allocate_now() {
   const int H = cfg.n_heads, C = cfg.kv_lora_rank, r = cfg.qk_rope_head_dim;
   if (cfg.q_lora_rank > 0) qa.resize(max_batch, cfg.q_lora_rank);
   q.resize(max_batch, H * (cfg.qk_nope_head_dim + r));

@@ -19,9 +19,14 @@ float mla_softmax_scale(const ModelConfig& cfg);
 // Floats one position of one layer holds in the latent cache: kv_lora_rank + qk_rope_head_dim.
 size_t mla_cache_floats_per_token(const ModelConfig& cfg);
 
-// Scratch every MLA layer of a pass shares (one layer runs at a time).
+// Scratch every MLA layer of a pass shares (one layer runs at a time); allocate() sizes it, after
+// the states, as GqaScratch.
 struct MlaScratch {
-  MlaScratch(const ModelConfig& cfg, int max_context, int max_batch);
+  MlaScratch(const ModelConfig& cfg, int max_context, int max_batch)
+      : cfg(cfg), max_context(max_context), max_batch(max_batch) {}
+  void allocate();
+  const ModelConfig& cfg;
+  int max_context, max_batch;
   RowMatrix qa, q, kva;  // [max_batch, Q], [max_batch, H*(n+r)], [max_batch, C+r]
   RowMatrix q_abs;       // [max_batch, H*(C+r)]: per head the absorbed query and its RoPE part
   RowMatrix ctx;         // [max_batch, H*C]: per head the attention-weighted latent
@@ -29,6 +34,9 @@ struct MlaScratch {
   RowMatrix scores;      // [H, max_ctx]
   RowMatrix row_buf;     // [H, C]: one decoded wkv_b row per head task
   RowMatrix in, out;     // [max_batch, D]: one sequence's rows of a batch at an aligned start
+
+ private:
+  void allocate_now();
 };
 
 // The latent KV cache of the context length: throws ConfigError when n_layers of them cannot be
