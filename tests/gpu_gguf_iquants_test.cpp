@@ -39,6 +39,7 @@
 
 namespace fs = std::filesystem;
 using namespace moestream;
+using test::top2;
 
 namespace {
 
@@ -85,17 +86,6 @@ void write_retyped(const fs::path& dst) {
 }
 
 constexpr double kTolerance = 1e-3;
-
-// The two largest logits of a row: (best id, gap to the second).
-std::pair<int, float> top2(std::span<const float> row) {
-  int best = 0;
-  for (int i = 1; i < int(row.size()); ++i)
-    if (row[size_t(i)] > row[size_t(best)]) best = i;
-  float second = -INFINITY;
-  for (int i = 0; i < int(row.size()); ++i)
-    if (i != best) second = std::max(second, row[size_t(i)]);
-  return {best, row[size_t(best)] - second};
-}
 
 }  // namespace
 

@@ -34,6 +34,7 @@
 namespace fs = std::filesystem;
 using namespace moestream;
 using test::rel_max_diff;
+using test::top2;
 
 namespace {
 
@@ -66,17 +67,6 @@ float near_tie(std::span<const float> row, double tol) {
   float scale = 0;
   for (float v : row) scale = std::max(scale, std::fabs(v));
   return std::max(kNearTie, float(2 * tol) * scale);
-}
-
-// The two largest logits of a row: (best id, gap to the second).
-std::pair<int, float> top2(std::span<const float> row) {
-  int best = 0;
-  for (int i = 1; i < int(row.size()); ++i)
-    if (row[size_t(i)] > row[size_t(best)]) best = i;
-  float second = -INFINITY;
-  for (int i = 0; i < int(row.size()); ++i)
-    if (i != best) second = std::max(second, row[size_t(i)]);
-  return {best, row[size_t(best)] - second};
 }
 
 }  // namespace
