@@ -25,6 +25,7 @@
 #include "runtime/gpu/gpu_expert_cache.h"
 
 #include "tests/support/cpu_and_gpu.h"
+#include "tests/support/gpu_cache_churn.h"
 #include "tests/support/fixture_manifest.h"
 #include "tests/support/logit_compare.h"
 #include "tests/support/require_gpu.h"
@@ -33,6 +34,7 @@
 namespace fs = std::filesystem;
 using namespace moestream;
 using test::rel_max_diff;
+using test::top2;
 
 namespace {
 
@@ -65,17 +67,6 @@ float near_tie(std::span<const float> row, double tol) {
   float scale = 0;
   for (float v : row) scale = std::max(scale, std::fabs(v));
   return std::max(kNearTie, float(2 * tol) * scale);
-}
-
-// The two largest logits of a row: (best id, gap to the second).
-std::pair<int, float> top2(std::span<const float> row) {
-  int best = 0;
-  for (int i = 1; i < int(row.size()); ++i)
-    if (row[size_t(i)] > row[size_t(best)]) best = i;
-  float second = -INFINITY;
-  for (int i = 0; i < int(row.size()); ++i)
-    if (i != best) second = std::max(second, row[size_t(i)]);
-  return {best, row[size_t(best)] - second};
 }
 
 }  // namespace
@@ -171,31 +162,5 @@ TEST(GpuGguf, MixedTypeExpertsThroughASmallGpuCacheHoldTheGgufStoresBytes) {
   if (!fs::exists(file)) MOESTREAM_SKIP_OR_FAIL() << file << " absent";
   const ModelConfig c = ModelConfig::load(file);
   ASSERT_FALSE(c.expert_layout(0).types == c.expert_layout(1).types) << "the fixture no longer mixes types";
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  {
-    auto store = open_engine_expert_store(file, c);
-    auto reference = open_engine_expert_store(file, c);
-    GpuExpertCache cache(c, *store, 3 * c.max_expert_bytes() + 64, s);
-    std::vector<const uint8_t*> dev(2), host;
-    for (int step = 0; step < 40; ++step) {
-      const int layer = step % 2;
-      const std::vector<int> ids{step % 4, (step / 2 + 1) % 4};
-      cache.acquire(layer, ids, CacheFill::kDemand, dev);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      for (size_t i = 0; i < ids.size(); ++i) {
-        ASSERT_EQ(cache.expert_bytes(layer), c.expert_layout(layer).bytes);
-        ASSERT_EQ(reinterpret_cast<uintptr_t>(dev[i]) % 16, 0u) << "expert payload not 16-byte aligned";
-        reference->fetch(layer, std::span<const int>(&ids[i], 1), host);
-        std::vector<uint8_t> got(cache.expert_bytes(layer));
-        ASSERT_EQ(cudaMemcpy(got.data(), dev[i], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(std::memcmp(got.data(), host[0], got.size()), 0)
-            << "layer " << layer << " expert " << ids[i] << " at step " << step;
-      }
-      cache.kernels_enqueued();
-      cache.end_step();
-    }
-    EXPECT_GT(cache.telemetry().policy.evictions, 0u) << "the budget never filled: the test is too easy";
-  }
-  cudaStreamDestroy(s);
+  test::expect_small_gpu_cache_holds_store_bytes(file, c);
 }

@@ -11,20 +11,26 @@ namespace {
 using test::error_message;
 using test::tiny_moe_config;
 
+// Every layer of `plan`: GQA with `qk_norm` and no window, then routed experts (MoE layer l, no
+// shared expert).
+void expect_gqa_then_routed_in_every_layer(const std::vector<LayerSpec>& plan, QkNorm qk_norm) {
+  for (size_t l = 0; l < plan.size(); ++l) {
+    const LayerSpec& s = plan[l];
+    EXPECT_EQ(s.attention.kind, AttentionKind::kGqa);
+    EXPECT_EQ(s.attention.qk_norm, qk_norm);
+    EXPECT_EQ(s.attention.window, 0);
+    EXPECT_EQ(s.ffn.kind, FfnKind::kRouted);
+    EXPECT_EQ(s.ffn.moe_layer, int(l));
+    EXPECT_EQ(s.ffn.shared, SharedExpertKind::kNone);
+  }
+}
+
 TEST(LayerPlan, Qwen3MoeIsGqaWithPerHeadNormThenRoutedExperts) {
   const ModelConfig c = tiny_moe_config({.layers = 3});
   const std::vector<LayerSpec> plan = plan_layers(c);
   ASSERT_EQ(plan.size(), 3u);
-  for (int l = 0; l < 3; ++l) {
-    const LayerSpec& s = plan[size_t(l)];
-    EXPECT_EQ(s.attention.kind, AttentionKind::kGqa);
-    EXPECT_EQ(s.attention.qk_norm, QkNorm::kPerHead);
-    EXPECT_EQ(s.attention.window, 0);
-    EXPECT_EQ(s.ffn.kind, FfnKind::kRouted);
-    EXPECT_EQ(s.ffn.moe_layer, l);
-    EXPECT_EQ(s.ffn.shared, SharedExpertKind::kNone);
-    EXPECT_EQ(s.ffn.router.params.k, c.n_experts_per_tok);
-  }
+  expect_gqa_then_routed_in_every_layer(plan, QkNorm::kPerHead);
+  for (const LayerSpec& s : plan) EXPECT_EQ(s.ffn.router.params.k, c.n_experts_per_tok);
 }
 
 TEST(LayerPlan, GlmHasADenseFirstLayerAndNumbersMoeLayersAfterIt) {
@@ -49,15 +55,9 @@ TEST(LayerPlan, MinimaxM2IsGqaWithFullQkNormThenSigmoidRoutedExpertsInEveryLayer
   test::as_minimax_m2(c, 4);
   const std::vector<LayerSpec> plan = plan_layers(c);
   ASSERT_EQ(plan.size(), 3u);
-  for (int l = 0; l < 3; ++l) {
-    const LayerSpec& s = plan[size_t(l)];
-    EXPECT_EQ(s.attention.kind, AttentionKind::kGqa);
-    EXPECT_EQ(s.attention.qk_norm, QkNorm::kFull);
-    EXPECT_EQ(s.attention.window, 0);
+  expect_gqa_then_routed_in_every_layer(plan, QkNorm::kFull);
+  for (const LayerSpec& s : plan) {
     EXPECT_FALSE(s.attention.sinks || s.attention.qkv_bias || s.attention.o_bias);
-    EXPECT_EQ(s.ffn.kind, FfnKind::kRouted);
-    EXPECT_EQ(s.ffn.moe_layer, l);
-    EXPECT_EQ(s.ffn.shared, SharedExpertKind::kNone);
     const RouterParams& r = s.ffn.router.params;
     EXPECT_EQ(r.scoring, RouterScoring::kSigmoid);
     EXPECT_EQ(r.n_group, 1);

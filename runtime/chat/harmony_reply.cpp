@@ -23,17 +23,9 @@ std::string word_after(std::string_view header, std::string_view key) {
   return std::string(rest.substr(0, e));
 }
 
-class HarmonyMachine : public ReplyParser::Machine {
+class HarmonyMachine : public BufferedReplyMachine {
  public:
   explicit HarmonyMachine(ReplyParserOptions o) : o_(std::move(o)) {}
-
-  ReplyDelta feed(std::string_view text) override {
-    buf_.append(text);
-    ReplyDelta d;
-    while (step(d)) {
-    }
-    return d;
-  }
 
   ReplyDelta finish() override {
     ReplyDelta d;
@@ -48,7 +40,7 @@ class HarmonyMachine : public ReplyParser::Machine {
   enum class State { kBetween, kHeader, kBody };
   enum class Kind { kContent, kReasoning, kCall };
 
-  bool step(ReplyDelta& d) {
+  bool step(ReplyDelta& d) override {
     switch (state_) {
       case State::kBetween: {
         if (buf_.empty()) return false;
@@ -120,7 +112,6 @@ class HarmonyMachine : public ReplyParser::Machine {
   State state_ = State::kBetween;
   Kind kind_ = Kind::kContent;
   std::string recipient_;
-  std::string buf_;
   Trimmed seg_;
 };
 }  // namespace

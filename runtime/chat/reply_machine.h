@@ -19,6 +19,23 @@ struct ReplyParser::Machine {
   int n_calls = 0;
 };
 
+// A machine that buffers what it is fed and consumes it in steps: step() does one transition or
+// one emission from buf_ into the delta, true while there may be more to do.
+class BufferedReplyMachine : public ReplyParser::Machine {
+ public:
+  ReplyDelta feed(std::string_view text) final {
+    buf_.append(text);
+    ReplyDelta d;
+    while (step(d)) {
+    }
+    return d;
+  }
+
+ protected:
+  virtual bool step(ReplyDelta& d) = 0;
+  std::string buf_;
+};
+
 namespace reply {
 
 // Length of the longest tail of `buf` that is a proper prefix of one of `markers`: text that

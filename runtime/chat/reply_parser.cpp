@@ -212,18 +212,10 @@ Markup markup_of(ReplyFormat f) {
 }
 
 // Content, <think> reasoning (recognised only before any content or call), and tool-call regions.
-class MarkupMachine : public ReplyParser::Machine {
+class MarkupMachine : public BufferedReplyMachine {
  public:
   MarkupMachine(Markup m, ReplyParserOptions o) : m_(m), o_(std::move(o)) {
     mode_ = o_.starts_in_reasoning ? Mode::kReasoning : Mode::kContent;
-  }
-
-  ReplyDelta feed(std::string_view text) override {
-    buf_.append(text);
-    ReplyDelta d;
-    while (step(d)) {
-    }
-    return d;
   }
 
   ReplyDelta finish() override {
@@ -243,7 +235,7 @@ class MarkupMachine : public ReplyParser::Machine {
   enum class Mode { kContent, kReasoning, kRegion };
 
   // One transition or one emission; true while there may be more to do in buf_.
-  bool step(ReplyDelta& d) {
+  bool step(ReplyDelta& d) override {
     if (mode_ == Mode::kRegion) {
       const size_t e = buf_.find(m_.calls_close);
       if (e == npos) return false;
@@ -332,7 +324,6 @@ class MarkupMachine : public ReplyParser::Machine {
   Markup m_;
   ReplyParserOptions o_;
   Mode mode_;
-  std::string buf_;
   reply::Trimmed seg_;
   bool content_seen_ = false;
 };

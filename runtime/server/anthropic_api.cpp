@@ -10,10 +10,6 @@ namespace {
 using json = nlohmann::json;
 using OJ = nlohmann::ordered_json;
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, "invalid_request_error", param + ": " + msg, param);
-}
-
 // Fields passed on as they are (the chat endpoint checks their values), then our extensions.
 constexpr std::string_view kPassed[] = {"model", "max_tokens", "stream", "temperature", "top_p", "top_k",
                                         "seed", "chat_template_kwargs", "forced_output"};
@@ -29,13 +25,13 @@ void check_keys(const OJ& o, const std::string& name, std::initializer_list<std:
   for (const auto& item : o.items()) {
     const std::string& k = item.key();
     if (no_op_key(k) || std::find(allowed.begin(), allowed.end(), k) != allowed.end()) continue;
-    bad(name + "." + k, "unknown or unsupported field");
+    bad_param(name + "." + k, "unknown or unsupported field");
   }
 }
 
 std::string text_of(const OJ& block, const std::string& name) {
   check_keys(block, name, {"type", "text"});
-  if (!block.contains("text") || !block["text"].is_string()) bad(name + ".text", "must be a string");
+  if (!block.contains("text") || !block["text"].is_string()) bad_param(name + ".text", "must be a string");
   return block["text"].get<std::string>();
 }
 
@@ -43,11 +39,11 @@ std::string text_of(const OJ& block, const std::string& name) {
 std::string result_text(const OJ& c, const std::string& name) {
   if (c.is_null()) return "";
   if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(name, "must be a string or a list of text blocks");
+  if (!c.is_array()) bad_param(name, "must be a string or a list of text blocks");
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const std::string bn = name + "[" + std::to_string(i) + "]";
-    if (!c[i].is_object() || c[i].value("type", OJ("")) != "text") bad(bn + ".type", "only text blocks are supported");
+    if (!c[i].is_object() || c[i].value("type", OJ("")) != "text") bad_param(bn + ".type", "only text blocks are supported");
     out += text_of(c[i], bn);
   }
   return out;
@@ -55,49 +51,49 @@ std::string result_text(const OJ& c, const std::string& name) {
 
 // One Messages message -> the chat messages it means (appended to `out`).
 void convert_message(const OJ& m, const std::string& name, OJ& out) {
-  if (!m.is_object()) bad(name, "must be an object");
+  if (!m.is_object()) bad_param(name, "must be an object");
   check_keys(m, name, {"role", "content"});
   const std::string role = m.value("role", OJ("")).is_string() ? m.value("role", std::string()) : "";
-  if (role != "user" && role != "assistant") bad(name + ".role", "must be \"user\" or \"assistant\"");
-  if (!m.contains("content")) bad(name + ".content", "is required");
+  if (role != "user" && role != "assistant") bad_param(name + ".role", "must be \"user\" or \"assistant\"");
+  if (!m.contains("content")) bad_param(name + ".content", "is required");
   const OJ& c = m["content"];
   if (c.is_string()) {
     out.push_back(OJ{{"role", role}, {"content", c}});
     return;
   }
-  if (!c.is_array()) bad(name + ".content", "must be a string or a list of content blocks");
+  if (!c.is_array()) bad_param(name + ".content", "must be a string or a list of content blocks");
   std::string text, thinking;
   OJ calls = OJ::array();
   for (size_t i = 0; i < c.size(); ++i) {
     const std::string bn = name + ".content[" + std::to_string(i) + "]";
     const OJ& b = c[i];
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) bad(bn + ".type", "must be a string");
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) bad_param(bn + ".type", "must be a string");
     const std::string type = b["type"].get<std::string>();
     if (type == "text") {
       text += text_of(b, bn);
     } else if (type == "thinking" && role == "assistant") {
       check_keys(b, bn, {"type", "thinking", "signature"});
-      if (!b.contains("thinking") || !b["thinking"].is_string()) bad(bn + ".thinking", "must be a string");
+      if (!b.contains("thinking") || !b["thinking"].is_string()) bad_param(bn + ".thinking", "must be a string");
       thinking += b["thinking"].get<std::string>();
     } else if (type == "tool_use" && role == "assistant") {
       check_keys(b, bn, {"type", "id", "name", "input"});
-      if (!b.contains("id") || !b["id"].is_string()) bad(bn + ".id", "must be a string");
-      if (!b.contains("name") || !b["name"].is_string()) bad(bn + ".name", "must be a string");
-      if (!b.contains("input") || !b["input"].is_object()) bad(bn + ".input", "must be an object");
+      if (!b.contains("id") || !b["id"].is_string()) bad_param(bn + ".id", "must be a string");
+      if (!b.contains("name") || !b["name"].is_string()) bad_param(bn + ".name", "must be a string");
+      if (!b.contains("input") || !b["input"].is_object()) bad_param(bn + ".input", "must be an object");
       calls.push_back(OJ{{"id", b["id"]}, {"type", "function"},
                          {"function", {{"name", b["name"]}, {"arguments", b["input"].dump()}}}});
     } else if (type == "tool_result" && role == "user") {
       check_keys(b, bn, {"type", "tool_use_id", "content", "is_error"});
-      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) bad(bn + ".tool_use_id", "must be a string");
+      if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) bad_param(bn + ".tool_use_id", "must be a string");
       std::string result = result_text(b.value("content", OJ(nullptr)), bn + ".content");
       if (b.contains("is_error") && !b["is_error"].is_null()) {
-        if (!b["is_error"].is_boolean()) bad(bn + ".is_error", "must be true or false");
+        if (!b["is_error"].is_boolean()) bad_param(bn + ".is_error", "must be true or false");
         // A chat template has no error flag: the model reads it in the result's text.
         if (b["is_error"].get<bool>()) result = "Error: " + result;
       }
       out.push_back(OJ{{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
     } else {
-      bad(bn + ".type", "'" + type + "' blocks are not supported in a" + (role == "user" ? " user" : "n assistant") +
+      bad_param(bn + ".type", "'" + type + "' blocks are not supported in a" + (role == "user" ? " user" : "n assistant") +
                             " message (text" + (role == "user" ? ", tool_result" : ", thinking, tool_use") + ")");
     }
   }
@@ -112,20 +108,20 @@ void convert_message(const OJ& m, const std::string& name, OJ& out) {
 }
 
 OJ convert_tools(const OJ& tools) {
-  if (!tools.is_array()) bad("tools", "must be a list");
+  if (!tools.is_array()) bad_param("tools", "must be a list");
   OJ out = OJ::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string tn = "tools[" + std::to_string(i) + "]";
     const OJ& t = tools[i];
-    if (!t.is_object()) bad(tn, "must be an object");
+    if (!t.is_object()) bad_param(tn, "must be an object");
     if (t.contains("type") && t["type"] != "custom")
-      bad(tn + ".type", "only client tools (name, description, input_schema) are supported, not " + t["type"].dump());
+      bad_param(tn + ".type", "only client tools (name, description, input_schema) are supported, not " + t["type"].dump());
     check_keys(t, tn, {"type", "name", "description", "input_schema"});
-    if (!t.contains("name") || !t["name"].is_string()) bad(tn + ".name", "must be a string");
-    if (!t.contains("input_schema") || !t["input_schema"].is_object()) bad(tn + ".input_schema", "must be an object");
+    if (!t.contains("name") || !t["name"].is_string()) bad_param(tn + ".name", "must be a string");
+    if (!t.contains("input_schema") || !t["input_schema"].is_object()) bad_param(tn + ".input_schema", "must be an object");
     OJ f{{"name", t["name"]}};
     if (t.contains("description")) {
-      if (!t["description"].is_string()) bad(tn + ".description", "must be a string");
+      if (!t["description"].is_string()) bad_param(tn + ".description", "must be a string");
       f["description"] = t["description"];
     }
     f["parameters"] = t["input_schema"];
@@ -135,16 +131,16 @@ OJ convert_tools(const OJ& tools) {
 }
 
 std::string convert_tool_choice(const OJ& tc) {
-  if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string()) bad("tool_choice", "must be {\"type\": ...}");
+  if (!tc.is_object() || !tc.contains("type") || !tc["type"].is_string()) bad_param("tool_choice", "must be {\"type\": ...}");
   check_keys(tc, "tool_choice", {"type", "name", "disable_parallel_tool_use"});
   if (tc.contains("disable_parallel_tool_use") && tc["disable_parallel_tool_use"] != false)
-    bad("tool_choice.disable_parallel_tool_use", "only false is supported");
+    bad_param("tool_choice.disable_parallel_tool_use", "only false is supported");
   const std::string type = tc["type"].get<std::string>();
   if (type == "auto" || type == "none") return type;
   if (type == "any" || type == "tool")
-    bad("tool_choice", "\"any\" and \"tool\" need constrained decoding, which this server does not have yet; use "
+    bad_param("tool_choice", "\"any\" and \"tool\" need constrained decoding, which this server does not have yet; use "
                        "\"auto\" or \"none\"");
-  bad("tool_choice.type", "must be auto, any, tool or none");
+  bad_param("tool_choice.type", "must be auto, any, tool or none");
 }
 }  // namespace
 
@@ -155,16 +151,16 @@ OJ anthropic_to_chat_body(const OJ& body) {
     const std::string& k = item.key();
     if (item.value().is_null()) continue;
     if (std::find(std::begin(kRefused), std::end(kRefused), k) != std::end(kRefused))
-      bad(k, "is not supported by this server");
+      bad_param(k, "is not supported by this server");
     const bool known = std::find(std::begin(kPassed), std::end(kPassed), k) != std::end(kPassed) ||
                        k == "messages" || k == "system" || k == "tools" || k == "tool_choice" ||
                        k == "stop_sequences" || k == "metadata" || no_op_key(k);
-    if (!known) bad(k, "unknown field for /v1/messages (docs/server.md lists the fields this server takes)");
+    if (!known) bad_param(k, "unknown field for /v1/messages (docs/server.md lists the fields this server takes)");
     if (std::find(std::begin(kPassed), std::end(kPassed), k) != std::end(kPassed)) chat[k] = item.value();
   }
-  if (!body.contains("max_tokens") || body["max_tokens"].is_null()) bad("max_tokens", "is required");
+  if (!body.contains("max_tokens") || body["max_tokens"].is_null()) bad_param("max_tokens", "is required");
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-    bad("messages", "must be a non-empty list");
+    bad_param("messages", "must be a non-empty list");
   OJ messages = OJ::array();
   if (body.contains("system") && !body["system"].is_null()) {
     const OJ& s = body["system"];
@@ -174,11 +170,11 @@ OJ anthropic_to_chat_body(const OJ& body) {
     } else if (s.is_array()) {
       for (size_t i = 0; i < s.size(); ++i) {
         const std::string bn = "system[" + std::to_string(i) + "]";
-        if (!s[i].is_object() || s[i].value("type", OJ("")) != "text") bad(bn + ".type", "must be \"text\"");
+        if (!s[i].is_object() || s[i].value("type", OJ("")) != "text") bad_param(bn + ".type", "must be \"text\"");
         text += text_of(s[i], bn);
       }
     } else {
-      bad("system", "must be a string or a list of text blocks");
+      bad_param("system", "must be a string or a list of text blocks");
     }
     messages.push_back(OJ{{"role", "system"}, {"content", text}});
   }
@@ -190,15 +186,15 @@ OJ anthropic_to_chat_body(const OJ& body) {
     chat["tool_choice"] = convert_tool_choice(body["tool_choice"]);
   if (body.contains("stop_sequences") && !body["stop_sequences"].is_null()) {
     const OJ& s = body["stop_sequences"];
-    if (!s.is_array() || s.size() > 4) bad("stop_sequences", "must be a list of at most 4 strings");
+    if (!s.is_array() || s.size() > 4) bad_param("stop_sequences", "must be a list of at most 4 strings");
     for (size_t i = 0; i < s.size(); ++i)
       if (!s[i].is_string() || s[i].get<std::string>().empty())
-        bad("stop_sequences[" + std::to_string(i) + "]", "must be a non-empty string");
+        bad_param("stop_sequences[" + std::to_string(i) + "]", "must be a non-empty string");
     if (!s.empty()) chat["stop"] = s;
   }
   if (body.contains("metadata") && !body["metadata"].is_null()) {
     const OJ& m = body["metadata"];
-    if (!m.is_object()) bad("metadata", "must be an object");
+    if (!m.is_object()) bad_param("metadata", "must be an object");
     check_keys(m, "metadata", {"user_id"});
     if (m.contains("user_id") && !m["user_id"].is_null()) chat["user"] = m["user_id"];
   }

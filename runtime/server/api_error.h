@@ -31,4 +31,7 @@ class ApiError : public Error {
 // gives the client only the error id to quote.
 ApiError internal_error(const std::string& code, const std::string& detail);
 
+// Throws a 400 invalid_request_error "PARAM: MSG" naming the request field `param`.
+[[noreturn]] void bad_param(const std::string& param, const std::string& msg);
+
 }  // namespace moestream

@@ -62,29 +62,25 @@ constexpr RequestField kRequestFields[] = {
     {"forced_output", kBoth, kHonoured, "test only: refused unless the server runs with `test_forced_output`"},
 };
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, "invalid_request_error", param + ": " + msg, param);
-}
-
 double number(const OJ& v, const std::string& name, double lo, double hi) {
-  if (!v.is_number()) bad(name, "must be a number");
+  if (!v.is_number()) bad_param(name, "must be a number");
   const double d = v.get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    bad(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    bad_param(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
   return d;
 }
 
 int64_t integer(const OJ& v, const std::string& name, int64_t lo, int64_t hi) {
-  if (!v.is_number_integer()) bad(name, "must be an integer");
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) bad(name, "is out of range");
+  if (!v.is_number_integer()) bad_param(name, "must be an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) bad_param(name, "is out of range");
   const int64_t i = v.get<int64_t>();
   if (i < lo || i > hi)
-    bad(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(i));
+    bad_param(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(i));
   return i;
 }
 
 bool boolean(const OJ& v, const std::string& name) {
-  if (!v.is_boolean()) bad(name, "must be true or false");
+  if (!v.is_boolean()) bad_param(name, "must be true or false");
   return v.get<bool>();
 }
 
@@ -92,12 +88,12 @@ bool boolean(const OJ& v, const std::string& name) {
 std::string content_text(const OJ& c, const std::string& name) {
   if (c.is_null()) return "";
   if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(name, "must be a string or a list of content parts");
+  if (!c.is_array()) bad_param(name, "must be a string or a list of content parts");
   std::string out;
   for (size_t i = 0; i < c.size(); ++i) {
     const std::string pn = name + "[" + std::to_string(i) + "]";
     if (!c[i].is_object() || c[i].value("type", "") != "text" || !c[i].contains("text") || !c[i]["text"].is_string())
-      bad(pn, "only {\"type\": \"text\", \"text\": string} parts are supported");
+      bad_param(pn, "only {\"type\": \"text\", \"text\": string} parts are supported");
     out += c[i]["text"].get<std::string>();
   }
   return out;
@@ -106,22 +102,22 @@ std::string content_text(const OJ& c, const std::string& name) {
 // An assistant message's tool_calls as the client sends them back (arguments a JSON string),
 // with the arguments parsed into an object: templates iterate over or re-serialize them.
 OJ parse_tool_calls(const OJ& calls, const std::string& name) {
-  if (!calls.is_array()) bad(name, "must be a list");
+  if (!calls.is_array()) bad_param(name, "must be a list");
   OJ out = OJ::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     const std::string cn = name + "[" + std::to_string(i) + "]";
     const OJ& c = calls[i];
-    if (!c.is_object()) bad(cn, "must be an object");
-    if (c.value("type", OJ("function")) != "function") bad(cn + ".type", "must be \"function\"");
-    if (c.contains("id") && !c["id"].is_string()) bad(cn + ".id", "must be a string");
-    if (!c.contains("function") || !c["function"].is_object()) bad(cn + ".function", "must be an object");
+    if (!c.is_object()) bad_param(cn, "must be an object");
+    if (c.value("type", OJ("function")) != "function") bad_param(cn + ".type", "must be \"function\"");
+    if (c.contains("id") && !c["id"].is_string()) bad_param(cn + ".id", "must be a string");
+    if (!c.contains("function") || !c["function"].is_object()) bad_param(cn + ".function", "must be an object");
     const OJ& f = c["function"];
-    if (!f.contains("name") || !f["name"].is_string()) bad(cn + ".function.name", "must be a string");
+    if (!f.contains("name") || !f["name"].is_string()) bad_param(cn + ".function.name", "must be a string");
     OJ args = OJ::object();
     if (f.contains("arguments") && !f["arguments"].is_null()) {
-      if (!f["arguments"].is_string()) bad(cn + ".function.arguments", "must be a string of JSON");
+      if (!f["arguments"].is_string()) bad_param(cn + ".function.arguments", "must be a string of JSON");
       args = OJ::parse(f["arguments"].get<std::string>(), nullptr, false);
-      if (!args.is_object()) bad(cn + ".function.arguments", "must be a JSON object");
+      if (!args.is_object()) bad_param(cn + ".function.arguments", "must be a JSON object");
     }
     OJ call = c;
     call["type"] = "function";
@@ -133,39 +129,39 @@ OJ parse_tool_calls(const OJ& calls, const std::string& name) {
 
 // tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
 void check_tools(const OJ& tools) {
-  if (!tools.is_array()) bad("tools", "must be a list");
+  if (!tools.is_array()) bad_param("tools", "must be a list");
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string tn = "tools[" + std::to_string(i) + "]";
     const OJ& t = tools[i];
-    if (!t.is_object() || t.value("type", OJ("")) != "function") bad(tn + ".type", "must be \"function\"");
-    if (!t.contains("function") || !t["function"].is_object()) bad(tn + ".function", "must be an object");
+    if (!t.is_object() || t.value("type", OJ("")) != "function") bad_param(tn + ".type", "must be \"function\"");
+    if (!t.contains("function") || !t["function"].is_object()) bad_param(tn + ".function", "must be an object");
     const OJ& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
-      bad(tn + ".function.name", "must be a non-empty string");
+      bad_param(tn + ".function.name", "must be a non-empty string");
     if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
-      bad(tn + ".function.parameters", "must be a JSON schema object");
+      bad_param(tn + ".function.parameters", "must be a JSON schema object");
   }
 }
 
 OJ parse_messages(const OJ& m) {
-  if (!m.is_array() || m.empty()) bad("messages", "must be a non-empty list");
+  if (!m.is_array() || m.empty()) bad_param("messages", "must be a non-empty list");
   OJ out = OJ::array();
   for (size_t i = 0; i < m.size(); ++i) {
     const std::string name = "messages[" + std::to_string(i) + "]";
-    if (!m[i].is_object()) bad(name, "must be an object");
+    if (!m[i].is_object()) bad_param(name, "must be an object");
     OJ msg = m[i];
-    if (!msg.contains("role") || !msg["role"].is_string()) bad(name + ".role", "must be a string");
+    if (!msg.contains("role") || !msg["role"].is_string()) bad_param(name + ".role", "must be a string");
     const std::string role = msg["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
-      bad(name + ".role", "must be system, user, assistant, tool or developer, got '" + role + "'");
-    if (!msg.contains("content") && role != "assistant") bad(name + ".content", "is required");
+      bad_param(name + ".role", "must be system, user, assistant, tool or developer, got '" + role + "'");
+    if (!msg.contains("content") && role != "assistant") bad_param(name + ".content", "is required");
     msg["content"] = content_text(msg.value("content", OJ(nullptr)), name + ".content");
     if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
-      if (role != "assistant") bad(name + ".tool_calls", "only an assistant message has tool_calls");
+      if (role != "assistant") bad_param(name + ".tool_calls", "only an assistant message has tool_calls");
       msg["tool_calls"] = parse_tool_calls(msg["tool_calls"], name + ".tool_calls");
     }
     if (msg.contains("tool_call_id") && !msg["tool_call_id"].is_null() && !msg["tool_call_id"].is_string())
-      bad(name + ".tool_call_id", "must be a string");
+      bad_param(name + ".tool_call_id", "must be a string");
     out.push_back(std::move(msg));
   }
   return out;
@@ -178,9 +174,9 @@ void check_fields(const OJ& j, bool chat) {
     const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
                                 [&](const RequestField& r) { return r.name == key; });
     if (f == std::end(kRequestFields) || f->endpoint == (chat ? kCompletions : kChat))
-      bad(key, std::string("unknown field for ") + (chat ? "/v1/chat/completions" : "/v1/completions") +
+      bad_param(key, std::string("unknown field for ") + (chat ? "/v1/chat/completions" : "/v1/completions") +
                    " (docs/server.md lists the fields this server takes)");
-    if (f->use == kRefused) bad(key, "is not supported by this server");
+    if (f->use == kRefused) bad_param(key, "is not supported by this server");
   }
 }
 
@@ -190,20 +186,20 @@ void default_only(const OJ& j, const char* key, bool (*ok)(const OJ&, const Comp
   if (!j.contains(key) || j[key].is_null() || ok(j[key], r)) return;
   const auto f = std::find_if(std::begin(kRequestFields), std::end(kRequestFields),
                               [&](const RequestField& x) { return x.name == key; });
-  bad(key, "only " + std::string(f->note) + " is supported, got " + j[key].dump());
+  bad_param(key, "only " + std::string(f->note) + " is supported, got " + j[key].dump());
 }
 
 // response_format: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
 // {"name", "schema", "strict", "description"}}; text is no constraint.
 std::optional<ConstraintSpec> parse_response_format(const OJ& f) {
-  if (!f.is_object()) bad("response_format", "must be an object with a \"type\"");
-  if (!f.contains("type") || !f["type"].is_string()) bad("response_format.type", "must be a string");
+  if (!f.is_object()) bad_param("response_format", "must be an object with a \"type\"");
+  if (!f.contains("type") || !f["type"].is_string()) bad_param("response_format.type", "must be a string");
   const std::string type = f["type"].get<std::string>();
   const auto only = [&](std::initializer_list<std::string_view> keys) {
     for (const auto& item : f.items()) {
       const std::string& key = item.key();
       if (std::find(keys.begin(), keys.end(), key) == keys.end() && !item.value().is_null())
-        bad("response_format." + key, "unknown field for type \"" + type + "\"");
+        bad_param("response_format." + key, "unknown field for type \"" + type + "\"");
     }
   };
   if (type == "text") {
@@ -215,20 +211,20 @@ std::optional<ConstraintSpec> parse_response_format(const OJ& f) {
     return ConstraintSpec{ConstraintSpec::Kind::kJsonObject, "", false};
   }
   if (type != "json_schema")
-    bad("response_format.type", "must be text, json_object or json_schema, got \"" + type + "\"");
+    bad_param("response_format.type", "must be text, json_object or json_schema, got \"" + type + "\"");
   only({"type", "json_schema"});
   if (!f.contains("json_schema") || !f["json_schema"].is_object())
-    bad("response_format.json_schema", "must be an object with a \"schema\"");
+    bad_param("response_format.json_schema", "must be an object with a \"schema\"");
   const OJ& js = f["json_schema"];
   for (const auto& item : js.items()) {
     const std::string& key = item.key();
     if (key != "name" && key != "schema" && key != "strict" && key != "description" && !item.value().is_null())
-      bad("response_format.json_schema." + key, "unknown field (name, schema, strict, description)");
+      bad_param("response_format.json_schema." + key, "unknown field (name, schema, strict, description)");
   }
   if (js.contains("name") && !js["name"].is_null() && !js["name"].is_string())
-    bad("response_format.json_schema.name", "must be a string");
+    bad_param("response_format.json_schema.name", "must be a string");
   if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
-    bad("response_format.json_schema.schema", "is required: a JSON Schema object");
+    bad_param("response_format.json_schema.schema", "is required: a JSON Schema object");
   ConstraintSpec spec{ConstraintSpec::Kind::kJsonSchema, js["schema"].dump(), false};
   if (js.contains("strict") && !js["strict"].is_null())
     spec.strict = boolean(js["strict"], "response_format.json_schema.strict");
@@ -236,8 +232,8 @@ std::optional<ConstraintSpec> parse_response_format(const OJ& f) {
 }
 
 std::vector<LogitBias> parse_logit_bias(const OJ& b) {
-  if (!b.is_object()) bad("logit_bias", "must be an object of token id (a string) to bias");
-  if (b.size() > 1024) bad("logit_bias", "at most 1024 entries");
+  if (!b.is_object()) bad_param("logit_bias", "must be an object of token id (a string) to bias");
+  if (b.size() > 1024) bad_param("logit_bias", "at most 1024 entries");
   std::vector<LogitBias> out;
   for (const auto& [key, value] : b.items()) {
     const std::string name = "logit_bias." + key;
@@ -250,7 +246,7 @@ std::vector<LogitBias> parse_logit_bias(const OJ& b) {
     }
     // The id's own spelling only: "5", "05" and "+5" would otherwise be three entries for one token.
     if (used == 0 || used != key.size() || id < 0 || id > INT32_MAX || key != std::to_string(id))
-      bad(name, "keys must be token ids in decimal, without sign or leading zeros");
+      bad_param(name, "keys must be token ids in decimal, without sign or leading zeros");
     out.push_back({int(id), float(number(value, name, -100, 100))});
   }
   return out;
@@ -293,14 +289,14 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   CompletionRequest r;
   r.chat = chat;
   if (j.contains("model")) {
-    if (!j["model"].is_string()) bad("model", "must be a string");
+    if (!j["model"].is_string()) bad_param("model", "must be a string");
     const std::string m = j["model"].get<std::string>();
     if (m != limits.model_id)
       throw ApiError(404, "model_not_found", "model '" + m + "' does not exist; this server serves '" +
                                                  limits.model_id + "'", "model");
   }
   if (chat) {
-    if (!j.contains("messages")) bad("messages", "is required");
+    if (!j.contains("messages")) bad_param("messages", "is required");
     r.messages = parse_messages(j["messages"]);
     if (j.contains("tools") && !j["tools"].is_null()) {
       check_tools(j["tools"]);
@@ -311,24 +307,24 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
       if (tc.is_object()) {  // {"type": "function", "function": {"name": N}}: one call of N, enforced
         if (tc.value("type", "") != "function" || !tc.contains("function") || !tc["function"].is_object() ||
             !tc["function"].contains("name") || !tc["function"]["name"].is_string())
-          bad("tool_choice", "a named function is {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + tc.dump());
+          bad_param("tool_choice", "a named function is {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + tc.dump());
         r.forced_tool = tc["function"]["name"].get<std::string>();
       } else if (tc == "required") {  // one or more calls, enforced
         r.forced_tool = "";
       } else if (tc == "none") {
         r.tools = nullptr;  // not offered: the template shows none, the reply is not parsed
       } else if (tc != "auto") {
-        bad("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
+        bad_param("tool_choice", "must be \"auto\", \"none\", \"required\" or a function");
       }
-      if (r.forced_tool && (r.tools.is_null() || r.tools.empty())) bad("tool_choice", "needs tools");
+      if (r.forced_tool && (r.tools.is_null() || r.tools.empty())) bad_param("tool_choice", "needs tools");
     }
     r.parse_tool_calls = !r.tools.is_null() && !r.tools.empty();
     if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
-      if (!j["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "must be an object");
+      if (!j["chat_template_kwargs"].is_object()) bad_param("chat_template_kwargs", "must be an object");
       r.template_kwargs = j["chat_template_kwargs"];
     }
   } else {
-    if (!j.contains("prompt")) bad("prompt", "is required");
+    if (!j.contains("prompt")) bad_param("prompt", "is required");
     const OJ& p = j["prompt"];
     if (p.is_string()) {
       r.prompt = p.get<std::string>();
@@ -338,7 +334,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
       for (size_t i = 0; i < p.size(); ++i)
         r.prompt_ids.push_back(int(integer(p[i], "prompt[" + std::to_string(i) + "]", 0, INT32_MAX)));
     } else {
-      bad("prompt", "must be a string, a list of one string, or a list of token ids");
+      bad_param("prompt", "must be a string, a list of one string, or a list of token ids");
     }
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"})
@@ -348,7 +344,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
     r.temperature = float(number(j["temperature"], "temperature", 0, 2));
   if (j.contains("top_p") && !j["top_p"].is_null()) {
     r.top_p = float(number(j["top_p"], "top_p", 0, 1));
-    if (r.top_p <= 0) bad("top_p", "must be > 0");
+    if (r.top_p <= 0) bad_param("top_p", "must be > 0");
   }
   if (j.contains("top_k") && !j["top_k"].is_null()) r.top_k = int(integer(j["top_k"], "top_k", 0, 1 << 20));
   if (j.contains("seed") && !j["seed"].is_null()) r.seed = uint64_t(integer(j["seed"], "seed", INT64_MIN, INT64_MAX));
@@ -357,14 +353,14 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   if (given("min_p")) r.min_p = float(number(j["min_p"], "min_p", 0, 1));
   if (given("typical_p")) {
     r.typical_p = float(number(j["typical_p"], "typical_p", 0, 1));
-    if (r.typical_p <= 0) bad("typical_p", "must be > 0");
+    if (r.typical_p <= 0) bad_param("typical_p", "must be > 0");
   }
   if (given("repeat_penalty") && given("repetition_penalty"))
-    bad("repetition_penalty", "give repeat_penalty or repetition_penalty, not both");
+    bad_param("repetition_penalty", "give repeat_penalty or repetition_penalty, not both");
   for (const char* key : {"repeat_penalty", "repetition_penalty"})
     if (given(key)) {
       r.repeat_penalty = float(number(j[key], key, 0, 10));
-      if (r.repeat_penalty <= 0) bad(key, "must be > 0");
+      if (r.repeat_penalty <= 0) bad_param(key, "must be > 0");
     }
   if (given("repeat_last_n")) r.repeat_last_n = int(integer(j["repeat_last_n"], "repeat_last_n", -1, 1 << 24));
   if (given("presence_penalty")) r.presence_penalty = float(number(j["presence_penalty"], "presence_penalty", -2, 2));
@@ -381,22 +377,22 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   }
   if (given("top_logprobs")) {
     r.top_logprobs = int(integer(j["top_logprobs"], "top_logprobs", 0, 20));
-    if (!r.logprobs) bad("top_logprobs", "needs logprobs: true");
+    if (!r.logprobs) bad_param("top_logprobs", "needs logprobs: true");
   }
-  if (given("user") && !j["user"].is_string()) bad("user", "must be a string");
+  if (given("user") && !j["user"].is_string()) bad_param("user", "must be a string");
   if (j.contains("stream") && !j["stream"].is_null()) r.stream = boolean(j["stream"], "stream");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const OJ& so = j["stream_options"];
-    if (!so.is_object()) bad("stream_options", "must be an object");
+    if (!so.is_object()) bad_param("stream_options", "must be an object");
     for (const auto& [key, value] : so.items())
-      if (key != "include_usage" && !value.is_null()) bad("stream_options." + key, "unknown field (only include_usage)");
+      if (key != "include_usage" && !value.is_null()) bad_param("stream_options." + key, "unknown field (only include_usage)");
     if (so.contains("include_usage")) r.include_usage = boolean(so["include_usage"], "stream_options.include_usage");
   }
   if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) r.ignore_eos = boolean(j["ignore_eos"], "ignore_eos");
   if (j.contains("replay_request") && !j["replay_request"].is_null())
     r.replay_request = integer(j["replay_request"], "replay_request", 0, INT64_MAX);
   if (given("forced_output")) {
-    if (!j["forced_output"].is_string()) bad("forced_output", "must be a string");
+    if (!j["forced_output"].is_string()) bad_param("forced_output", "must be a string");
     r.forced_output = j["forced_output"].get<std::string>();
   }
   if (j.contains("stop") && !j["stop"].is_null()) {
@@ -405,14 +401,14 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
       r.stop.push_back(s.get<std::string>());
     } else if (s.is_array() && s.size() <= 4) {
       for (size_t i = 0; i < s.size(); ++i) {
-        if (!s[i].is_string()) bad("stop[" + std::to_string(i) + "]", "must be a string");
+        if (!s[i].is_string()) bad_param("stop[" + std::to_string(i) + "]", "must be a string");
         r.stop.push_back(s[i].get<std::string>());
       }
     } else {
-      bad("stop", "must be a string or a list of at most 4 strings");
+      bad_param("stop", "must be a string or a list of at most 4 strings");
     }
     for (const auto& s1 : r.stop)
-      if (s1.empty()) bad("stop", "stop strings must not be empty");
+      if (s1.empty()) bad_param("stop", "stop strings must not be empty");
   }
   default_only(j, "echo", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   default_only(j, "best_of", [](const OJ& v, const CompletionRequest& r) { return v == r.n; }, r);
@@ -423,16 +419,16 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat, c
   }
   if (given("grammar")) {
     if (!j["grammar"].is_string() || j["grammar"].get<std::string>().empty())
-      bad("grammar", "must be a non-empty string (xgrammar EBNF, docs/server.md)");
-    if (r.constraint) bad("grammar", "give response_format (json_object/json_schema) or grammar, not both");
+      bad_param("grammar", "must be a non-empty string (xgrammar EBNF, docs/server.md)");
+    if (r.constraint) bad_param("grammar", "give response_format (json_object/json_schema) or grammar, not both");
     r.constraint = ConstraintSpec{ConstraintSpec::Kind::kGrammar, j["grammar"].get<std::string>(), true};
     r.constraint_field = "grammar";
   }
   if (r.forced_tool && r.constraint)
-    bad("tool_choice", "cannot be combined with " + r.constraint_field + " (both constrain the reply)");
-  if (r.forced_tool && r.ignore_eos) bad("ignore_eos", "cannot be combined with tool_choice");
+    bad_param("tool_choice", "cannot be combined with " + r.constraint_field + " (both constrain the reply)");
+  if (r.forced_tool && r.ignore_eos) bad_param("ignore_eos", "cannot be combined with tool_choice");
   if (r.constraint && r.ignore_eos)
-    bad("ignore_eos", "cannot be combined with " + r.constraint_field + ": a constrained output ends at the model's end token");
+    bad_param("ignore_eos", "cannot be combined with " + r.constraint_field + ": a constrained output ends at the model's end token");
   default_only(j, "parallel_tool_calls", [](const OJ& v, const CompletionRequest&) { return v == true; }, r);
   default_only(j, "store", [](const OJ& v, const CompletionRequest&) { return v == false; }, r);
   return r;

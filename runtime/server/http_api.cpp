@@ -1,6 +1,8 @@
-// Implementation of runtime/server/http_api.h: routing, authentication, request -> job, JSON and
-// server-sent-event responses. Generation itself runs on the JobQueue's worker (EngineSession).
+// Implementation of runtime/server/http_api.h: authentication, request -> job, JSON and server-sent-event
+// responses (the route table: http_api_routes.cpp; the Anthropic messages route: http_api_messages.cpp;
+// the state they share: http_api_impl.h). Generation itself runs on the JobQueue's worker (EngineSession).
 #include "runtime/server/http_api.h"
+#include "runtime/server/http_api_impl.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -15,8 +17,8 @@
 #include <thread>
 
 #include "runtime/server/anthropic_api.h"
-#include "runtime/server/client_connection.h"
 #include "runtime/tokenizer/model_tokenizer.h"
+#include "runtime/server/client_connection.h"
 #include "runtime/server/completion_request.h"
 #include "runtime/server/batch_scheduler.h"
 #include "runtime/server/connection_queue.h"
@@ -37,17 +39,19 @@ using json = nlohmann::json;
 using OJ = nlohmann::ordered_json;
 using namespace std::chrono_literals;
 
-void send_json(httplib::Response& res, int status, const json& body) {
+}  // namespace
+
+void ApiServer::Impl::send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void ApiServer::Impl::send_error(httplib::Response& res, const ApiError& e) {
   send_json(res, e.status(), e.body());
   if (e.status() == 503) res.set_header("Retry-After", "1");
 }
 
-std::string new_id(const char* prefix) {
+std::string ApiServer::Impl::new_id(const char* prefix) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
   char buf[64];
@@ -56,622 +60,412 @@ std::string new_id(const char* prefix) {
   return buf;
 }
 
-}  // namespace
+ApiServer::Impl::Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
+    : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
+      session(m, t, metrics, opts.prefix_reuse),
+      eos_ids(end_of_turn_ids(m.config().eos_token_id, t)), constraints(t, m.config().vocab_size, eos_ids) {
+  if (opts.replay) replays.emplace(opts.replay);
+  session.set_request_start_hook(opts.on_request_start);
+  session.set_replays(replays ? &*replays : nullptr);
+  if (opts.parallel > 1) {
+    auto batch = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
+    batch->set_request_start_hook(opts.on_request_start);
+    batch->set_replays(replays ? &*replays : nullptr);
+    queue = std::move(batch);
+  } else
+    queue = std::make_unique<JobQueue>(opts.queue_size, [this](Job& j) { session.run(j); },
+                                       [this](const Job&) { metrics.request_cancelled_waiting(); });
+  routes();
+}
 
-struct ApiServer::Impl {
-  ServerOptions opts;
-  Model& model;
-  const Tokenizer* tok;  // null: token ids in and out
-  std::optional<ChatPrompt> chat;
-  ServerMetrics metrics;
-  std::optional<RequestReplays> replays;  // --replay-routing
-  EngineSession session;
-  std::unique_ptr<JobRunner> queue;  // JobQueue over session, or a BatchScheduler (--parallel)
-  httplib::Server http;
-  std::vector<int> eos_ids;
-  const std::time_t started = std::time(nullptr);
-  std::atomic<bool> stopping{false};
-  std::atomic<int> open_streams{0};  // SSE responses not yet fully written
-  RequestConstraints constraints;  // response_format, grammar, forced tool_choice
+ServerOptions ApiServer::Impl::no_reuse_with_replay(ServerOptions o) {
+  if (o.replay) o.prefix_reuse = false;
+  return o;
+}
 
-  Impl(ServerOptions o, Model& m, const Tokenizer* t, std::optional<ChatPrompt> c)
-      : opts(no_reuse_with_replay(std::move(o))), model(m), tok(t), chat(std::move(c)),
-        session(m, t, metrics, opts.prefix_reuse),
-        eos_ids(end_of_turn_ids(m.config().eos_token_id, t)), constraints(t, m.config().vocab_size, eos_ids) {
-    if (opts.replay) replays.emplace(opts.replay);
-    session.set_request_start_hook(opts.on_request_start);
-    session.set_replays(replays ? &*replays : nullptr);
-    if (opts.parallel > 1) {
-      auto batch = std::make_unique<BatchScheduler>(m, t, metrics, opts.queue_size, opts.parallel, opts.prefix_reuse);
-      batch->set_request_start_hook(opts.on_request_start);
-      batch->set_replays(replays ? &*replays : nullptr);
-      queue = std::move(batch);
-    } else
-      queue = std::make_unique<JobQueue>(opts.queue_size, [this](Job& j) { session.run(j); },
-                                         [this](const Job&) { metrics.request_cancelled_waiting(); });
-    routes();
-  }
+bool ApiServer::Impl::has_body(const httplib::Request& req) {
+  return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) != 0 ||
+         req.has_header("Transfer-Encoding");
+}
 
-  // A cached prefix was computed under the replay of the request that left it: another request
-  // replays other experts, so its output would depend on what ran before it.
-  static ServerOptions no_reuse_with_replay(ServerOptions o) {
-    if (o.replay) o.prefix_reuse = false;
-    return o;
-  }
-
-  static bool has_body(const httplib::Request& req) {
-    return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) != 0 ||
-           req.has_header("Transfer-Encoding");
-  }
-
-  // Answers 503 (an overflow connection) or 401 (a wrong API key) when due; false when the request
-  // may go on.
-  bool refuse(const httplib::Request& req, httplib::Response& res) {
-    if (ConnectionQueue::overloaded()) {
-      // Every HTTP thread is busy and the connection FIFO is full: this runs on an overflow
-      // thread (or the accept thread); answer at once and close the connection.
-      metrics.request_rejected();
-      send_error(res, ApiError(503, "server_overloaded",
-                               "the server is busy: all HTTP connections are in use; retry later"));
-      res.set_header("Connection", "close");
-      return true;
-    }
-    // A CORS preflight never carries credentials.
-    if (req.path == "/health" || req.method == "OPTIONS" || authorized(req)) return false;
-    metrics.client_error();
-    send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
+bool ApiServer::Impl::refuse(const httplib::Request& req, httplib::Response& res) {
+  if (ConnectionQueue::overloaded()) {
+    // Every HTTP thread is busy and the connection FIFO is full: this runs on an overflow
+    // thread (or the accept thread); answer at once and close the connection.
+    metrics.request_rejected();
+    send_error(res, ApiError(503, "server_overloaded",
+                             "the server is busy: all HTTP connections are in use; retry later"));
+    res.set_header("Connection", "close");
     return true;
   }
+  // A CORS preflight never carries credentials.
+  if (req.path == "/health" || req.method == "OPTIONS" || authorized(req)) return false;
+  metrics.client_error();
+  send_json(res, 401, ApiError(401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer KEY'").body());
+  return true;
+}
 
-  bool authorized(const httplib::Request& req) const {
-    if (opts.api_key.empty()) return true;
-    const std::string want = "Bearer " + opts.api_key;
-    return req.get_header_value("Authorization") == want || req.get_header_value("x-api-key") == opts.api_key;
-  }
+bool ApiServer::Impl::authorized(const httplib::Request& req) const {
+  if (opts.api_key.empty()) return true;
+  const std::string want = "Bearer " + opts.api_key;
+  return req.get_header_value("Authorization") == want || req.get_header_value("x-api-key") == opts.api_key;
+}
 
-  void routes() {
-    const int threads = opts.http_threads > 0 ? opts.http_threads : int(opts.queue_size) + std::max(1, opts.parallel) + 3;
-    const size_t waiting = opts.max_waiting_connections > 0 ? opts.max_waiting_connections : 2 * size_t(threads);
-    http.new_task_queue = [threads, waiting] { return new ConnectionQueue(size_t(threads), waiting); };
-    http.set_payload_max_length(opts.max_body_bytes);
-    // An idle keep-alive connection holds a pool thread and delays shutdown by this much.
-    http.set_keep_alive_timeout(1);
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      // httplib runs this before it reads the body. An answer now would close the socket with the
-      // body unread, and the kernel then resets the connection: the client may see the reset, not
-      // our answer. Requests with a body are answered by their route once it is read (read_body(),
-      // then refuse()).
-      if (req.method == "PRI") {  // an HTTP/2 preface: httplib would read its body unbounded
-        metrics.client_error();
-        send_json(res, 400, ApiError(400, "unsupported_protocol", "this server speaks HTTP/1.1 only").body());
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      if (has_body(req) || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      return refuse(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
-    });
-    // httplib answers 404 (no route) and 413 (body over the limit) itself; give them JSON bodies.
-    http.set_error_handler(httplib::Server::HandlerWithResponse(
-        [this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      metrics.client_error();
-      std::string code = "error", msg = "HTTP " + std::to_string(res.status);
-      if (res.status == 404) code = "not_found", msg = "no such endpoint: " + req.method + " " + req.path;
-      if (res.status == 413) {
-        send_json(res, 413, body_too_large().body());
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      send_json(res, res.status, ApiError(res.status, code, msg).body());
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      metrics.request_failed();
-      send_json(res, 500, internal_error("internal_error", what).body());
-    });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      send_json(res, stopping ? 503 : 200, json{{"status", stopping ? "shutting_down" : "ok"}});
-    });
-    // A GET with a body skipped refuse() before routing.
-    const json model_object{{"id", opts.model_id}, {"object", "model"}, {"created", started},
-                            {"owned_by", "moestream"}, {"max_model_len", model.max_context()}};
-    http.Get("/v1/models", [this, model_object](const httplib::Request& req, httplib::Response& res) {
-      if (refuse(req, res)) return;
-      send_json(res, 200, json{{"object", "list"}, {"data", json::array({model_object})}});
-    });
-    http.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& req, httplib::Response& res) {
-      if (refuse(req, res)) return;
-      if (req.matches[1] == opts.model_id) return send_json(res, 200, model_object);
-      metrics.client_error();
-      send_error(res, ApiError(404, "model_not_found", "model '" + req.matches[1].str() + "' does not exist; this "
-                               "server serves '" + opts.model_id + "'", "model"));
-    });
-    enable_cors(http, opts.cors_origins);
-    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-      if (refuse(req, res)) return;
-      res.set_content(metrics.prometheus(queue->waiting(), queue->running(), queue->capacity()) +
-                          metrics.prometheus_engine(queue->running_count()),
-                      "text/plain; version=0.0.4");
-    });
-    // Bodies come through content readers: httplib bounds a Content-Length body by
-    // set_payload_max_length, but would read a chunked one whole, however large.
-    using Reader = httplib::ContentReader;
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
-      std::string body;
-      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, false);
-    });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
-      std::string body;
-      if (read_body(req, res, reader, body) && !refuse(req, res)) handle(req, body, res, true);
-    });
-    http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
-      std::string body;
-      if (read_body(req, res, reader, body) && !refuse(req, res)) handle_messages(req, body, res);
-    });
-    const auto tokenize_route = [this](json (*reply)(const std::string&, const TokenizeContext&)) {
-      return [this, reply](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
-        std::string body;
-        if (!read_body(req, res, reader, body) || refuse(req, res)) return;
-        try {
-          send_json(res, 200, reply(body, TokenizeContext{tok, chat ? &*chat : nullptr, opts.model_id,
-                                                          model.max_context(), model.config().vocab_size}));
-        } catch (const ApiError& e) {
-          metrics.client_error();
-          send_error(res, e);
-        }
-      };
-    };
-    http.Post("/tokenize", tokenize_route(tokenize_reply));
-    http.Post("/detokenize", tokenize_route(detokenize_reply));
-    // Every other request with a body: read it (bounded, so that closing does not reset the
-    // connection), then 404.
-    auto not_found = [this](const httplib::Request& req, httplib::Response& res, const Reader& reader) {
-      std::string body;
-      if (!read_body(req, res, reader, body) || refuse(req, res)) return;
-      metrics.client_error();
-      send_json(res, 404, ApiError(404, "not_found", "no such endpoint: " + req.method + " " + req.path).body());
-    };
-    http.Post(".*", not_found);
-    http.Put(".*", not_found);
-    http.Patch(".*", not_found);
-    http.Delete(".*", not_found);
-  }
+ReplyFormat ApiServer::Impl::reply_format() const {
+  return opts.reply_format ? *opts.reply_format : chat ? chat->reply_format() : ReplyFormat::kPlain;
+}
 
-  ReplyFormat reply_format() const {
-    return opts.reply_format ? *opts.reply_format : chat ? chat->reply_format() : ReplyFormat::kPlain;
-  }
+ReplyParser ApiServer::Impl::reply_parser(bool chat_endpoint, ReplyParserOptions o) const {
+  o.id_prefix = new_id("call") + "-";
+  return ReplyParser(chat_endpoint ? reply_format() : ReplyFormat::kPlain, std::move(o));
+}
 
-  // A chat reply's parser (plain text for completions); call ids unique to the choice.
-  ReplyParser reply_parser(bool chat_endpoint, ReplyParserOptions o) const {
-    o.id_prefix = new_id("call") + "-";
-    return ReplyParser(chat_endpoint ? reply_format() : ReplyFormat::kPlain, std::move(o));
-  }
-
-  // Request -> job parameters; throws ApiError for anything the client got wrong. `reply` gets
-  // what the chat reply's parser needs to know of the request and its prompt.
-  JobParams job_params(const CompletionRequest& r, ReplyParserOptions* reply = nullptr) {
-    JobParams p;
-    if (!tok && (r.chat || r.prompt_ids.empty()))
-      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: send the prompt to /v1/completions as a "
-                     "list of token ids", r.chat ? "messages" : "prompt");
-    if (!tok && !r.stop.empty())
-      throw ApiError(400, "no_tokenizer", "this model has no tokenizer: stop strings cannot be matched", "stop");
-    if (r.chat) {
-      if (!chat || !chat->has_template())
-        throw ApiError(400, "no_chat_template", "this model has no chat template; use /v1/completions");
-      std::string text;
-      try {
-        text = chat->render(r.messages, true, r.tools, r.template_kwargs);
-      } catch (const ChatTemplateError& e) {
-        throw ApiError(400, "chat_template_error", e.what(), "messages");
-      }
-      try {
-        for (int32_t id : tok->encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
-      } catch (const Error& e) {
-        throw ApiError(400, "invalid_text", e.what(), "messages");
-      }
-      p.keep_special_tokens = reply_format() != ReplyFormat::kPlain;  // the parser takes the markup apart
-      if (reply) {
-        reply->parse_tool_calls = r.parse_tool_calls;
-        reply->tools = r.tools;
-        reply->starts_in_reasoning = prompt_opens_reasoning(text);
-      }
-    } else if (!r.prompt_ids.empty()) {
-      for (int id : r.prompt_ids)
-        if (id >= model.config().vocab_size)
-          throw ApiError(400, "invalid_request_error", "prompt: token id " + std::to_string(id) +
-                                                           " is outside the vocabulary of " +
-                                                           std::to_string(model.config().vocab_size), "prompt");
-      p.prompt = r.prompt_ids;
-    } else {
-      try {
-        for (int32_t id : tok->encode(r.prompt, /*add_special_tokens=*/true)) p.prompt.push_back(id);
-      } catch (const Error& e) {
-        throw ApiError(400, "invalid_text", e.what(), "prompt");
-      }
+JobParams ApiServer::Impl::job_params(const CompletionRequest& r, ReplyParserOptions* reply) {
+  JobParams p;
+  if (!tok && (r.chat || r.prompt_ids.empty()))
+    throw ApiError(400, "no_tokenizer", "this model has no tokenizer: send the prompt to /v1/completions as a "
+                   "list of token ids", r.chat ? "messages" : "prompt");
+  if (!tok && !r.stop.empty())
+    throw ApiError(400, "no_tokenizer", "this model has no tokenizer: stop strings cannot be matched", "stop");
+  if (r.chat) {
+    if (!chat || !chat->has_template())
+      throw ApiError(400, "no_chat_template", "this model has no chat template; use /v1/completions");
+    std::string text;
+    try {
+      text = chat->render(r.messages, true, r.tools, r.template_kwargs);
+    } catch (const ChatTemplateError& e) {
+      throw ApiError(400, "chat_template_error", e.what(), "messages");
     }
-    if (p.prompt.empty()) throw ApiError(400, "empty_prompt", "the prompt encodes to no tokens", r.chat ? "messages" : "prompt");
-    const int ctx = model.max_context();
-    const int n_prompt = int(p.prompt.size());
-    if (n_prompt >= ctx)
-      throw ApiError(400, "context_length_exceeded", "the prompt has " + std::to_string(n_prompt) +
-                     " tokens; the context holds " + std::to_string(ctx) + " (prompt + max_tokens)",
-                     r.chat ? "messages" : "prompt");
-    p.max_tokens = r.max_tokens ? *r.max_tokens : std::min(opts.default_max_tokens, ctx - n_prompt);
-    if (n_prompt + p.max_tokens > ctx)
-      throw ApiError(400, "context_length_exceeded", "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
-                     std::to_string(p.max_tokens) + ") exceed the context of " + std::to_string(ctx), "max_tokens");
-    p.sampler.temperature = r.temperature;
-    p.sampler.top_p = r.top_p;
-    p.sampler.top_k = r.top_k;
-    p.sampler.seed = r.seed ? *r.seed : std::random_device{}();
-    p.sampler.min_p = r.min_p;
-    p.sampler.typical_p = r.typical_p;
-    p.sampler.repeat_penalty = r.repeat_penalty;
-    p.sampler.repeat_last_n = r.repeat_last_n;
-    p.sampler.presence_penalty = r.presence_penalty;
-    p.sampler.frequency_penalty = r.frequency_penalty;
-    p.sampler.logit_bias = r.logit_bias;
-    size_t bans = 0;
-    for (const LogitBias& b : r.logit_bias) {
-      if (b.id >= model.config().vocab_size)
-        throw ApiError(400, "invalid_request_error", "logit_bias: token id " + std::to_string(b.id) +
-                       " is outside the vocabulary of " + std::to_string(model.config().vocab_size),
-                       "logit_bias." + std::to_string(b.id));
-      bans += b.bias == kLogitBan;
+    try {
+      for (int32_t id : tok->encode(text, /*add_special_tokens=*/false)) p.prompt.push_back(id);
+    } catch (const Error& e) {
+      throw ApiError(400, "invalid_text", e.what(), "messages");
     }
-    if (bans >= size_t(model.config().vocab_size))
-      throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
-    p.logprobs = r.logprobs ? r.top_logprobs : -1;
-    if (!r.ignore_eos) p.stop_ids = eos_ids;
-    p.constraint = constraints.compile(r, reply_format(), p.prompt);
-    if (r.forced_output) {
-      if (!opts.allow_forced_output)
-        throw ApiError(400, "invalid_request_error", "forced_output is a test hook: the server must run with " +
-                       option_ref("test_forced_output"), "forced_output");
-      if (!tok) throw ApiError(400, "no_tokenizer", "forced_output needs a tokenizer", "forced_output");
-      for (int32_t id : tok->encode(*r.forced_output, /*add_special_tokens=*/false)) p.forced.push_back(id);
-      if (!eos_ids.empty()) p.forced.push_back(eos_ids[0]);  // then the turn ends
+    p.keep_special_tokens = reply_format() != ReplyFormat::kPlain;  // the parser takes the markup apart
+    if (reply) {
+      reply->parse_tool_calls = r.parse_tool_calls;
+      reply->tools = r.tools;
+      reply->starts_in_reasoning = prompt_opens_reasoning(text);
     }
-    p.stop = r.stop;
-    if (r.replay_request) {
-      if (!replays)
-        throw ApiError(400, "invalid_request_error", "replay_request needs a server started with " + option_ref("replay_routing"),
-                       "replay_request");
-      if (uint64_t(*r.replay_request) >= replays->n_requests())
-        throw ApiError(400, "invalid_request_error", "replay_request " + std::to_string(*r.replay_request) +
-                       " is outside the routing log's " + std::to_string(replays->n_requests()) + " requests",
-                       "replay_request");
-      p.replay_request = size_t(*r.replay_request);
+  } else if (!r.prompt_ids.empty()) {
+    for (int id : r.prompt_ids)
+      if (id >= model.config().vocab_size)
+        throw ApiError(400, "invalid_request_error", "prompt: token id " + std::to_string(id) +
+                                                         " is outside the vocabulary of " +
+                                                         std::to_string(model.config().vocab_size), "prompt");
+    p.prompt = r.prompt_ids;
+  } else {
+    try {
+      for (int32_t id : tok->encode(r.prompt, /*add_special_tokens=*/true)) p.prompt.push_back(id);
+    } catch (const Error& e) {
+      throw ApiError(400, "invalid_text", e.what(), "prompt");
     }
-    return p;
   }
-
-
-  // `body`: chat, the delta object; completions, the text.
-  json chunk(bool chat, const std::string& id, size_t index, json body, const json& finish,
-             const std::vector<int>& ids = {}, const json& logprobs = nullptr) const {
-    json choice{{"index", index}, {"finish_reason", finish}};
-    if (chat) {
-      choice["delta"] = std::move(body);
-      if (!logprobs.is_null()) choice["logprobs"] = logprobs;
-    } else {
-      choice["text"] = std::move(body);
-      choice["logprobs"] = logprobs;
-      if (!tok) choice["token_ids"] = ids;
-    }
-    return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", std::time(nullptr)}, {"model", opts.model_id}, {"choices", json::array({choice})}};
+  if (p.prompt.empty()) throw ApiError(400, "empty_prompt", "the prompt encodes to no tokens", r.chat ? "messages" : "prompt");
+  const int ctx = model.max_context();
+  const int n_prompt = int(p.prompt.size());
+  if (n_prompt >= ctx)
+    throw ApiError(400, "context_length_exceeded", "the prompt has " + std::to_string(n_prompt) +
+                   " tokens; the context holds " + std::to_string(ctx) + " (prompt + max_tokens)",
+                   r.chat ? "messages" : "prompt");
+  p.max_tokens = r.max_tokens ? *r.max_tokens : std::min(opts.default_max_tokens, ctx - n_prompt);
+  if (n_prompt + p.max_tokens > ctx)
+    throw ApiError(400, "context_length_exceeded", "prompt (" + std::to_string(n_prompt) + " tokens) + max_tokens (" +
+                   std::to_string(p.max_tokens) + ") exceed the context of " + std::to_string(ctx), "max_tokens");
+  p.sampler.temperature = r.temperature;
+  p.sampler.top_p = r.top_p;
+  p.sampler.top_k = r.top_k;
+  p.sampler.seed = r.seed ? *r.seed : std::random_device{}();
+  p.sampler.min_p = r.min_p;
+  p.sampler.typical_p = r.typical_p;
+  p.sampler.repeat_penalty = r.repeat_penalty;
+  p.sampler.repeat_last_n = r.repeat_last_n;
+  p.sampler.presence_penalty = r.presence_penalty;
+  p.sampler.frequency_penalty = r.frequency_penalty;
+  p.sampler.logit_bias = r.logit_bias;
+  size_t bans = 0;
+  for (const LogitBias& b : r.logit_bias) {
+    if (b.id >= model.config().vocab_size)
+      throw ApiError(400, "invalid_request_error", "logit_bias: token id " + std::to_string(b.id) +
+                     " is outside the vocabulary of " + std::to_string(model.config().vocab_size),
+                     "logit_bias." + std::to_string(b.id));
+    bans += b.bias == kLogitBan;
   }
-
-  static std::string sse(const json& j) {
-    return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  if (bans >= size_t(model.config().vocab_size))
+    throw ApiError(400, "invalid_request_error", "logit_bias bans every token", "logit_bias");
+  p.logprobs = r.logprobs ? r.top_logprobs : -1;
+  if (!r.ignore_eos) p.stop_ids = eos_ids;
+  p.constraint = constraints.compile(r, reply_format(), p.prompt);
+  if (r.forced_output) {
+    if (!opts.allow_forced_output)
+      throw ApiError(400, "invalid_request_error", "forced_output is a test hook: the server must run with " +
+                     option_ref("test_forced_output"), "forced_output");
+    if (!tok) throw ApiError(400, "no_tokenizer", "forced_output needs a tokenizer", "forced_output");
+    for (int32_t id : tok->encode(*r.forced_output, /*add_special_tokens=*/false)) p.forced.push_back(id);
+    if (!eos_ids.empty()) p.forced.push_back(eos_ids[0]);  // then the turn ends
   }
-
-  ApiError body_too_large() const {
-    return ApiError(413, "body_too_large", "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) +
-                                               " bytes");
+  p.stop = r.stop;
+  if (r.replay_request) {
+    if (!replays)
+      throw ApiError(400, "invalid_request_error", "replay_request needs a server started with " + option_ref("replay_routing"),
+                     "replay_request");
+    if (uint64_t(*r.replay_request) >= replays->n_requests())
+      throw ApiError(400, "invalid_request_error", "replay_request " + std::to_string(*r.replay_request) +
+                     " is outside the routing log's " + std::to_string(replays->n_requests()) + " requests",
+                     "replay_request");
+    p.replay_request = size_t(*r.replay_request);
   }
+  return p;
+}
 
-  // Reads the whole body, at most opts.max_body_bytes; false when an error was answered.
-  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                 std::string& body) {
-    if (req.is_multipart_form_data()) {  // httplib would need a multipart receiver
-      metrics.client_error();
-      send_json(res, 415, ApiError(415, "unsupported_media_type", "the request body must be JSON, not multipart "
-                                   "form data").body());
-      return false;
-    }
-    bool too_large = false;
-    const bool ok = reader([&](const char* data, size_t n) {
-      if (n > opts.max_body_bytes - body.size()) {
-        too_large = true;
-        return false;
-      }
-      body.append(data, n);
-      return true;
-    });
-    if (ok) return true;
+json ApiServer::Impl::chunk(bool chat, const std::string& id, size_t index, json body, const json& finish,
+                            const std::vector<int>& ids, const json& logprobs) const {
+  json choice{{"index", index}, {"finish_reason", finish}};
+  if (chat) {
+    choice["delta"] = std::move(body);
+    if (!logprobs.is_null()) choice["logprobs"] = logprobs;
+  } else {
+    choice["text"] = std::move(body);
+    choice["logprobs"] = logprobs;
+    if (!tok) choice["token_ids"] = ids;
+  }
+  return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", std::time(nullptr)}, {"model", opts.model_id}, {"choices", json::array({choice})}};
+}
+
+std::string ApiServer::Impl::sse(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+ApiError ApiServer::Impl::body_too_large() const {
+  return ApiError(413, "body_too_large", "request body exceeds the limit of " + std::to_string(opts.max_body_bytes) +
+                                             " bytes");
+}
+
+bool ApiServer::Impl::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                                std::string& body) {
+  if (req.is_multipart_form_data()) {  // httplib would need a multipart receiver
     metrics.client_error();
-    if (too_large || res.status == 413) send_json(res, 413, body_too_large().body());
-    else send_json(res, 400, ApiError(400, "invalid_body", "the request body could not be read: cut off, or a "
-                                      "malformed chunked encoding").body());
+    send_json(res, 415, ApiError(415, "unsupported_media_type", "the request body must be JSON, not multipart "
+                                 "form data").body());
     return false;
   }
-
-  // One job per choice (n), choice i sampling with seed + i, so a seeded request is reproducible;
-  // they run as any requests do (side by side with --parallel). All or none are queued.
-  std::vector<std::shared_ptr<Job>> submit_choices(const CompletionRequest& r, ReplyParserOptions* reply = nullptr) {
-    const size_t most = queue->capacity() + size_t(std::max(1, opts.parallel));
-    if (size_t(r.n) > most)
-      throw ApiError(400, "invalid_request_error", "n: " + std::to_string(r.n) + " choices exceed the " +
-                     std::to_string(most) + " requests this server holds at once (" + option_ref("queue_size") + " + " + option_ref("parallel") + ")", "n");
-    const JobParams base = job_params(r, reply);
-    std::vector<std::shared_ptr<Job>> jobs;
-    for (int i = 0; i < r.n; ++i) {
-      JobParams p = base;
-      if (i > 0) p.sampler.seed = r.seed ? *r.seed + uint64_t(i) : std::random_device{}();
-      jobs.push_back(std::make_shared<Job>(std::move(p)));
-      if (!queue->submit(jobs.back())) {
-        for (const auto& j : jobs) queue->cancel(j);
-        metrics.request_rejected();
-        throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue->capacity()) +
-                                              " requests are already waiting; retry later");
-      }
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (n > opts.max_body_bytes - body.size()) {
+      too_large = true;
+      return false;
     }
-    return jobs;
-  }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return true;
+  metrics.client_error();
+  if (too_large || res.status == 413) send_json(res, 413, body_too_large().body());
+  else send_json(res, 400, ApiError(400, "invalid_body", "the request body could not be read: cut off, or a "
+                                    "malformed chunked encoding").body());
+  return false;
+}
 
-  // News from the unfinished jobs (done[i] is set as each ends): every one is asked at once, and
-  // only when none has any is the first unfinished one waited on, up to `timeout`.
-  static std::vector<Job::Update> poll(const std::vector<std::shared_ptr<Job>>& jobs, std::vector<char>& done,
-                                       std::chrono::milliseconds timeout) {
-    std::vector<Job::Update> out(jobs.size());
-    bool news = false;
-    for (int pass = 0; pass < 2 && !news; ++pass)
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        if (done[i]) continue;
-        out[i] = jobs[i]->wait(pass == 0 ? 0ms : timeout);
-        done[i] = out[i].done;
-        news = news || out[i].done || !out[i].text.empty() || !out[i].ids.empty() || !out[i].tokens.empty();
-        if (pass == 1) break;
-      }
-    return out;
-  }
-
-  static bool all(const std::vector<char>& done) { return std::find(done.begin(), done.end(), 0) == done.end(); }
-
-  static std::vector<JobResult> results(const std::vector<std::shared_ptr<Job>>& jobs) {
-    std::vector<JobResult> rs;
-    for (const auto& j : jobs) rs.push_back(*j->result());
-    return rs;
-  }
-
-  // `body`: the request's, read by read_body.
-  void handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
-    std::vector<std::shared_ptr<Job>> jobs;
-    CompletionRequest r;
-    ReplyParserOptions reply;
-    try {
-      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
-      r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
-      jobs = submit_choices(r, &reply);
-    } catch (const ApiError& e) {
-      if (e.status() < 500) metrics.client_error();
-      send_error(res, e);
-      return;
-    }
-    const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
-    if (r.stream) stream(jobs, id, chat_endpoint, r, reply, res);
-    else respond(req, jobs, id, chat_endpoint, r, reply, res);
-  }
-
-  struct Collected {
-    std::vector<std::string> text;
-    std::vector<std::vector<int>> ids;
-    std::vector<std::vector<SampledToken>> tokens;
-  };
-
-  // Waits for the jobs' whole output; false (and the jobs cancelled) when the client left.
-  bool collect(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, httplib::Response& res,
-               Collected& c) {
-    // Nothing is written until the end, so a client that leaves is seen by probing its socket:
-    // between tokens, and every 100 ms while the jobs wait in the queue.
-    const ClientConnection client =
-        ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-    const size_t n = jobs.size();
-    c.text.assign(n, "");
-    c.ids.assign(n, {});
-    c.tokens.assign(n, {});
-    std::vector<char> done(n, 0);
-    while (true) {
-      std::vector<Job::Update> u = poll(jobs, done, 100ms);
-      for (size_t i = 0; i < n; ++i) {
-        c.text[i] += u[i].text;
-        c.ids[i].insert(c.ids[i].end(), u[i].ids.begin(), u[i].ids.end());
-        c.tokens[i].insert(c.tokens[i].end(), u[i].tokens.begin(), u[i].tokens.end());
-      }
-      if (all(done)) return true;
-      if (!client.alive()) {
-        // The worker stops after the current token (counted there as cancelled); a waiting job
-        // gives back its place at once. Nobody reads an answer: return without waiting.
-        for (const auto& j : jobs) queue->cancel(j);
-        // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
-        send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
-        res.set_header("Connection", "close");
-        return false;
-      }
+std::vector<std::shared_ptr<Job>> ApiServer::Impl::submit_choices(const CompletionRequest& r, ReplyParserOptions* reply) {
+  const size_t most = queue->capacity() + size_t(std::max(1, opts.parallel));
+  if (size_t(r.n) > most)
+    throw ApiError(400, "invalid_request_error", "n: " + std::to_string(r.n) + " choices exceed the " +
+                   std::to_string(most) + " requests this server holds at once (" + option_ref("queue_size") + " + " + option_ref("parallel") + ")", "n");
+  const JobParams base = job_params(r, reply);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < r.n; ++i) {
+    JobParams p = base;
+    if (i > 0) p.sampler.seed = r.seed ? *r.seed + uint64_t(i) : std::random_device{}();
+    jobs.push_back(std::make_shared<Job>(std::move(p)));
+    if (!queue->submit(jobs.back())) {
+      for (const auto& j : jobs) queue->cancel(j);
+      metrics.request_rejected();
+      throw ApiError(503, "queue_full", "the server is busy: " + std::to_string(queue->capacity()) +
+                                            " requests are already waiting; retry later");
     }
   }
+  return jobs;
+}
 
-  void respond(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
-               bool chat_endpoint, const CompletionRequest& r, const ReplyParserOptions& reply,
-               httplib::Response& res) {
-    Collected c;
-    if (!collect(req, jobs, res, c)) return;
-    for (const auto& j : jobs)
-      if (auto err = j->error()) {
-        send_error(res, *err);
-        return;
-      }
-    const std::vector<JobResult> rs = results(jobs);
-    json choices = json::array();
+std::vector<Job::Update> ApiServer::Impl::poll(const std::vector<std::shared_ptr<Job>>& jobs, std::vector<char>& done,
+                                               std::chrono::milliseconds timeout) {
+  std::vector<Job::Update> out(jobs.size());
+  bool news = false;
+  for (int pass = 0; pass < 2 && !news; ++pass)
     for (size_t i = 0; i < jobs.size(); ++i) {
-      json choice{{"index", i}, {"finish_reason", rs[i].finish_reason}};
-      if (chat_endpoint) {
-        ReplyParser parser = reply_parser(true, reply);
-        ReplyDelta whole = parser.feed(c.text[i]);
-        whole.append(parser.finish());
-        choice["message"] = openai_message(whole);
-        choice["finish_reason"] = reply_finish_reason(rs[i].finish_reason, parser.n_calls());
-      } else {
-        choice["text"] = c.text[i];
-      }
-      choice["logprobs"] = r.logprobs ? LogprobsJson(tok, chat_endpoint).next(c.tokens[i]) : json(nullptr);
-      if (!tok) choice["token_ids"] = c.ids[i];
-      choices.push_back(std::move(choice));
+      if (done[i]) continue;
+      out[i] = jobs[i]->wait(pass == 0 ? 0ms : timeout);
+      done[i] = out[i].done;
+      news = news || out[i].done || !out[i].text.empty() || !out[i].ids.empty() || !out[i].tokens.empty();
+      if (pass == 1) break;
     }
-    send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
-                             {"created", std::time(nullptr)}, {"model", opts.model_id},
-                             {"choices", std::move(choices)}, {"usage", openai_usage(rs)}, {"timings", openai_timings(rs[0])}});
-  }
+  return out;
+}
 
-  void stream(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id, bool chat_endpoint,
-              const CompletionRequest& r, const ReplyParserOptions& reply, httplib::Response& res) {
-    res.set_header("Cache-Control", "no-cache");
-    struct State {
-      std::vector<char> done, first;
-      std::vector<LogprobsJson> logprobs;
-      std::vector<ReplyParser> replies;  // chat: each choice's text split into content, reasoning, calls
-      std::vector<int> next_call;
-    };
-    auto st = std::make_shared<State>();
-    st->done.assign(jobs.size(), 0);
-    st->first.assign(jobs.size(), 1);
-    st->logprobs.assign(jobs.size(), LogprobsJson(tok, chat_endpoint));
-    for (size_t i = 0; i < jobs.size(); ++i) st->replies.push_back(reply_parser(chat_endpoint, reply));
-    st->next_call.assign(jobs.size(), 0);
-    open_streams++;
-    const bool include_usage = r.include_usage, want_logprobs = r.logprobs;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, jobs, id, chat_endpoint, st, include_usage, want_logprobs](size_t, httplib::DataSink& sink) {
-          // A comment line every 200 ms while nothing comes: a client that left makes the write
-          // fail, which cancels the jobs and frees their places in the queue.
-          std::vector<Job::Update> us = poll(jobs, st->done, 200ms);
-          std::string out;
-          bool failed = false;
-          for (size_t i = 0; i < jobs.size(); ++i) {
-            const Job::Update& u = us[i];
-            json body = u.text;
-            bool news = !u.text.empty();
-            if (chat_endpoint) {  // markup that may start a tool call is held back by the parser
-              ReplyDelta d = st->replies[i].feed(u.text);
-              if (u.done) d.append(st->replies[i].finish());
-              body = json::object();
-              if (st->first[i]) body["role"] = "assistant";
-              add_openai_delta(body, d, st->next_call[i]);
-              if (st->first[i] && !body.contains("content")) body["content"] = "";
-              news = !d.empty() || (st->first[i] && !u.done);
-            }
-            if (news || !u.ids.empty() || !u.tokens.empty()) {
-              const json lp = want_logprobs && !u.tokens.empty() ? st->logprobs[i].next(u.tokens) : json(nullptr);
-              out += sse(chunk(chat_endpoint, id, i, std::move(body), nullptr, u.ids, lp));
-              st->first[i] = false;
-            }
-            if (!u.done) continue;
-            if (auto err = jobs[i]->error()) {
-              out += sse(err->body());
-              continue;
-            }
-            const std::string reason = reply_finish_reason(jobs[i]->result()->finish_reason, st->replies[i].n_calls());
-            out += sse(chunk(chat_endpoint, id, i, chat_endpoint ? json::object() : json(""), reason));
-          }
-          const bool finished = all(st->done);
-          if (out.empty() && !finished) out = ": waiting\n\n";
-          if (finished) {
-            for (const auto& j : jobs) failed = failed || j->error();
-            if (include_usage && !failed) {
-              const std::vector<JobResult> rs = results(jobs);
-              json last = chunk(chat_endpoint, id, 0, chat_endpoint ? json::object() : json(""), nullptr);
-              last["choices"] = json::array();
-              last["usage"] = openai_usage(rs);
-              last["timings"] = openai_timings(rs[0]);
-              out += sse(last);
-            }
-            out += "data: [DONE]\n\n";
-          }
-          if (!sink.write(out.data(), out.size())) return false;
-          if (finished) sink.done();
-          return true;
-        },
-        [this, jobs](bool) {
-          for (const auto& j : jobs) queue->cancel(j);  // after the end a no-op; on a disconnect it frees the slots
-          open_streams--;
-        });
-  }
+bool ApiServer::Impl::all(const std::vector<char>& done) { return std::find(done.begin(), done.end(), 0) == done.end(); }
+                          
+                          std::vector<JobResult> ApiServer::Impl::results(const std::vector<std::shared_ptr<Job>>& jobs) {
+  std::vector<JobResult> rs;
+  for (const auto& j : jobs) rs.push_back(*j->result());
+  return rs;
+}
 
-  // POST /v1/messages (Anthropic): the request as the chat request it means, the reply in
-  // Anthropic's shapes (runtime/server/anthropic_api.h).
-  void handle_messages(const httplib::Request& req, const std::string& body, httplib::Response& res) {
-    std::vector<std::shared_ptr<Job>> jobs;
-    CompletionRequest r;
-    ReplyParserOptions reply;
-    try {
-      if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
-      check_json_depth(body);
-      const OJ j = OJ::parse(body, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) throw ApiError(400, "invalid_json", "request body is not valid JSON");
-      const std::string chat_body = anthropic_to_chat_body(j).dump();
-      r = parse_completion_request(chat_body, true, RequestLimits{opts.model_id, model.max_context()});
-      jobs = submit_choices(r, &reply);
-    } catch (const ApiError& e) {
-      if (e.status() < 500) metrics.client_error();
-      send_json(res, e.status(), anthropic_error_body(e));
-      if (e.status() == 503) res.set_header("Retry-After", "1");
+void ApiServer::Impl::handle(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat_endpoint) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  CompletionRequest r;
+  ReplyParserOptions reply;
+  try {
+    if (stopping) throw ApiError(503, "shutting_down", "the server is shutting down");
+    r = parse_completion_request(body, chat_endpoint, RequestLimits{opts.model_id, model.max_context()});
+    jobs = submit_choices(r, &reply);
+  } catch (const ApiError& e) {
+    if (e.status() < 500) metrics.client_error();
+    send_error(res, e);
+    return;
+  }
+  const std::string id = new_id(chat_endpoint ? "chatcmpl" : "cmpl");
+  if (r.stream) stream(jobs, id, chat_endpoint, r, reply, res);
+  else respond(req, jobs, id, chat_endpoint, r, reply, res);
+}
+
+bool ApiServer::Impl::collect(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, httplib::Response& res,
+                              Collected& c) {
+  // Nothing is written until the end, so a client that leaves is seen by probing its socket:
+  // between tokens, and every 100 ms while the jobs wait in the queue.
+  const ClientConnection client =
+      ClientConnection::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  const size_t n = jobs.size();
+  c.text.assign(n, "");
+  c.ids.assign(n, {});
+  c.tokens.assign(n, {});
+  std::vector<char> done(n, 0);
+  while (true) {
+    std::vector<Job::Update> u = poll(jobs, done, 100ms);
+    for (size_t i = 0; i < n; ++i) {
+      c.text[i] += u[i].text;
+      c.ids[i].insert(c.ids[i].end(), u[i].ids.begin(), u[i].ids.end());
+      c.tokens[i].insert(c.tokens[i].end(), u[i].tokens.begin(), u[i].tokens.end());
+    }
+    if (all(done)) return true;
+    if (!client.alive()) {
+      // The worker stops after the current token (counted there as cancelled); a waiting job
+      // gives back its place at once. Nobody reads an answer: return without waiting.
+      for (const auto& j : jobs) queue->cancel(j);
+      // nginx's 499 "client closed request": only httplib's (failing) write ever sees it.
+      send_json(res, 499, ApiError(499, "client_closed_request", "the client closed the connection").body());
+      res.set_header("Connection", "close");
+      return false;
+    }
+  }
+}
+
+void ApiServer::Impl::respond(const httplib::Request& req, const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
+                              bool chat_endpoint, const CompletionRequest& r, const ReplyParserOptions& reply,
+                              httplib::Response& res) {
+  Collected c;
+  if (!collect(req, jobs, res, c)) return;
+  for (const auto& j : jobs)
+    if (auto err = j->error()) {
+      send_error(res, *err);
       return;
     }
-    const std::string id = new_id("msg");
-    if (r.stream) return stream_messages(jobs, id, reply, res);
-    Collected c;
-    if (!collect(req, jobs, res, c)) return;
-    if (auto err = jobs[0]->error()) return send_json(res, err->status(), anthropic_error_body(*err));
-    ReplyParser parser = reply_parser(true, reply);
-    send_json(res, 200, anthropic_response(id, opts.model_id, parser, c.text[0], *jobs[0]->result()));
+  const std::vector<JobResult> rs = results(jobs);
+  json choices = json::array();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    json choice{{"index", i}, {"finish_reason", rs[i].finish_reason}};
+    if (chat_endpoint) {
+      ReplyParser parser = reply_parser(true, reply);
+      ReplyDelta whole = parser.feed(c.text[i]);
+      whole.append(parser.finish());
+      choice["message"] = openai_message(whole);
+      choice["finish_reason"] = reply_finish_reason(rs[i].finish_reason, parser.n_calls());
+    } else {
+      choice["text"] = c.text[i];
+    }
+    choice["logprobs"] = r.logprobs ? LogprobsJson(tok, chat_endpoint).next(c.tokens[i]) : json(nullptr);
+    if (!tok) choice["token_ids"] = c.ids[i];
+    choices.push_back(std::move(choice));
   }
+  send_json(res, 200, json{{"id", id}, {"object", chat_endpoint ? "chat.completion" : "text_completion"},
+                           {"created", std::time(nullptr)}, {"model", opts.model_id},
+                           {"choices", std::move(choices)}, {"usage", openai_usage(rs)}, {"timings", openai_timings(rs[0])}});
+}
 
-  void stream_messages(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id,
-                       const ReplyParserOptions& reply, httplib::Response& res) {
-    res.set_header("Cache-Control", "no-cache");
-    struct State {
-      std::vector<char> done{0};
-      AnthropicEvents events;
-      ReplyParser reply;
-    };
-    auto st = std::make_shared<State>(State{{0}, {}, reply_parser(true, reply)});
-    const int input_tokens = int(jobs[0]->params().prompt.size());
-    open_streams++;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, jobs, id, st, input_tokens](size_t, httplib::DataSink& sink) {
-          const Job::Update u = poll(jobs, st->done, 200ms)[0];
-          std::string out = st->events.next(id, opts.model_id, input_tokens, st->reply, u.text, u.done, *jobs[0]);
-          if (out.empty()) out = ": waiting\n\n";
-          if (!sink.write(out.data(), out.size())) return false;
-          if (u.done) sink.done();
-          return true;
-        },
-        [this, jobs](bool) {
-          for (const auto& j : jobs) queue->cancel(j);
-          open_streams--;
-        });
-  }
-};
+void ApiServer::Impl::stream(const std::vector<std::shared_ptr<Job>>& jobs, const std::string& id, bool chat_endpoint,
+                             const CompletionRequest& r, const ReplyParserOptions& reply, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  struct State {
+    std::vector<char> done, first;
+    std::vector<LogprobsJson> logprobs;
+    std::vector<ReplyParser> replies;  // chat: each choice's text split into content, reasoning, calls
+    std::vector<int> next_call;
+  };
+  auto st = std::make_shared<State>();
+  st->done.assign(jobs.size(), 0);
+  st->first.assign(jobs.size(), 1);
+  st->logprobs.assign(jobs.size(), LogprobsJson(tok, chat_endpoint));
+  for (size_t i = 0; i < jobs.size(); ++i) st->replies.push_back(reply_parser(chat_endpoint, reply));
+  st->next_call.assign(jobs.size(), 0);
+  open_streams++;
+  const bool include_usage = r.include_usage, want_logprobs = r.logprobs;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, jobs, id, chat_endpoint, st, include_usage, want_logprobs](size_t, httplib::DataSink& sink) {
+        // A comment line every 200 ms while nothing comes: a client that left makes the write
+        // fail, which cancels the jobs and frees their places in the queue.
+        std::vector<Job::Update> us = poll(jobs, st->done, 200ms);
+        std::string out;
+        bool failed = false;
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          const Job::Update& u = us[i];
+          json body = u.text;
+          bool news = !u.text.empty();
+          if (chat_endpoint) {  // markup that may start a tool call is held back by the parser
+            ReplyDelta d = st->replies[i].feed(u.text);
+            if (u.done) d.append(st->replies[i].finish());
+            body = json::object();
+            if (st->first[i]) body["role"] = "assistant";
+            add_openai_delta(body, d, st->next_call[i]);
+            if (st->first[i] && !body.contains("content")) body["content"] = "";
+            news = !d.empty() || (st->first[i] && !u.done);
+          }
+          if (news || !u.ids.empty() || !u.tokens.empty()) {
+            const json lp = want_logprobs && !u.tokens.empty() ? st->logprobs[i].next(u.tokens) : json(nullptr);
+            out += sse(chunk(chat_endpoint, id, i, std::move(body), nullptr, u.ids, lp));
+            st->first[i] = false;
+          }
+          if (!u.done) continue;
+          if (auto err = jobs[i]->error()) {
+            out += sse(err->body());
+            continue;
+          }
+          const std::string reason = reply_finish_reason(jobs[i]->result()->finish_reason, st->replies[i].n_calls());
+          out += sse(chunk(chat_endpoint, id, i, chat_endpoint ? json::object() : json(""), reason));
+        }
+        const bool finished = all(st->done);
+        if (out.empty() && !finished) out = ": waiting\n\n";
+        if (finished) {
+          for (const auto& j : jobs) failed = failed || j->error();
+          if (include_usage && !failed) {
+            const std::vector<JobResult> rs = results(jobs);
+            json last = chunk(chat_endpoint, id, 0, chat_endpoint ? json::object() : json(""), nullptr);
+            last["choices"] = json::array();
+            last["usage"] = openai_usage(rs);
+            last["timings"] = openai_timings(rs[0]);
+            out += sse(last);
+          }
+          out += "data: [DONE]\n\n";
+        }
+        if (!sink.write(out.data(), out.size())) return false;
+        if (finished) sink.done();
+        return true;
+      },
+      [this, jobs](bool) {
+        for (const auto& j : jobs) queue->cancel(j);  // after the end a no-op; on a disconnect it frees the slots
+        open_streams--;
+      });
+}
 
 ApiServer::ApiServer(ServerOptions opts, Model& model, const Tokenizer* tok, std::optional<ChatPrompt> chat)
     : impl_(std::make_unique<Impl>(std::move(opts), model, tok, std::move(chat))) {}

@@ -10,10 +10,6 @@ namespace {
 using json = nlohmann::json;
 using OJ = nlohmann::ordered_json;
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, "invalid_request_error", param + ": " + msg, param);
-}
-
 // The body as an object whose fields are all in `known` and whose model (if named) is ours.
 OJ parse_body(const std::string& body, const TokenizeContext& ctx, std::initializer_list<const char*> known,
               const char* endpoint) {
@@ -23,7 +19,7 @@ OJ parse_body(const std::string& body, const TokenizeContext& ctx, std::initiali
   for (const auto& item : j.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || item.key() == k;
-    if (!ok) bad(item.key(), std::string("unknown field for ") + endpoint);
+    if (!ok) bad_param(item.key(), std::string("unknown field for ") + endpoint);
   }
   if (j.contains("model") && !j["model"].is_null() && j["model"] != ctx.model_id)
     throw ApiError(404, "model_not_found", "model " + j["model"].dump() + " does not exist; this server serves '" +
@@ -34,7 +30,7 @@ OJ parse_body(const std::string& body, const TokenizeContext& ctx, std::initiali
 
 bool flag(const OJ& j, const char* key, bool dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
-  if (!j[key].is_boolean()) bad(key, "must be true or false");
+  if (!j[key].is_boolean()) bad_param(key, "must be true or false");
   return j[key].get<bool>();
 }
 }  // namespace
@@ -44,13 +40,13 @@ json tokenize_reply(const std::string& body, const TokenizeContext& ctx) {
                                       "chat_template_kwargs", "add_generation_prompt"}, "/tokenize");
   const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
   const bool has_messages = j.contains("messages") && !j["messages"].is_null();
-  if (has_prompt == has_messages) bad(has_prompt ? "messages" : "prompt", "give either prompt or messages");
+  if (has_prompt == has_messages) bad_param(has_prompt ? "messages" : "prompt", "give either prompt or messages");
   std::string text;
   bool add_special = false;
   if (has_prompt) {
-    if (!j["prompt"].is_string()) bad("prompt", "must be a string");
+    if (!j["prompt"].is_string()) bad_param("prompt", "must be a string");
     for (const char* k : {"tools", "chat_template_kwargs", "add_generation_prompt"})
-      if (j.contains(k) && !j[k].is_null()) bad(k, "goes with messages, not prompt");
+      if (j.contains(k) && !j[k].is_null()) bad_param(k, "goes with messages, not prompt");
     text = j["prompt"].get<std::string>();
     add_special = flag(j, "add_special_tokens", true);  // as /v1/completions encodes a prompt
   } else {
@@ -79,14 +75,14 @@ json tokenize_reply(const std::string& body, const TokenizeContext& ctx) {
 
 json detokenize_reply(const std::string& body, const TokenizeContext& ctx) {
   const OJ j = parse_body(body, ctx, {"model", "tokens"}, "/detokenize");
-  if (!j.contains("tokens") || !j["tokens"].is_array()) bad("tokens", "must be a list of token ids");
+  if (!j.contains("tokens") || !j["tokens"].is_array()) bad_param("tokens", "must be a list of token ids");
   std::vector<int32_t> ids;
   for (size_t i = 0; i < j["tokens"].size(); ++i) {
     const OJ& v = j["tokens"][i];
     const std::string name = "tokens[" + std::to_string(i) + "]";
-    if (!v.is_number_integer()) bad(name, "must be an integer");
+    if (!v.is_number_integer()) bad_param(name, "must be an integer");
     if (v.get<int64_t>() < 0 || v.get<int64_t>() >= ctx.vocab_size)
-      bad(name, "token id " + v.dump() + " is outside the vocabulary of " + std::to_string(ctx.vocab_size));
+      bad_param(name, "token id " + v.dump() + " is outside the vocabulary of " + std::to_string(ctx.vocab_size));
     ids.push_back(int32_t(v.get<int64_t>()));
   }
   return json{{"prompt", ctx.tok->decode(ids, /*skip_special_tokens=*/false)}};

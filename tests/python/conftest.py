@@ -2,6 +2,7 @@
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -55,13 +56,31 @@ def pytest_make_collect_report(collector):
     _enforce_strict(outcome.get_result())
 
 
+def exe(name):
+    """The path of a CLI of the build (in $MOESTREAM_BIN_DIR, else build/bin); the test is skipped
+    when it is not built."""
+    p = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
+    if not p.exists():
+        pytest.skip(f"{p} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
+    return str(p)
+
+
 @pytest.fixture(scope="session")
 def tool():
-    """tool(name, *args): runs a CLI of the build (in $MOESTREAM_BIN_DIR, else build/bin) with a
-    300 s limit; returns its CompletedProcess (text). The test is skipped when the CLI is not built."""
+    """tool(name, *args): runs a CLI of the build (exe above) with a 300 s limit; returns its
+    CompletedProcess (text)."""
     def run(name, *args):
-        exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-        if not exe.exists():
-            pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-        return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=300)
+        return subprocess.run([exe(name), *map(str, args)], capture_output=True, text=True, timeout=300)
     return run
+
+
+@pytest.fixture
+def demo(tmp_path):
+    """A copy of models/demo in tmp_path (without its routing logs, figures and held-out text), for
+    tests that damage or rewrite it; skipped when the demo model is absent."""
+    src = ROOT / "models" / "demo"
+    if not (src / "model.json").exists():
+        pytest.skip(f"{src} absent")
+    dst = tmp_path / "demo"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("routing", "figures", "heldout*.txt"))
+    return dst

@@ -4,12 +4,12 @@ oracle), a load refuses a dense file that does not match it unless --no-verify, 
 field is refused by name. Before the field existed, a changed dense file ran with exit 0 and
 different text."""
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 
 import pytest
+
+from conftest import exe
 
 xxhash = pytest.importorskip("xxhash", reason="the xxhash package (scripts/setup.sh installs it)")
 
@@ -18,25 +18,9 @@ DEMO = ROOT / "models" / "demo"
 FIXTURE = ROOT / "tests" / "fixtures" / "olmoe"
 
 
-def _exe(name):
-    p = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-    if not p.exists():
-        pytest.skip(f"{p} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-    return str(p)
-
-
 def _infer(model, *extra, prompt=("-p", "Once upon a time")):
-    return subprocess.run([_exe("infer"), "-m", str(model), *prompt, "-n", "8", "--temp", "0",
+    return subprocess.run([exe("infer"), "-m", str(model), *prompt, "-n", "8", "--temp", "0",
                            "-t", "1", *extra], capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture
-def demo(tmp_path):
-    if not (DEMO / "model.json").exists():
-        pytest.skip(f"{DEMO} absent")
-    dst = tmp_path / "demo"
-    shutil.copytree(DEMO, dst, ignore=shutil.ignore_patterns("routing", "figures", "heldout*.txt"))
-    return dst
 
 
 def _recorded(model):
@@ -55,7 +39,7 @@ def test_converters_record_the_xxh3_of_the_dense_file(tmp_path, tool, args):
     if not (FIXTURE / "config.json").exists():
         pytest.skip(f"fixture {FIXTURE} absent")
     out = tmp_path / "model"
-    r = subprocess.run([_exe(tool), *args(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([exe(tool), *args(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     cfg = json.loads((out / "model.json").read_text())
     assert cfg["dense"]["xxh3"] == xxhash.xxh3_64_hexdigest((out / cfg["dense"]["file"]).read_bytes())

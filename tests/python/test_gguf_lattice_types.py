@@ -78,37 +78,33 @@ def rewrite(dst, retype, rng, dequantised=False):
     copy_gguf(gguf, SRC, dst, replace)
 
 
-def test_lattice_and_ternary_tensors_compute_as_their_dequantisation(tmp_path):
-    a, b = tmp_path / "lattice.gguf", tmp_path / "f32.gguf"
-    rewrite(a, LATTICE, np.random.default_rng(40))
-    rewrite(b, LATTICE, np.random.default_rng(40), dequantised=True)
+def assert_computes_as_dequantisation(tmp_path, retype, seed):
+    """The logits of SRC rewritten with `retype` against those of its F32 dequantisation twin."""
+    a, b = tmp_path / "quantised.gguf", tmp_path / "f32.gguf"
+    rewrite(a, retype, np.random.default_rng(seed))
+    rewrite(b, retype, np.random.default_rng(seed), dequantised=True)
     seq = [1, 17, 230, 5, 99, 311, 42, 7]
     la = moestream.Model(a, threads=2).logits(seq).astype(np.float64)
     lb = moestream.Model(b, threads=2).logits(seq).astype(np.float64)
     assert np.all(np.isfinite(la)) and np.std(lb) > 0
-    # The rounded activations move logits by up to ~0.2 std here (seeds 40-42: 0.16-0.21; random
-    # weights and near-tied expert choices amplify them), correlation >= 0.999; unrelated weights
-    # of the same types give ~6 std and correlation ~0. The kernels' own bounds are tighter
+    # The rounded activations move logits by up to ~0.2 std here (lattice seeds 40-42: 0.16-0.21;
+    # random weights and near-tied expert choices amplify them), correlation >= 0.999; unrelated
+    # weights of the same types give ~6 std and correlation ~0. The kernels' own bounds are tighter
     # (tests/ggml_kquants_test.cpp, test_ggml_kquants.py); this checks the wiring of every path.
     err = np.abs(la - lb).max() / np.std(lb)
     assert err < 0.5, f"max |logit difference| = {err:.3f} std"
     assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.995
 
 
+def test_lattice_and_ternary_tensors_compute_as_their_dequantisation(tmp_path):
+    assert_computes_as_dequantisation(tmp_path, LATTICE, seed=40)
+
+
 def test_nvfp4_tensors_compute_as_their_dequantisation(tmp_path):
+    # Only the int8 rounding of the activations differs, as for the lattice types.
     retype = {"blk.0.attn_q.weight": "NVFP4", "output.weight": "NVFP4", "blk.0.ffn_gate_exps.weight": "NVFP4",
               "blk.1.ffn_down_exps.weight": "NVFP4"}
-    a, b = tmp_path / "nvfp4.gguf", tmp_path / "f32.gguf"
-    rewrite(a, retype, np.random.default_rng(43))
-    rewrite(b, retype, np.random.default_rng(43), dequantised=True)
-    seq = [1, 17, 230, 5, 99, 311, 42, 7]
-    la = moestream.Model(a, threads=2).logits(seq).astype(np.float64)
-    lb = moestream.Model(b, threads=2).logits(seq).astype(np.float64)
-    assert np.all(np.isfinite(la)) and np.std(lb) > 0
-    # The same bound as above: only the int8 rounding of the activations differs.
-    err = np.abs(la - lb).max() / np.std(lb)
-    assert err < 0.5, f"max |logit difference| = {err:.3f} std"
-    assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.995
+    assert_computes_as_dequantisation(tmp_path, retype, seed=43)
 
 
 def test_a_pack_converted_from_them_computes_exactly_what_the_gguf_computes(tool, tmp_path):

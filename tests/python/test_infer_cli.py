@@ -10,19 +10,14 @@ import subprocess
 
 import pytest
 
+from conftest import exe
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "olmoe"
 
 
-def _exe(name):
-    exe = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-    if not exe.exists():
-        pytest.skip(f"{exe} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-    return exe
-
-
 def infer(*args):
-    return subprocess.run([str(_exe("infer")), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([str(exe("infer")), *map(str, args)], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -31,7 +26,7 @@ def packed(tmp_path_factory):
     if not (FIXTURE / "reference.json").exists():
         pytest.skip(f"fixture {FIXTURE} absent")
     out = tmp_path_factory.mktemp("infer") / "olmoe_f32"
-    r = subprocess.run([str(_exe("convert_model")), "-q", str(FIXTURE), str(out), "--quant", "f32", "--dense-quant", "f32"],
+    r = subprocess.run([str(exe("convert_model")), "-q", str(FIXTURE), str(out), "--quant", "f32", "--dense-quant", "f32"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return out
@@ -130,7 +125,7 @@ def test_a_device_or_pipe_as_model_says_what_it_is(tmp_path):
     os.mkfifo(fifo)
     assert_one_line_error(infer("-m", fifo, "--prompt-ids", "1"), str(fifo), "is a FIFO")
     # An anonymous pipe on stdin, named as a path (a shell's `-m /dev/stdin` or `<(...)`).
-    r = subprocess.run([str(_exe("infer")), "-m", "/dev/stdin", "--prompt-ids", "1"], input="GGUF",
+    r = subprocess.run([str(exe("infer")), "-m", "/dev/stdin", "--prompt-ids", "1"], input="GGUF",
                        capture_output=True, text=True, timeout=120)
     assert_one_line_error(r, "/dev/stdin", "is a FIFO")
     empty = tmp_path / "empty.gguf"

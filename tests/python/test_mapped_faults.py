@@ -14,28 +14,12 @@ import time
 
 import pytest
 
+from conftest import exe
 from test_server import Server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEMO = ROOT / "models" / "demo"
 GGUF = ROOT / "tests" / "fixtures" / "gguf" / "olmoe-tiny-Q8_0.gguf"
 PROMPT = "Once upon a time"
-
-
-def _exe(name):
-    p = pathlib.Path(os.environ.get("MOESTREAM_BIN_DIR", str(ROOT / "build" / "bin"))) / name
-    if not p.exists():
-        pytest.skip(f"{p} not built (set MOESTREAM_BIN_DIR to the build's bin directory)")
-    return str(p)
-
-
-@pytest.fixture
-def demo(tmp_path):
-    if not (DEMO / "model.json").exists():
-        pytest.skip(f"{DEMO} absent")
-    dst = tmp_path / "demo"
-    shutil.copytree(DEMO, dst, ignore=shutil.ignore_patterns("routing", "figures", "heldout*.txt"))
-    return dst
 
 
 def _cut(path, keep):
@@ -105,7 +89,7 @@ def test_python_dense_file_rewritten_in_place_is_refused(demo):
 
 def test_infer_exits_1_naming_the_file_when_dense_is_truncated_mid_run(demo):
     dense = demo / "dense.safetensors"
-    p = subprocess.Popen([_exe("infer"), "-m", str(demo), "-p", PROMPT, "-n", "3000", "--ignore-eos", "-t", "1",
+    p = subprocess.Popen([exe("infer"), "-m", str(demo), "-p", PROMPT, "-n", "3000", "--ignore-eos", "-t", "1",
                           "--temp", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         got = b""

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace moestream::test {
@@ -28,6 +29,17 @@ inline RowError row_error(std::span<const float> want, const float* got) {
 inline bool same_top1(std::span<const float> want, const float* got) {
   return std::max_element(want.begin(), want.end()) - want.begin() ==
          std::max_element(got, got + want.size()) - got;
+}
+
+// The two largest logits of a row: (best id, gap to the second).
+inline std::pair<int, float> top2(std::span<const float> row) {
+  int best = 0;
+  for (int i = 1; i < int(row.size()); ++i)
+    if (row[size_t(i)] > row[size_t(best)]) best = i;
+  float second = -INFINITY;
+  for (int i = 0; i < int(row.size()); ++i)
+    if (i != best) second = std::max(second, row[size_t(i)]);
+  return {best, row[size_t(best)] - second};
 }
 
 // Max over rows of max |a - b| / max |a| (the row's logit scale), a and b rows of V logits.
