@@ -562,12 +562,18 @@ def _same_tokens(s):
           timeout=300)
 
 
+@case("scripts/same_tokens_families.sh")
+def _same_tokens_families(s):
+    """This build against itself on every family's fixture, 2 tokens a case."""
+    s.run(["bash", "scripts/same_tokens_families.sh", s.bin, s.bin], env=dict(N="2"), timeout=600)
+
+
 skipped("scripts/test.sh", CI_JOB, "the test job itself (this test runs inside it)")
 skipped(".ci/run", CI_JOB, "CI's entry point: runs scripts/test.sh (this job) and the others")
 skipped("scripts/sanitize.sh", CI_JOB, "the asan and tsan jobs of .ci/run")
 skipped("scripts/fuzz.sh", CI_JOB, "the fuzz job of .ci/run")
 for _name in ("build", "decode", "deps", "env", "gguf", "gguf_bench", "gpu", "gpu_graphs", "gpu_resident", "gpu_tests", "tree", "io_bench", "io_hot", "kernels",
-              "same_tokens", "verify_overlap", "kernel_profile", "kernel_detail", "gpu_cpu_misses"):
+              "same_tokens", "verify_overlap", "kernel_profile", "kernel_detail", "gpu_cpu_misses", "ab"):
     skipped(f"scripts/device_{_name}.sh", DEVICE, "runs on the device machine (docs/gpu.md, docs/results.md)")
 skipped("scripts/device_peer.sh", DEVICE, "runs on the GPU device machine (docs/testing.md)")
 skipped("scripts/device_fixtures.sh", DEVICE,
