@@ -29,8 +29,4 @@ ApiError internal_error(const std::string& code, const std::string& detail) {
                                  "); the server log has the details");
 }
 
-void bad_param(const std::string& param, const std::string& msg) {
-  throw ApiError(400, "invalid_request_error", param + ": " + msg, param);
-}
-
 }  // namespace moestream
