@@ -48,9 +48,13 @@ std::string option_flag_by_rule(std::string_view name, std::optional<std::string
   std::string flag(name);
   for (char& c : flag)
     if (c == '_') c = '-';
-  if (v && *v == "true") return "--" + flag;
-  if (v && *v == "false") return "--no-" + flag;
-  return "--" + flag + (v ? " " + std::string(*v) : std::string());
+  if (v && *v == "true") return cli_flag(flag);
+  if (v && *v == "false") return cli_flag("no-" + flag);
+  return cli_flag(flag) + (v ? " " + std::string(*v) : std::string());
+}
+
+std::string cli_flag(std::string_view name) {
+  return (name.size() == 1 ? "-" : "--") + std::string(name);
 }
 
 std::string render_option_refs_as_flags(std::string_view text) {

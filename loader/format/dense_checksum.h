@@ -1,5 +1,5 @@
 // The whole-file checksum of a pack's dense weights (model.json's dense.xxh3): written by the
-// converters, verified once at load unless checksums are off (--no-verify), so a dense file
+// converters, verified once at load unless checksums are off (`verify_checksums=false`), so a dense file
 // corrupted or changed between runs is refused instead of computed (docs/format.md).
 #pragma once
 

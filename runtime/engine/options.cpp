@@ -63,15 +63,18 @@ std::string dashed(std::string_view name) {
   return d;
 }
 
-// The long names among the extra CLI names ("-m" has none, "--temp" one).
-std::vector<std::string> long_names(std::string_view cli) {
+// The extra CLI names, without dashes.
+std::vector<std::string> cli_names(std::string_view cli) {
   std::vector<std::string> out;
   std::stringstream ss{std::string(cli)};
   std::string item;
   while (std::getline(ss, item, ','))
-    if (item.rfind("--", 0) == 0) out.push_back(item);
+    if (!item.empty()) out.push_back(item);
   return out;
 }
+
+// The name an option's flag derives from its own: dashes for underscores, "no-" when negated.
+std::string derived_name(const OptionSpec& s) { return (s.negated ? "no-" : "") + dashed(s.name); }
 
 bool is_true(std::string_view v) { return v == "true" || v == "True" || v == "1"; }
 bool is_false(std::string_view v) { return v == "false" || v == "False" || v == "0"; }
@@ -96,20 +99,23 @@ std::optional<std::string> spell_keyword(const OptionSpec& s, std::optional<std:
 }  // namespace
 
 std::string option_flag(const OptionSpec& s) {
-  const std::vector<std::string> longs = long_names(s.cli);
-  // A negated option's alias ("--no-verify") is the short spelling; otherwise an explicit long
-  // name replaces the derived one ("--temp").
-  if (!longs.empty()) return longs.front();
-  return (s.negated ? "--no-" : "--") + dashed(s.name);
+  // A long alias is the spelling in messages (a negated option's short one, a renamed option's
+  // only one); otherwise the derived name.
+  for (const std::string& n : cli_names(s.cli))
+    if (n.size() > 1) return cli_flag(n);
+  return cli_flag(derived_name(s));
 }
 
 std::string option_cli_names(const OptionSpec& s) {
-  const std::string derived = (s.negated ? "--no-" : "--") + dashed(s.name);
-  std::string names(s.cli);
-  const std::vector<std::string> longs = long_names(s.cli);
-  // The derived name is kept beside an alias of a negated option (--no-verify-checksums), and
-  // replaced by an explicit long name otherwise.
-  if (longs.empty() || s.negated) names += (names.empty() ? "" : ",") + derived;
+  std::string names;
+  bool has_long = false;
+  for (const std::string& n : cli_names(s.cli)) {
+    names += (names.empty() ? "" : ",") + cli_flag(n);
+    has_long |= n.size() > 1;
+  }
+  // The derived name is kept beside an alias of a negated option (verify_checksums keeps its
+  // no-verify-checksums), and replaced by an explicit long name otherwise.
+  if (!has_long || s.negated) names += (names.empty() ? "" : ",") + cli_flag(derived_name(s));
   return names;
 }
 
@@ -117,7 +123,7 @@ std::string render_options(std::string_view text, OptionCaller caller) {
   return render_option_refs(text, [caller](std::string_view name, std::optional<std::string_view> v)
                                       -> std::optional<std::string> {
     const OptionSpec* s = find_option(name);
-    if (s == nullptr) return option_flag_by_rule(name, v);  // another tool's flag (convert_model --quant)
+    if (s == nullptr) return option_flag_by_rule(name, v);  // another tool's flag (convert_model `quant`)
     switch (caller) {
       case OptionCaller::kCli: return spell_cli(*s, v);
       case OptionCaller::kPython: return spell_keyword(*s, v);
@@ -189,7 +195,7 @@ void set_option_text(const OptionSpec& s, const OptionTarget& t, std::string_vie
 
 namespace {
 // The mark of an option in a rule's message: a flag as `name=true` (a keyword reads gpu=True, a
-// flag --gpu), a negated one as `name=false`, a value as `name`.
+// flag `gpu`), a negated one as `name=false`, a value as `name`.
 std::string rule_ref(const OptionSpec& s) {
   if (s.type == OptionType::kFlag) return option_ref(s.name, s.negated ? "false" : "true");
   return option_ref(s.name);

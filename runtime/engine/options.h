@@ -23,7 +23,7 @@ namespace moestream {
 
 enum class OptionType { kFlag, kInt, kUint32, kUint64, kFloat, kText, kList };
 
-// The sections of --help and docs/options.md, in this order.
+// The sections of the help text and docs/options.md, in this order.
 enum class OptionGroup { kModel, kChat, kSampling, kIoStore, kGpu, kRouting, kBenchmarking, kServer };
 std::string_view option_group_title(OptionGroup g);
 
@@ -56,15 +56,16 @@ using OptionTarget =
 
 struct OptionSpec {
   std::string_view name;  // canonical snake_case: the Python keyword and the marks' name
-  // Extra CLI11 names: a short one ("-t"), an alias, or a long one that replaces the derived
-  // "--" + name with dashes ("--temp" for temperature); negated options derive "--no-" + name.
+  // Extra CLI names, comma-separated and without their dashes (cli_flag adds them): one letter
+  // for a short name, or a long one that replaces the name with dashes ("temp" for temperature;
+  // a negated option's derives from "no-" + the name, beside any alias).
   std::string_view cli;
   OptionType type;
   long double lo, hi;     // inclusive range of a number; lo == hi: unchecked here (its consumer checks)
   OptionGroup group;
   unsigned tools;         // OptionTool bits
   bool env;               // read from MOESTREAM_<NAME> when not given (never for a negated flag)
-  bool negated;           // the flag sets false (--no-verify sets verify_checksums false)
+  bool negated;           // the flag sets false (verify_checksums is false when given)
   OptionTarget (*engine)(EngineSettings&);  // its field in EngineSettings; null: the tool's own
   std::string_view help;
 };
@@ -84,11 +85,11 @@ std::span<const OptionRule> option_rules();
 const OptionSpec* find_option(std::string_view name);  // null when absent
 const OptionSpec& option(std::string_view name);       // asserts it exists
 std::string option_env_name(const OptionSpec& s);      // "MOESTREAM_IO_QD"
-std::string option_flag(const OptionSpec& s);          // "--io-qd": the spelling in messages
-std::string option_cli_names(const OptionSpec& s);     // CLI11's names: "-t,--threads"
+std::string option_flag(const OptionSpec& s);          // io_qd's flag: the spelling in messages
+std::string option_cli_names(const OptionSpec& s);     // CLI11's names, comma-separated
 
-// `text` with its option marks in `caller`'s spelling: a flag ("--gpu", "--moe-lookahead 4",
-// "--no-auto-direct" for `auto_direct=false`), a keyword ("gpu=True", "moe_lookahead=4"), or for
+// `text` with its option marks in `caller`'s spelling: a flag (gpu's, moe_lookahead's with its
+// value, auto_direct=false's negated one), a keyword ("gpu=True", "moe_lookahead=4"), or for
 // a server request a JSON field (options that are no server flag) or the server's flag. A mark
 // the table does not hold names another tool's flag, spelled as a flag for every caller.
 std::string render_options(std::string_view text, OptionCaller caller);
@@ -102,7 +103,7 @@ struct OptionValue {
 // option absent from `values` is not checked.
 void check_option_rules(std::span<const OptionValue> values, unsigned tool);
 
-// The text of a value (the default column of --help and the docs, and "in effect").
+// The text of a value (the default column of the help text and the docs, and "in effect").
 std::string option_value_text(const OptionTarget& t);
 // Sets `t` from text (an environment variable's value, `source` naming it): a number in decimal
 // within the option's range, true/false/1/0 for a flag; ConfigError with a mark otherwise.

@@ -21,23 +21,23 @@ constexpr long double kU64Max = static_cast<long double>(UINT64_MAX);
 // name, extra CLI names, type, lo, hi, group, tools, env, negated, engine field, help
 constexpr OptionSpec kOptions[] = {
     // Model and run
-    {"model", "-m", kText, 0, 0, kModel, kCli, false, false, nullptr,
+    {"model", "m", kText, 0, 0, kModel, kCli, false, false, nullptr,
      "packed model directory (convert_model output) or GGUF file (any shard of a split set)"},
-    {"threads", "-t", kInt, 0, kMaxThreads, kModel, kEngine, true, false, AT(model.n_threads),
+    {"threads", "t", kInt, 0, kMaxThreads, kModel, kEngine, true, false, AT(model.n_threads),
      "engine threads; 0 = all cores"},
-    {"ctx", "-c", kInt, 0, kMaxContext, kModel, kEngine, true, false, AT(model.max_context),
+    {"ctx", "c", kInt, 0, kMaxContext, kModel, kEngine, true, false, AT(model.max_context),
      "context length (KV cache); 0 = min(model, 4096); infer's perplexity window too (0 there: "
      "min(model, 512))"},
     {"batch", "", kInt, 0, 1 << 20, kModel, kToolInfer | kToolPythonModel, true, false, AT(batch),
      "tokens per forward chunk (prompt and perplexity); 1 makes perplexity route token by token like "
      "decode; 0 = default: 64, or 512 with `gpu` (its prefill reads each expert once per chunk)"},
-    {"prompt", "-p", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
+    {"prompt", "p", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
      "prompt text; - reads it from stdin"},
-    {"prompt_file", "-f,--file", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
+    {"prompt_file", "f,file", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
      "read the prompt from this file; `prompt` - reads it from stdin"},
     {"prompt_ids", "", kText, 0, 0, kModel, kToolInfer, false, false, nullptr,
      "prompt as comma-separated token ids (no tokenizer needed)"},
-    {"max_tokens", "-n,--n-predict", kInt, 0, kMaxContext, kModel, kToolInfer | kToolPythonGenerate, false, false, nullptr,
+    {"max_tokens", "n,n-predict", kInt, 0, kMaxContext, kModel, kToolInfer | kToolPythonGenerate, false, false, nullptr,
      "tokens to generate"},
     {"print_ids", "", kFlag, 0, 0, kModel, kToolInfer, false, false, nullptr,
      "print generated token ids instead of text"},
@@ -61,7 +61,7 @@ constexpr OptionSpec kOptions[] = {
     {"system_prompt", "", kText, 0, 0, kChat, kToolInfer, false, false, nullptr,
      "system message that opens the conversation, with `conversation` (llama-cli's -sys too)"},
     // Sampling (the server takes these per request, as JSON fields)
-    {"temperature", "--temp", kFloat, 0, 0, kSampling, kGen, false, false, AT(sampling.temperature),
+    {"temperature", "temp", kFloat, 0, 0, kSampling, kGen, false, false, AT(sampling.temperature),
      "temperature, >= 0; 0 = greedy"},
     {"top_k", "", kInt, 0, INT_MAX, kSampling, kGen, false, false, AT(sampling.top_k),
      "keep the k most likely tokens; 0 = all"},
@@ -115,7 +115,7 @@ constexpr OptionSpec kOptions[] = {
      "device profile JSON (bench_io `profile_out`): each batch then reads through a gap when the profile "
      "says one read is cheaper than two, and O_DIRECT reads of adjacent experts merge past "
      "`direct_max_read_kb`; default: the fixed `coalesce_gap_kb` and read caps"},
-    {"verify_checksums", "--no-verify", kFlag, 0, 0, kIoStore, kEngine, false, true, AT(model.verify_checksums),
+    {"verify_checksums", "no-verify", kFlag, 0, 0, kIoStore, kEngine, false, true, AT(model.verify_checksums),
      "skip the per-expert checksum (by default an expert is verified when read from the device; its "
      "page-cache pages, once verified, are used unhashed while they stay resident and the file is unchanged)"},
     {"moe_lookahead", "", kInt, 0, 1 << 16, kIoStore, kEngine, true, false, AT(model.moe_lookahead),

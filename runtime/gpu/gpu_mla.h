@@ -27,7 +27,7 @@ class GpuMla final : public GpuAttention {
   // host sync, so resident decode runs it too).
   void layer(CudaForward& f, int l, int T, int n_past) override;
   // Batches of sequences need a latent state per slot, which the GPU pass does not keep:
-  // ConfigError (Model::create refuses --parallel with --gpu on an MLA model first).
+  // ConfigError (Model::create refuses `parallel` with `gpu` on an MLA model first).
   void batch_layer(CudaForward& f, const ForwardBatch& b, int l) override;
   void prepare_slot(CudaForward& f, int slot) override;
   // Every layer's matrices and kernels once on T scratch rows (positions 0..T-1 of the cache,

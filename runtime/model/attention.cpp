@@ -59,7 +59,7 @@ void GqaAttention::prepare(int state) {
   if (kv.k) return;
   const size_t n = size_t(KV_) * size_t(capacity_) * size_t(hd_);
   allocating("the KV cache", 2 * n * sizeof(float), kv_source(max_ctx_), [&] {
-    // new float[] leaves pages untouched until a position is written: a long --ctx costs
+    // new float[] leaves pages untouched until a position is written: a long `ctx` costs
     // address space, not RAM, until used.
     kv.k.reset(new float[n]);
     kv.v.reset(new float[n]);

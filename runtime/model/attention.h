@@ -30,7 +30,7 @@ struct GqaScratch {
   RowMatrix scores;                         // [H, max_ctx]: one row per head task
 };
 
-// The KV cache of the context length (--ctx, ctx=): throws ConfigError when n_layers of them
+// The KV cache of the context length (`ctx`): throws ConfigError when n_layers of them
 // cannot be sized (an overflow), naming the context and model.json's shape.
 void check_kv_cache_size(const ModelConfig& cfg, int max_context);
 

@@ -21,7 +21,7 @@ struct PhaseTimes {
   double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
 };
 
-// Look-ahead (issue 19, CPU --moe-lookahead), decode steps of one token only: while a layer's
+// Look-ahead (issue 19, CPU `moe_lookahead`), decode steps of one token only: while a layer's
 // experts load and compute, the next MoE layer's router (`next`, MoE layer `layer`) ranks its
 // experts on this layer's input, and the `width` best are handed to
 // ExpertStore::prefetch_predicted. Never changes the output.

@@ -51,7 +51,7 @@ struct CompletionRequest {
   bool include_usage = false;            // stream_options.include_usage
   bool ignore_eos = false;               // extension (vLLM's name): generate past end-of-text
   std::vector<std::string> stop;
-  std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (--replay-routing)
+  std::optional<int64_t> replay_request;  // extension: the routing-log request to replay (`replay_routing`)
   // response_format json_object/json_schema or the `grammar` extension: what the output must match,
   // and the field it came from (for a 400 when it does not compile).
   std::optional<ConstraintSpec> constraint;
@@ -59,7 +59,7 @@ struct CompletionRequest {
   // tool_choice "required" ("") or {"type": "function", "function": {"name": N}} (N): the reply
   // must be tool calls (one of N), enforced like response_format (the server builds the grammar).
   std::optional<std::string> forced_tool;
-  // Test hook (server flag --test-forced-output): the reply's text, decoded token by token
+  // Test hook (server flag `test_forced_output`): the reply's text, decoded token by token
   // through the normal path instead of sampled, then the end of the turn.
   std::optional<std::string> forced_output;
 };

@@ -1,4 +1,4 @@
-// CORS for the HTTP API (--cors-origin): which browser origins may read the answers, and the
+// CORS for the HTTP API (`cors_origin`): which browser origins may read the answers, and the
 // preflight (OPTIONS) answer. Off (no Access-Control-* headers) while no origin is allowed.
 #pragma once
 

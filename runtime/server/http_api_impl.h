@@ -40,9 +40,9 @@ struct ApiServer::Impl {
   const Tokenizer* tok;  // null: token ids in and out
   std::optional<ChatPrompt> chat;
   ServerMetrics metrics;
-  std::optional<RequestReplays> replays;  // --replay-routing
+  std::optional<RequestReplays> replays;  // `replay_routing`
   EngineSession session;
-  std::unique_ptr<JobRunner> queue;  // JobQueue over session, or a BatchScheduler (--parallel)
+  std::unique_ptr<JobRunner> queue;  // JobQueue over session, or a BatchScheduler (`parallel`)
   httplib::Server http;
   std::vector<int> eos_ids;
   const std::time_t started = std::time(nullptr);
@@ -88,7 +88,7 @@ struct ApiServer::Impl {
                  std::string& body);
 
   // One job per choice (n), choice i sampling with seed + i, so a seeded request is reproducible;
-  // they run as any requests do (side by side with --parallel). All or none are queued.
+  // they run as any requests do (side by side with `parallel`). All or none are queued.
   std::vector<std::shared_ptr<Job>> submit_choices(const CompletionRequest& r, ReplyParserOptions* reply = nullptr);
 
   // News from the unfinished jobs (done[i] is set as each ends): every one is asked at once, and

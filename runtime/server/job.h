@@ -25,7 +25,7 @@ struct JobParams {
   std::vector<int> stop_ids;          // sampling one of these ends generation (not shown)
   std::vector<std::string> stop;      // stop strings
   int logprobs = -1;                  // >= 0: report each shown token's logprob and this many top ones
-  // --replay-routing: the log request this one replays (the body's replay_request); none = the
+  // `replay_routing`: the log request this one replays (the body's replay_request); none = the
   // next in turn (runtime/server/request_replay.h).
   std::optional<size_t> replay_request;
   // response_format / grammar / forced tool_choice: each sequence masks its logits with its own
@@ -34,7 +34,7 @@ struct JobParams {
   // Special tokens stay in the text (a chat format's markup, e.g. harmony's <|channel|>, which the
   // reply parser takes apart); false: skipped, as the tokenizer's decode(skip_special_tokens).
   bool keep_special_tokens = false;
-  // Test hook (--test-forced-output): token i of the reply is forced[i] instead of a sample;
+  // Test hook (`test_forced_output`): token i of the reply is forced[i] instead of a sample;
   // the logits are still computed step by step. Forced tokens do not advance a constraint.
   std::vector<int> forced;
   // The token of `step`: forced, else drawn by `sampler` (through `constraint`, the sequence's
@@ -59,10 +59,10 @@ struct JobResult {
   int completion_tokens = 0;
   double queue_s = 0, prefill_s = 0, decode_s = 0;
   // This request's share of the cache-aware routing counters (prefill and decode); absent when
-  // the server runs without --cache-aware.
+  // the server runs without `cache_aware`.
   std::optional<CacheAwareStats> cache_aware{};
-  std::optional<uint64_t> routing_request_id{};  // --collect-routing: this request's id in the log
-  std::optional<uint64_t> replay_request{};      // --replay-routing: the log request it replayed
+  std::optional<uint64_t> routing_request_id{};  // `collect_routing`: this request's id in the log
+  std::optional<uint64_t> replay_request{};      // `replay_routing`: the log request it replayed
 };
 
 class Job {

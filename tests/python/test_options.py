@@ -63,7 +63,7 @@ def table_flags():
     flags = set()
     for name, cli, negated in rows:
         flags.add(("--no-" if negated == "true" else "--") + name.replace("_", "-"))
-        flags |= {c for c in cli.split(",") if c.startswith("--")}
+        flags |= {"--" + c for c in cli.split(",") if len(c) > 1}  # the table's names carry no dashes
     assert len(rows) > 50 and "--io-qd" in flags and "--temp" in flags
     return flags
 
