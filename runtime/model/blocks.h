@@ -18,7 +18,7 @@ class RoutingStep;
 
 // Wall seconds per phase of the routed experts, summed over calls.
 struct PhaseTimes {
-  double attention_s = 0, router_s = 0, expert_io_s = 0, expert_compute_s = 0, other_s = 0;
+  double router_s = 0, expert_io_s = 0, expert_compute_s = 0;
 };
 
 // Look-ahead (issue 19, CPU `moe_lookahead`), decode steps of one token only: while a layer's

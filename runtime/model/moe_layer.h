@@ -41,11 +41,6 @@ class MoeLayer {
   // are added to `wait_s`.
   void verify_pending(ThreadPool& pool, double& wait_s);
 
-  // Routing of the last forward call: T*k expert ids, token-major.
-  const std::vector<int>& last_ids() const { return ids_; }
-  // Router weights of the last forward call: T*k, token-major, aligned with last_ids().
-  const std::vector<float>& last_weights() const { return weights_; }
-
  private:
   const ModelConfig& cfg_;
   ExpertStore& store_;
